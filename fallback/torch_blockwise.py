@@ -1,0 +1,259 @@
+"""Blockwise PyTorch implementation of every precision allocation (the ``torch`` backend).
+
+A faithful step-by-step emulation of what the kernels do (DESIGN.md §2): the
+keys are preprocessed once per kv block, then each query block walks the kv
+blocks with online softmax. Low-precision steps are emulated by computing in
+fp32 and rounding to the compute dtype exactly where the allocation says (see
+:mod:`pasa_npu.numerics`). Vectorised over batch and heads; GQA reads each kv
+head once for its whole query group (no K/V copies per query head).
+
+A row that sees no key of a block leaves its state untouched, so which tiles a
+kernel skips never changes the numbers, and PASA's pseudo-average counts only
+the blocks the row actually used.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from pasa_npu import numerics
+from pasa_npu.beta import ideal_invariance, shift_matrix
+from pasa_npu.problem import AttentionProblem
+
+F32 = torch.float32
+NEG_INF = float("-inf")
+
+
+def run(problem: AttentionProblem) -> None:
+    """Compute ``problem`` and write its output (and LSE) views."""
+    q, k, v = problem.dense_inputs()
+    batch, n_q, s_q, _ = q.shape
+    n_kv, s_kv, d_v = k.shape[1], k.shape[2], v.shape[3]
+    group = n_q // n_kv
+    tiling = problem.tiling
+    kv_block = tiling.kv_block
+    n_blocks = max(1, math.ceil(s_kv / kv_block))
+    low = problem.compute_dtype
+
+    keys = _prepare_keys(problem, k.to(F32), n_blocks)
+    values = _pad_blocks(v.to(F32), problem.kv_lens, n_blocks, kv_block)
+
+    out = torch.zeros(batch, n_q, s_q, d_v, dtype=F32, device=q.device)
+    lse = torch.full((batch, n_q, s_q), NEG_INF, dtype=F32, device=q.device)
+    for q0 in range(0, s_q, tiling.q_block):
+        rows = torch.arange(q0, min(q0 + tiling.q_block, s_q), device=q.device)
+        # (B, Nkv, G*s1, D): the query group of each kv head stacked along rows
+        q_tile = q[:, :, q0:q0 + rows.numel()].to(F32).reshape(batch, n_kv, group * rows.numel(), -1)
+        state = _State.empty(problem.allocation, batch, n_kv, group, rows.numel(), d_v, q.device)
+        for j in range(n_blocks):
+            cols = torch.arange(j * kv_block, (j + 1) * kv_block, device=q.device)
+            vis = problem.visible(rows, cols)[:, None, None]  # (B, 1, 1, s1, s2)
+            has_any = vis.any(-1, keepdim=True)
+            if not bool(has_any.any()):
+                continue
+            _STEPS[problem.allocation.name](problem, state, q_tile, keys, values[:, :, j], j, vis,
+                                            has_any, low)
+        o_tile, lse_tile = _finish(problem, state, low)
+        out[:, :, q0:q0 + rows.numel()] = o_tile.reshape(batch, n_q, rows.numel(), d_v)
+        lse[:, :, q0:q0 + rows.numel()] = lse_tile.reshape(batch, n_q, rows.numel())
+    problem.write(out.to(problem.out.dtype), lse)
+
+
+# --------------------------------------------------------------------------- keys
+
+
+@dataclass
+class _Keys:
+    blocks: torch.Tensor          # (B, Nkv, nblk, s2, D): K, or K' for the shifted allocations
+    mean16: torch.Tensor | None   # (B, Nkv, nblk, D): rounded column means (pasa-exact)
+
+
+def _pad_blocks(x: torch.Tensor, lens: torch.Tensor, n_blocks: int, block: int) -> torch.Tensor:
+    """(B, N, S, D) -> (B, N, nblk, block, D), zero past each batch's valid length:
+    the zero-padded rows a kernel's ragged last block holds."""
+    batch, heads, s, d = x.shape
+    padded = x.new_zeros(batch, heads, n_blocks * block, d)
+    padded[:, :, :s] = x
+    valid = torch.arange(n_blocks * block, device=x.device)[None, :] < lens.to(x.device)[:, None]
+    padded = padded * valid[:, None, :, None]
+    return padded.view(batch, heads, n_blocks, block, d)
+
+
+def _round(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One rounding to ``dtype``, kept in an fp32 container."""
+    return x.to(dtype).to(F32)
+
+
+def _prepare_keys(problem: AttentionProblem, k: torch.Tensor, n_blocks: int) -> _Keys:
+    """The preprocessing kernel: per kv block, K' = M^T K (pseudo-average shift,
+    scale folded into M) or K' = (K - mean16) * scale (exact shift)."""
+    block = problem.tiling.kv_block
+    kb = _pad_blocks(k, problem.kv_lens, n_blocks, block)
+    shift = problem.allocation.shift
+    if shift == "none":
+        return _Keys(kb, None)
+    if shift == "pseudo_average":
+        m = shift_matrix(problem.beta, block, torch.float16, problem.scale, kb.device).to(F32)
+        return _Keys(_round(torch.matmul(m.T, kb), torch.float16), None)
+    mean16 = _round(kb.sum(-2) / block, torch.float16)
+    shifted = _round((kb - mean16.unsqueeze(-2)) * problem.scale, torch.float16)
+    return _Keys(shifted, mean16)
+
+
+# --------------------------------------------------------------------------- state
+
+
+@dataclass
+class _State:
+    """Per-row running statistics (B, Nkv, G, s1, 1) and the output accumulator."""
+
+    m: torch.Tensor
+    l: torch.Tensor
+    o: torch.Tensor
+    f: torch.Tensor      # PASA pseudo-average F of the shifted block means
+    n: torch.Tensor      # blocks this row has used
+
+    @classmethod
+    def empty(cls, allocation, batch, n_kv, group, rows, d_v, device) -> "_State":
+        shape = (batch, n_kv, group, rows, 1)
+        return cls(m=torch.full(shape, NEG_INF, dtype=F32, device=device),
+                   l=torch.zeros(shape, dtype=F32, device=device),
+                   o=torch.zeros(batch, n_kv, group, rows, d_v, dtype=F32, device=device),
+                   f=torch.zeros(shape, dtype=F32, device=device),
+                   n=torch.zeros(shape, dtype=F32, device=device))
+
+    def update(self, has_any: torch.Tensor, **new: torch.Tensor) -> None:
+        """Take the new values only for rows that saw a key in this block."""
+        for name, value in new.items():
+            setattr(self, name, torch.where(has_any, value, getattr(self, name)))
+
+
+def _scores(q_tile: torch.Tensor, keys: torch.Tensor, shape) -> torch.Tensor:
+    """fp32-accumulated Q K^T of one tile, shaped (B, Nkv, G, s1, s2)."""
+    return torch.matmul(q_tile, keys.transpose(-1, -2)).view(shape)
+
+
+def _pv(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """fp32-accumulated P V of one tile; p (B, Nkv, G, s1, s2), v (B, Nkv, s2, Dv)."""
+    b, n, g, s1, s2 = p.shape
+    return torch.matmul(p.reshape(b, n, g * s1, s2), v).view(b, n, g, s1, -1)
+
+
+def _tile_shape(state: _State, block: int):
+    return (*state.m.shape[:-1], block)
+
+
+def _row_max(s: torch.Tensor, vis: torch.Tensor, problem: AttentionProblem, rnd) -> torch.Tensor:
+    """Row maximum over visible entries, with the rounding guard when enabled."""
+    masked = s.masked_fill(~vis, NEG_INF)
+    rm = masked.amax(-1, keepdim=True)
+    if not problem.rounding_guard:
+        return rm
+    repeated = ((masked == rm) & vis).sum(-1, keepdim=True) > 1
+    offset = torch.where(rm > 0, (numerics.GUARD_FACTOR - 1.0) * rm, -rm)
+    offset = offset.clamp(numerics.GUARD_MIN_OFFSET, numerics.GUARD_MAX_OFFSET)
+    return torch.where(repeated & torch.isfinite(rm), rnd(rm + offset), rm)
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def _step_fa(problem, state, q_tile, keys, v_blk, j, vis, has_any, low):
+    """fa-fp32 / fa-fp16s / fa-fp16: FlashAttention-2 with the running maximum."""
+    alloc = problem.allocation
+    s = _scores(q_tile, keys.blocks[:, :, j], _tile_shape(state, v_blk.shape[-2]))
+    if alloc.scores == "low":
+        s = _round(s, low)  # unscaled fp16 scores: this is where fa-fp16s overflows
+    if alloc.stats == "low":
+        r = lambda x: _round(x, low)  # noqa: E731
+        s = r(s * problem.scale)
+        m_new = torch.maximum(state.m, _row_max(s, vis, problem, r))
+        a = r(torch.exp(r(state.m - m_new)))
+        p = torch.where(vis, r(torch.exp(r(s - m_new))), 0.0)
+        l_new = r(r(a * state.l) + r(p.sum(-1, keepdim=True)))
+        o_new = r(r(a * state.o) + r(_pv(p, v_blk)))
+    else:
+        s = s * problem.scale
+        m_new = torch.maximum(state.m, _row_max(s, vis, problem, lambda x: x))
+        a = torch.exp(state.m - m_new)
+        p = torch.where(vis, torch.exp(s - m_new), 0.0)
+        l_new = a * state.l + p.sum(-1, keepdim=True)
+        o_new = a * state.o + _pv(_round(p, low), v_blk)
+    state.update(has_any, m=m_new, l=l_new, o=o_new, n=state.n + 1.0)
+
+
+def _step_pseudo_average(problem, state, q_tile, keys, v_blk, j, vis, has_any, low):
+    """pasa / pasa-mixed: shifted block, local softmax, re-based online (DESIGN.md §2.2)."""
+    fp16_stats = problem.allocation.stats == "low"
+    r = (lambda x: _round(x, torch.float16)) if fp16_stats else (lambda x: x)
+    gamma = ideal_invariance(problem.beta)
+    gamma = _round(torch.tensor(gamma), torch.float16).item() if fp16_stats else gamma
+
+    s = _round(_scores(q_tile, keys.blocks[:, :, j], _tile_shape(state, v_blk.shape[-2])),
+               torch.float16)
+    s_mean = r(s.mean(-1, keepdim=True))  # over all s2 columns M averaged, masked or not
+    m_loc = _row_max(s, vis, problem, r)
+    p = torch.where(vis, r(torch.exp(r(s - m_loc))), 0.0)
+    l_loc = r(p.sum(-1, keepdim=True))
+
+    n = state.n + 1.0
+    f_new = r(r(r((n - 1.0) * state.f) + s_mean) / n)
+    x = r(state.m + r(gamma * r(state.f - f_new)))
+    y = r(m_loc + r(gamma * r(s_mean - f_new)))
+    m_new = torch.maximum(x, y)
+    a = r(torch.exp(r(x - m_new)))
+    b = r(torch.exp(r(y - m_new)))
+    l_new = r(r(a * state.l) + r(b * l_loc))
+    if fp16_stats:
+        o_new = r(r(a * state.o) + r(b * r(_pv(p, v_blk))))
+    else:
+        o_new = a * state.o + b * _pv(_round(p, torch.float16), v_blk)
+    state.update(has_any, m=m_new, l=l_new, o=o_new, f=f_new, n=n)
+
+
+def _step_exact(problem, state, q_tile, keys, v_blk, j, vis, has_any, low):
+    """pasa-exact: fully shifted fp16 tile, per-row constant c = scale * Q . mean16 in
+    fp32, FA-2 style update against the true running maximum m (fp32).
+
+    The tiles that cross between matrix and vector units (S', P', the P'V
+    partial output) are fp16; the running output stays in fp32 in the vector
+    unit's local memory, because accumulating it in fp16 grows the error like
+    sqrt(n_blocks / 3) unit roundoffs (measured: it loses to fa-fp16s on
+    small-bias inputs)."""
+    r16 = lambda x: _round(x, torch.float16)  # noqa: E731
+    shape = _tile_shape(state, v_blk.shape[-2])
+    s = r16(_scores(q_tile, keys.blocks[:, :, j], shape))
+    c = torch.matmul(q_tile, keys.mean16[:, :, j].unsqueeze(-1)).view(*shape[:-1], 1) * problem.scale
+    m_new = torch.maximum(state.m, _row_max(s, vis, problem, lambda x: x) + c)
+    a = torch.exp(state.m - m_new)
+    p = torch.where(vis, r16(torch.exp(r16(s - (m_new - c)))), 0.0)
+    l_new = a * state.l + p.sum(-1, keepdim=True)
+    o_new = a * state.o + r16(_pv(p, v_blk))
+    state.update(has_any, m=m_new, l=l_new, o=o_new, n=state.n + 1.0)
+
+
+_STEPS = {
+    "fa-fp32": _step_fa,
+    "fa-fp16s": _step_fa,
+    "fa-fp16": _step_fa,
+    "pasa": _step_pseudo_average,
+    "pasa-mixed": _step_pseudo_average,
+    "pasa-exact": _step_exact,
+}
+
+
+def _finish(problem: AttentionProblem, state: _State, low: torch.dtype):
+    """O = O_N / l_N and LSE = true running max + log l (fp32); 0 / -inf for rows
+    that saw no key."""
+    seen = state.n > 0  # not l > 0: an overflow's NaN must reach the output
+    o = torch.where(seen, state.o / torch.where(seen, state.l, 1.0), 0.0)
+    true_max = state.m
+    if problem.allocation.shift == "pseudo_average":
+        gamma = ideal_invariance(problem.beta)
+        if problem.allocation.stats == "low":
+            gamma = _round(torch.tensor(gamma), torch.float16).item()
+        true_max = state.m + gamma * state.f
+    lse = torch.where(seen, true_max + torch.log(torch.where(seen, state.l, 1.0)), NEG_INF)
+    return o, lse

@@ -1,0 +1,596 @@
+"""``fused_attention``: a drop-in for ``torch_npu.npu_fused_infer_attention_score``.
+
+This module validates and normalises torch_npu's arguments into an
+:class:`~pasa_npu.problem.AttentionProblem`, dispatches it to a backend and
+shapes the results as torch_npu returns them. It is the only place that knows
+about layouts, mask shapes and sparse modes.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+import warnings
+from typing import Optional, Sequence
+
+import torch
+
+from . import backends
+from .beta import default_beta
+from .numerics import (ALGORITHM_NAMES, ALLOCATIONS, DEFAULT_ALGORITHM_BY_PRECISE_BIT,
+                       DEFAULT_TILING, FP16_MAX, Allocation, Tiling, compute_dtype)
+from .problem import AttentionProblem
+
+INT_MAX = 2147483647
+OPTIMIZED_MASK_SIZE = 2048
+
+#: input_layout -> (query/key/value layout, output layout)
+LAYOUTS = {
+    "BSH": ("BSH", "BSH"), "BSND": ("BSND", "BSND"), "BNSD": ("BNSD", "BNSD"),
+    "TND": ("TND", "TND"), "BNSD_BSND": ("BNSD", "BSND"), "BSH_NBSD": ("BSH", "NBSD"),
+    "BSND_NBSD": ("BSND", "NBSD"), "BNSD_NBSD": ("BNSD", "NBSD"), "TND_NTD": ("TND", "NTD"),
+    "NTD_TND": ("NTD", "TND"),
+}
+_PACKED = ("TND", "NTD")
+
+#: torch_npu keywords not implemented here, with the default that means "unused".
+UNIMPLEMENTED_KEYWORDS = {
+    "pse_shift": None, "dequant_scale1": None, "quant_scale1": None, "dequant_scale2": None,
+    "quant_scale2": None, "quant_offset2": None, "antiquant_scale": None,
+    "antiquant_offset": None, "block_table": None, "query_padding_size": None,
+    "kv_padding_size": None, "key_antiquant_scale": None, "key_antiquant_offset": None,
+    "value_antiquant_scale": None, "value_antiquant_offset": None, "key_shared_prefix": None,
+    "value_shared_prefix": None, "actual_shared_prefix_len": None, "query_rope": None,
+    "key_rope": None, "key_rope_antiquant_scale": None, "block_size": 0, "antiquant_mode": 0,
+    "key_antiquant_mode": 0, "value_antiquant_mode": 0,
+}
+
+#: Keywords of this package that torch_npu does not have.
+OWN_KEYWORDS = ("algorithm", "beta", "backend", "rounding_guard", "q_block", "kv_block")
+
+
+def fused_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+    pse_shift=None, atten_mask: Optional[torch.Tensor] = None,
+    actual_seq_lengths: Optional[Sequence[int]] = None,
+    actual_seq_lengths_kv: Optional[Sequence[int]] = None,
+    dequant_scale1=None, quant_scale1=None, dequant_scale2=None, quant_scale2=None,
+    quant_offset2=None, antiquant_scale=None, antiquant_offset=None, block_table=None,
+    query_padding_size=None, kv_padding_size=None, key_antiquant_scale=None,
+    key_antiquant_offset=None, value_antiquant_scale=None, value_antiquant_offset=None,
+    key_shared_prefix=None, value_shared_prefix=None, actual_shared_prefix_len=None,
+    query_rope=None, key_rope=None, key_rope_antiquant_scale=None,
+    num_heads: int = 1, scale: float = 1.0, pre_tokens: int = INT_MAX,
+    next_tokens: int = INT_MAX, input_layout: str = "BSH", num_key_value_heads: int = 0,
+    sparse_mode: int = 0, inner_precise: int = 0, block_size: int = 0, antiquant_mode: int = 0,
+    softmax_lse_flag: bool = False, key_antiquant_mode: int = 0, value_antiquant_mode: int = 0,
+    algorithm: Optional[str] = None, beta: Optional[float] = None, backend: str = "auto",
+    rounding_guard: bool = False, q_block: Optional[int] = None, kv_block: Optional[int] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention forward with torch_npu's interface, computed by PASA or a reference allocation.
+
+    Arguments up to ``value_antiquant_mode`` are torch_npu's, with its names,
+    defaults, layouts (BSH, BSND, BNSD, TND and the ``X_Y`` output variants),
+    mask conventions (True/1 = masked) and ``sparse_mode`` 0-4 semantics. Returns
+    ``(attention_out, softmax_lse)``: the output in the output layout and the
+    input dtype; the LSE in float32, (B, N, S1, 1) or (T, N, 1) for packed
+    layouts, when ``softmax_lse_flag``, else a one-element zero tensor.
+
+    Our keywords:
+
+    * ``algorithm``: a precision allocation of DESIGN.md §2.3 (``pasa``,
+      ``pasa-mixed``, ``pasa-exact``, ``fa-fp32``, ``fa-fp16s``, ``fa-fp16``).
+      None picks by ``inner_precise`` bit 0: ``pasa-exact`` (0, high precision)
+      or ``pasa`` (1, high performance); an explicit algorithm takes precedence
+      over bit 0.
+    * ``beta``: PASA's shift fraction (``pasa``, ``pasa-mixed``); None solves the
+      optimal accuracy condition for the stored shifting matrix.
+    * ``backend``: ``auto``, ``torch``; ``triton``, ``ascendc-emu``, ``npu``
+      where built.
+    * ``rounding_guard``: the dynamic maximum of DESIGN.md §2.5 for rows with a
+      repeated maximum.
+    * ``q_block``, ``kv_block``: the tiling (default 128 x 128).
+
+    ``inner_precise`` bit 1 set: a row with nothing to attend returns 0. Clear:
+    it returns the mean of V over the batch's valid keys, as a kernel with a
+    finite mask fill does. Its LSE is -inf either way; rows past
+    ``actual_seq_lengths`` are 0 in both outputs. bf16 inputs run PASA in fp16
+    (the paper's rule) after a range check.
+    """
+    args = dict(locals())
+    return _attention(args, golden=False)
+
+
+_SIGNATURE = inspect.signature(fused_attention)
+
+
+def reference_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp64 golden attention with the same (torch_npu) arguments as :func:`fused_attention`.
+
+    Dense softmax in fp64, no blocking and no low-precision step; outputs are
+    float64 in the requested layout (the LSE too, when ``softmax_lse_flag``).
+    """
+    own = sorted(set(kwargs) & set(OWN_KEYWORDS))
+    if own:
+        raise TypeError(f"reference_attention takes torch_npu's arguments only; got {own}")
+    bound = _SIGNATURE.bind(query, key, value, **kwargs)
+    bound.apply_defaults()
+    return _attention(dict(bound.arguments), golden=True)
+
+
+def compressed_causal_mask(device: torch.device | str | None = None) -> torch.Tensor:
+    """The 2048 x 2048 "optimized" mask torch_npu expects with ``sparse_mode`` 2, 3 and 4."""
+    ones = torch.ones(OPTIMIZED_MASK_SIZE, OPTIMIZED_MASK_SIZE, dtype=torch.bool, device=device)
+    return torch.triu(ones, diagonal=1)
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def _attention(args: dict, golden: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    for name, unused in UNIMPLEMENTED_KEYWORDS.items():
+        if not _is_default(args[name], unused):
+            raise NotImplementedError(
+                f"{name}={_describe(args[name])} is not implemented by pasa_npu yet "
+                f"(only the default {unused!r} is accepted)")
+    query, key, value = args["query"], args["key"], args["value"]
+    _check_tensors(query, key, value)
+    in_layout, out_layout = _layout(args["input_layout"])
+    num_heads = _int_arg(args["num_heads"], "num_heads", minimum=1)
+    num_kv_heads = _int_arg(args["num_key_value_heads"], "num_key_value_heads", minimum=0)
+    num_kv_heads = num_kv_heads or num_heads
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_key_value_heads "
+                         f"({num_kv_heads})")
+    q, k, v = (_to_canonical(t, name, in_layout, heads)
+               for t, name, heads in ((query, "query", num_heads), (key, "key", num_kv_heads),
+                                      (value, "value", num_kv_heads)))
+    _check_shapes(q, k, v, in_layout)
+    packed = in_layout in _PACKED
+    q_lens, q_starts, kv_lens, kv_starts = _lengths(args, q, k, packed)
+    batch = q_lens.numel()
+    s_q, s_kv = q.shape[2], k.shape[2]
+
+    scale = _scale(args["scale"])
+    inner_precise = _int_arg(args["inner_precise"], "inner_precise", minimum=0)
+    if inner_precise > 3:
+        raise ValueError(f"inner_precise must be 0, 1, 2 or 3, got {inner_precise}")
+    if not isinstance(args["softmax_lse_flag"], bool):
+        raise TypeError(f"softmax_lse_flag must be a bool, got {_describe(args['softmax_lse_flag'])}")
+    mask, band = _mask_and_band(args, batch, s_q, s_kv, packed, q_lens, kv_lens, query.device)
+
+    if golden:
+        allocation, beta, tiling, guard = ALLOCATIONS["fa-fp32"], 0.0, DEFAULT_TILING, False
+        runner = backends.run_golden
+        out_dtype, lse_dtype, low = torch.float64, torch.float64, torch.float64
+    else:
+        allocation = _allocation(args["algorithm"], inner_precise)
+        tiling = _tiling(args["q_block"], args["kv_block"])
+        beta = _beta(args["beta"], allocation, tiling, scale)
+        guard = args["rounding_guard"]
+        if not isinstance(guard, bool):
+            raise TypeError(f"rounding_guard must be a bool, got {_describe(guard)}")
+        if not isinstance(args["backend"], str):
+            raise TypeError(f"backend must be a str, got {_describe(args['backend'])}")
+        runner = backends.resolve(args["backend"], query.device).runner()
+        out_dtype, lse_dtype = query.dtype, torch.float32
+        low = compute_dtype(allocation, query.dtype)
+    v_input = v
+    if low != query.dtype and not golden:
+        q, k, v = (_to_fp16_checked(t, name) for t, name in ((q, "query"), (k, "key"), (v, "value")))
+
+    out, out_view = _allocate_output(q, v, out_layout, out_dtype)
+    want_lse = args["softmax_lse_flag"]
+    lse, lse_view = _allocate_lse(q, packed, lse_dtype) if want_lse else (None, None)
+    if q.numel() == 0 or out.numel() == 0:
+        return out, lse if want_lse else _lse_placeholder(query.device)
+
+    problem = AttentionProblem(
+        query=q, key=k, value=v, out=out_view, lse=lse_view, q_lens=q_lens, kv_lens=kv_lens,
+        q_starts=q_starts, kv_starts=kv_starts, packed=packed, mask=mask, band=band,
+        scale=scale, allocation=allocation, beta=beta, compute_dtype=low,
+        rounding_guard=guard, tiling=tiling)
+    runner(problem)
+    _fix_rows(problem, v_input, inner_precise)
+    return out, (lse if want_lse else _lse_placeholder(query.device))
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    return repr(value)
+
+
+def _is_default(value, default) -> bool:
+    if default is None:
+        return value is None
+    return not isinstance(value, torch.Tensor) and value == default
+
+
+def _int_arg(value, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {_describe(value)}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _check_tensors(query, key, value) -> None:
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {_describe(t)}")
+        if t.dtype not in (torch.float16, torch.bfloat16):
+            raise TypeError(f"{name} must be float16 or bfloat16, got {t.dtype}")
+    for name, t in (("key", key), ("value", value)):
+        if t.dtype != query.dtype:
+            raise TypeError(f"{name} dtype {t.dtype} differs from query dtype {query.dtype}")
+        if t.device != query.device:
+            raise ValueError(f"{name} is on {t.device} but query is on {query.device}")
+
+
+def _layout(input_layout) -> tuple[str, str]:
+    if not isinstance(input_layout, str):
+        raise TypeError(f"input_layout must be a str, got {_describe(input_layout)}")
+    if input_layout not in LAYOUTS:
+        raise ValueError(f"input_layout must be one of {sorted(LAYOUTS)}, got {input_layout!r}")
+    return LAYOUTS[input_layout]
+
+
+def _to_canonical(t: torch.Tensor, name: str, layout: str, heads: int) -> torch.Tensor:
+    """A (B, N, S, D) view of ``t`` given in ``layout`` (packed: B = 1, S = T)."""
+    dims = 3 if layout in ("BSH", "TND", "NTD") else 4
+    if t.dim() != dims:
+        raise ValueError(f"{name} must be {dims}-D for input_layout {layout}, got shape "
+                         f"{tuple(t.shape)}")
+    if layout == "BSH":
+        if t.shape[2] % heads:
+            raise ValueError(f"{name}'s hidden size {t.shape[2]} is not divisible by its head "
+                             f"count {heads} (input_layout BSH)")
+        return t.unflatten(2, (heads, t.shape[2] // heads)).permute(0, 2, 1, 3)
+    head_axis = {"BSND": 2, "BNSD": 1, "TND": 1, "NTD": 0}[layout]
+    if t.shape[head_axis] != heads:
+        what = "num_heads" if name == "query" else "num_key_value_heads (or num_heads)"
+        raise ValueError(f"{name} has {t.shape[head_axis]} heads on its N axis (input_layout "
+                         f"{layout}) but {what} is {heads}")
+    if layout == "BSND":
+        return t.permute(0, 2, 1, 3)
+    if layout == "BNSD":
+        return t
+    if layout == "TND":
+        return t.permute(1, 0, 2).unsqueeze(0)
+    return t.unsqueeze(0)
+
+
+def _check_shapes(q, k, v, layout) -> None:
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"key batch {k.shape[0]} differs from query batch {q.shape[0]} "
+                         f"(input_layout {layout})")
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(f"key head dim {k.shape[3]} differs from query head dim {q.shape[3]}")
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"value (batch, heads, seq) {tuple(v.shape[:3])} differs from key's "
+                         f"{tuple(k.shape[:3])} (canonical BNSD order)")
+
+
+def _lengths(args, q, k, packed):
+    """(q_lens, q_starts, kv_lens, kv_starts) as int64 CPU tensors of length B."""
+    if packed:
+        q_lens, q_starts = _cumulative(args["actual_seq_lengths"], "actual_seq_lengths", q.shape[2])
+        kv_lens, kv_starts = _cumulative(args["actual_seq_lengths_kv"], "actual_seq_lengths_kv",
+                                         k.shape[2])
+        if kv_lens.numel() != q_lens.numel():
+            raise ValueError(f"actual_seq_lengths_kv has {kv_lens.numel()} entries but "
+                             f"actual_seq_lengths has {q_lens.numel()} (packed layouts take the "
+                             f"batch from their length)")
+        return q_lens, q_starts, kv_lens, kv_starts
+    batch = q.shape[0]
+    zeros = torch.zeros(batch, dtype=torch.int64)
+    return (_per_batch(args["actual_seq_lengths"], "actual_seq_lengths", batch, q.shape[2]), zeros,
+            _per_batch(args["actual_seq_lengths_kv"], "actual_seq_lengths_kv", batch, k.shape[2]),
+            zeros)
+
+
+def _int_list(value, name: str) -> list[int]:
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 1 or value.dtype.is_floating_point or value.dtype == torch.bool:
+            raise TypeError(f"{name} must be a list of ints or a 1-D integer tensor, got "
+                            f"{_describe(value)}")
+        return [int(x) for x in value.tolist()]
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in value):
+        raise TypeError(f"{name} must be a list of ints, got {_describe(value)}")
+    return [int(x) for x in value]
+
+
+def _per_batch(value, name: str, batch: int, full: int) -> torch.Tensor:
+    if value is None:
+        return torch.full((batch,), full, dtype=torch.int64)
+    lens = _int_list(value, name)
+    if len(lens) == 1:
+        lens = lens * batch
+    elif len(lens) >= batch:
+        lens = lens[:batch]
+    else:
+        raise ValueError(f"{name} must have 1 or at least batch={batch} entries, got {len(lens)}")
+    for b, n in enumerate(lens):
+        if not 0 <= n <= full:
+            raise ValueError(f"{name}[{b}] = {n} is outside [0, {full}] (the sequence length of "
+                             f"the tensor)")
+    return torch.tensor(lens, dtype=torch.int64)
+
+
+def _cumulative(value, name: str, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if value is None:
+        raise ValueError(f"{name} is required with packed layouts (TND, NTD): the cumulative "
+                         f"sequence lengths, one per batch")
+    ends = _int_list(value, name)
+    if not ends:
+        raise ValueError(f"{name} must not be empty with packed layouts")
+    prev = 0
+    for b, e in enumerate(ends):
+        if e < prev:
+            raise ValueError(f"{name} must be non-decreasing cumulative lengths starting at >= 0; "
+                             f"entry {b} is {e} after {prev}")
+        prev = e
+    if ends[-1] > total:
+        raise ValueError(f"{name} ends at {ends[-1]} but the tensor holds only T={total} tokens")
+    ends_t = torch.tensor(ends, dtype=torch.int64)
+    starts = torch.cat([torch.zeros(1, dtype=torch.int64), ends_t[:-1]])
+    return ends_t - starts, starts
+
+
+def _scale(scale) -> float:
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a float, got {_describe(scale)}")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be finite and positive, got {scale}")
+    return float(scale)
+
+
+def _allocation(algorithm, inner_precise: int) -> Allocation:
+    if algorithm is None:
+        return ALLOCATIONS[DEFAULT_ALGORITHM_BY_PRECISE_BIT[inner_precise & 1]]
+    if algorithm not in ALLOCATIONS:
+        raise ValueError(f"algorithm must be one of {ALGORITHM_NAMES} or None, got {algorithm!r}")
+    return ALLOCATIONS[algorithm]
+
+
+def _tiling(q_block, kv_block) -> Tiling:
+    q_block = DEFAULT_TILING.q_block if q_block is None else _int_arg(q_block, "q_block", 1)
+    kv_block = DEFAULT_TILING.kv_block if kv_block is None else _int_arg(kv_block, "kv_block", 2)
+    return Tiling(q_block=q_block, kv_block=kv_block)
+
+
+def _beta(beta, allocation: Allocation, tiling: Tiling, scale: float) -> float:
+    if allocation.shift == "none":
+        if beta is not None:
+            raise ValueError(f"beta applies to pasa and pasa-mixed; algorithm "
+                             f"{allocation.name!r} takes beta=None, got {beta!r}")
+        return 0.0
+    if allocation.shift == "exact":
+        if beta is not None:
+            raise ValueError(f"pasa-exact always shifts fully (beta = 1); pass beta=None, got "
+                             f"{beta!r}")
+        return 1.0
+    if beta is None:
+        return default_beta(tiling.kv_block, scale)
+    if isinstance(beta, bool) or not isinstance(beta, numbers.Real):
+        raise TypeError(f"beta must be a float, got {_describe(beta)}")
+    if not 0.0 <= beta < 1.0:
+        raise ValueError(f"beta must lie in [0, 1) (1 would make the shifting matrix singular), "
+                         f"got {beta}")
+    return float(beta)
+
+
+def _to_fp16_checked(t: torch.Tensor, name: str) -> torch.Tensor:
+    """bf16 -> fp16 for PASA, refusing values fp16 cannot hold instead of making inf."""
+    if t.numel():
+        peak = float(t.abs().amax())
+        if not peak <= FP16_MAX:
+            raise ValueError(
+                f"{name} holds values up to {peak:.6g} in magnitude, beyond fp16's {FP16_MAX:.0f}; "
+                f"PASA computes bf16 inputs in fp16. Use algorithm='fa-fp32' for this input.")
+    return t.to(torch.float16)
+
+
+# --------------------------------------------------------------------------- masks
+
+
+_MASK_CACHE: dict = {}
+
+
+def _mask_and_band(args, batch, s_q, s_kv, packed, q_lens, kv_lens, device):
+    """(mask (Bm, S1, S2) bool or None, band (pre, next) per batch in top-left
+    coordinates or None) for torch_npu's sparse_mode semantics."""
+    sparse_mode = _int_arg(args["sparse_mode"], "sparse_mode", minimum=0)
+    if sparse_mode > 4:
+        raise ValueError(f"sparse_mode must be 0-4 (torch_npu's fused_infer_attention_score "
+                         f"supports no other), got {sparse_mode}")
+    pre = _int_arg(args["pre_tokens"], "pre_tokens", minimum=-(2 ** 63))
+    nxt = _int_arg(args["next_tokens"], "next_tokens", minimum=-(2 ** 63))
+    tokens_given = (pre, nxt) != (INT_MAX, INT_MAX)
+    mask = args["atten_mask"]
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor):
+            raise TypeError(f"atten_mask must be a tensor or None, got {_describe(mask)}")
+        if mask.dtype not in (torch.bool, torch.int8, torch.uint8):
+            raise TypeError(f"atten_mask must be bool, int8 or uint8, got {mask.dtype}")
+        if mask.device != device:
+            raise ValueError(f"atten_mask is on {mask.device} but query is on {device}")
+
+    if sparse_mode in (2, 3, 4):
+        _check_optimized_mask(mask, sparse_mode)
+        if s_q == 1:
+            if sparse_mode != 3:
+                warnings.warn(f"sparse_mode={sparse_mode} has no effect when the query length is "
+                              f"1 (torch_npu ignores it in decode); every valid key is attended",
+                              stacklevel=4)
+            return None, None
+        if sparse_mode == 2:
+            return None, (torch.full((batch,), INT_MAX, dtype=torch.int64),
+                          torch.zeros(batch, dtype=torch.int64))
+        if sparse_mode == 3:
+            return None, (torch.full((batch,), INT_MAX, dtype=torch.int64), kv_lens - q_lens)
+        _check_tokens(pre, nxt)
+        return None, (pre - kv_lens + q_lens, nxt + kv_lens - q_lens)
+
+    if mask is None:
+        if sparse_mode == 1:
+            raise ValueError("sparse_mode=1 (allMask) needs the full atten_mask, got None")
+        if tokens_given:
+            warnings.warn("pre_tokens/next_tokens have no effect with sparse_mode=0 and no "
+                          "atten_mask (torch_npu ignores them too)", stacklevel=4)
+        return None, None
+    if packed:
+        raise ValueError(f"packed layouts (TND) take sparse_mode 0 without atten_mask or 2-4 "
+                         f"with the optimized mask, as torch_npu; got sparse_mode={sparse_mode} "
+                         f"with an atten_mask")
+    dense = _dense_mask(mask, batch, s_q, s_kv)
+    if sparse_mode == 1 or not tokens_given:
+        if sparse_mode == 1 and tokens_given:
+            warnings.warn("pre_tokens/next_tokens have no effect with sparse_mode=1", stacklevel=4)
+        return dense, None
+    if s_q == 1:
+        warnings.warn("pre_tokens/next_tokens have no effect when the query length is 1 "
+                      "(torch_npu ignores them in decode)", stacklevel=4)
+        return dense, None
+    _check_tokens(pre, nxt)
+    return dense, (torch.full((batch,), pre, dtype=torch.int64),
+                   torch.full((batch,), nxt, dtype=torch.int64))
+
+
+def _check_tokens(pre: int, nxt: int) -> None:
+    if pre < 0 and nxt < 0:
+        raise ValueError(f"pre_tokens ({pre}) and next_tokens ({nxt}) cannot both be negative")
+    if -nxt > pre:
+        raise ValueError(f"the band is empty: -next_tokens ({-nxt}) exceeds pre_tokens ({pre})")
+
+
+def _check_optimized_mask(mask, sparse_mode: int) -> None:
+    n = OPTIMIZED_MASK_SIZE
+    if mask is None:
+        raise ValueError(f"sparse_mode={sparse_mode} needs torch_npu's optimized {n}x{n} "
+                         f"atten_mask (pasa_npu.compressed_causal_mask()), got None")
+    if mask.shape not in ((n, n), (1, n, n), (1, 1, n, n)):
+        raise ValueError(f"sparse_mode={sparse_mode} needs the optimized mask of shape ({n}, {n}), "
+                         f"(1, {n}, {n}) or (1, 1, {n}, {n}); got {tuple(mask.shape)}")
+    expected = _MASK_CACHE.get(mask.device)
+    if expected is None:
+        expected = _MASK_CACHE[mask.device] = compressed_causal_mask(mask.device)
+    if not torch.equal(mask.reshape(n, n).bool(), expected):
+        raise ValueError(f"sparse_mode={sparse_mode} needs the optimized mask to be the strict "
+                         f"upper triangle (True above the diagonal), as torch_npu documents")
+
+
+def _dense_mask(mask: torch.Tensor, batch: int, s_q: int, s_kv: int) -> torch.Tensor:
+    shape = tuple(mask.shape)
+    if mask.dim() == 2:
+        m = mask.unsqueeze(1) if s_q == 1 else mask.unsqueeze(0)
+    elif mask.dim() == 3:
+        m = mask
+    elif mask.dim() == 4:
+        if mask.shape[1] != 1:
+            raise ValueError(f"atten_mask of 4 dims must be (B or 1, 1, S1, S2); got {shape}")
+        m = mask[:, 0]
+    else:
+        raise ValueError(f"atten_mask must have 2, 3 or 4 dims, got shape {shape}")
+    if m.shape[0] not in (1, batch) or m.shape[1] < s_q or m.shape[2] < s_kv:
+        expected = (f"(B, S2), (B, 1, S2) or (B, 1, 1, S2)" if s_q == 1 else
+                    f"(S1, S2), (B|1, S1, S2) or (B|1, 1, S1, S2)")
+        raise ValueError(f"atten_mask shape {shape} does not fit batch={batch}, S1={s_q}, "
+                         f"S2={s_kv}: expected {expected} with S1, S2 at least the query and key "
+                         f"lengths")
+    return m[:, :s_q, :s_kv].bool()
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def _allocate_output(q, v, out_layout, dtype):
+    """The output tensor in ``out_layout`` and its canonical (Bt, N, S, Dv) view."""
+    bt, n, s, _ = q.shape
+    d_v = v.shape[3]
+    kw = dict(dtype=dtype, device=q.device)
+    if out_layout == "BSH":
+        out = torch.zeros(bt, s, n * d_v, **kw)
+        return out, out.view(bt, s, n, d_v).permute(0, 2, 1, 3)
+    if out_layout == "BSND":
+        out = torch.zeros(bt, s, n, d_v, **kw)
+        return out, out.permute(0, 2, 1, 3)
+    if out_layout == "BNSD":
+        out = torch.zeros(bt, n, s, d_v, **kw)
+        return out, out
+    if out_layout == "NBSD":
+        out = torch.zeros(n, bt, s, d_v, **kw)
+        return out, out.permute(1, 0, 2, 3)
+    if out_layout == "TND":
+        out = torch.zeros(s, n, d_v, **kw)
+        return out, out.permute(1, 0, 2).unsqueeze(0)
+    out = torch.zeros(n, s, d_v, **kw)  # NTD
+    return out, out.unsqueeze(0)
+
+
+def _allocate_lse(q, packed: bool, dtype):
+    bt, n, s, _ = q.shape
+    if packed:
+        lse = torch.zeros(s, n, 1, dtype=dtype, device=q.device)
+        return lse, lse[..., 0].permute(1, 0).unsqueeze(0)
+    lse = torch.zeros(bt, n, s, 1, dtype=dtype, device=q.device)
+    return lse, lse[..., 0]
+
+
+def _lse_placeholder(device) -> torch.Tensor:
+    return torch.zeros(1, dtype=torch.float32, device=device)
+
+
+def _fix_rows(problem: AttentionProblem, value: torch.Tensor, inner_precise: int) -> None:
+    """torch_npu's row rules: rows past the query length are 0 (LSE too); rows that
+    see no key are 0 with inner_precise bit 1, else the mean of V over valid keys."""
+    if problem.lse is not None and not problem.packed:
+        past = torch.arange(problem.lse.shape[2]) >= problem.q_lens[:, None]
+        problem.lse.masked_fill_(past[:, None].to(problem.lse.device), 0.0)
+    if inner_precise & 2:
+        return
+    empty = _rows_without_keys(problem)
+    if not bool(empty.any()):
+        return
+    b_idx, rows = empty.nonzero(as_tuple=True)
+    means = torch.zeros(problem.batch, value.shape[1], value.shape[3], dtype=torch.float64,
+                        device=value.device)
+    for b in set(b_idx.tolist()):
+        s, n = int(problem.kv_starts[b]), int(problem.kv_lens[b])
+        if n:
+            tb = 0 if problem.packed else b
+            means[b] = value[tb, :, s:s + n].double().mean(1)
+    means = means.repeat_interleave(problem.group, dim=1)  # kv heads -> query heads
+    tb = torch.zeros_like(b_idx) if problem.packed else b_idx
+    pos = rows + problem.q_starts[b_idx]
+    dev = problem.out.device
+    problem.out[tb.to(dev), :, pos.to(dev)] = means[b_idx.to(means.device)].to(
+        problem.out.dtype).to(dev)
+
+
+def _rows_without_keys(problem: AttentionProblem) -> torch.Tensor:
+    """Bool (B, max S1) on CPU: rows inside the query length that can see no key."""
+    s_q = problem.query.shape[2] if not problem.packed else problem.max_q_len
+    i = torch.arange(s_q)[None, :]
+    valid = i < problem.q_lens[:, None]
+    if problem.mask is None:
+        lo = torch.zeros_like(i)
+        hi = problem.kv_lens[:, None] - 1
+        if problem.band is not None:
+            pre, nxt = problem.band
+            lo = torch.maximum(lo, i - pre[:, None])
+            hi = torch.minimum(hi, i + nxt[:, None])
+        return valid & (lo > hi)
+    cols = torch.arange(problem.key.shape[2], device=problem.mask.device)
+    has = torch.zeros(problem.batch, s_q, dtype=torch.bool)
+    chunk = max(1, (1 << 22) // max(1, cols.numel()))
+    for r0 in range(0, s_q, chunk):
+        rows = torch.arange(r0, min(r0 + chunk, s_q), device=problem.mask.device)
+        has[:, r0:r0 + rows.numel()] = problem.visible(rows, cols).any(-1).cpu()
+    return valid & ~has

@@ -1,0 +1,123 @@
+"""The canonical attention problem every backend receives.
+
+The API layer turns torch_npu's arguments (layouts, masks, sparse modes, ragged
+and cumulative lengths) into an :class:`AttentionProblem`; backends compute from
+it and know nothing of layouts. Tensors are strided views of the caller's
+memory in (batch, heads, sequence, dim) order; nothing is transposed or copied.
+
+Visibility of key ``j`` to query row ``i`` of batch ``b`` (local positions):
+
+    i < q_lens[b]  and  j < kv_lens[b]
+    and not mask[b, i, j]                       (explicit mask, True = masked)
+    and i - pre[b] <= j <= i + next[b]          (band in top-left coordinates)
+
+Backends write ``out`` (and ``lse`` when given) for every visible row and leave
+0 / -inf for rows that see no key; the API layer applies torch_npu's
+``inner_precise`` rule to those afterwards.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .numerics import Allocation, Tiling
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """One forward call, normalised.
+
+    query (Bt, Nq, Sq, D), key (Bt, Nkv, Skv, D), value (Bt, Nkv, Skv, Dv), out
+    (Bt, Nq, Sq, Dv), lse (Bt, Nq, Sq) float32 or None. ``packed``: Bt == 1 and the
+    B sequences are consecutive segments of the S axis starting at ``q_starts`` /
+    ``kv_starts`` (TND); otherwise Bt == B and the starts are 0. Query head h
+    reads kv head h // (Nq // Nkv).
+    """
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    out: torch.Tensor
+    lse: Optional[torch.Tensor]
+    q_lens: torch.Tensor
+    kv_lens: torch.Tensor
+    q_starts: torch.Tensor
+    kv_starts: torch.Tensor
+    packed: bool
+    mask: Optional[torch.Tensor]
+    band: Optional[tuple[torch.Tensor, torch.Tensor]]
+    scale: float
+    allocation: Allocation
+    beta: float
+    compute_dtype: torch.dtype
+    rounding_guard: bool
+    tiling: Tiling
+
+    @property
+    def batch(self) -> int:
+        return int(self.q_lens.numel())
+
+    @property
+    def group(self) -> int:
+        return self.query.shape[1] // self.key.shape[1]
+
+    @property
+    def max_q_len(self) -> int:
+        return int(self.q_lens.max()) if self.batch else 0
+
+    @property
+    def max_kv_len(self) -> int:
+        return int(self.kv_lens.max()) if self.batch else 0
+
+    def visible(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """Bool (B, s1, s2): which keys ``cols`` each query row ``rows`` may attend to."""
+        dev = rows.device
+        i = rows.view(1, -1, 1)
+        j = cols.view(1, 1, -1)
+        q_lens = self.q_lens.to(dev).view(-1, 1, 1)
+        kv_lens = self.kv_lens.to(dev).view(-1, 1, 1)
+        vis = (i < q_lens) & (j < kv_lens)
+        if self.band is not None:
+            pre, nxt = (t.to(dev).view(-1, 1, 1) for t in self.band)
+            vis = vis & (j >= i - pre) & (j <= i + nxt)
+        if self.mask is not None:
+            m = self.mask
+            r = rows.clamp(max=m.shape[1] - 1).to(m.device)
+            c = cols.clamp(max=m.shape[2] - 1).to(m.device)
+            vis = vis & ~m[:, r][:, :, c].to(dev)
+        return vis
+
+    def dense_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(query, key, value) as (B, N, S, D) tensors: the views themselves when
+        not packed; zero-padded copies of the segments when packed (TND)."""
+        if not self.packed:
+            return self.query, self.key, self.value
+        return (_unpack(self.query, self.q_starts, self.q_lens),
+                _unpack(self.key, self.kv_starts, self.kv_lens),
+                _unpack(self.value, self.kv_starts, self.kv_lens))
+
+    def write(self, out: torch.Tensor, lse: Optional[torch.Tensor]) -> None:
+        """Store dense (B, Nq, maxSq, Dv) results (and (B, Nq, maxSq) LSE) into the
+        caller's output views, rows past each batch's query length left at zero."""
+        if not self.packed:
+            self.out.copy_(out)
+            if self.lse is not None and lse is not None:
+                self.lse.copy_(lse)
+            return
+        for b in range(self.batch):
+            s, n = int(self.q_starts[b]), int(self.q_lens[b])
+            self.out[0, :, s:s + n].copy_(out[b, :, :n])
+            if self.lse is not None and lse is not None:
+                self.lse[0, :, s:s + n].copy_(lse[b, :, :n])
+
+
+def _unpack(x: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    batch = int(lens.numel())
+    width = int(lens.max()) if batch else 0
+    dense = x.new_zeros(batch, x.shape[1], width, x.shape[3])
+    for b in range(batch):
+        s, n = int(starts[b]), int(lens[b])
+        dense[b, :, :n] = x[0, :, s:s + n]
+    return dense

@@ -1,0 +1,181 @@
+"""The public API: torch_npu signature compatibility, unimplemented keywords, bad input."""
+from __future__ import annotations
+
+import inspect
+import re
+
+import pytest
+import torch
+
+import pasa_npu
+from pasa_npu.api import OWN_KEYWORDS, UNIMPLEMENTED_KEYWORDS
+
+# torch_npu.npu_fused_infer_attention_score's schema as the op-plugin documentation gives it
+# (docs/context/torch_npu-npu_fused_infer_attention_score.md).
+TORCH_NPU_SCHEMA = (
+    "npu_fused_infer_attention_score(Tensor query, Tensor key, Tensor value, *, "
+    "Tensor? pse_shift=None, Tensor? atten_mask=None, SymInt[]? actual_seq_lengths=None, "
+    "SymInt[]? actual_seq_lengths_kv=None, Tensor? dequant_scale1=None, "
+    "Tensor? quant_scale1=None, Tensor? dequant_scale2=None, Tensor? quant_scale2=None, "
+    "Tensor? quant_offset2=None, Tensor? antiquant_scale=None, Tensor? antiquant_offset=None, "
+    "Tensor? block_table=None, Tensor? query_padding_size=None, Tensor? kv_padding_size=None, "
+    "Tensor? key_antiquant_scale=None, Tensor? key_antiquant_offset=None, "
+    "Tensor? value_antiquant_scale=None, Tensor? value_antiquant_offset=None, "
+    "Tensor? key_shared_prefix=None, Tensor? value_shared_prefix=None, "
+    "SymInt[]? actual_shared_prefix_len=None,Tensor? query_rope=None, Tensor? key_rope=None, "
+    "Tensor? key_rope_antiquant_scale=None, int num_heads=1, float scale=1.0, "
+    "int pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", "
+    "int num_key_value_heads=0, int sparse_mode=0, int inner_precise=0, int block_size=0, "
+    "int antiquant_mode=0, bool softmax_lse_flag=False, int key_antiquant_mode=0, "
+    "int value_antiquant_mode=0) -> (Tensor, Tensor)"
+)
+
+
+def _schema_params():
+    body = TORCH_NPU_SCHEMA[TORCH_NPU_SCHEMA.index("(") + 1:TORCH_NPU_SCHEMA.index(") ->")]
+    positional, keywords = body.split("*,")
+    pos = [p.split()[-1] for p in positional.split(",") if p.strip()]
+    kw = []
+    for p in keywords.split(","):
+        m = re.match(r"\s*\S+\s+(\w+)=(.+)\s*$", p)
+        raw = m.group(2).strip()
+        default = None if raw == "None" else eval(raw)  # literals only: ints, floats, str, bool
+        if raw in ("False", "True"):
+            default = raw == "True"
+        kw.append((m.group(1), default))
+    return pos, kw
+
+
+def test_signature_matches_torch_npu():
+    pos, kw = _schema_params()
+    params = list(inspect.signature(pasa_npu.fused_attention).parameters.values())
+    assert [p.name for p in params[:3]] == pos
+    assert all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params[:3])
+    ours = {p.name: p for p in params[3:]}
+    assert all(p.kind is p.KEYWORD_ONLY for p in ours.values())
+    for name, default in kw:
+        assert name in ours, f"missing torch_npu keyword {name}"
+        assert ours[name].default == default and type(ours[name].default) is type(default), name
+    extra = set(ours) - {n for n, _ in kw}
+    assert extra == set(OWN_KEYWORDS)
+    # order of torch_npu's keywords preserved, ours after them
+    assert [p.name for p in params[3:3 + len(kw)]] == [n for n, _ in kw]
+
+
+def _small():
+    g = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(1, 2, 8, 16, generator=g).half() for _ in range(3))
+
+
+@pytest.mark.parametrize("name", sorted(UNIMPLEMENTED_KEYWORDS))
+def test_unimplemented_keywords_raise(name):
+    q, k, v = _small()
+    value = 1 if UNIMPLEMENTED_KEYWORDS[name] == 0 else torch.zeros(1)
+    with pytest.raises(NotImplementedError, match=name):
+        pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD", **{name: value})
+
+
+def test_unimplemented_keywords_cover_every_other_torch_npu_keyword():
+    _, kw = _schema_params()
+    implemented = {"atten_mask", "actual_seq_lengths", "actual_seq_lengths_kv", "num_heads",
+                   "scale", "pre_tokens", "next_tokens", "input_layout", "num_key_value_heads",
+                   "sparse_mode", "inner_precise", "softmax_lse_flag"}
+    assert {n for n, _ in kw} - implemented == set(UNIMPLEMENTED_KEYWORDS)
+
+
+BAD = [
+    (dict(query="x"), TypeError, "query must be a torch.Tensor"),
+    (dict(dtype=torch.float32), TypeError, "query must be float16 or bfloat16"),
+    (dict(key_dtype=torch.bfloat16), TypeError, "key dtype"),
+    (dict(input_layout="BHSD"), ValueError, "input_layout must be one of"),
+    (dict(input_layout=3), TypeError, "input_layout must be a str"),
+    (dict(query_shape=(1, 2, 8)), ValueError, "query must be 4-D for input_layout BNSD"),
+    (dict(num_heads=4), ValueError, "query has 2 heads .* num_heads is 4"),
+    (dict(num_heads=0), ValueError, "num_heads must be >= 1"),
+    (dict(num_heads=2.0), TypeError, "num_heads must be an int"),
+    (dict(num_key_value_heads=3, num_heads=2), ValueError, "multiple of num_key_value_heads"),
+    (dict(key_shape=(2, 2, 8, 16)), ValueError, "key batch 2 differs"),
+    (dict(key_shape=(1, 2, 8, 32)), ValueError, "key head dim 32 differs"),
+    (dict(value_shape=(1, 2, 9, 16)), ValueError, "value .* differs from key"),
+    (dict(scale=0.0), ValueError, "scale must be finite and positive"),
+    (dict(scale=float("nan")), ValueError, "scale must be finite and positive"),
+    (dict(scale="1"), TypeError, "scale must be a float"),
+    (dict(inner_precise=4), ValueError, "inner_precise must be 0, 1, 2 or 3"),
+    (dict(sparse_mode=5), ValueError, "sparse_mode must be 0-4"),
+    (dict(sparse_mode=3), ValueError, "sparse_mode=3 needs torch_npu's optimized"),
+    (dict(sparse_mode=3, atten_mask=torch.ones(8, 8, dtype=torch.bool)), ValueError,
+     "optimized mask of shape"),
+    (dict(sparse_mode=2, atten_mask=torch.ones(2048, 2048, dtype=torch.bool)), ValueError,
+     "strict upper triangle"),
+    (dict(sparse_mode=1), ValueError, "sparse_mode=1 .* needs the full atten_mask"),
+    (dict(atten_mask=torch.ones(8, 8)), TypeError, "atten_mask must be bool, int8 or uint8"),
+    (dict(atten_mask=torch.ones(4, 8, dtype=torch.bool)), ValueError, "atten_mask shape"),
+    (dict(atten_mask=torch.ones(1, 2, 8, 8, dtype=torch.bool)), ValueError,
+     r"\(B or 1, 1, S1, S2\)"),
+    (dict(sparse_mode=4, atten_mask="opt", pre_tokens=-1, next_tokens=-1), ValueError,
+     "cannot both be negative"),
+    (dict(sparse_mode=4, atten_mask="opt", pre_tokens=2, next_tokens=-5), ValueError,
+     "band is empty"),
+    (dict(actual_seq_lengths=[9]), ValueError, r"actual_seq_lengths\[0\] = 9 is outside"),
+    (dict(actual_seq_lengths_kv=[3, 4], batch_of_3=True), ValueError,
+     "must have 1 or at least batch=3"),
+    (dict(actual_seq_lengths=[1.5]), TypeError, "actual_seq_lengths must be a list of ints"),
+    (dict(algorithm="pasa2"), ValueError, "algorithm must be one of"),
+    (dict(algorithm="fa-fp32", beta=0.5), ValueError, "beta applies to pasa"),
+    (dict(algorithm="pasa-exact", beta=0.5), ValueError, "pasa-exact always shifts fully"),
+    (dict(algorithm="pasa", beta=1.0), ValueError, r"beta must lie in \[0, 1\)"),
+    (dict(backend="cuda"), ValueError, "backend must be one of"),
+    (dict(backend="npu"), NotImplementedError, "backend 'npu' is not implemented"),
+    (dict(rounding_guard=1), TypeError, "rounding_guard must be a bool"),
+    (dict(softmax_lse_flag=1), TypeError, "softmax_lse_flag must be a bool"),
+    (dict(kv_block=1), ValueError, "kv_block must be >= 2"),
+]
+
+
+@pytest.mark.parametrize("spec,exc,message", BAD, ids=[m for _, _, m in BAD])
+def test_bad_input_names_the_argument(spec, exc, message):
+    spec = dict(spec)
+    g = torch.Generator().manual_seed(0)
+    batch = 3 if spec.pop("batch_of_3", False) else 1
+    dtype = spec.pop("dtype", torch.float16)
+    q = torch.randn(spec.pop("query_shape", (batch, 2, 8, 16)), generator=g).to(dtype)
+    k = torch.randn(spec.pop("key_shape", (batch, 2, 8, 16)), generator=g).to(
+        spec.pop("key_dtype", dtype))
+    v = torch.randn(spec.pop("value_shape", (batch, 2, 8, 16)), generator=g).to(dtype)
+    if "query" in spec:
+        q = spec.pop("query")
+    if spec.get("atten_mask") == "opt":
+        spec["atten_mask"] = pasa_npu.compressed_causal_mask()
+    kw = dict(num_heads=2, input_layout="BNSD")
+    kw.update(spec)
+    with pytest.raises(exc, match=message):
+        pasa_npu.fused_attention(q, k, v, **kw)
+
+
+def test_packed_layout_errors():
+    q = torch.randn(10, 2, 16).half()
+    with pytest.raises(ValueError, match="actual_seq_lengths is required with packed layouts"):
+        pasa_npu.fused_attention(q, q, q, num_heads=2, input_layout="TND")
+    with pytest.raises(ValueError, match="non-decreasing"):
+        pasa_npu.fused_attention(q, q, q, num_heads=2, input_layout="TND",
+                                 actual_seq_lengths=[5, 3], actual_seq_lengths_kv=[5, 10])
+    with pytest.raises(ValueError, match="holds only T=10 tokens"):
+        pasa_npu.fused_attention(q, q, q, num_heads=2, input_layout="TND",
+                                 actual_seq_lengths=[5, 11], actual_seq_lengths_kv=[5, 10])
+    with pytest.raises(ValueError, match="has 1 entries but actual_seq_lengths has 2"):
+        pasa_npu.fused_attention(q, q, q, num_heads=2, input_layout="TND",
+                                 actual_seq_lengths=[5, 10], actual_seq_lengths_kv=[10])
+    with pytest.raises(ValueError, match="packed layouts .* with an atten_mask"):
+        pasa_npu.fused_attention(q, q, q, num_heads=2, input_layout="TND",
+                                 actual_seq_lengths=[10], actual_seq_lengths_kv=[10],
+                                 atten_mask=torch.zeros(10, 10, dtype=torch.bool))
+
+
+def test_reference_attention_takes_torch_npu_arguments_only():
+    q, k, v = _small()
+    with pytest.raises(TypeError, match="torch_npu's arguments only"):
+        pasa_npu.reference_attention(q, k, v, num_heads=2, input_layout="BNSD", algorithm="pasa")
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        pasa_npu.reference_attention(q, k, v, num_heads=2, input_layout="BNSD", scale_value=1.0)
+    out, _ = pasa_npu.reference_attention(q, k, v, num_heads=2, input_layout="BNSD")
+    assert out.dtype == torch.float64

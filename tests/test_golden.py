@@ -1,0 +1,142 @@
+"""Every allocation, on every backend here, against the fp64 golden over the feature matrix:
+layouts and output variants, GQA/MQA, masks and sparse modes, ragged and packed lengths,
+decode, sequence lengths that are not block multiples, fp16 and bf16."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import pasa_npu
+from _support import BACKENDS, LSE_BOUND, RMSE_BOUND, rel_rmse
+
+INT_MAX = 2147483647
+
+# name -> case. Fields: layout, B, Nq, Nkv, S1, S2, D (Dv = D), optional mask kind,
+# sparse_mode, pre/next, ragged lengths, tiling, inner_precise.
+CASES = {
+    "bnsd": dict(layout="BNSD", B=2, Nq=4, Nkv=4, S1=200, S2=200, D=64),
+    "bsh-gqa2": dict(layout="BSH", B=2, Nq=4, Nkv=2, S1=150, S2=150, D=64),
+    "bsnd-mqa": dict(layout="BSND", B=1, Nq=4, Nkv=1, S1=96, S2=300, D=64),
+    "bnsd_bsnd": dict(layout="BNSD_BSND", B=2, Nq=2, Nkv=2, S1=130, S2=70, D=32),
+    "bsh_nbsd": dict(layout="BSH_NBSD", B=2, Nq=2, Nkv=1, S1=64, S2=129, D=32),
+    "bsnd_nbsd": dict(layout="BSND_NBSD", B=1, Nq=3, Nkv=3, S1=40, S2=257, D=32),
+    "bnsd_nbsd": dict(layout="BNSD_NBSD", B=2, Nq=2, Nkv=2, S1=17, S2=100, D=16),
+    "tnd": dict(layout="TND", Nq=4, Nkv=2, D=32, q_cum=[5, 135, 199], kv_cum=[40, 240, 304]),
+    "tnd_ntd": dict(layout="TND_NTD", Nq=2, Nkv=2, D=32, q_cum=[64, 64, 100], kv_cum=[64, 80, 300]),
+    "ntd_tnd": dict(layout="NTD_TND", Nq=2, Nkv=1, D=32, q_cum=[30, 160], kv_cum=[200, 330],
+                    extra_tokens=7),
+    "tnd-causal": dict(layout="TND", Nq=2, Nkv=2, D=32, q_cum=[50, 250], kv_cum=[50, 250],
+                       sparse_mode=3, mask="optimized"),
+    "decode-gqa4": dict(layout="BSH", B=2, Nq=8, Nkv=2, S1=1, S2=1000, D=64),
+    "decode-ragged": dict(layout="BNSD", B=2, Nq=4, Nkv=4, S1=1, S2=700, D=64, kv_lens=[700, 37]),
+    "decode-mask": dict(layout="BNSD", B=2, Nq=2, Nkv=1, S1=1, S2=300, D=32, mask="decode2d"),
+    "mask4d-empty-rows": dict(layout="BNSD", B=2, Nq=2, Nkv=2, S1=90, S2=160, D=32,
+                              mask="random4d", inner_precise=2),
+    "mask4d-mean-rows": dict(layout="BNSD", B=2, Nq=2, Nkv=2, S1=90, S2=160, D=32,
+                             mask="random4d", inner_precise=0),
+    "mask2d-int8-mode1": dict(layout="BSND", B=2, Nq=2, Nkv=2, S1=64, S2=192, D=32,
+                              mask="random2d", sparse_mode=1),
+    "mask-band-mode0": dict(layout="BNSD", B=1, Nq=2, Nkv=2, S1=200, S2=260, D=32,
+                            mask="random4d", pre=50, next=10),
+    "left-up-causal": dict(layout="BNSD", B=2, Nq=2, Nkv=2, S1=200, S2=200, D=32,
+                           sparse_mode=2, mask="optimized"),
+    "right-down-causal": dict(layout="BSH", B=1, Nq=2, Nkv=1, S1=100, S2=300, D=32,
+                              sparse_mode=3, mask="optimized"),
+    "right-down-ragged": dict(layout="BNSD", B=2, Nq=2, Nkv=2, S1=100, S2=300, D=32,
+                              sparse_mode=3, mask="optimized", q_lens=[100, 37],
+                              kv_lens=[300, 170]),
+    "causal-s1>s2": dict(layout="BNSD", B=1, Nq=2, Nkv=2, S1=200, S2=120, D=32,
+                         sparse_mode=3, mask="optimized", inner_precise=2),
+    "band-window": dict(layout="BNSD", B=1, Nq=2, Nkv=2, S1=256, S2=256, D=32,
+                        sparse_mode=4, mask="optimized", pre=64, next=0),
+    "band-negative-next": dict(layout="BSND", B=2, Nq=2, Nkv=2, S1=200, S2=300, D=32,
+                               sparse_mode=4, mask="optimized", pre=100, next=-20,
+                               q_lens=[200, 150], kv_lens=[300, 180], inner_precise=3),
+    "ragged-dense": dict(layout="BNSD", B=2, Nq=2, Nkv=2, S1=200, S2=250, D=32,
+                         q_lens=[77, 200], kv_lens=[13, 250]),
+    "tiling-32x64": dict(layout="BNSD", B=1, Nq=2, Nkv=2, S1=100, S2=260, D=128,
+                         q_block=32, kv_block=64),
+    "head-dim-80": dict(layout="BSND", B=1, Nq=2, Nkv=2, S1=70, S2=333, D=80),
+}
+
+
+def make_case(case: dict, dtype: torch.dtype, seed: int = 0):
+    """Random N(0, 1) inputs in the case's layout and the keyword arguments for it."""
+    gen = torch.Generator().manual_seed(seed)
+    layout = case["layout"].split("_")[0]
+    nq, nkv, d = case["Nq"], case["Nkv"], case["D"]
+    kw = dict(num_heads=nq, num_key_value_heads=nkv, input_layout=case["layout"],
+              scale=1 / math.sqrt(d), softmax_lse_flag=True)
+    if layout in ("TND", "NTD"):
+        t1 = case["q_cum"][-1] + case.get("extra_tokens", 0)
+        t2 = case["kv_cum"][-1] + case.get("extra_tokens", 0)
+        shapes = [(t1, nq, d), (t2, nkv, d), (t2, nkv, d)]
+        if layout == "NTD":
+            shapes = [(s[1], s[0], s[2]) for s in shapes]
+        kw.update(actual_seq_lengths=case["q_cum"], actual_seq_lengths_kv=case["kv_cum"])
+        batch, s1, s2 = len(case["q_cum"]), None, None
+    else:
+        batch, s1, s2 = case["B"], case["S1"], case["S2"]
+        shapes = {"BSH": [(batch, s1, nq * d), (batch, s2, nkv * d), (batch, s2, nkv * d)],
+                  "BSND": [(batch, s1, nq, d), (batch, s2, nkv, d), (batch, s2, nkv, d)],
+                  "BNSD": [(batch, nq, s1, d), (batch, nkv, s2, d), (batch, nkv, s2, d)]}[layout]
+        if "q_lens" in case:
+            kw["actual_seq_lengths"] = case["q_lens"]
+        if "kv_lens" in case:
+            kw["actual_seq_lengths_kv"] = case["kv_lens"]
+    q, k, v = (torch.randn(s, generator=gen).to(dtype) for s in shapes)
+
+    mask = case.get("mask")
+    if mask == "optimized":
+        kw["atten_mask"] = pasa_npu.compressed_causal_mask()
+    elif mask == "random4d":
+        m = torch.rand(batch, 1, s1, s2, generator=gen) < 0.6
+        m[:, :, ::7] = True  # every 7th query row sees nothing
+        kw["atten_mask"] = m
+    elif mask == "random2d":
+        kw["atten_mask"] = (torch.rand(s1, s2, generator=gen) < 0.5).to(torch.int8)
+    elif mask == "decode2d":
+        kw["atten_mask"] = (torch.rand(batch, s2, generator=gen) < 0.5).to(torch.uint8)
+    for key in ("sparse_mode", "inner_precise", "q_block", "kv_block"):
+        if key in case:
+            kw[key] = case[key]
+    if "pre" in case:
+        kw["pre_tokens"], kw["next_tokens"] = case["pre"], case["next"]
+    return q, k, v, kw
+
+
+_OWN = ("q_block", "kv_block")
+
+
+@pytest.fixture(scope="module")
+def golden_cache():
+    return {}
+
+
+def _golden(cache, name, dtype):
+    key = (name, dtype)
+    if key not in cache:
+        q, k, v, kw = make_case(CASES[name], dtype)
+        ref_kw = {k_: v_ for k_, v_ in kw.items() if k_ not in _OWN}
+        cache[key] = (q, k, v, kw, pasa_npu.reference_attention(q, k, v, **ref_kw))
+    return cache[key]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("algorithm", pasa_npu.ALGORITHM_NAMES)
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_golden(name, algorithm, dtype, backend, golden_cache):
+    q, k, v, kw, (gold, gold_lse) = _golden(golden_cache, name, dtype)
+    out, lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend=backend, **kw)
+    assert out.shape == gold.shape and out.dtype == dtype
+    assert lse.shape == gold_lse.shape and lse.dtype == torch.float32
+    assert torch.isfinite(out).all()
+    err = rel_rmse(out, gold)
+    assert err <= RMSE_BOUND[dtype][algorithm], f"relative RMSE {err:.3g}"
+    finite = torch.isfinite(gold_lse)
+    assert torch.equal(torch.isfinite(lse), finite), "LSE -inf pattern differs from the golden"
+    lse_err = float((lse.double() - gold_lse)[finite].abs().max()) if finite.any() else 0.0
+    assert lse_err <= LSE_BOUND[dtype][algorithm], f"LSE max abs error {lse_err:.3g}"

@@ -1,0 +1,27 @@
+"""The repository's promises: CI runs the README's test command; the package installs
+only under pasa_npu."""
+from __future__ import annotations
+
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _readme_commands():
+    readme = (ROOT / "README.md").read_text()
+    setup = readme[readme.index("## Set-up"):readme.index("## Quickstart")]
+    return re.findall(r"```bash\n(.+?)\n```", setup, flags=re.S)
+
+
+def test_ci_runs_the_readme_test_command():
+    install, tests = _readme_commands()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert tests.strip() in ci.splitlines()
+    assert "pip install -q torch==2.13.0 -e '.[test]'" in ci and "-e '.[test]'" in install
+
+
+def test_only_pasa_npu_is_installed():
+    setup = (ROOT / "setup.py").read_text()
+    packages = re.search(r"packages=\[(.*?)\]", setup).group(1)
+    assert all(p.strip().strip('"').startswith("pasa_npu") for p in packages.split(","))

@@ -1,0 +1,299 @@
+"""torch_npu semantics, checked against an independent dense attention (tests/_support.py):
+sparse modes, layouts, GQA, packed lengths, row rules, LSE, decode, bf16, the guard."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import pasa_npu
+from _support import BACKENDS, INT_MAX, naive_attention, npu_visible, rel_rmse
+
+
+def _rand(*shape, seed=0, dtype=torch.float16):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def _bnsd(b=2, nq=2, nkv=2, s1=70, s2=150, d=32, seed=0, dtype=torch.float16):
+    return (_rand(b, nq, s1, d, seed=seed, dtype=dtype), _rand(b, nkv, s2, d, seed=seed + 1, dtype=dtype),
+            _rand(b, nkv, s2, d, seed=seed + 2, dtype=dtype))
+
+
+OPT = pasa_npu.compressed_causal_mask()
+
+
+@pytest.mark.parametrize("mode,pre,nxt,s1,s2,q_lens,kv_lens", [
+    (2, INT_MAX, INT_MAX, 90, 90, None, None),
+    (2, INT_MAX, INT_MAX, 60, 140, None, None),
+    (3, INT_MAX, INT_MAX, 60, 140, None, None),
+    (3, INT_MAX, INT_MAX, 140, 60, None, None),
+    (3, INT_MAX, INT_MAX, 80, 150, [80, 33], [150, 101]),
+    (4, 20, 0, 100, 100, None, None),
+    (4, 30, 5, 60, 130, [60, 41], [130, 77]),
+    (4, 50, -10, 70, 90, None, None),
+    (4, -5, 40, 70, 90, None, None),
+])
+def test_sparse_modes_follow_torch_npu(mode, pre, nxt, s1, s2, q_lens, kv_lens):
+    q, k, v = _bnsd(s1=s1, s2=s2)
+    kw = dict(num_heads=2, input_layout="BNSD", scale=0.2, sparse_mode=mode, atten_mask=OPT,
+              pre_tokens=pre, next_tokens=nxt, inner_precise=2)
+    if q_lens:
+        kw.update(actual_seq_lengths=q_lens, actual_seq_lengths_kv=kv_lens)
+    gold, _ = pasa_npu.reference_attention(q, k, v, **kw)
+    q_lens = q_lens or [s1, s1]
+    kv_lens = kv_lens or [s2, s2]
+    vis = torch.stack([npu_visible(s1, s2, mode, pre, nxt, ql, kl)
+                       for ql, kl in zip(q_lens, kv_lens)])
+    want = naive_attention(q, k, v, 0.2, vis, empty_rows_mean_v=False)
+    torch.testing.assert_close(gold, want, rtol=1e-10, atol=1e-12)
+    out, _ = pasa_npu.fused_attention(q, k, v, algorithm="fa-fp32", **kw)
+    assert rel_rmse(out, want) < 1.2e-3
+
+
+def test_mode0_mask_with_tokens_is_band_and_mask():
+    q, k, v = _bnsd(s1=80, s2=120)
+    mask = torch.rand(2, 1, 80, 120, generator=torch.Generator().manual_seed(3)) < 0.3
+    kw = dict(num_heads=2, input_layout="BNSD", scale=0.2, atten_mask=mask, pre_tokens=15,
+              next_tokens=4, inner_precise=2)
+    gold, _ = pasa_npu.reference_attention(q, k, v, **kw)
+    vis = npu_visible(80, 120, 0, 15, 4)[None] & ~mask[:, 0]
+    torch.testing.assert_close(gold, naive_attention(q, k, v, 0.2, vis, False), rtol=1e-10,
+                               atol=1e-12)
+
+
+def test_mode1_ignores_tokens_and_mode0_without_mask_ignores_tokens():
+    q, k, v = _bnsd()
+    mask = torch.rand(70, 150, generator=torch.Generator().manual_seed(4)) < 0.3
+    base = dict(num_heads=2, input_layout="BNSD", scale=0.2)
+    with pytest.warns(UserWarning, match="no effect"):
+        a, _ = pasa_npu.reference_attention(q, k, v, atten_mask=mask, sparse_mode=1,
+                                            pre_tokens=3, next_tokens=3, **base)
+    b, _ = pasa_npu.reference_attention(q, k, v, atten_mask=mask, sparse_mode=1, **base)
+    assert torch.equal(a, b)
+    with pytest.warns(UserWarning, match="no effect"):
+        c, _ = pasa_npu.reference_attention(q, k, v, pre_tokens=3, next_tokens=3, **base)
+    d, _ = pasa_npu.reference_attention(q, k, v, **base)
+    assert torch.equal(c, d)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_layouts_give_identical_results(backend):
+    q, k, v = _bnsd(b=2, nq=4, nkv=2, s1=50, s2=90)
+    common = dict(num_heads=4, num_key_value_heads=2, scale=0.2, algorithm="pasa",
+                  backend=backend, softmax_lse_flag=True)
+    ref, ref_lse = pasa_npu.fused_attention(q, k, v, input_layout="BNSD", **common)
+    bsnd = [t.transpose(1, 2).contiguous() for t in (q, k, v)]
+    out, lse = pasa_npu.fused_attention(*bsnd, input_layout="BSND", **common)
+    assert torch.equal(out.transpose(1, 2), ref) and torch.equal(lse, ref_lse)
+    bsh = [t.flatten(2) for t in bsnd]
+    out, _ = pasa_npu.fused_attention(*bsh, input_layout="BSH", **common)
+    assert torch.equal(out.view(2, 50, 4, 32).transpose(1, 2), ref)
+    for layout, perm in (("BNSD_BSND", (0, 2, 1, 3)), ("BNSD_NBSD", (1, 0, 2, 3))):
+        out, _ = pasa_npu.fused_attention(q, k, v, input_layout=layout, **common)
+        assert torch.equal(out, ref.permute(*perm))
+    out, _ = pasa_npu.fused_attention(*bsh, input_layout="BSH_NBSD", **common)
+    assert torch.equal(out, ref.permute(1, 0, 2, 3))
+    # strided (non-contiguous) views compute the same as contiguous tensors
+    out, _ = pasa_npu.fused_attention(*(t.transpose(1, 2) for t in bsnd), input_layout="BNSD",
+                                      **common)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", ["TND", "TND_NTD", "NTD_TND"])
+def test_packed_equals_per_sequence(layout, backend):
+    q_lens, kv_lens = [33, 0, 130], [70, 20, 200]
+    nq, nkv, d = 4, 2, 32
+    q = _rand(sum(q_lens) + 5, nq, d, seed=1)
+    k = _rand(sum(kv_lens) + 3, nkv, d, seed=2)
+    v = _rand(sum(kv_lens) + 3, nkv, d, seed=3)
+    cum = lambda lens: [sum(lens[:i + 1]) for i in range(len(lens))]  # noqa: E731
+    inputs = (q, k, v) if layout != "NTD_TND" else tuple(t.transpose(0, 1) for t in (q, k, v))
+    out, lse = pasa_npu.fused_attention(
+        *inputs, num_heads=nq, num_key_value_heads=nkv, scale=0.2, input_layout=layout,
+        actual_seq_lengths=cum(q_lens), actual_seq_lengths_kv=cum(kv_lens),
+        softmax_lse_flag=True, algorithm="pasa-exact", backend=backend)
+    if layout == "TND_NTD":
+        out = out.transpose(0, 1)
+    assert out.shape == q.shape and lse.shape == (q.shape[0], nq, 1)
+    qs = ks = 0
+    for ql, kl in zip(q_lens, kv_lens):
+        one, one_lse = pasa_npu.fused_attention(
+            q[qs:qs + ql].transpose(0, 1)[None], k[ks:ks + kl].transpose(0, 1)[None],
+            v[ks:ks + kl].transpose(0, 1)[None], num_heads=nq, num_key_value_heads=nkv,
+            scale=0.2, input_layout="BNSD", softmax_lse_flag=True, algorithm="pasa-exact",
+            backend=backend)
+        assert torch.equal(out[qs:qs + ql], one[0].transpose(0, 1))
+        assert torch.equal(lse[qs:qs + ql, :, 0], one_lse[0, :, :, 0].T)
+        qs, ks = qs + ql, ks + kl
+    assert (out[qs:] == 0).all() and (lse[qs:] == 0).all()  # tokens past the last sequence
+
+
+@pytest.mark.parametrize("algorithm", pasa_npu.ALGORITHM_NAMES)
+def test_gqa_equals_repeated_kv(algorithm):
+    q, k, v = _bnsd(b=1, nq=6, nkv=2, s1=40, s2=200)
+    kw = dict(input_layout="BNSD", scale=0.2, algorithm=algorithm)
+    gqa, _ = pasa_npu.fused_attention(q, k, v, num_heads=6, num_key_value_heads=2, **kw)
+    mha, _ = pasa_npu.fused_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1),
+                                      num_heads=6, **kw)
+    torch.testing.assert_close(gqa, mha, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("inner_precise", [0, 1, 2, 3])
+def test_row_rules(inner_precise, backend):
+    """Rows that see no key: 0 (bit 1) or the mean of V over valid keys; LSE -inf.
+    Rows past actual_seq_lengths: 0 output and 0 LSE."""
+    q, k, v = _bnsd(b=2, s1=60, s2=100)
+    mask = torch.zeros(2, 1, 60, 100, dtype=torch.bool)
+    mask[:, :, 5] = True
+    mask[1, :, 10, :40] = True  # row 10 of batch 1 sees nothing in its 40 valid keys
+    kw = dict(num_heads=2, input_layout="BNSD", scale=0.2, atten_mask=mask,
+              actual_seq_lengths=[60, 50], actual_seq_lengths_kv=[100, 40],
+              inner_precise=inner_precise, softmax_lse_flag=True, backend=backend,
+              algorithm="pasa-exact")
+    out, lse = pasa_npu.fused_attention(q, k, v, **kw)
+    assert torch.isfinite(out).all()
+    if inner_precise & 2:
+        assert (out[:, :, 5] == 0).all() and (out[1, :, 10] == 0).all()
+    else:
+        mean0 = v[0].double().mean(1)
+        mean1 = v[1, :, :40].double().mean(1)
+        torch.testing.assert_close(out[0, :, 5].double(), mean0, atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(out[1, :, 10].double(), mean1, atol=1e-3, rtol=1e-3)
+    assert torch.isneginf(lse[:, :, 5]).all() and torch.isneginf(lse[1, :, 10]).all()
+    assert (out[1, :, 50:] == 0).all() and (lse[1, :, 50:] == 0).all()
+    vis = torch.ones(2, 60, 100, dtype=torch.bool) & ~mask[:, 0]
+    vis[1, :, 40:] = False
+    vis[1, 50:] = False
+    want = naive_attention(q, k, v, 0.2, vis, empty_rows_mean_v=not inner_precise & 2,
+                           kv_lens=[100, 40])
+    want[1, :, 50:] = 0
+    assert rel_rmse(out, want) < 3e-3
+
+
+def test_lse_placeholder_and_shapes():
+    q, k, v = _bnsd(b=1, s1=10, s2=20)
+    out, lse = pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD")
+    assert lse.shape == (1,) and lse.dtype == torch.float32 and lse.item() == 0
+    _, lse = pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD",
+                                      softmax_lse_flag=True)
+    assert lse.shape == (1, 2, 10, 1)
+
+
+def test_lse_matches_logsumexp():
+    q, k, v = _bnsd(b=1, s1=30, s2=300)
+    _, lse = pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD", scale=0.25,
+                                      softmax_lse_flag=True, algorithm="pasa-exact")
+    s = torch.einsum("bnid,bnjd->bnij", q.double(), k.double()) * 0.25
+    torch.testing.assert_close(lse[..., 0].double(), torch.logsumexp(s, -1), atol=3e-3, rtol=0)
+
+
+def test_decode_ignores_sparse_mode_like_torch_npu():
+    q, k, v = _bnsd(b=2, s1=1, s2=300)
+    base = dict(num_heads=2, input_layout="BNSD", scale=0.2)
+    plain, _ = pasa_npu.fused_attention(q, k, v, **base)
+    causal, _ = pasa_npu.fused_attention(q, k, v, sparse_mode=3, atten_mask=OPT, **base)
+    assert torch.equal(plain, causal)
+    with pytest.warns(UserWarning, match="no effect"):
+        left, _ = pasa_npu.fused_attention(q, k, v, sparse_mode=2, atten_mask=OPT, **base)
+    assert torch.equal(plain, left)
+
+
+def test_empty_key_value_gives_zeros():
+    q = _rand(1, 2, 5, 16)
+    k = v = torch.zeros(1, 2, 0, 16, dtype=torch.float16)
+    for ip in (0, 2):
+        out, lse = pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD",
+                                            inner_precise=ip, softmax_lse_flag=True)
+        assert (out == 0).all() and torch.isneginf(lse).all()
+
+
+def test_mask_dtypes_and_oversized_masks_agree():
+    q, k, v = _bnsd(s1=40, s2=70)
+    big = torch.rand(2, 1, 48, 96, generator=torch.Generator().manual_seed(5)) < 0.4
+    outs = [pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD", atten_mask=m)[0]
+            for m in (big, big.to(torch.int8), big.to(torch.uint8), big[:, :, :40, :70],
+                      big[:, 0, :40, :70])]
+    for o in outs[1:]:
+        assert torch.equal(o, outs[0])
+
+
+def test_bf16_through_fp16_and_range_check():
+    q, k, v = _bnsd(dtype=torch.bfloat16)
+    out, _ = pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD", algorithm="pasa")
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    k_big = k.clone()
+    k_big[0, 0, 3, 1] = 70000.0
+    with pytest.raises(ValueError, match="key holds values up to .* beyond fp16"):
+        pasa_npu.fused_attention(q, k_big, v, num_heads=2, input_layout="BNSD", algorithm="pasa")
+    out, _ = pasa_npu.fused_attention(q, k_big, v, num_heads=2, input_layout="BNSD",
+                                      algorithm="fa-fp32")
+    assert torch.isfinite(out).all()
+
+
+def test_default_algorithm_follows_inner_precise_bit0():
+    q, k, v = _bnsd()
+    kw = dict(num_heads=2, input_layout="BNSD", scale=0.2)
+    for ip, name in ((0, "pasa-exact"), (1, "pasa"), (2, "pasa-exact"), (3, "pasa")):
+        a, _ = pasa_npu.fused_attention(q, k, v, inner_precise=ip, **kw)
+        b, _ = pasa_npu.fused_attention(q, k, v, inner_precise=ip, algorithm=name, **kw)
+        assert torch.equal(a, b)
+
+
+def test_beta_is_used():
+    q, k, v = _bnsd(s2=300)
+    kw = dict(num_heads=2, input_layout="BNSD", scale=0.2, algorithm="pasa")
+    a, _ = pasa_npu.fused_attention(q, k, v, beta=0.0, **kw)
+    b, _ = pasa_npu.fused_attention(q, k, v, **kw)
+    gold, _ = pasa_npu.reference_attention(q, k, v, num_heads=2, input_layout="BNSD", scale=0.2)
+    assert not torch.equal(a, b)
+    assert rel_rmse(a, gold) < 2e-3 and rel_rmse(b, gold) < 1.2e-2
+
+
+# --------------------------------------------------------------------------- rounding guard
+
+
+def _tied_inputs():
+    """Keys repeated in pairs and a few all-equal rows: many repeated row maxima."""
+    q, k, v = _bnsd(b=1, s1=64, s2=256)
+    k = k.clone()
+    k[:, :, 1::2] = k[:, :, 0::2]
+    q = q.clone()
+    q[:, :, :8] = 0  # all-equal score rows (rm = 0)
+    v = v.abs() + 1  # same-signed values, the setting of seed 002
+    return q, k, v
+
+
+@pytest.mark.parametrize("algorithm", pasa_npu.ALGORITHM_NAMES)
+def test_rounding_guard_is_exact_in_real_arithmetic(algorithm):
+    from _support import RMSE_BOUND
+    q, k, v = _tied_inputs()
+    kw = dict(num_heads=2, input_layout="BNSD", scale=0.2, algorithm=algorithm,
+              softmax_lse_flag=True)
+    gold, gold_lse = pasa_npu.reference_attention(
+        q, k, v, num_heads=2, input_layout="BNSD", scale=0.2, softmax_lse_flag=True)
+    guarded, lse = pasa_npu.fused_attention(q, k, v, rounding_guard=True, **kw)
+    plain, _ = pasa_npu.fused_attention(q, k, v, **kw)
+    assert rel_rmse(guarded, gold) <= RMSE_BOUND[torch.float16][algorithm]
+    assert float((lse.double() - gold_lse).abs().max()) < 5e-2
+    assert not torch.equal(guarded, plain)  # the guard acted on the tied rows
+
+
+def test_rounding_guard_acts_only_on_rows_with_a_repeated_block_maximum():
+    q, k, v = _bnsd(s2=256)
+    kw = dict(num_heads=2, input_layout="BNSD", scale=0.2)
+    for algorithm in ("fa-fp32", "fa-fp16s"):
+        a, _ = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, rounding_guard=True, **kw)
+        b, _ = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, **kw)
+        changed = (a != b).any(-1)
+        scores = q.float() @ k.float().transpose(-1, -2)  # fp32-accumulated, as the kernels
+        if algorithm == "fa-fp16s":
+            scores = scores.half().float()  # unscaled fp16 scores: ties do happen
+        blocks = scores.unflatten(-1, (2, 128))
+        tied = ((blocks == blocks.amax(-1, keepdim=True)).sum(-1) > 1).any(-1)
+        assert not (changed & ~tied).any(), algorithm
+        if algorithm == "fa-fp32":
+            assert not changed.any()
