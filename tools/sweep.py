@@ -17,7 +17,7 @@ from pasa_npu.tools.inputs import Case, paper_cases
 from pasa_npu.tools.metrics import nonfinite_percent, relative_rmse
 
 
-def run_sweep(shape, algorithms, seed=0, progress=None) -> list[dict]:
+def run_sweep(shape, algorithms, seed=0, progress=None, beta=None) -> list[dict]:
     cases = paper_cases(unique=True) + [Case("resonance", 0, 3e4),
                                                    Case("resonance", 0, 1e5)]
     kw = dict(num_heads=shape[1], input_layout="BNSD", scale=shape[3] ** -0.5)
@@ -27,7 +27,9 @@ def run_sweep(shape, algorithms, seed=0, progress=None) -> list[dict]:
         gold, _ = pasa_npu.reference_attention(q, k, v, **kw)
         row = {"case": case.label}
         for name in algorithms:
-            out, _ = pasa_npu.fused_attention(q, k, v, algorithm=name, **kw)
+            shifted = pasa_npu.ALLOCATIONS[name].shift == "pseudo_average"
+            out, _ = pasa_npu.fused_attention(q, k, v, algorithm=name,
+                                              beta=beta if shifted else None, **kw)
             bad = nonfinite_percent(out)
             row[name] = {"nonfinite_pct": bad, "rel_rmse": None if bad else relative_rmse(out, gold)}
         rows.append(row)
@@ -63,16 +65,28 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--algorithms", nargs="+", default=list(pasa_npu.ALGORITHM_NAMES),
                         choices=pasa_npu.ALGORITHM_NAMES)
+    parser.add_argument("--beta0", type=float, default=None,
+                        help="start of the optimal-beta iteration for pasa and pasa-mixed "
+                             "(default: the package's, 1 - 2**-6)")
     args = parser.parse_args(argv)
     for name in ("heads", "seq", "dim"):
         if getattr(args, name) < 1:
             print(f"pasa-sweep: error: --{name} must be >= 1", file=sys.stderr)
             return 2
     shape = (1, args.heads, args.seq, args.dim)
+    beta = None
+    if args.beta0 is not None:
+        try:
+            beta = pasa_npu.optimal_beta(args.beta0, pasa_npu.DEFAULT_TILING.kv_block,
+                                         scale=args.dim ** -0.5)
+        except ValueError as err:
+            print(f"pasa-sweep: error: --beta0: {err}", file=sys.stderr)
+            return 2
     print(f"paper sweeps at shape (B, N, S, D) = {shape}, fp16 inputs, scale 1/sqrt(D); "
-          f"relative RMSE vs fp64, or % NaN/Inf outputs")
+          f"relative RMSE vs fp64, or % NaN/Inf outputs"
+          + ("" if beta is None else f"; pasa beta = {beta:.6f}"))
     start = time.time()
-    rows = run_sweep(shape, args.algorithms, args.seed, _progress)
+    rows = run_sweep(shape, args.algorithms, args.seed, _progress, beta)
     print(format_rows(rows, args.algorithms))
     print(f"({time.time() - start:.0f} s)")
     return 0
