@@ -228,7 +228,7 @@ def _step_exact(problem, state, q_tile, keys, v_blk, j, vis, has_any, low):
     c = torch.matmul(q_tile, keys.mean16[:, :, j].unsqueeze(-1)).view(*shape[:-1], 1) * problem.scale
     m_new = torch.maximum(state.m, _row_max(s, vis, problem, lambda x: x) + c)
     a = torch.exp(state.m - m_new)
-    p = torch.where(vis, r16(torch.exp(r16(s - (m_new - c)))), 0.0)
+    p = torch.where(vis, r16(torch.exp(s - (m_new - c))), 0.0)  # fp32 argument, fp16 P'
     l_new = a * state.l + p.sum(-1, keepdim=True)
     o_new = a * state.o + r16(_pv(p, v_blk))
     state.update(has_any, m=m_new, l=l_new, o=o_new, n=state.n + 1.0)
