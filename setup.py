@@ -13,9 +13,13 @@ setup(
                  "pasa_npu.tools": "tools"},
     install_requires=["torch>=2.4", "numpy"],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6"],
+        # Triton runs the GPU kernels under its CPU interpreter in the tests; 3.6 matches the
+        # GPU image, and its interpreter needs numpy < 2.4.
+        "test": ["pytest>=7", "hypothesis>=6", "triton==3.6.0; platform_system == 'Linux'",
+                 "numpy<2.4"],
         "gpu": ["triton>=3.0"],
     },
     entry_points={"console_scripts": ["pasa-beta=pasa_npu.tools.beta:main",
-                                      "pasa-sweep=pasa_npu.tools.sweep:main"]},
+                                      "pasa-sweep=pasa_npu.tools.sweep:main",
+                                      "pasa-bench=pasa_npu.tools.bench:main"]},
 )

@@ -6,6 +6,8 @@ A backend is a function ``run(problem) -> None`` that fills ``problem.out`` and
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -23,6 +25,8 @@ class Backend:
 
     def unavailable_reason(self, device: torch.device) -> Optional[str]:
         """None when this backend can run on ``device``, else a sentence why not."""
+        if self.name == "triton" and device.type == "cpu" and _triton_interpreting():
+            return None
         if device.type not in self.devices:
             return (f"backend {self.name!r} runs on {', '.join(self.devices)} tensors, "
                     f"got tensors on {device.type}")
@@ -37,6 +41,8 @@ BACKENDS: dict[str, Backend] = {
     for b in (
         Backend("torch", "pasa_npu.fallback.torch_blockwise", ("cpu", "cuda"),
                 "blockwise PyTorch emulation of every allocation (CPU reference backend)"),
+        Backend("triton", "pasa_npu.fallback.triton_attention", ("cuda",),
+                "Triton kernels for CUDA GPUs; on CPU tensors under TRITON_INTERPRET=1"),
     )
 }
 
@@ -49,7 +55,7 @@ def resolve(name: str, device: torch.device) -> Backend:
     if name not in BACKEND_NAMES:
         raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {name!r}")
     if name == "auto":
-        name = "torch"
+        name = "triton" if device.type == "cuda" and _importable("triton") else "torch"
     backend = BACKENDS.get(name)
     if backend is None:
         raise NotImplementedError(f"backend {name!r} is not implemented yet; available: "
@@ -58,6 +64,14 @@ def resolve(name: str, device: torch.device) -> Backend:
     if reason is not None:
         raise RuntimeError(reason)
     return backend
+
+
+def _triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _importable(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
 
 
 def available_backends(device: str = "cpu") -> list[str]:

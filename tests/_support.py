@@ -10,7 +10,39 @@ import pasa_npu
 from pasa_npu.backends import available_backends
 
 INT_MAX = 2147483647
-BACKENDS = available_backends()
+
+
+def _backend_devices() -> list[tuple[str, str]]:
+    """(backend, device) pairs to test here: CPU backends on CPU; Triton on the GPU when
+    there is one, else through the interpreter on CPU."""
+    pairs = [(name, "cpu") for name in available_backends("cpu")]
+    if torch.cuda.is_available():
+        pairs = [(n, d) for n, d in pairs if n != "triton"]
+        pairs += [(name, "cuda") for name in available_backends("cuda") if name != "torch"]
+    return pairs
+
+
+BACKEND_DEVICES = _backend_devices()
+BACKENDS = [name for name, _ in BACKEND_DEVICES]
+DEVICE_OF = dict(BACKEND_DEVICES)
+
+
+def interpreted(backend: str) -> bool:
+    """True when ``backend`` runs through an emulator on CPU (slow: test small shapes)."""
+    return backend == "triton" and DEVICE_OF.get(backend) == "cpu"
+
+
+def interpreter_skip(backend: str, algorithm: str, dtype) -> str | None:
+    """Why a combination cannot run under Triton's interpreter, or None."""
+    if interpreted(backend) and dtype == torch.bfloat16 and not algorithm.startswith("pasa"):
+        return ("Triton's CPU interpreter computes bf16 tl.dot wrongly (numpy has no bf16); "
+                "bf16 fa-* runs on the GPU only")
+    return None
+
+
+def on_device(backend: str, *tensors):
+    dev = DEVICE_OF.get(backend, "cpu")
+    return tuple(t.to(dev) if isinstance(t, torch.Tensor) else t for t in tensors)
 
 # Bounds against the fp64 golden on N(0, 1) inputs, scale 1/sqrt(D), a few
 # hundred keys: about 3x the worst value measured over tests/test_golden.py's

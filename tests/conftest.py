@@ -1,7 +1,17 @@
 import os
 import sys
 
-from hypothesis import settings
+# Without a GPU, run the Triton kernels through Triton's interpreter on CPU tensors (small
+# shapes). Must be set before any kernel is defined.
+if os.environ.get("TRITON_INTERPRET") is None:
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            os.environ["TRITON_INTERPRET"] = "1"
+    except ImportError:
+        pass
+
+from hypothesis import settings  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 

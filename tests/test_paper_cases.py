@@ -59,3 +59,24 @@ def test_resonance_pasa_exact(magnitude):
     assert nonfinite_percent(outs["fa-fp16s"]) == 100.0
     assert torch.isfinite(outs["pasa-exact"]).all()
     assert relative_rmse(outs["pasa-exact"], gold) < 2e-2
+
+
+GPU_BACKENDS = [name for name, dev in __import__("_support").BACKEND_DEVICES if dev == "cuda"]
+
+
+@pytest.mark.skipif(not GPU_BACKENDS, reason="no GPU backend on this machine (needs CUDA)")
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("case", UNIQUE + [Case("resonance", 0, 3e4)],
+                         ids=[c.label for c in UNIQUE] + ["resonance"])
+def test_gpu_backend_matches_cpu_on_paper_cases(case, backend):
+    """Relative RMSE within 1.5x of the CPU backend's, and no NaN where it has none."""
+    q, k, v = case.make(PAPER_SHAPE, seed=0)
+    gold, _ = pasa_npu.reference_attention(q, k, v, **KW)
+    for name in pasa_npu.ALGORITHM_NAMES:
+        cpu, _ = pasa_npu.fused_attention(q, k, v, algorithm=name, **KW)
+        gpu, _ = pasa_npu.fused_attention(q.cuda(), k.cuda(), v.cuda(), algorithm=name,
+                                          backend=backend, **KW)
+        gpu = gpu.cpu()
+        if torch.isfinite(cpu).all():
+            assert torch.isfinite(gpu).all(), name
+            assert relative_rmse(gpu, gold) <= 1.5 * relative_rmse(cpu, gold), name

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import pasa_npu
-from _support import BACKENDS, RMSE_BOUND, rel_rmse
+from _support import BACKENDS, RMSE_BOUND, interpreted, on_device, rel_rmse
 
 
 @given(
@@ -21,6 +21,8 @@ def test_any_shape_matches_golden(batch, kv_heads, group, s1, s2, d, layout, cau
                                   algorithm, backend, kv_block, seed):
     gen = torch.Generator().manual_seed(seed)
     nq = kv_heads * group
+    if interpreted(backend):  # the interpreter is slow: same draws, smaller sequences
+        s1, s2, batch = 1 + s1 % 40, 1 + s2 % 80, 1
 
     def make(s, n):
         x = torch.randn(batch, n, s, d, generator=gen).half()
@@ -35,8 +37,11 @@ def test_any_shape_matches_golden(batch, kv_heads, group, s1, s2, d, layout, cau
     if causal:
         kw.update(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())
     gold, _ = pasa_npu.reference_attention(q, k, v, **kw)
-    out, _ = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend=backend,
-                                      kv_block=kv_block, **kw)
+    if "atten_mask" in kw:
+        kw["atten_mask"] = on_device(backend, kw["atten_mask"])[0]
+    out, _ = pasa_npu.fused_attention(*on_device(backend, q, k, v), algorithm=algorithm,
+                                      backend=backend, kv_block=kv_block, **kw)
+    out = out.cpu()
     assert out.shape == gold.shape and out.dtype == torch.float16
     assert torch.isfinite(out).all()
     if gold.abs().max() > 0:

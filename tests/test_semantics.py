@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import pasa_npu
-from _support import BACKENDS, INT_MAX, naive_attention, npu_visible, rel_rmse
+from _support import BACKENDS, INT_MAX, naive_attention, npu_visible, on_device, rel_rmse
 
 
 def _rand(*shape, seed=0, dtype=torch.float16):
@@ -80,9 +80,9 @@ def test_mode1_ignores_tokens_and_mode0_without_mask_ignores_tokens():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_layouts_give_identical_results(backend):
-    q, k, v = _bnsd(b=2, nq=4, nkv=2, s1=50, s2=90)
+    q, k, v = on_device(backend, *_bnsd(b=2, nq=4, nkv=2, s1=50, s2=90))
     common = dict(num_heads=4, num_key_value_heads=2, scale=0.2, algorithm="pasa",
-                  backend=backend, softmax_lse_flag=True)
+                  backend=backend, softmax_lse_flag=True, kv_block=32)
     ref, ref_lse = pasa_npu.fused_attention(q, k, v, input_layout="BNSD", **common)
     bsnd = [t.transpose(1, 2).contiguous() for t in (q, k, v)]
     out, lse = pasa_npu.fused_attention(*bsnd, input_layout="BSND", **common)
@@ -104,17 +104,16 @@ def test_layouts_give_identical_results(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("layout", ["TND", "TND_NTD", "NTD_TND"])
 def test_packed_equals_per_sequence(layout, backend):
-    q_lens, kv_lens = [33, 0, 130], [70, 20, 200]
+    q_lens, kv_lens = [33, 0, 60], [70, 20, 90]
     nq, nkv, d = 4, 2, 32
-    q = _rand(sum(q_lens) + 5, nq, d, seed=1)
-    k = _rand(sum(kv_lens) + 3, nkv, d, seed=2)
-    v = _rand(sum(kv_lens) + 3, nkv, d, seed=3)
+    q, k, v = on_device(backend, _rand(sum(q_lens) + 5, nq, d, seed=1),
+                        _rand(sum(kv_lens) + 3, nkv, d, seed=2), _rand(sum(kv_lens) + 3, nkv, d, seed=3))
     cum = lambda lens: [sum(lens[:i + 1]) for i in range(len(lens))]  # noqa: E731
     inputs = (q, k, v) if layout != "NTD_TND" else tuple(t.transpose(0, 1) for t in (q, k, v))
     out, lse = pasa_npu.fused_attention(
         *inputs, num_heads=nq, num_key_value_heads=nkv, scale=0.2, input_layout=layout,
         actual_seq_lengths=cum(q_lens), actual_seq_lengths_kv=cum(kv_lens),
-        softmax_lse_flag=True, algorithm="pasa-exact", backend=backend)
+        softmax_lse_flag=True, algorithm="pasa-exact", backend=backend, kv_block=32)
     if layout == "TND_NTD":
         out = out.transpose(0, 1)
     assert out.shape == q.shape and lse.shape == (q.shape[0], nq, 1)
@@ -124,7 +123,7 @@ def test_packed_equals_per_sequence(layout, backend):
             q[qs:qs + ql].transpose(0, 1)[None], k[ks:ks + kl].transpose(0, 1)[None],
             v[ks:ks + kl].transpose(0, 1)[None], num_heads=nq, num_key_value_heads=nkv,
             scale=0.2, input_layout="BNSD", softmax_lse_flag=True, algorithm="pasa-exact",
-            backend=backend)
+            backend=backend, kv_block=32)
         assert torch.equal(out[qs:qs + ql], one[0].transpose(0, 1))
         assert torch.equal(lse[qs:qs + ql, :, 0], one_lse[0, :, :, 0].T)
         qs, ks = qs + ql, ks + kl
@@ -148,13 +147,14 @@ def test_row_rules(inner_precise, backend):
     Rows past actual_seq_lengths: 0 output and 0 LSE."""
     q, k, v = _bnsd(b=2, s1=60, s2=100)
     mask = torch.zeros(2, 1, 60, 100, dtype=torch.bool)
+    dq, dk, dv, dmask = on_device(backend, q, k, v, mask)
     mask[:, :, 5] = True
     mask[1, :, 10, :40] = True  # row 10 of batch 1 sees nothing in its 40 valid keys
-    kw = dict(num_heads=2, input_layout="BNSD", scale=0.2, atten_mask=mask,
+    kw = dict(num_heads=2, input_layout="BNSD", scale=0.2, atten_mask=dmask,
               actual_seq_lengths=[60, 50], actual_seq_lengths_kv=[100, 40],
               inner_precise=inner_precise, softmax_lse_flag=True, backend=backend,
-              algorithm="pasa-exact")
-    out, lse = pasa_npu.fused_attention(q, k, v, **kw)
+              algorithm="pasa-exact", kv_block=32)
+    out, lse = (t.cpu() for t in pasa_npu.fused_attention(dq, dk, dv, **kw))
     assert torch.isfinite(out).all()
     if inner_precise & 2:
         assert (out[:, :, 5] == 0).all() and (out[1, :, 10] == 0).all()

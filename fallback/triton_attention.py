@@ -1,0 +1,645 @@
+"""Triton backend: every precision allocation on CUDA GPUs (and on CPU under TRITON_INTERPRET=1).
+
+Numerics mirror :mod:`pasa_npu.fallback.torch_blockwise` allocation by allocation:
+fp16 operands, fp32 accumulation in the tensor cores, rounding to fp16 exactly
+where the allocation says. An "fp16 step" of the CPU backend (fp32 arithmetic,
+one rounding) is computed here in native fp16 where that gives the same
+correctly rounded result (+ - * / of fp16 values). Differences to the CPU
+backend come only from the order of fp32 accumulation and the hardware exp.
+
+Kernels:
+
+* ``_shift_keys``: the preprocessing pass over K, once per call. ``pasa`` /
+  ``pasa-mixed``: K' = M^T K per kv block (the stored shifting matrix, scale
+  folded). ``pasa-exact``: mean16 per block and K' = fp16((K - mean16) * scale).
+  Zero-padded to whole blocks, as the means must see the padded rows.
+* ``_attention_fwd``: one program per (query tile, batch, query head). The kv
+  blocks a tile can see are walked in ascending order in three loops: masked
+  edge blocks, then branch-free interior blocks, then masked edge blocks.
+  Causal and band limits are computed from the per-batch band; no S1 x S2 mask
+  is ever built for sparse modes 2-4.
+* ``_decode_split`` + ``_decode_combine``: query length 1. One program per
+  (kv split, batch, kv head) stacks the query heads of its group as rows, so
+  K/V are read once per group and a single query row still fills the GPU; the
+  partial results are merged by their log-sum-exp in fp32 (as FlashDecoding).
+  For PASA each split starts its own pseudo-average, so the decode path
+  agrees with the CPU backend to rounding, not bit for bit.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from pasa_npu import numerics
+from pasa_npu.beta import ideal_invariance, shift_matrix
+from pasa_npu.problem import AttentionProblem
+
+ALG_IDS = {"fa-fp32": 0, "fa-fp16s": 1, "fa-fp16": 2, "pasa": 3, "pasa-mixed": 4, "pasa-exact": 5}
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+INT_BIG = 1 << 40  # stands for "no band limit"
+
+#: How the PASA key shift runs: "separate" (one preprocessing pass over K, the default:
+#: measured faster, see tools/bench.py) or "fused" (recomputed inside every query tile).
+SHIFT_MODE = "separate"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@triton.jit
+def _rl(x, low: tl.constexpr):
+    """One rounding to the compute dtype ``low``, kept in fp32 (a low-precision step)."""
+    return x.to(low).to(tl.float32)
+
+
+@triton.jit
+def _guarded_max(s, rm, vis, MASKED: tl.constexpr, GUARD: tl.constexpr, ROUND: tl.constexpr,
+                 low: tl.constexpr):
+    """Row maximum with the rounding guard of DESIGN.md §2.5 (natural-log units)."""
+    if GUARD:
+        tie = s == rm[:, None]
+        if MASKED:
+            tie = tie & vis
+        ties = tl.sum(tie.to(tl.int32), 1)
+        offset = tl.where(rm > 0, (GUARD_FACTOR - 1.0) * rm, -rm)
+        offset = tl.minimum(tl.maximum(offset, GUARD_MIN), GUARD_MAX)
+        guarded = rm + offset
+        if ROUND:
+            guarded = _rl(guarded, low)
+        rm = tl.where((ties > 1) & (rm > float("-inf")), guarded, rm)
+    return rm
+
+
+GUARD_FACTOR = tl.constexpr(numerics.GUARD_FACTOR)
+GUARD_MIN = tl.constexpr(numerics.GUARD_MIN_OFFSET)
+GUARD_MAX = tl.constexpr(numerics.GUARD_MAX_OFFSET)
+
+
+@triton.jit
+def _block_update(q, k, v, mean, vis, m, l, acc, f, cnt, scale, gamma,
+                  ALG: tl.constexpr, MASKED: tl.constexpr, GUARD: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """One kv block of online softmax for allocation ALG. Rows that see no key of
+    the block (MASKED only) keep their state. Returns the new state."""
+    qk = tl.dot(q, tl.trans(k))  # fp32 accumulation
+    low: tl.constexpr = q.dtype  # fp16, or bf16 for fa-* on bf16 inputs
+    if ALG <= 1:  # fa-fp32, fa-fp16s: fp32 statistics
+        if ALG == 1:
+            qk = _rl(qk, low)  # fp16 unscaled scores: overflow happens here
+        s = qk * scale
+        if MASKED:
+            s = tl.where(vis, s, float("-inf"))
+        rm = _guarded_max(s, tl.max(s, 1), vis, MASKED, GUARD, False, low)
+        m_new = tl.maximum(m, rm)
+        alpha = tl.exp2((m - m_new) * 1.4426950408889634)
+        p = tl.exp2(s * 1.4426950408889634 - (m_new * 1.4426950408889634)[:, None])
+        l_new = alpha * l + tl.sum(p, 1)
+        acc_new = acc * alpha[:, None] + tl.dot(p.to(low), v)
+        f_new = f
+    elif ALG == 2:  # fa-fp16: every step fp16
+        s = _rl(_rl(qk, low) * scale, low)
+        if MASKED:
+            s = tl.where(vis, s, float("-inf"))
+        rm = _guarded_max(s, tl.max(s, 1), vis, MASKED, GUARD, True, low)
+        m_new = tl.maximum(m, rm)
+        alpha = _rl(tl.exp(_rl(m - m_new, low)), low)
+        p = _rl(tl.exp(_rl(s - m_new[:, None], low)), low)
+        l_new = _rl(_rl(alpha * l, low) + _rl(tl.sum(p, 1), low), low)
+        pv = _rl(tl.dot(p.to(low), v), low)
+        acc_new = _rl(_rl(acc * alpha[:, None], low) + pv, low)
+        f_new = f
+    elif ALG <= 4:  # pasa (fp16 statistics), pasa-mixed (fp32 statistics)
+        sp = _rl(qk, low)
+        s_mean = tl.sum(sp, 1) / BLOCK_N  # over all columns M averaged, masked or not
+        if ALG == 3:
+            s_mean = _rl(s_mean, low)
+        if MASKED:
+            sp = tl.where(vis, sp, float("-inf"))
+        m_loc = _guarded_max(sp, tl.max(sp, 1), vis, MASKED, GUARD, ALG == 3, low)
+        cnt1 = cnt + 1.0
+        if ALG == 3:
+            p = _rl(tl.exp(_rl(sp - m_loc[:, None], low)), low)
+            l_loc = _rl(tl.sum(p, 1), low)
+            f_new = _rl(_rl(_rl((cnt1 - 1.0) * f, low) + s_mean, low) / cnt1, low)
+            x = _rl(m + _rl(gamma * _rl(f - f_new, low), low), low)
+            y = _rl(m_loc + _rl(gamma * _rl(s_mean - f_new, low), low), low)
+            m_new = tl.maximum(x, y)
+            alpha = _rl(tl.exp(_rl(x - m_new, low)), low)
+            beta_w = _rl(tl.exp(_rl(y - m_new, low)), low)
+            l_new = _rl(_rl(alpha * l, low) + _rl(beta_w * l_loc, low), low)
+            pv = _rl(tl.dot(p.to(low), v), low)
+            acc_new = _rl(_rl(acc * alpha[:, None], low) + _rl(pv * beta_w[:, None], low), low)
+        else:
+            p = tl.exp(sp - m_loc[:, None])
+            l_loc = tl.sum(p, 1)
+            f_new = ((cnt1 - 1.0) * f + s_mean) / cnt1
+            x = m + gamma * (f - f_new)
+            y = m_loc + gamma * (s_mean - f_new)
+            m_new = tl.maximum(x, y)
+            alpha = tl.exp(x - m_new)
+            beta_w = tl.exp(y - m_new)
+            l_new = alpha * l + beta_w * l_loc
+            acc_new = acc * alpha[:, None] + tl.dot(p.to(low), v) * beta_w[:, None]
+    else:  # pasa-exact: per-row constant c carried in fp32, FA-2 update
+        sp = _rl(qk, low)
+        # c = scale * (Q . mean16): a thin extra matmul column, fp32 accumulation; the other
+        # 15 columns of the tile are zero, so the row sum is exactly column 0
+        col = tl.arange(0, 16)
+        mean_tile = tl.where(col[None, :] == 0, mean[:, None], 0.0).to(q.dtype)
+        c = tl.sum(tl.dot(q, mean_tile), 1) * scale
+        if MASKED:
+            sp = tl.where(vis, sp, float("-inf"))
+        m_new = tl.maximum(m, _guarded_max(sp, tl.max(sp, 1), vis, MASKED, GUARD, False, low) + c)
+        alpha = tl.exp2((m - m_new) * 1.4426950408889634)
+        p = tl.exp2((sp - (m_new - c)[:, None]) * 1.4426950408889634).to(tl.float16)
+        l_new = alpha * l + tl.sum(p.to(tl.float32), 1)
+        acc_new = acc * alpha[:, None] + _rl(tl.dot(p, v), low)
+        f_new = f
+    cnt_new = cnt + 1.0
+    if MASKED:
+        has_any = tl.max(vis.to(tl.int32), 1) > 0
+        m_new = tl.where(has_any, m_new, m)
+        l_new = tl.where(has_any, l_new, l)
+        acc_new = tl.where(has_any[:, None], acc_new, acc)
+        f_new = tl.where(has_any, f_new, f)
+        cnt_new = tl.where(has_any, cnt_new, cnt)
+    return m_new, l_new, acc_new, f_new, cnt_new
+
+
+@triton.jit
+def _finish(m, l, acc, f, cnt, gamma, ALG: tl.constexpr):
+    """Normalised output and LSE; 0 and -inf for rows that saw no key."""
+    seen = cnt > 0
+    l_safe = tl.where(seen, l, 1.0)
+    o = tl.where(seen[:, None], acc / l_safe[:, None], 0.0)
+    true_max = m
+    if ALG == 3 or ALG == 4:
+        true_max = m + gamma * f
+    lse = tl.where(seen, true_max + tl.log(l_safe), float("-inf"))
+    return o, lse
+
+
+# --------------------------------------------------------------------------- preprocessing
+
+
+@triton.jit
+def _shift_keys(K, KS, MEAN, SHIFT, kv_starts, kv_lens,
+                stride_kb, stride_kh, stride_ks, stride_kd,
+                stride_sb, stride_sh, stride_ss,
+                stride_mb, stride_mh, stride_mblk,
+                n_kv_heads, scale, head_dim,
+                EXACT: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """K' for one kv block of one (batch, kv head); rows past the valid length are zero."""
+    blk = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // n_kv_heads
+    h = bh % n_kv_heads
+    kv_len = tl.load(kv_lens + b)
+    kv_start = tl.load(kv_starts + b)
+    rows = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, HEAD_DIM)
+    k_ptrs = (K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+              + (kv_start + rows)[:, None].to(tl.int64) * stride_ks + dims[None, :] * stride_kd)
+    k = tl.load(k_ptrs, mask=(rows[:, None] < kv_len) & (dims[None, :] < head_dim), other=0.0)
+    if EXACT:
+        mean16 = (tl.sum(k.to(tl.float32), 0) / BLOCK_N).to(tl.float16)
+        shifted = ((k.to(tl.float32) - mean16.to(tl.float32)[None, :]) * scale).to(tl.float16)
+        tl.store(MEAN + b.to(tl.int64) * stride_mb + h * stride_mh + blk * stride_mblk + dims,
+                 mean16)
+    else:
+        idx = tl.arange(0, BLOCK_N)
+        shift = tl.load(SHIFT + idx[:, None] * BLOCK_N + idx[None, :])  # M^T = M
+        shifted = tl.dot(shift, k).to(tl.float16)
+    tl.store(KS + b.to(tl.int64) * stride_sb + h.to(tl.int64) * stride_sh
+             + rows[:, None].to(tl.int64) * stride_ss + dims[None, :], shifted)
+
+
+@triton.jit
+def _shift_in_kernel(k, SHIFT, scale, ALG: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The preprocessing of ``_shift_keys`` on a zero-padded raw K tile, inside the
+    attention loop (the fused variant; recomputed for every query tile)."""
+    if ALG == 5:
+        mean16 = (tl.sum(k.to(tl.float32), 0) / BLOCK_N).to(tl.float16)
+        shifted = ((k.to(tl.float32) - mean16.to(tl.float32)[None, :]) * scale).to(tl.float16)
+        return shifted, mean16.to(tl.float32)
+    idx = tl.arange(0, BLOCK_N)
+    shift = tl.load(SHIFT + idx[:, None] * BLOCK_N + idx[None, :])
+    return tl.dot(shift, k).to(tl.float16), tl.zeros([k.shape[1]], tl.float32)
+
+
+# --------------------------------------------------------------------------- prefill
+
+
+@triton.jit
+def _attention_fwd(
+    Q, K, V, O, LSE, MEAN, MASK, SHIFT,
+    q_starts, q_lens, kv_starts, kv_lens, band_pre, band_next,
+    stride_qb, stride_qh, stride_qs, stride_qd,
+    stride_kb, stride_kh, stride_ks, stride_kd,
+    stride_vb, stride_vh, stride_vs, stride_vd,
+    stride_ob, stride_oh, stride_os, stride_od,
+    stride_lb, stride_lh, stride_ls,
+    stride_mb, stride_mh, stride_mblk,
+    stride_xb, stride_xs, stride_xk,
+    n_heads, group, scale, gamma, head_dim, head_dim_v,
+    ALG: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BAND: tl.constexpr, HAS_LSE: tl.constexpr,
+    GUARD: tl.constexpr, K_PADDED: tl.constexpr, FUSED_SHIFT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // n_heads
+    h = bh % n_heads
+    hk = h // group
+    q_len = tl.load(q_lens + b).to(tl.int64)
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    q_start = tl.load(q_starts + b).to(tl.int64)
+    kv_start = tl.load(kv_starts + b).to(tl.int64)
+    kv_len = tl.load(kv_lens + b).to(tl.int64)
+
+    rows = m0 + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    dims_v = tl.arange(0, HEAD_DIM_V)
+    cols = tl.arange(0, BLOCK_N)
+    q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+                + (q_start + rows)[:, None] * stride_qs + dims[None, :] * stride_qd,
+                mask=(rows[:, None] < q_len) & (dims[None, :] < head_dim), other=0.0)
+
+    # the kv range this tile can see, and the interior blocks every valid row sees whole
+    m_last = tl.minimum(m0 + BLOCK_M, q_len) - 1
+    lo_col = kv_len * 0
+    hi_col = kv_len
+    full_lo_col = lo_col
+    full_hi_col = kv_len
+    if HAS_BAND:
+        pre = tl.load(band_pre + b).to(tl.int64)
+        nxt = tl.load(band_next + b).to(tl.int64)
+        lo_col = tl.maximum(lo_col, m0 - pre)
+        hi_col = tl.minimum(hi_col, m_last + nxt + 1)
+        full_lo_col = tl.maximum(full_lo_col, m_last - pre)
+        full_hi_col = tl.minimum(full_hi_col, m0 + nxt + 1)
+    lo = lo_col // BLOCK_N
+    hi = tl.maximum((hi_col + BLOCK_N - 1) // BLOCK_N, lo)
+    if HAS_MASK:
+        full_lo = hi
+        full_hi = hi
+    else:
+        full_lo = tl.minimum(tl.maximum((full_lo_col + BLOCK_N - 1) // BLOCK_N, lo), hi)
+        full_hi = tl.minimum(tl.maximum(full_hi_col // BLOCK_N, full_lo), hi)
+
+    k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
+    v_base = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
+    if not K_PADDED:
+        k_base += kv_start * stride_ks
+    v_base += kv_start * stride_vs
+    mean_base = MEAN + b.to(tl.int64) * stride_mb + hk.to(tl.int64) * stride_mh
+    mask_base = MASK + b.to(tl.int64) * stride_xb
+
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    f = tl.zeros([BLOCK_M], tl.float32)
+    cnt = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_V], tl.float32)
+    mean = tl.zeros([HEAD_DIM], tl.float32)
+
+    for stage in tl.static_range(3):
+        if stage == 0:
+            start, stop = lo, full_lo
+        elif stage == 1:
+            start, stop = full_lo, full_hi
+        else:
+            start, stop = full_hi, hi
+        for blk in range(start, stop):
+            n = blk * BLOCK_N + cols
+            k_ptrs = k_base + n[:, None].to(tl.int64) * stride_ks + dims[None, :] * stride_kd
+            v_ptrs = v_base + n[:, None].to(tl.int64) * stride_vs + dims_v[None, :] * stride_vd
+            if ALG == 5 and not FUSED_SHIFT:
+                mean = tl.load(mean_base + blk * stride_mblk + dims).to(tl.float32)
+            if stage == 1:
+                if K_PADDED:
+                    k = tl.load(k_ptrs)
+                else:
+                    k = tl.load(k_ptrs, mask=dims[None, :] < head_dim, other=0.0)
+                v = tl.load(v_ptrs, mask=dims_v[None, :] < head_dim_v, other=0.0)
+                if FUSED_SHIFT:
+                    k, mean = _shift_in_kernel(k, SHIFT, scale, ALG, BLOCK_N)
+                m, l, acc, f, cnt = _block_update(q, k, v, mean, None, m, l, acc, f, cnt,
+                                                  scale, gamma, ALG, False, GUARD, BLOCK_N)
+            else:
+                in_kv = n < kv_len
+                if K_PADDED:
+                    k = tl.load(k_ptrs)
+                else:
+                    k = tl.load(k_ptrs, mask=in_kv[:, None] & (dims[None, :] < head_dim),
+                                other=0.0)
+                v = tl.load(v_ptrs, mask=in_kv[:, None] & (dims_v[None, :] < head_dim_v),
+                            other=0.0)
+                if FUSED_SHIFT:
+                    k, mean = _shift_in_kernel(k, SHIFT, scale, ALG, BLOCK_N)
+                vis = in_kv[None, :] & (rows[:, None] < q_len)
+                if HAS_BAND:
+                    vis = vis & (n[None, :] >= rows[:, None] - pre) & (n[None, :] <= rows[:, None] + nxt)
+                if HAS_MASK:
+                    masked = tl.load(mask_base + rows[:, None].to(tl.int64) * stride_xs
+                                     + n[None, :] * stride_xk,
+                                     mask=(rows[:, None] < q_len) & in_kv[None, :], other=1)
+                    vis = vis & (masked == 0)
+                m, l, acc, f, cnt = _block_update(q, k, v, mean, vis, m, l, acc, f, cnt,
+                                                  scale, gamma, ALG, True, GUARD, BLOCK_N)
+
+    o, lse = _finish(m, l, acc, f, cnt, gamma, ALG)
+    row_ok = rows < q_len
+    tl.store(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+             + (q_start + rows)[:, None] * stride_os + dims_v[None, :] * stride_od,
+             o.to(O.dtype.element_ty), mask=row_ok[:, None] & (dims_v[None, :] < head_dim_v))
+    if HAS_LSE:
+        tl.store(LSE + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh
+                 + (q_start + rows) * stride_ls, lse, mask=row_ok)
+
+
+# --------------------------------------------------------------------------- decode
+
+
+@triton.jit
+def _decode_split(
+    Q, K, V, MEAN, MASK, PART_O, PART_LSE,
+    q_starts, kv_starts, kv_lens,
+    stride_qb, stride_qh, stride_qs, stride_qd,
+    stride_kb, stride_kh, stride_ks, stride_kd,
+    stride_vb, stride_vh, stride_vs, stride_vd,
+    stride_mb, stride_mh, stride_mblk,
+    stride_xb, stride_xk,
+    n_kv_heads, group, scale, gamma, head_dim, head_dim_v, blocks_per_split, n_splits,
+    ALG: tl.constexpr, HAS_MASK: tl.constexpr, GUARD: tl.constexpr, K_PADDED: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+):
+    """One split of the kv blocks for the whole query group of one kv head (query length 1)."""
+    split = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // n_kv_heads
+    hk = bh % n_kv_heads
+    q_start = tl.load(q_starts + b).to(tl.int64)
+    kv_start = tl.load(kv_starts + b).to(tl.int64)
+    kv_len = tl.load(kv_lens + b).to(tl.int64)
+    g = tl.arange(0, BLOCK_G)
+    dims = tl.arange(0, HEAD_DIM)
+    dims_v = tl.arange(0, HEAD_DIM_V)
+    cols = tl.arange(0, BLOCK_N)
+    heads = hk * group + g
+    q = tl.load(Q + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
+                + q_start * stride_qs + dims[None, :] * stride_qd,
+                mask=(g[:, None] < group) & (dims[None, :] < head_dim), other=0.0)
+    k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
+    v_base = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh + kv_start * stride_vs
+    if not K_PADDED:
+        k_base += kv_start * stride_ks
+    mean_base = MEAN + b.to(tl.int64) * stride_mb + hk.to(tl.int64) * stride_mh
+
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_G], tl.float32)
+    f = tl.zeros([BLOCK_G], tl.float32)
+    cnt = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, HEAD_DIM_V], tl.float32)
+    mean = tl.zeros([HEAD_DIM], tl.float32)
+    n_blocks = (kv_len + BLOCK_N - 1) // BLOCK_N
+    first = split * blocks_per_split
+    last = tl.minimum(first + blocks_per_split, n_blocks)
+    for blk in range(first, last):
+        n = blk * BLOCK_N + cols
+        in_kv = n < kv_len
+        if K_PADDED:
+            k = tl.load(k_base + n[:, None].to(tl.int64) * stride_ks + dims[None, :] * stride_kd)
+        else:
+            k = tl.load(k_base + n[:, None].to(tl.int64) * stride_ks + dims[None, :] * stride_kd,
+                        mask=in_kv[:, None] & (dims[None, :] < head_dim), other=0.0)
+        v = tl.load(v_base + n[:, None].to(tl.int64) * stride_vs + dims_v[None, :] * stride_vd,
+                    mask=in_kv[:, None] & (dims_v[None, :] < head_dim_v), other=0.0)
+        if ALG == 5:
+            mean = tl.load(mean_base + blk * stride_mblk + dims).to(tl.float32)
+        vis = in_kv[None, :] & (g[:, None] < group)
+        if HAS_MASK:
+            masked = tl.load(MASK + b.to(tl.int64) * stride_xb + n * stride_xk, mask=in_kv,
+                             other=1)
+            vis = vis & (masked == 0)[None, :]
+        m, l, acc, f, cnt = _block_update(q, k, v, mean, vis, m, l, acc, f, cnt, scale, gamma,
+                                          ALG, True, GUARD, BLOCK_N)
+    o, lse = _finish(m, l, acc, f, cnt, gamma, ALG)
+    base = (bh * n_splits + split).to(tl.int64)
+    tl.store(PART_O + (base * BLOCK_G + g[:, None]) * HEAD_DIM_V + dims_v[None, :], o)
+    tl.store(PART_LSE + base * BLOCK_G + g, lse)
+
+
+@triton.jit
+def _decode_combine(PART_O, PART_LSE, O, LSE, q_starts, q_lens,
+                    stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh, stride_ls,
+                    n_kv_heads, group, head_dim_v, n_splits,
+                    HAS_LSE: tl.constexpr, BLOCK_G: tl.constexpr, SPLITS: tl.constexpr,
+                    HEAD_DIM_V: tl.constexpr):
+    """Merge the splits of one (batch, kv head) by log-sum-exp, in fp32."""
+    bh = tl.program_id(0)
+    b = bh // n_kv_heads
+    hk = bh % n_kv_heads
+    if tl.load(q_lens + b) == 0:
+        return
+    q_start = tl.load(q_starts + b).to(tl.int64)
+    sp = tl.arange(0, SPLITS)
+    g = tl.arange(0, BLOCK_G)
+    dims_v = tl.arange(0, HEAD_DIM_V)
+    base = bh.to(tl.int64) * n_splits + sp
+    lse_s = tl.load(PART_LSE + base[:, None] * BLOCK_G + g[None, :], mask=sp[:, None] < n_splits,
+                    other=float("-inf"))
+    top = tl.max(lse_s, 0)
+    top_safe = tl.where(top > float("-inf"), top, 0.0)
+    w = tl.exp(lse_s - top_safe[None, :])
+    total = tl.sum(w, 0)
+    o = tl.zeros([BLOCK_G, HEAD_DIM_V], tl.float32)
+    for s in range(0, n_splits):
+        w_s = tl.load(PART_LSE + (bh.to(tl.int64) * n_splits + s) * BLOCK_G + g)
+        w_s = tl.exp(w_s - top_safe)
+        part = tl.load(PART_O + ((bh.to(tl.int64) * n_splits + s) * BLOCK_G + g[:, None])
+                       * HEAD_DIM_V + dims_v[None, :])
+        o += part * w_s[:, None]
+    seen = total > 0
+    o = tl.where(seen[:, None], o / tl.where(seen, total, 1.0)[:, None], 0.0)
+    lse = tl.where(seen, top_safe + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
+    heads = hk * group + g
+    ok = g < group
+    tl.store(O + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
+             + q_start * stride_os + dims_v[None, :] * stride_od, o.to(O.dtype.element_ty),
+             mask=ok[:, None] & (dims_v[None, :] < head_dim_v))
+    if HAS_LSE:
+        tl.store(LSE + b.to(tl.int64) * stride_lb + heads.to(tl.int64) * stride_lh
+                 + q_start * stride_ls, lse, mask=ok)
+
+
+# --------------------------------------------------------------------------- host
+
+
+def _pow2(n: int, floor: int = 16) -> int:
+    return max(floor, 1 << (max(n, 1) - 1).bit_length())
+
+
+def _launch_config(head_dim: int, interpret: bool):
+    """(BLOCK_M, num_warps, num_stages) for the prefill kernel."""
+    if interpret:
+        return 16, 1, 1
+    if head_dim > 128:
+        return 64, 8, 2
+    return 128, 8, 3
+
+
+def _prepare_keys(problem: AttentionProblem, k: torch.Tensor, kv_starts: torch.Tensor,
+                  kv_lens: torch.Tensor, block_n: int, head_dim_p: int):
+    """K' (padded to whole blocks, contiguous) and the block means, or K itself."""
+    shift = problem.allocation.shift
+    dev = k.device
+    if shift == "none":
+        return k, False, torch.zeros(1, 1, 1, head_dim_p, dtype=torch.float16, device=dev)
+    batch = problem.batch
+    n_kv = k.shape[1]
+    n_blocks = max(1, triton.cdiv(problem.max_kv_len, block_n))
+    k_shift = torch.empty(batch, n_kv, n_blocks * block_n, head_dim_p, dtype=torch.float16,
+                          device=dev)
+    exact = shift == "exact"
+    means = torch.zeros(batch, n_kv, n_blocks, head_dim_p, dtype=torch.float16, device=dev)
+    m = (torch.zeros(1, dtype=torch.float16, device=dev) if exact else
+         shift_matrix(problem.beta, block_n, torch.float16, problem.scale, dev).contiguous())
+    interpret = _interpreting()
+    _shift_keys[(n_blocks, batch * n_kv)](
+        k, k_shift, means, m, kv_starts, kv_lens,
+        k.stride(0) if not problem.packed else 0, k.stride(1), k.stride(2), k.stride(3),
+        k_shift.stride(0), k_shift.stride(1), k_shift.stride(2),
+        means.stride(0), means.stride(1), means.stride(2),
+        n_kv, problem.scale, k.shape[3],
+        EXACT=exact, BLOCK_N=block_n, HEAD_DIM=head_dim_p,
+        num_warps=1 if interpret else 4)
+    return k_shift, True, means
+
+
+def _interpreting() -> bool:
+    import os
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def run(problem: AttentionProblem) -> None:
+    """Compute ``problem`` with the Triton kernels, writing its output and LSE views."""
+    q, k, v = problem.query, problem.key, problem.value
+    if q.dtype != problem.compute_dtype:
+        raise RuntimeError("the API layer hands the Triton backend inputs in the compute dtype")
+    alg = problem.allocation.name
+    block_n = problem.tiling.kv_block
+    if block_n < 16 or block_n & (block_n - 1):
+        raise NotImplementedError(f"the Triton backend needs kv_block a power of two >= 16, got "
+                                  f"{block_n}")
+    dev = q.device
+    head_dim, head_dim_v = q.shape[3], v.shape[3]
+    head_dim_p, head_dim_vp = _pow2(head_dim), _pow2(head_dim_v)
+    if head_dim_p > 256 or head_dim_vp > 256:
+        raise NotImplementedError(f"the Triton backend supports head dims up to 256, got "
+                                  f"{head_dim}/{head_dim_v}")
+    ints = lambda t: t.to(device=dev, dtype=torch.int64).contiguous()  # noqa: E731
+    q_starts, q_lens = ints(problem.q_starts), ints(problem.q_lens)
+    kv_starts, kv_lens = ints(problem.kv_starts), ints(problem.kv_lens)
+    batch, n_heads, n_kv = problem.batch, q.shape[1], k.shape[1]
+    group = n_heads // n_kv
+    gamma = ideal_invariance(problem.beta) if problem.allocation.shift == "pseudo_average" else 0.0
+    if alg == "pasa":
+        gamma = torch.tensor(gamma).half().item()
+    fused = SHIFT_MODE == "fused" and problem.allocation.is_pasa and problem.max_q_len > 1
+    if fused:
+        k_used, k_padded = k, False
+        means = torch.zeros(1, 1, 1, head_dim_p, dtype=torch.float16, device=dev)
+        shift = (shift_matrix(problem.beta, block_n, torch.float16, problem.scale, dev)
+                 if problem.allocation.shift == "pseudo_average" else means)
+    else:
+        k_used, k_padded, means = _prepare_keys(problem, k, kv_starts, kv_lens, block_n,
+                                                head_dim_p)
+        shift = means
+    out, lse = problem.out, problem.lse
+    has_lse = lse is not None
+    lse_arg = lse if has_lse else torch.empty(1, 1, 1, dtype=torch.float32, device=dev)
+    mask = problem.mask
+    has_mask = mask is not None
+    if has_mask:
+        mask = mask.to(dev)
+        mask = mask.view(torch.uint8) if mask.dtype == torch.bool else mask.to(torch.uint8)
+        mask_strides = (mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(1), mask.stride(2))
+    else:
+        mask = torch.zeros(1, dtype=torch.uint8, device=dev)
+        mask_strides = (0, 0, 0)
+    pb = lambda t: t.stride(0) if not problem.packed else 0  # noqa: E731
+    k_strides = ((k_used.stride(0), k_used.stride(1), k_used.stride(2), k_used.stride(3))
+                 if k_padded else (pb(k), k.stride(1), k.stride(2), k.stride(3)))
+    interpret = _interpreting()
+    guard = problem.rounding_guard
+
+    if problem.max_q_len == 1 and problem.band is None and (not has_mask or mask.shape[1] == 1):
+        _run_decode(problem, q, k_used, k_padded, v, means, mask, mask_strides,
+                    (q_starts, q_lens, kv_starts, kv_lens), out, lse_arg, has_lse, has_mask,
+                    k_strides, gamma, head_dim_p, head_dim_vp, block_n, interpret, guard)
+        return
+
+    band_pre, band_next = (ints(t.clamp(-INT_BIG, INT_BIG)) for t in problem.band) \
+        if problem.band is not None else (q_lens, q_lens)
+    block_m, warps, stages = _launch_config(head_dim_p, interpret)
+    grid = (triton.cdiv(problem.max_q_len, block_m), batch * n_heads)
+    _attention_fwd[grid](
+        q, k_used, v, out, lse_arg, means, mask, shift,
+        q_starts, q_lens, kv_starts, kv_lens, band_pre, band_next,
+        pb(q), q.stride(1), q.stride(2), q.stride(3),
+        *k_strides,
+        pb(v), v.stride(1), v.stride(2), v.stride(3),
+        pb(out), out.stride(1), out.stride(2), out.stride(3),
+        (pb(lse_arg) if has_lse else 0), lse_arg.stride(1), lse_arg.stride(2),
+        means.stride(0), means.stride(1), means.stride(2),
+        *mask_strides,
+        n_heads, group, problem.scale, gamma, head_dim, head_dim_v,
+        ALG=ALG_IDS[alg], HAS_MASK=has_mask, HAS_BAND=problem.band is not None,
+        HAS_LSE=has_lse, GUARD=guard, K_PADDED=k_padded, FUSED_SHIFT=fused,
+        BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim_p, HEAD_DIM_V=head_dim_vp,
+        num_warps=warps, num_stages=stages)
+
+
+def _run_decode(problem, q, k_used, k_padded, v, means, mask, mask_strides, lengths, out,
+                lse_arg, has_lse, has_mask, k_strides, gamma, head_dim_p, head_dim_vp, block_n,
+                interpret, guard):
+    q_starts, q_lens, kv_starts, kv_lens = lengths
+    batch, n_heads, n_kv = problem.batch, q.shape[1], k_used.shape[1]
+    group = n_heads // n_kv
+    block_g = _pow2(group)
+    n_blocks = max(1, triton.cdiv(problem.max_kv_len, block_n))
+    sms = 132 if interpret else torch.cuda.get_device_properties(q.device).multi_processor_count
+    n_splits = max(1, min(n_blocks, triton.cdiv(2 * sms, batch * n_kv)))
+    blocks_per_split = triton.cdiv(n_blocks, n_splits)
+    n_splits = triton.cdiv(n_blocks, blocks_per_split)
+    dev = q.device
+    part_o = torch.empty(batch * n_kv * n_splits * block_g * head_dim_vp, dtype=torch.float32,
+                         device=dev)
+    part_lse = torch.empty(batch * n_kv * n_splits * block_g, dtype=torch.float32, device=dev)
+    pb = lambda t: t.stride(0) if not problem.packed else 0  # noqa: E731
+    _decode_split[(n_splits, batch * n_kv)](
+        q, k_used, v, means, mask, part_o, part_lse,
+        q_starts, kv_starts, kv_lens,
+        pb(q), q.stride(1), q.stride(2), q.stride(3),
+        *k_strides,
+        pb(v), v.stride(1), v.stride(2), v.stride(3),
+        means.stride(0), means.stride(1), means.stride(2),
+        mask_strides[0], mask_strides[2],
+        n_kv, group, problem.scale, gamma, q.shape[3], v.shape[3], blocks_per_split, n_splits,
+        ALG=ALG_IDS[problem.allocation.name], HAS_MASK=has_mask, GUARD=guard,
+        K_PADDED=k_padded, BLOCK_G=block_g, BLOCK_N=block_n, HEAD_DIM=head_dim_p,
+        HEAD_DIM_V=head_dim_vp, num_warps=1 if interpret else 4,
+        num_stages=1 if interpret else 3)
+    _decode_combine[(batch * n_kv,)](
+        part_o, part_lse, out, lse_arg, q_starts, q_lens,
+        pb(out), out.stride(1), out.stride(2), out.stride(3),
+        (pb(lse_arg) if has_lse else 0), lse_arg.stride(1), lse_arg.stride(2),
+        n_kv, group, v.shape[3], n_splits,
+        HAS_LSE=has_lse, BLOCK_G=block_g, SPLITS=_pow2(n_splits, 1), HEAD_DIM_V=head_dim_vp,
+        num_warps=1 if interpret else 4)

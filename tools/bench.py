@@ -1,0 +1,251 @@
+"""``pasa-bench``: forward speed on a CUDA GPU against torch SDPA's flash and cuDNN backends.
+
+Every number is measured in this process, with CUDA events (``triton.testing.do_bench``,
+median) after warm-up, so the ratios compare like with like. Prefill is reported
+in TFLOP/s = 4 B H S1 S2 d / t (half for causal); decode in GB/s of K and V
+read, against the device-to-device copy bandwidth measured here too (bytes read
+plus written). Our calls go through ``pasa_npu.fused_attention`` with BNSD
+inputs, so argument handling and the PASA key shift are part of every timing.
+
+Writes ``bench.json``, ``bench.md`` and ``bench.png`` (``--out``); ``--plot FILE.json``
+redraws the plot from a saved run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+
+import torch
+
+import pasa_npu
+
+PREFILL_ALGORITHMS = ("pasa-exact", "pasa", "pasa-mixed", "fa-fp32", "fa-fp16s", "fa-fp16")
+DECODE_ALGORITHMS = ("pasa-exact", "pasa", "fa-fp32")
+TOKENS = 16384  # B * S kept constant so that every shape fills the GPU
+HIDDEN = 2048   # H * d
+
+
+def _sdpa(backend_name):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = {"sdpa-flash": SDPBackend.FLASH_ATTENTION,
+               "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION}[backend_name]
+
+    def call(q, k, v, causal, gqa):
+        with sdpa_kernel(backend):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=causal, enable_gqa=gqa)
+    return call
+
+
+def _ours(algorithm, mask):
+    def call(q, k, v, causal, gqa):
+        kw = dict(num_heads=q.shape[1], num_key_value_heads=k.shape[1], input_layout="BNSD",
+                  scale=q.shape[-1] ** -0.5, algorithm=algorithm, backend="triton")
+        if causal:
+            kw.update(sparse_mode=3, atten_mask=mask)
+        return pasa_npu.fused_attention(q, k, v, **kw)[0]
+    return call
+
+
+def _time_ms(fn) -> float:
+    import triton.testing
+    return triton.testing.do_bench(fn, warmup=100, rep=400, return_mode="median")
+
+
+def copy_bandwidth_gbs() -> float:
+    """Device-to-device copy of 2 GiB, bytes read plus written, in GB/s."""
+    src = torch.randn(512 * 1024 * 1024, device="cuda")
+    dst = torch.empty_like(src)
+    ms = _time_ms(lambda: dst.copy_(src))
+    return 2 * src.numel() * 4 / (ms * 1e-3) / 1e9
+
+
+def prefill_cases(dims=(64, 128), seqs=(1024, 4096, 16384)):
+    for d in dims:
+        for s in seqs:
+            for causal in (False, True):
+                yield dict(kind="prefill", d=d, s=s, causal=causal, b=max(1, TOKENS // s),
+                           h=HIDDEN // d)
+
+
+def decode_cases(kv_lens=(8192, 32768), ratios=(4, 8), d=128, heads=32, batch=8):
+    for s2 in kv_lens:
+        for ratio in ratios:
+            yield dict(kind="decode", d=d, s=s2, ratio=ratio, b=batch, h=heads,
+                       hkv=heads // ratio)
+
+
+def run_case(case, algorithms, mask, progress=print) -> dict:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    d, b, h = case["d"], case["b"], case["h"]
+    dt = torch.float16
+    if case["kind"] == "prefill":
+        s1 = s2 = case["s"]
+        hkv = h
+        flops = 4.0 * b * h * s1 * s2 * d * (0.5 if case["causal"] else 1.0)
+    else:
+        s1, s2, hkv = 1, case["s"], case["hkv"]
+        flops = 4.0 * b * h * s2 * d
+    q = torch.randn(b, h, s1, d, device="cuda", dtype=dt, generator=gen)
+    k = torch.randn(b, hkv, s2, d, device="cuda", dtype=dt, generator=gen)
+    v = torch.randn(b, hkv, s2, d, device="cuda", dtype=dt, generator=gen)
+    causal = case.get("causal", False)
+    gqa = hkv != h
+    candidates = {name: _ours(name, mask) for name in algorithms}
+    for name in ("sdpa-flash", "sdpa-cudnn"):
+        candidates[name] = _sdpa(name)
+    row = dict(case)
+    for name, fn in candidates.items():
+        try:
+            ms = _time_ms(lambda: fn(q, k, v, causal, gqa))
+        except Exception as err:  # a peer that refuses a shape is reported, not hidden
+            row[name] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"}
+            continue
+        entry = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12}
+        if case["kind"] == "decode":
+            entry["gbs"] = 2 * k.numel() * k.element_size() / (ms * 1e-3) / 1e9
+        row[name] = entry
+    progress(_row_text(row, algorithms))
+    return row
+
+
+def _ratio(row, a, b, key="tflops"):
+    if key in row.get(a, {}) and key in row.get(b, {}):
+        return row[a][key] / row[b][key]
+    return None
+
+
+def _row_text(row, algorithms) -> str:
+    if row["kind"] == "prefill":
+        head = f"d={row['d']:<4} S={row['s']:<6} {'causal' if row['causal'] else 'full':<6}"
+    else:
+        head = f"decode d={row['d']} S2={row['s']} GQA {row['ratio']}:1"
+    cells = []
+    for name in list(algorithms) + ["sdpa-flash", "sdpa-cudnn"]:
+        e = row.get(name, {})
+        cells.append(f"{name}={e['tflops']:.0f}" if "tflops" in e else f"{name}=ERR")
+    return head + "  " + " ".join(cells)
+
+
+def markdown(result) -> str:
+    algos = result["algorithms"]
+    lines = [f"Device: {result['device']}; torch {result['torch']}, triton {result['triton']}; "
+             f"copy bandwidth {result['copy_gbs']:.0f} GB/s (read + write).", "",
+             "Prefill, fp16, TFLOP/s (ratio to SDPA-flash / SDPA-cuDNN):", "",
+             "| d | S | mask | " + " | ".join(algos) + " | sdpa-flash | sdpa-cudnn |",
+             "|" + "---|" * (len(algos) + 5)]
+    for row in result["rows"]:
+        if row["kind"] != "prefill":
+            continue
+        cells = []
+        for name in algos:
+            e = row.get(name, {})
+            if "tflops" not in e:
+                cells.append("error")
+                continue
+            rf, rc = _ratio(row, name, "sdpa-flash"), _ratio(row, name, "sdpa-cudnn")
+            cells.append(f"{e['tflops']:.0f} ({rf:.2f} / {rc:.2f})" if rf and rc else
+                         f"{e['tflops']:.0f}")
+        peers = [f"{row[n]['tflops']:.0f}" if "tflops" in row.get(n, {}) else "error"
+                 for n in ("sdpa-flash", "sdpa-cudnn")]
+        lines.append(f"| {row['d']} | {row['s']} | {'causal' if row['causal'] else 'none'} | "
+                     + " | ".join(cells + peers) + " |")
+    lines += ["", "Decode (query length 1), fp16, d=128, 32 query heads, batch 8: GB/s of K+V "
+              "read (share of copy bandwidth):", "",
+              "| S2 | GQA | " + " | ".join(result["decode_algorithms"]) + " | sdpa-flash | sdpa-cudnn |",
+              "|" + "---|" * (len(result["decode_algorithms"]) + 4)]
+    for row in result["rows"]:
+        if row["kind"] != "decode":
+            continue
+        cells = []
+        for name in list(result["decode_algorithms"]) + ["sdpa-flash", "sdpa-cudnn"]:
+            e = row.get(name, {})
+            cells.append(f"{e['gbs']:.0f} ({e['gbs'] / result['copy_gbs']:.0%})" if "gbs" in e
+                         else "error")
+        lines.append(f"| {row['s']} | {row['ratio']}:1 | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result, path) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("pasa-bench: matplotlib is not installed; no plot written (use --plot FILE.json "
+              "where it is)", file=sys.stderr)
+        return False
+    rows = [r for r in result["rows"] if r["kind"] == "prefill"]
+    combos = sorted({(r["d"], r["causal"]) for r in rows})
+    fig, axes = plt.subplots(1, len(combos), figsize=(4.2 * len(combos), 3.8), sharey=True)
+    axes = [axes] if len(combos) == 1 else axes
+    names = list(result["algorithms"]) + ["sdpa-flash", "sdpa-cudnn"]
+    for ax, (d, causal) in zip(axes, combos):
+        sub = sorted((r for r in rows if r["d"] == d and r["causal"] == causal),
+                     key=lambda r: r["s"])
+        xs = [r["s"] for r in sub]
+        for name in names:
+            ys = [r.get(name, {}).get("tflops", math.nan) for r in sub]
+            style = "--" if name.startswith("sdpa") else "-"
+            ax.plot(xs, ys, style, marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"d={d}, {'causal' if causal else 'no mask'}")
+        ax.set_xlabel("sequence length")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("TFLOP/s (fp16 forward)")
+    axes[-1].legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"pasa-npu Triton vs torch SDPA on {result['device']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="pasa-bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench-out", help="folder for bench.json/.md/.png")
+    parser.add_argument("--plot", metavar="JSON", help="only redraw the plot of a saved run")
+    parser.add_argument("--quick", action="store_true", help="S in {1k, 4k}, no decode")
+    parser.add_argument("--algorithms", nargs="+", default=list(PREFILL_ALGORITHMS),
+                        choices=pasa_npu.ALGORITHM_NAMES)
+    args = parser.parse_args(argv)
+    out = pathlib.Path(args.out)
+    if args.plot:
+        try:
+            result = json.loads(pathlib.Path(args.plot).read_text())
+        except (OSError, ValueError) as err:
+            print(f"pasa-bench: error: cannot read {args.plot}: {err}", file=sys.stderr)
+            return 2
+        out.mkdir(parents=True, exist_ok=True)
+        return 0 if plot(result, out / "bench.png") else 1
+    if not torch.cuda.is_available():
+        print("pasa-bench: error: needs a CUDA GPU (torch.cuda.is_available() is False)",
+              file=sys.stderr)
+        return 2
+    import triton
+    out.mkdir(parents=True, exist_ok=True)
+    mask = pasa_npu.compressed_causal_mask("cuda")
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "triton": triton.__version__, "algorithms": args.algorithms,
+              "decode_algorithms": [a for a in DECODE_ALGORITHMS if a in args.algorithms],
+              "copy_gbs": copy_bandwidth_gbs(), "rows": []}
+    print(f"{result['device']}: copy bandwidth {result['copy_gbs']:.0f} GB/s", flush=True)
+    seqs = (1024, 4096) if args.quick else (1024, 4096, 16384)
+    cases = list(prefill_cases(seqs=seqs)) + ([] if args.quick else list(decode_cases()))
+    for i, case in enumerate(cases):
+        algos = args.algorithms if case["kind"] == "prefill" else result["decode_algorithms"]
+        result["rows"].append(run_case(case, algos, mask,
+                                       lambda text: print(f"[{i + 1}/{len(cases)}] {text}",
+                                                          flush=True)))
+        torch.cuda.empty_cache()
+    (out / "bench.json").write_text(json.dumps(result, indent=1))
+    (out / "bench.md").write_text(markdown(result))
+    plot(result, out / "bench.png")
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
