@@ -27,7 +27,8 @@ Kernels:
 """
 from __future__ import annotations
 
-import math
+import functools
+import os
 
 import torch
 import triton
@@ -42,9 +43,11 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 INT_BIG = 1 << 40  # stands for "no band limit"
 
-#: How the PASA key shift runs: "separate" (one preprocessing pass over K, the default:
-#: measured faster, see tools/bench.py) or "fused" (recomputed inside every query tile).
-SHIFT_MODE = "separate"
+#: Tuning switches, measured with tools/bench.py (defaults are the faster setting):
+#: ``shift``: how prefill shifts K for PASA, "separate" (one preprocessing pass over K)
+#: or "fused" (recomputed inside every query tile; decode always fuses, as each K block
+#: is read by one program); ``rowsum_mma``: row sums of fp16 tiles on the tensor cores.
+TUNING = {"shift": "separate", "rowsum_mma": True}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -80,9 +83,22 @@ GUARD_MAX = tl.constexpr(numerics.GUARD_MAX_OFFSET)
 
 
 @triton.jit
+def _row_sum16(x16, MMA: tl.constexpr):
+    """fp32 row sums of an fp16 tile: on the tensor cores (x16 times a one-hot column;
+    the zero columns add nothing, so the row sum is that column exactly) or on the
+    vector units."""
+    if MMA:
+        col = tl.arange(0, 16)
+        one_hot = tl.where(col[None, :] == 0, 1.0, 0.0).to(x16.dtype)
+        one_hot = tl.broadcast_to(one_hot, (x16.shape[1], 16))
+        return tl.sum(tl.dot(x16, one_hot), 1)
+    return tl.sum(x16.to(tl.float32), 1)
+
+
+@triton.jit
 def _block_update(q, k, v, mean, vis, m, l, acc, f, cnt, scale, gamma,
                   ALG: tl.constexpr, MASKED: tl.constexpr, GUARD: tl.constexpr,
-                  BLOCK_N: tl.constexpr):
+                  BLOCK_N: tl.constexpr, ROWSUM_MMA: tl.constexpr):
     """One kv block of online softmax for allocation ALG. Rows that see no key of
     the block (MASKED only) keep their state. Returns the new state."""
     qk = tl.dot(q, tl.trans(k))  # fp32 accumulation
@@ -113,8 +129,9 @@ def _block_update(q, k, v, mean, vis, m, l, acc, f, cnt, scale, gamma,
         acc_new = _rl(_rl(acc * alpha[:, None], low) + pv, low)
         f_new = f
     elif ALG <= 4:  # pasa (fp16 statistics), pasa-mixed (fp32 statistics)
-        sp = _rl(qk, low)
-        s_mean = tl.sum(sp, 1) / BLOCK_N  # over all columns M averaged, masked or not
+        sp16 = qk.to(low)
+        sp = sp16.to(tl.float32)
+        s_mean = _row_sum16(sp16, ROWSUM_MMA) / BLOCK_N  # all columns M averaged, masked or not
         if ALG == 3:
             s_mean = _rl(s_mean, low)
         if MASKED:
@@ -122,8 +139,8 @@ def _block_update(q, k, v, mean, vis, m, l, acc, f, cnt, scale, gamma,
         m_loc = _guarded_max(sp, tl.max(sp, 1), vis, MASKED, GUARD, ALG == 3, low)
         cnt1 = cnt + 1.0
         if ALG == 3:
-            p = _rl(tl.exp(_rl(sp - m_loc[:, None], low)), low)
-            l_loc = _rl(tl.sum(p, 1), low)
+            p16 = tl.exp(_rl(sp - m_loc[:, None], low)).to(low)
+            l_loc = _rl(_row_sum16(p16, ROWSUM_MMA), low)
             f_new = _rl(_rl(_rl((cnt1 - 1.0) * f, low) + s_mean, low) / cnt1, low)
             x = _rl(m + _rl(gamma * _rl(f - f_new, low), low), low)
             y = _rl(m_loc + _rl(gamma * _rl(s_mean - f_new, low), low), low)
@@ -131,7 +148,7 @@ def _block_update(q, k, v, mean, vis, m, l, acc, f, cnt, scale, gamma,
             alpha = _rl(tl.exp(_rl(x - m_new, low)), low)
             beta_w = _rl(tl.exp(_rl(y - m_new, low)), low)
             l_new = _rl(_rl(alpha * l, low) + _rl(beta_w * l_loc, low), low)
-            pv = _rl(tl.dot(p.to(low), v), low)
+            pv = _rl(tl.dot(p16, v), low)
             acc_new = _rl(_rl(acc * alpha[:, None], low) + _rl(pv * beta_w[:, None], low), low)
         else:
             p = tl.exp(sp - m_loc[:, None])
@@ -145,19 +162,21 @@ def _block_update(q, k, v, mean, vis, m, l, acc, f, cnt, scale, gamma,
             l_new = alpha * l + beta_w * l_loc
             acc_new = acc * alpha[:, None] + tl.dot(p.to(low), v) * beta_w[:, None]
     else:  # pasa-exact: per-row constant c carried in fp32, FA-2 update
-        sp = _rl(qk, low)
+        sp16 = qk.to(low)
         # c = scale * (Q . mean16): a thin extra matmul column, fp32 accumulation; the other
         # 15 columns of the tile are zero, so the row sum is exactly column 0
         col = tl.arange(0, 16)
         mean_tile = tl.where(col[None, :] == 0, mean[:, None], 0.0).to(q.dtype)
         c = tl.sum(tl.dot(q, mean_tile), 1) * scale
         if MASKED:
-            sp = tl.where(vis, sp, float("-inf"))
-        m_new = tl.maximum(m, _guarded_max(sp, tl.max(sp, 1), vis, MASKED, GUARD, False, low) + c)
+            sp16 = tl.where(vis, sp16, float("-inf"))
+        rm = tl.max(sp16, 1).to(tl.float32)  # the max of fp16 values is an fp16 value
+        sp = sp16.to(tl.float32)
+        m_new = tl.maximum(m, _guarded_max(sp, rm, vis, MASKED, GUARD, False, low) + c)
         alpha = tl.exp2((m - m_new) * 1.4426950408889634)
-        p = tl.exp2((sp - (m_new - c)[:, None]) * 1.4426950408889634).to(tl.float16)
-        l_new = alpha * l + tl.sum(p.to(tl.float32), 1)
-        acc_new = acc * alpha[:, None] + _rl(tl.dot(p, v), low)
+        p16 = tl.exp2(sp * 1.4426950408889634 - ((m_new - c) * 1.4426950408889634)[:, None]).to(low)
+        l_new = alpha * l + _row_sum16(p16, ROWSUM_MMA)
+        acc_new = acc * alpha[:, None] + _rl(tl.dot(p16, v), low)
         f_new = f
     cnt_new = cnt + 1.0
     if MASKED:
@@ -248,9 +267,11 @@ def _attention_fwd(
     n_heads, group, scale, gamma, head_dim, head_dim_v,
     ALG: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BAND: tl.constexpr, HAS_LSE: tl.constexpr,
     GUARD: tl.constexpr, K_PADDED: tl.constexpr, FUSED_SHIFT: tl.constexpr,
+    ROWSUM_MMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
+    # heaviest tiles first: under causal and band masks the last query tiles see the most keys
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
@@ -330,7 +351,8 @@ def _attention_fwd(
                 if FUSED_SHIFT:
                     k, mean = _shift_in_kernel(k, SHIFT, scale, ALG, BLOCK_N)
                 m, l, acc, f, cnt = _block_update(q, k, v, mean, None, m, l, acc, f, cnt,
-                                                  scale, gamma, ALG, False, GUARD, BLOCK_N)
+                                                  scale, gamma, ALG, False, GUARD, BLOCK_N,
+                                                  ROWSUM_MMA)
             else:
                 in_kv = n < kv_len
                 if K_PADDED:
@@ -351,7 +373,8 @@ def _attention_fwd(
                                      mask=(rows[:, None] < q_len) & in_kv[None, :], other=1)
                     vis = vis & (masked == 0)
                 m, l, acc, f, cnt = _block_update(q, k, v, mean, vis, m, l, acc, f, cnt,
-                                                  scale, gamma, ALG, True, GUARD, BLOCK_N)
+                                                  scale, gamma, ALG, True, GUARD, BLOCK_N,
+                                                  ROWSUM_MMA)
 
     o, lse = _finish(m, l, acc, f, cnt, gamma, ALG)
     row_ok = rows < q_len
@@ -368,18 +391,18 @@ def _attention_fwd(
 
 @triton.jit
 def _decode_split(
-    Q, K, V, MEAN, MASK, PART_O, PART_LSE,
+    Q, K, V, MASK, SHIFT, PART_O, PART_LSE,
     q_starts, kv_starts, kv_lens,
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
     stride_vb, stride_vh, stride_vs, stride_vd,
-    stride_mb, stride_mh, stride_mblk,
     stride_xb, stride_xk,
     n_kv_heads, group, scale, gamma, head_dim, head_dim_v, blocks_per_split, n_splits,
-    ALG: tl.constexpr, HAS_MASK: tl.constexpr, GUARD: tl.constexpr, K_PADDED: tl.constexpr,
+    ALG: tl.constexpr, HAS_MASK: tl.constexpr, GUARD: tl.constexpr, ROWSUM_MMA: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
 ):
-    """One split of the kv blocks for the whole query group of one kv head (query length 1)."""
+    """One split of the kv blocks for the whole query group of one kv head (query length 1).
+    PASA's key shift is done here on each zero-padded raw K block (fused)."""
     split = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // n_kv_heads
@@ -395,11 +418,8 @@ def _decode_split(
     q = tl.load(Q + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
                 + q_start * stride_qs + dims[None, :] * stride_qd,
                 mask=(g[:, None] < group) & (dims[None, :] < head_dim), other=0.0)
-    k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
+    k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh + kv_start * stride_ks
     v_base = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh + kv_start * stride_vs
-    if not K_PADDED:
-        k_base += kv_start * stride_ks
-    mean_base = MEAN + b.to(tl.int64) * stride_mb + hk.to(tl.int64) * stride_mh
 
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], tl.float32)
@@ -413,22 +433,19 @@ def _decode_split(
     for blk in range(first, last):
         n = blk * BLOCK_N + cols
         in_kv = n < kv_len
-        if K_PADDED:
-            k = tl.load(k_base + n[:, None].to(tl.int64) * stride_ks + dims[None, :] * stride_kd)
-        else:
-            k = tl.load(k_base + n[:, None].to(tl.int64) * stride_ks + dims[None, :] * stride_kd,
-                        mask=in_kv[:, None] & (dims[None, :] < head_dim), other=0.0)
+        k = tl.load(k_base + n[:, None].to(tl.int64) * stride_ks + dims[None, :] * stride_kd,
+                    mask=in_kv[:, None] & (dims[None, :] < head_dim), other=0.0)
         v = tl.load(v_base + n[:, None].to(tl.int64) * stride_vs + dims_v[None, :] * stride_vd,
                     mask=in_kv[:, None] & (dims_v[None, :] < head_dim_v), other=0.0)
-        if ALG == 5:
-            mean = tl.load(mean_base + blk * stride_mblk + dims).to(tl.float32)
+        if ALG >= 3:
+            k, mean = _shift_in_kernel(k, SHIFT, scale, ALG, BLOCK_N)
         vis = in_kv[None, :] & (g[:, None] < group)
         if HAS_MASK:
             masked = tl.load(MASK + b.to(tl.int64) * stride_xb + n * stride_xk, mask=in_kv,
                              other=1)
             vis = vis & (masked == 0)[None, :]
         m, l, acc, f, cnt = _block_update(q, k, v, mean, vis, m, l, acc, f, cnt, scale, gamma,
-                                          ALG, True, GUARD, BLOCK_N)
+                                          ALG, True, GUARD, BLOCK_N, ROWSUM_MMA)
     o, lse = _finish(m, l, acc, f, cnt, gamma, ALG)
     base = (bh * n_splits + split).to(tl.int64)
     tl.store(PART_O + (base * BLOCK_G + g[:, None]) * HEAD_DIM_V + dims_v[None, :], o)
@@ -485,161 +502,173 @@ def _pow2(n: int, floor: int = 16) -> int:
     return max(floor, 1 << (max(n, 1) - 1).bit_length())
 
 
-def _launch_config(head_dim: int, interpret: bool):
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _launch_config(head_dim: int, alg: str, interpret: bool):
     """(BLOCK_M, num_warps, num_stages) for the prefill kernel."""
     if interpret:
         return 16, 1, 1
     if head_dim > 128:
         return 64, 8, 2
-    return 128, 8, 3
+    # pasa-exact's mean tile does not fit a third stage in shared memory at d = 128
+    return 128, 8, 2 if (alg == "pasa-exact" and head_dim > 64) else 3
 
 
-def _prepare_keys(problem: AttentionProblem, k: torch.Tensor, kv_starts: torch.Tensor,
-                  kv_lens: torch.Tensor, block_n: int, head_dim_p: int):
-    """K' (padded to whole blocks, contiguous) and the block means, or K itself."""
-    shift = problem.allocation.shift
+_DEVICE_INTS: dict = {}
+
+
+def _device_ints(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """int64 copy of small per-batch metadata on ``device``, cached by value, so that a
+    repeated call does no host-to-device copy (which would also synchronise the stream)."""
+    key = (device, tuple(values.tolist()))
+    hit = _DEVICE_INTS.get(key)
+    if hit is None:
+        if len(_DEVICE_INTS) > 256:
+            _DEVICE_INTS.clear()
+        hit = _DEVICE_INTS[key] = values.to(device=device, dtype=torch.int64)
+    return hit
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_shift_matrix(beta: float, n: int, scale: float, device: torch.device):
+    return shift_matrix(beta, n, torch.float16, scale, device).contiguous()
+
+
+def _prepare_keys(problem, k, kv_starts, kv_lens, block_n, head_dim_p):
+    """The separate preprocessing pass: K' padded to whole blocks and the block means."""
     dev = k.device
-    if shift == "none":
-        return k, False, torch.zeros(1, 1, 1, head_dim_p, dtype=torch.float16, device=dev)
-    batch = problem.batch
-    n_kv = k.shape[1]
+    batch, n_kv = problem.batch, k.shape[1]
     n_blocks = max(1, triton.cdiv(problem.max_kv_len, block_n))
     k_shift = torch.empty(batch, n_kv, n_blocks * block_n, head_dim_p, dtype=torch.float16,
                           device=dev)
-    exact = shift == "exact"
-    means = torch.zeros(batch, n_kv, n_blocks, head_dim_p, dtype=torch.float16, device=dev)
-    m = (torch.zeros(1, dtype=torch.float16, device=dev) if exact else
-         shift_matrix(problem.beta, block_n, torch.float16, problem.scale, dev).contiguous())
-    interpret = _interpreting()
+    means = torch.empty(batch, n_kv, n_blocks, head_dim_p, dtype=torch.float16, device=dev)
+    exact = problem.allocation.shift == "exact"
+    shift = means if exact else _cached_shift_matrix(problem.beta, block_n, problem.scale, dev)
     _shift_keys[(n_blocks, batch * n_kv)](
-        k, k_shift, means, m, kv_starts, kv_lens,
-        k.stride(0) if not problem.packed else 0, k.stride(1), k.stride(2), k.stride(3),
+        k, k_shift, means, shift, kv_starts, kv_lens,
+        0 if problem.packed else k.stride(0), k.stride(1), k.stride(2), k.stride(3),
         k_shift.stride(0), k_shift.stride(1), k_shift.stride(2),
         means.stride(0), means.stride(1), means.stride(2),
         n_kv, problem.scale, k.shape[3],
         EXACT=exact, BLOCK_N=block_n, HEAD_DIM=head_dim_p,
-        num_warps=1 if interpret else 4)
-    return k_shift, True, means
-
-
-def _interpreting() -> bool:
-    import os
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+        num_warps=1 if _interpreting() else 4)
+    return k_shift, means
 
 
 def run(problem: AttentionProblem) -> None:
     """Compute ``problem`` with the Triton kernels, writing its output and LSE views."""
     q, k, v = problem.query, problem.key, problem.value
-    if q.dtype != problem.compute_dtype:
-        raise RuntimeError("the API layer hands the Triton backend inputs in the compute dtype")
     alg = problem.allocation.name
     block_n = problem.tiling.kv_block
     if block_n < 16 or block_n & (block_n - 1):
         raise NotImplementedError(f"the Triton backend needs kv_block a power of two >= 16, got "
                                   f"{block_n}")
-    dev = q.device
     head_dim, head_dim_v = q.shape[3], v.shape[3]
     head_dim_p, head_dim_vp = _pow2(head_dim), _pow2(head_dim_v)
     if head_dim_p > 256 or head_dim_vp > 256:
         raise NotImplementedError(f"the Triton backend supports head dims up to 256, got "
                                   f"{head_dim}/{head_dim_v}")
-    ints = lambda t: t.to(device=dev, dtype=torch.int64).contiguous()  # noqa: E731
-    q_starts, q_lens = ints(problem.q_starts), ints(problem.q_lens)
-    kv_starts, kv_lens = ints(problem.kv_starts), ints(problem.kv_lens)
-    batch, n_heads, n_kv = problem.batch, q.shape[1], k.shape[1]
-    group = n_heads // n_kv
+    dev = q.device
+    interpret = _interpreting()
+    lengths = tuple(_device_ints(t, dev) for t in (problem.q_starts, problem.q_lens,
+                                                     problem.kv_starts, problem.kv_lens))
     gamma = ideal_invariance(problem.beta) if problem.allocation.shift == "pseudo_average" else 0.0
     if alg == "pasa":
-        gamma = torch.tensor(gamma).half().item()
-    fused = SHIFT_MODE == "fused" and problem.allocation.is_pasa and problem.max_q_len > 1
-    if fused:
-        k_used, k_padded = k, False
-        means = torch.zeros(1, 1, 1, head_dim_p, dtype=torch.float16, device=dev)
-        shift = (shift_matrix(problem.beta, block_n, torch.float16, problem.scale, dev)
-                 if problem.allocation.shift == "pseudo_average" else means)
-    else:
-        k_used, k_padded, means = _prepare_keys(problem, k, kv_starts, kv_lens, block_n,
-                                                head_dim_p)
-        shift = means
+        gamma = torch.tensor(gamma).half().item()  # the kernel's fp16 scalar
+    mask, mask_strides = _mask_arg(problem.mask, dev)
     out, lse = problem.out, problem.lse
-    has_lse = lse is not None
-    lse_arg = lse if has_lse else torch.empty(1, 1, 1, dtype=torch.float32, device=dev)
-    mask = problem.mask
-    has_mask = mask is not None
-    if has_mask:
-        mask = mask.to(dev)
-        mask = mask.view(torch.uint8) if mask.dtype == torch.bool else mask.to(torch.uint8)
-        mask_strides = (mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(1), mask.stride(2))
-    else:
-        mask = torch.zeros(1, dtype=torch.uint8, device=dev)
-        mask_strides = (0, 0, 0)
-    pb = lambda t: t.stride(0) if not problem.packed else 0  # noqa: E731
-    k_strides = ((k_used.stride(0), k_used.stride(1), k_used.stride(2), k_used.stride(3))
-                 if k_padded else (pb(k), k.stride(1), k.stride(2), k.stride(3)))
-    interpret = _interpreting()
-    guard = problem.rounding_guard
+    lse_arg = lse if lse is not None else out.new_empty(1, 1, 1, dtype=torch.float32)
+    packed_stride = (lambda t: 0) if problem.packed else (lambda t: t.stride(0))  # noqa: E731
+    shift = (_cached_shift_matrix(problem.beta, block_n, problem.scale, dev)
+             if problem.allocation.shift == "pseudo_average" else None)
+    common = dict(ALG=ALG_IDS[alg], HAS_MASK=problem.mask is not None,
+                  GUARD=problem.rounding_guard, ROWSUM_MMA=TUNING["rowsum_mma"],
+                  BLOCK_N=block_n, HEAD_DIM=head_dim_p, HEAD_DIM_V=head_dim_vp)
 
-    if problem.max_q_len == 1 and problem.band is None and (not has_mask or mask.shape[1] == 1):
-        _run_decode(problem, q, k_used, k_padded, v, means, mask, mask_strides,
-                    (q_starts, q_lens, kv_starts, kv_lens), out, lse_arg, has_lse, has_mask,
-                    k_strides, gamma, head_dim_p, head_dim_vp, block_n, interpret, guard)
+    decode = (problem.max_q_len == 1 and problem.band is None
+              and (problem.mask is None or problem.mask.shape[1] == 1))
+    if decode:
+        _run_decode(problem, lengths, mask, mask_strides, shift, lse_arg, gamma, common,
+                    interpret)
         return
 
-    band_pre, band_next = (ints(t.clamp(-INT_BIG, INT_BIG)) for t in problem.band) \
-        if problem.band is not None else (q_lens, q_lens)
-    block_m, warps, stages = _launch_config(head_dim_p, interpret)
-    grid = (triton.cdiv(problem.max_q_len, block_m), batch * n_heads)
+    fused = TUNING["shift"] == "fused" and problem.allocation.is_pasa
+    if problem.allocation.is_pasa and not fused:
+        k_used, means = _prepare_keys(problem, k, lengths[2], lengths[3], block_n, head_dim_p)
+        k_strides = tuple(k_used.stride())
+    else:
+        k_used = k
+        means = q.new_empty(1, 1, 1, head_dim_p, dtype=torch.float16)
+        k_strides = (packed_stride(k), k.stride(1), k.stride(2), k.stride(3))
+    if problem.band is not None:
+        band = tuple(_device_ints(t.clamp(-INT_BIG, INT_BIG), dev) for t in problem.band)
+    else:
+        band = (lengths[1], lengths[1])  # unused
+    block_m, warps, stages = _launch_config(head_dim_p, alg, interpret)
+    grid = (triton.cdiv(problem.max_q_len, block_m), problem.batch * q.shape[1])
     _attention_fwd[grid](
-        q, k_used, v, out, lse_arg, means, mask, shift,
-        q_starts, q_lens, kv_starts, kv_lens, band_pre, band_next,
-        pb(q), q.stride(1), q.stride(2), q.stride(3),
+        q, k_used, v, out, lse_arg, means, mask, shift if shift is not None else means,
+        *lengths, *band,
+        packed_stride(q), q.stride(1), q.stride(2), q.stride(3),
         *k_strides,
-        pb(v), v.stride(1), v.stride(2), v.stride(3),
-        pb(out), out.stride(1), out.stride(2), out.stride(3),
-        (pb(lse_arg) if has_lse else 0), lse_arg.stride(1), lse_arg.stride(2),
+        packed_stride(v), v.stride(1), v.stride(2), v.stride(3),
+        packed_stride(out), out.stride(1), out.stride(2), out.stride(3),
+        (packed_stride(lse_arg) if lse is not None else 0), lse_arg.stride(1), lse_arg.stride(2),
         means.stride(0), means.stride(1), means.stride(2),
         *mask_strides,
-        n_heads, group, problem.scale, gamma, head_dim, head_dim_v,
-        ALG=ALG_IDS[alg], HAS_MASK=has_mask, HAS_BAND=problem.band is not None,
-        HAS_LSE=has_lse, GUARD=guard, K_PADDED=k_padded, FUSED_SHIFT=fused,
-        BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim_p, HEAD_DIM_V=head_dim_vp,
-        num_warps=warps, num_stages=stages)
+        q.shape[1], q.shape[1] // k.shape[1], problem.scale, gamma, head_dim, head_dim_v,
+        HAS_BAND=problem.band is not None, HAS_LSE=lse is not None,
+        K_PADDED=problem.allocation.is_pasa and not fused, FUSED_SHIFT=fused,
+        BLOCK_M=block_m, num_warps=warps, num_stages=stages, **common)
 
 
-def _run_decode(problem, q, k_used, k_padded, v, means, mask, mask_strides, lengths, out,
-                lse_arg, has_lse, has_mask, k_strides, gamma, head_dim_p, head_dim_vp, block_n,
-                interpret, guard):
+def _mask_arg(mask, dev):
+    """The explicit mask as uint8 (a view of a bool mask, no copy) and its strides."""
+    if mask is None:
+        return torch.zeros(1, dtype=torch.uint8, device=dev), (0, 0, 0)
+    mask = mask.to(dev)
+    mask = mask.view(torch.uint8) if mask.dtype == torch.bool else mask.to(torch.uint8)
+    return mask, (mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(1), mask.stride(2))
+
+
+def _run_decode(problem, lengths, mask, mask_strides, shift, lse_arg, gamma, common, interpret):
+    q, k, v, out = problem.query, problem.key, problem.value, problem.out
     q_starts, q_lens, kv_starts, kv_lens = lengths
-    batch, n_heads, n_kv = problem.batch, q.shape[1], k_used.shape[1]
+    batch, n_heads, n_kv = problem.batch, q.shape[1], k.shape[1]
     group = n_heads // n_kv
     block_g = _pow2(group)
-    n_blocks = max(1, triton.cdiv(problem.max_kv_len, block_n))
-    sms = 132 if interpret else torch.cuda.get_device_properties(q.device).multi_processor_count
-    n_splits = max(1, min(n_blocks, triton.cdiv(2 * sms, batch * n_kv)))
+    n_blocks = max(1, triton.cdiv(problem.max_kv_len, common["BLOCK_N"]))
+    sms = 132 if interpret else _sm_count(q.device.index or 0)
+    # enough programs to fill every SM a few times over, each with a run of kv blocks
+    n_splits = max(1, min(n_blocks, triton.cdiv(4 * sms, batch * n_kv)))
     blocks_per_split = triton.cdiv(n_blocks, n_splits)
     n_splits = triton.cdiv(n_blocks, blocks_per_split)
-    dev = q.device
-    part_o = torch.empty(batch * n_kv * n_splits * block_g * head_dim_vp, dtype=torch.float32,
-                         device=dev)
-    part_lse = torch.empty(batch * n_kv * n_splits * block_g, dtype=torch.float32, device=dev)
-    pb = lambda t: t.stride(0) if not problem.packed else 0  # noqa: E731
+    part_o = q.new_empty(batch * n_kv * n_splits * block_g * common["HEAD_DIM_V"],
+                         dtype=torch.float32)
+    part_lse = q.new_empty(batch * n_kv * n_splits * block_g, dtype=torch.float32)
+    pb = (lambda t: 0) if problem.packed else (lambda t: t.stride(0))  # noqa: E731
+    has_lse = problem.lse is not None
     _decode_split[(n_splits, batch * n_kv)](
-        q, k_used, v, means, mask, part_o, part_lse,
+        q, k, v, mask, shift if shift is not None else part_lse, part_o, part_lse,
         q_starts, kv_starts, kv_lens,
         pb(q), q.stride(1), q.stride(2), q.stride(3),
-        *k_strides,
+        pb(k), k.stride(1), k.stride(2), k.stride(3),
         pb(v), v.stride(1), v.stride(2), v.stride(3),
-        means.stride(0), means.stride(1), means.stride(2),
         mask_strides[0], mask_strides[2],
         n_kv, group, problem.scale, gamma, q.shape[3], v.shape[3], blocks_per_split, n_splits,
-        ALG=ALG_IDS[problem.allocation.name], HAS_MASK=has_mask, GUARD=guard,
-        K_PADDED=k_padded, BLOCK_G=block_g, BLOCK_N=block_n, HEAD_DIM=head_dim_p,
-        HEAD_DIM_V=head_dim_vp, num_warps=1 if interpret else 4,
-        num_stages=1 if interpret else 3)
+        BLOCK_G=block_g, num_warps=1 if interpret else 4, num_stages=1 if interpret else 3,
+        **common)
     _decode_combine[(batch * n_kv,)](
         part_o, part_lse, out, lse_arg, q_starts, q_lens,
         pb(out), out.stride(1), out.stride(2), out.stride(3),
         (pb(lse_arg) if has_lse else 0), lse_arg.stride(1), lse_arg.stride(2),
         n_kv, group, v.shape[3], n_splits,
-        HAS_LSE=has_lse, BLOCK_G=block_g, SPLITS=_pow2(n_splits, 1), HEAD_DIM_V=head_dim_vp,
-        num_warps=1 if interpret else 4)
+        HAS_LSE=has_lse, BLOCK_G=block_g, SPLITS=_pow2(n_splits, 1),
+        HEAD_DIM_V=common["HEAD_DIM_V"], num_warps=1 if interpret else 4)

@@ -401,6 +401,7 @@ def _to_fp16_checked(t: torch.Tensor, name: str) -> torch.Tensor:
 
 
 _MASK_CACHE: dict = {}
+_VALIDATED_MASKS: dict = {}  # masks already checked, by identity and version: no device sync
 
 
 def _mask_and_band(args, batch, s_q, s_kv, packed, q_lens, kv_lens, device):
@@ -478,12 +479,18 @@ def _check_optimized_mask(mask, sparse_mode: int) -> None:
     if mask.shape not in ((n, n), (1, n, n), (1, 1, n, n)):
         raise ValueError(f"sparse_mode={sparse_mode} needs the optimized mask of shape ({n}, {n}), "
                          f"(1, {n}, {n}) or (1, 1, {n}, {n}); got {tuple(mask.shape)}")
+    key = (mask.data_ptr(), mask._version, mask.device, mask.dtype, tuple(mask.stride()))
+    if key in _VALIDATED_MASKS:
+        return
     expected = _MASK_CACHE.get(mask.device)
     if expected is None:
         expected = _MASK_CACHE[mask.device] = compressed_causal_mask(mask.device)
     if not torch.equal(mask.reshape(n, n).bool(), expected):
         raise ValueError(f"sparse_mode={sparse_mode} needs the optimized mask to be the strict "
                          f"upper triangle (True above the diagonal), as torch_npu documents")
+    if len(_VALIDATED_MASKS) > 64:
+        _VALIDATED_MASKS.clear()
+    _VALIDATED_MASKS[key] = True
 
 
 def _dense_mask(mask: torch.Tensor, batch: int, s_q: int, s_kv: int) -> torch.Tensor:
@@ -550,7 +557,8 @@ def _lse_placeholder(device) -> torch.Tensor:
 def _fix_rows(problem: AttentionProblem, value: torch.Tensor, inner_precise: int) -> None:
     """torch_npu's row rules: rows past the query length are 0 (LSE too); rows that
     see no key are 0 with inner_precise bit 1, else the mean of V over valid keys."""
-    if problem.lse is not None and not problem.packed:
+    if (problem.lse is not None and not problem.packed
+            and bool((problem.q_lens < problem.lse.shape[2]).any())):
         past = torch.arange(problem.lse.shape[2]) >= problem.q_lens[:, None]
         problem.lse.masked_fill_(past[:, None].to(problem.lse.device), 0.0)
     if inner_precise & 2:

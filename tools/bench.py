@@ -208,6 +208,14 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="bench-out", help="folder for bench.json/.md/.png")
     parser.add_argument("--plot", metavar="JSON", help="only redraw the plot of a saved run")
     parser.add_argument("--quick", action="store_true", help="S in {1k, 4k}, no decode")
+    parser.add_argument("--dims", type=int, nargs="+", default=[64, 128], help="head dims")
+    parser.add_argument("--seqs", type=int, nargs="+", default=None,
+                        help="prefill sequence lengths (default 1k 4k 16k)")
+    parser.add_argument("--no-decode", action="store_true")
+    parser.add_argument("--no-prefill", action="store_true")
+    parser.add_argument("--tuning", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="Triton backend switches (fallback/triton_attention.py TUNING), "
+                             "e.g. shift=fused rowsum_mma=0")
     parser.add_argument("--algorithms", nargs="+", default=list(PREFILL_ALGORITHMS),
                         choices=pasa_npu.ALGORITHM_NAMES)
     args = parser.parse_args(argv)
@@ -225,15 +233,30 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     import triton
+
+    from pasa_npu.fallback import triton_attention
+    for item in args.tuning:
+        key, _, value = item.partition("=")
+        if key not in triton_attention.TUNING:
+            print(f"pasa-bench: error: unknown --tuning key {key!r}; known: "
+                  f"{sorted(triton_attention.TUNING)}", file=sys.stderr)
+            return 2
+        current = triton_attention.TUNING[key]
+        triton_attention.TUNING[key] = (value not in ("0", "false", "False")
+                                        if isinstance(current, bool) else value)
     out.mkdir(parents=True, exist_ok=True)
     mask = pasa_npu.compressed_causal_mask("cuda")
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "triton": triton.__version__, "algorithms": args.algorithms,
+              "tuning": dict(triton_attention.TUNING),
               "decode_algorithms": [a for a in DECODE_ALGORITHMS if a in args.algorithms],
               "copy_gbs": copy_bandwidth_gbs(), "rows": []}
-    print(f"{result['device']}: copy bandwidth {result['copy_gbs']:.0f} GB/s", flush=True)
-    seqs = (1024, 4096) if args.quick else (1024, 4096, 16384)
-    cases = list(prefill_cases(seqs=seqs)) + ([] if args.quick else list(decode_cases()))
+    print(f"{result['device']}: copy bandwidth {result['copy_gbs']:.0f} GB/s; tuning "
+          f"{result['tuning']}", flush=True)
+    seqs = args.seqs or ((1024, 4096) if args.quick else (1024, 4096, 16384))
+    cases = [] if args.no_prefill else list(prefill_cases(dims=args.dims, seqs=seqs))
+    if not (args.quick or args.no_decode):
+        cases += list(decode_cases())
     for i, case in enumerate(cases):
         algos = args.algorithms if case["kind"] == "prefill" else result["decode_algorithms"]
         result["rows"].append(run_case(case, algos, mask,
