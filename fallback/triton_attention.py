@@ -41,7 +41,7 @@ from pasa_npu.problem import AttentionProblem
 ALG_IDS = {"fa-fp32": 0, "fa-fp16s": 1, "fa-fp16": 2, "pasa": 3, "pasa-mixed": 4, "pasa-exact": 5}
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-INT_BIG = 1 << 40  # stands for "no band limit"
+INT_BIG = 1 << 30  # stands for "no band limit" (index math is int32)
 
 #: Tuning switches, measured with tools/bench.py (defaults are the faster setting):
 #: ``shift``: how prefill shifts K for PASA, "separate" (one preprocessing pass over K)
@@ -96,11 +96,15 @@ def _row_sum16(x16, MMA: tl.constexpr):
 
 
 @triton.jit
-def _block_update(q, k, v, mean, vis, m, l, acc, f, cnt, scale, gamma,
+def _block_update(q, k, v, c, vis, m, l, acc, f, cnt, scale, gamma,
                   ALG: tl.constexpr, MASKED: tl.constexpr, GUARD: tl.constexpr,
                   BLOCK_N: tl.constexpr, ROWSUM_MMA: tl.constexpr):
     """One kv block of online softmax for allocation ALG. Rows that see no key of
-    the block (MASKED only) keep their state. Returns the new state."""
+    the block (MASKED only) keep their state. ``c``: pasa-exact's per-row constant
+    scale * (Q . mean16) of this block (fp32). ``acc`` is fp16 for the all-fp16
+    allocations (fa-fp16, pasa), whose steps then run as native fp16 operations:
+    each rounds once, as the CPU backend's fp32-then-round steps do (the kernels
+    are launched without FMA contraction). Returns the new state."""
     qk = tl.dot(q, tl.trans(k))  # fp32 accumulation
     low: tl.constexpr = q.dtype  # fp16, or bf16 for fa-* on bf16 inputs
     if ALG <= 1:  # fa-fp32, fa-fp16s: fp32 statistics
@@ -125,8 +129,8 @@ def _block_update(q, k, v, mean, vis, m, l, acc, f, cnt, scale, gamma,
         alpha = _rl(tl.exp(_rl(m - m_new, low)), low)
         p = _rl(tl.exp(_rl(s - m_new[:, None], low)), low)
         l_new = _rl(_rl(alpha * l, low) + _rl(tl.sum(p, 1), low), low)
-        pv = _rl(tl.dot(p.to(low), v), low)
-        acc_new = _rl(_rl(acc * alpha[:, None], low) + pv, low)
+        pv = tl.dot(p.to(low), v).to(low)
+        acc_new = acc * alpha.to(low)[:, None] + pv
         f_new = f
     elif ALG <= 4:  # pasa (fp16 statistics), pasa-mixed (fp32 statistics)
         sp16 = qk.to(low)
@@ -136,10 +140,13 @@ def _block_update(q, k, v, mean, vis, m, l, acc, f, cnt, scale, gamma,
             s_mean = _rl(s_mean, low)
         if MASKED:
             sp = tl.where(vis, sp, float("-inf"))
+            sp16 = tl.where(vis, sp16, float("-inf"))
         m_loc = _guarded_max(sp, tl.max(sp, 1), vis, MASKED, GUARD, ALG == 3, low)
         cnt1 = cnt + 1.0
         if ALG == 3:
-            p16 = tl.exp(_rl(sp - m_loc[:, None], low)).to(low)
+            p16 = tl.exp((sp16 - m_loc.to(low)[:, None]).to(tl.float32)).to(low)
+            if MASKED:
+                p16 = tl.where(vis, p16, 0.0)
             l_loc = _rl(_row_sum16(p16, ROWSUM_MMA), low)
             f_new = _rl(_rl(_rl((cnt1 - 1.0) * f, low) + s_mean, low) / cnt1, low)
             x = _rl(m + _rl(gamma * _rl(f - f_new, low), low), low)
@@ -148,8 +155,8 @@ def _block_update(q, k, v, mean, vis, m, l, acc, f, cnt, scale, gamma,
             alpha = _rl(tl.exp(_rl(x - m_new, low)), low)
             beta_w = _rl(tl.exp(_rl(y - m_new, low)), low)
             l_new = _rl(_rl(alpha * l, low) + _rl(beta_w * l_loc, low), low)
-            pv = _rl(tl.dot(p16, v), low)
-            acc_new = _rl(_rl(acc * alpha[:, None], low) + _rl(pv * beta_w[:, None], low), low)
+            pv = tl.dot(p16, v).to(low)
+            acc_new = acc * alpha.to(low)[:, None] + pv * beta_w.to(low)[:, None]
         else:
             p = tl.exp(sp - m_loc[:, None])
             l_loc = tl.sum(p, 1)
@@ -163,11 +170,6 @@ def _block_update(q, k, v, mean, vis, m, l, acc, f, cnt, scale, gamma,
             acc_new = acc * alpha[:, None] + tl.dot(p.to(low), v) * beta_w[:, None]
     else:  # pasa-exact: per-row constant c carried in fp32, FA-2 update
         sp16 = qk.to(low)
-        # c = scale * (Q . mean16): a thin extra matmul column, fp32 accumulation; the other
-        # 15 columns of the tile are zero, so the row sum is exactly column 0
-        col = tl.arange(0, 16)
-        mean_tile = tl.where(col[None, :] == 0, mean[:, None], 0.0).to(q.dtype)
-        c = tl.sum(tl.dot(q, mean_tile), 1) * scale
         if MASKED:
             sp16 = tl.where(vis, sp16, float("-inf"))
         rm = tl.max(sp16, 1).to(tl.float32)  # the max of fp16 values is an fp16 value
@@ -238,6 +240,50 @@ def _shift_keys(K, KS, MEAN, SHIFT, kv_starts, kv_lens,
 
 
 @triton.jit
+def _row_constant(q, mean, scale):
+    """pasa-exact's c = scale * (Q . mean16) for one block: a thin extra matmul column with
+    fp32 accumulation; the other 15 columns are zero, so the row sum is column 0 exactly."""
+    col = tl.arange(0, 16)
+    mean_tile = tl.where(col[None, :] == 0, mean[:, None], 0.0).to(q.dtype)
+    return tl.sum(tl.dot(q, mean_tile), 1) * scale
+
+
+@triton.jit
+def _block_constants(Q, MEAN, C, q_starts, q_lens,
+                     stride_qb, stride_qh, stride_qs, stride_qd,
+                     stride_mb, stride_mh, stride_mblk,
+                     stride_cb, stride_ch, stride_cblk,
+                     n_heads, group, scale, head_dim, n_blocks,
+                     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """pasa-exact's per-row constants for every (query row, kv block) of one query tile,
+    16 blocks per matmul: C[b, h, blk, row] = scale * (Q_row . mean16_blk), fp32."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // n_heads
+    h = bh % n_heads
+    q_len = tl.load(q_lens + b)
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    q_start = tl.load(q_starts + b)
+    rows = m0 + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+                + (q_start + rows)[:, None].to(tl.int64) * stride_qs + dims[None, :] * stride_qd,
+                mask=(rows[:, None] < q_len) & (dims[None, :] < head_dim), other=0.0)
+    mean_base = MEAN + b.to(tl.int64) * stride_mb + (h // group).to(tl.int64) * stride_mh
+    c_base = C + b.to(tl.int64) * stride_cb + h.to(tl.int64) * stride_ch
+    sixteen = tl.arange(0, 16)
+    for blk0 in range(0, n_blocks, 16):
+        blks = blk0 + sixteen
+        means = tl.load(mean_base + blks[:, None] * stride_mblk + dims[None, :],
+                        mask=blks[:, None] < n_blocks, other=0.0)
+        c = tl.dot(q, tl.trans(means)) * scale  # (BLOCK_M, 16), fp32 accumulation
+        tl.store(c_base + blks[None, :].to(tl.int64) * stride_cblk + rows[:, None], c,
+                 mask=(blks[None, :] < n_blocks) & (rows[:, None] < q_len))
+
+
+@triton.jit
 def _shift_in_kernel(k, SHIFT, scale, ALG: tl.constexpr, BLOCK_N: tl.constexpr):
     """The preprocessing of ``_shift_keys`` on a zero-padded raw K tile, inside the
     attention loop (the fused variant; recomputed for every query tile)."""
@@ -255,14 +301,14 @@ def _shift_in_kernel(k, SHIFT, scale, ALG: tl.constexpr, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _attention_fwd(
-    Q, K, V, O, LSE, MEAN, MASK, SHIFT,
+    Q, K, V, O, LSE, C, MASK, SHIFT,
     q_starts, q_lens, kv_starts, kv_lens, band_pre, band_next,
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
     stride_vb, stride_vh, stride_vs, stride_vd,
     stride_ob, stride_oh, stride_os, stride_od,
     stride_lb, stride_lh, stride_ls,
-    stride_mb, stride_mh, stride_mblk,
+    stride_cb, stride_ch, stride_cblk,
     stride_xb, stride_xs, stride_xk,
     n_heads, group, scale, gamma, head_dim, head_dim_v,
     ALG: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BAND: tl.constexpr, HAS_LSE: tl.constexpr,
@@ -276,20 +322,22 @@ def _attention_fwd(
     b = bh // n_heads
     h = bh % n_heads
     hk = h // group
-    q_len = tl.load(q_lens + b).to(tl.int64)
+    q_len = tl.load(q_lens + b)
     m0 = pid_m * BLOCK_M
     if m0 >= q_len:
         return
-    q_start = tl.load(q_starts + b).to(tl.int64)
-    kv_start = tl.load(kv_starts + b).to(tl.int64)
-    kv_len = tl.load(kv_lens + b).to(tl.int64)
+    q_start = tl.load(q_starts + b)
+    kv_start = tl.load(kv_starts + b)
+    kv_len = tl.load(kv_lens + b)
 
+    # index arithmetic in int32 (lengths and bands are clamped to it on the host);
+    # int64 only for the base offsets of pointers
     rows = m0 + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, HEAD_DIM)
     dims_v = tl.arange(0, HEAD_DIM_V)
     cols = tl.arange(0, BLOCK_N)
     q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-                + (q_start + rows)[:, None] * stride_qs + dims[None, :] * stride_qd,
+                + (q_start + rows)[:, None].to(tl.int64) * stride_qs + dims[None, :] * stride_qd,
                 mask=(rows[:, None] < q_len) & (dims[None, :] < head_dim), other=0.0)
 
     # the kv range this tile can see, and the interior blocks every valid row sees whole
@@ -299,8 +347,8 @@ def _attention_fwd(
     full_lo_col = lo_col
     full_hi_col = kv_len
     if HAS_BAND:
-        pre = tl.load(band_pre + b).to(tl.int64)
-        nxt = tl.load(band_next + b).to(tl.int64)
+        pre = tl.load(band_pre + b)
+        nxt = tl.load(band_next + b)
         lo_col = tl.maximum(lo_col, m0 - pre)
         hi_col = tl.minimum(hi_col, m_last + nxt + 1)
         full_lo_col = tl.maximum(full_lo_col, m_last - pre)
@@ -317,17 +365,22 @@ def _attention_fwd(
     k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
     v_base = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
     if not K_PADDED:
-        k_base += kv_start * stride_ks
-    v_base += kv_start * stride_vs
-    mean_base = MEAN + b.to(tl.int64) * stride_mb + hk.to(tl.int64) * stride_mh
+        k_base += kv_start.to(tl.int64) * stride_ks
+    v_base += kv_start.to(tl.int64) * stride_vs
+    k_offs = cols[:, None] * stride_ks + dims[None, :] * stride_kd
+    v_offs = cols[:, None] * stride_vs + dims_v[None, :] * stride_vd
+    c_base = C + b.to(tl.int64) * stride_cb + h.to(tl.int64) * stride_ch
     mask_base = MASK + b.to(tl.int64) * stride_xb
 
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     f = tl.zeros([BLOCK_M], tl.float32)
     cnt = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_V], tl.float32)
-    mean = tl.zeros([HEAD_DIM], tl.float32)
+    if ALG == 2 or ALG == 3:
+        acc = tl.zeros([BLOCK_M, HEAD_DIM_V], q.dtype)
+    else:
+        acc = tl.zeros([BLOCK_M, HEAD_DIM_V], tl.float32)
+    c = tl.zeros([BLOCK_M], tl.float32)
 
     for stage in tl.static_range(3):
         if stage == 0:
@@ -337,11 +390,12 @@ def _attention_fwd(
         else:
             start, stop = full_hi, hi
         for blk in range(start, stop):
-            n = blk * BLOCK_N + cols
-            k_ptrs = k_base + n[:, None].to(tl.int64) * stride_ks + dims[None, :] * stride_kd
-            v_ptrs = v_base + n[:, None].to(tl.int64) * stride_vs + dims_v[None, :] * stride_vd
+            n0 = blk * BLOCK_N
+            k_ptrs = k_base + tl.cast(n0, tl.int64) * stride_ks + k_offs
+            v_ptrs = v_base + tl.cast(n0, tl.int64) * stride_vs + v_offs
             if ALG == 5 and not FUSED_SHIFT:
-                mean = tl.load(mean_base + blk * stride_mblk + dims).to(tl.float32)
+                c = tl.load(c_base + tl.cast(blk, tl.int64) * stride_cblk + rows, mask=rows < q_len,
+                            other=0.0)
             if stage == 1:
                 if K_PADDED:
                     k = tl.load(k_ptrs)
@@ -350,10 +404,13 @@ def _attention_fwd(
                 v = tl.load(v_ptrs, mask=dims_v[None, :] < head_dim_v, other=0.0)
                 if FUSED_SHIFT:
                     k, mean = _shift_in_kernel(k, SHIFT, scale, ALG, BLOCK_N)
-                m, l, acc, f, cnt = _block_update(q, k, v, mean, None, m, l, acc, f, cnt,
+                    if ALG == 5:
+                        c = _row_constant(q, mean, scale)
+                m, l, acc, f, cnt = _block_update(q, k, v, c, None, m, l, acc, f, cnt,
                                                   scale, gamma, ALG, False, GUARD, BLOCK_N,
                                                   ROWSUM_MMA)
             else:
+                n = n0 + cols
                 in_kv = n < kv_len
                 if K_PADDED:
                     k = tl.load(k_ptrs)
@@ -364,6 +421,8 @@ def _attention_fwd(
                             other=0.0)
                 if FUSED_SHIFT:
                     k, mean = _shift_in_kernel(k, SHIFT, scale, ALG, BLOCK_N)
+                    if ALG == 5:
+                        c = _row_constant(q, mean, scale)
                 vis = in_kv[None, :] & (rows[:, None] < q_len)
                 if HAS_BAND:
                     vis = vis & (n[None, :] >= rows[:, None] - pre) & (n[None, :] <= rows[:, None] + nxt)
@@ -372,18 +431,18 @@ def _attention_fwd(
                                      + n[None, :] * stride_xk,
                                      mask=(rows[:, None] < q_len) & in_kv[None, :], other=1)
                     vis = vis & (masked == 0)
-                m, l, acc, f, cnt = _block_update(q, k, v, mean, vis, m, l, acc, f, cnt,
+                m, l, acc, f, cnt = _block_update(q, k, v, c, vis, m, l, acc, f, cnt,
                                                   scale, gamma, ALG, True, GUARD, BLOCK_N,
                                                   ROWSUM_MMA)
 
-    o, lse = _finish(m, l, acc, f, cnt, gamma, ALG)
+    o, lse = _finish(m, l, acc.to(tl.float32), f, cnt, gamma, ALG)
     row_ok = rows < q_len
     tl.store(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-             + (q_start + rows)[:, None] * stride_os + dims_v[None, :] * stride_od,
+             + (q_start + rows)[:, None].to(tl.int64) * stride_os + dims_v[None, :] * stride_od,
              o.to(O.dtype.element_ty), mask=row_ok[:, None] & (dims_v[None, :] < head_dim_v))
     if HAS_LSE:
         tl.store(LSE + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh
-                 + (q_start + rows) * stride_ls, lse, mask=row_ok)
+                 + (q_start + rows).to(tl.int64) * stride_ls, lse, mask=row_ok)
 
 
 # --------------------------------------------------------------------------- decode
@@ -409,7 +468,7 @@ def _decode_split(
     hk = bh % n_kv_heads
     q_start = tl.load(q_starts + b).to(tl.int64)
     kv_start = tl.load(kv_starts + b).to(tl.int64)
-    kv_len = tl.load(kv_lens + b).to(tl.int64)
+    kv_len = tl.load(kv_lens + b)
     g = tl.arange(0, BLOCK_G)
     dims = tl.arange(0, HEAD_DIM)
     dims_v = tl.arange(0, HEAD_DIM_V)
@@ -425,8 +484,11 @@ def _decode_split(
     l = tl.zeros([BLOCK_G], tl.float32)
     f = tl.zeros([BLOCK_G], tl.float32)
     cnt = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, HEAD_DIM_V], tl.float32)
-    mean = tl.zeros([HEAD_DIM], tl.float32)
+    if ALG == 2 or ALG == 3:
+        acc = tl.zeros([BLOCK_G, HEAD_DIM_V], q.dtype)
+    else:
+        acc = tl.zeros([BLOCK_G, HEAD_DIM_V], tl.float32)
+    c = tl.zeros([BLOCK_G], tl.float32)
     n_blocks = (kv_len + BLOCK_N - 1) // BLOCK_N
     first = split * blocks_per_split
     last = tl.minimum(first + blocks_per_split, n_blocks)
@@ -439,14 +501,16 @@ def _decode_split(
                     mask=in_kv[:, None] & (dims_v[None, :] < head_dim_v), other=0.0)
         if ALG >= 3:
             k, mean = _shift_in_kernel(k, SHIFT, scale, ALG, BLOCK_N)
+            if ALG == 5:
+                c = _row_constant(q, mean, scale)
         vis = in_kv[None, :] & (g[:, None] < group)
         if HAS_MASK:
             masked = tl.load(MASK + b.to(tl.int64) * stride_xb + n * stride_xk, mask=in_kv,
                              other=1)
             vis = vis & (masked == 0)[None, :]
-        m, l, acc, f, cnt = _block_update(q, k, v, mean, vis, m, l, acc, f, cnt, scale, gamma,
+        m, l, acc, f, cnt = _block_update(q, k, v, c, vis, m, l, acc, f, cnt, scale, gamma,
                                           ALG, True, GUARD, BLOCK_N, ROWSUM_MMA)
-    o, lse = _finish(m, l, acc, f, cnt, gamma, ALG)
+    o, lse = _finish(m, l, acc.to(tl.float32), f, cnt, gamma, ALG)
     base = (bh * n_splits + split).to(tl.int64)
     tl.store(PART_O + (base * BLOCK_G + g[:, None]) * HEAD_DIM_V + dims_v[None, :], o)
     tl.store(PART_LSE + base * BLOCK_G + g, lse)
@@ -512,22 +576,23 @@ def _launch_config(head_dim: int, alg: str, interpret: bool):
         return 16, 1, 1
     if head_dim > 128:
         return 64, 8, 2
-    # pasa-exact's mean tile does not fit a third stage in shared memory at d = 128
-    return 128, 8, 2 if (alg == "pasa-exact" and head_dim > 64) else 3
+    return 128, 8, 3
 
 
 _DEVICE_INTS: dict = {}
 
 
 def _device_ints(values: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """int64 copy of small per-batch metadata on ``device``, cached by value, so that a
+    """int32 copy of small per-batch metadata on ``device``, cached by value, so that a
     repeated call does no host-to-device copy (which would also synchronise the stream)."""
     key = (device, tuple(values.tolist()))
     hit = _DEVICE_INTS.get(key)
     if hit is None:
         if len(_DEVICE_INTS) > 256:
             _DEVICE_INTS.clear()
-        hit = _DEVICE_INTS[key] = values.to(device=device, dtype=torch.int64)
+        if len(values) and int(values.abs().max()) > INT_BIG:
+            raise NotImplementedError(f"the Triton backend indexes in int32; got {values.tolist()}")
+        hit = _DEVICE_INTS[key] = values.to(device=device, dtype=torch.int32)
     return hit
 
 
@@ -600,33 +665,56 @@ def run(problem: AttentionProblem) -> None:
         return
 
     fused = TUNING["shift"] == "fused" and problem.allocation.is_pasa
+    block_m, warps, stages = _launch_config(head_dim_p, alg, interpret)
+    constants = q.new_empty(1, 1, 1, dtype=torch.float32)
     if problem.allocation.is_pasa and not fused:
         k_used, means = _prepare_keys(problem, k, lengths[2], lengths[3], block_n, head_dim_p)
         k_strides = tuple(k_used.stride())
+        if problem.allocation.shift == "exact":
+            constants = _row_constants(problem, q, means, lengths, block_m, head_dim_p,
+                                       packed_stride, interpret)
     else:
         k_used = k
-        means = q.new_empty(1, 1, 1, head_dim_p, dtype=torch.float16)
         k_strides = (packed_stride(k), k.stride(1), k.stride(2), k.stride(3))
     if problem.band is not None:
         band = tuple(_device_ints(t.clamp(-INT_BIG, INT_BIG), dev) for t in problem.band)
     else:
         band = (lengths[1], lengths[1])  # unused
-    block_m, warps, stages = _launch_config(head_dim_p, alg, interpret)
     grid = (triton.cdiv(problem.max_q_len, block_m), problem.batch * q.shape[1])
     _attention_fwd[grid](
-        q, k_used, v, out, lse_arg, means, mask, shift if shift is not None else means,
+        q, k_used, v, out, lse_arg, constants, mask, shift if shift is not None else constants,
         *lengths, *band,
         packed_stride(q), q.stride(1), q.stride(2), q.stride(3),
         *k_strides,
         packed_stride(v), v.stride(1), v.stride(2), v.stride(3),
         packed_stride(out), out.stride(1), out.stride(2), out.stride(3),
         (packed_stride(lse_arg) if lse is not None else 0), lse_arg.stride(1), lse_arg.stride(2),
-        means.stride(0), means.stride(1), means.stride(2),
+        constants.stride(0), constants.stride(1), constants.stride(2),
         *mask_strides,
         q.shape[1], q.shape[1] // k.shape[1], problem.scale, gamma, head_dim, head_dim_v,
         HAS_BAND=problem.band is not None, HAS_LSE=lse is not None,
         K_PADDED=problem.allocation.is_pasa and not fused, FUSED_SHIFT=fused,
-        BLOCK_M=block_m, num_warps=warps, num_stages=stages, **common)
+        BLOCK_M=block_m, num_warps=warps, num_stages=stages, **common, **_fp_options(alg))
+
+
+def _fp_options(alg: str) -> dict:
+    """The all-fp16 allocations round after every operation: no FMA contraction."""
+    return {"enable_fp_fusion": False} if alg in ("fa-fp16", "pasa") else {}
+
+
+def _row_constants(problem, q, means, lengths, block_m, head_dim_p, packed_stride, interpret):
+    """pasa-exact: C[b, h, blk, row] = scale * (Q . mean16), fp32, for the main kernel."""
+    n_blocks = means.shape[2]
+    c = torch.empty(problem.batch, q.shape[1], n_blocks, max(1, problem.max_q_len),
+                    dtype=torch.float32, device=q.device)
+    _block_constants[(triton.cdiv(problem.max_q_len, block_m), problem.batch * q.shape[1])](
+        q, means, c, lengths[0], lengths[1],
+        packed_stride(q), q.stride(1), q.stride(2), q.stride(3),
+        means.stride(0), means.stride(1), means.stride(2),
+        c.stride(0), c.stride(1), c.stride(2),
+        q.shape[1], q.shape[1] // means.shape[1], problem.scale, q.shape[3], n_blocks,
+        BLOCK_M=block_m, HEAD_DIM=head_dim_p, num_warps=1 if interpret else 4)
+    return c
 
 
 def _mask_arg(mask, dev):
@@ -663,8 +751,9 @@ def _run_decode(problem, lengths, mask, mask_strides, shift, lse_arg, gamma, com
         pb(v), v.stride(1), v.stride(2), v.stride(3),
         mask_strides[0], mask_strides[2],
         n_kv, group, problem.scale, gamma, q.shape[3], v.shape[3], blocks_per_split, n_splits,
-        BLOCK_G=block_g, num_warps=1 if interpret else 4, num_stages=1 if interpret else 3,
-        **common)
+        BLOCK_G=block_g, num_warps=1 if interpret else 4,
+        num_stages=1 if interpret else (2 if problem.allocation.is_pasa else 3),
+        **common, **_fp_options(problem.allocation.name))
     _decode_combine[(batch * n_kv,)](
         part_o, part_lse, out, lse_arg, q_starts, q_lens,
         pb(out), out.stride(1), out.stride(2), out.stride(3),

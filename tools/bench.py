@@ -127,7 +127,9 @@ def _row_text(row, algorithms) -> str:
     for name in list(algorithms) + ["sdpa-flash", "sdpa-cudnn"]:
         e = row.get(name, {})
         cells.append(f"{name}={e['tflops']:.0f}" if "tflops" in e else f"{name}=ERR")
-    return head + "  " + " ".join(cells)
+    errors = {row[n]["error"] for n in list(algorithms) + ["sdpa-flash", "sdpa-cudnn"]
+              if "error" in row.get(n, {})}
+    return head + "  " + " ".join(cells) + "".join(f"\n    error: {e}" for e in errors)
 
 
 def markdown(result) -> str:
