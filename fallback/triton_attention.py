@@ -43,11 +43,13 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 INT_BIG = 1 << 30  # stands for "no band limit" (index math is int32)
 
-#: Tuning switches, measured with tools/bench.py (defaults are the faster setting):
-#: ``shift``: how prefill shifts K for PASA, "separate" (one preprocessing pass over K)
-#: or "fused" (recomputed inside every query tile; decode always fuses, as each K block
-#: is read by one program); ``rowsum_mma``: row sums of fp16 tiles on the tensor cores.
-TUNING = {"shift": "separate", "rowsum_mma": True}
+#: Tuning switch, measured with tools/bench.py on an H100 (the default is the faster):
+#: ``shift``: how prefill shifts K for PASA, "separate" (one preprocessing pass over K;
+#: pasa-exact 351 TFLOP/s at d=128, S=16k) or "fused" (recomputed inside every query
+#: tile; 209). Decode always fuses: each K block is read by one program there.
+#: (Row sums of fp16 tiles on the tensor cores were measured too: no gain, and they
+#: overflowed shared memory for pasa; removed.)
+TUNING = {"shift": "separate"}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -83,24 +85,12 @@ GUARD_MAX = tl.constexpr(numerics.GUARD_MAX_OFFSET)
 
 
 @triton.jit
-def _row_sum16(x16, MMA: tl.constexpr):
-    """fp32 row sums of an fp16 tile: on the tensor cores (x16 times a one-hot column;
-    the zero columns add nothing, so the row sum is that column exactly) or on the
-    vector units."""
-    if MMA:
-        col = tl.arange(0, 16)
-        one_hot = tl.where(col[None, :] == 0, 1.0, 0.0).to(x16.dtype)
-        one_hot = tl.broadcast_to(one_hot, (x16.shape[1], 16))
-        return tl.sum(tl.dot(x16, one_hot), 1)
-    return tl.sum(x16.to(tl.float32), 1)
-
-
-@triton.jit
-def _block_update(q, k, v, c, vis, m, l, acc, f, cnt, scale, gamma,
+def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma,
                   ALG: tl.constexpr, MASKED: tl.constexpr, GUARD: tl.constexpr,
-                  BLOCK_N: tl.constexpr, ROWSUM_MMA: tl.constexpr):
+                  BLOCK_N: tl.constexpr):
     """One kv block of online softmax for allocation ALG. Rows that see no key of
-    the block (MASKED only) keep their state. ``c``: pasa-exact's per-row constant
+    the block (MASKED only: ``row_any`` False) keep their state. ``c``: pasa-exact's
+    per-row constant
     scale * (Q . mean16) of this block (fp32). ``acc`` is fp16 for the all-fp16
     allocations (fa-fp16, pasa), whose steps then run as native fp16 operations:
     each rounds once, as the CPU backend's fp32-then-round steps do (the kernels
@@ -135,7 +125,7 @@ def _block_update(q, k, v, c, vis, m, l, acc, f, cnt, scale, gamma,
     elif ALG <= 4:  # pasa (fp16 statistics), pasa-mixed (fp32 statistics)
         sp16 = qk.to(low)
         sp = sp16.to(tl.float32)
-        s_mean = _row_sum16(sp16, ROWSUM_MMA) / BLOCK_N  # all columns M averaged, masked or not
+        s_mean = tl.sum(sp16.to(tl.float32), 1) / BLOCK_N  # all columns M averaged, masked or not
         if ALG == 3:
             s_mean = _rl(s_mean, low)
         if MASKED:
@@ -147,7 +137,7 @@ def _block_update(q, k, v, c, vis, m, l, acc, f, cnt, scale, gamma,
             p16 = tl.exp((sp16 - m_loc.to(low)[:, None]).to(tl.float32)).to(low)
             if MASKED:
                 p16 = tl.where(vis, p16, 0.0)
-            l_loc = _rl(_row_sum16(p16, ROWSUM_MMA), low)
+            l_loc = _rl(tl.sum(p16.to(tl.float32), 1), low)
             f_new = _rl(_rl(_rl((cnt1 - 1.0) * f, low) + s_mean, low) / cnt1, low)
             x = _rl(m + _rl(gamma * _rl(f - f_new, low), low), low)
             y = _rl(m_loc + _rl(gamma * _rl(s_mean - f_new, low), low), low)
@@ -177,17 +167,16 @@ def _block_update(q, k, v, c, vis, m, l, acc, f, cnt, scale, gamma,
         m_new = tl.maximum(m, _guarded_max(sp, rm, vis, MASKED, GUARD, False, low) + c)
         alpha = tl.exp2((m - m_new) * 1.4426950408889634)
         p16 = tl.exp2(sp * 1.4426950408889634 - ((m_new - c) * 1.4426950408889634)[:, None]).to(low)
-        l_new = alpha * l + _row_sum16(p16, ROWSUM_MMA)
+        l_new = alpha * l + tl.sum(p16.to(tl.float32), 1)
         acc_new = acc * alpha[:, None] + _rl(tl.dot(p16, v), low)
         f_new = f
     cnt_new = cnt + 1.0
     if MASKED:
-        has_any = tl.max(vis.to(tl.int32), 1) > 0
-        m_new = tl.where(has_any, m_new, m)
-        l_new = tl.where(has_any, l_new, l)
-        acc_new = tl.where(has_any[:, None], acc_new, acc)
-        f_new = tl.where(has_any, f_new, f)
-        cnt_new = tl.where(has_any, cnt_new, cnt)
+        m_new = tl.where(row_any, m_new, m)
+        l_new = tl.where(row_any, l_new, l)
+        acc_new = tl.where(row_any[:, None], acc_new, acc)
+        f_new = tl.where(row_any, f_new, f)
+        cnt_new = tl.where(row_any, cnt_new, cnt)
     return m_new, l_new, acc_new, f_new, cnt_new
 
 
@@ -286,14 +275,18 @@ def _block_constants(Q, MEAN, C, q_starts, q_lens,
 @triton.jit
 def _shift_in_kernel(k, SHIFT, scale, ALG: tl.constexpr, BLOCK_N: tl.constexpr):
     """The preprocessing of ``_shift_keys`` on a zero-padded raw K tile, inside the
-    attention loop (the fused variant; recomputed for every query tile)."""
+    attention loop (fused: decode, and prefill when TUNING["shift"] == "fused").
+    Returns K' and, for pasa-exact, the block's mean16 (fp32)."""
     if ALG == 5:
         mean16 = (tl.sum(k.to(tl.float32), 0) / BLOCK_N).to(tl.float16)
         shifted = ((k.to(tl.float32) - mean16.to(tl.float32)[None, :]) * scale).to(tl.float16)
-        return shifted, mean16.to(tl.float32)
-    idx = tl.arange(0, BLOCK_N)
-    shift = tl.load(SHIFT + idx[:, None] * BLOCK_N + idx[None, :])
-    return tl.dot(shift, k).to(tl.float16), tl.zeros([k.shape[1]], tl.float32)
+        mean = mean16.to(tl.float32)
+    else:
+        idx = tl.arange(0, BLOCK_N)
+        shift = tl.load(SHIFT + idx[:, None] * BLOCK_N + idx[None, :])
+        shifted = tl.dot(shift, k).to(tl.float16)
+        mean = tl.zeros([k.shape[1]], tl.float32)
+    return shifted, mean
 
 
 # --------------------------------------------------------------------------- prefill
@@ -313,7 +306,6 @@ def _attention_fwd(
     n_heads, group, scale, gamma, head_dim, head_dim_v,
     ALG: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BAND: tl.constexpr, HAS_LSE: tl.constexpr,
     GUARD: tl.constexpr, K_PADDED: tl.constexpr, FUSED_SHIFT: tl.constexpr,
-    ROWSUM_MMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
 ):
     # heaviest tiles first: under causal and band masks the last query tiles see the most keys
@@ -406,9 +398,8 @@ def _attention_fwd(
                     k, mean = _shift_in_kernel(k, SHIFT, scale, ALG, BLOCK_N)
                     if ALG == 5:
                         c = _row_constant(q, mean, scale)
-                m, l, acc, f, cnt = _block_update(q, k, v, c, None, m, l, acc, f, cnt,
-                                                  scale, gamma, ALG, False, GUARD, BLOCK_N,
-                                                  ROWSUM_MMA)
+                m, l, acc, f, cnt = _block_update(q, k, v, c, None, None, m, l, acc, f, cnt,
+                                                  scale, gamma, ALG, False, GUARD, BLOCK_N)
             else:
                 n = n0 + cols
                 in_kv = n < kv_len
@@ -424,16 +415,23 @@ def _attention_fwd(
                     if ALG == 5:
                         c = _row_constant(q, mean, scale)
                 vis = in_kv[None, :] & (rows[:, None] < q_len)
+                # which rows see a key of this block: analytic from the band (1-D work),
+                # from the tile itself only under an explicit mask
+                first = n0 + rows * 0
+                last = tl.minimum(n0 + BLOCK_N, kv_len) - 1
                 if HAS_BAND:
                     vis = vis & (n[None, :] >= rows[:, None] - pre) & (n[None, :] <= rows[:, None] + nxt)
+                    first = tl.maximum(first, rows - pre)
+                    last = tl.minimum(last, rows + nxt)
+                row_any = (first <= last) & (rows < q_len)
                 if HAS_MASK:
                     masked = tl.load(mask_base + rows[:, None].to(tl.int64) * stride_xs
                                      + n[None, :] * stride_xk,
                                      mask=(rows[:, None] < q_len) & in_kv[None, :], other=1)
                     vis = vis & (masked == 0)
-                m, l, acc, f, cnt = _block_update(q, k, v, c, vis, m, l, acc, f, cnt,
-                                                  scale, gamma, ALG, True, GUARD, BLOCK_N,
-                                                  ROWSUM_MMA)
+                    row_any = tl.max(vis.to(tl.int32), 1) > 0
+                m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt,
+                                                  scale, gamma, ALG, True, GUARD, BLOCK_N)
 
     o, lse = _finish(m, l, acc.to(tl.float32), f, cnt, gamma, ALG)
     row_ok = rows < q_len
@@ -457,7 +455,7 @@ def _decode_split(
     stride_vb, stride_vh, stride_vs, stride_vd,
     stride_xb, stride_xk,
     n_kv_heads, group, scale, gamma, head_dim, head_dim_v, blocks_per_split, n_splits,
-    ALG: tl.constexpr, HAS_MASK: tl.constexpr, GUARD: tl.constexpr, ROWSUM_MMA: tl.constexpr,
+    ALG: tl.constexpr, HAS_MASK: tl.constexpr, GUARD: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
 ):
     """One split of the kv blocks for the whole query group of one kv head (query length 1).
@@ -508,8 +506,9 @@ def _decode_split(
             masked = tl.load(MASK + b.to(tl.int64) * stride_xb + n * stride_xk, mask=in_kv,
                              other=1)
             vis = vis & (masked == 0)[None, :]
-        m, l, acc, f, cnt = _block_update(q, k, v, c, vis, m, l, acc, f, cnt, scale, gamma,
-                                          ALG, True, GUARD, BLOCK_N, ROWSUM_MMA)
+        row_any = tl.max(vis.to(tl.int32), 1) > 0
+        m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma,
+                                          ALG, True, GUARD, BLOCK_N)
     o, lse = _finish(m, l, acc.to(tl.float32), f, cnt, gamma, ALG)
     base = (bh * n_splits + split).to(tl.int64)
     tl.store(PART_O + (base * BLOCK_G + g[:, None]) * HEAD_DIM_V + dims_v[None, :], o)
@@ -654,7 +653,7 @@ def run(problem: AttentionProblem) -> None:
     shift = (_cached_shift_matrix(problem.beta, block_n, problem.scale, dev)
              if problem.allocation.shift == "pseudo_average" else None)
     common = dict(ALG=ALG_IDS[alg], HAS_MASK=problem.mask is not None,
-                  GUARD=problem.rounding_guard, ROWSUM_MMA=TUNING["rowsum_mma"],
+                  GUARD=problem.rounding_guard,
                   BLOCK_N=block_n, HEAD_DIM=head_dim_p, HEAD_DIM_V=head_dim_vp)
 
     decode = (problem.max_q_len == 1 and problem.band is None
@@ -695,6 +694,10 @@ def run(problem: AttentionProblem) -> None:
         HAS_BAND=problem.band is not None, HAS_LSE=lse is not None,
         K_PADDED=problem.allocation.is_pasa and not fused, FUSED_SHIFT=fused,
         BLOCK_M=block_m, num_warps=warps, num_stages=stages, **common, **_fp_options(alg))
+
+
+def _decode_stages(alg: str) -> int:
+    return 2 if alg.startswith("pasa") else 3
 
 
 def _fp_options(alg: str) -> dict:
@@ -752,7 +755,7 @@ def _run_decode(problem, lengths, mask, mask_strides, shift, lse_arg, gamma, com
         mask_strides[0], mask_strides[2],
         n_kv, group, problem.scale, gamma, q.shape[3], v.shape[3], blocks_per_split, n_splits,
         BLOCK_G=block_g, num_warps=1 if interpret else 4,
-        num_stages=1 if interpret else (2 if problem.allocation.is_pasa else 3),
+        num_stages=1 if interpret else _decode_stages(problem.allocation.name),
         **common, **_fp_options(problem.allocation.name))
     _decode_combine[(batch * n_kv,)](
         part_o, part_lse, out, lse_arg, q_starts, q_lens,

@@ -7,6 +7,7 @@ about layouts, mask shapes and sparse modes.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import numbers
@@ -180,7 +181,10 @@ def _attention(args: dict, golden: bool) -> tuple[torch.Tensor, torch.Tensor]:
     if low != query.dtype and not golden:
         q, k, v = (_to_fp16_checked(t, name) for t, name in ((q, "query"), (k, "key"), (v, "value")))
 
-    out, out_view = _allocate_output(q, v, out_layout, out_dtype)
+    # every row a backend does not write (past a query length, between packed sequences)
+    # must read 0; when every row is written, skip the fill
+    covered = not packed and bool((q_lens == q.shape[2]).all())
+    out, out_view = _allocate_output(q, v, out_layout, out_dtype, zero=not covered)
     want_lse = args["softmax_lse_flag"]
     lse, lse_view = _allocate_lse(q, packed, lse_dtype) if want_lse else (None, None)
     if q.numel() == 0 or out.numel() == 0:
@@ -212,6 +216,8 @@ def _is_default(value, default) -> bool:
 
 
 def _int_arg(value, name: str, minimum: int) -> int:
+    if type(value) is int and value >= minimum:  # the common case, without ABC checks
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {_describe(value)}")
     if value < minimum:
@@ -288,7 +294,7 @@ def _lengths(args, q, k, packed):
                              f"batch from their length)")
         return q_lens, q_starts, kv_lens, kv_starts
     batch = q.shape[0]
-    zeros = torch.zeros(batch, dtype=torch.int64)
+    zeros = _zero_starts(batch)
     return (_per_batch(args["actual_seq_lengths"], "actual_seq_lengths", batch, q.shape[2]), zeros,
             _per_batch(args["actual_seq_lengths_kv"], "actual_seq_lengths_kv", batch, k.shape[2]),
             zeros)
@@ -306,9 +312,20 @@ def _int_list(value, name: str) -> list[int]:
     return [int(x) for x in value]
 
 
+@functools.lru_cache(maxsize=256)
+def _full_lengths(batch: int, full: int) -> torch.Tensor:
+    """Shared, never written: every batch at the tensor's full length."""
+    return torch.full((batch,), full, dtype=torch.int64)
+
+
+@functools.lru_cache(maxsize=256)
+def _zero_starts(batch: int) -> torch.Tensor:
+    return torch.zeros(batch, dtype=torch.int64)
+
+
 def _per_batch(value, name: str, batch: int, full: int) -> torch.Tensor:
     if value is None:
-        return torch.full((batch,), full, dtype=torch.int64)
+        return _full_lengths(batch, full)
     lens = _int_list(value, name)
     if len(lens) == 1:
         lens = lens * batch
@@ -517,27 +534,28 @@ def _dense_mask(mask: torch.Tensor, batch: int, s_q: int, s_kv: int) -> torch.Te
 # --------------------------------------------------------------------------- outputs
 
 
-def _allocate_output(q, v, out_layout, dtype):
+def _allocate_output(q, v, out_layout, dtype, zero: bool):
     """The output tensor in ``out_layout`` and its canonical (Bt, N, S, Dv) view."""
     bt, n, s, _ = q.shape
     d_v = v.shape[3]
     kw = dict(dtype=dtype, device=q.device)
+    new = torch.zeros if zero else torch.empty
     if out_layout == "BSH":
-        out = torch.zeros(bt, s, n * d_v, **kw)
+        out = new(bt, s, n * d_v, **kw)
         return out, out.view(bt, s, n, d_v).permute(0, 2, 1, 3)
     if out_layout == "BSND":
-        out = torch.zeros(bt, s, n, d_v, **kw)
+        out = new(bt, s, n, d_v, **kw)
         return out, out.permute(0, 2, 1, 3)
     if out_layout == "BNSD":
-        out = torch.zeros(bt, n, s, d_v, **kw)
+        out = new(bt, n, s, d_v, **kw)
         return out, out
     if out_layout == "NBSD":
-        out = torch.zeros(n, bt, s, d_v, **kw)
+        out = new(n, bt, s, d_v, **kw)
         return out, out.permute(1, 0, 2, 3)
     if out_layout == "TND":
-        out = torch.zeros(s, n, d_v, **kw)
+        out = new(s, n, d_v, **kw)
         return out, out.permute(1, 0, 2).unsqueeze(0)
-    out = torch.zeros(n, s, d_v, **kw)  # NTD
+    out = new(n, s, d_v, **kw)  # NTD
     return out, out.unsqueeze(0)
 
 
@@ -563,6 +581,8 @@ def _fix_rows(problem: AttentionProblem, value: torch.Tensor, inner_precise: int
         problem.lse.masked_fill_(past[:, None].to(problem.lse.device), 0.0)
     if inner_precise & 2:
         return
+    if problem.mask is None and not bool(_may_have_empty_rows(problem).any()):
+        return
     empty = _rows_without_keys(problem)
     if not bool(empty.any()):
         return
@@ -580,6 +600,17 @@ def _fix_rows(problem: AttentionProblem, value: torch.Tensor, inner_precise: int
     dev = problem.out.device
     problem.out[tb.to(dev), :, pos.to(dev)] = means[b_idx.to(means.device)].to(
         problem.out.dtype).to(dev)
+
+
+def _may_have_empty_rows(problem: AttentionProblem) -> torch.Tensor:
+    """Per batch, O(B): can a row inside the query length see no key (band and lengths
+    only)? Row i sees [max(0, i - pre), min(kv_len - 1, i + next)]."""
+    kv, q = problem.kv_lens, problem.q_lens
+    possible = (kv == 0) & (q > 0)
+    if problem.band is not None:
+        pre, nxt = problem.band
+        possible |= (q > 0) & ((nxt < 0) | (q - 1 - pre > kv - 1))
+    return possible
 
 
 def _rows_without_keys(problem: AttentionProblem) -> torch.Tensor:

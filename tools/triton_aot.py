@@ -1,0 +1,106 @@
+"""Compile the Triton kernels ahead of time for a CUDA target, without a GPU.
+
+``python -m pasa_npu.tools.triton_aot`` compiles every prefill and decode variant for
+sm_90 (H100) with Triton's bundled ptxas and prints, per variant, shared memory,
+registers, spill stores and local memory (from the bundled cuobjdump). It catches
+compile errors and shared-memory overflows on machines with no GPU, and shows the
+register pressure of a change before any device time is spent.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from pasa_npu.fallback import triton_attention as ta
+
+SHARED_LIMIT = 232448  # bytes per block on sm_90
+ALGS = ta.ALG_IDS
+POINTERS = {
+    "_attention_fwd": dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", C="*fp32",
+                           MASK="*u8", SHIFT="*fp16", q_starts="*i32", q_lens="*i32",
+                           kv_starts="*i32", kv_lens="*i32", band_pre="*i32", band_next="*i32"),
+    "_decode_split": dict(Q="*fp16", K="*fp16", V="*fp16", MASK="*u8", SHIFT="*fp16",
+                          PART_O="*fp32", PART_LSE="*fp32", q_starts="*i32", kv_starts="*i32",
+                          kv_lens="*i32"),
+}
+FLOATS = ("scale", "gamma")
+
+
+def compile_variant(kernel: str, consts: dict, num_warps: int, num_stages: int,
+                    fp_fusion: bool = True, arch: int = 90):
+    fn = getattr(ta, kernel)
+    sig = {}
+    for name in fn.arg_names:
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name in POINTERS[kernel]:
+            sig[name] = POINTERS[kernel][name]
+        else:
+            sig[name] = "fp32" if name in FLOATS else "i32"
+    src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options=dict(num_warps=num_warps, num_stages=num_stages,
+                                       enable_fp_fusion=fp_fusion))
+
+
+def resource_usage(compiled) -> dict:
+    """REG, STACK, LOCAL from cuobjdump on the cubin (empty dict if cuobjdump is missing)."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                        "cuobjdump")
+    if not os.path.exists(tool):
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True,
+                              text=True).stdout
+    return {k: int(v) for k, v in re.findall(r"(REG|STACK|LOCAL):(\d+)", text)}
+
+
+def variants(head_dim: int = 128):
+    for alg, alg_id in ALGS.items():
+        for causal in (False, True):
+            consts = dict(ALG=alg_id, HAS_MASK=False, HAS_BAND=causal, HAS_LSE=False,
+                          GUARD=False, K_PADDED=alg.startswith("pasa"), FUSED_SHIFT=False,
+                          BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
+            block_m, warps, stages = ta._launch_config(head_dim, alg, False)
+            yield ("_attention_fwd", f"{alg} {'causal' if causal else 'full'} d={head_dim}",
+                   dict(consts, BLOCK_M=block_m), warps, stages, ta._fp_options(alg) == {})
+        consts = dict(ALG=alg_id, HAS_MASK=False, GUARD=False, BLOCK_G=16, BLOCK_N=128,
+                      HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
+        yield ("_decode_split", f"{alg} decode d={head_dim}", consts, 4,
+               ta._decode_stages(alg), ta._fp_options(alg) == {})
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="triton_aot", description=__doc__.splitlines()[0])
+    parser.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    args = parser.parse_args(argv)
+    failed = 0
+    for d in args.dims:
+        for kernel, label, consts, warps, stages, fusion in variants(d):
+            try:
+                compiled = compile_variant(kernel, consts, warps, stages, fusion)
+            except Exception as err:  # report every variant, then fail
+                failed += 1
+                print(f"{label:32s} ERROR {str(err).splitlines()[0][:200]}")
+                continue
+            use = resource_usage(compiled)
+            smem = compiled.metadata.shared
+            flag = "  OVER SHARED LIMIT" if smem > SHARED_LIMIT else ""
+            print(f"{label:32s} smem {smem:7d}  regs {use.get('REG', '?'):>4}  "
+                  f"stack {use.get('STACK', '?'):>4}  local {use.get('LOCAL', '?'):>4}{flag}")
+            failed += bool(flag)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
