@@ -1,17 +1,21 @@
 """Every Triton kernel variant compiles for the H100 (sm_90) and fits its shared memory,
-checked without a GPU through Triton's own compiler and ptxas."""
+checked without a GPU through Triton's own compiler and ptxas (tools/triton_aot.py).
+Runs in a subprocess: the tests' Triton interpreter would replace the compiler here."""
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 
-triton = pytest.importorskip("triton", reason="triton is not installed")
-aot = pytest.importorskip("pasa_npu.tools.triton_aot")
-
-VARIANTS = list(aot.variants(128))
+pytest.importorskip("triton", reason="triton is not installed")
 
 
-@pytest.mark.parametrize("kernel,label,consts,warps,stages,fusion", VARIANTS,
-                         ids=[v[1] for v in VARIANTS])
-def test_compiles_for_sm90(kernel, label, consts, warps, stages, fusion):
-    compiled = aot.compile_variant(kernel, consts, warps, stages, fusion)
-    assert compiled.metadata.shared <= aot.SHARED_LIMIT, compiled.metadata.shared
+def test_every_kernel_variant_compiles_for_sm90():
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    run = subprocess.run([sys.executable, "-m", "pasa_npu.tools.triton_aot", "--dims", "128"],
+                         capture_output=True, text=True, env=env, timeout=900)
+    report = "\n".join(line for line in run.stdout.splitlines() if "d=128" in line)
+    assert run.returncode == 0, report + run.stderr[-2000:]
+    assert report.count("smem") == 18, report  # 6 allocations x (full, causal, decode)
