@@ -147,9 +147,9 @@ def test_row_rules(inner_precise, backend):
     Rows past actual_seq_lengths: 0 output and 0 LSE."""
     q, k, v = _bnsd(b=2, s1=60, s2=100)
     mask = torch.zeros(2, 1, 60, 100, dtype=torch.bool)
-    dq, dk, dv, dmask = on_device(backend, q, k, v, mask)
     mask[:, :, 5] = True
     mask[1, :, 10, :40] = True  # row 10 of batch 1 sees nothing in its 40 valid keys
+    dq, dk, dv, dmask = on_device(backend, q, k, v, mask)
     kw = dict(num_heads=2, input_layout="BNSD", scale=0.2, atten_mask=dmask,
               actual_seq_lengths=[60, 50], actual_seq_lengths_kv=[100, 40],
               inner_precise=inner_precise, softmax_lse_flag=True, backend=backend,
