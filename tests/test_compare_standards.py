@@ -120,4 +120,7 @@ def test_bias_findings():
     assert "removed by it" in finding(_row(1e-3, 1e-5, False), _row(1e-6, 2e-6, True))
     text = finding(_row(1e-3, 1e-5, False), _row(2e-4, 1e-5, True))
     assert "NOT removed" in text and "5x smaller" in text
-    assert "no significant bias" in finding(_row(1e-6, 2e-6, False), _row(1e-6, 2e-6, True))
+    assert "no significant bias with or without" in finding(_row(1e-6, 2e-6, False),
+                                                            _row(1e-6, 2e-6, True))
+    assert "the guard introduces one" in finding(_row(1e-6, 2e-6, False), _row(-4e-4, 2e-5, True))
+    assert "3x LARGER with it" in finding(_row(-2e-4, 1e-5, False), _row(-6e-4, 2e-5, True))

@@ -135,15 +135,22 @@ def run_bias(allocations: list[str], dtypes: list[torch.dtype], setup: BiasSetup
 
 
 def finding(off: BiasRow, on: BiasRow) -> str:
-    """One sentence on what the guard did to the bias of one configuration."""
+    """One sentence on what the guard did to the bias of one configuration; "significant"
+    means the 95% confidence interval excludes 0."""
     def fmt(r):
         return f"{r.bias:+.3g} ± {r.ci95:.2g}"
+    if not off.significant and not on.significant:
+        return f"no significant bias with or without the guard ({fmt(off)}; {fmt(on)})"
     if not off.significant:
-        return f"no significant bias without the guard ({fmt(off)})"
+        return (f"no significant bias without the guard ({fmt(off)}), but the guard introduces "
+                f"one ({fmt(on)})")
     if not on.significant:
         return f"bias {fmt(off)} without the guard, removed by it ({fmt(on)}: CI contains 0)"
-    return (f"bias {fmt(off)} without the guard, {abs(off.bias / on.bias):.2g}x smaller with it "
-            f"but NOT removed ({fmt(on)})")
+    ratio = abs(off.bias / on.bias)
+    if ratio >= 1:
+        return (f"bias {fmt(off)} without the guard, {ratio:.2g}x smaller with it but NOT "
+                f"removed ({fmt(on)})")
+    return f"bias {fmt(off)} without the guard, {1 / ratio:.2g}x LARGER with it ({fmt(on)})"
 
 
 def pairs(rows: list[BiasRow]) -> list[tuple[BiasRow, BiasRow]]:
