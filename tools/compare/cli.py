@@ -295,6 +295,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("pasa-compare: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout closed early (| head): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":
