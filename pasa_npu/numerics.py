@@ -97,7 +97,7 @@ DEFAULT_TILING = Tiling()
 
 # Optimal-accuracy starting point for beta (paper §2.3; the paper adopts the
 # solution from 1 - 2**-6). Measured on the CPU backend (tools/inputs.py cases,
-# scale 1/sqrt(128), `pasa-sweep --heads 16 --beta0 0.9375`): from 1 - 2**-4 most
+# scale 1/sqrt(128), `pasa-compare sweep --paper-shape --beta0 0.9375`): from 1 - 2**-4 most
 # random sweep cases are more accurate (pasa up to 16%, pasa-mixed up to 2x), but
 # pasa overflows (46% NaN) on the resonance case with scores
 # ~1e5, which 1 - 2**-6 keeps finite. Overflow-freedom comes first.

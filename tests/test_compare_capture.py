@@ -1,0 +1,107 @@
+"""``pasa-compare capture`` on a tiny Llama built from a config (no download)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed "
+                                   "(pip install 'pasa-npu[compare]')")
+
+from _support import naive_attention  # noqa: E402
+
+from pasa_npu.tools.compare.capture import items_from_captures, record_attention  # noqa: E402
+from pasa_npu.tools.compare.cli import main  # noqa: E402
+
+WORDS = "the quick brown fox jumps over lazy dog . a an of to and in".split()
+
+
+def _tiny_llama(layers=2):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=len(WORDS) + 1, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=256)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(WORDS)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    _tiny_llama().save_pretrained(path)
+    _tokenizer().save_pretrained(path)
+    return path
+
+
+def test_captured_inputs_reproduce_the_models_attention():
+    """What was recorded is what attention computed on: an independent fp64 attention of
+    the captured Q/K/V (causal, GQA, the model's scale) gives the model's own output."""
+    model = _tiny_llama()
+    ids = torch.randint(1, len(WORDS) + 1, (1, 37), generator=torch.Generator().manual_seed(1))
+    captures = record_attention(model, ids, [0, 1])
+    assert [c.layer for c in captures] == [0, 1]
+    assert model.config._attn_implementation != "pasa_compare_capture"   # switched back
+    for c in captures:
+        assert c.query.shape == (1, 4, 37, 16) and c.key.shape == (1, 2, 37, 16)
+        assert c.scale == 16 ** -0.5
+        visible = ~c.masked
+        assert torch.equal(visible[0], torch.tril(torch.ones(37, 37, dtype=torch.bool)))
+        ref = naive_attention(c.query, c.key, c.value, c.scale, visible)
+        err = (c.output.double() - ref).norm() / ref.norm()
+        assert err < 1e-5, (c.layer, float(err))
+    # the capture leaves the model's forward pass unchanged
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+    captures_again = record_attention(model, ids, [1])
+    assert torch.equal(captures_again[0].key, captures[1].key)
+    items = items_from_captures(captures)
+    assert items[0].dtype == torch.float16 and items[0].mask is not None
+    assert torch.isfinite(plain).all()
+
+
+def test_capture_end_to_end(model_dir, tmp_path):
+    out = tmp_path / "out"
+    rc = main(["capture", str(model_dir), "--prompt", "the quick brown fox jumps over the lazy "
+               "dog . " * 4, "--layers", "0", "1", "--allocations", "fa-fp32", "fa-fp16s", "pasa",
+               "pasa-exact", "--quiet", "--out", str(out)])
+    assert rc == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert [it["name"] for it in doc["items"]] == ["layer 0", "layer 1"]
+    assert doc["items"][0]["shape"] == [1, 4, 40, 16] and doc["items"][0]["kv_heads"] == 2
+    assert doc["items"][0]["masked"] is True
+    labels = {r["candidate"] for r in doc["records"]}
+    assert labels == {"fa-fp32", "fa-fp16s", "pasa", "pasa-exact", "sdpa"}
+    for r in doc["records"]:
+        assert r["status"] == "ok" and r["metrics"]["nonfinite_pct"] == 0
+        assert r["metrics"]["rel_rmse"] < 1.2e-2, r   # tests/_support.py's loosest fp16 bound
+        assert len(r["heads"]["rel_rmse"]) == 4
+    for name in ("results.csv", "per_head.csv", "summary.md", "rmse_by_head.png",
+                 "rmse_by_item.png"):
+        assert (out / name).stat().st_size > 0
+
+
+def test_capture_with_token_ids_and_bad_layers(model_dir, tmp_path, capsys):
+    rc = main(["capture", str(model_dir), "--token-ids", "1", "2", "3", "4", "5", "6",
+               "--layers", "1", "--allocations", "fa-fp32", "--third-party", "--no-plots",
+               "--quiet", "--out", str(tmp_path / "o")])
+    assert rc == 0
+    capsys.readouterr()
+    for argv, needle in (
+        (["--layers", "2"], "--layers 2: out of range; the model has 2 layers (0 to 1)"),
+        (["--layers", "-1"], "--layers -1: out of range"),
+        (["--token-ids", "99"], f"--token-ids must lie in [0, {len(WORDS) + 1})"),
+    ):
+        rc = main(["capture", str(model_dir)] + argv + ["--quiet", "--out", str(tmp_path / "e")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and needle in err[0], err
+    rc = main(["capture", str(tmp_path / "no-model")])
+    assert rc == 2 and "model directory not found" in capsys.readouterr().err

@@ -1,0 +1,137 @@
+"""What gets compared: precision allocations x backends, and third-party baselines.
+
+An allocation candidate runs ``pasa_npu.fused_attention(algorithm=..., backend=...)``
+on the item. Third-party candidates run where installed:
+
+* ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` in the item's
+  dtype on the chosen device (whatever kernel torch picks there);
+* ``npu-ip0`` / ``npu-ip1``: ``torch_npu.npu_fused_infer_attention_score`` with
+  ``inner_precise`` 0 (high precision) / 1 (high performance), on an NPU.
+
+Backends are discovered through :func:`pasa_npu.backends.available_backends`.
+A candidate that cannot run here is reported with the reason, never dropped
+silently.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+import pasa_npu
+from pasa_npu import backends as registry
+
+from .errors import CompareError
+from .inputs import Item
+
+THIRD_PARTY = ("sdpa", "npu-ip0", "npu-ip1")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One implementation to compare. ``allocation``/``backend`` are set for
+    pasa_npu candidates, ``None`` for third-party ones."""
+
+    label: str
+    allocation: Optional[str] = None
+    backend: Optional[str] = None
+    device: str = "cpu"
+    beta: Optional[float] = None
+    rounding_guard: bool = False
+
+    @property
+    def third_party(self) -> bool:
+        return self.allocation is None
+
+    def run(self, item: Item) -> torch.Tensor:
+        """The candidate's output for ``item``: (B, Nq, S1, D) in the item's dtype, on CPU."""
+        if self.label == "sdpa":
+            return _sdpa(item, self.device)
+        if self.label.startswith("npu-ip"):
+            return _npu(item, int(self.label[-1]))
+        q, k, v = (t.to(self.device) for t in (item.query, item.key, item.value))
+        kw = item.npu_kwargs()
+        if "atten_mask" in kw:
+            kw["atten_mask"] = kw["atten_mask"].to(self.device)
+        shifted = pasa_npu.ALLOCATIONS[self.allocation].shift == "pseudo_average"
+        out, _ = pasa_npu.fused_attention(q, k, v, algorithm=self.allocation, backend=self.backend,
+                                          beta=self.beta if shifted else None,
+                                          rounding_guard=self.rounding_guard, **kw)
+        return out.cpu()
+
+
+def _sdpa(item: Item, device: str) -> torch.Tensor:
+    q, k, v = (t.to(device) for t in (item.query, item.key, item.value))
+    mask = None if item.mask is None else (~item.mask).unsqueeze(1).to(device)  # True = attend
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=item.scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    return out.cpu()
+
+
+def _npu(item: Item, inner_precise: int) -> torch.Tensor:  # pragma: no cover - needs an NPU
+    import torch_npu
+
+    q, k, v = (t.to("npu") for t in (item.query, item.key, item.value))
+    kw = item.npu_kwargs()
+    if "atten_mask" in kw:
+        kw["atten_mask"] = kw["atten_mask"].to("npu")
+    out, _ = torch_npu.npu_fused_infer_attention_score(q, k, v, inner_precise=inner_precise, **kw)
+    return out.cpu()
+
+
+def third_party_unavailable(name: str, device: str) -> Optional[str]:
+    """None when third-party candidate ``name`` can run here, else why not."""
+    if name == "sdpa":
+        return None
+    if importlib.util.find_spec("torch_npu") is None:
+        return "torch_npu is not installed"
+    try:
+        import torch_npu  # noqa: F401  (registers torch.npu)
+    except Exception as err:  # a broken install: say so instead of failing the run
+        return f"torch_npu failed to import: {str(err).splitlines()[0] if str(err) else err!r}"
+    if not (hasattr(torch, "npu") and torch.npu.is_available()):
+        return "torch_npu is installed but no NPU device is visible"
+    return None
+
+
+def build(allocations: list[str], backend_names: Optional[list[str]], third_party: list[str],
+          device: str = "cpu", beta: Optional[float] = None, rounding_guard: bool = False,
+          ) -> tuple[list[Candidate], dict[str, str]]:
+    """The candidates to run and, for those that cannot run here, the reason.
+
+    ``backend_names`` None means every backend available on ``device``. Unknown
+    allocation, backend or third-party names, and a backend that was asked for
+    by name but is not available here, raise :class:`CompareError`.
+    """
+    for name in allocations:
+        if name not in pasa_npu.ALGORITHM_NAMES:
+            raise CompareError(f"unknown allocation {name!r}; expected one of "
+                               f"{', '.join(pasa_npu.ALGORITHM_NAMES)}")
+    here = registry.available_backends(device)
+    known = [b for b in registry.BACKEND_NAMES if b != "auto"]
+    if backend_names is None:
+        backend_names = here
+    for name in backend_names:
+        if name not in known:
+            raise CompareError(f"unknown backend {name!r}; expected one of {', '.join(known)}")
+        if name not in here:
+            raise CompareError(f"backend {name!r} is not available on {device} here; available: "
+                               f"{', '.join(here) or 'none'}")
+    for name in third_party:
+        if name not in THIRD_PARTY:
+            raise CompareError(f"unknown third-party candidate {name!r}; expected one of "
+                               f"{', '.join(THIRD_PARTY)}")
+    several = len(backend_names) > 1
+    candidates = [Candidate(f"{a}@{b}" if several else a, a, b, device, beta, rounding_guard)
+                  for b in backend_names for a in allocations]
+    skipped = {}
+    for name in third_party:
+        reason = third_party_unavailable(name, device)
+        if reason is None:
+            candidates.append(Candidate(name, device="npu" if name.startswith("npu") else device))
+        else:
+            skipped[name] = reason
+    return candidates, skipped
