@@ -62,22 +62,72 @@ def test_resonance_pasa_exact(magnitude):
 
 
 GPU_BACKENDS = [name for name, dev in __import__("_support").BACKEND_DEVICES if dev == "cuda"]
+GPU_CASES = UNIQUE + [Case("resonance", 0, 3e4)]
+# fa-fp32's error on these inputs is set by the fp32 accumulation of QK^T (sums ~1e5), and
+# tensor cores do not round that accumulation to nearest: test_tensor_core_accumulation
+# measures it. PASA's shift keeps the sums small, which is why only fa-fp32 is affected.
+COARSER_ON_GPU = {("hybrid x0=30 Am=10", "fa-fp32")}
+
+
+def _gpu_params():
+    for case in GPU_CASES:
+        for name in pasa_npu.ALGORITHM_NAMES:
+            marks = ()
+            if (case.label, name) in COARSER_ON_GPU:
+                marks = pytest.mark.xfail(strict=True, reason="tensor-core fp32 accumulation "
+                                          "of QK^T is coarser than the CPU's round-to-nearest")
+            yield pytest.param(case, name, marks=marks, id=f"{case.label}-{name}")
+
+
+@pytest.fixture(scope="module")
+def paper_golden():
+    cache = {}
+
+    def get(case):
+        if case.label not in cache:
+            q, k, v = case.make(PAPER_SHAPE, seed=0)
+            cache[case.label] = (q, k, v, pasa_npu.reference_attention(q, k, v, **KW)[0])
+        return cache[case.label]
+    return get
 
 
 @pytest.mark.skipif(not GPU_BACKENDS, reason="no GPU backend on this machine (needs CUDA)")
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
-@pytest.mark.parametrize("case", UNIQUE + [Case("resonance", 0, 3e4)],
-                         ids=[c.label for c in UNIQUE] + ["resonance"])
-def test_gpu_backend_matches_cpu_on_paper_cases(case, backend):
+@pytest.mark.parametrize("case,name", list(_gpu_params()))
+def test_gpu_backend_matches_cpu_on_paper_cases(case, name, backend, paper_golden):
     """Relative RMSE within 1.5x of the CPU backend's, and no NaN where it has none."""
-    q, k, v = case.make(PAPER_SHAPE, seed=0)
-    gold, _ = pasa_npu.reference_attention(q, k, v, **KW)
-    for name in pasa_npu.ALGORITHM_NAMES:
-        cpu, _ = pasa_npu.fused_attention(q, k, v, algorithm=name, **KW)
-        gpu, _ = pasa_npu.fused_attention(q.cuda(), k.cuda(), v.cuda(), algorithm=name,
-                                          backend=backend, **KW)
-        gpu = gpu.cpu()
-        if torch.isfinite(cpu).all():
-            assert torch.isfinite(gpu).all(), name
-            cpu_err, gpu_err = relative_rmse(cpu, gold), relative_rmse(gpu, gold)
-            assert gpu_err <= 1.5 * cpu_err, f"{name}: GPU {gpu_err:.3e} vs CPU {cpu_err:.3e}"
+    q, k, v, gold = paper_golden(case)
+    cpu, _ = pasa_npu.fused_attention(q, k, v, algorithm=name, **KW)
+    gpu, _ = pasa_npu.fused_attention(q.cuda(), k.cuda(), v.cuda(), algorithm=name,
+                                      backend=backend, **KW)
+    gpu = gpu.cpu()
+    if torch.isfinite(cpu).all():
+        assert torch.isfinite(gpu).all(), name
+        cpu_err, gpu_err = relative_rmse(cpu, gold), relative_rmse(gpu, gold)
+        assert gpu_err <= 1.5 * cpu_err, f"{name}: GPU {gpu_err:.3e} vs CPU {cpu_err:.3e}"
+
+
+@pytest.mark.skipif(not GPU_BACKENDS, reason="no GPU on this machine (needs CUDA)")
+def test_tensor_core_accumulation_is_coarser_than_round_to_nearest():
+    """The fact behind COARSER_ON_GPU: QK^T of the hybrid x0=30 case through tl.dot
+    (fp16 operands, fp32 accumulation) against fp32 round-to-nearest accumulation."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def scores(Q, K, S, N: tl.constexpr, D: tl.constexpr):
+        r = tl.program_id(0) * 128 + tl.arange(0, 128)
+        c = tl.program_id(1) * 128 + tl.arange(0, 128)
+        d = tl.arange(0, D)
+        a = tl.load(Q + r[:, None] * D + d[None, :])
+        b = tl.load(K + c[:, None] * D + d[None, :])
+        tl.store(S + r[:, None] * N + c[None, :], tl.dot(a, tl.trans(b)))
+
+    q, k, _ = Case("hybrid", 30, 10).make((1, 1, 1280, 128), seed=0)
+    q, k = q[0, 0].contiguous(), k[0, 0].contiguous()
+    exact = q.double() @ k.double().T
+    cpu = (q.float() @ k.float().T).double()
+    out = torch.empty(1280, 1280, device="cuda")
+    scores[(10, 10)](q.cuda(), k.cuda(), out, N=1280, D=128, num_warps=8)
+    rms = lambda x: float((x - exact).pow(2).mean().sqrt())  # noqa: E731
+    assert rms(out.cpu().double()) > 1.5 * rms(cpu)
