@@ -74,16 +74,24 @@ def _importable(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def available_backends(device: str = "cpu") -> list[str]:
-    """Names of the backends that can run on ``device`` in this environment."""
+def available_backends(device: str = "cpu", emulated: bool = False) -> list[str]:
+    """Names of the backends that can run on ``device`` in this environment.
+
+    ``emulated``: also those that run here only through an emulator (Triton's CPU
+    interpreter): correct but slow, for tests; never picked by default.
+    """
     names = []
     for name, backend in BACKENDS.items():
-        if backend.unavailable_reason(torch.device(device)) is None:
-            try:
-                backend.runner()
-            except ImportError:
-                continue
-            names.append(name)
+        dev = torch.device(device)
+        if backend.unavailable_reason(dev) is not None:
+            continue
+        if not emulated and name == "triton" and dev.type == "cpu":
+            continue
+        try:
+            backend.runner()
+        except ImportError:
+            continue
+        names.append(name)
     return names
 
 

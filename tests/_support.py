@@ -15,7 +15,7 @@ INT_MAX = 2147483647
 def _backend_devices() -> list[tuple[str, str]]:
     """(backend, device) pairs to test here: CPU backends on CPU; Triton on the GPU when
     there is one, else through the interpreter on CPU."""
-    pairs = [(name, "cpu") for name in available_backends("cpu")]
+    pairs = [(name, "cpu") for name in available_backends("cpu", emulated=True)]
     if torch.cuda.is_available():
         pairs = [(n, d) for n, d in pairs if n != "triton"]
         pairs += [(name, "cuda") for name in available_backends("cuda") if name != "torch"]

@@ -70,7 +70,7 @@ def test_unknown_allocation_backend_baseline(qkv_file, capsys):
 
 def test_backend_not_available_here(qkv_file, capsys):
     from pasa_npu.backends import available_backends
-    missing = [b for b in ("triton", "ascendc-emu", "npu") if b not in available_backends("cpu")]
+    missing = [b for b in ("triton", "ascendc-emu", "npu") if b not in available_backends("cpu", emulated=True)]
     if not missing:
         pytest.skip("every planned backend is available on CPU here")
     _fails(["file", qkv_file, "--backends", missing[0]], capsys, f"backend '{missing[0]}'",

@@ -110,10 +110,10 @@ def build(allocations: list[str], backend_names: Optional[list[str]], third_part
         if name not in pasa_npu.ALGORITHM_NAMES:
             raise CompareError(f"unknown allocation {name!r}; expected one of "
                                f"{', '.join(pasa_npu.ALGORITHM_NAMES)}")
-    here = registry.available_backends(device)
+    here = registry.available_backends(device, emulated=True)
     known = [b for b in registry.BACKEND_NAMES if b != "auto"]
-    if backend_names is None:
-        backend_names = here
+    if backend_names is None:  # emulators (Triton's CPU interpreter) only when asked for
+        backend_names = registry.available_backends(device)
     for name in backend_names:
         if name not in known:
             raise CompareError(f"unknown backend {name!r}; expected one of {', '.join(known)}")
