@@ -37,6 +37,8 @@ BACKENDS: dict[str, Backend] = {
     for b in (
         Backend("torch", "pasa_npu.fallback.torch_blockwise", ("cpu", "cuda"),
                 "blockwise PyTorch emulation of every allocation (CPU reference backend)"),
+        Backend("ascendc-emu", "pasa_npu.ascendc_emu", ("cpu",),
+                "the AscendC kernels of ascend_kernels/ run on CPU against the emulated AscendC API"),
     )
 }
 
