@@ -54,11 +54,12 @@ def unsupported_reason(problem: AttentionProblem) -> Optional[str]:
                     "ascendc-emu kernels; only the causal band of sparse modes 2 and 3")
     if problem.rounding_guard:
         return "rounding_guard=True is not supported by the ascendc-emu kernels"
-    if problem.query.dtype != torch.float16:
-        return (f"the ascendc-emu kernels compute in fp16; algorithm {alloc!r} with "
-                f"{problem.query.dtype} inputs is not supported")
-    if problem.out.dtype not in (torch.float16, torch.bfloat16):
-        return f"output dtype {problem.out.dtype} is not supported by the ascendc-emu kernels"
+    in_dtype, out_dtype = problem.query.dtype, problem.out.dtype
+    if in_dtype not in (torch.float16, torch.bfloat16) or out_dtype not in (torch.float16, torch.bfloat16):
+        return f"dtypes {in_dtype} -> {out_dtype} are not supported by the ascendc-emu kernels"
+    if in_dtype == torch.bfloat16 and (alloc != "fa-fp32" or out_dtype != torch.bfloat16):
+        return f"bf16 inputs are supported for fa-fp32 only, not for {alloc!r}"
+
     d, d_v = problem.query.shape[3], problem.value.shape[3]
     if d % 16 or d_v % 16:
         return f"head dims must be multiples of 16 for the cube (got D={d}, Dv={d_v})"
@@ -121,7 +122,8 @@ def run(problem: AttentionProblem) -> None:
         tiling_key=SUPPORTED_ALGORITHMS[problem.allocation.name], batch=batch, num_heads=n_q,
         num_kv_heads=n_kv, seq_q=s_q, seq_kv=s_kv, head_dim=d, head_dim_v=d_v, q_layout=q_layout,
         kv_layout=kv_layout, out_layout=out_layout,
-        out_dtype=0 if problem.out.dtype == torch.float16 else 1, mask_mode=mask_mode,
+        out_dtype=0 if problem.out.dtype == torch.float16 else 1,
+        in_dtype=0 if q.dtype == torch.float16 else 1, mask_mode=mask_mode,
         scale=float(problem.scale), beta=float(problem.beta), q_tile=problem.tiling.q_block,
         kv_block=problem.tiling.kv_block, core_num=CORE_NUM, timeout_s=WAIT_TIMEOUT_S)
     try:

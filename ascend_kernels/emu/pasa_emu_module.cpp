@@ -77,6 +77,7 @@ pasa::PasaProblem ProblemFrom(const py::dict& p)
     d.kvLayout = p["kv_layout"].cast<uint32_t>();
     d.outLayout = p["out_layout"].cast<uint32_t>();
     d.outDtype = p["out_dtype"].cast<uint32_t>();
+    d.inDtype = p.contains("in_dtype") ? p["in_dtype"].cast<uint32_t>() : PASA_IN_FP16;
     d.maskMode = p["mask_mode"].cast<uint32_t>();
     d.scale = p["scale"].cast<double>();
     d.beta = p["beta"].cast<double>();

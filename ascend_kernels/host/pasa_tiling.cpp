@@ -71,6 +71,10 @@ PasaTilingData ComputeTiling(const PasaProblem& p, PasaBudget* budget)
     if (p.qTile == 0 || p.qTile > 4095) Reject("qTile must lie in [1, 4095], got " + std::to_string(p.qTile));
     if (p.qLayout > PASA_LAYOUT_BSND || p.kvLayout > PASA_LAYOUT_BSND || p.outLayout > PASA_LAYOUT_BSND) Reject("layouts must be BNSD (0) or BSND (1)");
     if (p.outDtype > PASA_OUT_BF16) Reject("outDtype must be 0 (fp16) or 1 (bf16)");
+    if (p.inDtype > PASA_IN_BF16) Reject("inDtype must be 0 (fp16) or 1 (bf16)");
+    if (p.inDtype == PASA_IN_BF16 && (p.tilingKey != PASA_KEY_FA_FP32 || p.outDtype != PASA_OUT_BF16)) {
+        Reject("bf16 inputs run only with fa-fp32 and a bf16 output (PASA computes in fp16)");
+    }
     if (p.maskMode > PASA_MASK_CAUSAL) Reject("maskMode must be 0 (none) or 1 (causal band)");
     if (!(p.scale > 0.0) || !std::isfinite(p.scale)) Reject("scale must be finite and positive");
     if (p.tilingKey == PASA_KEY_PASA && !(p.beta >= 0.0 && p.beta < 1.0)) Reject("beta must lie in [0, 1) for pasa");
@@ -99,6 +103,7 @@ PasaTilingData ComputeTiling(const PasaProblem& p, PasaBudget* budget)
     t.kvLayout = p.kvLayout;
     t.outLayout = p.outLayout;
     t.outDtype = p.outDtype;
+    t.inDtype = p.inDtype;
     t.maskMode = p.maskMode;
     t.scale = static_cast<float>(p.scale);
     t.invKvBlock = 1.0f / static_cast<float>(p.kvBlock);

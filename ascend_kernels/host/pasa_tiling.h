@@ -25,6 +25,7 @@ struct PasaProblem {
     uint32_t seqQ = 0, seqKv = 0, headDim = 0, headDimV = 0;
     uint32_t qLayout = PASA_LAYOUT_BNSD, kvLayout = PASA_LAYOUT_BNSD, outLayout = PASA_LAYOUT_BNSD;
     uint32_t outDtype = PASA_OUT_FP16;
+    uint32_t inDtype = PASA_IN_FP16;
     uint32_t maskMode = PASA_MASK_NONE;
     double scale = 1.0;
     double beta = 0.0;       // pasa only

@@ -26,6 +26,8 @@ using namespace AscendC;
 namespace pasa {
 
 // ============================================================================= cube side
+// T: the type of Q, K, V and P' (half; bfloat16_t for fa-fp32 with bf16 inputs).
+template <typename T>
 class AttentionCube {
 public:
     __aicore__ inline void Run(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR qLens, GM_ADDR kvLens, GM_ADDR next,
@@ -33,14 +35,14 @@ public:
     {
         t_ = &t;
         key_ = t.tilingKey;
-        query_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(query));
-        value_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(value));
+        query_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(query));
+        value_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(value));
         if (key_ == PASA_KEY_FA_FP32) {
-            keys_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(key));
+            keys_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(key));
         } else {
-            keys_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.keyPrimeOffset));
+            keys_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(workspace + t.keyPrimeOffset));
         }
-        keyMean_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.keyMeanOffset));
+        keyMean_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(workspace + t.keyMeanOffset));
         const uint64_t area = t.coreAreaOffset + static_cast<uint64_t>(GetBlockIdx()) * t.coreAreaBytes;
         GM_ADDR base = workspace + area;
         scoreGm_ = base;
@@ -104,13 +106,13 @@ private:
     {
         const PasaTilingData& t = *t_;
         const uint32_t d = t.headDim, mp = RowsPad(task);
-        LocalTensor<half> q1 = queryL1_.AllocTensor<half>();
+        LocalTensor<T> q1 = queryL1_.AllocTensor<T>();
         DataCopy(q1, query_[RowOffset(t.qLayout, task.b, task.head, task.q0, t.numHeads, t.seqQ, d)],
                  Nd2NzParams(1, static_cast<uint16_t>(task.rows), static_cast<uint16_t>(d), 0,
                              static_cast<uint16_t>(RowStride(t.qLayout, t.numHeads, d)), static_cast<uint16_t>(mp), 1, 0));
         queryL1_.EnQue(q1);
-        q1 = queryL1_.DeQue<half>();
-        LocalTensor<half> q2 = queryL0a_.Get<half>();
+        q1 = queryL1_.DeQue<T>();
+        LocalTensor<T> q2 = queryL0a_.Get<T>();
         for (uint32_t mb = 0; mb < mp / kC0; ++mb) {
             LoadData(q2[mb * (d / kC0) * kFractal], q1[mb * kFractal],
                      LoadData2DParams(0, static_cast<uint8_t>(d / kC0), static_cast<uint16_t>(mp / kC0), 0, 0, false, 0));
@@ -125,7 +127,7 @@ private:
     {
         const PasaTilingData& t = *t_;
         const uint32_t n = t.kvBlock, d = t.headDim, cols = ScoreCols(), mp = RowsPad(task);
-        LocalTensor<half> k1 = keyL1_.AllocTensor<half>();
+        LocalTensor<T> k1 = keyL1_.AllocTensor<T>();
         if (key_ == PASA_KEY_FA_FP32) {
             // Raw keys; rows past kv_len stay stale: their scores are never read (masked).
             const uint32_t valid = Min(n, static_cast<uint32_t>(task.info.kvLen) - j * n);
@@ -141,20 +143,20 @@ private:
             // Row n holds mean16_j, rows n+1..n+15 zero: column n of the product is Q . mean16_j.
             DataCopy(k1[n * kC0], keyMean_[KeyMeanOffset(t, task.b, task.kvHead, j)],
                      Nd2NzParams(1, 1, static_cast<uint16_t>(d), 0, static_cast<uint16_t>(d), static_cast<uint16_t>(cols), 1, 0));
-            Fill(k1[(n + 1) * kC0], InitConstValueParams<half>(static_cast<uint16_t>(d / kC0), kC0 - 1,
-                                                              static_cast<uint16_t>(n + 1), half(0.0f)));
+            Fill(k1[(n + 1) * kC0], InitConstValueParams<T>(static_cast<uint16_t>(d / kC0), kC0 - 1,
+                                                              static_cast<uint16_t>(n + 1), T(0.0f)));
         }
         keyL1_.EnQue(k1);
-        k1 = keyL1_.DeQue<half>();
+        k1 = keyL1_.DeQue<T>();
         // K'^T as the Zn right operand: the NZ fractals of K' are already in Zn order.
-        LocalTensor<half> k2 = l0b_.AllocTensor<half>();
+        LocalTensor<T> k2 = l0b_.AllocTensor<T>();
         LoadData(k2, k1, LoadData2DParams(0, static_cast<uint8_t>((d / kC0) * (cols / kC0)), 1, 0, 0, false, 0));
         l0b_.EnQue(k2);
         keyL1_.FreeTensor(k1);
-        k2 = l0b_.DeQue<half>();
+        k2 = l0b_.DeQue<T>();
 
         LocalTensor<float> c = l0c_.AllocTensor<float>();
-        Mmad(c, queryL0a_.Get<half>(), k2,
+        Mmad(c, queryL0a_.Get<T>(), k2,
              MmadParams(static_cast<uint16_t>(task.rows), static_cast<uint16_t>(cols), static_cast<uint16_t>(d), 0, false, true));
         l0b_.FreeTensor(k2);
         l0c_.EnQue(c);
@@ -166,9 +168,9 @@ private:
             Fixpipe<float, float, CFG_ROW_MAJOR>(s, c, FixpipeParamsV220(static_cast<uint16_t>(n), static_cast<uint16_t>(task.rows),
                 static_cast<uint16_t>(mp), n, false, QuantMode_t::NoQuant, 0, 1, 0, 0, 0));
         } else {
-            GlobalTensor<half> s;
-            s.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(scores), t.scoreSlotBytes / sizeof(half));
-            Fixpipe<half, float, CFG_ROW_MAJOR>(s, c, FixpipeParamsV220(static_cast<uint16_t>(n), static_cast<uint16_t>(task.rows),
+            GlobalTensor<T> s;
+            s.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(scores), t.scoreSlotBytes / sizeof(T));
+            Fixpipe<T, float, CFG_ROW_MAJOR>(s, c, FixpipeParamsV220(static_cast<uint16_t>(n), static_cast<uint16_t>(task.rows),
                 static_cast<uint16_t>(mp), n, false, QuantMode_t::F322F16, 0, 1, 0, 0, 0));
         }
         if (key_ == PASA_KEY_PASA_EXACT) {
@@ -189,10 +191,10 @@ private:
         const uint32_t valid = Min(n, static_cast<uint32_t>(task.info.kvLen) - j * n);
 
         // V_j -> L1 (NZ), rows past kv_len zeroed (their P' entries are 0, but 0 * stale could be NaN).
-        LocalTensor<half> v1 = valueL1_.AllocTensor<half>();
+        LocalTensor<T> v1 = valueL1_.AllocTensor<T>();
         if (valid < n) {
-            Fill(v1[valid * kC0], InitConstValueParams<half>(static_cast<uint16_t>(dv / kC0), static_cast<uint16_t>(n - valid),
-                                                            static_cast<uint16_t>(valid), half(0.0f)));
+            Fill(v1[valid * kC0], InitConstValueParams<T>(static_cast<uint16_t>(dv / kC0), static_cast<uint16_t>(n - valid),
+                                                            static_cast<uint16_t>(valid), T(0.0f)));
         }
         DataCopy(v1, value_[RowOffset(t.kvLayout, task.b, task.kvHead, j * n, t.numKvHeads, t.seqKv, dv)],
                  Nd2NzParams(1, static_cast<uint16_t>(valid), static_cast<uint16_t>(dv), 0,
@@ -200,14 +202,14 @@ private:
         valueL1_.EnQue(v1);
 
         CrossCoreWaitFlag(PASA_FLAG_P_READY);
-        LocalTensor<half> p1 = probL1_.AllocTensor<half>();
-        GlobalTensor<half> prob;
-        prob.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(probGm_ + slot * t.probSlotBytes), t.probSlotBytes / sizeof(half));
+        LocalTensor<T> p1 = probL1_.AllocTensor<T>();
+        GlobalTensor<T> prob;
+        prob.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(probGm_ + slot * t.probSlotBytes), t.probSlotBytes / sizeof(T));
         DataCopy(p1, prob, Nd2NzParams(1, static_cast<uint16_t>(task.rows), static_cast<uint16_t>(n), 0,
                                        static_cast<uint16_t>(n), static_cast<uint16_t>(mp), 1, 0));
         probL1_.EnQue(p1);
-        p1 = probL1_.DeQue<half>();
-        LocalTensor<half> p2 = probL0a_.AllocTensor<half>();
+        p1 = probL1_.DeQue<T>();
+        LocalTensor<T> p2 = probL0a_.AllocTensor<T>();
         for (uint32_t mb = 0; mb < mp / kC0; ++mb) {
             LoadData(p2[mb * (n / kC0) * kFractal], p1[mb * kFractal],
                      LoadData2DParams(0, static_cast<uint8_t>(n / kC0), static_cast<uint16_t>(mp / kC0), 0, 0, false, 0));
@@ -215,16 +217,16 @@ private:
         probL0a_.EnQue(p2);
         probL1_.FreeTensor(p1);
 
-        v1 = valueL1_.DeQue<half>();
-        LocalTensor<half> v2 = l0b_.AllocTensor<half>();
+        v1 = valueL1_.DeQue<T>();
+        LocalTensor<T> v2 = l0b_.AllocTensor<T>();
         for (uint32_t kb = 0; kb < n / kC0; ++kb) {
             LoadData(v2[kb * (dv / kC0) * kFractal], v1[kb * kFractal],
                      LoadData2DParams(0, static_cast<uint8_t>(dv / kC0), static_cast<uint16_t>(n / kC0), 0, 0, true, 0));
         }
         l0b_.EnQue(v2);
         valueL1_.FreeTensor(v1);
-        p2 = probL0a_.DeQue<half>();
-        v2 = l0b_.DeQue<half>();
+        p2 = probL0a_.DeQue<T>();
+        v2 = l0b_.DeQue<T>();
 
         LocalTensor<float> c = l0c_.AllocTensor<float>();
         Mmad(c, p2, v2, MmadParams(static_cast<uint16_t>(task.rows), static_cast<uint16_t>(dv), static_cast<uint16_t>(n), 0, false, true));
@@ -239,9 +241,9 @@ private:
             Fixpipe<float, float, CFG_ROW_MAJOR>(out, c, FixpipeParamsV220(static_cast<uint16_t>(dv), static_cast<uint16_t>(task.rows),
                 static_cast<uint16_t>(mp), dv, false, QuantMode_t::NoQuant, 0, 1, 0, 0, 0));
         } else {
-            GlobalTensor<half> out;
-            out.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(pv), t.pvSlotBytes / sizeof(half));
-            Fixpipe<half, float, CFG_ROW_MAJOR>(out, c, FixpipeParamsV220(static_cast<uint16_t>(dv), static_cast<uint16_t>(task.rows),
+            GlobalTensor<T> out;
+            out.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(pv), t.pvSlotBytes / sizeof(T));
+            Fixpipe<T, float, CFG_ROW_MAJOR>(out, c, FixpipeParamsV220(static_cast<uint16_t>(dv), static_cast<uint16_t>(task.rows),
                 static_cast<uint16_t>(mp), dv, false, QuantMode_t::F322F16, 0, 1, 0, 0, 0));
         }
         l0c_.FreeTensor(c);
@@ -260,7 +262,7 @@ private:
     TQue<TPosition::B2, 2> l0b_;
     TQue<TPosition::CO1, 2> l0c_;
     TEventID queryFree_ = 0, queryReady_ = 0;
-    GlobalTensor<half> query_, keys_, value_, keyMean_;
+    GlobalTensor<T> query_, keys_, value_, keyMean_;
     GM_ADDR scoreGm_ = nullptr;
     GM_ADDR probGm_ = nullptr;
     GM_ADDR pvGm_ = nullptr;
@@ -272,8 +274,8 @@ private:
 // Per-row statistics live in UB as dense vectors (one element per row of this AIV) so that the
 // online update runs as vector instructions over all rows. Statistics are double-buffered by
 // block parity: block j reads set j%2 and writes set (j+1)%2; rows that see no key of block j
-// copy their old values across.
-template <typename OutT>
+// copy their old values across. OutT: output type; InT: type of P' for fa-fp32 (the input type).
+template <typename OutT, typename InT>
 class AttentionVector {
 public:
     __aicore__ inline void Run(GM_ADDR qLens, GM_ADDR kvLens, GM_ADDR next, GM_ADDR out, GM_ADDR lse, GM_ADDR workspace,
@@ -313,7 +315,11 @@ public:
             InitState();
             uint32_t sSlot = slot, pvSlot = slot;
             for (uint32_t j = 0; j < task.numBlocks; ++j) {
-                Softmax(j, sSlot);
+                if (key_ == PASA_KEY_FA_FP32) {
+                    Softmax<InT>(j, sSlot);
+                } else {
+                    Softmax<half>(j, sSlot);
+                }
                 sSlot ^= 1;
                 if (j > 0) {
                     UpdateOutput(j - 1, pvSlot);
@@ -383,6 +389,8 @@ private:
     }
 
     // ---------------------------------------------------------------- block j: P'_j and the statistics
+    // P: the type of P' (fp16; the input type for fa-fp32).
+    template <typename P>
     __aicore__ inline void Softmax(uint32_t j, uint32_t slot)
     {
         const PasaTilingData& t = *t_;
@@ -411,27 +419,36 @@ private:
         constIn_.EnQue(cst);
         s = scoreIn_.DeQue<float>();
         cst = constIn_.DeQue<float>();
-        LocalTensor<half> p = probOut_.AllocTensor<half>();
-        if (rows_ > 0) {
-            if (key_ == PASA_KEY_FA_FP32) {
-                SoftmaxFa(j, s, p);
-            } else if (key_ == PASA_KEY_PASA) {
-                SoftmaxPasa(j, s.template ReinterpretCast<half>(), p);
-            } else {
-                SoftmaxExact(j, s.template ReinterpretCast<half>(), cst, p);
-            }
-        }
+        LocalTensor<P> p = probOut_.AllocTensor<P>();
+        if (rows_ > 0) Compute(j, s, cst, p);
         scoreIn_.FreeTensor(s);
         constIn_.FreeTensor(cst);
         probOut_.EnQue(p);
-        p = probOut_.DeQue<half>();
+        p = probOut_.template DeQue<P>();
         if (rows_ > 0) {
-            GlobalTensor<half> g;
-            g.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(probGm_ + slot * t.probSlotBytes), t.probSlotBytes / sizeof(half));
+            GlobalTensor<P> g;
+            g.SetGlobalBuffer(reinterpret_cast<__gm__ P*>(probGm_ + slot * t.probSlotBytes), t.probSlotBytes / sizeof(P));
             DataCopy(g[rowBase_ * n], p, rows_ * n);
         }
         probOut_.FreeTensor(p);
         CrossCoreSetFlag<2, PIPE_MTE3>(PASA_FLAG_P_READY);
+    }
+
+    __aicore__ inline void Compute(uint32_t j, const LocalTensor<float>& s, const LocalTensor<float>& cst,
+                                   const LocalTensor<half>& p)
+    {
+        if (key_ == PASA_KEY_FA_FP32) {
+            SoftmaxFa(j, s, p);
+        } else if (key_ == PASA_KEY_PASA) {
+            SoftmaxPasa(j, s.template ReinterpretCast<half>(), p);
+        } else {
+            SoftmaxExact(j, s.template ReinterpretCast<half>(), cst, p);
+        }
+    }
+    __aicore__ inline void Compute(uint32_t j, const LocalTensor<float>& s, const LocalTensor<float>&,
+                                   const LocalTensor<bfloat16_t>& p)
+    {
+        SoftmaxFa(j, s, p);  // bf16 inputs run fa-fp32 only
     }
 
     // Row maximum of the first `count` entries, as the scalar it is used as.
@@ -463,8 +480,10 @@ private:
         }
     }
 
-    // fa-fp32: s = S * scale; m' = max(m, rowmax); a = exp(m - m'); p = exp(s - m'); l' = a l + sum p.
-    __aicore__ inline void SoftmaxFa(uint32_t j, const LocalTensor<float>& s, const LocalTensor<half>& p)
+    // fa-fp32: s = S * scale; m' = max(m, rowmax); a = exp(m - m'); p = exp(s - m'); l' = a l + sum p;
+    // P' leaves as the input type.
+    template <typename P>
+    __aicore__ inline void SoftmaxFa(uint32_t j, const LocalTensor<float>& s, const LocalTensor<P>& p)
     {
         const uint32_t n = t_->kvBlock, cur = j % 2, nxt = (j + 1) % 2;
         const int32_t rows = static_cast<int32_t>(rows_);
@@ -480,14 +499,12 @@ private:
         Exp(a, Stat(TMP0), rows);
         for (uint32_t r = 0; r < rows_; ++r) {
             const uint32_t vis = Visible(r, j);
-            if (vis == 0) {
-                Duplicate(p[r * n], half(0.0f), static_cast<int32_t>(n));
-                continue;
-            }
             Duplicate(rowA32_, 0.0f, static_cast<int32_t>(n));
-            Adds(rowA32_, s[r * n], -mNew.GetValue(r), static_cast<int32_t>(vis));
-            Exp(rowA32_, rowA32_, static_cast<int32_t>(vis));
-            localSum.SetValue(r, RowSum(rowA32_, n));
+            if (vis > 0) {
+                Adds(rowA32_, s[r * n], -mNew.GetValue(r), static_cast<int32_t>(vis));
+                Exp(rowA32_, rowA32_, static_cast<int32_t>(vis));
+                localSum.SetValue(r, RowSum(rowA32_, n));
+            }
             Cast(p[r * n], rowA32_, RoundMode::CAST_RINT, n);
         }
         Mul(Stat(L0 + nxt), a, Stat(L0 + cur), rows);
@@ -706,15 +723,23 @@ extern "C" __global__ __aicore__ void pasa_attention(GM_ADDR query, GM_ADDR key,
     PasaTilingData t;
     pasa::LoadTiling(tiling, t);
     if ASCEND_IS_AIC {
-        pasa::AttentionCube op;
-        op.Run(query, key, value, qLens, kvLens, next, workspace, t);
+        if (t.inDtype == PASA_IN_BF16) {
+            pasa::AttentionCube<bfloat16_t> op;
+            op.Run(query, key, value, qLens, kvLens, next, workspace, t);
+        } else {
+            pasa::AttentionCube<half> op;
+            op.Run(query, key, value, qLens, kvLens, next, workspace, t);
+        }
     }
     if ASCEND_IS_AIV {
-        if (t.outDtype == PASA_OUT_BF16) {
-            pasa::AttentionVector<bfloat16_t> op;
+        if (t.inDtype == PASA_IN_BF16) {
+            pasa::AttentionVector<bfloat16_t, bfloat16_t> op;
+            op.Run(qLens, kvLens, next, out, lse, workspace, t);
+        } else if (t.outDtype == PASA_OUT_BF16) {
+            pasa::AttentionVector<bfloat16_t, half> op;
             op.Run(qLens, kvLens, next, out, lse, workspace, t);
         } else {
-            pasa::AttentionVector<half> op;
+            pasa::AttentionVector<half, half> op;
             op.Run(qLens, kvLens, next, out, lse, workspace, t);
         }
     }

@@ -19,6 +19,9 @@ constexpr uint32_t PASA_MASK_CAUSAL = 1;  // key j visible to row i iff j <= i +
 constexpr uint32_t PASA_OUT_FP16 = 0;
 constexpr uint32_t PASA_OUT_BF16 = 1;
 
+constexpr uint32_t PASA_IN_FP16 = 0;  // query/key/value and P' in fp16
+constexpr uint32_t PASA_IN_BF16 = 1;  // bf16 (fa-fp32 only; PASA computes in fp16)
+
 // Cross-core flag ids (mode 2, AIC <-> both AIVs of one AI Core).
 // Per-row statistic vectors one AIV keeps in UB (m, l, F, n in two sets, rescale factors, scratch).
 constexpr uint32_t PASA_VEC_STAT_VECTORS = 24;
@@ -46,6 +49,7 @@ struct PasaTilingData {
     uint32_t kvLayout;       // PASA_LAYOUT_* of key and value
     uint32_t outLayout;      // PASA_LAYOUT_* of the output
     uint32_t outDtype;       // PASA_OUT_*
+    uint32_t inDtype;        // PASA_IN_*
     uint32_t maskMode;       // PASA_MASK_*
     float scale;             // softmax scale as fp32 (the value the fp32 arithmetic uses)
     float gamma;             // pasa: gamma = beta/(1-beta) rounded to fp32 then to fp16, held exactly
