@@ -151,12 +151,8 @@ py::dict RunAttention(py::array query, py::array key, py::array value, py::array
     std::vector<uint8_t> workspace(t.workspaceBytes, 0);
     std::vector<uint8_t> tiling(sizeof(PasaTilingData));
     std::memcpy(tiling.data(), &t, sizeof(t));
-    if (t.tilingKey == PASA_KEY_PASA) {  // M^T = M (symmetric), scale folded, as the host stores it
-        uint16_t* m = reinterpret_cast<uint16_t*>(workspace.data() + t.shiftMatrixOffset);
-        const uint16_t off = t.shiftOffBits ^ 0x8000u;
-        for (uint32_t i = 0; i < t.kvBlock; ++i) {
-            for (uint32_t j = 0; j < t.kvBlock; ++j) m[i * t.kvBlock + j] = i == j ? t.shiftDiagBits : off;
-        }
+    if (t.tilingKey == PASA_KEY_PASA) {
+        pasa::FillShiftMatrix(t, reinterpret_cast<uint16_t*>(workspace.data() + t.shiftMatrixOffset));
     }
 
     GmRegistry gm;

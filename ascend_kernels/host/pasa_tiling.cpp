@@ -56,6 +56,14 @@ double HalfBitsToDouble(uint16_t h)
     return sign * std::ldexp(1024 + m, e - 25);
 }
 
+void FillShiftMatrix(const PasaTilingData& t, uint16_t* dst)
+{
+    const uint16_t off = static_cast<uint16_t>(t.shiftOffBits ^ 0x8000u);  // negated
+    for (uint32_t i = 0; i < t.kvBlock; ++i) {
+        for (uint32_t j = 0; j < t.kvBlock; ++j) dst[i * t.kvBlock + j] = i == j ? t.shiftDiagBits : off;
+    }
+}
+
 PasaTilingData ComputeTiling(const PasaProblem& p, PasaBudget* budget)
 {
     if (p.tilingKey > PASA_KEY_PASA_EXACT) Reject("tilingKey must be 0 (fa-fp32), 1 (pasa) or 2 (pasa-exact), got " + std::to_string(p.tilingKey));

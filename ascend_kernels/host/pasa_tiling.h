@@ -43,6 +43,10 @@ struct PasaBudget {
 // Fill the tiling; throws std::invalid_argument naming the parameter or the budget that fails.
 PasaTilingData ComputeTiling(const PasaProblem& problem, PasaBudget* budget = nullptr);
 
+// Write M^T (= M, symmetric) for pasa, kvBlock x kvBlock fp16 bits, as the preprocessing kernel
+// reads it from workspace + shiftMatrixOffset: scale (1 - beta/n) on the diagonal, -scale beta/n off it.
+void FillShiftMatrix(const PasaTilingData& t, uint16_t* dst);
+
 // fp16 bits of a double, rounded once to nearest even (no intermediate fp32 rounding).
 uint16_t DoubleToHalfBits(double value);
 // fp16 bits of a float, rounded to nearest even.
