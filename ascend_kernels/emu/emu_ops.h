@@ -485,13 +485,13 @@ void Max(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTenso
     emu::Binary(dst, src0, src1, count, "Max", emu::MaxProp);
 }
 
-template <typename T>
+template <typename T, bool isSetMask = true>
 void Adds(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& scalarValue, const int32_t& count)
 {
     const float s = static_cast<float>(scalarValue);
     emu::Unary(dst, src, count, "Adds", [s](float x) { return x + s; });
 }
-template <typename T>
+template <typename T, bool isSetMask = true>
 void Muls(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& scalarValue, const int32_t& count)
 {
     const float s = static_cast<float>(scalarValue);
@@ -581,7 +581,7 @@ void ReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>& src, const Local
 
 // ReduceSum (count mode, Atlas A2 "方式一"): adjacent-pair binary tree inside each 256-byte
 // repeat, the repeat results added in order. For half every addition rounds to half.
-template <typename T>
+template <typename T, bool isSetMask = true>
 void ReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LocalTensor<T>& sharedTmpBuffer,
                const int32_t count)
 {

@@ -65,6 +65,11 @@ constexpr int kCrossFlags = 16;
 constexpr int kCrossFlagMax = 15;
 constexpr int kEventIds = 8;
 
+inline const char* PipeShort(int p)
+{
+    static const char* names[] = {"S", "V", "M", "MTE1", "MTE2", "MTE3", "FIX"};
+    return (p >= 0 && p < 7) ? names[p] : "?";
+}
 inline const char* PipeName(int p)
 {
     static const char* names[] = {"PIPE_S", "PIPE_V", "PIPE_M", "PIPE_MTE1", "PIPE_MTE2", "PIPE_MTE3", "PIPE_FIX"};
@@ -469,12 +474,12 @@ inline void SetFlagImpl(HardEvent evt, int32_t id)
     int src, dst;
     EventPipes(evt, src, dst);
     if (src < 0) Fail("SetFlag: invalid HardEvent %d", static_cast<int>(evt));
-    if (!EventValidOn(c, src, dst)) Fail("SetFlag<%s_%s>: this event does not exist on an %s core", PipeName(src), PipeName(dst), c.type == AIC ? "AIC" : "AIV");
+    if (!EventValidOn(c, src, dst)) Fail("SetFlag<%s_%s>: this event does not exist on an %s core", PipeShort(src), PipeShort(dst), c.type == AIC ? "AIC" : "AIV");
     if (id < 0 || id >= kEventIds) Fail("SetFlag: eventID %d outside [0, 7]", id);
     const int e = static_cast<int>(evt);
     if (c.flagSet[e][id]) {
         Fail("SetFlag<%s_%s>(%d) twice without a WaitFlag in between: undefined behaviour on hardware "
-             "(a later PipeBarrier<PIPE_ALL> hangs)", PipeName(src), PipeName(dst), id);
+             "(a later PipeBarrier<PIPE_ALL> hangs)", PipeShort(src), PipeShort(dst), id);
     }
     Issue(src);
     c.flagSet[e][id] = true;
@@ -487,12 +492,12 @@ inline void WaitFlagImpl(HardEvent evt, int32_t id)
     int src, dst;
     EventPipes(evt, src, dst);
     if (src < 0) Fail("WaitFlag: invalid HardEvent %d", static_cast<int>(evt));
-    if (!EventValidOn(c, src, dst)) Fail("WaitFlag<%s_%s>: this event does not exist on an %s core", PipeName(src), PipeName(dst), c.type == AIC ? "AIC" : "AIV");
+    if (!EventValidOn(c, src, dst)) Fail("WaitFlag<%s_%s>: this event does not exist on an %s core", PipeShort(src), PipeShort(dst), c.type == AIC ? "AIC" : "AIV");
     if (id < 0 || id >= kEventIds) Fail("WaitFlag: eventID %d outside [0, 7]", id);
     const int e = static_cast<int>(evt);
     if (!c.flagSet[e][id]) {
         Fail("WaitFlag<%s_%s>(%d) with no matching SetFlag before it: pipe %s would block forever (timeout on "
-             "hardware)", PipeName(src), PipeName(dst), id, PipeName(dst));
+             "hardware)", PipeShort(src), PipeShort(dst), id, PipeName(dst));
     }
     c.flagSet[e][id] = false;
     Join(c.seen[dst], c.flagClock[e][id]);
@@ -620,7 +625,7 @@ inline void CheckCoreClean(CoreCtx& c)
             if (c.flagSet[e][id]) {
                 int s, d;
                 EventPipes(static_cast<HardEvent>(e), s, d);
-                Fail("kernel ended with SetFlag<%s_%s>(%d) never waited for", PipeName(s), PipeName(d), id);
+                Fail("kernel ended with SetFlag<%s_%s>(%d) never waited for", PipeShort(s), PipeShort(d), id);
             }
         }
     }
