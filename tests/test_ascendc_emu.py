@@ -224,6 +224,18 @@ def test_pasa_tiling_rounds_the_shift_matrix_like_the_torch_backend():
     assert t["gamma"] == gamma
 
 
+@pytest.mark.parametrize("n,scale", [(128, 1.0), (128, 128 ** -0.5), (64, 0.125), (32, 0.2)])
+def test_host_beta_solver_equals_the_python_solver(n, scale):
+    from pasa_npu.beta import optimal_beta
+    for beta0 in (1 - 2 ** -4, 1 - 2 ** -5, 1 - 2 ** -6):
+        assert emu.optimal_beta(beta0, n, scale) == optimal_beta(beta0, n, torch.float16, scale)
+    # beta < 0 asks the host tiling for the default: the same gamma and matrix entries
+    auto = emu.tiling(_params(tiling_key=1, kv_block=n, scale=scale, beta=-1.0))
+    given = emu.tiling(_params(tiling_key=1, kv_block=n, scale=scale,
+                               beta=pasa_npu.beta.default_beta(n, scale)))
+    assert (auto["gamma"], auto["shift_diag_bits"]) == (given["gamma"], given["shift_diag_bits"])
+
+
 def test_cost_counters_per_path():
     """Bytes per path and cube work of one call, against the counts the tiling implies: one
     head, 256 x 256, D = 64, 128 x 128 tiles: 2 query tiles x 2 kv blocks."""

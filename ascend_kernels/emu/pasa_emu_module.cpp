@@ -199,6 +199,8 @@ PYBIND11_MODULE(_ascendc_emu, m)
 {
     m.doc() = "PASA AscendC kernels executed on CPU threads against an emulation of the AscendC API";
     m.def("tiling", &Tiling, py::arg("params"), "Host tiling and per-core buffer use; ValueError if a budget fails");
+    m.def("optimal_beta", &pasa::OptimalBeta, py::arg("beta0"), py::arg("n"), py::arg("scale"),
+          "The host tiling's solver of the optimal accuracy condition (C++ twin of pasa_npu.beta.optimal_beta)");
     m.def("run_attention", &RunAttention, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("q_lens"),
           py::arg("kv_lens"), py::arg("next_tokens"), py::arg("out"), py::arg("lse"), py::arg("params"));
     m.def("run_selftest", &pasa_selftest::Run, py::arg("name"), py::arg("timeout_s") = 5.0,

@@ -56,6 +56,24 @@ double HalfBitsToDouble(uint16_t h)
     return sign * std::ldexp(1024 + m, e - 25);
 }
 
+double OptimalBeta(double beta0, uint32_t n, double scale)
+{
+    if (n < 2) Reject("the shifting matrix needs n >= 2");
+    if (!(beta0 > 0.0 && beta0 < 1.0)) Reject("beta0 must lie in (0, 1)");
+    double beta = beta0;
+    for (int it = 0; it < 200; ++it) {
+        // the stored entries: scale (1 - beta/n) and scale beta/n, each rounded once to fp16
+        const double b = HalfBitsToDouble(DoubleToHalfBits(scale * beta / n)) / scale;
+        const double a = HalfBitsToDouble(DoubleToHalfBits(scale * (1.0 - beta / n))) / scale + b;
+        const double gamma = b * n / (a * (a - b * n)) + (1.0 - a) / a;
+        const double next = gamma / (1.0 + gamma);
+        if (!(next > 0.0 && next < 1.0)) Reject("the optimal accuracy condition has no solution in (0, 1)");
+        if (std::fabs(next - beta) <= 1e-12 * std::fabs(beta)) return next;
+        beta = next;
+    }
+    Reject("the optimal beta iteration did not converge");
+}
+
 void FillShiftMatrix(const PasaTilingData& t, uint16_t* dst)
 {
     const uint16_t off = static_cast<uint16_t>(t.shiftOffBits ^ 0x8000u);  // negated
@@ -85,7 +103,8 @@ PasaTilingData ComputeTiling(const PasaProblem& p, PasaBudget* budget)
     }
     if (p.maskMode > PASA_MASK_CAUSAL) Reject("maskMode must be 0 (none) or 1 (causal band)");
     if (!(p.scale > 0.0) || !std::isfinite(p.scale)) Reject("scale must be finite and positive");
-    if (p.tilingKey == PASA_KEY_PASA && !(p.beta >= 0.0 && p.beta < 1.0)) Reject("beta must lie in [0, 1) for pasa");
+    const double beta = (p.tilingKey == PASA_KEY_PASA && p.beta < 0.0) ? OptimalBeta(kDefaultBeta0, p.kvBlock, p.scale) : p.beta;
+    if (p.tilingKey == PASA_KEY_PASA && !(beta >= 0.0 && beta < 1.0)) Reject("beta must lie in [0, 1) for pasa");
     if (p.coreNum == 0) Reject("coreNum must be positive");
     // 16-bit DMA parameters: row strides in elements.
     const uint64_t qStride = p.qLayout == PASA_LAYOUT_BNSD ? p.headDim : static_cast<uint64_t>(p.numHeads) * p.headDim;
@@ -117,10 +136,10 @@ PasaTilingData ComputeTiling(const PasaProblem& p, PasaBudget* budget)
     t.invKvBlock = 1.0f / static_cast<float>(p.kvBlock);
     if (p.tilingKey == PASA_KEY_PASA) {
         const double n = p.kvBlock;
-        t.shiftDiagBits = DoubleToHalfBits(p.scale * (1.0 - p.beta / n));
-        t.shiftOffBits = DoubleToHalfBits(p.scale * p.beta / n);
+        t.shiftDiagBits = DoubleToHalfBits(p.scale * (1.0 - beta / n));
+        t.shiftOffBits = DoubleToHalfBits(p.scale * beta / n);
         // gamma = beta/(1-beta) held as fp32, then rounded to fp16 (the fp16 statistics use it)
-        const float gamma32 = static_cast<float>(p.beta / (1.0 - p.beta));
+        const float gamma32 = static_cast<float>(beta / (1.0 - beta));
         t.gamma = static_cast<float>(HalfBitsToDouble(FloatToHalfBits(gamma32)));
     }
 

@@ -28,7 +28,7 @@ struct PasaProblem {
     uint32_t inDtype = PASA_IN_FP16;
     uint32_t maskMode = PASA_MASK_NONE;
     double scale = 1.0;
-    double beta = 0.0;       // pasa only
+    double beta = -1.0;      // pasa only; negative: the optimal beta from kDefaultBeta0
     uint32_t qTile = 128;
     uint32_t kvBlock = 128;
     uint32_t coreNum = kDefaultCoreNum;
@@ -39,6 +39,13 @@ struct PasaBudget {
     uint64_t l1 = 0, l0a = 0, l0b = 0, l0c = 0, ub = 0;            // attention kernel
     uint64_t prepL1 = 0, prepL0a = 0, prepL0b = 0, prepL0c = 0, prepUb = 0;  // preprocessing
 };
+
+// The paper's starting point for the optimal accuracy condition (pasa_npu.numerics.DEFAULT_BETA0).
+constexpr double kDefaultBeta0 = 1.0 - 1.0 / 64.0;
+
+// Optimal beta for the n x n shifting matrix stored in fp16 with `scale` folded in: the fixed
+// point of beta <- gamma_eff(beta) / (1 + gamma_eff(beta)) (pasa_npu.beta.optimal_beta).
+double OptimalBeta(double beta0, uint32_t n, double scale);
 
 // Fill the tiling; throws std::invalid_argument naming the parameter or the budget that fails.
 PasaTilingData ComputeTiling(const PasaProblem& problem, PasaBudget* budget = nullptr);
