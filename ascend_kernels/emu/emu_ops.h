@@ -151,13 +151,13 @@ void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Da
         const uint64_t d = i * (row + p.dstStride * 32ull);
         emu::TouchGm(emu::P_MTE2, seq, s, p.blockLen, false, op);
         emu::TouchLocal(emu::P_MTE2, seq, Hardware::UB, dst.ByteOffset() + d, row, true, op);
+        // padding to 32 bytes: paddingValue, or (documented) the block's first element
         T* out = reinterpret_cast<T*>(dst.Raw() + d);
-        const uint32_t n = p.blockLen / sizeof(T), total = static_cast<uint32_t>(row / sizeof(T));
+        const uint32_t total = static_cast<uint32_t>(row / sizeof(T));
         T first;
         std::memcpy(&first, s, sizeof(T));
         for (uint32_t k = 0; k < total; ++k) out[k] = pad.isPad ? pad.paddingValue : first;
         std::memcpy(out + pad.leftPadding, s, p.blockLen);
-        (void)n;
     }
     emu::Core().stats.gm_to_ub += static_cast<uint64_t>(p.blockCount) * p.blockLen;
 }
