@@ -15,7 +15,11 @@ from setuptools.command.build_ext import build_ext
 
 
 def _emulation_extension():
-    import pybind11
+    try:
+        import pybind11
+    except ImportError as exc:  # only without build isolation (pyproject.toml lists it)
+        raise RuntimeError("building pasa_npu._ascendc_emu needs pybind11: pip install pybind11, "
+                           "or install without --no-build-isolation") from exc
 
     return Extension(
         "pasa_npu._ascendc_emu",
