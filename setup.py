@@ -1,6 +1,60 @@
 """Build of pasa_npu. ``fallback/`` and ``tools/`` install as ``pasa_npu.fallback`` and
-``pasa_npu.tools``; nothing else lands in site-packages."""
-from setuptools import setup
+``pasa_npu.tools``; nothing else lands in site-packages.
+
+The extension ``pasa_npu._ascendc_emu`` compiles the AscendC kernel sources of
+``ascend_kernels/`` against the project's CPU emulation of the AscendC API (g++ and pybind11,
+any machine). When ``ASCEND_HOME_PATH`` points at a CANN toolkit, the same sources are also
+built for the NPU through ``ascend_kernels/CMakeLists.txt``."""
+import glob
+import os
+import shutil
+import subprocess
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+def _emulation_extension():
+    try:
+        import pybind11
+    except ImportError as exc:  # only without build isolation (pyproject.toml lists it)
+        raise RuntimeError("building pasa_npu._ascendc_emu needs pybind11: pip install pybind11, "
+                           "or install without --no-build-isolation") from exc
+
+    return Extension(
+        "pasa_npu._ascendc_emu",
+        sources=["ascend_kernels/emu/pasa_emu_module.cpp"],
+        include_dirs=["ascend_kernels/emu", "ascend_kernels/kernels", pybind11.get_include()],
+        depends=sorted(glob.glob("ascend_kernels/**/*.h", recursive=True)
+                       + glob.glob("ascend_kernels/kernels/*.cpp")
+                       + glob.glob("ascend_kernels/host/*.cpp")),
+        language="c++",
+        # no FMA contraction: the emulated vector steps round exactly where the kernel rounds
+        extra_compile_args=["-std=c++17", "-O2", "-ffp-contract=off", "-fvisibility=hidden"],
+        extra_link_args=["-pthread"],
+    )
+
+
+class BuildExt(build_ext):
+    """build_ext plus, with a CANN toolkit (ASCEND_HOME_PATH), the NPU kernels via CMake."""
+
+    def run(self):
+        super().run()
+        cann = os.environ.get("ASCEND_HOME_PATH")
+        if cann:
+            self._build_npu(cann)
+
+    def _build_npu(self, cann):
+        build_dir = os.path.join(self.build_temp, "ascend_kernels")
+        soc = os.environ.get("PASA_NPU_SOC_VERSION", "Ascend910B1")
+        subprocess.check_call(["cmake", "-S", "ascend_kernels", "-B", build_dir,
+                               f"-DASCEND_CANN_PACKAGE_PATH={cann}", f"-DSOC_VERSION={soc}",
+                               "-DCMAKE_BUILD_TYPE=Release"])
+        subprocess.check_call(["cmake", "--build", build_dir, "-j"])
+        target = os.path.join(os.path.dirname(self.get_ext_fullpath("pasa_npu._ascendc_emu")))
+        for lib in glob.glob(os.path.join(build_dir, "**", "libpasa_npu_*.so"), recursive=True):
+            shutil.copy2(lib, target)
+
 
 # pasa-compare: plots, .safetensors inputs, capture from Hugging Face models
 COMPARE = ["matplotlib>=3.7", "safetensors>=0.4", "transformers>=4.48"]
@@ -14,6 +68,8 @@ setup(
     packages=["pasa_npu", "pasa_npu.fallback", "pasa_npu.tools", "pasa_npu.tools.compare"],
     package_dir={"pasa_npu": "pasa_npu", "pasa_npu.fallback": "fallback",
                  "pasa_npu.tools": "tools"},
+    ext_modules=[_emulation_extension()],
+    cmdclass={"build_ext": BuildExt},
     install_requires=["torch>=2.4", "numpy"],
     extras_require={
         "compare": COMPARE,

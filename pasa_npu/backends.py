@@ -43,6 +43,8 @@ BACKENDS: dict[str, Backend] = {
                 "blockwise PyTorch emulation of every allocation (CPU reference backend)"),
         Backend("triton", "pasa_npu.fallback.triton_attention", ("cuda",),
                 "Triton kernels for CUDA GPUs; on CPU tensors under TRITON_INTERPRET=1"),
+        Backend("ascendc-emu", "pasa_npu.ascendc_emu", ("cpu",),
+                "the AscendC kernels of ascend_kernels/ run on CPU against the emulated AscendC API"),
     )
 }
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 import torch
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import pasa_npu
@@ -19,6 +19,9 @@ from _support import BACKENDS, RMSE_BOUND, interpreted, on_device, rel_rmse
     kv_block=st.sampled_from([32, 64, 128]), seed=st.integers(0, 2 ** 16))
 def test_any_shape_matches_golden(batch, kv_heads, group, s1, s2, d, layout, causal,
                                   algorithm, backend, kv_block, seed):
+    if backend == "ascendc-emu":  # the kernels implement three allocations
+        from pasa_npu.ascendc_emu import SUPPORTED_ALGORITHMS
+        assume(algorithm in SUPPORTED_ALGORITHMS)
     gen = torch.Generator().manual_seed(seed)
     nq = kv_heads * group
     if interpreted(backend):  # the interpreter is slow: same draws, smaller sequences

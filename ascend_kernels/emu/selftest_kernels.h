@@ -1,0 +1,323 @@
+// Self-test kernels of the AscendC CPU emulation: small AscendC programs that either must
+// run (and produce known values) or must be rejected the way the hardware would fail
+// (over-capacity buffers, misaligned copies, broken queue order, missing or unpaired
+// synchronisation, a cross-core wait that can never be satisfied). tests/test_ascendc_emu.py
+// runs each by name through pasa_npu._ascendc_emu.run_selftest.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kernel_operator.h"
+
+namespace pasa_selftest {
+
+using namespace AscendC;
+using emu::GmRegistry;
+using emu::LaunchOptions;
+
+struct Gm {
+    std::vector<half> in, out;
+    std::vector<float> outF;
+    GmRegistry reg;
+    Gm(size_t nIn, size_t nOut)
+        : in(nIn), out(nOut), outF(nOut)
+    {
+        for (size_t i = 0; i < nIn; ++i) in[i] = half(static_cast<float>(i % 61) - 30.0f);
+        reg.Add("in", in.data(), in.size() * sizeof(half), false, false);
+        reg.Add("out", out.data(), out.size() * sizeof(half), true, true);
+        reg.Add("outF", outF.data(), outF.size() * sizeof(float), true, true);
+    }
+    GM_ADDR In() { return reinterpret_cast<GM_ADDR>(in.data()); }
+    GM_ADDR Out() { return reinterpret_cast<GM_ADDR>(out.data()); }
+    GM_ADDR OutF() { return reinterpret_cast<GM_ADDR>(outF.data()); }
+    std::vector<float> Half() const
+    {
+        std::vector<float> r;
+        for (half h : out) r.push_back(static_cast<float>(h));
+        return r;
+    }
+};
+
+// ---- vector: out = 2 * in through a VECIN and a VECOUT queue (must pass).
+inline void VectorScale(GM_ADDR in, GM_ADDR out)
+{
+    TPipe pipe;
+    TQue<TPosition::VECIN, 1> qin;
+    TQue<TPosition::VECOUT, 1> qout;
+    pipe.InitBuffer(qin, 2, 128 * sizeof(half));
+    pipe.InitBuffer(qout, 2, 128 * sizeof(half));
+    GlobalTensor<half> gin, gout;
+    gin.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(in), 256);
+    gout.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(out), 256);
+    for (int tile = 0; tile < 2; ++tile) {
+        LocalTensor<half> x = qin.AllocTensor<half>();
+        DataCopy(x, gin[tile * 128], 128);
+        qin.EnQue(x);
+        x = qin.DeQue<half>();
+        LocalTensor<half> y = qout.AllocTensor<half>();
+        Muls(y, x, half(2.0f), 128);
+        qin.FreeTensor(x);
+        qout.EnQue(y);
+        y = qout.DeQue<half>();
+        DataCopy(gout[tile * 128], y, 128);
+        qout.FreeTensor(y);
+    }
+}
+
+// ---- cube: C (20 x 48, fp32) = A (20 x 32) B (32 x 48), A and B read from `in` (A first, then
+// B, both row-major), through GM -> L1 (NZ) -> L0A (Zz) / L0B (Zn) -> Mmad -> Fixpipe (ND).
+inline void CubeMatmul(GM_ADDR in, GM_ADDR outF)
+{
+    constexpr uint32_t M = 20, K = 32, N = 48, MP = 32;
+    TPipe pipe;
+    TQue<TPosition::A1, 1> a1;
+    TQue<TPosition::B1, 1> b1;
+    TQue<TPosition::A2, 1> a2;
+    TQue<TPosition::B2, 1> b2;
+    TQue<TPosition::CO1, 1> c1;
+    pipe.InitBuffer(a1, 1, MP * K * 2);
+    pipe.InitBuffer(b1, 1, K * N * 2);
+    pipe.InitBuffer(a2, 1, MP * K * 2);
+    pipe.InitBuffer(b2, 1, K * N * 2);
+    pipe.InitBuffer(c1, 1, MP * N * 4);
+    GlobalTensor<half> a, b;
+    a.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(in), M * K);
+    b.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(in) + M * K, K * N);
+    GlobalTensor<float> c;
+    c.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(outF), M * N);
+
+    LocalTensor<half> la = a1.AllocTensor<half>();
+    DataCopy(la, a, Nd2NzParams(1, M, K, 0, K, MP, 1, 0));
+    a1.EnQue(la);
+    LocalTensor<half> lb = b1.AllocTensor<half>();
+    DataCopy(lb, b, Nd2NzParams(1, K, N, 0, N, K, 1, 0));
+    b1.EnQue(lb);
+    la = a1.DeQue<half>();
+    lb = b1.DeQue<half>();
+    LocalTensor<half> za = a2.AllocTensor<half>();
+    for (uint32_t mb = 0; mb < MP / 16; ++mb) {
+        LoadData(za[mb * (K / 16) * 256], la[mb * 256], LoadData2DParams(0, K / 16, MP / 16, 0, 0, false, 0));
+    }
+    LocalTensor<half> zb = b2.AllocTensor<half>();
+    for (uint32_t kb = 0; kb < K / 16; ++kb) {
+        LoadData(zb[kb * (N / 16) * 256], lb[kb * 256], LoadData2DParams(0, N / 16, K / 16, 0, 0, true, 0));
+    }
+    a2.EnQue(za);
+    b2.EnQue(zb);
+    a1.FreeTensor(la);
+    b1.FreeTensor(lb);
+    za = a2.DeQue<half>();
+    zb = b2.DeQue<half>();
+    LocalTensor<float> lc = c1.AllocTensor<float>();
+    Mmad(lc, za, zb, MmadParams(M, N, K, 0, false, true));
+    a2.FreeTensor(za);
+    b2.FreeTensor(zb);
+    c1.EnQue(lc);
+    lc = c1.DeQue<float>();
+    Fixpipe<float, float, CFG_ROW_MAJOR>(c, lc, FixpipeParamsV220(N, M, MP, N, false, QuantMode_t::NoQuant, 0, 1, 0, 0, 0));
+    c1.FreeTensor(lc);
+}
+
+// ---- AIV0 writes GM, then tells the AIC through a cross-core flag raised on `pipe`; the AIC
+// then reads that GM. With PIPE_MTE3 (the pipe of the write) this is ordered; with PIPE_V the
+// flag may fire before the write lands.
+template <pipe_t pipe>
+inline void CrossCoreHandoff(GM_ADDR out)
+{
+    GlobalTensor<half> g;
+    g.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(out), 256);
+    if ASCEND_IS_AIV {
+        TPipe tp;
+        TQue<TPosition::VECOUT, 1> q;
+        tp.InitBuffer(q, 1, 256 * sizeof(half));
+        LocalTensor<half> x = q.AllocTensor<half>();
+        Duplicate(x, half(3.0f), 256);
+        q.EnQue(x);
+        x = q.DeQue<half>();
+        if (GetSubBlockIdx() == 0) DataCopy(g, x, 256);
+        q.FreeTensor(x);
+        CrossCoreSetFlag<2, pipe>(0);
+    }
+    if ASCEND_IS_AIC {
+        TPipe tp;
+        TQue<TPosition::A1, 1> q;
+        tp.InitBuffer(q, 1, 256 * sizeof(half));
+        CrossCoreWaitFlag(0);
+        LocalTensor<half> l1 = q.AllocTensor<half>();
+        DataCopy(l1, g, Nd2NzParams(1, 16, 16, 0, 16, 16, 1, 0));
+        q.EnQue(l1);
+        l1 = q.DeQue<half>();
+        q.FreeTensor(l1);
+    }
+}
+
+struct Case {
+    KernelMetaType type;
+    size_t nIn, nOut;
+    std::function<void(Gm&)> kernel;
+    bool halfOut;  // report out (half) instead of outF (float)
+};
+
+inline std::map<std::string, Case> Cases()
+{
+    std::map<std::string, Case> c;
+    // --- must run
+    c["vector_scale"] = {KERNEL_TYPE_AIV_ONLY, 256, 256, [](Gm& g) { VectorScale(g.In(), g.Out()); }, true};
+    c["cube_matmul"] = {KERNEL_TYPE_AIC_ONLY, 20 * 32 + 32 * 48, 20 * 48, [](Gm& g) { CubeMatmul(g.In(), g.OutF()); }, false};
+    c["cross_core_handoff"] = {KERNEL_TYPE_MIX_AIC_1_2, 16, 256,
+                               [](Gm& g) { CrossCoreHandoff<PIPE_MTE3>(g.Out()); }, true};
+    c["synced_tbuf"] = {KERNEL_TYPE_AIV_ONLY, 128, 128, [](Gm& g) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 128 * sizeof(half));
+        GlobalTensor<half> in, out;
+        in.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(g.In()), 128);
+        out.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(g.Out()), 128);
+        LocalTensor<half> t = buf.Get<half>();
+        DataCopy(t, in, 128);
+        SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+        WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+        Muls(t, t, half(-1.0f), 128);
+        SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+        WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+        DataCopy(out, t, 128);
+    }, true};
+    // --- must be rejected
+    c["ub_over_capacity"] = {KERNEL_TYPE_AIV_ONLY, 16, 16, [](Gm&) {
+        TPipe pipe;
+        TQue<TPosition::VECIN, 1> q;
+        pipe.InitBuffer(q, 2, 100 * 1024);  // 200 KiB > 192 KiB of UB
+    }, true};
+    c["l0a_over_capacity"] = {KERNEL_TYPE_AIC_ONLY, 16, 16, [](Gm&) {
+        TPipe pipe;
+        TBuf<TPosition::A2> b;
+        pipe.InitBuffer(b, 65 * 1024);  // > 64 KiB of L0A
+    }, true};
+    c["misaligned_ub_copy"] = {KERNEL_TYPE_AIV_ONLY, 64, 16, [](Gm& g) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        GlobalTensor<half> in;
+        in.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(g.In()), 64);
+        DataCopy(buf.Get<half>()[8], in, 16);  // UB destination at byte 16
+    }, true};
+    c["unaligned_copy_length"] = {KERNEL_TYPE_AIV_ONLY, 64, 16, [](Gm& g) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        GlobalTensor<half> in;
+        in.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(g.In()), 64);
+        DataCopy(buf.Get<half>(), in, 10);  // 20 bytes: not a whole 32-byte block
+    }, true};
+    c["dequeue_before_enqueue"] = {KERNEL_TYPE_AIV_ONLY, 16, 16, [](Gm&) {
+        TPipe pipe;
+        TQue<TPosition::VECIN, 1> q;
+        pipe.InitBuffer(q, 1, 256);
+        LocalTensor<half> x = q.DeQue<half>();
+        (void)x;
+    }, true};
+    c["alloc_without_free"] = {KERNEL_TYPE_AIV_ONLY, 16, 16, [](Gm&) {
+        TPipe pipe;
+        TQue<TPosition::VECIN, 1> q;
+        pipe.InitBuffer(q, 1, 256);
+        LocalTensor<half> x = q.AllocTensor<half>();
+        LocalTensor<half> y = q.AllocTensor<half>();
+        (void)x;
+        (void)y;
+    }, true};
+    c["missing_pipe_sync"] = {KERNEL_TYPE_AIV_ONLY, 128, 128, [](Gm& g) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 128 * sizeof(half));
+        GlobalTensor<half> in;
+        in.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(g.In()), 128);
+        LocalTensor<half> t = buf.Get<half>();
+        DataCopy(t, in, 128);      // PIPE_MTE2 writes UB
+        Muls(t, t, half(2.0f), 128);  // PIPE_V reads it with no MTE2_V flag in between
+    }, true};
+    c["wait_without_set"] = {KERNEL_TYPE_AIV_ONLY, 16, 16, [](Gm&) { WaitFlag<HardEvent::MTE2_V>(EVENT_ID1); }, true};
+    c["set_twice"] = {KERNEL_TYPE_AIC_ONLY, 16, 16, [](Gm&) {
+        SetFlag<HardEvent::M_MTE1>(EVENT_ID0);
+        SetFlag<HardEvent::M_MTE1>(EVENT_ID0);
+    }, true};
+    c["set_never_waited"] = {KERNEL_TYPE_AIC_ONLY, 16, 16, [](Gm&) { SetFlag<HardEvent::MTE2_MTE1>(EVENT_ID2); }, true};
+    c["missing_cross_core_flag"] = {KERNEL_TYPE_MIX_AIC_1_2, 16, 16, [](Gm&) {
+        if ASCEND_IS_AIV {
+            CrossCoreWaitFlag(3);  // the AIC never sets flag 3
+        }
+    }, true};
+    c["cross_core_flag_never_waited"] = {KERNEL_TYPE_MIX_AIC_1_2, 16, 16, [](Gm&) {
+        if ASCEND_IS_AIC {
+            CrossCoreSetFlag<2, PIPE_FIX>(5);
+        }
+    }, true};
+    c["cross_core_counter_overflow"] = {KERNEL_TYPE_MIX_AIC_1_2, 16, 16, [](Gm&) {
+        if ASCEND_IS_AIC {
+            for (int i = 0; i < 16; ++i) CrossCoreSetFlag<2, PIPE_FIX>(0);  // 16 > the counter's 15
+            CrossCoreSetFlag<2, PIPE_FIX>(1);
+        }
+        if ASCEND_IS_AIV {
+            CrossCoreWaitFlag(1);
+            for (int i = 0; i < 16; ++i) CrossCoreWaitFlag(0);
+        }
+    }, true};
+    c["cross_core_wrong_pipe"] = {KERNEL_TYPE_MIX_AIC_1_2, 16, 256,
+                                  [](Gm& g) { CrossCoreHandoff<PIPE_V>(g.Out()); }, true};
+    c["partial_overlap"] = {KERNEL_TYPE_AIV_ONLY, 16, 16, [](Gm&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024);
+        LocalTensor<float> t = buf.Get<float>();
+        Duplicate(t, 1.0f, 256);
+        Add(t[8], t, t, 64);  // dst [32, 288) bytes overlaps src [0, 256) partially
+    }, true};
+    c["mmad_misaligned"] = {KERNEL_TYPE_AIC_ONLY, 16, 16, [](Gm&) {
+        TPipe pipe;
+        TBuf<TPosition::A2> a;
+        TBuf<TPosition::B2> b;
+        TBuf<TPosition::CO1> c0;
+        pipe.InitBuffer(a, 2048);
+        pipe.InitBuffer(b, 2048);
+        pipe.InitBuffer(c0, 4096);
+        Mmad(c0.Get<float>(), a.Get<half>()[16], b.Get<half>(), MmadParams(16, 16, 16, 0, false, true));
+    }, true};
+    c["fixpipe_without_quant"] = {KERNEL_TYPE_AIC_ONLY, 16, 256, [](Gm& g) {
+        TPipe pipe;
+        TQue<TPosition::CO1, 1> c0;
+        pipe.InitBuffer(c0, 1, 1024);
+        GlobalTensor<half> out;
+        out.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(g.Out()), 256);
+        LocalTensor<float> x = c0.AllocTensor<float>();
+        c0.EnQue(x);
+        x = c0.DeQue<float>();
+        Fixpipe<half, float, CFG_ROW_MAJOR>(out, x, FixpipeParamsV220(16, 16, 16, 16, false));  // NoQuant to half
+        c0.FreeTensor(x);
+    }, true};
+    return c;
+}
+
+inline std::vector<std::string> Names()
+{
+    std::vector<std::string> n;
+    for (auto& kv : Cases()) n.push_back(kv.first);
+    return n;
+}
+
+inline std::vector<float> Run(const std::string& name, double timeoutSeconds)
+{
+    auto cases = Cases();
+    auto it = cases.find(name);
+    if (it == cases.end()) throw std::invalid_argument("no emulation self-test named '" + name + "'");
+    Case& c = it->second;
+    Gm g(c.nIn, c.nOut);
+    LaunchOptions opt{1, c.type, timeoutSeconds};
+    {
+        pybind11::gil_scoped_release release;
+        AscendC::emu::Launch(opt, g.reg, [&]() { c.kernel(g); });
+    }
+    return c.halfOut ? g.Half() : g.outF;
+}
+
+}  // namespace pasa_selftest

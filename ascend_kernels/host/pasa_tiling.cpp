@@ -1,0 +1,249 @@
+// Host tiling of the PASA kernels (see pasa_tiling.h).
+#include "pasa_tiling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+namespace pasa {
+namespace {
+
+[[noreturn]] void Reject(const std::string& msg) { throw std::invalid_argument(msg); }
+
+uint32_t Align(uint32_t v, uint32_t a) { return (v + a - 1) / a * a; }
+uint64_t Align64(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+bool PowerOfTwo(uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+std::string Kib(uint64_t b) { return std::to_string(b) + " B (" + std::to_string(b / 1024.0).substr(0, 6) + " KiB)"; }
+
+}  // namespace
+
+uint16_t DoubleToHalfBits(double v)
+{
+    const uint16_t sign = std::signbit(v) ? 0x8000u : 0;
+    double a = std::fabs(v);
+    if (std::isnan(v)) return 0x7e00u;
+    if (a >= 65520.0) return sign | 0x7c00u;  // rounds to inf
+    if (a < std::ldexp(1.0, -14)) {            // subnormal: multiples of 2^-24
+        return sign | static_cast<uint16_t>(std::nearbyint(a * std::ldexp(1.0, 24)));
+    }
+    int e;
+    std::frexp(a, &e);  // a = f * 2^e, f in [0.5, 1)
+    const double q = std::nearbyint(std::ldexp(a, 11 - e));  // 11 significant bits, exact scaling
+    double r = std::ldexp(q, e - 11);
+    if (r >= 65520.0) return sign | 0x7c00u;
+    int re;
+    const double rf = std::frexp(r, &re);
+    const uint32_t exp = static_cast<uint32_t>(re - 1 + 15);
+    const uint32_t mant = static_cast<uint32_t>(std::ldexp(rf, 11)) & 0x3ffu;
+    return sign | static_cast<uint16_t>((exp << 10) | mant);
+}
+
+uint16_t FloatToHalfBits(float f)
+{
+    // float -> double is exact, so rounding the double once gives the float's RNE rounding.
+    return DoubleToHalfBits(static_cast<double>(f));
+}
+
+double HalfBitsToDouble(uint16_t h)
+{
+    const double sign = (h & 0x8000u) ? -1.0 : 1.0;
+    const int e = (h >> 10) & 0x1f;
+    const int m = h & 0x3ff;
+    if (e == 0) return sign * std::ldexp(m, -24);
+    if (e == 31) return m ? NAN : sign * INFINITY;
+    return sign * std::ldexp(1024 + m, e - 25);
+}
+
+double OptimalBeta(double beta0, uint32_t n, double scale)
+{
+    if (n < 2) Reject("the shifting matrix needs n >= 2");
+    if (!(beta0 > 0.0 && beta0 < 1.0)) Reject("beta0 must lie in (0, 1)");
+    double beta = beta0;
+    for (int it = 0; it < 200; ++it) {
+        // the stored entries: scale (1 - beta/n) and scale beta/n, each rounded once to fp16
+        const double b = HalfBitsToDouble(DoubleToHalfBits(scale * beta / n)) / scale;
+        const double a = HalfBitsToDouble(DoubleToHalfBits(scale * (1.0 - beta / n))) / scale + b;
+        const double gamma = b * n / (a * (a - b * n)) + (1.0 - a) / a;
+        const double next = gamma / (1.0 + gamma);
+        if (!(next > 0.0 && next < 1.0)) Reject("the optimal accuracy condition has no solution in (0, 1)");
+        if (std::fabs(next - beta) <= 1e-12 * std::fabs(beta)) return next;
+        beta = next;
+    }
+    Reject("the optimal beta iteration did not converge");
+}
+
+void FillShiftMatrix(const PasaTilingData& t, uint16_t* dst)
+{
+    const uint16_t off = static_cast<uint16_t>(t.shiftOffBits ^ 0x8000u);  // negated
+    for (uint32_t i = 0; i < t.kvBlock; ++i) {
+        for (uint32_t j = 0; j < t.kvBlock; ++j) dst[i * t.kvBlock + j] = i == j ? t.shiftDiagBits : off;
+    }
+}
+
+PasaTilingData ComputeTiling(const PasaProblem& p, PasaBudget* budget)
+{
+    if (p.tilingKey > PASA_KEY_PASA_EXACT) Reject("tilingKey must be 0 (fa-fp32), 1 (pasa) or 2 (pasa-exact), got " + std::to_string(p.tilingKey));
+    if (p.batch == 0 || p.numHeads == 0 || p.numKvHeads == 0) Reject("batch, numHeads and numKvHeads must be positive");
+    if (p.numHeads % p.numKvHeads != 0) {
+        Reject("numHeads (" + std::to_string(p.numHeads) + ") must be a multiple of numKvHeads (" + std::to_string(p.numKvHeads) + ")");
+    }
+    if (p.headDim == 0 || p.headDim % 16 != 0) Reject("headDim must be a positive multiple of 16 (cube fractals are 16 wide), got " + std::to_string(p.headDim));
+    if (p.headDimV == 0 || p.headDimV % 16 != 0) Reject("headDimV must be a positive multiple of 16, got " + std::to_string(p.headDimV));
+    if (!PowerOfTwo(p.kvBlock) || p.kvBlock < 16 || p.kvBlock > 256) {
+        Reject("kvBlock must be a power of two in [16, 256] (the block mean is scaled by 1/kvBlock exactly), got " + std::to_string(p.kvBlock));
+    }
+    if (p.qTile == 0 || p.qTile > 4095) Reject("qTile must lie in [1, 4095], got " + std::to_string(p.qTile));
+    if (p.qLayout > PASA_LAYOUT_BSND || p.kvLayout > PASA_LAYOUT_BSND || p.outLayout > PASA_LAYOUT_BSND) Reject("layouts must be BNSD (0) or BSND (1)");
+    if (p.outDtype > PASA_OUT_BF16) Reject("outDtype must be 0 (fp16) or 1 (bf16)");
+    if (p.inDtype > PASA_IN_BF16) Reject("inDtype must be 0 (fp16) or 1 (bf16)");
+    if (p.inDtype == PASA_IN_BF16 && (p.tilingKey != PASA_KEY_FA_FP32 || p.outDtype != PASA_OUT_BF16)) {
+        Reject("bf16 inputs run only with fa-fp32 and a bf16 output (PASA computes in fp16)");
+    }
+    if (p.maskMode > PASA_MASK_CAUSAL) Reject("maskMode must be 0 (none) or 1 (causal band)");
+    if (!(p.scale > 0.0) || !std::isfinite(p.scale)) Reject("scale must be finite and positive");
+    const double beta = (p.tilingKey == PASA_KEY_PASA && p.beta < 0.0) ? OptimalBeta(kDefaultBeta0, p.kvBlock, p.scale) : p.beta;
+    if (p.tilingKey == PASA_KEY_PASA && !(beta >= 0.0 && beta < 1.0)) Reject("beta must lie in [0, 1) for pasa");
+    if (p.coreNum == 0) Reject("coreNum must be positive");
+    // 16-bit DMA parameters: row strides in elements.
+    const uint64_t qStride = p.qLayout == PASA_LAYOUT_BNSD ? p.headDim : static_cast<uint64_t>(p.numHeads) * p.headDim;
+    const uint64_t kvStride = p.kvLayout == PASA_LAYOUT_BNSD ? std::max(p.headDim, p.headDimV)
+                                                             : static_cast<uint64_t>(p.numKvHeads) * std::max(p.headDim, p.headDimV);
+    const uint64_t outStride = p.outLayout == PASA_LAYOUT_BNSD ? p.headDimV : static_cast<uint64_t>(p.numHeads) * p.headDimV;
+    if (qStride > 65535 || kvStride > 65535 || (outStride - p.headDimV) * 2 / 32 > 65535) {
+        Reject("a row stride exceeds the 16-bit DMA stride fields (heads x head dim too large)");
+    }
+
+    PasaTilingData t;
+    std::memset(&t, 0, sizeof(t));
+    t.tilingKey = p.tilingKey;
+    t.batch = p.batch;
+    t.numHeads = p.numHeads;
+    t.numKvHeads = p.numKvHeads;
+    t.groupSize = p.numHeads / p.numKvHeads;
+    t.seqQ = p.seqQ;
+    t.seqKv = p.seqKv;
+    t.headDim = p.headDim;
+    t.headDimV = p.headDimV;
+    t.qLayout = p.qLayout;
+    t.kvLayout = p.kvLayout;
+    t.outLayout = p.outLayout;
+    t.outDtype = p.outDtype;
+    t.inDtype = p.inDtype;
+    t.maskMode = p.maskMode;
+    t.scale = static_cast<float>(p.scale);
+    t.invKvBlock = 1.0f / static_cast<float>(p.kvBlock);
+    if (p.tilingKey == PASA_KEY_PASA) {
+        const double n = p.kvBlock;
+        t.shiftDiagBits = DoubleToHalfBits(p.scale * (1.0 - beta / n));
+        t.shiftOffBits = DoubleToHalfBits(p.scale * beta / n);
+        // gamma = beta/(1-beta) held as fp32, then rounded to fp16 (the fp16 statistics use it)
+        const float gamma32 = static_cast<float>(beta / (1.0 - beta));
+        t.gamma = static_cast<float>(HalfBitsToDouble(FloatToHalfBits(gamma32)));
+    }
+
+    const uint32_t n = p.kvBlock, d = p.headDim, dv = p.headDimV;
+    t.qTile = p.qTile;
+    t.qTilePad = Align(p.qTile, 16);
+    t.kvBlock = n;
+    t.numKvBlocks = std::max<uint32_t>(1, (p.seqKv + n - 1) / n);
+    t.vecRows = (p.qTile + 1) / 2;
+    t.vecRowsPad = Align(t.vecRows, 16);
+    t.numQTiles = std::max<uint32_t>(1, (p.seqQ + p.qTile - 1) / p.qTile);
+    const uint64_t tasks = static_cast<uint64_t>(p.batch) * p.numHeads * t.numQTiles;
+    t.blockDim = static_cast<uint32_t>(std::min<uint64_t>(p.coreNum, std::max<uint64_t>(1, tasks)));
+
+    // ---- attention kernel, cube side
+    const bool exact = p.tilingKey == PASA_KEY_PASA_EXACT;
+    const uint32_t cols = exact ? n + 16 : n;  // pasa-exact: + the mean16 column block
+    const uint32_t mp = t.qTilePad;
+    t.l1QueryBytes = mp * d * 2;
+    t.l1KeyBytes = cols * d * 2;
+    t.l1ProbBytes = mp * n * 2;
+    t.l1ValueBytes = n * dv * 2;
+    const uint64_t l1Per = static_cast<uint64_t>(t.l1KeyBytes) + t.l1ProbBytes + t.l1ValueBytes;
+    t.l1Buffers = t.l1QueryBytes + 2 * l1Per <= kL1Bytes ? 2 : 1;
+    const uint64_t l1 = t.l1QueryBytes + t.l1Buffers * l1Per;
+    t.l0aQueryBytes = mp * d * 2;
+    t.l0aProbBytes = mp * n * 2;
+    const uint64_t l0a = static_cast<uint64_t>(Align(t.l0aQueryBytes, 512)) + Align(t.l0aProbBytes, 512);
+    t.l0bBytes = Align(std::max(cols * d, n * dv) * 2, 512);
+    t.l0bBuffers = 2ull * t.l0bBytes <= kL0BBytes ? 2 : 1;
+    const uint64_t l0b = static_cast<uint64_t>(t.l0bBuffers) * t.l0bBytes;
+    t.l0cBytes = Align(mp * std::max(cols, dv) * 4, 1024);
+    t.l0cBuffers = 2ull * t.l0cBytes <= kL0CBytes ? 2 : 1;
+    const uint64_t l0c = static_cast<uint64_t>(t.l0cBuffers) * t.l0cBytes;
+
+    // ---- attention kernel, vector side (per AIV: ceil(qTile/2) rows)
+    const uint32_t vr = t.vecRowsPad;
+    t.ubScoreBytes = vr * n * 4;
+    t.ubPvBytes = vr * dv * 4;
+    t.ubProbBytes = vr * n * 2;
+    t.ubOutBytes = vr * dv * 2;
+    t.ubAccBytes = vr * dv * 4;
+    t.ubRowBytes = (2 * n + n / 2 + dv + PASA_VEC_REDUCE_FLOATS) * 4;
+    t.ubStatBytes = PASA_VEC_STAT_VECTORS * vr * 4;
+    const uint64_t ub = static_cast<uint64_t>(t.ubScoreBytes) + t.ubPvBytes + vr * 16 * 4 + t.ubProbBytes + t.ubOutBytes +
+                        vr * 4 + t.ubAccBytes + t.ubRowBytes + t.ubStatBytes;
+
+    // ---- preprocessing kernels
+    uint64_t prepL1 = 0, prepL0a = 0, prepL0b = 0, prepL0c = 0, prepUb = 0;
+    if (p.tilingKey == PASA_KEY_PASA) {
+        prepL1 = static_cast<uint64_t>(n) * n * 2 + 2ull * n * d * 2;
+        prepL0a = static_cast<uint64_t>(n) * n * 2;
+        prepL0b = 2ull * n * d * 2;
+        prepL0c = 2ull * n * d * 4;
+    } else if (exact) {
+        prepL1 = 16ull * n * 2 + 2ull * n * d * 2;
+        prepL0a = 16ull * n * 2;
+        prepL0b = 2ull * n * d * 2;
+        prepL0c = 2ull * 16 * d * 4;
+        prepUb = d * 4ull + 2ull * (n / 2) * d * 2 + d * 2ull + 3ull * d * 4;
+    }
+
+    struct Check { const char* what; uint64_t need, cap; };
+    const Check checks[] = {
+        {"attention L1", l1, kL1Bytes}, {"attention L0A", l0a, kL0ABytes}, {"attention L0B", t.l0bBytes, kL0BBytes},
+        {"attention L0C", t.l0cBytes, kL0CBytes}, {"attention UB (per AIV)", ub, kUbBytes},
+        {"preprocessing L1", prepL1, kL1Bytes}, {"preprocessing L0A", prepL0a, kL0ABytes},
+        {"preprocessing L0B", prepL0b, kL0BBytes}, {"preprocessing L0C", prepL0c, kL0CBytes},
+        {"preprocessing UB (per AIV)", prepUb, kUbBytes},
+    };
+    for (const Check& c : checks) {
+        if (c.need > c.cap) {
+            Reject(std::string(c.what) + " needs " + Kib(c.need) + ", the Atlas A2 AI Core has " + Kib(c.cap) +
+                   " (qTile=" + std::to_string(p.qTile) + ", kvBlock=" + std::to_string(n) + ", headDim=" +
+                   std::to_string(d) + ", headDimV=" + std::to_string(dv) + "); use a smaller q_block or kv_block");
+        }
+    }
+    if (budget != nullptr) {
+        budget->l1 = l1; budget->l0a = l0a; budget->l0b = l0b; budget->l0c = l0c; budget->ub = ub;
+        budget->prepL1 = prepL1; budget->prepL0a = prepL0a; budget->prepL0b = prepL0b; budget->prepL0c = prepL0c;
+        budget->prepUb = prepUb;
+    }
+
+    // ---- GM workspace
+    const uint64_t kvBlocksTotal = static_cast<uint64_t>(p.batch) * p.numKvHeads * t.numKvBlocks;
+    uint64_t off = 0;
+    t.shiftMatrixOffset = off;
+    off += Align64(p.tilingKey == PASA_KEY_PASA ? static_cast<uint64_t>(n) * n * 2 : 0, 512);
+    t.keyPrimeOffset = off;
+    off += Align64(p.tilingKey != PASA_KEY_FA_FP32 ? kvBlocksTotal * n * d * 2 : 0, 512);
+    t.keyMeanOffset = off;
+    off += Align64(exact ? kvBlocksTotal * d * 2 : 0, 512);
+    const uint32_t scoreElem = p.tilingKey == PASA_KEY_FA_FP32 ? 4 : 2;
+    t.scoreSlotBytes = Align64(static_cast<uint64_t>(p.qTile) * n * scoreElem, 512);
+    t.probSlotBytes = Align64(static_cast<uint64_t>(p.qTile) * n * 2, 512);
+    t.pvSlotBytes = Align64(static_cast<uint64_t>(p.qTile) * dv * scoreElem, 512);
+    t.constSlotBytes = exact ? Align64(static_cast<uint64_t>(p.qTile) * 16 * 4, 512) : 0;
+    t.colSumSlotBytes = Align64(static_cast<uint64_t>(d) * 4, 512);
+    t.coreAreaOffset = off;
+    t.coreAreaBytes = std::max<uint64_t>(2 * (t.scoreSlotBytes + t.probSlotBytes + t.pvSlotBytes + t.constSlotBytes),
+                                         2 * t.colSumSlotBytes);
+    off += t.coreAreaBytes * t.blockDim;
+    t.workspaceBytes = off;
+    return t;
+}
+
+}  // namespace pasa

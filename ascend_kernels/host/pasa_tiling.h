@@ -1,0 +1,65 @@
+// Host tiling of the PASA kernels: from the problem description to PasaTilingData, with the
+// per-core buffer budgets of an Atlas A2 AI Core checked. Shared by the CPU emulation binding
+// and the CANN launcher. Plain C++17, no device headers.
+#ifndef PASA_HOST_TILING_H
+#define PASA_HOST_TILING_H
+
+#include <cstdint>
+#include <string>
+
+#include "../kernels/pasa_tiling_data.h"
+
+namespace pasa {
+
+// Atlas A2 (910B) per-core memories.
+constexpr uint32_t kL1Bytes = 512 * 1024;
+constexpr uint32_t kL0ABytes = 64 * 1024;
+constexpr uint32_t kL0BBytes = 64 * 1024;
+constexpr uint32_t kL0CBytes = 128 * 1024;
+constexpr uint32_t kUbBytes = 192 * 1024;
+constexpr uint32_t kDefaultCoreNum = 24;  // AI Cores (AIC + 2 AIV each) of an Atlas A2
+
+struct PasaProblem {
+    uint32_t tilingKey = PASA_KEY_PASA_EXACT;
+    uint32_t batch = 0, numHeads = 0, numKvHeads = 0;
+    uint32_t seqQ = 0, seqKv = 0, headDim = 0, headDimV = 0;
+    uint32_t qLayout = PASA_LAYOUT_BNSD, kvLayout = PASA_LAYOUT_BNSD, outLayout = PASA_LAYOUT_BNSD;
+    uint32_t outDtype = PASA_OUT_FP16;
+    uint32_t inDtype = PASA_IN_FP16;
+    uint32_t maskMode = PASA_MASK_NONE;
+    double scale = 1.0;
+    double beta = -1.0;      // pasa only; negative: the optimal beta from kDefaultBeta0
+    uint32_t qTile = 128;
+    uint32_t kvBlock = 128;
+    uint32_t coreNum = kDefaultCoreNum;
+};
+
+// Memory a configuration needs, per core, in bytes (for the budget report).
+struct PasaBudget {
+    uint64_t l1 = 0, l0a = 0, l0b = 0, l0c = 0, ub = 0;            // attention kernel
+    uint64_t prepL1 = 0, prepL0a = 0, prepL0b = 0, prepL0c = 0, prepUb = 0;  // preprocessing
+};
+
+// The paper's starting point for the optimal accuracy condition (pasa_npu.numerics.DEFAULT_BETA0).
+constexpr double kDefaultBeta0 = 1.0 - 1.0 / 64.0;
+
+// Optimal beta for the n x n shifting matrix stored in fp16 with `scale` folded in: the fixed
+// point of beta <- gamma_eff(beta) / (1 + gamma_eff(beta)) (pasa_npu.beta.optimal_beta).
+double OptimalBeta(double beta0, uint32_t n, double scale);
+
+// Fill the tiling; throws std::invalid_argument naming the parameter or the budget that fails.
+PasaTilingData ComputeTiling(const PasaProblem& problem, PasaBudget* budget = nullptr);
+
+// Write M^T (= M, symmetric) for pasa, kvBlock x kvBlock fp16 bits, as the preprocessing kernel
+// reads it from workspace + shiftMatrixOffset: scale (1 - beta/n) on the diagonal, -scale beta/n off it.
+void FillShiftMatrix(const PasaTilingData& t, uint16_t* dst);
+
+// fp16 bits of a double, rounded once to nearest even (no intermediate fp32 rounding).
+uint16_t DoubleToHalfBits(double value);
+// fp16 bits of a float, rounded to nearest even.
+uint16_t FloatToHalfBits(float value);
+double HalfBitsToDouble(uint16_t bits);
+
+}  // namespace pasa
+
+#endif  // PASA_HOST_TILING_H

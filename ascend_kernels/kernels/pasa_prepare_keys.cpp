@@ -1,0 +1,309 @@
+// Preprocessing of the keys, once per kv block, before the attention kernel (DESIGN.md §2.1).
+//
+// pasa_shift_keys (cube only, tiling key PASA):  K'_j = M^T K_j, M = scale (I - beta/n J)
+//   stored in fp16 as the host built it. One Mmad per block: A = M^T (resident in L0A),
+//   B = K_j, fp32 accumulation, Fixpipe rounds K' to fp16.
+//
+// pasa_center_keys (MIX 1:2, tiling key PASA_EXACT):  mean16 = fp16(colsum(K_j) / n),
+//   K'_j = fp16((K_j - mean16) * scale).  The column sums run on the cube (ones^T K_j, fp32
+//   accumulation in key order); the subtraction runs on the vector cores. It cannot be folded
+//   into one cube GEMM: pasa-exact subtracts the *rounded* mean16 and scales in fp32, and a
+//   GEMM would need scale*mean16 as an fp16 operand, a second rounding the allocation does
+//   not have.
+//
+// A ragged last block (kv_len not a multiple of the block) is zero-filled in L1: the
+// shifting matrix and the column sums run over all n rows, padded ones included.
+#include "pasa_kernel_common.h"
+
+using namespace AscendC;
+
+namespace pasa {
+
+// Load a block of keys (validRows x D, rest zero) into L1 in NZ layout with C0 stride kvBlock.
+__aicore__ inline void LoadKeyBlockNz(const LocalTensor<half>& l1, const GlobalTensor<half>& key, const PasaTilingData& t,
+                                      const KeyBlockTask& task)
+{
+    const uint32_t n = t.kvBlock, d = t.headDim;
+    if (task.validRows < n) {
+        Fill(l1[task.validRows * kC0],
+             InitConstValueParams<half>(static_cast<uint16_t>(d / kC0), static_cast<uint16_t>(n - task.validRows),
+                                        static_cast<uint16_t>(task.validRows), half(0.0f)));
+    }
+    const uint64_t src = RowOffset(t.kvLayout, task.b, task.kvHead, task.block * n, t.numKvHeads, t.seqKv, d);
+    DataCopy(l1, key[src],
+             Nd2NzParams(1, static_cast<uint16_t>(task.validRows), static_cast<uint16_t>(d), 0,
+                         static_cast<uint16_t>(RowStride(t.kvLayout, t.numKvHeads, d)), static_cast<uint16_t>(n), 1, 0));
+}
+
+// L1 (NZ, kvBlock x D) -> L0B (Zn, the K_j operand of a k = kvBlock GEMM): transpose each fractal.
+__aicore__ inline void KeyBlockToL0b(const LocalTensor<half>& l0b, const LocalTensor<half>& l1, const PasaTilingData& t)
+{
+    const uint32_t kBlocks = t.kvBlock / kC0, nBlocks = t.headDim / kC0;
+    for (uint32_t kb = 0; kb < kBlocks; ++kb) {
+        LoadData(l0b[kb * nBlocks * kFractal], l1[kb * kFractal],
+                 LoadData2DParams(0, static_cast<uint8_t>(nBlocks), static_cast<uint16_t>(kBlocks), 0, 0, true, 0));
+    }
+}
+
+// ----------------------------------------------------------------------------- pasa
+class ShiftKeysCube {
+public:
+    __aicore__ inline void Run(GM_ADDR key, GM_ADDR qLens, GM_ADDR kvLens, GM_ADDR next, GM_ADDR workspace,
+                               const PasaTilingData& t)
+    {
+        const uint32_t n = t.kvBlock, d = t.headDim;
+        key_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(key));
+        shift_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.shiftMatrixOffset), n * n);
+        keyPrime_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.keyPrimeOffset));
+        batches_.Init(qLens, kvLens, next, t.batch);
+
+        pipe_.InitBuffer(shiftL1_, 1, n * n * sizeof(half));
+        pipe_.InitBuffer(shiftL0a_, n * n * sizeof(half));
+        pipe_.InitBuffer(keyL1_, 2, n * d * sizeof(half));
+        pipe_.InitBuffer(keyL0b_, 2, n * d * sizeof(half));
+        pipe_.InitBuffer(outL0c_, 2, n * d * sizeof(float));
+
+        // M^T -> L1 (NZ) -> L0A (Zz), resident for every block.
+        LocalTensor<half> m1 = shiftL1_.AllocTensor<half>();
+        DataCopy(m1, shift_, Nd2NzParams(1, static_cast<uint16_t>(n), static_cast<uint16_t>(n), 0,
+                                         static_cast<uint16_t>(n), static_cast<uint16_t>(n), 1, 0));
+        shiftL1_.EnQue(m1);
+        m1 = shiftL1_.DeQue<half>();
+        LocalTensor<half> m2 = shiftL0a_.Get<half>();
+        for (uint32_t mb = 0; mb < n / kC0; ++mb) {
+            LoadData(m2[mb * (n / kC0) * kFractal], m1[mb * kFractal],
+                     LoadData2DParams(0, static_cast<uint8_t>(n / kC0), static_cast<uint16_t>(n / kC0), 0, 0, false, 0));
+        }
+        shiftL1_.FreeTensor(m1);
+        const TEventID loaded = pipe_.AllocEventID<HardEvent::MTE1_M>();
+        SetFlag<HardEvent::MTE1_M>(loaded);
+        WaitFlag<HardEvent::MTE1_M>(loaded);
+        pipe_.ReleaseEventID<HardEvent::MTE1_M>(loaded);
+
+        KeyBlockIter it(t, batches_, static_cast<uint32_t>(GetBlockIdx()));
+        KeyBlockTask task;
+        while (it.Next(task)) {
+            LocalTensor<half> k1 = keyL1_.AllocTensor<half>();
+            LoadKeyBlockNz(k1, key_, t, task);
+            keyL1_.EnQue(k1);
+            k1 = keyL1_.DeQue<half>();
+            LocalTensor<half> k2 = keyL0b_.AllocTensor<half>();
+            KeyBlockToL0b(k2, k1, t);
+            keyL0b_.EnQue(k2);
+            keyL1_.FreeTensor(k1);
+            k2 = keyL0b_.DeQue<half>();
+
+            LocalTensor<float> c = outL0c_.AllocTensor<float>();
+            Mmad(c, m2, k2, MmadParams(static_cast<uint16_t>(n), static_cast<uint16_t>(d), static_cast<uint16_t>(n), 0, false, true));
+            keyL0b_.FreeTensor(k2);
+            outL0c_.EnQue(c);
+            c = outL0c_.DeQue<float>();
+            Fixpipe<half, float, CFG_ROW_MAJOR>(keyPrime_[KeyPrimeOffset(t, task.b, task.kvHead, task.block)], c,
+                FixpipeParamsV220(static_cast<uint16_t>(d), static_cast<uint16_t>(n), static_cast<uint16_t>(n), d,
+                                  false, QuantMode_t::F322F16, 0, 1, 0, 0, 0));
+            outL0c_.FreeTensor(c);
+        }
+    }
+
+private:
+    TPipe pipe_;
+    TQue<TPosition::A1, 1> shiftL1_;
+    TBuf<TPosition::A2> shiftL0a_;
+    TQue<TPosition::B1, 2> keyL1_;
+    TQue<TPosition::B2, 2> keyL0b_;
+    TQue<TPosition::CO1, 2> outL0c_;
+    GlobalTensor<half> key_, shift_, keyPrime_;
+    BatchTable batches_;
+};
+
+// ----------------------------------------------------------------------------- pasa-exact
+class CenterKeysCube {
+public:
+    __aicore__ inline void Run(GM_ADDR key, GM_ADDR qLens, GM_ADDR kvLens, GM_ADDR next, GM_ADDR workspace,
+                               const PasaTilingData& t)
+    {
+        const uint32_t n = t.kvBlock, d = t.headDim;
+        key_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(key));
+        const uint64_t area = t.coreAreaOffset + static_cast<uint64_t>(GetBlockIdx()) * t.coreAreaBytes;
+        colSum_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + area), 2 * t.colSumSlotBytes / sizeof(float));
+        batches_.Init(qLens, kvLens, next, t.batch);
+
+        pipe_.InitBuffer(onesL1_, 1, kC0 * n * sizeof(half));
+        pipe_.InitBuffer(onesL0a_, kC0 * n * sizeof(half));
+        pipe_.InitBuffer(keyL1_, 2, n * d * sizeof(half));
+        pipe_.InitBuffer(keyL0b_, 2, n * d * sizeof(half));
+        pipe_.InitBuffer(sumL0c_, 2, kC0 * d * sizeof(float));
+
+        // A = 16 x n with row 0 all ones, rows 1..15 zero (NZ: one 16-row block per column block).
+        LocalTensor<half> o1 = onesL1_.AllocTensor<half>();
+        Fill(o1, InitConstValueParams<half>(static_cast<uint16_t>(n / kC0), 1, 15, half(1.0f)));
+        Fill(o1[kC0], InitConstValueParams<half>(static_cast<uint16_t>(n / kC0), 15, 1, half(0.0f)));
+        onesL1_.EnQue(o1);
+        o1 = onesL1_.DeQue<half>();
+        LocalTensor<half> o2 = onesL0a_.Get<half>();
+        LoadData(o2, o1, LoadData2DParams(0, static_cast<uint8_t>(n / kC0), 1, 0, 0, false, 0));
+        onesL1_.FreeTensor(o1);
+        const TEventID loaded = pipe_.AllocEventID<HardEvent::MTE1_M>();
+        SetFlag<HardEvent::MTE1_M>(loaded);
+        WaitFlag<HardEvent::MTE1_M>(loaded);
+        pipe_.ReleaseEventID<HardEvent::MTE1_M>(loaded);
+
+        KeyBlockIter it(t, batches_, static_cast<uint32_t>(GetBlockIdx()));
+        KeyBlockTask task;
+        uint32_t done = 0;
+        while (it.Next(task)) {
+            LocalTensor<half> k1 = keyL1_.AllocTensor<half>();
+            LoadKeyBlockNz(k1, key_, t, task);
+            keyL1_.EnQue(k1);
+            k1 = keyL1_.DeQue<half>();
+            LocalTensor<half> k2 = keyL0b_.AllocTensor<half>();
+            KeyBlockToL0b(k2, k1, t);
+            keyL0b_.EnQue(k2);
+            keyL1_.FreeTensor(k1);
+            k2 = keyL0b_.DeQue<half>();
+
+            LocalTensor<float> c = sumL0c_.AllocTensor<float>();
+            Mmad(c, o2, k2, MmadParams(1, static_cast<uint16_t>(d), static_cast<uint16_t>(n), 0, false, true));
+            keyL0b_.FreeTensor(k2);
+            sumL0c_.EnQue(c);
+            c = sumL0c_.DeQue<float>();
+            if (done >= 2) CrossCoreWaitFlag(PASA_FLAG_SUM_FREE);  // the vector cores read slot (done % 2)
+            Fixpipe<float, float, CFG_ROW_MAJOR>(colSum_[(done % 2) * (t.colSumSlotBytes / sizeof(float))], c,
+                FixpipeParamsV220(static_cast<uint16_t>(d), 1, kC0, d, false, QuantMode_t::NoQuant, 0, 1, 0, 0, 0));
+            sumL0c_.FreeTensor(c);
+            CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_SUM_READY);
+            ++done;
+        }
+        for (uint32_t i = done >= 2 ? done - 2 : 0; i < done; ++i) CrossCoreWaitFlag(PASA_FLAG_SUM_FREE);
+    }
+
+private:
+    TPipe pipe_;
+    TQue<TPosition::A1, 1> onesL1_;
+    TBuf<TPosition::A2> onesL0a_;
+    TQue<TPosition::B1, 2> keyL1_;
+    TQue<TPosition::B2, 2> keyL0b_;
+    TQue<TPosition::CO1, 2> sumL0c_;
+    GlobalTensor<half> key_;
+    GlobalTensor<float> colSum_;
+    BatchTable batches_;
+};
+
+class CenterKeysVector {
+public:
+    __aicore__ inline void Run(GM_ADDR key, GM_ADDR qLens, GM_ADDR kvLens, GM_ADDR next, GM_ADDR workspace,
+                               const PasaTilingData& t)
+    {
+        const uint32_t n = t.kvBlock, d = t.headDim, half_n = n / 2;
+        const uint32_t core = static_cast<uint32_t>(GetBlockIdx()) / 2, sub = static_cast<uint32_t>(GetSubBlockIdx());
+        key_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(key));
+        keyPrime_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.keyPrimeOffset));
+        keyMean_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.keyMeanOffset));
+        const uint64_t area = t.coreAreaOffset + static_cast<uint64_t>(core) * t.coreAreaBytes;
+        colSum_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + area), 2 * t.colSumSlotBytes / sizeof(float));
+        batches_.Init(qLens, kvLens, next, t.batch);
+
+        pipe_.InitBuffer(sumIn_, 1, d * sizeof(float));
+        pipe_.InitBuffer(keyIn_, 1, half_n * d * sizeof(half));
+        pipe_.InitBuffer(keyOut_, 1, half_n * d * sizeof(half));
+        pipe_.InitBuffer(meanOut_, 1, d * sizeof(half));
+        pipe_.InitBuffer(calc_, 3 * d * sizeof(float));
+        LocalTensor<float> mean32 = calc_.Get<float>();
+        LocalTensor<float> row32 = mean32[d];
+        LocalTensor<half> mean16 = mean32[2 * d].ReinterpretCast<half>();
+
+        const uint32_t r0 = sub * half_n, r1 = r0 + half_n;  // this AIV's rows of the block
+        const uint32_t keyStride = RowStride(t.kvLayout, t.numKvHeads, d);
+        KeyBlockIter it(t, batches_, core);
+        KeyBlockTask task;
+        uint32_t done = 0;
+        while (it.Next(task)) {
+            CrossCoreWaitFlag(PASA_FLAG_SUM_READY);
+            LocalTensor<float> sum = sumIn_.AllocTensor<float>();
+            DataCopy(sum, colSum_[(done % 2) * (t.colSumSlotBytes / sizeof(float))], d);
+            sumIn_.EnQue(sum);
+            CrossCoreSetFlag<2, PIPE_MTE2>(PASA_FLAG_SUM_FREE);
+            sum = sumIn_.DeQue<float>();
+            // mean16 = fp16(colsum / n); the fp32 multiply by 1/n is exact (n is a power of two).
+            Muls(mean32, sum, t.invKvBlock, static_cast<int32_t>(d));
+            sumIn_.FreeTensor(sum);
+            Cast(mean16, mean32, RoundMode::CAST_RINT, d);
+            Cast(mean32, mean16, RoundMode::CAST_NONE, d);
+            if (sub == 0) {
+                LocalTensor<half> m = meanOut_.AllocTensor<half>();
+                Muls(m, mean16, half(1.0f), static_cast<int32_t>(d));
+                meanOut_.EnQue(m);
+                m = meanOut_.DeQue<half>();
+                DataCopy(keyMean_[KeyMeanOffset(t, task.b, task.kvHead, task.block)], m, d);
+                meanOut_.FreeTensor(m);
+            }
+
+            // this AIV's rows: K (zero past kv_len) -> fp16((K - mean16) * scale)
+            const uint32_t valid = task.validRows > r0 ? Min(task.validRows, r1) - r0 : 0;
+            LocalTensor<half> kin = keyIn_.AllocTensor<half>();
+            if (valid > 0) {
+                const uint64_t src = RowOffset(t.kvLayout, task.b, task.kvHead, task.block * n + r0, t.numKvHeads, t.seqKv, d);
+                DataCopy(kin, key_[src], DataCopyParams(static_cast<uint16_t>(valid), static_cast<uint16_t>(d * sizeof(half) / 32),
+                                                        static_cast<uint16_t>((keyStride - d) * sizeof(half) / 32), 0));
+            }
+            keyIn_.EnQue(kin);
+            kin = keyIn_.DeQue<half>();
+            LocalTensor<half> kout = keyOut_.AllocTensor<half>();
+            for (uint32_t r = 0; r < half_n; ++r) {
+                if (r < valid) {
+                    Cast(row32, kin[r * d], RoundMode::CAST_NONE, d);
+                } else {
+                    Duplicate(row32, 0.0f, static_cast<int32_t>(d));
+                }
+                Sub(row32, row32, mean32, static_cast<int32_t>(d));
+                Muls(row32, row32, t.scale, static_cast<int32_t>(d));
+                Cast(kout[r * d], row32, RoundMode::CAST_RINT, d);
+            }
+            keyIn_.FreeTensor(kin);
+            keyOut_.EnQue(kout);
+            kout = keyOut_.DeQue<half>();
+            DataCopy(keyPrime_[KeyPrimeOffset(t, task.b, task.kvHead, task.block) + static_cast<uint64_t>(r0) * d], kout, half_n * d);
+            keyOut_.FreeTensor(kout);
+            ++done;
+        }
+    }
+
+private:
+    TPipe pipe_;
+    TQue<TPosition::VECIN, 1> sumIn_, keyIn_;
+    TQue<TPosition::VECOUT, 1> keyOut_, meanOut_;
+    TBuf<TPosition::VECCALC> calc_;
+    GlobalTensor<half> key_, keyPrime_, keyMean_;
+    GlobalTensor<float> colSum_;
+    BatchTable batches_;
+};
+
+}  // namespace pasa
+
+extern "C" __global__ __aicore__ void pasa_shift_keys(GM_ADDR key, GM_ADDR qLens, GM_ADDR kvLens, GM_ADDR next,
+                                                      GM_ADDR workspace, GM_ADDR tiling)
+{
+    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIC_ONLY);
+    PasaTilingData t;
+    pasa::LoadTiling(tiling, t);
+    if ASCEND_IS_AIC {
+        pasa::ShiftKeysCube op;
+        op.Run(key, qLens, kvLens, next, workspace, t);
+    }
+}
+
+extern "C" __global__ __aicore__ void pasa_center_keys(GM_ADDR key, GM_ADDR qLens, GM_ADDR kvLens, GM_ADDR next,
+                                                       GM_ADDR workspace, GM_ADDR tiling)
+{
+    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+    PasaTilingData t;
+    pasa::LoadTiling(tiling, t);
+    if ASCEND_IS_AIC {
+        pasa::CenterKeysCube op;
+        op.Run(key, qLens, kvLens, next, workspace, t);
+    }
+    if ASCEND_IS_AIV {
+        pasa::CenterKeysVector op;
+        op.Run(key, qLens, kvLens, next, workspace, t);
+    }
+}

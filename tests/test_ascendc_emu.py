@@ -1,0 +1,343 @@
+"""The AscendC kernels of ascend_kernels/ run under the CPU emulation (backend "ascendc-emu"):
+against the torch backend's same allocation at the same tiling, on the paper's overflow cases,
+and the emulation's own checks (what the hardware rejects, the emulation rejects)."""
+from __future__ import annotations
+
+import math
+import pathlib
+import re
+
+import pytest
+import torch
+
+import pasa_npu
+
+emu = pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu extension is not built")
+from pasa_npu import ascendc_emu  # noqa: E402
+from pasa_npu.tools.inputs import Case  # noqa: E402
+from test_golden import CASES, make_case  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+KERNEL_ALGORITHMS = ("fa-fp32", "pasa", "pasa-exact")
+
+
+# --------------------------------------------------------------------------- support matrix
+
+
+def kernels_support(case: dict, algorithm: str) -> bool:
+    """What the kernels implement, written out independently of the backend's own check:
+    BNSD/BSND/BSH tensors (not packed), no explicit mask, no band with a lower bound,
+    three allocations, head dims that are multiples of 16."""
+    if algorithm not in KERNEL_ALGORITHMS:
+        return False
+    if case["layout"].split("_")[0] in ("TND", "NTD"):
+        return False
+    if case.get("mask") in ("random4d", "random2d", "decode2d"):
+        return False
+    if case.get("sparse_mode") == 4:
+        return False
+    return case["D"] % 16 == 0
+
+
+def _ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Spacing of `dtype` at |x| (float64)."""
+    mant = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}[dtype]
+    tiny = {torch.float16: 2.0 ** -14, torch.bfloat16: 2.0 ** -126, torch.float32: 2.0 ** -126}[dtype]
+    return torch.exp2(torch.floor(torch.log2(x.double().abs().clamp_min(tiny))) - mant)
+
+
+# Tolerance against the torch backend (measured maxima over this file's matrix in brackets).
+# Exact equality is impossible where the two compute a step in a different order or with a
+# different elementary function, not where they round differently: every rounding step, the
+# score and P'V matmuls (both accumulate in key order) and the online update order coincide.
+#  * output: each element within 2 units in the last place of its row's largest magnitude
+#    [fa-fp32 1, pasa 2, pasa-exact 1]. A row is rescaled as a whole by a = exp(m - m'), so a
+#    1-ulp difference in one fp32 exp (glibc expf in the emulation, SLEEF in torch; ~1% of
+#    arguments) moves many elements of that row by one ulp of its scale;
+#  * LSE (fp32): fa-fp32 within 4 ulp [2] (log and the fp32 row sums: the emulated ReduceSum adds
+#    a binary tree per 256-byte repeat as documented for Atlas A2, torch a vectorised cascade);
+#    pasa 1.5e-4 absolute [6.2e-5], pasa-exact 1e-4 [4.5e-5]: one fp16 block mean (pasa: of S',
+#    summed in a different order; pasa-exact: of K, whose column sum torch adds in 16-row
+#    chunks) rounding the other way shifts the stored maximum, which gamma or the exact shift
+#    turns into a few 1e-5 of LSE while the output stays within the bound above;
+#  * decode rows with one query per kv head: torch's GEMV does not accumulate in key order (the
+#    cube does), so S itself differs in the last fp32 bit there; the bounds above still hold.
+OUT_ULPS = 2
+LSE_ABS = {"pasa": 1.5e-4, "pasa-exact": 1e-4}
+LSE_ULPS = 4
+
+
+def assert_matches_torch(out, lse, ref, ref_lse, algorithm, dtype):
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)), "NaN pattern differs from the torch backend"
+    row_scale = ref.double().abs().amax(-1, keepdim=True).expand_as(ref)
+    excess = ((out.double() - ref.double()).abs() - OUT_ULPS * _ulp(row_scale, dtype))
+    excess = excess[~torch.isnan(ref)]
+    assert float(excess.max()) <= 0, (
+        f"{int((excess > 0).sum())} output elements differ from the torch backend by more than "
+        f"{OUT_ULPS} ulp of their row's scale")
+    if lse is None:
+        return
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite), "LSE -inf pattern differs from the torch backend"
+    diff = (lse - ref_lse)[finite].double().abs()
+    bound = (torch.full_like(diff, LSE_ABS[algorithm]) if algorithm in LSE_ABS
+             else LSE_ULPS * _ulp(ref_lse[finite], torch.float32))
+    assert bool((diff <= bound).all()), f"LSE differs by up to {float(diff.max()):.3g}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("algorithm", pasa_npu.ALGORITHM_NAMES)
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_torch_backend(name, algorithm, dtype):
+    """Every case of the golden matrix: the kernels either compute it like the torch backend
+    (same allocation, same tiling) or refuse it with NotImplementedError naming the feature."""
+    case = CASES[name]
+    q, k, v, kw = make_case(case, dtype)
+    if not kernels_support(case, algorithm):
+        with pytest.raises(NotImplementedError, match="ascendc-emu|ascendc_emu|not supported"):
+            pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
+        return
+    out, lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
+    ref, ref_lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="torch", **kw)
+    assert_matches_torch(out, lse, ref, ref_lse, algorithm, dtype)
+
+
+def test_bit_identical_where_no_order_differs():
+    """pasa keeps every statistic in fp16, so the fp32-level differences (sum order, exp) are
+    rounded away: on this causal case nothing rounds the other way and output and LSE are bit
+    for bit the torch backend's. pasa-exact on keys whose column sums are exact in fp32 (so
+    mean16, K' and c coincide): what differs is the fp32 exp of the rescale factor only."""
+    q, k, v, kw = make_case(CASES["left-up-causal"], torch.float16)
+    out, lse = pasa_npu.fused_attention(q, k, v, algorithm="pasa", backend="ascendc-emu", **kw)
+    ref, ref_lse = pasa_npu.fused_attention(q, k, v, algorithm="pasa", backend="torch", **kw)
+    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+    # K on a 1/8 grid below 16: every column sum of a block is exact in fp32, whatever its order
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 2, 128, 32, generator=gen).half()
+    k = (torch.randint(-120, 120, (1, 2, 256, 32), generator=gen) / 8.0).half()
+    v = torch.randn(1, 2, 256, 32, generator=gen).half()
+    kw = dict(num_heads=2, input_layout="BNSD", scale=32 ** -0.5, softmax_lse_flag=True)
+    out, _ = pasa_npu.fused_attention(q, k, v, algorithm="pasa-exact", backend="ascendc-emu", **kw)
+    ref, _ = pasa_npu.fused_attention(q, k, v, algorithm="pasa-exact", backend="torch", **kw)
+    diff = out != ref
+    # what remains is the fp32 exp of the rescale factor a (see OUT_ULPS): one ulp, rarely
+    assert float(diff.double().mean()) < 0.02
+    assert_matches_torch(out, None, ref, None, "pasa-exact", torch.float16)
+
+
+# --------------------------------------------------------------------------- paper cases
+
+
+PAPER_CASES = [Case("uniform", 30, 0.5), Case("hybrid", 30, 10), Case("uniform", 20, 20),
+               Case("resonance", 0, 1e5)]
+
+
+@pytest.mark.parametrize("case", PAPER_CASES, ids=[c.label for c in PAPER_CASES])
+def test_paper_overflow_cases(case):
+    """The paper's overflow cases (fa-fp16s: 100% or partly NaN) at one head of (1280, 128):
+    the kernels' PASA allocations stay finite, as accurate as the torch backend's."""
+    q, k, v = case.make((1, 1, 1280, 128), seed=0)
+    kw = dict(num_heads=1, input_layout="BNSD", scale=128 ** -0.5)
+    gold, _ = pasa_npu.reference_attention(q, k, v, **kw)
+    fp16s, _ = pasa_npu.fused_attention(q, k, v, algorithm="fa-fp16s", backend="torch", **kw)
+    assert not torch.isfinite(fp16s).all()  # the case overflows plain fp16 scores
+    for algorithm in ("pasa", "pasa-exact"):
+        out, _ = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
+        ref, _ = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="torch", **kw)
+        assert torch.isfinite(out).all(), f"{algorithm} overflowed"
+        assert_matches_torch(out, None, ref, None, algorithm, torch.float16)
+        err = float((out.double() - gold).norm() / gold.norm())
+        ref_err = float((ref.double() - gold).norm() / gold.norm())
+        assert err <= 1.02 * ref_err + 1e-6, f"{algorithm}: {err:.3g} vs torch backend {ref_err:.3g}"
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def _small(d=32, s=40, dtype=torch.float16):
+    gen = torch.Generator().manual_seed(1)
+    return [torch.randn(1, 2, s, d, generator=gen).to(dtype) for _ in range(3)]
+
+
+@pytest.mark.parametrize("kwargs,feature", [
+    (dict(algorithm="fa-fp16s"), "algorithm in"),
+    (dict(algorithm="pasa-mixed"), "algorithm in"),
+    (dict(algorithm="pasa", atten_mask=torch.zeros(40, 40, dtype=torch.bool)), "explicit atten_mask"),
+    (dict(algorithm="pasa", sparse_mode=4, pre_tokens=8, next_tokens=0,
+          atten_mask=pasa_npu.compressed_causal_mask()), "lower bound"),
+    (dict(algorithm="pasa-exact", rounding_guard=True), "rounding_guard"),
+    (dict(algorithm="pasa", kv_block=48), "kvBlock must be a power of two"),
+    (dict(algorithm="pasa-exact", q_block=512), "L0A needs"),
+])
+def test_unsupported_features_are_refused(kwargs, feature):
+    q, k, v = _small()
+    with pytest.raises(NotImplementedError, match=feature):
+        pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD", backend="ascendc-emu",
+                                 **kwargs)
+
+
+def test_refuses_head_dim_and_packed_layouts():
+    q, k, v = _small(d=40)
+    with pytest.raises(NotImplementedError, match="multiples of 16"):
+        pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD", backend="ascendc-emu")
+    t = torch.randn(50, 2, 32).half()
+    with pytest.raises(NotImplementedError, match="packed layouts"):
+        pasa_npu.fused_attention(t, t, t, num_heads=2, input_layout="TND", backend="ascendc-emu",
+                                 actual_seq_lengths=[20, 50], actual_seq_lengths_kv=[20, 50])
+
+
+# --------------------------------------------------------------------------- tiling and counters
+
+
+def _params(**over):
+    p = dict(tiling_key=2, batch=1, num_heads=1, num_kv_heads=1, seq_q=256, seq_kv=256, head_dim=128,
+             head_dim_v=128, q_layout=0, kv_layout=0, out_layout=0, out_dtype=0, mask_mode=0,
+             scale=128 ** -0.5, beta=0.0, q_tile=128, kv_block=128, core_num=24)
+    p.update(over)
+    return p
+
+
+def test_tiling_fits_the_atlas_a2_budgets():
+    caps = dict(l1=512 << 10, l0a=64 << 10, l0b=64 << 10, l0c=128 << 10, ub=192 << 10)
+    for key in (0, 1, 2):
+        use = emu.tiling(_params(tiling_key=key, beta=0.9 if key == 1 else 0.0))["bytes_per_core"]
+        for mem, cap in caps.items():
+            assert 0 < use[mem] <= cap, (key, mem)
+            assert use["prep_" + mem] <= cap
+    with pytest.raises(ValueError, match="attention L0A needs"):
+        emu.tiling(_params(q_tile=256))
+    with pytest.raises(ValueError, match="headDim must be a positive multiple of 16"):
+        emu.tiling(_params(head_dim=72))
+
+
+def test_pasa_tiling_rounds_the_shift_matrix_like_the_torch_backend():
+    """The host builds M = scale (I - beta/n J) in fp16 and gamma from fp32 as the torch backend does."""
+    from pasa_npu.beta import shift_matrix
+    beta, n, scale = pasa_npu.beta.default_beta(64, 0.125), 64, 0.125
+    t = emu.tiling(_params(tiling_key=1, kv_block=n, scale=scale, beta=beta))
+    m = shift_matrix(beta, n, torch.float16, scale)
+    bits = m.view(torch.int16)
+    assert t["shift_diag_bits"] == int(bits[0, 0]) & 0xFFFF
+    assert t["shift_off_bits"] == int((-m).view(torch.int16)[0, 1]) & 0xFFFF
+    gamma = torch.tensor(beta / (1 - beta)).to(torch.float16).item()  # fp32 then fp16, as torch_blockwise
+    assert t["gamma"] == gamma
+
+
+@pytest.mark.parametrize("n,scale", [(128, 1.0), (128, 128 ** -0.5), (64, 0.125), (32, 0.2)])
+def test_host_beta_solver_equals_the_python_solver(n, scale):
+    from pasa_npu.beta import optimal_beta
+    for beta0 in (1 - 2 ** -4, 1 - 2 ** -5, 1 - 2 ** -6):
+        assert emu.optimal_beta(beta0, n, scale) == optimal_beta(beta0, n, torch.float16, scale)
+    # beta < 0 asks the host tiling for the default: the same gamma and matrix entries
+    auto = emu.tiling(_params(tiling_key=1, kv_block=n, scale=scale, beta=-1.0))
+    given = emu.tiling(_params(tiling_key=1, kv_block=n, scale=scale,
+                               beta=pasa_npu.beta.default_beta(n, scale)))
+    assert (auto["gamma"], auto["shift_diag_bits"]) == (given["gamma"], given["shift_diag_bits"])
+
+
+def test_cost_counters_per_path():
+    """Bytes per path and cube work of one call, against the counts the tiling implies: one
+    head, 256 x 256, D = 64, 128 x 128 tiles: 2 query tiles x 2 kv blocks."""
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 1, 256, 64, generator=gen).half() for _ in range(3))
+    kw = dict(num_heads=1, input_layout="BNSD", scale=0.125)
+    stats = {}
+    for algorithm in ("fa-fp32", "pasa", "pasa-exact"):
+        pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
+        stats[algorithm] = ascendc_emu.last_run_stats()
+    tiles = 2 * 2
+    for algorithm, extra_cols in (("fa-fp32", 0), ("pasa", 0), ("pasa-exact", 16)):
+        att = stats[algorithm]["attention"]
+        assert att["mmad_calls"] == 2 * tiles
+        assert att["cube_macs"] == tiles * (128 * (128 + extra_cols) * 64 + 128 * 64 * 128)
+        assert att["cross_core_sets"] == 4 * tiles   # S and PV by the AIC, P by each AIV
+        assert att["cross_core_waits"] == 5 * tiles  # P by the AIC, S and PV by each AIV
+    assert stats["fa-fp32"]["preprocess"] is None
+    assert stats["pasa"]["preprocess"]["cube_macs"] == 2 * 128 * 64 * 128          # M^T K per block
+    assert stats["pasa-exact"]["preprocess"]["cube_macs"] == 2 * 1 * 64 * 128      # ones^T K per block
+    # fp16 S' and P'V halve what crosses from cube to vector, against fa-fp32's fp32 tiles
+    per_tile = 128 * 128 + 128 * 64  # S elements + P V elements
+    assert stats["fa-fp32"]["attention"]["l0c_to_gm_bytes"] == tiles * per_tile * 4
+    assert stats["pasa"]["attention"]["l0c_to_gm_bytes"] == tiles * per_tile * 2
+    assert stats["pasa-exact"]["attention"]["l0c_to_gm_bytes"] == tiles * (per_tile * 2 + 128 * 16 * 4)
+    assert stats["pasa"]["attention"]["gm_to_ub_bytes"] * 2 == stats["fa-fp32"]["attention"]["gm_to_ub_bytes"]
+
+
+# --------------------------------------------------------------------------- the emulation itself
+
+
+REJECTED = {
+    "ub_over_capacity": "UB over capacity",
+    "l0a_over_capacity": "L0A over capacity",
+    "misaligned_ub_copy": "not 32-byte aligned",
+    "unaligned_copy_length": "not a multiple of 32",
+    "dequeue_before_enqueue": "DeQue on an empty queue",
+    "alloc_without_free": "all 1 buffers are in use",
+    "missing_pipe_sync": "pipe hazard: Muls on PIPE_V",
+    "wait_without_set": "no matching SetFlag",
+    "set_twice": "twice without a WaitFlag",
+    "set_never_waited": "never waited for",
+    "missing_cross_core_flag": "deadlock",
+    "cross_core_flag_never_waited": "more time",
+    "cross_core_counter_overflow": "would exceed 15",
+    "cross_core_wrong_pipe": "pipe hazard: DataCopy\\(GM->L1, Nd2Nz\\) on PIPE_MTE2",
+    "partial_overlap": "partially overlaps",
+    "mmad_misaligned": "not 512-byte aligned",
+    "fixpipe_without_quant": "needs quantPre F322F16",
+}
+
+
+def test_every_selftest_is_covered():
+    names = set(emu.selftest_names())
+    assert set(REJECTED) | {"vector_scale", "cube_matmul", "synced_tbuf", "cross_core_handoff"} == names
+
+
+@pytest.mark.parametrize("name", sorted(REJECTED))
+def test_emulation_rejects_what_the_hardware_rejects(name):
+    with pytest.raises(RuntimeError, match=REJECTED[name]):
+        emu.run_selftest(name, timeout_s=5.0)
+
+
+def test_deadlock_is_reported_not_hung():
+    """A wait nobody can satisfy ends at once with an error (the cores' states are known), well
+    before the timeout."""
+    import time
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="AIV0 waits CrossCoreWaitFlag\\(3\\)"):
+        emu.run_selftest("missing_cross_core_flag", timeout_s=30.0)
+    assert time.monotonic() - start < 5.0
+
+
+def _inputs(n):
+    return torch.tensor([float(i % 61) - 30.0 for i in range(n)], dtype=torch.float64)
+
+
+def test_correct_programs_run():
+    x = _inputs(256)
+    assert emu.run_selftest("vector_scale") == (2 * x).tolist()
+    assert emu.run_selftest("synced_tbuf") == (-_inputs(128)).tolist()
+    assert emu.run_selftest("cross_core_handoff") == [3.0] * 256
+
+
+def test_cube_formats_and_accumulation():
+    """GM -> L1 (ND->NZ) -> L0A (Zz) / L0B (Zn, transposed fractals) -> Mmad -> Fixpipe (NZ->ND)
+    computes A B, accumulating each output in fp32 in k order (the emulation's documented model)."""
+    x = _inputs(20 * 32 + 32 * 48)
+    a, b = x[:640].view(20, 32), x[640:].view(32, 48)
+    got = torch.tensor(emu.run_selftest("cube_matmul"), dtype=torch.float32).view(20, 48)
+    acc = torch.zeros(20, 48, dtype=torch.float32)
+    for kk in range(32):  # sequential fp32 accumulation; every product is exact in fp32 here
+        acc = (acc.double() + a[:, kk:kk + 1] * b[kk:kk + 1, :]).float()
+    assert torch.equal(got, acc)
+    assert torch.equal(got.double(), a @ b)  # and here the sum is exact too
+
+
+def test_kernel_sources_use_only_the_ascendc_api():
+    """The kernels include kernel_operator.h and their own headers, nothing of the emulation:
+    building them for an NPU changes only the include path."""
+    for path in sorted((ROOT / "ascend_kernels" / "kernels").glob("*")):
+        text = path.read_text()
+        includes = re.findall(r'#include\s+[<"]([^>"]+)[>"]', text)
+        assert set(includes) <= {"kernel_operator.h", "pasa_tiling_data.h", "pasa_kernel_common.h", "cstdint"}, path
+        assert "emu::" not in text and "emu_" not in text, path
