@@ -18,10 +18,14 @@ from .problem import AttentionProblem
 
 @dataclass(frozen=True)
 class Backend:
+    """``devices``: device types it runs on; ``emulated_on``: those where it runs only
+    through an emulator (correct, slow, meant for tests; never a default)."""
+
     name: str
     module: str
     devices: tuple[str, ...]
     summary: str
+    emulated_on: tuple[str, ...] = ()
 
     def unavailable_reason(self, device: torch.device) -> Optional[str]:
         """None when this backend can run on ``device``, else a sentence why not."""
@@ -42,9 +46,11 @@ BACKENDS: dict[str, Backend] = {
         Backend("torch", "pasa_npu.fallback.torch_blockwise", ("cpu", "cuda"),
                 "blockwise PyTorch emulation of every allocation (CPU reference backend)"),
         Backend("triton", "pasa_npu.fallback.triton_attention", ("cuda",),
-                "Triton kernels for CUDA GPUs; on CPU tensors under TRITON_INTERPRET=1"),
+                "Triton kernels for CUDA GPUs; on CPU tensors under TRITON_INTERPRET=1",
+                emulated_on=("cpu",)),
         Backend("ascendc-emu", "pasa_npu.ascendc_emu", ("cpu",),
-                "the AscendC kernels of ascend_kernels/ run on CPU against the emulated AscendC API"),
+                "the AscendC kernels of ascend_kernels/ run on CPU against the emulated AscendC API",
+                emulated_on=("cpu",)),
     )
 }
 
@@ -80,14 +86,15 @@ def available_backends(device: str = "cpu", emulated: bool = False) -> list[str]
     """Names of the backends that can run on ``device`` in this environment.
 
     ``emulated``: also those that run here only through an emulator (Triton's CPU
-    interpreter): correct but slow, for tests; never picked by default.
+    interpreter, the AscendC emulation): correct but slow, for tests and explicit
+    requests; never picked by default.
     """
     names = []
+    dev = torch.device(device)
     for name, backend in BACKENDS.items():
-        dev = torch.device(device)
         if backend.unavailable_reason(dev) is not None:
             continue
-        if not emulated and name == "triton" and dev.type == "cpu":
+        if not emulated and dev.type in backend.emulated_on:
             continue
         try:
             backend.runner()
