@@ -181,6 +181,20 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma,
 
 
 @triton.jit
+def _initial_state(ROWS: tl.constexpr, HEAD_DIM_V: tl.constexpr, ALG: tl.constexpr,
+                   low: tl.constexpr):
+    """Empty online-softmax state (m, l, acc, f, cnt) and pasa-exact's row constant c;
+    the all-fp16 allocations accumulate in ``low``."""
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    zeros = tl.zeros([ROWS], tl.float32)
+    if ALG == 2 or ALG == 3:
+        acc = tl.zeros([ROWS, HEAD_DIM_V], low)
+    else:
+        acc = tl.zeros([ROWS, HEAD_DIM_V], tl.float32)
+    return m, zeros, acc, zeros, zeros, zeros
+
+
+@triton.jit
 def _finish(m, l, acc, f, cnt, gamma, ALG: tl.constexpr):
     """Normalised output and LSE; 0 and -inf for rows that saw no key."""
     seen = cnt > 0
@@ -364,15 +378,7 @@ def _attention_fwd(
     c_base = C + b.to(tl.int64) * stride_cb + h.to(tl.int64) * stride_ch
     mask_base = MASK + b.to(tl.int64) * stride_xb
 
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
-    f = tl.zeros([BLOCK_M], tl.float32)
-    cnt = tl.zeros([BLOCK_M], tl.float32)
-    if ALG == 2 or ALG == 3:
-        acc = tl.zeros([BLOCK_M, HEAD_DIM_V], q.dtype)
-    else:
-        acc = tl.zeros([BLOCK_M, HEAD_DIM_V], tl.float32)
-    c = tl.zeros([BLOCK_M], tl.float32)
+    m, l, acc, f, cnt, c = _initial_state(BLOCK_M, HEAD_DIM_V, ALG, q.dtype)
 
     for stage in tl.static_range(3):
         if stage == 0:
@@ -478,15 +484,7 @@ def _decode_split(
     k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh + kv_start * stride_ks
     v_base = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh + kv_start * stride_vs
 
-    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_G], tl.float32)
-    f = tl.zeros([BLOCK_G], tl.float32)
-    cnt = tl.zeros([BLOCK_G], tl.float32)
-    if ALG == 2 or ALG == 3:
-        acc = tl.zeros([BLOCK_G, HEAD_DIM_V], q.dtype)
-    else:
-        acc = tl.zeros([BLOCK_G, HEAD_DIM_V], tl.float32)
-    c = tl.zeros([BLOCK_G], tl.float32)
+    m, l, acc, f, cnt, c = _initial_state(BLOCK_G, HEAD_DIM_V, ALG, q.dtype)
     n_blocks = (kv_len + BLOCK_N - 1) // BLOCK_N
     first = split * blocks_per_split
     last = tl.minimum(first + blocks_per_split, n_blocks)
