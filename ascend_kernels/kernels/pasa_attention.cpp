@@ -122,6 +122,25 @@ private:
         WaitFlag<HardEvent::MTE1_M>(queryReady_);
     }
 
+    // An L0C result tile (rows x cols, rows padded to mp) to a GM exchange slot, row-major:
+    // fp32 as accumulated for fa-fp32, rounded to fp16 by the Fixpipe otherwise.
+    __aicore__ inline void WriteTile(GM_ADDR dst, uint32_t slotBytes, const LocalTensor<float>& c, uint32_t cols,
+                                     uint32_t rows, uint32_t mp)
+    {
+        const FixpipeParamsV220 params(static_cast<uint16_t>(cols), static_cast<uint16_t>(rows),
+            static_cast<uint16_t>(mp), cols, false,
+            key_ == PASA_KEY_FA_FP32 ? QuantMode_t::NoQuant : QuantMode_t::F322F16, 0, 1, 0, 0, 0);
+        if (key_ == PASA_KEY_FA_FP32) {
+            GlobalTensor<float> g;
+            g.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(dst), slotBytes / sizeof(float));
+            Fixpipe<float, float, CFG_ROW_MAJOR>(g, c, params);
+        } else {
+            GlobalTensor<T> g;
+            g.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(dst), slotBytes / sizeof(T));
+            Fixpipe<T, float, CFG_ROW_MAJOR>(g, c, params);
+        }
+    }
+
     // S'_j = Q K'_j^T (fa-fp32: Q K_j^T) to the score slot; pasa-exact also c_j = Q . mean16_j.
     __aicore__ inline void ComputeScores(const AttentionTask& task, uint32_t j, uint32_t slot)
     {
@@ -161,18 +180,7 @@ private:
         l0b_.FreeTensor(k2);
         l0c_.EnQue(c);
         c = l0c_.DeQue<float>();
-        GM_ADDR scores = scoreGm_ + slot * t.scoreSlotBytes;
-        if (key_ == PASA_KEY_FA_FP32) {
-            GlobalTensor<float> s;
-            s.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(scores), t.scoreSlotBytes / sizeof(float));
-            Fixpipe<float, float, CFG_ROW_MAJOR>(s, c, FixpipeParamsV220(static_cast<uint16_t>(n), static_cast<uint16_t>(task.rows),
-                static_cast<uint16_t>(mp), n, false, QuantMode_t::NoQuant, 0, 1, 0, 0, 0));
-        } else {
-            GlobalTensor<T> s;
-            s.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(scores), t.scoreSlotBytes / sizeof(T));
-            Fixpipe<T, float, CFG_ROW_MAJOR>(s, c, FixpipeParamsV220(static_cast<uint16_t>(n), static_cast<uint16_t>(task.rows),
-                static_cast<uint16_t>(mp), n, false, QuantMode_t::F322F16, 0, 1, 0, 0, 0));
-        }
+        WriteTile(scoreGm_ + slot * t.scoreSlotBytes, t.scoreSlotBytes, c, n, task.rows, mp);
         if (key_ == PASA_KEY_PASA_EXACT) {
             GlobalTensor<float> cst;
             cst.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(constGm_ + slot * t.constSlotBytes), t.constSlotBytes / sizeof(float));
@@ -234,18 +242,7 @@ private:
         l0b_.FreeTensor(v2);
         l0c_.EnQue(c);
         c = l0c_.DeQue<float>();
-        GM_ADDR pv = pvGm_ + slot * t.pvSlotBytes;
-        if (key_ == PASA_KEY_FA_FP32) {
-            GlobalTensor<float> out;
-            out.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(pv), t.pvSlotBytes / sizeof(float));
-            Fixpipe<float, float, CFG_ROW_MAJOR>(out, c, FixpipeParamsV220(static_cast<uint16_t>(dv), static_cast<uint16_t>(task.rows),
-                static_cast<uint16_t>(mp), dv, false, QuantMode_t::NoQuant, 0, 1, 0, 0, 0));
-        } else {
-            GlobalTensor<T> out;
-            out.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(pv), t.pvSlotBytes / sizeof(T));
-            Fixpipe<T, float, CFG_ROW_MAJOR>(out, c, FixpipeParamsV220(static_cast<uint16_t>(dv), static_cast<uint16_t>(task.rows),
-                static_cast<uint16_t>(mp), dv, false, QuantMode_t::F322F16, 0, 1, 0, 0, 0));
-        }
+        WriteTile(pvGm_ + slot * t.pvSlotBytes, t.pvSlotBytes, c, dv, task.rows, mp);
         l0c_.FreeTensor(c);
         CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_PV_READY);
     }
