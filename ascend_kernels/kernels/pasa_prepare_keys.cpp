@@ -45,6 +45,22 @@ __aicore__ inline void KeyBlockToL0b(const LocalTensor<half>& l0b, const LocalTe
     }
 }
 
+// One key block GM -> L1 (NZ) -> L0B, through the two queues; the caller frees the result.
+template <typename L1Queue, typename L0bQueue>
+__aicore__ inline LocalTensor<half> StageKeyBlock(L1Queue& l1, L0bQueue& l0b, const GlobalTensor<half>& key,
+                                                  const PasaTilingData& t, const KeyBlockTask& task)
+{
+    LocalTensor<half> k1 = l1.template AllocTensor<half>();
+    LoadKeyBlockNz(k1, key, t, task);
+    l1.EnQue(k1);
+    k1 = l1.template DeQue<half>();
+    LocalTensor<half> k2 = l0b.template AllocTensor<half>();
+    KeyBlockToL0b(k2, k1, t);
+    l0b.EnQue(k2);
+    l1.FreeTensor(k1);
+    return l0b.template DeQue<half>();
+}
+
 // ----------------------------------------------------------------------------- pasa
 class ShiftKeysCube {
 public:
@@ -83,15 +99,7 @@ public:
         KeyBlockIter it(t, batches_, static_cast<uint32_t>(GetBlockIdx()));
         KeyBlockTask task;
         while (it.Next(task)) {
-            LocalTensor<half> k1 = keyL1_.AllocTensor<half>();
-            LoadKeyBlockNz(k1, key_, t, task);
-            keyL1_.EnQue(k1);
-            k1 = keyL1_.DeQue<half>();
-            LocalTensor<half> k2 = keyL0b_.AllocTensor<half>();
-            KeyBlockToL0b(k2, k1, t);
-            keyL0b_.EnQue(k2);
-            keyL1_.FreeTensor(k1);
-            k2 = keyL0b_.DeQue<half>();
+            LocalTensor<half> k2 = StageKeyBlock(keyL1_, keyL0b_, key_, t, task);
 
             LocalTensor<float> c = outL0c_.AllocTensor<float>();
             Mmad(c, m2, k2, MmadParams(static_cast<uint16_t>(n), static_cast<uint16_t>(d), static_cast<uint16_t>(n), 0, false, true));
@@ -152,15 +160,7 @@ public:
         KeyBlockTask task;
         uint32_t done = 0;
         while (it.Next(task)) {
-            LocalTensor<half> k1 = keyL1_.AllocTensor<half>();
-            LoadKeyBlockNz(k1, key_, t, task);
-            keyL1_.EnQue(k1);
-            k1 = keyL1_.DeQue<half>();
-            LocalTensor<half> k2 = keyL0b_.AllocTensor<half>();
-            KeyBlockToL0b(k2, k1, t);
-            keyL0b_.EnQue(k2);
-            keyL1_.FreeTensor(k1);
-            k2 = keyL0b_.DeQue<half>();
+            LocalTensor<half> k2 = StageKeyBlock(keyL1_, keyL0b_, key_, t, task);
 
             LocalTensor<float> c = sumL0c_.AllocTensor<float>();
             Mmad(c, o2, k2, MmadParams(1, static_cast<uint16_t>(d), static_cast<uint16_t>(n), 0, false, true));
