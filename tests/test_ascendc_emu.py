@@ -3,7 +3,6 @@ against the torch backend's same allocation at the same tiling, on the paper's o
 and the emulation's own checks (what the hardware rejects, the emulation rejects)."""
 from __future__ import annotations
 
-import math
 import pathlib
 import re
 

@@ -2,8 +2,6 @@
 sparse modes, layouts, GQA, packed lengths, row rules, LSE, decode, bf16, the guard."""
 from __future__ import annotations
 
-import math
-import warnings
 
 import pytest
 import torch
