@@ -523,8 +523,8 @@ def _dense_mask(mask: torch.Tensor, batch: int, s_q: int, s_kv: int) -> torch.Te
     else:
         raise ValueError(f"atten_mask must have 2, 3 or 4 dims, got shape {shape}")
     if m.shape[0] not in (1, batch) or m.shape[1] < s_q or m.shape[2] < s_kv:
-        expected = (f"(B, S2), (B, 1, S2) or (B, 1, 1, S2)" if s_q == 1 else
-                    f"(S1, S2), (B|1, S1, S2) or (B|1, 1, S1, S2)")
+        expected = ("(B, S2), (B, 1, S2) or (B, 1, 1, S2)" if s_q == 1 else
+                    "(S1, S2), (B|1, S1, S2) or (B|1, 1, S1, S2)")
         raise ValueError(f"atten_mask shape {shape} does not fit batch={batch}, S1={s_q}, "
                          f"S2={s_kv}: expected {expected} with S1, S2 at least the query and key "
                          f"lengths")
