@@ -49,7 +49,10 @@ INT_BIG = 1 << 30  # stands for "no band limit" (index math is int32)
 #: tile; 209). Decode always fuses: each K block is read by one program there.
 #: (Row sums of fp16 tiles on the tensor cores were measured too: no gain, and they
 #: overflowed shared memory for pasa; removed.)
-TUNING = {"shift": "separate"}
+#: ``loads``: how the interior kv blocks of prefill are read, "tma" (tensor descriptors,
+#: Hopper and newer; falls back to pointers where a layout is not TMA-addressable) or
+#: "pointers" (masked pointer loads).
+TUNING = {"shift": "separate", "loads": "tma"}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -308,7 +311,7 @@ def _shift_in_kernel(k, SHIFT, scale, ALG: tl.constexpr, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _attention_fwd(
-    Q, K, V, O, LSE, C, MASK, SHIFT,
+    Q, K, V, O, LSE, C, MASK, SHIFT, K_DESC, V_DESC,
     q_starts, q_lens, kv_starts, kv_lens, band_pre, band_next,
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
@@ -320,6 +323,7 @@ def _attention_fwd(
     n_heads, group, scale, gamma, head_dim, head_dim_v,
     ALG: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BAND: tl.constexpr, HAS_LSE: tl.constexpr,
     GUARD: tl.constexpr, K_PADDED: tl.constexpr, FUSED_SHIFT: tl.constexpr,
+    USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
 ):
     # heaviest tiles first: under causal and band masks the last query tiles see the most keys
@@ -395,11 +399,18 @@ def _attention_fwd(
                 c = tl.load(c_base + tl.cast(blk, tl.int64) * stride_cblk + rows, mask=rows < q_len,
                             other=0.0)
             if stage == 1:
-                if K_PADDED:
-                    k = tl.load(k_ptrs)
+                if USE_TMA:  # interior blocks lie inside the tensors: no masks needed
+                    k_row = n0 if K_PADDED else kv_start + n0
+                    k = K_DESC.load([tl.where(stride_kb == 0, 0, b), hk, k_row, 0]).reshape(
+                        BLOCK_N, HEAD_DIM)
+                    v = V_DESC.load([tl.where(stride_vb == 0, 0, b), hk, kv_start + n0, 0]
+                                    ).reshape(BLOCK_N, HEAD_DIM_V)
                 else:
-                    k = tl.load(k_ptrs, mask=dims[None, :] < head_dim, other=0.0)
-                v = tl.load(v_ptrs, mask=dims_v[None, :] < head_dim_v, other=0.0)
+                    if K_PADDED:
+                        k = tl.load(k_ptrs)
+                    else:
+                        k = tl.load(k_ptrs, mask=dims[None, :] < head_dim, other=0.0)
+                    v = tl.load(v_ptrs, mask=dims_v[None, :] < head_dim_v, other=0.0)
                 if FUSED_SHIFT:
                     k, mean = _shift_in_kernel(k, SHIFT, scale, ALG, BLOCK_N)
                     if ALG == 5:
@@ -677,9 +688,15 @@ def run(problem: AttentionProblem) -> None:
         band = tuple(_device_ints(t.clamp(-INT_BIG, INT_BIG), dev) for t in problem.band)
     else:
         band = (lengths[1], lengths[1])  # unused
+    k_desc = v_desc = None
+    if TUNING["loads"] == "tma" and _tma_capable(dev):
+        k_desc = _descriptor(k_used, k_strides[0], block_n, head_dim_p)
+        v_desc = _descriptor(v, packed_stride(v), block_n, head_dim_vp)
+    use_tma = k_desc is not None and v_desc is not None
     grid = (triton.cdiv(problem.max_q_len, block_m), problem.batch * q.shape[1])
     _attention_fwd[grid](
         q, k_used, v, out, lse_arg, constants, mask, shift if shift is not None else constants,
+        k_desc if use_tma else k_used, v_desc if use_tma else v,
         *lengths, *band,
         packed_stride(q), q.stride(1), q.stride(2), q.stride(3),
         *k_strides,
@@ -690,8 +707,32 @@ def run(problem: AttentionProblem) -> None:
         *mask_strides,
         q.shape[1], q.shape[1] // k.shape[1], problem.scale, gamma, head_dim, head_dim_v,
         HAS_BAND=problem.band is not None, HAS_LSE=lse is not None,
-        K_PADDED=problem.allocation.is_pasa and not fused, FUSED_SHIFT=fused,
+        K_PADDED=problem.allocation.is_pasa and not fused, FUSED_SHIFT=fused, USE_TMA=use_tma,
         BLOCK_M=block_m, num_warps=warps, num_stages=stages, **common, **_fp_options(alg))
+
+
+def _tma_capable(dev: torch.device) -> bool:
+    """Tensor-memory-accelerator loads: Hopper and newer, or the interpreter."""
+    if dev.type != "cuda":
+        return _interpreting()
+    return torch.cuda.get_device_capability(dev)[0] >= 9
+
+
+def _descriptor(t: torch.Tensor, batch_stride: int, rows: int, cols: int):
+    """A TMA descriptor over the (B, N, S, D) view ``t`` loading (rows, cols) tiles, or None
+    where TMA cannot address it (a strided last dim, strides or base not 16-byte aligned).
+    Columns past D read as zero, as the masked loads do."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    strides = [batch_stride, *t.stride()[1:]]
+    if t.numel() == 0 or strides[-1] != 1 or t.data_ptr() % 16:
+        return None
+    if t.shape[0] == 1 or strides[0] == 0:  # never stepped: any aligned stride will do
+        strides[0] = max(n * st for n, st in zip(t.shape[1:], strides[1:]))
+        strides[0] += -strides[0] % 8
+    if any(st * t.element_size() % 16 for st in strides[:-1]):
+        return None
+    return TensorDescriptor(t, list(t.shape), strides, [1, 1, rows, cols])
 
 
 def _decode_stages(alg: str) -> int:

@@ -32,20 +32,38 @@ POINTERS = {
                           kv_lens="*i32"),
 }
 FLOATS = ("scale", "gamma")
+DIVISIBLE = ("n_heads", "head_dim", "head_dim_v")
+DESCRIPTORS = ("K_DESC", "V_DESC")
 
 
 def compile_variant(kernel: str, consts: dict, num_warps: int, num_stages: int,
                     fp_fusion: bool = True, arch: int = 90):
     fn = getattr(ta, kernel)
-    sig = {}
-    for name in fn.arg_names:
+    consts = dict(consts)
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
         if name in consts:
             sig[name] = "constexpr"
-        elif name in POINTERS[kernel]:
+            continue
+        if name in POINTERS[kernel]:
             sig[name] = POINTERS[kernel][name]
+        elif name in DESCRIPTORS:  # tensor descriptors of (1, 1, BLOCK_N, HEAD_DIM) tiles
+            sig[name] = (f"tensordesc<fp16[1,1,{consts['BLOCK_N']},"
+                         f"{consts['HEAD_DIM' if name == 'K_DESC' else 'HEAD_DIM_V']}]>")
+            continue
         else:
             sig[name] = "fp32" if name in FLOATS else "i32"
-    src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+        # what the JIT specialises for contiguous fp16 BNSD tensors with MHA: unit strides
+        # and a group of 1 become constants, pointers and the other strides and head
+        # counts/dims carry divisibility by 16
+        if name.startswith("stride_") and name.endswith("d") or name == "group":
+            sig[name] = "constexpr"
+            consts[name] = 1
+        elif sig[name] != "fp32" and (name in POINTERS[kernel] or name.startswith("stride_")
+                                      or name in DIVISIBLE):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()},
+                    attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),
                           options=dict(num_warps=num_warps, num_stages=num_stages,
                                        enable_fp_fusion=fp_fusion))
@@ -70,6 +88,7 @@ def variants(head_dim: int = 128):
         for causal in (False, True):
             consts = dict(ALG=alg_id, HAS_MASK=False, HAS_BAND=causal, HAS_LSE=False,
                           GUARD=False, K_PADDED=alg.startswith("pasa"), FUSED_SHIFT=False,
+                          USE_TMA=ta.TUNING["loads"] == "tma",
                           BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
             block_m, warps, stages = ta._launch_config(head_dim, alg, False)
             yield ("_attention_fwd", f"{alg} {'causal' if causal else 'full'} d={head_dim}",
