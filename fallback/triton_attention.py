@@ -52,7 +52,12 @@ INT_BIG = 1 << 30  # stands for "no band limit" (index math is int32)
 #: ``loads``: how the interior kv blocks of prefill are read, "tma" (tensor descriptors,
 #: Hopper and newer; falls back to pointers where a layout is not TMA-addressable) or
 #: "pointers" (masked pointer loads).
-TUNING = {"shift": "separate", "loads": "tma"}
+#: ``row_constant``: pasa-exact's c = scale * Q . mean16 per (row, block): "precomputed"
+#: (a pass writing B*N*S1*S2/kv_block fp32 constants that the main kernel loads; 2-14%
+#: faster), "in-kernel" (a thin matmul per block from the block means, no workspace) or
+#: "auto": precomputed while that workspace is no larger than Q, K and V together
+#: (S1 <= 24k at d=128), in-kernel beyond, where it would grow as S1 * S2.
+TUNING = {"shift": "separate", "loads": "tma", "row_constant": "auto"}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -323,7 +328,7 @@ def _attention_fwd(
     n_heads, group, scale, gamma, head_dim, head_dim_v,
     ALG: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BAND: tl.constexpr, HAS_LSE: tl.constexpr,
     GUARD: tl.constexpr, K_PADDED: tl.constexpr, FUSED_SHIFT: tl.constexpr,
-    USE_TMA: tl.constexpr,
+    USE_TMA: tl.constexpr, MEANS_IN_C: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
 ):
     # heaviest tiles first: under causal and band masks the last query tiles see the most keys
@@ -379,7 +384,9 @@ def _attention_fwd(
     v_base += kv_start.to(tl.int64) * stride_vs
     k_offs = cols[:, None] * stride_ks + dims[None, :] * stride_kd
     v_offs = cols[:, None] * stride_vs + dims_v[None, :] * stride_vd
-    c_base = C + b.to(tl.int64) * stride_cb + h.to(tl.int64) * stride_ch
+    # pasa-exact: C holds either the block means mean16 (B, Nkv, blocks, D), whose row
+    # constant is one thin matmul per block here, or precomputed constants (B, N, blocks, S1)
+    c_base = C + b.to(tl.int64) * stride_cb + (hk if MEANS_IN_C else h).to(tl.int64) * stride_ch
     mask_base = MASK + b.to(tl.int64) * stride_xb
 
     m, l, acc, f, cnt, c = _initial_state(BLOCK_M, HEAD_DIM_V, ALG, q.dtype)
@@ -396,8 +403,12 @@ def _attention_fwd(
             k_ptrs = k_base + tl.cast(n0, tl.int64) * stride_ks + k_offs
             v_ptrs = v_base + tl.cast(n0, tl.int64) * stride_vs + v_offs
             if ALG == 5 and not FUSED_SHIFT:
-                c = tl.load(c_base + tl.cast(blk, tl.int64) * stride_cblk + rows, mask=rows < q_len,
-                            other=0.0)
+                if MEANS_IN_C:
+                    mean = tl.load(c_base + tl.cast(blk, tl.int64) * stride_cblk + dims)
+                    c = _row_constant(q, mean.to(tl.float32), scale)
+                else:
+                    c = tl.load(c_base + tl.cast(blk, tl.int64) * stride_cblk + rows,
+                                mask=rows < q_len, other=0.0)
             if stage == 1:
                 if USE_TMA:  # interior blocks lie inside the tensors: no masks needed
                     k_row = n0 if K_PADDED else kv_start + n0
@@ -570,6 +581,10 @@ def _decode_combine(PART_O, PART_LSE, O, LSE, q_starts, q_lens,
 # --------------------------------------------------------------------------- host
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # triton.cdiv is a constexpr function, slow to call from the host
+
+
 def _pow2(n: int, floor: int = 16) -> int:
     return max(floor, 1 << (max(n, 1) - 1).bit_length())
 
@@ -578,30 +593,56 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _launch_config(head_dim: int, alg: str, interpret: bool):
+def _launch_config(head_dim: int, alg: str, interpret: bool, thin_matmul: bool = False):
     """(BLOCK_M, num_warps, num_stages) for the prefill kernel."""
     if interpret:
         return 16, 1, 1
-    if head_dim > 128:
-        return 64, 8, 2
+    if head_dim > 128:  # 128 x 256 fp16 K and V tiles: one stage fits shared memory
+        return 64, 8, 1
+    if head_dim == 128 and thin_matmul:
+        return 128, 8, 2  # the row constant's mean tile leaves no room for a third stage
     return 128, 8, 3
+
+
+def _row_constant_in_kernel(problem: AttentionProblem, block_n: int) -> bool:
+    """pasa-exact: compute c in the main kernel rather than precompute it (TUNING)."""
+    if problem.allocation.shift != "exact":
+        return False
+    choice = TUNING["row_constant"]
+    if choice != "auto":
+        return choice == "in-kernel"
+    q, k, v = problem.query, problem.key, problem.value
+    workspace = 4 * q.shape[0] * q.shape[1] * _cdiv(problem.max_kv_len, block_n) * q.shape[2]
+    return workspace > 2 * (q.numel() + k.numel() + v.numel())
 
 
 _DEVICE_INTS: dict = {}
 
 
 def _device_ints(values: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """int32 copy of small per-batch metadata on ``device``, cached by value, so that a
-    repeated call does no host-to-device copy (which would also synchronise the stream)."""
+    """int32 copy of small per-batch metadata on ``device``, so that a repeated call does
+    no host-to-device copy (which would also synchronise the stream). Cached by identity
+    (the API layer reuses its length tensors across calls with the same arguments, and
+    never writes them) and then by value."""
+    hit = _DEVICE_INTS.get((id(values), device))
+    if hit is not None and hit[0] is values:
+        return hit[1]
     key = (device, tuple(values.tolist()))
-    hit = _DEVICE_INTS.get(key)
-    if hit is None:
-        if len(_DEVICE_INTS) > 256:
+    copy = _DEVICE_INTS.get(key)
+    if copy is None:
+        if len(_DEVICE_INTS) > 512:
             _DEVICE_INTS.clear()
         if len(values) and int(values.abs().max()) > INT_BIG:
             raise NotImplementedError(f"the Triton backend indexes in int32; got {values.tolist()}")
-        hit = _DEVICE_INTS[key] = values.to(device=device, dtype=torch.int32)
-    return hit
+        copy = _DEVICE_INTS[key] = values.to(device=device, dtype=torch.int32)
+    _DEVICE_INTS[(id(values), device)] = (values, copy)
+    return copy
+
+
+@functools.lru_cache(maxsize=16)
+def _placeholder(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A never-read stand-in for an absent tensor argument (no mask, no LSE, ...)."""
+    return torch.zeros(1, 1, 1, dtype=dtype, device=device)
 
 
 @functools.lru_cache(maxsize=None)
@@ -618,7 +659,7 @@ def _prepare_keys(problem, k, kv_starts, kv_lens, block_n, head_dim_p):
     """The separate preprocessing pass: K' padded to whole blocks and the block means."""
     dev = k.device
     batch, n_kv = problem.batch, k.shape[1]
-    n_blocks = max(1, triton.cdiv(problem.max_kv_len, block_n))
+    n_blocks = max(1, _cdiv(problem.max_kv_len, block_n))
     k_shift = torch.empty(batch, n_kv, n_blocks * block_n, head_dim_p, dtype=torch.float16,
                           device=dev)
     means = torch.empty(batch, n_kv, n_blocks, head_dim_p, dtype=torch.float16, device=dev)
@@ -657,7 +698,7 @@ def run(problem: AttentionProblem) -> None:
         gamma = torch.tensor(gamma).half().item()  # the kernel's fp16 scalar
     mask, mask_strides = _mask_arg(problem.mask, dev)
     out, lse = problem.out, problem.lse
-    lse_arg = lse if lse is not None else out.new_empty(1, 1, 1, dtype=torch.float32)
+    lse_arg = lse if lse is not None else _placeholder(dev, torch.float32)
     packed_stride = (lambda t: 0) if problem.packed else (lambda t: t.stride(0))  # noqa: E731
     shift = (_cached_shift_matrix(problem.beta, block_n, problem.scale, dev)
              if problem.allocation.shift == "pseudo_average" else None)
@@ -673,14 +714,16 @@ def run(problem: AttentionProblem) -> None:
         return
 
     fused = TUNING["shift"] == "fused" and problem.allocation.is_pasa
-    block_m, warps, stages = _launch_config(head_dim_p, alg, interpret)
-    constants = q.new_empty(1, 1, 1, dtype=torch.float32)
+    block_m, warps, stages = _launch_config(head_dim_p, alg, interpret,
+                                            _row_constant_in_kernel(problem, block_n))
+    constants = _placeholder(dev, torch.float32)
+    means_in_c = _row_constant_in_kernel(problem, block_n)
     if problem.allocation.is_pasa and not fused:
         k_used, means = _prepare_keys(problem, k, lengths[2], lengths[3], block_n, head_dim_p)
         k_strides = tuple(k_used.stride())
         if problem.allocation.shift == "exact":
-            constants = _row_constants(problem, q, means, lengths, block_m, head_dim_p,
-                                       packed_stride, interpret)
+            constants = means if means_in_c else _row_constants(
+                problem, q, means, lengths, block_m, head_dim_p, packed_stride, interpret)
     else:
         k_used = k
         k_strides = (packed_stride(k), k.stride(1), k.stride(2), k.stride(3))
@@ -693,7 +736,7 @@ def run(problem: AttentionProblem) -> None:
         k_desc = _descriptor(k_used, k_strides[0], block_n, head_dim_p)
         v_desc = _descriptor(v, packed_stride(v), block_n, head_dim_vp)
     use_tma = k_desc is not None and v_desc is not None
-    grid = (triton.cdiv(problem.max_q_len, block_m), problem.batch * q.shape[1])
+    grid = (_cdiv(problem.max_q_len, block_m), problem.batch * q.shape[1])
     _attention_fwd[grid](
         q, k_used, v, out, lse_arg, constants, mask, shift if shift is not None else constants,
         k_desc if use_tma else k_used, v_desc if use_tma else v,
@@ -708,6 +751,7 @@ def run(problem: AttentionProblem) -> None:
         q.shape[1], q.shape[1] // k.shape[1], problem.scale, gamma, head_dim, head_dim_v,
         HAS_BAND=problem.band is not None, HAS_LSE=lse is not None,
         K_PADDED=problem.allocation.is_pasa and not fused, FUSED_SHIFT=fused, USE_TMA=use_tma,
+        MEANS_IN_C=means_in_c,
         BLOCK_M=block_m, num_warps=warps, num_stages=stages, **common, **_fp_options(alg))
 
 
@@ -735,8 +779,10 @@ def _descriptor(t: torch.Tensor, batch_stride: int, rows: int, cols: int):
     return TensorDescriptor(t, list(t.shape), strides, [1, 1, rows, cols])
 
 
-def _decode_stages(alg: str) -> int:
-    return 2 if alg.startswith("pasa") else 3
+def _decode_stages(alg: str, head_dim: int) -> int:
+    """Pipeline depth of the decode kernel that fits shared memory (PASA also stages K')."""
+    stages = 2 if alg.startswith("pasa") else 3
+    return stages - 1 if head_dim > 128 else stages
 
 
 def _fp_options(alg: str) -> dict:
@@ -749,7 +795,7 @@ def _row_constants(problem, q, means, lengths, block_m, head_dim_p, packed_strid
     n_blocks = means.shape[2]
     c = torch.empty(problem.batch, q.shape[1], n_blocks, max(1, problem.max_q_len),
                     dtype=torch.float32, device=q.device)
-    _block_constants[(triton.cdiv(problem.max_q_len, block_m), problem.batch * q.shape[1])](
+    _block_constants[(_cdiv(problem.max_q_len, block_m), problem.batch * q.shape[1])](
         q, means, c, lengths[0], lengths[1],
         packed_stride(q), q.stride(1), q.stride(2), q.stride(3),
         means.stride(0), means.stride(1), means.stride(2),
@@ -762,7 +808,7 @@ def _row_constants(problem, q, means, lengths, block_m, head_dim_p, packed_strid
 def _mask_arg(mask, dev):
     """The explicit mask as uint8 (a view of a bool mask, no copy) and its strides."""
     if mask is None:
-        return torch.zeros(1, dtype=torch.uint8, device=dev), (0, 0, 0)
+        return _placeholder(dev, torch.uint8), (0, 0, 0)
     mask = mask.to(dev)
     mask = mask.view(torch.uint8) if mask.dtype == torch.bool else mask.to(torch.uint8)
     return mask, (mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(1), mask.stride(2))
@@ -774,12 +820,12 @@ def _run_decode(problem, lengths, mask, mask_strides, shift, lse_arg, gamma, com
     batch, n_heads, n_kv = problem.batch, q.shape[1], k.shape[1]
     group = n_heads // n_kv
     block_g = _pow2(group)
-    n_blocks = max(1, triton.cdiv(problem.max_kv_len, common["BLOCK_N"]))
+    n_blocks = max(1, _cdiv(problem.max_kv_len, common["BLOCK_N"]))
     sms = 132 if interpret else _sm_count(q.device.index or 0)
     # enough programs to fill every SM a few times over, each with a run of kv blocks
-    n_splits = max(1, min(n_blocks, triton.cdiv(4 * sms, batch * n_kv)))
-    blocks_per_split = triton.cdiv(n_blocks, n_splits)
-    n_splits = triton.cdiv(n_blocks, blocks_per_split)
+    n_splits = max(1, min(n_blocks, _cdiv(4 * sms, batch * n_kv)))
+    blocks_per_split = _cdiv(n_blocks, n_splits)
+    n_splits = _cdiv(n_blocks, blocks_per_split)
     part_o = q.new_empty(batch * n_kv * n_splits * block_g * common["HEAD_DIM_V"],
                          dtype=torch.float32)
     part_lse = q.new_empty(batch * n_kv * n_splits * block_g, dtype=torch.float32)
@@ -794,7 +840,7 @@ def _run_decode(problem, lengths, mask, mask_strides, shift, lse_arg, gamma, com
         mask_strides[0], mask_strides[2],
         n_kv, group, problem.scale, gamma, q.shape[3], v.shape[3], blocks_per_split, n_splits,
         BLOCK_G=block_g, num_warps=1 if interpret else 4,
-        num_stages=1 if interpret else _decode_stages(problem.allocation.name),
+        num_stages=1 if interpret else _decode_stages(problem.allocation.name, common["HEAD_DIM"]),
         **common, **_fp_options(problem.allocation.name))
     _decode_combine[(batch * n_kv,)](
         part_o, part_lse, out, lse_arg, q_starts, q_lens,

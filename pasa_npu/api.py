@@ -12,7 +12,8 @@ import inspect
 import math
 import numbers
 import warnings
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -129,7 +130,95 @@ def compressed_causal_mask(device: torch.device | str | None = None) -> torch.Te
 # --------------------------------------------------------------------------- driver
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """Everything a call derives from its arguments but not from tensor contents:
+    validated once per distinct argument set (see :func:`_plan_key`)."""
+
+    in_layout: str
+    out_layout: str
+    num_heads: int
+    num_kv_heads: int
+    packed: bool
+    q_lens: torch.Tensor
+    q_starts: torch.Tensor
+    kv_lens: torch.Tensor
+    kv_starts: torch.Tensor
+    mask: Optional[torch.Tensor]
+    band: Optional[tuple[torch.Tensor, torch.Tensor]]
+    scale: float
+    inner_precise: int
+    want_lse: bool
+    allocation: Allocation
+    beta: float
+    tiling: Tiling
+    guard: bool
+    runner: Callable[[AttentionProblem], None]
+    out_dtype: torch.dtype
+    lse_dtype: torch.dtype
+    low: torch.dtype
+    covered: bool         # every output row is written by the backend: no zero fill
+    lse_rows_past: bool   # some LSE row lies past its query length
+    may_have_empty: bool  # some row inside its query length may see no key
+
+
+_PLANS: dict = {}
+_PLAN_CACHE_SIZE = 256
+
+
 def _attention(args: dict, golden: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    key = None if golden else _plan_key(args)
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            plan = _make_plan(args, golden)
+        for w in caught:  # re-issued as the caller's; a call that warns is never cached
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        if key is not None and not caught:
+            if len(_PLANS) >= _PLAN_CACHE_SIZE:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    return _execute(plan, args["query"], args["key"], args["value"], golden)
+
+
+def _plan_key(args: dict):
+    """A hashable fingerprint of everything :func:`_make_plan` reads, or None where a
+    call is not cacheable (explicit masks, whose contents the plan holds; device
+    length tensors). Types are part of the key, so that ``True`` never hits ``1``."""
+    key = []
+    append = key.append
+    for name, value in args.items():
+        kind = type(value)
+        if value is None or kind in _SCALAR_TYPES:
+            append((kind, value))
+        elif isinstance(value, torch.Tensor):
+            if name in ("query", "key", "value"):
+                append((value.shape, value.stride(), value.dtype, value.device))
+            elif name == "atten_mask" and args["sparse_mode"] in (2, 3, 4):
+                # only validated there; the validation cache keys on the same fields
+                append((value.data_ptr(), value._version, value.shape, value.stride(),
+                        value.dtype, value.device))
+            elif name.startswith("actual_seq_lengths") and value.device.type == "cpu":
+                append((value.dtype, value.shape, tuple(value.tolist())))
+            else:
+                return None
+        elif kind in (list, tuple):
+            append((kind, tuple((type(x), x) for x in value)))
+        else:
+            append((kind, value))
+    key = tuple(key)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+_SCALAR_TYPES = frozenset((int, float, str, bool))
+
+
+def _make_plan(args: dict, golden: bool) -> _Plan:
     for name, unused in UNIMPLEMENTED_KEYWORDS.items():
         if not _is_default(args[name], unused):
             raise NotImplementedError(
@@ -177,27 +266,46 @@ def _attention(args: dict, golden: bool) -> tuple[torch.Tensor, torch.Tensor]:
         runner = backends.resolve(args["backend"], query.device).runner()
         out_dtype, lse_dtype = query.dtype, torch.float32
         low = compute_dtype(allocation, query.dtype)
+    return _Plan(
+        in_layout=in_layout, out_layout=out_layout, num_heads=num_heads,
+        num_kv_heads=num_kv_heads, packed=packed, q_lens=q_lens, q_starts=q_starts,
+        kv_lens=kv_lens, kv_starts=kv_starts, mask=mask, band=band, scale=scale,
+        inner_precise=inner_precise, want_lse=args["softmax_lse_flag"], allocation=allocation,
+        beta=beta, tiling=tiling, guard=guard, runner=runner, out_dtype=out_dtype,
+        lse_dtype=lse_dtype, low=low,
+        covered=not packed and bool((q_lens == s_q).all()),
+        lse_rows_past=not packed and bool((q_lens < s_q).any()),
+        may_have_empty=mask is not None or bool(_may_have_empty_rows(q_lens, kv_lens,
+                                                                       band).any()))
+
+
+def _execute(plan: _Plan, query, key, value, golden: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-call part: canonical views, outputs, the backend, torch_npu's row rules."""
+    q, k, v = (_to_canonical(t, name, plan.in_layout, heads)
+               for t, name, heads in ((query, "query", plan.num_heads),
+                                      (key, "key", plan.num_kv_heads),
+                                      (value, "value", plan.num_kv_heads)))
     v_input = v
-    if low != query.dtype and not golden:
+    if plan.low != query.dtype and not golden:
         q, k, v = (_to_fp16_checked(t, name) for t, name in ((q, "query"), (k, "key"), (v, "value")))
 
     # every row a backend does not write (past a query length, between packed sequences)
     # must read 0; when every row is written, skip the fill
-    covered = not packed and bool((q_lens == q.shape[2]).all())
-    out, out_view = _allocate_output(q, v, out_layout, out_dtype, zero=not covered)
-    want_lse = args["softmax_lse_flag"]
-    lse, lse_view = _allocate_lse(q, packed, lse_dtype) if want_lse else (None, None)
+    out, out_view = _allocate_output(q, v, plan.out_layout, plan.out_dtype, zero=not plan.covered)
+    lse, lse_view = (_allocate_lse(q, plan.packed, plan.lse_dtype) if plan.want_lse
+                     else (None, None))
     if q.numel() == 0 or out.numel() == 0:
-        return out, lse if want_lse else _lse_placeholder(query.device)
+        return out, lse if plan.want_lse else _lse_placeholder(query.device)
 
     problem = AttentionProblem(
-        query=q, key=k, value=v, out=out_view, lse=lse_view, q_lens=q_lens, kv_lens=kv_lens,
-        q_starts=q_starts, kv_starts=kv_starts, packed=packed, mask=mask, band=band,
-        scale=scale, allocation=allocation, beta=beta, compute_dtype=low,
-        rounding_guard=guard, tiling=tiling)
-    runner(problem)
-    _fix_rows(problem, v_input, inner_precise)
-    return out, (lse if want_lse else _lse_placeholder(query.device))
+        query=q, key=k, value=v, out=out_view, lse=lse_view, q_lens=plan.q_lens,
+        kv_lens=plan.kv_lens, q_starts=plan.q_starts, kv_starts=plan.kv_starts,
+        packed=plan.packed, mask=plan.mask, band=plan.band, scale=plan.scale,
+        allocation=plan.allocation, beta=plan.beta, compute_dtype=plan.low,
+        rounding_guard=plan.guard, tiling=plan.tiling)
+    plan.runner(problem)
+    _fix_rows(problem, v_input, plan)
+    return out, (lse if plan.want_lse else _lse_placeholder(query.device))
 
 
 # --------------------------------------------------------------------------- checks
@@ -572,16 +680,13 @@ def _lse_placeholder(device) -> torch.Tensor:
     return torch.zeros(1, dtype=torch.float32, device=device)
 
 
-def _fix_rows(problem: AttentionProblem, value: torch.Tensor, inner_precise: int) -> None:
+def _fix_rows(problem: AttentionProblem, value: torch.Tensor, plan: _Plan) -> None:
     """torch_npu's row rules: rows past the query length are 0 (LSE too); rows that
     see no key are 0 with inner_precise bit 1, else the mean of V over valid keys."""
-    if (problem.lse is not None and not problem.packed
-            and bool((problem.q_lens < problem.lse.shape[2]).any())):
+    if problem.lse is not None and plan.lse_rows_past:
         past = torch.arange(problem.lse.shape[2]) >= problem.q_lens[:, None]
         problem.lse.masked_fill_(past[:, None].to(problem.lse.device), 0.0)
-    if inner_precise & 2:
-        return
-    if problem.mask is None and not bool(_may_have_empty_rows(problem).any()):
+    if plan.inner_precise & 2 or not plan.may_have_empty:
         return
     empty = _rows_without_keys(problem)
     if not bool(empty.any()):
@@ -602,14 +707,13 @@ def _fix_rows(problem: AttentionProblem, value: torch.Tensor, inner_precise: int
         problem.out.dtype).to(dev)
 
 
-def _may_have_empty_rows(problem: AttentionProblem) -> torch.Tensor:
+def _may_have_empty_rows(q_lens, kv_lens, band) -> torch.Tensor:
     """Per batch, O(B): can a row inside the query length see no key (band and lengths
     only)? Row i sees [max(0, i - pre), min(kv_len - 1, i + next)]."""
-    kv, q = problem.kv_lens, problem.q_lens
-    possible = (kv == 0) & (q > 0)
-    if problem.band is not None:
-        pre, nxt = problem.band
-        possible |= (q > 0) & ((nxt < 0) | (q - 1 - pre > kv - 1))
+    possible = (kv_lens == 0) & (q_lens > 0)
+    if band is not None:
+        pre, nxt = band
+        possible |= (q_lens > 0) & ((nxt < 0) | (q_lens - 1 - pre > kv_lens - 1))
     return possible
 
 

@@ -17,6 +17,7 @@ Backends write ``out`` (and ``lse`` when given) for every visible row and leave
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -63,11 +64,11 @@ class AttentionProblem:
     def group(self) -> int:
         return self.query.shape[1] // self.key.shape[1]
 
-    @property
+    @functools.cached_property  # frozen dataclass: cached_property writes __dict__ directly
     def max_q_len(self) -> int:
         return int(self.q_lens.max()) if self.batch else 0
 
-    @property
+    @functools.cached_property
     def max_kv_len(self) -> int:
         return int(self.kv_lens.max()) if self.batch else 0
 

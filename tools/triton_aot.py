@@ -45,7 +45,9 @@ def compile_variant(kernel: str, consts: dict, num_warps: int, num_stages: int,
         if name in consts:
             sig[name] = "constexpr"
             continue
-        if name in POINTERS[kernel]:
+        if name == "C" and consts.get("MEANS_IN_C"):
+            sig[name] = "*fp16"  # the block means
+        elif name in POINTERS[kernel]:
             sig[name] = POINTERS[kernel][name]
         elif name in DESCRIPTORS:  # tensor descriptors of (1, 1, BLOCK_N, HEAD_DIM) tiles
             sig[name] = (f"tensordesc<fp16[1,1,{consts['BLOCK_N']},"
@@ -86,17 +88,21 @@ def resource_usage(compiled) -> dict:
 def variants(head_dim: int = 128):
     for alg, alg_id in ALGS.items():
         for causal in (False, True):
-            consts = dict(ALG=alg_id, HAS_MASK=False, HAS_BAND=causal, HAS_LSE=False,
-                          GUARD=False, K_PADDED=alg.startswith("pasa"), FUSED_SHIFT=False,
-                          USE_TMA=ta.TUNING["loads"] == "tma",
-                          BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
-            block_m, warps, stages = ta._launch_config(head_dim, alg, False)
-            yield ("_attention_fwd", f"{alg} {'causal' if causal else 'full'} d={head_dim}",
-                   dict(consts, BLOCK_M=block_m), warps, stages, ta._fp_options(alg) == {})
+            # pasa-exact's row constant: precomputed, or a thin matmul in the kernel
+            for means_in_c in ((False, True) if alg == "pasa-exact" else (False,)):
+                consts = dict(ALG=alg_id, HAS_MASK=False, HAS_BAND=causal, HAS_LSE=False,
+                              GUARD=False, K_PADDED=alg.startswith("pasa"), FUSED_SHIFT=False,
+                              USE_TMA=ta.TUNING["loads"] == "tma", MEANS_IN_C=means_in_c,
+                              BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
+                block_m, warps, stages = ta._launch_config(head_dim, alg, False, means_in_c)
+                label = (f"{alg}{' (c in kernel)' if means_in_c else ''} "
+                         f"{'causal' if causal else 'full'} d={head_dim}")
+                yield ("_attention_fwd", label, dict(consts, BLOCK_M=block_m), warps, stages,
+                       ta._fp_options(alg) == {})
         consts = dict(ALG=alg_id, HAS_MASK=False, GUARD=False, BLOCK_G=16, BLOCK_N=128,
                       HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
         yield ("_decode_split", f"{alg} decode d={head_dim}", consts, 4,
-               ta._decode_stages(alg), ta._fp_options(alg) == {})
+               ta._decode_stages(alg, head_dim), ta._fp_options(alg) == {})
 
 
 def main(argv=None) -> int:
@@ -110,12 +116,12 @@ def main(argv=None) -> int:
                 compiled = compile_variant(kernel, consts, warps, stages, fusion)
             except Exception as err:  # report every variant, then fail
                 failed += 1
-                print(f"{label:32s} ERROR {str(err).splitlines()[0][:200]}")
+                print(f"{label:44s} ERROR {str(err).splitlines()[0][:200]}")
                 continue
             use = resource_usage(compiled)
             smem = compiled.metadata.shared
             flag = "  OVER SHARED LIMIT" if smem > SHARED_LIMIT else ""
-            print(f"{label:32s} smem {smem:7d}  regs {use.get('REG', '?'):>4}  "
+            print(f"{label:44s} smem {smem:7d}  regs {use.get('REG', '?'):>4}  "
                   f"stack {use.get('STACK', '?'):>4}  local {use.get('LOCAL', '?'):>4}{flag}")
             failed += bool(flag)
     return 1 if failed else 0
