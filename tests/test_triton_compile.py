@@ -19,5 +19,6 @@ def test_every_kernel_variant_compiles_for_sm90():
     assert run.returncode == 0, run.stdout + run.stderr[-2000:]
     for d in (128, 256):
         report = "\n".join(line for line in run.stdout.splitlines() if f"d={d}" in line)
-        # 6 allocations x (full, causal, decode), plus pasa-exact's in-kernel row constant x 2
-        assert report.count("smem") == 20, report
+        # 6 allocations x (full, causal, decode); pasa-exact's in-kernel row constant and
+        # the fused key shift of the 3 PASA allocations, each full and causal
+        assert report.count("smem") == 18 + 2 + 6, report

@@ -86,17 +86,24 @@ def resource_usage(compiled) -> dict:
 
 
 def variants(head_dim: int = 128):
+    """Every prefill variant the defaults can launch (pasa-exact's row constant both ways)
+    plus the fused key shift of TUNING, and the decode kernel, per allocation."""
     for alg, alg_id in ALGS.items():
+        pasa = alg.startswith("pasa")
+        forms = [("", False, False)]
+        if alg == "pasa-exact":
+            forms.append((" (c in kernel)", True, False))
+        if pasa:
+            forms.append((" (fused shift)", False, True))
         for causal in (False, True):
-            # pasa-exact's row constant: precomputed, or a thin matmul in the kernel
-            for means_in_c in ((False, True) if alg == "pasa-exact" else (False,)):
+            for tag, means_in_c, fused in forms:
                 consts = dict(ALG=alg_id, HAS_MASK=False, HAS_BAND=causal, HAS_LSE=False,
-                              GUARD=False, K_PADDED=alg.startswith("pasa"), FUSED_SHIFT=False,
+                              GUARD=False, K_PADDED=pasa and not fused, FUSED_SHIFT=fused,
                               USE_TMA=ta.TUNING["loads"] == "tma", MEANS_IN_C=means_in_c,
                               BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
-                block_m, warps, stages = ta._launch_config(head_dim, alg, False, means_in_c)
-                label = (f"{alg}{' (c in kernel)' if means_in_c else ''} "
-                         f"{'causal' if causal else 'full'} d={head_dim}")
+                block_m, warps, stages = ta._launch_config(head_dim, alg, False,
+                                                           means_in_c or fused)
+                label = f"{alg}{tag} {'causal' if causal else 'full'} d={head_dim}"
                 yield ("_attention_fwd", label, dict(consts, BLOCK_M=block_m), warps, stages,
                        ta._fp_options(alg) == {})
         consts = dict(ALG=alg_id, HAS_MASK=False, GUARD=False, BLOCK_G=16, BLOCK_N=128,
