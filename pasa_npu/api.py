@@ -160,6 +160,7 @@ class _Plan:
     covered: bool         # every output row is written by the backend: no zero fill
     lse_rows_past: bool   # some LSE row lies past its query length
     may_have_empty: bool  # some row inside its query length may see no key
+    validated_mask: Optional[torch.Tensor] = None  # sparse modes 2-4: kept alive for the key
 
 
 _PLANS: dict = {}
@@ -196,9 +197,10 @@ def _plan_key(args: dict):
             if name in ("query", "key", "value"):
                 append((value.shape, value.stride(), value.dtype, value.device))
             elif name == "atten_mask" and args["sparse_mode"] in (2, 3, 4):
-                # only validated there; the validation cache keys on the same fields
-                append((value.data_ptr(), value._version, value.shape, value.stride(),
-                        value.dtype, value.device))
+                # only validated there: this very tensor, unchanged since (the plan keeps
+                # it alive, so its id is not reused while cached)
+                append((id(value), value.data_ptr(), value._version, value.shape,
+                        value.stride(), value.dtype, value.device))
             elif name.startswith("actual_seq_lengths") and value.device.type == "cpu":
                 append((value.dtype, value.shape, tuple(value.tolist())))
             else:
@@ -276,7 +278,8 @@ def _make_plan(args: dict, golden: bool) -> _Plan:
         covered=not packed and bool((q_lens == s_q).all()),
         lse_rows_past=not packed and bool((q_lens < s_q).any()),
         may_have_empty=mask is not None or bool(_may_have_empty_rows(q_lens, kv_lens,
-                                                                       band).any()))
+                                                                       band).any()),
+        validated_mask=args["atten_mask"] if args["sparse_mode"] in (2, 3, 4) else None)
 
 
 def _execute(plan: _Plan, query, key, value, golden: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -604,7 +607,8 @@ def _check_optimized_mask(mask, sparse_mode: int) -> None:
     if mask.shape not in ((n, n), (1, n, n), (1, 1, n, n)):
         raise ValueError(f"sparse_mode={sparse_mode} needs the optimized mask of shape ({n}, {n}), "
                          f"(1, {n}, {n}) or (1, 1, {n}, {n}); got {tuple(mask.shape)}")
-    key = (mask.data_ptr(), mask._version, mask.device, mask.dtype, tuple(mask.stride()))
+    key = (id(mask), mask.data_ptr(), mask._version, mask.device, mask.dtype,
+           tuple(mask.stride()))
     if key in _VALIDATED_MASKS:
         return
     expected = _MASK_CACHE.get(mask.device)
@@ -615,7 +619,7 @@ def _check_optimized_mask(mask, sparse_mode: int) -> None:
                          f"upper triangle (True above the diagonal), as torch_npu documents")
     if len(_VALIDATED_MASKS) > 64:
         _VALIDATED_MASKS.clear()
-    _VALIDATED_MASKS[key] = True
+    _VALIDATED_MASKS[key] = mask  # kept alive: its id is not reused while cached
 
 
 def _dense_mask(mask: torch.Tensor, batch: int, s_q: int, s_kv: int) -> torch.Tensor:

@@ -179,3 +179,68 @@ def test_reference_attention_takes_torch_npu_arguments_only():
         pasa_npu.reference_attention(q, k, v, num_heads=2, input_layout="BNSD", scale_value=1.0)
     out, _ = pasa_npu.reference_attention(q, k, v, num_heads=2, input_layout="BNSD")
     assert out.dtype == torch.float64
+
+
+# ---- the plan cache: a repeated argument set skips validation, so nothing it skips may change
+
+
+def _call(q, k, v, **kw):
+    return pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD", **kw)
+
+
+def test_cached_plan_still_rejects_changed_arguments():
+    q, k, v = _small()
+    _call(q, k, v)
+    _call(q, k, v)  # a cache hit
+    with pytest.raises(TypeError, match="num_heads must be an int"):
+        pasa_npu.fused_attention(q, k, v, num_heads=True, num_key_value_heads=2,
+                                 input_layout="BNSD")
+    _call(q, k, v, inner_precise=1, softmax_lse_flag=False)
+    with pytest.raises(TypeError, match="inner_precise must be an int"):
+        _call(q, k, v, inner_precise=True, softmax_lse_flag=False)  # True == 1 for a dict
+    with pytest.raises(TypeError, match="softmax_lse_flag must be a bool"):
+        _call(q, k, v, inner_precise=1, softmax_lse_flag=0)
+    with pytest.raises(ValueError, match="query must be 4-D"):
+        _call(q[0], k, v)
+    with pytest.raises(ValueError, match="key head dim"):
+        _call(q, torch.cat([k, k], -1), v)
+
+
+def test_cached_plan_revalidates_a_mask_changed_in_place():
+    q, k, v = _small()
+    mask = pasa_npu.compressed_causal_mask()
+    _call(q, k, v, sparse_mode=3, atten_mask=mask)
+    _call(q, k, v, sparse_mode=3, atten_mask=mask)
+    mask[0, 1] = False  # bumps the tensor's version
+    with pytest.raises(ValueError, match="strict upper triangle"):
+        _call(q, k, v, sparse_mode=3, atten_mask=mask)
+    other = torch.ones(2048, 2048, dtype=torch.bool)  # same metadata, another tensor
+    with pytest.raises(ValueError, match="strict upper triangle"):
+        _call(q, k, v, sparse_mode=3, atten_mask=other)
+
+
+def test_cached_plan_warns_on_every_call():
+    q, k, v = _small()
+    for _ in range(2):
+        with pytest.warns(UserWarning, match="pre_tokens/next_tokens have no effect"):
+            _call(q, k, v, pre_tokens=3)
+
+
+def test_cached_plan_keeps_the_per_call_range_check():
+    q, k, v = (t.bfloat16() for t in _small())
+    _call(q, k, v, algorithm="pasa-exact")
+    with pytest.raises(ValueError, match="beyond fp16"):
+        _call(q * 1e6, k, v, algorithm="pasa-exact")
+
+
+def test_cached_plan_gives_the_uncached_result():
+    from pasa_npu import api
+
+    q, k, v = _small()
+    lens = dict(actual_seq_lengths=[5], actual_seq_lengths_kv=[7], softmax_lse_flag=True)
+    first = _call(q, k, v, **lens)
+    api._PLANS.clear()
+    fresh = _call(q, k, v, **lens)
+    again = _call(q, k, v, **lens)
+    for a, b, c in zip(first, fresh, again):
+        assert torch.equal(a, b) and torch.equal(b, c)
