@@ -15,14 +15,16 @@ Kernels:
   Zero-padded to whole blocks, as the means must see the padded rows.
 * ``_attention_fwd``: one program per (query tile, batch, query head). The kv
   blocks a tile can see are walked in ascending order in three loops: masked
-  edge blocks, then branch-free interior blocks, then masked edge blocks.
+  edge blocks, then branch-free interior blocks (read through TMA tensor
+  descriptors where the layout allows), then masked edge blocks.
   Causal and band limits are computed from the per-batch band; no S1 x S2 mask
   is ever built for sparse modes 2-4.
 * ``_decode_split`` + ``_decode_combine``: query length 1. One program per
   (kv split, batch, kv head) stacks the query heads of its group as rows, so
   K/V are read once per group and a single query row still fills the GPU; the
   partial results are merged by their log-sum-exp in fp32 (as FlashDecoding).
-  For PASA each split starts its own pseudo-average, so the decode path
+  For PASA each split starts its own pseudo-average, and ``pasa``'s K' = M^T K
+  is evaluated element-wise there (:func:`_shift_in_kernel`), so the decode path
   agrees with the CPU backend to rounding, not bit for bit.
 """
 from __future__ import annotations
@@ -304,9 +306,13 @@ def _shift_in_kernel(k, SHIFT, scale, ALG: tl.constexpr, BLOCK_N: tl.constexpr):
         shifted = ((k.to(tl.float32) - mean16.to(tl.float32)[None, :]) * scale).to(tl.float16)
         mean = mean16.to(tl.float32)
     else:
-        idx = tl.arange(0, BLOCK_N)
-        shift = tl.load(SHIFT + idx[:, None] * BLOCK_N + idx[None, :])
-        shifted = tl.dot(shift, k).to(tl.float16)
+        # M^T K without the n x n matmul: row i of M^T K is diag * K_i - off * (sum_j K_j - K_i)
+        # for M's stored entries (diag, -off), evaluated in fp32 and rounded once, as the
+        # matmul's fp32 accumulation is; an n-times cheaper pass where K is read once anyway
+        diag = tl.load(SHIFT).to(tl.float32)
+        off = -tl.load(SHIFT + 1).to(tl.float32)
+        k32 = k.to(tl.float32)
+        shifted = ((diag + off) * k32 - off * tl.sum(k32, 0)[None, :]).to(tl.float16)
         mean = tl.zeros([k.shape[1]], tl.float32)
     return shifted, mean
 

@@ -201,6 +201,9 @@ def plot(result, path) -> bool:
         return False
     rows = [r for r in result["rows"] if r["kind"] == "prefill"]
     combos = sorted({(r["d"], r["causal"]) for r in rows})
+    if not combos:
+        print("pasa-bench: no prefill rows; no plot written", file=sys.stderr)
+        return False
     fig, axes = plt.subplots(1, len(combos), figsize=(4.2 * len(combos), 3.8), sharey=True)
     axes = [axes] if len(combos) == 1 else axes
     names = list(result["algorithms"]) + ["sdpa-flash", "sdpa-cudnn"]
@@ -286,8 +289,8 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     (out / "bench.json").write_text(json.dumps(result, indent=1))
     (out / "bench.md").write_text(markdown(result))
+    print(markdown(result), flush=True)
     plot(result, out / "bench.png")
-    print(markdown(result))
     return 0
 
 
