@@ -19,21 +19,27 @@ from .problem import AttentionProblem
 @dataclass(frozen=True)
 class Backend:
     """``devices``: device types it runs on; ``emulated_on``: those where it runs only
-    through an emulator (correct, slow, meant for tests; never a default)."""
+    through an emulator (correct, slow, meant for tests; never a default), which
+    ``emulator_switch`` (an environment variable set to 1), if any, must turn on."""
 
     name: str
     module: str
     devices: tuple[str, ...]
     summary: str
     emulated_on: tuple[str, ...] = ()
+    emulator_switch: Optional[str] = None
 
     def unavailable_reason(self, device: torch.device) -> Optional[str]:
         """None when this backend can run on ``device``, else a sentence why not."""
-        if self.name == "triton" and device.type == "cpu" and _triton_interpreting():
-            return None
         if device.type not in self.devices:
             return (f"backend {self.name!r} runs on {', '.join(self.devices)} tensors, "
                     f"got tensors on {device.type}")
+        if (device.type in self.emulated_on and self.emulator_switch
+                and os.environ.get(self.emulator_switch, "0") != "1"):
+            native = [d for d in self.devices if d not in self.emulated_on]
+            return (f"backend {self.name!r} runs on {', '.join(native)} tensors, and on "
+                    f"{device.type} tensors only through its emulator: set "
+                    f"{self.emulator_switch}=1 before importing it")
         return None
 
     def runner(self) -> Callable[[AttentionProblem], None]:
@@ -45,9 +51,9 @@ BACKENDS: dict[str, Backend] = {
     for b in (
         Backend("torch", "pasa_npu.fallback.torch_blockwise", ("cpu", "cuda"),
                 "blockwise PyTorch emulation of every allocation (CPU reference backend)"),
-        Backend("triton", "pasa_npu.fallback.triton_attention", ("cuda",),
+        Backend("triton", "pasa_npu.fallback.triton_attention", ("cuda", "cpu"),
                 "Triton kernels for CUDA GPUs; on CPU tensors under TRITON_INTERPRET=1",
-                emulated_on=("cpu",)),
+                emulated_on=("cpu",), emulator_switch="TRITON_INTERPRET"),
         Backend("ascendc-emu", "pasa_npu.ascendc_emu", ("cpu",),
                 "the AscendC kernels of ascend_kernels/ run on CPU against the emulated AscendC API",
                 emulated_on=("cpu",)),
@@ -72,10 +78,6 @@ def resolve(name: str, device: torch.device) -> Backend:
     if reason is not None:
         raise RuntimeError(reason)
     return backend
-
-
-def _triton_interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _importable(module: str) -> bool:

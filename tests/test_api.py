@@ -244,3 +244,15 @@ def test_cached_plan_gives_the_uncached_result():
     again = _call(q, k, v, **lens)
     for a, b, c in zip(first, fresh, again):
         assert torch.equal(a, b) and torch.equal(b, c)
+
+
+def test_emulated_backend_says_how_to_turn_its_emulator_on(monkeypatch):
+    from pasa_npu import backends
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="only through its emulator: set TRITON_INTERPRET=1"):
+        backends.resolve("triton", torch.device("cpu"))
+    assert "triton" not in backends.available_backends("cpu", emulated=True)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert backends.resolve("triton", torch.device("cpu")).name == "triton"
+    assert "triton" not in backends.available_backends("cpu")  # never a default on CPU
