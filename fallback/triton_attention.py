@@ -724,10 +724,9 @@ def run(problem: AttentionProblem) -> None:
         return
 
     fused = TUNING["shift"] == "fused" and problem.allocation.is_pasa
-    block_m, warps, stages = _launch_config(head_dim_p, alg, interpret,
-                                            fused or _row_constant_in_kernel(problem, block_n))
-    constants = _placeholder(dev, torch.float32)
     means_in_c = _row_constant_in_kernel(problem, block_n)
+    block_m, warps, stages = _launch_config(head_dim_p, alg, interpret, fused or means_in_c)
+    constants = _placeholder(dev, torch.float32)
     if problem.allocation.is_pasa and not fused:
         k_used, means = _prepare_keys(problem, k, lengths[2], lengths[3], block_n, head_dim_p)
         k_strides = tuple(k_used.stride())

@@ -235,9 +235,7 @@ def _make_plan(args: dict, golden: bool) -> _Plan:
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_key_value_heads "
                          f"({num_kv_heads})")
-    q, k, v = (_to_canonical(t, name, in_layout, heads)
-               for t, name, heads in ((query, "query", num_heads), (key, "key", num_kv_heads),
-                                      (value, "value", num_kv_heads)))
+    q, k, v = _canonical_views(query, key, value, in_layout, num_heads, num_kv_heads)
     _check_shapes(q, k, v, in_layout)
     packed = in_layout in _PACKED
     q_lens, q_starts, kv_lens, kv_starts = _lengths(args, q, k, packed)
@@ -284,10 +282,8 @@ def _make_plan(args: dict, golden: bool) -> _Plan:
 
 def _execute(plan: _Plan, query, key, value, golden: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The per-call part: canonical views, outputs, the backend, torch_npu's row rules."""
-    q, k, v = (_to_canonical(t, name, plan.in_layout, heads)
-               for t, name, heads in ((query, "query", plan.num_heads),
-                                      (key, "key", plan.num_kv_heads),
-                                      (value, "value", plan.num_kv_heads)))
+    q, k, v = _canonical_views(query, key, value, plan.in_layout, plan.num_heads,
+                               plan.num_kv_heads)
     v_input = v
     if plan.low != query.dtype and not golden:
         q, k, v = (_to_fp16_checked(t, name) for t, name in ((q, "query"), (k, "key"), (v, "value")))
@@ -380,6 +376,13 @@ def _to_canonical(t: torch.Tensor, name: str, layout: str, heads: int) -> torch.
     if layout == "TND":
         return t.permute(1, 0, 2).unsqueeze(0)
     return t.unsqueeze(0)
+
+
+def _canonical_views(query, key, value, layout: str, num_heads: int, num_kv_heads: int):
+    """(q, k, v) as (B, N, S, D) views, each checked against its head count."""
+    return (_to_canonical(query, "query", layout, num_heads),
+            _to_canonical(key, "key", layout, num_kv_heads),
+            _to_canonical(value, "value", layout, num_kv_heads))
 
 
 def _check_shapes(q, k, v, layout) -> None:
