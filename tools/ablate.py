@@ -1,0 +1,247 @@
+"""``python -m pasa_npu.tools.ablate``: what each part of the Triton prefill costs, on a CUDA GPU.
+
+Times ``pasa-exact`` (``fa-fp32`` and ``pasa`` too for the load paths) through
+``pasa_npu.fused_attention`` at the benchmark's shapes, in one process, against:
+
+* the Triton backend's ``TUNING`` switches (``loads``, ``row_constant``);
+* other launch configurations (BLOCK_M, warps, stages);
+* source variants that change the allocation's numerics, for timing only: the P'V tile
+  left in fp32, l summed from the unrounded probabilities, the row constant c set to 0;
+* a plain FlashAttention-2 forward written as a minimal Triton kernel (the baseline
+  Triton itself reaches on this GPU).
+
+A variant is the backend's source with one text replaced, loaded as its own module; the
+replaced text must still be found, so a variant cannot silently stop measuring anything.
+Prints TFLOP/s (4 B H S^2 d / t, half for causal). Not a correctness tool: the numerics
+variants are wrong on purpose.
+
+``--host-time`` (any machine) instead measures the API layer's host time per call, with
+the argument plan cached (as every repeated call is) and rebuilt on every call, on a
+decode-shaped CPU call whose backend computes nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import pathlib
+import sys
+import tempfile
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+import pasa_npu
+from pasa_npu import api
+from pasa_npu.fallback import triton_attention
+
+MODULE = "pasa_npu.fallback.triton_attention"
+
+#: name -> (text of the backend's source, its replacement)
+VARIANTS = {
+    "P'V tile in fp32": (
+        "acc_new = acc * alpha[:, None] + _rl(tl.dot(p16, v), low)",
+        "acc_new = tl.dot(p16, v, acc * alpha[:, None])"),
+    "l from unrounded p": (
+        "        p16 = tl.exp2(sp * 1.4426950408889634 - ((m_new - c) * 1.4426950408889634)"
+        "[:, None]).to(low)\n"
+        "        l_new = alpha * l + tl.sum(p16.to(tl.float32), 1)",
+        "        p32 = tl.exp2(sp * 1.4426950408889634 - ((m_new - c) * 1.4426950408889634)"
+        "[:, None])\n"
+        "        p16 = p32.to(low)\n"
+        "        l_new = alpha * l + tl.sum(p32, 1)"),
+    "c = 0": (
+        "                    c = tl.load(c_base + tl.cast(blk, tl.int64) * stride_cblk + rows,\n"
+        "                                mask=rows < q_len, other=0.0)",
+        "                    c = tl.zeros([BLOCK_M], tl.float32)"),
+}
+
+SHAPES = ((128, 4096, 4, 16), (128, 16384, 1, 16), (64, 4096, 4, 32), (64, 16384, 1, 32))
+CONFIGS = ((128, 8, 3), (128, 8, 2), (64, 4, 3))  # pasa-exact: (BLOCK_M, warps, stages)
+PLAIN_CONFIGS = ((128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (128, 64, 8, 3))
+
+
+def variant_module(name: str, directory: str):
+    """The Triton backend with VARIANTS[name] applied, as a fresh module."""
+    old, new = VARIANTS[name]
+    source = pathlib.Path(triton_attention.__file__).read_text()
+    if old not in source:
+        raise RuntimeError(f"variant {name!r}: its text is no longer in {MODULE}")
+    path = pathlib.Path(directory) / f"ablate_{len(list(pathlib.Path(directory).iterdir()))}.py"
+    path.write_text(source.replace(old, new))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def backend_module(module, tuning=None, config=None):
+    """Route backend="triton" to ``module`` with ``tuning`` and a fixed launch ``config``."""
+    saved_module, saved_tuning = sys.modules[MODULE], dict(module.TUNING)
+    saved_config = module._launch_config
+    sys.modules[MODULE] = module
+    module.TUNING.update(tuning or {})
+    if config is not None:
+        module._launch_config = lambda *args: config
+    api._PLANS.clear()  # plans hold the backend they resolved
+    try:
+        yield
+    finally:
+        sys.modules[MODULE] = saved_module
+        module.TUNING.clear()
+        module.TUNING.update(saved_tuning)
+        module._launch_config = saved_config
+        api._PLANS.clear()
+
+
+@triton.jit
+def plain_fa2(Q, K, V, O, sm_scale, seq, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr):
+    """Minimal FlashAttention-2 forward over contiguous (B*H, S, D) fp16, S a multiple of
+    the blocks: the baseline, no feature of the operator."""
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    base = tl.program_id(1).to(tl.int64) * seq * HEAD_DIM
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + base + rows[:, None] * HEAD_DIM + dims[None, :])
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)  # noqa: E741
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634
+    hi = (pid_m + 1) * BLOCK_M if CAUSAL else seq
+    for n0 in range(0, hi, BLOCK_N):
+        k = tl.load(K + base + (n0 + cols)[:, None] * HEAD_DIM + dims[None, :])
+        v = tl.load(V + base + (n0 + cols)[:, None] * HEAD_DIM + dims[None, :])
+        qk = tl.dot(q, tl.trans(k))
+        if CAUSAL:
+            qk = tl.where(rows[:, None] >= (n0 + cols)[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m, tl.max(qk, 1) * qk_scale)
+        p = tl.exp2(qk * qk_scale - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        l = l * alpha + tl.sum(p, 1)  # noqa: E741
+        acc = tl.dot(p.to(tl.float16), v, acc * alpha[:, None])
+        m = m_new
+    tl.store(O + base + rows[:, None] * HEAD_DIM + dims[None, :],
+             (acc / l[:, None]).to(tl.float16))
+
+
+def plain(q, k, v, causal, block_m=128, block_n=128, warps=8, stages=3):
+    batch, heads, seq, d = q.shape
+    out = torch.empty_like(q)
+    plain_fa2[(seq // block_m, batch * heads)](q, k, v, out, d ** -0.5, seq, block_m, block_n,
+                                               d, causal, num_warps=warps, num_stages=stages)
+    return out
+
+
+def ours(algorithm, q, k, v, causal):
+    kw = dict(num_heads=q.shape[1], input_layout="BNSD", scale=q.shape[-1] ** -0.5,
+              algorithm=algorithm, backend="triton")
+    if causal:
+        kw.update(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask(q.device))
+    return pasa_npu.fused_attention(q, k, v, **kw)[0]
+
+
+def _time_ms(fn):
+    import triton.testing
+    try:
+        return triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median")
+    except Exception as err:  # a variant that does not fit is reported, not hidden
+        return f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
+
+
+def candidates(directory: str):
+    """(label, setup, call): ``setup()`` is a context manager entered around the timing of
+    ``call(q, k, v, causal)``, so that a variant's set-up stays out of the timed calls."""
+    ta = triton_attention
+    none = contextlib.nullcontext
+    out = [("fa-fp32", none, lambda q, k, v, c: ours("fa-fp32", q, k, v, c))]
+    for cfg in PLAIN_CONFIGS:
+        out.append((f"plain Triton FA2 (BLOCK_M, BLOCK_N, warps, stages) = {cfg}", none,
+                    lambda q, k, v, c, cfg=cfg: plain(q, k, v, c, *cfg)))
+
+    def ours_with(label, module, tuning, config=None, algorithm="pasa-exact"):
+        out.append((f"{algorithm} {label}",
+                    lambda: backend_module(module, tuning, config),
+                    lambda q, k, v, c: ours(algorithm, q, k, v, c)))
+
+    for loads in ("tma", "pointers"):
+        for algorithm in ("fa-fp32", "pasa"):
+            ours_with(f"loads={loads}", ta, dict(loads=loads), algorithm=algorithm)
+        for row_constant in ("precomputed", "in-kernel"):
+            ours_with(f"loads={loads} row_constant={row_constant}", ta,
+                       dict(loads=loads, row_constant=row_constant))
+    for config in CONFIGS:
+        ours_with(f"(BLOCK_M, warps, stages) = {config}", ta, dict(row_constant="precomputed"),
+                   config)
+    for name in VARIANTS:
+        ours_with(f"{name} (timing only)", variant_module(name, directory),
+                   dict(row_constant="precomputed"))
+    return out
+
+
+def host_time_us(cached: bool, calls: int = 2000) -> float:
+    """Microseconds per ``fused_attention`` call spent outside the backend's computation."""
+    from pasa_npu.fallback import torch_blockwise
+
+    b, h, h_kv, s2, d = 8, 32, 4, 8192, 128
+    q = torch.zeros(b, h, 1, d, dtype=torch.float16)
+    k = v = torch.zeros(b, h_kv, s2, d, dtype=torch.float16)
+    kw = dict(num_heads=h, num_key_value_heads=h_kv, input_layout="BNSD", scale=d ** -0.5,
+              algorithm="pasa-exact", backend="torch")
+    saved = torch_blockwise.run
+    torch_blockwise.run = lambda problem: None
+    api._PLANS.clear()
+    try:
+        for _ in range(50):
+            pasa_npu.fused_attention(q, k, v, **kw)
+        start = time.perf_counter()
+        for _ in range(calls):
+            if not cached:
+                api._PLANS.clear()
+            pasa_npu.fused_attention(q, k, v, **kw)
+        return (time.perf_counter() - start) / calls * 1e6
+    finally:
+        torch_blockwise.run = saved
+        api._PLANS.clear()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="ablate", description=__doc__.splitlines()[0])
+    parser.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--causal", choices=["both", "yes", "no"], default="both")
+    parser.add_argument("--host-time", action="store_true",
+                        help="only the API layer's host time per call (no GPU needed)")
+    args = parser.parse_args(argv)
+    if args.host_time:
+        print(f"API host time per call: {host_time_us(True):.0f} us with the argument plan "
+              f"cached, {host_time_us(False):.0f} us rebuilding it on every call")
+        return 0
+    if not torch.cuda.is_available():
+        print("ablate: error: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as directory:
+        runs = candidates(directory)
+        for d, seq, batch, heads in SHAPES:
+            if d not in args.dims:
+                continue
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            q, k, v = (torch.randn(batch, heads, seq, d, device="cuda", dtype=torch.float16,
+                                   generator=gen) for _ in range(3))
+            for causal in {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]:
+                flops = 4.0 * batch * heads * seq * seq * d * (0.5 if causal else 1.0)
+                print(f"=== d={d} S={seq} B={batch} H={heads} "
+                      f"{'causal' if causal else 'no mask'}", flush=True)
+                for label, setup, call in runs:
+                    with setup():
+                        ms = _time_ms(lambda: call(q, k, v, causal))
+                    text = ms if isinstance(ms, str) else f"{flops / ms / 1e9:7.1f} TFLOP/s"
+                    print(f"  {label:58s} {text}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
