@@ -66,3 +66,15 @@ def test_host_time_mode_runs_without_a_gpu(capsys):
     assert ablate.main(["--host-time"]) == 0
     assert "API host time per call" in capsys.readouterr().out
     assert pasa_npu.api._PLANS == {}
+
+
+def test_causal_timing_reuses_one_argument_plan():
+    """The timed causal call passes one mask object, so every call after the first finds
+    its plan: the timing is of the kernels, not of validating a new mask each call."""
+    from pasa_npu.tools import ablate
+
+    q, k, v = on_device("triton", *_inputs())
+    pasa_npu.api._PLANS.clear()
+    for _ in range(3):
+        ablate.ours("fa-fp32", q, k, v, causal=True)
+    assert len(pasa_npu.api._PLANS) == 1

@@ -58,3 +58,46 @@ def test_tuning_alternatives_agree_with_cpu_backend(switch, value, algorithm, la
     # the two backends differ only in fp32 accumulation order and the hardware exp
     assert err < (3e-3 if algorithm != "pasa" else 2e-2), f"{switch}={value}: {err:.3g}"
     assert torch.allclose(lse, ref_lse, atol=2e-2, rtol=1e-3)
+
+
+LOOP_CASES = {  # name: (extra arguments, kv length, expected kv-block loops)
+    "full": (dict(), 64, 2),
+    "ragged kv": (dict(), 72, 2 | 4),
+    "causal": (dict(sparse_mode=3), 64, 2 | 4),
+    "band": (dict(sparse_mode=4, pre_tokens=20, next_tokens=0), 64, 1 | 2 | 4),
+    "left edge only": (dict(sparse_mode=4, pre_tokens=20, next_tokens=1000), 64, 1 | 2),
+    "explicit mask": (dict(sparse_mode=0), 64, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(LOOP_CASES))
+def test_block_loops_compiled_out_only_where_empty(case, monkeypatch):
+    """The prefill kernel compiles out the kv-block loops a problem can never enter. The
+    output with only those loops must equal, bit for bit, the output with all three."""
+    from pasa_npu.fallback import triton_attention
+
+    extra, s2, expected = LOOP_CASES[case]
+    gen = torch.Generator().manual_seed(5)
+    s1, d = 40, 64
+    q, k, v = (torch.randn(1, 2, s, d, generator=gen).half() for s in (s1, s2, s2))
+    kw = dict(num_heads=2, input_layout="BNSD", scale=d ** -0.5, kv_block=32,
+              algorithm="pasa-exact", **extra)
+    if kw.get("sparse_mode") in (3, 4):
+        kw["atten_mask"] = pasa_npu.compressed_causal_mask()
+    if case == "explicit mask":
+        kw["atten_mask"] = torch.rand(1, s1, s2, generator=gen) < 0.3
+    q, k, v = on_device("triton", q, k, v)
+    if "atten_mask" in kw:
+        kw["atten_mask"] = on_device("triton", kw["atten_mask"])[0]
+
+    chosen = []
+    block_loops = triton_attention._block_loops
+    monkeypatch.setattr(triton_attention, "_block_loops",
+                        lambda *a: chosen.append(block_loops(*a)) or chosen[-1])
+    out = pasa_npu.fused_attention(q, k, v, backend="triton", **kw)[0]
+    assert chosen == [expected]
+    monkeypatch.setattr(triton_attention, "_block_loops", lambda *a: 7)
+    pasa_npu.api._PLANS.clear()
+    every_loop = pasa_npu.fused_attention(q, k, v, backend="triton", **kw)[0]
+    assert torch.equal(out, every_loop)
+    assert torch.isfinite(out.float()).all()

@@ -104,9 +104,10 @@ def variants(head_dim: int = 128):
                 consts = dict(ALG=alg_id, HAS_MASK=False, HAS_BAND=causal, HAS_LSE=False,
                               GUARD=False, K_PADDED=pasa and not fused, FUSED_SHIFT=fused,
                               USE_TMA=ta.TUNING["loads"] == "tma", MEANS_IN_C=means_in_c,
+                              LOOPS=6 if causal else 2,  # causal: interior + diagonal
                               BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
                 block_m, warps, stages = ta._launch_config(head_dim, alg, False,
-                                                           means_in_c or fused)
+                                                           means_in_c or fused, consts["LOOPS"])
                 label = f"{alg}{tag} {'causal' if causal else 'full'} d={head_dim}"
                 yield ("_attention_fwd", label, dict(consts, BLOCK_M=block_m), warps, stages,
                        ta._fp_options(alg) == {})
