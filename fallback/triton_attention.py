@@ -16,7 +16,8 @@ Kernels:
 * ``_attention_fwd``: one program per (query tile, batch, query head). The kv
   blocks a tile can see are walked in ascending order in three loops: masked
   edge blocks, then branch-free interior blocks (read through TMA tensor
-  descriptors where the layout allows), then masked edge blocks.
+  descriptors where the layout allows), then masked edge blocks; the loops a
+  problem can never enter are compiled out (:func:`_block_loops`).
   Causal and band limits are computed from the per-batch band; no S1 x S2 mask
   is ever built for sparse modes 2-4.
 * ``_decode_split`` + ``_decode_combine``: query length 1. One program per
