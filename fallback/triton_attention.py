@@ -56,8 +56,10 @@ INT_BIG = 1 << 30  # stands for "no band limit" (index math is int32)
 #: Hopper and newer; falls back to pointers where a layout is not TMA-addressable) or
 #: "pointers" (masked pointer loads).
 #: ``row_constant``: pasa-exact's c = scale * Q . mean16 per (row, block): "precomputed"
-#: (a pass writing B*N*S1*S2/kv_block fp32 constants that the main kernel loads; 2-14%
-#: faster), "in-kernel" (a thin matmul per block from the block means, no workspace) or
+#: (each query tile computes its constants for all the blocks it visits before its kv
+#: loop, 16 blocks per thin matmul, into a workspace of B*N*S1*S2/kv_block fp32 values it
+#: reads back per block; 2-14% faster, and 2-5% faster at S=4k than the separate pass it
+#: replaced), "in-kernel" (a thin matmul per block inside the loop, no workspace) or
 #: "auto": precomputed while that workspace is no larger than Q, K and V together
 #: (S1 <= 24k at d=128), in-kernel beyond, where it would grow as S1 * S2.
 TUNING = {"shift": "separate", "loads": "tma", "row_constant": "auto"}
@@ -265,38 +267,20 @@ def _row_constant(q, mean, scale):
 
 
 @triton.jit
-def _block_constants(Q, MEAN, C, q_starts, q_lens,
-                     stride_qb, stride_qh, stride_qs, stride_qd,
-                     stride_mb, stride_mh, stride_mblk,
-                     stride_cb, stride_ch, stride_cblk,
-                     n_heads, group, scale, head_dim, n_blocks,
-                     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """pasa-exact's per-row constants for every (query row, kv block) of one query tile,
-    16 blocks per matmul: C[b, h, blk, row] = scale * (Q_row . mean16_blk), fp32."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // n_heads
-    h = bh % n_heads
-    q_len = tl.load(q_lens + b)
-    m0 = pid_m * BLOCK_M
-    if m0 >= q_len:
-        return
-    q_start = tl.load(q_starts + b)
-    rows = m0 + tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-                + (q_start + rows)[:, None].to(tl.int64) * stride_qs + dims[None, :] * stride_qd,
-                mask=(rows[:, None] < q_len) & (dims[None, :] < head_dim), other=0.0)
-    mean_base = MEAN + b.to(tl.int64) * stride_mb + (h // group).to(tl.int64) * stride_mh
-    c_base = C + b.to(tl.int64) * stride_cb + h.to(tl.int64) * stride_ch
+def _tile_row_constants(q, mean_base, c_base, rows, q_len, dims, lo, hi, stride_mblk,
+                        stride_cblk, scale):
+    """pasa-exact: c = scale * (Q . mean16) of one query tile for the kv blocks [lo, hi) it
+    will visit, 16 blocks per matmul (fp32 accumulation), stored in the tile's own rows of
+    the workspace C[b, h, blk, row] for the kv loop to load block by block (from L2)."""
     sixteen = tl.arange(0, 16)
-    for blk0 in range(0, n_blocks, 16):
+    for blk0 in range(lo, hi, 16):
         blks = blk0 + sixteen
-        means = tl.load(mean_base + blks[:, None] * stride_mblk + dims[None, :],
-                        mask=blks[:, None] < n_blocks, other=0.0)
-        c = tl.dot(q, tl.trans(means)) * scale  # (BLOCK_M, 16), fp32 accumulation
+        means = tl.load(mean_base + blks[:, None].to(tl.int64) * stride_mblk + dims[None, :],
+                        mask=blks[:, None] < hi, other=0.0)
+        c = tl.dot(q, tl.trans(means)) * scale  # (BLOCK_M, 16)
         tl.store(c_base + blks[None, :].to(tl.int64) * stride_cblk + rows[:, None], c,
-                 mask=(blks[None, :] < n_blocks) & (rows[:, None] < q_len))
+                 mask=(blks[None, :] < hi) & (rows[:, None] < q_len))
+    tl.debug_barrier()  # the loop reads constants other threads of the program wrote
 
 
 @triton.jit
@@ -325,7 +309,7 @@ def _shift_in_kernel(k, SHIFT, scale, ALG: tl.constexpr, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _attention_fwd(
-    Q, K, V, O, LSE, C, MASK, SHIFT, K_DESC, V_DESC,
+    Q, K, V, O, LSE, C, MEANS, MASK, SHIFT, K_DESC, V_DESC,
     q_starts, q_lens, kv_starts, kv_lens, band_pre, band_next,
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
@@ -333,11 +317,12 @@ def _attention_fwd(
     stride_ob, stride_oh, stride_os, stride_od,
     stride_lb, stride_lh, stride_ls,
     stride_cb, stride_ch, stride_cblk,
+    stride_mb, stride_mh, stride_mblk,
     stride_xb, stride_xs, stride_xk,
     n_heads, group, scale, gamma, head_dim, head_dim_v,
     ALG: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BAND: tl.constexpr, HAS_LSE: tl.constexpr,
     GUARD: tl.constexpr, K_PADDED: tl.constexpr, FUSED_SHIFT: tl.constexpr,
-    USE_TMA: tl.constexpr, MEANS_IN_C: tl.constexpr, LOOPS: tl.constexpr,
+    USE_TMA: tl.constexpr, C_PER_BLOCK: tl.constexpr, LOOPS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
 ):
     # heaviest tiles first: under causal and band masks the last query tiles see the most keys
@@ -393,10 +378,15 @@ def _attention_fwd(
     v_base += kv_start.to(tl.int64) * stride_vs
     k_offs = cols[:, None] * stride_ks + dims[None, :] * stride_kd
     v_offs = cols[:, None] * stride_vs + dims_v[None, :] * stride_vd
-    # pasa-exact: C holds either the block means mean16 (B, Nkv, blocks, D), whose row
-    # constant is one thin matmul per block here, or precomputed constants (B, N, blocks, S1)
-    c_base = C + b.to(tl.int64) * stride_cb + (hk if MEANS_IN_C else h).to(tl.int64) * stride_ch
+    # pasa-exact's row constants from the block means mean16 (B, Nkv, blocks, D): one thin
+    # matmul per block in the loop (C_PER_BLOCK), or computed for the whole tile up front
+    # into the workspace C (B, N, blocks, S1) and loaded per block
+    mean_base = MEANS + b.to(tl.int64) * stride_mb + hk.to(tl.int64) * stride_mh
+    c_base = C + b.to(tl.int64) * stride_cb + h.to(tl.int64) * stride_ch
     mask_base = MASK + b.to(tl.int64) * stride_xb
+    if ALG == 5 and not FUSED_SHIFT and not C_PER_BLOCK:
+        _tile_row_constants(q, mean_base, c_base, rows, q_len, dims, lo, hi, stride_mblk,
+                            stride_cblk, scale)
 
     m, l, acc, f, cnt, c = _initial_state(BLOCK_M, HEAD_DIM_V, ALG, q.dtype)
 
@@ -413,8 +403,8 @@ def _attention_fwd(
                 k_ptrs = k_base + tl.cast(n0, tl.int64) * stride_ks + k_offs
                 v_ptrs = v_base + tl.cast(n0, tl.int64) * stride_vs + v_offs
                 if ALG == 5 and not FUSED_SHIFT:
-                    if MEANS_IN_C:
-                        mean = tl.load(c_base + tl.cast(blk, tl.int64) * stride_cblk + dims)
+                    if C_PER_BLOCK:
+                        mean = tl.load(mean_base + tl.cast(blk, tl.int64) * stride_mblk + dims)
                         c = _row_constant(q, mean.to(tl.float32), scale)
                     else:
                         c = tl.load(c_base + tl.cast(blk, tl.int64) * stride_cblk + rows,
@@ -626,7 +616,7 @@ def _launch_config(head_dim: int, alg: str, interpret: bool, extra_operand: bool
 
 
 def _row_constant_in_kernel(problem: AttentionProblem, block_n: int) -> bool:
-    """pasa-exact: compute c in the main kernel rather than precompute it (TUNING)."""
+    """pasa-exact: compute c per block in the kv loop, without the workspace (TUNING)."""
     if problem.allocation.shift != "exact":
         return False
     choice = TUNING["row_constant"]
@@ -768,17 +758,18 @@ def run(problem: AttentionProblem) -> None:
         return
 
     fused = TUNING["shift"] == "fused" and problem.allocation.is_pasa
-    means_in_c = _row_constant_in_kernel(problem, block_n)
+    c_per_block = _row_constant_in_kernel(problem, block_n)
     loops = _block_loops(problem, block_n)
-    block_m, warps, stages = _launch_config(head_dim_p, alg, interpret, fused or means_in_c,
+    block_m, warps, stages = _launch_config(head_dim_p, alg, interpret, fused or c_per_block,
                                             loops)
     constants = _placeholder(dev, torch.float32)
+    means = _placeholder(dev, torch.float16)
     if problem.allocation.is_pasa and not fused:
         k_used, means = _prepare_keys(problem, k, lengths[2], lengths[3], block_n, head_dim_p)
         k_strides = tuple(k_used.stride())
-        if problem.allocation.shift == "exact":
-            constants = means if means_in_c else _row_constants(
-                problem, q, means, lengths, block_m, head_dim_p, packed_stride, interpret)
+        if problem.allocation.shift == "exact" and not c_per_block:  # the kernel fills it
+            constants = torch.empty(problem.batch, q.shape[1], means.shape[2],
+                                    max(1, problem.max_q_len), dtype=torch.float32, device=dev)
     else:
         k_used = k
         k_strides = (packed_stride(k), k.stride(1), k.stride(2), k.stride(3))
@@ -793,7 +784,8 @@ def run(problem: AttentionProblem) -> None:
     use_tma = k_desc is not None and v_desc is not None
     grid = (_cdiv(problem.max_q_len, block_m), problem.batch * q.shape[1])
     _attention_fwd[grid](
-        q, k_used, v, out, lse_arg, constants, mask, shift if shift is not None else constants,
+        q, k_used, v, out, lse_arg, constants, means, mask,
+        shift if shift is not None else constants,
         k_desc if use_tma else k_used, v_desc if use_tma else v,
         *lengths, *band,
         packed_stride(q), q.stride(1), q.stride(2), q.stride(3),
@@ -802,11 +794,12 @@ def run(problem: AttentionProblem) -> None:
         packed_stride(out), out.stride(1), out.stride(2), out.stride(3),
         (packed_stride(lse_arg) if lse is not None else 0), lse_arg.stride(1), lse_arg.stride(2),
         constants.stride(0), constants.stride(1), constants.stride(2),
+        means.stride(0), means.stride(1), means.stride(2),
         *mask_strides,
         q.shape[1], q.shape[1] // k.shape[1], problem.scale, gamma, head_dim, head_dim_v,
         HAS_BAND=problem.band is not None, HAS_LSE=lse is not None,
         K_PADDED=problem.allocation.is_pasa and not fused, FUSED_SHIFT=fused, USE_TMA=use_tma,
-        MEANS_IN_C=means_in_c, LOOPS=loops,
+        C_PER_BLOCK=c_per_block, LOOPS=loops,
         BLOCK_M=block_m, num_warps=warps, num_stages=stages, **common, **_fp_options(alg))
 
 
@@ -843,21 +836,6 @@ def _decode_stages(alg: str, head_dim: int) -> int:
 def _fp_options(alg: str) -> dict:
     """The all-fp16 allocations round after every operation: no FMA contraction."""
     return {"enable_fp_fusion": False} if alg in ("fa-fp16", "pasa") else {}
-
-
-def _row_constants(problem, q, means, lengths, block_m, head_dim_p, packed_stride, interpret):
-    """pasa-exact: C[b, h, blk, row] = scale * (Q . mean16), fp32, for the main kernel."""
-    n_blocks = means.shape[2]
-    c = torch.empty(problem.batch, q.shape[1], n_blocks, max(1, problem.max_q_len),
-                    dtype=torch.float32, device=q.device)
-    _block_constants[(_cdiv(problem.max_q_len, block_m), problem.batch * q.shape[1])](
-        q, means, c, lengths[0], lengths[1],
-        packed_stride(q), q.stride(1), q.stride(2), q.stride(3),
-        means.stride(0), means.stride(1), means.stride(2),
-        c.stride(0), c.stride(1), c.stride(2),
-        q.shape[1], q.shape[1] // means.shape[1], problem.scale, q.shape[3], n_blocks,
-        BLOCK_M=block_m, HEAD_DIM=head_dim_p, num_warps=1 if interpret else 4)
-    return c
 
 
 def _mask_arg(mask, dev):

@@ -29,7 +29,7 @@ SHARED_LIMIT = 232448  # bytes per block on sm_90
 ALGS = ta.ALG_IDS
 POINTERS = {
     "_attention_fwd": dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", C="*fp32",
-                           MASK="*u8", SHIFT="*fp16", q_starts="*i32", q_lens="*i32",
+                           MEANS="*fp16", MASK="*u8", SHIFT="*fp16", q_starts="*i32", q_lens="*i32",
                            kv_starts="*i32", kv_lens="*i32", band_pre="*i32", band_next="*i32"),
     "_decode_split": dict(Q="*fp16", K="*fp16", V="*fp16", MASK="*u8", SHIFT="*fp16",
                           PART_O="*fp32", PART_LSE="*fp32", q_starts="*i32", kv_starts="*i32",
@@ -49,9 +49,7 @@ def compile_variant(kernel: str, consts: dict, num_warps: int, num_stages: int,
         if name in consts:
             sig[name] = "constexpr"
             continue
-        if name == "C" and consts.get("MEANS_IN_C"):
-            sig[name] = "*fp16"  # the block means
-        elif name in POINTERS[kernel]:
+        if name in POINTERS[kernel]:
             sig[name] = POINTERS[kernel][name]
         elif name in DESCRIPTORS:  # tensor descriptors of (1, 1, BLOCK_N, HEAD_DIM) tiles
             sig[name] = (f"tensordesc<fp16[1,1,{consts['BLOCK_N']},"
@@ -100,14 +98,14 @@ def variants(head_dim: int = 128):
         if pasa:
             forms.append((" (fused shift)", False, True))
         for causal in (False, True):
-            for tag, means_in_c, fused in forms:
+            for tag, c_per_block, fused in forms:
                 consts = dict(ALG=alg_id, HAS_MASK=False, HAS_BAND=causal, HAS_LSE=False,
                               GUARD=False, K_PADDED=pasa and not fused, FUSED_SHIFT=fused,
-                              USE_TMA=ta.TUNING["loads"] == "tma", MEANS_IN_C=means_in_c,
+                              USE_TMA=ta.TUNING["loads"] == "tma", C_PER_BLOCK=c_per_block,
                               LOOPS=6 if causal else 2,  # causal: interior + diagonal
                               BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
                 block_m, warps, stages = ta._launch_config(head_dim, alg, False,
-                                                           means_in_c or fused, consts["LOOPS"])
+                                                           c_per_block or fused, consts["LOOPS"])
                 label = f"{alg}{tag} {'causal' if causal else 'full'} d={head_dim}"
                 yield ("_attention_fwd", label, dict(consts, BLOCK_M=block_m), warps, stages,
                        ta._fp_options(alg) == {})
