@@ -646,12 +646,9 @@ def _host_ints(values: torch.Tensor) -> tuple[int, ...]:
 
 
 def _device_ints(values: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """int32 copy of small per-batch metadata on ``device``, so that a repeated call does
-    no host-to-device copy (which would also synchronise the stream). Cached by identity,
-    then by value."""
-    hit = _DEVICE_INTS.get((id(values), device))
-    if hit is not None and hit[0] is values:
-        return hit[1]
+    """int32 copy of small per-batch metadata on ``device``, cached by value (looked up
+    through :func:`_host_ints`), so that a repeated call does no host-to-device copy
+    (which would also synchronise the stream)."""
     key = (device, _host_ints(values))
     copy = _DEVICE_INTS.get(key)
     if copy is None:
@@ -660,7 +657,6 @@ def _device_ints(values: torch.Tensor, device: torch.device) -> torch.Tensor:
         if any(abs(x) > INT_BIG for x in key[1]):
             raise NotImplementedError(f"the Triton backend indexes in int32; got {list(key[1])}")
         copy = _DEVICE_INTS[key] = values.to(device=device, dtype=torch.int32)
-    _DEVICE_INTS[(id(values), device)] = (values, copy)
     return copy
 
 

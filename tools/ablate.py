@@ -37,6 +37,7 @@ import triton.language as tl
 import pasa_npu
 from pasa_npu import api
 from pasa_npu.fallback import triton_attention
+from pasa_npu.tools import bench
 
 MODULE = "pasa_npu.fallback.triton_attention"
 
@@ -146,11 +147,8 @@ def _causal_mask(device: torch.device) -> torch.Tensor:
 
 
 def ours(algorithm, q, k, v, causal):
-    kw = dict(num_heads=q.shape[1], input_layout="BNSD", scale=q.shape[-1] ** -0.5,
-              algorithm=algorithm, backend="triton")
-    if causal:
-        kw.update(sparse_mode=3, atten_mask=_causal_mask(q.device))
-    return pasa_npu.fused_attention(q, k, v, **kw)[0]
+    """``algorithm`` through ``pasa_npu.fused_attention``, called as pasa-bench calls it."""
+    return bench._ours(algorithm, _causal_mask(q.device))(q, k, v, causal, False)
 
 
 def _time_ms(fn):
