@@ -50,16 +50,16 @@ INT_BIG = 1 << 30  # stands for "no band limit" (index math is int32)
 #: ``shift``: how prefill shifts K for PASA, "separate" (one preprocessing pass over K;
 #: pasa-exact 351 TFLOP/s at d=128, S=16k) or "fused" (recomputed inside every query
 #: tile; 209). Decode always fuses: each K block is read by one program there.
-#: (Row sums of fp16 tiles as a thin matmul on the tensor cores were measured too: 4-16%
-#: slower, as their operand leaves no room for a third pipeline stage; not kept.)
+#: (Row sums of fp16 tiles as a thin matmul on the tensor cores were tried too, in scratch
+#: code: slower, as their operand leaves no room for a third pipeline stage; not kept.)
 #: ``loads``: how the interior kv blocks of prefill are read, "tma" (tensor descriptors,
 #: Hopper and newer; falls back to pointers where a layout is not TMA-addressable) or
 #: "pointers" (masked pointer loads).
 #: ``row_constant``: pasa-exact's c = scale * Q . mean16 per (row, block): "precomputed"
 #: (each query tile computes its constants for all the blocks it visits before its kv
 #: loop, 16 blocks per thin matmul, into a workspace of B*N*S1*S2/kv_block fp32 values it
-#: reads back per block; 2-14% faster, and 2-5% faster at S=4k than the separate pass it
-#: replaced), "in-kernel" (a thin matmul per block inside the loop, no workspace) or
+#: reads back per block; 1-16% faster at d=64 and 128 in tools/ablate.py), "in-kernel"
+#: (a thin matmul per block inside the loop, no workspace) or
 #: "auto": precomputed while that workspace is no larger than Q, K and V together
 #: (S1 <= 24k at d=128), in-kernel beyond, where it would grow as S1 * S2.
 TUNING = {"shift": "separate", "loads": "tma", "row_constant": "auto"}
@@ -607,10 +607,10 @@ def _launch_config(head_dim: int, alg: str, interpret: bool, extra_operand: bool
     if head_dim == 128 and extra_operand:
         return 128, 8, 2  # the extra operand leaves no room for a third stage
     if head_dim <= 64 and alg == "pasa-exact":
-        return 128, 4, 2  # +4-12% over (64, 4, 3), with or without a causal mask
+        return 128, 4, 2  # the best sum over the four d=64 cells of tools/ablate.py
     if head_dim <= 64 and alg.startswith("pasa"):
-        # pasa: two stages gain 9% where only the interior loop runs, three gain 5-12% with
-        # the masked loops compiled in
+        # pasa (tools/ablate.py): two stages gain 6-9% where only the interior loop runs,
+        # three gain 5-12% with the masked loops compiled in
         return (64, 4, 2) if loops == 2 else (64, 4, 3)
     return 128, 8, 3
 
@@ -663,8 +663,9 @@ def _device_ints(values: torch.Tensor, device: torch.device) -> torch.Tensor:
 def _block_loops(problem: AttentionProblem, block_n: int) -> int:
     """Which of the prefill kernel's three kv-block loops can run for ``problem``, as bits:
     1 the leading masked blocks, 2 the interior blocks, 4 the trailing masked blocks. The
-    others are compiled out: without the empty loops the kernel ran 2-10% faster (H100,
-    d=128, 7 of 8 cases timed). Conservative: a set bit only allows the loop to run."""
+    others are compiled out: without the empty loops fa-fp32 and pasa-exact ran 1-14%
+    faster at d=128 on an H100 (tools/ablate.py, all eight cases; -5 to +5% at d=64).
+    Conservative: a set bit only allows the loop to run."""
     if problem.mask is not None:
         return 1  # an explicit mask sends every block through the leading masked loop
     loops = 2

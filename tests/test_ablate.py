@@ -78,3 +78,18 @@ def test_causal_timing_reuses_one_argument_plan():
     for _ in range(3):
         ablate.ours("fa-fp32", q, k, v, causal=True)
     assert len(pasa_npu.api._PLANS) == 1
+
+
+def test_backend_module_fixes_the_loops_and_restores_them():
+    """The "every kv-block loop compiled in" candidates really compile all three in, and
+    leave the backend's own choice in place afterwards."""
+    from pasa_npu.fallback import triton_attention
+    from pasa_npu.tools import ablate
+
+    chosen = triton_attention._block_loops
+    q, k, v = on_device("triton", *_inputs())
+    with ablate.backend_module(triton_attention, loops=7):
+        assert triton_attention._block_loops(None, 32) == 7
+        every = ablate.ours("pasa-exact", q, k, v, causal=False)
+    assert triton_attention._block_loops is chosen
+    assert torch.equal(every, ablate.ours("pasa-exact", q, k, v, causal=False))

@@ -4,7 +4,8 @@ Times ``pasa-exact`` (``fa-fp32`` and ``pasa`` too for the load paths) through
 ``pasa_npu.fused_attention`` at the benchmark's shapes, in one process, against:
 
 * the Triton backend's ``TUNING`` switches (``loads``, ``row_constant``);
-* other launch configurations (BLOCK_M, warps, stages);
+* every kv-block loop compiled in (fa-fp32 too), against only those a problem can enter;
+* other launch configurations (BLOCK_M, warps, stages), for ``pasa`` too;
 * source variants that change the allocation's numerics, for timing only: the P'V tile
   left in fp32, l summed from the unrounded probabilities, the row constant c set to 0;
 * a plain FlashAttention-2 forward written as a minimal Triton kernel (the baseline
@@ -80,14 +81,17 @@ def variant_module(name: str, directory: str):
 
 
 @contextlib.contextmanager
-def backend_module(module, tuning=None, config=None):
-    """Route backend="triton" to ``module`` with ``tuning`` and a fixed launch ``config``."""
+def backend_module(module, tuning=None, config=None, loops=None):
+    """Route backend="triton" to ``module`` with ``tuning``, a fixed launch ``config`` and
+    fixed kv-block ``loops`` (the bits of ``_block_loops``; 7 compiles all three in)."""
     saved_module, saved_tuning = sys.modules[MODULE], dict(module.TUNING)
-    saved_config = module._launch_config
+    saved_config, saved_loops = module._launch_config, module._block_loops
     sys.modules[MODULE] = module
     module.TUNING.update(tuning or {})
     if config is not None:
         module._launch_config = lambda *args: config
+    if loops is not None:
+        module._block_loops = lambda *args: loops
     api._PLANS.clear()  # plans hold the backend they resolved
     try:
         yield
@@ -96,6 +100,7 @@ def backend_module(module, tuning=None, config=None):
         module.TUNING.clear()
         module.TUNING.update(saved_tuning)
         module._launch_config = saved_config
+        module._block_loops = saved_loops
         api._PLANS.clear()
 
 
@@ -169,10 +174,13 @@ def candidates(directory: str):
         out.append((f"plain Triton FA2 (BLOCK_M, BLOCK_N, warps, stages) = {cfg}", none,
                     lambda q, k, v, c, cfg=cfg: plain(q, k, v, c, *cfg)))
 
-    def ours_with(label, module, tuning, config=None, algorithm="pasa-exact"):
+    def ours_with(label, module, tuning, config=None, algorithm="pasa-exact", loops=None):
         out.append((f"{algorithm} {label}",
-                    lambda: backend_module(module, tuning, config),
+                    lambda: backend_module(module, tuning, config, loops),
                     lambda q, k, v, c: ours(algorithm, q, k, v, c)))
+
+    for algorithm in ("fa-fp32", "pasa-exact"):
+        ours_with("with every kv-block loop compiled in", ta, None, algorithm=algorithm, loops=7)
 
     for loads in ("tma", "pointers"):
         for algorithm in ("fa-fp32", "pasa"):
@@ -180,9 +188,10 @@ def candidates(directory: str):
         for row_constant in ("precomputed", "in-kernel"):
             ours_with(f"loads={loads} row_constant={row_constant}", ta,
                        dict(loads=loads, row_constant=row_constant))
-    for config in CONFIGS:
-        ours_with(f"(BLOCK_M, warps, stages) = {config}", ta, dict(row_constant="precomputed"),
-                   config)
+    for algorithm in ("pasa-exact", "pasa"):
+        for config in CONFIGS:
+            ours_with(f"(BLOCK_M, warps, stages) = {config}", ta,
+                       dict(row_constant="precomputed"), config, algorithm=algorithm)
     for name in VARIANTS:
         ours_with(f"{name} (timing only)", variant_module(name, directory),
                    dict(row_constant="precomputed"))
