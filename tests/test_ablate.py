@@ -93,3 +93,31 @@ def test_backend_module_fixes_the_loops_and_restores_them():
         every = ablate.ours("pasa-exact", q, k, v, causal=False)
     assert triton_attention._block_loops is chosen
     assert torch.equal(every, ablate.ours("pasa-exact", q, k, v, causal=False))
+
+
+def test_per_call_device_us_sums_each_kernel_over_the_calls():
+    from types import SimpleNamespace
+
+    from pasa_npu.tools import ablate
+
+    events = [SimpleNamespace(key="_shift_keys", self_device_time_total=86.0),
+              SimpleNamespace(key="_attention_fwd", self_device_time_total=2000.0),
+              SimpleNamespace(key="_attention_fwd", self_device_time_total=650.0),
+              SimpleNamespace(key="cudaLaunchKernel", self_device_time_total=0.0),
+              SimpleNamespace(key="void at::native::fill_kernel<4, float>(int, float)",
+                              self_device_time_total=3.0)]
+    assert ablate.per_call_device_us(events, 2) == {
+        "_shift_keys": 43.0, "_attention_fwd": 1325.0, "at::native::fill_kernel": 1.5}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: the profiler split "
+                    "times device kernels")
+def test_kernel_split_names_the_key_shift_pass_and_the_attention_kernel():
+    from pasa_npu.tools import ablate
+
+    q, k, v = (t.cuda() for t in _inputs())
+    times = ablate.kernel_times_us(lambda: ablate.ours("pasa-exact", q, k, v, False), calls=3)
+    assert {"_shift_keys", "_attention_fwd"} <= set(times)
+    assert all(us > 0 for us in times.values())
+    plain = ablate.kernel_times_us(lambda: ablate.ours("fa-fp32", q, k, v, False), calls=3)
+    assert "_attention_fwd" in plain and "_shift_keys" not in plain  # no shift without PASA

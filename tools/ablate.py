@@ -11,6 +11,9 @@ Times ``pasa-exact`` (``fa-fp32`` and ``pasa`` too for the load paths) through
 * a plain FlashAttention-2 forward written as a minimal Triton kernel (the baseline
   Triton itself reaches on this GPU).
 
+It also splits a pasa-exact and a pasa call into its GPU kernels (torch.profiler), so
+that the separate key-shift pass's share of each timing is seen.
+
 A variant is the backend's source with one text replaced, loaded as its own module; the
 replaced text must still be found, so a variant cannot silently stop measuring anything.
 Prints TFLOP/s (4 B H S^2 d / t, half for causal). Not a correctness tool: the numerics
@@ -198,6 +201,31 @@ def candidates(directory: str):
     return out
 
 
+def per_call_device_us(events, calls: int) -> dict:
+    """Device time per call by kernel name (C++ template arguments and parameter lists
+    dropped), from profiler ``events`` (``key``, ``self_device_time_total`` in
+    microseconds) recorded over ``calls`` calls."""
+    out: dict = {}
+    for event in events:
+        if event.self_device_time_total > 0:
+            name = event.key.removeprefix("void ").split("<")[0].split("(")[0]
+            out[name] = out.get(name, 0.0) + event.self_device_time_total / calls
+    return out
+
+
+def kernel_times_us(fn, calls: int = 20) -> dict:
+    """The GPU kernels one call of ``fn`` launches, with their device time per call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return per_call_device_us(prof.key_averages(), calls)
+
+
 def host_time_us(cached: bool, calls: int = 2000) -> float:
     """Microseconds per ``fused_attention`` call spent outside the backend's computation."""
     from pasa_npu.fallback import torch_blockwise
@@ -255,6 +283,12 @@ def main(argv=None) -> int:
                         ms = _time_ms(lambda: call(q, k, v, causal))
                     text = ms if isinstance(ms, str) else f"{flops / ms / 1e9:7.1f} TFLOP/s"
                     print(f"  {label:58s} {text}", flush=True)
+                for algorithm in ("pasa-exact", "pasa"):
+                    times = kernel_times_us(functools.partial(ours, algorithm, q, k, v, causal))
+                    total = sum(times.values())
+                    parts = ", ".join(f"{name} {us:.0f} us ({100 * us / total:.1f}%)"
+                                      for name, us in sorted(times.items(), key=lambda x: -x[1]))
+                    print(f"  {algorithm} kernels per call: {parts}", flush=True)
     return 0
 
 
