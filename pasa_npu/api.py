@@ -199,8 +199,7 @@ def _plan_key(args: dict):
             elif name == "atten_mask" and args["sparse_mode"] in (2, 3, 4):
                 # only validated there: this very tensor, unchanged since (the plan keeps
                 # it alive, so its id is not reused while cached)
-                append((id(value), value.data_ptr(), value._version, value.shape,
-                        value.stride(), value.dtype, value.device))
+                append(_tensor_identity(value))
             elif name.startswith("actual_seq_lengths") and value.device.type == "cpu":
                 append((value.dtype, value.shape, tuple(value.tolist())))
             else:
@@ -602,6 +601,12 @@ def _check_tokens(pre: int, nxt: int) -> None:
         raise ValueError(f"the band is empty: -next_tokens ({-nxt}) exceeds pre_tokens ({pre})")
 
 
+def _tensor_identity(t: torch.Tensor) -> tuple:
+    """This very tensor, unchanged since: its id (the caller keeps it alive while the key is
+    held, so the id is not reused), storage, in-place version and metadata."""
+    return (id(t), t.data_ptr(), t._version, t.shape, t.stride(), t.dtype, t.device)
+
+
 def _check_optimized_mask(mask, sparse_mode: int) -> None:
     n = OPTIMIZED_MASK_SIZE
     if mask is None:
@@ -610,8 +615,7 @@ def _check_optimized_mask(mask, sparse_mode: int) -> None:
     if mask.shape not in ((n, n), (1, n, n), (1, 1, n, n)):
         raise ValueError(f"sparse_mode={sparse_mode} needs the optimized mask of shape ({n}, {n}), "
                          f"(1, {n}, {n}) or (1, 1, {n}, {n}); got {tuple(mask.shape)}")
-    key = (id(mask), mask.data_ptr(), mask._version, mask.device, mask.dtype,
-           tuple(mask.stride()))
+    key = _tensor_identity(mask)
     if key in _VALIDATED_MASKS:
         return
     expected = _MASK_CACHE.get(mask.device)
