@@ -422,12 +422,8 @@ def _attention_fwd(
                         else:
                             k = tl.load(k_ptrs, mask=dims[None, :] < head_dim, other=0.0)
                         v = tl.load(v_ptrs, mask=dims_v[None, :] < head_dim_v, other=0.0)
-                    if FUSED_SHIFT:
-                        k, mean = _shift_in_kernel(k, SHIFT, scale, ALG, BLOCK_N)
-                        if ALG == 5:
-                            c = _row_constant(q, mean, scale)
-                    m, l, acc, f, cnt = _block_update(q, k, v, c, None, None, m, l, acc, f, cnt,
-                                                      scale, gamma, ALG, False, GUARD, BLOCK_N)
+                    vis = None  # interior: every row sees every key of the block
+                    row_any = None
                 else:
                     n = n0 + cols
                     in_kv = n < kv_len
@@ -438,10 +434,6 @@ def _attention_fwd(
                                     other=0.0)
                     v = tl.load(v_ptrs, mask=in_kv[:, None] & (dims_v[None, :] < head_dim_v),
                                 other=0.0)
-                    if FUSED_SHIFT:
-                        k, mean = _shift_in_kernel(k, SHIFT, scale, ALG, BLOCK_N)
-                        if ALG == 5:
-                            c = _row_constant(q, mean, scale)
                     vis = in_kv[None, :] & (rows[:, None] < q_len)
                     # which rows see a key of this block: analytic from the band (1-D work),
                     # from the tile itself only under an explicit mask
@@ -459,8 +451,12 @@ def _attention_fwd(
                                          mask=(rows[:, None] < q_len) & in_kv[None, :], other=1)
                         vis = vis & (masked == 0)
                         row_any = tl.max(vis.to(tl.int32), 1) > 0
-                    m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt,
-                                                      scale, gamma, ALG, True, GUARD, BLOCK_N)
+                if FUSED_SHIFT:
+                    k, mean = _shift_in_kernel(k, SHIFT, scale, ALG, BLOCK_N)
+                    if ALG == 5:
+                        c = _row_constant(q, mean, scale)
+                m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt,
+                                                  scale, gamma, ALG, stage != 1, GUARD, BLOCK_N)
 
     o, lse = _finish(m, l, acc.to(tl.float32), f, cnt, gamma, ALG)
     row_ok = rows < q_len
