@@ -115,7 +115,7 @@ def test_per_call_device_us_sums_each_kernel_over_the_calls():
 def test_kernel_split_names_the_key_shift_pass_and_the_attention_kernel():
     from pasa_npu.tools import ablate
 
-    q, k, v = (t.cuda() for t in _inputs())
+    q, k, v = on_device("triton", *_inputs())  # cuda here
     times = ablate.kernel_times_us(lambda: ablate.ours("pasa-exact", q, k, v, False), calls=3)
     assert {"_shift_keys", "_attention_fwd"} <= set(times)
     assert all(us > 0 for us in times.values())
