@@ -45,6 +45,8 @@ ALG_IDS = {"fa-fp32": 0, "fa-fp16s": 1, "fa-fp16": 2, "pasa": 3, "pasa-mixed": 4
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 INT_BIG = 1 << 30  # stands for "no band limit" (index math is int32)
+#: the kernels run in the interpreter (decided at import, as triton.jit decides it)
+INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 #: Tuning switch, measured with tools/bench.py on an H100 (the default is the faster):
 #: ``shift``: how prefill shifts K for PASA, "separate" (one preprocessing pass over K;
@@ -72,6 +74,27 @@ TUNING = {"shift": "separate", "loads": "tma", "row_constant": "auto"}
 def _rl(x, low: tl.constexpr):
     """One rounding to the compute dtype ``low``, kept in fp32 (a low-precision step)."""
     return x.to(low).to(tl.float32)
+
+
+@triton.jit
+def _fp16(x):
+    """fp32 -> fp16, round to nearest even, two elements per instruction. The compiler
+    converts a tile that stays in registers one element at a time (and then packs pairs
+    for the fp16 arithmetic); ``cvt.rn.f16x2.f32`` halves that. Same values."""
+    if INTERPRET:
+        return x.to(tl.float16)
+    else:
+        return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x],
+                                         dtype=tl.float16, is_pure=True, pack=2)
+
+
+@triton.jit
+def _exp(x):
+    """e^x as ``ex2.approx.ftz`` of x * log2(e). ``tl.exp`` emits the same multiply and the
+    non-ftz ex2, whose subnormal-range fix-up adds a compare and two multiplies per element
+    to the softmax loop; the two differ only where e^x < 2^-126, far below fp16's smallest
+    value and below any fp32 sum they enter."""
+    return tl.exp2(x * 1.4426950408889634)
 
 
 @triton.jit
@@ -129,14 +152,14 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma,
             s = tl.where(vis, s, float("-inf"))
         rm = _guarded_max(s, tl.max(s, 1), vis, MASKED, GUARD, True, low)
         m_new = tl.maximum(m, rm)
-        alpha = _rl(tl.exp(_rl(m - m_new, low)), low)
-        p = _rl(tl.exp(_rl(s - m_new[:, None], low)), low)
+        alpha = _rl(_exp(_rl(m - m_new, low)), low)
+        p = _rl(_exp(_rl(s - m_new[:, None], low)), low)
         l_new = _rl(_rl(alpha * l, low) + _rl(tl.sum(p, 1), low), low)
         pv = tl.dot(p.to(low), v).to(low)
         acc_new = acc * alpha.to(low)[:, None] + pv
         f_new = f
     elif ALG <= 4:  # pasa (fp16 statistics), pasa-mixed (fp32 statistics)
-        sp16 = qk.to(low)
+        sp16 = _fp16(qk)
         sp = sp16.to(tl.float32)
         s_mean = tl.sum(sp16.to(tl.float32), 1) / BLOCK_N  # all columns M averaged, masked or not
         if ALG == 3:
@@ -149,7 +172,7 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma,
                              low)
         cnt1 = cnt + 1.0
         if ALG == 3:
-            p16 = tl.exp((sp16 - m_loc.to(low)[:, None]).to(tl.float32)).to(low)
+            p16 = _exp((sp16 - m_loc.to(low)[:, None]).to(tl.float32)).to(low)
             if MASKED:
                 p16 = tl.where(vis, p16, 0.0)
             l_loc = _rl(tl.sum(p16.to(tl.float32), 1), low)
@@ -157,24 +180,24 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma,
             x = _rl(m + _rl(gamma * _rl(f - f_new, low), low), low)
             y = _rl(m_loc + _rl(gamma * _rl(s_mean - f_new, low), low), low)
             m_new = tl.maximum(x, y)
-            alpha = _rl(tl.exp(_rl(x - m_new, low)), low)
-            beta_w = _rl(tl.exp(_rl(y - m_new, low)), low)
+            alpha = _rl(_exp(_rl(x - m_new, low)), low)
+            beta_w = _rl(_exp(_rl(y - m_new, low)), low)
             l_new = _rl(_rl(alpha * l, low) + _rl(beta_w * l_loc, low), low)
-            pv = tl.dot(p16, v).to(low)
+            pv = _fp16(tl.dot(p16, v))
             acc_new = acc * alpha.to(low)[:, None] + pv * beta_w.to(low)[:, None]
         else:
-            p = tl.exp(sp - m_loc[:, None])
+            p = _exp(sp - m_loc[:, None])
             l_loc = tl.sum(p, 1)
             f_new = ((cnt1 - 1.0) * f + s_mean) / cnt1
             x = m + gamma * (f - f_new)
             y = m_loc + gamma * (s_mean - f_new)
             m_new = tl.maximum(x, y)
-            alpha = tl.exp(x - m_new)
-            beta_w = tl.exp(y - m_new)
+            alpha = _exp(x - m_new)
+            beta_w = _exp(y - m_new)
             l_new = alpha * l + beta_w * l_loc
             acc_new = acc * alpha[:, None] + tl.dot(p.to(low), v) * beta_w[:, None]
     else:  # pasa-exact: per-row constant c carried in fp32, FA-2 update
-        sp16 = qk.to(low)
+        sp16 = _fp16(qk)
         if MASKED:
             sp16 = tl.where(vis, sp16, float("-inf"))
         rm = tl.max(sp16, 1).to(tl.float32)  # the max of fp16 values is an fp16 value
@@ -183,7 +206,7 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma,
         alpha = tl.exp2((m - m_new) * 1.4426950408889634)
         p16 = tl.exp2(sp * 1.4426950408889634 - ((m_new - c) * 1.4426950408889634)[:, None]).to(low)
         l_new = alpha * l + tl.sum(p16.to(tl.float32), 1)
-        acc_new = acc * alpha[:, None] + _rl(tl.dot(p16, v), low)
+        acc_new = acc * alpha[:, None] + _fp16(tl.dot(p16, v)).to(tl.float32)
         f_new = f
     cnt_new = cnt + 1.0
     if MASKED:
@@ -588,6 +611,7 @@ def _pow2(n: int, floor: int = 16) -> int:
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
 
 
 def _launch_config(head_dim: int, alg: str, interpret: bool, extra_operand: bool = False,
