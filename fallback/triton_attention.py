@@ -626,12 +626,13 @@ def _launch_config(head_dim: int, alg: str, interpret: bool, extra_operand: bool
         return 64, 8, 1
     if head_dim == 128 and extra_operand:
         return 128, 8, 2  # the extra operand leaves no room for a third stage
-    if head_dim <= 64 and alg == "pasa-exact":
-        return 128, 4, 2  # the best sum over the four d=64 cells of tools/ablate.py
     if head_dim <= 64 and alg.startswith("pasa"):
-        # pasa (tools/ablate.py): two stages gain 6-9% where only the interior loop runs,
-        # three gain 5-12% with the masked loops compiled in
-        return (64, 4, 2) if loops == 2 else (64, 4, 3)
+        # tools/ablate.py at d=64, S = 4k and 16k: where only the interior loop runs,
+        # 128-row tiles in two stages (pasa-exact 354 and 375 TFLOP/s against 330 and 338
+        # for 64 rows in three; pasa 313 and 328 against 310 and 306 for 64 rows in two);
+        # with the masked loops compiled in (causal), 64-row tiles in three stages
+        # (pasa-exact 278 and 332 against 271 and 326; pasa even)
+        return (128, 4, 2) if loops == 2 else (64, 4, 3)
     return 128, 8, 3
 
 

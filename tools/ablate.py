@@ -48,7 +48,7 @@ MODULE = "pasa_npu.fallback.triton_attention"
 #: name -> (text of the backend's source, its replacement)
 VARIANTS = {
     "P'V tile in fp32": (
-        "acc_new = acc * alpha[:, None] + _rl(tl.dot(p16, v), low)",
+        "acc_new = acc * alpha[:, None] + _fp16(tl.dot(p16, v)).to(tl.float32)",
         "acc_new = tl.dot(p16, v, acc * alpha[:, None])"),
     "l from unrounded p": (
         "        p16 = tl.exp2(sp * 1.4426950408889634 - ((m_new - c) * 1.4426950408889634)"
