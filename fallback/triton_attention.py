@@ -65,6 +65,8 @@ INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 #: "auto": precomputed while that workspace is no larger than Q, K and V together
 #: (S1 <= 24k at d=128), in-kernel beyond, where it would grow as S1 * S2.
 TUNING = {"shift": "separate", "loads": "tma", "row_constant": "auto"}
+TUNING_CHOICES = {"shift": ("separate", "fused"), "loads": ("tma", "pointers"),
+                  "row_constant": ("auto", "precomputed", "in-kernel")}
 
 
 # --------------------------------------------------------------------------- helpers

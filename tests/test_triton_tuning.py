@@ -101,3 +101,21 @@ def test_block_loops_compiled_out_only_where_empty(case, monkeypatch):
     every_loop = pasa_npu.fused_attention(q, k, v, backend="triton", **kw)[0]
     assert torch.equal(out, every_loop)
     assert torch.isfinite(out.float()).all()
+
+
+def test_every_tuning_choice_is_tested_and_bad_ones_are_refused(capsys):
+    """Each switch's choices are the ones the tests above run (``auto`` picks one of the
+    others); pasa-bench refuses a key or value the backend does not know, instead of
+    running the default under a wrong label."""
+    from pasa_npu.fallback import triton_attention
+    from pasa_npu.tools import bench
+
+    choices = triton_attention.TUNING_CHOICES
+    assert set(choices) == set(triton_attention.TUNING)
+    assert all(triton_attention.TUNING[key] in values for key, values in choices.items())
+    tested = {(key, value) for key, values in choices.items() for value in values
+              if value != "auto"}
+    assert tested == set(SWITCHES)
+    for bad in ("shift=foo", "rowsum_mma=0", "loads"):
+        assert bench.main(["--tuning", bad]) == 2
+        assert f"--tuning '{bad}' is not one of" in capsys.readouterr().err

@@ -239,7 +239,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-prefill", action="store_true")
     parser.add_argument("--tuning", nargs="+", default=[], metavar="KEY=VALUE",
                         help="Triton backend switches (fallback/triton_attention.py TUNING), "
-                             "e.g. shift=fused rowsum_mma=0")
+                             "e.g. shift=fused row_constant=in-kernel")
     parser.add_argument("--algorithms", nargs="+", default=list(PREFILL_ALGORITHMS),
                         choices=pasa_npu.ALGORITHM_NAMES)
     args = parser.parse_args(argv)
@@ -252,22 +252,25 @@ def main(argv=None) -> int:
             return 2
         out.mkdir(parents=True, exist_ok=True)
         return 0 if plot(result, out / "bench.png") else 1
+    from pasa_npu.fallback import triton_attention
+    tuning = dict(triton_attention.TUNING)
+    for item in args.tuning:
+        key, _, value = item.partition("=")
+        choices = triton_attention.TUNING_CHOICES.get(key)
+        if choices is None or value not in choices:
+            known = "; ".join(f"{k}={'|'.join(v)}" for k, v in
+                              triton_attention.TUNING_CHOICES.items())
+            print(f"pasa-bench: error: --tuning {item!r} is not one of: {known}",
+                  file=sys.stderr)
+            return 2
+        tuning[key] = value
     if not torch.cuda.is_available():
         print("pasa-bench: error: needs a CUDA GPU (torch.cuda.is_available() is False)",
               file=sys.stderr)
         return 2
     import triton
 
-    from pasa_npu.fallback import triton_attention
-    for item in args.tuning:
-        key, _, value = item.partition("=")
-        if key not in triton_attention.TUNING:
-            print(f"pasa-bench: error: unknown --tuning key {key!r}; known: "
-                  f"{sorted(triton_attention.TUNING)}", file=sys.stderr)
-            return 2
-        current = triton_attention.TUNING[key]
-        triton_attention.TUNING[key] = (value not in ("0", "false", "False")
-                                        if isinstance(current, bool) else value)
+    triton_attention.TUNING.update(tuning)
     out.mkdir(parents=True, exist_ok=True)
     mask = pasa_npu.compressed_causal_mask("cuda")
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
