@@ -628,13 +628,20 @@ def _launch_config(head_dim: int, alg: str, interpret: bool, extra_operand: bool
         return 64, 8, 1
     if head_dim == 128 and extra_operand:
         return 128, 8, 2  # the extra operand leaves no room for a third stage
-    if head_dim <= 64 and alg.startswith("pasa"):
+    if head_dim <= 64 and alg in ("pasa", "pasa-exact"):
         # tools/ablate.py at d=64, S = 4k and 16k: where only the interior loop runs,
         # 128-row tiles in two stages (pasa-exact 354 and 375 TFLOP/s against 330 and 338
         # for 64 rows in three; pasa 313 and 328 against 310 and 306 for 64 rows in two);
         # with the masked loops compiled in (causal), 64-row tiles in three stages
-        # (pasa-exact 278 and 332 against 271 and 326; pasa even)
-        return (128, 4, 2) if loops == 2 else (64, 4, 3)
+        # (pasa-exact 278 and 332 against 271 and 326; pasa even), except for pasa-exact's
+        # row constant in the loop (pasa-bench at S = 16k causal: 282 against 300-320)
+        if loops == 2 or extra_operand:
+            return 128, 4, 2
+        return 64, 4, 3
+    if head_dim <= 64 and alg == "pasa-mixed":
+        # 64-row tiles (pasa-bench without a mask at S = 4k and 16k: 350 and 370 TFLOP/s,
+        # against 254 and 276 with pasa's 128-row tiles)
+        return (64, 4, 2) if loops == 2 else (64, 4, 3)
     return 128, 8, 3
 
 
