@@ -3,6 +3,7 @@ checked without a GPU through Triton's own compiler and ptxas (tools/triton_aot.
 Runs in a subprocess: the tests' Triton interpreter would replace the compiler here."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -22,3 +23,35 @@ def test_every_kernel_variant_compiles_for_sm90():
         # 6 allocations x (full, causal, decode); pasa-exact's in-kernel row constant and
         # the fused key shift of the 3 PASA allocations, each full and causal
         assert report.count("smem") == 18 + 2 + 6, report
+
+
+def test_pasa_kv_loops_use_the_cheap_exp_and_paired_conversions():
+    """The kv loops of the PASA allocations, in the sm_90 SASS: e^x through the
+    flush-to-zero ex2 (``tl.exp`` adds a compare, FSETP, and two multiplies per element
+    for its subnormal fix-up) and the fp16 roundings of S' and P'V two elements per F2FP
+    (one element each when the compiler converts a tile that stays in registers). Both
+    halved pasa's loop; they are counted against the loop's exps (MUFU)."""
+    script = (
+        "import json, sys\n"
+        "from pasa_npu.tools import triton_aot as aot\n"
+        "out = {}\n"
+        "for kernel, label, consts, warps, stages, fusion in aot.variants(128):\n"
+        "    if label in sys.argv[1:]:\n"
+        "        loops = aot.sass_loops(aot.compile_variant(kernel, consts, warps, stages,"
+        " fusion))\n"
+        "        out[label] = dict(max(loops, key=lambda x: x[2])[3]) if loops else {}\n"
+        "print(json.dumps(out))\n")
+    labels = ["pasa full d=128", "pasa-mixed full d=128", "pasa-exact full d=128"]
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    run = subprocess.run([sys.executable, "-c", script, *labels], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    loops = json.loads(run.stdout)
+    assert sorted(loops) == sorted(labels)
+    if not any(loops.values()):
+        pytest.skip("Triton's bundled nvdisasm is missing: no SASS to count")
+    for label, ops in loops.items():  # the largest loop: the kv loop
+        exps = ops["MUFU"]
+        assert ops["HGMMA"] > 0 and exps >= 64, (label, ops)
+        assert ops.get("FSETP", 0) < exps / 4, f"{label}: tl.exp's subnormal fix-up: {ops}"
+        assert ops.get("F2FP", 0) < 2 * exps, f"{label}: fp16 roundings one by one: {ops}"

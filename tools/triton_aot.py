@@ -4,7 +4,10 @@
 sm_90 (H100) with Triton's bundled ptxas and prints, per variant, shared memory,
 registers, spill stores and local memory (from the bundled cuobjdump). It catches
 compile errors and shared-memory overflows on machines with no GPU, and shows the
-register pressure of a change before any device time is spent. Arguments are
+register pressure of a change before any device time is spent. ``--sass`` also
+prints the instruction count of every loop that issues matrix instructions (the kv
+loops, from the bundled nvdisasm) and its most frequent opcodes; ``--only TEXT``
+compiles only the variants whose label contains TEXT (or any of several). Arguments are
 specialised as Triton's JIT specialises contiguous inputs (unit strides and a GQA
 group of 1 as constants, 16-divisible pointers and strides): without that the
 loads compile to scalar accesses and the report says nothing about the real
@@ -13,6 +16,7 @@ pipelining and its shared memory.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import re
 import subprocess
@@ -75,8 +79,7 @@ def compile_variant(kernel: str, consts: dict, num_warps: int, num_stages: int,
 
 def resource_usage(compiled) -> dict:
     """REG, STACK, LOCAL from cuobjdump on the cubin (empty dict if cuobjdump is missing)."""
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                        "cuobjdump")
+    tool = _tool("cuobjdump")
     if not os.path.exists(tool):
         return {}
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -85,6 +88,50 @@ def resource_usage(compiled) -> dict:
         text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True,
                               text=True).stdout
     return {k: int(v) for k, v in re.findall(r"(REG|STACK|LOCAL):(\d+)", text)}
+
+
+def _tool(name: str) -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def sass_loops(compiled) -> list:
+    """(first address, last address, instruction count, Counter of opcodes) for every
+    loop of the kernel's SASS that contains a tensor-core instruction: the address range
+    from a backward branch's target to the branch (the kv loops; pasa-exact's row
+    constants are a loop too). Empty if nvdisasm is missing."""
+    if not os.path.exists(_tool("nvdisasm")):
+        return []
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        text = subprocess.run([_tool("nvdisasm"), "-c", f.name], capture_output=True,
+                              text=True).stdout
+    instructions, labels, pending = [], {}, []
+    for line in text.splitlines():
+        label = re.match(r"^(\.L_x_\d+):", line)
+        if label:
+            pending.append(label.group(1))
+            continue
+        ins = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if ins:
+            address = int(ins.group(1), 16)
+            labels.update((name, address) for name in pending)
+            pending = []
+            words = ins.group(2).split()
+            opcode = words[1] if words[0].startswith("@") else words[0]  # skip a predicate
+            instructions.append((address, opcode, ins.group(2)))
+    loops = []
+    for address, opcode, whole in instructions:
+        target = re.search(r"(\.L_x_\d+)", whole) if opcode.startswith("BRA") else None
+        if target and labels.get(target.group(1), address + 1) <= address:
+            body = [op for a, op, _ in instructions if labels[target.group(1)] <= a <= address]
+            # a retry branch of a barrier wait, placed after the kernel's exit, jumps back
+            # into a loop too: ranges that contain an EXIT are not loops of the kernel
+            if (any(op.startswith(("HGMMA", "HMMA")) for op in body)
+                    and not any(op.startswith("EXIT") for op in body)):
+                loops.append((labels[target.group(1)], address, len(body),
+                              collections.Counter(op.split(".")[0] for op in body)))
+    return loops
 
 
 def variants(head_dim: int = 128):
@@ -118,10 +165,17 @@ def variants(head_dim: int = 128):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="triton_aot", description=__doc__.splitlines()[0])
     parser.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--only", nargs="+", default=[""], metavar="TEXT",
+                        help="compile only the variants whose label contains one TEXT")
+    parser.add_argument("--sass", action="store_true",
+                        help="also count the instructions of the loops with matrix instructions")
     args = parser.parse_args(argv)
-    failed = 0
+    failed = compiled_any = 0
     for d in args.dims:
         for kernel, label, consts, warps, stages, fusion in variants(d):
+            if not any(text in label for text in args.only):
+                continue
+            compiled_any = 1
             try:
                 compiled = compile_variant(kernel, consts, warps, stages, fusion)
             except Exception as err:  # report every variant, then fail
@@ -134,6 +188,13 @@ def main(argv=None) -> int:
             print(f"{label:44s} smem {smem:7d}  regs {use.get('REG', '?'):>4}  "
                   f"stack {use.get('STACK', '?'):>4}  local {use.get('LOCAL', '?'):>4}{flag}")
             failed += bool(flag)
+            for first, last, count, opcodes in sass_loops(compiled) if args.sass else []:
+                top = ", ".join(f"{op} {n}" for op, n in opcodes.most_common(8))
+                print(f"    loop {first:#06x}-{last:#06x}: {count} instructions ({top})")
+    if not compiled_any:
+        print(f"triton_aot: error: no variant label contains any of {args.only}",
+              file=sys.stderr)
+        return 2
     return 1 if failed else 0
 
 
