@@ -615,7 +615,6 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-
 def _launch_config(head_dim: int, alg: str, interpret: bool, extra_operand: bool = False,
                    loops: int = 7):
     """(BLOCK_M, num_warps, num_stages) for the prefill kernel, as measured fastest on an
