@@ -612,7 +612,7 @@ def _pow2(n: int, floor: int = 16) -> int:
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return INTERPRET.value
 
 
 def _launch_config(head_dim: int, alg: str, interpret: bool, extra_operand: bool = False,

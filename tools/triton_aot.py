@@ -79,19 +79,20 @@ def compile_variant(kernel: str, consts: dict, num_warps: int, num_stages: int,
 
 def resource_usage(compiled) -> dict:
     """REG, STACK, LOCAL from cuobjdump on the cubin (empty dict if cuobjdump is missing)."""
-    tool = _tool("cuobjdump")
-    if not os.path.exists(tool):
-        return {}
+    text = _run_on_cubin(compiled, "cuobjdump", "--dump-resource-usage")
+    return {k: int(v) for k, v in re.findall(r"(REG|STACK|LOCAL):(\d+)", text or "")}
+
+
+def _run_on_cubin(compiled, tool: str, *options: str):
+    """stdout of one of Triton's bundled CUDA tools run on the compiled cubin, or None
+    where the tool is missing."""
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", tool)
+    if not os.path.exists(path):
+        return None
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
-        text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True,
-                              text=True).stdout
-    return {k: int(v) for k, v in re.findall(r"(REG|STACK|LOCAL):(\d+)", text)}
-
-
-def _tool(name: str) -> str:
-    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+        return subprocess.run([path, *options, f.name], capture_output=True, text=True).stdout
 
 
 def sass_loops(compiled) -> list:
@@ -99,13 +100,9 @@ def sass_loops(compiled) -> list:
     loop of the kernel's SASS that contains a tensor-core instruction: the address range
     from a backward branch's target to the branch (the kv loops; pasa-exact's row
     constants are a loop too). Empty if nvdisasm is missing."""
-    if not os.path.exists(_tool("nvdisasm")):
+    text = _run_on_cubin(compiled, "nvdisasm", "-c")
+    if text is None:
         return []
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        text = subprocess.run([_tool("nvdisasm"), "-c", f.name], capture_output=True,
-                              text=True).stdout
     instructions, labels, pending = [], {}, []
     for line in text.splitlines():
         label = re.match(r"^(\.L_x_\d+):", line)
