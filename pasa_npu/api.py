@@ -98,9 +98,35 @@ def fused_attention(
     finite mask fill does. Its LSE is -inf either way; rows past
     ``actual_seq_lengths`` are 0 in both outputs. bf16 inputs run PASA in fp16
     (the paper's rule) after a range check.
+
+    Under torch.compile the call is one opaque operator,
+    ``torch.ops.pasa_npu.fused_attention``, that runs this eager call: the compiler
+    neither traces into the backends nor fuses away the allocation's roundings.
     """
-    args = dict(locals())
-    return _attention(args, golden=False)
+    if torch.compiler.is_compiling():
+        # every argument by name: torch 2.11's dynamo cannot trace locals()
+        return _traced_call(dict(
+            query=query, key=key, value=value, pse_shift=pse_shift, atten_mask=atten_mask,
+            actual_seq_lengths=actual_seq_lengths, actual_seq_lengths_kv=actual_seq_lengths_kv,
+            dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
+            dequant_scale2=dequant_scale2, quant_scale2=quant_scale2,
+            quant_offset2=quant_offset2, antiquant_scale=antiquant_scale,
+            antiquant_offset=antiquant_offset, block_table=block_table,
+            query_padding_size=query_padding_size, kv_padding_size=kv_padding_size,
+            key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
+            value_antiquant_scale=value_antiquant_scale,
+            value_antiquant_offset=value_antiquant_offset, key_shared_prefix=key_shared_prefix,
+            value_shared_prefix=value_shared_prefix,
+            actual_shared_prefix_len=actual_shared_prefix_len, query_rope=query_rope,
+            key_rope=key_rope, key_rope_antiquant_scale=key_rope_antiquant_scale,
+            num_heads=num_heads, scale=scale, pre_tokens=pre_tokens, next_tokens=next_tokens,
+            input_layout=input_layout, num_key_value_heads=num_key_value_heads,
+            sparse_mode=sparse_mode, inner_precise=inner_precise, block_size=block_size,
+            antiquant_mode=antiquant_mode, softmax_lse_flag=softmax_lse_flag,
+            key_antiquant_mode=key_antiquant_mode, value_antiquant_mode=value_antiquant_mode,
+            algorithm=algorithm, beta=beta, backend=backend, rounding_guard=rounding_guard,
+            q_block=q_block, kv_block=kv_block))
+    return _attention(dict(locals()), golden=False)
 
 
 _SIGNATURE = inspect.signature(fused_attention)
@@ -219,12 +245,16 @@ def _plan_key(args: dict):
 _SCALAR_TYPES = frozenset((int, float, str, bool))
 
 
-def _make_plan(args: dict, golden: bool) -> _Plan:
+def _check_implemented(args: dict) -> None:
     for name, unused in UNIMPLEMENTED_KEYWORDS.items():
         if not _is_default(args[name], unused):
             raise NotImplementedError(
                 f"{name}={_describe(args[name])} is not implemented by pasa_npu yet "
                 f"(only the default {unused!r} is accepted)")
+
+
+def _make_plan(args: dict, golden: bool) -> _Plan:
+    _check_implemented(args)
     query, key, value = args["query"], args["key"], args["value"]
     _check_tensors(query, key, value)
     in_layout, out_layout = _layout(args["input_layout"])
@@ -748,3 +778,93 @@ def _rows_without_keys(problem: AttentionProblem) -> torch.Tensor:
         rows = torch.arange(r0, min(r0 + chunk, s_q), device=problem.mask.device)
         has[:, r0:r0 + rows.numel()] = problem.visible(rows, cols).any(-1).cpu()
     return valid & ~has
+
+
+# --------------------------------------------------------------------------- torch.compile
+
+
+@torch.library.custom_op("pasa_npu::fused_attention", mutates_args=())
+def _fused_attention_op(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    atten_mask: Optional[torch.Tensor],
+    actual_seq_lengths: Optional[list[int]], actual_seq_lengths_kv: Optional[list[int]],
+    actual_seq_lengths_tensor: Optional[torch.Tensor],
+    actual_seq_lengths_kv_tensor: Optional[torch.Tensor],
+    num_heads: int, scale: float, pre_tokens: int, next_tokens: int, input_layout: str,
+    num_key_value_heads: int, sparse_mode: int, inner_precise: int, softmax_lse_flag: bool,
+    algorithm: Optional[str], beta: Optional[float], backend: str, rounding_guard: bool,
+    q_block: Optional[int], kv_block: Optional[int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fused_attention` as one opaque operator for torch.compile (the lengths come
+    as a list or as a tensor, in separate arguments). It runs the eager call, so compiled
+    code keeps every rounding of the allocation: traced into, the torch backend's fp16
+    steps would be fused by the compiler and computed with fewer roundings."""
+    given = dict(locals())
+    for name in ("actual_seq_lengths", "actual_seq_lengths_kv"):
+        tensor = given.pop(name + "_tensor")
+        if tensor is not None:
+            given[name] = tensor
+    args = {name: p.default for name, p in _SIGNATURE.parameters.items()}
+    args.update(given)
+    return _attention(args, golden=False)
+
+
+@_fused_attention_op.register_fake
+def _(query, key, value, atten_mask, actual_seq_lengths, actual_seq_lengths_kv,
+      actual_seq_lengths_tensor, actual_seq_lengths_kv_tensor, num_heads, scale, pre_tokens,
+      next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise,
+      softmax_lse_flag, algorithm, beta, backend, rounding_guard, q_block, kv_block):
+    """The outputs' shapes, strides and dtypes, as :func:`_execute` allocates them."""
+    in_layout, out_layout = _layout(input_layout)
+    q, _, v = _canonical_views(query, key, value, in_layout, num_heads,
+                               num_key_value_heads or num_heads)
+    out, _ = _allocate_output(q, v, out_layout, query.dtype, zero=False)
+    if softmax_lse_flag:
+        return out, _allocate_lse(q, in_layout in _PACKED, torch.float32)[0]
+    return out, _lse_placeholder(query.device)
+
+
+def _traced_call(args: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fused_attention` under torch.compile: one call of the opaque operator.
+    Arguments its schema cannot carry are refused here with the eager call's errors."""
+    _check_implemented(args)
+    lengths = {}
+    for name in ("actual_seq_lengths", "actual_seq_lengths_kv"):
+        value = args[name]
+        tensor = isinstance(value, torch.Tensor)
+        lengths[name] = None if value is None or tensor else _int_list(value, name)
+        lengths[name + "_tensor"] = value if tensor else None
+    scalars = {name: _schema_value(args[name], name, kind, optional)
+               for name, (kind, optional) in _OP_SCALARS.items()}
+    return _fused_attention_op(args["query"], args["key"], args["value"], args["atten_mask"],
+                               **lengths, **scalars)
+
+
+#: The operator's non-tensor arguments: the Python type its schema takes, None allowed
+_OP_SCALARS = {
+    "num_heads": (int, False), "scale": (float, False), "pre_tokens": (int, False),
+    "next_tokens": (int, False), "input_layout": (str, False),
+    "num_key_value_heads": (int, False), "sparse_mode": (int, False),
+    "inner_precise": (int, False), "softmax_lse_flag": (bool, False),
+    "algorithm": (str, True), "beta": (float, True), "backend": (str, False),
+    "rounding_guard": (bool, False), "q_block": (int, True), "kv_block": (int, True),
+}
+
+
+def _schema_value(value, name: str, kind: type, optional: bool):
+    """``value`` as the ``kind`` the operator's schema takes; values are checked by the
+    eager call inside the operator."""
+    if value is None and optional:
+        return None
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is str:
+        ok = isinstance(value, str)
+    else:
+        ok = (isinstance(value, numbers.Integral if kind is int else numbers.Real)
+              and not isinstance(value, bool))
+    if not ok:
+        article = "an" if kind is int else "a"
+        raise TypeError(f"{name} must be {article} {kind.__name__}"
+                        f"{' or None' if optional else ''}, got {_describe(value)}")
+    return kind(value)
