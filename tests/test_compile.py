@@ -113,6 +113,21 @@ def test_dynamic_shapes_compile_once():
     assert len(compiles) == 1
 
 
+def test_export_keeps_the_operator():
+    """torch.export records the same operator, and the exported program runs it."""
+    q, k, v, kw = _case("BSH GQA, LSE")
+    kw = dict(kw, backend="torch")
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v):
+            return pasa_npu.fused_attention(q, k, v, **kw)
+
+    program = torch.export.export(Attention(), (q, k, v))
+    targets = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    assert targets.count(OP) == 1
+    got, want = program.module()(q, k, v), Attention()(q, k, v)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
 @pytest.mark.parametrize("case", CASES)
 def test_operator_registration(case):
     """Schema, fake (meta) implementation against the real one, and AOT dispatch."""
