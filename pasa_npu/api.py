@@ -828,6 +828,10 @@ def _traced_call(args: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`fused_attention` under torch.compile: one call of the opaque operator.
     Arguments its schema cannot carry are refused here with the eager call's errors."""
     _check_implemented(args)
+    _check_tensors(args["query"], args["key"], args["value"])
+    mask = args["atten_mask"]
+    if mask is not None and not isinstance(mask, torch.Tensor):
+        raise TypeError(f"atten_mask must be a tensor or None, got {_describe(mask)}")
     lengths = {}
     for name in ("actual_seq_lengths", "actual_seq_lengths_kv"):
         value = args[name]
@@ -836,8 +840,8 @@ def _traced_call(args: dict) -> tuple[torch.Tensor, torch.Tensor]:
         lengths[name + "_tensor"] = value if tensor else None
     scalars = {name: _schema_value(args[name], name, kind, optional)
                for name, (kind, optional) in _OP_SCALARS.items()}
-    return _fused_attention_op(args["query"], args["key"], args["value"], args["atten_mask"],
-                               **lengths, **scalars)
+    return _fused_attention_op(args["query"], args["key"], args["value"], mask, **lengths,
+                               **scalars)
 
 
 #: The operator's non-tensor arguments: the Python type its schema takes, None allowed

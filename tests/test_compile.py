@@ -151,6 +151,7 @@ def test_operator_registration(case):
     (dict(num_heads="2"), TypeError, "num_heads must be an int, got '2'"),
     (dict(actual_seq_lengths=[2.5]), TypeError, "actual_seq_lengths must be a list of ints"),
     (dict(scale=-1.0), ValueError, "scale must be finite and positive"),
+    (dict(atten_mask=[[0]]), TypeError, "atten_mask must be a tensor or None, got"),
 ])
 def test_compiled_call_raises_the_eager_errors(bad, error, message):
     q, k, v = (torch.randn(1, 2, 8, 32).half() for _ in range(3))
