@@ -575,13 +575,7 @@ def _mask_and_band(args, batch, s_q, s_kv, packed, q_lens, kv_lens, device):
     nxt = _int_arg(args["next_tokens"], "next_tokens", minimum=-(2 ** 63))
     tokens_given = (pre, nxt) != (INT_MAX, INT_MAX)
     mask = args["atten_mask"]
-    if mask is not None:
-        if not isinstance(mask, torch.Tensor):
-            raise TypeError(f"atten_mask must be a tensor or None, got {_describe(mask)}")
-        if mask.dtype not in (torch.bool, torch.int8, torch.uint8):
-            raise TypeError(f"atten_mask must be bool, int8 or uint8, got {mask.dtype}")
-        if mask.device != device:
-            raise ValueError(f"atten_mask is on {mask.device} but query is on {device}")
+    _check_mask(mask, device)
 
     if sparse_mode in (2, 3, 4):
         _check_optimized_mask(mask, sparse_mode)
@@ -622,6 +616,18 @@ def _mask_and_band(args, batch, s_q, s_kv, packed, q_lens, kv_lens, device):
     _check_tokens(pre, nxt)
     return dense, (torch.full((batch,), pre, dtype=torch.int64),
                    torch.full((batch,), nxt, dtype=torch.int64))
+
+
+def _check_mask(mask, device) -> None:
+    """atten_mask's type, dtype and device (metadata only: fake tensors pass through)."""
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"atten_mask must be a tensor or None, got {_describe(mask)}")
+    if mask.dtype not in (torch.bool, torch.int8, torch.uint8):
+        raise TypeError(f"atten_mask must be bool, int8 or uint8, got {mask.dtype}")
+    if mask.device != device:
+        raise ValueError(f"atten_mask is on {mask.device} but query is on {device}")
 
 
 def _check_tokens(pre: int, nxt: int) -> None:
@@ -830,8 +836,7 @@ def _traced_call(args: dict) -> tuple[torch.Tensor, torch.Tensor]:
     _check_implemented(args)
     _check_tensors(args["query"], args["key"], args["value"])
     mask = args["atten_mask"]
-    if mask is not None and not isinstance(mask, torch.Tensor):
-        raise TypeError(f"atten_mask must be a tensor or None, got {_describe(mask)}")
+    _check_mask(mask, args["query"].device)
     lengths = {}
     for name in ("actual_seq_lengths", "actual_seq_lengths_kv"):
         value = args[name]

@@ -2,10 +2,13 @@
 whose outputs equal the eager call's bit for bit, on every backend of the machine."""
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
 import pasa_npu
+from pasa_npu import api
 from _support import BACKEND_DEVICES, on_device, skip_unsupported
 
 OP = torch.ops.pasa_npu.fused_attention.default
@@ -138,10 +141,9 @@ def test_operator_registration(case):
         value = kw.pop(name, None)
         lengths[name] = value if isinstance(value, list) else None
         lengths[name + "_tensor"] = value if isinstance(value, torch.Tensor) else None
-    defaults = dict(num_heads=1, scale=1.0, pre_tokens=2147483647, next_tokens=2147483647,
-                    input_layout="BSH", num_key_value_heads=0, sparse_mode=0, inner_precise=0,
-                    softmax_lse_flag=False, algorithm=None, beta=None, backend="auto",
-                    rounding_guard=False, q_block=None, kv_block=None)
+    defaults = {name: p.default for name, p in
+                inspect.signature(pasa_npu.fused_attention).parameters.items()
+                if name in api._OP_SCALARS}
     mask = kw.pop("atten_mask", None)
     torch.library.opcheck(OP, (q, k, v, mask), dict(lengths, **dict(defaults, **kw)))
 
@@ -181,10 +183,7 @@ def test_traced_call_forwards_every_argument_unchanged():
     """The torch.compile branch lists fused_attention's arguments by name (dynamo cannot
     trace locals() in every torch version): each one exactly once, as name=name."""
     import ast
-    import inspect
     import textwrap
-
-    from pasa_npu import api
 
     tree = ast.parse(textwrap.dedent(inspect.getsource(api.fused_attention)))
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
