@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -657,7 +658,8 @@ def _row_constant_in_kernel(problem: AttentionProblem, block_n: int) -> bool:
 
 
 _HOST_INTS: dict = {}
-_DEVICE_INTS: dict = {}
+_DEVICE_METADATA: dict = {}
+_CAPTURED_METADATA: dict = {}  # read by captured CUDA graphs: never freed
 
 
 def _host_ints(values: torch.Tensor) -> tuple[int, ...]:
@@ -674,19 +676,63 @@ def _host_ints(values: torch.Tensor) -> tuple[int, ...]:
     return ints
 
 
-def _device_ints(values: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """int32 copy of small per-batch metadata on ``device``, cached by value (looked up
-    through :func:`_host_ints`), so that a repeated call does no host-to-device copy
-    (which would also synchronise the stream)."""
-    key = (device, _host_ints(values))
-    copy = _DEVICE_INTS.get(key)
-    if copy is None:
-        if len(_DEVICE_INTS) > 512:
-            _DEVICE_INTS.clear()
-        if any(abs(x) > INT_BIG for x in key[1]):
-            raise NotImplementedError(f"the Triton backend indexes in int32; got {list(key[1])}")
-        copy = _DEVICE_INTS[key] = values.to(device=device, dtype=torch.int32)
-    return copy
+def _device_metadata(problem: AttentionProblem, device: torch.device) -> tuple:
+    """(q_starts, q_lens, kv_starts, kv_lens, band_pre, band_next) as int32 rows of one
+    tensor on ``device`` (the band rows repeat q_lens when there is no band; band limits
+    are clamped to +-INT_BIG).
+
+    Cached by value: a repeated call copies nothing. New values (a decode step whose
+    lengths grew) are copied from pinned memory without blocking, so the host never waits
+    for the work queued on the stream, as a pageable copy would make it. Another stream
+    that reuses the copy waits for it on the GPU. While a CUDA graph is being captured the
+    copy is captured; an entry a graph reads, and the pinned source of a captured copy, are
+    kept for good."""
+    rows = [_host_ints(t) for t in (problem.q_starts, problem.q_lens, problem.kv_starts,
+                                    problem.kv_lens)]
+    if problem.band is not None:
+        rows += [tuple(max(-INT_BIG, min(INT_BIG, x)) for x in _host_ints(t))
+                 for t in problem.band]
+    else:
+        rows += [rows[1], rows[1]]
+    cuda = device.type == "cuda"
+    if cuda and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = (device, tuple(rows))
+    capturing = cuda and torch.cuda.is_current_stream_capturing()
+    # the raw handle Triton launches on: a cheap query, unlike torch.cuda.current_stream
+    stream = torch._C._cuda_getCurrentRawStream(device.index) if cuda else None
+    entry = _DEVICE_METADATA.get(key) or _CAPTURED_METADATA.get(key)
+    if entry is None:
+        if max((max(row, default=0) for row in rows[:4]), default=0) > INT_BIG:  # all >= 0
+            raise NotImplementedError(f"the Triton backend indexes in int32; got lengths "
+                                      f"{[list(r) for r in rows[:4]]}")
+        if len(_DEVICE_METADATA) > 512:
+            _DEVICE_METADATA.clear()
+        host = torch.tensor(rows, dtype=torch.int32, pin_memory=cuda)
+        copy = host.to(device, non_blocking=True)
+        copied = None
+        if cuda and not capturing:
+            copied = torch.cuda.Event()
+            copied.record()
+        entry = _DEVICE_METADATA[key] = _Metadata(copy.unbind(0), copy, stream, copied,
+                                                  host if capturing else None)
+    elif cuda and stream != entry.stream and not capturing:
+        # (a capture starts after a device synchronisation: the copy is complete then)
+        current = torch.cuda.current_stream(device)
+        if entry.copied is not None:
+            current.wait_event(entry.copied)
+        entry.tensor.record_stream(current)  # not reused while this stream may read it
+    if capturing:
+        _CAPTURED_METADATA[key] = entry
+    return entry.rows
+
+
+class _Metadata(NamedTuple):
+    rows: tuple            # the six int32 rows: views of ``tensor``
+    tensor: torch.Tensor   # on the device
+    stream: object         # the raw handle of the stream the copy was issued on
+    copied: object         # an event after the copy (None where there is no CUDA stream)
+    pinned_source: object  # the host tensor a captured copy reads on every replay
 
 
 def _block_loops(problem: AttentionProblem, block_n: int) -> int:
@@ -761,8 +807,7 @@ def run(problem: AttentionProblem) -> None:
                                   f"{head_dim}/{head_dim_v}")
     dev = q.device
     interpret = _interpreting()
-    lengths = tuple(_device_ints(t, dev) for t in (problem.q_starts, problem.q_lens,
-                                                     problem.kv_starts, problem.kv_lens))
+    *lengths, band_pre, band_next = _device_metadata(problem, dev)
     gamma = ideal_invariance(problem.beta) if problem.allocation.shift == "pseudo_average" else 0.0
     if alg == "pasa":
         gamma = torch.tensor(gamma).half().item()  # the kernel's fp16 scalar
@@ -799,10 +844,6 @@ def run(problem: AttentionProblem) -> None:
     else:
         k_used = k
         k_strides = (packed_stride(k), k.stride(1), k.stride(2), k.stride(3))
-    if problem.band is not None:
-        band = tuple(_device_ints(t.clamp(-INT_BIG, INT_BIG), dev) for t in problem.band)
-    else:
-        band = (lengths[1], lengths[1])  # unused
     k_desc = v_desc = None
     if TUNING["loads"] == "tma" and _tma_capable(dev):
         k_desc = _descriptor(k_used, k_strides[0], block_n, head_dim_p)
@@ -813,7 +854,7 @@ def run(problem: AttentionProblem) -> None:
         q, k_used, v, out, lse_arg, constants, means, mask,
         shift if shift is not None else constants,
         k_desc if use_tma else k_used, v_desc if use_tma else v,
-        *lengths, *band,
+        *lengths, band_pre, band_next,
         packed_stride(q), q.stride(1), q.stride(2), q.stride(3),
         *k_strides,
         packed_stride(v), v.stride(1), v.stride(2), v.stride(3),

@@ -7,6 +7,7 @@ about layouts, mask shapes and sparse modes.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import math
@@ -189,31 +190,45 @@ class _Plan:
     validated_mask: Optional[torch.Tensor] = None  # sparse modes 2-4: kept alive for the key
 
 
+#: argument key -> {lengths key -> plan} (see :func:`_plan_key`)
 _PLANS: dict = {}
-_PLAN_CACHE_SIZE = 256
+_PLAN_CACHE_SIZE = 256      # argument sets
+_LENGTHS_PER_PLAN = 64      # actual-length sets per argument set
 
 
 def _attention(args: dict, golden: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    key = None if golden else _plan_key(args)
-    plan = _PLANS.get(key) if key is not None else None
+    keys = None if golden else _plan_key(args)
+    plans = _PLANS.get(keys[0]) if keys is not None else None
+    plan = plans.get(keys[1]) if plans else None
     if plan is None:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            plan = _make_plan(args, golden)
+            if plans:  # the same arguments with other lengths: only the lengths are new
+                plan = _with_lengths(next(iter(plans.values())), args)
+            else:
+                plan = _make_plan(args, golden)
         for w in caught:  # re-issued as the caller's; a call that warns is never cached
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        if key is not None and not caught:
-            if len(_PLANS) >= _PLAN_CACHE_SIZE:
-                _PLANS.clear()
-            _PLANS[key] = plan
+        if keys is not None and not caught:
+            if plans is None:
+                if len(_PLANS) >= _PLAN_CACHE_SIZE:
+                    _PLANS.clear()
+                plans = _PLANS[keys[0]] = {}
+            elif len(plans) >= _LENGTHS_PER_PLAN:
+                plans.clear()
+            plans[keys[1]] = plan
     return _execute(plan, args["query"], args["key"], args["value"], golden)
 
 
 def _plan_key(args: dict):
-    """A hashable fingerprint of everything :func:`_make_plan` reads, or None where a
-    call is not cacheable (explicit masks, whose contents the plan holds; device
-    length tensors). Types are part of the key, so that ``True`` never hits ``1``."""
+    """(arguments key, lengths key): a hashable fingerprint of everything
+    :func:`_make_plan` reads, or None where a call is not cacheable (explicit masks,
+    whose contents the plan holds; device length tensors). The values of the actual
+    sequence lengths go in the second key, so that the calls of a decode loop, whose
+    lengths grow every step, share the validation of everything else. Types are part
+    of the keys, so that ``True`` never hits ``1``."""
     key = []
+    lengths = []
     append = key.append
     for name, value in args.items():
         kind = type(value)
@@ -227,19 +242,25 @@ def _plan_key(args: dict):
                 # it alive, so its id is not reused while cached)
                 append(_tensor_identity(value))
             elif name.startswith("actual_seq_lengths") and value.device.type == "cpu":
-                append((value.dtype, value.shape, tuple(value.tolist())))
+                append((value.dtype, value.shape))
+                lengths.append(tuple(value.tolist()))
             else:
                 return None
         elif kind in (list, tuple):
-            append((kind, tuple((type(x), x) for x in value)))
+            entries = tuple((type(x), x) for x in value)
+            if name.startswith("actual_seq_lengths"):
+                append((kind, len(value)))
+                lengths.append(entries)
+            else:
+                append((kind, entries))
         else:
             append((kind, value))
-    key = tuple(key)
+    keys = (tuple(key), tuple(lengths))
     try:
-        hash(key)
+        hash(keys)
     except TypeError:
         return None
-    return key
+    return keys
 
 
 _SCALAR_TYPES = frozenset((int, float, str, bool))
@@ -268,8 +289,6 @@ def _make_plan(args: dict, golden: bool) -> _Plan:
     _check_shapes(q, k, v, in_layout)
     packed = in_layout in _PACKED
     q_lens, q_starts, kv_lens, kv_starts = _lengths(args, q, k, packed)
-    batch = q_lens.numel()
-    s_q, s_kv = q.shape[2], k.shape[2]
 
     scale = _scale(args["scale"])
     inner_precise = _int_arg(args["inner_precise"], "inner_precise", minimum=0)
@@ -277,7 +296,8 @@ def _make_plan(args: dict, golden: bool) -> _Plan:
         raise ValueError(f"inner_precise must be 0, 1, 2 or 3, got {inner_precise}")
     if not isinstance(args["softmax_lse_flag"], bool):
         raise TypeError(f"softmax_lse_flag must be a bool, got {_describe(args['softmax_lse_flag'])}")
-    mask, band = _mask_and_band(args, batch, s_q, s_kv, packed, q_lens, kv_lens, query.device)
+    mask, band = _mask_and_band(args, q_lens.numel(), q.shape[2], k.shape[2], packed, q_lens,
+                                kv_lens, query.device)
 
     if golden:
         allocation, beta, tiling, guard = ALLOCATIONS["fa-fp32"], 0.0, DEFAULT_TILING, False
@@ -302,11 +322,32 @@ def _make_plan(args: dict, golden: bool) -> _Plan:
         inner_precise=inner_precise, want_lse=args["softmax_lse_flag"], allocation=allocation,
         beta=beta, tiling=tiling, guard=guard, runner=runner, out_dtype=out_dtype,
         lse_dtype=lse_dtype, low=low,
-        covered=not packed and bool((q_lens == s_q).all()),
-        lse_rows_past=not packed and bool((q_lens < s_q).any()),
-        may_have_empty=mask is not None or bool(_may_have_empty_rows(q_lens, kv_lens,
-                                                                       band).any()),
-        validated_mask=args["atten_mask"] if args["sparse_mode"] in (2, 3, 4) else None)
+        validated_mask=args["atten_mask"] if args["sparse_mode"] in (2, 3, 4) else None,
+        **_row_flags(q_lens, kv_lens, mask, band, packed, q.shape[2]))
+
+
+def _with_lengths(plan: _Plan, args: dict) -> _Plan:
+    """``plan`` (made for the same arguments but other actual sequence lengths) for the
+    lengths in ``args``: the lengths, the band they set and the row flags are redone."""
+    q, k, _ = _canonical_views(args["query"], args["key"], args["value"], plan.in_layout,
+                               plan.num_heads, plan.num_kv_heads)
+    q_lens, q_starts, kv_lens, kv_starts = _lengths(args, q, k, plan.packed)
+    mask, band = _mask_and_band(args, q_lens.numel(), q.shape[2], k.shape[2], plan.packed,
+                                q_lens, kv_lens, args["query"].device)
+    plan = copy.copy(plan)  # dataclasses.replace would cost a third of this function
+    plan.__dict__.update(q_lens=q_lens, q_starts=q_starts, kv_lens=kv_lens, kv_starts=kv_starts,
+                         mask=mask, band=band, **_row_flags(q_lens, kv_lens, mask, band,
+                                                            plan.packed, q.shape[2]))
+    return plan
+
+
+def _row_flags(q_lens, kv_lens, mask, band, packed: bool, s_q: int) -> dict:
+    """The plan's facts about rows, from the lengths (as Python ints: a decode step's
+    worth of tensor operations would cost more than the rest of the lengths)."""
+    lens = q_lens.tolist()
+    return dict(covered=not packed and all(n == s_q for n in lens),
+                lse_rows_past=not packed and any(n < s_q for n in lens),
+                may_have_empty=mask is not None or _may_have_empty_rows(q_lens, kv_lens, band))
 
 
 def _execute(plan: _Plan, query, key, value, golden: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -449,6 +490,8 @@ def _int_list(value, name: str) -> list[int]:
             raise TypeError(f"{name} must be a list of ints or a 1-D integer tensor, got "
                             f"{_describe(value)}")
         return [int(x) for x in value.tolist()]
+    if type(value) in (list, tuple) and all(type(x) is int for x in value):
+        return list(value)  # the common case, without ABC checks (a decode step's lengths)
     if not isinstance(value, (list, tuple)) or not all(
             isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in value):
         raise TypeError(f"{name} must be a list of ints, got {_describe(value)}")
@@ -754,14 +797,15 @@ def _fix_rows(problem: AttentionProblem, value: torch.Tensor, plan: _Plan) -> No
         problem.out.dtype).to(dev)
 
 
-def _may_have_empty_rows(q_lens, kv_lens, band) -> torch.Tensor:
-    """Per batch, O(B): can a row inside the query length see no key (band and lengths
-    only)? Row i sees [max(0, i - pre), min(kv_len - 1, i + next)]."""
-    possible = (kv_lens == 0) & (q_lens > 0)
-    if band is not None:
-        pre, nxt = band
-        possible |= (q_lens > 0) & ((nxt < 0) | (q_lens - 1 - pre > kv_lens - 1))
-    return possible
+def _may_have_empty_rows(q_lens, kv_lens, band) -> bool:
+    """Can a row inside its query length see no key (band and lengths only)? O(B) in
+    Python ints: a few per batch, cheaper than tensor operations on a decode step. Row i
+    sees [max(0, i - pre), min(kv_len - 1, i + next)]."""
+    pres, nxts = (t.tolist() for t in band) if band is not None else ((), ())
+    for b, (q, kv) in enumerate(zip(q_lens.tolist(), kv_lens.tolist())):
+        if q > 0 and (kv == 0 or (band is not None and (nxts[b] < 0 or q - 1 - pres[b] > kv - 1))):
+            return True
+    return False
 
 
 def _rows_without_keys(problem: AttentionProblem) -> torch.Tensor:

@@ -246,6 +246,43 @@ def test_cached_plan_gives_the_uncached_result():
         assert torch.equal(a, b) and torch.equal(b, c)
 
 
+@pytest.mark.parametrize("layout", ["BNSD", "TND"])
+@pytest.mark.parametrize("sparse_mode", [0, 3, 4])
+def test_new_lengths_reuse_the_argument_plan(layout, sparse_mode):
+    """A decode loop's lengths change every call: the plan of the same arguments is
+    reused with the new lengths (and the band they set), and gives what a plan made from
+    scratch gives; lengths out of range are still refused."""
+    from pasa_npu import api
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 2, 12, 16, generator=g).half() for _ in range(3))
+    kw = dict(num_heads=2, softmax_lse_flag=True, sparse_mode=sparse_mode)
+    if sparse_mode:
+        kw.update(atten_mask=pasa_npu.compressed_causal_mask(), pre_tokens=5, next_tokens=1)
+    if layout == "TND":
+        q, k, v = (t.transpose(1, 2).reshape(24, 2, 16) for t in (q, k, v))
+        lengths = [dict(actual_seq_lengths=[5, 12], actual_seq_lengths_kv=[7, 19]),
+                   dict(actual_seq_lengths=[4, 12], actual_seq_lengths_kv=[9, 20])]
+        too_long = dict(actual_seq_lengths=[4, 12], actual_seq_lengths_kv=[9, 25])
+    else:
+        lengths = [dict(actual_seq_lengths=[5, 12], actual_seq_lengths_kv=[7, 12]),
+                   dict(actual_seq_lengths=[3, 9], actual_seq_lengths_kv=[12, 10])]
+        too_long = dict(actual_seq_lengths=[3, 9], actual_seq_lengths_kv=[13, 10])
+    call = lambda **lens: pasa_npu.fused_attention(q, k, v, input_layout=layout, **kw, **lens)  # noqa: E731
+    api._PLANS.clear()
+    for lens in lengths:
+        reused = call(**lens)
+        plans = list(api._PLANS.values())
+        assert len(plans) == 1 and len(plans[0]) == lengths.index(lens) + 1
+        api._PLANS.clear()
+        fresh = call(**lens)
+        for a, b in zip(reused, fresh):
+            assert torch.equal(a, b)
+        call(**lengths[0])  # the plan the next lengths derive from
+    with pytest.raises(ValueError, match=r"actual_seq_lengths_kv.* (is outside|ends at)"):
+        call(**too_long)
+
+
 def test_emulated_backend_says_how_to_turn_its_emulator_on(monkeypatch):
     from pasa_npu import backends
 

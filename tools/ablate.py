@@ -20,8 +20,10 @@ Prints TFLOP/s (4 B H S^2 d / t, half for causal). Not a correctness tool: the n
 variants are wrong on purpose.
 
 ``--host-time`` (any machine) instead measures the API layer's host time per call, with
-the argument plan cached (as every repeated call is) and rebuilt on every call, on a
-decode-shaped CPU call whose backend computes nothing.
+the argument plan cached (as every repeated call is), rebuilt on every call, and with
+kv lengths that grow by one token per call (a decode loop), on a decode-shaped CPU call
+whose backend computes nothing; on a CUDA GPU also an eager Triton decode step with fixed
+and with growing kv lengths.
 """
 from __future__ import annotations
 
@@ -226,8 +228,15 @@ def kernel_times_us(fn, calls: int = 20) -> dict:
     return per_call_device_us(prof.key_averages(), calls)
 
 
-def host_time_us(cached: bool, calls: int = 2000) -> float:
-    """Microseconds per ``fused_attention`` call spent outside the backend's computation."""
+#: how ``host_time_us`` calls: the same arguments every call (a repeated call finds its
+#: cached plan), the plan rebuilt on every call, or actual_seq_lengths_kv one token longer
+#: on every call, as a decode loop over a preallocated KV cache passes it
+HOST_TIME_MODES = ("cached", "rebuilt", "growing")
+
+
+def host_time_us(mode: str, calls: int = 2000) -> float:
+    """Microseconds per ``fused_attention`` call spent outside the backend's computation,
+    on a decode-shaped CPU call whose backend computes nothing (``HOST_TIME_MODES``)."""
     from pasa_npu.fallback import torch_blockwise
 
     b, h, h_kv, s2, d = 8, 32, 4, 8192, 128
@@ -235,20 +244,54 @@ def host_time_us(cached: bool, calls: int = 2000) -> float:
     k = v = torch.zeros(b, h_kv, s2, d, dtype=torch.float16)
     kw = dict(num_heads=h, num_key_value_heads=h_kv, input_layout="BNSD", scale=d ** -0.5,
               algorithm="pasa-exact", backend="torch")
+    lengths = (lambda i: [1000 + i] * b) if mode == "growing" else (lambda i: None)  # noqa: E731
     saved = torch_blockwise.run
     torch_blockwise.run = lambda problem: None
     api._PLANS.clear()
     try:
-        for _ in range(50):
-            pasa_npu.fused_attention(q, k, v, **kw)
+        for i in range(50):
+            pasa_npu.fused_attention(q, k, v, actual_seq_lengths_kv=lengths(calls + i), **kw)
         start = time.perf_counter()
-        for _ in range(calls):
-            if not cached:
+        for i in range(calls):
+            if mode == "rebuilt":
                 api._PLANS.clear()
-            pasa_npu.fused_attention(q, k, v, **kw)
+            pasa_npu.fused_attention(q, k, v, actual_seq_lengths_kv=lengths(i), **kw)
         return (time.perf_counter() - start) / calls * 1e6
     finally:
         torch_blockwise.run = saved
+        api._PLANS.clear()
+
+
+def decode_step_us(growing: bool, steps: int = 300) -> tuple[float, float]:
+    """(host, wall) microseconds per eager decode step of the Triton backend on the GPU
+    (pasa-exact, batch 8, 32 query heads, GQA 4:1, d=128, an 8k cache holding 7k-7.6k
+    tokens), the kv lengths fixed or one token longer on every step. Host: until the
+    call returns; wall: until the GPU is done. Warmed up on the even lengths of the range
+    and timed on the odd ones, so that a growing step meets new lengths but no kernel
+    compiles."""
+    b, h, h_kv, cap, d = 8, 32, 8, 8192, 128
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(b, h, 1, d, device="cuda", dtype=torch.float16, generator=gen)
+    k, v = (torch.randn(b, h_kv, cap, d, device="cuda", dtype=torch.float16, generator=gen)
+            for _ in range(2))
+
+    def step(i):
+        pasa_npu.fused_attention(
+            q, k, v, num_heads=h, num_key_value_heads=h_kv, input_layout="BNSD",
+            scale=d ** -0.5, algorithm="pasa-exact", backend="triton",
+            actual_seq_lengths_kv=[7000 + (i if growing else 0)] * b)
+
+    try:
+        for i in range(steps):
+            step(2 * i)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for i in range(steps):
+            step(2 * i + 1)
+        host = time.perf_counter() - start
+        torch.cuda.synchronize()
+        return host / steps * 1e6, (time.perf_counter() - start) / steps * 1e6
+    finally:
         api._PLANS.clear()
 
 
@@ -257,11 +300,20 @@ def main(argv=None) -> int:
     parser.add_argument("--dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--causal", choices=["both", "yes", "no"], default="both")
     parser.add_argument("--host-time", action="store_true",
-                        help="only the API layer's host time per call (no GPU needed)")
+                        help="only host time per call: the API layer's (no GPU needed), and "
+                             "an eager decode step's where there is a GPU")
     args = parser.parse_args(argv)
     if args.host_time:
-        print(f"API host time per call: {host_time_us(True):.0f} us with the argument plan "
-              f"cached, {host_time_us(False):.0f} us rebuilding it on every call")
+        us = {mode: host_time_us(mode) for mode in HOST_TIME_MODES}
+        print(f"API host time per call: {us['cached']:.0f} us with the argument plan cached, "
+              f"{us['rebuilt']:.0f} us rebuilding it on every call, {us['growing']:.0f} us "
+              f"with actual_seq_lengths_kv one token longer on every call")
+        if torch.cuda.is_available():
+            for growing in (False, True):
+                host, wall = decode_step_us(growing)
+                print(f"Eager Triton decode step on the GPU, kv lengths "
+                      f"{'growing by one token per step' if growing else 'fixed'}: "
+                      f"{host:.0f} us host, {wall:.0f} us until the GPU is done")
         return 0
     if not torch.cuda.is_available():
         print("ablate: error: needs a CUDA GPU", file=sys.stderr)

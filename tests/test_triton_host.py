@@ -1,0 +1,115 @@
+"""The Triton backend's host side in a serving loop: decode steps whose
+actual_seq_lengths_kv grow by one token each never wait for the GPU, a copy of new
+lengths is safe on every stream, and a CUDA graph captured on lengths never seen
+before replays them correctly."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pasa_npu
+from _support import BACKENDS
+
+pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not installed")
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
+                               reason="needs a CUDA GPU (stream synchronisation, CUDA graphs)")
+
+HEADS, KV_HEADS, D, CAPACITY = 8, 2, 128, 1000
+
+
+def _cache(device):
+    gen = torch.Generator(device=device).manual_seed(5)
+    q = torch.randn(2, HEADS, 1, D, device=device, generator=gen).half()
+    k, v = (torch.randn(2, KV_HEADS, CAPACITY, D, device=device, generator=gen).half()
+            for _ in range(2))
+    return q, k, v
+
+
+def _step(q, k, v, lens, algorithm, backend="triton"):
+    return pasa_npu.fused_attention(q, k, v, num_heads=HEADS, num_key_value_heads=KV_HEADS,
+                                    input_layout="BNSD", scale=D ** -0.5, algorithm=algorithm,
+                                    backend=backend, actual_seq_lengths_kv=lens,
+                                    softmax_lse_flag=True)
+
+
+def _metadata(q_lens, kv_lens, band=None):
+    from types import SimpleNamespace
+
+    from pasa_npu.fallback import triton_attention as ta
+
+    dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    t = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
+    problem = SimpleNamespace(q_starts=t([0] * len(q_lens)), q_lens=t(q_lens),
+                              kv_starts=t([0] * len(q_lens)), kv_lens=t(kv_lens),
+                              band=band and tuple(t(x) for x in band))
+    return ta._device_metadata(problem, dev)
+
+
+def test_device_metadata_is_one_copy_cached_by_value():
+    from pasa_npu.fallback.triton_attention import INT_BIG
+
+    first = _metadata([1, 1], [3, 4])
+    assert [r.tolist() for r in first] == [[0, 0], [1, 1], [0, 0], [3, 4], [1, 1], [1, 1]]
+    assert all(r.dtype == torch.int32 for r in first)
+    assert len({r.untyped_storage().data_ptr() for r in first}) == 1
+    again = _metadata([1, 1], [3, 4])  # same values: the cached copy, nothing new
+    assert all(a is b for a, b in zip(again, first))
+    grown = _metadata([1, 1], [4, 5])
+    assert grown[3].tolist() == [4, 5] and first[3].tolist() == [3, 4]
+    banded = _metadata([2, 2], [4, 5], band=([2 ** 40, 0], [-(2 ** 40), 1]))
+    assert banded[4].tolist() == [INT_BIG, 0] and banded[5].tolist() == [-INT_BIG, 1]
+    with pytest.raises(NotImplementedError, match="indexes in int32"):
+        _metadata([1], [2 ** 31])
+
+
+def _check(outs, steps, q, k, v, algorithm):
+    qc, kc, vc = (t.cpu() for t in (q, k, v))
+    for lens, (out, lse) in zip(steps, outs):
+        ref, ref_lse = _step(qc, kc, vc, lens, algorithm, backend="torch")
+        err = (out.cpu().float() - ref.float()).norm() / ref.float().norm()
+        assert err < (2e-2 if algorithm == "pasa" else 3e-3), f"lengths {lens}: {err:.3g}"
+        assert torch.allclose(lse.cpu(), ref_lse, atol=2e-2, rtol=1e-3)
+
+
+@needs_gpu
+@pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
+def test_decode_steps_with_growing_lengths_never_wait_for_the_gpu(algorithm):
+    q, k, v = _cache("cuda")
+    _step(q, k, v, [505, 705], algorithm)  # compiles the kernels these lengths use
+    torch.cuda.synchronize()
+    steps = [[500 + i, 700 + i] for i in range(1, 5)]
+    torch.cuda._sleep(1 << 30)  # about half a second of GPU work queued ahead of the steps
+    outs = [_step(q, k, v, lens, algorithm) for lens in steps]
+    assert not torch.cuda.current_stream().query(), "a decode step waited for the GPU"
+    torch.cuda.synchronize()
+    _check(outs, steps, q, k, v, algorithm)
+
+
+@needs_gpu
+def test_lengths_copied_on_one_stream_are_complete_on_another():
+    _metadata([1, 1], [3, 4])  # the first pinned allocation may synchronise: not here
+    torch.cuda.synchronize()
+    for step in range(3):
+        kv_lens = [1000 + step, 2000 + step]
+        torch.cuda._sleep(1 << 30)  # the copy of the new lengths queues behind this
+        _metadata([1, 1], kv_lens)
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):  # the cached copy: this stream must wait for it
+            seen = _metadata([1, 1], kv_lens)[3].clone()
+        torch.cuda.synchronize()
+        assert seen.tolist() == kv_lens, f"read {seen.tolist()} on the other stream"
+
+
+@needs_gpu
+def test_graph_captured_on_new_lengths_replays_them():
+    q, k, v = _cache("cuda")
+    _step(q, k, v, [300, 400], "pasa-exact")  # compiles; the captured lengths are new
+    lens = [321, 487]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # a capturing copy of new lengths: the graph re-reads it
+        out, lse = _step(q, k, v, lens, "pasa-exact")
+    for _ in range(2):  # replays read the lengths the graph captured
+        out.zero_()
+        graph.replay()
+        want, want_lse = _step(q, k, v, lens, "pasa-exact")
+        assert torch.equal(out, want) and torch.equal(lse, want_lse)
