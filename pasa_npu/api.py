@@ -347,7 +347,8 @@ def _row_flags(q_lens, kv_lens, mask, band, packed: bool, s_q: int) -> dict:
     lens = q_lens.tolist()
     return dict(covered=not packed and all(n == s_q for n in lens),
                 lse_rows_past=not packed and any(n < s_q for n in lens),
-                may_have_empty=mask is not None or _may_have_empty_rows(q_lens, kv_lens, band))
+                may_have_empty=mask is not None or _may_have_empty_rows(lens, kv_lens.tolist(),
+                                                                        band))
 
 
 def _execute(plan: _Plan, query, key, value, golden: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -797,12 +798,12 @@ def _fix_rows(problem: AttentionProblem, value: torch.Tensor, plan: _Plan) -> No
         problem.out.dtype).to(dev)
 
 
-def _may_have_empty_rows(q_lens, kv_lens, band) -> bool:
+def _may_have_empty_rows(q_lens: list, kv_lens: list, band) -> bool:
     """Can a row inside its query length see no key (band and lengths only)? O(B) in
     Python ints: a few per batch, cheaper than tensor operations on a decode step. Row i
     sees [max(0, i - pre), min(kv_len - 1, i + next)]."""
     pres, nxts = (t.tolist() for t in band) if band is not None else ((), ())
-    for b, (q, kv) in enumerate(zip(q_lens.tolist(), kv_lens.tolist())):
+    for b, (q, kv) in enumerate(zip(q_lens, kv_lens)):
         if q > 0 and (kv == 0 or (band is not None and (nxts[b] < 0 or q - 1 - pres[b] > kv - 1))):
             return True
     return False
