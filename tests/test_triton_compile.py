@@ -55,3 +55,15 @@ def test_pasa_kv_loops_use_the_cheap_exp_and_paired_conversions():
         assert ops["HGMMA"] > 0 and exps >= 64, (label, ops)
         assert ops.get("FSETP", 0) < exps / 4, f"{label}: tl.exp's subnormal fix-up: {ops}"
         assert ops.get("F2FP", 0) < 2 * exps, f"{label}: fp16 roundings one by one: {ops}"
+
+
+def test_decode_launch_assumes_the_resident_programs_the_kernels_allow():
+    """Decode sizes its kv splits to one wave of programs on the GPU; how many programs an
+    SM holds at once follows from each compiled variant's shared memory and registers.
+    triton_aot fails a variant whose count differs from the launch's table."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    run = subprocess.run([sys.executable, "-m", "pasa_npu.tools.triton_aot", "--dims", "64",
+                          "128", "256", "--only", "decode"], capture_output=True, text=True,
+                         env=env, timeout=900)
+    assert run.returncode == 0, run.stdout + run.stderr[-2000:]
+    assert run.stdout.count(" resident ") == 18, run.stdout

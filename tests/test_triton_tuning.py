@@ -119,3 +119,54 @@ def test_every_tuning_choice_is_tested_and_bad_ones_are_refused(capsys):
     for bad in ("shift=foo", "rowsum_mma=0", "loads"):
         assert bench.main(["--tuning", bad]) == 2
         assert f"--tuning '{bad}' is not one of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
+@pytest.mark.parametrize("splits", ["one", "chosen", "over a combine chunk"])
+def test_decode_split_counts_agree_with_cpu_backend(splits, algorithm, monkeypatch):
+    """Decode cuts each (batch, kv head)'s keys into splits merged by log-sum-exp. Every
+    split count gives the CPU backend's result: one split, the launch heuristic's count,
+    and more splits than the merge loads at once (its loop over chunks), with a short
+    batch whose later splits see no key at all."""
+    from pasa_npu.fallback import triton_attention
+
+    block = 16 if interpreted("triton") else 128
+    n_blocks = 2 * triton_attention.COMBINE_CHUNK + 3
+    gen = torch.Generator().manual_seed(3)
+    d, s2 = 32 if interpreted("triton") else 128, n_blocks * block
+    q = torch.randn(2, 1, 8, d, generator=gen).half()
+    k, v = (torch.randn(2, s2, 2, d, generator=gen).half() + 2.0 for _ in range(2))
+    kw = dict(num_heads=8, num_key_value_heads=2, input_layout="BSND", scale=d ** -0.5,
+              kv_block=block, actual_seq_lengths_kv=[s2, 3 * block + 5],
+              softmax_lse_flag=True, algorithm=algorithm)
+    ref, ref_lse = pasa_npu.fused_attention(q, k, v, backend="torch", **kw)
+
+    used = []
+    heuristic = triton_attention._decode_splits
+    forced = {"one": 1, "chosen": None, "over a combine chunk": n_blocks}[splits]
+    monkeypatch.setattr(triton_attention, "_decode_splits",
+                        lambda *a: used.append(forced or heuristic(*a)) or used[-1])
+    out, lse = pasa_npu.fused_attention(*on_device("triton", q, k, v), backend="triton", **kw)
+    assert len(used) == 1
+    if forced:
+        assert used == [forced]
+    out, lse = out.cpu().float(), lse.cpu()
+    assert torch.isfinite(out).all()
+    err = (out - ref.float()).norm() / ref.float().norm()
+    assert err < (3e-3 if algorithm != "pasa" else 2e-2), f"{used}: {err:.3g}"
+    assert torch.allclose(lse, ref_lse, atol=2e-2, rtol=1e-3)
+
+
+def test_decode_fills_one_wave_of_programs():
+    """The split count keeps every group's kv blocks covered and launches no more programs
+    than the GPU holds at once (more splits than blocks, or a second partial wave, were
+    slower on an H100)."""
+    from pasa_npu.fallback.triton_attention import _decode_splits
+
+    for n_blocks in (1, 7, 64, 1024):
+        for groups in (1, 4, 32, 64, 128, 500):
+            for resident in (1, 2):
+                n = _decode_splits(n_blocks, groups, 132, resident)
+                assert 1 <= n <= n_blocks
+                assert n == 1 or n * groups <= resident * 132
+                assert n == n_blocks or (n + 1) * groups > resident * 132

@@ -30,6 +30,9 @@ from triton.compiler import ASTSource
 from pasa_npu.fallback import triton_attention as ta
 
 SHARED_LIMIT = 232448  # bytes per block on sm_90
+SM_SHARED = 233472  # bytes per SM on sm_90, of which the driver reserves 1 KiB per block
+SM_REGISTERS = 65536
+SM_WARPS = 64
 ALGS = ta.ALG_IDS
 POINTERS = {
     "_attention_fwd": dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", C="*fp32",
@@ -81,6 +84,15 @@ def resource_usage(compiled) -> dict:
     """REG, STACK, LOCAL from cuobjdump on the cubin (empty dict if cuobjdump is missing)."""
     text = _run_on_cubin(compiled, "cuobjdump", "--dump-resource-usage")
     return {k: int(v) for k, v in re.findall(r"(REG|STACK|LOCAL):(\d+)", text or "")}
+
+
+def resident_per_sm(shared: int, registers: int, num_warps: int) -> int:
+    """Blocks of a kernel that one sm_90 SM holds at once, as its shared memory (plus the
+    1 KiB reserved per block), its registers (allocated per warp in units of 256, each
+    thread's count rounded up to a multiple of 8) and its warps allow."""
+    warp_registers = -(-registers // 8) * 8 * 32
+    return min(SM_SHARED // (shared + 1024), SM_REGISTERS // (warp_registers * num_warps),
+               SM_WARPS // num_warps)
 
 
 def _run_on_cubin(compiled, tool: str, *options: str):
@@ -182,8 +194,17 @@ def main(argv=None) -> int:
             use = resource_usage(compiled)
             smem = compiled.metadata.shared
             flag = "  OVER SHARED LIMIT" if smem > SHARED_LIMIT else ""
+            resident = ""
+            if kernel == "_decode_split" and "REG" in use:
+                # the decode launch sizes its splits to one wave of resident programs
+                n = resident_per_sm(smem, use["REG"], warps)
+                assumed = ta._decode_resident(label.split()[0], d)
+                resident = f"  resident {n}"
+                if n != assumed:
+                    flag += f"  LAUNCH ASSUMES {assumed} RESIDENT"
             print(f"{label:44s} smem {smem:7d}  regs {use.get('REG', '?'):>4}  "
-                  f"stack {use.get('STACK', '?'):>4}  local {use.get('LOCAL', '?'):>4}{flag}")
+                  f"stack {use.get('STACK', '?'):>4}  local {use.get('LOCAL', '?'):>4}"
+                  f"{resident}{flag}")
             failed += bool(flag)
             for first, last, count, opcodes in sass_loops(compiled) if args.sass else []:
                 top = ", ".join(f"{op} {n}" for op, n in opcodes.most_common(8))
