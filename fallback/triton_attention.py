@@ -22,8 +22,10 @@ Kernels:
   is ever built for sparse modes 2-4.
 * ``_decode_split`` + ``_decode_combine``: query length 1. One program per
   (kv split, batch, kv head) stacks the query heads of its group as rows, so
-  K/V are read once per group and a single query row still fills the GPU; the
-  partial results are merged by their log-sum-exp in fp32 (as FlashDecoding).
+  K/V are read once per group and a single query row still fills the GPU (the
+  splits make one wave of resident programs, :func:`_decode_splits`); the partial
+  results are merged by their log-sum-exp in fp32, one program per query head (as
+  FlashDecoding).
   For PASA each split starts its own pseudo-average, and ``pasa``'s K' = M^T K
   is evaluated element-wise there (:func:`_shift_in_kernel`), so the decode path
   agrees with the CPU backend to rounding, not bit for bit.
