@@ -200,31 +200,63 @@ def plot(result, path) -> bool:
               "where it is)", file=sys.stderr)
         return False
     rows = [r for r in result["rows"] if r["kind"] == "prefill"]
+    decode = [r for r in result["rows"] if r["kind"] == "decode"]
     combos = sorted({(r["d"], r["causal"]) for r in rows})
-    if not combos:
-        print("pasa-bench: no prefill rows; no plot written", file=sys.stderr)
+    if not combos and not decode:
+        print("pasa-bench: no prefill or decode rows; no plot written", file=sys.stderr)
         return False
-    fig, axes = plt.subplots(1, len(combos), figsize=(4.2 * len(combos), 3.8), sharey=True)
-    axes = [axes] if len(combos) == 1 else axes
+    panels = len(combos) + bool(decode)
+    fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.8), squeeze=False)
+    axes = list(axes[0])
     names = list(result["algorithms"]) + ["sdpa-flash", "sdpa-cudnn"]
-    for ax, (d, causal) in zip(axes, combos):
+    colors = {name: f"C{i}" for i, name in enumerate(names)}
+    for i, (ax, (d, causal)) in enumerate(zip(axes, combos)):
         sub = sorted((r for r in rows if r["d"] == d and r["causal"] == causal),
                      key=lambda r: r["s"])
         xs = [r["s"] for r in sub]
         for name in names:
             ys = [r.get(name, {}).get("tflops", math.nan) for r in sub]
             style = "--" if name.startswith("sdpa") else "-"
-            ax.plot(xs, ys, style, marker="o", label=name)
+            ax.plot(xs, ys, style, marker="o", label=name, color=colors[name])
         ax.set_xscale("log", base=2)
         ax.set_title(f"d={d}, {'causal' if causal else 'no mask'}")
         ax.set_xlabel("sequence length")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("TFLOP/s (fp16 forward)")
-    axes[-1].legend(fontsize=7, loc="lower right")
+        if i:
+            ax.tick_params(labelleft=False)
+    if combos:  # one TFLOP/s scale for the prefill panels
+        low = min(ax.get_ylim()[0] for ax in axes[:len(combos)])
+        high = max(ax.get_ylim()[1] for ax in axes[:len(combos)])
+        for ax in axes[:len(combos)]:
+            ax.set_ylim(low, high)
+        axes[0].set_ylabel("TFLOP/s (fp16 forward)")
+        axes[len(combos) - 1].legend(fontsize=7, loc="lower right")
+    if decode:
+        _decode_panel(axes[-1], decode, list(result["decode_algorithms"])
+                      + ["sdpa-flash", "sdpa-cudnn"], result["copy_gbs"], colors)
     fig.suptitle(f"pasa-npu Triton vs torch SDPA on {result['device']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return True
+
+
+def _decode_panel(ax, rows, names, copy_gbs, colors) -> None:
+    """Grouped bars: each decode case's share of copy bandwidth per candidate, replayed
+    from a CUDA graph (missing where a candidate failed)."""
+    width = 0.8 / len(names)
+    for j, name in enumerate(names):
+        shares = [100 * r.get(name, {}).get("gbs", math.nan) / copy_gbs for r in rows]
+        ax.bar([i + (j - (len(names) - 1) / 2) * width for i in range(len(rows))], shares,
+               width, label=name, color=colors.get(name), hatch="//" if name.startswith("sdpa")
+               else None, edgecolor="white" if name.startswith("sdpa") else None)
+    ax.set_xticks(range(len(rows)), [f"{r['s'] // 1024}k, {r['ratio']}:1" for r in rows])
+    ax.set_title(f"decode, d={rows[0]['d']}, batch {rows[0]['b']} (graph replay)")
+    ax.set_xlabel("keys, GQA")
+    ax.set_ylabel("K+V read, % of copy bandwidth")
+    ax.set_ylim(0, 135)  # room above the bars for the legend
+    ax.set_yticks(range(0, 101, 20))
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=6, loc="upper center", ncol=3)
 
 
 def main(argv=None) -> int:
