@@ -259,11 +259,11 @@ def _shift_keys(K, KS, MEAN, SHIFT, kv_starts, kv_lens,
                 stride_kb, stride_kh, stride_ks, stride_kd,
                 stride_sb, stride_sh, stride_ss,
                 stride_mb, stride_mh, stride_mblk,
-                n_kv_heads, scale, head_dim,
+                n_kv_heads, n_blocks, scale, head_dim,
                 EXACT: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
     """K' for one kv block of one (batch, kv head); rows past the valid length are zero."""
-    blk = tl.program_id(0)
-    bh = tl.program_id(1)
+    blk = tl.program_id(0) % n_blocks  # a 1-D grid: CUDA caps the other axes at 65535
+    bh = tl.program_id(0) // n_blocks
     b = bh // n_kv_heads
     h = bh % n_kv_heads
     kv_len = tl.load(kv_lens + b)
@@ -348,15 +348,17 @@ def _attention_fwd(
     stride_cb, stride_ch, stride_cblk,
     stride_mb, stride_mh, stride_mblk,
     stride_xb, stride_xs, stride_xk,
-    n_heads, group, scale, gamma, head_dim, head_dim_v,
+    n_heads, n_tiles, group, scale, gamma, head_dim, head_dim_v,
     ALG: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BAND: tl.constexpr, HAS_LSE: tl.constexpr,
     GUARD: tl.constexpr, K_PADDED: tl.constexpr, FUSED_SHIFT: tl.constexpr,
     USE_TMA: tl.constexpr, C_PER_BLOCK: tl.constexpr, LOOPS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
 ):
-    # heaviest tiles first: under causal and band masks the last query tiles see the most keys
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    bh = tl.program_id(1)
+    # a 1-D grid of (query tile, batch * head), tiles fastest: CUDA caps the grid's other
+    # axes at 65535. Heaviest tiles first: under causal and band masks the last query
+    # tiles see the most keys
+    pid_m = n_tiles - 1 - tl.program_id(0) % n_tiles
+    bh = tl.program_id(0) // n_tiles
     b = bh // n_heads
     h = bh % n_heads
     hk = h // group
@@ -509,19 +511,26 @@ def _decode_split(
     stride_vb, stride_vh, stride_vs, stride_vd,
     stride_xb, stride_xk,
     n_kv_heads, group, scale, gamma, head_dim, head_dim_v, blocks_per_split, n_splits,
+    n_chunks, group_rows,
     ALG: tl.constexpr, HAS_MASK: tl.constexpr, GUARD: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
 ):
-    """One split of the kv blocks for the whole query group of one kv head (query length 1).
-    PASA's key shift is done here on each zero-padded raw K block (fused)."""
-    split = tl.program_id(0)
-    bh = tl.program_id(1)
+    """One split of the kv blocks for BLOCK_G query heads of one kv head's group (a group
+    larger than BLOCK_G is cut into ``n_chunks``), query length 1. Writes the partial
+    results to rows ``chunk * BLOCK_G + g`` of the group's ``group_rows``. PASA's key shift
+    is done here on each zero-padded raw K block (fused)."""
+    # a 1-D grid, chunks of a group fastest (they read the same K/V blocks): CUDA caps
+    # the grid's other axes at 65535
+    pid = tl.program_id(0)
+    chunk = pid % n_chunks
+    split = pid // n_chunks % n_splits
+    bh = pid // n_chunks // n_splits
     b = bh // n_kv_heads
     hk = bh % n_kv_heads
     q_start = tl.load(q_starts + b).to(tl.int64)
     kv_start = tl.load(kv_starts + b).to(tl.int64)
     kv_len = tl.load(kv_lens + b)
-    g = tl.arange(0, BLOCK_G)
+    g = chunk * BLOCK_G + tl.arange(0, BLOCK_G)  # query heads of the group
     dims = tl.arange(0, HEAD_DIM)
     dims_v = tl.arange(0, HEAD_DIM_V)
     cols = tl.arange(0, BLOCK_N)
@@ -556,16 +565,16 @@ def _decode_split(
         m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma,
                                           ALG, True, GUARD, BLOCK_N)
     o, lse = _finish(m, l, acc.to(tl.float32), f, cnt, gamma, ALG)
-    base = (bh * n_splits + split).to(tl.int64)
-    tl.store(PART_O + (base * BLOCK_G + g[:, None]) * HEAD_DIM_V + dims_v[None, :], o)
-    tl.store(PART_LSE + base * BLOCK_G + g, lse)
+    rows = (bh * n_splits + split).to(tl.int64) * group_rows + g
+    tl.store(PART_O + rows[:, None] * HEAD_DIM_V + dims_v[None, :], o)
+    tl.store(PART_LSE + rows, lse)
 
 
 @triton.jit
 def _decode_combine(PART_O, PART_LSE, O, LSE, q_starts, q_lens,
                     stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh, stride_ls,
-                    n_heads, group, head_dim_v, n_splits,
-                    HAS_LSE: tl.constexpr, BLOCK_G: tl.constexpr, SPLITS: tl.constexpr,
+                    n_heads, group, head_dim_v, n_splits, group_rows,
+                    HAS_LSE: tl.constexpr, SPLITS: tl.constexpr,
                     CHUNK: tl.constexpr, HEAD_DIM_V: tl.constexpr):
     """Merge the splits of one (batch, query head) by log-sum-exp, in fp32, CHUNK splits
     per load (one program per query head and few loads: a serial loop over the splits of
@@ -577,11 +586,11 @@ def _decode_combine(PART_O, PART_LSE, O, LSE, q_starts, q_lens,
         return
     q_start = tl.load(q_starts + b).to(tl.int64)
     dims_v = tl.arange(0, HEAD_DIM_V)
-    # the partial results of kv head h // group sit in row h % group of its stacked group
-    first_row = (b * (n_heads // group) + h // group).to(tl.int64) * n_splits * BLOCK_G \
+    # the partial results of kv head h // group sit in row h % group of its group's rows
+    first_row = (b * (n_heads // group) + h // group).to(tl.int64) * n_splits * group_rows \
         + h % group
     sp = tl.arange(0, SPLITS)
-    lse_s = tl.load(PART_LSE + first_row + sp * BLOCK_G, mask=sp < n_splits,
+    lse_s = tl.load(PART_LSE + first_row + sp * group_rows, mask=sp < n_splits,
                     other=float("-inf"))
     top = tl.max(lse_s, 0)
     top_safe = tl.where(top > float("-inf"), top, 0.0)
@@ -590,7 +599,7 @@ def _decode_combine(PART_O, PART_LSE, O, LSE, q_starts, q_lens,
     o = tl.zeros([HEAD_DIM_V], tl.float32)
     for s0 in range(0, n_splits, CHUNK):
         valid = s0 + chunk < n_splits
-        rows = first_row + (s0 + chunk) * BLOCK_G
+        rows = first_row + (s0 + chunk) * group_rows
         w = tl.exp(tl.load(PART_LSE + rows, mask=valid, other=float("-inf")) - top_safe)
         part = tl.load(PART_O + rows[:, None] * HEAD_DIM_V + dims_v[None, :],
                        mask=valid[:, None], other=0.0)
@@ -785,12 +794,12 @@ def _prepare_keys(problem, k, kv_starts, kv_lens, block_n, head_dim_p):
     means = torch.empty(batch, n_kv, n_blocks, head_dim_p, dtype=torch.float16, device=dev)
     exact = problem.allocation.shift == "exact"
     shift = means if exact else _cached_shift_matrix(problem.beta, block_n, problem.scale, dev)
-    _shift_keys[(n_blocks, batch * n_kv)](
+    _shift_keys[(n_blocks * batch * n_kv,)](
         k, k_shift, means, shift, kv_starts, kv_lens,
         0 if problem.packed else k.stride(0), k.stride(1), k.stride(2), k.stride(3),
         k_shift.stride(0), k_shift.stride(1), k_shift.stride(2),
         means.stride(0), means.stride(1), means.stride(2),
-        n_kv, problem.scale, k.shape[3],
+        n_kv, n_blocks, problem.scale, k.shape[3],
         EXACT=exact, BLOCK_N=block_n, HEAD_DIM=head_dim_p,
         num_warps=1 if _interpreting() else 4)
     return k_shift, means
@@ -853,7 +862,8 @@ def run(problem: AttentionProblem) -> None:
         k_desc = _descriptor(k_used, k_strides[0], block_n, head_dim_p)
         v_desc = _descriptor(v, packed_stride(v), block_n, head_dim_vp)
     use_tma = k_desc is not None and v_desc is not None
-    grid = (_cdiv(problem.max_q_len, block_m), problem.batch * q.shape[1])
+    n_tiles = _cdiv(problem.max_q_len, block_m)
+    grid = (n_tiles * problem.batch * q.shape[1],)
     _attention_fwd[grid](
         q, k_used, v, out, lse_arg, constants, means, mask,
         shift if shift is not None else constants,
@@ -867,8 +877,8 @@ def run(problem: AttentionProblem) -> None:
         constants.stride(0), constants.stride(1), constants.stride(2),
         means.stride(0), means.stride(1), means.stride(2),
         *mask_strides,
-        q.shape[1], q.shape[1] // k.shape[1], problem.scale, gamma, head_dim, head_dim_v,
-        HAS_BAND=problem.band is not None, HAS_LSE=lse is not None,
+        q.shape[1], n_tiles, q.shape[1] // k.shape[1], problem.scale, gamma, head_dim,
+        head_dim_v, HAS_BAND=problem.band is not None, HAS_LSE=lse is not None,
         K_PADDED=problem.allocation.is_pasa and not fused, FUSED_SHIFT=fused, USE_TMA=use_tma,
         C_PER_BLOCK=c_per_block, LOOPS=loops,
         BLOCK_M=block_m, num_warps=warps, num_stages=stages, **common, **_fp_options(alg))
@@ -918,19 +928,30 @@ def _mask_arg(mask, dev):
     return mask, (mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(1), mask.stride(2))
 
 
-def _decode_resident(alg: str, head_dim: int) -> int:
-    """Programs of the decode kernel one H100 SM holds at once (4 warps, query groups of up
-    to 16 rows), as its shared memory and registers allow: ``tools/triton_aot.py`` reports
-    this for every compiled variant and fails where it differs from this table."""
+def _decode_block_g(group: int, head_dim: int) -> int:
+    """Query heads per decode program (the rows of its tiles): the whole group up to a cap
+    that keeps the kernel within an H100's shared memory and registers (a group of 64
+    rows at d = 256 overflowed shared memory for ``fa-*``; 64 rows at d = 128 spilled).
+    Larger groups are cut into several programs that read the same K/V blocks."""
+    cap = 64 if head_dim <= 64 else 32 if head_dim <= 128 else 16
+    return min(_pow2(group), cap)
+
+
+def _decode_resident(alg: str, head_dim: int, block_g: int) -> int:
+    """Programs of the decode kernel one H100 SM holds at once (4 warps), as its shared
+    memory and registers allow: ``tools/triton_aot.py`` reports this for every variant
+    the launch can pick (:func:`_decode_block_g`) and fails where it differs from this
+    table."""
     if head_dim > 128:
         return 1
     if head_dim > 64:  # fa-*: three stages of K and V tiles; PASA: two, and K' besides
         return 2 if alg.startswith("pasa") else 1
-    return 3
+    return 3 if block_g <= 16 and alg != "pasa-mixed" else 2  # (its fp32 statistics)
 
 
 def _decode_splits(n_blocks: int, groups: int, sms: int, resident: int) -> int:
-    """How many kv splits each of the ``groups`` (batch, kv head) pairs is cut into: one wave
+    """How many kv splits each of the ``groups`` (batch, kv head, chunk of the query group)
+    is cut into: one wave
     of programs, ``resident`` per SM (:func:`_decode_resident`), and no more splits than kv
     blocks. Measured on an H100 at d = 128 (batch 1-16, GQA 4:1 and 8:1, 2k-128k keys, one
     to 64 splits per case), this count was the fastest or close to it for pasa-exact, pasa
@@ -944,19 +965,21 @@ def _run_decode(problem, lengths, mask, mask_strides, shift, lse_arg, gamma, com
     q_starts, q_lens, kv_starts, kv_lens = lengths
     batch, n_heads, n_kv = problem.batch, q.shape[1], k.shape[1]
     group = n_heads // n_kv
-    block_g = _pow2(group)
+    block_g = _decode_block_g(group, common["HEAD_DIM"])
+    n_chunks = _cdiv(group, block_g)
+    group_rows = n_chunks * block_g
     n_blocks = max(1, _cdiv(problem.max_kv_len, common["BLOCK_N"]))
     sms = 132 if interpret else _sm_count(q.device.index or 0)
-    n_splits = _decode_splits(n_blocks, batch * n_kv, sms,
-                              _decode_resident(problem.allocation.name, common["HEAD_DIM"]))
+    resident = _decode_resident(problem.allocation.name, common["HEAD_DIM"], block_g)
+    n_splits = _decode_splits(n_blocks, batch * n_kv * n_chunks, sms, resident)
     blocks_per_split = _cdiv(n_blocks, n_splits)
     n_splits = _cdiv(n_blocks, blocks_per_split)
-    part_o = q.new_empty(batch * n_kv * n_splits * block_g * common["HEAD_DIM_V"],
+    part_o = q.new_empty(batch * n_kv * n_splits * group_rows * common["HEAD_DIM_V"],
                          dtype=torch.float32)
-    part_lse = q.new_empty(batch * n_kv * n_splits * block_g, dtype=torch.float32)
+    part_lse = q.new_empty(batch * n_kv * n_splits * group_rows, dtype=torch.float32)
     pb = (lambda t: 0) if problem.packed else (lambda t: t.stride(0))  # noqa: E731
     has_lse = problem.lse is not None
-    _decode_split[(n_splits, batch * n_kv)](
+    _decode_split[(n_chunks * n_splits * batch * n_kv,)](
         q, k, v, mask, shift if shift is not None else part_lse, part_o, part_lse,
         q_starts, kv_starts, kv_lens,
         pb(q), q.stride(1), q.stride(2), q.stride(3),
@@ -964,14 +987,14 @@ def _run_decode(problem, lengths, mask, mask_strides, shift, lse_arg, gamma, com
         pb(v), v.stride(1), v.stride(2), v.stride(3),
         mask_strides[0], mask_strides[2],
         n_kv, group, problem.scale, gamma, q.shape[3], v.shape[3], blocks_per_split, n_splits,
-        BLOCK_G=block_g, num_warps=1 if interpret else 4,
+        n_chunks, group_rows, BLOCK_G=block_g, num_warps=1 if interpret else 4,
         num_stages=1 if interpret else _decode_stages(problem.allocation.name, common["HEAD_DIM"]),
         **common, **_fp_options(problem.allocation.name))
     _decode_combine[(batch * n_heads,)](
         part_o, part_lse, out, lse_arg, q_starts, q_lens,
         pb(out), out.stride(1), out.stride(2), out.stride(3),
         (pb(lse_arg) if has_lse else 0), lse_arg.stride(1), lse_arg.stride(2),
-        n_heads, group, v.shape[3], n_splits,
-        HAS_LSE=has_lse, BLOCK_G=block_g, SPLITS=_pow2(n_splits, 1),
+        n_heads, group, v.shape[3], n_splits, group_rows,
+        HAS_LSE=has_lse, SPLITS=_pow2(n_splits, 1),
         CHUNK=min(_pow2(n_splits, 1), COMBINE_CHUNK),
         HEAD_DIM_V=common["HEAD_DIM_V"], num_warps=1 if interpret else 4)

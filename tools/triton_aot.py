@@ -145,7 +145,8 @@ def sass_loops(compiled) -> list:
 
 def variants(head_dim: int = 128):
     """Every prefill variant the defaults can launch (pasa-exact's row constant both ways)
-    plus the fused key shift of TUNING, and the decode kernel, per allocation."""
+    plus the fused key shift of TUNING, and the decode kernel for each number of query
+    heads per program, per allocation."""
     for alg, alg_id in ALGS.items():
         pasa = alg.startswith("pasa")
         forms = [("", False, False)]
@@ -165,10 +166,12 @@ def variants(head_dim: int = 128):
                 label = f"{alg}{tag} {'causal' if causal else 'full'} d={head_dim}"
                 yield ("_attention_fwd", label, dict(consts, BLOCK_M=block_m), warps, stages,
                        ta._fp_options(alg) == {})
-        consts = dict(ALG=alg_id, HAS_MASK=False, GUARD=False, BLOCK_G=16, BLOCK_N=128,
-                      HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
-        yield ("_decode_split", f"{alg} decode d={head_dim}", consts, 4,
-               ta._decode_stages(alg, head_dim), ta._fp_options(alg) == {})
+        # every number of query heads per program the launch can pick (GQA 2:1 up to MQA)
+        for block_g in sorted({ta._decode_block_g(g, head_dim) for g in (1, 32, 64, 1024)}):
+            consts = dict(ALG=alg_id, HAS_MASK=False, GUARD=False, BLOCK_G=block_g,
+                          BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
+            yield ("_decode_split", f"{alg} decode g={block_g} d={head_dim}", consts, 4,
+                   ta._decode_stages(alg, head_dim), ta._fp_options(alg) == {})
 
 
 def main(argv=None) -> int:
@@ -198,7 +201,7 @@ def main(argv=None) -> int:
             if kernel == "_decode_split" and "REG" in use:
                 # the decode launch sizes its splits to one wave of resident programs
                 n = resident_per_sm(smem, use["REG"], warps)
-                assumed = ta._decode_resident(label.split()[0], d)
+                assumed = ta._decode_resident(label.split()[0], d, consts["BLOCK_G"])
                 resident = f"  resident {n}"
                 if n != assumed:
                     flag += f"  LAUNCH ASSUMES {assumed} RESIDENT"
