@@ -48,6 +48,7 @@ ALG_IDS = {"fa-fp32": 0, "fa-fp16s": 1, "fa-fp16": 2, "pasa": 3, "pasa-mixed": 4
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 COMBINE_CHUNK = 32  # decode splits merged per load
+GRID_AXIS_MAX = 65535  # CUDA's limit on a grid's second and third axes
 INT_BIG = 1 << 30  # stands for "no band limit" (index math is int32)
 #: the kernels run in the interpreter (decided at import, as triton.jit decides it)
 INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
@@ -350,15 +351,18 @@ def _attention_fwd(
     stride_xb, stride_xs, stride_xk,
     n_heads, n_tiles, group, scale, gamma, head_dim, head_dim_v,
     ALG: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BAND: tl.constexpr, HAS_LSE: tl.constexpr,
+    GRID_1D: tl.constexpr,
     GUARD: tl.constexpr, K_PADDED: tl.constexpr, FUSED_SHIFT: tl.constexpr,
     USE_TMA: tl.constexpr, C_PER_BLOCK: tl.constexpr, LOOPS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
 ):
-    # a 1-D grid of (query tile, batch * head), tiles fastest: CUDA caps the grid's other
-    # axes at 65535. Heaviest tiles first: under causal and band masks the last query
-    # tiles see the most keys
-    pid_m = n_tiles - 1 - tl.program_id(0) % n_tiles
-    bh = tl.program_id(0) // n_tiles
+    # heaviest tiles first: under causal and band masks the last query tiles see the most keys
+    if GRID_1D:  # more (batch, head) pairs than CUDA's 65535 on a grid's second axis
+        pid_m = n_tiles - 1 - tl.program_id(0) % n_tiles
+        bh = tl.program_id(0) // n_tiles
+    else:  # the same order; this form ran faster for pasa-exact on an H100
+        pid_m = n_tiles - 1 - tl.program_id(0)
+        bh = tl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
     hk = h // group
@@ -863,7 +867,9 @@ def run(problem: AttentionProblem) -> None:
         v_desc = _descriptor(v, packed_stride(v), block_n, head_dim_vp)
     use_tma = k_desc is not None and v_desc is not None
     n_tiles = _cdiv(problem.max_q_len, block_m)
-    grid = (n_tiles * problem.batch * q.shape[1],)
+    pairs = problem.batch * q.shape[1]
+    grid_1d = pairs > GRID_AXIS_MAX
+    grid = (n_tiles * pairs,) if grid_1d else (n_tiles, pairs)
     _attention_fwd[grid](
         q, k_used, v, out, lse_arg, constants, means, mask,
         shift if shift is not None else constants,
@@ -880,7 +886,7 @@ def run(problem: AttentionProblem) -> None:
         q.shape[1], n_tiles, q.shape[1] // k.shape[1], problem.scale, gamma, head_dim,
         head_dim_v, HAS_BAND=problem.band is not None, HAS_LSE=lse is not None,
         K_PADDED=problem.allocation.is_pasa and not fused, FUSED_SHIFT=fused, USE_TMA=use_tma,
-        C_PER_BLOCK=c_per_block, LOOPS=loops,
+        C_PER_BLOCK=c_per_block, LOOPS=loops, GRID_1D=grid_1d,
         BLOCK_M=block_m, num_warps=warps, num_stages=stages, **common, **_fp_options(alg))
 
 

@@ -160,6 +160,7 @@ def variants(head_dim: int = 128):
                               GUARD=False, K_PADDED=pasa and not fused, FUSED_SHIFT=fused,
                               USE_TMA=ta.TUNING["loads"] == "tma", C_PER_BLOCK=c_per_block,
                               LOOPS=6 if causal else 2,  # causal: interior + diagonal
+                              GRID_1D=False,
                               BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
                 block_m, warps, stages = ta._launch_config(head_dim, alg, False,
                                                            c_per_block or fused, consts["LOOPS"])
