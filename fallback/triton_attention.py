@@ -582,8 +582,8 @@ def _decode_combine(PART_O, PART_LSE, O, LSE, q_starts, q_lens,
                     HAS_LSE: tl.constexpr, SPLITS: tl.constexpr,
                     CHUNK: tl.constexpr, HEAD_DIM_V: tl.constexpr):
     """Merge the splits of one (batch, query head) by log-sum-exp, in fp32, CHUNK splits
-    per load (one program per query head and few loads: a serial loop over the splits of
-    a whole query group left this latency-bound pass at 6-10 us on an H100)."""
+    per load. (One program per kv head, looping over the splits one load at a time, made
+    this latency-bound pass several times slower on an H100.)"""
     pid = tl.program_id(0)
     b = pid // n_heads
     h = pid % n_heads
@@ -953,14 +953,13 @@ def _decode_resident(alg: str, head_dim: int, block_g: int) -> int:
         return 1
     if head_dim > 64:  # fa-*: three stages of K and V tiles; PASA: two, and K' besides
         return 2 if alg.startswith("pasa") else 1
-    return 3 if block_g <= 16 and alg != "pasa-mixed" else 2  # (its fp32 statistics)
+    return 3 if block_g <= 16 and alg != "pasa-mixed" else 2  # pasa-mixed: more registers
 
 
 def _decode_splits(n_blocks: int, groups: int, sms: int, resident: int) -> int:
     """How many kv splits each of the ``groups`` (batch, kv head, chunk of the query group)
-    is cut into: one wave
-    of programs, ``resident`` per SM (:func:`_decode_resident`), and no more splits than kv
-    blocks. Measured on an H100 at d = 128 (batch 1-16, GQA 4:1 and 8:1, 2k-128k keys, one
+    is cut into: one wave of programs, ``resident`` per SM (:func:`_decode_resident`), and
+    no more splits than kv blocks. Measured on an H100 at d = 128 (batch 1-16, GQA 4:1 and 8:1, 2k-128k keys, one
     to 64 splits per case), this count was the fastest or close to it for pasa-exact, pasa
     and fa-fp32: more programs than a wave leave a partial last wave, and more splits
     give each program fewer kv blocks to pipeline."""
