@@ -959,10 +959,10 @@ def _decode_resident(alg: str, head_dim: int, block_g: int) -> int:
 def _decode_splits(n_blocks: int, groups: int, sms: int, resident: int) -> int:
     """How many kv splits each of the ``groups`` (batch, kv head, chunk of the query group)
     is cut into: one wave of programs, ``resident`` per SM (:func:`_decode_resident`), and
-    no more splits than kv blocks. Measured on an H100 at d = 128 (batch 1-16, GQA 4:1 and 8:1, 2k-128k keys, one
-    to 64 splits per case), this count was the fastest or close to it for pasa-exact, pasa
-    and fa-fp32: more programs than a wave leave a partial last wave, and more splits
-    give each program fewer kv blocks to pipeline."""
+    no more splits than kv blocks. Measured on an H100 at d = 128 (batch 1-16, GQA 4:1 and
+    8:1, 2k-128k keys, one to 64 splits per case), this count was the fastest or close to
+    it for pasa-exact, pasa and fa-fp32: more programs than a wave leave a partial last
+    wave, and more splits give each program fewer kv blocks to pipeline."""
     return max(1, min(n_blocks, resident * sms // groups))
 
 
