@@ -13,17 +13,27 @@ import pytest
 pytest.importorskip("triton", reason="triton is not installed")
 
 
-def test_every_kernel_variant_compiles_for_sm90():
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    run = subprocess.run([sys.executable, "-m", "pasa_npu.tools.triton_aot", "--dims", "128",
-                          "256"], capture_output=True, text=True, env=env, timeout=900)
+def _triton_aot(*args: str) -> str:
+    """stdout of ``python -m pasa_npu.tools.triton_aot ARGS``, which must exit 0 (it fails
+    a variant over the shared-memory limit, or whose decode launch assumes another count
+    of resident programs than the compiled kernel allows)."""
+    run = subprocess.run([sys.executable, "-m", "pasa_npu.tools.triton_aot", *args],
+                         capture_output=True, text=True, env=dict(os.environ, TRITON_INTERPRET="0"),
+                         timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr[-2000:]
+    return run.stdout
+
+
+def test_every_kernel_variant_compiles_for_sm90():
+    stdout = _triton_aot("--dims", "128", "256")
     for d, decode_tiles in ((128, 2), (256, 1)):
-        report = "\n".join(line for line in run.stdout.splitlines() if f"d={d}" in line)
+        report = "\n".join(line for line in stdout.splitlines() if f"d={d}" in line)
         # 6 allocations x (full, causal); pasa-exact's in-kernel row constant and the
         # fused key shift of the 3 PASA allocations, each full and causal; decode per
-        # allocation and query heads per program (16 and 32 at d = 128, 16 at d = 256)
+        # allocation and query heads per program (16 and 32 at d = 128, 16 at d = 256),
+        # each with the resident programs its launch assumes
         assert report.count("smem") == 12 + 2 + 6 + 6 * decode_tiles, report
+        assert report.count(" resident ") == 6 * decode_tiles, report
 
 
 def test_pasa_kv_loops_use_the_cheap_exp_and_paired_conversions():
@@ -61,11 +71,8 @@ def test_pasa_kv_loops_use_the_cheap_exp_and_paired_conversions():
 def test_decode_launch_assumes_the_resident_programs_the_kernels_allow():
     """Decode sizes its kv splits to one wave of programs on the GPU; how many programs an
     SM holds at once follows from each compiled variant's shared memory and registers.
-    triton_aot fails a variant whose count differs from the launch's table."""
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    run = subprocess.run([sys.executable, "-m", "pasa_npu.tools.triton_aot", "--dims", "64",
-                          "128", "256", "--only", "decode"], capture_output=True, text=True,
-                         env=env, timeout=900)
-    assert run.returncode == 0, run.stdout + run.stderr[-2000:]
-    # 6 allocations x query heads per program (3 choices at d = 64, 2 at 128, 1 at 256)
-    assert run.stdout.count(" resident ") == 6 * (3 + 2 + 1), run.stdout
+    triton_aot fails a variant whose count differs from the launch's table. d = 128 and 256
+    are checked with every variant above; here d = 64."""
+    stdout = _triton_aot("--dims", "64", "--only", "decode")
+    # 6 allocations x 3 choices of query heads per program (16, 32, 64)
+    assert stdout.count(" resident ") == 6 * 3, stdout
