@@ -42,6 +42,7 @@ import triton.language as tl
 
 from pasa_npu import numerics
 from pasa_npu.beta import ideal_invariance, shift_matrix
+from pasa_npu.fallback import gluon_prefill
 from pasa_npu.problem import AttentionProblem
 
 ALG_IDS = {"fa-fp32": 0, "fa-fp16s": 1, "fa-fp16": 2, "pasa": 3, "pasa-mixed": 4, "pasa-exact": 5}
@@ -54,6 +55,11 @@ INT_BIG = 1 << 30  # stands for "no band limit" (index math is int32)
 INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 #: Tuning switch, measured with tools/bench.py on an H100 (the default is the faster):
+#: ``prefill``: which kernel computes prefill, "warp-specialised" (fallback/gluon_prefill.py:
+#: Hopper only, pasa-exact, pasa and fa-fp32 at d = 64 and 128 without ragged lengths or an
+#: explicit mask; the same results bit for bit), "triton" (``_attention_fwd``, everything)
+#: or "auto": the Gluon kernel where it applies and was measured faster
+#: (:func:`gluon_prefill.preferred`).
 #: ``shift``: how prefill shifts K for PASA, "separate" (one preprocessing pass over K;
 #: pasa-exact 351 TFLOP/s at d=128, S=16k) or "fused" (recomputed inside every query
 #: tile; 209). Decode always fuses: each K block is read by one program there.
@@ -69,8 +75,9 @@ INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 #: (a thin matmul per block inside the loop, no workspace) or
 #: "auto": precomputed while that workspace is no larger than Q, K and V together
 #: (S1 <= 24k at d=128), in-kernel beyond, where it would grow as S1 * S2.
-TUNING = {"shift": "separate", "loads": "tma", "row_constant": "auto"}
-TUNING_CHOICES = {"shift": ("separate", "fused"), "loads": ("tma", "pointers"),
+TUNING = {"prefill": "auto", "shift": "separate", "loads": "tma", "row_constant": "auto"}
+TUNING_CHOICES = {"prefill": ("auto", "warp-specialised", "triton"),
+                  "shift": ("separate", "fused"), "loads": ("tma", "pointers"),
                   "row_constant": ("auto", "precomputed", "in-kernel")}
 
 
@@ -635,17 +642,20 @@ def _interpreting() -> bool:
 
 
 def _launch_config(head_dim: int, alg: str, interpret: bool, extra_operand: bool = False,
-                   loops: int = 7):
+                   loops: int = 7, masked: bool = False):
     """(BLOCK_M, num_warps, num_stages) for the prefill kernel, as measured fastest on an
     H100. ``extra_operand``: the kernel stages one more matmul operand in shared memory
     (pasa-exact's in-kernel row constant, a fused key shift). ``loops``: the kv-block
-    loops compiled in (:func:`_block_loops`)."""
+    loops compiled in (:func:`_block_loops`). ``masked``: an explicit mask, whose tile
+    is staged with K and V."""
     if interpret:
         return 16, 1, 1
     if head_dim > 128:  # 128 x 256 fp16 K and V tiles: one stage fits shared memory
         return 64, 8, 1
-    if head_dim == 128 and extra_operand:
-        return 128, 8, 2  # the extra operand leaves no room for a third stage
+    if head_dim == 128 and (extra_operand or masked):
+        # the extra operand, or the 128 x 128 mask tile (three stages of K, V and mask
+        # need 241 KiB, over the H100's 227), leaves no room for a third stage
+        return 128, 8, 2
     if head_dim <= 64 and alg in ("pasa", "pasa-exact"):
         # tools/ablate.py at d=64, S = 4k and 16k: where only the interior loop runs,
         # 128-row tiles in two stages (pasa-exact 354 and 375 TFLOP/s against 330 and 338
@@ -846,11 +856,21 @@ def run(problem: AttentionProblem) -> None:
                     interpret)
         return
 
+    if _gluon_prefill(problem):
+        k_used, means = k, None
+        if problem.allocation.is_pasa:
+            k_used, means = _prepare_keys(problem, k, lengths[2], lengths[3], block_n,
+                                          head_dim_p)
+        gluon_prefill.run(problem, ALG_IDS[alg], gamma, k_used,
+                          means if problem.allocation.shift == "exact" else None,
+                          band_pre, band_next, lse_arg)
+        return
+
     fused = TUNING["shift"] == "fused" and problem.allocation.is_pasa
     c_per_block = _row_constant_in_kernel(problem, block_n)
     loops = _block_loops(problem, block_n)
     block_m, warps, stages = _launch_config(head_dim_p, alg, interpret, fused or c_per_block,
-                                            loops)
+                                            loops, problem.mask is not None)
     constants = _placeholder(dev, torch.float32)
     means = _placeholder(dev, torch.float16)
     if problem.allocation.is_pasa and not fused:
@@ -889,6 +909,17 @@ def run(problem: AttentionProblem) -> None:
         K_PADDED=problem.allocation.is_pasa and not fused, FUSED_SHIFT=fused, USE_TMA=use_tma,
         C_PER_BLOCK=c_per_block, LOOPS=loops, GRID_1D=grid_1d,
         BLOCK_M=block_m, num_warps=warps, num_stages=stages, **common, **_fp_options(alg))
+
+
+def _gluon_prefill(problem: AttentionProblem) -> bool:
+    """Whether prefill runs on the warp-specialised Gluon kernel (TUNING["prefill"])."""
+    choice = TUNING["prefill"]
+    if choice == "triton" or not gluon_prefill.supported(
+            problem, [_host_ints(t) for t in (problem.q_starts, problem.q_lens,
+                                              problem.kv_starts, problem.kv_lens)]):
+        return False
+    return choice == "warp-specialised" or gluon_prefill.preferred(
+        problem.allocation.name, problem.query.shape[3], problem.band is not None)
 
 
 def _tma_capable(dev: torch.device) -> bool:

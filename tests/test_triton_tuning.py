@@ -1,8 +1,10 @@
 """Every alternative of the Triton backend's TUNING switches computes the same
-allocation: TMA vs pointer loads, pasa-exact's row constant precomputed vs in the
-kernel, PASA's key shift as a separate pass vs fused. Each is checked against the
-CPU backend on a case with GQA, a causal band, ragged lengths and a packed layout
-(whose TMA descriptors address the batch axis differently)."""
+allocation: the warp-specialised Gluon prefill vs the Triton kernel, TMA vs pointer
+loads, pasa-exact's row constant precomputed vs in the kernel, PASA's key shift as a
+separate pass vs fused. Each is checked against the CPU backend on a case with GQA, a
+causal band, ragged lengths and a packed layout (whose TMA descriptors address the batch
+axis differently); the prefill switch without the ragged lengths in BNSD, which the Gluon
+kernel does not cover."""
 from __future__ import annotations
 
 import pytest
@@ -13,11 +15,12 @@ from _support import BACKENDS, assert_triton_matches_cpu, interpreted, on_device
 
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not installed")
 
-SWITCHES = [("loads", "pointers"), ("loads", "tma"), ("row_constant", "precomputed"),
-            ("row_constant", "in-kernel"), ("shift", "fused"), ("shift", "separate")]
+SWITCHES = [("prefill", "warp-specialised"), ("prefill", "triton"), ("loads", "pointers"),
+            ("loads", "tma"), ("row_constant", "precomputed"), ("row_constant", "in-kernel"),
+            ("shift", "fused"), ("shift", "separate")]
 
 
-def _case(layout: str):
+def _case(layout: str, ragged: bool = True):
     gen = torch.Generator().manual_seed(11)
     s1, s2, d = (40, 72, 64) if interpreted("triton") else (300, 520, 128)
     if layout == "TND":
@@ -28,7 +31,7 @@ def _case(layout: str):
     else:
         q = torch.randn(2, 4, s1, d, generator=gen)
         kv = [torch.randn(2, 2, s2, d, generator=gen) + 3.0 for _ in range(2)]
-        kw = dict(input_layout="BNSD", actual_seq_lengths_kv=[s2, s2 - 9])
+        kw = dict(input_layout="BNSD", actual_seq_lengths_kv=[s2, s2 - 9] if ragged else None)
     kw.update(num_heads=4, num_key_value_heads=2, scale=d ** -0.5, sparse_mode=3,
               atten_mask=pasa_npu.compressed_causal_mask(), kv_block=32 if interpreted("triton")
               else 128, softmax_lse_flag=True)
@@ -41,7 +44,7 @@ def _case(layout: str):
 def test_tuning_alternatives_agree_with_cpu_backend(switch, value, algorithm, layout):
     from pasa_npu.fallback import triton_attention
 
-    (q, k, v), kw = _case(layout)
+    (q, k, v), kw = _case(layout, ragged=switch != "prefill")
     ref, ref_lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="torch", **kw)
     qd, kd, vd = on_device("triton", q, k, v)
     kw_dev = dict(kw, atten_mask=kw["atten_mask"].to(qd.device))

@@ -3,7 +3,10 @@
 Times ``pasa-exact`` (``fa-fp32`` and ``pasa`` too for the load paths) through
 ``pasa_npu.fused_attention`` at the benchmark's shapes, in one process, against:
 
-* the Triton backend's ``TUNING`` switches (``loads``, ``row_constant``);
+* the backend's default (on an H100 the warp-specialised Gluon prefill for pasa-exact and
+  fa-fp32) and the Triton kernel (``prefill=triton``); every row below times the Triton
+  kernel, ``_attention_fwd``;
+* the Triton backend's other ``TUNING`` switches (``loads``, ``row_constant``);
 * every kv-block loop compiled in (fa-fp32 too), against only those a problem can enter;
 * other launch configurations (BLOCK_M, warps, stages), for ``pasa`` too;
 * source variants that change the allocation's numerics, for timing only: the P'V tile
@@ -88,11 +91,12 @@ def variant_module(name: str, directory: str):
 @contextlib.contextmanager
 def backend_module(module, tuning=None, config=None, loops=None):
     """Route backend="triton" to ``module`` with ``tuning``, a fixed launch ``config`` and
-    fixed kv-block ``loops`` (the bits of ``_block_loops``; 7 compiles all three in)."""
+    fixed kv-block ``loops`` (the bits of ``_block_loops``; 7 compiles all three in). The
+    prefill runs on the Triton kernel unless ``tuning`` says otherwise."""
     saved_module, saved_tuning = sys.modules[MODULE], dict(module.TUNING)
     saved_config, saved_loops = module._launch_config, module._block_loops
     sys.modules[MODULE] = module
-    module.TUNING.update(tuning or {})
+    module.TUNING.update({"prefill": "triton", **(tuning or {})})
     if config is not None:
         module._launch_config = lambda *args: config
     if loops is not None:
@@ -184,7 +188,9 @@ def candidates(directory: str):
                     lambda: backend_module(module, tuning, config, loops),
                     lambda q, k, v, c: ours(algorithm, q, k, v, c)))
 
+    out.append(("pasa-exact", none, lambda q, k, v, c: ours("pasa-exact", q, k, v, c)))
     for algorithm in ("fa-fp32", "pasa-exact"):
+        ours_with("prefill=triton", ta, None, algorithm=algorithm)
         ours_with("with every kv-block loop compiled in", ta, None, algorithm=algorithm, loops=7)
 
     for loads in ("tma", "pointers"):

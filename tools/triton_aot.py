@@ -1,17 +1,17 @@
 """Compile the Triton kernels ahead of time for a CUDA target, without a GPU.
 
-``python -m pasa_npu.tools.triton_aot`` compiles every prefill and decode variant for
-sm_90 (H100) with Triton's bundled ptxas and prints, per variant, shared memory,
-registers, spill stores and local memory (from the bundled cuobjdump). It catches
-compile errors and shared-memory overflows on machines with no GPU, and shows the
-register pressure of a change before any device time is spent. ``--sass`` also
-prints the instruction count of every loop that issues matrix instructions (the kv
-loops, from the bundled nvdisasm) and its most frequent opcodes; ``--only TEXT``
-compiles only the variants whose label contains TEXT (or any of several). Arguments are
-specialised as Triton's JIT specialises contiguous inputs (unit strides and a GQA
-group of 1 as constants, 16-divisible pointers and strides): without that the
-loads compile to scalar accesses and the report says nothing about the real
-pipelining and its shared memory.
+``python -m pasa_npu.tools.triton_aot`` compiles every prefill and decode variant (and
+the warp-specialised Gluon prefill) for sm_90 (H100) with Triton's bundled ptxas and
+prints, per variant, shared memory, registers, spill stores and local memory (from the
+bundled cuobjdump). It catches compile errors and shared-memory overflows on machines
+with no GPU, and shows the register pressure of a change before any device time is
+spent. ``--sass`` also prints the instruction count of every loop that issues matrix
+instructions (the kv loops, from the bundled nvdisasm) and its most frequent opcodes;
+``--only TEXT`` compiles only the variants whose label contains TEXT (or any of several).
+Arguments are specialised as Triton's JIT specialises contiguous inputs (unit strides and
+a GQA group of 1 as constants, 16-divisible pointers and strides): without that the loads
+compile to scalar accesses and the report says nothing about the real pipelining and its
+shared memory.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from pasa_npu.fallback import gluon_prefill as gp
 from pasa_npu.fallback import triton_attention as ta
 
 SHARED_LIMIT = 232448  # bytes per block on sm_90
@@ -78,6 +79,41 @@ def compile_variant(kernel: str, consts: dict, num_warps: int, num_stages: int,
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),
                           options=dict(num_warps=num_warps, num_stages=num_stages,
                                        enable_fp_fusion=fp_fusion))
+
+
+def compile_gluon(consts: dict, fp_fusion: bool = True, arch: int = 90):
+    """The warp-specialised Gluon prefill (fallback/gluon_prefill.py) with ``consts``,
+    specialised as the JIT specialises contiguous fp16 inputs (16-divisible pointers and
+    strides)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn, d = gp._prefill_ws, consts["HEAD_DIM"]
+
+    def descriptor(block):
+        layout = gl.NVMMASharedLayout.get_default_for(block, gl.float16)
+        return f"tensordesc<fp16[{','.join(map(str, block))}],{layout!r}>"
+
+    rows = {"q_desc": [1, 1, consts["BLOCK_M"] // 2, d], "k_desc": [1, 1, consts["BLOCK_N"], d],
+            "v_desc": [1, 1, consts["BLOCK_N"], d], "m_desc": [gp.CONSTANTS_PER_LOAD, d]}
+    pointers = dict(O="*fp16", LSE="*fp32", band_pre="*i32", band_next="*i32")
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name in rows:
+            sig[name] = descriptor(rows[name])
+        elif name in pointers:
+            sig[name] = pointers[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            sig[name] = "fp32" if name == "scale" else "i32"
+            if name.startswith("stride_"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = GluonASTSource(fn, sig, attrs=attrs,
+                         constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options=dict(num_warps=4, enable_fp_fusion=fp_fusion))
 
 
 def resource_usage(compiled) -> dict:
@@ -144,9 +180,10 @@ def sass_loops(compiled) -> list:
 
 
 def variants(head_dim: int = 128):
-    """Every prefill variant the defaults can launch (pasa-exact's row constant both ways)
-    plus the fused key shift of TUNING, and the decode kernel for each number of query
-    heads per program, per allocation."""
+    """Every prefill variant the defaults can launch (pasa-exact's row constant both ways;
+    without a mask, causal, and with an explicit mask) plus the fused key shift of TUNING,
+    the decode kernel for each number of query heads per program, per allocation, and
+    the Gluon prefill."""
     for alg, alg_id in ALGS.items():
         pasa = alg.startswith("pasa")
         forms = [("", False, False)]
@@ -154,17 +191,19 @@ def variants(head_dim: int = 128):
             forms.append((" (c in kernel)", True, False))
         if pasa:
             forms.append((" (fused shift)", False, True))
-        for causal in (False, True):
+        # no mask (interior loop), causal (interior + diagonal), an explicit mask (every
+        # block through the masked loop, the mask tile staged with K and V)
+        for mode, loops in (("full", 2), ("causal", 6), ("mask", 1)):
             for tag, c_per_block, fused in forms:
-                consts = dict(ALG=alg_id, HAS_MASK=False, HAS_BAND=causal, HAS_LSE=False,
-                              GUARD=False, K_PADDED=pasa and not fused, FUSED_SHIFT=fused,
-                              USE_TMA=ta.TUNING["loads"] == "tma", C_PER_BLOCK=c_per_block,
-                              LOOPS=6 if causal else 2,  # causal: interior + diagonal
-                              GRID_1D=False,
+                consts = dict(ALG=alg_id, HAS_MASK=mode == "mask", HAS_BAND=mode == "causal",
+                              HAS_LSE=False, GUARD=False, K_PADDED=pasa and not fused,
+                              FUSED_SHIFT=fused, USE_TMA=ta.TUNING["loads"] == "tma",
+                              C_PER_BLOCK=c_per_block, LOOPS=loops, GRID_1D=False,
                               BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
                 block_m, warps, stages = ta._launch_config(head_dim, alg, False,
-                                                           c_per_block or fused, consts["LOOPS"])
-                label = f"{alg}{tag} {'causal' if causal else 'full'} d={head_dim}"
+                                                           c_per_block or fused, loops,
+                                                           mode == "mask")
+                label = f"{alg}{tag} {mode} d={head_dim}"
                 yield ("_attention_fwd", label, dict(consts, BLOCK_M=block_m), warps, stages,
                        ta._fp_options(alg) == {})
         # every number of query heads per program the launch can pick (GQA 2:1 up to MQA)
@@ -173,6 +212,15 @@ def variants(head_dim: int = 128):
                           BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
             yield ("_decode_split", f"{alg} decode g={block_g} d={head_dim}", consts, 4,
                    ta._decode_stages(alg, head_dim), ta._fp_options(alg) == {})
+    # the warp-specialised Gluon prefill that replaces _attention_fwd where it applies
+    alg_ids = ta.ALG_IDS
+    for alg in gp.ALGORITHMS if gp.AVAILABLE and head_dim in gp.HEAD_DIMS else ():
+        for causal in (False, True):
+            consts = dict(ALG=alg_ids[alg], HAS_BAND=causal, HAS_LSE=False,
+                          BLOCK_M=gp.BLOCK_M, BLOCK_N=gp.BLOCK_N, HEAD_DIM=head_dim,
+                          STAGES=gp._stages(head_dim))
+            yield ("gluon", f"{alg} {'causal' if causal else 'full'} d={head_dim} (gluon)",
+                   consts, 4, 1, ta._fp_options(alg) == {})
 
 
 def main(argv=None) -> int:
@@ -190,7 +238,8 @@ def main(argv=None) -> int:
                 continue
             compiled_any = 1
             try:
-                compiled = compile_variant(kernel, consts, warps, stages, fusion)
+                compiled = (compile_gluon(consts, fusion) if kernel == "gluon" else
+                            compile_variant(kernel, consts, warps, stages, fusion))
             except Exception as err:  # report every variant, then fail
                 failed += 1
                 print(f"{label:44s} ERROR {str(err).splitlines()[0][:200]}")

@@ -1,0 +1,458 @@
+"""Warp-specialised prefill for Hopper (sm_90), written in Gluon: pasa-exact, pasa, fa-fp32.
+
+The same computation as :func:`pasa_npu.fallback.triton_attention._attention_fwd` for
+these allocations, organised so that the tensor cores and the softmax overlap:
+
+* one program per (128-row query tile, batch, query head), in three partitions:
+  a one-warp loader streams K (K' for PASA) and V blocks with TMA into a ring of
+  stages (``kv_ready`` / ``kv_empty`` barriers), and two consumer warp groups of 64
+  rows each run QKᵀ, the softmax, PV and the fold block after block;
+* nothing inside a consumer overlaps (no block's PV runs under the next block's
+  softmax: that needs registers for S, P, the rounded PV tile and the accumulator at
+  once, and spilled). The overlap comes from the two groups, which no CTA-wide barrier
+  holds in step: one group's softmax runs while the other's matmuls do. (The Triton
+  kernel synchronises its 8 warps several times per kv block.)
+
+Numerics: the operations of the Triton kernel, element by element and in the same
+order (fp32 accumulation in the tensor cores; pasa-exact rounds S', P' and the P'V tile
+to fp16 and carries c = scale * Q . mean16 in fp32, 16 blocks' constants per thin
+matmul; pasa runs every statistic as an fp16 step, compiled without FMA contraction).
+On the H100 the outputs and LSE are bit for bit the Triton kernel's
+(tests/test_gluon_prefill.py).
+
+Scope (:func:`supported`): fp16 inputs; head dim 64 or 128 (Q, K and V alike); kv_block
+128; every batch at the full lengths (no ragged or packed varlen input); no explicit mask
+(causal and band modes are computed in the kernel); no rounding guard; layouts TMA can
+address. Everything else runs on the Triton kernel, as do the cases where that was
+measured faster (:func:`preferred`).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+try:  # Gluon ships with Triton >= 3.5
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma,
+                                                                   warpgroup_mma,
+                                                                   warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    AVAILABLE = True
+except ImportError:  # pragma: no cover - older Triton
+    AVAILABLE = False
+
+from pasa_npu.problem import AttentionProblem
+
+BLOCK_M = 128  # two consumer warp groups of 64 rows
+BLOCK_N = 128  # kv_block: pasa-exact's block means are over exactly these keys
+CONSTANTS_PER_LOAD = 16  # pasa-exact: block means per thin matmul for c
+LOADER_REGS = 24
+CONSUMER_REGS = 240
+ALGORITHMS = ("pasa-exact", "pasa", "fa-fp32")
+PASA_ID = 3  # triton_attention.ALG_IDS["pasa"]: all-fp16 steps, compiled without FMA contraction
+HEAD_DIMS = (64, 128)
+
+
+def _stages(head_dim: int) -> int:
+    """K/V ring depth that fits shared memory (227 KiB): 2 at d = 128, 3 at d = 64."""
+    return 2 if head_dim > 64 else 3
+
+
+if AVAILABLE:
+    LOG2E = gl.constexpr(1.4426950408889634)
+    _CONSUMER_REGS = gl.constexpr(CONSUMER_REGS)
+    _LOADER_REGS = gl.constexpr(LOADER_REGS)
+
+    @gluon.jit
+    def _fp16(x):
+        """fp32 -> fp16 (round to nearest even), two elements per instruction."""
+        return gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x],
+                                         dtype=gl.float16, is_pure=True, pack=2)
+
+    @gluon.jit
+    def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty,
+                b, h, hk, m0, lo, hi, HALF: gl.constexpr, STAGES: gl.constexpr):
+        """Loader warp: the two Q halves, then K and V block by block into the ring."""
+        for w in gl.static_range(2):
+            mbarrier.expect(q_bar.index(w), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [b, h, m0 + w * HALF, 0], q_bar.index(w),
+                                            q_smem.index(w))
+        for blk in range(lo, hi):
+            i = blk - lo
+            stage = i % STAGES
+            # the first pass over the ring finds every stage free
+            mbarrier.wait(kv_empty.index(stage), ((i // STAGES) & 1) ^ 1, pred=i >= STAGES)
+            ready = kv_ready.index(stage)
+            mbarrier.expect(ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [b, hk, blk * k_desc.block_type.shape[2], 0],
+                                            ready, k_smem.index(stage))
+            tma.async_copy_global_to_shared(v_desc, [b, hk, blk * v_desc.block_type.shape[2], 0],
+                                            ready, v_smem.index(stage))
+
+    @gluon.jit
+    def _rl(x):
+        """One rounding to fp16, kept in fp32 (an fp16 step of the pasa allocation)."""
+        return x.to(gl.float16).to(gl.float32)
+
+    @gluon.jit
+    def _softmax_fa(qk, vis, m_i, l_i, scale, MASKED: gl.constexpr):
+        """fa-fp32: fp32 scores and statistics. Returns (m, l, alpha, P in fp16)."""
+        s = qk * scale
+        if MASKED:
+            s = gl.where(vis, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        # a row that has seen no key yet keeps m = -inf: exponentiate against 0
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2((m_i - m_use) * LOG2E)
+        p = gl.exp2(s * LOG2E - (m_use * LOG2E)[:, None])
+        return m_new, alpha * l_i + gl.sum(p, 1), alpha, _fp16(p)
+
+    @gluon.jit
+    def _softmax_exact(qk, vis, m_i, l_i, c, MASKED: gl.constexpr):
+        """pasa-exact: S' rounded to fp16, the row constant c carried in fp32, P' rounded to
+        fp16 and summed in fp32. Returns (m, l, alpha, P' in fp16)."""
+        sp16 = _fp16(qk)
+        if MASKED:
+            sp16 = gl.where(vis, sp16, float("-inf"))
+        sp = sp16.to(gl.float32)
+        m_new = gl.maximum(m_i, gl.max(sp, 1) + c)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2((m_i - m_use) * LOG2E)
+        p16 = _fp16(gl.exp2(sp * LOG2E - ((m_use - c) * LOG2E)[:, None]))
+        return m_new, alpha * l_i + gl.sum(p16.to(gl.float32), 1), alpha, p16
+
+    @gluon.jit
+    def _softmax_pasa(qk, vis, m_i, l_i, f_i, cnt_i, gamma, MASKED: gl.constexpr,
+                      BLOCK_N: gl.constexpr):
+        """pasa: every statistic an fp16 step (online pseudo-average f over the blocks seen,
+        its count, the invariance gamma). Returns (m, l, f, count, alpha and the block's
+        weight beta in fp16, P' in fp16, whether the row sees a key of the block)."""
+        sp16 = _fp16(qk)
+        s_mean = _rl(gl.sum(sp16.to(gl.float32), 1) / BLOCK_N)  # every column, masked or not
+        if MASKED:
+            sp16 = gl.where(vis, sp16, float("-inf"))
+        m_loc = gl.max(sp16.to(gl.float32), 1)
+        p16 = gl.exp2((sp16 - m_loc.to(gl.float16)[:, None]).to(gl.float32) * LOG2E
+                      ).to(gl.float16)
+        if MASKED:
+            p16 = gl.where(vis, p16, 0.0)
+        cnt1 = cnt_i + 1.0
+        l_loc = _rl(gl.sum(p16.to(gl.float32), 1))
+        f_new = _rl(_rl(_rl((cnt1 - 1.0) * f_i) + s_mean) / cnt1)
+        x = _rl(m_i + _rl(gamma * _rl(f_i - f_new)))
+        y = _rl(m_loc + _rl(gamma * _rl(s_mean - f_new)))
+        m_new = gl.maximum(x, y)
+        alpha = _rl(gl.exp2(_rl(x - m_new) * LOG2E))
+        beta_w = _rl(gl.exp2(_rl(y - m_new) * LOG2E))
+        l_new = _rl(_rl(alpha * l_i) + _rl(beta_w * l_loc))
+        if MASKED:
+            row_any = gl.max(vis.to(gl.int32), 1) > 0
+        else:
+            row_any = cnt1 > 0.0
+        return m_new, l_new, f_new, cnt1, alpha.to(gl.float16), beta_w.to(gl.float16), p16, row_any
+
+    @gluon.jit
+    def _consumer(q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, m_desc, O, LSE, b, h, m0,
+                  lo, hi, full_lo, full_hi, q_len, kv_len, pre, nxt, mean_row0, scale, gamma,
+                  stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls, mean_smem,
+                  mean_bar, W: gl.constexpr, ALG: gl.constexpr, HAS_BAND: gl.constexpr,
+                  HAS_LSE: gl.constexpr, HALF: gl.constexpr, BLOCK_N: gl.constexpr,
+                  HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+        """Consumer warp group W: rows m0 + W*64 .. +63 of the tile, every kv block in turn.
+        ALG: the allocation's id (triton_attention.ALG_IDS: 0 fa-fp32, 3 pasa, 5 pasa-exact)."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+        c_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+        q = q_smem.index(W).reshape([HALF, HEAD_DIM])
+        rows = m0 + W * HALF + gl.arange(0, HALF, layout=row_s)
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        blocks16 = gl.arange(0, 16, layout=gl.SliceLayout(0, c_layout))
+        s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
+        o_zero = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
+        c16 = gl.zeros([HALF, 16], gl.float32, c_layout)
+        m_i = gl.full([HALF], float("-inf"), gl.float32, row_s)
+        l_i = gl.zeros([HALF], gl.float32, row_s)
+        f_i = gl.zeros([HALF], gl.float32, row_s)  # pasa's pseudo-average and its count
+        cnt_i = gl.zeros([HALF], gl.float32, row_s)
+        if ALG == 3:  # the all-fp16 allocation accumulates in fp16
+            acc = gl.zeros([HALF, HEAD_DIM], gl.float16, o_layout)
+        else:
+            acc = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
+        c = gl.zeros([HALF], gl.float32, row_s)
+        mean_loads = 0
+        mbarrier.wait(q_bar.index(W), 0)
+
+        for blk in range(lo, hi):
+            i = blk - lo
+            stage = i % STAGES
+            if ALG == 5:
+                # c = scale * Q . mean16 for blocks blk0 .. blk0+15 in one thin matmul
+                if (blk == lo) | (blk % 16 == 0):
+                    blk0 = blk - blk % 16
+                    mbarrier.expect(mean_bar, m_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(m_desc, [mean_row0 + blk0, 0], mean_bar,
+                                                    mean_smem)
+                    mbarrier.wait(mean_bar, mean_loads & 1)
+                    mean_loads += 1
+                    c16 = warpgroup_mma(q, mean_smem.permute((1, 0)), c16, use_acc=False)
+                    c16 = c16 * scale
+                c = gl.convert_layout(gl.sum(gl.where(blocks16[None, :] == blk % 16, c16, 0.0), 1),
+                                      row_s)
+            mbarrier.wait(kv_ready.index(stage), (i // STAGES) & 1)
+            k = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
+            v = v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
+            qk = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            qk = warpgroup_mma_wait(0, deps=(qk,))
+
+            n = blk * BLOCK_N + cols
+            vis = (n < kv_len)[None, :] & (rows < q_len)[:, None]
+            if HAS_BAND:
+                vis = (vis & (n[None, :] >= (rows - pre)[:, None])
+                       & (n[None, :] <= (rows + nxt)[:, None]))
+            masked = (blk < full_lo) | (blk >= full_hi)  # a block some row sees only in part
+            if ALG == 3:
+                if masked:
+                    m_new, l_new, f_new, cnt_new, alpha, beta_w, p16, row_any = _softmax_pasa(
+                        qk, vis, m_i, l_i, f_i, cnt_i, gamma, True, BLOCK_N)
+                else:
+                    m_new, l_new, f_new, cnt_new, alpha, beta_w, p16, row_any = _softmax_pasa(
+                        qk, vis, m_i, l_i, f_i, cnt_i, gamma, False, BLOCK_N)
+            elif ALG == 5:
+                if masked:
+                    m_new, l_new, alpha, p16 = _softmax_exact(qk, vis, m_i, l_i, c, True)
+                else:
+                    m_new, l_new, alpha, p16 = _softmax_exact(qk, vis, m_i, l_i, c, False)
+            else:
+                if masked:
+                    m_new, l_new, alpha, p16 = _softmax_fa(qk, vis, m_i, l_i, scale, True)
+                else:
+                    m_new, l_new, alpha, p16 = _softmax_fa(qk, vis, m_i, l_i, scale, False)
+            p16 = gl.convert_layout(p16, p_layout)
+            alpha = gl.convert_layout(alpha, row_o)
+            if ALG == 3:  # P'V rounded to fp16; the fold in fp16, each step rounded once
+                pv = warpgroup_mma(p16, v, o_zero, use_acc=False, is_async=True)
+                pv = warpgroup_mma_wait(0, deps=(pv,))
+                mbarrier.arrive(kv_empty.index(stage))
+                beta_w = gl.convert_layout(beta_w, row_o)
+                acc_new = acc * alpha[:, None] + _fp16(pv) * beta_w[:, None]
+                if masked:  # rows that see no key of the block keep their state
+                    acc_new = gl.where(gl.convert_layout(row_any, row_o)[:, None], acc_new, acc)
+                    m_new = gl.where(row_any, m_new, m_i)
+                    l_new = gl.where(row_any, l_new, l_i)
+                    f_new = gl.where(row_any, f_new, f_i)
+                    cnt_new = gl.where(row_any, cnt_new, cnt_i)
+                acc, m_i, l_i, f_i, cnt_i = acc_new, m_new, l_new, f_new, cnt_new
+            elif ALG == 5:  # P'V in its own fp32 tile, rounded to fp16, then added
+                pv = warpgroup_mma(p16, v, o_zero, use_acc=False, is_async=True)
+                acc = acc * alpha[:, None]
+                pv = warpgroup_mma_wait(0, deps=(pv,))
+                mbarrier.arrive(kv_empty.index(stage))
+                acc = acc + _fp16(pv).to(gl.float32)
+                m_i, l_i = m_new, l_new
+            else:  # accumulated in place
+                acc = acc * alpha[:, None]
+                acc = warpgroup_mma(p16, v, acc, use_acc=True, is_async=True)
+                acc = warpgroup_mma_wait(0, deps=(acc,))
+                mbarrier.arrive(kv_empty.index(stage))
+                m_i, l_i = m_new, l_new
+
+        # rows that saw no key: output 0, LSE -inf (as the Triton kernel's _finish)
+        seen = m_i > float("-inf")
+        l_safe = gl.where(seen, l_i, 1.0)
+        true_max = m_i
+        if ALG == 3:
+            true_max = m_i + gamma * f_i
+        lse = gl.where(seen, true_max + gl.log(l_safe), float("-inf"))
+        l_o = gl.convert_layout(l_safe, row_o)
+        seen_o = gl.convert_layout(seen, row_o)
+        o = gl.where(seen_o[:, None], acc.to(gl.float32) / l_o[:, None], 0.0)
+        rows_o = m0 + W * HALF + gl.arange(0, HALF, layout=row_o)
+        dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        o_ptrs = (O + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+                  + rows_o.to(gl.int64)[:, None] * stride_os + dims[None, :])
+        gl.store(o_ptrs, o.to(gl.float16), mask=(rows_o < q_len)[:, None])
+        if HAS_LSE:
+            gl.store(LSE + b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
+                     + rows.to(gl.int64) * stride_ls, lse, mask=rows < q_len)
+
+    @gluon.jit
+    def _prefill_ws(q_desc, k_desc, v_desc, m_desc, O, LSE, band_pre, band_next,
+                    stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
+                    n_heads, group, q_len, kv_len, n_blocks, scale, gamma,
+                    ALG: gl.constexpr, HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                    STAGES: gl.constexpr):
+        # heaviest tiles first: under causal and band masks the last query tiles see the most keys
+        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+        bh = gl.program_id(1)
+        b = bh // n_heads
+        h = bh % n_heads
+        hk = h // group
+        m0 = pid_m * BLOCK_M
+        HALF: gl.constexpr = BLOCK_M // 2
+
+        # the kv blocks this tile can see, and the interior ones every row sees whole
+        # (the same bounds as the Triton kernel)
+        m_last = gl.minimum(m0 + BLOCK_M, q_len) - 1
+        lo_col = kv_len * 0
+        hi_col = kv_len
+        full_lo_col = lo_col
+        full_hi_col = kv_len
+        pre = lo_col
+        nxt = lo_col
+        if HAS_BAND:
+            pre = gl.load(band_pre + b)
+            nxt = gl.load(band_next + b)
+            lo_col = gl.maximum(lo_col, m0 - pre)
+            hi_col = gl.minimum(hi_col, m_last + nxt + 1)
+            full_lo_col = gl.maximum(full_lo_col, m_last - pre)
+            full_hi_col = gl.minimum(full_hi_col, m0 + nxt + 1)
+        lo = lo_col // BLOCK_N
+        hi = gl.maximum((hi_col + BLOCK_N - 1) // BLOCK_N, lo)
+        full_lo = gl.minimum(gl.maximum((full_lo_col + BLOCK_N - 1) // BLOCK_N, lo), hi)
+        full_hi = gl.minimum(gl.maximum(full_hi_col // BLOCK_N, full_lo), hi)
+
+        q_smem = gl.allocate_shared_memory(gl.float16, [2, 1, 1, HALF, HEAD_DIM], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(gl.float16, [STAGES, 1, 1, BLOCK_N, HEAD_DIM],
+                                           k_desc.layout)
+        v_smem = gl.allocate_shared_memory(gl.float16, [STAGES, 1, 1, BLOCK_N, HEAD_DIM],
+                                           v_desc.layout)
+        mean_smem = gl.allocate_shared_memory(gl.float16, [2, 16, HEAD_DIM], m_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mean_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for w in gl.static_range(2):
+            mbarrier.init(q_bar.index(w), count=1)
+            mbarrier.init(mean_bar.index(w), count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(kv_ready.index(s), count=1)
+            mbarrier.init(kv_empty.index(s), count=2)  # both consumer groups release a stage
+
+        mean_row0 = (b * (n_heads // group) + hk) * n_blocks
+        gl.warp_specialize([
+            (_consumer, (q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, m_desc, O, LSE, b, h,
+                         m0, lo, hi, full_lo, full_hi, q_len, kv_len, pre, nxt, mean_row0, scale,
+                         gamma, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
+                         mean_smem.index(0), mean_bar.index(0), 0, ALG, HAS_BAND, HAS_LSE,
+                         HALF, BLOCK_N, HEAD_DIM, STAGES)),
+            (_consumer, (q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, m_desc, O, LSE, b, h,
+                         m0, lo, hi, full_lo, full_hi, q_len, kv_len, pre, nxt, mean_row0, scale,
+                         gamma, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
+                         mean_smem.index(1), mean_bar.index(1), 1, ALG, HAS_BAND, HAS_LSE,
+                         HALF, BLOCK_N, HEAD_DIM, STAGES)),
+            (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty,
+                       b, h, hk, m0, lo, hi, HALF, STAGES)),
+        ], [4, 1], [_CONSUMER_REGS, _LOADER_REGS])
+
+
+# --------------------------------------------------------------------------- host
+
+
+def _interpreting() -> bool:
+    import os
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _tma_strides(t: torch.Tensor):
+    """t's (B, N, S, D) strides as TMA takes them, or None where TMA cannot address t
+    (a strided last dim, a broadcast axis, strides or base not 16-byte aligned)."""
+    strides = list(t.stride())
+    if t.shape[0] == 1:  # never stepped: any aligned stride will do
+        strides[0] = max(n * st for n, st in zip(t.shape[1:], strides[1:]))
+        strides[0] += -strides[0] % 8
+    if strides[3] != 1 or t.data_ptr() % 16 or 0 in strides:
+        return None
+    if any(st * t.element_size() % 16 for st in strides[:3]):
+        return None
+    return strides
+
+
+def supported(problem: AttentionProblem, lengths: tuple) -> bool:
+    """Whether this kernel computes ``problem`` (module docstring); ``lengths``: the host
+    ints (q_starts, q_lens, kv_starts, kv_lens) per batch."""
+    q, k, v, out = problem.query, problem.key, problem.value, problem.out
+    if not AVAILABLE or _interpreting() or q.device.type != "cuda":
+        return False
+    if problem.allocation.name not in ALGORITHMS or problem.tiling.kv_block != BLOCK_N:
+        return False
+    if problem.mask is not None or problem.rounding_guard or problem.packed:
+        return False
+    if any(t.dtype != torch.float16 for t in (q, k, v, out)):
+        return False
+    if not (q.shape[3] == k.shape[3] == v.shape[3] and q.shape[3] in HEAD_DIMS):
+        return False
+    q_starts, q_lens, kv_starts, kv_lens = lengths
+    if any(q_starts) or any(kv_starts) or set(q_lens) != {q.shape[2]} \
+            or set(kv_lens) != {k.shape[2]}:
+        return False  # ragged lengths: the Triton kernel masks them
+    if problem.batch * q.shape[1] > 65535 or out.stride(3) != 1:
+        return False
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return False
+    return all(_tma_strides(t) is not None for t in (q, k, v))
+
+
+def preferred(algorithm: str, head_dim: int, banded: bool) -> bool:
+    """Whether this kernel is the faster prefill for a supported problem, as measured
+    against the Triton kernel on an H100 (``pasa-bench --tuning prefill=...`` at S = 4k
+    and 16k): at d = 128 for every allocation it covers; at d = 64 for fa-fp32, and for
+    pasa-exact under a causal or band mask. Without a mask, d = 64 PASA runs faster on
+    the Triton kernel's one warp group over 128 rows, as its softmax dominates there."""
+    if head_dim > 64:
+        return True
+    return algorithm == "fa-fp32" or algorithm == "pasa-exact" and banded
+
+
+def _descriptor(t: torch.Tensor, rows: int):
+    """A TMA descriptor loading (rows, D) tiles of one (batch, head) of the (B, N, S, D)
+    view ``t``; rows past S read as zero."""
+    block = [1, 1, rows, t.shape[3]]
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float16)
+    return TensorDescriptor(t, list(t.shape), _tma_strides(t), block, layout)
+
+
+@functools.lru_cache(maxsize=8)
+def _no_means(device: torch.device, head_dim: int) -> torch.Tensor:
+    """fa-fp32 has no block means: a never-read stand-in the descriptor can point at."""
+    return torch.zeros(CONSTANTS_PER_LOAD, head_dim, dtype=torch.float16, device=device)
+
+
+def run(problem: AttentionProblem, alg_id: int, gamma: float, k_used: torch.Tensor, means,
+        band_pre, band_next, lse_arg: torch.Tensor) -> None:
+    """Launch the kernel for a :func:`supported` problem. ``alg_id``, ``gamma``: the
+    allocation's id and PASA's invariance as the Triton kernel takes them; ``k_used``: K'
+    (B, Nkv, blocks*128, D) for PASA (and pasa-exact's block means, (B, Nkv, blocks, D)),
+    K and None for fa-fp32; ``band_*``: the per-batch band limits on the device (read only
+    under a band)."""
+    q, v, out, lse = problem.query, problem.value, problem.out, problem.lse
+    head_dim = q.shape[3]
+    n_blocks = means.shape[2] if means is not None else 0
+    if means is None:
+        means = _no_means(q.device, head_dim)
+    means_2d = means.reshape(-1, head_dim)
+    mean_layout = gl.NVMMASharedLayout.get_default_for([CONSTANTS_PER_LOAD, head_dim],
+                                                       gl.float16)
+    m_desc = TensorDescriptor(means_2d, list(means_2d.shape), list(means_2d.stride()),
+                              [CONSTANTS_PER_LOAD, head_dim], mean_layout)
+    n_tiles = -(-problem.max_q_len // BLOCK_M)
+    grid = (n_tiles, problem.batch * q.shape[1])
+    _prefill_ws[grid](
+        _descriptor(q, BLOCK_M // 2), _descriptor(k_used, BLOCK_N), _descriptor(v, BLOCK_N),
+        m_desc, out, lse_arg, band_pre, band_next,
+        out.stride(0), out.stride(1), out.stride(2),
+        lse_arg.stride(0) if lse is not None else 0, lse_arg.stride(1), lse_arg.stride(2),
+        q.shape[1], q.shape[1] // problem.key.shape[1], q.shape[2], problem.key.shape[2],
+        n_blocks, problem.scale, gamma,
+        ALG=alg_id, HAS_BAND=problem.band is not None, HAS_LSE=lse is not None,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, STAGES=_stages(head_dim),
+        num_warps=4, enable_fp_fusion=alg_id != PASA_ID)

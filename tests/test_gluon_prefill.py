@@ -1,0 +1,147 @@
+"""The warp-specialised Gluon prefill (fallback/gluon_prefill.py) on an H100: it runs
+where it applies, computes bit for bit what the Triton kernel computes for the same
+allocation, agrees with the CPU backend, and stays out of the cases it does not cover.
+Gluon has no interpreter: on a CPU-only machine these tests skip, and
+tests/test_triton_compile.py compiles the kernel for sm_90 instead."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pasa_npu
+from _support import assert_triton_matches_cpu
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+pytestmark = pytest.mark.skipif(
+    not _hopper(), reason="needs an sm_90 (Hopper) GPU: the Gluon prefill runs nowhere else, "
+                          "and not under the Triton interpreter")
+
+SHAPES = [(1000, 1000), (300, 520), (520, 300)]  # none a multiple of the 128-row tiles
+MODES = {"no mask": dict(), "causal (2)": dict(sparse_mode=2), "causal (3)": dict(sparse_mode=3),
+         "band (4)": dict(sparse_mode=4, pre_tokens=200, next_tokens=30)}
+
+
+@pytest.fixture
+def gluon_launches(monkeypatch):
+    """The number of Gluon prefill launches while the test runs."""
+    from pasa_npu.fallback import gluon_prefill
+
+    launches = []
+    run = gluon_prefill.run
+    monkeypatch.setattr(gluon_prefill, "run", lambda *a: launches.append(1) or run(*a))
+    return launches
+
+
+def _inputs(layout, s1, s2, heads, kv_heads, d, seed):
+    gen = torch.Generator().manual_seed(seed)
+
+    def make(s, h, shift=0.0):
+        shape = (2, h, s, d) if layout == "BNSD" else (2, s, h, d)
+        t = torch.randn(*shape, generator=gen) + shift
+        return (t.reshape(2, s, h * d) if layout == "BSH" else t).half()
+
+    return make(s1, heads), make(s2, kv_heads, 2.0), make(s2, kv_heads)
+
+
+def _call(q, k, v, kw, prefill: str):
+    from pasa_npu.fallback import triton_attention
+
+    saved = dict(triton_attention.TUNING)
+    triton_attention.TUNING["prefill"] = prefill
+    try:
+        return pasa_npu.fused_attention(q, k, v, backend="triton", **kw)
+    finally:
+        triton_attention.TUNING.update(saved)
+
+
+@pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("layout,d", [("BNSD", 128), ("BSND", 128), ("BSH", 128), ("BNSD", 64)])
+def test_gpu_gluon_prefill_equals_triton_kernel(layout, d, mode, algorithm, gluon_launches):
+    case = sum(map(ord, f"{layout}{d}{mode}{algorithm}"))  # picks a shape and a GQA ratio
+    s1, s2 = SHAPES[case % 3]
+    kv_heads = 4 if layout == "BSH" else (2, 4)[case % 2]  # GQA 2:1 and MHA
+    q, k, v = _inputs(layout, s1, s2, 4, kv_heads, d, case)
+    kw = dict(num_heads=4, num_key_value_heads=kv_heads, input_layout=layout, scale=d ** -0.5,
+              algorithm=algorithm, softmax_lse_flag=True, **MODES[mode])
+    if "sparse_mode" in kw:
+        kw["atten_mask"] = pasa_npu.compressed_causal_mask()
+    ref, ref_lse = pasa_npu.fused_attention(q, k, v, backend="torch", **kw)
+    qd, kd, vd = (t.cuda() for t in (q, k, v))
+    if "atten_mask" in kw:
+        kw["atten_mask"] = kw["atten_mask"].cuda()
+
+    out, lse = _call(qd, kd, vd, kw, "warp-specialised")
+    assert len(gluon_launches) == 1, "the Gluon prefill did not run"
+    kernel_out, kernel_lse = _call(qd, kd, vd, kw, "triton")
+    assert len(gluon_launches) == 1
+    assert torch.equal(out, kernel_out), (out.float() - kernel_out.float()).abs().max()
+    assert torch.equal(lse, kernel_lse)
+    assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"{layout} d={d} {mode}")
+
+
+def test_gpu_gluon_prefill_rows_that_see_no_key():
+    """A band that leaves the first 50 query rows without a key: output 0 (inner_precise
+    bit 1) and LSE -inf, as the Triton kernel gives (no NaN from their -inf maximum)."""
+    q, k, v = (t.cuda() for t in _inputs("BNSD", 300, 300, 2, 2, 128, 3))
+    kw = dict(num_heads=2, input_layout="BNSD", scale=128 ** -0.5, softmax_lse_flag=True,
+              sparse_mode=4, pre_tokens=100, next_tokens=-50, inner_precise=2,
+              atten_mask=pasa_npu.compressed_causal_mask().cuda())
+    for algorithm in ("pasa-exact", "pasa", "fa-fp32"):
+        out, lse = _call(q, k, v, dict(kw, algorithm=algorithm), "warp-specialised")
+        kernel_out, kernel_lse = _call(q, k, v, dict(kw, algorithm=algorithm), "triton")
+        assert torch.isneginf(lse[:, :, :50]).all() and (out[:, :, :50] == 0).all()
+        assert torch.equal(out, kernel_out) and torch.equal(lse, kernel_lse)
+
+
+AUTO = {  # (algorithm, head dim, mask mode): whether TUNING "auto" picks the Gluon kernel
+    ("pasa-exact", 128, "no mask"): True, ("pasa", 128, "causal (3)"): True,
+    ("fa-fp32", 64, "no mask"): True, ("pasa-exact", 64, "causal (3)"): True,
+    ("pasa-exact", 64, "no mask"): False, ("pasa", 64, "causal (3)"): False,
+}
+
+
+@pytest.mark.parametrize("algorithm,d,mode", list(AUTO))
+def test_gpu_auto_prefill_picks_the_kernel_measured_faster(algorithm, d, mode, gluon_launches):
+    q, k, v = (t.cuda() for t in _inputs("BNSD", 520, 520, 4, 4, d, 1))
+    kw = dict(num_heads=4, input_layout="BNSD", scale=d ** -0.5, algorithm=algorithm,
+              **MODES[mode])
+    if "sparse_mode" in kw:
+        kw["atten_mask"] = pasa_npu.compressed_causal_mask().cuda()
+    _call(q, k, v, kw, "auto")
+    assert bool(gluon_launches) == AUTO[(algorithm, d, mode)]
+
+
+UNSUPPORTED = {  # name: (arguments changed, what the Gluon kernel does not cover)
+    "ragged kv": dict(actual_seq_lengths_kv=[520, 400]),
+    "explicit mask": dict(atten_mask="dense"),
+    "rounding guard": dict(rounding_guard=True),
+    "head dim 96": dict(d=96),
+    "bf16 fa-fp32": dict(dtype=torch.bfloat16, algorithm="fa-fp32"),
+    "kv_block 64": dict(kv_block=64),
+    "pasa-mixed": dict(algorithm="pasa-mixed"),
+    "fa-fp16": dict(algorithm="fa-fp16"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNSUPPORTED))
+def test_gpu_gluon_prefill_leaves_other_cases_to_the_triton_kernel(case, gluon_launches):
+    """Forced on (``warp-specialised``), the Gluon kernel still leaves these to the Triton
+    kernel. (The explicit mask at d = 128 also checks that the Triton kernel fits its
+    mask tile in shared memory: three stages of K, V and mask did not.)"""
+    change = dict(UNSUPPORTED[case])
+    d = change.pop("d", 128)
+    dtype = change.pop("dtype", torch.float16)
+    q, k, v = (t.to(dtype).cuda() for t in _inputs("BNSD", 300, 520, 4, 2, d, 7))
+    kw = dict(num_heads=4, num_key_value_heads=2, input_layout="BNSD", scale=d ** -0.5,
+              algorithm="pasa-exact", softmax_lse_flag=True)
+    kw.update(change)
+    if kw.get("atten_mask") == "dense":
+        kw["atten_mask"] = torch.rand(1, 300, 520, device="cuda") < 0.2
+    out, _ = _call(q, k, v, kw, "warp-specialised")
+    assert not gluon_launches, f"{case}: the Gluon prefill ran"
+    assert torch.isfinite(out.float()).all()
