@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(
     not _hopper(), reason="needs an sm_90 (Hopper) GPU: the Gluon prefill runs nowhere else, "
                           "and not under the Triton interpreter")
 
-SHAPES = [(1000, 1000), (300, 520), (520, 300)]  # none a multiple of the 128-row tiles
+# none a multiple of the 128-row tiles; the last one a single partial query tile
+SHAPES = [(1000, 1000), (300, 520), (520, 300), (100, 1300)]
 MODES = {"no mask": dict(), "causal (2)": dict(sparse_mode=2), "causal (3)": dict(sparse_mode=3),
          "band (4)": dict(sparse_mode=4, pre_tokens=200, next_tokens=30)}
 
@@ -63,7 +64,7 @@ def _call(q, k, v, kw, prefill: str):
 @pytest.mark.parametrize("layout,d", [("BNSD", 128), ("BSND", 128), ("BSH", 128), ("BNSD", 64)])
 def test_gpu_gluon_prefill_equals_triton_kernel(layout, d, mode, algorithm, gluon_launches):
     case = sum(map(ord, f"{layout}{d}{mode}{algorithm}"))  # picks a shape and a GQA ratio
-    s1, s2 = SHAPES[case % 3]
+    s1, s2 = SHAPES[case % len(SHAPES)]
     kv_heads = 4 if layout == "BSH" else (2, 4)[case % 2]  # GQA 2:1 and MHA
     q, k, v = _inputs(layout, s1, s2, 4, kv_heads, d, case)
     kw = dict(num_heads=4, num_key_value_heads=kv_heads, input_layout=layout, scale=d ** -0.5,
@@ -84,18 +85,40 @@ def test_gpu_gluon_prefill_equals_triton_kernel(layout, d, mode, algorithm, gluo
     assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"{layout} d={d} {mode}")
 
 
-def test_gpu_gluon_prefill_rows_that_see_no_key():
-    """A band that leaves the first 50 query rows without a key: output 0 (inner_precise
-    bit 1) and LSE -inf, as the Triton kernel gives (no NaN from their -inf maximum)."""
+def test_gpu_gluon_prefill_rows_that_see_no_key(gluon_launches):
+    """A band (keys from 300 to 200 positions back) that leaves the first 200 query rows
+    without a key, and the first 128-row tile without a kv block to visit: output 0
+    (inner_precise bit 1) and LSE -inf there, as the Triton kernel gives (no NaN from
+    their -inf maximum, no wait on a block that never comes)."""
     q, k, v = (t.cuda() for t in _inputs("BNSD", 300, 300, 2, 2, 128, 3))
     kw = dict(num_heads=2, input_layout="BNSD", scale=128 ** -0.5, softmax_lse_flag=True,
-              sparse_mode=4, pre_tokens=100, next_tokens=-50, inner_precise=2,
+              sparse_mode=4, pre_tokens=300, next_tokens=-200, inner_precise=2,
               atten_mask=pasa_npu.compressed_causal_mask().cuda())
     for algorithm in ("pasa-exact", "pasa", "fa-fp32"):
         out, lse = _call(q, k, v, dict(kw, algorithm=algorithm), "warp-specialised")
         kernel_out, kernel_lse = _call(q, k, v, dict(kw, algorithm=algorithm), "triton")
-        assert torch.isneginf(lse[:, :, :50]).all() and (out[:, :, :50] == 0).all()
+        assert torch.isneginf(lse[:, :, :200]).all() and (out[:, :, :200] == 0).all()
+        assert torch.isfinite(lse[:, :, 200:]).all() and torch.isfinite(out.float()).all()
         assert torch.equal(out, kernel_out) and torch.equal(lse, kernel_lse)
+    assert len(gluon_launches) == 3
+
+
+@pytest.mark.parametrize("mode", ["no mask", "causal (3)"])
+def test_gpu_gluon_prefill_more_pairs_than_a_grid_axis_holds(mode, gluon_launches):
+    """4097 batches x 16 heads, more (batch, head) pairs than CUDA's 65535 on a grid's
+    second axis: the kernel's 1-D grid, and under the causal mask its groups of pairs
+    scheduled together (492 pairs of this size per group; the last group is partial)."""
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    q, k, v = (torch.randn(4097, 16, s, 64, generator=gen, device="cuda").half()
+               for s in (3, 5, 5))
+    kw = dict(num_heads=16, input_layout="BNSD", scale=0.125, softmax_lse_flag=True,
+              algorithm="pasa-exact", **MODES[mode])
+    if "sparse_mode" in kw:
+        kw["atten_mask"] = pasa_npu.compressed_causal_mask().cuda()
+    out, lse = _call(q, k, v, kw, "warp-specialised")
+    assert len(gluon_launches) == 1
+    kernel_out, kernel_lse = _call(q, k, v, kw, "triton")
+    assert torch.equal(out, kernel_out) and torch.equal(lse, kernel_lse)
 
 
 AUTO = {  # (algorithm, head dim, mask mode): whether TUNING "auto" picks the Gluon kernel
