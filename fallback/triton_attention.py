@@ -13,7 +13,9 @@ Kernels:
   ``pasa-mixed``: K' = M^T K per kv block (the stored shifting matrix, scale
   folded). ``pasa-exact``: mean16 per block and K' = fp16((K - mean16) * scale).
   Zero-padded to whole blocks, as the means must see the padded rows.
-* ``_attention_fwd``: one program per (query tile, batch, query head). The kv
+* ``_attention_fwd``: one program per (query tile, batch, query head). (On Hopper, the
+  warp-specialised Gluon kernel of :mod:`gluon_prefill` computes the same where it
+  applies and ``TUNING["prefill"]`` picks it.) The kv
   blocks a tile can see are walked in ascending order in three loops: masked
   edge blocks, then branch-free interior blocks (read through TMA tensor
   descriptors where the layout allows), then masked edge blocks; the loops a
@@ -59,7 +61,9 @@ INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 #: Hopper only, pasa-exact, pasa and fa-fp32 at d = 64 and 128 without ragged lengths or an
 #: explicit mask; the same results bit for bit), "triton" (``_attention_fwd``, everything)
 #: or "auto": the Gluon kernel where it applies and was measured faster
-#: (:func:`gluon_prefill.preferred`).
+#: (:func:`gluon_prefill.preferred`), unless a switch below, which only the Triton kernel
+#: has, is set away from its default (the Gluon kernel shifts K in a separate pass, loads
+#: through TMA and computes pasa-exact's row constants in the kernel, 16 blocks at a time).
 #: ``shift``: how prefill shifts K for PASA, "separate" (one preprocessing pass over K;
 #: pasa-exact 351 TFLOP/s at d=128, S=16k) or "fused" (recomputed inside every query
 #: tile; 209). Decode always fuses: each K block is read by one program there.
@@ -911,9 +915,15 @@ def run(problem: AttentionProblem) -> None:
         BLOCK_M=block_m, num_warps=warps, num_stages=stages, **common, **_fp_options(alg))
 
 
+#: the defaults of the switches only the Triton prefill kernel has
+TRITON_KERNEL_DEFAULTS = {"shift": "separate", "loads": "tma", "row_constant": "auto"}
+
+
 def _gluon_prefill(problem: AttentionProblem) -> bool:
     """Whether prefill runs on the warp-specialised Gluon kernel (TUNING["prefill"])."""
     choice = TUNING["prefill"]
+    if choice == "auto" and any(TUNING[k] != v for k, v in TRITON_KERNEL_DEFAULTS.items()):
+        return False  # a Triton-kernel switch was asked for: measure that kernel
     if choice == "triton" or not gluon_prefill.supported(
             problem, [_host_ints(t) for t in (problem.q_starts, problem.q_lens,
                                               problem.kv_starts, problem.kv_lens)]):

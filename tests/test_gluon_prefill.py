@@ -139,6 +139,27 @@ def test_gpu_auto_prefill_picks_the_kernel_measured_faster(algorithm, d, mode, g
     assert bool(gluon_launches) == AUTO[(algorithm, d, mode)]
 
 
+@pytest.mark.parametrize("switch,value", [("shift", "fused"), ("loads", "pointers"),
+                                          ("row_constant", "in-kernel")])
+def test_gpu_auto_prefill_measures_the_triton_kernel_its_switches_ask_for(switch, value,
+                                                                          gluon_launches):
+    """A switch only the Triton kernel has, set away from its default (as pasa-bench
+    --tuning does), sends an ``auto`` prefill there instead of being ignored."""
+    from pasa_npu.fallback import triton_attention
+
+    q, k, v = (t.cuda() for t in _inputs("BNSD", 520, 520, 4, 4, 128, 1))
+    kw = dict(num_heads=4, input_layout="BNSD", scale=128 ** -0.5, algorithm="pasa-exact")
+    _call(q, k, v, kw, "auto")
+    assert len(gluon_launches) == 1
+    saved = dict(triton_attention.TUNING)
+    triton_attention.TUNING[switch] = value
+    try:
+        _call(q, k, v, kw, "auto")
+    finally:
+        triton_attention.TUNING.update(saved)
+    assert len(gluon_launches) == 1
+
+
 UNSUPPORTED = {  # name: (arguments changed, what the Gluon kernel does not cover)
     "ragged kv": dict(actual_seq_lengths_kv=[520, 400]),
     "explicit mask": dict(atten_mask="dense"),

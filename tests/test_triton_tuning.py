@@ -114,6 +114,11 @@ def test_every_tuning_choice_is_tested_and_bad_ones_are_refused(capsys):
     tested = {(key, value) for key, values in choices.items() for value in values
               if value != "auto"}
     assert tested == set(SWITCHES)
+    # every other switch belongs to the Triton kernel: set away from its default, it sends
+    # an "auto" prefill there (tests/test_gluon_prefill.py checks that on a Hopper GPU)
+    defaults = triton_attention.TRITON_KERNEL_DEFAULTS
+    assert set(defaults) == set(choices) - {"prefill"}
+    assert all(triton_attention.TUNING[key] == value for key, value in defaults.items())
     for bad in ("shift=foo", "rowsum_mma=0", "loads"):
         assert bench.main(["--tuning", bad]) == 2
         assert f"--tuning '{bad}' is not one of" in capsys.readouterr().err
