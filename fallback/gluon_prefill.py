@@ -29,7 +29,6 @@ measured faster (:func:`preferred`).
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
@@ -44,6 +43,7 @@ try:  # Gluon ships with Triton >= 3.5
 except ImportError:  # pragma: no cover - older Triton
     AVAILABLE = False
 
+from pasa_npu.fallback.kernel_common import INTERPRET, _fp16, _rl, _tile_kv_blocks, tma_strides
 from pasa_npu.problem import AttentionProblem
 
 BLOCK_M = 128  # two consumer warp groups of 64 rows
@@ -73,12 +73,6 @@ if AVAILABLE:
     _LOADER_REGS = gl.constexpr(LOADER_REGS)
 
     @gluon.jit
-    def _fp16(x):
-        """fp32 -> fp16 (round to nearest even), two elements per instruction."""
-        return gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x],
-                                         dtype=gl.float16, is_pure=True, pack=2)
-
-    @gluon.jit
     def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty,
                 b, h, hk, m0, lo, hi, HALF: gl.constexpr, STAGES: gl.constexpr):
         """Loader warp: the two Q halves, then K and V block by block into the ring."""
@@ -97,11 +91,6 @@ if AVAILABLE:
                                             ready, k_smem.index(stage))
             tma.async_copy_global_to_shared(v_desc, [b, hk, blk * v_desc.block_type.shape[2], 0],
                                             ready, v_smem.index(stage))
-
-    @gluon.jit
-    def _rl(x):
-        """One rounding to fp16, kept in fp32 (an fp16 step of the pasa allocation)."""
-        return x.to(gl.float16).to(gl.float32)
 
     @gluon.jit
     def _softmax_fa(qk, vis, m_i, l_i, scale, MASKED: gl.constexpr):
@@ -136,24 +125,24 @@ if AVAILABLE:
         """pasa: every statistic an fp16 step (online pseudo-average f over the blocks seen,
         its count, the invariance gamma). Returns (m, l, f, count, alpha and the block's
         weight beta in fp16, P' in fp16, whether the row sees a key of the block)."""
+        low: gl.constexpr = gl.float16
         sp16 = _fp16(qk)
-        s_mean = _rl(gl.sum(sp16.to(gl.float32), 1) / BLOCK_N)  # every column, masked or not
+        s_mean = _rl(gl.sum(sp16.to(gl.float32), 1) / BLOCK_N, low)  # every column, masked or not
         if MASKED:
             sp16 = gl.where(vis, sp16, float("-inf"))
         m_loc = gl.max(sp16.to(gl.float32), 1)
-        p16 = gl.exp2((sp16 - m_loc.to(gl.float16)[:, None]).to(gl.float32) * LOG2E
-                      ).to(gl.float16)
+        p16 = gl.exp2((sp16 - m_loc.to(low)[:, None]).to(gl.float32) * LOG2E).to(low)
         if MASKED:
             p16 = gl.where(vis, p16, 0.0)
         cnt1 = cnt_i + 1.0
-        l_loc = _rl(gl.sum(p16.to(gl.float32), 1))
-        f_new = _rl(_rl(_rl((cnt1 - 1.0) * f_i) + s_mean) / cnt1)
-        x = _rl(m_i + _rl(gamma * _rl(f_i - f_new)))
-        y = _rl(m_loc + _rl(gamma * _rl(s_mean - f_new)))
+        l_loc = _rl(gl.sum(p16.to(gl.float32), 1), low)
+        f_new = _rl(_rl(_rl((cnt1 - 1.0) * f_i, low) + s_mean, low) / cnt1, low)
+        x = _rl(m_i + _rl(gamma * _rl(f_i - f_new, low), low), low)
+        y = _rl(m_loc + _rl(gamma * _rl(s_mean - f_new, low), low), low)
         m_new = gl.maximum(x, y)
-        alpha = _rl(gl.exp2(_rl(x - m_new) * LOG2E))
-        beta_w = _rl(gl.exp2(_rl(y - m_new) * LOG2E))
-        l_new = _rl(_rl(alpha * l_i) + _rl(beta_w * l_loc))
+        alpha = _rl(gl.exp2(_rl(x - m_new, low) * LOG2E), low)
+        beta_w = _rl(gl.exp2(_rl(y - m_new, low) * LOG2E), low)
+        l_new = _rl(_rl(alpha * l_i, low) + _rl(beta_w * l_loc, low), low)
         if MASKED:
             row_any = gl.max(vis.to(gl.int32), 1) > 0
         else:
@@ -316,25 +305,9 @@ if AVAILABLE:
         HALF: gl.constexpr = BLOCK_M // 2
 
         # the kv blocks this tile can see, and the interior ones every row sees whole
-        # (the same bounds as the Triton kernel)
-        m_last = gl.minimum(m0 + BLOCK_M, q_len) - 1
-        lo_col = kv_len * 0
-        hi_col = kv_len
-        full_lo_col = lo_col
-        full_hi_col = kv_len
-        pre = lo_col
-        nxt = lo_col
-        if HAS_BAND:
-            pre = gl.load(band_pre + b)
-            nxt = gl.load(band_next + b)
-            lo_col = gl.maximum(lo_col, m0 - pre)
-            hi_col = gl.minimum(hi_col, m_last + nxt + 1)
-            full_lo_col = gl.maximum(full_lo_col, m_last - pre)
-            full_hi_col = gl.minimum(full_hi_col, m0 + nxt + 1)
-        lo = lo_col // BLOCK_N
-        hi = gl.maximum((hi_col + BLOCK_N - 1) // BLOCK_N, lo)
-        full_lo = gl.minimum(gl.maximum((full_lo_col + BLOCK_N - 1) // BLOCK_N, lo), hi)
-        full_hi = gl.minimum(gl.maximum(full_hi_col // BLOCK_N, full_lo), hi)
+        lo, hi, full_lo, full_hi, pre, nxt = _tile_kv_blocks(m0, q_len, kv_len, band_pre,
+                                                             band_next, b, HAS_BAND, BLOCK_M,
+                                                             BLOCK_N)
 
         q_smem = gl.allocate_shared_memory(gl.float16, [2, 1, 1, HALF, HEAD_DIM], q_desc.layout)
         k_smem = gl.allocate_shared_memory(gl.float16, [STAGES, 1, 1, BLOCK_N, HEAD_DIM],
@@ -373,29 +346,20 @@ if AVAILABLE:
 # --------------------------------------------------------------------------- host
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def _tma_strides(t: torch.Tensor):
-    """t's (B, N, S, D) strides as TMA takes them, or None where TMA cannot address t
-    (a strided last dim, a broadcast axis, strides or base not 16-byte aligned)."""
-    strides = list(t.stride())
-    if t.shape[0] == 1:  # never stepped: any aligned stride will do
-        strides[0] = max(n * st for n, st in zip(t.shape[1:], strides[1:]))
-        strides[0] += -strides[0] % 8
-    if strides[3] != 1 or t.data_ptr() % 16 or 0 in strides:
+    """t's (B, N, S, D) strides as TMA takes them (:func:`kernel_common.tma_strides`), or
+    None where TMA cannot address t; a broadcast axis (stride 0, batch included: this
+    kernel steps every axis) is refused too."""
+    if 0 in t.stride()[1:] or t.stride(0) == 0 and t.shape[0] > 1:
         return None
-    if any(st * t.element_size() % 16 for st in strides[:3]):
-        return None
-    return strides
+    return tma_strides(t, t.stride(0))
 
 
 def supported(problem: AttentionProblem, lengths: tuple) -> bool:
     """Whether this kernel computes ``problem`` (module docstring); ``lengths``: the host
     ints (q_starts, q_lens, kv_starts, kv_lens) per batch."""
     q, k, v, out = problem.query, problem.key, problem.value, problem.out
-    if not AVAILABLE or _interpreting() or q.device.type != "cuda":
+    if not AVAILABLE or INTERPRET.value or q.device.type != "cuda":
         return False
     if problem.allocation.name not in ALGORITHMS or problem.tiling.kv_block != BLOCK_N:
         return False

@@ -35,7 +35,6 @@ Kernels:
 from __future__ import annotations
 
 import functools
-import os
 from typing import NamedTuple
 
 import torch
@@ -45,6 +44,7 @@ import triton.language as tl
 from pasa_npu import numerics
 from pasa_npu.beta import ideal_invariance, shift_matrix
 from pasa_npu.fallback import gluon_prefill
+from pasa_npu.fallback.kernel_common import INTERPRET, _fp16, _rl, _tile_kv_blocks, tma_strides
 from pasa_npu.problem import AttentionProblem
 
 ALG_IDS = {"fa-fp32": 0, "fa-fp16s": 1, "fa-fp16": 2, "pasa": 3, "pasa-mixed": 4, "pasa-exact": 5}
@@ -53,8 +53,6 @@ LN2 = 0.6931471805599453
 COMBINE_CHUNK = 32  # decode splits merged per load
 GRID_AXIS_MAX = 65535  # CUDA's limit on a grid's second and third axes
 INT_BIG = 1 << 30  # stands for "no band limit" (index math is int32)
-#: the kernels run in the interpreter (decided at import, as triton.jit decides it)
-INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 #: Tuning switch, measured with tools/bench.py on an H100 (the default is the faster):
 #: ``prefill``: which kernel computes prefill, "warp-specialised" (fallback/gluon_prefill.py:
@@ -86,24 +84,6 @@ TUNING_CHOICES = {"prefill": ("auto", "warp-specialised", "triton"),
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-@triton.jit
-def _rl(x, low: tl.constexpr):
-    """One rounding to the compute dtype ``low``, kept in fp32 (a low-precision step)."""
-    return x.to(low).to(tl.float32)
-
-
-@triton.jit
-def _fp16(x):
-    """fp32 -> fp16, round to nearest even, two elements per instruction. The compiler
-    converts a tile that stays in registers one element at a time (and then packs pairs
-    for the fp16 arithmetic); ``cvt.rn.f16x2.f32`` halves that. Same values."""
-    if INTERPRET:
-        return x.to(tl.float16)
-    else:
-        return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x],
-                                         dtype=tl.float16, is_pure=True, pack=2)
 
 
 @triton.jit
@@ -397,26 +377,11 @@ def _attention_fwd(
                 mask=(rows[:, None] < q_len) & (dims[None, :] < head_dim), other=0.0)
 
     # the kv range this tile can see, and the interior blocks every valid row sees whole
-    m_last = tl.minimum(m0 + BLOCK_M, q_len) - 1
-    lo_col = kv_len * 0
-    hi_col = kv_len
-    full_lo_col = lo_col
-    full_hi_col = kv_len
-    if HAS_BAND:
-        pre = tl.load(band_pre + b)
-        nxt = tl.load(band_next + b)
-        lo_col = tl.maximum(lo_col, m0 - pre)
-        hi_col = tl.minimum(hi_col, m_last + nxt + 1)
-        full_lo_col = tl.maximum(full_lo_col, m_last - pre)
-        full_hi_col = tl.minimum(full_hi_col, m0 + nxt + 1)
-    lo = lo_col // BLOCK_N
-    hi = tl.maximum((hi_col + BLOCK_N - 1) // BLOCK_N, lo)
-    if HAS_MASK:
+    lo, hi, full_lo, full_hi, pre, nxt = _tile_kv_blocks(m0, q_len, kv_len, band_pre, band_next,
+                                                         b, HAS_BAND, BLOCK_M, BLOCK_N)
+    if HAS_MASK:  # an explicit mask: every block goes through the masked loop
         full_lo = hi
         full_hi = hi
-    else:
-        full_lo = tl.minimum(tl.maximum((full_lo_col + BLOCK_N - 1) // BLOCK_N, lo), hi)
-        full_hi = tl.minimum(tl.maximum(full_hi_col // BLOCK_N, full_lo), hi)
 
     k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
     v_base = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
@@ -945,13 +910,8 @@ def _descriptor(t: torch.Tensor, batch_stride: int, rows: int, cols: int):
     Columns past D read as zero, as the masked loads do."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    strides = [batch_stride, *t.stride()[1:]]
-    if t.numel() == 0 or strides[-1] != 1 or t.data_ptr() % 16:
-        return None
-    if t.shape[0] == 1 or strides[0] == 0:  # never stepped: any aligned stride will do
-        strides[0] = max(n * st for n, st in zip(t.shape[1:], strides[1:]))
-        strides[0] += -strides[0] % 8
-    if any(st * t.element_size() % 16 for st in strides[:-1]):
+    strides = tma_strides(t, batch_stride)
+    if strides is None:
         return None
     return TensorDescriptor(t, list(t.shape), strides, [1, 1, rows, cols])
 

@@ -45,6 +45,20 @@ def interpreter_skip(backend: str, algorithm: str, dtype) -> str | None:
 def on_device(backend: str, *tensors):
     dev = DEVICE_OF.get(backend, "cpu")
     return tuple(t.to(dev) if isinstance(t, torch.Tensor) else t for t in tensors)
+@contextlib.contextmanager
+def triton_tuning(**switches):
+    """The Triton backend's TUNING switches set to ``switches`` for the block, restored
+    after."""
+    from pasa_npu.fallback import triton_attention
+
+    saved = dict(triton_attention.TUNING)
+    triton_attention.TUNING.update(switches)
+    try:
+        yield
+    finally:
+        triton_attention.TUNING.update(saved)
+
+
 #: Backends that implement a subset of the features and raise NotImplementedError (naming
 #: the feature) for the rest; tests skip them for exactly those cases.
 PARTIAL_BACKENDS = ("ascendc-emu",)

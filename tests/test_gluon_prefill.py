@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import pasa_npu
-from _support import assert_triton_matches_cpu
+from _support import assert_triton_matches_cpu, triton_tuning
 
 
 def _hopper() -> bool:
@@ -49,14 +49,8 @@ def _inputs(layout, s1, s2, heads, kv_heads, d, seed):
 
 
 def _call(q, k, v, kw, prefill: str):
-    from pasa_npu.fallback import triton_attention
-
-    saved = dict(triton_attention.TUNING)
-    triton_attention.TUNING["prefill"] = prefill
-    try:
+    with triton_tuning(prefill=prefill):
         return pasa_npu.fused_attention(q, k, v, backend="triton", **kw)
-    finally:
-        triton_attention.TUNING.update(saved)
 
 
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
@@ -145,18 +139,12 @@ def test_gpu_auto_prefill_measures_the_triton_kernel_its_switches_ask_for(switch
                                                                           gluon_launches):
     """A switch only the Triton kernel has, set away from its default (as pasa-bench
     --tuning does), sends an ``auto`` prefill there instead of being ignored."""
-    from pasa_npu.fallback import triton_attention
-
     q, k, v = (t.cuda() for t in _inputs("BNSD", 520, 520, 4, 4, 128, 1))
     kw = dict(num_heads=4, input_layout="BNSD", scale=128 ** -0.5, algorithm="pasa-exact")
     _call(q, k, v, kw, "auto")
     assert len(gluon_launches) == 1
-    saved = dict(triton_attention.TUNING)
-    triton_attention.TUNING[switch] = value
-    try:
+    with triton_tuning(**{switch: value}):
         _call(q, k, v, kw, "auto")
-    finally:
-        triton_attention.TUNING.update(saved)
     assert len(gluon_launches) == 1
 
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import pasa_npu
-from _support import BACKENDS, assert_triton_matches_cpu, interpreted, on_device
+from _support import (BACKENDS, assert_triton_matches_cpu, interpreted, on_device,
+                      triton_tuning)
 
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not installed")
 
@@ -42,19 +43,13 @@ def _case(layout: str, ragged: bool = True):
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
 @pytest.mark.parametrize("switch,value", SWITCHES)
 def test_tuning_alternatives_agree_with_cpu_backend(switch, value, algorithm, layout):
-    from pasa_npu.fallback import triton_attention
-
     (q, k, v), kw = _case(layout, ragged=switch != "prefill")
     ref, ref_lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="torch", **kw)
     qd, kd, vd = on_device("triton", q, k, v)
     kw_dev = dict(kw, atten_mask=kw["atten_mask"].to(qd.device))
-    saved = dict(triton_attention.TUNING)
-    triton_attention.TUNING[switch] = value
-    try:
+    with triton_tuning(**{switch: value}):
         out, lse = pasa_npu.fused_attention(qd, kd, vd, algorithm=algorithm, backend="triton",
                                             **kw_dev)
-    finally:
-        triton_attention.TUNING.update(saved)
     assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"{switch}={value}")
 
 
