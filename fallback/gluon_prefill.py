@@ -56,9 +56,9 @@ PASA_ID = 3  # triton_attention.ALG_IDS["pasa"]: all-fp16 steps, compiled withou
 HEAD_DIMS = (64, 128)
 #: under a causal or band mask, the query tiles of (batch, head) pairs with this many
 #: K/V bytes together are scheduled heaviest first (2 MiB pairs at S = 4k, d = 128: 4
-#: pairs). In a scratch A/B on the H100 that was 3-6% faster than one pair at a time at
-#: 4k causal and even at 16k (8 MiB pairs: groups of one); 24 MiB and more lost K/V from
-#: L2 and ran slower. Without a mask the tiles weigh the same: one pair at a time.
+#: pairs). In a scratch A/B on the H100 that was faster than one pair at a time at 4k
+#: causal and even at 16k (8 MiB pairs: groups of one); 24 MiB and more lost K/V from L2
+#: and ran slower. Without a mask the tiles weigh the same: one pair at a time.
 TILE_GROUP_BYTES = 8 << 20
 
 
