@@ -17,8 +17,11 @@ Numerics: the operations of the Triton kernel, element by element and in the sam
 order (fp32 accumulation in the tensor cores; pasa-exact rounds S', P' and the P'V tile
 to fp16 and carries c = scale * Q . mean16 in fp32, 16 blocks' constants per thin
 matmul; pasa runs every statistic as an fp16 step, compiled without FMA contraction).
-On the H100 the outputs and LSE are bit for bit the Triton kernel's
-(tests/test_gluon_prefill.py).
+On the H100, pasa-exact and fa-fp32 give the Triton kernel's outputs and LSE bit for bit.
+pasa sums its block's fp16 scores (for the block mean) and its fp16 P' (for l) on the
+tensor cores, a thin matmul with a tile of ones, instead of converting and adding 64
+elements per thread: the same fp16 values summed in fp32, in the tensor cores' order, so a
+few outputs in 10^4 differ from the Triton kernel's by rounding (tests/test_gluon_prefill.py).
 
 Scope (:func:`supported`): fp16 inputs; head dim 64 or 128 (Q, K and V alike); kv_block
 128; every batch at the full lengths (no ragged or packed varlen input); no explicit mask
@@ -35,8 +38,8 @@ import torch
 try:  # Gluon ships with Triton >= 3.5
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma,
-                                                                   warpgroup_mma,
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,
+                                                                   tma, warpgroup_mma,
                                                                    warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     AVAILABLE = True
@@ -93,6 +96,18 @@ if AVAILABLE:
                                             ready, v_smem.index(stage))
 
     @gluon.jit
+    def _row_sum(x16, ones, like):
+        """sum over axis 1 of the fp16 tile x16 (64 rows), on the tensor cores: x16 times a
+        tile of ones, fp32 accumulation."""
+        sum_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
+        a = gl.convert_layout(x16, gl.DotOperandLayout(operand_index=0, parent=sum_layout,
+                                                       k_width=2))
+        r = warpgroup_mma(a, ones.permute((1, 0)),
+                          gl.zeros([x16.shape[0], 8], gl.float32, sum_layout), use_acc=False)
+        return gl.convert_layout(gl.max(r, 1), like.type.layout)
+
+    @gluon.jit
     def _softmax_fa(qk, vis, m_i, l_i, scale, MASKED: gl.constexpr):
         """fa-fp32: fp32 scores and statistics. Returns (m, l, alpha, P in fp16)."""
         s = qk * scale
@@ -109,9 +124,9 @@ if AVAILABLE:
     def _softmax_exact(qk, vis, m_i, l_i, c, MASKED: gl.constexpr):
         """pasa-exact: S' rounded to fp16, the row constant c carried in fp32, P' rounded to
         fp16 and summed in fp32. Returns (m, l, alpha, P' in fp16)."""
+        if MASKED:  # masked in fp32, where a select is one instruction (fp16(-inf) = -inf)
+            qk = gl.where(vis, qk, float("-inf"))
         sp16 = _fp16(qk)
-        if MASKED:
-            sp16 = gl.where(vis, sp16, float("-inf"))
         sp = sp16.to(gl.float32)
         m_new = gl.maximum(m_i, gl.max(sp, 1) + c)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -120,22 +135,22 @@ if AVAILABLE:
         return m_new, alpha * l_i + gl.sum(p16.to(gl.float32), 1), alpha, p16
 
     @gluon.jit
-    def _softmax_pasa(qk, vis, m_i, l_i, f_i, cnt_i, gamma, MASKED: gl.constexpr,
+    def _softmax_pasa(qk, vis, m_i, l_i, f_i, cnt_i, gamma, ones, MASKED: gl.constexpr,
                       BLOCK_N: gl.constexpr):
         """pasa: every statistic an fp16 step (online pseudo-average f over the blocks seen,
         its count, the invariance gamma). Returns (m, l, f, count, alpha and the block's
-        weight beta in fp16, P' in fp16, whether the row sees a key of the block)."""
+        weight beta in fp16, P' in fp16)."""
         low: gl.constexpr = gl.float16
         sp16 = _fp16(qk)
-        s_mean = _rl(gl.sum(sp16.to(gl.float32), 1) / BLOCK_N, low)  # every column, masked or not
-        if MASKED:
-            sp16 = gl.where(vis, sp16, float("-inf"))
-        m_loc = gl.max(sp16.to(gl.float32), 1)
+        s_mean = _rl(_row_sum(sp16, ones, m_i) / BLOCK_N, low)  # every column, masked or not
+        if MASKED:  # masked in fp32, where a select is one instruction (fp16(-inf) = -inf)
+            sp16 = _fp16(gl.where(vis, qk, float("-inf")))
+        m_loc = gl.max(sp16, 1).to(gl.float32)  # the max of fp16 values: an fp16 max
+        # a masked key: exp2(-inf) = 0 (a row with no key of the block gets NaN here, and
+        # the caller keeps its state)
         p16 = gl.exp2((sp16 - m_loc.to(low)[:, None]).to(gl.float32) * LOG2E).to(low)
-        if MASKED:
-            p16 = gl.where(vis, p16, 0.0)
         cnt1 = cnt_i + 1.0
-        l_loc = _rl(gl.sum(p16.to(gl.float32), 1), low)
+        l_loc = _rl(_row_sum(p16, ones, m_i), low)
         f_new = _rl(_rl(_rl((cnt1 - 1.0) * f_i, low) + s_mean, low) / cnt1, low)
         x = _rl(m_i + _rl(gamma * _rl(f_i - f_new, low), low), low)
         y = _rl(m_loc + _rl(gamma * _rl(s_mean - f_new, low), low), low)
@@ -143,17 +158,13 @@ if AVAILABLE:
         alpha = _rl(gl.exp2(_rl(x - m_new, low) * LOG2E), low)
         beta_w = _rl(gl.exp2(_rl(y - m_new, low) * LOG2E), low)
         l_new = _rl(_rl(alpha * l_i, low) + _rl(beta_w * l_loc, low), low)
-        if MASKED:
-            row_any = gl.max(vis.to(gl.int32), 1) > 0
-        else:
-            row_any = cnt1 > 0.0
-        return m_new, l_new, f_new, cnt1, alpha.to(gl.float16), beta_w.to(gl.float16), p16, row_any
+        return m_new, l_new, f_new, cnt1, alpha.to(gl.float16), beta_w.to(gl.float16), p16
 
     @gluon.jit
     def _consumer(q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, m_desc, O, LSE, b, h, m0,
                   lo, hi, full_lo, full_hi, q_len, kv_len, pre, nxt, mean_row0, scale, gamma,
                   stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls, mean_smem,
-                  mean_bar, W: gl.constexpr, ALG: gl.constexpr, HAS_BAND: gl.constexpr,
+                  mean_bar, ones, W: gl.constexpr, ALG: gl.constexpr, HAS_BAND: gl.constexpr,
                   HAS_LSE: gl.constexpr, HALF: gl.constexpr, BLOCK_N: gl.constexpr,
                   HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
         """Consumer warp group W: rows m0 + W*64 .. +63 of the tile, every kv block in turn.
@@ -185,6 +196,13 @@ if AVAILABLE:
             acc = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
         c = gl.zeros([HALF], gl.float32, row_s)
         mean_loads = 0
+        # the keys each row sees, key_lo .. key_hi (key_count of them: 0 past q_len)
+        key_lo = gl.zeros_like(rows)
+        key_hi = gl.zeros_like(rows) + kv_len - 1
+        if HAS_BAND:
+            key_lo = gl.maximum(rows - pre, key_lo)
+            key_hi = gl.minimum(rows + nxt, key_hi)
+        key_count = gl.where(rows < q_len, gl.maximum(key_hi - key_lo + 1, 0), 0)
         mbarrier.wait(q_bar.index(W), 0)
 
         for blk in range(lo, hi):
@@ -209,19 +227,17 @@ if AVAILABLE:
             qk = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             qk = warpgroup_mma_wait(0, deps=(qk,))
 
-            n = blk * BLOCK_N + cols
-            vis = (n < kv_len)[None, :] & (rows < q_len)[:, None]
-            if HAS_BAND:
-                vis = (vis & (n[None, :] >= (rows - pre)[:, None])
-                       & (n[None, :] <= (rows + nxt)[:, None]))
+            # key n visible to its row: 0 <= n - key_lo < key_count, one unsigned compare
+            vis = ((cols[None, :] + (blk * BLOCK_N - key_lo)[:, None]).to(gl.uint32, bitcast=True)
+                   < key_count.to(gl.uint32, bitcast=True)[:, None])
             masked = (blk < full_lo) | (blk >= full_hi)  # a block some row sees only in part
             if ALG == 3:
                 if masked:
-                    m_new, l_new, f_new, cnt_new, alpha, beta_w, p16, row_any = _softmax_pasa(
-                        qk, vis, m_i, l_i, f_i, cnt_i, gamma, True, BLOCK_N)
+                    m_new, l_new, f_new, cnt_new, alpha, beta_w, p16 = _softmax_pasa(
+                        qk, vis, m_i, l_i, f_i, cnt_i, gamma, ones, True, BLOCK_N)
                 else:
-                    m_new, l_new, f_new, cnt_new, alpha, beta_w, p16, row_any = _softmax_pasa(
-                        qk, vis, m_i, l_i, f_i, cnt_i, gamma, False, BLOCK_N)
+                    m_new, l_new, f_new, cnt_new, alpha, beta_w, p16 = _softmax_pasa(
+                        qk, vis, m_i, l_i, f_i, cnt_i, gamma, ones, False, BLOCK_N)
             elif ALG == 5:
                 if masked:
                     m_new, l_new, alpha, p16 = _softmax_exact(qk, vis, m_i, l_i, c, True)
@@ -241,6 +257,8 @@ if AVAILABLE:
                 beta_w = gl.convert_layout(beta_w, row_o)
                 acc_new = acc * alpha[:, None] + _fp16(pv) * beta_w[:, None]
                 if masked:  # rows that see no key of the block keep their state
+                    row_any = ((key_count > 0) & (key_lo < (blk + 1) * BLOCK_N)
+                               & (key_hi >= blk * BLOCK_N))
                     acc_new = gl.where(gl.convert_layout(row_any, row_o)[:, None], acc_new, acc)
                     m_new = gl.where(row_any, m_new, m_i)
                     l_new = gl.where(row_any, l_new, l_i)
@@ -326,17 +344,22 @@ if AVAILABLE:
             mbarrier.init(kv_ready.index(s), count=1)
             mbarrier.init(kv_empty.index(s), count=2)  # both consumer groups release a stage
 
+        ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], gl.float16)
+        ones = gl.allocate_shared_memory(gl.float16, [8, BLOCK_N], ones_layout)
+        ones.store(gl.full([8, BLOCK_N], 1.0, gl.float16,
+                           gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])))
+        fence_async_shared()
         mean_row0 = (b * (n_heads // group) + hk) * n_blocks
         gl.warp_specialize([
             (_consumer, (q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, m_desc, O, LSE, b, h,
                          m0, lo, hi, full_lo, full_hi, q_len, kv_len, pre, nxt, mean_row0, scale,
                          gamma, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-                         mean_smem.index(0), mean_bar.index(0), 0, ALG, HAS_BAND, HAS_LSE,
+                         mean_smem.index(0), mean_bar.index(0), ones, 0, ALG, HAS_BAND, HAS_LSE,
                          HALF, BLOCK_N, HEAD_DIM, STAGES)),
             (_consumer, (q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, m_desc, O, LSE, b, h,
                          m0, lo, hi, full_lo, full_hi, q_len, kv_len, pre, nxt, mean_row0, scale,
                          gamma, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-                         mean_smem.index(1), mean_bar.index(1), 1, ALG, HAS_BAND, HAS_LSE,
+                         mean_smem.index(1), mean_bar.index(1), ones, 1, ALG, HAS_BAND, HAS_LSE,
                          HALF, BLOCK_N, HEAD_DIM, STAGES)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty,
                        b, h, hk, m0, lo, hi, HALF, STAGES)),
@@ -384,12 +407,12 @@ def preferred(algorithm: str, head_dim: int, banded: bool) -> bool:
     """Whether this kernel is the faster prefill for a supported problem, as measured
     against the Triton kernel on an H100 (``pasa-bench --tuning prefill=...`` at S = 4k
     and 16k): at d = 128 for every allocation it covers; at d = 64 for fa-fp32, and for
-    pasa-exact under a causal or band mask. d = 64 pasa, and pasa-exact without a mask,
-    ran faster on the Triton kernel: at this head dim the softmax dominates, and the
-    Triton kernel's tile shapes suit it better."""
+    pasa-exact and pasa under a causal or band mask. Without a mask, d = 64 pasa-exact
+    ran faster on the Triton kernel, and pasa about as fast: at this head dim the softmax
+    dominates, and the Triton kernel's tile shapes suit it better."""
     if head_dim > 64:
         return True
-    return algorithm == "fa-fp32" or algorithm == "pasa-exact" and banded
+    return algorithm == "fa-fp32" or banded
 
 
 def _descriptor(t: torch.Tensor, rows: int):

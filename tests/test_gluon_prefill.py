@@ -1,6 +1,7 @@
 """The warp-specialised Gluon prefill (fallback/gluon_prefill.py) on an H100: it runs
-where it applies, computes bit for bit what the Triton kernel computes for the same
-allocation, agrees with the CPU backend, and stays out of the cases it does not cover.
+where it applies, computes what the Triton kernel computes for the same allocation (bit
+for bit for pasa-exact and fa-fp32; pasa sums on the tensor cores, in another order),
+agrees with the CPU backend, and stays out of the cases it does not cover.
 Gluon has no interpreter: on a CPU-only machine these tests skip, and
 tests/test_triton_compile.py compiles the kernel for sm_90 instead."""
 from __future__ import annotations
@@ -53,6 +54,23 @@ def _call(q, k, v, kw, prefill: str):
         return pasa_npu.fused_attention(q, k, v, backend="triton", **kw)
 
 
+def _assert_same_as_triton_kernel(algorithm, out, lse, kernel_out, kernel_lse):
+    """Bit for bit, except pasa: its block mean and block sum add the same fp16 values in
+    fp32 on the tensor cores, in their order, so an fp16 rounding flips now and then (a
+    few outputs in 10^4 on large shapes). A wrong sum (a column short, a row of another
+    block) moves most outputs; this allows at most 1% of them to differ."""
+    if algorithm != "pasa":
+        assert torch.equal(out, kernel_out), (out.float() - kernel_out.float()).abs().max()
+        assert torch.equal(lse, kernel_lse), (lse - kernel_lse).abs().max()
+        return
+    for name, got, want in (("output", out, kernel_out), ("lse", lse, kernel_lse)):
+        assert torch.equal(torch.isfinite(got), torch.isfinite(want)), name
+        differ = (got != want) & torch.isfinite(want)
+        assert differ.float().mean().item() <= 0.01, (
+            f"pasa {name}: {differ.float().mean().item():.2%} differ from the Triton kernel's, "
+            f"by up to {(got.float() - want.float())[differ].abs().max().item():.3g}")
+
+
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("layout,d", [("BNSD", 128), ("BSND", 128), ("BSH", 128), ("BNSD", 64)])
@@ -74,8 +92,7 @@ def test_gpu_gluon_prefill_equals_triton_kernel(layout, d, mode, algorithm, gluo
     assert len(gluon_launches) == 1, "the Gluon prefill did not run"
     kernel_out, kernel_lse = _call(qd, kd, vd, kw, "triton")
     assert len(gluon_launches) == 1
-    assert torch.equal(out, kernel_out), (out.float() - kernel_out.float()).abs().max()
-    assert torch.equal(lse, kernel_lse)
+    _assert_same_as_triton_kernel(algorithm, out, lse, kernel_out, kernel_lse)
     assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"{layout} d={d} {mode}")
 
 
@@ -93,7 +110,7 @@ def test_gpu_gluon_prefill_rows_that_see_no_key(gluon_launches):
         kernel_out, kernel_lse = _call(q, k, v, dict(kw, algorithm=algorithm), "triton")
         assert torch.isneginf(lse[:, :, :200]).all() and (out[:, :, :200] == 0).all()
         assert torch.isfinite(lse[:, :, 200:]).all() and torch.isfinite(out.float()).all()
-        assert torch.equal(out, kernel_out) and torch.equal(lse, kernel_lse)
+        _assert_same_as_triton_kernel(algorithm, out, lse, kernel_out, kernel_lse)
     assert len(gluon_launches) == 3
 
 
@@ -118,7 +135,8 @@ def test_gpu_gluon_prefill_more_pairs_than_a_grid_axis_holds(mode, gluon_launche
 AUTO = {  # (algorithm, head dim, mask mode): whether TUNING "auto" picks the Gluon kernel
     ("pasa-exact", 128, "no mask"): True, ("pasa", 128, "causal (3)"): True,
     ("fa-fp32", 64, "no mask"): True, ("pasa-exact", 64, "causal (3)"): True,
-    ("pasa-exact", 64, "no mask"): False, ("pasa", 64, "causal (3)"): False,
+    ("pasa-exact", 64, "no mask"): False, ("pasa", 64, "causal (3)"): True,
+    ("pasa", 64, "no mask"): False,
 }
 
 
