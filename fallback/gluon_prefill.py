@@ -7,11 +7,12 @@ these allocations, organised so that the tensor cores and the softmax overlap:
   a one-warp loader streams K (K' for PASA) and V blocks with TMA into a ring of
   stages (``kv_ready`` / ``kv_empty`` barriers), and two consumer warp groups of 64
   rows each run QKᵀ, the softmax, PV and the fold block after block;
-* nothing inside a consumer overlaps (no block's PV runs under the next block's
+* little overlaps inside a consumer (no block's PV runs under the next block's
   softmax: that needs registers for S, P, the rounded PV tile and the accumulator at
-  once, and spilled). The overlap comes from the two groups, which no CTA-wide barrier
-  holds in step: one group's softmax runs while the other's matmuls do. (The Triton
-  kernel synchronises its 8 warps several times per kv block.)
+  once, and spilled; only pasa's statistics run while its P'V matmul does). The overlap
+  comes from the two groups, which no CTA-wide barrier holds in step: one group's
+  softmax runs while the other's matmuls do. (The Triton kernel synchronises its 8
+  warps several times per kv block.)
 
 Numerics: the operations of the Triton kernel, element by element and in the same
 order (fp32 accumulation in the tensor cores; pasa-exact rounds S', P' and the P'V tile
@@ -96,16 +97,22 @@ if AVAILABLE:
                                             ready, v_smem.index(stage))
 
     @gluon.jit
-    def _row_sum(x16, ones, like):
-        """sum over axis 1 of the fp16 tile x16 (64 rows), on the tensor cores: x16 times a
-        tile of ones, fp32 accumulation."""
+    def _row_sum_start(x16, ones):
+        """Start the sums over axis 1 of the fp16 tile x16 (64 rows) on the tensor cores:
+        x16 times a tile of ones, fp32 accumulation, asynchronous (warpgroup_mma_wait, then
+        :func:`_row_sum_read`)."""
         sum_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
         a = gl.convert_layout(x16, gl.DotOperandLayout(operand_index=0, parent=sum_layout,
                                                        k_width=2))
-        r = warpgroup_mma(a, ones.permute((1, 0)),
-                          gl.zeros([x16.shape[0], 8], gl.float32, sum_layout), use_acc=False)
-        return gl.convert_layout(gl.max(r, 1), like.type.layout)
+        return warpgroup_mma(a, ones.permute((1, 0)),
+                             gl.zeros([x16.shape[0], 8], gl.float32, sum_layout),
+                             use_acc=False, is_async=True)
+
+    @gluon.jit
+    def _row_sum_read(sums, like):
+        """The row sums of a finished :func:`_row_sum_start`, laid out as ``like``."""
+        return gl.convert_layout(gl.max(sums, 1), like.type.layout)
 
     @gluon.jit
     def _softmax_fa(qk, vis, m_i, l_i, scale, MASKED: gl.constexpr):
@@ -135,30 +142,37 @@ if AVAILABLE:
         return m_new, alpha * l_i + gl.sum(p16.to(gl.float32), 1), alpha, p16
 
     @gluon.jit
-    def _softmax_pasa(qk, vis, m_i, l_i, f_i, cnt_i, gamma, ones, MASKED: gl.constexpr,
-                      BLOCK_N: gl.constexpr):
-        """pasa: every statistic an fp16 step (online pseudo-average f over the blocks seen,
-        its count, the invariance gamma). Returns (m, l, f, count, alpha and the block's
-        weight beta in fp16, P' in fp16)."""
+    def _scores_pasa(qk, vis, ones, MASKED: gl.constexpr):
+        """pasa, the block's tile: S' in fp16, its row sums on the tensor cores (every
+        column, masked or not: the block mean), its row max (an fp16 max: the max of fp16
+        values) and P' = e^(S' - max) in fp16, each an fp16 step. Returns (the sums, the
+        max, P'). The sums are waited for here: left in flight past the exponentials, ptxas
+        serialised every matmul of the kernel."""
         low: gl.constexpr = gl.float16
         sp16 = _fp16(qk)
-        s_mean = _rl(_row_sum(sp16, ones, m_i) / BLOCK_N, low)  # every column, masked or not
+        score_sums = warpgroup_mma_wait(0, deps=(_row_sum_start(sp16, ones),))
         if MASKED:  # masked in fp32, where a select is one instruction (fp16(-inf) = -inf)
             sp16 = _fp16(gl.where(vis, qk, float("-inf")))
-        m_loc = gl.max(sp16, 1).to(gl.float32)  # the max of fp16 values: an fp16 max
+        m_loc = gl.max(sp16, 1).to(gl.float32)
         # a masked key: exp2(-inf) = 0 (a row with no key of the block gets NaN here, and
         # the caller keeps its state)
         p16 = gl.exp2((sp16 - m_loc.to(low)[:, None]).to(gl.float32) * LOG2E).to(low)
+        return score_sums, m_loc, p16
+
+    @gluon.jit
+    def _statistics_pasa(m_i, f_i, cnt_i, m_loc, s_mean, gamma):
+        """pasa: the statistics, every one an fp16 step (the online pseudo-average f over
+        the blocks seen, its count, the invariance gamma). Returns (m, f, count, alpha and
+        the block's weight beta); l follows once the block's P' sums are in."""
+        low: gl.constexpr = gl.float16
         cnt1 = cnt_i + 1.0
-        l_loc = _rl(_row_sum(p16, ones, m_i), low)
         f_new = _rl(_rl(_rl((cnt1 - 1.0) * f_i, low) + s_mean, low) / cnt1, low)
         x = _rl(m_i + _rl(gamma * _rl(f_i - f_new, low), low), low)
         y = _rl(m_loc + _rl(gamma * _rl(s_mean - f_new, low), low), low)
         m_new = gl.maximum(x, y)
         alpha = _rl(gl.exp2(_rl(x - m_new, low) * LOG2E), low)
         beta_w = _rl(gl.exp2(_rl(y - m_new, low) * LOG2E), low)
-        l_new = _rl(_rl(alpha * l_i, low) + _rl(beta_w * l_loc, low), low)
-        return m_new, l_new, f_new, cnt1, alpha.to(gl.float16), beta_w.to(gl.float16), p16
+        return m_new, f_new, cnt1, alpha, beta_w
 
     @gluon.jit
     def _consumer(q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, m_desc, O, LSE, b, h, m0,
@@ -231,31 +245,27 @@ if AVAILABLE:
             vis = ((cols[None, :] + (blk * BLOCK_N - key_lo)[:, None]).to(gl.uint32, bitcast=True)
                    < key_count.to(gl.uint32, bitcast=True)[:, None])
             masked = (blk < full_lo) | (blk >= full_hi)  # a block some row sees only in part
-            if ALG == 3:
+            if ALG == 3:  # P'V rounded to fp16; the statistics and the fold in fp16 steps
                 if masked:
-                    m_new, l_new, f_new, cnt_new, alpha, beta_w, p16 = _softmax_pasa(
-                        qk, vis, m_i, l_i, f_i, cnt_i, gamma, ones, True, BLOCK_N)
+                    score_sums, m_loc, p16 = _scores_pasa(qk, vis, ones, True)
                 else:
-                    m_new, l_new, f_new, cnt_new, alpha, beta_w, p16 = _softmax_pasa(
-                        qk, vis, m_i, l_i, f_i, cnt_i, gamma, ones, False, BLOCK_N)
-            elif ALG == 5:
-                if masked:
-                    m_new, l_new, alpha, p16 = _softmax_exact(qk, vis, m_i, l_i, c, True)
-                else:
-                    m_new, l_new, alpha, p16 = _softmax_exact(qk, vis, m_i, l_i, c, False)
-            else:
-                if masked:
-                    m_new, l_new, alpha, p16 = _softmax_fa(qk, vis, m_i, l_i, scale, True)
-                else:
-                    m_new, l_new, alpha, p16 = _softmax_fa(qk, vis, m_i, l_i, scale, False)
-            p16 = gl.convert_layout(p16, p_layout)
-            alpha = gl.convert_layout(alpha, row_o)
-            if ALG == 3:  # P'V rounded to fp16; the fold in fp16, each step rounded once
-                pv = warpgroup_mma(p16, v, o_zero, use_acc=False, is_async=True)
+                    score_sums, m_loc, p16 = _scores_pasa(qk, vis, ones, False)
+                # the block sum and P'V start now; the statistics run while they do
+                p_sums = _row_sum_start(p16, ones)
+                pv = warpgroup_mma(gl.convert_layout(p16, p_layout), v, o_zero, use_acc=False,
+                                   is_async=True)
+                s_mean = _rl(_row_sum_read(score_sums, m_i) / BLOCK_N, gl.float16)
+                m_new, f_new, cnt_new, alpha, beta_w = _statistics_pasa(m_i, f_i, cnt_i, m_loc,
+                                                                        s_mean, gamma)
+                p_sums = warpgroup_mma_wait(1, deps=(p_sums,))
+                l_loc = _rl(_row_sum_read(p_sums, m_i), gl.float16)
+                l_new = _rl(_rl(alpha * l_i, gl.float16) + _rl(beta_w * l_loc, gl.float16),
+                            gl.float16)
                 pv = warpgroup_mma_wait(0, deps=(pv,))
                 mbarrier.arrive(kv_empty.index(stage))
-                beta_w = gl.convert_layout(beta_w, row_o)
-                acc_new = acc * alpha[:, None] + _fp16(pv) * beta_w[:, None]
+                alpha16 = gl.convert_layout(alpha.to(gl.float16), row_o)
+                beta16 = gl.convert_layout(beta_w.to(gl.float16), row_o)
+                acc_new = acc * alpha16[:, None] + _fp16(pv) * beta16[:, None]
                 if masked:  # rows that see no key of the block keep their state
                     row_any = ((key_count > 0) & (key_lo < (blk + 1) * BLOCK_N)
                                & (key_hi >= blk * BLOCK_N))
@@ -265,18 +275,30 @@ if AVAILABLE:
                     f_new = gl.where(row_any, f_new, f_i)
                     cnt_new = gl.where(row_any, cnt_new, cnt_i)
                 acc, m_i, l_i, f_i, cnt_i = acc_new, m_new, l_new, f_new, cnt_new
-            elif ALG == 5:  # P'V in its own fp32 tile, rounded to fp16, then added
-                pv = warpgroup_mma(p16, v, o_zero, use_acc=False, is_async=True)
-                acc = acc * alpha[:, None]
-                pv = warpgroup_mma_wait(0, deps=(pv,))
-                mbarrier.arrive(kv_empty.index(stage))
-                acc = acc + _fp16(pv).to(gl.float32)
-                m_i, l_i = m_new, l_new
-            else:  # accumulated in place
-                acc = acc * alpha[:, None]
-                acc = warpgroup_mma(p16, v, acc, use_acc=True, is_async=True)
-                acc = warpgroup_mma_wait(0, deps=(acc,))
-                mbarrier.arrive(kv_empty.index(stage))
+            else:
+                if ALG == 5:
+                    if masked:
+                        m_new, l_new, alpha, p16 = _softmax_exact(qk, vis, m_i, l_i, c, True)
+                    else:
+                        m_new, l_new, alpha, p16 = _softmax_exact(qk, vis, m_i, l_i, c, False)
+                else:
+                    if masked:
+                        m_new, l_new, alpha, p16 = _softmax_fa(qk, vis, m_i, l_i, scale, True)
+                    else:
+                        m_new, l_new, alpha, p16 = _softmax_fa(qk, vis, m_i, l_i, scale, False)
+                p16 = gl.convert_layout(p16, p_layout)
+                alpha = gl.convert_layout(alpha, row_o)
+                if ALG == 5:  # P'V in its own fp32 tile, rounded to fp16, then added
+                    pv = warpgroup_mma(p16, v, o_zero, use_acc=False, is_async=True)
+                    acc = acc * alpha[:, None]
+                    pv = warpgroup_mma_wait(0, deps=(pv,))
+                    mbarrier.arrive(kv_empty.index(stage))
+                    acc = acc + _fp16(pv).to(gl.float32)
+                else:  # fa-fp32: accumulated in place
+                    acc = acc * alpha[:, None]
+                    acc = warpgroup_mma(p16, v, acc, use_acc=True, is_async=True)
+                    acc = warpgroup_mma_wait(0, deps=(acc,))
+                    mbarrier.arrive(kv_empty.index(stage))
                 m_i, l_i = m_new, l_new
 
         # rows that saw no key: output 0, LSE -inf (as the Triton kernel's _finish)
@@ -406,13 +428,10 @@ def supported(problem: AttentionProblem, lengths: tuple) -> bool:
 def preferred(algorithm: str, head_dim: int, banded: bool) -> bool:
     """Whether this kernel is the faster prefill for a supported problem, as measured
     against the Triton kernel on an H100 (``pasa-bench --tuning prefill=...`` at S = 4k
-    and 16k): at d = 128 for every allocation it covers; at d = 64 for fa-fp32, and for
-    pasa-exact and pasa under a causal or band mask. Without a mask, d = 64 pasa-exact
-    ran faster on the Triton kernel, and pasa about as fast: at this head dim the softmax
-    dominates, and the Triton kernel's tile shapes suit it better."""
-    if head_dim > 64:
-        return True
-    return algorithm == "fa-fp32" or banded
+    and 16k): everywhere but d = 64 pasa-exact without a mask, which ran faster on the
+    Triton kernel (at this head dim the softmax dominates, and that kernel's tile shapes
+    suit pasa-exact's better)."""
+    return head_dim > 64 or algorithm != "pasa-exact" or banded
 
 
 def _descriptor(t: torch.Tensor, rows: int):

@@ -136,7 +136,7 @@ AUTO = {  # (algorithm, head dim, mask mode): whether TUNING "auto" picks the Gl
     ("pasa-exact", 128, "no mask"): True, ("pasa", 128, "causal (3)"): True,
     ("fa-fp32", 64, "no mask"): True, ("pasa-exact", 64, "causal (3)"): True,
     ("pasa-exact", 64, "no mask"): False, ("pasa", 64, "causal (3)"): True,
-    ("pasa", 64, "no mask"): False,
+    ("pasa", 64, "no mask"): True,
 }
 
 
