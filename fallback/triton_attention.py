@@ -15,7 +15,7 @@ Kernels:
   Zero-padded to whole blocks, as the means must see the padded rows.
 * ``_attention_fwd``: one program per (query tile, batch, query head). (On Hopper, the
   warp-specialised Gluon kernel of :mod:`gluon_prefill` computes the same where it
-  applies and ``TUNING["prefill"]`` picks it.) The kv
+  applies, pasa's block sums in another order, and ``TUNING["prefill"]`` picks it.) The kv
   blocks a tile can see are walked in ascending order in three loops: masked
   edge blocks, then branch-free interior blocks (read through TMA tensor
   descriptors where the layout allows), then masked edge blocks; the loops a
@@ -57,7 +57,8 @@ INT_BIG = 1 << 30  # stands for "no band limit" (index math is int32)
 #: Tuning switch, measured with tools/bench.py on an H100 (the default is the faster):
 #: ``prefill``: which kernel computes prefill, "warp-specialised" (fallback/gluon_prefill.py:
 #: Hopper only, pasa-exact, pasa and fa-fp32 at d = 64 and 128 without ragged lengths or an
-#: explicit mask; the same results bit for bit), "triton" (``_attention_fwd``, everything)
+#: explicit mask; the same results, bit for bit but for pasa, whose block sums it adds on
+#: the tensor cores), "triton" (``_attention_fwd``, everything)
 #: or "auto": the Gluon kernel where it applies and was measured faster
 #: (:func:`gluon_prefill.preferred`), unless a switch below, which only the Triton kernel
 #: has, is set away from its default (the Gluon kernel shifts K in a separate pass, loads

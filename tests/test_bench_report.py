@@ -36,6 +36,15 @@ def test_markdown_ratios_and_errors():
            "[2600 (87%)] |" in text
 
 
+@pytest.mark.parametrize("kinds", [("prefill",), ("decode",)])
+def test_markdown_of_a_run_with_one_kind_has_only_its_table(kinds):
+    result = _result()
+    result["rows"] = [row for row in result["rows"] if row["kind"] in kinds]
+    text = bench.markdown(result)
+    assert ("Prefill, fp16" in text) == ("prefill" in kinds)
+    assert ("Decode (query length 1)" in text) == ("decode" in kinds)
+
+
 @pytest.mark.parametrize("kinds", [("prefill", "decode"), ("prefill",), ("decode",)])
 def test_plot_has_a_panel_per_mask_and_one_for_decode(kinds, tmp_path):
     import matplotlib.image

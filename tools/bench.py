@@ -148,15 +148,18 @@ def _row_text(row, algorithms) -> str:
 
 
 def markdown(result) -> str:
+    """The run as Markdown: a prefill table and a decode table, each only where the run
+    has rows of that kind."""
     algos = result["algorithms"]
     lines = [f"Device: {result['device']}; torch {result['torch']}, triton {result['triton']}; "
-             f"copy bandwidth {result['copy_gbs']:.0f} GB/s (read + write).", "",
-             "Prefill, fp16, TFLOP/s (ratio to SDPA-flash / SDPA-cuDNN):", "",
-             "| d | S | mask | " + " | ".join(algos) + " | sdpa-flash | sdpa-cudnn |",
-             "|" + "---|" * (len(algos) + 5)]
-    for row in result["rows"]:
-        if row["kind"] != "prefill":
-            continue
+             f"copy bandwidth {result['copy_gbs']:.0f} GB/s (read + write)."]
+    prefill = [row for row in result["rows"] if row["kind"] == "prefill"]
+    decode = [row for row in result["rows"] if row["kind"] == "decode"]
+    if prefill:
+        lines += ["", "Prefill, fp16, TFLOP/s (ratio to SDPA-flash / SDPA-cuDNN):", "",
+                  "| d | S | mask | " + " | ".join(algos) + " | sdpa-flash | sdpa-cudnn |",
+                  "|" + "---|" * (len(algos) + 5)]
+    for row in prefill:
         cells = []
         for name in algos:
             e = row.get(name, {})
@@ -170,14 +173,14 @@ def markdown(result) -> str:
                  for n in ("sdpa-flash", "sdpa-cudnn")]
         lines.append(f"| {row['d']} | {row['s']} | {'causal' if row['causal'] else 'none'} | "
                      + " | ".join(cells + peers) + " |")
-    lines += ["", "Decode (query length 1), fp16, d=128, 32 query heads, batch 8: GB/s of K+V "
-              "read (share of copy bandwidth), replayed from a CUDA graph; in brackets after "
-              "it, called eagerly (host time included):", "",
-              "| S2 | GQA | " + " | ".join(result["decode_algorithms"]) + " | sdpa-flash | sdpa-cudnn |",
-              "|" + "---|" * (len(result["decode_algorithms"]) + 4)]
-    for row in result["rows"]:
-        if row["kind"] != "decode":
-            continue
+    if decode:
+        lines += ["", "Decode (query length 1), fp16, d=128, 32 query heads, batch 8: GB/s of "
+                  "K+V read (share of copy bandwidth), replayed from a CUDA graph; in brackets "
+                  "after it, called eagerly (host time included):", "",
+                  "| S2 | GQA | " + " | ".join(result["decode_algorithms"])
+                  + " | sdpa-flash | sdpa-cudnn |",
+                  "|" + "---|" * (len(result["decode_algorithms"]) + 4)]
+    for row in decode:
         cells = []
         for name in list(result["decode_algorithms"]) + ["sdpa-flash", "sdpa-cudnn"]:
             e = row.get(name, {})
