@@ -116,6 +116,15 @@ def compile_gluon(consts: dict, fp_fusion: bool = True, arch: int = 90):
                           options=dict(num_warps=4, enable_fp_fusion=fp_fusion))
 
 
+def compile_any(kernel: str, consts: dict, num_warps: int, num_stages: int,
+                fp_fusion: bool = True):
+    """One variant as :func:`variants` yields it: the Gluon prefill (``kernel`` "gluon")
+    or a Triton kernel."""
+    if kernel == "gluon":
+        return compile_gluon(consts, fp_fusion)
+    return compile_variant(kernel, consts, num_warps, num_stages, fp_fusion)
+
+
 def resource_usage(compiled) -> dict:
     """REG, STACK, LOCAL from cuobjdump on the cubin (empty dict if cuobjdump is missing)."""
     text = _run_on_cubin(compiled, "cuobjdump", "--dump-resource-usage")
@@ -143,12 +152,18 @@ def _run_on_cubin(compiled, tool: str, *options: str):
         return subprocess.run([path, *options, f.name], capture_output=True, text=True).stdout
 
 
-def sass_loops(compiled) -> list:
+def sass(compiled):
+    """The cubin's SASS from the bundled nvdisasm, or None where it is missing."""
+    return _run_on_cubin(compiled, "nvdisasm", "-c")
+
+
+def sass_loops(compiled, text=None) -> list:
     """(first address, last address, instruction count, Counter of opcodes) for every
     loop of the kernel's SASS that contains a tensor-core instruction: the address range
     from a backward branch's target to the branch (the kv loops; pasa-exact's row
-    constants are a loop too). Empty if nvdisasm is missing."""
-    text = _run_on_cubin(compiled, "nvdisasm", "-c")
+    constants are a loop too). ``text``: the SASS where the caller has it already.
+    Empty if nvdisasm is missing."""
+    text = sass(compiled) if text is None else text
     if text is None:
         return []
     instructions, labels, pending = [], {}, []
@@ -240,8 +255,7 @@ def main(argv=None) -> int:
                 continue
             compiled_any = 1
             try:
-                compiled = (compile_gluon(consts, fusion) if kernel == "gluon" else
-                            compile_variant(kernel, consts, warps, stages, fusion))
+                compiled = compile_any(kernel, consts, warps, stages, fusion)
             except Exception as err:  # report every variant, then fail
                 failed += 1
                 print(f"{label:44s} ERROR {str(err).splitlines()[0][:200]}")
