@@ -3,10 +3,12 @@
 The same computation as :func:`pasa_npu.fallback.triton_attention._attention_fwd` for
 these allocations, organised so that the tensor cores and the softmax overlap:
 
-* one program per (128-row query tile, batch, query head), in three partitions:
-  a one-warp loader streams K (K' for PASA) and V blocks with TMA into a ring of
-  stages (``kv_ready`` / ``kv_empty`` barriers), and two consumer warp groups of 64
-  rows each run QKᵀ, the softmax, PV and the fold block after block;
+* persistent: one program per SM takes (128-row query tile, batch, query head) tiles
+  until none is left, in three partitions: a one-warp loader takes the tiles, and
+  streams each one's Q, then its K (K' for PASA) and V blocks with TMA into a ring of
+  stages (``kv_ready`` / ``kv_empty`` barriers) that runs on from tile to tile, and two
+  consumer warp groups of 64 rows each run QKᵀ, the softmax, PV and the fold block
+  after block, then write their rows of O while the next tile's loads are under way;
 * little overlaps inside a consumer (no block's PV runs under the next block's
   softmax: that needs registers for S, P, the rounded PV tile and the accumulator at
   once, and spilled; only pasa's statistics run while its P'V matmul does). The overlap
@@ -77,24 +79,77 @@ if AVAILABLE:
     _LOADER_REGS = gl.constexpr(LOADER_REGS)
 
     @gluon.jit
-    def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty,
-                b, h, hk, m0, lo, hi, HALF: gl.constexpr, STAGES: gl.constexpr):
-        """Loader warp: the two Q halves, then K and V block by block into the ring."""
+    def _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, BLOCK_M: gl.constexpr):
+        """Query tile ``t`` of the launch order: (batch, head, kv head, first row). Tiles go
+        by groups of ``tile_group`` (batch, head) pairs (TILE_GROUP_BYTES); within a group
+        the heaviest query tiles of all its pairs first (under causal and band masks the
+        last tiles see the most keys)."""
+        g0 = t // (tile_group * n_tiles) * tile_group
+        size = gl.minimum(tile_group, n_pairs - g0)
+        rank = t - g0 * n_tiles
+        pid_m = n_tiles - 1 - rank // size
+        bh = g0 + rank % size
+        h = bh % n_heads
+        return bh // n_heads, h, h // group, pid_m * BLOCK_M
+
+    @gluon.jit
+    def _tile_publish(tile_ids, tile_ready, t, n):
+        """Loader: tile ``t`` is this program's ``n``-th (a slot of two per parity)."""
+        tile_ids.index(n % 2).store(gl.full([1], t, gl.int32, gl.BlockedLayout([1], [32], [1],
+                                                                                [0])))
+        gl.thread_barrier()
+        mbarrier.arrive(tile_ready.index(n % 2))
+
+    @gluon.jit
+    def _tile_read(tile_ids, tile_ready, n):
+        """Consumer: this program's ``n``-th tile, once the loader has published it."""
+        mbarrier.wait(tile_ready.index(n % 2), (n // 2) & 1)
+        return gl.max(tile_ids.index(n % 2).load(gl.BlockedLayout([1], [32], [4], [0])), 0)
+
+    @gluon.jit
+    def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready,
+                kv_empty, tile_ids, tile_ready, next_tile, band_pre, band_next, q_len, kv_len,
+                n_heads, group, n_tiles, n_pairs, tile_group, HAS_BAND: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """Loader warp: takes this program's tiles (its own index first, then the next
+        untaken one from the ``next_tile`` counter, so that a program that finishes early
+        takes more) and publishes each to the consumers; for each, the two Q halves once
+        the consumer groups are done with the previous tile's, then K and V block by block
+        into the ring, which runs on across tiles. Publishes an index past the last tile
+        at the end."""
+        HALF: gl.constexpr = BLOCK_M // 2
+        total = n_tiles * n_pairs
+        it = 0  # kv blocks loaded by this program so far, over all its tiles
+        n = 0  # tiles so far
+        t = gl.program_id(0)
+        while t < total:
+            b, h, hk, m0 = _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, BLOCK_M)
+            lo, hi, full_lo, full_hi, pre, nxt = _tile_kv_blocks(
+                m0, q_len, kv_len, band_pre, band_next, b, HAS_BAND, BLOCK_M, BLOCK_N)
+            for w in gl.static_range(2):
+                mbarrier.wait(q_empty.index(w), (n & 1) ^ 1, pred=n > 0)
+                mbarrier.expect(q_bar.index(w), q_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(q_desc, [b, h, m0 + w * HALF, 0],
+                                                q_bar.index(w), q_smem.index(w))
+            # both groups are past tile n-1's Q, so they have read ids n-1 and n-2
+            _tile_publish(tile_ids, tile_ready, t, n)
+            for blk in range(lo, hi):
+                stage = it % STAGES
+                # the first pass over the ring finds every stage free
+                mbarrier.wait(kv_empty.index(stage), ((it // STAGES) & 1) ^ 1,
+                              pred=it >= STAGES)
+                ready = kv_ready.index(stage)
+                mbarrier.expect(ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(k_desc, [b, hk, blk * BLOCK_N, 0], ready,
+                                                k_smem.index(stage))
+                tma.async_copy_global_to_shared(v_desc, [b, hk, blk * BLOCK_N, 0], ready,
+                                                v_smem.index(stage))
+                it += 1
+            n += 1
+            t = gl.num_programs(0) + gl.atomic_add(next_tile, 1)
         for w in gl.static_range(2):
-            mbarrier.expect(q_bar.index(w), q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [b, h, m0 + w * HALF, 0], q_bar.index(w),
-                                            q_smem.index(w))
-        for blk in range(lo, hi):
-            i = blk - lo
-            stage = i % STAGES
-            # the first pass over the ring finds every stage free
-            mbarrier.wait(kv_empty.index(stage), ((i // STAGES) & 1) ^ 1, pred=i >= STAGES)
-            ready = kv_ready.index(stage)
-            mbarrier.expect(ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [b, hk, blk * k_desc.block_type.shape[2], 0],
-                                            ready, k_smem.index(stage))
-            tma.async_copy_global_to_shared(v_desc, [b, hk, blk * v_desc.block_type.shape[2], 0],
-                                            ready, v_smem.index(stage))
+            mbarrier.wait(q_empty.index(w), (n & 1) ^ 1, pred=n > 0)
+        _tile_publish(tile_ids, tile_ready, t, n)
 
     @gluon.jit
     def _row_sum_start(x16, ones):
@@ -175,14 +230,17 @@ if AVAILABLE:
         return m_new, f_new, cnt1, alpha, beta_w
 
     @gluon.jit
-    def _consumer(q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, m_desc, O, LSE, b, h, m0,
-                  lo, hi, full_lo, full_hi, q_len, kv_len, pre, nxt, mean_row0, scale, gamma,
+    def _consumer(q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
+                  tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs,
+                  tile_group, n_blocks, scale, gamma,
                   stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls, mean_smem,
                   mean_bar, ones, W: gl.constexpr, ALG: gl.constexpr, HAS_BAND: gl.constexpr,
-                  HAS_LSE: gl.constexpr, HALF: gl.constexpr, BLOCK_N: gl.constexpr,
+                  HAS_LSE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
-        """Consumer warp group W: rows m0 + W*64 .. +63 of the tile, every kv block in turn.
-        ALG: the allocation's id (triton_attention.ALG_IDS: 0 fa-fp32, 3 pasa, 5 pasa-exact)."""
+        """Consumer warp group W: for each tile the loader publishes, rows m0 + W*64 .. +63 of
+        it, every kv block in turn. ALG: the allocation's id (triton_attention.ALG_IDS:
+        0 fa-fp32, 3 pasa, 5 pasa-exact)."""
+        HALF: gl.constexpr = BLOCK_M // 2
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -194,11 +252,47 @@ if AVAILABLE:
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
         q = q_smem.index(W).reshape([HALF, HEAD_DIM])
-        rows = m0 + W * HALF + gl.arange(0, HALF, layout=row_s)
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         blocks16 = gl.arange(0, 16, layout=gl.SliceLayout(0, c_layout))
         s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
         o_zero = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
+        it = 0  # kv blocks consumed by this program so far, over all its tiles
+        n = 0  # tiles so far
+        mean_loads = 0
+        t = _tile_read(tile_ids, tile_ready, n)
+        while t < n_tiles * n_pairs:
+            b, h, hk, m0 = _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, BLOCK_M)
+            lo, hi, full_lo, full_hi, pre, nxt = _tile_kv_blocks(
+                m0, q_len, kv_len, band_pre, band_next, b, HAS_BAND, BLOCK_M, BLOCK_N)
+            mean_row0 = (b * (n_heads // group) + hk) * n_blocks
+            it, mean_loads = _consumer_tile(
+                q, k_smem, v_smem, q_bar.index(W), q_empty.index(W), kv_ready, kv_empty, m_desc,
+                O, LSE, b, h, m0, lo, hi, full_lo, full_hi, q_len, kv_len, pre, nxt, mean_row0,
+                scale, gamma, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
+                mean_smem, mean_bar, ones, cols, blocks16, s_zero, o_zero, it, n, mean_loads,
+                W, ALG, HAS_BAND, HAS_LSE, HALF, BLOCK_N, HEAD_DIM, STAGES)
+            n += 1
+            t = _tile_read(tile_ids, tile_ready, n)
+
+    @gluon.jit
+    def _consumer_tile(q, k_smem, v_smem, q_ready, q_free, kv_ready, kv_empty, m_desc, O, LSE,
+                       b, h, m0, lo, hi, full_lo, full_hi, q_len, kv_len, pre, nxt, mean_row0,
+                       scale, gamma, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+                       stride_ls, mean_smem, mean_bar, ones, cols, blocks16, s_zero, o_zero,
+                       it, n, mean_loads, W: gl.constexpr, ALG: gl.constexpr,
+                       HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr, HALF: gl.constexpr,
+                       BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+        """One tile's 64 rows of consumer group W (the ``n``-th tile of this program; ``it``
+        kv blocks and ``mean_loads`` mean loads before it): the kv loop, then O and LSE.
+        Q is released (``q_free``) once its last QKᵀ is done. Returns the new counts."""
+        s_layout: gl.constexpr = s_zero.type.layout
+        o_layout: gl.constexpr = o_zero.type.layout
+        c_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        rows = m0 + W * HALF + gl.arange(0, HALF, layout=row_s)
         c16 = gl.zeros([HALF, 16], gl.float32, c_layout)
         m_i = gl.full([HALF], float("-inf"), gl.float32, row_s)
         l_i = gl.zeros([HALF], gl.float32, row_s)
@@ -209,7 +303,6 @@ if AVAILABLE:
         else:
             acc = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
         c = gl.zeros([HALF], gl.float32, row_s)
-        mean_loads = 0
         # the keys each row sees, key_lo .. key_hi (key_count of them: 0 past q_len)
         key_lo = gl.zeros_like(rows)
         key_hi = gl.zeros_like(rows) + kv_len - 1
@@ -217,11 +310,10 @@ if AVAILABLE:
             key_lo = gl.maximum(rows - pre, key_lo)
             key_hi = gl.minimum(rows + nxt, key_hi)
         key_count = gl.where(rows < q_len, gl.maximum(key_hi - key_lo + 1, 0), 0)
-        mbarrier.wait(q_bar.index(W), 0)
+        mbarrier.wait(q_ready, n & 1)
 
         for blk in range(lo, hi):
-            i = blk - lo
-            stage = i % STAGES
+            stage = it % STAGES
             if ALG == 5:
                 # c = scale * Q . mean16 for blocks blk0 .. blk0+15 in one thin matmul
                 if (blk == lo) | (blk % 16 == 0):
@@ -235,11 +327,13 @@ if AVAILABLE:
                     c16 = c16 * scale
                 c = gl.convert_layout(gl.sum(gl.where(blocks16[None, :] == blk % 16, c16, 0.0), 1),
                                       row_s)
-            mbarrier.wait(kv_ready.index(stage), (i // STAGES) & 1)
+            mbarrier.wait(kv_ready.index(stage), (it // STAGES) & 1)
             k = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
             v = v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
             qk = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             qk = warpgroup_mma_wait(0, deps=(qk,))
+            if blk == hi - 1:  # the tile's last use of Q: the loader may fetch the next
+                mbarrier.arrive(q_free)
 
             # key n visible to its row: 0 <= n - key_lo < key_count, one unsigned compare
             vis = ((cols[None, :] + (blk * BLOCK_N - key_lo)[:, None]).to(gl.uint32, bitcast=True)
@@ -300,6 +394,9 @@ if AVAILABLE:
                     acc = warpgroup_mma_wait(0, deps=(acc,))
                     mbarrier.arrive(kv_empty.index(stage))
                 m_i, l_i = m_new, l_new
+            it += 1
+        if hi <= lo:  # a tile that sees no kv block never used Q
+            mbarrier.arrive(q_free)
 
         # rows that saw no key: output 0, LSE -inf (as the Triton kernel's _finish)
         seen = m_i > float("-inf")
@@ -319,36 +416,22 @@ if AVAILABLE:
         if HAS_LSE:
             gl.store(LSE + b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
                      + rows.to(gl.int64) * stride_ls, lse, mask=rows < q_len)
+        return it, mean_loads
 
     @gluon.jit
-    def _prefill_ws(q_desc, k_desc, v_desc, m_desc, O, LSE, band_pre, band_next,
+    def _prefill_ws(q_desc, k_desc, v_desc, m_desc, O, LSE, next_tile, band_pre, band_next,
                     stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
                     n_heads, group, q_len, kv_len, n_blocks, scale, gamma, n_tiles, n_pairs,
                     tile_group,
                     ALG: gl.constexpr, HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                     STAGES: gl.constexpr):
-        # heaviest tiles first: under causal and band masks the last query tiles see the most keys
-        # a 1-D grid over groups of ``tile_group`` (batch, head) pairs (TILE_GROUP_BYTES):
-        # within a group the heaviest query tiles of all its pairs first (under causal and
-        # band masks the last tiles see the most keys)
-        pid = gl.program_id(0)
-        g0 = pid // (tile_group * n_tiles) * tile_group
-        size = gl.minimum(tile_group, n_pairs - g0)
-        rank = pid - g0 * n_tiles
-        pid_m = n_tiles - 1 - rank // size
-        bh = g0 + rank % size
-        b = bh // n_heads
-        h = bh % n_heads
-        hk = h // group
-        m0 = pid_m * BLOCK_M
+        """Persistent, one program per SM: each takes tiles of :func:`_tile`'s order until
+        none is left (``next_tile``: a zeroed counter; :func:`_loader`), so that its loader
+        fetches a tile's Q, K and V while its consumers finish the one before. (A fixed
+        stride over the tiles left some programs with 1.5x the average work under a
+        causal mask.)"""
         HALF: gl.constexpr = BLOCK_M // 2
-
-        # the kv blocks this tile can see, and the interior ones every row sees whole
-        lo, hi, full_lo, full_hi, pre, nxt = _tile_kv_blocks(m0, q_len, kv_len, band_pre,
-                                                             band_next, b, HAS_BAND, BLOCK_M,
-                                                             BLOCK_N)
-
         q_smem = gl.allocate_shared_memory(gl.float16, [2, 1, 1, HALF, HEAD_DIM], q_desc.layout)
         k_smem = gl.allocate_shared_memory(gl.float16, [STAGES, 1, 1, BLOCK_N, HEAD_DIM],
                                            k_desc.layout)
@@ -356,12 +439,18 @@ if AVAILABLE:
                                            v_desc.layout)
         mean_smem = gl.allocate_shared_memory(gl.float16, [2, 16, HEAD_DIM], m_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mean_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        tile_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        tile_ids = gl.allocate_shared_memory(gl.int32, [2, 1],
+                                             gl.SwizzledSharedLayout(1, 1, 1, [0]))
         kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for w in gl.static_range(2):
             mbarrier.init(q_bar.index(w), count=1)
+            mbarrier.init(q_empty.index(w), count=1)
             mbarrier.init(mean_bar.index(w), count=1)
+            mbarrier.init(tile_ready.index(w), count=1)
         for s in gl.static_range(STAGES):
             mbarrier.init(kv_ready.index(s), count=1)
             mbarrier.init(kv_empty.index(s), count=2)  # both consumer groups release a stage
@@ -371,20 +460,19 @@ if AVAILABLE:
         ones.store(gl.full([8, BLOCK_N], 1.0, gl.float16,
                            gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])))
         fence_async_shared()
-        mean_row0 = (b * (n_heads // group) + hk) * n_blocks
         gl.warp_specialize([
-            (_consumer, (q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, m_desc, O, LSE, b, h,
-                         m0, lo, hi, full_lo, full_hi, q_len, kv_len, pre, nxt, mean_row0, scale,
-                         gamma, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-                         mean_smem.index(0), mean_bar.index(0), ones, 0, ALG, HAS_BAND, HAS_LSE,
-                         HALF, BLOCK_N, HEAD_DIM, STAGES)),
-            (_consumer, (q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, m_desc, O, LSE, b, h,
-                         m0, lo, hi, full_lo, full_hi, q_len, kv_len, pre, nxt, mean_row0, scale,
-                         gamma, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-                         mean_smem.index(1), mean_bar.index(1), ones, 1, ALG, HAS_BAND, HAS_LSE,
-                         HALF, BLOCK_N, HEAD_DIM, STAGES)),
-            (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty,
-                       b, h, hk, m0, lo, hi, HALF, STAGES)),
+            (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
+                         tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs, tile_group, n_blocks, scale, gamma, stride_ob, stride_oh,
+                         stride_os, stride_lb, stride_lh, stride_ls, mean_smem.index(0),
+                         mean_bar.index(0), ones, 0, ALG, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N,
+                         HEAD_DIM, STAGES)),
+            (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
+                         tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs, tile_group, n_blocks, scale, gamma, stride_ob, stride_oh,
+                         stride_os, stride_lb, stride_lh, stride_ls, mean_smem.index(1),
+                         mean_bar.index(1), ones, 1, ALG, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N,
+                         HEAD_DIM, STAGES)),
+            (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready,
+                       kv_empty, tile_ids, tile_ready, next_tile, band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs, tile_group, HAS_BAND, BLOCK_M, BLOCK_N, STAGES)),
         ], [4, 1], [_CONSUMER_REGS, _LOADER_REGS])
 
 
@@ -442,6 +530,11 @@ def _descriptor(t: torch.Tensor, rows: int):
     return TensorDescriptor(t, list(t.shape), _tma_strides(t), block, layout)
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 @functools.lru_cache(maxsize=8)
 def _no_means(device: torch.device, head_dim: int) -> torch.Tensor:
     """fa-fp32 has no block means: a never-read stand-in the descriptor can point at."""
@@ -471,11 +564,11 @@ def run(problem: AttentionProblem, alg_id: int, gamma: float, k_used: torch.Tens
     tile_group = 1
     if problem.band is not None:
         tile_group = max(1, min(n_pairs, TILE_GROUP_BYTES // kv_bytes))
-    grid = (n_tiles * n_pairs,)
+    grid = (min(n_tiles * n_pairs, _sm_count(q.device.index)),)
     _prefill_ws[grid](
         _descriptor(q, BLOCK_M // 2), _descriptor(k_used, BLOCK_N), _descriptor(v, BLOCK_N),
-        m_desc, out, lse_arg, band_pre, band_next,
-        out.stride(0), out.stride(1), out.stride(2),
+        m_desc, out, lse_arg, torch.zeros(1, dtype=torch.int32, device=q.device), band_pre,
+        band_next, out.stride(0), out.stride(1), out.stride(2),
         lse_arg.stride(0) if lse is not None else 0, lse_arg.stride(1), lse_arg.stride(2),
         q.shape[1], q.shape[1] // problem.key.shape[1], q.shape[2], problem.key.shape[2],
         n_blocks, problem.scale, gamma, n_tiles, n_pairs, tile_group,

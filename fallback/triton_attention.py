@@ -11,7 +11,10 @@ Kernels:
 
 * ``_shift_keys``: the preprocessing pass over K, once per call. ``pasa`` /
   ``pasa-mixed``: K' = M^T K per kv block (the stored shifting matrix, scale
-  folded). ``pasa-exact``: mean16 per block and K' = fp16((K - mean16) * scale).
+  folded), evaluated element-wise from M's two distinct entries (:func:`_shift_in_kernel`:
+  in fp32, rounded once, as a matmul's fp32 accumulation is; the n x n matmul it
+  replaces read M from L2 in every program and held the pass to about two thirds of
+  copy bandwidth). ``pasa-exact``: mean16 per block and K' = fp16((K - mean16) * scale).
   Zero-padded to whole blocks, as the means must see the padded rows.
 * ``_attention_fwd``: one program per (query tile, batch, query head). (On Hopper, the
   warp-specialised Gluon kernel of :mod:`gluon_prefill` computes the same where it
@@ -28,9 +31,8 @@ Kernels:
   splits make one wave of resident programs, :func:`_decode_splits`); the partial
   results are merged by their log-sum-exp in fp32, one program per query head (as
   FlashDecoding).
-  For PASA each split starts its own pseudo-average, and ``pasa``'s K' = M^T K
-  is evaluated element-wise there (:func:`_shift_in_kernel`), so the decode path
-  agrees with the CPU backend to rounding, not bit for bit.
+  For PASA each split starts its own pseudo-average, and K' is computed there from
+  each raw K block (:func:`_shift_in_kernel`, as in ``_shift_keys``).
 """
 from __future__ import annotations
 
@@ -253,8 +255,9 @@ def _shift_keys(K, KS, MEAN, SHIFT, kv_starts, kv_lens,
                 stride_sb, stride_sh, stride_ss,
                 stride_mb, stride_mh, stride_mblk,
                 n_kv_heads, n_blocks, scale, head_dim,
-                EXACT: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """K' for one kv block of one (batch, kv head); rows past the valid length are zero."""
+                ALG: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """K' for one kv block of one (batch, kv head) (:func:`_shift_in_kernel`, the one
+    definition decode uses too); rows past the valid length are zero."""
     blk = tl.program_id(0) % n_blocks  # a 1-D grid: CUDA caps the other axes at 65535
     bh = tl.program_id(0) // n_blocks
     b = bh // n_kv_heads
@@ -266,15 +269,10 @@ def _shift_keys(K, KS, MEAN, SHIFT, kv_starts, kv_lens,
     k_ptrs = (K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
               + (kv_start + rows)[:, None].to(tl.int64) * stride_ks + dims[None, :] * stride_kd)
     k = tl.load(k_ptrs, mask=(rows[:, None] < kv_len) & (dims[None, :] < head_dim), other=0.0)
-    if EXACT:
-        mean16 = (tl.sum(k.to(tl.float32), 0) / BLOCK_N).to(tl.float16)
-        shifted = ((k.to(tl.float32) - mean16.to(tl.float32)[None, :]) * scale).to(tl.float16)
+    shifted, mean = _shift_in_kernel(k, SHIFT, scale, ALG, BLOCK_N)
+    if ALG == 5:
         tl.store(MEAN + b.to(tl.int64) * stride_mb + h * stride_mh + blk * stride_mblk + dims,
-                 mean16)
-    else:
-        idx = tl.arange(0, BLOCK_N)
-        shift = tl.load(SHIFT + idx[:, None] * BLOCK_N + idx[None, :])  # M^T = M
-        shifted = tl.dot(shift, k).to(tl.float16)
+                 mean.to(tl.float16))
     tl.store(KS + b.to(tl.int64) * stride_sb + h.to(tl.int64) * stride_sh
              + rows[:, None].to(tl.int64) * stride_ss + dims[None, :], shifted)
 
@@ -307,8 +305,8 @@ def _tile_row_constants(q, mean_base, c_base, rows, q_len, dims, lo, hi, stride_
 
 @triton.jit
 def _shift_in_kernel(k, SHIFT, scale, ALG: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The preprocessing of ``_shift_keys`` on a zero-padded raw K tile, inside the
-    attention loop (fused: decode, and prefill when TUNING["shift"] == "fused").
+    """K' of one zero-padded raw K tile: in the preprocessing pass (``_shift_keys``) and
+    inside the attention loop (fused: decode, and prefill when TUNING["shift"] == "fused").
     Returns K' and, for pasa-exact, the block's mean16 (fp32)."""
     if ALG == 5:
         mean16 = (tl.sum(k.to(tl.float32), 0) / BLOCK_N).to(tl.float16)
@@ -785,7 +783,7 @@ def _prepare_keys(problem, k, kv_starts, kv_lens, block_n, head_dim_p):
         k_shift.stride(0), k_shift.stride(1), k_shift.stride(2),
         means.stride(0), means.stride(1), means.stride(2),
         n_kv, n_blocks, problem.scale, k.shape[3],
-        EXACT=exact, BLOCK_N=block_n, HEAD_DIM=head_dim_p,
+        ALG=ALG_IDS[problem.allocation.name], BLOCK_N=block_n, HEAD_DIM=head_dim_p,
         num_warps=1 if _interpreting() else 4)
     return k_shift, means
 

@@ -96,7 +96,8 @@ def compile_gluon(consts: dict, fp_fusion: bool = True, arch: int = 90):
 
     rows = {"q_desc": [1, 1, consts["BLOCK_M"] // 2, d], "k_desc": [1, 1, consts["BLOCK_N"], d],
             "v_desc": [1, 1, consts["BLOCK_N"], d], "m_desc": [gp.CONSTANTS_PER_LOAD, d]}
-    pointers = dict(O="*fp16", LSE="*fp32", band_pre="*i32", band_next="*i32")
+    pointers = dict(O="*fp16", LSE="*fp32", next_tile="*i32", band_pre="*i32",
+                    band_next="*i32")
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in consts:
@@ -107,7 +108,7 @@ def compile_gluon(consts: dict, fp_fusion: bool = True, arch: int = 90):
             sig[name] = pointers[name]
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
-            sig[name] = "fp32" if name == "scale" else "i32"
+            sig[name] = "fp32" if name in ("scale", "gamma") else "i32"
             if name.startswith("stride_"):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = GluonASTSource(fn, sig, attrs=attrs,
