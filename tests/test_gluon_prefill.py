@@ -132,6 +132,33 @@ def test_gpu_gluon_prefill_more_pairs_than_a_grid_axis_holds(mode, gluon_launche
     assert torch.equal(out, kernel_out) and torch.equal(lse, kernel_lse)
 
 
+PERSISTENT_MODES = dict(MODES, **{"band, first rows keyless": dict(sparse_mode=4, pre_tokens=300,
+                                                                   next_tokens=-200)})
+
+
+@pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
+@pytest.mark.parametrize("mode", ["no mask", "causal (3)", "band (4)", "band, first rows keyless"])
+def test_gpu_gluon_prefill_programs_take_many_tiles(algorithm, mode, gluon_launches):
+    """4 batches x 16 heads (GQA 4:1) x 16 query tiles of S = 2000: 1024 tiles for one
+    program per SM, so every program takes several, of different weights under the masks,
+    and under the last band the first tile of each (batch, head) sees no kv block at all.
+    Two launches in a row, each with its own tile counter; each gives the Triton kernel's
+    output (bit for bit but pasa, :func:`_assert_same_as_triton_kernel`): a tile left out
+    or taken twice would leave rows unwritten or wrong."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q = torch.randn(4, 16, 2000, 128, generator=gen, device="cuda").half()
+    k, v = (torch.randn(4, 4, 2000, 128, generator=gen, device="cuda").half() for _ in "kv")
+    kw = dict(num_heads=16, num_key_value_heads=4, input_layout="BNSD", scale=128 ** -0.5,
+              algorithm=algorithm, softmax_lse_flag=True, **PERSISTENT_MODES[mode])
+    if "sparse_mode" in kw:
+        kw["atten_mask"] = pasa_npu.compressed_causal_mask().cuda()
+    kernel_out, kernel_lse = _call(q, k, v, kw, "triton")
+    for launch in (1, 2):
+        out, lse = _call(q, k, v, kw, "warp-specialised")
+        assert len(gluon_launches) == launch
+        _assert_same_as_triton_kernel(algorithm, out, lse, kernel_out, kernel_lse)
+
+
 AUTO = {  # (algorithm, head dim, mask mode): whether TUNING "auto" picks the Gluon kernel
     ("pasa-exact", 128, "no mask"): True, ("pasa", 128, "causal (3)"): True,
     ("fa-fp32", 64, "no mask"): True, ("pasa-exact", 64, "causal (3)"): True,
