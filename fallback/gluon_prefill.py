@@ -107,23 +107,20 @@ if AVAILABLE:
         return gl.max(tile_ids.index(n % 2).load(gl.BlockedLayout([1], [32], [4], [0])), 0)
 
     @gluon.jit
-    def _loader(q_desc, k_desc, v_desc, m_desc, q_smem, k_smem, v_smem, mean_smem, q_bar,
-                q_empty, kv_ready, kv_empty, mean_ready, mean_empty, tile_ids, tile_ready,
-                next_tile, band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs,
-                tile_group, n_blocks, ALG: gl.constexpr, HAS_BAND: gl.constexpr,
+    def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready,
+                kv_empty, tile_ids, tile_ready, next_tile, band_pre, band_next, q_len, kv_len,
+                n_heads, group, n_tiles, n_pairs, tile_group, HAS_BAND: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
         """Loader warp: takes this program's tiles (its own index first, then the next
         untaken one from the ``next_tile`` counter, so that a program that finishes early
         takes more) and publishes each to the consumers; for each, the two Q halves once
         the consumer groups are done with the previous tile's, then K and V block by block
-        into the ring, which runs on across tiles; for pasa-exact, ahead of the first block
-        of each 16, those blocks' means into a ring of two (both groups read them). Publishes
-        an index past the last tile at the end."""
+        into the ring, which runs on across tiles. Publishes an index past the last tile
+        at the end."""
         HALF: gl.constexpr = BLOCK_M // 2
         total = n_tiles * n_pairs
         it = 0  # kv blocks loaded by this program so far, over all its tiles
         n = 0  # tiles so far
-        chunk = 0  # pasa-exact: loads of 16 blocks' means so far
         t = gl.program_id(0)
         while t < total:
             b, h, hk, m0 = _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, BLOCK_M)
@@ -136,18 +133,7 @@ if AVAILABLE:
                                                 q_bar.index(w), q_smem.index(w))
             # both groups are past tile n-1's Q, so they have read ids n-1 and n-2
             _tile_publish(tile_ids, tile_ready, t, n)
-            mean_row0 = (b * (n_heads // group) + hk) * n_blocks
             for blk in range(lo, hi):
-                if ALG == 5:
-                    if (blk == lo) | (blk % 16 == 0):
-                        slot = chunk % 2
-                        mbarrier.wait(mean_empty.index(slot), ((chunk // 2) & 1) ^ 1,
-                                      pred=chunk >= 2)
-                        mbarrier.expect(mean_ready.index(slot), m_desc.block_type.nbytes)
-                        tma.async_copy_global_to_shared(m_desc, [mean_row0 + blk - blk % 16, 0],
-                                                        mean_ready.index(slot),
-                                                        mean_smem.index(slot))
-                        chunk += 1
                 stage = it % STAGES
                 # the first pass over the ring finds every stage free
                 mbarrier.wait(kv_empty.index(stage), ((it // STAGES) & 1) ^ 1,
@@ -245,12 +231,12 @@ if AVAILABLE:
 
     @gluon.jit
     def _consumer(q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
-                  tile_ready, O, LSE, band_pre, band_next, q_len, kv_len, n_heads, group,
-                  n_tiles, n_pairs, tile_group, scale, gamma,
+                  tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs,
+                  tile_group, n_blocks, scale, gamma,
                   stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls, mean_smem,
-                  mean_ready, mean_empty, ones, W: gl.constexpr, ALG: gl.constexpr,
-                  HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+                  mean_bar, ones, W: gl.constexpr, ALG: gl.constexpr, HAS_BAND: gl.constexpr,
+                  HAS_LSE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
         """Consumer warp group W: for each tile the loader publishes, rows m0 + W*64 .. +63 of
         it, every kv block in turn. ALG: the allocation's id (triton_attention.ALG_IDS:
         0 fa-fp32, 3 pasa, 5 pasa-exact)."""
@@ -272,32 +258,32 @@ if AVAILABLE:
         o_zero = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
         it = 0  # kv blocks consumed by this program so far, over all its tiles
         n = 0  # tiles so far
-        chunk = 0  # pasa-exact: chunks of 16 blocks' means used so far
+        mean_loads = 0
         t = _tile_read(tile_ids, tile_ready, n)
         while t < n_tiles * n_pairs:
             b, h, hk, m0 = _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, BLOCK_M)
             lo, hi, full_lo, full_hi, pre, nxt = _tile_kv_blocks(
                 m0, q_len, kv_len, band_pre, band_next, b, HAS_BAND, BLOCK_M, BLOCK_N)
-            it, chunk = _consumer_tile(
-                q, k_smem, v_smem, q_bar.index(W), q_empty.index(W), kv_ready, kv_empty,
-                O, LSE, b, h, m0, lo, hi, full_lo, full_hi, q_len, kv_len, pre, nxt,
+            mean_row0 = (b * (n_heads // group) + hk) * n_blocks
+            it, mean_loads = _consumer_tile(
+                q, k_smem, v_smem, q_bar.index(W), q_empty.index(W), kv_ready, kv_empty, m_desc,
+                O, LSE, b, h, m0, lo, hi, full_lo, full_hi, q_len, kv_len, pre, nxt, mean_row0,
                 scale, gamma, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-                mean_smem, mean_ready, mean_empty, ones, cols, blocks16, s_zero, o_zero, it, n,
-                chunk,
+                mean_smem, mean_bar, ones, cols, blocks16, s_zero, o_zero, it, n, mean_loads,
                 W, ALG, HAS_BAND, HAS_LSE, HALF, BLOCK_N, HEAD_DIM, STAGES)
             n += 1
             t = _tile_read(tile_ids, tile_ready, n)
 
     @gluon.jit
-    def _consumer_tile(q, k_smem, v_smem, q_ready, q_free, kv_ready, kv_empty, O, LSE,
-                       b, h, m0, lo, hi, full_lo, full_hi, q_len, kv_len, pre, nxt,
+    def _consumer_tile(q, k_smem, v_smem, q_ready, q_free, kv_ready, kv_empty, m_desc, O, LSE,
+                       b, h, m0, lo, hi, full_lo, full_hi, q_len, kv_len, pre, nxt, mean_row0,
                        scale, gamma, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                       stride_ls, mean_smem, mean_ready, mean_empty, ones, cols, blocks16,
-                       s_zero, o_zero, it, n, chunk, W: gl.constexpr, ALG: gl.constexpr,
+                       stride_ls, mean_smem, mean_bar, ones, cols, blocks16, s_zero, o_zero,
+                       it, n, mean_loads, W: gl.constexpr, ALG: gl.constexpr,
                        HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr, HALF: gl.constexpr,
                        BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
         """One tile's 64 rows of consumer group W (the ``n``-th tile of this program; ``it``
-        kv blocks and ``chunk`` chunks of means before it): the kv loop, then O and LSE.
+        kv blocks and ``mean_loads`` mean loads before it): the kv loop, then O and LSE.
         Q is released (``q_free``) once its last QKᵀ is done. Returns the new counts."""
         s_layout: gl.constexpr = s_zero.type.layout
         o_layout: gl.constexpr = o_zero.type.layout
@@ -329,15 +315,15 @@ if AVAILABLE:
         for blk in range(lo, hi):
             stage = it % STAGES
             if ALG == 5:
-                # c = scale * Q . mean16 for the 16 blocks from blk - blk % 16 in one thin
-                # matmul, from the means the loader fetched ahead
+                # c = scale * Q . mean16 for blocks blk0 .. blk0+15 in one thin matmul
                 if (blk == lo) | (blk % 16 == 0):
-                    slot = chunk % 2
-                    mbarrier.wait(mean_ready.index(slot), (chunk // 2) & 1)
-                    c16 = warpgroup_mma(q, mean_smem.index(slot).permute((1, 0)), c16,
-                                        use_acc=False)
-                    mbarrier.arrive(mean_empty.index(slot))
-                    chunk += 1
+                    blk0 = blk - blk % 16
+                    mbarrier.expect(mean_bar, m_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(m_desc, [mean_row0 + blk0, 0], mean_bar,
+                                                    mean_smem)
+                    mbarrier.wait(mean_bar, mean_loads & 1)
+                    mean_loads += 1
+                    c16 = warpgroup_mma(q, mean_smem.permute((1, 0)), c16, use_acc=False)
                     c16 = c16 * scale
                 c = gl.convert_layout(gl.sum(gl.where(blocks16[None, :] == blk % 16, c16, 0.0), 1),
                                       row_s)
@@ -430,7 +416,7 @@ if AVAILABLE:
         if HAS_LSE:
             gl.store(LSE + b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
                      + rows.to(gl.int64) * stride_ls, lse, mask=rows < q_len)
-        return it, chunk
+        return it, mean_loads
 
     @gluon.jit
     def _prefill_ws(q_desc, k_desc, v_desc, m_desc, O, LSE, next_tile, band_pre, band_next,
@@ -454,8 +440,7 @@ if AVAILABLE:
         mean_smem = gl.allocate_shared_memory(gl.float16, [2, 16, HEAD_DIM], m_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        mean_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        mean_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mean_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         tile_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         tile_ids = gl.allocate_shared_memory(gl.int32, [2, 1],
                                              gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -464,8 +449,7 @@ if AVAILABLE:
         for w in gl.static_range(2):
             mbarrier.init(q_bar.index(w), count=1)
             mbarrier.init(q_empty.index(w), count=1)
-            mbarrier.init(mean_ready.index(w), count=1)
-            mbarrier.init(mean_empty.index(w), count=2)  # both consumer groups read the means
+            mbarrier.init(mean_bar.index(w), count=1)
             mbarrier.init(tile_ready.index(w), count=1)
         for s in gl.static_range(STAGES):
             mbarrier.init(kv_ready.index(s), count=1)
@@ -478,21 +462,17 @@ if AVAILABLE:
         fence_async_shared()
         gl.warp_specialize([
             (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
-                         tile_ready, O, LSE, band_pre, band_next, q_len, kv_len, n_heads, group,
-                         n_tiles, n_pairs, tile_group, scale, gamma, stride_ob, stride_oh,
-                         stride_os, stride_lb, stride_lh, stride_ls, mean_smem, mean_ready,
-                         mean_empty, ones, 0, ALG, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM,
-                         STAGES)),
+                         tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs, tile_group, n_blocks, scale, gamma, stride_ob, stride_oh,
+                         stride_os, stride_lb, stride_lh, stride_ls, mean_smem.index(0),
+                         mean_bar.index(0), ones, 0, ALG, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N,
+                         HEAD_DIM, STAGES)),
             (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
-                         tile_ready, O, LSE, band_pre, band_next, q_len, kv_len, n_heads, group,
-                         n_tiles, n_pairs, tile_group, scale, gamma, stride_ob, stride_oh,
-                         stride_os, stride_lb, stride_lh, stride_ls, mean_smem, mean_ready,
-                         mean_empty, ones, 1, ALG, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM,
-                         STAGES)),
-            (_loader, (q_desc, k_desc, v_desc, m_desc, q_smem, k_smem, v_smem, mean_smem, q_bar,
-                       q_empty, kv_ready, kv_empty, mean_ready, mean_empty, tile_ids, tile_ready,
-                       next_tile, band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles,
-                       n_pairs, tile_group, n_blocks, ALG, HAS_BAND, BLOCK_M, BLOCK_N, STAGES)),
+                         tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs, tile_group, n_blocks, scale, gamma, stride_ob, stride_oh,
+                         stride_os, stride_lb, stride_lh, stride_ls, mean_smem.index(1),
+                         mean_bar.index(1), ones, 1, ALG, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N,
+                         HEAD_DIM, STAGES)),
+            (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready,
+                       kv_empty, tile_ids, tile_ready, next_tile, band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs, tile_group, HAS_BAND, BLOCK_M, BLOCK_N, STAGES)),
         ], [4, 1], [_CONSUMER_REGS, _LOADER_REGS])
 
 
