@@ -49,7 +49,8 @@ try:  # Gluon ships with Triton >= 3.5
 except ImportError:  # pragma: no cover - older Triton
     AVAILABLE = False
 
-from pasa_npu.fallback.kernel_common import INTERPRET, _fp16, _rl, _tile_kv_blocks, tma_strides
+from pasa_npu.fallback.kernel_common import (INTERPRET, _fp16, _rl, _tile_kv_blocks, sm_count,
+                                             tma_strides)
 from pasa_npu.problem import AttentionProblem
 
 BLOCK_M = 128  # two consumer warp groups of 64 rows
@@ -94,7 +95,7 @@ if AVAILABLE:
 
     @gluon.jit
     def _tile_publish(tile_ids, tile_ready, t, n):
-        """Loader: tile ``t`` is this program's ``n``-th (a slot of two per parity)."""
+        """Loader: publish tile ``t`` as this program's ``n``-th, in slot n % 2."""
         tile_ids.index(n % 2).store(gl.full([1], t, gl.int32, gl.BlockedLayout([1], [32], [1],
                                                                                 [0])))
         gl.thread_barrier()
@@ -231,8 +232,8 @@ if AVAILABLE:
 
     @gluon.jit
     def _consumer(q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
-                  tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs,
-                  tile_group, n_blocks, scale, gamma,
+                  tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len, n_heads,
+                  group, n_tiles, n_pairs, tile_group, n_blocks, scale, gamma,
                   stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls, mean_smem,
                   mean_bar, ones, W: gl.constexpr, ALG: gl.constexpr, HAS_BAND: gl.constexpr,
                   HAS_LSE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -247,9 +248,6 @@ if AVAILABLE:
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
         c_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
         q = q_smem.index(W).reshape([HALF, HEAD_DIM])
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -287,8 +285,7 @@ if AVAILABLE:
         Q is released (``q_free``) once its last QKᵀ is done. Returns the new counts."""
         s_layout: gl.constexpr = s_zero.type.layout
         o_layout: gl.constexpr = o_zero.type.layout
-        c_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
+        c_layout: gl.constexpr = blocks16.type.layout.parent
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -460,19 +457,23 @@ if AVAILABLE:
         ones.store(gl.full([8, BLOCK_N], 1.0, gl.float16,
                            gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])))
         fence_async_shared()
-        gl.warp_specialize([
+        gl.warp_specialize([  # the two consumer groups differ only in W
             (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
-                         tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs, tile_group, n_blocks, scale, gamma, stride_ob, stride_oh,
-                         stride_os, stride_lb, stride_lh, stride_ls, mean_smem.index(0),
-                         mean_bar.index(0), ones, 0, ALG, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, STAGES)),
+                         tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len, n_heads,
+                         group, n_tiles, n_pairs, tile_group, n_blocks, scale, gamma, stride_ob,
+                         stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
+                         mean_smem.index(0), mean_bar.index(0), ones, 0, ALG, HAS_BAND, HAS_LSE,
+                         BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)),
             (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
-                         tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs, tile_group, n_blocks, scale, gamma, stride_ob, stride_oh,
-                         stride_os, stride_lb, stride_lh, stride_ls, mean_smem.index(1),
-                         mean_bar.index(1), ones, 1, ALG, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, STAGES)),
+                         tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len, n_heads,
+                         group, n_tiles, n_pairs, tile_group, n_blocks, scale, gamma, stride_ob,
+                         stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
+                         mean_smem.index(1), mean_bar.index(1), ones, 1, ALG, HAS_BAND, HAS_LSE,
+                         BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)),
             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready,
-                       kv_empty, tile_ids, tile_ready, next_tile, band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs, tile_group, HAS_BAND, BLOCK_M, BLOCK_N, STAGES)),
+                       kv_empty, tile_ids, tile_ready, next_tile, band_pre, band_next, q_len,
+                       kv_len, n_heads, group, n_tiles, n_pairs, tile_group, HAS_BAND, BLOCK_M,
+                       BLOCK_N, STAGES)),
         ], [4, 1], [_CONSUMER_REGS, _LOADER_REGS])
 
 
@@ -530,11 +531,6 @@ def _descriptor(t: torch.Tensor, rows: int):
     return TensorDescriptor(t, list(t.shape), _tma_strides(t), block, layout)
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 @functools.lru_cache(maxsize=8)
 def _no_means(device: torch.device, head_dim: int) -> torch.Tensor:
     """fa-fp32 has no block means: a never-read stand-in the descriptor can point at."""
@@ -564,7 +560,7 @@ def run(problem: AttentionProblem, alg_id: int, gamma: float, k_used: torch.Tens
     tile_group = 1
     if problem.band is not None:
         tile_group = max(1, min(n_pairs, TILE_GROUP_BYTES // kv_bytes))
-    grid = (min(n_tiles * n_pairs, _sm_count(q.device.index)),)
+    grid = (min(n_tiles * n_pairs, sm_count(q.device.index)),)
     _prefill_ws[grid](
         _descriptor(q, BLOCK_M // 2), _descriptor(k_used, BLOCK_N), _descriptor(v, BLOCK_N),
         m_desc, out, lse_arg, torch.zeros(1, dtype=torch.int32, device=q.device), band_pre,

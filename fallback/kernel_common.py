@@ -4,6 +4,7 @@ fp16 roundings, and the strides a TMA descriptor takes. Gluon kernels call these
 ``triton.jit`` helpers as they are (scalar and element-wise code has no layout of its own)."""
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -57,6 +58,12 @@ def _tile_kv_blocks(m0, q_len, kv_len, band_pre, band_next, b, HAS_BAND: tl.cons
     full_lo = tl.minimum(tl.maximum((full_lo_col + BLOCK_N - 1) // BLOCK_N, lo), hi)
     full_hi = tl.minimum(tl.maximum(full_hi_col // BLOCK_N, full_lo), hi)
     return lo, hi, full_lo, full_hi, pre, nxt
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: int) -> int:
+    """The number of SMs of CUDA device ``device_index``."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def tma_strides(t: torch.Tensor, batch_stride: int):

@@ -46,7 +46,8 @@ import triton.language as tl
 from pasa_npu import numerics
 from pasa_npu.beta import ideal_invariance, shift_matrix
 from pasa_npu.fallback import gluon_prefill
-from pasa_npu.fallback.kernel_common import INTERPRET, _fp16, _rl, _tile_kv_blocks, tma_strides
+from pasa_npu.fallback.kernel_common import (INTERPRET, _fp16, _rl, _tile_kv_blocks, sm_count,
+                                             tma_strides)
 from pasa_npu.problem import AttentionProblem
 
 ALG_IDS = {"fa-fp32": 0, "fa-fp16s": 1, "fa-fp16": 2, "pasa": 3, "pasa-mixed": 4, "pasa-exact": 5}
@@ -757,11 +758,6 @@ def _placeholder(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(1, 1, 1, dtype=dtype, device=device)
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 @functools.lru_cache(maxsize=64)
 def _cached_shift_matrix(beta: float, n: int, scale: float, device: torch.device):
     return shift_matrix(beta, n, torch.float16, scale, device).contiguous()
@@ -975,7 +971,7 @@ def _run_decode(problem, lengths, mask, mask_strides, shift, lse_arg, gamma, com
     n_chunks = _cdiv(group, block_g)
     group_rows = n_chunks * block_g
     n_blocks = max(1, _cdiv(problem.max_kv_len, common["BLOCK_N"]))
-    sms = 132 if interpret else _sm_count(q.device.index or 0)
+    sms = 132 if interpret else sm_count(q.device.index or 0)
     resident = _decode_resident(problem.allocation.name, common["HEAD_DIM"], block_g)
     n_splits = _decode_splits(n_blocks, batch * n_kv * n_chunks, sms, resident)
     blocks_per_split = _cdiv(n_blocks, n_splits)
