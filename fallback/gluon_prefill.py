@@ -426,8 +426,8 @@ if AVAILABLE:
         """Persistent, one program per SM: each takes tiles of :func:`_tile`'s order until
         none is left (``next_tile``: a zeroed counter; :func:`_loader`), so that its loader
         fetches a tile's Q, K and V while its consumers finish the one before. (A fixed
-        stride over the tiles left some programs with 1.5x the average work under a
-        causal mask.)"""
+        stride over the tiles, heaviest first within groups of pairs, left the programs'
+        work unbalanced under a causal mask.)"""
         HALF: gl.constexpr = BLOCK_M // 2
         q_smem = gl.allocate_shared_memory(gl.float16, [2, 1, 1, HALF, HEAD_DIM], q_desc.layout)
         k_smem = gl.allocate_shared_memory(gl.float16, [STAGES, 1, 1, BLOCK_N, HEAD_DIM],
