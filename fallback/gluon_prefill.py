@@ -3,34 +3,35 @@
 The same computation as :func:`pasa_npu.fallback.triton_attention._attention_fwd` for
 these allocations, organised so that the tensor cores and the softmax overlap:
 
-* persistent: one program per SM takes (128-row query tile, batch, query head) tiles
-  until none is left, in three partitions: a one-warp loader takes the tiles, and
-  streams each one's Q, then its K (K' for PASA) and V blocks with TMA into a ring of
-  stages (``kv_ready`` / ``kv_empty`` barriers) that runs on from tile to tile, and two
-  consumer warp groups of 64 rows each run QKᵀ, the softmax, PV and the fold block
-  after block, then write their rows of O while the next tile's loads are under way;
+* persistent: one program per SM takes (query tile, batch, query head) tiles until none
+  is left: a one-warp loader takes the tiles, and streams each one's Q, then its K (K'
+  for PASA) and V blocks with TMA into a ring of stages (``kv_ready`` / ``kv_empty``
+  barriers) that runs on from tile to tile, and two or three consumer warp groups of 64
+  rows each (128- or 192-row tiles, :func:`consumer_groups`) run QKᵀ, the softmax, PV
+  and the fold block after block over the blocks their own rows see, then write their
+  rows of O while the next tile's loads are under way;
 * little overlaps inside a consumer (no block's PV runs under the next block's
   softmax: that needs registers for S, P, the rounded PV tile and the accumulator at
   once, and spilled; only pasa's statistics run while its P'V matmul does). The overlap
-  comes from the two groups, which no CTA-wide barrier holds in step: one group's
-  softmax runs while the other's matmuls do. (The Triton kernel synchronises its 8
+  comes from the groups, which no CTA-wide barrier holds in step: one group's softmax
+  runs while another's matmuls do. (The Triton kernel synchronises its 8
   warps several times per kv block.)
 
 Numerics: the operations of the Triton kernel, element by element and in the same
 order (fp32 accumulation in the tensor cores; pasa-exact rounds S', P' and the P'V tile
 to fp16 and carries c = scale * Q . mean16 in fp32, 16 blocks' constants per thin
 matmul; pasa runs every statistic as an fp16 step, compiled without FMA contraction).
-On the H100, pasa-exact and fa-fp32 give the Triton kernel's outputs and LSE bit for bit.
-pasa sums its block's fp16 scores (for the block mean) and its fp16 P' (for l) on the
-tensor cores, a thin matmul with a tile of ones, instead of converting and adding 64
-elements per thread: the same fp16 values summed in fp32, in the tensor cores' order, so a
-few outputs in 10^4 differ from the Triton kernel's by rounding (tests/test_gluon_prefill.py).
+On the H100, fa-fp32 gives the Triton kernel's outputs and LSE bit for bit. pasa-exact
+sums its block's fp16 P' (for l), and pasa its fp16 scores (for the block mean) and its
+fp16 P', on the tensor cores, a thin matmul with a tile of ones, instead of converting
+and adding 64 elements per thread: the same fp16 values summed in fp32, in the tensor
+cores' order, so a few outputs in 10^4 differ from the Triton kernel's by rounding
+(tests/test_gluon_prefill.py).
 
 Scope (:func:`supported`): fp16 inputs; head dim 64 or 128 (Q, K and V alike); kv_block
 128; every batch at the full lengths (no ragged or packed varlen input); no explicit mask
 (causal and band modes are computed in the kernel); no rounding guard; layouts TMA can
-address. Everything else runs on the Triton kernel, as do the cases where that was
-measured faster (:func:`preferred`).
+address. Everything else runs on the Triton kernel.
 """
 from __future__ import annotations
 
@@ -53,11 +54,14 @@ from pasa_npu.fallback.kernel_common import (INTERPRET, _fp16, _rl, _tile_kv_blo
                                              tma_strides)
 from pasa_npu.problem import AttentionProblem
 
-BLOCK_M = 128  # two consumer warp groups of 64 rows
+GROUP_ROWS = 64  # query rows per consumer warp group (a query tile: 2 or 3 groups)
 BLOCK_N = 128  # kv_block: pasa-exact's block means are over exactly these keys
 CONSTANTS_PER_LOAD = 16  # pasa-exact: block means per thin matmul for c
 LOADER_REGS = 24
-CONSUMER_REGS = 240
+#: registers per consumer thread, with 2 or 3 groups (the loader warp's 24 and the
+#: consumers' must fit the SM's 64k; the first group, the default partition, gets
+#: what the others leave)
+CONSUMER_REGS = {2: 240, 3: 168}
 ALGORITHMS = ("pasa-exact", "pasa", "fa-fp32")
 PASA_ID = 3  # triton_attention.ALG_IDS["pasa"]: all-fp16 steps, compiled without FMA contraction
 HEAD_DIMS = (64, 128)
@@ -69,6 +73,19 @@ HEAD_DIMS = (64, 128)
 TILE_GROUP_BYTES = 8 << 20
 
 
+def consumer_groups(algorithm: str, head_dim: int, banded: bool) -> int:
+    """Consumer warp groups per program: 3 (192-row tiles) at d = 64, where a group's
+    chain of QKᵀ, softmax and PV leaves the tensor cores idle for longer than at d = 128,
+    except for pasa-exact and pasa under a causal or band mask; 2 (128-row tiles)
+    otherwise. In a same-process A/B on the H100 (scratch code, S = 4k and 16k), three
+    groups were faster in every cell for fa-fp32 and without a mask for pasa-exact and
+    pasa, and slower for those two under a causal mask at 4k: at 168 registers a thread
+    their masked blocks spill, and a causal tile's groups see unequal numbers of blocks."""
+    if head_dim == 64 and (algorithm == "fa-fp32" or not banded):
+        return 3
+    return 2
+
+
 def _stages(head_dim: int) -> int:
     """K/V ring depth that fits shared memory (227 KiB): 2 at d = 128, 3 at d = 64."""
     return 2 if head_dim > 64 else 3
@@ -76,8 +93,10 @@ def _stages(head_dim: int) -> int:
 
 if AVAILABLE:
     LOG2E = gl.constexpr(1.4426950408889634)
-    _CONSUMER_REGS = gl.constexpr(CONSUMER_REGS)
+    _CONSUMER_REGS_2 = gl.constexpr(CONSUMER_REGS[2])
+    _CONSUMER_REGS_3 = gl.constexpr(CONSUMER_REGS[3])
     _LOADER_REGS = gl.constexpr(LOADER_REGS)
+    ROWS = gl.constexpr(GROUP_ROWS)
 
     @gluon.jit
     def _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, BLOCK_M: gl.constexpr):
@@ -114,11 +133,10 @@ if AVAILABLE:
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
         """Loader warp: takes this program's tiles (its own index first, then the next
         untaken one from the ``next_tile`` counter, so that a program that finishes early
-        takes more) and publishes each to the consumers; for each, the two Q halves once
-        the consumer groups are done with the previous tile's, then K and V block by block
+        takes more) and publishes each to the consumers; for each, the groups' parts of Q
+        once they are done with the previous tile's, then K and V block by block
         into the ring, which runs on across tiles. Publishes an index past the last tile
         at the end."""
-        HALF: gl.constexpr = BLOCK_M // 2
         total = n_tiles * n_pairs
         it = 0  # kv blocks loaded by this program so far, over all its tiles
         n = 0  # tiles so far
@@ -127,12 +145,12 @@ if AVAILABLE:
             b, h, hk, m0 = _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, BLOCK_M)
             lo, hi, full_lo, full_hi, pre, nxt = _tile_kv_blocks(
                 m0, q_len, kv_len, band_pre, band_next, b, HAS_BAND, BLOCK_M, BLOCK_N)
-            for w in gl.static_range(2):
+            for w in gl.static_range(BLOCK_M // ROWS):
                 mbarrier.wait(q_empty.index(w), (n & 1) ^ 1, pred=n > 0)
                 mbarrier.expect(q_bar.index(w), q_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(q_desc, [b, h, m0 + w * HALF, 0],
+                tma.async_copy_global_to_shared(q_desc, [b, h, m0 + w * ROWS, 0],
                                                 q_bar.index(w), q_smem.index(w))
-            # both groups are past tile n-1's Q, so they have read ids n-1 and n-2
+            # every group is past tile n-1's Q, so each has read ids n-1 and n-2
             _tile_publish(tile_ids, tile_ready, t, n)
             for blk in range(lo, hi):
                 stage = it % STAGES
@@ -148,9 +166,21 @@ if AVAILABLE:
                 it += 1
             n += 1
             t = gl.num_programs(0) + gl.atomic_add(next_tile, 1)
-        for w in gl.static_range(2):
+        for w in gl.static_range(BLOCK_M // ROWS):
             mbarrier.wait(q_empty.index(w), (n & 1) ^ 1, pred=n > 0)
         _tile_publish(tile_ids, tile_ready, t, n)
+
+    @gluon.jit
+    def _release_blocks(kv_ready, kv_empty, start, end, it, STAGES: gl.constexpr):
+        """Consumer: pass over kv blocks start .. end-1 of the ring unread, releasing each
+        once it has arrived (a release before the load would count towards the stage's
+        previous use). Returns the new count of blocks."""
+        for _ in range(start, end):
+            stage = it % STAGES
+            mbarrier.wait(kv_ready.index(stage), (it // STAGES) & 1)
+            mbarrier.arrive(kv_empty.index(stage))
+            it += 1
+        return it
 
     @gluon.jit
     def _row_sum_start(x16, ones):
@@ -184,9 +214,10 @@ if AVAILABLE:
         return m_new, alpha * l_i + gl.sum(p, 1), alpha, _fp16(p)
 
     @gluon.jit
-    def _softmax_exact(qk, vis, m_i, l_i, c, MASKED: gl.constexpr):
+    def _softmax_exact(qk, vis, m_i, c, MASKED: gl.constexpr):
         """pasa-exact: S' rounded to fp16, the row constant c carried in fp32, P' rounded to
-        fp16 and summed in fp32. Returns (m, l, alpha, P' in fp16)."""
+        fp16 (the caller sums it in fp32 on the tensor cores). Returns (m, alpha, P' in
+        fp16)."""
         if MASKED:  # masked in fp32, where a select is one instruction (fp16(-inf) = -inf)
             qk = gl.where(vis, qk, float("-inf"))
         sp16 = _fp16(qk)
@@ -195,7 +226,7 @@ if AVAILABLE:
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2((m_i - m_use) * LOG2E)
         p16 = _fp16(gl.exp2(sp * LOG2E - ((m_use - c) * LOG2E)[:, None]))
-        return m_new, alpha * l_i + gl.sum(p16.to(gl.float32), 1), alpha, p16
+        return m_new, alpha, p16
 
     @gluon.jit
     def _scores_pasa(qk, vis, ones, MASKED: gl.constexpr):
@@ -239,9 +270,9 @@ if AVAILABLE:
                   HAS_LSE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
         """Consumer warp group W: for each tile the loader publishes, rows m0 + W*64 .. +63 of
-        it, every kv block in turn. ALG: the allocation's id (triton_attention.ALG_IDS:
-        0 fa-fp32, 3 pasa, 5 pasa-exact)."""
-        HALF: gl.constexpr = BLOCK_M // 2
+        it, every kv block its rows see in turn (it releases the tile's other blocks
+        unread). ALG: the allocation's id (triton_attention.ALG_IDS: 0 fa-fp32, 3 pasa,
+        5 pasa-exact)."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -249,57 +280,65 @@ if AVAILABLE:
         c_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
 
-        q = q_smem.index(W).reshape([HALF, HEAD_DIM])
+        q = q_smem.index(W).reshape([ROWS, HEAD_DIM])
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         blocks16 = gl.arange(0, 16, layout=gl.SliceLayout(0, c_layout))
-        s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
-        o_zero = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
+        s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+        o_zero = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
         it = 0  # kv blocks consumed by this program so far, over all its tiles
         n = 0  # tiles so far
         mean_loads = 0
         t = _tile_read(tile_ids, tile_ready, n)
         while t < n_tiles * n_pairs:
             b, h, hk, m0 = _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, BLOCK_M)
-            lo, hi, full_lo, full_hi, pre, nxt = _tile_kv_blocks(
-                m0, q_len, kv_len, band_pre, band_next, b, HAS_BAND, BLOCK_M, BLOCK_N)
+            lo, hi, _, _, _, _ = _tile_kv_blocks(m0, q_len, kv_len, band_pre, band_next, b,
+                                                 HAS_BAND, BLOCK_M, BLOCK_N)
+            # the blocks this group's rows see, a part of the tile's (with three groups,
+            # a causal tile's first rows see fewer)
+            g_lo, g_hi, full_lo, full_hi, pre, nxt = _tile_kv_blocks(
+                m0 + W * ROWS, q_len, kv_len, band_pre, band_next, b, HAS_BAND, ROWS, BLOCK_N)
+            if m0 + W * ROWS >= q_len:
+                g_hi = g_lo
             mean_row0 = (b * (n_heads // group) + hk) * n_blocks
             it, mean_loads = _consumer_tile(
                 q, k_smem, v_smem, q_bar.index(W), q_empty.index(W), kv_ready, kv_empty, m_desc,
-                O, LSE, b, h, m0, lo, hi, full_lo, full_hi, q_len, kv_len, pre, nxt, mean_row0,
-                scale, gamma, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-                mean_smem, mean_bar, ones, cols, blocks16, s_zero, o_zero, it, n, mean_loads,
-                W, ALG, HAS_BAND, HAS_LSE, HALF, BLOCK_N, HEAD_DIM, STAGES)
+                O, LSE, b, h, m0, lo, hi, g_lo, g_hi, full_lo, full_hi, q_len, kv_len, pre, nxt,
+                mean_row0, scale, gamma, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+                stride_ls, mean_smem.index(W), mean_bar.index(W), ones, cols, blocks16, s_zero,
+                o_zero, it, n, mean_loads, W, ALG, HAS_BAND, HAS_LSE, BLOCK_N, HEAD_DIM, STAGES)
             n += 1
             t = _tile_read(tile_ids, tile_ready, n)
 
     @gluon.jit
     def _consumer_tile(q, k_smem, v_smem, q_ready, q_free, kv_ready, kv_empty, m_desc, O, LSE,
-                       b, h, m0, lo, hi, full_lo, full_hi, q_len, kv_len, pre, nxt, mean_row0,
-                       scale, gamma, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                       stride_ls, mean_smem, mean_bar, ones, cols, blocks16, s_zero, o_zero,
-                       it, n, mean_loads, W: gl.constexpr, ALG: gl.constexpr,
-                       HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr, HALF: gl.constexpr,
+                       b, h, m0, lo, hi, g_lo, g_hi, full_lo, full_hi, q_len, kv_len, pre, nxt,
+                       mean_row0, scale, gamma, stride_ob, stride_oh, stride_os, stride_lb,
+                       stride_lh, stride_ls, mean_smem, mean_bar, ones, cols, blocks16, s_zero,
+                       o_zero, it, n, mean_loads, W: gl.constexpr, ALG: gl.constexpr,
+                       HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr,
                        BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
         """One tile's 64 rows of consumer group W (the ``n``-th tile of this program; ``it``
-        kv blocks and ``mean_loads`` mean loads before it): the kv loop, then O and LSE.
-        Q is released (``q_free``) once its last QKᵀ is done. Returns the new counts."""
+        kv blocks and ``mean_loads`` mean loads before it): the kv loop over the group's
+        blocks [g_lo, g_hi), releasing the rest of the tile's [lo, hi) unread, then O and
+        LSE. Q is released (``q_free``) once its last QKᵀ is done. Returns the new
+        counts."""
         s_layout: gl.constexpr = s_zero.type.layout
         o_layout: gl.constexpr = o_zero.type.layout
         c_layout: gl.constexpr = blocks16.type.layout.parent
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-        rows = m0 + W * HALF + gl.arange(0, HALF, layout=row_s)
-        c16 = gl.zeros([HALF, 16], gl.float32, c_layout)
-        m_i = gl.full([HALF], float("-inf"), gl.float32, row_s)
-        l_i = gl.zeros([HALF], gl.float32, row_s)
-        f_i = gl.zeros([HALF], gl.float32, row_s)  # pasa's pseudo-average and its count
-        cnt_i = gl.zeros([HALF], gl.float32, row_s)
+        rows = m0 + W * ROWS + gl.arange(0, ROWS, layout=row_s)
+        c16 = gl.zeros([ROWS, 16], gl.float32, c_layout)
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
+        l_i = gl.zeros([ROWS], gl.float32, row_s)
+        f_i = gl.zeros([ROWS], gl.float32, row_s)  # pasa's pseudo-average and its count
+        cnt_i = gl.zeros([ROWS], gl.float32, row_s)
         if ALG == 3:  # the all-fp16 allocation accumulates in fp16
-            acc = gl.zeros([HALF, HEAD_DIM], gl.float16, o_layout)
+            acc = gl.zeros([ROWS, HEAD_DIM], gl.float16, o_layout)
         else:
-            acc = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
-        c = gl.zeros([HALF], gl.float32, row_s)
+            acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
+        c = gl.zeros([ROWS], gl.float32, row_s)
         # the keys each row sees, key_lo .. key_hi (key_count of them: 0 past q_len)
         key_lo = gl.zeros_like(rows)
         key_hi = gl.zeros_like(rows) + kv_len - 1
@@ -309,11 +348,12 @@ if AVAILABLE:
         key_count = gl.where(rows < q_len, gl.maximum(key_hi - key_lo + 1, 0), 0)
         mbarrier.wait(q_ready, n & 1)
 
-        for blk in range(lo, hi):
+        it = _release_blocks(kv_ready, kv_empty, lo, g_lo, it, STAGES)
+        for blk in range(g_lo, g_hi):
             stage = it % STAGES
             if ALG == 5:
                 # c = scale * Q . mean16 for blocks blk0 .. blk0+15 in one thin matmul
-                if (blk == lo) | (blk % 16 == 0):
+                if (blk == g_lo) | (blk % 16 == 0):
                     blk0 = blk - blk % 16
                     mbarrier.expect(mean_bar, m_desc.block_type.nbytes)
                     tma.async_copy_global_to_shared(m_desc, [mean_row0 + blk0, 0], mean_bar,
@@ -329,7 +369,7 @@ if AVAILABLE:
             v = v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
             qk = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             qk = warpgroup_mma_wait(0, deps=(qk,))
-            if blk == hi - 1:  # the tile's last use of Q: the loader may fetch the next
+            if blk == g_hi - 1:  # the group's last use of Q: the loader may fetch the next
                 mbarrier.arrive(q_free)
 
             # key n visible to its row: 0 <= n - key_lo < key_count, one unsigned compare
@@ -369,31 +409,36 @@ if AVAILABLE:
             else:
                 if ALG == 5:
                     if masked:
-                        m_new, l_new, alpha, p16 = _softmax_exact(qk, vis, m_i, l_i, c, True)
+                        m_new, alpha, p16 = _softmax_exact(qk, vis, m_i, c, True)
                     else:
-                        m_new, l_new, alpha, p16 = _softmax_exact(qk, vis, m_i, l_i, c, False)
-                else:
-                    if masked:
-                        m_new, l_new, alpha, p16 = _softmax_fa(qk, vis, m_i, l_i, scale, True)
-                    else:
-                        m_new, l_new, alpha, p16 = _softmax_fa(qk, vis, m_i, l_i, scale, False)
-                p16 = gl.convert_layout(p16, p_layout)
-                alpha = gl.convert_layout(alpha, row_o)
-                if ALG == 5:  # P'V in its own fp32 tile, rounded to fp16, then added
-                    pv = warpgroup_mma(p16, v, o_zero, use_acc=False, is_async=True)
-                    acc = acc * alpha[:, None]
+                        m_new, alpha, p16 = _softmax_exact(qk, vis, m_i, c, False)
+                    # P'V in its own fp32 tile, rounded to fp16, then added; alongside, the
+                    # block's P' summed on the tensor cores (for l)
+                    p_sums = _row_sum_start(p16, ones)
+                    pv = warpgroup_mma(gl.convert_layout(p16, p_layout), v, o_zero,
+                                       use_acc=False, is_async=True)
+                    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+                    p_sums = warpgroup_mma_wait(1, deps=(p_sums,))
+                    l_new = alpha * l_i + _row_sum_read(p_sums, m_i)
                     pv = warpgroup_mma_wait(0, deps=(pv,))
                     mbarrier.arrive(kv_empty.index(stage))
                     acc = acc + _fp16(pv).to(gl.float32)
                 else:  # fa-fp32: accumulated in place
+                    if masked:
+                        m_new, l_new, alpha, p16 = _softmax_fa(qk, vis, m_i, l_i, scale, True)
+                    else:
+                        m_new, l_new, alpha, p16 = _softmax_fa(qk, vis, m_i, l_i, scale, False)
+                    p16 = gl.convert_layout(p16, p_layout)
+                    alpha = gl.convert_layout(alpha, row_o)
                     acc = acc * alpha[:, None]
                     acc = warpgroup_mma(p16, v, acc, use_acc=True, is_async=True)
                     acc = warpgroup_mma_wait(0, deps=(acc,))
                     mbarrier.arrive(kv_empty.index(stage))
                 m_i, l_i = m_new, l_new
             it += 1
-        if hi <= lo:  # a tile that sees no kv block never used Q
+        if g_hi <= g_lo:  # a group that sees no kv block never used Q
             mbarrier.arrive(q_free)
+        it = _release_blocks(kv_ready, kv_empty, gl.maximum(g_hi, g_lo), hi, it, STAGES)
 
         # rows that saw no key: output 0, LSE -inf (as the Triton kernel's _finish)
         seen = m_i > float("-inf")
@@ -405,7 +450,7 @@ if AVAILABLE:
         l_o = gl.convert_layout(l_safe, row_o)
         seen_o = gl.convert_layout(seen, row_o)
         o = gl.where(seen_o[:, None], acc.to(gl.float32) / l_o[:, None], 0.0)
-        rows_o = m0 + W * HALF + gl.arange(0, HALF, layout=row_o)
+        rows_o = m0 + W * ROWS + gl.arange(0, ROWS, layout=row_o)
         dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
         o_ptrs = (O + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
                   + rows_o.to(gl.int64)[:, None] * stride_os + dims[None, :])
@@ -428,53 +473,82 @@ if AVAILABLE:
         fetches a tile's Q, K and V while its consumers finish the one before. (A fixed
         stride over the tiles, heaviest first within groups of pairs, left the programs'
         work unbalanced under a causal mask.)"""
-        HALF: gl.constexpr = BLOCK_M // 2
-        q_smem = gl.allocate_shared_memory(gl.float16, [2, 1, 1, HALF, HEAD_DIM], q_desc.layout)
+        GROUPS: gl.constexpr = BLOCK_M // ROWS
+        q_smem = gl.allocate_shared_memory(gl.float16, [GROUPS, 1, 1, ROWS, HEAD_DIM],
+                                           q_desc.layout)
         k_smem = gl.allocate_shared_memory(gl.float16, [STAGES, 1, 1, BLOCK_N, HEAD_DIM],
                                            k_desc.layout)
         v_smem = gl.allocate_shared_memory(gl.float16, [STAGES, 1, 1, BLOCK_N, HEAD_DIM],
                                            v_desc.layout)
-        mean_smem = gl.allocate_shared_memory(gl.float16, [2, 16, HEAD_DIM], m_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        mean_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mean_smem = gl.allocate_shared_memory(gl.float16, [GROUPS, 16, HEAD_DIM], m_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [GROUPS, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [GROUPS, 1], mbarrier.MBarrierLayout())
+        mean_bar = gl.allocate_shared_memory(gl.int64, [GROUPS, 1], mbarrier.MBarrierLayout())
         tile_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         tile_ids = gl.allocate_shared_memory(gl.int32, [2, 1],
                                              gl.SwizzledSharedLayout(1, 1, 1, [0]))
         kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for w in gl.static_range(2):
+        for w in gl.static_range(GROUPS):
             mbarrier.init(q_bar.index(w), count=1)
             mbarrier.init(q_empty.index(w), count=1)
             mbarrier.init(mean_bar.index(w), count=1)
+        for w in gl.static_range(2):
             mbarrier.init(tile_ready.index(w), count=1)
         for s in gl.static_range(STAGES):
             mbarrier.init(kv_ready.index(s), count=1)
-            mbarrier.init(kv_empty.index(s), count=2)  # both consumer groups release a stage
+            mbarrier.init(kv_empty.index(s), count=GROUPS)  # every group releases a stage
 
         ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], gl.float16)
         ones = gl.allocate_shared_memory(gl.float16, [8, BLOCK_N], ones_layout)
         ones.store(gl.full([8, BLOCK_N], 1.0, gl.float16,
                            gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])))
         fence_async_shared()
-        gl.warp_specialize([  # the two consumer groups differ only in W
-            (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
-                         tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len, n_heads,
-                         group, n_tiles, n_pairs, tile_group, n_blocks, scale, gamma, stride_ob,
-                         stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-                         mean_smem.index(0), mean_bar.index(0), ones, 0, ALG, HAS_BAND, HAS_LSE,
-                         BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)),
-            (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
-                         tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len, n_heads,
-                         group, n_tiles, n_pairs, tile_group, n_blocks, scale, gamma, stride_ob,
-                         stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-                         mean_smem.index(1), mean_bar.index(1), ones, 1, ALG, HAS_BAND, HAS_LSE,
-                         BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)),
-            (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready,
-                       kv_empty, tile_ids, tile_ready, next_tile, band_pre, band_next, q_len,
-                       kv_len, n_heads, group, n_tiles, n_pairs, tile_group, HAS_BAND, BLOCK_M,
-                       BLOCK_N, STAGES)),
-        ], [4, 1], [_CONSUMER_REGS, _LOADER_REGS])
+        # the consumer groups differ only in W (Gluon takes no computed argument lists)
+        if GROUPS == 3:
+            gl.warp_specialize([
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
+                             tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len,
+                             n_heads, group, n_tiles, n_pairs, tile_group, n_blocks, scale, gamma,
+                             stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
+                             mean_smem, mean_bar, ones, 0, ALG, HAS_BAND, HAS_LSE, BLOCK_M,
+                             BLOCK_N, HEAD_DIM, STAGES)),
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
+                             tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len,
+                             n_heads, group, n_tiles, n_pairs, tile_group, n_blocks, scale, gamma,
+                             stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
+                             mean_smem, mean_bar, ones, 1, ALG, HAS_BAND, HAS_LSE, BLOCK_M,
+                             BLOCK_N, HEAD_DIM, STAGES)),
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
+                             tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len,
+                             n_heads, group, n_tiles, n_pairs, tile_group, n_blocks, scale, gamma,
+                             stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
+                             mean_smem, mean_bar, ones, 2, ALG, HAS_BAND, HAS_LSE, BLOCK_M,
+                             BLOCK_N, HEAD_DIM, STAGES)),
+                (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty,
+                           kv_ready, kv_empty, tile_ids, tile_ready, next_tile, band_pre,
+                           band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs, tile_group,
+                           HAS_BAND, BLOCK_M, BLOCK_N, STAGES)),
+            ], [4, 4, 1], [_CONSUMER_REGS_3, _CONSUMER_REGS_3, _LOADER_REGS])
+        else:
+            gl.warp_specialize([
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
+                             tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len,
+                             n_heads, group, n_tiles, n_pairs, tile_group, n_blocks, scale, gamma,
+                             stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
+                             mean_smem, mean_bar, ones, 0, ALG, HAS_BAND, HAS_LSE, BLOCK_M,
+                             BLOCK_N, HEAD_DIM, STAGES)),
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
+                             tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len,
+                             n_heads, group, n_tiles, n_pairs, tile_group, n_blocks, scale, gamma,
+                             stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
+                             mean_smem, mean_bar, ones, 1, ALG, HAS_BAND, HAS_LSE, BLOCK_M,
+                             BLOCK_N, HEAD_DIM, STAGES)),
+                (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty,
+                           kv_ready, kv_empty, tile_ids, tile_ready, next_tile, band_pre,
+                           band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs, tile_group,
+                           HAS_BAND, BLOCK_M, BLOCK_N, STAGES)),
+            ], [4, 1], [_CONSUMER_REGS_2, _LOADER_REGS])
 
 
 # --------------------------------------------------------------------------- host
@@ -514,15 +588,6 @@ def supported(problem: AttentionProblem, lengths: tuple) -> bool:
     return all(_tma_strides(t) is not None for t in (q, k, v))
 
 
-def preferred(algorithm: str, head_dim: int, banded: bool) -> bool:
-    """Whether this kernel is the faster prefill for a supported problem, as measured
-    against the Triton kernel on an H100 (``pasa-bench --tuning prefill=...`` at S = 4k
-    and 16k): everywhere but d = 64 pasa-exact without a mask, which ran faster on the
-    Triton kernel (at this head dim the softmax dominates, and that kernel's tile shapes
-    suit pasa-exact's better)."""
-    return head_dim > 64 or algorithm != "pasa-exact" or banded
-
-
 def _descriptor(t: torch.Tensor, rows: int):
     """A TMA descriptor loading (rows, D) tiles of one (batch, head) of the (B, N, S, D)
     view ``t``; rows past S read as zero."""
@@ -554,7 +619,9 @@ def run(problem: AttentionProblem, alg_id: int, gamma: float, k_used: torch.Tens
                                                        gl.float16)
     m_desc = TensorDescriptor(means_2d, list(means_2d.shape), list(means_2d.stride()),
                               [CONSTANTS_PER_LOAD, head_dim], mean_layout)
-    n_tiles = -(-problem.max_q_len // BLOCK_M)
+    block_m = GROUP_ROWS * consumer_groups(problem.allocation.name, head_dim,
+                                           problem.band is not None)
+    n_tiles = -(-problem.max_q_len // block_m)
     n_pairs = problem.batch * q.shape[1]
     kv_bytes = (k_used.shape[2] + v.shape[2]) * head_dim * 2  # one pair's K/V
     tile_group = 1
@@ -562,12 +629,12 @@ def run(problem: AttentionProblem, alg_id: int, gamma: float, k_used: torch.Tens
         tile_group = max(1, min(n_pairs, TILE_GROUP_BYTES // kv_bytes))
     grid = (min(n_tiles * n_pairs, sm_count(q.device.index)),)
     _prefill_ws[grid](
-        _descriptor(q, BLOCK_M // 2), _descriptor(k_used, BLOCK_N), _descriptor(v, BLOCK_N),
+        _descriptor(q, GROUP_ROWS), _descriptor(k_used, BLOCK_N), _descriptor(v, BLOCK_N),
         m_desc, out, lse_arg, torch.zeros(1, dtype=torch.int32, device=q.device), band_pre,
         band_next, out.stride(0), out.stride(1), out.stride(2),
         lse_arg.stride(0) if lse is not None else 0, lse_arg.stride(1), lse_arg.stride(2),
         q.shape[1], q.shape[1] // problem.key.shape[1], q.shape[2], problem.key.shape[2],
         n_blocks, problem.scale, gamma, n_tiles, n_pairs, tile_group,
         ALG=alg_id, HAS_BAND=problem.band is not None, HAS_LSE=lse is not None,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, STAGES=_stages(head_dim),
+        BLOCK_M=block_m, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, STAGES=_stages(head_dim),
         num_warps=4, enable_fp_fusion=alg_id != PASA_ID)

@@ -18,11 +18,11 @@ Kernels:
   Zero-padded to whole blocks, as the means must see the padded rows.
 * ``_attention_fwd``: one program per (query tile, batch, query head). (On Hopper, the
   warp-specialised Gluon kernel of :mod:`gluon_prefill` computes the same where it
-  applies, pasa's block sums in another order, and ``TUNING["prefill"]`` picks it.) The kv
-  blocks a tile can see are walked in ascending order in three loops: masked
-  edge blocks, then branch-free interior blocks (read through TMA tensor
-  descriptors where the layout allows), then masked edge blocks; the loops a
-  problem can never enter are compiled out (:func:`_block_loops`).
+  applies, pasa's and pasa-exact's block sums in another order, and ``TUNING["prefill"]``
+  picks it.) The kv blocks a tile can see are walked in ascending order in three loops:
+  masked edge blocks, then branch-free interior blocks (read through TMA tensor
+  descriptors where the layout allows), then masked edge blocks; the loops a problem can
+  never enter are compiled out (:func:`_block_loops`).
   Causal and band limits are computed from the per-batch band; no S1 x S2 mask
   is ever built for sparse modes 2-4.
 * ``_decode_split`` + ``_decode_combine``: query length 1. One program per
@@ -60,12 +60,12 @@ INT_BIG = 1 << 30  # stands for "no band limit" (index math is int32)
 #: Tuning switch, measured with tools/bench.py on an H100 (the default is the faster):
 #: ``prefill``: which kernel computes prefill, "warp-specialised" (fallback/gluon_prefill.py:
 #: Hopper only, pasa-exact, pasa and fa-fp32 at d = 64 and 128 without ragged lengths or an
-#: explicit mask; the same results, bit for bit but for pasa, whose block sums it adds on
-#: the tensor cores), "triton" (``_attention_fwd``, everything)
-#: or "auto": the Gluon kernel where it applies and was measured faster
-#: (:func:`gluon_prefill.preferred`), unless a switch below, which only the Triton kernel
-#: has, is set away from its default (the Gluon kernel shifts K in a separate pass, loads
-#: through TMA and computes pasa-exact's row constants in the kernel, 16 blocks at a time).
+#: explicit mask; the same results, bit for bit but for pasa and pasa-exact, whose block
+#: sums it adds on the tensor cores), "triton" (``_attention_fwd``, everything)
+#: or "auto": the Gluon kernel wherever it applies (measured faster there), unless a
+#: switch below, which only the Triton kernel has, is set away from its default (the
+#: Gluon kernel shifts K in a separate pass, loads through TMA and computes pasa-exact's
+#: row constants in the kernel, 16 blocks at a time).
 #: ``shift``: how prefill shifts K for PASA, "separate" (one preprocessing pass over K;
 #: pasa-exact 351 TFLOP/s at d=128, S=16k) or "fused" (recomputed inside every query
 #: tile; 209). Decode always fuses: each K block is read by one program there.
@@ -884,12 +884,9 @@ def _gluon_prefill(problem: AttentionProblem) -> bool:
     choice = TUNING["prefill"]
     if choice == "auto" and any(TUNING[k] != v for k, v in TRITON_KERNEL_DEFAULTS.items()):
         return False  # a Triton-kernel switch was asked for: measure that kernel
-    if choice == "triton" or not gluon_prefill.supported(
-            problem, [_host_ints(t) for t in (problem.q_starts, problem.q_lens,
-                                              problem.kv_starts, problem.kv_lens)]):
-        return False
-    return choice == "warp-specialised" or gluon_prefill.preferred(
-        problem.allocation.name, problem.query.shape[3], problem.band is not None)
+    return choice != "triton" and gluon_prefill.supported(
+        problem, [_host_ints(t) for t in (problem.q_starts, problem.q_lens, problem.kv_starts,
+                                          problem.kv_lens)])
 
 
 def _tma_capable(dev: torch.device) -> bool:

@@ -94,7 +94,7 @@ def compile_gluon(consts: dict, fp_fusion: bool = True, arch: int = 90):
         layout = gl.NVMMASharedLayout.get_default_for(block, gl.float16)
         return f"tensordesc<fp16[{','.join(map(str, block))}],{layout!r}>"
 
-    rows = {"q_desc": [1, 1, consts["BLOCK_M"] // 2, d], "k_desc": [1, 1, consts["BLOCK_N"], d],
+    rows = {"q_desc": [1, 1, gp.GROUP_ROWS, d], "k_desc": [1, 1, consts["BLOCK_N"], d],
             "v_desc": [1, 1, consts["BLOCK_N"], d], "m_desc": [gp.CONSTANTS_PER_LOAD, d]}
     pointers = dict(O="*fp16", LSE="*fp32", next_tile="*i32", band_pre="*i32",
                     band_next="*i32")
@@ -235,8 +235,9 @@ def variants(head_dim: int = 128):
     for alg in gp.ALGORITHMS if gp.AVAILABLE and head_dim in gp.HEAD_DIMS else ():
         for causal in (False, True):
             consts = dict(ALG=alg_ids[alg], HAS_BAND=causal, HAS_LSE=False,
-                          BLOCK_M=gp.BLOCK_M, BLOCK_N=gp.BLOCK_N, HEAD_DIM=head_dim,
-                          STAGES=gp._stages(head_dim))
+                          BLOCK_M=gp.GROUP_ROWS * gp.consumer_groups(alg, head_dim,
+                                                                     causal),
+                          BLOCK_N=gp.BLOCK_N, HEAD_DIM=head_dim, STAGES=gp._stages(head_dim))
             yield ("gluon", f"{alg} {'causal' if causal else 'full'} d={head_dim} (gluon)",
                    consts, 4, 1, ta._fp_options(alg) == {})
 
