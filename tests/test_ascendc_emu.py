@@ -104,13 +104,20 @@ def test_matches_torch_backend(name, algorithm, dtype):
 
 def test_bit_identical_where_no_order_differs():
     """pasa keeps every statistic in fp16, so the fp32-level differences (sum order, exp) are
-    rounded away: on this causal case nothing rounds the other way and output and LSE are bit
-    for bit the torch backend's. pasa-exact on keys whose column sums are exact in fp32 (so
-    mean16, K' and c coincide): what differs is the fp32 exp of the rescale factor only."""
+    rounded away: on this causal case nothing rounds the other way and the output is bit for
+    bit the torch backend's. So is LSE up to its last step, an fp32 log: libm's in the
+    emulator, torch's vectorised one on the torch backend, which differ by one ulp now and
+    then, by CPU (on an AVX-512 machine 16 of these 800 values did). pasa-exact on keys whose
+    column sums are exact in fp32 (so mean16, K' and c coincide): what differs is the fp32
+    exp of the rescale factor only."""
     q, k, v, kw = make_case(CASES["left-up-causal"], torch.float16)
     out, lse = pasa_npu.fused_attention(q, k, v, algorithm="pasa", backend="ascendc-emu", **kw)
     ref, ref_lse = pasa_npu.fused_attention(q, k, v, algorithm="pasa", backend="torch", **kw)
-    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+    assert torch.equal(out, ref)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse)) and torch.equal(lse[~finite], ref_lse[~finite])
+    ulp = torch.nextafter(ref_lse.abs(), torch.tensor(float("inf"))) - ref_lse.abs()
+    assert ((lse - ref_lse).abs()[finite] <= ulp[finite]).all()
     # K on a 1/8 grid below 16: every column sum of a block is exact in fp32, whatever its order
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(1, 2, 128, 32, generator=gen).half()
