@@ -262,17 +262,17 @@ if AVAILABLE:
         return m_new, f_new, cnt1, alpha, beta_w
 
     @gluon.jit
-    def _consumer(q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
-                  tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len, n_heads,
-                  group, n_tiles, n_pairs, tile_group, n_blocks, scale, gamma,
-                  stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls, mean_smem,
-                  mean_bar, ones, W: gl.constexpr, ALG: gl.constexpr, HAS_BAND: gl.constexpr,
+    def _consumer(shared, W: gl.constexpr, ALG: gl.constexpr, HAS_BAND: gl.constexpr,
                   HAS_LSE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
         """Consumer warp group W: for each tile the loader publishes, rows m0 + W*64 .. +63 of
         it, every kv block its rows see in turn (it releases the tile's other blocks
         unread). ALG: the allocation's id (triton_attention.ALG_IDS: 0 fa-fp32, 3 pasa,
         5 pasa-exact)."""
+        (q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids, tile_ready, m_desc,
+         O, LSE, band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs, tile_group,
+         n_blocks, scale, gamma, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
+         mean_smem, mean_bar, ones) = shared
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -504,27 +504,19 @@ if AVAILABLE:
         ones.store(gl.full([8, BLOCK_N], 1.0, gl.float16,
                            gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])))
         fence_async_shared()
-        # the consumer groups differ only in W (Gluon takes no computed argument lists)
+        # what every consumer group takes: the groups differ only in W
+        shared = (q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids, tile_ready,
+                  m_desc, O, LSE, band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles,
+                  n_pairs, tile_group, n_blocks, scale, gamma, stride_ob, stride_oh, stride_os,
+                  stride_lb, stride_lh, stride_ls, mean_smem, mean_bar, ones)
         if GROUPS == 3:
             gl.warp_specialize([
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
-                             tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len,
-                             n_heads, group, n_tiles, n_pairs, tile_group, n_blocks, scale, gamma,
-                             stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-                             mean_smem, mean_bar, ones, 0, ALG, HAS_BAND, HAS_LSE, BLOCK_M,
-                             BLOCK_N, HEAD_DIM, STAGES)),
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
-                             tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len,
-                             n_heads, group, n_tiles, n_pairs, tile_group, n_blocks, scale, gamma,
-                             stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-                             mean_smem, mean_bar, ones, 1, ALG, HAS_BAND, HAS_LSE, BLOCK_M,
-                             BLOCK_N, HEAD_DIM, STAGES)),
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
-                             tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len,
-                             n_heads, group, n_tiles, n_pairs, tile_group, n_blocks, scale, gamma,
-                             stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-                             mean_smem, mean_bar, ones, 2, ALG, HAS_BAND, HAS_LSE, BLOCK_M,
-                             BLOCK_N, HEAD_DIM, STAGES)),
+                (_consumer, (shared, 0, ALG, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM,
+                             STAGES)),
+                (_consumer, (shared, 1, ALG, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM,
+                             STAGES)),
+                (_consumer, (shared, 2, ALG, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM,
+                             STAGES)),
                 (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty,
                            kv_ready, kv_empty, tile_ids, tile_ready, next_tile, band_pre,
                            band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs, tile_group,
@@ -532,18 +524,10 @@ if AVAILABLE:
             ], [4, 4, 1], [_CONSUMER_REGS_3, _CONSUMER_REGS_3, _LOADER_REGS])
         else:
             gl.warp_specialize([
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
-                             tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len,
-                             n_heads, group, n_tiles, n_pairs, tile_group, n_blocks, scale, gamma,
-                             stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-                             mean_smem, mean_bar, ones, 0, ALG, HAS_BAND, HAS_LSE, BLOCK_M,
-                             BLOCK_N, HEAD_DIM, STAGES)),
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
-                             tile_ready, m_desc, O, LSE, band_pre, band_next, q_len, kv_len,
-                             n_heads, group, n_tiles, n_pairs, tile_group, n_blocks, scale, gamma,
-                             stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-                             mean_smem, mean_bar, ones, 1, ALG, HAS_BAND, HAS_LSE, BLOCK_M,
-                             BLOCK_N, HEAD_DIM, STAGES)),
+                (_consumer, (shared, 0, ALG, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM,
+                             STAGES)),
+                (_consumer, (shared, 1, ALG, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM,
+                             STAGES)),
                 (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty,
                            kv_ready, kv_empty, tile_ids, tile_ready, next_tile, band_pre,
                            band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs, tile_group,
