@@ -53,13 +53,16 @@ def test_pasa_kv_loops_use_the_cheap_exp_and_paired_conversions():
     no per-element adds (FADD) left, which took 2 of its 12 instructions per element.
     And ptxas keeps its matmuls asynchronous: where it cannot prove a matmul's register
     operands safe, it waits after every HGMMA of the kernel (an earlier form of pasa's
-    row sums did that)."""
+    row sums did that). The Gluon kernel is checked at d = 64 too, where it runs three
+    consumer groups without a mask."""
     script = (
         "import json, sys\n"
         "from pasa_npu.tools import triton_aot as aot\n"
         "out = {}\n"
-        "for kernel, label, consts, warps, stages, fusion in aot.variants(128):\n"
-        "    if label in sys.argv[1:]:\n"
+        "for d in (64, 128):\n"
+        "    for kernel, label, consts, warps, stages, fusion in aot.variants(d):\n"
+        "        if label not in sys.argv[1:]:\n"
+        "            continue\n"
         "        compiled = aot.compile_any(kernel, consts, warps, stages, fusion)\n"
         "        sass = aot.sass(compiled)\n"
         "        loops = aot.sass_loops(compiled, sass)\n"
@@ -71,8 +74,9 @@ def test_pasa_kv_loops_use_the_cheap_exp_and_paired_conversions():
         "print(json.dumps(out))\n")
     labels = ["pasa full d=128", "pasa-mixed full d=128", "pasa-exact full d=128"]
     if gluon_prefill.AVAILABLE:
-        labels += [f"{alg} {mode} d=128 (gluon)" for alg in ("pasa", "pasa-exact")
-                   for mode in ("full", "causal")]
+        # at d = 64 without a mask, three consumer groups (168 registers a thread)
+        labels += [f"{alg} {mode} d={d} (gluon)" for alg in ("pasa", "pasa-exact")
+                   for mode in ("full", "causal") for d in (64, 128)]
     env = dict(os.environ, TRITON_INTERPRET="0")
     run = subprocess.run([sys.executable, "-c", script, *labels], capture_output=True,
                          text=True, env=env, timeout=600)
@@ -101,3 +105,19 @@ def test_decode_launch_assumes_the_resident_programs_the_kernels_allow():
     stdout = _triton_aot("--dims", "64", "--only", "decode")
     # 6 allocations x 3 choices of query heads per program (16, 32, 64)
     assert stdout.count(" resident ") == 6 * 3, stdout
+
+
+def test_gluon_prefill_compiles_at_d64():
+    """The Gluon prefill at d = 64, where it runs three consumer groups (192-row tiles, 168
+    registers a thread) for fa-fp32 and for pasa-exact and pasa without a mask, and two
+    under a mask: each variant compiles and fits its shared memory (the test above
+    compiles d = 128 and 256)."""
+    if not gluon_prefill.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    from pasa_npu.tools import triton_aot
+
+    tiles = {consts["BLOCK_M"] for kernel, _, consts, *_ in triton_aot.variants(64)
+             if kernel == "gluon"}
+    assert tiles == {128, 192}, tiles  # both the two- and the three-group kernel
+    stdout = _triton_aot("--dims", "64", "--only", "(gluon)")
+    assert stdout.count("(gluon)") == 6 and stdout.count("smem") == 6, stdout
