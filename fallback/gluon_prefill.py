@@ -8,7 +8,8 @@ these allocations, organised so that the tensor cores and the softmax overlap:
   for PASA) and V blocks with TMA into a ring of stages (``kv_ready`` / ``kv_empty``
   barriers) that runs on from tile to tile, and two or three consumer warp groups of 64
   rows each (128- or 192-row tiles, :func:`consumer_groups`) run QKᵀ, the softmax, PV
-  and the fold block after block over the blocks their own rows see, then write their
+  and the fold block after block over the blocks their own rows see (in three loops:
+  leading masked blocks, interior blocks, trailing masked blocks), then write their
   rows of O while the next tile's loads are under way;
 * little overlaps inside a consumer (no block's PV runs under the next block's
   softmax: that needs registers for S, P, the rounded PV tile and the accumulator at
@@ -73,17 +74,14 @@ HEAD_DIMS = (64, 128)
 TILE_GROUP_BYTES = 8 << 20
 
 
-def consumer_groups(algorithm: str, head_dim: int, banded: bool) -> int:
+def consumer_groups(head_dim: int) -> int:
     """Consumer warp groups per program: 3 (192-row tiles) at d = 64, where a group's
-    chain of QKᵀ, softmax and PV leaves the tensor cores idle for longer than at d = 128,
-    except for pasa-exact and pasa under a causal or band mask; 2 (128-row tiles)
-    otherwise. In a same-process A/B on the H100 (scratch code, S = 4k and 16k), three
-    groups were faster in every cell for fa-fp32 and without a mask for pasa-exact and
-    pasa, and slower for those two under a causal mask at 4k: at 168 registers a thread
-    their masked blocks spill, and a causal tile's groups see unequal numbers of blocks."""
-    if head_dim == 64 and (algorithm == "fa-fp32" or not banded):
-        return 3
-    return 2
+    chain of QKᵀ, softmax and PV leaves the tensor cores idle for longer than at d = 128;
+    2 (128-row tiles) at d = 128, where three groups' registers would not hold the
+    accumulators. Every allocation and mask alike since the kv loop was split into masked
+    and interior loops (before, pasa-exact and pasa spilled inside a causal kv loop at
+    three groups' 168 registers a thread and kept two groups there)."""
+    return 3 if head_dim == 64 else 2
 
 
 def _stages(head_dim: int) -> int:
@@ -99,18 +97,22 @@ if AVAILABLE:
     ROWS = gl.constexpr(GROUP_ROWS)
 
     @gluon.jit
-    def _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, BLOCK_M: gl.constexpr):
+    def _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, q_len, BLOCK_M: gl.constexpr):
         """Query tile ``t`` of the launch order: (batch, head, kv head, first row). Tiles go
         by groups of ``tile_group`` (batch, head) pairs (TILE_GROUP_BYTES); within a group
         the heaviest query tiles of all its pairs first (under causal and band masks the
-        last tiles see the most keys)."""
+        last tiles see the most keys). The tiles end at the last row and start before row
+        0 by whole groups of rows where q_len is no tile multiple, so that the groups left
+        without rows are in the first tile, the lightest under a mask, not in the last,
+        the heaviest (S = 4k at 192-row tiles: two idle groups in a tile of 64 rows)."""
         g0 = t // (tile_group * n_tiles) * tile_group
         size = gl.minimum(tile_group, n_pairs - g0)
         rank = t - g0 * n_tiles
         pid_m = n_tiles - 1 - rank // size
         bh = g0 + rank % size
         h = bh % n_heads
-        return bh // n_heads, h, h // group, pid_m * BLOCK_M
+        before = (n_tiles * BLOCK_M - q_len) // ROWS * ROWS
+        return bh // n_heads, h, h // group, pid_m * BLOCK_M - before
 
     @gluon.jit
     def _tile_publish(tile_ids, tile_ready, t, n):
@@ -142,13 +144,14 @@ if AVAILABLE:
         n = 0  # tiles so far
         t = gl.program_id(0)
         while t < total:
-            b, h, hk, m0 = _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, BLOCK_M)
+            b, h, hk, m0 = _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, q_len, BLOCK_M)
             lo, hi, full_lo, full_hi, pre, nxt = _tile_kv_blocks(
                 m0, q_len, kv_len, band_pre, band_next, b, HAS_BAND, BLOCK_M, BLOCK_N)
             for w in gl.static_range(BLOCK_M // ROWS):
                 mbarrier.wait(q_empty.index(w), (n & 1) ^ 1, pred=n > 0)
                 mbarrier.expect(q_bar.index(w), q_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(q_desc, [b, h, m0 + w * ROWS, 0],
+                # a group of rows before row 0 loads row 0's and never reads them
+                tma.async_copy_global_to_shared(q_desc, [b, h, gl.maximum(m0 + w * ROWS, 0), 0],
                                                 q_bar.index(w), q_smem.index(w))
             # every group is past tile n-1's Q, so each has read ids n-1 and n-2
             _tile_publish(tile_ids, tile_ready, t, n)
@@ -199,6 +202,29 @@ if AVAILABLE:
     def _row_sum_read(sums, like):
         """The row sums of a finished :func:`_row_sum_start`, laid out as ``like``."""
         return gl.convert_layout(gl.max(sums, 1), like.type.layout)
+
+    @gluon.jit
+    def _visible_keys(rows, q_len, kv_len, pre, nxt, HAS_BAND: gl.constexpr):
+        """The keys each row sees, key_lo .. key_hi, and their count (0 for a row outside
+        0 .. q_len-1). Recomputed in each masked block rather than kept across the kv loop:
+        three fewer registers per row, which kept the kv loop of three consumer groups under
+        a causal mask from spilling at 168 registers a thread."""
+        key_lo = gl.zeros_like(rows)
+        key_hi = gl.zeros_like(rows) + kv_len - 1
+        if HAS_BAND:
+            key_lo = gl.maximum(rows - pre, key_lo)
+            key_hi = gl.minimum(rows + nxt, key_hi)
+        valid = rows.to(gl.uint32, bitcast=True) < q_len
+        return key_lo, key_hi, gl.where(valid, gl.maximum(key_hi - key_lo + 1, 0), 0)
+
+    @gluon.jit
+    def _key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND: gl.constexpr,
+                     BLOCK_N: gl.constexpr):
+        """Whether key blk * BLOCK_N + cols is visible to each row: 0 <= key - key_lo <
+        key_count, one unsigned compare per element."""
+        key_lo, _, key_count = _visible_keys(rows, q_len, kv_len, pre, nxt, HAS_BAND)
+        return ((cols[None, :] + (blk * BLOCK_N - key_lo)[:, None]).to(gl.uint32, bitcast=True)
+                < key_count.to(gl.uint32, bitcast=True)[:, None])
 
     @gluon.jit
     def _softmax_fa(qk, vis, m_i, l_i, scale, MASKED: gl.constexpr):
@@ -290,15 +316,17 @@ if AVAILABLE:
         mean_loads = 0
         t = _tile_read(tile_ids, tile_ready, n)
         while t < n_tiles * n_pairs:
-            b, h, hk, m0 = _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, BLOCK_M)
+            b, h, hk, m0 = _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, q_len, BLOCK_M)
             lo, hi, _, _, _, _ = _tile_kv_blocks(m0, q_len, kv_len, band_pre, band_next, b,
                                                  HAS_BAND, BLOCK_M, BLOCK_N)
             # the blocks this group's rows see, a part of the tile's (with three groups,
             # a causal tile's first rows see fewer)
             g_lo, g_hi, full_lo, full_hi, pre, nxt = _tile_kv_blocks(
                 m0 + W * ROWS, q_len, kv_len, band_pre, band_next, b, HAS_BAND, ROWS, BLOCK_N)
-            if m0 + W * ROWS >= q_len:
+            if (m0 + W * ROWS < 0) | (m0 + W * ROWS >= q_len):  # a group without rows
                 g_hi = g_lo
+                full_lo = g_lo
+                full_hi = g_lo
             mean_row0 = (b * (n_heads // group) + hk) * n_blocks
             it, mean_loads = _consumer_tile(
                 q, k_smem, v_smem, q_bar.index(W), q_empty.index(W), kv_ready, kv_empty, m_desc,
@@ -308,6 +336,113 @@ if AVAILABLE:
                 o_zero, it, n, mean_loads, W, ALG, HAS_BAND, HAS_LSE, BLOCK_N, HEAD_DIM, STAGES)
             n += 1
             t = _tile_read(tile_ids, tile_ready, n)
+
+    @gluon.jit
+    def _kv_step(q, k_smem, v_smem, kv_ready, kv_empty, q_free, m_desc, mean_smem, mean_bar, ones,
+                 blk, g_lo, g_hi, it, mean_loads, mean_row0, acc, m_i, l_i, f_i, cnt_i, c16, rows,
+                 cols, blocks16, s_zero, o_zero, q_len, kv_len, pre, nxt, scale, gamma,
+                 ALG: gl.constexpr, HAS_BAND: gl.constexpr, MASKED: gl.constexpr,
+                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+        """Consumer group: kv block ``blk`` (the program's ``it``-th), QKᵀ, the softmax, P'V
+        and the fold into the state (acc, m, l, f, count; pasa-exact's 16 row constants c16,
+        loaded with ``mean_loads``). MASKED: a block some row sees only in part (its keys
+        tested one by one). Returns the new counts and state."""
+        s_layout: gl.constexpr = s_zero.type.layout
+        o_layout: gl.constexpr = o_zero.type.layout
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        stage = it % STAGES
+        if ALG == 5:
+            # c = scale * Q . mean16 for blocks blk0 .. blk0+15 in one thin matmul
+            if (blk == g_lo) | (blk % 16 == 0):
+                blk0 = blk - blk % 16
+                mbarrier.expect(mean_bar, m_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(m_desc, [mean_row0 + blk0, 0], mean_bar,
+                                                mean_smem)
+                mbarrier.wait(mean_bar, mean_loads & 1)
+                mean_loads += 1
+                c16 = warpgroup_mma(q, mean_smem.permute((1, 0)), c16, use_acc=False)
+                c16 = c16 * scale
+            c = gl.convert_layout(gl.sum(gl.where(blocks16[None, :] == blk % 16, c16, 0.0), 1),
+                                  row_s)
+        mbarrier.wait(kv_ready.index(stage), (it // STAGES) & 1)
+        k = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
+        v = v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
+        qk = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        qk = warpgroup_mma_wait(0, deps=(qk,))
+        if blk == g_hi - 1:  # the group's last use of Q: the loader may fetch the next
+            mbarrier.arrive(q_free)
+
+        if ALG == 3:  # P'V rounded to fp16; the statistics and the fold in fp16 steps
+            if MASKED:
+                vis = _key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND,
+                                   BLOCK_N)
+                score_sums, m_loc, p16 = _scores_pasa(qk, vis, ones, True)
+            else:
+                score_sums, m_loc, p16 = _scores_pasa(qk, None, ones, False)
+            # the block sum and P'V start now; the statistics run while they do
+            p_sums = _row_sum_start(p16, ones)
+            pv = warpgroup_mma(gl.convert_layout(p16, p_layout), v, o_zero, use_acc=False,
+                               is_async=True)
+            s_mean = _rl(_row_sum_read(score_sums, m_i) / BLOCK_N, gl.float16)
+            m_new, f_new, cnt_new, alpha, beta_w = _statistics_pasa(m_i, f_i, cnt_i, m_loc,
+                                                                    s_mean, gamma)
+            p_sums = warpgroup_mma_wait(1, deps=(p_sums,))
+            l_loc = _rl(_row_sum_read(p_sums, m_i), gl.float16)
+            l_new = _rl(_rl(alpha * l_i, gl.float16) + _rl(beta_w * l_loc, gl.float16),
+                        gl.float16)
+            pv = warpgroup_mma_wait(0, deps=(pv,))
+            mbarrier.arrive(kv_empty.index(stage))
+            alpha16 = gl.convert_layout(alpha.to(gl.float16), row_o)
+            beta16 = gl.convert_layout(beta_w.to(gl.float16), row_o)
+            acc_new = acc * alpha16[:, None] + _fp16(pv) * beta16[:, None]
+            if MASKED:  # rows that see no key of the block keep their state
+                key_lo, key_hi, key_count = _visible_keys(rows, q_len, kv_len, pre, nxt,
+                                                          HAS_BAND)
+                row_any = ((key_count > 0) & (key_lo < (blk + 1) * BLOCK_N)
+                           & (key_hi >= blk * BLOCK_N))
+                acc_new = gl.where(gl.convert_layout(row_any, row_o)[:, None], acc_new, acc)
+                m_new = gl.where(row_any, m_new, m_i)
+                l_new = gl.where(row_any, l_new, l_i)
+                f_new = gl.where(row_any, f_new, f_i)
+                cnt_new = gl.where(row_any, cnt_new, cnt_i)
+            acc, m_i, l_i, f_i, cnt_i = acc_new, m_new, l_new, f_new, cnt_new
+        else:
+            if ALG == 5:
+                if MASKED:
+                    vis = _key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND,
+                                       BLOCK_N)
+                    m_new, alpha, p16 = _softmax_exact(qk, vis, m_i, c, True)
+                else:
+                    m_new, alpha, p16 = _softmax_exact(qk, None, m_i, c, False)
+                # P'V in its own fp32 tile, rounded to fp16, then added; alongside, the
+                # block's P' summed on the tensor cores (for l)
+                p_sums = _row_sum_start(p16, ones)
+                pv = warpgroup_mma(gl.convert_layout(p16, p_layout), v, o_zero,
+                                   use_acc=False, is_async=True)
+                acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+                p_sums = warpgroup_mma_wait(1, deps=(p_sums,))
+                l_new = alpha * l_i + _row_sum_read(p_sums, m_i)
+                pv = warpgroup_mma_wait(0, deps=(pv,))
+                mbarrier.arrive(kv_empty.index(stage))
+                acc = acc + _fp16(pv).to(gl.float32)
+            else:  # fa-fp32: accumulated in place
+                if MASKED:
+                    vis = _key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND,
+                                       BLOCK_N)
+                    m_new, l_new, alpha, p16 = _softmax_fa(qk, vis, m_i, l_i, scale, True)
+                else:
+                    m_new, l_new, alpha, p16 = _softmax_fa(qk, None, m_i, l_i, scale, False)
+                p16 = gl.convert_layout(p16, p_layout)
+                alpha = gl.convert_layout(alpha, row_o)
+                acc = acc * alpha[:, None]
+                acc = warpgroup_mma(p16, v, acc, use_acc=True, is_async=True)
+                acc = warpgroup_mma_wait(0, deps=(acc,))
+                mbarrier.arrive(kv_empty.index(stage))
+            m_i, l_i = m_new, l_new
+        return it + 1, mean_loads, acc, m_i, l_i, f_i, cnt_i, c16
+
 
     @gluon.jit
     def _consumer_tile(q, k_smem, v_smem, q_ready, q_free, kv_ready, kv_empty, m_desc, O, LSE,
@@ -325,7 +460,6 @@ if AVAILABLE:
         s_layout: gl.constexpr = s_zero.type.layout
         o_layout: gl.constexpr = o_zero.type.layout
         c_layout: gl.constexpr = blocks16.type.layout.parent
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         rows = m0 + W * ROWS + gl.arange(0, ROWS, layout=row_s)
@@ -338,104 +472,32 @@ if AVAILABLE:
             acc = gl.zeros([ROWS, HEAD_DIM], gl.float16, o_layout)
         else:
             acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
-        c = gl.zeros([ROWS], gl.float32, row_s)
-        # the keys each row sees, key_lo .. key_hi (key_count of them: 0 past q_len)
-        key_lo = gl.zeros_like(rows)
-        key_hi = gl.zeros_like(rows) + kv_len - 1
-        if HAS_BAND:
-            key_lo = gl.maximum(rows - pre, key_lo)
-            key_hi = gl.minimum(rows + nxt, key_hi)
-        key_count = gl.where(rows < q_len, gl.maximum(key_hi - key_lo + 1, 0), 0)
         mbarrier.wait(q_ready, n & 1)
 
         it = _release_blocks(kv_ready, kv_empty, lo, g_lo, it, STAGES)
-        for blk in range(g_lo, g_hi):
-            stage = it % STAGES
-            if ALG == 5:
-                # c = scale * Q . mean16 for blocks blk0 .. blk0+15 in one thin matmul
-                if (blk == g_lo) | (blk % 16 == 0):
-                    blk0 = blk - blk % 16
-                    mbarrier.expect(mean_bar, m_desc.block_type.nbytes)
-                    tma.async_copy_global_to_shared(m_desc, [mean_row0 + blk0, 0], mean_bar,
-                                                    mean_smem)
-                    mbarrier.wait(mean_bar, mean_loads & 1)
-                    mean_loads += 1
-                    c16 = warpgroup_mma(q, mean_smem.permute((1, 0)), c16, use_acc=False)
-                    c16 = c16 * scale
-                c = gl.convert_layout(gl.sum(gl.where(blocks16[None, :] == blk % 16, c16, 0.0), 1),
-                                      row_s)
-            mbarrier.wait(kv_ready.index(stage), (it // STAGES) & 1)
-            k = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
-            v = v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
-            qk = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            qk = warpgroup_mma_wait(0, deps=(qk,))
-            if blk == g_hi - 1:  # the group's last use of Q: the loader may fetch the next
-                mbarrier.arrive(q_free)
-
-            # key n visible to its row: 0 <= n - key_lo < key_count, one unsigned compare
-            vis = ((cols[None, :] + (blk * BLOCK_N - key_lo)[:, None]).to(gl.uint32, bitcast=True)
-                   < key_count.to(gl.uint32, bitcast=True)[:, None])
-            masked = (blk < full_lo) | (blk >= full_hi)  # a block some row sees only in part
-            if ALG == 3:  # P'V rounded to fp16; the statistics and the fold in fp16 steps
-                if masked:
-                    score_sums, m_loc, p16 = _scores_pasa(qk, vis, ones, True)
-                else:
-                    score_sums, m_loc, p16 = _scores_pasa(qk, vis, ones, False)
-                # the block sum and P'V start now; the statistics run while they do
-                p_sums = _row_sum_start(p16, ones)
-                pv = warpgroup_mma(gl.convert_layout(p16, p_layout), v, o_zero, use_acc=False,
-                                   is_async=True)
-                s_mean = _rl(_row_sum_read(score_sums, m_i) / BLOCK_N, gl.float16)
-                m_new, f_new, cnt_new, alpha, beta_w = _statistics_pasa(m_i, f_i, cnt_i, m_loc,
-                                                                        s_mean, gamma)
-                p_sums = warpgroup_mma_wait(1, deps=(p_sums,))
-                l_loc = _rl(_row_sum_read(p_sums, m_i), gl.float16)
-                l_new = _rl(_rl(alpha * l_i, gl.float16) + _rl(beta_w * l_loc, gl.float16),
-                            gl.float16)
-                pv = warpgroup_mma_wait(0, deps=(pv,))
-                mbarrier.arrive(kv_empty.index(stage))
-                alpha16 = gl.convert_layout(alpha.to(gl.float16), row_o)
-                beta16 = gl.convert_layout(beta_w.to(gl.float16), row_o)
-                acc_new = acc * alpha16[:, None] + _fp16(pv) * beta16[:, None]
-                if masked:  # rows that see no key of the block keep their state
-                    row_any = ((key_count > 0) & (key_lo < (blk + 1) * BLOCK_N)
-                               & (key_hi >= blk * BLOCK_N))
-                    acc_new = gl.where(gl.convert_layout(row_any, row_o)[:, None], acc_new, acc)
-                    m_new = gl.where(row_any, m_new, m_i)
-                    l_new = gl.where(row_any, l_new, l_i)
-                    f_new = gl.where(row_any, f_new, f_i)
-                    cnt_new = gl.where(row_any, cnt_new, cnt_i)
-                acc, m_i, l_i, f_i, cnt_i = acc_new, m_new, l_new, f_new, cnt_new
-            else:
-                if ALG == 5:
-                    if masked:
-                        m_new, alpha, p16 = _softmax_exact(qk, vis, m_i, c, True)
-                    else:
-                        m_new, alpha, p16 = _softmax_exact(qk, vis, m_i, c, False)
-                    # P'V in its own fp32 tile, rounded to fp16, then added; alongside, the
-                    # block's P' summed on the tensor cores (for l)
-                    p_sums = _row_sum_start(p16, ones)
-                    pv = warpgroup_mma(gl.convert_layout(p16, p_layout), v, o_zero,
-                                       use_acc=False, is_async=True)
-                    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-                    p_sums = warpgroup_mma_wait(1, deps=(p_sums,))
-                    l_new = alpha * l_i + _row_sum_read(p_sums, m_i)
-                    pv = warpgroup_mma_wait(0, deps=(pv,))
-                    mbarrier.arrive(kv_empty.index(stage))
-                    acc = acc + _fp16(pv).to(gl.float32)
-                else:  # fa-fp32: accumulated in place
-                    if masked:
-                        m_new, l_new, alpha, p16 = _softmax_fa(qk, vis, m_i, l_i, scale, True)
-                    else:
-                        m_new, l_new, alpha, p16 = _softmax_fa(qk, vis, m_i, l_i, scale, False)
-                    p16 = gl.convert_layout(p16, p_layout)
-                    alpha = gl.convert_layout(alpha, row_o)
-                    acc = acc * alpha[:, None]
-                    acc = warpgroup_mma(p16, v, acc, use_acc=True, is_async=True)
-                    acc = warpgroup_mma_wait(0, deps=(acc,))
-                    mbarrier.arrive(kv_empty.index(stage))
-                m_i, l_i = m_new, l_new
-            it += 1
+        # three loops, so that what the masked blocks need is not held across the interior
+        # ones (one loop with both kinds of block spilled at three groups under a causal
+        # mask): leading masked blocks (a band's lower edge), interior, trailing masked
+        # blocks (the diagonal; a last block past kv_len)
+        if HAS_BAND:
+            for blk in range(g_lo, full_lo):
+                it, mean_loads, acc, m_i, l_i, f_i, cnt_i, c16 = _kv_step(
+                    q, k_smem, v_smem, kv_ready, kv_empty, q_free, m_desc, mean_smem, mean_bar,
+                    ones, blk, g_lo, g_hi, it, mean_loads, mean_row0, acc, m_i, l_i, f_i, cnt_i,
+                    c16, rows, cols, blocks16, s_zero, o_zero, q_len, kv_len, pre, nxt, scale,
+                    gamma, ALG, HAS_BAND, True, BLOCK_N, HEAD_DIM, STAGES)
+        for blk in range(full_lo, full_hi):
+            it, mean_loads, acc, m_i, l_i, f_i, cnt_i, c16 = _kv_step(
+                q, k_smem, v_smem, kv_ready, kv_empty, q_free, m_desc, mean_smem, mean_bar,
+                ones, blk, g_lo, g_hi, it, mean_loads, mean_row0, acc, m_i, l_i, f_i, cnt_i,
+                c16, rows, cols, blocks16, s_zero, o_zero, q_len, kv_len, pre, nxt, scale,
+                gamma, ALG, HAS_BAND, False, BLOCK_N, HEAD_DIM, STAGES)
+        for blk in range(full_hi, g_hi):
+            it, mean_loads, acc, m_i, l_i, f_i, cnt_i, c16 = _kv_step(
+                q, k_smem, v_smem, kv_ready, kv_empty, q_free, m_desc, mean_smem, mean_bar,
+                ones, blk, g_lo, g_hi, it, mean_loads, mean_row0, acc, m_i, l_i, f_i, cnt_i,
+                c16, rows, cols, blocks16, s_zero, o_zero, q_len, kv_len, pre, nxt, scale,
+                gamma, ALG, HAS_BAND, True, BLOCK_N, HEAD_DIM, STAGES)
         if g_hi <= g_lo:  # a group that sees no kv block never used Q
             mbarrier.arrive(q_free)
         it = _release_blocks(kv_ready, kv_empty, gl.maximum(g_hi, g_lo), hi, it, STAGES)
@@ -454,10 +516,13 @@ if AVAILABLE:
         dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
         o_ptrs = (O + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
                   + rows_o.to(gl.int64)[:, None] * stride_os + dims[None, :])
-        gl.store(o_ptrs, o.to(gl.float16), mask=(rows_o < q_len)[:, None])
+        # rows 0 .. q_len-1 (one unsigned compare: the first tile may start before row 0)
+        gl.store(o_ptrs, o.to(gl.float16),
+                 mask=(rows_o.to(gl.uint32, bitcast=True) < q_len)[:, None])
         if HAS_LSE:
             gl.store(LSE + b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
-                     + rows.to(gl.int64) * stride_ls, lse, mask=rows < q_len)
+                     + rows.to(gl.int64) * stride_ls, lse,
+                     mask=rows.to(gl.uint32, bitcast=True) < q_len)
         return it, mean_loads
 
     @gluon.jit
@@ -603,8 +668,7 @@ def run(problem: AttentionProblem, alg_id: int, gamma: float, k_used: torch.Tens
                                                        gl.float16)
     m_desc = TensorDescriptor(means_2d, list(means_2d.shape), list(means_2d.stride()),
                               [CONSTANTS_PER_LOAD, head_dim], mean_layout)
-    block_m = GROUP_ROWS * consumer_groups(problem.allocation.name, head_dim,
-                                           problem.band is not None)
+    block_m = GROUP_ROWS * consumer_groups(head_dim)
     n_tiles = -(-problem.max_q_len // block_m)
     n_pairs = problem.batch * q.shape[1]
     kv_bytes = (k_used.shape[2] + v.shape[2]) * head_dim * 2  # one pair's K/V

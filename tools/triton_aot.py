@@ -235,8 +235,7 @@ def variants(head_dim: int = 128):
     for alg in gp.ALGORITHMS if gp.AVAILABLE and head_dim in gp.HEAD_DIMS else ():
         for causal in (False, True):
             consts = dict(ALG=alg_ids[alg], HAS_BAND=causal, HAS_LSE=False,
-                          BLOCK_M=gp.GROUP_ROWS * gp.consumer_groups(alg, head_dim,
-                                                                     causal),
+                          BLOCK_M=gp.GROUP_ROWS * gp.consumer_groups(head_dim),
                           BLOCK_N=gp.BLOCK_N, HEAD_DIM=head_dim, STAGES=gp._stages(head_dim))
             yield ("gluon", f"{alg} {'causal' if causal else 'full'} d={head_dim} (gluon)",
                    consts, 4, 1, ta._fp_options(alg) == {})
