@@ -15,7 +15,8 @@ Times ``pasa-exact`` (``fa-fp32`` and ``pasa`` too for the load paths) through
   Triton itself reaches on this GPU).
 
 It also splits a pasa-exact and a pasa call into its GPU kernels (torch.profiler), so
-that the separate key-shift pass's share of each timing is seen.
+that the separate key-shift pass's share of each timing is seen (``--kernels-only``: that
+split alone, without the variants).
 
 A variant is the backend's source with one text replaced, loaded as its own module; the
 replaced text must still be found, so a variant cannot silently stop measuring anything.
@@ -308,6 +309,9 @@ def main(argv=None) -> int:
     parser.add_argument("--host-time", action="store_true",
                         help="only host time per call: the API layer's (no GPU needed), and "
                              "an eager decode step's where there is a GPU")
+    parser.add_argument("--kernels-only", action="store_true",
+                        help="only split a pasa-exact and a pasa call into their GPU kernels "
+                             "(no timing-only variants: a minute, not tens)")
     args = parser.parse_args(argv)
     if args.host_time:
         us = {mode: host_time_us(mode) for mode in HOST_TIME_MODES}
@@ -325,7 +329,7 @@ def main(argv=None) -> int:
         print("ablate: error: needs a CUDA GPU", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as directory:
-        runs = candidates(directory)
+        runs = [] if args.kernels_only else candidates(directory)
         for d, seq, batch, heads in SHAPES:
             if d not in args.dims:
                 continue

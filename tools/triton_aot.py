@@ -6,7 +6,8 @@ prints, per variant, shared memory, registers, spill stores and local memory (fr
 bundled cuobjdump). It catches compile errors and shared-memory overflows on machines
 with no GPU, and shows the register pressure of a change before any device time is
 spent. ``--sass`` also prints the instruction count of every loop that issues matrix
-instructions (the kv loops, from the bundled nvdisasm) and its most frequent opcodes;
+instructions (the kv loops, from the bundled nvdisasm), its most frequent opcodes and
+its spill stores and reloads (STL, LDL) where it has any;
 ``--only TEXT`` compiles only the variants whose label contains TEXT (or any of several).
 Arguments are specialised as Triton's JIT specialises contiguous inputs (unit strides and
 a GQA group of 1 as constants, 16-divisible pointers and strides): without that the loads
@@ -278,7 +279,10 @@ def main(argv=None) -> int:
             failed += bool(flag)
             for first, last, count, opcodes in sass_loops(compiled) if args.sass else []:
                 top = ", ".join(f"{op} {n}" for op, n in opcodes.most_common(8))
-                print(f"    loop {first:#06x}-{last:#06x}: {count} instructions ({top})")
+                # register spills: stores to and loads from local memory inside the loop
+                spills = opcodes["STL"] + opcodes["LDL"]
+                spilled = f", {opcodes['STL']} STL + {opcodes['LDL']} LDL" if spills else ""
+                print(f"    loop {first:#06x}-{last:#06x}: {count} instructions ({top}){spilled}")
     if not compiled_any:
         print(f"triton_aot: error: no variant label contains any of {args.only}",
               file=sys.stderr)
