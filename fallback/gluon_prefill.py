@@ -51,7 +51,8 @@ try:  # Gluon ships with Triton >= 3.5
 except ImportError:  # pragma: no cover - older Triton
     AVAILABLE = False
 
-from pasa_npu.fallback.kernel_common import (INTERPRET, _fp16, _rl, _tile_kv_blocks, sm_count,
+from pasa_npu.fallback.kernel_common import (INTERPRET, _fp16, _rl, _tile_kv_blocks,
+                                             device_capability, launch, sm_count,
                                              tma_strides)
 from pasa_npu.problem import AttentionProblem
 
@@ -632,17 +633,23 @@ def supported(problem: AttentionProblem, lengths: tuple) -> bool:
         return False  # ragged lengths: the Triton kernel masks them
     if out.stride(3) != 1:
         return False
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
+    if device_capability(q.device.index) != (9, 0):
         return False
     return all(_tma_strides(t) is not None for t in (q, k, v))
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_layout(block: tuple):
+    """The shared-memory layout of an fp16 TMA block (computing it costs host time on
+    every call)."""
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl.float16)
 
 
 def _descriptor(t: torch.Tensor, rows: int):
     """A TMA descriptor loading (rows, D) tiles of one (batch, head) of the (B, N, S, D)
     view ``t``; rows past S read as zero."""
-    block = [1, 1, rows, t.shape[3]]
-    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float16)
-    return TensorDescriptor(t, list(t.shape), _tma_strides(t), block, layout)
+    block = (1, 1, rows, t.shape[3])
+    return TensorDescriptor(t, list(t.shape), _tma_strides(t), list(block), _smem_layout(block))
 
 
 @functools.lru_cache(maxsize=8)
@@ -664,10 +671,9 @@ def run(problem: AttentionProblem, alg_id: int, gamma: float, k_used: torch.Tens
     if means is None:
         means = _no_means(q.device, head_dim)
     means_2d = means.reshape(-1, head_dim)
-    mean_layout = gl.NVMMASharedLayout.get_default_for([CONSTANTS_PER_LOAD, head_dim],
-                                                       gl.float16)
     m_desc = TensorDescriptor(means_2d, list(means_2d.shape), list(means_2d.stride()),
-                              [CONSTANTS_PER_LOAD, head_dim], mean_layout)
+                              [CONSTANTS_PER_LOAD, head_dim],
+                              _smem_layout((CONSTANTS_PER_LOAD, head_dim)))
     block_m = GROUP_ROWS * consumer_groups(head_dim)
     n_tiles = -(-problem.max_q_len // block_m)
     n_pairs = problem.batch * q.shape[1]
@@ -676,7 +682,8 @@ def run(problem: AttentionProblem, alg_id: int, gamma: float, k_used: torch.Tens
     if problem.band is not None:
         tile_group = max(1, min(n_pairs, TILE_GROUP_BYTES // kv_bytes))
     grid = (min(n_tiles * n_pairs, sm_count(q.device.index)),)
-    _prefill_ws[grid](
+    launch(
+        _prefill_ws, grid,
         _descriptor(q, GROUP_ROWS), _descriptor(k_used, BLOCK_N), _descriptor(v, BLOCK_N),
         m_desc, out, lse_arg, torch.zeros(1, dtype=torch.int32, device=q.device), band_pre,
         band_next, out.stride(0), out.stride(1), out.stride(2),

@@ -79,3 +79,92 @@ def tma_strides(t: torch.Tensor, batch_stride: int):
     if any(st * t.element_size() % 16 for st in strides[:-1]):
         return None
     return strides
+
+
+@functools.lru_cache(maxsize=None)
+def device_capability(device_index: int) -> tuple[int, int]:
+    """CUDA device ``device_index``'s compute capability (a driver query, cached)."""
+    return torch.cuda.get_device_capability(device_index)
+
+
+# --------------------------------------------------------------------------- launches
+
+try:  # the launch internals :func:`launch` reuses (Triton 3.5 and later)
+    from triton import knobs
+    from triton.runtime import driver
+except ImportError:
+    knobs = driver = None
+
+#: launch key -> (compiled kernel, the kernel's parameter names after the positional ones)
+_LAUNCHES: dict = {}
+#: launches that skipped Triton's argument binding (tests read it)
+FAST_LAUNCHES = [0]
+
+
+def _spec(x):
+    """What of a launch argument can change the compiled kernel Triton picks: a tensor's
+    dtype and 16-byte alignment, an int's or a constexpr's value (stricter than Triton,
+    which only looks at ==1, divisibility by 16 and the int width), a float's type, a
+    descriptor's dtype, shape, strides, block and layout."""
+    if isinstance(x, torch.Tensor):
+        return x.dtype, x.data_ptr() % 16 == 0
+    if type(x) is float:
+        return float
+    if type(x) is bool:
+        return bool, x
+    if hasattr(x, "block_shape"):  # a TMA TensorDescriptor (its base is 16-byte aligned)
+        return (x.base.dtype, tuple(x.shape), tuple(x.strides), tuple(x.block_shape),
+                getattr(x, "layout", None), getattr(x, "padding", None))
+    return x
+
+
+def launch(kernel, grid: tuple, *args, **kwargs) -> None:
+    """``kernel[grid](*args, **kwargs)``, with Triton's per-call argument binding skipped
+    when a call with the same :func:`_spec` of every argument ran before: that binding
+    and the compiled-kernel lookup cost tens of microseconds of host time per launch
+    (measured on the H100 host: about 70 us a Gluon prefill launch, 20 us launched
+    directly), as much as a decode kernel's GPU time. The compiled kernel and its launcher
+    are Triton's; only the lookup is ours. A call whose arguments Triton binds otherwise
+    than we would (defaults, a Triton without these internals) always goes through
+    ``kernel[grid]``, as does the interpreter."""
+    if knobs is None or INTERPRET.value or getattr(kernel, "pre_run_hooks", True):
+        kernel[grid](*args, **kwargs)
+        return
+    device = driver.active.get_current_device()
+    try:
+        key = (kernel, device, knobs.runtime.debug, knobs.compilation.instrumentation_mode,
+               *map(_spec, args), *[(name, _spec(value)) for name, value in kwargs.items()])
+        hit = _LAUNCHES.get(key)
+    except TypeError:  # an unhashable argument: no key
+        key = hit = None
+    if hit is None:
+        compiled = kernel[grid](*args, **kwargs)
+        if key is not None:
+            _remember(key, kernel, compiled, device, args, kwargs)
+        return
+    compiled, names = hit
+    values = (*args, *[kwargs[name] for name in names])
+    stream = driver.active.get_current_stream(device)
+    grid = (*grid, 1, 1)
+    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata,
+                 compiled.launch_metadata(grid[:3], stream, *values),
+                 knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *values)
+    FAST_LAUNCHES[0] += 1
+
+
+def _remember(key, kernel, compiled, device, args, kwargs) -> None:
+    """Keep ``compiled`` for ``key`` if launching it directly passes the arguments exactly as
+    Triton's own binding does (the same objects, in order); otherwise never."""
+    try:
+        names = kernel.arg_names[len(args):]
+        values = [*args, *[kwargs[name] for name in names]]  # KeyError: a default is used
+        binder = kernel.device_caches[device][-1]
+        bound = list(binder(*args, **kwargs)[0].values())
+        compiled.packed_metadata, compiled.launch_metadata  # noqa: B018
+    except Exception:  # noqa: BLE001 - another Triton: keep its own launch path
+        return
+    if len(bound) != len(values) or any(a is not b for a, b in zip(bound, values)):
+        return
+    if len(_LAUNCHES) > 256:
+        _LAUNCHES.clear()
+    _LAUNCHES[key] = (compiled, names)

@@ -46,7 +46,8 @@ import triton.language as tl
 from pasa_npu import numerics
 from pasa_npu.beta import ideal_invariance, shift_matrix
 from pasa_npu.fallback import gluon_prefill
-from pasa_npu.fallback.kernel_common import (INTERPRET, _fp16, _rl, _tile_kv_blocks, sm_count,
+from pasa_npu.fallback.kernel_common import (INTERPRET, _fp16, _rl, _tile_kv_blocks,
+                                             device_capability, launch, sm_count,
                                              tma_strides)
 from pasa_npu.problem import AttentionProblem
 
@@ -773,7 +774,8 @@ def _prepare_keys(problem, k, kv_starts, kv_lens, block_n, head_dim_p):
     means = torch.empty(batch, n_kv, n_blocks, head_dim_p, dtype=torch.float16, device=dev)
     exact = problem.allocation.shift == "exact"
     shift = means if exact else _cached_shift_matrix(problem.beta, block_n, problem.scale, dev)
-    _shift_keys[(n_blocks * batch * n_kv,)](
+    launch(
+        _shift_keys, (n_blocks * batch * n_kv,),
         k, k_shift, means, shift, kv_starts, kv_lens,
         0 if problem.packed else k.stride(0), k.stride(1), k.stride(2), k.stride(3),
         k_shift.stride(0), k_shift.stride(1), k_shift.stride(2),
@@ -855,7 +857,8 @@ def run(problem: AttentionProblem) -> None:
     pairs = problem.batch * q.shape[1]
     grid_1d = pairs > GRID_AXIS_MAX
     grid = (n_tiles * pairs,) if grid_1d else (n_tiles, pairs)
-    _attention_fwd[grid](
+    launch(
+        _attention_fwd, grid,
         q, k_used, v, out, lse_arg, constants, means, mask,
         shift if shift is not None else constants,
         k_desc if use_tma else k_used, v_desc if use_tma else v,
@@ -893,7 +896,8 @@ def _tma_capable(dev: torch.device) -> bool:
     """Tensor-memory-accelerator loads: Hopper and newer, or the interpreter."""
     if dev.type != "cuda":
         return _interpreting()
-    return torch.cuda.get_device_capability(dev)[0] >= 9
+    return device_capability(dev.index if dev.index is not None
+                             else torch.cuda.current_device())[0] >= 9
 
 
 def _descriptor(t: torch.Tensor, batch_stride: int, rows: int, cols: int):
@@ -978,7 +982,8 @@ def _run_decode(problem, lengths, mask, mask_strides, shift, lse_arg, gamma, com
     part_lse = q.new_empty(batch * n_kv * n_splits * group_rows, dtype=torch.float32)
     pb = (lambda t: 0) if problem.packed else (lambda t: t.stride(0))  # noqa: E731
     has_lse = problem.lse is not None
-    _decode_split[(n_chunks * n_splits * batch * n_kv,)](
+    launch(
+        _decode_split, (n_chunks * n_splits * batch * n_kv,),
         q, k, v, mask, shift if shift is not None else part_lse, part_o, part_lse,
         q_starts, kv_starts, kv_lens,
         pb(q), q.stride(1), q.stride(2), q.stride(3),
@@ -989,7 +994,8 @@ def _run_decode(problem, lengths, mask, mask_strides, shift, lse_arg, gamma, com
         n_chunks, group_rows, BLOCK_G=block_g, num_warps=1 if interpret else 4,
         num_stages=1 if interpret else _decode_stages(problem.allocation.name, common["HEAD_DIM"]),
         **common, **_fp_options(problem.allocation.name))
-    _decode_combine[(batch * n_heads,)](
+    launch(
+        _decode_combine, (batch * n_heads,),
         part_o, part_lse, out, lse_arg, q_starts, q_lens,
         pb(out), out.stride(1), out.stride(2), out.stride(3),
         (pb(lse_arg) if has_lse else 0), lse_arg.stride(1), lse_arg.stride(2),

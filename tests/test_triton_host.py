@@ -1,7 +1,8 @@
 """The Triton backend's host side in a serving loop: decode steps whose
 actual_seq_lengths_kv grow by one token each never wait for the GPU, a copy of new
 lengths is safe on every stream, and a CUDA graph captured on lengths never seen
-before replays them correctly."""
+before replays them correctly. A repeated call launches its kernels without Triton's
+per-call argument binding, and computes the same."""
 from __future__ import annotations
 
 import pytest
@@ -113,3 +114,48 @@ def test_graph_captured_on_new_lengths_replays_them():
         graph.replay()
         want, want_lse = _step(q, k, v, lens, "pasa-exact")
         assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+def test_launch_key_tells_apart_what_triton_specialises_on():
+    from pasa_npu.fallback.kernel_common import _spec
+
+    t = torch.zeros(64, dtype=torch.float16)
+    assert _spec(t) == _spec(torch.ones(64, dtype=torch.float16))  # new data, same kernel
+    assert _spec(t) != _spec(t[1:])  # no longer 16-byte aligned
+    assert _spec(t) != _spec(t.float())
+    assert _spec(17) != _spec(16) and _spec(True) != _spec(1)
+    assert _spec(0.5) == _spec(2.0)  # a float argument is never specialised on its value
+
+
+@needs_gpu
+@pytest.mark.parametrize("case", ["prefill", "decode"])
+@pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
+def test_repeated_calls_launch_the_same_kernels_directly(case, algorithm):
+    """The second call of a shape skips Triton's argument binding for every launch, on new
+    tensors, and computes what Triton's own launch path computes, bit for bit."""
+    from pasa_npu.fallback import kernel_common
+
+    s1, s2 = (300, 300) if case == "prefill" else (1, 700)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+
+    def inputs():
+        return (torch.randn(2, HEADS, s1, D, device="cuda", generator=gen).half(),
+                *(torch.randn(2, KV_HEADS, s2, D, device="cuda", generator=gen).half()
+                  for _ in range(2)))
+
+    def call(q, k, v):
+        return pasa_npu.fused_attention(q, k, v, num_heads=HEADS, num_key_value_heads=KV_HEADS,
+                                        input_layout="BNSD", scale=D ** -0.5,
+                                        algorithm=algorithm, backend="triton",
+                                        softmax_lse_flag=True)
+
+    call(*inputs())
+    q, k, v = inputs()
+    before = kernel_common.FAST_LAUNCHES[0]
+    fast = call(q, k, v)
+    assert kernel_common.FAST_LAUNCHES[0] > before, "no launch skipped Triton's binding"
+    kernel_common._LAUNCHES.clear()  # every launch through kernel[grid] again
+    before = kernel_common.FAST_LAUNCHES[0]
+    bound = call(q, k, v)
+    assert kernel_common.FAST_LAUNCHES[0] == before
+    assert all(torch.equal(a, b) for a, b in zip(fast, bound))
