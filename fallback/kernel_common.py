@@ -99,6 +99,8 @@ except ImportError:
 _LAUNCHES: dict = {}
 #: launches that skipped Triton's argument binding (tests read it)
 FAST_LAUNCHES = [0]
+#: False: every launch through ``kernel[grid]`` (``ablate --host-time`` compares the two)
+DIRECT_LAUNCH = True
 
 
 def _spec(x):
@@ -127,7 +129,8 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     are Triton's; only the lookup is ours. A call whose arguments Triton binds otherwise
     than we would (defaults, a Triton without these internals) always goes through
     ``kernel[grid]``, as does the interpreter."""
-    if knobs is None or INTERPRET.value or getattr(kernel, "pre_run_hooks", True):
+    if (not DIRECT_LAUNCH or knobs is None or INTERPRET.value
+            or getattr(kernel, "pre_run_hooks", True)):
         kernel[grid](*args, **kwargs)
         return
     device = driver.active.get_current_device()

@@ -27,7 +27,8 @@ variants are wrong on purpose.
 the argument plan cached (as every repeated call is), rebuilt on every call, and with
 kv lengths that grow by one token per call (a decode loop), on a decode-shaped CPU call
 whose backend computes nothing; on a CUDA GPU also an eager Triton decode step with fixed
-and with growing kv lengths.
+and with growing kv lengths and an eager prefill call, each with the kernels launched
+directly and through Triton's ``kernel[grid]``.
 """
 from __future__ import annotations
 
@@ -302,6 +303,64 @@ def decode_step_us(growing: bool, steps: int = 300) -> tuple[float, float]:
         api._PLANS.clear()
 
 
+def prefill_call_us(calls: int = 300) -> float:
+    """Host microseconds per eager pasa-exact prefill call of the Triton backend on the GPU
+    at a shape whose kernels take less GPU time than the call takes host time (batch 1,
+    32 heads, S = 256, d = 64, causal), so that the loop measures the host alone."""
+    h, s, d = 32, 256, 64
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, h, s, d, device="cuda", dtype=torch.float16, generator=gen)
+               for _ in range(3))
+    mask = pasa_npu.compressed_causal_mask("cuda")
+
+    def call():
+        pasa_npu.fused_attention(q, k, v, num_heads=h, num_key_value_heads=h,
+                                 input_layout="BNSD", scale=d ** -0.5, algorithm="pasa-exact",
+                                 backend="triton", sparse_mode=3, atten_mask=mask)
+
+    for _ in range(20):
+        call()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    host = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return host / calls * 1e6
+
+
+def _gpu_host_times() -> None:
+    """Eager decode steps and prefill calls on the GPU, host time, with the kernels launched
+    directly (``kernel_common.launch``) and through Triton's ``kernel[grid]``, three rounds
+    interleaved (medians: that host is noisy)."""
+    from pasa_npu.fallback import kernel_common
+
+    runs: dict = {}
+    try:
+        for _ in range(3):
+            for direct in (False, True):
+                kernel_common.DIRECT_LAUNCH = direct
+                for growing in (False, True):
+                    runs.setdefault(("decode", growing, direct), []).append(
+                        decode_step_us(growing))
+                runs.setdefault(("prefill", None, direct), []).append(prefill_call_us())
+    finally:
+        kernel_common.DIRECT_LAUNCH = True
+
+    def median(key, part=0):
+        values = sorted(r[part] if isinstance(r, tuple) else r for r in runs[key])
+        return values[len(values) // 2]
+    for direct in (True, False):
+        how = "launched directly" if direct else "launched through kernel[grid]"
+        for growing in (False, True):
+            key = ("decode", growing, direct)
+            print(f"Eager Triton decode step on the GPU, kv lengths "
+                  f"{'growing by one token per step' if growing else 'fixed'}, {how}: "
+                  f"{median(key):.0f} us host, {median(key, 1):.0f} us until the GPU is done")
+        print(f"Eager Triton prefill call on the GPU (pasa-exact, S = 256, causal), {how}: "
+              f"{median(('prefill', None, direct)):.0f} us host")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="ablate", description=__doc__.splitlines()[0])
     parser.add_argument("--dims", type=int, nargs="+", default=[64, 128])
@@ -319,11 +378,7 @@ def main(argv=None) -> int:
               f"{us['rebuilt']:.0f} us rebuilding it on every call, {us['growing']:.0f} us "
               f"with actual_seq_lengths_kv one token longer on every call")
         if torch.cuda.is_available():
-            for growing in (False, True):
-                host, wall = decode_step_us(growing)
-                print(f"Eager Triton decode step on the GPU, kv lengths "
-                      f"{'growing by one token per step' if growing else 'fixed'}: "
-                      f"{host:.0f} us host, {wall:.0f} us until the GPU is done")
+            _gpu_host_times()
         return 0
     if not torch.cuda.is_available():
         print("ablate: error: needs a CUDA GPU", file=sys.stderr)
