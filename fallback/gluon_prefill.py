@@ -219,10 +219,26 @@ if AVAILABLE:
         return key_lo, key_hi, gl.where(valid, gl.maximum(key_hi - key_lo + 1, 0), 0)
 
     @gluon.jit
+    def _last_visible_col(rows, blk, q_len, kv_len, pre, nxt, HAS_BAND: gl.constexpr,
+                          BLOCK_N: gl.constexpr):
+        """For a block past every row's lower edge (a trailing masked block): the last of
+        its columns each row sees, -1 where a row sees none."""
+        _, key_hi, key_count = _visible_keys(rows, q_len, kv_len, pre, nxt, HAS_BAND)
+        return gl.where(key_count > 0, key_hi - blk * BLOCK_N, -1)
+
+    @gluon.jit
     def _key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND: gl.constexpr,
-                     BLOCK_N: gl.constexpr):
+                     MASK: gl.constexpr, BLOCK_N: gl.constexpr):
         """Whether key blk * BLOCK_N + cols is visible to each row: 0 <= key - key_lo <
-        key_count, one unsigned compare per element."""
+        key_count, one unsigned compare per element; under a band, in a trailing block (MASK
+        2: past every row's lower edge), col <= the row's :func:`_last_visible_col`. Under
+        a band ptxas packs the predicates of the first form into bit fields, about six
+        instructions per element, and compiles the second to a compare with an immediate
+        and a select (``triton_aot --sass``); without a band key_lo is 0 and the first
+        compiles to that already."""
+        if HAS_BAND and MASK == 2:
+            last = _last_visible_col(rows, blk, q_len, kv_len, pre, nxt, HAS_BAND, BLOCK_N)
+            return cols[None, :] <= last[:, None]
         key_lo, _, key_count = _visible_keys(rows, q_len, kv_len, pre, nxt, HAS_BAND)
         return ((cols[None, :] + (blk * BLOCK_N - key_lo)[:, None]).to(gl.uint32, bitcast=True)
                 < key_count.to(gl.uint32, bitcast=True)[:, None])
@@ -342,17 +358,20 @@ if AVAILABLE:
     def _kv_step(q, k_smem, v_smem, kv_ready, kv_empty, q_free, m_desc, mean_smem, mean_bar, ones,
                  blk, g_lo, g_hi, it, mean_loads, mean_row0, acc, m_i, l_i, f_i, cnt_i, c16, rows,
                  cols, blocks16, s_zero, o_zero, q_len, kv_len, pre, nxt, scale, gamma,
-                 ALG: gl.constexpr, HAS_BAND: gl.constexpr, MASKED: gl.constexpr,
+                 ALG: gl.constexpr, HAS_BAND: gl.constexpr, MASK: gl.constexpr,
                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
         """Consumer group: kv block ``blk`` (the program's ``it``-th), QKᵀ, the softmax, P'V
         and the fold into the state (acc, m, l, f, count; pasa-exact's 16 row constants c16,
-        loaded with ``mean_loads``). MASKED: a block some row sees only in part (its keys
-        tested one by one). Returns the new counts and state."""
+        loaded with ``mean_loads``). MASK: 0 for a block every row sees whole; 1 for a
+        leading masked block (a band's lower edge), 2 for a trailing one (the diagonal, the
+        last block past kv_len), whose keys are tested one by one (:func:`_key_visible`).
+        Returns the new counts and state."""
         s_layout: gl.constexpr = s_zero.type.layout
         o_layout: gl.constexpr = o_zero.type.layout
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        MASKED: gl.constexpr = MASK != 0
         stage = it % STAGES
         if ALG == 5:
             # c = scale * Q . mean16 for blocks blk0 .. blk0+15 in one thin matmul
@@ -377,7 +396,7 @@ if AVAILABLE:
 
         if ALG == 3:  # P'V rounded to fp16; the statistics and the fold in fp16 steps
             if MASKED:
-                vis = _key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND,
+                vis = _key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND, MASK,
                                    BLOCK_N)
                 score_sums, m_loc, p16 = _scores_pasa(qk, vis, ones, True)
             else:
@@ -399,10 +418,14 @@ if AVAILABLE:
             beta16 = gl.convert_layout(beta_w.to(gl.float16), row_o)
             acc_new = acc * alpha16[:, None] + _fp16(pv) * beta16[:, None]
             if MASKED:  # rows that see no key of the block keep their state
-                key_lo, key_hi, key_count = _visible_keys(rows, q_len, kv_len, pre, nxt,
-                                                          HAS_BAND)
-                row_any = ((key_count > 0) & (key_lo < (blk + 1) * BLOCK_N)
-                           & (key_hi >= blk * BLOCK_N))
+                if HAS_BAND and MASK == 2:
+                    row_any = _last_visible_col(rows, blk, q_len, kv_len, pre, nxt, HAS_BAND,
+                                                BLOCK_N) >= 0
+                else:
+                    key_lo, key_hi, key_count = _visible_keys(rows, q_len, kv_len, pre, nxt,
+                                                              HAS_BAND)
+                    row_any = ((key_count > 0) & (key_lo < (blk + 1) * BLOCK_N)
+                               & (key_hi >= blk * BLOCK_N))
                 acc_new = gl.where(gl.convert_layout(row_any, row_o)[:, None], acc_new, acc)
                 m_new = gl.where(row_any, m_new, m_i)
                 l_new = gl.where(row_any, l_new, l_i)
@@ -413,7 +436,7 @@ if AVAILABLE:
             if ALG == 5:
                 if MASKED:
                     vis = _key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND,
-                                       BLOCK_N)
+                                       MASK, BLOCK_N)
                     m_new, alpha, p16 = _softmax_exact(qk, vis, m_i, c, True)
                 else:
                     m_new, alpha, p16 = _softmax_exact(qk, None, m_i, c, False)
@@ -431,7 +454,7 @@ if AVAILABLE:
             else:  # fa-fp32: accumulated in place
                 if MASKED:
                     vis = _key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND,
-                                       BLOCK_N)
+                                       MASK, BLOCK_N)
                     m_new, l_new, alpha, p16 = _softmax_fa(qk, vis, m_i, l_i, scale, True)
                 else:
                     m_new, l_new, alpha, p16 = _softmax_fa(qk, None, m_i, l_i, scale, False)
@@ -486,19 +509,19 @@ if AVAILABLE:
                     q, k_smem, v_smem, kv_ready, kv_empty, q_free, m_desc, mean_smem, mean_bar,
                     ones, blk, g_lo, g_hi, it, mean_loads, mean_row0, acc, m_i, l_i, f_i, cnt_i,
                     c16, rows, cols, blocks16, s_zero, o_zero, q_len, kv_len, pre, nxt, scale,
-                    gamma, ALG, HAS_BAND, True, BLOCK_N, HEAD_DIM, STAGES)
+                    gamma, ALG, HAS_BAND, 1, BLOCK_N, HEAD_DIM, STAGES)
         for blk in range(full_lo, full_hi):
             it, mean_loads, acc, m_i, l_i, f_i, cnt_i, c16 = _kv_step(
                 q, k_smem, v_smem, kv_ready, kv_empty, q_free, m_desc, mean_smem, mean_bar,
                 ones, blk, g_lo, g_hi, it, mean_loads, mean_row0, acc, m_i, l_i, f_i, cnt_i,
                 c16, rows, cols, blocks16, s_zero, o_zero, q_len, kv_len, pre, nxt, scale,
-                gamma, ALG, HAS_BAND, False, BLOCK_N, HEAD_DIM, STAGES)
+                gamma, ALG, HAS_BAND, 0, BLOCK_N, HEAD_DIM, STAGES)
         for blk in range(full_hi, g_hi):
             it, mean_loads, acc, m_i, l_i, f_i, cnt_i, c16 = _kv_step(
                 q, k_smem, v_smem, kv_ready, kv_empty, q_free, m_desc, mean_smem, mean_bar,
                 ones, blk, g_lo, g_hi, it, mean_loads, mean_row0, acc, m_i, l_i, f_i, cnt_i,
                 c16, rows, cols, blocks16, s_zero, o_zero, q_len, kv_len, pre, nxt, scale,
-                gamma, ALG, HAS_BAND, True, BLOCK_N, HEAD_DIM, STAGES)
+                gamma, ALG, HAS_BAND, 2, BLOCK_N, HEAD_DIM, STAGES)
         if g_hi <= g_lo:  # a group that sees no kv block never used Q
             mbarrier.arrive(q_free)
         it = _release_blocks(kv_ready, kv_empty, gl.maximum(g_hi, g_lo), hi, it, STAGES)

@@ -126,3 +126,39 @@ def test_gluon_prefill_compiles_at_d64(aot_d64):
     assert tiles == {192}, tiles  # the three-group kernel
     gluon = [line for line in aot_d64.splitlines() if "(gluon)" in line]
     assert len(gluon) == 6 and all(" smem " in line for line in gluon), aot_d64
+
+
+def test_gluon_causal_diagonal_blocks_test_each_key_in_two_instructions():
+    """Under a causal mask a consumer group's last kv block, the diagonal, is masked key by
+    key. Its loop (trailing masked blocks) compares each key's column with the row's last
+    visible one: a compare with an immediate and a select per score element in the sm_90
+    SASS. The test of a key's full visible range packed the predicates into bit fields
+    instead, about six instructions per element: 390 to 510 more than the interior loop
+    at d = 64, for each allocation. Each thread holds 64 of a block's scores; the bound
+    below leaves room for pasa's per-row selects of its state."""
+    if not gluon_prefill.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    script = (
+        "import json, sys\n"
+        "from pasa_npu.tools import triton_aot as aot\n"
+        "out = {}\n"
+        "for kernel, label, consts, warps, stages, fusion in aot.variants(64):\n"
+        "    if label in sys.argv[1:]:\n"
+        "        compiled = aot.compile_any(kernel, consts, warps, stages, fusion)\n"
+        "        out[label] = sorted(n for *_, n, _ in aot.sass_loops(compiled))\n"
+        "print(json.dumps(out))\n")
+    labels = [f"{alg} causal d=64 (gluon)" for alg in gluon_prefill.ALGORITHMS]
+    run = subprocess.run([sys.executable, "-c", script, *labels], capture_output=True,
+                         text=True, env=dict(os.environ, TRITON_INTERPRET="0"), timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    loops = json.loads(run.stdout)
+    assert sorted(loops) == sorted(labels)
+    if not any(loops.values()):
+        pytest.skip("Triton's bundled nvdisasm is missing: no SASS to count")
+    groups = gluon_prefill.consumer_groups(64)
+    for label, counts in loops.items():
+        # each consumer group (a partition of its own) has the kv loops: the smallest are
+        # the interior ones, then the trailing masked ones, then the leading ones (a band's
+        # lower edge, which a causal mask never enters); the outer loops hold them
+        interior, trailing = max(counts[:groups]), max(counts[groups:2 * groups])
+        assert trailing - interior <= 5 * 64, (label, counts)
