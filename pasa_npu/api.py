@@ -357,7 +357,7 @@ def _execute(plan: _Plan, query, key, value, golden: bool) -> tuple[torch.Tensor
                                plan.num_kv_heads)
     v_input = v
     if plan.low != query.dtype and not golden:
-        q, k, v = (_to_fp16_checked(t, name) for t, name in ((q, "query"), (k, "key"), (v, "value")))
+        q, k, v = _to_fp16_checked((q, k, v), ("query", "key", "value"))
 
     # every row a backend does not write (past a query length, between packed sequences)
     # must read 0; when every row is written, skip the fill
@@ -590,15 +590,23 @@ def _beta(beta, allocation: Allocation, tiling: Tiling, scale: float) -> float:
     return float(beta)
 
 
-def _to_fp16_checked(t: torch.Tensor, name: str) -> torch.Tensor:
-    """bf16 -> fp16 for PASA, refusing values fp16 cannot hold instead of making inf."""
-    if t.numel():
-        peak = float(t.abs().amax())
-        if not peak <= FP16_MAX:
-            raise ValueError(
-                f"{name} holds values up to {peak:.6g} in magnitude, beyond fp16's {FP16_MAX:.0f}; "
-                f"PASA computes bf16 inputs in fp16. Use algorithm='fa-fp32' for this input.")
-    return t.to(torch.float16)
+def _to_fp16_checked(tensors, names) -> tuple:
+    """bf16 -> fp16 for PASA, refusing values fp16 cannot hold instead of making inf. The
+    tensors' peak magnitudes come to the host together: one wait for the device, not one
+    per tensor (each peak from one read of its tensor, without an |x| temporary)."""
+    peaks = [torch.stack(torch.aminmax(t)) for t in tensors if t.numel()]
+    if peaks:
+        ranges = iter(torch.stack(peaks).float().tolist())
+        for t, name in zip(tensors, names):
+            if t.numel():
+                low, high = next(ranges)
+                peak = max(-low, high) if low == low and high == high else float("nan")
+                if not peak <= FP16_MAX:
+                    raise ValueError(
+                        f"{name} holds values up to {peak:.6g} in magnitude, beyond fp16's "
+                        f"{FP16_MAX:.0f}; PASA computes bf16 inputs in fp16. Use "
+                        f"algorithm='fa-fp32' for this input.")
+    return tuple(t.to(torch.float16) for t in tensors)
 
 
 # --------------------------------------------------------------------------- masks

@@ -235,6 +235,22 @@ def test_bf16_through_fp16_and_range_check():
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("name, index, value, shown", [
+    ("value", 2, -70000.0, "70144"),  # the most negative element decides (bf16 rounds it)
+    ("query", 0, float("nan"), "nan"),
+    ("key", 1, float("inf"), "inf"),
+])
+def test_bf16_range_check_names_the_tensor_and_its_peak(name, index, value, shown):
+    """PASA's bf16 -> fp16 refuses a tensor with an element fp16 cannot hold, in either
+    sign or not a number, naming that tensor, while the others pass the check."""
+    tensors = list(_bnsd(dtype=torch.bfloat16))
+    tensors[index] = tensors[index].clone()
+    tensors[index][0, 1, 2, 3] = value
+    with pytest.raises(ValueError, match=f"^{name} holds values up to {shown} in magnitude"):
+        pasa_npu.fused_attention(*tensors, num_heads=2, input_layout="BNSD",
+                                 algorithm="pasa-exact")
+
+
 def test_default_algorithm_follows_inner_precise_bit0():
     q, k, v = _bnsd()
     kw = dict(num_heads=2, input_layout="BNSD", scale=0.2)
