@@ -593,19 +593,18 @@ def _beta(beta, allocation: Allocation, tiling: Tiling, scale: float) -> float:
 def _to_fp16_checked(tensors, names) -> tuple:
     """bf16 -> fp16 for PASA, refusing values fp16 cannot hold instead of making inf. The
     tensors' peak magnitudes come to the host together: one wait for the device, not one
-    per tensor (each peak from one read of its tensor, without an |x| temporary)."""
-    peaks = [torch.stack(torch.aminmax(t)) for t in tensors if t.numel()]
-    if peaks:
-        ranges = iter(torch.stack(peaks).float().tolist())
-        for t, name in zip(tensors, names):
-            if t.numel():
-                low, high = next(ranges)
-                peak = max(-low, high) if low == low and high == high else float("nan")
-                if not peak <= FP16_MAX:
-                    raise ValueError(
-                        f"{name} holds values up to {peak:.6g} in magnitude, beyond fp16's "
-                        f"{FP16_MAX:.0f}; PASA computes bf16 inputs in fp16. Use "
-                        f"algorithm='fa-fp32' for this input.")
+    per tensor (each peak from one read of its tensor, without an |x| temporary; a NaN
+    propagates to the peak and is refused too)."""
+    filled = [(t, name) for t, name in zip(tensors, names) if t.numel()]
+    if filled:
+        ranges = torch.stack([torch.stack(torch.aminmax(t)) for t, _ in filled]).float()
+        for (_, name), (low, high) in zip(filled, ranges.tolist()):
+            peak = max(-low, high)
+            if not peak <= FP16_MAX:
+                raise ValueError(
+                    f"{name} holds values up to {peak:.6g} in magnitude, beyond fp16's "
+                    f"{FP16_MAX:.0f}; PASA computes bf16 inputs in fp16. Use "
+                    f"algorithm='fa-fp32' for this input.")
     return tuple(t.to(torch.float16) for t in tensors)
 
 
