@@ -244,6 +244,17 @@ if AVAILABLE:
                 < key_count.to(gl.uint32, bitcast=True)[:, None])
 
     @gluon.jit
+    def _row_sees_block(rows, blk, q_len, kv_len, pre, nxt, HAS_BAND: gl.constexpr,
+                        MASK: gl.constexpr, BLOCK_N: gl.constexpr):
+        """Whether each row sees any key of masked block ``blk``, in the form of
+        :func:`_key_visible` for the same MASK."""
+        if HAS_BAND and MASK == 2:
+            return _last_visible_col(rows, blk, q_len, kv_len, pre, nxt, HAS_BAND, BLOCK_N) >= 0
+        key_lo, key_hi, key_count = _visible_keys(rows, q_len, kv_len, pre, nxt, HAS_BAND)
+        return ((key_count > 0) & (key_lo < (blk + 1) * BLOCK_N)
+                & (key_hi >= blk * BLOCK_N))
+
+    @gluon.jit
     def _softmax_fa(qk, vis, m_i, l_i, scale, MASKED: gl.constexpr):
         """fa-fp32: fp32 scores and statistics. Returns (m, l, alpha, P in fp16)."""
         s = qk * scale
@@ -418,14 +429,8 @@ if AVAILABLE:
             beta16 = gl.convert_layout(beta_w.to(gl.float16), row_o)
             acc_new = acc * alpha16[:, None] + _fp16(pv) * beta16[:, None]
             if MASKED:  # rows that see no key of the block keep their state
-                if HAS_BAND and MASK == 2:
-                    row_any = _last_visible_col(rows, blk, q_len, kv_len, pre, nxt, HAS_BAND,
-                                                BLOCK_N) >= 0
-                else:
-                    key_lo, key_hi, key_count = _visible_keys(rows, q_len, kv_len, pre, nxt,
-                                                              HAS_BAND)
-                    row_any = ((key_count > 0) & (key_lo < (blk + 1) * BLOCK_N)
-                               & (key_hi >= blk * BLOCK_N))
+                row_any = _row_sees_block(rows, blk, q_len, kv_len, pre, nxt, HAS_BAND, MASK,
+                                          BLOCK_N)
                 acc_new = gl.where(gl.convert_layout(row_any, row_o)[:, None], acc_new, acc)
                 m_new = gl.where(row_any, m_new, m_i)
                 l_new = gl.where(row_any, l_new, l_i)
