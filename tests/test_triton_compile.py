@@ -54,7 +54,8 @@ def test_pasa_kv_loops_use_the_cheap_exp_and_paired_conversions():
     And ptxas keeps its matmuls asynchronous: where it cannot prove a matmul's register
     operands safe, it waits after every HGMMA of the kernel (an earlier form of pasa's
     row sums did that). The Gluon kernel is checked at d = 64 too, where it runs three
-    consumer groups without a mask."""
+    consumer groups without a mask. pasa-exact's interior blocks take the row max of S' on
+    packed fp16 pairs (four halvings), not one fp32 max per score (64 a thread and block)."""
     script = (
         "import json, sys\n"
         "from pasa_npu.tools import triton_aot as aot\n"
@@ -67,6 +68,8 @@ def test_pasa_kv_loops_use_the_cheap_exp_and_paired_conversions():
         "        sass = aot.sass(compiled)\n"
         "        loops = aot.sass_loops(compiled, sass)\n"
         "        out[label] = dict(max(loops, key=lambda x: x[2])[3]) if loops else {}\n"
+        "        if loops:  # the smallest kv loop: the interior blocks of a consumer group\n"
+        "            out[label]['interior'] = dict(min(loops, key=lambda x: x[2])[3])\n"
         "        hgmma = [line for line in (sass or '').splitlines() if 'HGMMA' in line]\n"
         "        if hgmma:\n"
         "            out[label]['HGMMA waited'] = sum('gsb0' in line for line in hgmma)\n"
@@ -95,6 +98,10 @@ def test_pasa_kv_loops_use_the_cheap_exp_and_paired_conversions():
         if label.startswith("pasa ") and label.endswith("(gluon)"):
             # the largest range holds both consumers' kv loops
             assert ops.get("FADD", 0) < exps / 2, f"{label}: row sums in registers: {ops}"
+        if label.startswith("pasa-exact ") and label.endswith("(gluon)"):
+            interior = ops["interior"]
+            assert interior.get("FMNMX", 0) < interior["MUFU"] / 4, \
+                f"{label}: the interior row max one fp32 max per score: {interior}"
 
 
 @pytest.fixture(scope="module")
