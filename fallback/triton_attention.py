@@ -447,17 +447,28 @@ def _attention_fwd(
                                     other=0.0)
                     v = tl.load(v_ptrs, mask=in_kv[:, None] & (dims_v[None, :] < head_dim_v),
                                 other=0.0)
-                    vis = in_kv[None, :] & (rows[:, None] < q_len)
-                    # which rows see a key of this block: analytic from the band (1-D work),
-                    # from the tile itself only under an explicit mask
-                    first = n0 + rows * 0
-                    last = tl.minimum(n0 + BLOCK_N, kv_len) - 1
-                    if HAS_BAND:
-                        vis = (vis & (n[None, :] >= rows[:, None] - pre)
-                               & (n[None, :] <= rows[:, None] + nxt))
-                        first = tl.maximum(first, rows - pre)
-                        last = tl.minimum(last, rows + nxt)
-                    row_any = (first <= last) & (rows < q_len)
+                    if stage == 2 and not HAS_MASK:
+                        # a trailing block (the diagonal, a block past kv_len) lies past
+                        # every row's lower edge: a key is visible where its column is at
+                        # most the row's last visible one (-1: none), one compare per score
+                        last = kv_len - 1 + rows * 0
+                        if HAS_BAND:
+                            last = tl.minimum(last, rows + nxt)
+                        last = tl.where(rows < q_len, last - n0, -1)
+                        vis = cols[None, :] <= last[:, None]
+                        row_any = last >= 0
+                    else:
+                        vis = in_kv[None, :] & (rows[:, None] < q_len)
+                        # which rows see a key of this block: analytic from the band (1-D
+                        # work), from the tile itself only under an explicit mask
+                        first = n0 + rows * 0
+                        last = tl.minimum(n0 + BLOCK_N, kv_len) - 1
+                        if HAS_BAND:
+                            vis = (vis & (n[None, :] >= rows[:, None] - pre)
+                                   & (n[None, :] <= rows[:, None] + nxt))
+                            first = tl.maximum(first, rows - pre)
+                            last = tl.minimum(last, rows + nxt)
+                        row_any = (first <= last) & (rows < q_len)
                     if HAS_MASK:
                         masked = tl.load(mask_base + rows[:, None].to(tl.int64) * stride_xs
                                          + n[None, :] * stride_xk,

@@ -163,3 +163,29 @@ def test_gluon_causal_diagonal_blocks_test_each_key_in_two_instructions(aot_d64)
         counts = sorted(loops[label])
         interior, trailing = max(counts[:groups]), max(counts[groups:2 * groups])
         assert trailing - interior <= 5 * 64, (label, counts)
+
+
+def test_triton_causal_diagonal_blocks_test_each_key_against_the_rows_last_column():
+    """The Triton prefill's trailing masked blocks (the causal diagonal, a block past
+    kv_len) lie past every row's lower edge, so a key is visible where its column is at
+    most the row's last visible one: one compare per score. The full test (lower edge,
+    upper edge, kv_len, row in range) cost 850 instructions over the interior loop for
+    fa-fp32 at d = 128 causal, 629 for pasa-exact (BLOCK_M x BLOCK_N = 128 x 128 over 8
+    warps: 64 scores a thread); the bound leaves room for the per-row selects of the
+    masked update."""
+    report = _triton_aot("--dims", "128", "--only", "fa-fp32 causal d=128",
+                         "pasa-exact causal d=128", "--sass")
+    loops, label = {}, None
+    for line in report.splitlines():
+        if not line.startswith(" "):
+            label = line.split("  smem")[0].strip()
+        elif label is not None and line.lstrip().startswith("loop "):
+            loops.setdefault(label, []).append(int(line.split(": ")[1].split()[0]))
+    labels = ["fa-fp32 causal d=128", "pasa-exact causal d=128"]
+    if not any(loops.get(label) for label in labels):
+        pytest.skip("Triton's bundled nvdisasm is missing: no SASS to count")
+    for label in labels:
+        # the two largest loops: the masked one, then the interior one (pasa-exact also
+        # has its row constants' loop, smaller)
+        masked, interior = sorted(loops[label])[-1], sorted(loops[label])[-2]
+        assert masked - interior <= 8 * 64, (label, loops[label])
