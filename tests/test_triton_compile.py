@@ -26,6 +26,34 @@ def _triton_aot(*args: str) -> str:
     return run.stdout
 
 
+def _compiled_loops(labels: list) -> dict:
+    """For each of triton_aot's variant ``labels`` (d = 64 and 128), compiled alone in a
+    subprocess: its loops that issue matrix instructions, each [instruction count,
+    {opcode: count}] (:func:`triton_aot.sass_loops`; none where nvdisasm is missing),
+    and its HGMMA instructions, all of them and those that wait for their group (gsb0)."""
+    script = (
+        "import json, sys\n"
+        "from pasa_npu.tools import triton_aot as aot\n"
+        "out = {}\n"
+        "for d in (64, 128):\n"
+        "    for kernel, label, consts, warps, stages, fusion in aot.variants(d):\n"
+        "        if label not in sys.argv[1:]:\n"
+        "            continue\n"
+        "        compiled = aot.compile_any(kernel, consts, warps, stages, fusion)\n"
+        "        sass = aot.sass(compiled)\n"
+        "        hgmma = [line for line in (sass or '').splitlines() if 'HGMMA' in line]\n"
+        "        out[label] = dict(\n"
+        "            loops=[[n, ops] for _, _, n, ops in aot.sass_loops(compiled, sass)],\n"
+        "            hgmma=len(hgmma), hgmma_waited=sum('gsb0' in line for line in hgmma))\n"
+        "print(json.dumps(out))\n")
+    run = subprocess.run([sys.executable, "-c", script, *labels], capture_output=True,
+                         text=True, env=dict(os.environ, TRITON_INTERPRET="0"), timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = json.loads(run.stdout)
+    assert sorted(out) == sorted(labels)
+    return out
+
+
 def test_every_kernel_variant_compiles_for_sm90():
     stdout = _triton_aot("--dims", "128", "256")
     for d, decode_tiles in ((128, 2), (256, 1)):
@@ -56,50 +84,28 @@ def test_pasa_kv_loops_use_the_cheap_exp_and_paired_conversions():
     row sums did that). The Gluon kernel is checked at d = 64 too, where it runs three
     consumer groups without a mask. pasa-exact's interior blocks take the row max of S' on
     packed fp16 pairs (four halvings), not one fp32 max per score (64 a thread and block)."""
-    script = (
-        "import json, sys\n"
-        "from pasa_npu.tools import triton_aot as aot\n"
-        "out = {}\n"
-        "for d in (64, 128):\n"
-        "    for kernel, label, consts, warps, stages, fusion in aot.variants(d):\n"
-        "        if label not in sys.argv[1:]:\n"
-        "            continue\n"
-        "        compiled = aot.compile_any(kernel, consts, warps, stages, fusion)\n"
-        "        sass = aot.sass(compiled)\n"
-        "        loops = aot.sass_loops(compiled, sass)\n"
-        "        out[label] = dict(max(loops, key=lambda x: x[2])[3]) if loops else {}\n"
-        "        if loops:  # the smallest kv loop: the interior blocks of a consumer group\n"
-        "            out[label]['interior'] = dict(min(loops, key=lambda x: x[2])[3])\n"
-        "        hgmma = [line for line in (sass or '').splitlines() if 'HGMMA' in line]\n"
-        "        if hgmma:\n"
-        "            out[label]['HGMMA waited'] = sum('gsb0' in line for line in hgmma)\n"
-        "            out[label]['HGMMA all'] = len(hgmma)\n"
-        "print(json.dumps(out))\n")
     labels = ["pasa full d=128", "pasa-mixed full d=128", "pasa-exact full d=128"]
     if gluon_prefill.AVAILABLE:
         # at d = 64 without a mask, three consumer groups (168 registers a thread)
         labels += [f"{alg} {mode} d={d} (gluon)" for alg in ("pasa", "pasa-exact")
                    for mode in ("full", "causal") for d in (64, 128)]
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    run = subprocess.run([sys.executable, "-c", script, *labels], capture_output=True,
-                         text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    loops = json.loads(run.stdout)
-    assert sorted(loops) == sorted(labels)
-    if not any(loops.values()):
+    compiled = _compiled_loops(labels)
+    if not any(c["loops"] for c in compiled.values()):
         pytest.skip("Triton's bundled nvdisasm is missing: no SASS to count")
-    for label, ops in loops.items():  # the largest loop: the kv loop
+    for label, c in compiled.items():
+        ops = max(c["loops"], key=lambda loop: loop[0])[1]  # the largest loop: the kv loop
         exps = ops["MUFU"]
         assert ops["HGMMA"] > 0 and exps >= 64, (label, ops)
         assert ops.get("FSETP", 0) < exps / 4, f"{label}: tl.exp's subnormal fix-up: {ops}"
         assert ops.get("F2FP", 0) < 2 * exps, f"{label}: fp16 roundings one by one: {ops}"
         if label.endswith("(gluon)"):
-            assert ops["HGMMA waited"] < ops["HGMMA all"] / 4, f"{label}: serialised: {ops}"
+            assert c["hgmma_waited"] < c["hgmma"] / 4, f"{label}: serialised: {c}"
         if label.startswith("pasa ") and label.endswith("(gluon)"):
             # the largest range holds both consumers' kv loops
             assert ops.get("FADD", 0) < exps / 2, f"{label}: row sums in registers: {ops}"
         if label.startswith("pasa-exact ") and label.endswith("(gluon)"):
-            interior = ops["interior"]
+            # the smallest kv loop: the interior blocks of a consumer group
+            interior = min(c["loops"], key=lambda loop: loop[0])[1]
             assert interior.get("FMNMX", 0) < interior["MUFU"] / 4, \
                 f"{label}: the interior row max one fp32 max per score: {interior}"
 
@@ -174,21 +180,8 @@ def test_triton_causal_diagonal_blocks_test_each_key_against_the_rows_last_colum
     warps: 64 scores a thread); the bound leaves room for the per-row selects of the
     masked update."""
     # these two variants only (triton_aot --only would compile their Gluon namesakes too)
-    script = (
-        "import json, sys\n"
-        "from pasa_npu.tools import triton_aot as aot\n"
-        "out = {}\n"
-        "for kernel, label, consts, warps, stages, fusion in aot.variants(128):\n"
-        "    if label in sys.argv[1:]:\n"
-        "        compiled = aot.compile_any(kernel, consts, warps, stages, fusion)\n"
-        "        out[label] = [count for _, _, count, _ in aot.sass_loops(compiled)]\n"
-        "print(json.dumps(out))\n")
     labels = ["fa-fp32 causal d=128", "pasa-exact causal d=128"]
-    run = subprocess.run([sys.executable, "-c", script, *labels], capture_output=True,
-                         text=True, env=dict(os.environ, TRITON_INTERPRET="0"), timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    loops = json.loads(run.stdout)
-    assert sorted(loops) == sorted(labels)
+    loops = {label: [n for n, _ in c["loops"]] for label, c in _compiled_loops(labels).items()}
     if not any(loops.values()):
         pytest.skip("Triton's bundled nvdisasm is missing: no SASS to count")
     for label in labels:
