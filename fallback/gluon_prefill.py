@@ -20,7 +20,7 @@ these allocations, organised so that the tensor cores and the softmax overlap:
 
 Numerics: the operations of the Triton kernel, element by element and in the same
 order (fp32 accumulation in the tensor cores; pasa-exact rounds S', P' and the P'V tile
-to fp16 and carries c = scale * Q . mean16 in fp32, 16 blocks' constants per thin
+to fp16 and carries c = scale * Q . mean16 in fp32, the constants of 8 blocks per thin
 matmul; pasa runs every statistic as an fp16 step, compiled without FMA contraction).
 On the H100, fa-fp32 gives the Triton kernel's outputs and LSE bit for bit. pasa-exact
 sums its block's fp16 P' (for l), and pasa its fp16 scores (for the block mean) and its
@@ -58,8 +58,12 @@ from pasa_npu.problem import AttentionProblem
 
 GROUP_ROWS = 64  # query rows per consumer warp group (a query tile: 2 or 3 groups)
 BLOCK_N = 128  # kv_block: pasa-exact's block means are over exactly these keys
-CONSTANTS_PER_LOAD = 16  # pasa-exact: block means per thin matmul for c
 LOADER_REGS = 24
+#: pasa-exact: with each K/V block the loader fetches the means of the MEAN_ROWS blocks
+#: from the aligned one at or before it (the narrowest wgmma operand); a consumer group
+#: multiplies them by Q (c = scale * Q . mean16 for those blocks) at its first block and
+#: at each aligned one, and picks each block's column
+MEAN_ROWS = 8
 #: registers per consumer thread, with 2 or 3 groups (the loader warp's 24 and the
 #: consumers' must fit the SM's 64k; the first group, the default partition, gets
 #: what the others leave)
@@ -96,6 +100,7 @@ if AVAILABLE:
     _CONSUMER_REGS_3 = gl.constexpr(CONSUMER_REGS[3])
     _LOADER_REGS = gl.constexpr(LOADER_REGS)
     ROWS = gl.constexpr(GROUP_ROWS)
+    MEAN_ROWS_C = gl.constexpr(MEAN_ROWS)
 
     @gluon.jit
     def _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, q_len, BLOCK_M: gl.constexpr):
@@ -130,9 +135,10 @@ if AVAILABLE:
         return gl.max(tile_ids.index(n % 2).load(gl.BlockedLayout([1], [32], [4], [0])), 0)
 
     @gluon.jit
-    def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready,
-                kv_empty, tile_ids, tile_ready, next_tile, band_pre, band_next, q_len, kv_len,
-                n_heads, group, n_tiles, n_pairs, tile_group, HAS_BAND: gl.constexpr,
+    def _loader(q_desc, k_desc, v_desc, m_desc, q_smem, k_smem, v_smem, mean_smem, q_bar,
+                q_empty, kv_ready, kv_empty, tile_ids, tile_ready, next_tile, band_pre,
+                band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs, tile_group,
+                n_blocks, ALG: gl.constexpr, HAS_BAND: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
         """Loader warp: takes this program's tiles (its own index first, then the next
         untaken one from the ``next_tile`` counter, so that a program that finishes early
@@ -156,13 +162,21 @@ if AVAILABLE:
                                                 q_bar.index(w), q_smem.index(w))
             # every group is past tile n-1's Q, so each has read ids n-1 and n-2
             _tile_publish(tile_ids, tile_ready, t, n)
+            mean_row0 = (b * (n_heads // group) + hk) * n_blocks
             for blk in range(lo, hi):
                 stage = it % STAGES
                 # the first pass over the ring finds every stage free
                 mbarrier.wait(kv_empty.index(stage), ((it // STAGES) & 1) ^ 1,
                               pred=it >= STAGES)
                 ready = kv_ready.index(stage)
-                mbarrier.expect(ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+                if ALG == 5:  # with every block: fetching only those read was no faster
+                    mbarrier.expect(ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes
+                                    + m_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(
+                        m_desc, [mean_row0 + blk - blk % MEAN_ROWS_C, 0], ready,
+                        mean_smem.index(stage))
+                else:
+                    mbarrier.expect(ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(k_desc, [b, hk, blk * BLOCK_N, 0], ready,
                                                 k_smem.index(stage))
                 tma.async_copy_global_to_shared(v_desc, [b, hk, blk * BLOCK_N, 0], ready,
@@ -349,25 +363,24 @@ if AVAILABLE:
         it, every kv block its rows see in turn (it releases the tile's other blocks
         unread). ALG: the allocation's id (triton_attention.ALG_IDS: 0 fa-fp32, 3 pasa,
         5 pasa-exact)."""
-        (q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids, tile_ready, m_desc,
-         O, LSE, band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs, tile_group,
-         n_blocks, scale, gamma, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-         mean_smem, mean_bar, ones) = shared
+        (q_smem, k_smem, v_smem, mean_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
+         tile_ready, O, LSE, band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs,
+         tile_group, scale, gamma, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+         stride_ls, ones) = shared
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
         c_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
 
         q = q_smem.index(W).reshape([ROWS, HEAD_DIM])
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        blocks16 = gl.arange(0, 16, layout=gl.SliceLayout(0, c_layout))
+        c_zero = gl.zeros([ROWS, MEAN_ROWS_C], gl.float32, c_layout)
         s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
         o_zero = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
         it = 0  # kv blocks consumed by this program so far, over all its tiles
         n = 0  # tiles so far
-        mean_loads = 0
         t = _tile_read(tile_ids, tile_ready, n)
         while t < n_tiles * n_pairs:
             b, h, hk, m0 = _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, q_len, BLOCK_M)
@@ -381,28 +394,27 @@ if AVAILABLE:
                 g_hi = g_lo
                 full_lo = g_lo
                 full_hi = g_lo
-            mean_row0 = (b * (n_heads // group) + hk) * n_blocks
-            it, mean_loads = _consumer_tile(
-                q, k_smem, v_smem, q_bar.index(W), q_empty.index(W), kv_ready, kv_empty, m_desc,
-                O, LSE, b, h, m0, lo, hi, g_lo, g_hi, full_lo, full_hi, q_len, kv_len, pre, nxt,
-                mean_row0, scale, gamma, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                stride_ls, mean_smem.index(W), mean_bar.index(W), ones, cols, blocks16, s_zero,
-                o_zero, it, n, mean_loads, W, ALG, HAS_BAND, HAS_LSE, BLOCK_N, HEAD_DIM, STAGES)
+            it = _consumer_tile(
+                q, k_smem, v_smem, mean_smem, q_bar.index(W), q_empty.index(W), kv_ready,
+                kv_empty, O, LSE, b, h, m0, lo, hi, g_lo, g_hi, full_lo, full_hi, q_len, kv_len,
+                pre, nxt, scale, gamma, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+                stride_ls, ones, cols, c_zero, s_zero, o_zero, it, n, W, ALG, HAS_BAND, HAS_LSE,
+                BLOCK_N, HEAD_DIM, STAGES)
             n += 1
             t = _tile_read(tile_ids, tile_ready, n)
 
     @gluon.jit
-    def _kv_step(q, k_smem, v_smem, kv_ready, kv_empty, q_free, m_desc, mean_smem, mean_bar, ones,
-                 blk, g_lo, g_hi, it, mean_loads, mean_row0, acc, m_i, l_i, f_i, cnt_i, c16, rows,
-                 cols, blocks16, s_zero, o_zero, q_len, kv_len, pre, nxt, scale, gamma,
-                 ALG: gl.constexpr, HAS_BAND: gl.constexpr, MASK: gl.constexpr,
-                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+    def _kv_step(q, k_smem, v_smem, mean_smem, kv_ready, kv_empty, q_free, ones, blk, g_lo, g_hi,
+                 it, acc, m_i, l_i, f_i, cnt_i, c8, rows, cols, c_zero, s_zero, o_zero, q_len,
+                 kv_len, pre, nxt, scale, gamma, ALG: gl.constexpr, HAS_BAND: gl.constexpr,
+                 MASK: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                 STAGES: gl.constexpr):
         """Consumer group: kv block ``blk`` (the program's ``it``-th), QKᵀ, the softmax, P'V
-        and the fold into the state (acc, m, l, f, count; pasa-exact's 16 row constants c16,
-        loaded with ``mean_loads``). MASK: 0 for a block every row sees whole; 1 for a
+        and the fold into the state (acc, m, l, f, count; pasa-exact's row constants c8 of
+        :data:`MEAN_ROWS` blocks). MASK: 0 for a block every row sees whole; 1 for a
         leading masked block (a band's lower edge), 2 for a trailing one (the diagonal, the
         last block past kv_len), whose keys are tested one by one (:func:`_key_visible`).
-        Returns the new counts and state."""
+        Returns the new count and state."""
         s_layout: gl.constexpr = s_zero.type.layout
         o_layout: gl.constexpr = o_zero.type.layout
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -410,23 +422,18 @@ if AVAILABLE:
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         MASKED: gl.constexpr = MASK != 0
         stage = it % STAGES
-        if ALG == 5:
-            # c = scale * Q . mean16 for blocks blk0 .. blk0+15 in one thin matmul
-            if (blk == g_lo) | (blk % 16 == 0):
-                blk0 = blk - blk % 16
-                mbarrier.expect(mean_bar, m_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(m_desc, [mean_row0 + blk0, 0], mean_bar,
-                                                mean_smem)
-                mbarrier.wait(mean_bar, mean_loads & 1)
-                mean_loads += 1
-                c16 = warpgroup_mma(q, mean_smem.permute((1, 0)), c16, use_acc=False)
-                c16 = c16 * scale
-            c = gl.convert_layout(gl.sum(gl.where(blocks16[None, :] == blk % 16, c16, 0.0), 1),
-                                  row_s)
         mbarrier.wait(kv_ready.index(stage), (it // STAGES) & 1)
         k = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
         v = v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
         qk = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        if ALG == 5:  # c = scale * Q . mean16 of MEAN_ROWS blocks in one thin matmul
+            if (blk == g_lo) | (blk % MEAN_ROWS_C == 0):
+                c8 = warpgroup_mma(q, mean_smem.index(stage).permute((1, 0)), c_zero,
+                                   use_acc=False, is_async=True)
+                c8 = warpgroup_mma_wait(0, deps=(c8,)) * scale
+            pick = gl.arange(0, MEAN_ROWS_C, layout=gl.SliceLayout(0, c_zero.type.layout))
+            c = gl.sum(gl.where(pick[None, :] == blk % MEAN_ROWS_C, c8, 0.0), 1)
+            c = gl.convert_layout(c, row_s)
         qk = warpgroup_mma_wait(0, deps=(qk,))
         if blk == g_hi - 1:  # the group's last use of Q: the loader may fetch the next
             mbarrier.arrive(q_free)
@@ -496,33 +503,31 @@ if AVAILABLE:
                 acc = warpgroup_mma_wait(0, deps=(acc,))
                 mbarrier.arrive(kv_empty.index(stage))
             m_i, l_i = m_new, l_new
-        return it + 1, mean_loads, acc, m_i, l_i, f_i, cnt_i, c16
+        return it + 1, acc, m_i, l_i, f_i, cnt_i, c8
 
 
     @gluon.jit
-    def _consumer_tile(q, k_smem, v_smem, q_ready, q_free, kv_ready, kv_empty, m_desc, O, LSE,
-                       b, h, m0, lo, hi, g_lo, g_hi, full_lo, full_hi, q_len, kv_len, pre, nxt,
-                       mean_row0, scale, gamma, stride_ob, stride_oh, stride_os, stride_lb,
-                       stride_lh, stride_ls, mean_smem, mean_bar, ones, cols, blocks16, s_zero,
-                       o_zero, it, n, mean_loads, W: gl.constexpr, ALG: gl.constexpr,
+    def _consumer_tile(q, k_smem, v_smem, mean_smem, q_ready, q_free, kv_ready, kv_empty, O,
+                       LSE, b, h, m0, lo, hi, g_lo, g_hi, full_lo, full_hi, q_len, kv_len, pre,
+                       nxt, scale, gamma, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+                       stride_ls, ones, cols, c_zero, s_zero, o_zero, it, n, W: gl.constexpr,
+                       ALG: gl.constexpr,
                        HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr,
                        BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
         """One tile's 64 rows of consumer group W (the ``n``-th tile of this program; ``it``
-        kv blocks and ``mean_loads`` mean loads before it): the kv loop over the group's
-        blocks [g_lo, g_hi), releasing the rest of the tile's [lo, hi) unread, then O and
-        LSE. Q is released (``q_free``) once its last QKᵀ is done. Returns the new
-        counts."""
+        kv blocks before it): the kv loop over the group's blocks [g_lo, g_hi), releasing
+        the rest of the tile's [lo, hi) unread, then O and LSE. Q is released (``q_free``)
+        once its last QKᵀ is done. Returns the new count of kv blocks."""
         s_layout: gl.constexpr = s_zero.type.layout
         o_layout: gl.constexpr = o_zero.type.layout
-        c_layout: gl.constexpr = blocks16.type.layout.parent
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         rows = m0 + W * ROWS + gl.arange(0, ROWS, layout=row_s)
-        c16 = gl.zeros([ROWS, 16], gl.float32, c_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
         l_i = gl.zeros([ROWS], gl.float32, row_s)
         f_i = gl.zeros([ROWS], gl.float32, row_s)  # pasa's pseudo-average and its count
         cnt_i = gl.zeros([ROWS], gl.float32, row_s)
+        c8 = c_zero  # pasa-exact's row constants, set at the group's first block
         if ALG == 3:  # the all-fp16 allocation accumulates in fp16
             acc = gl.zeros([ROWS, HEAD_DIM], gl.float16, o_layout)
         else:
@@ -536,23 +541,23 @@ if AVAILABLE:
         # blocks (the diagonal; a last block past kv_len)
         if HAS_BAND:
             for blk in range(g_lo, full_lo):
-                it, mean_loads, acc, m_i, l_i, f_i, cnt_i, c16 = _kv_step(
-                    q, k_smem, v_smem, kv_ready, kv_empty, q_free, m_desc, mean_smem, mean_bar,
-                    ones, blk, g_lo, g_hi, it, mean_loads, mean_row0, acc, m_i, l_i, f_i, cnt_i,
-                    c16, rows, cols, blocks16, s_zero, o_zero, q_len, kv_len, pre, nxt, scale,
-                    gamma, ALG, HAS_BAND, 1, BLOCK_N, HEAD_DIM, STAGES)
+                it, acc, m_i, l_i, f_i, cnt_i, c8 = _kv_step(
+                    q, k_smem, v_smem, mean_smem, kv_ready, kv_empty, q_free, ones, blk, g_lo,
+                    g_hi, it, acc, m_i, l_i, f_i, cnt_i, c8, rows, cols, c_zero, s_zero, o_zero,
+                    q_len, kv_len, pre, nxt, scale, gamma, ALG, HAS_BAND, 1, BLOCK_N, HEAD_DIM,
+                    STAGES)
         for blk in range(full_lo, full_hi):
-            it, mean_loads, acc, m_i, l_i, f_i, cnt_i, c16 = _kv_step(
-                q, k_smem, v_smem, kv_ready, kv_empty, q_free, m_desc, mean_smem, mean_bar,
-                ones, blk, g_lo, g_hi, it, mean_loads, mean_row0, acc, m_i, l_i, f_i, cnt_i,
-                c16, rows, cols, blocks16, s_zero, o_zero, q_len, kv_len, pre, nxt, scale,
-                gamma, ALG, HAS_BAND, 0, BLOCK_N, HEAD_DIM, STAGES)
+            it, acc, m_i, l_i, f_i, cnt_i, c8 = _kv_step(
+                q, k_smem, v_smem, mean_smem, kv_ready, kv_empty, q_free, ones, blk, g_lo,
+                g_hi, it, acc, m_i, l_i, f_i, cnt_i, c8, rows, cols, c_zero, s_zero, o_zero,
+                q_len, kv_len, pre, nxt, scale, gamma, ALG, HAS_BAND, 0, BLOCK_N, HEAD_DIM,
+                STAGES)
         for blk in range(full_hi, g_hi):
-            it, mean_loads, acc, m_i, l_i, f_i, cnt_i, c16 = _kv_step(
-                q, k_smem, v_smem, kv_ready, kv_empty, q_free, m_desc, mean_smem, mean_bar,
-                ones, blk, g_lo, g_hi, it, mean_loads, mean_row0, acc, m_i, l_i, f_i, cnt_i,
-                c16, rows, cols, blocks16, s_zero, o_zero, q_len, kv_len, pre, nxt, scale,
-                gamma, ALG, HAS_BAND, 2, BLOCK_N, HEAD_DIM, STAGES)
+            it, acc, m_i, l_i, f_i, cnt_i, c8 = _kv_step(
+                q, k_smem, v_smem, mean_smem, kv_ready, kv_empty, q_free, ones, blk, g_lo,
+                g_hi, it, acc, m_i, l_i, f_i, cnt_i, c8, rows, cols, c_zero, s_zero, o_zero,
+                q_len, kv_len, pre, nxt, scale, gamma, ALG, HAS_BAND, 2, BLOCK_N, HEAD_DIM,
+                STAGES)
         if g_hi <= g_lo:  # a group that sees no kv block never used Q
             mbarrier.arrive(q_free)
         it = _release_blocks(kv_ready, kv_empty, gl.maximum(g_hi, g_lo), hi, it, STAGES)
@@ -578,7 +583,7 @@ if AVAILABLE:
             gl.store(LSE + b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
                      + rows.to(gl.int64) * stride_ls, lse,
                      mask=rows.to(gl.uint32, bitcast=True) < q_len)
-        return it, mean_loads
+        return it
 
     @gluon.jit
     def _prefill_ws(q_desc, k_desc, v_desc, m_desc, O, LSE, next_tile, band_pre, band_next,
@@ -600,10 +605,11 @@ if AVAILABLE:
                                            k_desc.layout)
         v_smem = gl.allocate_shared_memory(gl.float16, [STAGES, 1, 1, BLOCK_N, HEAD_DIM],
                                            v_desc.layout)
-        mean_smem = gl.allocate_shared_memory(gl.float16, [GROUPS, 16, HEAD_DIM], m_desc.layout)
+        # pasa-exact: each stage's block mean (and the next ones)
+        mean_smem = gl.allocate_shared_memory(gl.float16, [STAGES, MEAN_ROWS_C, HEAD_DIM],
+                                              m_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [GROUPS, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [GROUPS, 1], mbarrier.MBarrierLayout())
-        mean_bar = gl.allocate_shared_memory(gl.int64, [GROUPS, 1], mbarrier.MBarrierLayout())
         tile_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         tile_ids = gl.allocate_shared_memory(gl.int32, [2, 1],
                                              gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -612,7 +618,6 @@ if AVAILABLE:
         for w in gl.static_range(GROUPS):
             mbarrier.init(q_bar.index(w), count=1)
             mbarrier.init(q_empty.index(w), count=1)
-            mbarrier.init(mean_bar.index(w), count=1)
         for w in gl.static_range(2):
             mbarrier.init(tile_ready.index(w), count=1)
         for s in gl.static_range(STAGES):
@@ -625,10 +630,10 @@ if AVAILABLE:
                            gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])))
         fence_async_shared()
         # what every consumer group takes: the groups differ only in W
-        shared = (q_smem, k_smem, v_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids, tile_ready,
-                  m_desc, O, LSE, band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles,
-                  n_pairs, tile_group, n_blocks, scale, gamma, stride_ob, stride_oh, stride_os,
-                  stride_lb, stride_lh, stride_ls, mean_smem, mean_bar, ones)
+        shared = (q_smem, k_smem, v_smem, mean_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
+                  tile_ready, O, LSE, band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles,
+                  n_pairs, tile_group, scale, gamma, stride_ob, stride_oh, stride_os,
+                  stride_lb, stride_lh, stride_ls, ones)
         if GROUPS == 3:
             gl.warp_specialize([
                 (_consumer, (shared, 0, ALG, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM,
@@ -637,10 +642,10 @@ if AVAILABLE:
                              STAGES)),
                 (_consumer, (shared, 2, ALG, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES)),
-                (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty,
-                           kv_ready, kv_empty, tile_ids, tile_ready, next_tile, band_pre,
-                           band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs, tile_group,
-                           HAS_BAND, BLOCK_M, BLOCK_N, STAGES)),
+                (_loader, (q_desc, k_desc, v_desc, m_desc, q_smem, k_smem, v_smem, mean_smem,
+                           q_bar, q_empty, kv_ready, kv_empty, tile_ids, tile_ready, next_tile,
+                           band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs,
+                           tile_group, n_blocks, ALG, HAS_BAND, BLOCK_M, BLOCK_N, STAGES)),
             ], [4, 4, 1], [_CONSUMER_REGS_3, _CONSUMER_REGS_3, _LOADER_REGS])
         else:
             gl.warp_specialize([
@@ -648,10 +653,10 @@ if AVAILABLE:
                              STAGES)),
                 (_consumer, (shared, 1, ALG, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES)),
-                (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty,
-                           kv_ready, kv_empty, tile_ids, tile_ready, next_tile, band_pre,
-                           band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs, tile_group,
-                           HAS_BAND, BLOCK_M, BLOCK_N, STAGES)),
+                (_loader, (q_desc, k_desc, v_desc, m_desc, q_smem, k_smem, v_smem, mean_smem,
+                           q_bar, q_empty, kv_ready, kv_empty, tile_ids, tile_ready, next_tile,
+                           band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs,
+                           tile_group, n_blocks, ALG, HAS_BAND, BLOCK_M, BLOCK_N, STAGES)),
             ], [4, 1], [_CONSUMER_REGS_2, _LOADER_REGS])
 
 
@@ -709,7 +714,7 @@ def _descriptor(t: torch.Tensor, rows: int):
 @functools.lru_cache(maxsize=8)
 def _no_means(device: torch.device, head_dim: int) -> torch.Tensor:
     """fa-fp32 has no block means: a never-read stand-in the descriptor can point at."""
-    return torch.zeros(CONSTANTS_PER_LOAD, head_dim, dtype=torch.float16, device=device)
+    return torch.zeros(MEAN_ROWS, head_dim, dtype=torch.float16, device=device)
 
 
 def run(problem: AttentionProblem, alg_id: int, gamma: float, k_used: torch.Tensor, means,
@@ -726,8 +731,7 @@ def run(problem: AttentionProblem, alg_id: int, gamma: float, k_used: torch.Tens
         means = _no_means(q.device, head_dim)
     means_2d = means.reshape(-1, head_dim)
     m_desc = TensorDescriptor(means_2d, list(means_2d.shape), list(means_2d.stride()),
-                              [CONSTANTS_PER_LOAD, head_dim],
-                              _smem_layout((CONSTANTS_PER_LOAD, head_dim)))
+                              [MEAN_ROWS, head_dim], _smem_layout((MEAN_ROWS, head_dim)))
     block_m = GROUP_ROWS * consumer_groups(head_dim)
     n_tiles = -(-problem.max_q_len // block_m)
     n_pairs = problem.batch * q.shape[1]

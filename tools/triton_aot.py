@@ -96,7 +96,7 @@ def compile_gluon(consts: dict, fp_fusion: bool = True, arch: int = 90):
         return f"tensordesc<fp16[{','.join(map(str, block))}],{layout!r}>"
 
     rows = {"q_desc": [1, 1, gp.GROUP_ROWS, d], "k_desc": [1, 1, consts["BLOCK_N"], d],
-            "v_desc": [1, 1, consts["BLOCK_N"], d], "m_desc": [gp.CONSTANTS_PER_LOAD, d]}
+            "v_desc": [1, 1, consts["BLOCK_N"], d], "m_desc": [gp.MEAN_ROWS, d]}
     pointers = dict(O="*fp16", LSE="*fp32", next_tile="*i32", band_pre="*i32",
                     band_next="*i32")
     sig, attrs = {}, {}
