@@ -605,7 +605,7 @@ if AVAILABLE:
                                            k_desc.layout)
         v_smem = gl.allocate_shared_memory(gl.float16, [STAGES, 1, 1, BLOCK_N, HEAD_DIM],
                                            v_desc.layout)
-        # pasa-exact: each stage's block mean (and the next ones)
+        # pasa-exact: the block means the loader fetches with each stage's K and V
         mean_smem = gl.allocate_shared_memory(gl.float16, [STAGES, MEAN_ROWS_C, HEAD_DIM],
                                               m_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [GROUPS, 1], mbarrier.MBarrierLayout())
