@@ -101,6 +101,10 @@ if AVAILABLE:
     _LOADER_REGS = gl.constexpr(LOADER_REGS)
     ROWS = gl.constexpr(GROUP_ROWS)
     MEAN_ROWS_C = gl.constexpr(MEAN_ROWS)
+    #: a thin matmul's 64 x 8 fp32 result (the row sums on the tensor cores, pasa-exact's
+    #: row constants): wgmma's narrowest N
+    THIN_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16]))
 
     @gluon.jit
     def _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, q_len, BLOCK_M: gl.constexpr):
@@ -147,6 +151,8 @@ if AVAILABLE:
         into the ring, which runs on across tiles. Publishes an index past the last tile
         at the end."""
         total = n_tiles * n_pairs
+        stage_bytes: gl.constexpr = (k_desc.block_type.nbytes + v_desc.block_type.nbytes
+                                     + (m_desc.block_type.nbytes if ALG == 5 else 0))
         it = 0  # kv blocks loaded by this program so far, over all its tiles
         n = 0  # tiles so far
         t = gl.program_id(0)
@@ -169,14 +175,11 @@ if AVAILABLE:
                 mbarrier.wait(kv_empty.index(stage), ((it // STAGES) & 1) ^ 1,
                               pred=it >= STAGES)
                 ready = kv_ready.index(stage)
+                mbarrier.expect(ready, stage_bytes)
                 if ALG == 5:  # with every block: fetching only those read was no faster
-                    mbarrier.expect(ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes
-                                    + m_desc.block_type.nbytes)
                     tma.async_copy_global_to_shared(
                         m_desc, [mean_row0 + blk - blk % MEAN_ROWS_C, 0], ready,
                         mean_smem.index(stage))
-                else:
-                    mbarrier.expect(ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(k_desc, [b, hk, blk * BLOCK_N, 0], ready,
                                                 k_smem.index(stage))
                 tma.async_copy_global_to_shared(v_desc, [b, hk, blk * BLOCK_N, 0], ready,
@@ -205,12 +208,10 @@ if AVAILABLE:
         """Start the sums over axis 1 of the fp16 tile x16 (64 rows) on the tensor cores:
         x16 times a tile of ones, fp32 accumulation, asynchronous (warpgroup_mma_wait, then
         :func:`_row_sum_read`)."""
-        sum_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
-        a = gl.convert_layout(x16, gl.DotOperandLayout(operand_index=0, parent=sum_layout,
+        a = gl.convert_layout(x16, gl.DotOperandLayout(operand_index=0, parent=THIN_LAYOUT,
                                                        k_width=2))
         return warpgroup_mma(a, ones.permute((1, 0)),
-                             gl.zeros([x16.shape[0], 8], gl.float32, sum_layout),
+                             gl.zeros([x16.shape[0], 8], gl.float32, THIN_LAYOUT),
                              use_acc=False, is_async=True)
 
     @gluon.jit
@@ -371,12 +372,10 @@ if AVAILABLE:
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
-        c_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
 
         q = q_smem.index(W).reshape([ROWS, HEAD_DIM])
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        c_zero = gl.zeros([ROWS, MEAN_ROWS_C], gl.float32, c_layout)
+        c_zero = gl.zeros([ROWS, MEAN_ROWS_C], gl.float32, THIN_LAYOUT)
         s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
         o_zero = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
         it = 0  # kv blocks consumed by this program so far, over all its tiles

@@ -86,7 +86,7 @@ def test_pasa_kv_loops_use_the_cheap_exp_and_paired_conversions():
     packed fp16 pairs (four halvings), not one fp32 max per score (64 a thread and block),
     and load nothing themselves: the loader brings the block means for the row constants
     with K and V (a consumer group that fetched them, 16 blocks' at a time, and waited
-    for them ran 7-8% slower at d = 64 under a causal mask)."""
+    for them was slower at d = 64: docs/bench/means-with-kv/)."""
     labels = ["pasa full d=128", "pasa-mixed full d=128", "pasa-exact full d=128"]
     if gluon_prefill.AVAILABLE:
         # at d = 64 without a mask, three consumer groups (168 registers a thread)
