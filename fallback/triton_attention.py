@@ -66,7 +66,7 @@ INT_BIG = 1 << 30  # stands for "no band limit" (index math is int32)
 #: or "auto": the Gluon kernel wherever it applies (measured faster there), unless a
 #: switch below, which only the Triton kernel has, is set away from its default (the
 #: Gluon kernel shifts K in a separate pass, loads through TMA and computes pasa-exact's
-#: row constants in the kernel, 16 blocks at a time).
+#: row constants in the kernel, gluon_prefill.MEAN_ROWS blocks at a time).
 #: ``shift``: how prefill shifts K for PASA, "separate" (one preprocessing pass over K;
 #: pasa-exact 351 TFLOP/s at d=128, S=16k) or "fused" (recomputed inside every query
 #: tile; 209). Decode always fuses: each K block is read by one program there.
