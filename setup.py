@@ -75,9 +75,9 @@ setup(
         "compare": COMPARE,
         # the suite runs pasa-compare end to end (plots, .safetensors, Hugging Face capture)
         # and the Triton kernels under Triton's CPU interpreter: 3.6 matches the GPU image,
-        # and its interpreter needs numpy < 2.4
-        "test": ["pytest>=7", "hypothesis>=6", "triton==3.6.0; platform_system == 'Linux'",
-                 "numpy<2.4"] + COMPARE,
+        # and its interpreter needs numpy < 2.4; pytest-xdist for the README's `-n auto`
+        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6",
+                 "triton==3.6.0; platform_system == 'Linux'", "numpy<2.4"] + COMPARE,
         "gpu": ["triton>=3.0"],
     },
     entry_points={"console_scripts": ["pasa-beta=pasa_npu.tools.beta:main",

@@ -11,6 +11,13 @@ if os.environ.get("TRITON_INTERPRET") is None:
     except ImportError:
         pass
 
+# Under pytest-xdist (the README's `-n auto`), each worker's torch takes its share of the
+# cores rather than all of them: the workers already keep every core busy.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _workers > 1:
+    import torch
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // _workers))
+
 from hypothesis import settings  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
