@@ -215,9 +215,33 @@ if AVAILABLE:
                              use_acc=False, is_async=True)
 
     @gluon.jit
+    def _own_column(a, b):
+        """gl.reduce's combine for a tile whose columns are equal: each thread keeps its own
+        value. ptxas then drops the reduction's shuffles, whose results go unused (a
+        gl.max over the 8 equal columns of a thin matmul's row sums cost 2 shuffles and 3
+        maxes per row)."""
+        return a
+
+    @gluon.jit
+    def _column(x, j):
+        """Column j of a thin matmul's 64 x MEAN_ROWS tile x (THIN_LAYOUT) as a row vector.
+        A thread holds two adjacent columns of its rows, the four lanes of a quad all 8,
+        so it takes the one of j's parity and a shuffle within the quad fetches column j
+        (a sum over the tile with the other columns zeroed took 2 shuffles and adds a
+        row)."""
+        even, odd = gl.split(gl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]))
+        own = gl.where(j % 2 == 0, even, odd)
+        lane = gl.full(own.shape, j // 2, gl.int32, own.type.layout)
+        got = gl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, $2, 0x1c1f, 0xffffffff;",
+                                        "=f,f,r", [own, lane], dtype=gl.float32, is_pure=True,
+                                        pack=1)
+        return gl.reduce(got, 1, _own_column)
+
+    @gluon.jit
     def _row_sum_read(sums, like):
-        """The row sums of a finished :func:`_row_sum_start`, laid out as ``like``."""
-        return gl.convert_layout(gl.max(sums, 1), like.type.layout)
+        """The row sums of a finished :func:`_row_sum_start` (its 8 columns are equal),
+        laid out as ``like``."""
+        return gl.convert_layout(gl.reduce(sums, 1, _own_column), like.type.layout)
 
     @gluon.jit
     def _visible_keys(rows, q_len, kv_len, pre, nxt, HAS_BAND: gl.constexpr):
@@ -430,9 +454,7 @@ if AVAILABLE:
                 c8 = warpgroup_mma(q, mean_smem.index(stage).permute((1, 0)), c_zero,
                                    use_acc=False, is_async=True)
                 c8 = warpgroup_mma_wait(0, deps=(c8,)) * scale
-            pick = gl.arange(0, MEAN_ROWS_C, layout=gl.SliceLayout(0, c_zero.type.layout))
-            c = gl.sum(gl.where(pick[None, :] == blk % MEAN_ROWS_C, c8, 0.0), 1)
-            c = gl.convert_layout(c, row_s)
+            c = gl.convert_layout(_column(c8, blk % MEAN_ROWS_C), row_s)
         qk = warpgroup_mma_wait(0, deps=(qk,))
         if blk == g_hi - 1:  # the group's last use of Q: the loader may fetch the next
             mbarrier.arrive(q_free)

@@ -86,7 +86,10 @@ def test_pasa_kv_loops_use_the_cheap_exp_and_paired_conversions():
     packed fp16 pairs (four halvings), not one fp32 max per score (64 a thread and block),
     and load nothing themselves: the loader brings the block means for the row constants
     with K and V (a consumer group that fetched them, 16 blocks' at a time, and waited
-    for them was slower at d = 64: docs/bench/means-with-kv/)."""
+    for them was slower at d = 64: docs/bench/means-with-kv/). In the Gluon kernel's
+    interior blocks the only shuffles are the row max's: the row sums from the tensor
+    cores and pasa-exact's row constant are read without a reduction across lanes (one
+    took 12 shuffles in pasa's loop and pasa-exact's)."""
     labels = ["pasa full d=128", "pasa-mixed full d=128", "pasa-exact full d=128"]
     if gluon_prefill.AVAILABLE:
         # at d = 64 without a mask, three consumer groups (168 registers a thread)
@@ -106,6 +109,12 @@ def test_pasa_kv_loops_use_the_cheap_exp_and_paired_conversions():
         if label.startswith("pasa ") and label.endswith("(gluon)"):
             # the largest range holds both consumers' kv loops
             assert ops.get("FADD", 0) < exps / 2, f"{label}: row sums in registers: {ops}"
+        if label.endswith("(gluon)"):
+            # the smallest kv loop: the interior blocks of a consumer group; the row max
+            # takes 2 shuffles a row (2 rows a thread), pasa-exact's column pick 1 more
+            interior = min(c["loops"], key=lambda loop: loop[0])[1]
+            assert interior.get("SHFL", 0) <= 6, \
+                f"{label}: row sums or row constants reduced across lanes: {interior}"
         if label.startswith("pasa-exact ") and label.endswith("(gluon)"):
             # the smallest kv loop: the interior blocks of a consumer group
             interior = min(c["loops"], key=lambda loop: loop[0])[1]
