@@ -232,6 +232,7 @@ if AVAILABLE:
         even, odd = gl.split(gl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]))
         own = gl.where(j % 2 == 0, even, odd)
         lane = gl.full(own.shape, j // 2, gl.int32, own.type.layout)
+        # 0x1c1f: the warp cut into segments of 4 lanes, $2 the lane within one's quad
         got = gl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, $2, 0x1c1f, 0xffffffff;",
                                         "=f,f,r", [own, lane], dtype=gl.float32, is_pure=True,
                                         pack=1)

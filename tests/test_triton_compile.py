@@ -106,18 +106,15 @@ def test_pasa_kv_loops_use_the_cheap_exp_and_paired_conversions():
         assert ops.get("F2FP", 0) < 2 * exps, f"{label}: fp16 roundings one by one: {ops}"
         if label.endswith("(gluon)"):
             assert c["hgmma_waited"] < c["hgmma"] / 4, f"{label}: serialised: {c}"
-        if label.startswith("pasa ") and label.endswith("(gluon)"):
-            # the largest range holds both consumers' kv loops
-            assert ops.get("FADD", 0) < exps / 2, f"{label}: row sums in registers: {ops}"
-        if label.endswith("(gluon)"):
-            # the smallest kv loop: the interior blocks of a consumer group; the row max
+            # the smallest kv loop: the interior blocks of a consumer group. The row max
             # takes 2 shuffles a row (2 rows a thread), pasa-exact's column pick 1 more
             interior = min(c["loops"], key=lambda loop: loop[0])[1]
             assert interior.get("SHFL", 0) <= 6, \
                 f"{label}: row sums or row constants reduced across lanes: {interior}"
+        if label.startswith("pasa ") and label.endswith("(gluon)"):
+            # the largest range holds both consumers' kv loops
+            assert ops.get("FADD", 0) < exps / 2, f"{label}: row sums in registers: {ops}"
         if label.startswith("pasa-exact ") and label.endswith("(gluon)"):
-            # the smallest kv loop: the interior blocks of a consumer group
-            interior = min(c["loops"], key=lambda loop: loop[0])[1]
             assert interior.get("FMNMX", 0) < interior["MUFU"] / 4, \
                 f"{label}: the interior row max one fp32 max per score: {interior}"
             assert interior.get("UTMALDG", 0) == 0, f"{label}: a load in the kv loop: {interior}"
