@@ -13,13 +13,14 @@
 #include "kernel_operator.h"
 #include "../host/pasa_tiling.h"
 #include "../host/pasa_tiling.cpp"
+#include "../host/pasa_launcher.cpp"
 #include "../kernels/pasa_prepare_keys.cpp"
 #include "../kernels/pasa_attention.cpp"
+#include "emu_launch_runtime.h"
 #include "selftest_kernels.h"
 
 namespace py = pybind11;
 using AscendC::emu::GmRegistry;
-using AscendC::emu::LaunchOptions;
 using AscendC::emu::Stats;
 
 namespace {
@@ -116,14 +117,38 @@ py::dict Tiling(const py::dict& params)
     return TilingDict(t, budget);
 }
 
-// Run preprocessing (pasa, pasa-exact) and the attention kernel. Arrays: query/key/value fp16
-// in their layouts, lens int32 (batch), out fp16 or bf16 bits, lse float32 (batch, heads, seq_q).
+py::tuple RefTuple(const pasa_emu::BufferRef& r) { return py::make_tuple(r.buffer, r.offset); }
+
+// The runtime calls of the shared launcher, as Python tuples: ("allocate", buffer, bytes),
+// ("upload", (buffer, offset), data), ("launch", kernel, blockDim, ((buffer, offset), ...)).
+py::list CallList(const std::vector<pasa_emu::RuntimeCall>& calls)
+{
+    py::list out;
+    for (const auto& c : calls) {
+        if (c.kind == "allocate") {
+            out.append(py::make_tuple(c.kind, c.buffer, c.bytes));
+        } else if (c.kind == "upload") {
+            out.append(py::make_tuple(c.kind, RefTuple(c.target),
+                                      py::bytes(reinterpret_cast<const char*>(c.data.data()), c.data.size())));
+        } else {
+            py::list args;
+            for (const auto& a : c.args) args.append(RefTuple(a));
+            out.append(py::make_tuple(c.kind, c.kernel, c.blockDim, py::tuple(args)));
+        }
+    }
+    return out;
+}
+
+// Run a call through the shared host launcher (ascend_kernels/host/pasa_launcher.h) with the
+// emulated runtime: preprocessing (pasa, pasa-exact) and the attention kernel. Arrays:
+// query/key/value fp16 in their layouts, lens int32 (batch), out fp16 or bf16 bits, lse float32
+// (batch, heads, seq_q).
 py::dict RunAttention(py::array query, py::array key, py::array value, py::array qLens, py::array kvLens,
                       py::array nextTokens, py::array out, py::array lse, const py::dict& params)
 {
     const pasa::PasaProblem prob = ProblemFrom(params);
     pasa::PasaBudget budget;
-    PasaTilingData t = pasa::ComputeTiling(prob, &budget);
+    const PasaTilingData t = pasa::ComputeTiling(prob, &budget);
     const double timeout = params.contains("timeout_s") ? params["timeout_s"].cast<double>() : 60.0;
 
     const size_t qN = static_cast<size_t>(t.batch) * t.numHeads * t.seqQ * t.headDim;
@@ -131,65 +156,35 @@ py::dict RunAttention(py::array query, py::array key, py::array value, py::array
     const size_t vN = static_cast<size_t>(t.batch) * t.numKvHeads * t.seqKv * t.headDimV;
     const size_t oN = static_cast<size_t>(t.batch) * t.numHeads * t.seqQ * t.headDimV;
     const size_t lN = static_cast<size_t>(t.batch) * t.numHeads * t.seqQ;
-    uint8_t* q = Buffer(query, "query", 2, qN, false);
-    uint8_t* k = Buffer(key, "key", 2, kN, false);
-    uint8_t* v = Buffer(value, "value", 2, vN, false);
-    uint8_t* ql = Buffer(qLens, "q_lens", 4, t.batch, false);
-    uint8_t* kl = Buffer(kvLens, "kv_lens", 4, t.batch, false);
-    uint8_t* nx = Buffer(nextTokens, "next_tokens", 4, t.batch, false);
-    uint8_t* o = Buffer(out, "out", 2, oN, true);
-    uint8_t* ls = Buffer(lse, "lse", 4, lN, true);
-    for (uint32_t b = 0; b < t.batch; ++b) {
-        int32_t qv, kvv;
-        std::memcpy(&qv, ql + 4 * b, 4);
-        std::memcpy(&kvv, kl + 4 * b, 4);
-        if (qv < 0 || static_cast<uint32_t>(qv) > t.seqQ || kvv < 0 || static_cast<uint32_t>(kvv) > t.seqKv) {
-            throw py::value_error("q_lens/kv_lens[" + std::to_string(b) + "] outside the tensors' sequence lengths");
-        }
-    }
-
-    std::vector<uint8_t> workspace(t.workspaceBytes, 0);
-    std::vector<uint8_t> tiling(sizeof(PasaTilingData));
-    std::memcpy(tiling.data(), &t, sizeof(t));
-    if (t.tilingKey == PASA_KEY_PASA) {
-        pasa::FillShiftMatrix(t, reinterpret_cast<uint16_t*>(workspace.data() + t.shiftMatrixOffset));
-    }
+    pasa::AttentionTensors tensors;
+    tensors.query = Buffer(query, "query", 2, qN, false);
+    tensors.key = Buffer(key, "key", 2, kN, false);
+    tensors.value = Buffer(value, "value", 2, vN, false);
+    tensors.out = Buffer(out, "out", 2, oN, true);
+    tensors.lse = Buffer(lse, "lse", 4, lN, true);
+    pasa::BatchLengths lengths;
+    lengths.qLens = reinterpret_cast<const int32_t*>(Buffer(qLens, "q_lens", 4, t.batch, false));
+    lengths.kvLens = reinterpret_cast<const int32_t*>(Buffer(kvLens, "kv_lens", 4, t.batch, false));
+    lengths.nextTokens = reinterpret_cast<const int32_t*>(Buffer(nextTokens, "next_tokens", 4, t.batch, false));
 
     GmRegistry gm;
-    gm.Add("query", q, qN * 2, false, false);
-    gm.Add("key", k, kN * 2, false, false);
-    gm.Add("value", v, vN * 2, false, false);
-    gm.Add("q_lens", ql, t.batch * 4, false, false);
-    gm.Add("kv_lens", kl, t.batch * 4, false, false);
-    gm.Add("next_tokens", nx, t.batch * 4, false, false);
-    gm.Add("out", o, oN * 2, true, false);
-    gm.Add("lse", ls, lN * 4, true, false);
-    gm.Add("workspace", workspace.data(), workspace.size(), true, true);
-    gm.Add("tiling", tiling.data(), tiling.size(), false, false);
-
-    GM_ADDR ws = workspace.data();
-    GM_ADDR td = tiling.data();
-    py::dict result;
+    pasa_emu::EmuLaunchRuntime runtime(gm, timeout);
+    runtime.AddTensor("query", tensors.query, qN * 2, false);
+    runtime.AddTensor("key", tensors.key, kN * 2, false);
+    runtime.AddTensor("value", tensors.value, vN * 2, false);
+    runtime.AddTensor("out", tensors.out, oN * 2, true);
+    runtime.AddTensor("lse", tensors.lse, lN * 4, true);
     {
         py::gil_scoped_release release;
-        Stats prep;
-        bool ran = false;
-        if (t.tilingKey == PASA_KEY_PASA) {
-            LaunchOptions opt{static_cast<int>(t.blockDim), KERNEL_TYPE_AIC_ONLY, timeout};
-            prep = AscendC::emu::Launch(opt, gm, [&]() { pasa_shift_keys(k, ql, kl, nx, ws, td); });
-            ran = true;
-        } else if (t.tilingKey == PASA_KEY_PASA_EXACT) {
-            LaunchOptions opt{static_cast<int>(t.blockDim), KERNEL_TYPE_MIX_AIC_1_2, timeout};
-            prep = AscendC::emu::Launch(opt, gm, [&]() { pasa_center_keys(k, ql, kl, nx, ws, td); });
-            ran = true;
-        }
-        LaunchOptions opt{static_cast<int>(t.blockDim), KERNEL_TYPE_MIX_AIC_1_2, timeout};
-        const Stats att = AscendC::emu::Launch(opt, gm, [&]() { pasa_attention(q, k, v, ql, kl, nx, o, ls, ws, td); });
-        py::gil_scoped_acquire acquire;
-        result["preprocess"] = ran ? py::object(StatsDict(prep)) : py::object(py::none());
-        result["attention"] = StatsDict(att);
+        pasa::LaunchAttention(prob, tensors, lengths, runtime);
+    }
+    py::dict result;
+    result["preprocess"] = py::none();
+    for (const auto& [kernel, stats] : runtime.LaunchStats()) {
+        result[kernel == pasa::PasaKernel::kAttention ? "attention" : "preprocess"] = StatsDict(stats);
     }
     result["tiling"] = TilingDict(t, budget);
+    result["runtime_calls"] = CallList(runtime.Calls());
     return result;
 }
 
