@@ -3,15 +3,30 @@
 
 The extension ``pasa_npu._ascendc_emu`` compiles the AscendC kernel sources of
 ``ascend_kernels/`` against the project's CPU emulation of the AscendC API (g++ and pybind11,
-any machine). When ``ASCEND_HOME_PATH`` points at a CANN toolkit, the same sources are also
-built for the NPU through ``ascend_kernels/CMakeLists.txt``."""
+any machine). The NPU part (the kernels built by CANN's CMake, and the torch_npu binding
+``pasa_npu._npu``) is built when ``tools/npu_build.py`` says the environment has what it
+needs; otherwise the build says in one line why it skipped it."""
 import glob
+import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _npu_build_module():
+    """tools/npu_build.py, loaded by path: pip's build environment has no torch to import the
+    package with."""
+    spec = importlib.util.spec_from_file_location("_pasa_npu_build", os.path.join(HERE, "tools", "npu_build.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def _emulation_extension():
@@ -36,24 +51,57 @@ def _emulation_extension():
 
 
 class BuildExt(build_ext):
-    """build_ext plus, with a CANN toolkit (ASCEND_HOME_PATH), the NPU kernels via CMake."""
+    """build_ext plus, where tools/npu_build.py's plan says so, the NPU kernels (CANN's CMake)
+    and the torch_npu binding; the plan's outcome is recorded next to the extensions."""
 
     def run(self):
+        npu_build = _npu_build_module()
+        try:
+            build, why = npu_build.plan(os.environ)
+        except npu_build.NpuBuildError as exc:
+            raise SystemExit(f"pasa_npu: {exc}") from None
+        if build is None:
+            print(f"pasa_npu: NPU part skipped, CPU emulation only: {why}", file=sys.stderr)
+        else:
+            print(f"pasa_npu: {why}", file=sys.stderr)
+            self.extensions.append(self._npu_extension(build))
         super().run()
-        cann = os.environ.get("ASCEND_HOME_PATH")
-        if cann:
-            self._build_npu(cann)
+        status = os.path.join(os.path.dirname(self.get_ext_fullpath("pasa_npu._ascendc_emu")),
+                              npu_build.STATUS_FILE)
+        with open(status, "w") as f:
+            f.write(f"built for {build.soc}\n" if build else f"skipped: {why}\n")
 
-    def _build_npu(self, cann):
-        build_dir = os.path.join(self.build_temp, "ascend_kernels")
-        soc = os.environ.get("PASA_NPU_SOC_VERSION", "Ascend910B1")
-        subprocess.check_call(["cmake", "-S", "ascend_kernels", "-B", build_dir,
-                               f"-DASCEND_CANN_PACKAGE_PATH={cann}", f"-DSOC_VERSION={soc}",
+    def _npu_extension(self, build):
+        """Run CANN's CMake on ascend_kernels/ (the kernels and their aclrtlaunch_* headers),
+        copy the kernel library next to the extensions, and describe pasa_npu._npu."""
+        import torch
+        from torch_npu.utils.cpp_extension import NpuExtension
+
+        cmake_dir = os.path.join(os.path.abspath(self.build_temp), "ascend_kernels")
+        subprocess.check_call(["cmake", "-S", os.path.join(HERE, "ascend_kernels"), "-B", cmake_dir,
+                               f"-DASCEND_CANN_PACKAGE_PATH={build.cann}", f"-DSOC_VERSION={build.soc}",
                                "-DCMAKE_BUILD_TYPE=Release"])
-        subprocess.check_call(["cmake", "--build", build_dir, "-j"])
-        target = os.path.join(os.path.dirname(self.get_ext_fullpath("pasa_npu._ascendc_emu")))
-        for lib in glob.glob(os.path.join(build_dir, "**", "libpasa_npu_*.so"), recursive=True):
-            shutil.copy2(lib, target)
+        subprocess.check_call(["cmake", "--build", cmake_dir, "-j"])
+        libs = glob.glob(os.path.join(cmake_dir, "**", "libpasa_npu_kernels.so"), recursive=True)
+        headers = glob.glob(os.path.join(cmake_dir, "**", "aclrtlaunch_pasa_attention.h"), recursive=True)
+        if not libs or not headers:
+            raise SystemExit(f"pasa_npu: CANN's CMake build in {cmake_dir} produced no "
+                             f"libpasa_npu_kernels.so or no aclrtlaunch_pasa_attention.h")
+        target = os.path.dirname(self.get_ext_fullpath("pasa_npu._npu"))
+        os.makedirs(target, exist_ok=True)
+        shutil.copy2(libs[0], target)
+        return NpuExtension(
+            "pasa_npu._npu",
+            sources=["ascend_kernels/binding/pasa_torch_npu.cpp", "ascend_kernels/host/pasa_launcher.cpp",
+                     "ascend_kernels/host/pasa_tiling.cpp", "ascend_kernels/host/pasa_acl_runtime.cpp"],
+            include_dirs=[os.path.dirname(headers[0]), "ascend_kernels/host", "ascend_kernels/kernels",
+                          os.path.join(build.cann, "include")],
+            library_dirs=[os.path.dirname(libs[0]), os.path.join(build.cann, "lib64")],
+            libraries=["pasa_npu_kernels", "ascendcl"],
+            extra_compile_args=["-std=c++20", "-O2",
+                                f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"],
+            extra_link_args=["-Wl,-rpath,$ORIGIN"],
+        )
 
 
 # pasa-compare: plots, .safetensors inputs, capture from Hugging Face models

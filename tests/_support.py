@@ -14,13 +14,26 @@ from pasa_npu.backends import available_backends
 INT_MAX = 2147483647
 
 
+def npu_absent_reason() -> str | None:
+    """None when an NPU and the ``npu`` backend are here, else why not."""
+    try:
+        import torch_npu  # noqa: F401
+    except ImportError as exc:
+        return f"torch_npu does not import ({exc})"
+    if not torch.npu.is_available():
+        return "torch_npu sees no NPU"
+    return None if "npu" in available_backends("npu") else "the npu backend is not built"
+
+
 def _backend_devices() -> list[tuple[str, str]]:
     """(backend, device) pairs to test here: CPU backends on CPU; Triton on the GPU when
-    there is one, else through the interpreter on CPU."""
+    there is one, else through the interpreter on CPU; the npu backend on an NPU."""
     pairs = [(name, "cpu") for name in available_backends("cpu", emulated=True)]
     if torch.cuda.is_available():
         pairs = [(n, d) for n, d in pairs if n != "triton"]
         pairs += [(name, "cuda") for name in available_backends("cuda") if name != "torch"]
+    if npu_absent_reason() is None:
+        pairs.append(("npu", "npu"))
     return pairs
 
 
@@ -61,7 +74,7 @@ def triton_tuning(**switches):
 
 #: Backends that implement a subset of the features and raise NotImplementedError (naming
 #: the feature) for the rest; tests skip them for exactly those cases.
-PARTIAL_BACKENDS = ("ascendc-emu",)
+PARTIAL_BACKENDS = ("ascendc-emu", "npu")
 
 
 @contextlib.contextmanager

@@ -125,7 +125,7 @@ BAD = [
     (dict(algorithm="pasa-exact", beta=0.5), ValueError, "pasa-exact always shifts fully"),
     (dict(algorithm="pasa", beta=1.0), ValueError, r"beta must lie in \[0, 1\)"),
     (dict(backend="cuda"), ValueError, "backend must be one of"),
-    (dict(backend="npu"), NotImplementedError, "backend 'npu' is not implemented"),
+    (dict(backend="npu"), RuntimeError, "backend 'npu' runs on npu tensors, got tensors on cpu"),
     (dict(rounding_guard=1), TypeError, "rounding_guard must be a bool"),
     (dict(softmax_lse_flag=1), TypeError, "softmax_lse_flag must be a bool"),
     (dict(kv_block=1), ValueError, "kv_block must be >= 2"),
