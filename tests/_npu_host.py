@@ -37,19 +37,20 @@ def torch_npu_version() -> str:
     return torch.__version__.split("+")[0]
 
 
-def torch_npu_include() -> pathlib.Path:
-    """``torch_npu/include`` of the wheel matching the installed torch, extracted into the
-    cache on first use (``pip download --no-deps torch_npu==<torch version>``)."""
+def torch_npu_wheel() -> pathlib.Path:
+    """The parts of the torch_npu wheel matching the installed torch that the checks use
+    (``torch_npu/include`` and ``torch_npu/lib/libtorch_npu.so``), extracted into the cache on
+    first use from ``pip download --no-deps torch_npu==<torch version>``. Returns the
+    directory holding ``torch_npu/``."""
     version = torch_npu_version()
     target = CACHE / f"torch_npu-{version}"
-    include = target / "torch_npu" / "include"
-    if include.is_dir():
-        return include
+    if (target / ".complete").exists():
+        return target
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / ".lock", "w") as lock:  # pytest-xdist workers fetch once
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if include.is_dir():
-            return include
+        if (target / ".complete").exists():
+            return target
         with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
             cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp,
                    f"torch_npu=={version}"]
@@ -61,10 +62,17 @@ def torch_npu_include() -> pathlib.Path:
             staging = pathlib.Path(tmp) / "extract"
             with zipfile.ZipFile(wheels[0]) as wheel:
                 for name in wheel.namelist():
-                    if name.startswith("torch_npu/include/"):
+                    if name.startswith("torch_npu/include/") or name == "torch_npu/lib/libtorch_npu.so":
                         wheel.extract(name, staging)
+            (staging / ".complete").touch()
+            shutil.rmtree(target, ignore_errors=True)
             shutil.move(str(staging), str(target))
-    return include
+    return target
+
+
+def torch_npu_include() -> pathlib.Path:
+    """``torch_npu/include`` of the wheel (see :func:`torch_npu_wheel`)."""
+    return torch_npu_wheel() / "torch_npu" / "include"
 
 
 def kernel_signatures() -> dict[str, list[tuple[str, str]]]:
@@ -108,6 +116,14 @@ def binding_includes(include: pathlib.Path) -> list[str]:
     return ([f"-I{p}" for p in include_paths()]
             + [f"-I{include}", f"-I{include / 'third_party' / 'hccl' / 'inc'}"]
             + acl_includes(include) + [f"-I{sysconfig.get_paths()['include']}"])
+
+
+def torch_npu_link_flags() -> list[str]:
+    """Linker flags for torch's libraries and the wheel's libtorch_npu.so."""
+    from torch.utils.cpp_extension import library_paths
+    lib = torch_npu_wheel() / "torch_npu" / "lib"
+    return ([f"-L{p}" for p in library_paths()] + ["-ltorch", "-ltorch_cpu", "-lc10", f"-L{lib}",
+                                                   "-ltorch_npu"])
 
 
 def gxx(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:

@@ -61,9 +61,9 @@ public:
         return staging_.back().get();
     }
 
-    // Once the copies that read the staging memory are issued on `stream`: the host allocator
-    // reuses it after the stream has passed them (torch's host allocator never reuses a block used
-    // during a graph capture, whose replays read it again).
+    // After the task holding the copies that read the staging memory is queued on `stream` (as
+    // torch_npu's own non-blocking copies do): the host allocator reuses it once the stream has
+    // passed them (and never reuses a block used during a graph capture, whose replays read it).
     void ReleaseStagingAfter(const c10_npu::NPUStream& stream)
     {
         for (auto& p : staging_) at_npu::native::CachingHostAllocator_recordEvent(p.get(), p.get_context(), stream);
@@ -76,9 +76,10 @@ private:
     std::vector<c10::DataPtr> staging_;
 };
 
-// What the queued task needs: the submission and the memory it reads.
+// What the queued task needs: the submission, and the device memory it uses kept alive until it
+// has been issued.
 struct QueuedCall {
-    std::unique_ptr<TorchNpuMemory> memory;
+    std::shared_ptr<TorchNpuMemory> memory;
     pasa::AclSubmission submission;
     at::Tensor lseScratch;
 };
@@ -192,7 +193,7 @@ void NpuAttention(const at::Tensor& query, const at::Tensor& key, const at::Tens
     const std::vector<int32_t> nx = Int32s(nextTokens, query.size(0), "next_tokens");
 
     auto call = std::make_shared<QueuedCall>();
-    call->memory = std::make_unique<TorchNpuMemory>(query.device());
+    call->memory = std::make_shared<TorchNpuMemory>(query.device());
     if (!lse.has_value()) {  // the kernel writes the LSE either way
         call->lseScratch = at::empty({query.size(0), query.size(1), query.size(2)}, query.options().dtype(at::kFloat));
     }
@@ -216,13 +217,13 @@ void NpuAttention(const at::Tensor& query, const at::Tensor& key, const at::Tens
 
     const c10_npu::NPUStream stream = c10_npu::getCurrentNPUStream(query.device().index());
     const aclrtStream raw = stream.stream(false);
-    at_npu::native::OpCommand::RunOpApi("pasa_attention", [call, stream, raw]() -> int {
+    at_npu::native::OpCommand::RunOpApi("pasa_attention", [call, raw]() -> int {
         std::string failure;
         const aclError rc = call->submission.Issue(raw, &failure);
-        call->memory->ReleaseStagingAfter(stream);
         if (rc != ACL_SUCCESS) TORCH_WARN("pasa_npu: ", failure);
         return static_cast<int>(rc);
     });
+    call->memory->ReleaseStagingAfter(stream);
 }
 
 }  // namespace
