@@ -23,10 +23,14 @@ def _load_npu() -> None:
     """Where the install built the NPU part: load torch_npu and the binding now, so that
     ``torch.ops.pasa_npu.npu_attention`` exists. Elsewhere (or if it does not load) the
     ``npu`` backend reports why when asked for."""
-    try:
-        from . import npu  # noqa: F401
-    except ImportError:
-        pass
+    import os
+
+    from .tools.npu_build import recorded_status
+    if recorded_status(os.path.dirname(__file__)).startswith("built"):
+        try:
+            from . import npu  # noqa: F401
+        except ImportError:
+            pass
 
 
 _load_npu()

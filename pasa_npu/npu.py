@@ -14,7 +14,7 @@ run on an NPU.
 from __future__ import annotations
 
 import importlib
-import pathlib
+import os
 from typing import Optional
 
 import torch
@@ -22,28 +22,19 @@ import torch
 from .kernel_inputs import kernel_call
 from .kernel_inputs import unsupported_reason as _kernel_unsupported_reason
 from .problem import AttentionProblem
-from .tools.npu_build import STATUS_FILE
-
-_STATUS_FILE = pathlib.Path(__file__).with_name(STATUS_FILE)
-
-
-def build_status() -> str:
-    """What the install did with the NPU part: ``built for <SoC>``, or ``skipped: <why>``."""
-    if _STATUS_FILE.exists():
-        return _STATUS_FILE.read_text().strip()
-    return "skipped: pasa_npu was built before its build recorded the NPU part's outcome"
+from .tools.npu_build import recorded_status
 
 
 def load() -> None:
     """Import torch_npu and the binding, which registers ``torch.ops.pasa_npu.npu_attention``.
     ImportError saying why when the NPU part was not built or does not load."""
-    status = build_status()
-    if not status.startswith("built"):
-        raise ImportError(f"backend 'npu' is not built ({status}); see docs/npu.md")
     try:
         importlib.import_module("torch_npu")
         importlib.import_module("pasa_npu._npu")
     except ImportError as exc:
+        status = recorded_status(os.path.dirname(__file__))
+        if not status.startswith("built"):
+            raise ImportError(f"backend 'npu' is not built ({status}); see docs/npu.md") from exc
         raise ImportError(f"backend 'npu' was built but does not load: {exc}") from exc
 
 
@@ -51,11 +42,9 @@ load()
 
 
 def unsupported_reason(problem: AttentionProblem) -> Optional[str]:
-    """None when the kernels compute ``problem`` exactly as specified, else the feature they lack."""
-    reason = _kernel_unsupported_reason(problem, "npu")
-    if reason is None and problem.query.device.type != "npu":
-        return f"the npu backend runs on NPU tensors, got {problem.query.device.type} tensors"
-    return reason
+    """None when the kernels compute ``problem`` exactly as specified, else the feature they
+    lack (the backend registry has already checked that the tensors are on an NPU)."""
+    return _kernel_unsupported_reason(problem, "npu")
 
 
 def run(problem: AttentionProblem) -> None:

@@ -25,6 +25,16 @@ STATUS_FILE = "_npu_build_status.txt"
 DEFAULT_SOC = "Ascend910B1"
 
 
+def recorded_status(package_dir: str) -> str:
+    """What the install recorded about the NPU part in ``package_dir`` (the directory of the
+    pasa_npu package): ``built for <SoC>``, or ``skipped: <why>``."""
+    try:
+        with open(os.path.join(package_dir, STATUS_FILE)) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return "skipped: pasa_npu was built before its build recorded the NPU part's outcome"
+
+
 class NpuBuildError(RuntimeError):
     """The environment asks for the NPU part but cannot build all of it."""
 
