@@ -102,12 +102,12 @@ private:
 
 std::string Hex(const void* data, size_t bytes)
 {
-    static const char digits[] = "0123456789abcdef";
     std::string out;
     const auto* p = static_cast<const uint8_t*>(data);
     for (size_t i = 0; i < bytes; ++i) {
-        out += digits[p[i] >> 4];
-        out += digits[p[i] & 15];
+        char pair[3];
+        std::snprintf(pair, sizeof(pair), "%02x", p[i]);
+        out += pair;
     }
     return out;
 }
