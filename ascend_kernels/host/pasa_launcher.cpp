@@ -72,9 +72,9 @@ ParameterLayout ParameterLayoutFor(uint32_t batch)
 }
 
 PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensors& tensors,
-                               const BatchLengths& lengths, LaunchRuntime& runtime, PasaBudget* budget)
+                               const BatchLengths& lengths, LaunchRuntime& runtime)
 {
-    const PasaTilingData t = ComputeTiling(problem, budget);
+    const PasaTilingData t = ComputeTiling(problem);
     CheckLengths(t, lengths);
     const ParameterLayout at = ParameterLayoutFor(t.batch);
     const std::vector<uint8_t> parameters = ParameterBytes(t, lengths, at);

@@ -88,8 +88,7 @@ ParameterLayout ParameterLayoutFor(uint32_t batch);
 // Throws std::invalid_argument for a problem or lengths the kernels cannot run (naming the
 // parameter) before any runtime call; runtime failures propagate as the runtime throws them.
 PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensors& tensors,
-                               const BatchLengths& lengths, LaunchRuntime& runtime,
-                               PasaBudget* budget = nullptr);
+                               const BatchLengths& lengths, LaunchRuntime& runtime);
 
 }  // namespace pasa
 
