@@ -54,29 +54,34 @@ class BuildExt(build_ext):
     """build_ext plus, where tools/npu_build.py's plan says so, the NPU kernels (CANN's CMake)
     and the torch_npu binding; the plan's outcome is recorded next to the extensions."""
 
-    def run(self):
-        npu_build = _npu_build_module()
+    def finalize_options(self):
+        # decided before build_ext prepares its extensions, so that the binding is one of them
+        self.npu_build_module = _npu_build_module()
         try:
-            build, why = npu_build.plan(os.environ)
-        except npu_build.NpuBuildError as exc:
+            self.npu_build, self.npu_why = self.npu_build_module.plan(os.environ)
+        except self.npu_build_module.NpuBuildError as exc:
             raise SystemExit(f"pasa_npu: {exc}") from None
-        if build is None:
-            print(f"pasa_npu: NPU part skipped, CPU emulation only: {why}", file=sys.stderr)
+        modules = self.distribution.ext_modules
+        if self.npu_build is not None and not any(e.name == "pasa_npu._npu" for e in modules):
+            modules.append(_binding_extension(self.npu_build))
+        super().finalize_options()
+
+    def run(self):
+        if self.npu_build is None:
+            print(f"pasa_npu: NPU part skipped, CPU emulation only: {self.npu_why}", file=sys.stderr)
         else:
-            print(f"pasa_npu: {why}", file=sys.stderr)
-            self.extensions.append(self._npu_extension(build))
+            print(f"pasa_npu: {self.npu_why}", file=sys.stderr)
+            self._build_kernels()
         super().run()
         status = os.path.join(os.path.dirname(self.get_ext_fullpath("pasa_npu._ascendc_emu")),
-                              npu_build.STATUS_FILE)
+                              self.npu_build_module.STATUS_FILE)
         with open(status, "w") as f:
-            f.write(f"built for {build.soc}\n" if build else f"skipped: {why}\n")
+            f.write(f"built for {self.npu_build.soc}\n" if self.npu_build else f"skipped: {self.npu_why}\n")
 
-    def _npu_extension(self, build):
-        """Run CANN's CMake on ascend_kernels/ (the kernels and their aclrtlaunch_* headers),
-        copy the kernel library next to the extensions, and describe pasa_npu._npu."""
-        import torch
-        from torch_npu.utils.cpp_extension import NpuExtension
-
+    def _build_kernels(self):
+        """CANN's CMake on ascend_kernels/: the kernel library (copied next to the extensions)
+        and its aclrtlaunch_* headers, which the binding compiles and links against."""
+        build = self.npu_build
         cmake_dir = os.path.join(os.path.abspath(self.build_temp), "ascend_kernels")
         subprocess.check_call(["cmake", "-S", os.path.join(HERE, "ascend_kernels"), "-B", cmake_dir,
                                f"-DASCEND_CANN_PACKAGE_PATH={build.cann}", f"-DSOC_VERSION={build.soc}",
@@ -87,21 +92,33 @@ class BuildExt(build_ext):
         if not libs or not headers:
             raise SystemExit(f"pasa_npu: CANN's CMake build in {cmake_dir} produced no "
                              f"libpasa_npu_kernels.so or no aclrtlaunch_pasa_attention.h")
+        binding = next(e for e in self.extensions if e.name == "pasa_npu._npu")
+        binding.include_dirs.insert(0, os.path.dirname(headers[0]))
+        binding.library_dirs.insert(0, os.path.dirname(libs[0]))
         target = os.path.dirname(self.get_ext_fullpath("pasa_npu._npu"))
         os.makedirs(target, exist_ok=True)
         shutil.copy2(libs[0], target)
-        return NpuExtension(
-            "pasa_npu._npu",
-            sources=["ascend_kernels/binding/pasa_torch_npu.cpp", "ascend_kernels/host/pasa_launcher.cpp",
-                     "ascend_kernels/host/pasa_tiling.cpp", "ascend_kernels/host/pasa_acl_runtime.cpp"],
-            include_dirs=[os.path.dirname(headers[0]), "ascend_kernels/host", "ascend_kernels/kernels",
-                          os.path.join(build.cann, "include")],
-            library_dirs=[os.path.dirname(libs[0]), os.path.join(build.cann, "lib64")],
-            libraries=["pasa_npu_kernels", "ascendcl"],
-            extra_compile_args=["-std=c++20", "-O2",
-                                f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"],
-            extra_link_args=["-Wl,-rpath,$ORIGIN"],
-        )
+
+
+def _binding_extension(build):
+    """pasa_npu._npu, the torch_npu binding, through torch_npu's NpuExtension; the directories
+    of the kernel library and its launch headers are added once CMake has built them."""
+    try:
+        import torch
+        from torch_npu.utils.cpp_extension import NpuExtension
+    except ImportError as exc:
+        raise SystemExit(f"pasa_npu: torch_npu is installed but does not import: {exc}") from None
+    return NpuExtension(
+        "pasa_npu._npu",
+        sources=["ascend_kernels/binding/pasa_torch_npu.cpp", "ascend_kernels/host/pasa_launcher.cpp",
+                 "ascend_kernels/host/pasa_tiling.cpp", "ascend_kernels/host/pasa_acl_runtime.cpp"],
+        include_dirs=["ascend_kernels/host", "ascend_kernels/kernels", os.path.join(build.cann, "include")],
+        library_dirs=[os.path.join(build.cann, "lib64")],
+        libraries=["pasa_npu_kernels", "ascendcl"],
+        extra_compile_args=["-std=c++20", "-O2",
+                            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"],
+        extra_link_args=["-Wl,-rpath,$ORIGIN"],
+    )
 
 
 # pasa-compare: plots, .safetensors inputs, capture from Hugging Face models

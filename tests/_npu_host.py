@@ -37,19 +37,23 @@ def torch_npu_version() -> str:
     return torch.__version__.split("+")[0]
 
 
+#: what the checks use of the torch_npu wheel, besides torch_npu/include/
+_WHEEL_FILES = ("torch_npu/lib/libtorch_npu.so", "torch_npu/utils/cpp_extension.py")
+
+
 def torch_npu_wheel() -> pathlib.Path:
     """The parts of the torch_npu wheel matching the installed torch that the checks use
-    (``torch_npu/include`` and ``torch_npu/lib/libtorch_npu.so``), extracted into the cache on
-    first use from ``pip download --no-deps torch_npu==<torch version>``. Returns the
-    directory holding ``torch_npu/``."""
+    (``torch_npu/include``, ``libtorch_npu.so``, the extension helper ``cpp_extension.py``),
+    extracted into the cache on first use from ``pip download --no-deps
+    torch_npu==<torch version>``. Returns the directory holding ``torch_npu/``."""
     version = torch_npu_version()
     target = CACHE / f"torch_npu-{version}"
-    if (target / ".complete").exists():
+    if _complete(target):
         return target
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / ".lock", "w") as lock:  # pytest-xdist workers fetch once
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / ".complete").exists():
+        if _complete(target):
             return target
         with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
             cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp,
@@ -62,12 +66,16 @@ def torch_npu_wheel() -> pathlib.Path:
             staging = pathlib.Path(tmp) / "extract"
             with zipfile.ZipFile(wheels[0]) as wheel:
                 for name in wheel.namelist():
-                    if name.startswith("torch_npu/include/") or name == "torch_npu/lib/libtorch_npu.so":
+                    if name.startswith("torch_npu/include/") or name in _WHEEL_FILES:
                         wheel.extract(name, staging)
             (staging / ".complete").touch()
             shutil.rmtree(target, ignore_errors=True)
             shutil.move(str(staging), str(target))
     return target
+
+
+def _complete(target: pathlib.Path) -> bool:
+    return (target / ".complete").exists() and all((target / f).exists() for f in _WHEEL_FILES)
 
 
 def torch_npu_include() -> pathlib.Path:
