@@ -1,9 +1,9 @@
 """The NPU host code, checked without CANN or an NPU:
 
-* the torch_npu binding compiles against torch's headers and those of the torch_npu wheel
-  matching the installed torch (fetched with pip download, cached), and the ACL runtime against
-  the wheel's ACL headers; only the launch headers CANN generates are stood in for, written from
-  the kernels' signatures;
+* the torch_npu binding and the host sources compile against torch's headers and those of the
+  torch_npu wheel matching the installed torch (fetched with pip download, cached), and link
+  against torch and the wheel's libtorch_npu.so; only the launch headers CANN generates are
+  stood in for, written from the kernels' signatures;
 * the kernel sources compile against the real AscendC headers (../shared/ascendc-check);
 * the shared host launcher makes the same runtime calls through the ACL runtime (compiled
   against the real ACL headers, linked with recording stand-ins for the ACL functions it calls)
@@ -68,14 +68,6 @@ def test_binding_compiles_and_links_against_torch_npu(torch_npu_include, launch_
     assert unresolved and all(name.startswith(("acl", "Py")) for name in unresolved), (
         f"symbols neither torch nor torch_npu provides: {sorted(unresolved)}\n{proc.stderr[-3000:]}")
     assert {"aclrtMemcpyAsync", "aclrtGetDeviceInfo", "aclrtlaunch_pasa_attention"} <= unresolved
-
-
-@pytest.mark.parametrize("source", ["pasa_tiling.cpp", "pasa_launcher.cpp", "pasa_acl_runtime.cpp"])
-def test_host_sources_compile_against_acl_headers(source, torch_npu_include, launch_headers):
-    proc = host.gxx(["-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror",
-                     f"-I{launch_headers}", *host.acl_includes(torch_npu_include),
-                     str(host.HOST / source)])
-    assert proc.returncode == 0, f"{source} does not compile cleanly:\n{proc.stderr[:4000]}"
 
 
 def test_kernels_compile_against_the_ascendc_headers():
