@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import pasa_npu
+from pasa_npu import npu_params
 
 emu = pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu extension is not built")
 from pasa_npu import ascendc_emu  # noqa: E402
@@ -294,15 +295,23 @@ REJECTED = {
 }
 
 
+TIMING = npu_params.timing_only(npu_params.values())
+
+
+def selftest(name, timeout_s=5.0):
+    return emu.run_selftest(name, TIMING, timeout_s=timeout_s)["values"]
+
+
 def test_every_selftest_is_covered():
     names = set(emu.selftest_names())
-    assert set(REJECTED) | {"vector_scale", "cube_matmul", "synced_tbuf", "cross_core_handoff"} == names
+    timing = {n for n in names if n.startswith("timing_")}  # tests/test_npu_timing.py
+    assert set(REJECTED) | {"vector_scale", "cube_matmul", "synced_tbuf", "cross_core_handoff"} | timing == names
 
 
 @pytest.mark.parametrize("name", sorted(REJECTED))
 def test_emulation_rejects_what_the_hardware_rejects(name):
     with pytest.raises(RuntimeError, match=REJECTED[name]):
-        emu.run_selftest(name, timeout_s=5.0)
+        selftest(name)
 
 
 def test_deadlock_is_reported_not_hung():
@@ -311,7 +320,7 @@ def test_deadlock_is_reported_not_hung():
     import time
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="AIV0 waits CrossCoreWaitFlag\\(3\\)"):
-        emu.run_selftest("missing_cross_core_flag", timeout_s=30.0)
+        selftest("missing_cross_core_flag", timeout_s=30.0)
     assert time.monotonic() - start < 5.0
 
 
@@ -321,9 +330,9 @@ def _inputs(n):
 
 def test_correct_programs_run():
     x = _inputs(256)
-    assert emu.run_selftest("vector_scale") == (2 * x).tolist()
-    assert emu.run_selftest("synced_tbuf") == (-_inputs(128)).tolist()
-    assert emu.run_selftest("cross_core_handoff") == [3.0] * 256
+    assert selftest("vector_scale") == (2 * x).tolist()
+    assert selftest("synced_tbuf") == (-_inputs(128)).tolist()
+    assert selftest("cross_core_handoff") == [3.0] * 256
 
 
 def test_cube_formats_and_accumulation():
@@ -331,7 +340,7 @@ def test_cube_formats_and_accumulation():
     computes A B, accumulating each output in fp32 in k order (the emulation's documented model)."""
     x = _inputs(20 * 32 + 32 * 48)
     a, b = x[:640].view(20, 32), x[640:].view(32, 48)
-    got = torch.tensor(emu.run_selftest("cube_matmul"), dtype=torch.float32).view(20, 48)
+    got = torch.tensor(selftest("cube_matmul"), dtype=torch.float32).view(20, 48)
     acc = torch.zeros(20, 48, dtype=torch.float32)
     for kk in range(32):  # sequential fp32 accumulation; every product is exact in fp32 here
         acc = (acc.double() + a[:, kk:kk + 1] * b[kk:kk + 1, :]).float()

@@ -7,6 +7,7 @@
 #include <functional>
 
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -43,7 +44,38 @@ py::dict StatsDict(const Stats& s)
     d["cross_core_waits"] = s.cross_core_waits;
     d["ai_cores"] = s.blocks;
     d["cores"] = s.cores;
+    d["cycles"] = s.cycles;
+    d["core_cycles"] = s.core_cycles;
+    d["l2_bound_cycles"] = s.l2_bound_cycles;
+    d["hbm_bound_cycles"] = s.hbm_bound_cycles;
+    d["hbm_bytes"] = s.hbm_bytes;
+    py::dict busy, busyTotal, count;
+    for (int p = 0; p < AscendC::emu::kPipes; ++p) {
+        busy[AscendC::emu::PipeShort(p)] = s.pipe_busy[p];
+        busyTotal[AscendC::emu::PipeShort(p)] = s.pipe_busy_total[p];
+        count[AscendC::emu::PipeShort(p)] = s.pipe_instructions[p];
+    }
+    d["pipe_busy_cycles"] = busy;
+    d["pipe_busy_total_cycles"] = busyTotal;
+    d["pipe_instructions"] = count;
     return d;
+}
+
+// The timing model's parameters from pasa_npu.npu_params (every one of them, nothing else).
+AscendC::emu::TimingParams TimingFrom(const py::dict& d)
+{
+    AscendC::emu::TimingParams t;
+    std::set<std::string> seen;
+    for (auto item : d) {
+        const std::string name = item.first.cast<std::string>();
+        if (!t.Set(name, item.second.cast<double>())) throw py::value_error("unknown timing parameter '" + name + "'");
+        seen.insert(name);
+    }
+    if (seen.size() != AscendC::emu::TimingParams::Count()) {
+        throw py::value_error("timing parameters: " + std::to_string(seen.size()) + " given, " +
+                              std::to_string(AscendC::emu::TimingParams::Count()) + " needed");
+    }
+    return t;
 }
 
 // A C-contiguous array of the given element size and count, or a ValueError naming it.
@@ -125,6 +157,8 @@ py::dict RunAttention(py::array query, py::array key, py::array value, py::array
     pasa::PasaBudget budget;
     PasaTilingData t = pasa::ComputeTiling(prob, &budget);
     const double timeout = params.contains("timeout_s") ? params["timeout_s"].cast<double>() : 60.0;
+    if (!params.contains("timing")) throw py::value_error("params['timing']: the timing model's parameters are required");
+    const AscendC::emu::TimingParams timing = TimingFrom(params["timing"].cast<py::dict>());
 
     const size_t qN = static_cast<size_t>(t.batch) * t.numHeads * t.seqQ * t.headDim;
     const size_t kN = static_cast<size_t>(t.batch) * t.numKvHeads * t.seqKv * t.headDim;
@@ -175,15 +209,15 @@ py::dict RunAttention(py::array query, py::array key, py::array value, py::array
         Stats prep;
         bool ran = false;
         if (t.tilingKey == PASA_KEY_PASA) {
-            LaunchOptions opt{static_cast<int>(t.blockDim), KERNEL_TYPE_AIC_ONLY, timeout};
+            LaunchOptions opt{static_cast<int>(t.blockDim), KERNEL_TYPE_AIC_ONLY, timeout, timing};
             prep = AscendC::emu::Launch(opt, gm, [&]() { pasa_shift_keys(k, ql, kl, nx, ws, td); });
             ran = true;
         } else if (t.tilingKey == PASA_KEY_PASA_EXACT) {
-            LaunchOptions opt{static_cast<int>(t.blockDim), KERNEL_TYPE_MIX_AIC_1_2, timeout};
+            LaunchOptions opt{static_cast<int>(t.blockDim), KERNEL_TYPE_MIX_AIC_1_2, timeout, timing};
             prep = AscendC::emu::Launch(opt, gm, [&]() { pasa_center_keys(k, ql, kl, nx, ws, td); });
             ran = true;
         }
-        LaunchOptions opt{static_cast<int>(t.blockDim), KERNEL_TYPE_MIX_AIC_1_2, timeout};
+        LaunchOptions opt{static_cast<int>(t.blockDim), KERNEL_TYPE_MIX_AIC_1_2, timeout, timing};
         const Stats att = AscendC::emu::Launch(opt, gm, [&]() { pasa_attention(q, k, v, ql, kl, nx, o, ls, ws, td); });
         py::gil_scoped_acquire acquire;
         result["preprocess"] = ran ? py::object(StatsDict(prep)) : py::object(py::none());
@@ -203,7 +237,15 @@ PYBIND11_MODULE(_ascendc_emu, m)
           "The host tiling's solver of the optimal accuracy condition (C++ twin of pasa_npu.beta.optimal_beta)");
     m.def("run_attention", &RunAttention, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("q_lens"),
           py::arg("kv_lens"), py::arg("next_tokens"), py::arg("out"), py::arg("lse"), py::arg("params"));
-    m.def("run_selftest", &pasa_selftest::Run, py::arg("name"), py::arg("timeout_s") = 5.0,
-          "Run one emulation self-test kernel; returns its output values; RuntimeError if the emulation rejects it");
+    m.def("run_selftest", [](const std::string& name, const py::dict& timing, double timeoutSeconds) {
+              Stats stats;
+              std::vector<float> values = pasa_selftest::Run(name, TimingFrom(timing), timeoutSeconds, stats);
+              py::dict r;
+              r["values"] = values;
+              r["stats"] = StatsDict(stats);
+              return r;
+          }, py::arg("name"), py::arg("timing"), py::arg("timeout_s") = 5.0,
+          "Run one emulation self-test kernel: {'values': its output, 'stats': the launch's counters and timing}; "
+          "RuntimeError if the emulation rejects it");
     m.def("selftest_names", &pasa_selftest::Names);
 }

@@ -184,6 +184,62 @@ inline std::map<std::string, Case> Cases()
         WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
         DataCopy(out, t, 128);
     }, true};
+    // --- timing model: small programs whose timelines tests/test_npu_timing.py derives by hand
+    c["timing_copy_scale"] = {KERNEL_TYPE_AIV_ONLY, 256, 256, [](Gm& g) {
+        TPipe pipe;
+        TQue<TPosition::VECIN, 1> qin;
+        TQue<TPosition::VECOUT, 1> qout;
+        pipe.InitBuffer(qin, 1, 256 * sizeof(half));
+        pipe.InitBuffer(qout, 1, 256 * sizeof(half));
+        GlobalTensor<half> gin, gout;
+        gin.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(g.In()), 256);
+        gout.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(g.Out()), 256);
+        LocalTensor<half> x = qin.AllocTensor<half>();
+        DataCopy(x, gin, 256);
+        qin.EnQue(x);
+        x = qin.DeQue<half>();
+        LocalTensor<half> y = qout.AllocTensor<half>();
+        Muls(y, x, half(2.0f), 256);
+        qin.FreeTensor(x);
+        qout.EnQue(y);
+        y = qout.DeQue<half>();
+        DataCopy(gout, y, 256);
+        qout.FreeTensor(y);
+    }, true};
+    c["timing_scalar_read"] = {KERNEL_TYPE_AIV_ONLY, 16, 16, [](Gm& g) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024 * sizeof(half));
+        LocalTensor<half> t = buf.Get<half>();
+        Duplicate(t, half(1.0f), 1024);
+        const half first = t.GetValue(0);  // the scalar unit waits for the vector pipe
+        (void)first;
+    }, true};
+    c["timing_barrier"] = {KERNEL_TYPE_AIV_ONLY, 256, 256, [](Gm& g) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 256 * sizeof(half));
+        GlobalTensor<half> gin;
+        gin.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(g.In()), 256);
+        LocalTensor<half> t = buf.Get<half>();
+        DataCopy(t, gin, 256);
+        PipeBarrier<PIPE_ALL>();
+        Muls(t, t, half(2.0f), 256);
+        Muls(t, t, half(2.0f), 256);
+    }, true};
+    c["timing_queue_depth"] = {KERNEL_TYPE_AIV_ONLY, 128, 16, [](Gm& g) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> a, b;
+        pipe.InitBuffer(a, 256 * sizeof(half));
+        pipe.InitBuffer(b, 128 * sizeof(half));
+        GlobalTensor<half> gin;
+        gin.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(g.In()), 128);
+        LocalTensor<half> t = a.Get<half>();
+        Duplicate(t, half(1.0f), 256);
+        Muls(t, t, half(2.0f), 256);
+        Muls(t, t, half(2.0f), 256);
+        DataCopy(b.Get<half>(), gin, 128);  // starts when the scalar unit gets to it
+    }, true};
     // --- must be rejected
     c["ub_over_capacity"] = {KERNEL_TYPE_AIV_ONLY, 16, 16, [](Gm&) {
         TPipe pipe;
@@ -305,17 +361,18 @@ inline std::vector<std::string> Names()
     return n;
 }
 
-inline std::vector<float> Run(const std::string& name, double timeoutSeconds)
+inline std::vector<float> Run(const std::string& name, const emu::TimingParams& timing, double timeoutSeconds,
+                              emu::Stats& stats)
 {
     auto cases = Cases();
     auto it = cases.find(name);
     if (it == cases.end()) throw std::invalid_argument("no emulation self-test named '" + name + "'");
     Case& c = it->second;
     Gm g(c.nIn, c.nOut);
-    LaunchOptions opt{1, c.type, timeoutSeconds};
+    LaunchOptions opt{1, c.type, timeoutSeconds, timing};
     {
         pybind11::gil_scoped_release release;
-        AscendC::emu::Launch(opt, g.reg, [&]() { c.kernel(g); });
+        stats = AscendC::emu::Launch(opt, g.reg, [&]() { c.kernel(g); });
     }
     return c.halfOut ? g.Half() : g.outF;
 }
