@@ -227,6 +227,41 @@ py::dict RunAttention(py::array query, py::array key, py::array value, py::array
     return result;
 }
 
+// The attention tasks each AI Core runs, as the kernel's own task iterator deals them:
+// per core a list of (rows, numBlocks, fullBlocks). Runs the iterator alone (no attention).
+py::list AttentionTasks(const py::dict& params, py::array qLens, py::array kvLens, py::array nextTokens)
+{
+    const PasaTilingData t = pasa::ComputeTiling(ProblemFrom(params));
+    uint8_t* ql = Buffer(qLens, "q_lens", 4, t.batch, false);
+    uint8_t* kl = Buffer(kvLens, "kv_lens", 4, t.batch, false);
+    uint8_t* nx = Buffer(nextTokens, "next_tokens", 4, t.batch, false);
+    GmRegistry gm;
+    gm.Add("q_lens", ql, t.batch * 4, false, false);
+    gm.Add("kv_lens", kl, t.batch * 4, false, false);
+    gm.Add("next_tokens", nx, t.batch * 4, false, false);
+    std::vector<std::vector<std::array<uint32_t, 3>>> perCore(t.blockDim);
+    LaunchOptions opt{static_cast<int>(t.blockDim), KERNEL_TYPE_AIV_ONLY, 10.0,
+                      TimingFrom(params["timing"].cast<py::dict>())};
+    {
+        py::gil_scoped_release release;
+        AscendC::emu::Launch(opt, gm, [&]() {
+            const uint32_t core = static_cast<uint32_t>(AscendC::GetBlockIdx());
+            pasa::BatchTable batches;
+            batches.Init(ql, kl, nx, t.batch);
+            pasa::AttentionTaskIter it(t, batches, core);
+            pasa::AttentionTask task;
+            while (it.Next(task)) perCore[core].push_back({task.rows, task.numBlocks, task.fullBlocks});
+        });
+    }
+    py::list out;
+    for (const auto& tasks : perCore) {
+        py::list l;
+        for (const auto& x : tasks) l.append(py::make_tuple(x[0], x[1], x[2]));
+        out.append(l);
+    }
+    return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_ascendc_emu, m)
@@ -248,4 +283,7 @@ PYBIND11_MODULE(_ascendc_emu, m)
           "Run one emulation self-test kernel: {'values': its output, 'stats': the launch's counters and timing}; "
           "RuntimeError if the emulation rejects it");
     m.def("selftest_names", &pasa_selftest::Names);
+    m.def("attention_tasks", &AttentionTasks, py::arg("params"), py::arg("q_lens"), py::arg("kv_lens"),
+          py::arg("next_tokens"),
+          "The attention kernel's tasks per AI Core, as its task iterator deals them: [(rows, numBlocks, fullBlocks)]");
 }

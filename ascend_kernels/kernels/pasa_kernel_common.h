@@ -82,9 +82,10 @@ __aicore__ inline uint32_t VisibleInBlock(const BatchInfo& info, uint32_t maskMo
     return n <= 0 ? 0 : static_cast<uint32_t>(Min64(n, blockLen));
 }
 
-// One attention task: a tile of query rows of one head.
+// One attention task: a tile of query rows of one head. Blocks [0, fullBlocks) are visible to
+// every row in full; blocks [fullBlocks, numBlocks) need masking.
 struct AttentionTask {
-    uint32_t b = 0, head = 0, kvHead = 0, q0 = 0, rows = 0, numBlocks = 0;
+    uint32_t b = 0, head = 0, kvHead = 0, q0 = 0, rows = 0, numBlocks = 0, fullBlocks = 0;
     BatchInfo info;
 };
 
@@ -123,6 +124,8 @@ public:
             task.info = info_;
             const int64_t end = VisibleEnd(info_, t_.maskMode, static_cast<int64_t>(task.q0) + task.rows - 1);
             task.numBlocks = end > 0 ? CeilDiv(static_cast<uint32_t>(end), t_.kvBlock) : 0;
+            const int64_t firstEnd = VisibleEnd(info_, t_.maskMode, static_cast<int64_t>(task.q0));
+            task.fullBlocks = firstEnd > 0 ? Min(task.numBlocks, static_cast<uint32_t>(firstEnd) / t_.kvBlock) : 0;
             return true;
         }
         return false;
