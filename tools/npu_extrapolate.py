@@ -14,7 +14,7 @@ model is applied in two steps:
    each core's cycles are the fit summed over its tasks, the launch takes
    ``overhead + max(slowest core, GM bytes / L2 bandwidth, I/O bytes / HBM bandwidth)`` as the
    emulation itself does, and the key preprocessing launch (pasa, pasa-exact) adds its own
-   fit over the kv blocks of the busiest core.
+   fit over the kv blocks of the busiest core (bounded the same way, K read once from HBM).
 
 The fit is exact where a task's cost is linear in its block counts, which the deep pipeline
 makes true past its first blocks; ``validate`` compares it with a direct emulation.
@@ -209,7 +209,9 @@ def extrapolate(shape: Shape, fit: Fit, params: dict) -> dict:
         c0, per = fit.prep["core_cycles"]
         g0, gper = fit.prep["gm_bytes"]
         prep_gm = cores * g0 + blocks * gper
-        prep = overhead + max(c0 + per * -(-blocks // cores), prep_gm / params["l2_aggregate_bytes_per_cycle"])
+        keys = 2.0 * shape.b * shape.hkv * shape.skv * shape.d  # read from HBM once
+        prep = overhead + max(c0 + per * -(-blocks // cores), prep_gm / params["l2_aggregate_bytes_per_cycle"],
+                              keys / params["hbm_aggregate_bytes_per_cycle"])
     cycles = attention + prep
     binding = max(busy, key=busy.get)
     us = cycles / params["clock_mhz"]

@@ -223,22 +223,25 @@ class TQue {
 public:
     TQue() = default;
 
+    // The buffers are taken round robin from a cursor that advances on every probe, as the real
+    // TQueBind::AllocBuffer does (impl/basic_api/kernel_tquebind_impl.h).
     template <typename T>
     LocalTensor<T> AllocTensor()
     {
-        for (auto& s : slots_) {
-            if (s.state == emu::BufferSlot::FREE) {
-                int producer, consumer;
-                emu::QueuePipes(pos, producer, consumer);
-                // The framework waits for the consumer's FreeTensor before reusing a buffer.
-                if (s.everUsed) {
-                    emu::Join(emu::Core().seen[producer], s.freed);
-                    if (producer != consumer) emu::FlagWait(producer, s.freedAt);
-                }
-                s.state = emu::BufferSlot::ALLOCATED;
-                s.everUsed = true;
-                return emu::MakeTensor<T>(pos, &s, s.offset, s.bytes);
+        for (size_t probe = 0; probe < slots_.size(); ++probe) {
+            emu::BufferSlot& s = slots_[cursor_];
+            cursor_ = (cursor_ + 1) % slots_.size();
+            if (s.state != emu::BufferSlot::FREE) continue;
+            int producer, consumer;
+            emu::QueuePipes(pos, producer, consumer);
+            // The framework waits for the consumer's FreeTensor before reusing a buffer.
+            if (s.everUsed) {
+                emu::Join(emu::Core().seen[producer], s.freed);
+                if (producer != consumer) emu::FlagWait(producer, s.freedAt);
             }
+            s.state = emu::BufferSlot::ALLOCATED;
+            s.everUsed = true;
+            return emu::MakeTensor<T>(pos, &s, s.offset, s.bytes);
         }
         emu::Fail("TQue<%s>::AllocTensor: all %zu buffers are in use (AllocTensor without FreeTensor); on hardware "
                   "this blocks forever", emu::PositionName(pos), slots_.size());
@@ -307,6 +310,7 @@ public:
     // emulation internals
     std::vector<emu::BufferSlot> slots_;
     std::deque<emu::BufferSlot*> fifo_;
+    size_t cursor_ = 0;
 
 private:
     static const char* StateName(emu::BufferSlot::State st)

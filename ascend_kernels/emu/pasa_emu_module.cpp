@@ -126,9 +126,11 @@ py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
     d["q_tile"] = t.qTile;
     d["kv_block"] = t.kvBlock;
     d["num_kv_blocks"] = t.numKvBlocks;
-    d["l1_buffers"] = t.l1Buffers;
-    d["l0b_buffers"] = t.l0bBuffers;
-    d["l0c_buffers"] = t.l0cBuffers;
+    d["tile_heads"] = t.tileHeads;
+    d["tile_positions"] = t.tilePositions;
+    d["ub_score_buffers"] = t.ubScoreBuffers;
+    d["ub_prob_buffers"] = t.ubProbBuffers;
+    d["ub_pv_buffers"] = t.ubPvBuffers;
     d["workspace_bytes"] = t.workspaceBytes;
     d["gamma"] = t.gamma;
     d["shift_diag_bits"] = t.shiftDiagBits;
