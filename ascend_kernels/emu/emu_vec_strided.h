@@ -335,8 +335,13 @@ void Compares(const LocalTensor<U>& dst, const LocalTensor<T>& src0, const T src
 }
 
 namespace emu {
+// On Atlas A2 the APIs that need a scratch keep it in UB from TMP_UB_OFFSET = 184 KiB up
+// (impl/basic_api/utils/kernel_utils_constants.h, dav_c220 Select).
+constexpr uint32_t kTmpUbOffset = 184 * 1024;
+
 // vsel through the compare-mask register: the A2 implementation first writes the scalar (or the
-// mask's address) with a one-repeat Duplicate and set_cmpmask, then selects: two instructions.
+// mask's address) into the UB scratch with a one-repeat Duplicate and set_cmpmask, then
+// selects: two instructions, and the scratch's first 32 elements overwritten.
 template <typename T, typename U, typename G>
 void SelectCount(const LocalTensor<T>& dst, const LocalTensor<U>& selMask, const LocalTensor<T>& src0, uint32_t count,
                  const char* op, const LocalTensor<T>* src1Tensor, G src1At)
@@ -351,9 +356,15 @@ void SelectCount(const LocalTensor<T>& dst, const LocalTensor<U>& selMask, const
     if (count == 0) return;
     const uint64_t bytes = count * sizeof(T);
     CheckOverlap(dst, src0, bytes, bytes, op);
+    if (tls_pipe != nullptr && tls_pipe->next[static_cast<int>(Hardware::UB)] > kTmpUbOffset) {
+        Fail("%s: on Atlas A2 Select keeps a scratch in UB from byte %u (TMP_UB_OFFSET); the kernel's buffers reach "
+             "byte %u and would be overwritten", op, kTmpUbOffset, tls_pipe->next[static_cast<int>(Hardware::UB)]);
+    }
     const uint32_t seq = Issue(P_V);
     Dispatch(P_V, VecCycles(VecKind::Simple, sizeof(T), 1));
     Dispatch(P_V, VecCycles(VecKind::Simple, sizeof(T), Repeats(bytes)));
+    TouchLocal(P_V, seq, Hardware::UB, kTmpUbOffset, 32 * sizeof(T), true, op);
+    std::memset(Core().mem[static_cast<int>(Hardware::UB)].data() + kTmpUbOffset, 0xA5, 32 * sizeof(T));
     TouchLocal(P_V, seq, Hardware::UB, src0.ByteOffset(), bytes, false, op);
     TouchLocal(P_V, seq, Hardware::UB, selMask.ByteOffset(), (count + 7) / 8, false, op);
     if (src1Tensor != nullptr) {

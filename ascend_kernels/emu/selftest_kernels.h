@@ -329,6 +329,14 @@ inline std::map<std::string, Case> Cases()
         Duplicate(t, 1.0f, 256);
         Add(t[8], t, t, 64);  // dst [32, 288) bytes overlaps src [0, 256) partially
     }, true};
+    c["select_over_api_scratch"] = {KERNEL_TYPE_AIV_ONLY, 16, 16, [](Gm&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 190 * 1024);  // reaches into the UB Select keeps its scratch in
+        LocalTensor<half> t = buf.Get<half>();
+        Duplicate(t, half(1.0f), 256);
+        Select(t, t[1024].ReinterpretCast<uint8_t>(), t, half(0.0f), SELMODE::VSEL_TENSOR_SCALAR_MODE, 256);
+    }, true};
     c["mmad_misaligned"] = {KERNEL_TYPE_AIC_ONLY, 16, 16, [](Gm&) {
         TPipe pipe;
         TBuf<TPosition::A2> a;

@@ -200,16 +200,17 @@ void PlanVector(PasaTilingData& t, PasaBudget& b)
     t.ubAccBytes = r * dv * (pasa ? 2 : 4);
     t.ubWorkBytes = fa ? 32 : r * std::max(n, dv) * 4;
     t.ubTreeBytes = r * std::max(n, dv) * 2 + 32 * r;
-    t.ubMaskBytes = r * n * 2 + Align(n * 2, 32) + 32 * r + 2 * Align(r * n / 8, 32) + Align(r, 32) + 32;
+    // the column index row, the broadcast row offsets, two bit tiles, row bits
+    t.ubMaskBytes = Align(n * 2, 32) + 32 * r + 2 * Align(r * n / 8, 32) + Align(r, 32) + 32;
     t.ubStatBytes = PASA_VEC_STAT_UNITS * r * 4;
     const uint64_t fixed = static_cast<uint64_t>(t.ubAccBytes) + t.ubWorkBytes + t.ubTreeBytes + t.ubMaskBytes +
                            t.ubStatBytes + 2ull * Align(r * 4, 32);
     uint32_t score = 2, prob = 2, pv = 2;
     auto need = [&]() { return fixed + static_cast<uint64_t>(score) * t.ubScoreBytes + static_cast<uint64_t>(prob) * t.ubProbBytes +
                                static_cast<uint64_t>(pv) * t.ubPvBytes; };
-    if (need() > kUbBytes) prob = 1;
-    if (need() > kUbBytes) pv = 1;
-    if (need() > kUbBytes) score = 1;
+    if (need() > kUbUserBytes) prob = 1;
+    if (need() > kUbUserBytes) pv = 1;
+    if (need() > kUbUserBytes) score = 1;
     t.ubScoreBuffers = score;
     t.ubProbBuffers = prob;
     t.ubPvBuffers = pv;
@@ -238,7 +239,7 @@ void CheckBudgets(const PasaProblem& p, const PasaBudget& b)
     struct Check { const char* what; uint64_t need, cap; };
     const Check checks[] = {
         {"attention L1", b.l1, kL1Bytes}, {"attention L0A", b.l0a, kL0ABytes}, {"attention L0B", b.l0b, kL0BBytes},
-        {"attention L0C", b.l0c, kL0CBytes}, {"attention UB (per AIV)", b.ub, kUbBytes},
+        {"attention L0C", b.l0c, kL0CBytes}, {"attention UB (per AIV, below the API scratch)", b.ub, kUbUserBytes},
         {"preprocessing L1", b.prepL1, kL1Bytes}, {"preprocessing L0A", b.prepL0a, kL0ABytes},
         {"preprocessing L0B", b.prepL0b, kL0BBytes}, {"preprocessing L0C", b.prepL0c, kL0CBytes},
         {"preprocessing UB (per AIV)", b.prepUb, kUbBytes},

@@ -72,7 +72,7 @@ public:
         pipe_.InitBuffer(tree_, t.ubTreeBytes);
         pipe_.InitBuffer(mask_, t.ubMaskBytes);
         pipe_.InitBuffer(stat_, t.ubStatBytes);
-        BuildMaskTile();
+        BuildMaskRows();
 
         TaskWindow win(t, batches_, static_cast<uint32_t>(GetBlockIdx()) / 2);
         Stream(win);
@@ -131,7 +131,7 @@ private:
     }
 
     // pasa_vector_steps.h
-    __aicore__ inline void BuildMaskTile();
+    __aicore__ inline void BuildMaskRows();
     __aicore__ inline void InitState();
     __aicore__ inline bool MaskBlock(uint32_t j, bool& rowsWithoutKeys, int64_t& delta);
     // The steps take P' from probOut_ just before they write it (its previous copy out may still run).
@@ -156,8 +156,8 @@ private:
     }
     __aicore__ inline LocalTensor<float> M(uint32_t parity) { return Stat(M32 + 2 * tp_ + parity); }
     __aicore__ inline LocalTensor<float> L(uint32_t parity) { return Stat(L32 + 2 * tp_ + parity); }
-    __aicore__ inline LocalTensor<half> MaskTile() { return mask_.Get<half>(); }
-    __aicore__ inline LocalTensor<half> ColumnRow() { return MaskTile()[R_ * t_->kvBlock]; }
+    // mask_: the column index row (c = 0 .. n-1), rel broadcast one block a row, two bit tiles, row bits
+    __aicore__ inline LocalTensor<half> ColumnRow() { return mask_.Get<half>(); }
     __aicore__ inline LocalTensor<half> RelBroadcast() { return ColumnRow()[Align16(t_->kvBlock)]; }
     __aicore__ inline LocalTensor<uint8_t> Bits(uint32_t i)
     {

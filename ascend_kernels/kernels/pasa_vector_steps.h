@@ -7,11 +7,11 @@
 
 namespace pasa {
 
-// Once per kernel: the mask tile D[r][c] = c - rel(r) (fp16, exact), where rel(r) is the query
-// position of the AIV's row r within its tile for a causal mask and 0 otherwise (then D is the
-// column index); REL8 = rel repeated 8 times (row bits for 8 statistics at once); ONEZERO = [1 | 0].
+// Once per kernel: the column index row c = 0 .. n-1 and rel(r), the query position of the AIV's
+// row r within its tile for a causal mask and 0 otherwise, broadcast one block a row; REL8 = rel
+// repeated 8 times (row bits for 8 statistics at once); ONEZERO = [1 | 0].
 template <typename OutT, typename InT>
-__aicore__ inline void AttentionVector<OutT, InT>::BuildMaskTile()
+__aicore__ inline void AttentionVector<OutT, InT>::BuildMaskRows()
 {
     const PasaTilingData& t = *t_;
     const uint32_t n = t.kvBlock;
@@ -26,7 +26,6 @@ __aicore__ inline void AttentionVector<OutT, InT>::BuildMaskTile()
     const uint8_t step = static_cast<uint8_t>(R_ / kC0);
     Add(rel8[R_], rel8, zero, R_, 7, BinaryRepeatParams(1, 1, 1, step, 0, 0));
     BroadcastRows(RelBroadcast(), rel8, R_);
-    RowBroadcast<VecOp::SUB>(MaskTile(), col, RelBroadcast(), R_, n, 0, 0, false);
     Duplicate(Stat16(ONEZERO), half(1.0f), static_cast<int32_t>(R_));
     Duplicate(Stat16(ONEZERO)[R_], half(0.0f), static_cast<int32_t>(R_));
 }
@@ -45,8 +44,9 @@ __aicore__ inline void AttentionVector<OutT, InT>::InitState()
 }
 
 // Bits(0) = the visible keys of block j (bit set: visible), when the block is not visible in full
-// to every row: the causal bound c - rel <= q0 + next - j n and the kv length c <= kvLen - 1 - j n.
-// rowsWithoutKeys: some rows see no key of the block (causal, q0 + next - j n < 0).
+// to every row: the causal bound c - rel <= q0 + next - j n and the kv length c <= kvLen - 1 - j n,
+// each one Compares of a tile built in the reduction scratch (c - rel, or c). rowsWithoutKeys:
+// some rows see no key of the block (causal, q0 + next - j n < 0).
 template <typename OutT, typename InT>
 __aicore__ inline bool AttentionVector<OutT, InT>::MaskBlock(uint32_t j, bool& rowsWithoutKeys, int64_t& delta)
 {
@@ -59,17 +59,22 @@ __aicore__ inline bool AttentionVector<OutT, InT>::MaskBlock(uint32_t j, bool& r
     const bool causal = t.maskMode == PASA_MASK_CAUSAL;
     const bool ragged = task.info.kvLen < start + n;
     delta = Max64(-1024, Min64(1024, static_cast<int64_t>(task.q0) + task.info.next - start));
-    if (causal) Compares(Bits(0), MaskTile(), half(static_cast<float>(delta)), CMPMODE::LE, cells);
+    LocalTensor<half> tile = tree_.Get<half>();
+    if (causal) {
+        RowBroadcast<VecOp::SUB>(tile, ColumnRow(), RelBroadcast(), R_, n, 0, 0, false);  // c - rel
+        Compares(Bits(0), tile, half(static_cast<float>(delta)), CMPMODE::LE, cells);
+    }
     if (ragged) {
         const half kappa(static_cast<float>(task.info.kvLen - 1 - start));
+        const LocalTensor<half> zeros = Stat16(ONEZERO)[R_];  // a block of zeros, read by every repeat
+        for (uint32_t c = 0; c < n; c += 128) {                                                // c
+            Add(tile[c], ColumnRow()[c], zeros, n - c < 128 ? n - c : 128, static_cast<uint8_t>(R_),
+                BinaryRepeatParams(1, 1, 0, static_cast<uint8_t>(n / kC0), 0, 0));
+        }
+        Compares(Bits(causal ? 1 : 0), tile, kappa, CMPMODE::LE, cells);
         if (causal) {
-            LocalTensor<half> column = tree_.Get<half>();
-            RowBroadcast<VecOp::ADD>(column, MaskTile(), RelBroadcast(), R_, n);
-            Compares(Bits(1), column, kappa, CMPMODE::LE, cells);
             And(Bits(0).template ReinterpretCast<uint16_t>(), Bits(0).template ReinterpretCast<uint16_t>(),
                 Bits(1).template ReinterpretCast<uint16_t>(), static_cast<int32_t>(cells / 16));
-        } else {
-            Compares(Bits(0), MaskTile(), kappa, CMPMODE::LE, cells);
         }
     }
     rowsWithoutKeys = causal && delta < 0;
