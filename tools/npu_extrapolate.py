@@ -4,8 +4,8 @@ Emulating a full shape is slow (every score and product is computed on the CPU),
 model is applied in two steps:
 
 1. **Calibration.** Small problems of the same allocation, head dim, group size, mask and
-   query kind run under the emulation on one AI Core (``core_num=1``): one task of 4 kv
-   blocks, one of 8, two of 4 and, with a causal mask, a 512 x 512 causal problem. Each
+   query kind run under the emulation on one AI Core (``core_num=1``): one task of 8 kv
+   blocks, one of 16, two of 8 and, with a causal mask, a 512 x 512 causal problem. Each
    quantity Q (the core's modelled cycles, each pipe's busy cycles, the GM bytes, the
    cube <-> vector bytes, the vector instructions and scalar UB accesses) is fitted exactly
    by ``Q = c0 + a * tasks + b * blocks + m * masked_blocks`` (least squares over the runs).
@@ -117,8 +117,8 @@ def _features(task_list) -> list:
 def _runs(c: Config):
     """The calibration problems: (b, h, hkv, sq, skv, causal) on one AI Core."""
     sq = 1 if c.decode else max(1, Q_TILE // c.group) if c.group > 1 else Q_TILE
-    runs = [(1, c.group, 1, sq, 4 * KV_BLOCK, False), (1, c.group, 1, sq, 8 * KV_BLOCK, False),
-            (2, c.group, 1, sq, 4 * KV_BLOCK, False)]
+    runs = [(1, c.group, 1, sq, 8 * KV_BLOCK, False), (1, c.group, 1, sq, 16 * KV_BLOCK, False),
+            (2, c.group, 1, sq, 8 * KV_BLOCK, False)]
     if c.causal and not c.decode:
         runs.append((1, c.group, 1, 4 * KV_BLOCK, 4 * KV_BLOCK, True))
     return runs

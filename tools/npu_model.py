@@ -81,14 +81,24 @@ def run(shape_list, algorithms, band: bool, progress) -> dict:
                 kv_gbs=nominal["kv_gbs"],
                 band=[cell[c]["tflops"] for c in ("slow", "fast") if c in cell],
                 exchange_kib_per_block=fit.per_block("exchange_bytes") / 1024,
-                vector_instructions_per_block=fit.per_block("vector_instructions") / 2,
-                scalar_ub_accesses_per_block=fit.per_block("scalar_ub_accesses") / 2,
-                busy=nominal["busy"])
+                vector_instructions_per_block=round(fit.per_block("vector_instructions") / 2, 1) + 0.0,
+                scalar_ub_accesses_per_block=round(fit.per_block("scalar_ub_accesses") / 2, 1) + 0.0,
+                block=_per_block(fit, shape, corners["nominal"]), busy=nominal["busy"])
             done += 1
         rows.append(row)
     progress(total, total, "done")
     return dict(algorithms=list(algorithms), rows=rows, params=corners["nominal"],
                 cube_peak_tflops=npu_params.cube_peak_tflops(corners["nominal"]))
+
+
+def _per_block(fit, shape: Shape, params: dict) -> dict:
+    """One kv block on one AI Core, from the fit: modelled cycles, V and M busy cycles, and the
+    ceiling the chip's L2 bandwidth puts on the cube (every core moving this block's GM bytes)."""
+    rows = 128 if not shape.decode else shape.h // shape.hkv
+    ideal = 2 * rows * 128 * shape.d / params["cube_macs_per_cycle"]  # QK^T and PV on a perfect cube
+    l2 = fit.per_block("gm_bytes") * params["core_num"] / params["l2_aggregate_bytes_per_cycle"]
+    return dict(cycles=fit.per_block("core_cycles"), v=fit.per_block("busy_V"), m=fit.per_block("busy_M"),
+                l2=l2, l2_ceiling=ideal / l2)
 
 
 def markdown(result) -> str:
@@ -111,18 +121,23 @@ def markdown(result) -> str:
                 ratios.append(f"{row[a]['tflops'] / row['fa-fp32']['tflops']:.2f}" if a in algos else "-")
         lines.append(f"| {row['shape']} | " + " | ".join(cells + ratios) + " |")
     lines += ["", "Per kv block (128 x 128 tile) at each shape's head dim, from the calibration "
-              "fits: bytes handed between cube and vector (S' or S, P', P'V, c), and per vector "
-              "core the vector instructions and scalar UB accesses:", "",
-              "| shape | " + " | ".join(f"{a} KiB / instr / scalar" for a in algos) + " |",
-              "|---|" + "---|" * len(algos)]
+              "fits: KiB handed between cube and vector through the workspace (S' or S and P'V "
+              "out of the cube, P' back; each is also read once); per vector core the vector "
+              "instructions and scalar UB accesses; on one AI Core the modelled cycles (V and M "
+              "busy); and the share of the cube's peak the chip's L2 bandwidth allows when every "
+              "core moves this block's GM bytes:", "",
+              "| shape | " + " | ".join(f"{a}: KiB / instr / scalar / cycles (V, M) / L2 ceiling" for a in algos)
+              + " |", "|---|" + "---|" * len(algos)]
     seen = set()
     for row in result["rows"]:
         key = (row["d"], row["h"] // row["hkv"], row["sq"] == 1)
         if key in seen:
             continue
         seen.add(key)
-        cells = [f"{row[a]['exchange_kib_per_block']:.1f} / {row[a]['vector_instructions_per_block']:.0f} / "
-                 f"{row[a]['scalar_ub_accesses_per_block']:.0f}" for a in algos]
+        cells = [f"{row[a]['exchange_kib_per_block']:.1f} / {row[a]['vector_instructions_per_block']:g} / "
+                 f"{abs(row[a]['scalar_ub_accesses_per_block']):g} / {row[a]['block']['cycles']:.0f} "
+                 f"({row[a]['block']['v']:.0f}, {row[a]['block']['m']:.0f}) / {row[a]['block']['l2_ceiling']:.0%}"
+                 for a in algos]
         lines.append(f"| d={row['d']}, group {key[1]}{', decode' if key[2] else ''} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
