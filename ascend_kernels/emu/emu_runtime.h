@@ -790,8 +790,122 @@ inline void CheckCoreClean(CoreCtx& c)
     }
 }
 
+// The first error of an AI Core's cores (one that is not "aborted because another core failed").
+inline std::string FirstError(const std::vector<std::string>& errors)
+{
+    for (auto& e : errors) {
+        if (!e.empty() && e.rfind("aborted because", 0) != 0) return e;
+    }
+    for (auto& e : errors) {
+        if (!e.empty()) return e;
+    }
+    return std::string();
+}
+
+// Every cross-core flag of an AI Core must end with its counters at zero.
+inline void CheckFlagsDrained(const Group& group, int block)
+{
+    for (int f = 0; f < kCrossFlags; ++f) {
+        const CrossFlag& fl = group.flags[f];
+        for (int s = 0; s < kCoresPerGroup; ++s) {
+            if (fl.count[s] != 0) {
+                throw EmuError("AI Core " + std::to_string(block) + ": CrossCoreSetFlag(" + std::to_string(f) +
+                               ") was set " + std::to_string(fl.count[s]) + " more time(s) than " +
+                               (s == 0 ? "AIC" : (s == 1 ? "AIV0" : "AIV1")) + " waited for it");
+            }
+        }
+        if (!fl.aivSets[0].empty() || !fl.aivSets[1].empty()) {
+            throw EmuError("AI Core " + std::to_string(block) + ": CrossCoreSetFlag(" + std::to_string(f) +
+                           ") was set by only one of the two AIVs (mode 2 needs both)");
+        }
+    }
+}
+
+// The cores of AI Core `block`: the AIC and/or the AIVs the kernel type has.
+inline std::vector<std::unique_ptr<CoreCtx>> MakeCores(const LaunchOptions& opt, GmRegistry& gm, Group& group, int block)
+{
+    std::vector<std::unique_ptr<CoreCtx>> cores;
+    const bool mix = opt.type == KERNEL_TYPE_MIX_AIC_1_2;
+    auto addCore = [&](int type, int sub, int slot, const char* name) {
+        auto c = std::make_unique<CoreCtx>();
+        c->type = type;
+        c->blockIdx = block;
+        c->subIdx = sub;
+        c->slot = slot;
+        c->blockDim = opt.blockDim;
+        c->group = &group;
+        c->gm = &gm;
+        c->name = std::string(name) + " of AI Core " + std::to_string(block);
+        for (Hardware h : {Hardware::UB, Hardware::L1, Hardware::L0A, Hardware::L0B, Hardware::L0C}) {
+            if (c->Has(h)) {
+                c->mem[static_cast<int>(h)].assign(HardwareCapacity(h), 0);
+                c->shadow[static_cast<int>(h)].resize(HardwareCapacity(h) / kBlockBytes);
+            }
+        }
+        cores.push_back(std::move(c));
+    };
+    if (mix || opt.type == KERNEL_TYPE_AIC_ONLY) addCore(AIC, 0, 0, "AIC");
+    if (mix) {
+        addCore(AIV, 0, 1, "AIV0");
+        addCore(AIV, 1, 2, "AIV1");
+    } else if (opt.type == KERNEL_TYPE_AIV_ONLY) {
+        addCore(AIV, 0, 1, "AIV");
+    }
+    return cores;
+}
+
+// Runs the kernel on the cores of one AI Core as threads; throws the first failure.
+inline void RunAiCore(const LaunchOptions& opt, Group& group, std::vector<std::unique_ptr<CoreCtx>>& cores,
+                      const std::function<void()>& kernel, int block)
+{
+    group.alive = static_cast<int>(cores.size());
+    std::vector<std::string> errors(cores.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < cores.size(); ++i) {
+        threads.emplace_back([&, i]() {
+            tls_core = cores[i].get();
+            tls_launch_type = opt.type;
+            try {
+                kernel();
+                CheckCoreClean(*cores[i]);
+            } catch (const std::exception& e) {
+                errors[i] = e.what();
+                std::lock_guard<std::mutex> lock(group.mu);
+                if (!group.aborted) {
+                    group.aborted = true;
+                    group.abortMessage = std::string("aborted because another core failed: ") + e.what();
+                }
+            }
+            {
+                std::lock_guard<std::mutex> lock(group.mu);
+                group.alive--;
+                group.cv.notify_all();
+            }
+            tls_core = nullptr;
+        });
+    }
+    for (auto& t : threads) t.join();
+    const std::string first = FirstError(errors);
+    if (!first.empty()) throw EmuError(first);
+    CheckFlagsDrained(group, block);
+}
+
+// A core's counters and timelines into the launch's totals.
+inline void AddCore(Stats& total, const CoreCtx& c)
+{
+    total.Add(c.stats);
+    total.core_cycles = std::max(total.core_cycles, c.tm.End());
+    for (int p = 0; p < kPipes; ++p) {
+        const double busy = p == P_S ? c.tm.scalarBusy : c.tm.pipe[p].busy;
+        total.pipe_busy[p] = std::max(total.pipe_busy[p], busy);
+        total.pipe_busy_total[p] += busy;
+        total.pipe_instructions[p] += c.tm.pipe[p].count;
+    }
+}
+
 // Run `kernel` (called with no arguments on every core) over options.blockDim AI Cores.
-// Returns the summed statistics; throws EmuError with the first failure.
+// Returns the summed statistics and the launch's modelled time; throws EmuError with the
+// first failure.
 inline Stats Launch(const LaunchOptions& opt, GmRegistry& gm, const std::function<void()>& kernel)
 {
     if (opt.blockDim < 1) throw EmuError("launch: blockDim must be >= 1");
@@ -810,91 +924,9 @@ inline Stats Launch(const LaunchOptions& opt, GmRegistry& gm, const std::functio
         group.mix = mix;
         group.timeoutSeconds = opt.timeoutSeconds;
         group.timing = &opt.timing;
-        std::vector<std::unique_ptr<CoreCtx>> cores;
-        auto addCore = [&](int type, int sub, int slot, const char* name) {
-            auto c = std::make_unique<CoreCtx>();
-            c->type = type;
-            c->blockIdx = block;
-            c->subIdx = sub;
-            c->slot = slot;
-            c->blockDim = opt.blockDim;
-            c->group = &group;
-            c->gm = &gm;
-            c->name = std::string(name) + " of AI Core " + std::to_string(block);
-            for (Hardware h : {Hardware::UB, Hardware::L1, Hardware::L0A, Hardware::L0B, Hardware::L0C}) {
-                if (c->Has(h)) {
-                    c->mem[static_cast<int>(h)].assign(HardwareCapacity(h), 0);
-                    c->shadow[static_cast<int>(h)].resize(HardwareCapacity(h) / kBlockBytes);
-                }
-            }
-            cores.push_back(std::move(c));
-        };
-        if (mix || opt.type == KERNEL_TYPE_AIC_ONLY) addCore(AIC, 0, 0, "AIC");
-        if (mix) {
-            addCore(AIV, 0, 1, "AIV0");
-            addCore(AIV, 1, 2, "AIV1");
-        } else if (opt.type == KERNEL_TYPE_AIV_ONLY) {
-            addCore(AIV, 0, 1, "AIV");
-        }
-        group.alive = static_cast<int>(cores.size());
-        std::vector<std::string> errors(cores.size());
-        std::vector<std::thread> threads;
-        for (size_t i = 0; i < cores.size(); ++i) {
-            threads.emplace_back([&, i]() {
-                tls_core = cores[i].get();
-                tls_launch_type = opt.type;
-                try {
-                    kernel();
-                    CheckCoreClean(*cores[i]);
-                } catch (const std::exception& e) {
-                    errors[i] = e.what();
-                    std::lock_guard<std::mutex> lock(group.mu);
-                    if (!group.aborted) {
-                        group.aborted = true;
-                        group.abortMessage = std::string("aborted because another core failed: ") + e.what();
-                    }
-                }
-                {
-                    std::lock_guard<std::mutex> lock(group.mu);
-                    group.alive--;
-                    group.cv.notify_all();
-                }
-                tls_core = nullptr;
-            });
-        }
-        for (auto& t : threads) t.join();
-        std::string first;
-        for (auto& e : errors) {
-            if (!e.empty() && e.rfind("aborted because", 0) != 0) { first = e; break; }
-        }
-        if (first.empty()) {
-            for (auto& e : errors) if (!e.empty()) { first = e; break; }
-        }
-        if (!first.empty()) throw EmuError(first);
-        for (int f = 0; f < kCrossFlags; ++f) {
-            const CrossFlag& fl = group.flags[f];
-            for (int s = 0; s < kCoresPerGroup; ++s) {
-                if (fl.count[s] != 0) {
-                    throw EmuError("AI Core " + std::to_string(block) + ": CrossCoreSetFlag(" + std::to_string(f) +
-                                   ") was set " + std::to_string(fl.count[s]) + " more time(s) than " +
-                                   (s == 0 ? "AIC" : (s == 1 ? "AIV0" : "AIV1")) + " waited for it");
-                }
-            }
-            if (!fl.aivSets[0].empty() || !fl.aivSets[1].empty()) {
-                throw EmuError("AI Core " + std::to_string(block) + ": CrossCoreSetFlag(" + std::to_string(f) +
-                               ") was set by only one of the two AIVs (mode 2 needs both)");
-            }
-        }
-        for (auto& c : cores) {
-            total.Add(c->stats);
-            total.core_cycles = std::max(total.core_cycles, c->tm.End());
-            for (int p = 0; p < kPipes; ++p) {
-                const double busy = p == P_S ? c->tm.scalarBusy : c->tm.pipe[p].busy;
-                total.pipe_busy[p] = std::max(total.pipe_busy[p], busy);
-                total.pipe_busy_total[p] += busy;
-                total.pipe_instructions[p] += c->tm.pipe[p].count;
-            }
-        }
+        std::vector<std::unique_ptr<CoreCtx>> cores = MakeCores(opt, gm, group, block);
+        RunAiCore(opt, group, cores, kernel, block);
+        for (auto& c : cores) AddCore(total, *c);
         total.blocks += 1;
         total.cores += cores.size();
     }

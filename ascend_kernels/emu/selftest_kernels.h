@@ -160,10 +160,9 @@ struct Case {
     bool halfOut;  // report out (half) instead of outF (float)
 };
 
-inline std::map<std::string, Case> Cases()
+// Programs that must run.
+inline void AddRunCases(std::map<std::string, Case>& c)
 {
-    std::map<std::string, Case> c;
-    // --- must run
     c["vector_scale"] = {KERNEL_TYPE_AIV_ONLY, 256, 256, [](Gm& g) { VectorScale(g.In(), g.Out()); }, true};
     c["cube_matmul"] = {KERNEL_TYPE_AIC_ONLY, 20 * 32 + 32 * 48, 20 * 48, [](Gm& g) { CubeMatmul(g.In(), g.OutF()); }, false};
     c["cross_core_handoff"] = {KERNEL_TYPE_MIX_AIC_1_2, 16, 256,
@@ -184,7 +183,11 @@ inline std::map<std::string, Case> Cases()
         WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
         DataCopy(out, t, 128);
     }, true};
-    // --- timing model: small programs whose timelines tests/test_npu_timing.py derives by hand
+}
+
+// Small programs whose timelines tests/test_npu_timing.py derives by hand.
+inline void AddTimingCases(std::map<std::string, Case>& c)
+{
     c["timing_copy_scale"] = {KERNEL_TYPE_AIV_ONLY, 256, 256, [](Gm& g) {
         TPipe pipe;
         TQue<TPosition::VECIN, 1> qin;
@@ -240,7 +243,11 @@ inline std::map<std::string, Case> Cases()
         Muls(t, t, half(2.0f), 256);
         DataCopy(b.Get<half>(), gin, 128);  // starts when the scalar unit gets to it
     }, true};
-    // --- must be rejected
+}
+
+// Memory and queue misuse the emulation must reject, as the hardware would fail it.
+inline void AddRejectedMemoryCases(std::map<std::string, Case>& c)
+{
     c["ub_over_capacity"] = {KERNEL_TYPE_AIV_ONLY, 16, 16, [](Gm&) {
         TPipe pipe;
         TQue<TPosition::VECIN, 1> q;
@@ -293,6 +300,11 @@ inline std::map<std::string, Case> Cases()
         DataCopy(t, in, 128);      // PIPE_MTE2 writes UB
         Muls(t, t, half(2.0f), 128);  // PIPE_V reads it with no MTE2_V flag in between
     }, true};
+}
+
+// Broken synchronisation and operand rules the emulation must reject.
+inline void AddRejectedSyncCases(std::map<std::string, Case>& c)
+{
     c["wait_without_set"] = {KERNEL_TYPE_AIV_ONLY, 16, 16, [](Gm&) { WaitFlag<HardEvent::MTE2_V>(EVENT_ID1); }, true};
     c["set_twice"] = {KERNEL_TYPE_AIC_ONLY, 16, 16, [](Gm&) {
         SetFlag<HardEvent::M_MTE1>(EVENT_ID0);
@@ -359,6 +371,15 @@ inline std::map<std::string, Case> Cases()
         Fixpipe<half, float, CFG_ROW_MAJOR>(out, x, FixpipeParamsV220(16, 16, 16, 16, false));  // NoQuant to half
         c0.FreeTensor(x);
     }, true};
+}
+
+inline std::map<std::string, Case> Cases()
+{
+    std::map<std::string, Case> c;
+    AddRunCases(c);
+    AddTimingCases(c);
+    AddRejectedMemoryCases(c);
+    AddRejectedSyncCases(c);
     return c;
 }
 
