@@ -147,5 +147,6 @@ setup(
     },
     entry_points={"console_scripts": ["pasa-beta=pasa_npu.tools.beta:main",
                                       "pasa-compare=pasa_npu.tools.compare.cli:main",
-                                      "pasa-bench=pasa_npu.tools.bench:main"]},
+                                      "pasa-bench=pasa_npu.tools.bench:main",
+                                      "pasa-npu-model=pasa_npu.tools.npu_model:main"]},
 )

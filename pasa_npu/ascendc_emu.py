@@ -9,34 +9,77 @@ runtime in place of ACL. Nothing here has run on an NPU.
 
 What the kernels implement is in :mod:`pasa_npu.kernel_inputs`; everything else raises
 ``NotImplementedError`` naming the feature.
+
+Every call is also timed by the emulation's pipe-level model of an Atlas A2
+(``ascend_kernels/TIMING_MODEL.md``) with the parameters of :mod:`pasa_npu.npu_params`
+(``model_parameters``; ``using_model_parameters`` swaps them): ``last_run_stats()`` holds each
+launch's modelled cycles, every pipe's busy time and the binding pipe. A model, not a
+measurement.
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
 from pasa_npu import _ascendc_emu  # ImportError when the extension was not built
+from pasa_npu import npu_params
 from pasa_npu.kernel_inputs import SUPPORTED_ALGORITHMS, BNSD, kernel_call
 from pasa_npu.kernel_inputs import unsupported_reason as _kernel_unsupported_reason
 from pasa_npu.problem import AttentionProblem
 
-__all__ = ["SUPPORTED_ALGORITHMS", "CORE_NUM", "last_run_stats", "unsupported_reason", "run"]
+__all__ = ["SUPPORTED_ALGORITHMS", "last_run_stats", "model_parameters",
+           "using_model_parameters", "unsupported_reason", "run"]
 
-#: AI Cores the tiling splits the work over (Atlas A2: 24 AI Cores of 1 AIC + 2 AIV)
-CORE_NUM = 24
 #: seconds a cross-core wait may block before the emulation reports a hang
 WAIT_TIMEOUT_S = 60.0
+#: pipes of the timing model, and the two chip-wide bandwidth bounds it also reports
+PIPES = ("S", "V", "M", "MTE1", "MTE2", "MTE3", "FIX")
 
 _last_stats: Optional[dict] = None
+_model = npu_params.values()
 
 
 def last_run_stats() -> Optional[dict]:
-    """Bytes moved per path and cube/vector work of the last call (for the NPU cost model):
-    ``{"preprocess": {...} or None, "attention": {...}, "tiling": {...}, "runtime_calls":
-    [...]}``; ``runtime_calls`` lists the shared launcher's calls of the emulated runtime."""
+    """Counters and modelled timing of the last call: ``{"preprocess": {...} or None,
+    "attention": {...}, "tiling": {...}, "runtime_calls": [...]}``. Each launch holds bytes
+    per path, cube and vector work, and the model's ``cycles``, ``time_us``,
+    ``pipe_busy_cycles`` (busiest core's pipe), ``binding`` (the pipe, or ``"L2"``/``"HBM"``
+    bandwidth, with the most busy cycles); ``runtime_calls`` lists the shared launcher's
+    calls of the emulated runtime."""
     return _last_stats
+
+
+def model_parameters() -> dict:
+    """The NPU model parameters the next call uses (core_num included: the host tiles for it)."""
+    return dict(_model)
+
+
+@contextlib.contextmanager
+def using_model_parameters(params: dict) -> Iterator[None]:
+    """Run the calls inside with ``params`` (a full table, e.g. ``npu_params.corner("slow")``)."""
+    global _model
+    missing = sorted(set(npu_params.values()) - set(params))
+    if missing:
+        raise ValueError(f"NPU model parameters missing: {missing}")
+    saved, _model = _model, dict(params)
+    try:
+        yield
+    finally:
+        _model = saved
+
+
+def annotate_launch(stats: dict, params: dict) -> dict:
+    """Add ``time_us`` and ``binding`` (and its busy cycles) to one launch's emulation stats."""
+    busy = dict(stats["pipe_busy_cycles"])
+    busy["L2"] = stats["l2_bound_cycles"]
+    busy["HBM"] = stats["hbm_bound_cycles"]
+    binding = max(busy, key=busy.get)
+    stats.update(time_us=stats["cycles"] / params["clock_mhz"], binding=binding,
+                 binding_cycles=busy[binding])
+    return stats
 
 
 def unsupported_reason(problem: AttentionProblem) -> Optional[str]:
@@ -69,14 +112,19 @@ def run(problem: AttentionProblem) -> None:
         out_dtype=0 if call.out.dtype == torch.float16 else 1,
         in_dtype=0 if call.query.dtype == torch.float16 else 1, mask_mode=call.mask_mode,
         scale=float(problem.scale), beta=float(problem.beta), q_tile=problem.tiling.q_block,
-        kv_block=problem.tiling.kv_block, core_num=CORE_NUM, timeout_s=WAIT_TIMEOUT_S)
+        kv_block=problem.tiling.kv_block, core_num=int(_model["core_num"]), timeout_s=WAIT_TIMEOUT_S,
+        timing=npu_params.timing_only(_model))
     try:
-        _ascendc_emu.tiling(params)
+        _ascendc_emu.tiling({k: v for k, v in params.items() if k != "timing"})
     except ValueError as exc:  # a configuration the kernels cannot tile
         raise NotImplementedError(f"ascendc-emu: {exc}") from None
     to_i32 = lambda t: t.to(torch.int32).contiguous().numpy()  # noqa: E731
-    _last_stats = _ascendc_emu.run_attention(
+    stats = _ascendc_emu.run_attention(
         _memory(call.query, call.q_layout), _memory(call.key, call.kv_layout),
         _memory(call.value, call.kv_layout), to_i32(problem.q_lens), to_i32(problem.kv_lens),
         to_i32(call.next_tokens), _memory(call.out, call.out_layout), lse.numpy(), params)
+    for launch in ("preprocess", "attention"):
+        if stats[launch] is not None:
+            annotate_launch(stats[launch], _model)
+    _last_stats = stats
     call.finish(problem)

@@ -44,7 +44,8 @@ public:
     static constexpr uint8_t kFreshMemoryByte = 0xFF;
     static constexpr size_t kDeviceAlign = 512;
 
-    EmuLaunchRuntime(AscendC::emu::GmRegistry& gm, double timeoutSeconds) : gm_(gm), timeout_(timeoutSeconds) {}
+    EmuLaunchRuntime(AscendC::emu::GmRegistry& gm, double timeoutSeconds, const AscendC::emu::TimingParams& timing)
+        : gm_(gm), timeout_(timeoutSeconds), timing_(timing) {}
 
     // A caller tensor the kernels read (or write, `writable`): registered with the emulated GM.
     void AddTensor(const char* name, void* base, size_t bytes, bool writable)
@@ -133,12 +134,13 @@ private:
         call.blockDim = blockDim;
         call.args = {Where(args)...};
         calls_.push_back(std::move(call));
-        AscendC::emu::LaunchOptions opt{static_cast<int>(blockDim), type, timeout_};
+        AscendC::emu::LaunchOptions opt{static_cast<int>(blockDim), type, timeout_, timing_};
         stats_.emplace_back(kernel, AscendC::emu::Launch(opt, gm_, [&]() { fn(args...); }));
     }
 
     AscendC::emu::GmRegistry& gm_;
     double timeout_;
+    AscendC::emu::TimingParams timing_;
     std::vector<Range> ranges_;
     std::vector<std::unique_ptr<uint8_t, decltype(&std::free)>> owned_;
     std::vector<RuntimeCall> calls_;

@@ -7,6 +7,7 @@
 #include <functional>
 
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -44,7 +45,38 @@ py::dict StatsDict(const Stats& s)
     d["cross_core_waits"] = s.cross_core_waits;
     d["ai_cores"] = s.blocks;
     d["cores"] = s.cores;
+    d["cycles"] = s.cycles;
+    d["core_cycles"] = s.core_cycles;
+    d["l2_bound_cycles"] = s.l2_bound_cycles;
+    d["hbm_bound_cycles"] = s.hbm_bound_cycles;
+    d["hbm_bytes"] = s.hbm_bytes;
+    py::dict busy, busyTotal, count;
+    for (int p = 0; p < AscendC::emu::kPipes; ++p) {
+        busy[AscendC::emu::PipeShort(p)] = s.pipe_busy[p];
+        busyTotal[AscendC::emu::PipeShort(p)] = s.pipe_busy_total[p];
+        count[AscendC::emu::PipeShort(p)] = s.pipe_instructions[p];
+    }
+    d["pipe_busy_cycles"] = busy;
+    d["pipe_busy_total_cycles"] = busyTotal;
+    d["pipe_instructions"] = count;
     return d;
+}
+
+// The timing model's parameters from pasa_npu.npu_params (every one of them, nothing else).
+AscendC::emu::TimingParams TimingFrom(const py::dict& d)
+{
+    AscendC::emu::TimingParams t;
+    std::set<std::string> seen;
+    for (auto item : d) {
+        const std::string name = item.first.cast<std::string>();
+        if (!t.Set(name, item.second.cast<double>())) throw py::value_error("unknown timing parameter '" + name + "'");
+        seen.insert(name);
+    }
+    if (seen.size() != AscendC::emu::TimingParams::Count()) {
+        throw py::value_error("timing parameters: " + std::to_string(seen.size()) + " given, " +
+                              std::to_string(AscendC::emu::TimingParams::Count()) + " needed");
+    }
+    return t;
 }
 
 // A C-contiguous array of the given element size and count, or a ValueError naming it.
@@ -95,9 +127,11 @@ py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
     d["q_tile"] = t.qTile;
     d["kv_block"] = t.kvBlock;
     d["num_kv_blocks"] = t.numKvBlocks;
-    d["l1_buffers"] = t.l1Buffers;
-    d["l0b_buffers"] = t.l0bBuffers;
-    d["l0c_buffers"] = t.l0cBuffers;
+    d["tile_heads"] = t.tileHeads;
+    d["tile_positions"] = t.tilePositions;
+    d["ub_score_buffers"] = t.ubScoreBuffers;
+    d["ub_prob_buffers"] = t.ubProbBuffers;
+    d["ub_pv_buffers"] = t.ubPvBuffers;
     d["workspace_bytes"] = t.workspaceBytes;
     d["gamma"] = t.gamma;
     d["shift_diag_bits"] = t.shiftDiagBits;
@@ -150,6 +184,8 @@ py::dict RunAttention(py::array query, py::array key, py::array value, py::array
     pasa::PasaBudget budget;
     const PasaTilingData t = pasa::ComputeTiling(prob, &budget);
     const double timeout = params.contains("timeout_s") ? params["timeout_s"].cast<double>() : 60.0;
+    if (!params.contains("timing")) throw py::value_error("params['timing']: the timing model's parameters are required");
+    const AscendC::emu::TimingParams timing = TimingFrom(params["timing"].cast<py::dict>());
 
     const size_t qN = static_cast<size_t>(t.batch) * t.numHeads * t.seqQ * t.headDim;
     const size_t kN = static_cast<size_t>(t.batch) * t.numKvHeads * t.seqKv * t.headDim;
@@ -168,7 +204,7 @@ py::dict RunAttention(py::array query, py::array key, py::array value, py::array
     lengths.nextTokens = reinterpret_cast<const int32_t*>(Buffer(nextTokens, "next_tokens", 4, t.batch, false));
 
     GmRegistry gm;
-    pasa_emu::EmuLaunchRuntime runtime(gm, timeout);
+    pasa_emu::EmuLaunchRuntime runtime(gm, timeout, timing);
     runtime.AddTensor("query", tensors.query, qN * 2, false);
     runtime.AddTensor("key", tensors.key, kN * 2, false);
     runtime.AddTensor("value", tensors.value, vN * 2, false);
@@ -188,6 +224,41 @@ py::dict RunAttention(py::array query, py::array key, py::array value, py::array
     return result;
 }
 
+// The attention tasks each AI Core runs, as the kernel's own task iterator deals them:
+// per core a list of (rows, numBlocks, fullBlocks). Runs the iterator alone (no attention).
+py::list AttentionTasks(const py::dict& params, py::array qLens, py::array kvLens, py::array nextTokens)
+{
+    const PasaTilingData t = pasa::ComputeTiling(ProblemFrom(params));
+    uint8_t* ql = Buffer(qLens, "q_lens", 4, t.batch, false);
+    uint8_t* kl = Buffer(kvLens, "kv_lens", 4, t.batch, false);
+    uint8_t* nx = Buffer(nextTokens, "next_tokens", 4, t.batch, false);
+    GmRegistry gm;
+    gm.Add("q_lens", ql, t.batch * 4, false, false);
+    gm.Add("kv_lens", kl, t.batch * 4, false, false);
+    gm.Add("next_tokens", nx, t.batch * 4, false, false);
+    std::vector<std::vector<std::array<uint32_t, 3>>> perCore(t.blockDim);
+    LaunchOptions opt{static_cast<int>(t.blockDim), KERNEL_TYPE_AIV_ONLY, 10.0,
+                      TimingFrom(params["timing"].cast<py::dict>())};
+    {
+        py::gil_scoped_release release;
+        AscendC::emu::Launch(opt, gm, [&]() {
+            const uint32_t core = static_cast<uint32_t>(AscendC::GetBlockIdx());
+            pasa::BatchTable batches;
+            batches.Init(ql, kl, nx, t.batch);
+            pasa::AttentionTaskIter it(t, batches, core);
+            pasa::AttentionTask task;
+            while (it.Next(task)) perCore[core].push_back({task.rows, task.numBlocks, task.fullBlocks});
+        });
+    }
+    py::list out;
+    for (const auto& tasks : perCore) {
+        py::list l;
+        for (const auto& x : tasks) l.append(py::make_tuple(x[0], x[1], x[2]));
+        out.append(l);
+    }
+    return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_ascendc_emu, m)
@@ -198,7 +269,18 @@ PYBIND11_MODULE(_ascendc_emu, m)
           "The host tiling's solver of the optimal accuracy condition (C++ twin of pasa_npu.beta.optimal_beta)");
     m.def("run_attention", &RunAttention, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("q_lens"),
           py::arg("kv_lens"), py::arg("next_tokens"), py::arg("out"), py::arg("lse"), py::arg("params"));
-    m.def("run_selftest", &pasa_selftest::Run, py::arg("name"), py::arg("timeout_s") = 5.0,
-          "Run one emulation self-test kernel; returns its output values; RuntimeError if the emulation rejects it");
+    m.def("run_selftest", [](const std::string& name, const py::dict& timing, double timeoutSeconds) {
+              Stats stats;
+              std::vector<float> values = pasa_selftest::Run(name, TimingFrom(timing), timeoutSeconds, stats);
+              py::dict r;
+              r["values"] = values;
+              r["stats"] = StatsDict(stats);
+              return r;
+          }, py::arg("name"), py::arg("timing"), py::arg("timeout_s") = 5.0,
+          "Run one emulation self-test kernel: {'values': its output, 'stats': the launch's counters and timing}; "
+          "RuntimeError if the emulation rejects it");
     m.def("selftest_names", &pasa_selftest::Names);
+    m.def("attention_tasks", &AttentionTasks, py::arg("params"), py::arg("q_lens"), py::arg("kv_lens"),
+          py::arg("next_tokens"),
+          "The attention kernel's tasks per AI Core, as its task iterator deals them: [(rows, numBlocks, fullBlocks)]");
 }
