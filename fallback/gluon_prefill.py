@@ -69,7 +69,6 @@ MEAN_ROWS = 8
 #: what the others leave)
 CONSUMER_REGS = {2: 240, 3: 168}
 ALGORITHMS = ("pasa-exact", "pasa", "fa-fp32")
-PASA_ID = 3  # triton_attention.ALG_IDS["pasa"]: all-fp16 steps, compiled without FMA contraction
 HEAD_DIMS = (64, 128)
 #: under a causal or band mask, the query tiles of (batch, head) pairs with this many
 #: K/V bytes together are scheduled heaviest first (2 MiB pairs at S = 4k, d = 128: 4
@@ -142,7 +141,7 @@ if AVAILABLE:
     def _loader(q_desc, k_desc, v_desc, m_desc, q_smem, k_smem, v_smem, mean_smem, q_bar,
                 q_empty, kv_ready, kv_empty, tile_ids, tile_ready, next_tile, band_pre,
                 band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs, tile_group,
-                n_blocks, ALG: gl.constexpr, HAS_BAND: gl.constexpr,
+                n_blocks, PSEUDO_AVERAGE_SHIFT: gl.constexpr, EXACT_SHIFT: gl.constexpr, HAS_BAND: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
         """Loader warp: takes this program's tiles (its own index first, then the next
         untaken one from the ``next_tile`` counter, so that a program that finishes early
@@ -152,7 +151,7 @@ if AVAILABLE:
         at the end."""
         total = n_tiles * n_pairs
         stage_bytes: gl.constexpr = (k_desc.block_type.nbytes + v_desc.block_type.nbytes
-                                     + (m_desc.block_type.nbytes if ALG == 5 else 0))
+                                     + (m_desc.block_type.nbytes if EXACT_SHIFT else 0))
         it = 0  # kv blocks loaded by this program so far, over all its tiles
         n = 0  # tiles so far
         t = gl.program_id(0)
@@ -176,7 +175,7 @@ if AVAILABLE:
                               pred=it >= STAGES)
                 ready = kv_ready.index(stage)
                 mbarrier.expect(ready, stage_bytes)
-                if ALG == 5:  # with every block: fetching only those read was no faster
+                if EXACT_SHIFT:  # with every block: fetching only those read was no faster
                     tma.async_copy_global_to_shared(
                         m_desc, [mean_row0 + blk - blk % MEAN_ROWS_C, 0], ready,
                         mean_smem.index(stage))
@@ -382,13 +381,13 @@ if AVAILABLE:
         return m_new, f_new, cnt1, alpha, beta_w
 
     @gluon.jit
-    def _consumer(shared, W: gl.constexpr, ALG: gl.constexpr, HAS_BAND: gl.constexpr,
+    def _consumer(shared, W: gl.constexpr, PSEUDO_AVERAGE_SHIFT: gl.constexpr, EXACT_SHIFT: gl.constexpr, HAS_BAND: gl.constexpr,
                   HAS_LSE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
         """Consumer warp group W: for each tile the loader publishes, rows m0 + W*64 .. +63 of
         it, every kv block its rows see in turn (it releases the tile's other blocks
-        unread). ALG: the allocation's id (triton_attention.ALG_IDS: 0 fa-fp32, 3 pasa,
-        5 pasa-exact)."""
+        unread). The allocation: pasa (PSEUDO_AVERAGE_SHIFT), pasa-exact (EXACT_SHIFT) or
+        fa-fp32 (neither)."""
         (q_smem, k_smem, v_smem, mean_smem, q_bar, q_empty, kv_ready, kv_empty, tile_ids,
          tile_ready, O, LSE, band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs,
          tile_group, scale, gamma, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
@@ -422,7 +421,7 @@ if AVAILABLE:
                 q, k_smem, v_smem, mean_smem, q_bar.index(W), q_empty.index(W), kv_ready,
                 kv_empty, O, LSE, b, h, m0, lo, hi, g_lo, g_hi, full_lo, full_hi, q_len, kv_len,
                 pre, nxt, scale, gamma, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                stride_ls, ones, cols, c_zero, s_zero, o_zero, it, n, W, ALG, HAS_BAND, HAS_LSE,
+                stride_ls, ones, cols, c_zero, s_zero, o_zero, it, n, W, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE,
                 BLOCK_N, HEAD_DIM, STAGES)
             n += 1
             t = _tile_read(tile_ids, tile_ready, n)
@@ -430,7 +429,7 @@ if AVAILABLE:
     @gluon.jit
     def _kv_step(q, k_smem, v_smem, mean_smem, kv_ready, kv_empty, q_free, ones, blk, g_lo, g_hi,
                  it, acc, m_i, l_i, f_i, cnt_i, c8, rows, cols, c_zero, s_zero, o_zero, q_len,
-                 kv_len, pre, nxt, scale, gamma, ALG: gl.constexpr, HAS_BAND: gl.constexpr,
+                 kv_len, pre, nxt, scale, gamma, PSEUDO_AVERAGE_SHIFT: gl.constexpr, EXACT_SHIFT: gl.constexpr, HAS_BAND: gl.constexpr,
                  MASK: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                  STAGES: gl.constexpr):
         """Consumer group: kv block ``blk`` (the program's ``it``-th), QKᵀ, the softmax, P'V
@@ -450,7 +449,7 @@ if AVAILABLE:
         k = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
         v = v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
         qk = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        if ALG == 5:  # c = scale * Q . mean16 of MEAN_ROWS blocks in one thin matmul
+        if EXACT_SHIFT:  # c = scale * Q . mean16 of MEAN_ROWS blocks in one thin matmul
             if (blk == g_lo) | (blk % MEAN_ROWS_C == 0):
                 c8 = warpgroup_mma(q, mean_smem.index(stage).permute((1, 0)), c_zero,
                                    use_acc=False, is_async=True)
@@ -460,7 +459,7 @@ if AVAILABLE:
         if blk == g_hi - 1:  # the group's last use of Q: the loader may fetch the next
             mbarrier.arrive(q_free)
 
-        if ALG == 3:  # P'V rounded to fp16; the statistics and the fold in fp16 steps
+        if PSEUDO_AVERAGE_SHIFT:  # P'V rounded to fp16; the statistics and the fold in fp16 steps
             if MASKED:
                 vis = _key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND, MASK,
                                    BLOCK_N)
@@ -493,7 +492,7 @@ if AVAILABLE:
                 cnt_new = gl.where(row_any, cnt_new, cnt_i)
             acc, m_i, l_i, f_i, cnt_i = acc_new, m_new, l_new, f_new, cnt_new
         else:
-            if ALG == 5:
+            if EXACT_SHIFT:
                 if MASKED:
                     vis = _key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND,
                                        MASK, BLOCK_N)
@@ -533,7 +532,7 @@ if AVAILABLE:
                        LSE, b, h, m0, lo, hi, g_lo, g_hi, full_lo, full_hi, q_len, kv_len, pre,
                        nxt, scale, gamma, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
                        stride_ls, ones, cols, c_zero, s_zero, o_zero, it, n, W: gl.constexpr,
-                       ALG: gl.constexpr,
+                       PSEUDO_AVERAGE_SHIFT: gl.constexpr, EXACT_SHIFT: gl.constexpr,
                        HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr,
                        BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
         """One tile's 64 rows of consumer group W (the ``n``-th tile of this program; ``it``
@@ -550,7 +549,7 @@ if AVAILABLE:
         f_i = gl.zeros([ROWS], gl.float32, row_s)  # pasa's pseudo-average and its count
         cnt_i = gl.zeros([ROWS], gl.float32, row_s)
         c8 = c_zero  # pasa-exact's row constants, set at the group's first block
-        if ALG == 3:  # the all-fp16 allocation accumulates in fp16
+        if PSEUDO_AVERAGE_SHIFT:  # the all-fp16 allocation accumulates in fp16
             acc = gl.zeros([ROWS, HEAD_DIM], gl.float16, o_layout)
         else:
             acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
@@ -566,19 +565,19 @@ if AVAILABLE:
                 it, acc, m_i, l_i, f_i, cnt_i, c8 = _kv_step(
                     q, k_smem, v_smem, mean_smem, kv_ready, kv_empty, q_free, ones, blk, g_lo,
                     g_hi, it, acc, m_i, l_i, f_i, cnt_i, c8, rows, cols, c_zero, s_zero, o_zero,
-                    q_len, kv_len, pre, nxt, scale, gamma, ALG, HAS_BAND, 1, BLOCK_N, HEAD_DIM,
+                    q_len, kv_len, pre, nxt, scale, gamma, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, 1, BLOCK_N, HEAD_DIM,
                     STAGES)
         for blk in range(full_lo, full_hi):
             it, acc, m_i, l_i, f_i, cnt_i, c8 = _kv_step(
                 q, k_smem, v_smem, mean_smem, kv_ready, kv_empty, q_free, ones, blk, g_lo,
                 g_hi, it, acc, m_i, l_i, f_i, cnt_i, c8, rows, cols, c_zero, s_zero, o_zero,
-                q_len, kv_len, pre, nxt, scale, gamma, ALG, HAS_BAND, 0, BLOCK_N, HEAD_DIM,
+                q_len, kv_len, pre, nxt, scale, gamma, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, 0, BLOCK_N, HEAD_DIM,
                 STAGES)
         for blk in range(full_hi, g_hi):
             it, acc, m_i, l_i, f_i, cnt_i, c8 = _kv_step(
                 q, k_smem, v_smem, mean_smem, kv_ready, kv_empty, q_free, ones, blk, g_lo,
                 g_hi, it, acc, m_i, l_i, f_i, cnt_i, c8, rows, cols, c_zero, s_zero, o_zero,
-                q_len, kv_len, pre, nxt, scale, gamma, ALG, HAS_BAND, 2, BLOCK_N, HEAD_DIM,
+                q_len, kv_len, pre, nxt, scale, gamma, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, 2, BLOCK_N, HEAD_DIM,
                 STAGES)
         if g_hi <= g_lo:  # a group that sees no kv block never used Q
             mbarrier.arrive(q_free)
@@ -588,7 +587,7 @@ if AVAILABLE:
         seen = m_i > float("-inf")
         l_safe = gl.where(seen, l_i, 1.0)
         true_max = m_i
-        if ALG == 3:
+        if PSEUDO_AVERAGE_SHIFT:
             true_max = m_i + gamma * f_i
         lse = gl.where(seen, true_max + gl.log(l_safe), float("-inf"))
         l_o = gl.convert_layout(l_safe, row_o)
@@ -612,7 +611,7 @@ if AVAILABLE:
                     stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
                     n_heads, group, q_len, kv_len, n_blocks, scale, gamma, n_tiles, n_pairs,
                     tile_group,
-                    ALG: gl.constexpr, HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr,
+                    PSEUDO_AVERAGE_SHIFT: gl.constexpr, EXACT_SHIFT: gl.constexpr, HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                     STAGES: gl.constexpr):
         """Persistent, one program per SM: each takes tiles of :func:`_tile`'s order until
@@ -658,27 +657,27 @@ if AVAILABLE:
                   stride_lb, stride_lh, stride_ls, ones)
         if GROUPS == 3:
             gl.warp_specialize([
-                (_consumer, (shared, 0, ALG, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM,
+                (_consumer, (shared, 0, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES)),
-                (_consumer, (shared, 1, ALG, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM,
+                (_consumer, (shared, 1, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES)),
-                (_consumer, (shared, 2, ALG, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM,
+                (_consumer, (shared, 2, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES)),
                 (_loader, (q_desc, k_desc, v_desc, m_desc, q_smem, k_smem, v_smem, mean_smem,
                            q_bar, q_empty, kv_ready, kv_empty, tile_ids, tile_ready, next_tile,
                            band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs,
-                           tile_group, n_blocks, ALG, HAS_BAND, BLOCK_M, BLOCK_N, STAGES)),
+                           tile_group, n_blocks, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, BLOCK_M, BLOCK_N, STAGES)),
             ], [4, 4, 1], [_CONSUMER_REGS_3, _CONSUMER_REGS_3, _LOADER_REGS])
         else:
             gl.warp_specialize([
-                (_consumer, (shared, 0, ALG, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM,
+                (_consumer, (shared, 0, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES)),
-                (_consumer, (shared, 1, ALG, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM,
+                (_consumer, (shared, 1, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM,
                              STAGES)),
                 (_loader, (q_desc, k_desc, v_desc, m_desc, q_smem, k_smem, v_smem, mean_smem,
                            q_bar, q_empty, kv_ready, kv_empty, tile_ids, tile_ready, next_tile,
                            band_pre, band_next, q_len, kv_len, n_heads, group, n_tiles, n_pairs,
-                           tile_group, n_blocks, ALG, HAS_BAND, BLOCK_M, BLOCK_N, STAGES)),
+                           tile_group, n_blocks, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, BLOCK_M, BLOCK_N, STAGES)),
             ], [4, 1], [_CONSUMER_REGS_2, _LOADER_REGS])
 
 
@@ -739,10 +738,10 @@ def _no_means(device: torch.device, head_dim: int) -> torch.Tensor:
     return torch.zeros(MEAN_ROWS, head_dim, dtype=torch.float16, device=device)
 
 
-def run(problem: AttentionProblem, alg_id: int, gamma: float, k_used: torch.Tensor, means,
+def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
         band_pre, band_next, lse_arg: torch.Tensor) -> None:
-    """Launch the kernel for a :func:`supported` problem. ``alg_id``, ``gamma``: the
-    allocation's id and PASA's invariance as the Triton kernel takes them; ``k_used``: K'
+    """Launch the kernel for a :func:`supported` problem. ``gamma``: PASA's
+    invariance as the Triton kernel takes it; ``k_used``: K'
     (B, Nkv, blocks*128, D) for PASA (and pasa-exact's block means, (B, Nkv, blocks, D)),
     K and None for fa-fp32; ``band_*``: the per-batch band limits on the device (read only
     under a band)."""
@@ -770,6 +769,7 @@ def run(problem: AttentionProblem, alg_id: int, gamma: float, k_used: torch.Tens
         lse_arg.stride(0) if lse is not None else 0, lse_arg.stride(1), lse_arg.stride(2),
         q.shape[1], q.shape[1] // problem.key.shape[1], q.shape[2], problem.key.shape[2],
         n_blocks, problem.scale, gamma, n_tiles, n_pairs, tile_group,
-        ALG=alg_id, HAS_BAND=problem.band is not None, HAS_LSE=lse is not None,
+        PSEUDO_AVERAGE_SHIFT=problem.allocation.pseudo_average_shift,
+        EXACT_SHIFT=problem.allocation.exact_shift, HAS_BAND=problem.band is not None, HAS_LSE=lse is not None,
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, STAGES=_stages(head_dim),
-        num_warps=4, enable_fp_fusion=alg_id != PASA_ID)
+        num_warps=4, enable_fp_fusion=not problem.allocation.low_statistics)

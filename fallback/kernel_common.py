@@ -15,6 +15,15 @@ import triton.language as tl
 INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 
+def allocation_flags(allocation) -> dict:
+    """The allocation's named properties (:class:`pasa_npu.numerics.Allocation`) as the
+    ``tl.constexpr`` booleans the Triton kernels take."""
+    return dict(PSEUDO_AVERAGE_SHIFT=allocation.pseudo_average_shift,
+                EXACT_SHIFT=allocation.exact_shift, LOW_SCORES=allocation.low_scores,
+                LOW_STATISTICS=allocation.low_statistics,
+                LOW_ACCUMULATOR=allocation.low_accumulator)
+
+
 @triton.jit
 def _rl(x, low: tl.constexpr):
     """One rounding to the compute dtype ``low``, kept in fp32 (a low-precision step)."""

@@ -47,11 +47,10 @@ from pasa_npu import numerics
 from pasa_npu.beta import ideal_invariance, shift_matrix
 from pasa_npu.fallback import gluon_prefill
 from pasa_npu.fallback.kernel_common import (INTERPRET, _fp16, _rl, _tile_kv_blocks,
-                                             device_capability, launch, sm_count,
-                                             tma_strides)
+                                             allocation_flags, device_capability, launch,
+                                             sm_count, tma_strides)
 from pasa_npu.problem import AttentionProblem
 
-ALG_IDS = {"fa-fp32": 0, "fa-fp16s": 1, "fa-fp16": 2, "pasa": 3, "pasa-mixed": 4, "pasa-exact": 5}
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 COMBINE_CHUNK = 32  # decode splits merged per load
@@ -125,19 +124,20 @@ GUARD_MAX = tl.constexpr(numerics.GUARD_MAX_OFFSET)
 
 @triton.jit
 def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma,
-                  ALG: tl.constexpr, MASKED: tl.constexpr, GUARD: tl.constexpr,
-                  BLOCK_N: tl.constexpr):
-    """One kv block of online softmax for allocation ALG. Rows that see no key of
+                  PSEUDO_AVERAGE_SHIFT: tl.constexpr, EXACT_SHIFT: tl.constexpr,
+                  LOW_SCORES: tl.constexpr, LOW_STATISTICS: tl.constexpr,
+                  MASKED: tl.constexpr, GUARD: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One kv block of online softmax for the allocation the flags name
+    (:func:`pasa_npu.fallback.kernel_common.allocation_flags`). Rows that see no key of
     the block (MASKED only: ``row_any`` False) keep their state. ``c``: pasa-exact's
-    per-row constant
-    scale * (Q . mean16) of this block (fp32). ``acc`` is fp16 for the all-fp16
-    allocations (fa-fp16, pasa), whose steps then run as native fp16 operations:
-    each rounds once, as the CPU backend's fp32-then-round steps do (the kernels
-    are launched without FMA contraction). Returns the new state."""
+    per-row constant scale * (Q . mean16) of this block (fp32). With low-precision
+    statistics (fa-fp16, pasa) ``acc`` is fp16 too and the steps run as native fp16
+    operations: each rounds once, as the CPU backend's fp32-then-round steps do (the
+    kernels are launched without FMA contraction). Returns the new state."""
     qk = tl.dot(q, tl.trans(k))  # fp32 accumulation
     low: tl.constexpr = q.dtype  # fp16, or bf16 for fa-* on bf16 inputs
-    if ALG <= 1:  # fa-fp32, fa-fp16s: fp32 statistics
-        if ALG == 1:
+    if not (PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT or LOW_STATISTICS):  # fa-fp32, fa-fp16s
+        if LOW_SCORES:
             qk = _rl(qk, low)  # fp16 unscaled scores: overflow happens here
         s = qk * scale
         if MASKED:
@@ -149,7 +149,7 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma,
         l_new = alpha * l + tl.sum(p, 1)
         acc_new = acc * alpha[:, None] + tl.dot(p.to(low), v)
         f_new = f
-    elif ALG == 2:  # fa-fp16: every step fp16
+    elif not (PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT):  # fa-fp16: every step fp16
         s = _rl(_rl(qk, low) * scale, low)
         if MASKED:
             s = tl.where(vis, s, float("-inf"))
@@ -161,20 +161,20 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma,
         pv = tl.dot(p.to(low), v).to(low)
         acc_new = acc * alpha.to(low)[:, None] + pv
         f_new = f
-    elif ALG <= 4:  # pasa (fp16 statistics), pasa-mixed (fp32 statistics)
+    elif PSEUDO_AVERAGE_SHIFT:  # pasa (fp16 statistics), pasa-mixed (fp32 statistics)
         sp16 = _fp16(qk)
         sp = sp16.to(tl.float32)
         s_mean = tl.sum(sp16.to(tl.float32), 1) / BLOCK_N  # all columns M averaged, masked or not
-        if ALG == 3:
+        if LOW_STATISTICS:
             s_mean = _rl(s_mean, low)
         if MASKED:
             sp = tl.where(vis, sp, float("-inf"))
             sp16 = tl.where(vis, sp16, float("-inf"))
         # the max of fp16 values is an fp16 value: packed fp16 max, the same result
-        m_loc = _guarded_max(sp, tl.max(sp16, 1).to(tl.float32), vis, MASKED, GUARD, ALG == 3,
-                             low)
+        m_loc = _guarded_max(sp, tl.max(sp16, 1).to(tl.float32), vis, MASKED, GUARD,
+                             LOW_STATISTICS, low)
         cnt1 = cnt + 1.0
-        if ALG == 3:
+        if LOW_STATISTICS:
             p16 = _exp((sp16 - m_loc.to(low)[:, None]).to(tl.float32)).to(low)
             if MASKED:
                 p16 = tl.where(vis, p16, 0.0)
@@ -222,13 +222,13 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma,
 
 
 @triton.jit
-def _initial_state(ROWS: tl.constexpr, HEAD_DIM_V: tl.constexpr, ALG: tl.constexpr,
-                   low: tl.constexpr):
+def _initial_state(ROWS: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                   LOW_ACCUMULATOR: tl.constexpr, low: tl.constexpr):
     """Empty online-softmax state (m, l, acc, f, cnt) and pasa-exact's row constant c;
-    the all-fp16 allocations accumulate in ``low``."""
+    a low-precision accumulator is kept in ``low``."""
     m = tl.full([ROWS], float("-inf"), tl.float32)
     zeros = tl.zeros([ROWS], tl.float32)
-    if ALG == 2 or ALG == 3:
+    if LOW_ACCUMULATOR:
         acc = tl.zeros([ROWS, HEAD_DIM_V], low)
     else:
         acc = tl.zeros([ROWS, HEAD_DIM_V], tl.float32)
@@ -236,13 +236,13 @@ def _initial_state(ROWS: tl.constexpr, HEAD_DIM_V: tl.constexpr, ALG: tl.constex
 
 
 @triton.jit
-def _finish(m, l, acc, f, cnt, gamma, ALG: tl.constexpr):
+def _finish(m, l, acc, f, cnt, gamma, PSEUDO_AVERAGE_SHIFT: tl.constexpr):
     """Normalised output and LSE; 0 and -inf for rows that saw no key."""
     seen = cnt > 0
     l_safe = tl.where(seen, l, 1.0)
     o = tl.where(seen[:, None], acc / l_safe[:, None], 0.0)
     true_max = m
-    if ALG == 3 or ALG == 4:
+    if PSEUDO_AVERAGE_SHIFT:
         true_max = m + gamma * f
     lse = tl.where(seen, true_max + tl.log(l_safe), float("-inf"))
     return o, lse
@@ -257,7 +257,7 @@ def _shift_keys(K, KS, MEAN, SHIFT, kv_starts, kv_lens,
                 stride_sb, stride_sh, stride_ss,
                 stride_mb, stride_mh, stride_mblk,
                 n_kv_heads, n_blocks, scale, head_dim,
-                ALG: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+                EXACT_SHIFT: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
     """K' for one kv block of one (batch, kv head) (:func:`_shift_in_kernel`, the one
     definition decode uses too); rows past the valid length are zero."""
     blk = tl.program_id(0) % n_blocks  # a 1-D grid: CUDA caps the other axes at 65535
@@ -271,8 +271,8 @@ def _shift_keys(K, KS, MEAN, SHIFT, kv_starts, kv_lens,
     k_ptrs = (K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
               + (kv_start + rows)[:, None].to(tl.int64) * stride_ks + dims[None, :] * stride_kd)
     k = tl.load(k_ptrs, mask=(rows[:, None] < kv_len) & (dims[None, :] < head_dim), other=0.0)
-    shifted, mean = _shift_in_kernel(k, SHIFT, scale, ALG, BLOCK_N)
-    if ALG == 5:
+    shifted, mean = _shift_in_kernel(k, SHIFT, scale, EXACT_SHIFT, BLOCK_N)
+    if EXACT_SHIFT:
         tl.store(MEAN + b.to(tl.int64) * stride_mb + h * stride_mh + blk * stride_mblk + dims,
                  mean.to(tl.float16))
     tl.store(KS + b.to(tl.int64) * stride_sb + h.to(tl.int64) * stride_sh
@@ -306,11 +306,11 @@ def _tile_row_constants(q, mean_base, c_base, rows, q_len, dims, lo, hi, stride_
 
 
 @triton.jit
-def _shift_in_kernel(k, SHIFT, scale, ALG: tl.constexpr, BLOCK_N: tl.constexpr):
+def _shift_in_kernel(k, SHIFT, scale, EXACT_SHIFT: tl.constexpr, BLOCK_N: tl.constexpr):
     """K' of one zero-padded raw K tile: in the preprocessing pass (``_shift_keys``) and
     inside the attention loop (fused: decode, and prefill when TUNING["shift"] == "fused").
     Returns K' and, for pasa-exact, the block's mean16 (fp32)."""
-    if ALG == 5:
+    if EXACT_SHIFT:
         mean16 = (tl.sum(k.to(tl.float32), 0) / BLOCK_N).to(tl.float16)
         shifted = ((k.to(tl.float32) - mean16.to(tl.float32)[None, :]) * scale).to(tl.float16)
         mean = mean16.to(tl.float32)
@@ -342,7 +342,8 @@ def _attention_fwd(
     stride_mb, stride_mh, stride_mblk,
     stride_xb, stride_xs, stride_xk,
     n_heads, n_tiles, group, scale, gamma, head_dim, head_dim_v,
-    ALG: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BAND: tl.constexpr, HAS_LSE: tl.constexpr,
+    PSEUDO_AVERAGE_SHIFT: tl.constexpr, EXACT_SHIFT: tl.constexpr, LOW_SCORES: tl.constexpr,
+    LOW_STATISTICS: tl.constexpr, LOW_ACCUMULATOR: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BAND: tl.constexpr, HAS_LSE: tl.constexpr,
     GRID_1D: tl.constexpr,
     GUARD: tl.constexpr, K_PADDED: tl.constexpr, FUSED_SHIFT: tl.constexpr,
     USE_TMA: tl.constexpr, C_PER_BLOCK: tl.constexpr, LOOPS: tl.constexpr,
@@ -397,11 +398,11 @@ def _attention_fwd(
     mean_base = MEANS + b.to(tl.int64) * stride_mb + hk.to(tl.int64) * stride_mh
     c_base = C + b.to(tl.int64) * stride_cb + h.to(tl.int64) * stride_ch
     mask_base = MASK + b.to(tl.int64) * stride_xb
-    if ALG == 5 and not FUSED_SHIFT and not C_PER_BLOCK:
+    if EXACT_SHIFT and not FUSED_SHIFT and not C_PER_BLOCK:
         _tile_row_constants(q, mean_base, c_base, rows, q_len, dims, lo, hi, stride_mblk,
                             stride_cblk, scale)
 
-    m, l, acc, f, cnt, c = _initial_state(BLOCK_M, HEAD_DIM_V, ALG, q.dtype)
+    m, l, acc, f, cnt, c = _initial_state(BLOCK_M, HEAD_DIM_V, LOW_ACCUMULATOR, q.dtype)
 
     for stage in tl.static_range(3):
         if (LOOPS >> stage) & 1:  # a loop that can never run is compiled out
@@ -415,7 +416,7 @@ def _attention_fwd(
                 n0 = blk * BLOCK_N
                 k_ptrs = k_base + tl.cast(n0, tl.int64) * stride_ks + k_offs
                 v_ptrs = v_base + tl.cast(n0, tl.int64) * stride_vs + v_offs
-                if ALG == 5 and not FUSED_SHIFT:
+                if EXACT_SHIFT and not FUSED_SHIFT:
                     if C_PER_BLOCK:
                         mean = tl.load(mean_base + tl.cast(blk, tl.int64) * stride_mblk + dims)
                         c = _row_constant(q, mean.to(tl.float32), scale)
@@ -476,13 +477,15 @@ def _attention_fwd(
                         vis = vis & (masked == 0)
                         row_any = tl.max(vis.to(tl.int32), 1) > 0
                 if FUSED_SHIFT:
-                    k, mean = _shift_in_kernel(k, SHIFT, scale, ALG, BLOCK_N)
-                    if ALG == 5:
+                    k, mean = _shift_in_kernel(k, SHIFT, scale, EXACT_SHIFT, BLOCK_N)
+                    if EXACT_SHIFT:
                         c = _row_constant(q, mean, scale)
                 m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt,
-                                                  scale, gamma, ALG, stage != 1, GUARD, BLOCK_N)
+                                                  scale, gamma, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT,
+                                                  LOW_SCORES, LOW_STATISTICS, stage != 1, GUARD,
+                                                  BLOCK_N)
 
-    o, lse = _finish(m, l, acc.to(tl.float32), f, cnt, gamma, ALG)
+    o, lse = _finish(m, l, acc.to(tl.float32), f, cnt, gamma, PSEUDO_AVERAGE_SHIFT)
     row_ok = rows < q_len
     tl.store(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
              + (q_start + rows)[:, None].to(tl.int64) * stride_os + dims_v[None, :] * stride_od,
@@ -505,7 +508,9 @@ def _decode_split(
     stride_xb, stride_xk,
     n_kv_heads, group, scale, gamma, head_dim, head_dim_v, blocks_per_split, n_splits,
     n_chunks, group_rows,
-    ALG: tl.constexpr, HAS_MASK: tl.constexpr, GUARD: tl.constexpr,
+    PSEUDO_AVERAGE_SHIFT: tl.constexpr, EXACT_SHIFT: tl.constexpr, LOW_SCORES: tl.constexpr,
+    LOW_STATISTICS: tl.constexpr, LOW_ACCUMULATOR: tl.constexpr,
+    HAS_MASK: tl.constexpr, GUARD: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
 ):
     """One split of the kv blocks for BLOCK_G query heads of one kv head's group (a group
@@ -534,7 +539,7 @@ def _decode_split(
     k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh + kv_start * stride_ks
     v_base = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh + kv_start * stride_vs
 
-    m, l, acc, f, cnt, c = _initial_state(BLOCK_G, HEAD_DIM_V, ALG, q.dtype)
+    m, l, acc, f, cnt, c = _initial_state(BLOCK_G, HEAD_DIM_V, LOW_ACCUMULATOR, q.dtype)
     n_blocks = (kv_len + BLOCK_N - 1) // BLOCK_N
     first = split * blocks_per_split
     last = tl.minimum(first + blocks_per_split, n_blocks)
@@ -545,9 +550,9 @@ def _decode_split(
                     mask=in_kv[:, None] & (dims[None, :] < head_dim), other=0.0)
         v = tl.load(v_base + n[:, None].to(tl.int64) * stride_vs + dims_v[None, :] * stride_vd,
                     mask=in_kv[:, None] & (dims_v[None, :] < head_dim_v), other=0.0)
-        if ALG >= 3:
-            k, mean = _shift_in_kernel(k, SHIFT, scale, ALG, BLOCK_N)
-            if ALG == 5:
+        if PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT:
+            k, mean = _shift_in_kernel(k, SHIFT, scale, EXACT_SHIFT, BLOCK_N)
+            if EXACT_SHIFT:
                 c = _row_constant(q, mean, scale)
         vis = in_kv[None, :] & (g[:, None] < group)
         if HAS_MASK:
@@ -556,8 +561,9 @@ def _decode_split(
             vis = vis & (masked == 0)[None, :]
         row_any = tl.max(vis.to(tl.int32), 1) > 0
         m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma,
-                                          ALG, True, GUARD, BLOCK_N)
-    o, lse = _finish(m, l, acc.to(tl.float32), f, cnt, gamma, ALG)
+                                          PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, LOW_SCORES,
+                                          LOW_STATISTICS, True, GUARD, BLOCK_N)
+    o, lse = _finish(m, l, acc.to(tl.float32), f, cnt, gamma, PSEUDO_AVERAGE_SHIFT)
     rows = (bh * n_splits + split).to(tl.int64) * group_rows + g
     tl.store(PART_O + rows[:, None] * HEAD_DIM_V + dims_v[None, :], o)
     tl.store(PART_LSE + rows, lse)
@@ -656,7 +662,7 @@ def _launch_config(head_dim: int, alg: str, interpret: bool, extra_operand: bool
 
 def _row_constant_in_kernel(problem: AttentionProblem, block_n: int) -> bool:
     """pasa-exact: compute c per block in the kv loop, without the workspace (TUNING)."""
-    if problem.allocation.shift != "exact":
+    if not problem.allocation.exact_shift:
         return False
     choice = TUNING["row_constant"]
     if choice != "auto":
@@ -783,7 +789,7 @@ def _prepare_keys(problem, k, kv_starts, kv_lens, block_n, head_dim_p):
     k_shift = torch.empty(batch, n_kv, n_blocks * block_n, head_dim_p, dtype=torch.float16,
                           device=dev)
     means = torch.empty(batch, n_kv, n_blocks, head_dim_p, dtype=torch.float16, device=dev)
-    exact = problem.allocation.shift == "exact"
+    exact = problem.allocation.exact_shift
     shift = means if exact else _cached_shift_matrix(problem.beta, block_n, problem.scale, dev)
     launch(
         _shift_keys, (n_blocks * batch * n_kv,),
@@ -792,7 +798,7 @@ def _prepare_keys(problem, k, kv_starts, kv_lens, block_n, head_dim_p):
         k_shift.stride(0), k_shift.stride(1), k_shift.stride(2),
         means.stride(0), means.stride(1), means.stride(2),
         n_kv, n_blocks, problem.scale, k.shape[3],
-        ALG=ALG_IDS[problem.allocation.name], BLOCK_N=block_n, HEAD_DIM=head_dim_p,
+        EXACT_SHIFT=exact, BLOCK_N=block_n, HEAD_DIM=head_dim_p,
         num_warps=1 if _interpreting() else 4)
     return k_shift, means
 
@@ -813,16 +819,17 @@ def run(problem: AttentionProblem) -> None:
     dev = q.device
     interpret = _interpreting()
     *lengths, band_pre, band_next = _device_metadata(problem, dev)
-    gamma = ideal_invariance(problem.beta) if problem.allocation.shift == "pseudo_average" else 0.0
-    if alg == "pasa":
+    alloc = problem.allocation
+    gamma = ideal_invariance(problem.beta) if alloc.pseudo_average_shift else 0.0
+    if alloc.low_statistics:
         gamma = torch.tensor(gamma).half().item()  # the kernel's fp16 scalar
     mask, mask_strides = _mask_arg(problem.mask, dev)
     out, lse = problem.out, problem.lse
     lse_arg = lse if lse is not None else _placeholder(dev, torch.float32)
     packed_stride = (lambda t: 0) if problem.packed else (lambda t: t.stride(0))  # noqa: E731
     shift = (_cached_shift_matrix(problem.beta, block_n, problem.scale, dev)
-             if problem.allocation.shift == "pseudo_average" else None)
-    common = dict(ALG=ALG_IDS[alg], HAS_MASK=problem.mask is not None,
+             if alloc.pseudo_average_shift else None)
+    common = dict(**allocation_flags(problem.allocation), HAS_MASK=problem.mask is not None,
                   GUARD=problem.rounding_guard,
                   BLOCK_N=block_n, HEAD_DIM=head_dim_p, HEAD_DIM_V=head_dim_vp)
 
@@ -835,25 +842,25 @@ def run(problem: AttentionProblem) -> None:
 
     if _gluon_prefill(problem):
         k_used, means = k, None
-        if problem.allocation.is_pasa:
+        if problem.allocation.shifts_keys:
             k_used, means = _prepare_keys(problem, k, lengths[2], lengths[3], block_n,
                                           head_dim_p)
-        gluon_prefill.run(problem, ALG_IDS[alg], gamma, k_used,
-                          means if problem.allocation.shift == "exact" else None,
+        gluon_prefill.run(problem, gamma, k_used,
+                          means if alloc.exact_shift else None,
                           band_pre, band_next, lse_arg)
         return
 
-    fused = TUNING["shift"] == "fused" and problem.allocation.is_pasa
+    fused = TUNING["shift"] == "fused" and problem.allocation.shifts_keys
     c_per_block = _row_constant_in_kernel(problem, block_n)
     loops = _block_loops(problem, block_n)
     block_m, warps, stages = _launch_config(head_dim_p, alg, interpret, fused or c_per_block,
                                             loops, problem.mask is not None)
     constants = _placeholder(dev, torch.float32)
     means = _placeholder(dev, torch.float16)
-    if problem.allocation.is_pasa and not fused:
+    if problem.allocation.shifts_keys and not fused:
         k_used, means = _prepare_keys(problem, k, lengths[2], lengths[3], block_n, head_dim_p)
         k_strides = tuple(k_used.stride())
-        if problem.allocation.shift == "exact" and not c_per_block:  # the kernel fills it
+        if alloc.exact_shift and not c_per_block:  # the kernel fills it
             constants = torch.empty(problem.batch, q.shape[1], means.shape[2],
                                     max(1, problem.max_q_len), dtype=torch.float32, device=dev)
     else:
@@ -884,9 +891,9 @@ def run(problem: AttentionProblem) -> None:
         *mask_strides,
         q.shape[1], n_tiles, q.shape[1] // k.shape[1], problem.scale, gamma, head_dim,
         head_dim_v, HAS_BAND=problem.band is not None, HAS_LSE=lse is not None,
-        K_PADDED=problem.allocation.is_pasa and not fused, FUSED_SHIFT=fused, USE_TMA=use_tma,
+        K_PADDED=problem.allocation.shifts_keys and not fused, FUSED_SHIFT=fused, USE_TMA=use_tma,
         C_PER_BLOCK=c_per_block, LOOPS=loops, GRID_1D=grid_1d,
-        BLOCK_M=block_m, num_warps=warps, num_stages=stages, **common, **_fp_options(alg))
+        BLOCK_M=block_m, num_warps=warps, num_stages=stages, **common, **_fp_options(alloc))
 
 
 #: the defaults of the switches only the Triton prefill kernel has
@@ -923,15 +930,15 @@ def _descriptor(t: torch.Tensor, batch_stride: int, rows: int, cols: int):
     return TensorDescriptor(t, list(t.shape), strides, [1, 1, rows, cols])
 
 
-def _decode_stages(alg: str, head_dim: int) -> int:
+def _decode_stages(allocation, head_dim: int) -> int:
     """Pipeline depth of the decode kernel that fits shared memory (PASA also stages K')."""
-    stages = 2 if alg.startswith("pasa") else 3
+    stages = 2 if allocation.shifts_keys else 3
     return stages - 1 if head_dim > 128 else stages
 
 
-def _fp_options(alg: str) -> dict:
-    """The all-fp16 allocations round after every operation: no FMA contraction."""
-    return {"enable_fp_fusion": False} if alg in ("fa-fp16", "pasa") else {}
+def _fp_options(allocation) -> dict:
+    """Low-precision statistics round after every operation: no FMA contraction."""
+    return {"enable_fp_fusion": False} if allocation.low_statistics else {}
 
 
 def _mask_arg(mask, dev):
@@ -952,7 +959,7 @@ def _decode_block_g(group: int, head_dim: int) -> int:
     return min(_pow2(group), cap)
 
 
-def _decode_resident(alg: str, head_dim: int, block_g: int) -> int:
+def _decode_resident(allocation, head_dim: int, block_g: int) -> int:
     """Programs of the decode kernel one H100 SM holds at once (4 warps), as its shared
     memory and registers allow: ``tools/triton_aot.py`` reports this for every variant
     the launch can pick (:func:`_decode_block_g`) and fails where it differs from this
@@ -960,8 +967,9 @@ def _decode_resident(alg: str, head_dim: int, block_g: int) -> int:
     if head_dim > 128:
         return 1
     if head_dim > 64:  # fa-*: three stages of K and V tiles; PASA: two, and K' besides
-        return 2 if alg.startswith("pasa") else 1
-    return 3 if block_g <= 16 and alg != "pasa-mixed" else 2  # pasa-mixed: more registers
+        return 2 if allocation.shifts_keys else 1
+    # pasa-mixed: more registers
+    return 3 if block_g <= 16 and allocation.name != "pasa-mixed" else 2
 
 
 def _decode_splits(n_blocks: int, groups: int, sms: int, resident: int) -> int:
@@ -984,7 +992,7 @@ def _run_decode(problem, lengths, mask, mask_strides, shift, lse_arg, gamma, com
     group_rows = n_chunks * block_g
     n_blocks = max(1, _cdiv(problem.max_kv_len, common["BLOCK_N"]))
     sms = 132 if interpret else sm_count(q.device.index or 0)
-    resident = _decode_resident(problem.allocation.name, common["HEAD_DIM"], block_g)
+    resident = _decode_resident(problem.allocation, common["HEAD_DIM"], block_g)
     n_splits = _decode_splits(n_blocks, batch * n_kv * n_chunks, sms, resident)
     blocks_per_split = _cdiv(n_blocks, n_splits)
     n_splits = _cdiv(n_blocks, blocks_per_split)
@@ -1003,8 +1011,8 @@ def _run_decode(problem, lengths, mask, mask_strides, shift, lse_arg, gamma, com
         mask_strides[0], mask_strides[2],
         n_kv, group, problem.scale, gamma, q.shape[3], v.shape[3], blocks_per_split, n_splits,
         n_chunks, group_rows, BLOCK_G=block_g, num_warps=1 if interpret else 4,
-        num_stages=1 if interpret else _decode_stages(problem.allocation.name, common["HEAD_DIM"]),
-        **common, **_fp_options(problem.allocation.name))
+        num_stages=1 if interpret else _decode_stages(problem.allocation, common["HEAD_DIM"]),
+        **common, **_fp_options(problem.allocation))
     launch(
         _decode_combine, (batch * n_heads,),
         part_o, part_lse, out, lse_arg, q_starts, q_lens,

@@ -20,8 +20,9 @@ import torch
 from pasa_npu import _ascendc_emu  # ImportError when the extension was not built
 from pasa_npu.problem import AttentionProblem
 
-#: allocation name -> tiling key of the attention kernel
-SUPPORTED_ALGORITHMS = {"fa-fp32": 0, "pasa": 1, "pasa-exact": 2}
+#: the allocations the kernels implement, each with its tiling key (the attention kernel's
+#: C++ dispatch)
+TILING_KEYS = {"fa-fp32": 0, "pasa": 1, "pasa-exact": 2}
 #: AI Cores the tiling splits the work over (Atlas A2: 24 AI Cores of 1 AIC + 2 AIV)
 CORE_NUM = 24
 #: seconds a cross-core wait may block before the emulation reports a hang
@@ -40,8 +41,8 @@ def last_run_stats() -> Optional[dict]:
 def unsupported_reason(problem: AttentionProblem) -> Optional[str]:
     """None when the kernels compute ``problem`` exactly as specified, else the feature they lack."""
     alloc = problem.allocation.name
-    if alloc not in SUPPORTED_ALGORITHMS:
-        return (f"the ascendc-emu kernels implement algorithm in {sorted(SUPPORTED_ALGORITHMS)}, "
+    if alloc not in TILING_KEYS:
+        return (f"the ascendc-emu kernels implement algorithm in {sorted(TILING_KEYS)}, "
                 f"not {alloc!r}")
     if problem.packed:
         return "packed layouts (TND/NTD) are not supported by the ascendc-emu kernels"
@@ -57,7 +58,8 @@ def unsupported_reason(problem: AttentionProblem) -> Optional[str]:
     in_dtype, out_dtype = problem.query.dtype, problem.out.dtype
     if in_dtype not in (torch.float16, torch.bfloat16) or out_dtype not in (torch.float16, torch.bfloat16):
         return f"dtypes {in_dtype} -> {out_dtype} are not supported by the ascendc-emu kernels"
-    if in_dtype == torch.bfloat16 and (alloc != "fa-fp32" or out_dtype != torch.bfloat16):
+    if in_dtype == torch.bfloat16 and (problem.allocation.shifts_keys
+                                       or out_dtype != torch.bfloat16):
         return f"bf16 inputs are supported for fa-fp32 only, not for {alloc!r}"
 
     d, d_v = problem.query.shape[3], problem.value.shape[3]
@@ -119,7 +121,7 @@ def run(problem: AttentionProblem) -> None:
         mask_mode = 1
         next_tokens = problem.band[1].clamp(-(2 ** 31), 2 ** 31 - 1)
     params = dict(
-        tiling_key=SUPPORTED_ALGORITHMS[problem.allocation.name], batch=batch, num_heads=n_q,
+        tiling_key=TILING_KEYS[problem.allocation.name], batch=batch, num_heads=n_q,
         num_kv_heads=n_kv, seq_q=s_q, seq_kv=s_kv, head_dim=d, head_dim_v=d_v, q_layout=q_layout,
         kv_layout=kv_layout, out_layout=out_layout,
         out_dtype=0 if problem.out.dtype == torch.float16 else 1,
