@@ -45,18 +45,15 @@ def interpreter_skip(backend: str, algorithm: str, dtype) -> str | None:
 def on_device(backend: str, *tensors):
     dev = DEVICE_OF.get(backend, "cpu")
     return tuple(t.to(dev) if isinstance(t, torch.Tensor) else t for t in tensors)
+
+
 @contextlib.contextmanager
 def triton_tuning(**switches):
-    """The Triton backend's TUNING switches set to ``switches`` for the block, restored
-    after."""
-    from pasa_npu.fallback import triton_attention
+    """The Triton backend's default Tuning with ``switches`` changed, active for the block."""
+    from pasa_npu.fallback import triton_tuning as tuning
 
-    saved = dict(triton_attention.TUNING)
-    triton_attention.TUNING.update(switches)
-    try:
-        yield
-    finally:
-        triton_attention.TUNING.update(saved)
+    with tuning.using(tuning.DEFAULT_TUNING.replace(**switches)) as chosen:
+        yield chosen
 
 
 #: Backends that implement a subset of the features and raise NotImplementedError (naming
