@@ -68,7 +68,7 @@ def test_host_time_mode_runs_without_a_gpu(capsys):
 
     assert ablate.main(["--host-time"]) == 0
     assert "API host time per call" in capsys.readouterr().out
-    assert pasa_npu.api._PLANS == {}
+    assert pasa_npu.plans.PLANS == {}
 
 
 def test_causal_timing_reuses_one_argument_plan():
@@ -77,10 +77,10 @@ def test_causal_timing_reuses_one_argument_plan():
     from pasa_npu.tools import ablate
 
     q, k, v = on_device("triton", *_inputs())
-    pasa_npu.api._PLANS.clear()
+    pasa_npu.plans.clear()
     for _ in range(3):
         ablate.ours("fa-fp32", q, k, v, causal=True)
-    assert len(pasa_npu.api._PLANS) == 1
+    assert len(pasa_npu.plans.PLANS) == 1
 
 
 def test_per_call_device_us_sums_each_kernel_over_the_calls():

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 import pasa_npu
-from pasa_npu import api
+from pasa_npu import plans
 from pasa_npu.fallback import triton_tuning
 from pasa_npu.tools import bench
 
@@ -184,19 +184,19 @@ def host_time_us(mode: str, calls: int = 2000) -> float:
     lengths = (lambda i: [1000 + i] * b) if mode == "growing" else (lambda i: None)  # noqa: E731
     saved = torch_blockwise.run
     torch_blockwise.run = lambda problem: None
-    api._PLANS.clear()
+    plans.clear()
     try:
         for i in range(50):
             pasa_npu.fused_attention(q, k, v, actual_seq_lengths_kv=lengths(calls + i), **kw)
         start = time.perf_counter()
         for i in range(calls):
             if mode == "rebuilt":
-                api._PLANS.clear()
+                plans.clear()
             pasa_npu.fused_attention(q, k, v, actual_seq_lengths_kv=lengths(i), **kw)
         return (time.perf_counter() - start) / calls * 1e6
     finally:
         torch_blockwise.run = saved
-        api._PLANS.clear()
+        plans.clear()
 
 
 def decode_step_us(growing: bool, steps: int = 300) -> tuple[float, float]:
@@ -229,7 +229,7 @@ def decode_step_us(growing: bool, steps: int = 300) -> tuple[float, float]:
         torch.cuda.synchronize()
         return host / steps * 1e6, (time.perf_counter() - start) / steps * 1e6
     finally:
-        api._PLANS.clear()
+        plans.clear()
 
 
 def prefill_call_us(calls: int = 300) -> float:
