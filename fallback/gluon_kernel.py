@@ -66,7 +66,7 @@ def _loader(q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, next
                           pred=it >= STAGES)
             ready = kv_ready.index(stage)
             mbarrier.expect(ready, stage_bytes)
-            if EXACT_SHIFT:  # with every block: fetching only those read was no faster
+            if EXACT_SHIFT:  # with every block, read or not: one expect per stage
                 tma.async_copy_global_to_shared(
                     m_desc, [mean_row0 + blk - blk % MEAN_ROWS_C, 0], ready,
                     mean_smem.index(stage))
@@ -269,7 +269,7 @@ def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m
 
     it = _release_blocks(kv_ready, kv_empty, lo, g_lo, it, STAGES)
     # three loops, so that what the masked blocks need is not held across the interior
-    # ones (one loop with both kinds of block spilled at three groups under a causal
+    # ones (one loop with both kinds of block spills at three groups under a causal
     # mask): leading masked blocks (a band's lower edge), interior, trailing masked
     # blocks (the diagonal; a last block past kv_len)
     if HAS_BAND:

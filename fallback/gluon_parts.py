@@ -289,7 +289,7 @@ def _row_sum_read(sums, like):
 def _visible_keys(rows, q_len, kv_len, pre, nxt, HAS_BAND: gl.constexpr):
     """The keys each row sees, key_lo .. key_hi, and their count (0 for a row outside
     0 .. q_len-1). Recomputed in each masked block rather than kept across the kv loop:
-    three fewer registers per row, which kept the kv loop of three consumer groups under
+    three fewer registers per row, which keep the kv loop of three consumer groups under
     a causal mask from spilling at 168 registers a thread."""
     key_lo = gl.zeros_like(rows)
     key_hi = gl.zeros_like(rows) + kv_len - 1
@@ -384,7 +384,7 @@ def _softmax_exact(qk, vis, m_i, c, MASKED: gl.constexpr):
         qk = gl.where(vis, qk, float("-inf"))
     sp16 = _fp16(qk)
     sp = sp16.to(gl.float32)
-    if MASKED:  # the packed max here made the third group's diagonal loop spill
+    if MASKED:  # the packed max here makes the third group's diagonal loop spill
         m_blk = gl.max(sp, 1)
     else:
         m_blk = _row_max_f16(sp16)
@@ -407,8 +407,7 @@ def _scores_pasa(qk, vis, ones, MASKED: gl.constexpr):
     score_sums = warpgroup_mma_wait(0, deps=(_row_sum_start(sp16, ones),))
     if MASKED:  # masked in fp32, where a select is one instruction (fp16(-inf) = -inf)
         sp16 = _fp16(gl.where(vis, qk, float("-inf")))
-    # ptxas packs most of this max already (at 22f9850 the halvings cut 9 of 592, and
-    # were no faster at d = 128, 4k in a scratch A/B on the H100)
+    # ptxas packs most of this max already: the halvings of _row_max_f16 gain little here
     m_loc = gl.max(sp16, 1).to(gl.float32)
     # a masked key: exp2(-inf) = 0 (a row with no key of the block gets NaN here, and
     # the caller keeps its state)

@@ -13,7 +13,7 @@ these allocations, organised so that the tensor cores and the softmax overlap:
   rows of O while the next tile's loads are under way;
 * little overlaps inside a consumer (no block's PV runs under the next block's
   softmax: that needs registers for S, P, the rounded PV tile and the accumulator at
-  once, and spilled; only pasa's statistics run while its P'V matmul does). The overlap
+  once, and spills; only pasa's statistics run while its P'V matmul does). The overlap
   comes from the groups, which no CTA-wide barrier holds in step: one group's softmax
   runs while another's matmuls do. (The Triton kernel synchronises its 8
   warps several times per kv block.)

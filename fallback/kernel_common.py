@@ -163,9 +163,8 @@ def _spec(x):
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)``, with Triton's per-call argument binding skipped
     when a call with the same :func:`_spec` of every argument ran before: that binding
-    and the compiled-kernel lookup cost tens of microseconds of host time per launch
-    (measured on the H100 host: about 70 us a Gluon prefill launch, 20 us launched
-    directly), as much as a decode kernel's GPU time. The compiled kernel and its launcher
+    and the compiled-kernel lookup cost tens of microseconds of host time per launch, as
+    much as a decode kernel's GPU time. The compiled kernel and its launcher
     are Triton's; only the lookup is ours. A call whose arguments Triton binds otherwise
     than we would (defaults, a Triton without these internals) always goes through
     ``kernel[grid]``, as does the interpreter."""

@@ -1,6 +1,7 @@
 """Blockwise PyTorch implementation of every precision allocation (the ``torch`` backend).
 
-A faithful step-by-step emulation of what the kernels do (DESIGN.md §2): the
+A faithful step-by-step emulation of what the kernels do (docs/design.md, "The
+algorithm"): the
 keys are preprocessed once per kv block, then each query block walks the kv
 blocks with online softmax. Low-precision steps are emulated by computing in
 fp32 and rounding to the compute dtype exactly where the allocation says (see
@@ -187,7 +188,8 @@ def _step_fa(problem, state, q_tile, keys, v_blk, j, vis, has_any, low):
 
 
 def _step_pseudo_average(problem, state, q_tile, keys, v_blk, j, vis, has_any, low):
-    """pasa / pasa-mixed: shifted block, local softmax, re-based online (DESIGN.md §2.2)."""
+    """pasa / pasa-mixed: shifted block, local softmax, re-based online (docs/design.md,
+    "Recovering the bias online")."""
     fp16_stats = problem.allocation.low_statistics
     r = (lambda x: _round(x, torch.float16)) if fp16_stats else (lambda x: x)
     gamma = ideal_invariance(problem.beta)
@@ -223,8 +225,8 @@ def _step_exact(problem, state, q_tile, keys, v_blk, j, vis, has_any, low):
     The tiles that cross between matrix and vector units (S', P', the P'V
     partial output) are fp16; the running output stays in fp32 in the vector
     unit's local memory, because accumulating it in fp16 grows the error like
-    sqrt(n_blocks / 3) unit roundoffs (measured: it loses to fa-fp16s on
-    small-bias inputs)."""
+    sqrt(n_blocks / 3) unit roundoffs (on small-bias inputs it would lose to
+    fa-fp16s)."""
     r16 = lambda x: _round(x, torch.float16)  # noqa: E731
     shape = _tile_shape(state, v_blk.shape[-2])
     s = r16(_scores(q_tile, keys.blocks[:, :, j], shape))

@@ -1,7 +1,7 @@
 """The one definition of the precision allocations, the tiling and the rounding guard.
 
 Every backend (PyTorch CPU, Triton, AscendC) and every tool reads these; none of
-them keeps a private copy. DESIGN.md §2.3 is the table this module encodes.
+them keeps a private copy. It encodes docs/design.md, "Precision allocations".
 
 Conventions used by all backends:
 
@@ -118,15 +118,14 @@ class Tiling:
 
 DEFAULT_TILING = Tiling()
 
-# Optimal-accuracy starting point for beta (paper §2.3; the paper adopts the
-# solution from 1 - 2**-6). Measured on the CPU backend (tools/inputs.py cases,
-# scale 1/sqrt(128), `pasa-compare sweep --paper-shape --beta0 0.9375`): from 1 - 2**-4 most
-# random sweep cases are more accurate (pasa up to 16%, pasa-mixed up to 2x), but
-# pasa overflows (46% NaN) on the resonance case with scores
-# ~1e5, which 1 - 2**-6 keeps finite. Overflow-freedom comes first.
+# Optimal-accuracy starting point for beta (paper §2.3; the paper adopts the solution
+# from 1 - 2**-6; docs/design.md, "Choosing β"). A start at 1 - 2**-4 is more accurate on
+# most random inputs (`pasa-compare sweep --paper-shape --beta0 0.9375`) but lets pasa
+# overflow on the resonance case (scores ~1e5, tools/inputs.py), which 1 - 2**-6 keeps
+# finite: overflow-freedom comes first.
 DEFAULT_BETA0 = 1.0 - 2.0 ** -6
 
-# Rounding guard (DESIGN.md §2.5, seed 002): for a row whose block maximum rm is
+# Rounding guard (docs/design.md, "The rounding guard"): for a row whose block maximum rm is
 # repeated, shift the exponent's reference to m = GUARD_FACTOR * rm (rm > 0) or
 # 0 (rm < 0), so that no entry of P is exactly 1. The offset m - rm is clamped
 # to [GUARD_MIN_OFFSET, GUARD_MAX_OFFSET]: below, exp(-offset) would round back

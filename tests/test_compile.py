@@ -86,9 +86,9 @@ def test_compiled_call_is_one_operator_with_the_eager_outputs(backend, case):
 
 @pytest.mark.parametrize("algorithm", ["pasa", "pasa-exact", "fa-fp16"])
 def test_inductor_keeps_the_allocation_roundings(algorithm):
-    """Traced into (before the operator existed), the torch backend's fp16 steps were fused
-    by inductor and this case's outputs differed from the eager ones. As one operator the
-    compiled call is the eager call."""
+    """Traced into, the torch backend's fp16 steps would be fused by inductor and this
+    case's outputs would differ from the eager ones. As one operator the compiled call is
+    the eager call."""
     q, k, v, kw = _case("BSH GQA, LSE", seq=256)
     kw = dict(kw, algorithm=algorithm, backend="torch")
     fn = lambda q, k, v: pasa_npu.fused_attention(q, k, v, **kw)  # noqa: E731

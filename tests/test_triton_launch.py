@@ -47,7 +47,7 @@ def test_decode_split_counts_agree_with_cpu_backend(splits, algorithm, monkeypat
 
 def test_decode_fills_one_wave_of_programs():
     """The split count keeps every group's kv blocks covered and launches no more programs
-    than the GPU holds at once (more splits than blocks, or a second partial wave, were
+    than the GPU holds at once (more splits than blocks, or a second partial wave, are
     slower on an H100)."""
     from pasa_npu.fallback.triton_launch import decode_splits
 
@@ -64,7 +64,7 @@ def test_decode_fills_one_wave_of_programs():
 @pytest.mark.parametrize("head_dim,group", [(32, 128), (256, 64)])
 def test_decode_cuts_large_query_groups_into_chunks(head_dim, group, algorithm, monkeypatch):
     """MQA-like groups: more query heads per kv head than one decode program's tile holds
-    (64 rows at d = 256 overflowed an H100's shared memory for fa-*) run as several
+    (64 rows at d = 256 overflow an H100's shared memory for fa-*) run as several
     programs over the same K/V blocks, each merged into its own rows."""
     from pasa_npu.fallback import triton_launch
 
