@@ -10,7 +10,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from pasa_npu.fallback import gluon_config
 from pasa_npu.fallback.gluon_parts import (MEAN_ROWS_C, ROWS, THIN_LAYOUT, Blocks, Operands,
-                                           Output, Queries, Ring, Schedule, Sizes, _column,
+                                           Output, Queries, Ring, Schedule, Sizes, Variant,
+                                           _column,
                                            _key_visible, _release_blocks, _row_sees_block,
                                            _row_sum_read, _row_sum_start, _scores_pasa,
                                            _softmax_exact, _softmax_fa, _statistics_pasa,
@@ -83,14 +84,19 @@ def _loader(q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, next
 
 
 @gluon.jit
-def _consumer(queries, ring, schedule, sizes, output, ones, W: gl.constexpr,
-              PSEUDO_AVERAGE_SHIFT: gl.constexpr, EXACT_SHIFT: gl.constexpr,
-              HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+def _consumer(queries, ring, schedule, sizes, output, ones, W: gl.constexpr, variant):
     """Consumer warp group W: for each tile the loader publishes, rows m0 + W*64 .. +63 of
     it, every kv block its rows see in turn (it releases the tile's other blocks
     unread). The allocation: pasa (PSEUDO_AVERAGE_SHIFT), pasa-exact (EXACT_SHIFT) or
     fa-fp32 (neither)."""
+    PSEUDO_AVERAGE_SHIFT: gl.constexpr = variant.PSEUDO_AVERAGE_SHIFT
+    EXACT_SHIFT: gl.constexpr = variant.EXACT_SHIFT
+    HAS_BAND: gl.constexpr = variant.HAS_BAND
+    HAS_LSE: gl.constexpr = variant.HAS_LSE
+    BLOCK_M: gl.constexpr = variant.BLOCK_M
+    BLOCK_N: gl.constexpr = variant.BLOCK_N
+    HEAD_DIM: gl.constexpr = variant.HEAD_DIM
+    STAGES: gl.constexpr = variant.STAGES
     q_smem = queries.smem
     tile_ids, tile_ready, n_tiles, n_pairs = (schedule.ids, schedule.ready, schedule.n_tiles,
                                               schedule.n_pairs)
@@ -142,6 +148,9 @@ def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, c
     leading masked block (a band's lower edge), 2 for a trailing one (the diagonal, the
     last block past kv_len), whose keys are tested one by one (:func:`_key_visible`).
     Returns the new count and state."""
+    # one body for the three allocations: they share the wait for the stage, QKᵀ, the
+    # release of Q and of the stage, and the masked rows' state; split, each would take
+    # the seven values of the state and the ring through another call
     k_smem, v_smem, mean_smem, kv_ready, kv_empty = (ring.k, ring.v, ring.means, ring.ready,
                                                      ring.empty)
     ones, cols, c_zero, s_zero, o_zero = ops.ones, ops.cols, ops.c_zero, ops.s_zero, ops.o_zero
@@ -366,23 +375,20 @@ def _prefill_ws(q_desc, k_desc, v_desc, m_desc, O, LSE, next_tile, band_pre, ban
     schedule = Schedule(tile_ids, tile_ready, n_tiles, n_pairs, tile_group, n_heads, group)
     sizes = Sizes(q_len, kv_len, band_pre, band_next, scale, gamma)
     output = Output(O, LSE, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls)
+    variant = Variant(PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N,
+                      HEAD_DIM, STAGES)
     if GROUPS == 3:
         gl.warp_specialize([
-            (_consumer, (queries, ring, schedule, sizes, output, ones, 0, PSEUDO_AVERAGE_SHIFT,
-                         EXACT_SHIFT, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)),
-            (_consumer, (queries, ring, schedule, sizes, output, ones, 1, PSEUDO_AVERAGE_SHIFT,
-                         EXACT_SHIFT, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)),
-            (_consumer, (queries, ring, schedule, sizes, output, ones, 2, PSEUDO_AVERAGE_SHIFT,
-                         EXACT_SHIFT, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)),
+            (_consumer, (queries, ring, schedule, sizes, output, ones, 0, variant)),
+            (_consumer, (queries, ring, schedule, sizes, output, ones, 1, variant)),
+            (_consumer, (queries, ring, schedule, sizes, output, ones, 2, variant)),
             (_loader, (q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, next_tile,
                        n_blocks, EXACT_SHIFT, HAS_BAND, BLOCK_M, BLOCK_N, STAGES)),
         ], [4, 4, 1], [_CONSUMER_REGS_3, _CONSUMER_REGS_3, _LOADER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (queries, ring, schedule, sizes, output, ones, 0, PSEUDO_AVERAGE_SHIFT,
-                         EXACT_SHIFT, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)),
-            (_consumer, (queries, ring, schedule, sizes, output, ones, 1, PSEUDO_AVERAGE_SHIFT,
-                         EXACT_SHIFT, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)),
+            (_consumer, (queries, ring, schedule, sizes, output, ones, 0, variant)),
+            (_consumer, (queries, ring, schedule, sizes, output, ones, 1, variant)),
             (_loader, (q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, next_tile,
                        n_blocks, EXACT_SHIFT, HAS_BAND, BLOCK_M, BLOCK_N, STAGES)),
         ], [4, 1], [_CONSUMER_REGS_2, _LOADER_REGS])

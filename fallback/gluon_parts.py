@@ -29,10 +29,13 @@ SCALAR = (gl.tensor, gl.constexpr)
 
 
 @constexpr_function
-def _scalar(value):
-    """A scalar field's value as an aggregate holds it: a constructor receives a specialised
-    argument unwrapped, as a Python number."""
-    return value if isinstance(value, SCALAR) else gl.constexpr(value)
+def _fill(instance, **fields):
+    """Set an aggregate's fields. A constructor receives an argument the JIT specialised
+    (an int equal to 1, say) as a Python number: it is kept as a constexpr."""
+    for name, value in fields.items():
+        if isinstance(value, (bool, int, float)):
+            value = gl.constexpr(value)
+        setattr(instance, name, value)
 
 
 @aggregate
@@ -49,11 +52,7 @@ class Ring:
 
     @constexpr_function
     def __init__(self, k, v, means, ready, empty):
-        self.k = k
-        self.v = v
-        self.means = means
-        self.ready = ready
-        self.empty = empty
+        _fill(self, k=k, v=v, means=means, ready=ready, empty=empty)
 
 
 @aggregate
@@ -67,9 +66,7 @@ class Queries:
 
     @constexpr_function
     def __init__(self, smem, ready, free):
-        self.smem = smem
-        self.ready = ready
-        self.free = free
+        _fill(self, smem=smem, ready=ready, free=free)
 
 
 @aggregate
@@ -87,13 +84,8 @@ class Schedule:
 
     @constexpr_function
     def __init__(self, ids, ready, n_tiles, n_pairs, tile_group, n_heads, group):
-        self.ids = ids
-        self.ready = ready
-        self.n_tiles = _scalar(n_tiles)
-        self.n_pairs = _scalar(n_pairs)
-        self.tile_group = _scalar(tile_group)
-        self.n_heads = _scalar(n_heads)
-        self.group = _scalar(group)
+        _fill(self, ids=ids, ready=ready, n_tiles=n_tiles, n_pairs=n_pairs, tile_group=tile_group,
+              n_heads=n_heads, group=group)
 
 
 @aggregate
@@ -110,12 +102,8 @@ class Sizes:
 
     @constexpr_function
     def __init__(self, q_len, kv_len, band_pre, band_next, scale, gamma):
-        self.q_len = _scalar(q_len)
-        self.kv_len = _scalar(kv_len)
-        self.band_pre = _scalar(band_pre)
-        self.band_next = _scalar(band_next)
-        self.scale = _scalar(scale)
-        self.gamma = _scalar(gamma)
+        _fill(self, q_len=q_len, kv_len=kv_len, band_pre=band_pre, band_next=band_next,
+              scale=scale, gamma=gamma)
 
 
 @aggregate
@@ -134,14 +122,8 @@ class Output:
     @constexpr_function
     def __init__(self, o, lse, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
                  stride_ls):
-        self.o = _scalar(o)
-        self.lse = _scalar(lse)
-        self.stride_ob = _scalar(stride_ob)
-        self.stride_oh = _scalar(stride_oh)
-        self.stride_os = _scalar(stride_os)
-        self.stride_lb = _scalar(stride_lb)
-        self.stride_lh = _scalar(stride_lh)
-        self.stride_ls = _scalar(stride_ls)
+        _fill(self, o=o, lse=lse, stride_ob=stride_ob, stride_oh=stride_oh, stride_os=stride_os,
+              stride_lb=stride_lb, stride_lh=stride_lh, stride_ls=stride_ls)
 
 
 @aggregate
@@ -161,14 +143,31 @@ class Blocks:
 
     @constexpr_function
     def __init__(self, lo, hi, g_lo, g_hi, full_lo, full_hi, pre, nxt):
-        self.lo = _scalar(lo)
-        self.hi = _scalar(hi)
-        self.g_lo = _scalar(g_lo)
-        self.g_hi = _scalar(g_hi)
-        self.full_lo = _scalar(full_lo)
-        self.full_hi = _scalar(full_hi)
-        self.pre = _scalar(pre)
-        self.nxt = _scalar(nxt)
+        _fill(self, lo=lo, hi=hi, g_lo=g_lo, g_hi=g_hi, full_lo=full_lo, full_hi=full_hi, pre=pre,
+              nxt=nxt)
+
+
+@aggregate
+class Variant:
+    """The compiled variant, as constexprs: the allocation (pasa: PSEUDO_AVERAGE_SHIFT,
+    pasa-exact: EXACT_SHIFT, fa-fp32: neither), the mask (HAS_BAND), the LSE output, the
+    tile (BLOCK_M query rows, BLOCK_N keys, HEAD_DIM) and the ring's depth."""
+
+    PSEUDO_AVERAGE_SHIFT: gl.constexpr
+    EXACT_SHIFT: gl.constexpr
+    HAS_BAND: gl.constexpr
+    HAS_LSE: gl.constexpr
+    BLOCK_M: gl.constexpr
+    BLOCK_N: gl.constexpr
+    HEAD_DIM: gl.constexpr
+    STAGES: gl.constexpr
+
+    @constexpr_function
+    def __init__(self, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N,
+                 HEAD_DIM, STAGES):
+        _fill(self, PSEUDO_AVERAGE_SHIFT=PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT=EXACT_SHIFT,
+              HAS_BAND=HAS_BAND, HAS_LSE=HAS_LSE, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+              HEAD_DIM=HEAD_DIM, STAGES=STAGES)
 
 
 @aggregate
@@ -185,11 +184,7 @@ class Operands:
 
     @constexpr_function
     def __init__(self, ones, cols, c_zero, s_zero, o_zero):
-        self.ones = ones
-        self.cols = cols
-        self.c_zero = c_zero
-        self.s_zero = s_zero
-        self.o_zero = o_zero
+        _fill(self, ones=ones, cols=cols, c_zero=c_zero, s_zero=s_zero, o_zero=o_zero)
 
 
 @gluon.jit

@@ -161,6 +161,7 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
         q.shape[1], q.shape[1] // problem.key.shape[1], q.shape[2], problem.key.shape[2],
         n_blocks, problem.scale, gamma, n_tiles, n_pairs, tile_group,
         PSEUDO_AVERAGE_SHIFT=problem.allocation.pseudo_average_shift,
-        EXACT_SHIFT=problem.allocation.exact_shift, HAS_BAND=problem.band is not None, HAS_LSE=lse is not None,
+        EXACT_SHIFT=problem.allocation.exact_shift, HAS_BAND=problem.band is not None,
+        HAS_LSE=lse is not None,
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, STAGES=_stages(head_dim),
         num_warps=4, enable_fp_fusion=not problem.allocation.low_statistics)

@@ -1,4 +1,5 @@
-"""``fused_attention`` under torch.compile: one opaque operator, ``torch.ops.pasa_npu.fused_attention``.
+"""``fused_attention`` under torch.compile: one opaque operator,
+``torch.ops.pasa_npu.fused_attention``.
 
 The operator runs the eager call, so that compiled code keeps every rounding of the
 allocation: traced into, the torch backend's fp16 steps would be fused by the compiler and

@@ -155,9 +155,10 @@ def _make_plan(args: dict, golden: bool) -> Plan:
     if inner_precise > 3:
         raise ValueError(f"inner_precise must be 0, 1, 2 or 3, got {inner_precise}")
     if not isinstance(args["softmax_lse_flag"], bool):
-        raise TypeError(f"softmax_lse_flag must be a bool, got {describe(args['softmax_lse_flag'])}")
+        raise TypeError(f"softmax_lse_flag must be a bool, got "
+                        f"{describe(args['softmax_lse_flag'])}")
     mask, band = mask_and_band(args, q_lens.numel(), q.shape[2], k.shape[2], packed, q_lens,
-                                kv_lens, query.device)
+                               kv_lens, query.device)
 
     if golden:
         allocation, beta, tiling, guard = ALLOCATIONS["fa-fp32"], 0.0, DEFAULT_TILING, False

@@ -49,10 +49,11 @@ def on_device(backend: str, *tensors):
 
 @contextlib.contextmanager
 def triton_tuning(**switches):
-    """The Triton backend's default Tuning with ``switches`` changed, active for the block."""
+    """The Triton backend's active Tuning with ``switches`` changed, active for the block
+    (nested blocks add their switches to the outer ones')."""
     from pasa_npu.fallback import triton_tuning as tuning
 
-    with tuning.using(tuning.DEFAULT_TUNING.replace(**switches)) as chosen:
+    with tuning.using(tuning.active().replace(**switches)) as chosen:
         yield chosen
 
 

@@ -220,8 +220,8 @@ def variants(head_dim: int = 128):
         for mode, loops in modes:
             for tag, c_per_block, fused in forms:
                 consts = dict(**allocation_flags(allocation), HAS_MASK=mode == "mask",
-                              HAS_BAND=mode == "causal", HAS_LSE=False, GUARD=False, K_PADDED=pasa and not fused,
-                              FUSED_SHIFT=fused, USE_TMA=DEFAULT_TUNING.loads == "tma",
+                              HAS_BAND=mode == "causal", HAS_LSE=False, GUARD=False,
+                              K_PADDED=pasa and not fused, FUSED_SHIFT=fused, USE_TMA=DEFAULT_TUNING.loads == "tma",
                               C_PER_BLOCK=c_per_block, LOOPS=loops, GRID_1D=False,
                               BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
                 block_m, warps, stages = triton_launch.launch_config(
