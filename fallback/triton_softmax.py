@@ -54,25 +54,93 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma,
                   PSEUDO_AVERAGE_SHIFT: tl.constexpr, EXACT_SHIFT: tl.constexpr,
                   LOW_SCORES: tl.constexpr, LOW_STATISTICS: tl.constexpr,
                   MASKED: tl.constexpr, GUARD: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One kv block of online softmax for the allocation the flags name. Rows that see no
-    key of the block (MASKED only: ``row_any`` False) keep their state. ``c``: pasa-exact's
+    """One kv block of online softmax for the allocation the flags name
+    (:func:`pasa_npu.fallback.kernel_common.allocation_flags`). Rows that see no key of
+    the block (MASKED only: ``row_any`` False) keep their state. ``c``: pasa-exact's
     per-row constant scale * (Q . mean16) of this block (fp32). With low-precision
     statistics (fa-fp16, pasa) ``acc`` is fp16 too and the steps run as native fp16
     operations: each rounds once, as the CPU backend's fp32-then-round steps do (the
     kernels are launched without FMA contraction). Returns the new state."""
+    # one body for every allocation: split into a helper per allocation, the same
+    # operations compile to other sm_90 SASS (register allocation and schedule), and the
+    # kernels are kept as they were measured
     qk = tl.dot(q, tl.trans(k))  # fp32 accumulation
     low: tl.constexpr = q.dtype  # fp16, or bf16 for fa-* on bf16 inputs
-    f_new = f
-    if PSEUDO_AVERAGE_SHIFT:  # pasa (fp16 statistics), pasa-mixed (fp32 statistics)
-        m_new, l_new, acc_new, f_new = _update_pseudo_average(
-            qk, v, vis, m, l, acc, f, cnt, gamma, LOW_STATISTICS, MASKED, GUARD, BLOCK_N, low)
-    elif EXACT_SHIFT:  # pasa-exact: per-row constant c carried in fp32, FA-2 update
-        m_new, l_new, acc_new = _update_exact(qk, v, c, vis, m, l, acc, MASKED, GUARD, low)
-    elif LOW_STATISTICS:  # fa-fp16: every step fp16
-        m_new, l_new, acc_new = _update_fa_low(qk, v, vis, m, l, acc, scale, MASKED, GUARD, low)
-    else:  # fa-fp32, fa-fp16s
-        m_new, l_new, acc_new = _update_fa(qk, v, vis, m, l, acc, scale, LOW_SCORES, MASKED,
-                                           GUARD, low)
+    if not (PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT or LOW_STATISTICS):  # fa-fp32, fa-fp16s
+        if LOW_SCORES:
+            qk = _rl(qk, low)  # fp16 unscaled scores: overflow happens here
+        s = qk * scale
+        if MASKED:
+            s = tl.where(vis, s, float("-inf"))
+        rm = _guarded_max(s, tl.max(s, 1), vis, MASKED, GUARD, False, low)
+        m_new = tl.maximum(m, rm)
+        alpha = tl.exp2((m - m_new) * 1.4426950408889634)
+        p = tl.exp2(s * 1.4426950408889634 - (m_new * 1.4426950408889634)[:, None])
+        l_new = alpha * l + tl.sum(p, 1)
+        acc_new = acc * alpha[:, None] + tl.dot(p.to(low), v)
+        f_new = f
+    elif not (PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT):  # fa-fp16: every step fp16
+        s = _rl(_rl(qk, low) * scale, low)
+        if MASKED:
+            s = tl.where(vis, s, float("-inf"))
+        rm = _guarded_max(s, tl.max(s, 1), vis, MASKED, GUARD, True, low)
+        m_new = tl.maximum(m, rm)
+        alpha = _rl(_exp(_rl(m - m_new, low)), low)
+        p = _rl(_exp(_rl(s - m_new[:, None], low)), low)
+        l_new = _rl(_rl(alpha * l, low) + _rl(tl.sum(p, 1), low), low)
+        pv = tl.dot(p.to(low), v).to(low)
+        acc_new = acc * alpha.to(low)[:, None] + pv
+        f_new = f
+    elif PSEUDO_AVERAGE_SHIFT:  # pasa (fp16 statistics), pasa-mixed (fp32 statistics)
+        sp16 = _fp16(qk)
+        sp = sp16.to(tl.float32)
+        s_mean = tl.sum(sp16.to(tl.float32), 1) / BLOCK_N  # all columns M averaged, masked or not
+        if LOW_STATISTICS:
+            s_mean = _rl(s_mean, low)
+        if MASKED:
+            sp = tl.where(vis, sp, float("-inf"))
+            sp16 = tl.where(vis, sp16, float("-inf"))
+        # the max of fp16 values is an fp16 value: packed fp16 max, the same result
+        m_loc = _guarded_max(sp, tl.max(sp16, 1).to(tl.float32), vis, MASKED, GUARD,
+                             LOW_STATISTICS, low)
+        cnt1 = cnt + 1.0
+        if LOW_STATISTICS:
+            p16 = _exp((sp16 - m_loc.to(low)[:, None]).to(tl.float32)).to(low)
+            if MASKED:
+                p16 = tl.where(vis, p16, 0.0)
+            l_loc = _rl(tl.sum(p16.to(tl.float32), 1), low)
+            f_new = _rl(_rl(_rl((cnt1 - 1.0) * f, low) + s_mean, low) / cnt1, low)
+            x = _rl(m + _rl(gamma * _rl(f - f_new, low), low), low)
+            y = _rl(m_loc + _rl(gamma * _rl(s_mean - f_new, low), low), low)
+            m_new = tl.maximum(x, y)
+            alpha = _rl(_exp(_rl(x - m_new, low)), low)
+            beta_w = _rl(_exp(_rl(y - m_new, low)), low)
+            l_new = _rl(_rl(alpha * l, low) + _rl(beta_w * l_loc, low), low)
+            pv = _fp16(tl.dot(p16, v))
+            acc_new = acc * alpha.to(low)[:, None] + pv * beta_w.to(low)[:, None]
+        else:
+            p = _exp(sp - m_loc[:, None])
+            l_loc = tl.sum(p, 1)
+            f_new = ((cnt1 - 1.0) * f + s_mean) / cnt1
+            x = m + gamma * (f - f_new)
+            y = m_loc + gamma * (s_mean - f_new)
+            m_new = tl.maximum(x, y)
+            alpha = _exp(x - m_new)
+            beta_w = _exp(y - m_new)
+            l_new = alpha * l + beta_w * l_loc
+            acc_new = acc * alpha[:, None] + tl.dot(p.to(low), v) * beta_w[:, None]
+    else:  # pasa-exact: per-row constant c carried in fp32, FA-2 update
+        sp16 = _fp16(qk)
+        if MASKED:
+            sp16 = tl.where(vis, sp16, float("-inf"))
+        rm = tl.max(sp16, 1).to(tl.float32)  # the max of fp16 values is an fp16 value
+        sp = sp16.to(tl.float32)
+        m_new = tl.maximum(m, _guarded_max(sp, rm, vis, MASKED, GUARD, False, low) + c)
+        alpha = tl.exp2((m - m_new) * 1.4426950408889634)
+        p16 = tl.exp2(sp * 1.4426950408889634 - ((m_new - c) * 1.4426950408889634)[:, None]).to(low)
+        l_new = alpha * l + tl.sum(p16.to(tl.float32), 1)
+        acc_new = acc * alpha[:, None] + _fp16(tl.dot(p16, v)).to(tl.float32)
+        f_new = f
     cnt_new = cnt + 1.0
     if MASKED:
         m_new = tl.where(row_any, m_new, m)
@@ -81,105 +149,6 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma,
         f_new = tl.where(row_any, f_new, f)
         cnt_new = tl.where(row_any, cnt_new, cnt)
     return m_new, l_new, acc_new, f_new, cnt_new
-
-
-@triton.jit
-def _update_fa(qk, v, vis, m, l, acc, scale, LOW_SCORES: tl.constexpr, MASKED: tl.constexpr,
-               GUARD: tl.constexpr, low: tl.constexpr):
-    """fa-fp32, fa-fp16s: fp32 statistics (fa-fp16s: the unscaled scores rounded first)."""
-    if LOW_SCORES:
-        qk = _rl(qk, low)  # fp16 unscaled scores: overflow happens here
-    s = qk * scale
-    if MASKED:
-        s = tl.where(vis, s, float("-inf"))
-    rm = _guarded_max(s, tl.max(s, 1), vis, MASKED, GUARD, False, low)
-    m_new = tl.maximum(m, rm)
-    alpha = tl.exp2((m - m_new) * 1.4426950408889634)
-    p = tl.exp2(s * 1.4426950408889634 - (m_new * 1.4426950408889634)[:, None])
-    l_new = alpha * l + tl.sum(p, 1)
-    acc_new = acc * alpha[:, None] + tl.dot(p.to(low), v)
-    return m_new, l_new, acc_new
-
-
-@triton.jit
-def _update_fa_low(qk, v, vis, m, l, acc, scale, MASKED: tl.constexpr, GUARD: tl.constexpr,
-                   low: tl.constexpr):
-    """fa-fp16: every step, the accumulator included, in the low-precision dtype."""
-    s = _rl(_rl(qk, low) * scale, low)
-    if MASKED:
-        s = tl.where(vis, s, float("-inf"))
-    rm = _guarded_max(s, tl.max(s, 1), vis, MASKED, GUARD, True, low)
-    m_new = tl.maximum(m, rm)
-    alpha = _rl(_exp(_rl(m - m_new, low)), low)
-    p = _rl(_exp(_rl(s - m_new[:, None], low)), low)
-    l_new = _rl(_rl(alpha * l, low) + _rl(tl.sum(p, 1), low), low)
-    pv = tl.dot(p.to(low), v).to(low)
-    acc_new = acc * alpha.to(low)[:, None] + pv
-    return m_new, l_new, acc_new
-
-
-@triton.jit
-def _update_pseudo_average(qk, v, vis, m, l, acc, f, cnt, gamma, LOW_STATISTICS: tl.constexpr,
-                           MASKED: tl.constexpr, GUARD: tl.constexpr, BLOCK_N: tl.constexpr,
-                           low: tl.constexpr):
-    """pasa, pasa-mixed: the shifted block's local softmax, re-based online against the
-    pseudo-average f of the block means; every statistic an fp16 step for pasa."""
-    sp16 = _fp16(qk)
-    sp = sp16.to(tl.float32)
-    s_mean = tl.sum(sp16.to(tl.float32), 1) / BLOCK_N  # all columns M averaged, masked or not
-    if LOW_STATISTICS:
-        s_mean = _rl(s_mean, low)
-    if MASKED:
-        sp = tl.where(vis, sp, float("-inf"))
-        sp16 = tl.where(vis, sp16, float("-inf"))
-    # the max of fp16 values is an fp16 value: packed fp16 max, the same result
-    m_loc = _guarded_max(sp, tl.max(sp16, 1).to(tl.float32), vis, MASKED, GUARD,
-                         LOW_STATISTICS, low)
-    cnt1 = cnt + 1.0
-    if LOW_STATISTICS:
-        p16 = _exp((sp16 - m_loc.to(low)[:, None]).to(tl.float32)).to(low)
-        if MASKED:
-            p16 = tl.where(vis, p16, 0.0)
-        l_loc = _rl(tl.sum(p16.to(tl.float32), 1), low)
-        f_new = _rl(_rl(_rl((cnt1 - 1.0) * f, low) + s_mean, low) / cnt1, low)
-        x = _rl(m + _rl(gamma * _rl(f - f_new, low), low), low)
-        y = _rl(m_loc + _rl(gamma * _rl(s_mean - f_new, low), low), low)
-        m_new = tl.maximum(x, y)
-        alpha = _rl(_exp(_rl(x - m_new, low)), low)
-        beta_w = _rl(_exp(_rl(y - m_new, low)), low)
-        l_new = _rl(_rl(alpha * l, low) + _rl(beta_w * l_loc, low), low)
-        pv = _fp16(tl.dot(p16, v))
-        acc_new = acc * alpha.to(low)[:, None] + pv * beta_w.to(low)[:, None]
-    else:
-        p = _exp(sp - m_loc[:, None])
-        l_loc = tl.sum(p, 1)
-        f_new = ((cnt1 - 1.0) * f + s_mean) / cnt1
-        x = m + gamma * (f - f_new)
-        y = m_loc + gamma * (s_mean - f_new)
-        m_new = tl.maximum(x, y)
-        alpha = _exp(x - m_new)
-        beta_w = _exp(y - m_new)
-        l_new = alpha * l + beta_w * l_loc
-        acc_new = acc * alpha[:, None] + tl.dot(p.to(low), v) * beta_w[:, None]
-    return m_new, l_new, acc_new, f_new
-
-
-@triton.jit
-def _update_exact(qk, v, c, vis, m, l, acc, MASKED: tl.constexpr, GUARD: tl.constexpr,
-                  low: tl.constexpr):
-    """pasa-exact: S' and P' in fp16, the row constant c carried in fp32 against the true
-    running maximum, the P'V tile rounded to fp16 and added to the fp32 accumulator."""
-    sp16 = _fp16(qk)
-    if MASKED:
-        sp16 = tl.where(vis, sp16, float("-inf"))
-    rm = tl.max(sp16, 1).to(tl.float32)  # the max of fp16 values is an fp16 value
-    sp = sp16.to(tl.float32)
-    m_new = tl.maximum(m, _guarded_max(sp, rm, vis, MASKED, GUARD, False, low) + c)
-    alpha = tl.exp2((m - m_new) * 1.4426950408889634)
-    p16 = tl.exp2(sp * 1.4426950408889634 - ((m_new - c) * 1.4426950408889634)[:, None]).to(low)
-    l_new = alpha * l + tl.sum(p16.to(tl.float32), 1)
-    acc_new = acc * alpha[:, None] + _fp16(tl.dot(p16, v)).to(tl.float32)
-    return m_new, l_new, acc_new
 
 
 @triton.jit

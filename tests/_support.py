@@ -36,7 +36,8 @@ def interpreted(backend: str) -> bool:
 
 def interpreter_skip(backend: str, algorithm: str, dtype) -> str | None:
     """Why a combination cannot run under Triton's interpreter, or None."""
-    if interpreted(backend) and dtype == torch.bfloat16 and not algorithm.startswith("pasa"):
+    computes_bf16 = not pasa_npu.ALLOCATIONS[algorithm].shifts_keys  # PASA computes in fp16
+    if interpreted(backend) and dtype == torch.bfloat16 and computes_bf16:
         return ("Triton's CPU interpreter computes bf16 tl.dot wrongly (numpy has no bf16); "
                 "bf16 fa-* runs on the GPU only")
     return None
