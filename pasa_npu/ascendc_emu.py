@@ -26,11 +26,11 @@ import torch
 
 from pasa_npu import _ascendc_emu  # ImportError when the extension was not built
 from pasa_npu import npu_params
-from pasa_npu.kernel_inputs import SUPPORTED_ALGORITHMS, BNSD, kernel_call
+from pasa_npu.kernel_inputs import TILING_KEYS, BNSD, kernel_call
 from pasa_npu.kernel_inputs import unsupported_reason as _kernel_unsupported_reason
 from pasa_npu.problem import AttentionProblem
 
-__all__ = ["SUPPORTED_ALGORITHMS", "last_run_stats", "model_parameters",
+__all__ = ["TILING_KEYS", "last_run_stats", "model_parameters",
            "using_model_parameters", "unsupported_reason", "run"]
 
 #: seconds a cross-core wait may block before the emulation reports a hang

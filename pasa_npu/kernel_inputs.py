@@ -17,8 +17,9 @@ import torch
 
 from .problem import AttentionProblem
 
-#: allocation name -> tiling key of the attention kernel
-SUPPORTED_ALGORITHMS = {"fa-fp32": 0, "pasa": 1, "pasa-exact": 2}
+#: the allocations the kernels implement, each with its tiling key (the attention kernel's
+#: C++ dispatch)
+TILING_KEYS = {"fa-fp32": 0, "pasa": 1, "pasa-exact": 2}
 #: memory orders of a (B, N, S, D) view the kernels read and write (PASA_LAYOUT_*)
 BNSD, BSND = 0, 1
 _INT32 = (-(2 ** 31), 2 ** 31 - 1)
@@ -28,8 +29,8 @@ def unsupported_reason(problem: AttentionProblem, backend: str) -> Optional[str]
     """None when the kernels compute ``problem`` exactly as specified, else the feature they
     lack, in a sentence naming ``backend``."""
     alloc = problem.allocation.name
-    if alloc not in SUPPORTED_ALGORITHMS:
-        return (f"the {backend} kernels implement algorithm in {sorted(SUPPORTED_ALGORITHMS)}, "
+    if alloc not in TILING_KEYS:
+        return (f"the {backend} kernels implement algorithm in {sorted(TILING_KEYS)}, "
                 f"not {alloc!r}")
     if problem.packed:
         return f"packed layouts (TND/NTD) are not supported by the {backend} kernels"
@@ -46,7 +47,8 @@ def unsupported_reason(problem: AttentionProblem, backend: str) -> Optional[str]
     in_dtype, out_dtype = problem.query.dtype, problem.out.dtype
     if in_dtype not in (torch.float16, torch.bfloat16) or out_dtype not in (torch.float16, torch.bfloat16):
         return f"dtypes {in_dtype} -> {out_dtype} are not supported by the {backend} kernels"
-    if in_dtype == torch.bfloat16 and (alloc != "fa-fp32" or out_dtype != torch.bfloat16):
+    if in_dtype == torch.bfloat16 and (problem.allocation.shifts_keys
+                                       or out_dtype != torch.bfloat16):
         return f"bf16 inputs are supported for fa-fp32 only, not for {alloc!r}"
     d, d_v = problem.query.shape[3], problem.value.shape[3]
     if d % 16 or d_v % 16:
@@ -122,5 +124,5 @@ def kernel_call(problem: AttentionProblem) -> KernelCall:
         mask_mode, next_tokens = 1, problem.band[1].clamp(*_INT32)
     return KernelCall(query=q, key=k, value=v, out=out, lse=lse, q_layout=q_layout,
                       kv_layout=kv_layout, out_layout=out_layout,
-                      tiling_key=SUPPORTED_ALGORITHMS[problem.allocation.name],
+                      tiling_key=TILING_KEYS[problem.allocation.name],
                       mask_mode=mask_mode, next_tokens=next_tokens)

@@ -18,7 +18,8 @@ from typing import Optional
 
 import torch
 
-from .api import OWN_KEYWORDS, UNIMPLEMENTED_KEYWORDS, fused_attention
+from .api import fused_attention
+from .arguments import OWN_KEYWORDS, UNIMPLEMENTED_KEYWORDS, is_default
 
 NAME = "npu_fused_infer_attention_score"
 _TENSORS = ("query", "key", "value")
@@ -45,9 +46,7 @@ def _fall_through_reason(args: tuple, kwargs: dict) -> Optional[str]:
     for name, value in kwargs.items():
         if name not in _TORCH_NPU_KEYWORDS:
             return f"argument {name!r}, which pasa_npu does not know"
-        unused = UNIMPLEMENTED_KEYWORDS.get(name, None)
-        if name in UNIMPLEMENTED_KEYWORDS and not (
-                value is None if unused is None else (not isinstance(value, torch.Tensor) and value == unused)):
+        if name in UNIMPLEMENTED_KEYWORDS and not is_default(value, UNIMPLEMENTED_KEYWORDS[name]):
             return f"argument {name!r}, which pasa_npu does not implement"
     return None
 

@@ -49,7 +49,8 @@ def interpreted(backend: str) -> bool:
 
 def interpreter_skip(backend: str, algorithm: str, dtype) -> str | None:
     """Why a combination cannot run under Triton's interpreter, or None."""
-    if interpreted(backend) and dtype == torch.bfloat16 and not algorithm.startswith("pasa"):
+    computes_bf16 = not pasa_npu.ALLOCATIONS[algorithm].shifts_keys  # PASA computes in fp16
+    if interpreted(backend) and dtype == torch.bfloat16 and computes_bf16:
         return ("Triton's CPU interpreter computes bf16 tl.dot wrongly (numpy has no bf16); "
                 "bf16 fa-* runs on the GPU only")
     return None
@@ -58,18 +59,16 @@ def interpreter_skip(backend: str, algorithm: str, dtype) -> str | None:
 def on_device(backend: str, *tensors):
     dev = DEVICE_OF.get(backend, "cpu")
     return tuple(t.to(dev) if isinstance(t, torch.Tensor) else t for t in tensors)
+
+
 @contextlib.contextmanager
 def triton_tuning(**switches):
-    """The Triton backend's TUNING switches set to ``switches`` for the block, restored
-    after."""
-    from pasa_npu.fallback import triton_attention
+    """The Triton backend's active Tuning with ``switches`` changed, active for the block
+    (nested blocks add their switches to the outer ones')."""
+    from pasa_npu.fallback import triton_tuning as tuning
 
-    saved = dict(triton_attention.TUNING)
-    triton_attention.TUNING.update(switches)
-    try:
-        yield
-    finally:
-        triton_attention.TUNING.update(saved)
+    with tuning.using(tuning.active().replace(**switches)) as chosen:
+        yield chosen
 
 
 #: Backends that implement a subset of the features and raise NotImplementedError (naming

@@ -1,5 +1,6 @@
 """The paper's benchmark cases at its shape (1, 16, 1280, 128) as regression tests
-(DESIGN.md §4, paper Figs. 9-10 and Table 4), plus the resonance case of §2.4."""
+(docs/design.md, "How we measure"; paper Figs. 9-10 and Table 4), plus the resonance case
+(docs/design.md, "pasa-exact: carrying the shift exactly")."""
 from __future__ import annotations
 
 import pytest
@@ -50,7 +51,8 @@ def test_paper_case(case):
 
 @pytest.mark.parametrize("magnitude", [3e4, 1e5])
 def test_resonance_pasa_exact(magnitude):
-    """K carries a large pattern that resonates with Q: scores ~1e4-1e5 (DESIGN.md §2.4)."""
+    """K carries a large pattern that resonates with Q: scores ~1e4-1e5 (docs/design.md,
+    "pasa-exact: carrying the shift exactly")."""
     case = Case("resonance", 0, magnitude)
     outs, gold = _run(case, ("fa-fp16s", "pasa-exact"))
     q, k, _ = case.make(PAPER_SHAPE, seed=0)

@@ -237,7 +237,7 @@ py::list AttentionTasks(const py::dict& params, py::array qLens, py::array kvLen
     gm.Add("kv_lens", kl, t.batch * 4, false, false);
     gm.Add("next_tokens", nx, t.batch * 4, false, false);
     std::vector<std::vector<std::array<uint32_t, 3>>> perCore(t.blockDim);
-    LaunchOptions opt{static_cast<int>(t.blockDim), KERNEL_TYPE_AIV_ONLY, 10.0,
+    AscendC::emu::LaunchOptions opt{static_cast<int>(t.blockDim), KERNEL_TYPE_AIV_ONLY, 10.0,
                       TimingFrom(params["timing"].cast<py::dict>())};
     {
         py::gil_scoped_release release;
