@@ -140,8 +140,9 @@ setup(
         "compare": COMPARE,
         # the suite runs pasa-compare end to end (plots, .safetensors, Hugging Face capture)
         # and the Triton kernels under Triton's CPU interpreter: 3.6 matches the GPU image,
-        # and its interpreter needs numpy < 2.4; pytest-xdist for the README's `-n auto`
-        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6",
+        # and its interpreter needs numpy < 2.4; pytest-xdist for the README's `-n auto`;
+        # pybind11 for the tests that run setup.py's NPU decision without build isolation
+        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "pybind11>=2.10",
                  "triton==3.6.0; platform_system == 'Linux'", "numpy<2.4"] + COMPARE,
         "gpu": ["triton>=3.0"],
     },

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import pasa_npu
-from pasa_npu import api, backends
+from pasa_npu import backends, npu_params, plans
 
 emu = pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu extension is not built")
 from _npu_host import BINDING  # noqa: E402
@@ -44,7 +44,7 @@ def _npu_attention_on_cpu(query, key, value, out, lse, q_lens, kv_lens, next_tok
                   kv_layout=_layout(key), out_layout=_layout(out),
                   out_dtype=int(out.dtype != torch.float16), in_dtype=int(query.dtype != torch.float16),
                   mask_mode=mask_mode, scale=scale, beta=beta, q_tile=q_tile, kv_block=kv_block,
-                  core_num=24)
+                  core_num=24, timing=npu_params.timing_only(npu_params.values()))
     i32 = lambda x: np.asarray(x, np.int32)  # noqa: E731
     emu.run_attention(_memory(query), _memory(key), _memory(value), i32(q_lens), i32(kv_lens),
                       i32(next_tokens), _memory(out), lse_mem.numpy(), params)
@@ -65,7 +65,7 @@ def npu_backend_on_cpu(monkeypatch):
     importlib.import_module("pasa_npu.npu")
     monkeypatch.setitem(backends.BACKENDS, "npu", dataclasses.replace(backends.BACKENDS["npu"],
                                                                        devices=("cpu",)))
-    monkeypatch.setattr(api, "_PLANS", {})  # no plan made here outlives the test
+    monkeypatch.setattr(plans, "PLANS", {})  # no plan made here outlives the test
     yield
     lib._destroy()
     sys.modules.pop("pasa_npu.npu", None)

@@ -21,6 +21,8 @@ import pytest
 
 import _npu_host as host
 
+from pasa_npu import npu_params
+
 emu = pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu extension is not built")
 
 
@@ -120,7 +122,8 @@ def _emulated_calls(params: dict, lens: dict) -> list[str]:
     lse = np.zeros((b, hq, sq), np.float32)
     i32 = lambda name: np.asarray(lens[name], np.int32)  # noqa: E731
     result = emu.run_attention(q, k, v, i32("q_lens"), i32("kv_lens"), i32("next_tokens"), out, lse,
-                               dict(params, timeout_s=60.0))
+                               dict(params, timeout_s=60.0,
+                                    timing=npu_params.timing_only(npu_params.values())))
     names, lines = {}, []
     for call in result["runtime_calls"]:
         if call[0] == "allocate":
