@@ -56,8 +56,12 @@ class BuildExt(build_ext):
             shutil.copy2(lib, target)
 
 
+# pasa_npu.integrations: the versions tested (the diffusers backend uses its dispatcher's
+# registry, which diffusers does not offer as an API)
+TRANSFORMERS = "transformers>=5.17,<6"
+HF = [TRANSFORMERS, "diffusers>=0.42,<0.43"]
 # pasa-compare: plots, .safetensors inputs, capture from Hugging Face models
-COMPARE = ["matplotlib>=3.7", "safetensors>=0.4", "transformers>=4.48"]
+COMPARE = ["matplotlib>=3.7", "safetensors>=0.4", TRANSFORMERS]
 
 setup(
     name="pasa-npu",
@@ -65,7 +69,8 @@ setup(
     description="PASA: overflow-free fp16 flash attention for Ascend NPUs, with Triton and "
                 "PyTorch fallbacks",
     python_requires=">=3.10",
-    packages=["pasa_npu", "pasa_npu.fallback", "pasa_npu.tools", "pasa_npu.tools.compare"],
+    packages=["pasa_npu", "pasa_npu.fallback", "pasa_npu.integrations", "pasa_npu.tools",
+              "pasa_npu.tools.compare"],
     package_dir={"pasa_npu": "pasa_npu", "pasa_npu.fallback": "fallback",
                  "pasa_npu.tools": "tools"},
     ext_modules=[_emulation_extension()],
@@ -73,12 +78,13 @@ setup(
     install_requires=["torch>=2.4", "numpy"],
     extras_require={
         "compare": COMPARE,
-        # the suite runs pasa-compare end to end (plots, .safetensors, Hugging Face capture)
-        # and the Triton kernels under Triton's CPU interpreter: 3.6 matches the GPU image,
+        # the suite runs pasa-compare end to end (plots, .safetensors, Hugging Face capture),
+        # the Hugging Face integrations and the Triton kernels under Triton's CPU interpreter: 3.6 matches the GPU image,
         # and its interpreter needs numpy < 2.4; pytest-xdist for the README's `-n auto`
         "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6",
-                 "triton==3.6.0; platform_system == 'Linux'", "numpy<2.4"] + COMPARE,
+                 "triton==3.6.0; platform_system == 'Linux'", "numpy<2.4"] + COMPARE + HF,
         "gpu": ["triton>=3.0"],
+        "hf": HF,
     },
     entry_points={"console_scripts": ["pasa-beta=pasa_npu.tools.beta:main",
                                       "pasa-compare=pasa_npu.tools.compare.cli:main",
