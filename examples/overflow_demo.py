@@ -7,6 +7,12 @@ query-key product carries the same large constant, which softmax cancels but an 
 score cannot hold. The biased dimensions are the rotary embedding's slowest pairs, whose
 rotation stays below fp16's resolution, and carry the bias alone.
 
+So that every generated token depends on attention, and does so with margins far above
+any fp16 model's own rounding (a random model's top two logits often lie closer than
+that, and its fp16 and fp32 continuations part whatever the attention), layer 0 is made a
+previous-token head and the unembedding reads what it attends to: each greedy token is
+fixed by the token two positions back, through layer 0's attention.
+
 The script greedily continues one prompt three ways and prints the tokens: the fp32
 model (the reference), the fp16 model with eager attention (fp16 scores: inf, then NaN
 logits), and the fp16 model with PASA, with its largest logit error against fp32 over
@@ -175,7 +181,7 @@ def report(runs: dict[str, Run], algorithm: str | None = None) -> str:
     ref = runs["fp32 eager"]
     lines = [f"Qwen2-architecture model, random weights: {CONFIG['num_hidden_layers']} layers, "
              f"{CONFIG['num_attention_heads']} query / {CONFIG['num_key_value_heads']} "
-             f"key-value heads of {HEAD_DIM}",
+             f"key-value heads of {HEAD_DIM}, layer 0 a previous-token head",
              f"K and Q biased by +-{BIAS:g} on {len(BIASED_DIMS)} head dims: every q.k carries "
              f"{resonant_score():g} > fp16 max {FP16_MAX:g}",
              f"greedy continuation, {len(ref.tokens)} tokens:"]
