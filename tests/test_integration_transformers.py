@@ -24,12 +24,15 @@ VOCAB = 96
 
 
 def _model(family: str, seed: int = 0):
-    """A 2-layer fp32 model, weights rounded to fp16 (shared by its fp16 copies); Qwen2
-    with GQA 4:2 and q/k/v biases, Llama with 4 key-value heads."""
+    """A 2-layer fp32 model, weights rounded to fp16 (shared by its fp16 copies): Qwen2
+    with GQA 4:2 and q/k/v biases (``qwen2-window``: a sliding window of 6 keys in every
+    layer), Llama with 4 key-value heads."""
     torch.manual_seed(seed)
     common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, max_position_embeddings=256)
-    if family == "qwen2":
+    if family.startswith("qwen2"):
+        if family == "qwen2-window":
+            common.update(use_sliding_window=True, sliding_window=6, max_window_layers=0)
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(num_key_value_heads=2,
                                                                        **common))
     else:
@@ -62,7 +65,7 @@ def _bound(model, ids, reference, mask=None, keep=slice(None)):
     return 2 * float((sdpa16 - reference)[keep].abs().max()) + 2e-3
 
 
-@pytest.mark.parametrize("family", ["qwen2", "llama"])
+@pytest.mark.parametrize("family", ["qwen2", "llama", "qwen2-window"])
 def test_prefill_with_padding(family):
     """A batch of two sequences, the second left-padded by 5 tokens: the valid positions'
     logits agree with fp32 eager."""

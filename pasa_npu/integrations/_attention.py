@@ -82,9 +82,9 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, layou
     key and value with N or fewer heads (GQA, not repeated), through
     :func:`pasa_npu.fused_attention`. Returns (B, S1, N, Dv) in the input dtype.
 
-    ``masked``: bool, broadcastable to (B or 1, S1, S2), True = masked, or None. ``causal``: SDPA's
-    ``is_causal``, aligned to the upper left (row i sees keys 0..i). A row that sees no
-    key returns 0."""
+    ``masked``: bool, broadcastable to (B or 1, S1, S2), True = masked, or None.
+    ``causal``: SDPA's ``is_causal``, aligned to the upper left (row i sees keys 0..i). A
+    row that sees no key returns 0."""
     _check_inputs(query, key, value)
     heads_axis, seq_axis = (1, 2) if layout == "BNSD" else (2, 1)
     q_len, kv_len = query.shape[seq_axis], key.shape[seq_axis]

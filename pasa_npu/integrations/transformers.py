@@ -94,7 +94,7 @@ def configure(model: torch.nn.Module, algorithm: Optional[str] = None,
     ``model`` (a multimodal model's sub-configs included)."""
     check_options(algorithm or DEFAULT_ALGORITHM, backend or DEFAULT_BACKEND, "configure():")
     configs = {id(c): c for c in (getattr(m, "config", None) for m in model.modules())
-               if isinstance(c, _transformers.PretrainedConfig)}
+               if isinstance(c, _transformers.PreTrainedConfig)}
     for config in configs.values():
         if algorithm is not None:
             config.pasa_algorithm = algorithm
