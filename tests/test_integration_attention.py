@@ -9,13 +9,13 @@ import sys
 import pytest
 import torch
 
-from _support import naive_attention
+from _support import BACKENDS, DEVICE_OF, naive_attention, skip_unsupported
 from pasa_npu.integrations._attention import attend, masked_positions
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _biased(batch, heads, kv_heads, s_q, s_kv, d=64, bias=96.0, seed=0):
+def _biased(batch, heads, kv_heads, s_q, s_kv, d=64, bias=96.0, seed=0, device=DEVICE):
     """fp16 (B, N, S, D) query, key, value whose Q and K share a large pattern on 8 dims:
     every q . k carries 8 * bias^2, which softmax cancels."""
     g = torch.Generator().manual_seed(seed)
@@ -25,7 +25,7 @@ def _biased(batch, heads, kv_heads, s_q, s_kv, d=64, bias=96.0, seed=0):
     pattern = bias * torch.tensor([(-1.0) ** i for i in range(8)])
     q[..., :8] = pattern
     k[..., :8] = pattern
-    return (t.half().to(DEVICE) for t in (q, k, v))
+    return (t.half().to(device) for t in (q, k, v))
 
 
 def _error(out_bsnd, q, k, v, visible, scale):
@@ -60,20 +60,22 @@ def test_fp16_scores_overflow_on_the_same_inputs():
     assert not torch.isfinite(out).all()
 
 
-@pytest.mark.parametrize("layout", ["BNSD", "BSND"])
+@pytest.mark.parametrize("backend,layout", [(b, "BNSD") for b in BACKENDS] + [("torch", "BSND")])
 @pytest.mark.parametrize("s_q,s_kv", [(9, 9), (1, 21), (6, 140)])
-def test_causal_and_masks_with_gqa(layout, s_q, s_kv):
+def test_causal_and_masks_with_gqa(backend, layout, s_q, s_kv):
     """Upper-left causal (SDPA's is_causal) combined with a per-batch key mask, GQA 4:2, in
-    both layouts; the row that sees no key returns 0."""
-    q, k, v = _biased(2, 4, 2, s_q, s_kv, seed=1)
-    key_mask = torch.zeros(2, 1, s_kv, dtype=torch.bool, device=DEVICE)
+    both layouts, on every backend; the row that sees no key returns 0."""
+    device = DEVICE_OF[backend]
+    q, k, v = _biased(2, 4, 2, s_q, s_kv, seed=1, device=device)
+    key_mask = torch.zeros(2, 1, s_kv, dtype=torch.bool, device=device)
     key_mask[1, :, :3] = True   # batch 1: its first three keys are padding
-    causal = torch.ones(s_q, s_kv, dtype=torch.bool, device=DEVICE).triu(1)
+    causal = torch.ones(s_q, s_kv, dtype=torch.bool, device=device).triu(1)
     for masked, is_causal in ((None, True), (key_mask, True), (key_mask, False)):
         args = (q, k, v) if layout == "BNSD" else (t.transpose(1, 2) for t in (q, k, v))
-        out = attend(*args, layout=layout, masked=masked, causal=is_causal, scale=0.125,
-                     algorithm="pasa-exact", backend="auto")
-        hidden = torch.zeros(2, s_q, s_kv, dtype=torch.bool, device=DEVICE)
+        with skip_unsupported(backend):
+            out = attend(*args, layout=layout, masked=masked, causal=is_causal, scale=0.125,
+                         algorithm="pasa-exact", backend=backend)
+        hidden = torch.zeros(2, s_q, s_kv, dtype=torch.bool, device=device)
         if masked is not None:
             hidden = hidden | masked
         if is_causal:
