@@ -121,8 +121,12 @@ def _binding_extension(build):
     )
 
 
+# pasa_npu.integrations: the versions tested (the diffusers backend uses its dispatcher's
+# registry, which diffusers does not offer as an API)
+TRANSFORMERS = "transformers>=5.17,<6"
+HF = [TRANSFORMERS, "diffusers>=0.42,<0.43"]
 # pasa-compare: plots, .safetensors inputs, capture from Hugging Face models
-COMPARE = ["matplotlib>=3.7", "safetensors>=0.4", "transformers>=4.48"]
+COMPARE = ["matplotlib>=3.7", "safetensors>=0.4", TRANSFORMERS]
 
 setup(
     name="pasa-npu",
@@ -130,7 +134,8 @@ setup(
     description="PASA: overflow-free fp16 flash attention for Ascend NPUs, with Triton and "
                 "PyTorch fallbacks",
     python_requires=">=3.10",
-    packages=["pasa_npu", "pasa_npu.fallback", "pasa_npu.tools", "pasa_npu.tools.compare"],
+    packages=["pasa_npu", "pasa_npu.fallback", "pasa_npu.integrations", "pasa_npu.tools",
+              "pasa_npu.tools.compare"],
     package_dir={"pasa_npu": "pasa_npu", "pasa_npu.fallback": "fallback",
                  "pasa_npu.tools": "tools"},
     ext_modules=[_emulation_extension()],
@@ -138,13 +143,15 @@ setup(
     install_requires=["torch>=2.4", "numpy"],
     extras_require={
         "compare": COMPARE,
-        # the suite runs pasa-compare end to end (plots, .safetensors, Hugging Face capture)
-        # and the Triton kernels under Triton's CPU interpreter: 3.6 matches the GPU image,
-        # and its interpreter needs numpy < 2.4; pytest-xdist for the README's `-n auto`;
-        # pybind11 for the tests that run setup.py's NPU decision without build isolation
+        # the suite runs pasa-compare end to end (plots, .safetensors, Hugging Face capture),
+        # the Hugging Face integrations and the Triton kernels under Triton's CPU interpreter:
+        # 3.6 matches the GPU image, and its interpreter needs numpy < 2.4; pytest-xdist for
+        # the README's `-n auto`; pybind11 for the tests that run setup.py's NPU decision
+        # without build isolation
         "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "pybind11>=2.10",
-                 "triton==3.6.0; platform_system == 'Linux'", "numpy<2.4"] + COMPARE,
+                 "triton==3.6.0; platform_system == 'Linux'", "numpy<2.4"] + COMPARE + HF,
         "gpu": ["triton>=3.0"],
+        "hf": HF,
     },
     entry_points={"console_scripts": ["pasa-beta=pasa_npu.tools.beta:main",
                                       "pasa-compare=pasa_npu.tools.compare.cli:main",

@@ -23,5 +23,5 @@ def test_ci_runs_the_readme_test_command():
 
 def test_only_pasa_npu_is_installed():
     setup = (ROOT / "setup.py").read_text()
-    packages = re.search(r"packages=\[(.*?)\]", setup).group(1)
+    packages = re.search(r"packages=\[(.*?)\]", setup, flags=re.S).group(1)
     assert all(p.strip().strip('"').startswith("pasa_npu") for p in packages.split(","))
