@@ -123,7 +123,7 @@ def _check_inputs(query, key, value) -> None:
 
 def _ragged_rows(kv_len: int, algorithm: str) -> int:
     """How many rows the last kv block lacks, where the allocation shifts the keys."""
-    if not ALLOCATIONS[algorithm].is_pasa:
+    if not ALLOCATIONS[algorithm].shifts_keys:
         return 0
     return -kv_len % DEFAULT_TILING.kv_block
 
