@@ -127,9 +127,14 @@ def check_implemented(args: dict) -> None:
 
 
 def describe(value) -> str:
+    """A short description of an argument for an error message: tensors and arrays by
+    type, shape and dtype; other values by repr, cut at 80 characters."""
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
-    return repr(value)
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"a {type(value).__module__}.{type(value).__name__} of shape {tuple(value.shape)} and dtype {value.dtype}"
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def is_default(value, default) -> bool:

@@ -10,8 +10,8 @@ import torch
 import pasa_npu
 from pasa_npu.arguments import OWN_KEYWORDS, UNIMPLEMENTED_KEYWORDS
 
-# torch_npu.npu_fused_infer_attention_score's schema as the op-plugin documentation gives it
-# (docs/context/torch_npu-npu_fused_infer_attention_score.md).
+# torch_npu.npu_fused_infer_attention_score's schema as torch_npu's op-plugin documentation
+# of the operator gives it.
 TORCH_NPU_SCHEMA = (
     "npu_fused_infer_attention_score(Tensor query, Tensor key, Tensor value, *, "
     "Tensor? pse_shift=None, Tensor? atten_mask=None, SymInt[]? actual_seq_lengths=None, "
@@ -293,3 +293,16 @@ def test_emulated_backend_says_how_to_turn_its_emulator_on(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert backends.resolve("triton", torch.device("cpu")).name == "triton"
     assert "triton" not in backends.available_backends("cpu")  # never a default on CPU
+
+
+def test_error_messages_describe_arrays_and_long_values_briefly():
+    import numpy as np
+    q = torch.zeros(1, 2, 8, 16, dtype=torch.float16)
+    with pytest.raises(TypeError) as info:
+        pasa_npu.fused_attention(np.zeros((1, 2, 400, 16)), q, q, num_heads=2,
+                                 input_layout="BNSD")
+    message = str(info.value)
+    assert "numpy.ndarray of shape (1, 2, 400, 16) and dtype float64" in message
+    assert len(message) < 200, message
+    with pytest.raises(TypeError, match=r"scale must be a float, got '1{76}\.\.\.$"):
+        pasa_npu.fused_attention(q, q, q, num_heads=2, input_layout="BNSD", scale="1" * 500)

@@ -126,10 +126,12 @@ def test_attend_refuses_fp32_and_gradients():
                algorithm="pasa-exact", backend="auto")
 
 
-def test_importing_pasa_npu_imports_no_hugging_face_library():
+def test_importing_pasa_npu_imports_no_hugging_face_library(tmp_path):
     code = ("import sys, pasa_npu, pasa_npu.integrations; "
             "print([m for m in ('transformers', 'diffusers') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # run outside the checkout, so that the installed package is the one imported
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=tmp_path)
     assert out.stdout.strip() == "[]"
 
 

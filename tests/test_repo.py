@@ -9,9 +9,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _readme_commands():
+    """The Set-up section's commands: two lines, in one code block or two."""
     readme = (ROOT / "README.md").read_text()
     setup = readme[readme.index("## Set-up"):readme.index("## Quickstart")]
-    return re.findall(r"```bash\n(.+?)\n```", setup, flags=re.S)
+    blocks = re.findall(r"```bash\n(.+?)\n```", setup, flags=re.S)
+    lines = [line for block in blocks for line in block.splitlines() if line.strip()]
+    assert len(lines) == 2, f"the README's Set-up should hold two commands, it holds {lines}"
+    return lines
 
 
 def test_ci_runs_the_readme_test_command():

@@ -210,7 +210,8 @@ def plot(result, path) -> bool:
         print("pasa-bench: no prefill or decode rows; no plot written", file=sys.stderr)
         return False
     panels = len(combos) + bool(decode)
-    fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.8), squeeze=False)
+    # one panel alone still leaves the title its width
+    fig, axes = plt.subplots(1, panels, figsize=(max(6.0, 4.2 * panels), 3.8), squeeze=False)
     axes = list(axes[0])
     names = list(result["algorithms"]) + ["sdpa-flash", "sdpa-cudnn"]
     colors = {name: f"C{i}" for i, name in enumerate(names)}
