@@ -70,7 +70,10 @@ def row_constant_in_kernel(problem: AttentionProblem, block_n: int, tuning: Tuni
         return tuning.row_constant == "in-kernel"
     q, k, v = problem.query, problem.key, problem.value
     workspace = 4 * q.shape[0] * q.shape[1] * cdiv(problem.max_kv_len, block_n) * q.shape[2]
-    return workspace > 2 * (q.numel() + k.numel() + v.numel())
+    kv_numel = k.numel() + v.numel()
+    if problem.paged:  # the keys and values the batches use, not the whole caches
+        kv_numel = problem.batch * k.shape[1] * problem.max_kv_len * (k.shape[3] + v.shape[3])
+    return workspace > 2 * (q.numel() + kv_numel)
 
 
 def fp_options(allocation: Allocation) -> dict:
