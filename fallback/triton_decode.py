@@ -186,6 +186,9 @@ def run(problem: AttentionProblem, shared) -> None:
     part_o = q.new_empty(batch * n_kv * n_splits * group_rows * head_dim_vp, dtype=torch.float32)
     part_lse = q.new_empty(batch * n_kv * n_splits * group_rows, dtype=torch.float32)
     warps = 1 if shared.interpret else 4
+    stages = 1 if shared.interpret else heuristics.decode_stages(problem.allocation, head_dim_p)
+    if problem.paged:
+        stages = heuristics.paged_stages(stages)
     pages = problem.block_table if problem.paged else q_starts
     launch(
         _decode_split, (n_chunks * n_splits * batch * n_kv,),
@@ -197,8 +200,7 @@ def run(problem: AttentionProblem, shared) -> None:
         n_splits, n_chunks, group_rows, PAGED=problem.paged,
         WHOLE_PAGE=problem.block_size % shared.constexprs["BLOCK_N"] == 0,
         BLOCK_G=block_g, num_warps=warps,
-        num_stages=1 if shared.interpret else heuristics.decode_stages(problem.allocation,
-                                                                       head_dim_p),
+        num_stages=stages,
         **shared.constexprs, **heuristics.fp_options(problem.allocation))
     has_lse = problem.lse is not None
     lse_arg = shared.lse_arg

@@ -87,6 +87,15 @@ def decode_stages(allocation: Allocation, head_dim: int) -> int:
     return stages - 1 if head_dim > 128 else stages
 
 
+def paged_stages(stages: int) -> int:
+    """num_stages for a kv loop that reads K/V through the block table: Triton's pipeliner
+    gives the table's load a stage of its own in front of the K/V loads it addresses and
+    splits the stages between the two, so 2s - 1 stages keep the K/V loads s - 1 ahead,
+    as s stages keep them without a table (``tools/triton_aot.py``: the same shared memory
+    and residency)."""
+    return 2 * stages - 1
+
+
 def decode_block_g(group: int, head_dim: int) -> int:
     """Query heads per decode program (the rows of its tiles): the whole group up to a cap
     that keeps the kernel within an H100's shared memory and registers (64 rows overflow

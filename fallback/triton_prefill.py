@@ -238,6 +238,8 @@ def run(problem: AttentionProblem, tuning: Tuning, shared) -> None:
     block_m, warps, stages = tuning.launch or heuristics.launch_config(
         head_dim_p, alloc.name, shared.interpret, fused or c_per_block, loops,
         problem.mask is not None)
+    if problem.paged and not tuning.launch:
+        stages = heuristics.paged_stages(stages)
     constants = placeholder(dev, torch.float32)
     means = placeholder(dev, torch.float16)
     k_pages = v_pages = problem.block_table if problem.paged else shared.lengths[0]
