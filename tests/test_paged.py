@@ -151,3 +151,15 @@ def test_prefill_block_size_follows_torch_npu(block_size):
                                  block_table=torch.tensor([[0]], dtype=torch.int32),
                                  block_size=block_size, actual_seq_lengths_kv=[4],
                                  scale=1 / math.sqrt(16))
+
+
+@pytest.mark.parametrize("name", ["decode-bsh-3d", "tnd-mixed-4d-band"])
+def test_paged_call_under_torch_compile_equals_eager(name):
+    """The compiled operator's fake outputs take their shapes from the paged caches."""
+    q, k_cache, v_cache, kw, _ = paged_case(PAGED_CASES[name], torch.float16)
+    want = pasa_npu.fused_attention(q, k_cache, v_cache, backend="torch", **kw)
+    compiled = torch.compile(
+        lambda q, k, v: pasa_npu.fused_attention(q, k, v, backend="torch", **kw),
+        fullgraph=True)
+    got = compiled(q, k_cache, v_cache)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
