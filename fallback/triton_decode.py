@@ -35,6 +35,8 @@ def _page_rows(pages, n0, cols, kv_len, page_size, WHOLE_PAGE: tl.constexpr):
     return page, rows
 
 
+# Over 80 lines: one kv loop holds the contiguous and the paged addressing, the fused key
+# shift and the mask, each a few lines that read the loop's state.
 @triton.jit
 def _decode_split(
     Q, K, V, MASK, SHIFT, PART_O, PART_LSE, PAGES,
