@@ -163,3 +163,29 @@ def test_paged_call_under_torch_compile_equals_eager(name):
         fullgraph=True)
     got = compiled(q, k_cache, v_cache)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
+@pytest.mark.parametrize("algorithm", ["pasa", "fa-fp32"])
+def test_gpu_paged_decode_reads_the_table_at_replay(algorithm):
+    """A paged decode captured in a CUDA graph (the table on the device: not checked
+    during capture, no host synchronisation) reads the table when replayed: with its rows
+    swapped in place, the replay gives the eager result of the swapped table."""
+    q, k_cache, v_cache, kw, _ = paged_case(PAGED_CASES["decode-bnsd-4d"], torch.float16)
+    q, k_cache, v_cache, table = (t.cuda() for t in (q, k_cache, v_cache, kw["block_table"]))
+    kw = dict(kw, block_table=table, backend="triton", algorithm=algorithm)
+    want = pasa_npu.fused_attention(q, k_cache, v_cache, **kw)  # plan and compile first
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        pasa_npu.fused_attention(q, k_cache, v_cache, **kw)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = pasa_npu.fused_attention(q, k_cache, v_cache, **kw)
+    graph.replay()
+    assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
+    table.copy_(table.flip(0))  # both requests' first two blocks cover the kv lengths
+    want = pasa_npu.fused_attention(q, k_cache, v_cache, **kw)
+    graph.replay()
+    assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
