@@ -10,8 +10,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from pasa_npu.fallback import gluon_config
 from pasa_npu.fallback.gluon_parts import (MEAN_ROWS_C, ROWS, THIN_LAYOUT, Blocks, Operands,
-                                           Output, Queries, Ring, Schedule, Sizes, Variant,
-                                           _column,
+                                           Output, Pages, Queries, Ring, Schedule, Sizes,
+                                           Variant, _column, _paged_rows,
                                            _key_visible, _release_blocks, _row_sees_block,
                                            _row_sum_read, _row_sum_start, _scores_pasa,
                                            _softmax_exact, _softmax_fa, _statistics_pasa,
@@ -24,15 +24,16 @@ _LOADER_REGS = gl.constexpr(gluon_config.LOADER_REGS)
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, next_tile, n_blocks,
-            EXACT_SHIFT: gl.constexpr, HAS_BAND: gl.constexpr, BLOCK_M: gl.constexpr,
-            BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+def _loader(q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, pages, next_tile,
+            n_blocks, EXACT_SHIFT: gl.constexpr, HAS_BAND: gl.constexpr, PAGED: gl.constexpr,
+            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """Loader warp: takes this program's tiles (its own index first, then the next
     untaken one from the ``next_tile`` counter, so that a program that finishes early
     takes more) and publishes each to the consumers; for each, the groups' parts of Q
     once they are done with the previous tile's, then K and V block by block
     into the ring, which runs on across tiles. Publishes an index past the last tile
-    at the end."""
+    at the end. PAGED: K and V blocks come from the physical blocks the tables of
+    ``pages`` name (the descriptors cover the whole caches)."""
     q_smem, q_bar, q_empty = queries.smem, queries.ready, queries.free
     k_smem, v_smem, mean_smem = ring.k, ring.v, ring.means
     kv_ready, kv_empty = ring.ready, ring.empty
@@ -62,6 +63,9 @@ def _loader(q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, next
         mean_row0 = (b * (n_heads // group) + hk) * n_blocks
         for blk in range(lo, hi):
             stage = it % STAGES
+            k_block, v_block, row = b, b, blk * BLOCK_N
+            if PAGED:  # read before the wait below, which hides the table's latency
+                k_block, v_block, row = _paged_rows(pages, b, blk * BLOCK_N)
             # the first pass over the ring finds every stage free
             mbarrier.wait(kv_empty.index(stage), ((it // STAGES) & 1) ^ 1,
                           pred=it >= STAGES)
@@ -71,9 +75,9 @@ def _loader(q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, next
                 tma.async_copy_global_to_shared(
                     m_desc, [mean_row0 + blk - blk % MEAN_ROWS_C, 0], ready,
                     mean_smem.index(stage))
-            tma.async_copy_global_to_shared(k_desc, [b, hk, blk * BLOCK_N, 0], ready,
+            tma.async_copy_global_to_shared(k_desc, [k_block, hk, row, 0], ready,
                                             k_smem.index(stage))
-            tma.async_copy_global_to_shared(v_desc, [b, hk, blk * BLOCK_N, 0], ready,
+            tma.async_copy_global_to_shared(v_desc, [v_block, hk, row, 0], ready,
                                             v_smem.index(stage))
             it += 1
         n += 1
@@ -327,10 +331,12 @@ def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m
 
 @gluon.jit
 def _prefill_ws(q_desc, k_desc, v_desc, m_desc, O, LSE, next_tile, band_pre, band_next,
+                K_PAGES, V_PAGES,
                 stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
+                stride_kpb, stride_vpb, page_size,
                 n_heads, group, q_len, kv_len, n_blocks, scale, gamma, n_tiles, n_pairs,
                 tile_group, PSEUDO_AVERAGE_SHIFT: gl.constexpr, EXACT_SHIFT: gl.constexpr,
-                HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr,
+                HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr, PAGED: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                 STAGES: gl.constexpr):
     """Persistent, one program per SM: each takes tiles of :func:`_tile`'s order until
@@ -375,6 +381,7 @@ def _prefill_ws(q_desc, k_desc, v_desc, m_desc, O, LSE, next_tile, band_pre, ban
     schedule = Schedule(tile_ids, tile_ready, n_tiles, n_pairs, tile_group, n_heads, group)
     sizes = Sizes(q_len, kv_len, band_pre, band_next, scale, gamma)
     output = Output(O, LSE, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls)
+    pages = Pages(K_PAGES, V_PAGES, stride_kpb, stride_vpb, page_size)
     variant = Variant(PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N,
                       HEAD_DIM, STAGES)
     if GROUPS == 3:
@@ -382,14 +389,16 @@ def _prefill_ws(q_desc, k_desc, v_desc, m_desc, O, LSE, next_tile, band_pre, ban
             (_consumer, (queries, ring, schedule, sizes, output, ones, 0, variant)),
             (_consumer, (queries, ring, schedule, sizes, output, ones, 1, variant)),
             (_consumer, (queries, ring, schedule, sizes, output, ones, 2, variant)),
-            (_loader, (q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, next_tile,
-                       n_blocks, EXACT_SHIFT, HAS_BAND, BLOCK_M, BLOCK_N, STAGES)),
+            (_loader, (q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, pages,
+                       next_tile, n_blocks, EXACT_SHIFT, HAS_BAND, PAGED, BLOCK_M, BLOCK_N,
+                       STAGES)),
         ], [4, 4, 1], [_CONSUMER_REGS_3, _CONSUMER_REGS_3, _LOADER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (queries, ring, schedule, sizes, output, ones, 0, variant)),
             (_consumer, (queries, ring, schedule, sizes, output, ones, 1, variant)),
-            (_loader, (q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, next_tile,
-                       n_blocks, EXACT_SHIFT, HAS_BAND, BLOCK_M, BLOCK_N, STAGES)),
+            (_loader, (q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, pages,
+                       next_tile, n_blocks, EXACT_SHIFT, HAS_BAND, PAGED, BLOCK_M, BLOCK_N,
+                       STAGES)),
         ], [4, 1], [_CONSUMER_REGS_2, _LOADER_REGS])
 

@@ -148,6 +148,33 @@ class Blocks:
 
 
 @aggregate
+class Pages:
+    """Paged KV: the block tables K (K' for PASA: the slots of the key-shift pass) and V
+    are read through, one row of ``stride_k`` / ``stride_v`` entries per batch, and the
+    cache's block size (a multiple of BLOCK_N)."""
+
+    k: SCALAR
+    v: SCALAR
+    stride_k: SCALAR
+    stride_v: SCALAR
+    size: SCALAR
+
+    @constexpr_function
+    def __init__(self, k, v, stride_k, stride_v, size):
+        _fill(self, k=k, v=v, stride_k=stride_k, stride_v=stride_v, size=size)
+
+
+@gluon.jit
+def _paged_rows(pages, b, n0):
+    """Paged KV: the physical blocks of K and of V that hold batch ``b``'s keys n0 ..
+    n0 + BLOCK_N - 1, and the row of key n0 in them."""
+    entry = n0 // pages.size
+    k_block = gl.load(pages.k + b.to(gl.int64) * pages.stride_k + entry)
+    v_block = gl.load(pages.v + b.to(gl.int64) * pages.stride_v + entry)
+    return k_block, v_block, n0 % pages.size
+
+
+@aggregate
 class Variant:
     """The compiled variant, as constexprs: the allocation (pasa: PSEUDO_AVERAGE_SHIFT,
     pasa-exact: EXACT_SHIFT, fa-fp32: neither), the mask (HAS_BAND), the LSE output, the

@@ -32,7 +32,11 @@ cores' order, so a few outputs in 10^4 differ from the Triton kernel's by roundi
 Scope (:func:`supported`): fp16 inputs; head dim 64 or 128 (Q, K and V alike); kv_block
 128; every batch at the full lengths (no ragged or packed varlen input); no explicit mask
 (causal and band modes are computed in the kernel); no rounding guard; layouts TMA can
-address. Everything else runs on the Triton kernel.
+address. Paged KV too, where the block size is a multiple of 128 and every batch has the
+same kv length, a multiple of 128 (the loader reads whole kv blocks of the caches: rows
+past a kv length would be the cache's other contents); the loader looks each kv block's
+physical block up in the table (K' in the key-shift pass's slots) and loads it through
+descriptors over the whole caches. Everything else runs on the Triton kernel.
 """
 from __future__ import annotations
 
@@ -99,8 +103,13 @@ def supported(problem: AttentionProblem, lengths: tuple) -> bool:
     if not (q.shape[3] == k.shape[3] == v.shape[3] and q.shape[3] in HEAD_DIMS):
         return False
     q_starts, q_lens, kv_starts, kv_lens = lengths
+    full_kv = {k.shape[2]}
+    if problem.paged:  # one kv length, in whole kv blocks of whole cache blocks
+        full_kv = {problem.max_kv_len} if problem.max_kv_len % BLOCK_N == 0 else {-1}
+        if problem.block_size % BLOCK_N:
+            return False
     if any(q_starts) or any(kv_starts) or set(q_lens) != {q.shape[2]} \
-            or set(kv_lens) != {k.shape[2]}:
+            or set(kv_lens) != full_kv:
         return False  # ragged lengths: the Triton kernel masks them
     if out.stride(3) != 1:
         return False
@@ -130,12 +139,13 @@ def _no_means(device: torch.device, head_dim: int) -> torch.Tensor:
 
 
 def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
-        band_pre, band_next, lse_arg: torch.Tensor) -> None:
+        band_pre, band_next, lse_arg: torch.Tensor, k_pages=None) -> None:
     """Launch the kernel for a :func:`supported` problem. ``gamma``: PASA's
     invariance as the Triton kernel takes it; ``k_used``: K'
     (B, Nkv, blocks*128, D) for PASA (and pasa-exact's block means, (B, Nkv, blocks, D)),
     K and None for fa-fp32; ``band_*``: the per-batch band limits on the device (read only
-    under a band)."""
+    under a band). Paged: ``k_used`` is the key cache, or K's slots for PASA, and
+    ``k_pages`` the table that maps each batch's kv blocks into it."""
     q, v, out, lse = problem.query, problem.value, problem.out, problem.lse
     head_dim = q.shape[3]
     n_blocks = means.shape[2] if means is not None else 0
@@ -147,7 +157,11 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
     block_m = GROUP_ROWS * consumer_groups(head_dim)
     n_tiles = -(-problem.max_q_len // block_m)
     n_pairs = problem.batch * q.shape[1]
-    kv_bytes = (k_used.shape[2] + v.shape[2]) * head_dim * 2  # one pair's K/V
+    kv_len = problem.max_kv_len if problem.paged else problem.key.shape[2]
+    kv_rows = 2 * kv_len if problem.paged else k_used.shape[2] + v.shape[2]
+    kv_bytes = kv_rows * head_dim * 2  # one pair's K/V
+    v_pages = problem.block_table if problem.paged else band_pre  # never read unpaged
+    k_pages = k_pages if problem.paged else band_pre
     tile_group = 1
     if problem.band is not None:
         tile_group = max(1, min(n_pairs, TILE_GROUP_BYTES // kv_bytes))
@@ -156,12 +170,13 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
         _prefill_ws, grid,
         _descriptor(q, GROUP_ROWS), _descriptor(k_used, BLOCK_N), _descriptor(v, BLOCK_N),
         m_desc, out, lse_arg, torch.zeros(1, dtype=torch.int32, device=q.device), band_pre,
-        band_next, out.stride(0), out.stride(1), out.stride(2),
+        band_next, k_pages, v_pages, out.stride(0), out.stride(1), out.stride(2),
         lse_arg.stride(0) if lse is not None else 0, lse_arg.stride(1), lse_arg.stride(2),
-        q.shape[1], q.shape[1] // problem.key.shape[1], q.shape[2], problem.key.shape[2],
+        k_pages.stride(0), v_pages.stride(0), problem.block_size,
+        q.shape[1], q.shape[1] // problem.key.shape[1], q.shape[2], kv_len,
         n_blocks, problem.scale, gamma, n_tiles, n_pairs, tile_group,
         PSEUDO_AVERAGE_SHIFT=problem.allocation.pseudo_average_shift,
         EXACT_SHIFT=problem.allocation.exact_shift, HAS_BAND=problem.band is not None,
-        HAS_LSE=lse is not None,
+        HAS_LSE=lse is not None, PAGED=problem.paged,
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, STAGES=_stages(head_dim),
         num_warps=4, enable_fp_fusion=not problem.allocation.low_statistics)

@@ -41,10 +41,15 @@ class Shared(NamedTuple):
     constexprs: dict         # the allocation's flags, HAS_MASK, GUARD, BLOCK_N, HEAD_DIM(_V)
     interpret: bool
     batch_stride: Callable   # a tensor's batch stride as the kernels take it (0: packed)
+    paged: bool              # K and V are caches read through the block table
 
     def strides(self, t: torch.Tensor) -> tuple:
         """The four (B, N, S, D) strides of ``t`` as the kernels take them."""
         return (self.batch_stride(t), t.stride(1), t.stride(2), t.stride(3))
+
+    def kv_strides(self, t: torch.Tensor) -> tuple:
+        """K's (or V's) four strides: a paged cache's first one steps its blocks."""
+        return tuple(t.stride()) if self.paged else self.strides(t)
 
 
 def run(problem: AttentionProblem) -> None:
@@ -55,15 +60,21 @@ def run(problem: AttentionProblem) -> None:
             and (problem.mask is None or problem.mask.shape[1] == 1)):
         triton_decode.run(problem, shared)
     elif _gluon_prefill(problem, tuning):
-        k_used, means = problem.key, None
+        k_used, means, k_pages = problem.key, None, problem.block_table
         if problem.allocation.shifts_keys:
-            k_used, means = prepare_keys(problem, problem.key, shared.lengths[2],
-                                         shared.lengths[3], shared.constexprs["BLOCK_N"],
-                                         shared.constexprs["HEAD_DIM"])
+            k_used, means, shifted_pages = prepare_keys(
+                problem, problem.key, shared.lengths[2], shared.lengths[3],
+                shared.constexprs["BLOCK_N"], shared.constexprs["HEAD_DIM"])
+            k_pages = shifted_pages if problem.paged else None
         gluon_prefill.run(problem, shared.gamma, k_used,
                           means if problem.allocation.exact_shift else None,
-                          shared.band_pre, shared.band_next, shared.lse_arg)
+                          shared.band_pre, shared.band_next, shared.lse_arg, k_pages)
     else:
+        if problem.paged and problem.block_size % shared.constexprs["BLOCK_N"]:
+            raise NotImplementedError(
+                f"the Triton backend's paged prefill needs kv_block to divide block_size "
+                f"(a kv block inside one cache block); got kv_block "
+                f"{shared.constexprs['BLOCK_N']} and block_size {problem.block_size}")
         triton_prefill.run(problem, tuning, shared)
 
 
@@ -95,7 +106,7 @@ def _shared(problem: AttentionProblem) -> Shared:
                       BLOCK_N=block_n, HEAD_DIM=head_dim_p, HEAD_DIM_V=head_dim_vp)
     batch_stride = _no_stride if problem.packed else _batch_stride
     return Shared(tuple(lengths), band_pre, band_next, mask, mask_strides, shift, lse_arg, gamma,
-                  constexprs, interpreting(), batch_stride)
+                  constexprs, interpreting(), batch_stride, problem.paged)
 
 
 def _batch_stride(t: torch.Tensor) -> int:

@@ -20,24 +20,44 @@ from pasa_npu.problem import AttentionProblem
 
 
 @triton.jit
+def _page_rows(pages, n0, cols, kv_len, page_size, WHOLE_PAGE: tl.constexpr):
+    """Paged KV: the physical block (``pages``: the batch's row of the block table) and the
+    row in it of keys n0 + cols, as int64 offsets to scale by the caches' strides. A scalar
+    block where BLOCK_N keys never straddle two (WHOLE_PAGE: BLOCK_N divides the block
+    size), else one per key; keys past ``kv_len`` read entry 0's block, and are masked."""
+    if WHOLE_PAGE:
+        page = tl.load(pages + n0 // page_size).to(tl.int64)
+        rows = (n0 % page_size + cols).to(tl.int64)
+    else:
+        n = n0 + cols
+        page = tl.load(pages + n // page_size, mask=n < kv_len, other=0).to(tl.int64)
+        rows = (n % page_size).to(tl.int64)
+    return page, rows
+
+
+# Over 80 lines: one kv loop holds the contiguous and the paged addressing, the fused key
+# shift and the mask, each a few lines that read the loop's state.
+@triton.jit
 def _decode_split(
-    Q, K, V, MASK, SHIFT, PART_O, PART_LSE,
+    Q, K, V, MASK, SHIFT, PART_O, PART_LSE, PAGES,
     q_starts, kv_starts, kv_lens,
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
     stride_vb, stride_vh, stride_vs, stride_vd,
-    stride_xb, stride_xk,
+    stride_xb, stride_xk, stride_pb, page_size,
     n_kv_heads, group, scale, gamma, head_dim, head_dim_v, blocks_per_split, n_splits,
     n_chunks, group_rows,
     PSEUDO_AVERAGE_SHIFT: tl.constexpr, EXACT_SHIFT: tl.constexpr, LOW_SCORES: tl.constexpr,
     LOW_STATISTICS: tl.constexpr, LOW_ACCUMULATOR: tl.constexpr,
-    HAS_MASK: tl.constexpr, GUARD: tl.constexpr,
+    HAS_MASK: tl.constexpr, GUARD: tl.constexpr, PAGED: tl.constexpr, WHOLE_PAGE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
 ):
     """One split of the kv blocks for BLOCK_G query heads of one kv head's group (a group
     larger than BLOCK_G is cut into ``n_chunks``), query length 1. Writes the partial
     results to rows ``chunk * BLOCK_G + g`` of the group's ``group_rows``. PASA's key shift
-    is done here on each zero-padded raw K block (fused)."""
+    is done here on each zero-padded raw K block (fused). PAGED: K and V are the caches
+    (num_blocks, N_kv, page_size, D), read through the block table ``PAGES`` (a row of
+    ``stride_pb`` per batch), whose strides ``stride_kb``/``stride_vb`` step blocks."""
     # a 1-D grid, chunks of a group fastest (they read the same K/V blocks): CUDA caps
     # the grid's other axes at 65535
     pid = tl.program_id(0)
@@ -57,8 +77,15 @@ def _decode_split(
     q = tl.load(Q + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
                 + q_start * stride_qs + dims[None, :] * stride_qd,
                 mask=(g[:, None] < group) & (dims[None, :] < head_dim), other=0.0)
-    k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh + kv_start * stride_ks
-    v_base = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh + kv_start * stride_vs
+    if PAGED:
+        k_base = K + hk.to(tl.int64) * stride_kh
+        v_base = V + hk.to(tl.int64) * stride_vh
+        pages = PAGES + b.to(tl.int64) * stride_pb
+    else:
+        k_base = (K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
+                  + kv_start * stride_ks)
+        v_base = (V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
+                  + kv_start * stride_vs)
 
     m, l, acc, f, cnt, c = _initial_state(BLOCK_G, HEAD_DIM_V, LOW_ACCUMULATOR, q.dtype)
     n_blocks = (kv_len + BLOCK_N - 1) // BLOCK_N
@@ -67,9 +94,16 @@ def _decode_split(
     for blk in range(first, last):
         n = blk * BLOCK_N + cols
         in_kv = n < kv_len
-        k = tl.load(k_base + n[:, None].to(tl.int64) * stride_ks + dims[None, :] * stride_kd,
+        if PAGED:
+            page, rows = _page_rows(pages, blk * BLOCK_N, cols, kv_len, page_size, WHOLE_PAGE)
+            k_rows = page * stride_kb + rows * stride_ks
+            v_rows = page * stride_vb + rows * stride_vs
+        else:
+            k_rows = n.to(tl.int64) * stride_ks
+            v_rows = n.to(tl.int64) * stride_vs
+        k = tl.load(k_base + k_rows[:, None] + dims[None, :] * stride_kd,
                     mask=in_kv[:, None] & (dims[None, :] < head_dim), other=0.0)
-        v = tl.load(v_base + n[:, None].to(tl.int64) * stride_vs + dims_v[None, :] * stride_vd,
+        v = tl.load(v_base + v_rows[:, None] + dims_v[None, :] * stride_vd,
                     mask=in_kv[:, None] & (dims_v[None, :] < head_dim_v), other=0.0)
         if PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT:
             k, mean = _shift_in_kernel(k, SHIFT, scale, EXACT_SHIFT, BLOCK_N)
@@ -154,16 +188,21 @@ def run(problem: AttentionProblem, shared) -> None:
     part_o = q.new_empty(batch * n_kv * n_splits * group_rows * head_dim_vp, dtype=torch.float32)
     part_lse = q.new_empty(batch * n_kv * n_splits * group_rows, dtype=torch.float32)
     warps = 1 if shared.interpret else 4
+    stages = 1 if shared.interpret else heuristics.decode_stages(problem.allocation, head_dim_p)
+    if problem.paged:
+        stages = heuristics.paged_stages(stages)
+    pages = problem.block_table if problem.paged else q_starts
     launch(
         _decode_split, (n_chunks * n_splits * batch * n_kv,),
         q, k, v, shared.mask, shared.shift if shared.shift is not None else part_lse, part_o,
-        part_lse, q_starts, kv_starts, kv_lens,
-        *shared.strides(q), *shared.strides(k), *shared.strides(v),
-        shared.mask_strides[0], shared.mask_strides[2],
+        part_lse, pages, q_starts, kv_starts, kv_lens,
+        *shared.strides(q), *shared.kv_strides(k), *shared.kv_strides(v),
+        shared.mask_strides[0], shared.mask_strides[2], pages.stride(0), problem.block_size,
         n_kv, group, problem.scale, shared.gamma, q.shape[3], v.shape[3], blocks_per_split,
-        n_splits, n_chunks, group_rows, BLOCK_G=block_g, num_warps=warps,
-        num_stages=1 if shared.interpret else heuristics.decode_stages(problem.allocation,
-                                                                       head_dim_p),
+        n_splits, n_chunks, group_rows, PAGED=problem.paged,
+        WHOLE_PAGE=problem.block_size % shared.constexprs["BLOCK_N"] == 0,
+        BLOCK_G=block_g, num_warps=warps,
+        num_stages=stages,
         **shared.constexprs, **heuristics.fp_options(problem.allocation))
     has_lse = problem.lse is not None
     lse_arg = shared.lse_arg

@@ -70,7 +70,10 @@ def row_constant_in_kernel(problem: AttentionProblem, block_n: int, tuning: Tuni
         return tuning.row_constant == "in-kernel"
     q, k, v = problem.query, problem.key, problem.value
     workspace = 4 * q.shape[0] * q.shape[1] * cdiv(problem.max_kv_len, block_n) * q.shape[2]
-    return workspace > 2 * (q.numel() + k.numel() + v.numel())
+    kv_numel = k.numel() + v.numel()
+    if problem.paged:  # the keys and values the batches use, not the whole caches
+        kv_numel = problem.batch * k.shape[1] * problem.max_kv_len * (k.shape[3] + v.shape[3])
+    return workspace > 2 * (q.numel() + kv_numel)
 
 
 def fp_options(allocation: Allocation) -> dict:
@@ -82,6 +85,15 @@ def decode_stages(allocation: Allocation, head_dim: int) -> int:
     """Pipeline depth of the decode kernel that fits shared memory (PASA also stages K')."""
     stages = 2 if allocation.shifts_keys else 3
     return stages - 1 if head_dim > 128 else stages
+
+
+def paged_stages(stages: int) -> int:
+    """num_stages for a kv loop that reads K/V through the block table: Triton's pipeliner
+    gives the table's load a stage of its own in front of the K/V loads it addresses and
+    splits the stages between the two, so 2s - 1 stages keep the K/V loads s - 1 ahead,
+    as s stages keep them without a table (``tools/triton_aot.py``: the same shared memory
+    and residency)."""
+    return 2 * stages - 1
 
 
 def decode_block_g(group: int, head_dim: int) -> int:

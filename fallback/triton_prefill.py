@@ -40,7 +40,7 @@ def _tile_row_constants(q, mean_base, c_base, rows, q_len, dims, lo, hi, stride_
 
 @triton.jit
 def _attention_fwd(
-    Q, K, V, O, LSE, C, MEANS, MASK, SHIFT, K_DESC, V_DESC,
+    Q, K, V, O, LSE, C, MEANS, MASK, SHIFT, K_DESC, V_DESC, K_PAGES, V_PAGES,
     q_starts, q_lens, kv_starts, kv_lens, band_pre, band_next,
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
@@ -50,12 +50,13 @@ def _attention_fwd(
     stride_cb, stride_ch, stride_cblk,
     stride_mb, stride_mh, stride_mblk,
     stride_xb, stride_xs, stride_xk,
+    stride_kpb, stride_vpb, page_size,
     n_heads, n_tiles, group, scale, gamma, head_dim, head_dim_v,
     PSEUDO_AVERAGE_SHIFT: tl.constexpr, EXACT_SHIFT: tl.constexpr, LOW_SCORES: tl.constexpr,
     LOW_STATISTICS: tl.constexpr, LOW_ACCUMULATOR: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BAND: tl.constexpr, HAS_LSE: tl.constexpr,
     GRID_1D: tl.constexpr,
     GUARD: tl.constexpr, K_PADDED: tl.constexpr, FUSED_SHIFT: tl.constexpr,
-    USE_TMA: tl.constexpr, C_PER_BLOCK: tl.constexpr, LOOPS: tl.constexpr,
+    USE_TMA: tl.constexpr, C_PER_BLOCK: tl.constexpr, LOOPS: tl.constexpr, PAGED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
 ):
     # one kernel body: the three kv-block loops share its set-up and its state, and
@@ -96,11 +97,18 @@ def _attention_fwd(
         full_lo = hi
         full_hi = hi
 
-    k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
-    v_base = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
-    if not K_PADDED:
-        k_base += kv_start.to(tl.int64) * stride_ks
-    v_base += kv_start.to(tl.int64) * stride_vs
+    if PAGED:  # K (or K') and V through their block tables, a row per batch; BLOCK_N
+        # divides page_size, so a kv block lies in one physical block
+        k_base = K + hk.to(tl.int64) * stride_kh
+        v_base = V + hk.to(tl.int64) * stride_vh
+        k_pages = K_PAGES + b.to(tl.int64) * stride_kpb
+        v_pages = V_PAGES + b.to(tl.int64) * stride_vpb
+    else:
+        k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
+        v_base = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
+        if not K_PADDED:
+            k_base += kv_start.to(tl.int64) * stride_ks
+        v_base += kv_start.to(tl.int64) * stride_vs
     k_offs = cols[:, None] * stride_ks + dims[None, :] * stride_kd
     v_offs = cols[:, None] * stride_vs + dims_v[None, :] * stride_vd
     # pasa-exact's row constants from the block means mean16 (B, Nkv, blocks, D): one thin
@@ -125,8 +133,17 @@ def _attention_fwd(
                 start, stop = full_hi, hi
             for blk in range(start, stop):
                 n0 = blk * BLOCK_N
-                k_ptrs = k_base + tl.cast(n0, tl.int64) * stride_ks + k_offs
-                v_ptrs = v_base + tl.cast(n0, tl.int64) * stride_vs + v_offs
+                if PAGED:
+                    k_page = tl.load(k_pages + n0 // page_size)
+                    v_page = tl.load(v_pages + n0 // page_size)
+                    row0 = n0 % page_size
+                    k_ptrs = (k_base + k_page.to(tl.int64) * stride_kb + row0 * stride_ks
+                              + k_offs)
+                    v_ptrs = (v_base + v_page.to(tl.int64) * stride_vb + row0 * stride_vs
+                              + v_offs)
+                else:
+                    k_ptrs = k_base + tl.cast(n0, tl.int64) * stride_ks + k_offs
+                    v_ptrs = v_base + tl.cast(n0, tl.int64) * stride_vs + v_offs
                 if EXACT_SHIFT and not FUSED_SHIFT:
                     if C_PER_BLOCK:
                         mean = tl.load(mean_base + tl.cast(blk, tl.int64) * stride_mblk + dims)
@@ -135,7 +152,10 @@ def _attention_fwd(
                         c = tl.load(c_base + tl.cast(blk, tl.int64) * stride_cblk + rows,
                                     mask=rows < q_len, other=0.0)
                 if stage == 1:
-                    if USE_TMA:  # interior blocks lie inside the tensors: no masks needed
+                    if USE_TMA and PAGED:
+                        k = K_DESC.load([k_page, hk, row0, 0]).reshape(BLOCK_N, HEAD_DIM)
+                        v = V_DESC.load([v_page, hk, row0, 0]).reshape(BLOCK_N, HEAD_DIM_V)
+                    elif USE_TMA:  # interior blocks lie inside the tensors: no masks needed
                         k_row = n0 if K_PADDED else kv_start + n0
                         k = K_DESC.load([tl.where(stride_kb == 0, 0, b), hk, k_row, 0]).reshape(
                             BLOCK_N, HEAD_DIM)
@@ -218,22 +238,27 @@ def run(problem: AttentionProblem, tuning: Tuning, shared) -> None:
     block_m, warps, stages = tuning.launch or heuristics.launch_config(
         head_dim_p, alloc.name, shared.interpret, fused or c_per_block, loops,
         problem.mask is not None)
+    if problem.paged and not tuning.launch:
+        stages = heuristics.paged_stages(stages)
     constants = placeholder(dev, torch.float32)
     means = placeholder(dev, torch.float16)
+    k_pages = v_pages = problem.block_table if problem.paged else shared.lengths[0]
     if alloc.shifts_keys and not fused:
-        k_used, means = prepare_keys(problem, k, shared.lengths[2], shared.lengths[3],
-                                     block_n, head_dim_p)
+        k_used, means, shifted_pages = prepare_keys(problem, k, shared.lengths[2],
+                                                    shared.lengths[3], block_n, head_dim_p)
+        k_pages = shifted_pages if problem.paged else k_pages
         k_strides = tuple(k_used.stride())
         if alloc.exact_shift and not c_per_block:  # the kernel fills it
             constants = torch.empty(problem.batch, q.shape[1], means.shape[2],
                                     max(1, problem.max_q_len), dtype=torch.float32, device=dev)
     else:
         k_used = k
-        k_strides = (shared.batch_stride(k), *k.stride()[1:])
+        k_strides = shared.kv_strides(k)
     k_desc = v_desc = None
     if tuning.loads == "tma" and _tma_capable(dev):
         k_desc = _descriptor(k_used, k_strides[0], block_n, head_dim_p)
-        v_desc = _descriptor(v, shared.batch_stride(v), block_n, shared.constexprs["HEAD_DIM_V"])
+        v_desc = _descriptor(v, shared.kv_strides(v)[0], block_n,
+                             shared.constexprs["HEAD_DIM_V"])
     use_tma = k_desc is not None and v_desc is not None
     n_tiles = cdiv(problem.max_q_len, block_m)
     pairs = problem.batch * q.shape[1]
@@ -244,16 +269,16 @@ def run(problem: AttentionProblem, tuning: Tuning, shared) -> None:
         _attention_fwd, grid,
         q, k_used, v, out, shared.lse_arg, constants, means, shared.mask,
         shared.shift if shared.shift is not None else constants,
-        k_desc if use_tma else k_used, v_desc if use_tma else v,
+        k_desc if use_tma else k_used, v_desc if use_tma else v, k_pages, v_pages,
         *shared.lengths, shared.band_pre, shared.band_next,
-        *strides(q), *k_strides, *strides(v), *strides(out),
+        *strides(q), *k_strides, *shared.kv_strides(v), *strides(out),
         (shared.batch_stride(shared.lse_arg) if lse is not None else 0),
         *shared.lse_arg.stride()[1:],
         *constants.stride()[:3], *means.stride()[:3], *shared.mask_strides,
-        q.shape[1], n_tiles, q.shape[1] // k.shape[1], problem.scale, shared.gamma,
+        k_pages.stride(0), v_pages.stride(0), problem.block_size, q.shape[1], n_tiles, q.shape[1] // k.shape[1], problem.scale, shared.gamma,
         q.shape[3], v.shape[3], HAS_BAND=problem.band is not None, HAS_LSE=lse is not None,
         K_PADDED=alloc.shifts_keys and not fused, FUSED_SHIFT=fused, USE_TMA=use_tma,
-        C_PER_BLOCK=c_per_block, LOOPS=loops, GRID_1D=grid_1d,
+        C_PER_BLOCK=c_per_block, LOOPS=loops, GRID_1D=grid_1d, PAGED=problem.paged,
         BLOCK_M=block_m, num_warps=warps, num_stages=stages, **shared.constexprs,
         **heuristics.fp_options(alloc))
 

@@ -7,10 +7,18 @@ folded), evaluated element-wise from M's two distinct entries: in fp32, rounded 
 matmul's fp32 accumulation is (the n x n matmul it replaces would read M in every
 program). ``pasa-exact``: mean16 per block and K' = fp16((K - mean16) * scale). Zero-padded
 to whole blocks, as the means must see the padded rows.
+
+Paged KV: K' is kept per physical block, in one slot per (batch, table entry) of
+:func:`page_slots`: a block that lies wholly below the kv length of every batch that
+references it is shifted once, in the slot of its first reference, and the other
+references read that slot; a batch's last, partly filled block is shifted in its own
+slot, zero-padded past its kv length as the contiguous pass pads. The attention kernels
+read K' through the slot table as they read V through the block table.
 """
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -22,31 +30,54 @@ from pasa_npu.problem import AttentionProblem
 
 
 @triton.jit
-def _shift_keys(K, KS, MEAN, SHIFT, kv_starts, kv_lens,
+def _shift_keys(K, KS, MEAN, SHIFT, kv_starts, kv_lens, PAGES, SLOTS,
                 stride_kb, stride_kh, stride_ks, stride_kd,
                 stride_sb, stride_sh, stride_ss,
                 stride_mb, stride_mh, stride_mblk,
+                stride_pb, slots_per_batch, page_size,
                 n_kv_heads, n_blocks, scale, head_dim,
-                EXACT_SHIFT: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+                EXACT_SHIFT: tl.constexpr, PAGED: tl.constexpr, BLOCK_N: tl.constexpr,
+                HEAD_DIM: tl.constexpr):
     """K' for one kv block of one (batch, kv head) (:func:`_shift_in_kernel`, the one
-    definition decode uses too); rows past the valid length are zero."""
+    definition decode uses too); rows past the valid length are zero. PAGED: K is the cache
+    (num_blocks, N_kv, page_size, D) read through the block table ``PAGES``; K' and the
+    means go to the slot ``SLOTS[b, j]`` of the block's table entry j (SLOTS is contiguous,
+    ``slots_per_batch`` per batch), by the one program that owns the slot
+    (:func:`page_slots`)."""
     blk = tl.program_id(0) % n_blocks  # a 1-D grid: CUDA caps the other axes at 65535
     bh = tl.program_id(0) // n_blocks
     b = bh // n_kv_heads
     h = bh % n_kv_heads
     kv_len = tl.load(kv_lens + b)
-    kv_start = tl.load(kv_starts + b)
     rows = blk * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)
-    k_ptrs = (K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
-              + (kv_start + rows)[:, None].to(tl.int64) * stride_ks + dims[None, :] * stride_kd)
+    if PAGED:
+        entry = blk * BLOCK_N // page_size
+        slot = tl.load(SLOTS + b * slots_per_batch + entry)
+        if blk * BLOCK_N >= kv_len or slot != b * slots_per_batch + entry:
+            return  # past the kv length, or another reference's slot holds this block
+        page = tl.load(PAGES + b.to(tl.int64) * stride_pb + entry).to(tl.int64)
+        first = blk * BLOCK_N % page_size  # BLOCK_N divides page_size
+        out_rows = first + tl.arange(0, BLOCK_N)
+        k_ptrs = (K + page * stride_kb + h.to(tl.int64) * stride_kh
+                  + out_rows[:, None].to(tl.int64) * stride_ks + dims[None, :] * stride_kd)
+        out_b = slot.to(tl.int64)
+        mean_blk = first // BLOCK_N
+    else:
+        kv_start = tl.load(kv_starts + b)
+        k_ptrs = (K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+                  + (kv_start + rows)[:, None].to(tl.int64) * stride_ks
+                  + dims[None, :] * stride_kd)
+        out_b = b.to(tl.int64)
+        out_rows = rows
+        mean_blk = blk
     k = tl.load(k_ptrs, mask=(rows[:, None] < kv_len) & (dims[None, :] < head_dim), other=0.0)
     shifted, mean = _shift_in_kernel(k, SHIFT, scale, EXACT_SHIFT, BLOCK_N)
     if EXACT_SHIFT:
-        tl.store(MEAN + b.to(tl.int64) * stride_mb + h * stride_mh + blk * stride_mblk + dims,
+        tl.store(MEAN + out_b * stride_mb + h * stride_mh + mean_blk * stride_mblk + dims,
                  mean.to(tl.float16))
-    tl.store(KS + b.to(tl.int64) * stride_sb + h.to(tl.int64) * stride_sh
-             + rows[:, None].to(tl.int64) * stride_ss + dims[None, :], shifted)
+    tl.store(KS + out_b * stride_sb + h.to(tl.int64) * stride_sh
+             + out_rows[:, None].to(tl.int64) * stride_ss + dims[None, :], shifted)
 
 
 @triton.jit
@@ -76,26 +107,67 @@ def cached_shift_matrix(beta: float, n: int, scale: float, device: torch.device)
     return shift_matrix(beta, n, torch.float16, scale, device).contiguous()
 
 
+class ShiftedKeys(NamedTuple):
+    """The separate pass's output. ``keys``: K' (B, Nkv, blocks*block_n, head_dim_p), or
+    paged the slots (slots, Nkv, block_size, head_dim_p) that ``pages`` (int32 (B, entries),
+    None when not paged) maps each table entry to; ``means``: the block means
+    (B, Nkv, blocks, head_dim_p) per batch either way (pasa-exact only)."""
+
+    keys: torch.Tensor
+    means: torch.Tensor
+    pages: Optional[torch.Tensor]
+
+
 def prepare_keys(problem: AttentionProblem, k: torch.Tensor, kv_starts: torch.Tensor,
-                 kv_lens: torch.Tensor, block_n: int, head_dim_p: int):
-    """The separate preprocessing pass: K' (B, Nkv, blocks*block_n, head_dim_p) padded to
-    whole blocks, and the block means (B, Nkv, blocks, head_dim_p; written for pasa-exact
-    only)."""
+                 kv_lens: torch.Tensor, block_n: int, head_dim_p: int) -> ShiftedKeys:
+    """The separate preprocessing pass over ``k`` (the problem's K, or its cache when
+    paged): K' padded to whole blocks and the block means (written for pasa-exact only)."""
     dev = k.device
     batch, n_kv = problem.batch, k.shape[1]
-    n_blocks = max(1, cdiv(problem.max_kv_len, block_n))
-    k_shift = torch.empty(batch, n_kv, n_blocks * block_n, head_dim_p, dtype=torch.float16,
-                          device=dev)
-    means = torch.empty(batch, n_kv, n_blocks, head_dim_p, dtype=torch.float16, device=dev)
     exact = problem.allocation.exact_shift
+    if problem.paged:
+        size = problem.block_size
+        entries = max(1, cdiv(problem.max_kv_len, size))
+        slots = page_slots(problem.block_table, kv_lens, size, entries, k.shape[0])
+        rows, n_blocks, out_batch = size, entries * (size // block_n), batch * entries
+    else:
+        n_blocks = max(1, cdiv(problem.max_kv_len, block_n))
+        rows, out_batch, slots = n_blocks * block_n, batch, None
+    k_shift = torch.empty(out_batch, n_kv, rows, head_dim_p, dtype=torch.float16, device=dev)
+    means = torch.empty(out_batch, n_kv, rows // block_n, head_dim_p, dtype=torch.float16,
+                        device=dev)
     shift = means if exact else cached_shift_matrix(problem.beta, block_n, problem.scale, dev)
+    pages = problem.block_table if problem.paged else kv_lens
     launch(
         _shift_keys, (n_blocks * batch * n_kv,),
-        k, k_shift, means, shift, kv_starts, kv_lens,
-        0 if problem.packed else k.stride(0), k.stride(1), k.stride(2), k.stride(3),
-        k_shift.stride(0), k_shift.stride(1), k_shift.stride(2),
+        k, k_shift, means, shift, kv_starts, kv_lens, pages, slots if slots is not None else pages,
+        0 if problem.packed and not problem.paged else k.stride(0), k.stride(1), k.stride(2),
+        k.stride(3), k_shift.stride(0), k_shift.stride(1), k_shift.stride(2),
         means.stride(0), means.stride(1), means.stride(2),
+        pages.stride(0), slots.shape[1] if slots is not None else 0, problem.block_size,
         n_kv, n_blocks, problem.scale, k.shape[3],
-        EXACT_SHIFT=exact, BLOCK_N=block_n, HEAD_DIM=head_dim_p,
+        EXACT_SHIFT=exact, PAGED=problem.paged, BLOCK_N=block_n, HEAD_DIM=head_dim_p,
         num_warps=1 if interpreting() else 4)
-    return k_shift, means
+    if slots is not None and exact:  # each batch's means in its blocks' order
+        means = (means[slots.long()].transpose(1, 2).flatten(2, 3))
+    return ShiftedKeys(k_shift, means, slots)
+
+
+def page_slots(table: torch.Tensor, kv_lens: torch.Tensor, block_size: int, entries: int,
+               num_blocks: int) -> torch.Tensor:
+    """int32 (B, entries): the K' slot of each batch's table entry, slot ``b * entries + j``
+    being entry j of batch b's own. A physical block wholly below the kv length of a batch
+    that references it (shareable: no zero padding of its own) maps to the slot of its first
+    such reference, the one program that shifts it; other entries keep their own slot. On
+    the device, without a host synchronisation."""
+    dev = table.device
+    batch = table.shape[0]
+    own = (torch.arange(batch, device=dev)[:, None] * entries
+           + torch.arange(entries, device=dev)[None, :])
+    whole = (torch.arange(1, entries + 1, device=dev)[None, :] * block_size
+             <= kv_lens.to(dev)[:, None])
+    blocks = torch.where(whole, table[:, :entries].long(), 0)
+    first = torch.full((num_blocks,), batch * entries, dtype=torch.int64, device=dev)
+    first.scatter_reduce_(0, blocks.flatten(), torch.where(whole, own, batch * entries).flatten(),
+                          "amin")
+    return torch.where(whole, first[blocks], own).to(torch.int32)

@@ -59,8 +59,10 @@ TORCH_NPU_ARGUMENTS = (
     Argument("actual_seq_lengths_kv", None, Optional[Sequence[int]], "lengths"),
     *(_unimplemented(name) for name in (
         "dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2", "quant_offset2",
-        "antiquant_scale", "antiquant_offset", "block_table", "query_padding_size",
-        "kv_padding_size", "key_antiquant_scale", "key_antiquant_offset",
+        "antiquant_scale", "antiquant_offset")),
+    Argument("block_table", None, Optional[torch.Tensor], "tensor"),
+    *(_unimplemented(name) for name in (
+        "query_padding_size", "kv_padding_size", "key_antiquant_scale", "key_antiquant_offset",
         "value_antiquant_scale", "value_antiquant_offset", "key_shared_prefix",
         "value_shared_prefix", "actual_shared_prefix_len", "query_rope", "key_rope",
         "key_rope_antiquant_scale")),
@@ -72,7 +74,7 @@ TORCH_NPU_ARGUMENTS = (
     Argument("num_key_value_heads", 0, int),
     Argument("sparse_mode", 0, int),
     Argument("inner_precise", 0, int),
-    _unimplemented("block_size", 0, int),
+    Argument("block_size", 0, int),
     _unimplemented("antiquant_mode", 0, int),
     Argument("softmax_lse_flag", False, bool),
     _unimplemented("key_antiquant_mode", 0, int),
@@ -174,7 +176,7 @@ def parse_layout(input_layout) -> tuple[str, str]:
     return LAYOUTS[input_layout]
 
 
-def _to_canonical(t: torch.Tensor, name: str, layout: str, heads: int) -> torch.Tensor:
+def to_canonical(t: torch.Tensor, name: str, layout: str, heads: int) -> torch.Tensor:
     """A (B, N, S, D) view of ``t`` given in ``layout`` (packed: B = 1, S = T)."""
     dims = 3 if layout in ("BSH", "TND", "NTD") else 4
     if t.dim() != dims:
@@ -201,9 +203,9 @@ def _to_canonical(t: torch.Tensor, name: str, layout: str, heads: int) -> torch.
 
 def canonical_views(query, key, value, layout: str, num_heads: int, num_kv_heads: int):
     """(q, k, v) as (B, N, S, D) views, each checked against its head count."""
-    return (_to_canonical(query, "query", layout, num_heads),
-            _to_canonical(key, "key", layout, num_kv_heads),
-            _to_canonical(value, "value", layout, num_kv_heads))
+    return (to_canonical(query, "query", layout, num_heads),
+            to_canonical(key, "key", layout, num_kv_heads),
+            to_canonical(value, "value", layout, num_kv_heads))
 
 
 def check_shapes(q, k, v, layout) -> None:
@@ -217,12 +219,23 @@ def check_shapes(q, k, v, layout) -> None:
                          f"{tuple(k.shape[:3])} (canonical BNSD order)")
 
 
-def sequence_lengths(args, q, k, packed):
-    """(q_lens, q_starts, kv_lens, kv_starts) as int64 CPU tensors of length B."""
+def sequence_lengths(args, q, s_kv: int, packed: bool, table_capacity: Optional[str] = None):
+    """(q_lens, q_starts, kv_lens, kv_starts) as int64 CPU tensors of length B. ``s_kv``: the
+    kv axis' length. ``table_capacity``: with a block table, the words for ``s_kv`` (the
+    table's capacity); paged kv lengths are per batch, also for packed layouts, as torch_npu
+    takes them with a block table, and required."""
+    paged = table_capacity is not None
+    if paged and args["actual_seq_lengths_kv"] is None:
+        raise ValueError("actual_seq_lengths_kv is required with block_table (torch_npu's "
+                         "page attention): the kv length of each batch")
     if packed:
         q_lens, q_starts = _cumulative(args["actual_seq_lengths"], "actual_seq_lengths", q.shape[2])
+        if paged:
+            kv_lens = _per_batch(args["actual_seq_lengths_kv"], "actual_seq_lengths_kv",
+                                 q_lens.numel(), s_kv, exact=True, extent=table_capacity)
+            return q_lens, q_starts, kv_lens, _zero_starts(q_lens.numel())
         kv_lens, kv_starts = _cumulative(args["actual_seq_lengths_kv"], "actual_seq_lengths_kv",
-                                         k.shape[2])
+                                         s_kv)
         if kv_lens.numel() != q_lens.numel():
             raise ValueError(f"actual_seq_lengths_kv has {kv_lens.numel()} entries but "
                              f"actual_seq_lengths has {q_lens.numel()} (packed layouts take the "
@@ -231,7 +244,8 @@ def sequence_lengths(args, q, k, packed):
     batch = q.shape[0]
     zeros = _zero_starts(batch)
     return (_per_batch(args["actual_seq_lengths"], "actual_seq_lengths", batch, q.shape[2]), zeros,
-            _per_batch(args["actual_seq_lengths_kv"], "actual_seq_lengths_kv", batch, k.shape[2]),
+            _per_batch(args["actual_seq_lengths_kv"], "actual_seq_lengths_kv", batch, s_kv,
+                       extent=table_capacity or "the sequence length of the tensor"),
             zeros)
 
 
@@ -260,10 +274,17 @@ def _zero_starts(batch: int) -> torch.Tensor:
     return torch.zeros(batch, dtype=torch.int64)
 
 
-def _per_batch(value, name: str, batch: int, full: int) -> torch.Tensor:
+def _per_batch(value, name: str, batch: int, full: int, exact: bool = False,
+               extent: str = "the sequence length of the tensor") -> torch.Tensor:
+    """Per-batch lengths in [0, full] (``extent`` says what ``full`` is): 1 entry for every
+    batch, or the first ``batch`` of at least as many (``exact``: exactly ``batch`` entries,
+    the batch of a packed layout)."""
     if value is None:
         return _full_lengths(batch, full)
     lens = int_list(value, name)
+    if exact and len(lens) != batch:
+        raise ValueError(f"{name} must have one entry per batch ({batch}, the entries of "
+                         f"actual_seq_lengths) with block_table, got {len(lens)}")
     if len(lens) == 1:
         lens = lens * batch
     elif len(lens) >= batch:
@@ -272,8 +293,7 @@ def _per_batch(value, name: str, batch: int, full: int) -> torch.Tensor:
         raise ValueError(f"{name} must have 1 or at least batch={batch} entries, got {len(lens)}")
     for b, n in enumerate(lens):
         if not 0 <= n <= full:
-            raise ValueError(f"{name}[{b}] = {n} is outside [0, {full}] (the sequence length of "
-                             f"the tensor)")
+            raise ValueError(f"{name}[{b}] = {n} is outside [0, {full}] ({extent})")
     return torch.tensor(lens, dtype=torch.int64)
 
 

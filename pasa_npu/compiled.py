@@ -18,9 +18,10 @@ from typing import Optional
 
 import torch
 
-from . import plans
+from . import paging, plans
 from .arguments import (KEYWORD_ARGUMENTS, PACKED, TENSOR_NAMES, bind, canonical_views,
-                        check_implemented, check_tensors, describe, int_list, parse_layout)
+                        check_implemented, check_tensors, describe, int_list, parse_layout,
+                        to_canonical)
 from .masks import check_mask
 from .outputs import allocate_lse, allocate_output, lse_placeholder
 
@@ -76,8 +77,14 @@ def _fake(*op_args, **op_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     args = _eager_arguments(op_args, op_kwargs)
     query = args["query"]
     in_layout, out_layout = parse_layout(args["input_layout"])
-    q, _, v = canonical_views(query, args["key"], args["value"], in_layout, args["num_heads"],
-                              args["num_key_value_heads"] or args["num_heads"])
+    num_kv_heads = args["num_key_value_heads"] or args["num_heads"]
+    if args["block_table"] is not None:  # K/V are paged caches
+        q = to_canonical(query, "query", in_layout, args["num_heads"])
+        _, v = paging.cache_views(args["key"], args["value"], in_layout, num_kv_heads,
+                                  args["block_size"])
+    else:
+        q, _, v = canonical_views(query, args["key"], args["value"], in_layout,
+                                  args["num_heads"], num_kv_heads)
     out, _ = allocate_output(q, v, out_layout, query.dtype, zero=False)
     if args["softmax_lse_flag"]:
         return out, allocate_lse(q, in_layout in PACKED, torch.float32)[0]

@@ -29,6 +29,8 @@ def unsupported_reason(problem: AttentionProblem, backend: str) -> Optional[str]
     """None when the kernels compute ``problem`` exactly as specified, else the feature they
     lack, in a sentence naming ``backend``."""
     alloc = problem.allocation.name
+    if problem.paged:
+        return f"paged KV (block_table) is not supported by the {backend} kernels"
     if alloc not in TILING_KEYS:
         return (f"the {backend} kernels implement algorithm in {sorted(TILING_KEYS)}, "
                 f"not {alloc!r}")

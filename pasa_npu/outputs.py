@@ -60,10 +60,8 @@ def fix_rows(problem: AttentionProblem, value: torch.Tensor, plan) -> None:
     means = torch.zeros(problem.batch, value.shape[1], value.shape[3], dtype=torch.float64,
                         device=value.device)
     for b in set(b_idx.tolist()):
-        s, n = int(problem.kv_starts[b]), int(problem.kv_lens[b])
-        if n:
-            tb = 0 if problem.packed else b
-            means[b] = value[tb, :, s:s + n].double().mean(1)
+        if int(problem.kv_lens[b]):
+            means[b] = problem.kv_rows(value, b).double().mean(1)
     means = means.repeat_interleave(problem.group, dim=1)  # kv heads -> query heads
     tb = torch.zeros_like(b_idx) if problem.packed else b_idx
     pos = rows + problem.q_starts[b_idx]
@@ -96,7 +94,7 @@ def _rows_without_keys(problem: AttentionProblem) -> torch.Tensor:
             lo = torch.maximum(lo, i - pre[:, None])
             hi = torch.minimum(hi, i + nxt[:, None])
         return valid & (lo > hi)
-    cols = torch.arange(problem.key.shape[2], device=problem.mask.device)
+    cols = torch.arange(problem.kv_extent, device=problem.mask.device)
     has = torch.zeros(problem.batch, s_q, dtype=torch.bool)
     chunk = max(1, (1 << 22) // max(1, cols.numel()))
     for r0 in range(0, s_q, chunk):

@@ -10,10 +10,11 @@ from typing import Callable, Optional
 
 import torch
 
-from . import backends
+from . import backends, paging
 from .arguments import (PACKED, canonical_views, check_implemented, check_scale, check_shapes,
                         check_tensors, describe, int_arg, parse_layout, resolve_allocation,
-                        resolve_beta, resolve_tiling, sequence_lengths, to_fp16_checked)
+                        resolve_beta, resolve_tiling, sequence_lengths, to_canonical,
+                        to_fp16_checked)
 from .masks import mask_and_band, tensor_identity
 from .numerics import ALLOCATIONS, DEFAULT_TILING, Allocation, Tiling, compute_dtype
 from .outputs import (allocate_lse, allocate_output, fix_rows, lse_placeholder,
@@ -52,6 +53,7 @@ class Plan:
     lse_rows_past: bool   # some LSE row lies past its query length
     may_have_empty: bool  # some row inside its query length may see no key
     validated_mask: Optional[torch.Tensor] = None  # sparse modes 2-4: kept alive for the key
+    block_size: int = 0   # paged KV: the cache's block size (0: not paged)
 
 
 
@@ -88,7 +90,7 @@ def attention(args: dict, golden: bool) -> tuple[torch.Tensor, torch.Tensor]:
             elif len(plans) >= _LENGTHS_PER_PLAN:
                 plans.clear()
             plans[keys[1]] = plan
-    return _execute(plan, args["query"], args["key"], args["value"], golden)
+    return _execute(plan, args, golden)
 
 
 def _plan_key(args: dict):
@@ -112,6 +114,8 @@ def _plan_key(args: dict):
                 # only validated there: this very tensor, unchanged since (the plan keeps
                 # it alive, so its id is not reused while cached)
                 append(tensor_identity(value))
+            elif name == "block_table":  # its entries are checked on every call
+                append((value.shape, value.dtype, value.device))
             elif name.startswith("actual_seq_lengths") and value.device.type == "cpu":
                 append((value.dtype, value.shape))
                 lengths.append(tuple(value.tolist()))
@@ -145,11 +149,11 @@ def _make_plan(args: dict, golden: bool) -> Plan:
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_key_value_heads "
                          f"({num_kv_heads})")
-    q, k, v = canonical_views(query, key, value, in_layout, num_heads, num_kv_heads)
-    check_shapes(q, k, v, in_layout)
+    block_size = (paging.check_arguments(args["block_table"], args["block_size"], query.device)
+                  if args["block_table"] is not None or args["block_size"] != 0 else 0)
+    q, k, v = _canonical(args, in_layout, num_heads, num_kv_heads, block_size)
     packed = in_layout in PACKED
-    q_lens, q_starts, kv_lens, kv_starts = sequence_lengths(args, q, k, packed)
-
+    q_lens, q_starts, kv_lens, kv_starts = _lengths(args, q, k, packed, block_size)
     scale = check_scale(args["scale"])
     inner_precise = int_arg(args["inner_precise"], "inner_precise", minimum=0)
     if inner_precise > 3:
@@ -157,8 +161,9 @@ def _make_plan(args: dict, golden: bool) -> Plan:
     if not isinstance(args["softmax_lse_flag"], bool):
         raise TypeError(f"softmax_lse_flag must be a bool, got "
                         f"{describe(args['softmax_lse_flag'])}")
-    mask, band = mask_and_band(args, q_lens.numel(), q.shape[2], k.shape[2], packed, q_lens,
-                               kv_lens, query.device)
+    mask, band = mask_and_band(args, q_lens.numel(), q.shape[2],
+                               _kv_extent(args, k, block_size), packed, q_lens, kv_lens,
+                               query.device)
 
     if golden:
         allocation, beta, tiling, guard = ALLOCATIONS["fa-fp32"], 0.0, DEFAULT_TILING, False
@@ -184,17 +189,50 @@ def _make_plan(args: dict, golden: bool) -> Plan:
         beta=beta, tiling=tiling, guard=guard, runner=runner, out_dtype=out_dtype,
         lse_dtype=lse_dtype, low=low,
         validated_mask=args["atten_mask"] if args["sparse_mode"] in (2, 3, 4) else None,
-        **_row_flags(q_lens, kv_lens, mask, band, packed, q.shape[2]))
+        block_size=block_size, **_row_flags(q_lens, kv_lens, mask, band, packed, q.shape[2]))
+
+
+def _canonical(args: dict, layout: str, num_heads: int, num_kv_heads: int, block_size: int):
+    """(q, k, v) as the problem takes them: (B, N, S, D) views, K and V as views of the
+    (num_blocks, N_kv, block_size, D) caches when paged; shapes checked."""
+    query, key, value = args["query"], args["key"], args["value"]
+    if not block_size:
+        q, k, v = canonical_views(query, key, value, layout, num_heads, num_kv_heads)
+        check_shapes(q, k, v, layout)
+        return q, k, v
+    q = to_canonical(query, "query", layout, num_heads)
+    k, v = paging.cache_views(key, value, layout, num_kv_heads, block_size)
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(f"key head dim {k.shape[3]} differs from query head dim {q.shape[3]}")
+    return q, k, v
+
+
+def _kv_extent(args: dict, k: torch.Tensor, block_size: int) -> int:
+    """The kv axis' length: K's S, or the block table's capacity when paged."""
+    return args["block_table"].shape[1] * block_size if block_size else k.shape[2]
+
+
+def _lengths(args: dict, q, k, packed: bool, block_size: int):
+    """(q_lens, q_starts, kv_lens, kv_starts), and torch_npu's block_size rule for them."""
+    if not block_size:
+        return sequence_lengths(args, q, k.shape[2], packed)
+    columns = args["block_table"].shape[1]
+    lengths = sequence_lengths(args, q, columns * block_size, packed,
+                               f"block_table's {columns} blocks of block_size {block_size}")
+    decode = (max(lengths[0].tolist(), default=0) if packed else q.shape[2]) <= 1
+    paging.check_block_size(block_size, decode)
+    return lengths
 
 
 def _with_lengths(plan: Plan, args: dict) -> Plan:
     """``plan`` (made for the same arguments but other actual sequence lengths) for the
     lengths in ``args``: the lengths, the band they set and the row flags are redone."""
-    q, k, _ = canonical_views(args["query"], args["key"], args["value"], plan.in_layout,
-                               plan.num_heads, plan.num_kv_heads)
-    q_lens, q_starts, kv_lens, kv_starts = sequence_lengths(args, q, k, plan.packed)
-    mask, band = mask_and_band(args, q_lens.numel(), q.shape[2], k.shape[2], plan.packed,
-                                q_lens, kv_lens, args["query"].device)
+    q, k, _ = _canonical(args, plan.in_layout, plan.num_heads, plan.num_kv_heads,
+                         plan.block_size)
+    q_lens, q_starts, kv_lens, kv_starts = _lengths(args, q, k, plan.packed, plan.block_size)
+    mask, band = mask_and_band(args, q_lens.numel(), q.shape[2],
+                               _kv_extent(args, k, plan.block_size), plan.packed, q_lens,
+                               kv_lens, args["query"].device)
     plan = copy.copy(plan)  # dataclasses.replace would cost a third of this function
     plan.__dict__.update(q_lens=q_lens, q_starts=q_starts, kv_lens=kv_lens, kv_starts=kv_starts,
                          mask=mask, band=band, **_row_flags(q_lens, kv_lens, mask, band,
@@ -212,12 +250,28 @@ def _row_flags(q_lens, kv_lens, mask, band, packed: bool, s_q: int) -> dict:
                                                                         band))
 
 
-def _execute(plan: Plan, query, key, value, golden: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The per-call part: canonical views, outputs, the backend, torch_npu's row rules."""
-    q, k, v = canonical_views(query, key, value, plan.in_layout, plan.num_heads,
-                               plan.num_kv_heads)
+def _execute(plan: Plan, args: dict, golden: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-call part: canonical views, the block table's entries, outputs, the backend,
+    torch_npu's row rules."""
+    query = args["query"]
+    if plan.block_size:
+        q = to_canonical(query, "query", plan.in_layout, plan.num_heads)
+        k, v = paging.cache_views(args["key"], args["value"], plan.in_layout,
+                                  plan.num_kv_heads, plan.block_size)
+    else:
+        q, k, v = canonical_views(query, args["key"], args["value"], plan.in_layout,
+                                  plan.num_heads, plan.num_kv_heads)
+    convert = plan.low != query.dtype and not golden
+    table, kv_starts = None, plan.kv_starts
+    if plan.block_size:
+        table = paging.table_for_call(args["block_table"], plan.kv_lens, k.shape[0],
+                                      plan.block_size, query.device)
+        if convert:  # bf16 PASA computes in fp16: the used rows, as one converted copy
+            k, v, kv_starts = paging.contiguous(k, v, table, plan.kv_lens, plan.block_size,
+                                                plan.packed)
+            table = None
     v_input = v
-    if plan.low != query.dtype and not golden:
+    if convert:
         q, k, v = to_fp16_checked((q, k, v), ("query", "key", "value"))
 
     # every row a backend does not write (past a query length, between packed sequences)
@@ -230,11 +284,11 @@ def _execute(plan: Plan, query, key, value, golden: bool) -> tuple[torch.Tensor,
 
     problem = AttentionProblem(
         query=q, key=k, value=v, out=out_view, lse=lse_view, q_lens=plan.q_lens,
-        kv_lens=plan.kv_lens, q_starts=plan.q_starts, kv_starts=plan.kv_starts,
+        kv_lens=plan.kv_lens, q_starts=plan.q_starts, kv_starts=kv_starts,
         packed=plan.packed, mask=plan.mask, band=plan.band, scale=plan.scale,
         allocation=plan.allocation, beta=plan.beta, compute_dtype=plan.low,
-        rounding_guard=plan.guard, tiling=plan.tiling)
+        rounding_guard=plan.guard, tiling=plan.tiling, block_table=table,
+        block_size=plan.block_size if table is not None else 0)
     plan.runner(problem)
     fix_rows(problem, v_input, plan)
     return out, (lse if plan.want_lse else lse_placeholder(query.device))
-

@@ -14,6 +14,22 @@ Visibility of key ``j`` to query row ``i`` of batch ``b`` (local positions):
 Backends write ``out`` (and ``lse`` when given) for every visible row and leave
 0 / -inf for rows that see no key; the API layer applies torch_npu's
 ``inner_precise`` rule to those afterwards.
+
+Paged KV (torch_npu's ``block_table`` and ``block_size``): ``block_table`` is int32
+(B, max_blocks) on the query's device and ``block_size`` > 0. ``key`` and ``value`` are
+strided views of the caches as (num_blocks, N_kv, block_size, D) (resp. Dv), whichever of
+torch_npu's two cache shapes the caller passed, (num_blocks, block_size, N_kv * D) or
+(num_blocks, N_kv, block_size, D); nothing is copied. Key position ``j`` of batch ``b``
+lives in physical block ``block_table[b, j // block_size]``, row ``j % block_size``.
+``kv_lens`` are the per-batch kv lengths and ``kv_starts`` are zero; the query is
+(B, Nq, S1, D), or packed (1, Nq, T, D) with ``q_starts`` (TND). The API layer has checked
+every table entry of a key below its batch's kv length (``0 <= entry < num_blocks``) and
+that the table holds ``ceil(kv_len / block_size)`` entries per batch; entries past those
+are never read. Rows of a physical block past a batch's kv length may hold anything (the
+cache's other requests, stale data): a backend treats them as absent, as the zero padding
+of a contiguous kv sequence. The numerics are those of the same keys laid out
+contiguously: PASA's key shift and pasa-exact's block means are per kv block of
+``tiling.kv_block`` keys, zero-padded past the kv length.
 """
 from __future__ import annotations
 
@@ -23,6 +39,7 @@ from typing import Optional
 
 import torch
 
+from . import paging
 from .numerics import Allocation, Tiling
 
 
@@ -55,6 +72,14 @@ class AttentionProblem:
     compute_dtype: torch.dtype
     rounding_guard: bool
     tiling: Tiling
+    block_table: Optional[torch.Tensor] = None
+    block_size: int = 0
+
+    @property
+    def paged(self) -> bool:
+        """K/V are read through ``block_table`` from the (num_blocks, N_kv, block_size, D)
+        caches (module docstring)."""
+        return self.block_table is not None
 
     @property
     def batch(self) -> int:
@@ -71,6 +96,14 @@ class AttentionProblem:
     @functools.cached_property
     def max_kv_len(self) -> int:
         return int(self.kv_lens.max()) if self.batch else 0
+
+    @property
+    def kv_extent(self) -> int:
+        """The length of the kv axis the lengths and an explicit mask refer to: the key
+        tensor's S, or the table's capacity (max_blocks * block_size) when paged."""
+        if self.paged:
+            return self.block_table.shape[1] * self.block_size
+        return self.key.shape[2]
 
     def visible(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """Bool (B, s1, s2): which keys ``cols`` each query row ``rows`` may attend to."""
@@ -92,12 +125,34 @@ class AttentionProblem:
 
     def dense_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(query, key, value) as (B, N, S, D) tensors: the views themselves when
-        not packed; zero-padded copies of the segments when packed (TND)."""
+        not packed; zero-padded copies of the segments when packed (TND); K and V
+        gathered through the block table into zero-padded (B, N_kv, max kv length, D)
+        copies when paged."""
+        query = _unpack(self.query, self.q_starts, self.q_lens) if self.packed else self.query
+        if self.paged:
+            return query, self.gather(self.key), self.gather(self.value)
         if not self.packed:
-            return self.query, self.key, self.value
-        return (_unpack(self.query, self.q_starts, self.q_lens),
-                _unpack(self.key, self.kv_starts, self.kv_lens),
+            return query, self.key, self.value
+        return (query, _unpack(self.key, self.kv_starts, self.kv_lens),
                 _unpack(self.value, self.kv_starts, self.kv_lens))
+
+    def kv_rows(self, t: torch.Tensor, b: int) -> torch.Tensor:
+        """(N_kv, kv_lens[b], D): batch ``b``'s keys (or values) of ``t``, a tensor laid
+        out as :attr:`key` is (a cache when paged; a copy then)."""
+        n = int(self.kv_lens[b])
+        if self.paged:
+            return self.gather(t, b)[0, :, :n]
+        start = int(self.kv_starts[b])
+        return t[0 if self.packed else b, :, start:start + n]
+
+    def gather(self, cache: torch.Tensor, batch: Optional[int] = None) -> torch.Tensor:
+        """The paged ``cache`` as a zero-padded (B, N_kv, max kv length, D) copy through the
+        block table (:func:`pasa_npu.paging.gather`; one batch, (1, ...), when ``batch`` is
+        given)."""
+        table, lens = self.block_table, self.kv_lens
+        if batch is not None:
+            table, lens = table[batch:batch + 1], lens[batch:batch + 1]
+        return paging.gather(cache, table, lens, self.block_size)
 
     def write(self, out: torch.Tensor, lse: Optional[torch.Tensor]) -> None:
         """Store dense (B, Nq, maxSq, Dv) results (and (B, Nq, maxSq) LSE) into the

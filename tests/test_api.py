@@ -79,7 +79,8 @@ def test_unimplemented_keywords_cover_every_other_torch_npu_keyword():
     _, kw = _schema_params()
     implemented = {"atten_mask", "actual_seq_lengths", "actual_seq_lengths_kv", "num_heads",
                    "scale", "pre_tokens", "next_tokens", "input_layout", "num_key_value_heads",
-                   "sparse_mode", "inner_precise", "softmax_lse_flag"}
+                   "sparse_mode", "inner_precise", "softmax_lse_flag", "block_table",
+                   "block_size"}
     assert {n for n, _ in kw} - implemented == set(UNIMPLEMENTED_KEYWORDS)
 
 

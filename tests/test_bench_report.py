@@ -68,3 +68,43 @@ def test_plot_of_a_saved_run_and_its_errors(tmp_path, capsys):
     empty = dict(_result(), rows=[])
     assert not bench.plot(empty, tmp_path / "none.png")
     assert "no prefill or decode rows" in capsys.readouterr().err
+
+
+def test_paged_table_shows_share_of_copy_and_ratio_to_contiguous():
+    result = _result()
+    decode = result["rows"][-1]
+    decode["pasa-exact paged"] = {"gbs": 2160.0, "eager_gbs": 900.0}
+    result["rows"][0]["pasa-exact paged"] = {"tflops": 285.0}
+    result["rows"][1]["pasa-exact paged"] = {"error": "RuntimeError: x"}
+    result["paged_cache"] = "3d"
+    text = bench.markdown(result)
+    assert "Paged KV (3d cache, block_size 128" in text
+    assert "| decode S2=8192 GQA 4:1 | 2160 (72%); 0.90 |" in text
+    assert "| prefill d=128 S=4096 none | 285; 0.95 |" in text
+    assert "| prefill d=128 S=16384 none | error |" in text
+
+
+@pytest.mark.parametrize("cache_shape", ["4d", "3d"])
+def test_paged_bench_inputs_hold_the_same_keys(cache_shape):
+    """bench_paged's cache and table give back the contiguous K/V, and its call computes
+    what the contiguous call does (Triton backend; under the interpreter without a GPU)."""
+    import torch
+
+    import pasa_npu
+    from pasa_npu.tools import bench_paged
+
+    gen = torch.Generator().manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v = (torch.randn(2, n, s, 16, generator=gen).half().to(device)
+               for n, s in ((2, 1), (1, 256), (1, 256)))
+    k_cache, v_cache, table = bench_paged.paged_kv(k, v, torch.Generator().manual_seed(1),
+                                                   cache_shape)
+    assert sorted(table.flatten().tolist()) == list(range(4))
+    four_d = k_cache if cache_shape == "4d" else k_cache.unflatten(2, (1, 16)).transpose(1, 2)
+    gathered = four_d[table.long()].permute(0, 2, 1, 3, 4).flatten(2, 3)
+    assert torch.equal(gathered, k)
+    out = bench_paged.paged_call("fa-fp32", None, table)(q, k_cache, v_cache, False, True)
+    want = pasa_npu.fused_attention(q, k, v, num_heads=2, num_key_value_heads=1,
+                                    input_layout="BNSD", scale=0.25, algorithm="fa-fp32",
+                                    backend="triton")[0]
+    assert torch.allclose(out.float(), want.float(), atol=2e-3)

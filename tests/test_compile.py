@@ -39,6 +39,13 @@ def _case(name: str, seq: int = 40):
         kw = dict(num_heads=2, input_layout="TND", actual_seq_lengths=[seq // 2, seq],
                   actual_seq_lengths_kv=[seq // 2, seq], softmax_lse_flag=True,
                   algorithm="pasa-exact")
+    elif name == "TND paged, 3-D cache":
+        q, k, v = rand(seq, 2, 32), rand(4, 128, 2 * 32), rand(4, 128, 2 * 32)
+        kw = dict(num_heads=2, input_layout="TND", actual_seq_lengths=[seq // 2, seq],
+                  actual_seq_lengths_kv=[150, 60], sparse_mode=3,
+                  atten_mask=pasa_npu.compressed_causal_mask(), softmax_lse_flag=True,
+                  block_table=torch.tensor([[2, 0], [1, 3]], dtype=torch.int32),
+                  block_size=128, algorithm="pasa")
     else:  # lengths as a tensor, output in another layout
         q, k, v = rand(2, seq, 2, 32), rand(2, seq, 2, 32), rand(2, seq, 2, 32)
         kw = dict(num_heads=2, input_layout="BSND_NBSD",
@@ -47,13 +54,14 @@ def _case(name: str, seq: int = 40):
 
 
 CASES = ("BSH GQA, LSE", "BNSD causal, ragged kv list", "TND cumulative lengths",
-         "BSND_NBSD, tensor lengths")
+         "TND paged, 3-D cache", "BSND_NBSD, tensor lengths")
 
 
 def _on(backend, q, k, v, kw):
     q, k, v = on_device(backend, q, k, v)
-    if isinstance(kw.get("atten_mask"), torch.Tensor):
-        kw = dict(kw, atten_mask=on_device(backend, kw["atten_mask"])[0])
+    for name in ("atten_mask", "block_table"):
+        if isinstance(kw.get(name), torch.Tensor):
+            kw = dict(kw, **{name: on_device(backend, kw[name])[0]})
     return q, k, v, dict(kw, backend=backend)
 
 
@@ -144,8 +152,8 @@ def test_operator_registration(case):
     defaults = {name: p.default for name, p in
                 inspect.signature(pasa_npu.fused_attention).parameters.items()
                 if name in compiled.OP_SCALARS}
-    mask = kw.pop("atten_mask", None)
-    torch.library.opcheck(OP, (q, k, v, mask), dict(lengths, **dict(defaults, **kw)))
+    mask, table = kw.pop("atten_mask", None), kw.pop("block_table", None)
+    torch.library.opcheck(OP, (q, k, v, mask, table), dict(lengths, **dict(defaults, **kw)))
 
 
 @pytest.mark.parametrize("bad, error, message", [

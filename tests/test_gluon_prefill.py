@@ -226,3 +226,63 @@ def test_gpu_gluon_prefill_leaves_other_cases_to_the_triton_kernel(case, gluon_l
     out, _ = _call(q, k, v, kw, "warp-specialised")
     assert not gluon_launches, f"{case}: the Gluon prefill ran"
     assert torch.isfinite(out.float()).all()
+
+
+def _paged(k: torch.Tensor, block_size: int, order: torch.Tensor, cache: str):
+    """BNSD ``k`` (B, N, S, D) in the physical blocks ``order`` names (batch-major), as
+    torch_npu's "4d" (num_blocks, N, block_size, D) or "3d" (num_blocks, block_size, N*D)
+    cache with two spare blocks."""
+    b, n, s, d = k.shape
+    blocks = k.unflatten(2, (s // block_size, block_size)).transpose(1, 2).flatten(0, 1)
+    out = torch.full((order.numel() + 2, n, block_size, d), float("nan"), dtype=k.dtype,
+                     device=k.device)
+    out[order] = blocks
+    return out if cache == "4d" else out.transpose(1, 2).flatten(2)
+
+
+@pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
+@pytest.mark.parametrize("cache,block_size", [("4d", 128), ("3d", 256)])
+@pytest.mark.parametrize("mode", ["no mask", "causal (3)"])
+def test_gpu_gluon_prefill_reads_paged_kv(algorithm, cache, block_size, mode, gluon_launches):
+    """Paged K/V (shuffled blocks, the first block shared by both batches, NaN in the spare
+    blocks; 384 queries after 512 keys: chunked prefill) through the Gluon kernel: the
+    result of the same K/V laid out contiguously, and of the Triton kernel reading the same
+    pages (:func:`_assert_same_as_triton_kernel` for both)."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    q = torch.randn(2, 4, 384, 128, generator=gen, device="cuda").half()
+    k, v = (torch.randn(2, 2, 512, 128, generator=gen, device="cuda").half() for _ in "kv")
+    k[1, :, :block_size], v[1, :, :block_size] = k[0, :, :block_size], v[0, :, :block_size]
+    per_batch = 512 // block_size
+    order = torch.randperm(2 * per_batch + 2, generator=gen, device="cuda")[:2 * per_batch]
+    table = order.view(2, per_batch).to(torch.int32)
+    table[1, 0] = table[0, 0]
+    order = table.flatten().long()  # batch 1's first block lands on batch 0's (same tokens)
+    kw = dict(num_heads=4, num_key_value_heads=2, input_layout="BNSD", scale=128 ** -0.5,
+              algorithm=algorithm, softmax_lse_flag=True, **MODES[mode])
+    if "sparse_mode" in kw:
+        kw["atten_mask"] = pasa_npu.compressed_causal_mask().cuda()
+    dense_out, dense_lse = _call(q, k, v, kw, "warp-specialised")
+    paged_kw = dict(kw, block_table=table, block_size=block_size,
+                    actual_seq_lengths_kv=[512, 512])
+    k_cache, v_cache = (_paged(t, block_size, order, cache) for t in (k, v))
+    out, lse = _call(q, k_cache, v_cache, paged_kw, "warp-specialised")
+    assert len(gluon_launches) == 2, "the Gluon prefill did not take the paged case"
+    _assert_same_as_triton_kernel(algorithm, out, lse, dense_out, dense_lse)
+    kernel_out, kernel_lse = _call(q, k_cache, v_cache, paged_kw, "triton")
+    assert len(gluon_launches) == 2
+    _assert_same_as_triton_kernel(algorithm, out, lse, kernel_out, kernel_lse)
+
+
+def test_gpu_gluon_prefill_leaves_ragged_paged_kv_to_the_triton_kernel(gluon_launches):
+    """Paged kv lengths that differ, or are not whole kv blocks: the Triton kernel."""
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    q = torch.randn(2, 2, 100, 128, generator=gen, device="cuda").half()
+    k_cache, v_cache = (torch.randn(6, 2, 128, 128, generator=gen, device="cuda").half()
+                        for _ in "kv")
+    table = torch.tensor([[3, 1], [0, 5]], dtype=torch.int32, device="cuda")
+    for lens in ([256, 200], [200, 200]):
+        out, _ = _call(q, k_cache, v_cache, dict(
+            num_heads=2, input_layout="BNSD", scale=128 ** -0.5, algorithm="pasa-exact",
+            block_table=table, block_size=128, actual_seq_lengths_kv=lens), "warp-specialised")
+        assert torch.isfinite(out.float()).all()
+    assert not gluon_launches

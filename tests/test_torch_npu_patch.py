@@ -77,7 +77,7 @@ def test_patch_options_apply_to_every_routed_call(torch_npu):
 
 @pytest.mark.parametrize("extra,named", [
     (dict(pse_shift=torch.zeros(1)), "'pse_shift', which pasa_npu does not implement"),
-    (dict(block_size=128), "'block_size', which pasa_npu does not implement"),
+    (dict(antiquant_mode=1), "'antiquant_mode', which pasa_npu does not implement"),
     (dict(sink_tokens=4), "'sink_tokens', which pasa_npu does not know"),
 ])
 def test_unsupported_argument_falls_through_with_one_warning(torch_npu, extra, named):

@@ -54,8 +54,14 @@ def _compiled_loops(labels: list) -> dict:
     return out
 
 
-def test_every_kernel_variant_compiles_for_sm90():
-    stdout = _triton_aot("--dims", "128", "256")
+@pytest.fixture(scope="module")
+def aot_report() -> str:
+    """triton_aot's report of every variant at d = 128 and 256 (one compile run)."""
+    return _triton_aot("--dims", "128", "256")
+
+
+def test_every_kernel_variant_compiles_for_sm90(aot_report):
+    stdout = aot_report
     for d, decode_tiles in ((128, 2), (256, 1)):
         report = "\n".join(line for line in stdout.splitlines() if f"d={d}" in line)
         # 6 allocations x (full, causal, and at d = 128 an explicit mask); pasa-exact's
@@ -64,11 +70,37 @@ def test_every_kernel_variant_compiles_for_sm90():
         # allocation and query heads per program (16 and 32 at d = 128, 16 at d = 256),
         # each with the resident programs its launch assumes; the Gluon prefill for
         # pasa-exact, pasa and fa-fp32, full and causal, at d = 128 (not 256)
-        gluon = 6 if d == 128 and gluon_prefill.AVAILABLE else 0
+        # at d = 128 the paged variants of pasa-exact, pasa and fa-fp32: causal prefill,
+        # decode (fa-fp32 also with kv blocks straddling cache blocks), the Gluon prefill
+        gluon = 9 if d == 128 and gluon_prefill.AVAILABLE else 0
         modes = 3 if d == 128 else 2
-        assert report.count("smem") == (6 + 1 + 3) * modes + 6 * decode_tiles + gluon, report
+        paged_decode = 4 if d == 128 else 0
+        paged = 3 + paged_decode if d == 128 else 0
+        assert report.count("smem") == ((6 + 1 + 3) * modes + 6 * decode_tiles + gluon
+                                        + paged), report
         assert report.count("(gluon)") == gluon, report
-        assert report.count(" resident ") == 6 * decode_tiles, report
+        assert report.count(" resident ") == 6 * decode_tiles + paged_decode, report
+        assert report.count(" paged ") == paged + (3 if gluon and d == 128 else 0), report
+
+
+def test_paged_kv_loops_keep_the_pipeline_depth(aot_report):
+    """A paged kv loop loads the block table's entry, then K and V from the block it names:
+    Triton's pipeliner gives that load a stage of its own and splits the others with it
+    (``triton_launch.paged_stages``). With 2s - 1 stages, K and V stay as many blocks ahead
+    as without a table: the same shared memory (the table's entries add bytes, not tiles)
+    and, for decode, the same resident programs."""
+    smem = {}
+    for line in aot_report.splitlines():
+        if " smem " in line:
+            label, rest = line.split("  smem")[0].strip(), line.split(" smem ")[1]
+            smem[label] = int(rest.split()[0])
+    pairs = [(f"{alg} causal d=128", f"{alg} paged causal d=128")
+             for alg in ("pasa-exact", "pasa", "fa-fp32")]
+    pairs += [(f"{alg} decode g=16 d=128", f"{alg} paged decode g=16 d=128")
+              for alg in ("pasa-exact", "pasa", "fa-fp32")]
+    pairs += [("fa-fp32 decode g=16 d=128", "fa-fp32 paged per key decode g=16 d=128")]
+    for contiguous, paged in pairs:
+        assert 0 <= smem[paged] - smem[contiguous] <= 1024, (contiguous, paged, smem)
 
 
 def test_pasa_kv_loops_use_the_cheap_exp_and_paired_conversions():

@@ -25,6 +25,7 @@ import torch
 
 import pasa_npu
 from pasa_npu.fallback import triton_tuning
+from pasa_npu.tools import bench_paged
 
 PREFILL_ALGORITHMS = ("pasa-exact", "pasa", "pasa-mixed", "fa-fp32", "fa-fp16s", "fa-fp16")
 DECODE_ALGORITHMS = ("pasa-exact", "pasa", "fa-fp32")
@@ -87,7 +88,10 @@ def decode_cases(kv_lens=(8192, 32768), ratios=(4, 8), d=128, heads=32, batch=8)
                        hkv=heads // ratio)
 
 
-def run_case(case, algorithms, mask, progress=print) -> dict:
+def run_case(case, algorithms, mask, progress=print, paged_cache=None) -> dict:
+    """Time every candidate on ``case``; with ``paged_cache`` ("4d" or "3d", see
+    :mod:`bench_paged`), also our paged allocations on the same K/V in a paged cache
+    (decode, and prefill at d = 128), as "<algorithm> paged" entries."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     d, b, h = case["d"], case["b"], case["h"]
     dt = torch.float16
@@ -103,28 +107,42 @@ def run_case(case, algorithms, mask, progress=print) -> dict:
     v = torch.randn(b, hkv, s2, d, device="cuda", dtype=dt, generator=gen)
     causal = case.get("causal", False)
     gqa = hkv != h
+    kv_bytes = 2 * k.numel() * k.element_size() if case["kind"] == "decode" else None
     candidates = {name: _ours(name, mask) for name in algorithms}
     for name in ("sdpa-flash", "sdpa-cudnn"):
         candidates[name] = _sdpa(name)
     row = dict(case)
     for name, fn in candidates.items():
-        try:
-            ms = _time_ms(lambda: fn(q, k, v, causal, gqa))
-        except Exception as err:  # a peer that refuses a shape is reported, not hidden
-            row[name] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"}
-            continue
-        entry = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12}
-        if case["kind"] == "decode":
-            kv_bytes = 2 * k.numel() * k.element_size()
-            entry["eager_gbs"] = kv_bytes / (ms * 1e-3) / 1e9
-            try:
-                entry["graph_ms"] = _graph_ms(lambda: fn(q, k, v, causal, gqa))
-                entry["gbs"] = kv_bytes / (entry["graph_ms"] * 1e-3) / 1e9
-            except Exception as err:
-                entry["graph_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
-        row[name] = entry
+        row[name] = _timed(lambda: fn(q, k, v, causal, gqa), flops, kv_bytes)
+    paged = [a for a in bench_paged.PAGED_ALGORITHMS if a in algorithms]
+    if paged_cache and paged and (case["kind"] == "decode" or d == 128):
+        k_cache, v_cache, table = bench_paged.paged_kv(k, v, gen, paged_cache)
+        for name in paged:
+            fn = bench_paged.paged_call(name, mask, table)
+            row[f"{name} paged"] = _timed(lambda: fn(q, k_cache, v_cache, causal, gqa), flops,
+                                          kv_bytes)
+        del k_cache, v_cache
     progress(_row_text(row, algorithms))
     return row
+
+
+def _timed(call, flops: float, kv_bytes) -> dict:
+    """One candidate's timing entry: ms and TFLOP/s; for decode (``kv_bytes`` given) GB/s
+    eagerly and replayed from a CUDA graph; an error entry where the candidate fails (a
+    peer that refuses a shape is reported, not hidden)."""
+    try:
+        ms = _time_ms(call)
+    except Exception as err:
+        return {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"}
+    entry = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12}
+    if kv_bytes is not None:
+        entry["eager_gbs"] = kv_bytes / (ms * 1e-3) / 1e9
+        try:
+            entry["graph_ms"] = _graph_ms(call)
+            entry["gbs"] = kv_bytes / (entry["graph_ms"] * 1e-3) / 1e9
+        except Exception as err:
+            entry["graph_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
+    return entry
 
 
 def _ratio(row, a, b, key="tflops"):
@@ -140,11 +158,12 @@ def _row_text(row, algorithms) -> str:
         head = f"decode d={row['d']} S2={row['s']} GQA {row['ratio']}:1"
     cells = []
     unit = "tflops" if row["kind"] == "prefill" else "gbs"
-    for name in list(algorithms) + ["sdpa-flash", "sdpa-cudnn"]:
+    names = list(algorithms) + ["sdpa-flash", "sdpa-cudnn"]
+    names += [n for n in row if isinstance(n, str) and n.endswith(" paged")]
+    for name in names:
         e = row.get(name, {})
         cells.append(f"{name}={e[unit]:.0f}" if unit in e else f"{name}=ERR")
-    errors = {row[n]["error"] for n in list(algorithms) + ["sdpa-flash", "sdpa-cudnn"]
-              if "error" in row.get(n, {})}
+    errors = {row[n]["error"] for n in names if "error" in row.get(n, {})}
     return head + "  " + " ".join(cells) + "".join(f"\n    error: {e}" for e in errors)
 
 
@@ -191,6 +210,7 @@ def markdown(result) -> str:
             cells.append(f"{e['gbs']:.0f} ({e['gbs'] / bw:.0%}){eager}" if "gbs" in e
                          else "error" + eager)
         lines.append(f"| {row['s']} | {row['ratio']}:1 | " + " | ".join(cells) + " |")
+    lines += bench_paged.markdown(result)
     return "\n".join(lines) + "\n"
 
 
@@ -274,6 +294,10 @@ def main(argv=None) -> int:
                         help="prefill sequence lengths (default 1k 4k 16k)")
     parser.add_argument("--no-decode", action="store_true")
     parser.add_argument("--no-prefill", action="store_true")
+    parser.add_argument("--paged", choices=bench_paged.CACHE_SHAPES + ("none",), default="4d",
+                        help="also time pasa-exact/pasa/fa-fp32 reading K/V through a block "
+                             "table from a paged cache of this shape (decode, prefill at "
+                             "d=128); none: skip")
     parser.add_argument("--tuning", nargs="+", default=[], metavar="KEY=VALUE",
                         help="Triton backend switches (fallback/triton_tuning.py Tuning), "
                              "e.g. shift=fused row_constant=in-kernel")
@@ -318,7 +342,8 @@ def _run(args, tuning, out: pathlib.Path) -> int:
               "triton": triton.__version__, "algorithms": args.algorithms,
               "tuning": {key: getattr(tuning, key) for key in triton_tuning.CHOICES},
               "decode_algorithms": [a for a in DECODE_ALGORITHMS if a in args.algorithms],
-              "copy_gbs": copy_bandwidth_gbs(), "rows": []}
+              "copy_gbs": copy_bandwidth_gbs(), "rows": [],
+              "paged_cache": None if args.paged == "none" else args.paged}
     print(f"{result['device']}: copy bandwidth {result['copy_gbs']:.0f} GB/s; tuning "
           f"{result['tuning']}", flush=True)
     seqs = args.seqs or ((1024, 4096) if args.quick else (1024, 4096, 16384))
@@ -329,7 +354,8 @@ def _run(args, tuning, out: pathlib.Path) -> int:
         algos = args.algorithms if case["kind"] == "prefill" else result["decode_algorithms"]
         result["rows"].append(run_case(case, algos, mask,
                                        lambda text: print(f"[{i + 1}/{len(cases)}] {text}",
-                                                          flush=True)))
+                                                          flush=True),
+                                       result["paged_cache"]))
         torch.cuda.empty_cache()
     (out / "bench.json").write_text(json.dumps(result, indent=1))
     (out / "bench.md").write_text(markdown(result))

@@ -42,15 +42,18 @@ SM_REGISTERS = 65536
 SM_WARPS = 64
 POINTERS = {
     "_attention_fwd": dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", C="*fp32",
-                           MEANS="*fp16", MASK="*u8", SHIFT="*fp16", q_starts="*i32", q_lens="*i32",
+                           MEANS="*fp16", MASK="*u8", SHIFT="*fp16", K_PAGES="*i32",
+                           V_PAGES="*i32", q_starts="*i32", q_lens="*i32",
                            kv_starts="*i32", kv_lens="*i32", band_pre="*i32", band_next="*i32"),
     "_decode_split": dict(Q="*fp16", K="*fp16", V="*fp16", MASK="*u8", SHIFT="*fp16",
-                          PART_O="*fp32", PART_LSE="*fp32", q_starts="*i32", kv_starts="*i32",
-                          kv_lens="*i32"),
+                          PART_O="*fp32", PART_LSE="*fp32", PAGES="*i32", q_starts="*i32",
+                          kv_starts="*i32", kv_lens="*i32"),
 }
 FLOATS = ("scale", "gamma")
 DIVISIBLE = ("n_heads", "head_dim", "head_dim_v")
 DESCRIPTORS = ("K_DESC", "V_DESC")
+#: the allocations whose paged variants are compiled (the ones pasa-bench times paged)
+PAGED_ALGORITHMS = ("pasa-exact", "pasa", "fa-fp32")
 
 
 def compile_variant(kernel: str, consts: dict, num_warps: int, num_stages: int,
@@ -102,7 +105,7 @@ def compile_gluon(consts: dict, fp_fusion: bool = True, arch: int = 90):
     rows = {"q_desc": [1, 1, gp.GROUP_ROWS, d], "k_desc": [1, 1, consts["BLOCK_N"], d],
             "v_desc": [1, 1, consts["BLOCK_N"], d], "m_desc": [gp.MEAN_ROWS, d]}
     pointers = dict(O="*fp16", LSE="*fp32", next_tile="*i32", band_pre="*i32",
-                    band_next="*i32")
+                    band_next="*i32", K_PAGES="*i32", V_PAGES="*i32")
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in consts:
@@ -204,9 +207,12 @@ def variants(head_dim: int = 128):
     """Every prefill variant the defaults can launch (pasa-exact's row constant both ways;
     without a mask, causal, and with an explicit mask) plus the fused key shift of Tuning,
     the decode kernel for each number of query heads per program, per allocation, and
-    the Gluon prefill."""
+    the Gluon prefill; at head dim 128, the paged variants ("paged" in the label:
+    causal prefill, decode at GQA 4:1 with kv blocks inside one cache block and, for
+    fa-fp32, straddling them, the Gluon prefill causal) of pasa-exact, pasa and fa-fp32."""
     for alg, allocation in ALLOCATIONS.items():
         pasa = allocation.shifts_keys
+        paged = head_dim == 128 and alg in PAGED_ALGORITHMS
         fp_fusion = triton_launch.fp_options(allocation) == {}
         forms = [("", False, False)]
         if alg == "pasa-exact":
@@ -222,30 +228,43 @@ def variants(head_dim: int = 128):
                 consts = dict(**allocation_flags(allocation), HAS_MASK=mode == "mask",
                               HAS_BAND=mode == "causal", HAS_LSE=False, GUARD=False,
                               K_PADDED=pasa and not fused, FUSED_SHIFT=fused, USE_TMA=DEFAULT_TUNING.loads == "tma",
-                              C_PER_BLOCK=c_per_block, LOOPS=loops, GRID_1D=False,
+                              C_PER_BLOCK=c_per_block, LOOPS=loops, GRID_1D=False, PAGED=False,
                               BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
                 block_m, warps, stages = triton_launch.launch_config(
                     head_dim, alg, False, c_per_block or fused, loops, mode == "mask")
                 label = f"{alg}{tag} {mode} d={head_dim}"
                 yield ("_attention_fwd", label, dict(consts, BLOCK_M=block_m), warps, stages,
                        fp_fusion)
+                if paged and mode == "causal" and not tag:
+                    yield ("_attention_fwd", f"{alg} paged causal d={head_dim}",
+                           dict(consts, BLOCK_M=block_m, PAGED=True), warps,
+                           triton_launch.paged_stages(stages), fp_fusion)
         # every number of query heads per program the launch can pick (GQA 2:1 up to MQA)
+        stages = triton_launch.decode_stages(allocation, head_dim)
         for block_g in sorted({triton_launch.decode_block_g(g, head_dim)
                                for g in (1, 32, 64, 1024)}):
             consts = dict(**allocation_flags(allocation), HAS_MASK=False, GUARD=False,
-                          BLOCK_G=block_g,
+                          PAGED=False, WHOLE_PAGE=True, BLOCK_G=block_g,
                           BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
             yield ("_decode_split", f"{alg} decode g={block_g} d={head_dim}", consts, 4,
-                   triton_launch.decode_stages(allocation, head_dim), fp_fusion)
+                   stages, fp_fusion)
+        block_g = triton_launch.decode_block_g(4, head_dim)
+        for whole, tag in ((True, ""), (False, " per key")) if paged else ():
+            if whole or alg == "fa-fp32":
+                consts = dict(consts, PAGED=True, WHOLE_PAGE=whole, BLOCK_G=block_g)
+                yield ("_decode_split", f"{alg} paged{tag} decode g={block_g} d={head_dim}",
+                       consts, 4, triton_launch.paged_stages(stages), fp_fusion)
     # the warp-specialised Gluon prefill that replaces _attention_fwd where it applies
     for alg in gp.ALGORITHMS if gp.AVAILABLE and head_dim in gp.HEAD_DIMS else ():
         allocation = ALLOCATIONS[alg]
-        for causal in (False, True):
+        forms = [(False, False), (True, False)] + [(True, True)] * (head_dim == 128)
+        for causal, paged in forms:
             consts = dict(PSEUDO_AVERAGE_SHIFT=allocation.pseudo_average_shift,
                           EXACT_SHIFT=allocation.exact_shift, HAS_BAND=causal, HAS_LSE=False,
-                          BLOCK_M=gp.GROUP_ROWS * gp.consumer_groups(head_dim),
+                          PAGED=paged, BLOCK_M=gp.GROUP_ROWS * gp.consumer_groups(head_dim),
                           BLOCK_N=gp.BLOCK_N, HEAD_DIM=head_dim, STAGES=gp._stages(head_dim))
-            yield ("gluon", f"{alg} {'causal' if causal else 'full'} d={head_dim} (gluon)",
+            mode = ("paged " if paged else "") + ("causal" if causal else "full")
+            yield ("gluon", f"{alg} {mode} d={head_dim} (gluon)",
                    consts, 4, 1, triton_launch.fp_options(allocation) == {})
 
 
