@@ -3,13 +3,13 @@ form they read them, for the two backends that run those kernels: ``ascendc-emu`
 emulation) and ``npu`` (an Ascend NPU through torch_npu).
 
 The kernels implement ``fa-fp32``, ``pasa`` and ``pasa-exact`` for BNSD and BSND (BSH)
-tensors, GQA, no mask or the causal band of sparse modes 2/3, ragged lengths, fp16 compute
-(bf16 inputs of the PASA allocations are converted by the API layer; the output may be bf16)
-and head dims that are multiples of 16.
+tensors and packed batches (TND/NTD: mixed decode and prefill rows, kv lengths past the
+query lengths), GQA, explicit bool/int8 masks and the band of sparse modes 0-4 (pre/next tokens),
+ragged lengths, fp16 compute (bf16 inputs of the PASA allocations are converted by the API
+layer; the output may be bf16) and head dims that are multiples of 16.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -22,6 +22,8 @@ from .problem import AttentionProblem
 TILING_KEYS = {"fa-fp32": 0, "pasa": 1, "pasa-exact": 2}
 #: memory orders of a (B, N, S, D) view the kernels read and write (PASA_LAYOUT_*)
 BNSD, BSND = 0, 1
+#: the band (PASA_MASK_*): none, j <= i + next, i - pre <= j <= i + next
+MASK_NONE, MASK_CAUSAL, MASK_BAND = 0, 1, 2
 _INT32 = (-(2 ** 31), 2 ** 31 - 1)
 
 
@@ -32,16 +34,11 @@ def unsupported_reason(problem: AttentionProblem, backend: str) -> Optional[str]
     if alloc not in TILING_KEYS:
         return (f"the {backend} kernels implement algorithm in {sorted(TILING_KEYS)}, "
                 f"not {alloc!r}")
-    if problem.packed:
-        return f"packed layouts (TND/NTD) are not supported by the {backend} kernels"
-    if problem.mask is not None:
-        return (f"an explicit atten_mask is not supported by the {backend} kernels (causal "
-                f"sparse modes 2/3 are)")
-    if problem.band is not None:
-        pre, _ = problem.band
-        if bool((pre < problem.q_lens).any()):
-            return (f"a band with a lower bound (pre_tokens / sparse_mode 4) is not supported by "
-                    f"the {backend} kernels; only the causal band of sparse modes 2 and 3")
+    if problem.paged:
+        return f"paged KV (block_table) is not supported by the {backend} kernels"
+    if problem.mask is not None and problem.tiling.kv_block < 32:
+        return (f"an explicit atten_mask needs kv_block >= 32 in the {backend} kernels (a block's "
+                f"mask row fills 32 bytes), got {problem.tiling.kv_block}")
     if problem.rounding_guard:
         return f"rounding_guard=True is not supported by the {backend} kernels"
     in_dtype, out_dtype = problem.query.dtype, problem.out.dtype
@@ -91,7 +88,8 @@ class KernelCall:
     out_layout: int
     tiling_key: int
     mask_mode: int
-    next_tokens: torch.Tensor  # int64 on CPU, within int32
+    lengths: dict  # name -> int32 CPU tensor of B entries (BatchLengths of pasa_tiling.h)
+    mask: Optional[torch.Tensor]  # uint8 (B|1, S1, S2), last dim contiguous, nonzero = masked
 
     def finish(self, problem: AttentionProblem) -> None:
         """Copy the temporaries (if any) into the problem's output views."""
@@ -115,14 +113,38 @@ def kernel_call(problem: AttentionProblem) -> KernelCall:
         v = in_layout(v, kv_layout)
     out, out_layout = problem.out, layout_of(problem.out)
     if out_layout is None:
-        out, out_layout = torch.zeros(out.shape, dtype=out.dtype, device=out.device), BNSD
+        out, out_layout = out.contiguous(), BNSD  # a copy: rows the kernels skip keep their value
     lse = problem.lse
     if lse is not None and not lse.is_contiguous():
-        lse = torch.full(lse.shape, -math.inf, dtype=torch.float32, device=lse.device)
-    mask_mode, next_tokens = 0, torch.zeros(problem.batch, dtype=torch.int64)
-    if problem.band is not None:
-        mask_mode, next_tokens = 1, problem.band[1].clamp(*_INT32)
+        lse = lse.contiguous()
+    mask_mode, lengths = band_lengths(problem)
     return KernelCall(query=q, key=k, value=v, out=out, lse=lse, q_layout=q_layout,
                       kv_layout=kv_layout, out_layout=out_layout,
                       tiling_key=TILING_KEYS[problem.allocation.name],
-                      mask_mode=mask_mode, next_tokens=next_tokens)
+                      mask_mode=mask_mode, lengths=lengths, mask=mask_bytes(problem.mask))
+
+
+def band_lengths(problem: AttentionProblem) -> tuple[int, dict]:
+    """(PASA_MASK_* of the band, the per-batch int32 arrays the host launcher reads): the
+    band's bounds clamped to int32 (positions fit int32, so the clamp changes no visibility);
+    a lower bound no row reaches (pre >= q_len - 1) leaves the causal mode."""
+    i32 = lambda t: t.to(torch.int64).clamp(*_INT32).to(torch.int32).cpu().contiguous()  # noqa: E731
+    lengths = dict(q_lens=i32(problem.q_lens), kv_lens=i32(problem.kv_lens))
+    mode = MASK_NONE
+    if problem.band is not None:
+        pre, nxt = problem.band
+        mode = MASK_BAND if bool((pre < problem.q_lens - 1).any()) else MASK_CAUSAL
+        lengths.update(next_tokens=i32(nxt), pre_tokens=i32(pre))
+    if problem.packed:
+        lengths.update(q_starts=i32(problem.q_starts), kv_starts=i32(problem.kv_starts))
+    return mode, lengths
+
+
+def mask_bytes(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The bool (B|1, S1, S2) mask as uint8 bytes with a contiguous last dim (a view when it
+    already is one)."""
+    if mask is None:
+        return None
+    if mask.stride(-1) != 1:
+        mask = mask.contiguous()
+    return mask.view(torch.uint8)

@@ -26,15 +26,9 @@ KERNEL_ALGORITHMS = ("fa-fp32", "pasa", "pasa-exact")
 
 def kernels_support(case: dict, algorithm: str) -> bool:
     """What the kernels implement, written out independently of the backend's own check:
-    BNSD/BSND/BSH tensors (not packed), no explicit mask, no band with a lower bound,
-    three allocations, head dims that are multiples of 16."""
+    BNSD/BSND/BSH tensors and packed TND/NTD batches, explicit masks and the bands of sparse
+    modes 0-4, three allocations, head dims that are multiples of 16."""
     if algorithm not in KERNEL_ALGORITHMS:
-        return False
-    if case["layout"].split("_")[0] in ("TND", "NTD"):
-        return False
-    if case.get("mask") in ("random4d", "random2d", "decode2d"):
-        return False
-    if case.get("sparse_mode") == 4:
         return False
     return case["D"] % 16 == 0
 
@@ -176,9 +170,8 @@ def _small(d=32, s=40, dtype=torch.float16):
 @pytest.mark.parametrize("kwargs,feature", [
     (dict(algorithm="fa-fp16s"), "algorithm in"),
     (dict(algorithm="pasa-mixed"), "algorithm in"),
-    (dict(algorithm="pasa", atten_mask=torch.zeros(40, 40, dtype=torch.bool)), "explicit atten_mask"),
-    (dict(algorithm="pasa", sparse_mode=4, pre_tokens=8, next_tokens=0,
-          atten_mask=pasa_npu.compressed_causal_mask()), "lower bound"),
+    (dict(algorithm="pasa", atten_mask=torch.zeros(40, 40, dtype=torch.bool), kv_block=16),
+     "explicit atten_mask needs kv_block >= 32"),
     (dict(algorithm="pasa-exact", rounding_guard=True), "rounding_guard"),
     (dict(algorithm="pasa", kv_block=48), "kvBlock must be a power of two"),
     (dict(algorithm="pasa-exact", q_block=1024), "L1 needs"),
@@ -190,14 +183,10 @@ def test_unsupported_features_are_refused(kwargs, feature):
                                  **kwargs)
 
 
-def test_refuses_head_dim_and_packed_layouts():
+def test_refuses_head_dim():
     q, k, v = _small(d=40)
     with pytest.raises(NotImplementedError, match="multiples of 16"):
         pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD", backend="ascendc-emu")
-    t = torch.randn(50, 2, 32).half()
-    with pytest.raises(NotImplementedError, match="packed layouts"):
-        pasa_npu.fused_attention(t, t, t, num_heads=2, input_layout="TND", backend="ascendc-emu",
-                                 actual_seq_lengths=[20, 50], actual_seq_lengths_kv=[20, 50])
 
 
 # --------------------------------------------------------------------------- tiling and counters

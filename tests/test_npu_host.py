@@ -45,7 +45,7 @@ def _errors(proc: subprocess.CompletedProcess) -> str:
 def test_launch_header_stand_ins_cover_every_kernel(launch_headers):
     """One stand-in per kernel the ACL runtime launches, with the kernel's parameters."""
     signatures = host.kernel_signatures()
-    assert set(signatures) == {"pasa_attention", "pasa_shift_keys", "pasa_center_keys"}
+    assert set(signatures) == {"pasa_attention", "pasa_shift_keys", "pasa_center_keys", "pasa_merge_splits"}
     text = (launch_headers / "aclrtlaunch_pasa_attention.h").read_text()
     params = ", ".join(f"void* {name}" for _, name in signatures["pasa_attention"])
     assert f"aclrtlaunch_pasa_attention(uint32_t blockDim, aclrtStream stream, {params});" in text
@@ -120,10 +120,13 @@ def _emulated_calls(params: dict, lens: dict) -> list[str]:
     q, k, v = half(b, hq, sq, p["head_dim"]), half(b, hk, skv, p["head_dim"]), half(b, hk, skv, p["head_dim_v"])
     out = np.zeros((b, hq, sq, p["head_dim_v"]), np.int16)
     lse = np.zeros((b, hq, sq), np.float32)
-    i32 = lambda name: np.asarray(lens[name], np.int32)  # noqa: E731
-    result = emu.run_attention(q, k, v, i32("q_lens"), i32("kv_lens"), i32("next_tokens"), out, lse,
+    mask = None
+    if p.get("has_mask"):
+        rows = b if p.get("mask_batch_stride") else 1
+        mask = (rng.random((rows, sq, p["mask_row_stride"])) < 0.3).astype(np.uint8)
+    result = emu.run_attention(q, k, v, out, lse, {n: np.asarray(x, np.int32) for n, x in lens.items()},
                                dict(params, timeout_s=60.0,
-                                    timing=npu_params.timing_only(npu_params.values())))
+                                    timing=npu_params.timing_only(npu_params.values())), mask=mask)
     names, lines = {}, []
     for call in result["runtime_calls"]:
         if call[0] == "allocate":
@@ -158,6 +161,9 @@ CALLS = {
     "fa-fp32-bf16": (_problem(tiling_key=0, beta=0.0, in_dtype=1, out_dtype=1, out_layout=1,
                               batch=1, core_num=20),
                      dict(q_lens=[40], kv_lens=[64], next_tokens=[0])),
+    # an explicit mask per batch and a band with both bounds (sparse mode 4)
+    "pasa-mask-band": (_problem(mask_mode=2, has_mask=1, mask_row_stride=70, mask_batch_stride=40 * 70),
+                       dict(q_lens=[40, 17], kv_lens=[70, 33], next_tokens=[30, 16], pre_tokens=[20, 5])),
 }
 
 
@@ -172,8 +178,10 @@ def test_acl_runtime_makes_the_emulated_runtimes_calls(name, recorder):
     launches = [line.split()[:3] for line in acl if line.startswith("launch")]
     expected_prep = {0: [], 1: ["pasa_shift_keys"], 2: ["pasa_center_keys"]}[params["tiling_key"]]
     assert [kernel for _, kernel, _ in launches] == expected_prep + ["pasa_attention"]
-    tasks = params["batch"] * params["num_heads"] * -(-params["seq_q"] // params["q_tile"])
-    assert {int(block_dim) for *_, block_dim in launches} == {min(params["core_num"], tasks)}
+    # a task: one query tile of one head (these query lengths stack no heads) of a batch
+    tasks = params["num_heads"] * sum(-(-q // params["q_tile"]) for q in lens["q_lens"])
+    assert int(launches[-1][2]) == min(params["core_num"], tasks)
+    assert all(0 < int(block_dim) <= params["core_num"] for *_, block_dim in launches)
 
 
 # --------------------------------------------------------------------------- on an NPU
