@@ -103,6 +103,14 @@ def mask_params(mask: Optional[torch.Tensor]) -> dict:
     return dict(has_mask=1, mask_row_stride=row, mask_batch_stride=mask.stride(0) if mask.shape[0] > 1 else 0)
 
 
+def paged_params(call) -> dict:
+    """The tiling's paged fields: the caches' blocks, the table's width, the block size."""
+    if call.block_table is None:
+        return dict(paged=0)
+    return dict(paged=1, block_size=call.key.shape[2], table_stride=call.block_table.shape[1],
+                num_blocks=call.key.shape[0])
+
+
 def run(problem: AttentionProblem) -> None:
     """Compute ``problem`` with the AscendC kernels under emulation; writes out (and lse)."""
     global _last_stats
@@ -119,7 +127,7 @@ def run(problem: AttentionProblem) -> None:
         kv_layout=call.kv_layout, out_layout=call.out_layout,
         out_dtype=0 if call.out.dtype == torch.float16 else 1,
         in_dtype=0 if call.query.dtype == torch.float16 else 1, mask_mode=call.mask_mode,
-        packed=int(problem.packed), **mask_params(call.mask),
+        packed=int(problem.packed), **mask_params(call.mask), **paged_params(call),
         scale=float(problem.scale), beta=float(problem.beta), q_tile=problem.tiling.q_block,
         kv_block=problem.tiling.kv_block, core_num=int(_model["core_num"]), timeout_s=WAIT_TIMEOUT_S,
         timing=npu_params.timing_only(_model))
@@ -136,7 +144,9 @@ def run(problem: AttentionProblem) -> None:
     stats = _ascendc_emu.run_attention(
         _memory(call.query, call.q_layout), _memory(call.key, call.kv_layout),
         _memory(call.value, call.kv_layout), _memory(call.out, call.out_layout), lse.numpy(),
-        lengths, params, mask=mask)
+        lengths, params, mask=mask,
+        block_table=None if call.block_table is None else call.block_table.numpy(),
+        key_slots=None if call.key_slots is None else call.key_slots.numpy())
     for launch in ("preprocess", "attention", "merge"):
         if stats[launch] is not None:
             annotate_launch(stats[launch], _model)

@@ -4,7 +4,8 @@ emulation) and ``npu`` (an Ascend NPU through torch_npu).
 
 The kernels implement ``fa-fp32``, ``pasa`` and ``pasa-exact`` for BNSD and BSND (BSH)
 tensors and packed batches (TND/NTD: mixed decode and prefill rows, kv lengths past the
-query lengths), GQA, explicit bool/int8 masks and the band of sparse modes 0-4 (pre/next tokens),
+query lengths), paged K/V caches read through the block table (either cache shape, blocks
+of 16 to 512 rows), GQA, explicit bool/int8 masks and the band of sparse modes 0-4 (pre/next tokens),
 ragged lengths, fp16 compute (bf16 inputs of the PASA allocations are converted by the API
 layer; the output may be bf16) and head dims that are multiples of 16.
 """
@@ -34,8 +35,9 @@ def unsupported_reason(problem: AttentionProblem, backend: str) -> Optional[str]
     if alloc not in TILING_KEYS:
         return (f"the {backend} kernels implement algorithm in {sorted(TILING_KEYS)}, "
                 f"not {alloc!r}")
-    if problem.paged:
-        return f"paged KV (block_table) is not supported by the {backend} kernels"
+    if problem.paged and (problem.block_size % 16 or not 16 <= problem.block_size <= 512):
+        return (f"paged KV needs block_size a multiple of 16 in [16, 512] in the {backend} "
+                f"kernels, got {problem.block_size}")
     if problem.mask is not None and problem.tiling.kv_block < 32:
         return (f"an explicit atten_mask needs kv_block >= 32 in the {backend} kernels (a block's "
                 f"mask row fills 32 bytes), got {problem.tiling.kv_block}")
@@ -90,6 +92,8 @@ class KernelCall:
     mask_mode: int
     lengths: dict  # name -> int32 CPU tensor of B entries (BatchLengths of pasa_tiling.h)
     mask: Optional[torch.Tensor]  # uint8 (B|1, S1, S2), last dim contiguous, nonzero = masked
+    block_table: Optional[torch.Tensor]  # paged: int32 (B, max_blocks), contiguous
+    key_slots: Optional[torch.Tensor]  # paged: int32 (B, max_blocks), see key_slots()
 
     def finish(self, problem: AttentionProblem) -> None:
         """Copy the temporaries (if any) into the problem's output views."""
@@ -118,10 +122,38 @@ def kernel_call(problem: AttentionProblem) -> KernelCall:
     if lse is not None and not lse.is_contiguous():
         lse = lse.contiguous()
     mask_mode, lengths = band_lengths(problem)
+    table = slots = None
+    if problem.paged:
+        table = problem.block_table.to(torch.int32).contiguous()
+        slots = key_slots(table.cpu(), problem.kv_lens.cpu(), problem.block_size,
+                          problem.tiling.kv_block).to(table.device)
     return KernelCall(query=q, key=k, value=v, out=out, lse=lse, q_layout=q_layout,
                       kv_layout=kv_layout, out_layout=out_layout,
                       tiling_key=TILING_KEYS[problem.allocation.name],
-                      mask_mode=mask_mode, lengths=lengths, mask=mask_bytes(problem.mask))
+                      mask_mode=mask_mode, lengths=lengths, mask=mask_bytes(problem.mask),
+                      block_table=table, key_slots=slots)
+
+
+def key_slots(table: torch.Tensor, kv_lens: torch.Tensor, block_size: int,
+              kv_block: int) -> torch.Tensor:
+    """Paged KV: for each table entry, the entry (flat index b * max_blocks + e) that owns its
+    physical block, whose preprocessing writes the block's K' (and pasa-exact's block means)
+    once for every sequence sharing it: of the entries naming the block, the one whose
+    sequence fills the most whole kv blocks of it (the first on a tie). Each sequence's ragged
+    last kv block is preprocessed into its own entry (the kernels' KvPages::KeySlot)."""
+    batch, width = table.shape
+    slots = torch.arange(batch * width, dtype=torch.int32).view(batch, width)
+    best: dict = {}  # physical block -> (whole kv blocks, owner entry)
+    for b, n in enumerate(kv_lens.tolist()):
+        for e in range(-(-n // block_size)):
+            whole = min(block_size, n - e * block_size) // kv_block
+            block, entry = int(table[b, e]), b * width + e
+            if block not in best or whole > best[block][0]:
+                best[block] = (whole, entry)
+    for b, n in enumerate(kv_lens.tolist()):
+        for e in range(-(-n // block_size)):
+            slots[b, e] = best[int(table[b, e])][1]
+    return slots
 
 
 def band_lengths(problem: AttentionProblem) -> tuple[int, dict]:

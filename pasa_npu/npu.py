@@ -62,7 +62,8 @@ def run(problem: AttentionProblem) -> None:
     lengths = {name: call.lengths[name].tolist() if name in call.lengths else []
                for name in LENGTH_ARGUMENTS}
     torch.ops.pasa_npu.npu_attention(
-        call.query, call.key, call.value, call.out, call.lse, call.mask, *lengths.values(),
+        call.query, call.key, call.value, call.out, call.lse, call.mask, call.block_table,
+        call.key_slots, *lengths.values(),
         call.tiling_key, call.mask_mode, float(problem.scale), float(problem.beta),
         problem.tiling.q_block, problem.tiling.kv_block)
     call.finish(problem)

@@ -34,7 +34,7 @@ def _memory(t):
     return (t if _layout(t) == 0 else t.permute(0, 2, 1, 3)).view(torch.int16).numpy()
 
 
-def _npu_attention_on_cpu(query, key, value, out, lse, mask, q_lens, kv_lens, next_tokens, pre_tokens,
+def _npu_attention_on_cpu(query, key, value, out, lse, mask, block_table, key_slots, q_lens, kv_lens, next_tokens, pre_tokens,
                           q_starts, kv_starts, tiling_key, mask_mode, scale, beta, q_tile, kv_block):
     """What the binding's kernel does with its arguments, with the emulated runtime."""
     b, n, s, d = query.shape
@@ -51,11 +51,14 @@ def _npu_attention_on_cpu(query, key, value, out, lse, mask, q_lens, kv_lens, ne
                       mask_batch_stride=mask.stride(0) if mask.shape[0] > 1 else 0)
         mask_bytes = mask.as_strided((mask.untyped_storage().nbytes() - mask.storage_offset(),), (1,),
                                      mask.storage_offset()).numpy()
+    if block_table is not None:
+        params.update(paged=1, block_size=key.shape[2], table_stride=block_table.shape[1], num_blocks=key.shape[0])
     lists = dict(q_lens=q_lens, kv_lens=kv_lens, next_tokens=next_tokens, pre_tokens=pre_tokens,
                  q_starts=q_starts, kv_starts=kv_starts)
     lengths = {name: np.asarray(x, np.int32) for name, x in lists.items() if len(x)}
     emu.run_attention(_memory(query), _memory(key), _memory(value), _memory(out), lse_mem.numpy(), lengths,
-                      params, mask=mask_bytes)
+                      params, mask=mask_bytes, block_table=None if block_table is None else block_table.numpy(),
+                      key_slots=None if key_slots is None else key_slots.numpy())
 
 
 @pytest.fixture
@@ -110,3 +113,19 @@ def test_npu_backend_refuses_what_the_kernels_lack(npu_backend_on_cpu):
     with pytest.raises(NotImplementedError, match="explicit atten_mask needs kv_block >= 32 in the npu kernels"):
         pasa_npu.fused_attention(q, k, v, num_heads=4, num_key_value_heads=2, input_layout="BNSD",
                                  backend="npu", atten_mask=torch.zeros(70, 90, dtype=torch.bool), kv_block=16)
+
+
+def test_npu_backend_passes_the_block_table(npu_backend_on_cpu):
+    """Paged KV (a problem built to the paged contract, tests/_paged.py): the operator gets
+    the block table and the K' slot table, and computes what backend ascendc-emu computes."""
+    from _paged import dense_problem, fresh_outputs, paged_problem
+    q, k, v = _inputs("BNSD")
+    dense = dense_problem(q, k, v, num_heads=4, num_key_value_heads=2, input_layout="BNSD",
+                          scale=32 ** -0.5, softmax_lse_flag=True, algorithm="pasa-exact",
+                          actual_seq_lengths_kv=[90, 41], q_block=64, kv_block=32)
+    paged, _ = paged_problem(dense, 32, "BSH", shared_prefix=1)
+    emulated = dataclasses.replace(paged, **fresh_outputs(paged))
+    sys.modules["pasa_npu.npu"].run(paged)
+    from pasa_npu import ascendc_emu
+    ascendc_emu.run(emulated)
+    assert torch.equal(paged.out, emulated.out) and torch.equal(paged.lse, emulated.lse)

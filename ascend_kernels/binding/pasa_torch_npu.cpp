@@ -1,8 +1,11 @@
 // The torch_npu binding of the PASA kernels: the operator
 //
-//   torch.ops.pasa_npu.npu_attention(query, key, value, out, lse, atten_mask, q_lens, kv_lens,
-//                                    next_tokens, pre_tokens, q_starts, kv_starts, tiling_key,
-//                                    mask_mode, scale, beta, q_tile, kv_block) -> ()
+//   torch.ops.pasa_npu.npu_attention(query, key, value, out, lse, atten_mask, block_table, key_slots,
+//                                    q_lens, kv_lens, next_tokens, pre_tokens, q_starts, kv_starts,
+//                                    tiling_key, mask_mode, scale, beta, q_tile, kv_block) -> ()
+//
+// Paged KV (block_table given): key and value are (num_blocks, N_kv, block_size, D) views of the
+// caches, block_table and key_slots int32 (B, max_blocks) (pasa_npu/kernel_inputs.py).
 //
 // with one kernel, for PrivateUse1 (NPU tensors), registered with TORCH_LIBRARY_IMPL. It is the
 // compute step of backend "npu" (pasa_npu/npu.py), which the Python API layer reaches after it
@@ -113,7 +116,7 @@ void CheckDevice(const at::Tensor& t, const char* name, const at::Device& device
 }
 
 void CheckTensors(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-                  const std::optional<at::Tensor>& lse)
+                  const std::optional<at::Tensor>& lse, bool paged)
 {
     const at::Device device = q.device();
     const std::pair<const at::Tensor*, const char*> all[] = {{&q, "query"}, {&k, "key"}, {&v, "value"}, {&out, "out"}};
@@ -126,8 +129,8 @@ void CheckTensors(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     TORCH_CHECK_VALUE(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
                       "pasa_npu: key and value must have query's dtype ", q.scalar_type(), ", got ", k.scalar_type(),
                       " and ", v.scalar_type());
-    TORCH_CHECK_VALUE(k.size(0) == q.size(0) && k.size(3) == q.size(3), "pasa_npu: key ", k.sizes(),
-                      " must have query's batch and head dim, query is ", q.sizes());
+    TORCH_CHECK_VALUE((paged || k.size(0) == q.size(0)) && k.size(3) == q.size(3), "pasa_npu: key ", k.sizes(),
+                      " must have query's batch (unless paged) and head dim, query is ", q.sizes());
     TORCH_CHECK_VALUE(v.size(0) == k.size(0) && v.size(1) == k.size(1) && v.size(2) == k.size(2), "pasa_npu: value ",
                       v.sizes(), " must have key's batch, heads and length, key is ", k.sizes());
     TORCH_CHECK_VALUE(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "pasa_npu: query heads (", q.size(1),
@@ -166,6 +169,24 @@ std::vector<int32_t> Int32s(c10::IntArrayRef values, int64_t batch, const char* 
 
 const int32_t* DataOrNull(const std::vector<int32_t>& v) { return v.empty() ? nullptr : v.data(); }
 
+// Paged KV: the block table and the K' slot table, int32 (batch, max_blocks) contiguous, and the caches.
+void SetPages(pasa::PasaProblem& p, const at::Tensor& table, const std::optional<at::Tensor>& slots,
+              const at::Tensor& query, const at::Tensor& key)
+{
+    const std::pair<const at::Tensor*, const char*> all[] = {{&table, "block_table"}, {slots ? &*slots : &table, "key_slots"}};
+    for (const auto& [t, name] : all) {
+        CheckDevice(*t, name, query.device());
+        TORCH_CHECK_VALUE(t->scalar_type() == at::kInt && t->dim() == 2 && t->size(0) == p.batch && t->is_contiguous() &&
+                              t->sizes() == table.sizes(),
+                          "pasa_npu: ", name, " must be a contiguous int32 (batch, max_blocks) tensor, got ", t->sizes(), " ",
+                          t->scalar_type());
+    }
+    p.paged = true;
+    p.blockSize = Uint32(key.size(2), "block_size (the caches' S axis)");
+    p.tableStride = Uint32(table.size(1), "block_table width");
+    p.numBlocks = Uint32(key.size(0), "cache blocks");
+}
+
 // The explicit mask: uint8 or bool (B or 1, S1, S2), nonzero = masked, its last dim contiguous.
 void SetMask(pasa::PasaProblem& p, const at::Tensor& mask, const at::Tensor& query, const at::Tensor& key)
 {
@@ -182,12 +203,13 @@ void SetMask(pasa::PasaProblem& p, const at::Tensor& mask, const at::Tensor& que
 }
 
 void NpuAttention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& out,
-                  const std::optional<at::Tensor>& lse, const std::optional<at::Tensor>& mask, c10::IntArrayRef qLens,
+                  const std::optional<at::Tensor>& lse, const std::optional<at::Tensor>& mask,
+                  const std::optional<at::Tensor>& blockTable, const std::optional<at::Tensor>& keySlots, c10::IntArrayRef qLens,
                   c10::IntArrayRef kvLens, c10::IntArrayRef nextTokens, c10::IntArrayRef preTokens,
                   c10::IntArrayRef qStarts, c10::IntArrayRef kvStarts, int64_t tilingKey, int64_t maskMode, double scale,
                   double beta, int64_t qTile, int64_t kvBlock)
 {
-    CheckTensors(query, key, value, out, lse);
+    CheckTensors(query, key, value, out, lse, blockTable.has_value());
     c10_npu::NPUGuard guard(query.device());
     pasa::PasaProblem p;
     p.tilingKey = Uint32(tilingKey, "tiling_key");
@@ -213,6 +235,7 @@ void NpuAttention(const at::Tensor& query, const at::Tensor& key, const at::Tens
     p.kvBlock = Uint32(kvBlock, "kv_block");
     p.coreNum = AiCoreCount(query.device().index());
     if (mask.has_value()) SetMask(p, *mask, query, key);
+    if (blockTable.has_value()) SetPages(p, *blockTable, keySlots, query, key);
     const int64_t batch = p.batch;
     const std::vector<int32_t> ql = Int32s(qLens, batch, "q_lens");
     const std::vector<int32_t> kl = Int32s(kvLens, batch, "kv_lens");
@@ -233,6 +256,8 @@ void NpuAttention(const at::Tensor& query, const at::Tensor& key, const at::Tens
     tensors.out = out.data_ptr();
     tensors.lse = lse.has_value() ? lse->data_ptr() : call->lseScratch.data_ptr();
     tensors.mask = mask.has_value() ? mask->data_ptr() : nullptr;
+    tensors.blockTable = blockTable.has_value() ? blockTable->data_ptr() : nullptr;
+    tensors.keySlots = keySlots.has_value() ? keySlots->data_ptr() : nullptr;
     pasa::BatchLengths lengths;
     lengths.qLens = ql.data();
     lengths.kvLens = kl.data();
@@ -264,7 +289,7 @@ void NpuAttention(const at::Tensor& query, const at::Tensor& key, const at::Tens
 TORCH_LIBRARY_FRAGMENT(pasa_npu, m)
 {
     m.def("npu_attention(Tensor query, Tensor key, Tensor value, Tensor(a!) out, Tensor(b!)? lse, Tensor? atten_mask, "
-          "int[] q_lens, int[] kv_lens, int[] next_tokens, int[] pre_tokens, int[] q_starts, int[] kv_starts, "
+          "Tensor? block_table, Tensor? key_slots, int[] q_lens, int[] kv_lens, int[] next_tokens, int[] pre_tokens, int[] q_starts, int[] kv_starts, "
           "int tiling_key, int mask_mode, float scale, float beta, int q_tile, int kv_block) -> ()");
 }
 

@@ -104,7 +104,6 @@ void Validate(const PasaProblem& p)
         Reject("bf16 inputs run only with fa-fp32 and a bf16 output (PASA computes in fp16)");
     }
     if (p.maskMode > PASA_MASK_BAND) Reject("maskMode must be 0 (none), 1 (causal band) or 2 (band with both bounds)");
-    if (p.packed && p.paged) Reject("packed query layouts take dense K and V (kv_starts); paged KV reads the block table");
     if (p.hasMask && (p.maskRowStride < p.seqKv || p.kvBlock < 32)) {
         Reject("an explicit mask needs maskRowStride >= seqKv and kvBlock >= 32 (a mask row of a block fills 32 bytes)");
     }

@@ -192,14 +192,21 @@ int main()
     p.inDtype = in["in_dtype"], p.maskMode = in["mask_mode"], p.scale = in["scale"], p.beta = in["beta"];
     p.qTile = in["q_tile"], p.kvBlock = in["kv_block"];
     p.packed = in["packed"] != 0, p.kvSplits = in["kv_splits"];
+    p.paged = in["paged"] != 0, p.blockSize = in["block_size"], p.tableStride = in["table_stride"];
+    p.numBlocks = in["num_blocks"];
     p.hasMask = in["has_mask"] != 0, p.maskRowStride = in["mask_row_stride"], p.maskBatchStride = in["mask_batch_stride"];
     p.coreNum = pasa::AclAiCoreCount(0);
 
     const size_t b = p.batch, hq = p.numHeads, hk = p.numKvHeads;
     pasa::AttentionTensors t;
     t.query = reinterpret_cast<void*>(g_rec.Reserve("query", b * hq * p.seqQ * p.headDim * 2));
-    t.key = reinterpret_cast<void*>(g_rec.Reserve("key", b * hk * p.seqKv * p.headDim * 2));
-    t.value = reinterpret_cast<void*>(g_rec.Reserve("value", b * hk * p.seqKv * p.headDimV * 2));
+    const size_t kb = p.paged ? p.numBlocks : b;
+    t.key = reinterpret_cast<void*>(g_rec.Reserve("key", kb * hk * p.seqKv * p.headDim * 2));
+    t.value = reinterpret_cast<void*>(g_rec.Reserve("value", kb * hk * p.seqKv * p.headDimV * 2));
+    if (p.paged) {
+        t.blockTable = reinterpret_cast<void*>(g_rec.Reserve("block_table", b * p.tableStride * 4));
+        t.keySlots = reinterpret_cast<void*>(g_rec.Reserve("key_slots", b * p.tableStride * 4));
+    }
     t.out = reinterpret_cast<void*>(g_rec.Reserve("out", b * hq * p.seqQ * p.headDimV * 2));
     t.lse = reinterpret_cast<void*>(g_rec.Reserve("lse", b * hq * p.seqQ * 4));
     if (p.hasMask) t.mask = reinterpret_cast<void*>(g_rec.Reserve("mask", (p.maskBatchStride ? b : 1) * p.seqQ * p.maskRowStride));
