@@ -166,11 +166,14 @@ void FillProblem(const PasaProblem& p, PasaTilingData& t)
     }
 }
 
-// Kv ranges per task for `tasks` decode tasks of up to `blocks` kv blocks on `cores` AI Cores: the
-// fewest that fill the cores' rounds best, each range at least PASA_MIN_SPLIT_BLOCKS blocks, and
-// only when that beats one range per task by 10% (a split costs the merge launch).
+// Kv ranges per task for `tasks` decode tasks of up to `blocks` kv blocks on `cores` AI Cores: only
+// when some core would have no task (with a task per core, decode reads K and V at the chip's
+// bandwidth already, and a split would add the merge launch); then the fewest ranges that fill
+// the cores' rounds best, each at least PASA_MIN_SPLIT_BLOCKS blocks, if that beats one range
+// per task by 10%.
 uint32_t ChooseSplits(uint32_t tasks, uint32_t blocks, uint32_t cores)
 {
+    if (tasks >= cores) return 1;
     auto efficiency = [&](uint32_t s) {
         const uint64_t units = static_cast<uint64_t>(tasks) * s, rounds = (units + cores - 1) / cores;
         return static_cast<double>(units) / static_cast<double>(rounds * cores);
@@ -360,7 +363,7 @@ void PlanWorkspace(const PasaProblem& p, PasaTilingData& t)
                                          2 * t.colSumSlotBytes);
     off += t.coreAreaBytes * std::max(t.blockDim, t.prepDim);
     t.partialOffset = off;
-    t.partialSlotBytes = t.kvSplits > 1 ? Align64(rows * dv * 4 + rows * 4, 512) : 0;
+    t.partialSlotBytes = t.kvSplits > 1 ? Align64(rows * dv * 4 + 2ull * t.vecRowsPad * 4, 512) : 0;
     off += static_cast<uint64_t>(t.numTasks) * t.kvSplits * t.partialSlotBytes;
     t.workspaceBytes = off;
 }

@@ -437,7 +437,7 @@ struct CoreSlots {
 };
 
 // Split kv: the partial results of (task, split) `unit`: O / l (qTilePad x headDimV fp32), then
-// the rows' LSE (qTilePad fp32).
+// the rows' LSE (2 vecRowsPad fp32, PartialLseRow).
 __aicore__ inline GM_ADDR PartialOut(GM_ADDR workspace, const PasaTilingData& t, uint64_t unit)
 {
     return workspace + t.partialOffset + unit * t.partialSlotBytes;
@@ -446,6 +446,8 @@ __aicore__ inline GM_ADDR PartialLse(GM_ADDR workspace, const PasaTilingData& t,
 {
     return PartialOut(workspace, t, unit) + static_cast<uint64_t>(t.qTilePad) * t.headDimV * sizeof(float);
 }
+// The LSE element of the first row of the vector core whose rows start at tile row `rowBase`.
+__aicore__ inline uint32_t PartialLseRow(const PasaTilingData& t, uint32_t rowBase) { return rowBase == 0 ? 0 : t.vecRowsPad; }
 
 }  // namespace pasa
 

@@ -59,7 +59,7 @@ private:
         for (uint32_t s = 0; s < splits; ++s) {
             GlobalTensor<float> g;
             g.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(PartialLse(workspace_, t, first + s)));
-            DataCopyPad(parts[s * R_], g[rowBase], DataCopyExtParams(1, rows * sizeof(float), 0, 0, 0),
+            DataCopyPad(parts[s * R_], g[PartialLseRow(t, rowBase)], DataCopyExtParams(1, rows * sizeof(float), 0, 0, 0),
                         DataCopyPadExtParams<float>(false, 0, 0, 0.0f));
         }
         lseIn_.EnQue(parts);

@@ -48,7 +48,8 @@ __aicore__ inline void StoreRows(const PasaTilingData& t, const AttentionTask& t
 }
 
 // Split kv: rows [rowBase, rowBase + rows) of one split's O / l (fp32, rows x headDimV) and LSE to
-// the (task, split)'s partial slot, at the same rows.
+// the (task, split)'s partial slot: O at the same rows, the LSE of each vector core's rows in a
+// 32-byte aligned run of its own (PartialLseRow: the two cores' runs never share a 32-byte block).
 __aicore__ inline void StorePartial(GM_ADDR workspace, const PasaTilingData& t, const AttentionTask& task, uint32_t rowBase,
                                     uint32_t rows, const LocalTensor<float>& o, const LocalTensor<float>& lse)
 {
@@ -59,7 +60,7 @@ __aicore__ inline void StorePartial(GM_ADDR workspace, const PasaTilingData& t, 
     SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
     WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
     DataCopy(po[static_cast<uint64_t>(rowBase) * t.headDimV], o, rows * t.headDimV);
-    DataCopyPad(pl[rowBase], lse, DataCopyExtParams(1, rows * sizeof(float), 0, 0, 0));
+    DataCopyPad(pl[PartialLseRow(t, rowBase)], lse, DataCopyExtParams(1, rows * sizeof(float), 0, 0, 0));
     SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
     WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
 }

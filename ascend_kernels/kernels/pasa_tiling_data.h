@@ -124,7 +124,7 @@ struct PasaTilingData {
     uint64_t keyPrimeOffset;   // K' blocks: [b][hkv][block][kvBlock][headDim] fp16; paged: [slot][hkv][kvBlock][headDim]
     uint64_t keyMeanOffset;    // pasa-exact: mean16 per block: [b][hkv][block][headDim] fp16; paged: [slot][hkv][headDim]
     uint64_t partialOffset;    // split kv: per (task, split) the rows' O / l (fp32) and LSE
-    uint64_t partialSlotBytes; // bytes of one (task, split): qTilePad x headDimV fp32, then qTilePad fp32
+    uint64_t partialSlotBytes; // bytes of one (task, split): qTilePad x headDimV fp32, then 2 vecRowsPad fp32
     uint64_t coreAreaOffset;   // per-AI-Core exchange areas start here
     uint64_t coreAreaBytes;    // bytes of one AI Core's exchange area
     uint64_t scoreSlotBytes;   // S' tile slot (PASA_SCORE_SLOTS of them)
