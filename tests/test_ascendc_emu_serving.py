@@ -79,8 +79,8 @@ def test_decode_splits_long_contexts_across_cores(algorithm):
     in fp32. fa-fp32 and pasa-exact (fp32 statistics) stay within the dense bounds of the torch
     backend. pasa restarts its fp16 statistics (the running maximum and the pseudo-average)
     in each range, so it no longer rounds step for step as the sequential torch backend does:
-    bounded instead against the fp64 golden, no less accurate than the torch backend (measured:
-    relative error 3.8e-3 against the torch backend's 4.2e-3; 4.75 ulp and 7.7e-3 of LSE from it)."""
+    bounded instead against the fp64 golden: within 1.1x the torch backend's relative error, its
+    LSE within 2e-2 of the torch backend's."""
     case = dict(layout="BSH", B=2, Nq=8, Nkv=2, S1=1, S2=4096, D=64, kv_lens=[4096, 2100])
     q, k, v, kw = make_case(case, torch.float16)
     out, lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
