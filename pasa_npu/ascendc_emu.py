@@ -95,6 +95,22 @@ def _memory(t: torch.Tensor, layout: int):
     return (t if layout == BNSD else t.permute(0, 2, 1, 3)).view(torch.int16).numpy()
 
 
+def mask_params(mask: Optional[torch.Tensor]) -> dict:
+    """The tiling's mask fields for the uint8 (B|1, S1, S2) mask bytes (or None)."""
+    if mask is None:
+        return dict(has_mask=0)
+    row = mask.stride(1) if mask.shape[1] > 1 else mask.shape[2]
+    return dict(has_mask=1, mask_row_stride=row, mask_batch_stride=mask.stride(0) if mask.shape[0] > 1 else 0)
+
+
+def paged_params(call) -> dict:
+    """The tiling's paged fields: the caches' blocks, the table's width, the block size."""
+    if call.block_table is None:
+        return dict(paged=0)
+    return dict(paged=1, block_size=call.key.shape[2], table_stride=call.block_table.shape[1],
+                num_blocks=call.key.shape[0])
+
+
 def run(problem: AttentionProblem) -> None:
     """Compute ``problem`` with the AscendC kernels under emulation; writes out (and lse)."""
     global _last_stats
@@ -106,24 +122,32 @@ def run(problem: AttentionProblem) -> None:
     n_kv, s_kv, d_v = call.key.shape[1], call.key.shape[2], call.value.shape[3]
     lse = call.lse if call.lse is not None else torch.full((batch, n_q, s_q), -math.inf)
     params = dict(
-        tiling_key=call.tiling_key, batch=batch, num_heads=n_q, num_kv_heads=n_kv, seq_q=s_q,
-        seq_kv=s_kv, head_dim=d, head_dim_v=d_v, q_layout=call.q_layout,
+        tiling_key=call.tiling_key, batch=problem.batch, num_heads=n_q, num_kv_heads=n_kv,
+        seq_q=s_q, seq_kv=s_kv, head_dim=d, head_dim_v=d_v, q_layout=call.q_layout,
         kv_layout=call.kv_layout, out_layout=call.out_layout,
         out_dtype=0 if call.out.dtype == torch.float16 else 1,
         in_dtype=0 if call.query.dtype == torch.float16 else 1, mask_mode=call.mask_mode,
+        packed=int(problem.packed), **mask_params(call.mask), **paged_params(call),
         scale=float(problem.scale), beta=float(problem.beta), q_tile=problem.tiling.q_block,
         kv_block=problem.tiling.kv_block, core_num=int(_model["core_num"]), timeout_s=WAIT_TIMEOUT_S,
         timing=npu_params.timing_only(_model))
+    lengths = {name: t.numpy() for name, t in call.lengths.items()}
     try:
-        _ascendc_emu.tiling({k: v for k, v in params.items() if k != "timing"})
+        _ascendc_emu.tiling({k: v for k, v in params.items() if k != "timing"}, lengths)
     except ValueError as exc:  # a configuration the kernels cannot tile
         raise NotImplementedError(f"ascendc-emu: {exc}") from None
-    to_i32 = lambda t: t.to(torch.int32).contiguous().numpy()  # noqa: E731
+    mask = None
+    if call.mask is not None:  # the bytes from the mask's first element on
+        flat = call.mask.as_strided((call.mask.untyped_storage().nbytes() - call.mask.storage_offset(),),
+                                    (1,), call.mask.storage_offset())
+        mask = flat.numpy()
     stats = _ascendc_emu.run_attention(
         _memory(call.query, call.q_layout), _memory(call.key, call.kv_layout),
-        _memory(call.value, call.kv_layout), to_i32(problem.q_lens), to_i32(problem.kv_lens),
-        to_i32(call.next_tokens), _memory(call.out, call.out_layout), lse.numpy(), params)
-    for launch in ("preprocess", "attention"):
+        _memory(call.value, call.kv_layout), _memory(call.out, call.out_layout), lse.numpy(),
+        lengths, params, mask=mask,
+        block_table=None if call.block_table is None else call.block_table.numpy(),
+        key_slots=None if call.key_slots is None else call.key_slots.numpy())
+    for launch in ("preprocess", "attention", "merge"):
         if stats[launch] is not None:
             annotate_launch(stats[launch], _model)
     _last_stats = stats

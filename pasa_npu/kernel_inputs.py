@@ -3,13 +3,14 @@ form they read them, for the two backends that run those kernels: ``ascendc-emu`
 emulation) and ``npu`` (an Ascend NPU through torch_npu).
 
 The kernels implement ``fa-fp32``, ``pasa`` and ``pasa-exact`` for BNSD and BSND (BSH)
-tensors, GQA, no mask or the causal band of sparse modes 2/3, ragged lengths, fp16 compute
-(bf16 inputs of the PASA allocations are converted by the API layer; the output may be bf16)
-and head dims that are multiples of 16.
+tensors and packed batches (TND/NTD: mixed decode and prefill rows, kv lengths past the
+query lengths), paged K/V caches read through the block table (either cache shape, blocks
+of 16 to 512 rows), GQA, explicit bool/int8 masks and the band of sparse modes 0-4 (pre/next tokens),
+ragged lengths, fp16 compute (bf16 inputs of the PASA allocations are converted by the API
+layer; the output may be bf16) and head dims that are multiples of 16.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -22,6 +23,8 @@ from .problem import AttentionProblem
 TILING_KEYS = {"fa-fp32": 0, "pasa": 1, "pasa-exact": 2}
 #: memory orders of a (B, N, S, D) view the kernels read and write (PASA_LAYOUT_*)
 BNSD, BSND = 0, 1
+#: the band (PASA_MASK_*): none, j <= i + next, i - pre <= j <= i + next
+MASK_NONE, MASK_CAUSAL, MASK_BAND = 0, 1, 2
 _INT32 = (-(2 ** 31), 2 ** 31 - 1)
 
 
@@ -29,21 +32,15 @@ def unsupported_reason(problem: AttentionProblem, backend: str) -> Optional[str]
     """None when the kernels compute ``problem`` exactly as specified, else the feature they
     lack, in a sentence naming ``backend``."""
     alloc = problem.allocation.name
-    if problem.paged:
-        return f"paged KV (block_table) is not supported by the {backend} kernels"
     if alloc not in TILING_KEYS:
         return (f"the {backend} kernels implement algorithm in {sorted(TILING_KEYS)}, "
                 f"not {alloc!r}")
-    if problem.packed:
-        return f"packed layouts (TND/NTD) are not supported by the {backend} kernels"
-    if problem.mask is not None:
-        return (f"an explicit atten_mask is not supported by the {backend} kernels (causal "
-                f"sparse modes 2/3 are)")
-    if problem.band is not None:
-        pre, _ = problem.band
-        if bool((pre < problem.q_lens).any()):
-            return (f"a band with a lower bound (pre_tokens / sparse_mode 4) is not supported by "
-                    f"the {backend} kernels; only the causal band of sparse modes 2 and 3")
+    if problem.paged and (problem.block_size % 16 or not 16 <= problem.block_size <= 512):
+        return (f"paged KV needs block_size a multiple of 16 in [16, 512] in the {backend} "
+                f"kernels, got {problem.block_size}")
+    if problem.mask is not None and problem.tiling.kv_block < 32:
+        return (f"an explicit atten_mask needs kv_block >= 32 in the {backend} kernels (a block's "
+                f"mask row fills 32 bytes), got {problem.tiling.kv_block}")
     if problem.rounding_guard:
         return f"rounding_guard=True is not supported by the {backend} kernels"
     in_dtype, out_dtype = problem.query.dtype, problem.out.dtype
@@ -93,7 +90,10 @@ class KernelCall:
     out_layout: int
     tiling_key: int
     mask_mode: int
-    next_tokens: torch.Tensor  # int64 on CPU, within int32
+    lengths: dict  # name -> int32 CPU tensor of B entries (BatchLengths of pasa_tiling.h)
+    mask: Optional[torch.Tensor]  # uint8 (B|1, S1, S2), last dim contiguous, nonzero = masked
+    block_table: Optional[torch.Tensor]  # paged: int32 (B, max_blocks), contiguous
+    key_slots: Optional[torch.Tensor]  # paged: int32 (B, max_blocks), see key_slots()
 
     def finish(self, problem: AttentionProblem) -> None:
         """Copy the temporaries (if any) into the problem's output views."""
@@ -117,14 +117,66 @@ def kernel_call(problem: AttentionProblem) -> KernelCall:
         v = in_layout(v, kv_layout)
     out, out_layout = problem.out, layout_of(problem.out)
     if out_layout is None:
-        out, out_layout = torch.zeros(out.shape, dtype=out.dtype, device=out.device), BNSD
+        out, out_layout = out.contiguous(), BNSD  # a copy: rows the kernels skip keep their value
     lse = problem.lse
     if lse is not None and not lse.is_contiguous():
-        lse = torch.full(lse.shape, -math.inf, dtype=torch.float32, device=lse.device)
-    mask_mode, next_tokens = 0, torch.zeros(problem.batch, dtype=torch.int64)
-    if problem.band is not None:
-        mask_mode, next_tokens = 1, problem.band[1].clamp(*_INT32)
+        lse = lse.contiguous()
+    mask_mode, lengths = band_lengths(problem)
+    table = slots = None
+    if problem.paged:
+        table = problem.block_table.to(torch.int32).contiguous()
+        slots = key_slots(table.cpu(), problem.kv_lens.cpu(), problem.block_size,
+                          problem.tiling.kv_block).to(table.device)
     return KernelCall(query=q, key=k, value=v, out=out, lse=lse, q_layout=q_layout,
                       kv_layout=kv_layout, out_layout=out_layout,
                       tiling_key=TILING_KEYS[problem.allocation.name],
-                      mask_mode=mask_mode, next_tokens=next_tokens)
+                      mask_mode=mask_mode, lengths=lengths, mask=mask_bytes(problem.mask),
+                      block_table=table, key_slots=slots)
+
+
+def key_slots(table: torch.Tensor, kv_lens: torch.Tensor, block_size: int,
+              kv_block: int) -> torch.Tensor:
+    """Paged KV: for each table entry, the entry (flat index b * max_blocks + e) that owns its
+    physical block, whose preprocessing writes the block's K' (and pasa-exact's block means)
+    once for every sequence sharing it: of the entries naming the block, the one whose
+    sequence fills the most whole kv blocks of it (the first on a tie). Each sequence's ragged
+    last kv block is preprocessed into its own entry (the kernels' KvPages::KeySlot)."""
+    batch, width = table.shape
+    slots = torch.arange(batch * width, dtype=torch.int32).view(batch, width)
+    best: dict = {}  # physical block -> (whole kv blocks, owner entry)
+    for b, n in enumerate(kv_lens.tolist()):
+        for e in range(-(-n // block_size)):
+            whole = min(block_size, n - e * block_size) // kv_block
+            block, entry = int(table[b, e]), b * width + e
+            if block not in best or whole > best[block][0]:
+                best[block] = (whole, entry)
+    for b, n in enumerate(kv_lens.tolist()):
+        for e in range(-(-n // block_size)):
+            slots[b, e] = best[int(table[b, e])][1]
+    return slots
+
+
+def band_lengths(problem: AttentionProblem) -> tuple[int, dict]:
+    """(PASA_MASK_* of the band, the per-batch int32 arrays the host launcher reads): the
+    band's bounds clamped to int32 (positions fit int32, so the clamp changes no visibility);
+    a lower bound no row reaches (pre >= q_len - 1) leaves the causal mode."""
+    i32 = lambda t: t.to(torch.int64).clamp(*_INT32).to(torch.int32).cpu().contiguous()  # noqa: E731
+    lengths = dict(q_lens=i32(problem.q_lens), kv_lens=i32(problem.kv_lens))
+    mode = MASK_NONE
+    if problem.band is not None:
+        pre, nxt = problem.band
+        mode = MASK_BAND if bool((pre < problem.q_lens - 1).any()) else MASK_CAUSAL
+        lengths.update(next_tokens=i32(nxt), pre_tokens=i32(pre))
+    if problem.packed:
+        lengths.update(q_starts=i32(problem.q_starts), kv_starts=i32(problem.kv_starts))
+    return mode, lengths
+
+
+def mask_bytes(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The bool (B|1, S1, S2) mask as uint8 bytes with a contiguous last dim (a view when it
+    already is one)."""
+    if mask is None:
+        return None
+    if mask.stride(-1) != 1:
+        mask = mask.contiguous()
+    return mask.view(torch.uint8)

@@ -47,6 +47,11 @@ def unsupported_reason(problem: AttentionProblem) -> Optional[str]:
     return _kernel_unsupported_reason(problem, "npu")
 
 
+#: the operator's per-batch int lists, in its order (empty when the call has none: no band
+#: gives no next/pre tokens, an unpacked call no starts)
+LENGTH_ARGUMENTS = ("q_lens", "kv_lens", "next_tokens", "pre_tokens", "q_starts", "kv_starts")
+
+
 def run(problem: AttentionProblem) -> None:
     """Compute ``problem`` with the AscendC kernels on the NPU; writes out (and lse). Queued on
     the current stream; returns without waiting for the device."""
@@ -54,9 +59,11 @@ def run(problem: AttentionProblem) -> None:
     if reason is not None:
         raise NotImplementedError(reason)
     call = kernel_call(problem)
+    lengths = {name: call.lengths[name].tolist() if name in call.lengths else []
+               for name in LENGTH_ARGUMENTS}
     torch.ops.pasa_npu.npu_attention(
-        call.query, call.key, call.value, call.out, call.lse, problem.q_lens.tolist(),
-        problem.kv_lens.tolist(), call.next_tokens.tolist(), call.tiling_key, call.mask_mode,
-        float(problem.scale), float(problem.beta), problem.tiling.q_block,
-        problem.tiling.kv_block)
+        call.query, call.key, call.value, call.out, call.lse, call.mask, call.block_table,
+        call.key_slots, *lengths.values(),
+        call.tiling_key, call.mask_mode, float(problem.scale), float(problem.beta),
+        problem.tiling.q_block, problem.tiling.kv_block)
     call.finish(problem)

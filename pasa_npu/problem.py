@@ -11,6 +11,10 @@ Visibility of key ``j`` to query row ``i`` of batch ``b`` (local positions):
     and not mask[b, i, j]                       (explicit mask, True = masked)
     and i - pre[b] <= j <= i + next[b]          (band in top-left coordinates)
 
+Paged KV (``block_table`` given): ``key`` and ``value`` are views of the caches as
+(num_blocks, Nkv, block_size, D); key position ``j`` of batch ``b`` lives in physical block
+``block_table[b, j // block_size]``, row ``j % block_size``; ``kv_starts`` are zero.
+
 Backends write ``out`` (and ``lse`` when given) for every visible row and leave
 0 / -inf for rows that see no key; the API layer applies torch_npu's
 ``inner_precise`` rule to those afterwards.
@@ -51,7 +55,9 @@ class AttentionProblem:
     (Bt, Nq, Sq, Dv), lse (Bt, Nq, Sq) float32 or None. ``packed``: Bt == 1 and the
     B sequences are consecutive segments of the S axis starting at ``q_starts`` /
     ``kv_starts`` (TND); otherwise Bt == B and the starts are 0. Query head h
-    reads kv head h // (Nq // Nkv).
+    reads kv head h // (Nq // Nkv). Paged: ``block_table`` int32 (B, max_blocks) on the
+    query's device and ``block_size`` > 0; key and value are (num_blocks, Nkv, block_size,
+    D) views of the caches.
     """
 
     query: torch.Tensor

@@ -34,20 +34,31 @@ def _memory(t):
     return (t if _layout(t) == 0 else t.permute(0, 2, 1, 3)).view(torch.int16).numpy()
 
 
-def _npu_attention_on_cpu(query, key, value, out, lse, q_lens, kv_lens, next_tokens, tiling_key,
-                          mask_mode, scale, beta, q_tile, kv_block):
+def _npu_attention_on_cpu(query, key, value, out, lse, mask, block_table, key_slots, q_lens, kv_lens, next_tokens, pre_tokens,
+                          q_starts, kv_starts, tiling_key, mask_mode, scale, beta, q_tile, kv_block):
     """What the binding's kernel does with its arguments, with the emulated runtime."""
     b, n, s, d = query.shape
     lse_mem = lse if lse is not None else torch.empty(b, n, s)
-    params = dict(tiling_key=tiling_key, batch=b, num_heads=n, num_kv_heads=key.shape[1], seq_q=s,
+    params = dict(tiling_key=tiling_key, batch=len(q_lens), num_heads=n, num_kv_heads=key.shape[1], seq_q=s,
                   seq_kv=key.shape[2], head_dim=d, head_dim_v=value.shape[3], q_layout=_layout(query),
                   kv_layout=_layout(key), out_layout=_layout(out),
                   out_dtype=int(out.dtype != torch.float16), in_dtype=int(query.dtype != torch.float16),
-                  mask_mode=mask_mode, scale=scale, beta=beta, q_tile=q_tile, kv_block=kv_block,
-                  core_num=24, timing=npu_params.timing_only(npu_params.values()))
-    i32 = lambda x: np.asarray(x, np.int32)  # noqa: E731
-    emu.run_attention(_memory(query), _memory(key), _memory(value), i32(q_lens), i32(kv_lens),
-                      i32(next_tokens), _memory(out), lse_mem.numpy(), params)
+                  mask_mode=mask_mode, packed=int(len(q_starts) > 0), scale=scale, beta=beta, q_tile=q_tile,
+                  kv_block=kv_block, core_num=24, timing=npu_params.timing_only(npu_params.values()))
+    mask_bytes = None
+    if mask is not None:
+        params.update(has_mask=1, mask_row_stride=mask.stride(1) if mask.shape[1] > 1 else mask.shape[2],
+                      mask_batch_stride=mask.stride(0) if mask.shape[0] > 1 else 0)
+        mask_bytes = mask.as_strided((mask.untyped_storage().nbytes() - mask.storage_offset(),), (1,),
+                                     mask.storage_offset()).numpy()
+    if block_table is not None:
+        params.update(paged=1, block_size=key.shape[2], table_stride=block_table.shape[1], num_blocks=key.shape[0])
+    lists = dict(q_lens=q_lens, kv_lens=kv_lens, next_tokens=next_tokens, pre_tokens=pre_tokens,
+                 q_starts=q_starts, kv_starts=kv_starts)
+    lengths = {name: np.asarray(x, np.int32) for name, x in lists.items() if len(x)}
+    emu.run_attention(_memory(query), _memory(key), _memory(value), _memory(out), lse_mem.numpy(), lengths,
+                      params, mask=mask_bytes, block_table=None if block_table is None else block_table.numpy(),
+                      key_slots=None if key_slots is None else key_slots.numpy())
 
 
 @pytest.fixture
@@ -83,6 +94,10 @@ def _inputs(layout, seed=0):
     ("pasa", "BNSD", dict(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())),
     ("pasa-exact", "BSND", dict(actual_seq_lengths=[70, 33], actual_seq_lengths_kv=[90, 41])),
     ("fa-fp32", "BNSD", dict(q_block=64, kv_block=32)),
+    ("pasa", "BSND", dict(atten_mask=torch.rand(2, 70, 90, generator=torch.Generator().manual_seed(1)) < 0.3,
+                          actual_seq_lengths=[70, 41])),
+    ("pasa-exact", "BNSD", dict(sparse_mode=4, pre_tokens=20, next_tokens=3,
+                                atten_mask=pasa_npu.compressed_causal_mask())),
 ])
 def test_npu_backend_calls_its_operator_as_declared(npu_backend_on_cpu, algorithm, layout, extra):
     q, k, v = _inputs(layout)
@@ -95,6 +110,22 @@ def test_npu_backend_calls_its_operator_as_declared(npu_backend_on_cpu, algorith
 
 def test_npu_backend_refuses_what_the_kernels_lack(npu_backend_on_cpu):
     q, k, v = _inputs("BNSD")
-    with pytest.raises(NotImplementedError, match="explicit atten_mask is not supported by the npu kernels"):
+    with pytest.raises(NotImplementedError, match="explicit atten_mask needs kv_block >= 32 in the npu kernels"):
         pasa_npu.fused_attention(q, k, v, num_heads=4, num_key_value_heads=2, input_layout="BNSD",
-                                 backend="npu", atten_mask=torch.zeros(70, 90, dtype=torch.bool))
+                                 backend="npu", atten_mask=torch.zeros(70, 90, dtype=torch.bool), kv_block=16)
+
+
+def test_npu_backend_passes_the_block_table(npu_backend_on_cpu):
+    """Paged KV (a problem built to the paged contract, tests/_paged.py): the operator gets
+    the block table and the K' slot table, and computes what backend ascendc-emu computes."""
+    from _paged_problems import dense_problem, fresh_outputs, paged_problem
+    q, k, v = _inputs("BNSD")
+    dense = dense_problem(q, k, v, num_heads=4, num_key_value_heads=2, input_layout="BNSD",
+                          scale=32 ** -0.5, softmax_lse_flag=True, algorithm="pasa-exact",
+                          actual_seq_lengths_kv=[90, 41], q_block=64, kv_block=32)
+    paged, _ = paged_problem(dense, 32, "BSH", shared_prefix=1)
+    emulated = dataclasses.replace(paged, **fresh_outputs(paged))
+    sys.modules["pasa_npu.npu"].run(paged)
+    from pasa_npu import ascendc_emu
+    ascendc_emu.run(emulated)
+    assert torch.equal(paged.out, emulated.out) and torch.equal(paged.lse, emulated.lse)

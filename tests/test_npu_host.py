@@ -45,7 +45,7 @@ def _errors(proc: subprocess.CompletedProcess) -> str:
 def test_launch_header_stand_ins_cover_every_kernel(launch_headers):
     """One stand-in per kernel the ACL runtime launches, with the kernel's parameters."""
     signatures = host.kernel_signatures()
-    assert set(signatures) == {"pasa_attention", "pasa_shift_keys", "pasa_center_keys"}
+    assert set(signatures) == {"pasa_attention", "pasa_shift_keys", "pasa_center_keys", "pasa_merge_splits"}
     text = (launch_headers / "aclrtlaunch_pasa_attention.h").read_text()
     params = ", ".join(f"void* {name}" for _, name in signatures["pasa_attention"])
     assert f"aclrtlaunch_pasa_attention(uint32_t blockDim, aclrtStream stream, {params});" in text
@@ -117,13 +117,21 @@ def _emulated_calls(params: dict, lens: dict) -> list[str]:
     rng = np.random.default_rng(0)
     half = lambda *shape: rng.standard_normal(shape).astype(np.float16).view(np.int16)  # noqa: E731
     b, hq, hk, sq, skv = p["batch"], p["num_heads"], p["num_kv_heads"], p["seq_q"], p["seq_kv"]
-    q, k, v = half(b, hq, sq, p["head_dim"]), half(b, hk, skv, p["head_dim"]), half(b, hk, skv, p["head_dim_v"])
+    kb = p["num_blocks"] if p.get("paged") else b
+    q, k, v = half(b, hq, sq, p["head_dim"]), half(kb, hk, skv, p["head_dim"]), half(kb, hk, skv, p["head_dim_v"])
     out = np.zeros((b, hq, sq, p["head_dim_v"]), np.int16)
     lse = np.zeros((b, hq, sq), np.float32)
-    i32 = lambda name: np.asarray(lens[name], np.int32)  # noqa: E731
-    result = emu.run_attention(q, k, v, i32("q_lens"), i32("kv_lens"), i32("next_tokens"), out, lse,
+    pages = {}
+    if p.get("paged"):  # sequence b in blocks b, b + batch, ...; every entry owns its block
+        table = np.arange(b * p["table_stride"], dtype=np.int32).reshape(p["table_stride"], b).T.copy()
+        pages = dict(block_table=table, key_slots=np.arange(table.size, dtype=np.int32).reshape(table.shape))
+    mask = None
+    if p.get("has_mask"):
+        rows = b if p.get("mask_batch_stride") else 1
+        mask = (rng.random((rows, sq, p["mask_row_stride"])) < 0.3).astype(np.uint8)
+    result = emu.run_attention(q, k, v, out, lse, {n: np.asarray(x, np.int32) for n, x in lens.items()},
                                dict(params, timeout_s=60.0,
-                                    timing=npu_params.timing_only(npu_params.values())))
+                                    timing=npu_params.timing_only(npu_params.values())), mask=mask, **pages)
     names, lines = {}, []
     for call in result["runtime_calls"]:
         if call[0] == "allocate":
@@ -158,6 +166,13 @@ CALLS = {
     "fa-fp32-bf16": (_problem(tiling_key=0, beta=0.0, in_dtype=1, out_dtype=1, out_layout=1,
                               batch=1, core_num=20),
                      dict(q_lens=[40], kv_lens=[64], next_tokens=[0])),
+    # paged KV: pasa-exact preprocesses each physical block, decode with stacked GQA heads
+    "pasa-exact-paged-decode": (_problem(tiling_key=2, beta=1.0, seq_q=1, seq_kv=64, mask_mode=0, paged=1,
+                                         block_size=64, table_stride=3, num_blocks=6, kv_block=32),
+                                dict(q_lens=[1, 1], kv_lens=[150, 64], next_tokens=[0, 0])),
+    # an explicit mask per batch and a band with both bounds (sparse mode 4)
+    "pasa-mask-band": (_problem(mask_mode=2, has_mask=1, mask_row_stride=70, mask_batch_stride=40 * 70),
+                       dict(q_lens=[40, 17], kv_lens=[70, 33], next_tokens=[30, 16], pre_tokens=[20, 5])),
 }
 
 
@@ -172,8 +187,14 @@ def test_acl_runtime_makes_the_emulated_runtimes_calls(name, recorder):
     launches = [line.split()[:3] for line in acl if line.startswith("launch")]
     expected_prep = {0: [], 1: ["pasa_shift_keys"], 2: ["pasa_center_keys"]}[params["tiling_key"]]
     assert [kernel for _, kernel, _ in launches] == expected_prep + ["pasa_attention"]
-    tasks = params["batch"] * params["num_heads"] * -(-params["seq_q"] // params["q_tile"])
-    assert {int(block_dim) for *_, block_dim in launches} == {min(params["core_num"], tasks)}
+    # a task: one query tile of a batch, of one head or of the heads of a kv group stacked
+    group, tasks = params["num_heads"] // params["num_kv_heads"], 0
+    for q in lens["q_lens"]:
+        pitch = min(params["q_tile"], q)
+        heads = min(group, params["q_tile"] // pitch)
+        tasks += params["num_kv_heads"] * -(-group // heads) * -(-q // pitch)
+    assert int(launches[-1][2]) == min(params["core_num"], tasks)
+    assert all(0 < int(block_dim) <= params["core_num"] for *_, block_dim in launches)
 
 
 # --------------------------------------------------------------------------- on an NPU

@@ -72,14 +72,6 @@ def test_paged_bf16_matches_golden(name, algorithm, backend, golden_cache):
     _check(out, lse, gold, gold_lse, dtype, algorithm)
 
 
-def test_ascendc_emu_names_paged_kv_as_unsupported():
-    if "ascendc-emu" not in BACKENDS:
-        pytest.skip("the ascendc-emu extension is not built here")
-    q, k_cache, v_cache, kw, _ = paged_case(PAGED_CASES["decode-bnsd-4d"], torch.float16)
-    with pytest.raises(NotImplementedError, match="paged KV"):
-        pasa_npu.fused_attention(q, k_cache, v_cache, backend="ascendc-emu", **kw)
-
-
 # ---- bad paged input --------------------------------------------------------------------
 
 def _decode_call(**changes):

@@ -94,7 +94,8 @@ def tasks(algorithm, b, h, hkv, sq, skv, d, causal, params) -> list:
     lens = lambda n: np.full(b, n, dtype=np.int32)  # noqa: E731
     nxt = np.full(b, skv - sq if causal else 0, dtype=np.int32)
     p = _kernel_params(algorithm, b, h, hkv, sq, skv, d, causal, params)
-    return pasa_npu._ascendc_emu.attention_tasks(p, lens(sq), lens(skv), nxt)
+    return pasa_npu._ascendc_emu.attention_tasks(
+        p, dict(q_lens=lens(sq), kv_lens=lens(skv), next_tokens=nxt, pre_tokens=lens(2 ** 31 - 1)))
 
 
 def _quantities(att: dict) -> dict:

@@ -1,7 +1,11 @@
 // The torch_npu binding of the PASA kernels: the operator
 //
-//   torch.ops.pasa_npu.npu_attention(query, key, value, out, lse, q_lens, kv_lens, next_tokens,
+//   torch.ops.pasa_npu.npu_attention(query, key, value, out, lse, atten_mask, block_table, key_slots,
+//                                    q_lens, kv_lens, next_tokens, pre_tokens, q_starts, kv_starts,
 //                                    tiling_key, mask_mode, scale, beta, q_tile, kv_block) -> ()
+//
+// Paged KV (block_table given): key and value are (num_blocks, N_kv, block_size, D) views of the
+// caches, block_table and key_slots int32 (B, max_blocks) (pasa_npu/kernel_inputs.py).
 //
 // with one kernel, for PrivateUse1 (NPU tensors), registered with TORCH_LIBRARY_IMPL. It is the
 // compute step of backend "npu" (pasa_npu/npu.py), which the Python API layer reaches after it
@@ -112,7 +116,7 @@ void CheckDevice(const at::Tensor& t, const char* name, const at::Device& device
 }
 
 void CheckTensors(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-                  const std::optional<at::Tensor>& lse)
+                  const std::optional<at::Tensor>& lse, bool paged)
 {
     const at::Device device = q.device();
     const std::pair<const at::Tensor*, const char*> all[] = {{&q, "query"}, {&k, "key"}, {&v, "value"}, {&out, "out"}};
@@ -125,8 +129,8 @@ void CheckTensors(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     TORCH_CHECK_VALUE(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
                       "pasa_npu: key and value must have query's dtype ", q.scalar_type(), ", got ", k.scalar_type(),
                       " and ", v.scalar_type());
-    TORCH_CHECK_VALUE(k.size(0) == q.size(0) && k.size(3) == q.size(3), "pasa_npu: key ", k.sizes(),
-                      " must have query's batch and head dim, query is ", q.sizes());
+    TORCH_CHECK_VALUE((paged || k.size(0) == q.size(0)) && k.size(3) == q.size(3), "pasa_npu: key ", k.sizes(),
+                      " must have query's batch (unless paged) and head dim, query is ", q.sizes());
     TORCH_CHECK_VALUE(v.size(0) == k.size(0) && v.size(1) == k.size(1) && v.size(2) == k.size(2), "pasa_npu: value ",
                       v.sizes(), " must have key's batch, heads and length, key is ", k.sizes());
     TORCH_CHECK_VALUE(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "pasa_npu: query heads (", q.size(1),
@@ -143,8 +147,16 @@ void CheckTensors(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     }
 }
 
-std::vector<int32_t> Int32s(c10::IntArrayRef values, int64_t batch, const char* name)
+uint32_t Uint32(int64_t v, const char* name)
 {
+    TORCH_CHECK_VALUE(v >= 0 && v <= UINT32_MAX, "pasa_npu: ", name, " = ", v, " is out of range");
+    return static_cast<uint32_t>(v);
+}
+
+// `batch` int32 entries, or none when `optional` and the list is empty.
+std::vector<int32_t> Int32s(c10::IntArrayRef values, int64_t batch, const char* name, bool optional = false)
+{
+    if (optional && values.empty()) return {};
     TORCH_CHECK_VALUE(static_cast<int64_t>(values.size()) == batch, "pasa_npu: ", name, " must have batch = ", batch,
                       " entries, got ", values.size());
     std::vector<int32_t> out;
@@ -155,22 +167,56 @@ std::vector<int32_t> Int32s(c10::IntArrayRef values, int64_t batch, const char* 
     return out;
 }
 
-uint32_t Uint32(int64_t v, const char* name)
+const int32_t* DataOrNull(const std::vector<int32_t>& v) { return v.empty() ? nullptr : v.data(); }
+
+// Paged KV: the block table and the K' slot table, int32 (batch, max_blocks) contiguous, and the caches.
+void SetPages(pasa::PasaProblem& p, const at::Tensor& table, const std::optional<at::Tensor>& slots,
+              const at::Tensor& query, const at::Tensor& key)
 {
-    TORCH_CHECK_VALUE(v >= 0 && v <= UINT32_MAX, "pasa_npu: ", name, " = ", v, " is out of range");
-    return static_cast<uint32_t>(v);
+    const std::pair<const at::Tensor*, const char*> all[] = {{&table, "block_table"}, {slots ? &*slots : &table, "key_slots"}};
+    for (const auto& [t, name] : all) {
+        CheckDevice(*t, name, query.device());
+        TORCH_CHECK_VALUE(t->scalar_type() == at::kInt && t->dim() == 2 && t->size(0) == p.batch && t->is_contiguous() &&
+                              t->sizes() == table.sizes(),
+                          "pasa_npu: ", name, " must be a contiguous int32 (batch, max_blocks) tensor, got ", t->sizes(), " ",
+                          t->scalar_type());
+    }
+    p.paged = true;
+    p.blockSize = Uint32(key.size(2), "block_size (the caches' S axis)");
+    p.tableStride = Uint32(table.size(1), "block_table width");
+    p.numBlocks = Uint32(key.size(0), "cache blocks");
+}
+
+// The explicit mask: uint8 or bool (B or 1, S1, S2), nonzero = masked, its last dim contiguous.
+void SetMask(pasa::PasaProblem& p, const at::Tensor& mask, const at::Tensor& query, const at::Tensor& key)
+{
+    CheckDevice(mask, "atten_mask", query.device());
+    TORCH_CHECK_VALUE(mask.scalar_type() == at::kByte || mask.scalar_type() == at::kBool,
+                      "pasa_npu: atten_mask must be uint8 or bool, got ", mask.scalar_type());
+    TORCH_CHECK_VALUE(mask.dim() == 3 && (mask.size(0) == 1 || mask.size(0) == p.batch) && mask.size(1) >= query.size(2) &&
+                          mask.size(2) >= key.size(2) && mask.stride(2) == 1,
+                      "pasa_npu: atten_mask must be (B or 1, S1, S2) with a contiguous last dim, got sizes ", mask.sizes(),
+                      " and strides ", mask.strides());
+    p.hasMask = true;
+    p.maskRowStride = Uint32(mask.size(1) > 1 ? mask.stride(1) : mask.size(2), "atten_mask row stride");
+    p.maskBatchStride = mask.size(0) > 1 ? static_cast<uint64_t>(mask.stride(0)) : 0;
 }
 
 void NpuAttention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& out,
-                  const std::optional<at::Tensor>& lse, c10::IntArrayRef qLens, c10::IntArrayRef kvLens,
-                  c10::IntArrayRef nextTokens, int64_t tilingKey, int64_t maskMode, double scale, double beta,
-                  int64_t qTile, int64_t kvBlock)
+                  const std::optional<at::Tensor>& lse, const std::optional<at::Tensor>& mask,
+                  const std::optional<at::Tensor>& blockTable, const std::optional<at::Tensor>& keySlots, c10::IntArrayRef qLens,
+                  c10::IntArrayRef kvLens, c10::IntArrayRef nextTokens, c10::IntArrayRef preTokens,
+                  c10::IntArrayRef qStarts, c10::IntArrayRef kvStarts, int64_t tilingKey, int64_t maskMode, double scale,
+                  double beta, int64_t qTile, int64_t kvBlock)
 {
-    CheckTensors(query, key, value, out, lse);
+    CheckTensors(query, key, value, out, lse, blockTable.has_value());
     c10_npu::NPUGuard guard(query.device());
     pasa::PasaProblem p;
     p.tilingKey = Uint32(tilingKey, "tiling_key");
-    p.batch = Uint32(query.size(0), "batch");
+    p.batch = Uint32(static_cast<int64_t>(qLens.size()), "batch (entries of q_lens)");
+    p.packed = !qStarts.empty();
+    TORCH_CHECK_VALUE(p.packed ? query.size(0) == 1 : query.size(0) == static_cast<int64_t>(p.batch), "pasa_npu: query's batch ",
+                      query.size(0), " must be ", p.packed ? "1 (packed)" : "the entries of q_lens");
     p.numHeads = Uint32(query.size(1), "query heads");
     p.numKvHeads = Uint32(key.size(1), "key heads");
     p.seqQ = Uint32(query.size(2), "query length");
@@ -188,9 +234,15 @@ void NpuAttention(const at::Tensor& query, const at::Tensor& key, const at::Tens
     p.qTile = Uint32(qTile, "q_tile");
     p.kvBlock = Uint32(kvBlock, "kv_block");
     p.coreNum = AiCoreCount(query.device().index());
-    const std::vector<int32_t> ql = Int32s(qLens, query.size(0), "q_lens");
-    const std::vector<int32_t> kl = Int32s(kvLens, query.size(0), "kv_lens");
-    const std::vector<int32_t> nx = Int32s(nextTokens, query.size(0), "next_tokens");
+    if (mask.has_value()) SetMask(p, *mask, query, key);
+    if (blockTable.has_value()) SetPages(p, *blockTable, keySlots, query, key);
+    const int64_t batch = p.batch;
+    const std::vector<int32_t> ql = Int32s(qLens, batch, "q_lens");
+    const std::vector<int32_t> kl = Int32s(kvLens, batch, "kv_lens");
+    const std::vector<int32_t> nx = Int32s(nextTokens, batch, "next_tokens", true);
+    const std::vector<int32_t> pr = Int32s(preTokens, batch, "pre_tokens", true);
+    const std::vector<int32_t> qs = Int32s(qStarts, batch, "q_starts", true);
+    const std::vector<int32_t> ks = Int32s(kvStarts, batch, "kv_starts", true);
 
     auto call = std::make_shared<QueuedCall>();
     call->memory = std::make_shared<TorchNpuMemory>(query.device());
@@ -203,10 +255,16 @@ void NpuAttention(const at::Tensor& query, const at::Tensor& key, const at::Tens
     tensors.value = value.data_ptr();
     tensors.out = out.data_ptr();
     tensors.lse = lse.has_value() ? lse->data_ptr() : call->lseScratch.data_ptr();
+    tensors.mask = mask.has_value() ? mask->data_ptr() : nullptr;
+    tensors.blockTable = blockTable.has_value() ? blockTable->data_ptr() : nullptr;
+    tensors.keySlots = keySlots.has_value() ? keySlots->data_ptr() : nullptr;
     pasa::BatchLengths lengths;
     lengths.qLens = ql.data();
     lengths.kvLens = kl.data();
-    lengths.nextTokens = nx.data();
+    lengths.nextTokens = DataOrNull(nx);
+    lengths.preTokens = DataOrNull(pr);
+    lengths.qStarts = DataOrNull(qs);
+    lengths.kvStarts = DataOrNull(ks);
     pasa::AclLaunchRuntime runtime(*call->memory);
     try {
         pasa::LaunchAttention(p, tensors, lengths, runtime);
@@ -230,9 +288,9 @@ void NpuAttention(const at::Tensor& query, const at::Tensor& key, const at::Tens
 
 TORCH_LIBRARY_FRAGMENT(pasa_npu, m)
 {
-    m.def("npu_attention(Tensor query, Tensor key, Tensor value, Tensor(a!) out, Tensor(b!)? lse, int[] q_lens, "
-          "int[] kv_lens, int[] next_tokens, int tiling_key, int mask_mode, float scale, float beta, int q_tile, "
-          "int kv_block) -> ()");
+    m.def("npu_attention(Tensor query, Tensor key, Tensor value, Tensor(a!) out, Tensor(b!)? lse, Tensor? atten_mask, "
+          "Tensor? block_table, Tensor? key_slots, int[] q_lens, int[] kv_lens, int[] next_tokens, int[] pre_tokens, int[] q_starts, int[] kv_starts, "
+          "int tiling_key, int mask_mode, float scale, float beta, int q_tile, int kv_block) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(pasa_npu, PrivateUse1, m)

@@ -2,7 +2,8 @@
 // device memory is host memory registered with the emulated GM, an upload is a copy, a launch
 // runs the kernel through AscendC::emu::Launch. It records every call, as the ACL runtime's
 // calls are recorded in tests/test_npu_host.py, so that the two can be compared.
-// Include after the kernel sources: it calls pasa_shift_keys, pasa_center_keys, pasa_attention.
+// Include after the kernel sources: it calls pasa_shift_keys, pasa_center_keys, pasa_attention,
+// pasa_merge_splits.
 #ifndef PASA_EMU_LAUNCH_RUNTIME_H
 #define PASA_EMU_LAUNCH_RUNTIME_H
 
@@ -87,16 +88,20 @@ public:
     {
         switch (kernel) {
             case pasa::PasaKernel::kShiftKeys:
-                Run(kernel, blockDim, KERNEL_TYPE_AIC_ONLY, &pasa_shift_keys, Gm(a.key), Gm(a.qLens), Gm(a.kvLens),
-                    Gm(a.nextTokens), Gm(a.workspace), Gm(a.tiling));
+                Run(kernel, blockDim, KERNEL_TYPE_AIC_ONLY, &pasa_shift_keys, Gm(a.key), Gm(a.blockTable), Gm(a.keySlots),
+                    Gm(a.workspace), Gm(a.tiling));
                 return;
             case pasa::PasaKernel::kCenterKeys:
-                Run(kernel, blockDim, KERNEL_TYPE_MIX_AIC_1_2, &pasa_center_keys, Gm(a.key), Gm(a.qLens), Gm(a.kvLens),
-                    Gm(a.nextTokens), Gm(a.workspace), Gm(a.tiling));
+                Run(kernel, blockDim, KERNEL_TYPE_MIX_AIC_1_2, &pasa_center_keys, Gm(a.key), Gm(a.blockTable),
+                    Gm(a.keySlots), Gm(a.workspace), Gm(a.tiling));
                 return;
             case pasa::PasaKernel::kAttention:
                 Run(kernel, blockDim, KERNEL_TYPE_MIX_AIC_1_2, &pasa_attention, Gm(a.query), Gm(a.key), Gm(a.value),
-                    Gm(a.qLens), Gm(a.kvLens), Gm(a.nextTokens), Gm(a.out), Gm(a.lse), Gm(a.workspace), Gm(a.tiling));
+                    Gm(a.mask), Gm(a.blockTable), Gm(a.keySlots), Gm(a.out), Gm(a.lse), Gm(a.workspace), Gm(a.tiling));
+                return;
+            case pasa::PasaKernel::kMerge:
+                Run(kernel, blockDim, KERNEL_TYPE_AIV_ONLY, &pasa_merge_splits, Gm(a.out), Gm(a.lse), Gm(a.workspace),
+                    Gm(a.tiling));
                 return;
         }
         throw AscendC::emu::EmuError("launch: unknown kernel");
@@ -118,6 +123,7 @@ private:
     BufferRef Where(const void* p) const
     {
         const auto* a = static_cast<const uint8_t*>(p);
+        if (p == nullptr) return {"null", 0};
         for (const Range& r : ranges_) {
             if (a >= r.base && a < r.base + r.bytes) return {r.name, static_cast<uint64_t>(a - r.base)};
         }

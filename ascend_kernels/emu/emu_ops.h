@@ -401,6 +401,52 @@ void Fixpipe(const GlobalTensor<T>& dst, const LocalTensor<U>& src, const Fixpip
     emu::Core().stats.l0c_to_gm += static_cast<uint64_t>(p.mSize) * p.nSize * sizeof(T);
 }
 
+// ================================================================== Fixpipe (L0C -> L1, NZ)
+// The NZ tile stays NZ: column block cb (16 columns) of the mSize rows goes to dst + cb * dstStride
+// 32-byte blocks, row i of it at 32 bytes a row ("Fixpipe", L0C Buffer(CO1) to L1 Buffer(A1/B1):
+// CFG_NZ only, float to half / bfloat16_t / int8 only on Atlas A2, dstStride in 32-byte units).
+template <typename T, typename U, const FixpipeConfig& config = CFG_ROW_MAJOR>
+void Fixpipe(const LocalTensor<T>& dst, const LocalTensor<U>& src, const FixpipeParamsV220& p)
+{
+    const char* op = "Fixpipe(L0C->L1)";
+    static_assert(std::is_same<U, float>::value, "the emulated Fixpipe reads float from L0C");
+    static_assert(std::is_same<T, half>::value || std::is_same<T, bfloat16_t>::value,
+                  "Fixpipe to L1: the emulation writes half or bfloat16_t (float -> float is not supported on Atlas A2)");
+    if (config.format != CO2Layout::NZ) emu::Fail("%s: the format must be NZ (CFG_NZ) when the destination is L1", op);
+    emu::CheckPosition(src, {TPosition::CO1}, op, "src");
+    emu::CheckPosition(dst, {TPosition::A1, TPosition::B1}, op, "dst");
+    emu::CheckAligned(src, 64, op, "src");
+    emu::CheckAligned(dst, 32, op, "dst");
+    if (p.nSize == 0 || p.mSize == 0) return;
+    if (p.nSize % 16 != 0) emu::Fail("%s: nSize %u must be a multiple of 16", op, p.nSize);
+    if (p.srcStride < (p.mSize + 15) / 16 * 16) {
+        emu::Fail("%s: srcStride %u must be mSize rounded up to 16 (%u) or more", op, p.srcStride, (p.mSize + 15) / 16 * 16);
+    }
+    if (p.dstStride < p.mSize) emu::Fail("%s: dstStride %u (32-byte rows between column blocks) is below mSize %u", op, p.dstStride, p.mSize);
+    if (p.reluEn || p.isChannelSplit || p.unitFlag) emu::Fail("%s: relu / channel split / unitFlag are not emulated", op);
+    constexpr bool toF16 = std::is_same<T, half>::value;
+    if (toF16 && p.quantPre != QuantMode_t::F322F16) emu::Fail("%s: half output needs quantPre F322F16 (it is not inferred)", op);
+    if (!toF16 && p.quantPre != QuantMode_t::F322BF16) emu::Fail("%s: bfloat16_t output needs quantPre F322BF16", op);
+    const uint32_t blocks = p.nSize / 16;
+    const uint64_t srcSpan = ((blocks - 1ull) * p.srcStride * 16 + p.mSize * 16ull) * sizeof(float);
+    const uint64_t dstSpan = ((blocks - 1ull) * p.dstStride + p.mSize) * 32ull;
+    emu::CheckExtent(src, srcSpan, op, "src");
+    emu::CheckExtent(dst, dstSpan, op, "dst");
+    const uint32_t seq = emu::Issue(emu::P_FIX);
+    emu::Dispatch(emu::P_FIX, emu::Timing().fix_head_cycles +
+                                  static_cast<double>(p.mSize) * p.nSize * sizeof(T) / emu::Timing().fix_bytes_per_cycle);
+    emu::TouchLocal(emu::P_FIX, seq, Hardware::L0C, src.ByteOffset(), srcSpan, false, op);
+    const float* c = src.Data();
+    T* out = dst.Data();
+    for (uint32_t cb = 0; cb < blocks; ++cb) {
+        const uint64_t at = cb * static_cast<uint64_t>(p.dstStride) * 32 / sizeof(T);
+        emu::TouchLocal(emu::P_FIX, seq, Hardware::L1, dst.ByteOffset() + at * sizeof(T), p.mSize * 32ull, true, op);
+        for (uint32_t i = 0; i < p.mSize; ++i) {
+            for (uint32_t k = 0; k < 16; ++k) out[at + i * 16 + k] = static_cast<T>(c[cb * static_cast<uint64_t>(p.srcStride) * 16 + i * 16 + k]);
+        }
+    }
+}
+
 // ================================================================== vector instructions
 namespace emu {
 template <typename T>
@@ -564,15 +610,17 @@ void Duplicate(const LocalTensor<T>& dst, const T& scalarValue, const int32_t& c
     emu::CountVector(count);
 }
 
-// Cast between half/bfloat16_t and float. float -> 16-bit accepts CAST_RINT or CAST_NONE
-// (= CAST_RINT when precision is lost); widening casts take CAST_NONE.
+// Cast between half/bfloat16_t and float, and uint8_t -> half. float -> 16-bit accepts CAST_RINT
+// or CAST_NONE (= CAST_RINT when precision is lost); widening casts take CAST_NONE (uint8_t -> half:
+// the only mode of vconv_u82f16 on Atlas A2, exact).
 template <typename T, typename U>
 void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src, const RoundMode& roundMode, const uint32_t count)
 {
     const char* op = "Cast";
-    constexpr bool widen = std::is_same<T, float>::value && (std::is_same<U, half>::value || std::is_same<U, bfloat16_t>::value);
+    constexpr bool bytes = std::is_same<T, half>::value && std::is_same<U, uint8_t>::value;
+    constexpr bool widen = bytes || (std::is_same<T, float>::value && (std::is_same<U, half>::value || std::is_same<U, bfloat16_t>::value));
     constexpr bool narrow = std::is_same<U, float>::value && (std::is_same<T, half>::value || std::is_same<T, bfloat16_t>::value);
-    static_assert(widen || narrow, "the emulated Cast converts between float and half/bfloat16_t");
+    static_assert(widen || narrow, "the emulated Cast converts between float and half/bfloat16_t, and uint8_t to half");
     emu::CheckVector(dst, static_cast<int32_t>(count), op, "dst");
     emu::CheckVector(src, static_cast<int32_t>(count), op, "src");
     if (widen && roundMode != RoundMode::CAST_NONE) emu::Fail("%s: a widening cast takes RoundMode::CAST_NONE", op);
@@ -582,7 +630,8 @@ void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src, const RoundMode&
     if (count == 0) return;
     emu::CheckOverlap(dst, src, count * sizeof(T), count * sizeof(U), op, false);
     const uint32_t seq = emu::Issue(emu::P_V);
-    emu::Dispatch(emu::P_V, emu::VecCycles(emu::VecKind::Simple, 4, emu::Repeats(count * 4ull)));
+    constexpr uint64_t wide = sizeof(T) > sizeof(U) ? sizeof(T) : sizeof(U);
+    emu::Dispatch(emu::P_V, emu::VecCycles(emu::VecKind::Simple, 4, emu::Repeats(count * wide)));
     emu::TouchLocal(emu::P_V, seq, Hardware::UB, src.ByteOffset(), count * sizeof(U), false, op);
     emu::TouchLocal(emu::P_V, seq, Hardware::UB, dst.ByteOffset(), count * sizeof(T), true, op);
     const U* x = src.Data();

@@ -7,6 +7,8 @@
 #include <functional>
 
 #include <cstring>
+#include <algorithm>
+#include <array>
 #include <set>
 #include <string>
 #include <vector>
@@ -112,6 +114,16 @@ pasa::PasaProblem ProblemFrom(const py::dict& p)
     d.outDtype = p["out_dtype"].cast<uint32_t>();
     d.inDtype = p.contains("in_dtype") ? p["in_dtype"].cast<uint32_t>() : PASA_IN_FP16;
     d.maskMode = p["mask_mode"].cast<uint32_t>();
+    auto get = [&](const char* name, uint64_t fallback) { return p.contains(name) ? p[name].cast<uint64_t>() : fallback; };
+    d.packed = get("packed", 0) != 0;
+    d.hasMask = get("has_mask", 0) != 0;
+    d.maskRowStride = static_cast<uint32_t>(get("mask_row_stride", 0));
+    d.maskBatchStride = get("mask_batch_stride", 0);
+    d.paged = get("paged", 0) != 0;
+    d.blockSize = static_cast<uint32_t>(get("block_size", 0));
+    d.tableStride = static_cast<uint32_t>(get("table_stride", 0));
+    d.numBlocks = static_cast<uint32_t>(get("num_blocks", 0));
+    d.kvSplits = static_cast<uint32_t>(get("kv_splits", 0));
     d.scale = p["scale"].cast<double>();
     d.beta = p["beta"].cast<double>();
     d.qTile = p["q_tile"].cast<uint32_t>();
@@ -127,8 +139,12 @@ py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
     d["q_tile"] = t.qTile;
     d["kv_block"] = t.kvBlock;
     d["num_kv_blocks"] = t.numKvBlocks;
-    d["tile_heads"] = t.tileHeads;
-    d["tile_positions"] = t.tilePositions;
+    d["q_tile_rows"] = t.qTile;
+    d["num_tasks"] = t.numTasks;
+    d["kv_splits"] = t.kvSplits;
+    d["fuse_shift"] = t.fuseShift;
+    d["prep_dim"] = t.prepDim;
+    d["merge_dim"] = t.mergeDim;
     d["ub_score_buffers"] = t.ubScoreBuffers;
     d["ub_prob_buffers"] = t.ubProbBuffers;
     d["ub_pv_buffers"] = t.ubPvBuffers;
@@ -144,11 +160,38 @@ py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
     return d;
 }
 
-py::dict Tiling(const py::dict& params)
+// The per-batch arrays of `lengths` (q_lens, kv_lens; optional next_tokens, pre_tokens, q_starts,
+// kv_starts), int32 with `batch` entries each; they stay owned by the dict.
+struct Lengths {
+    pasa::BatchLengths view;
+    std::vector<py::array> keep;
+};
+
+Lengths LengthsFrom(const py::dict& lengths, uint32_t batch)
+{
+    Lengths l;
+    auto take = [&](const char* name, const int32_t** dst) {
+        if (!lengths.contains(name)) return;
+        py::array a = lengths[name].cast<py::array>();
+        *dst = reinterpret_cast<const int32_t*>(Buffer(a, name, 4, batch, false));
+        l.keep.push_back(a);
+    };
+    take("q_lens", &l.view.qLens);
+    take("kv_lens", &l.view.kvLens);
+    take("next_tokens", &l.view.nextTokens);
+    take("pre_tokens", &l.view.preTokens);
+    take("q_starts", &l.view.qStarts);
+    take("kv_starts", &l.view.kvStarts);
+    return l;
+}
+
+py::dict Tiling(const py::dict& params, const py::object& lengths)
 {
     pasa::PasaBudget budget;
-    const PasaTilingData t = pasa::ComputeTiling(ProblemFrom(params), &budget);
-    return TilingDict(t, budget);
+    const pasa::PasaProblem prob = ProblemFrom(params);
+    if (lengths.is_none()) return TilingDict(pasa::ComputeTiling(prob, nullptr, &budget), budget);
+    const Lengths l = LengthsFrom(lengths.cast<py::dict>(), prob.batch);
+    return TilingDict(pasa::ComputeTiling(prob, &l.view, &budget), budget);
 }
 
 py::tuple RefTuple(const pasa_emu::BufferRef& r) { return py::make_tuple(r.buffer, r.offset); }
@@ -174,35 +217,32 @@ py::list CallList(const std::vector<pasa_emu::RuntimeCall>& calls)
 }
 
 // Run a call through the shared host launcher (ascend_kernels/host/pasa_launcher.h) with the
-// emulated runtime: preprocessing (pasa, pasa-exact) and the attention kernel. Arrays:
-// query/key/value fp16 in their layouts, lens int32 (batch), out fp16 or bf16 bits, lse float32
-// (batch, heads, seq_q).
-py::dict RunAttention(py::array query, py::array key, py::array value, py::array qLens, py::array kvLens,
-                      py::array nextTokens, py::array out, py::array lse, const py::dict& params)
+// emulated runtime: preprocessing (pasa, pasa-exact), the attention kernel, the merge of split kv.
+// Arrays: query/key/value fp16 bits in their layouts (key/value: the caches when paged), out fp16
+// or bf16 bits, lse float32 (query batch x heads x seq_q); lengths: int32 per batch (LengthsFrom);
+// mask: the bytes of the bool mask from its first element; block_table and key_slots int32.
+py::dict RunAttention(py::array query, py::array key, py::array value, py::array out, py::array lse,
+                      const py::dict& lengths, const py::dict& params, py::object mask, py::object blockTable,
+                      py::object keySlots)
 {
     const pasa::PasaProblem prob = ProblemFrom(params);
-    pasa::PasaBudget budget;
-    const PasaTilingData t = pasa::ComputeTiling(prob, &budget);
     const double timeout = params.contains("timeout_s") ? params["timeout_s"].cast<double>() : 60.0;
     if (!params.contains("timing")) throw py::value_error("params['timing']: the timing model's parameters are required");
     const AscendC::emu::TimingParams timing = TimingFrom(params["timing"].cast<py::dict>());
+    const Lengths l = LengthsFrom(lengths, prob.batch);
 
-    const size_t qN = static_cast<size_t>(t.batch) * t.numHeads * t.seqQ * t.headDim;
-    const size_t kN = static_cast<size_t>(t.batch) * t.numKvHeads * t.seqKv * t.headDim;
-    const size_t vN = static_cast<size_t>(t.batch) * t.numKvHeads * t.seqKv * t.headDimV;
-    const size_t oN = static_cast<size_t>(t.batch) * t.numHeads * t.seqQ * t.headDimV;
-    const size_t lN = static_cast<size_t>(t.batch) * t.numHeads * t.seqQ;
+    const size_t qb = prob.packed ? 1 : prob.batch, kb = prob.paged ? prob.numBlocks : qb;
+    const size_t qN = qb * prob.numHeads * prob.seqQ * prob.headDim;
+    const size_t kN = kb * prob.numKvHeads * prob.seqKv * prob.headDim;
+    const size_t vN = kb * prob.numKvHeads * prob.seqKv * prob.headDimV;
+    const size_t oN = qb * prob.numHeads * prob.seqQ * prob.headDimV;
+    const size_t lN = qb * prob.numHeads * prob.seqQ;
     pasa::AttentionTensors tensors;
     tensors.query = Buffer(query, "query", 2, qN, false);
     tensors.key = Buffer(key, "key", 2, kN, false);
     tensors.value = Buffer(value, "value", 2, vN, false);
     tensors.out = Buffer(out, "out", 2, oN, true);
     tensors.lse = Buffer(lse, "lse", 4, lN, true);
-    pasa::BatchLengths lengths;
-    lengths.qLens = reinterpret_cast<const int32_t*>(Buffer(qLens, "q_lens", 4, t.batch, false));
-    lengths.kvLens = reinterpret_cast<const int32_t*>(Buffer(kvLens, "kv_lens", 4, t.batch, false));
-    lengths.nextTokens = reinterpret_cast<const int32_t*>(Buffer(nextTokens, "next_tokens", 4, t.batch, false));
-
     GmRegistry gm;
     pasa_emu::EmuLaunchRuntime runtime(gm, timeout, timing);
     runtime.AddTensor("query", tensors.query, qN * 2, false);
@@ -210,32 +250,49 @@ py::dict RunAttention(py::array query, py::array key, py::array value, py::array
     runtime.AddTensor("value", tensors.value, vN * 2, false);
     runtime.AddTensor("out", tensors.out, oN * 2, true);
     runtime.AddTensor("lse", tensors.lse, lN * 4, true);
+    std::vector<py::array> keep;
+    auto optional = [&](py::object obj, const char* name, size_t itemsize, void** dst) {
+        if (obj.is_none()) return;
+        py::array a = obj.cast<py::array>();
+        if (a.size() == 0) throw py::value_error(std::string(name) + " must not be empty");
+        *dst = Buffer(a, name, itemsize, static_cast<size_t>(a.size()), false);
+        runtime.AddTensor(name, *dst, a.size() * itemsize, false);
+        keep.push_back(a);
+    };
+    optional(mask, "mask", 1, &tensors.mask);
+    optional(blockTable, "block_table", 4, &tensors.blockTable);
+    optional(keySlots, "key_slots", 4, &tensors.keySlots);
+    PasaTilingData t;
     {
         py::gil_scoped_release release;
-        pasa::LaunchAttention(prob, tensors, lengths, runtime);
+        t = pasa::LaunchAttention(prob, tensors, l.view, runtime);
     }
     py::dict result;
     result["preprocess"] = py::none();
+    result["merge"] = py::none();
     for (const auto& [kernel, stats] : runtime.LaunchStats()) {
-        result[kernel == pasa::PasaKernel::kAttention ? "attention" : "preprocess"] = StatsDict(stats);
+        const char* name = kernel == pasa::PasaKernel::kAttention ? "attention"
+                           : kernel == pasa::PasaKernel::kMerge   ? "merge"
+                                                                  : "preprocess";
+        result[name] = StatsDict(stats);
     }
+    pasa::PasaBudget budget;
+    pasa::ComputeTiling(prob, &l.view, &budget);
     result["tiling"] = TilingDict(t, budget);
     result["runtime_calls"] = CallList(runtime.Calls());
     return result;
 }
 
-// The attention tasks each AI Core runs, as the kernel's own task iterator deals them:
-// per core a list of (rows, numBlocks, fullBlocks). Runs the iterator alone (no attention).
-py::list AttentionTasks(const py::dict& params, py::array qLens, py::array kvLens, py::array nextTokens)
+// The attention tasks each AI Core runs, as the kernel's own task iterator deals them: per core a
+// list of (rows, kv blocks, kv blocks visible in full). Runs the iterator alone (no attention).
+py::list AttentionTasks(const py::dict& params, const py::dict& lengths)
 {
-    const PasaTilingData t = pasa::ComputeTiling(ProblemFrom(params));
-    uint8_t* ql = Buffer(qLens, "q_lens", 4, t.batch, false);
-    uint8_t* kl = Buffer(kvLens, "kv_lens", 4, t.batch, false);
-    uint8_t* nx = Buffer(nextTokens, "next_tokens", 4, t.batch, false);
+    const pasa::PasaProblem prob = ProblemFrom(params);
+    const Lengths l = LengthsFrom(lengths, prob.batch);
+    const PasaTilingData t = pasa::ComputeTiling(prob, &l.view);
+    std::vector<uint8_t> parameters = pasa::ParameterBytes(prob, t, l.view);
     GmRegistry gm;
-    gm.Add("q_lens", ql, t.batch * 4, false, false);
-    gm.Add("kv_lens", kl, t.batch * 4, false, false);
-    gm.Add("next_tokens", nx, t.batch * 4, false, false);
+    gm.Add("parameters", parameters.data(), parameters.size(), false, false);
     std::vector<std::vector<std::array<uint32_t, 3>>> perCore(t.blockDim);
     AscendC::emu::LaunchOptions opt{static_cast<int>(t.blockDim), KERNEL_TYPE_AIV_ONLY, 10.0,
                       TimingFrom(params["timing"].cast<py::dict>())};
@@ -244,17 +301,21 @@ py::list AttentionTasks(const py::dict& params, py::array qLens, py::array kvLen
         AscendC::emu::Launch(opt, gm, [&]() {
             const uint32_t core = static_cast<uint32_t>(AscendC::GetBlockIdx());
             pasa::BatchTable batches;
-            batches.Init(ql, kl, nx, t.batch);
-            pasa::AttentionTaskIter it(t, batches, core);
+            batches.Init(parameters.data(), t);
+            pasa::AttentionTaskIter it(t, batches, core, t.blockDim, t.kvSplits);
             pasa::AttentionTask task;
-            while (it.Next(task)) perCore[core].push_back({task.rows, task.numBlocks, task.fullBlocks});
+            while (it.Next(task)) {
+                const uint32_t end = task.blockBegin + task.numBlocks;
+                const uint32_t lo = std::max(task.blockBegin, task.fullFrom), hi = std::min(end, task.fullTo);
+                perCore[core].push_back({task.rows, task.numBlocks, hi > lo ? hi - lo : 0u});
+            }
         });
     }
     py::list out;
     for (const auto& tasks : perCore) {
-        py::list l;
-        for (const auto& x : tasks) l.append(py::make_tuple(x[0], x[1], x[2]));
-        out.append(l);
+        py::list l2;
+        for (const auto& x : tasks) l2.append(py::make_tuple(x[0], x[1], x[2]));
+        out.append(l2);
     }
     return out;
 }
@@ -264,11 +325,13 @@ py::list AttentionTasks(const py::dict& params, py::array qLens, py::array kvLen
 PYBIND11_MODULE(_ascendc_emu, m)
 {
     m.doc() = "PASA AscendC kernels executed on CPU threads against an emulation of the AscendC API";
-    m.def("tiling", &Tiling, py::arg("params"), "Host tiling and per-core buffer use; ValueError if a budget fails");
+    m.def("tiling", &Tiling, py::arg("params"), py::arg("lengths") = py::none(),
+          "Host tiling and per-core buffer use (for the per-batch lengths, if given); ValueError if a budget fails");
     m.def("optimal_beta", &pasa::OptimalBeta, py::arg("beta0"), py::arg("n"), py::arg("scale"),
           "The host tiling's solver of the optimal accuracy condition (C++ twin of pasa_npu.beta.optimal_beta)");
-    m.def("run_attention", &RunAttention, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("q_lens"),
-          py::arg("kv_lens"), py::arg("next_tokens"), py::arg("out"), py::arg("lse"), py::arg("params"));
+    m.def("run_attention", &RunAttention, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("out"),
+          py::arg("lse"), py::arg("lengths"), py::arg("params"), py::arg("mask") = py::none(),
+          py::arg("block_table") = py::none(), py::arg("key_slots") = py::none());
     m.def("run_selftest", [](const std::string& name, const py::dict& timing, double timeoutSeconds) {
               Stats stats;
               std::vector<float> values = pasa_selftest::Run(name, TimingFrom(timing), timeoutSeconds, stats);
@@ -280,7 +343,6 @@ PYBIND11_MODULE(_ascendc_emu, m)
           "Run one emulation self-test kernel: {'values': its output, 'stats': the launch's counters and timing}; "
           "RuntimeError if the emulation rejects it");
     m.def("selftest_names", &pasa_selftest::Names);
-    m.def("attention_tasks", &AttentionTasks, py::arg("params"), py::arg("q_lens"), py::arg("kv_lens"),
-          py::arg("next_tokens"),
+    m.def("attention_tasks", &AttentionTasks, py::arg("params"), py::arg("lengths"),
           "The attention kernel's tasks per AI Core, as its task iterator deals them: [(rows, numBlocks, fullBlocks)]");
 }

@@ -8,6 +8,7 @@
 #include "acl/acl.h"
 #include "aclrtlaunch_pasa_attention.h"
 #include "aclrtlaunch_pasa_center_keys.h"
+#include "aclrtlaunch_pasa_merge_splits.h"
 #include "aclrtlaunch_pasa_shift_keys.h"
 
 namespace pasa {
@@ -18,14 +19,16 @@ uint32_t LaunchKernel(PasaKernel kernel, uint32_t blockDim, aclrtStream stream, 
 {
     switch (kernel) {
         case PasaKernel::kShiftKeys:
-            return ACLRT_LAUNCH_KERNEL(pasa_shift_keys)(blockDim, stream, a.key, a.qLens, a.kvLens, a.nextTokens,
-                                                        a.workspace, a.tiling);
+            return ACLRT_LAUNCH_KERNEL(pasa_shift_keys)(blockDim, stream, a.key, a.blockTable, a.keySlots, a.workspace,
+                                                        a.tiling);
         case PasaKernel::kCenterKeys:
-            return ACLRT_LAUNCH_KERNEL(pasa_center_keys)(blockDim, stream, a.key, a.qLens, a.kvLens, a.nextTokens,
-                                                         a.workspace, a.tiling);
+            return ACLRT_LAUNCH_KERNEL(pasa_center_keys)(blockDim, stream, a.key, a.blockTable, a.keySlots, a.workspace,
+                                                         a.tiling);
         case PasaKernel::kAttention:
-            return ACLRT_LAUNCH_KERNEL(pasa_attention)(blockDim, stream, a.query, a.key, a.value, a.qLens, a.kvLens,
-                                                       a.nextTokens, a.out, a.lse, a.workspace, a.tiling);
+            return ACLRT_LAUNCH_KERNEL(pasa_attention)(blockDim, stream, a.query, a.key, a.value, a.mask, a.blockTable,
+                                                       a.keySlots, a.out, a.lse, a.workspace, a.tiling);
+        case PasaKernel::kMerge:
+            return ACLRT_LAUNCH_KERNEL(pasa_merge_splits)(blockDim, stream, a.out, a.lse, a.workspace, a.tiling);
     }
     return ACL_ERROR_INVALID_PARAM;
 }

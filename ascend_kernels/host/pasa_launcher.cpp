@@ -13,36 +13,55 @@ constexpr size_t kParameterAlign = 64;
 
 size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-void CheckLengths(const PasaTilingData& t, const BatchLengths& lengths)
+[[noreturn]] void Refuse(const std::string& msg) { throw std::invalid_argument(msg); }
+
+std::string Entry(const char* name, uint32_t b, int32_t v)
 {
-    if (lengths.qLens == nullptr || lengths.kvLens == nullptr || lengths.nextTokens == nullptr) {
-        throw std::invalid_argument("qLens, kvLens and nextTokens must each point to batch int32 entries");
-    }
-    for (uint32_t b = 0; b < t.batch; ++b) {
-        const int32_t q = lengths.qLens[b], kv = lengths.kvLens[b];
-        if (q < 0 || static_cast<uint32_t>(q) > t.seqQ) {
-            throw std::invalid_argument("qLens[" + std::to_string(b) + "] = " + std::to_string(q) +
-                                        " lies outside [0, seqQ = " + std::to_string(t.seqQ) + "]");
-        }
-        if (kv < 0 || static_cast<uint32_t>(kv) > t.seqKv) {
-            throw std::invalid_argument("kvLens[" + std::to_string(b) + "] = " + std::to_string(kv) +
-                                        " lies outside [0, seqKv = " + std::to_string(t.seqKv) + "]");
-        }
-    }
+    return std::string(name) + "[" + std::to_string(b) + "] = " + std::to_string(v);
 }
 
-std::vector<uint8_t> ParameterBytes(const PasaTilingData& t, const BatchLengths& lengths, const ParameterLayout& at)
+void CheckLengths(const PasaProblem& p, const BatchLengths& l)
 {
-    std::vector<uint8_t> host(at.bytes, 0);
-    const size_t lensBytes = sizeof(int32_t) * t.batch;
-    std::memcpy(host.data() + at.tiling, &t, sizeof(t));
-    std::memcpy(host.data() + at.qLens, lengths.qLens, lensBytes);
-    std::memcpy(host.data() + at.kvLens, lengths.kvLens, lensBytes);
-    std::memcpy(host.data() + at.nextTokens, lengths.nextTokens, lensBytes);
-    return host;
+    const bool band = p.maskMode != PASA_MASK_NONE, pre = p.maskMode == PASA_MASK_BAND;
+    if (l.qLens == nullptr || l.kvLens == nullptr || (band && l.nextTokens == nullptr) || (pre && l.preTokens == nullptr) ||
+        (p.packed && (l.qStarts == nullptr || l.kvStarts == nullptr))) {
+        Refuse("qLens and kvLens (and nextTokens with a band, preTokens with a lower bound, qStarts and kvStarts when "
+               "packed) must each point to batch int32 entries");
+    }
+    const int64_t kvCap = p.paged ? static_cast<int64_t>(p.tableStride) * p.blockSize : p.seqKv;
+    for (uint32_t b = 0; b < p.batch; ++b) {
+        const int64_t q0 = p.packed ? l.qStarts[b] : 0, k0 = p.packed ? l.kvStarts[b] : 0;
+        if (l.qLens[b] < 0 || q0 < 0 || q0 + l.qLens[b] > p.seqQ) {
+            Refuse(Entry("qLens", b, l.qLens[b]) + (p.packed ? " from " + Entry("qStarts", b, l.qStarts[b]) : "") +
+                   " lies outside [0, seqQ = " + std::to_string(p.seqQ) + "]");
+        }
+        if (l.kvLens[b] < 0 || k0 < 0 || k0 + l.kvLens[b] > kvCap) {
+            Refuse(Entry("kvLens", b, l.kvLens[b]) + (p.packed ? " from " + Entry("kvStarts", b, l.kvStarts[b]) : "") +
+                   " lies outside [0, " + (p.paged ? "tableStride x blockSize = " : "seqKv = ") + std::to_string(kvCap) + "]");
+        }
+    }
 }
 
 }  // namespace
+
+std::vector<uint8_t> ParameterBytes(const PasaProblem& p, const PasaTilingData& t, const BatchLengths& l)
+{
+    const ParameterLayout at = ParameterLayoutFor(t.batch);
+    std::vector<uint8_t> host(at.bytes, 0);
+    std::memcpy(host.data() + at.tiling, &t, sizeof(t));
+    std::vector<int32_t> records(static_cast<size_t>(t.batch) * PASA_BATCH_FIELDS, 0);
+    for (uint32_t b = 0; b < t.batch; ++b) {
+        int32_t* r = records.data() + static_cast<size_t>(b) * PASA_BATCH_FIELDS;
+        r[PASA_BATCH_Q_LEN] = l.qLens[b];
+        r[PASA_BATCH_KV_LEN] = l.kvLens[b];
+        r[PASA_BATCH_NEXT] = p.maskMode != PASA_MASK_NONE ? l.nextTokens[b] : 0;
+        r[PASA_BATCH_PRE] = p.maskMode == PASA_MASK_BAND ? l.preTokens[b] : 0;
+        r[PASA_BATCH_Q_START] = p.packed ? l.qStarts[b] : 0;
+        r[PASA_BATCH_KV_START] = p.packed ? l.kvStarts[b] : 0;
+    }
+    std::memcpy(host.data() + at.batches, records.data(), records.size() * sizeof(int32_t));
+    return host;
+}
 
 const char* KernelName(PasaKernel kernel)
 {
@@ -50,6 +69,7 @@ const char* KernelName(PasaKernel kernel)
         case PasaKernel::kShiftKeys: return "pasa_shift_keys";
         case PasaKernel::kCenterKeys: return "pasa_center_keys";
         case PasaKernel::kAttention: return "pasa_attention";
+        case PasaKernel::kMerge: return "pasa_merge_splits";
     }
     return "unknown kernel";
 }
@@ -61,23 +81,27 @@ const char* BufferName(BufferRole role)
 
 ParameterLayout ParameterLayoutFor(uint32_t batch)
 {
-    const size_t lensBytes = AlignUp(sizeof(int32_t) * batch, kParameterAlign);
     ParameterLayout at;
     at.tiling = 0;
-    at.qLens = AlignUp(sizeof(PasaTilingData), kParameterAlign);
-    at.kvLens = at.qLens + lensBytes;
-    at.nextTokens = at.kvLens + lensBytes;
-    at.bytes = at.nextTokens + lensBytes;
+    at.batches = AlignUp(sizeof(PasaTilingData), kParameterAlign);
+    at.bytes = at.batches + AlignUp(sizeof(int32_t) * PASA_BATCH_FIELDS * batch, kParameterAlign);
     return at;
 }
 
 PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensors& tensors,
                                const BatchLengths& lengths, LaunchRuntime& runtime)
 {
-    const PasaTilingData t = ComputeTiling(problem);
-    CheckLengths(t, lengths);
+    CheckLengths(problem, lengths);
+    if (problem.hasMask && tensors.mask == nullptr) Refuse("hasMask needs the mask tensor");
+    if (problem.paged && tensors.blockTable == nullptr) Refuse("paged KV needs the block table");
+    const PasaTilingData t = ComputeTiling(problem, &lengths);
+    const bool prepare = t.tilingKey == PASA_KEY_PASA_EXACT || (t.tilingKey == PASA_KEY_PASA && !t.fuseShift);
+    if (problem.paged && prepare && tensors.keySlots == nullptr) {
+        Refuse("paged KV with pasa or pasa-exact needs the K' slot table (the owner entry of each table entry)");
+    }
     const ParameterLayout at = ParameterLayoutFor(t.batch);
-    const std::vector<uint8_t> parameters = ParameterBytes(t, lengths, at);
+    if (at.batches != t.batchParamsOffset) Refuse("the parameter layout disagrees with the tiling");
+    const std::vector<uint8_t> parameters = ParameterBytes(problem, t, lengths);
     std::vector<uint16_t> shiftMatrix;
     if (t.tilingKey == PASA_KEY_PASA) {
         shiftMatrix.resize(static_cast<size_t>(t.kvBlock) * t.kvBlock);
@@ -95,19 +119,16 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
     args.query = tensors.query;
     args.key = tensors.key;
     args.value = tensors.value;
-    args.qLens = params + at.qLens;
-    args.kvLens = params + at.kvLens;
-    args.nextTokens = params + at.nextTokens;
+    args.mask = problem.hasMask ? tensors.mask : nullptr;
+    args.blockTable = problem.paged ? tensors.blockTable : nullptr;
+    args.keySlots = problem.paged && prepare ? tensors.keySlots : nullptr;
     args.out = tensors.out;
     args.lse = tensors.lse;
     args.workspace = workspace;
     args.tiling = params + at.tiling;
-    if (t.tilingKey == PASA_KEY_PASA) {
-        runtime.Launch(PasaKernel::kShiftKeys, t.blockDim, args);
-    } else if (t.tilingKey == PASA_KEY_PASA_EXACT) {
-        runtime.Launch(PasaKernel::kCenterKeys, t.blockDim, args);
-    }
+    if (prepare) runtime.Launch(t.tilingKey == PASA_KEY_PASA ? PasaKernel::kShiftKeys : PasaKernel::kCenterKeys, t.prepDim, args);
     runtime.Launch(PasaKernel::kAttention, t.blockDim, args);
+    if (t.kvSplits > 1) runtime.Launch(PasaKernel::kMerge, t.mergeDim, args);
     return t;
 }
 

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "pasa_tiling.h"
 
@@ -18,6 +19,7 @@ enum class PasaKernel : uint32_t {
     kShiftKeys = 0,   // pasa_shift_keys (pasa): K' = M^T K per kv block, cube only
     kCenterKeys = 1,  // pasa_center_keys (pasa-exact): block means and K - mean16, MIX
     kAttention = 2,   // pasa_attention: the MIX attention kernel
+    kMerge = 3,       // pasa_merge_splits: the LSE merge of split kv (vector only)
 };
 const char* KernelName(PasaKernel kernel);
 
@@ -27,14 +29,15 @@ enum class BufferRole : uint32_t { kParameters = 0, kWorkspace = 1 };
 const char* BufferName(BufferRole role);
 
 // Device addresses of one launch, named as the kernels name their GM_ADDR parameters. Each
-// kernel takes the subset its signature lists, in this order.
+// kernel takes the subset its signature lists, in this order. The per-batch parameters follow
+// the tiling struct in the parameter buffer (PasaTilingData::batchParamsOffset).
 struct KernelArgs {
     void* query = nullptr;
     void* key = nullptr;
     void* value = nullptr;
-    void* qLens = nullptr;
-    void* kvLens = nullptr;
-    void* nextTokens = nullptr;
+    void* mask = nullptr;
+    void* blockTable = nullptr;
+    void* keySlots = nullptr;
     void* out = nullptr;
     void* lse = nullptr;
     void* workspace = nullptr;
@@ -57,34 +60,34 @@ public:
 };
 
 // Device addresses of the caller's tensors, in the layouts and dtypes `PasaProblem` names:
-// query, key, value, out and lse (float32, batch x numHeads x seqQ).
+// query, key, value, out and lse (float32, batch x numHeads x seqQ; packed 1 x numHeads x seqQ);
+// the mask (bool, when PasaProblem::hasMask), the block table (int32 batch x tableStride, when
+// paged) and the K' slot table (int32, the same shape: when paged with pasa or pasa-exact).
 struct AttentionTensors {
     void* query = nullptr;
     void* key = nullptr;
     void* value = nullptr;
     void* out = nullptr;
     void* lse = nullptr;
+    void* mask = nullptr;
+    void* blockTable = nullptr;
+    void* keySlots = nullptr;
 };
 
-// Host arrays of `batch` int32 entries: the valid query and key lengths of each batch and the
-// causal offset (key j is visible to row i iff j <= i + nextTokens[b]; read only with the causal
-// mask).
-struct BatchLengths {
-    const int32_t* qLens = nullptr;
-    const int32_t* kvLens = nullptr;
-    const int32_t* nextTokens = nullptr;
-};
-
-// Byte offsets within the parameter buffer: the tiling struct, then the three length arrays,
-// each 64-byte aligned (a GM scalar read fetches 64-byte lines).
+// Byte offsets within the parameter buffer: the tiling struct, then the per-batch records
+// (PASA_BATCH_FIELDS int32 each), 64-byte aligned (a GM scalar read fetches 64-byte lines).
 struct ParameterLayout {
-    size_t tiling = 0, qLens = 0, kvLens = 0, nextTokens = 0, bytes = 0;
+    size_t tiling = 0, batches = 0, bytes = 0;
 };
 ParameterLayout ParameterLayoutFor(uint32_t batch);
 
+// The parameter buffer's bytes for tiling `t` of `problem` with `lengths` (checked by the caller).
+std::vector<uint8_t> ParameterBytes(const PasaProblem& problem, const PasaTilingData& t, const BatchLengths& lengths);
+
 // Tile `problem`, then through `runtime`: allocate the parameter buffer and the workspace,
 // upload the parameters (and, for pasa, the shifting matrix into the workspace), launch the
-// preprocessing kernel (pasa, pasa-exact) and the attention kernel. Returns the tiling.
+// preprocessing kernel (pasa unless the attention kernel shifts the keys itself, pasa-exact), the
+// attention kernel and, with split kv, the merge. Returns the tiling.
 // Throws std::invalid_argument for a problem or lengths the kernels cannot run (naming the
 // parameter) before any runtime call; runtime failures propagate as the runtime throws them.
 PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensors& tensors,

@@ -103,7 +103,18 @@ void Validate(const PasaProblem& p)
     if (p.inDtype == PASA_IN_BF16 && (p.tilingKey != PASA_KEY_FA_FP32 || p.outDtype != PASA_OUT_BF16)) {
         Reject("bf16 inputs run only with fa-fp32 and a bf16 output (PASA computes in fp16)");
     }
-    if (p.maskMode > PASA_MASK_CAUSAL) Reject("maskMode must be 0 (none) or 1 (causal band)");
+    if (p.maskMode > PASA_MASK_BAND) Reject("maskMode must be 0 (none), 1 (causal band) or 2 (band with both bounds)");
+    if (p.hasMask && (p.maskRowStride < p.seqKv || p.kvBlock < 32)) {
+        Reject("an explicit mask needs maskRowStride >= seqKv and kvBlock >= 32 (a mask row of a block fills 32 bytes)");
+    }
+    if (p.paged) {
+        if (p.blockSize == 0 || p.blockSize % 16 != 0 || p.blockSize > 512) {
+            Reject("blockSize must be a multiple of 16 in [16, 512], got " + std::to_string(p.blockSize));
+        }
+        if (p.tableStride == 0 || p.numBlocks == 0) Reject("paged KV needs a block table (tableStride, numBlocks > 0)");
+        if (p.seqKv != p.blockSize) Reject("paged KV: seqKv (the cache's S axis) must equal blockSize");
+    }
+    if (p.kvSplits > PASA_MAX_SPLITS) Reject("kvSplits must be at most " + std::to_string(PASA_MAX_SPLITS));
     if (!(p.scale > 0.0) || !std::isfinite(p.scale)) Reject("scale must be finite and positive");
     if (p.coreNum == 0) Reject("coreNum must be positive (the platform's AI Core count)");
     // 16-bit DMA parameters: row strides in elements.
@@ -133,6 +144,14 @@ void FillProblem(const PasaProblem& p, PasaTilingData& t)
     t.outDtype = p.outDtype;
     t.inDtype = p.inDtype;
     t.maskMode = p.maskMode;
+    t.packed = p.packed ? 1 : 0;
+    t.hasMask = p.hasMask ? 1 : 0;
+    t.maskRowStride = p.maskRowStride;
+    t.maskBatchStride = p.maskBatchStride;
+    t.paged = p.paged ? 1 : 0;
+    t.blockSize = p.blockSize;
+    t.tableStride = p.tableStride;
+    t.batchParamsOffset = static_cast<uint32_t>(Align64(sizeof(PasaTilingData), 64));
     t.scale = static_cast<float>(p.scale);
     t.invKvBlock = 1.0f / static_cast<float>(p.kvBlock);
     if (p.tilingKey == PASA_KEY_PASA) {
@@ -147,23 +166,81 @@ void FillProblem(const PasaProblem& p, PasaTilingData& t)
     }
 }
 
-// Tiles: a query length shorter than qTile stacks the heads of a kv group into one tile.
-void PlanBlocking(const PasaProblem& p, PasaTilingData& t)
+// Kv ranges per task for `tasks` decode tasks of up to `blocks` kv blocks on `cores` AI Cores: only
+// when some core would have no task (with a task per core, decode reads K and V at the chip's
+// bandwidth already, and a split would add the merge launch); then the fewest ranges that fill
+// the cores' rounds best, each at least PASA_MIN_SPLIT_BLOCKS blocks, if that beats one range
+// per task by 10%.
+uint32_t ChooseSplits(uint32_t tasks, uint32_t blocks, uint32_t cores)
+{
+    if (tasks >= cores) return 1;
+    auto efficiency = [&](uint32_t s) {
+        const uint64_t units = static_cast<uint64_t>(tasks) * s, rounds = (units + cores - 1) / cores;
+        return static_cast<double>(units) / static_cast<double>(rounds * cores);
+    };
+    const uint32_t most = std::min<uint32_t>(PASA_MAX_SPLITS, std::max<uint32_t>(1, blocks / PASA_MIN_SPLIT_BLOCKS));
+    uint32_t best = 1;
+    for (uint32_t s = 2; s <= most; ++s) {
+        if (efficiency(s) > efficiency(best) + 1e-9) best = s;
+    }
+    return efficiency(best) >= 1.1 * efficiency(1) ? best : 1;
+}
+
+// UB of the merge kernel (pasa_merge.h): two partial O tiles, the splits' LSE rows, the merged O,
+// the broadcast blocks and the output staging, its statistics.
+uint64_t MergeUbBytes(const PasaTilingData& t)
+{
+    const uint64_t r = t.vecRowsPad, dv = t.headDimV;
+    return 2 * r * dv * 4 + t.kvSplits * r * 4 + r * dv * 4 + 32 * r + r * dv * 2 + 7 * r * 4;
+}
+
+uint32_t LengthOf(const int32_t* lens, uint32_t b, uint32_t full)
+{
+    return lens == nullptr ? full : static_cast<uint32_t>(std::max<int32_t>(0, lens[b]));
+}
+
+// Tiles: a batch whose query is shorter than q_block stacks the heads of a kv group into its tiles
+// (TileShape in pasa_kernel_common.h). The buffers take the largest tile of the call.
+void PlanBlocking(const PasaProblem& p, const BatchLengths* lengths, PasaTilingData& t)
 {
     const uint32_t n = p.kvBlock;
     t.kvBlock = n;
-    t.numKvBlocks = std::max<uint32_t>(1, (p.seqKv + n - 1) / n);
-    const uint32_t seqQ = std::max<uint32_t>(1, p.seqQ);
-    t.tilePositions = std::min(p.qTile, seqQ);
-    t.tileHeads = std::min(t.groupSize, std::max<uint32_t>(1, p.qTile / t.tilePositions));
-    t.headChunks = (t.groupSize + t.tileHeads - 1) / t.tileHeads;
-    t.qTile = t.tileHeads * t.tilePositions;
+    t.qBlock = p.qTile;
+    t.subBlocks = p.paged && p.blockSize % n == 0 ? p.blockSize / n : 0;
+    const uint32_t fullKv = p.paged ? p.tableStride * p.blockSize : p.seqKv;
+    uint32_t rows = 1, tiles = 1, maxKvBlocks = 1;
+    uint64_t tasks = 0;
+    bool oneTaskPerHead = true;
+    for (uint32_t b = 0; b < p.batch; ++b) {
+        const uint32_t qLen = LengthOf(lengths ? lengths->qLens : nullptr, b, p.seqQ);
+        const uint32_t kvLen = LengthOf(lengths ? lengths->kvLens : nullptr, b, fullKv);
+        const uint32_t pitch = std::min(p.qTile, std::max<uint32_t>(1, qLen));
+        const uint32_t heads = std::min(t.groupSize, std::max<uint32_t>(1, p.qTile / pitch));
+        const uint32_t chunks = (t.groupSize + heads - 1) / heads, qTiles = (qLen + pitch - 1) / pitch;
+        rows = std::max(rows, heads == 1 ? pitch : heads * pitch);
+        tiles = std::max(tiles, qTiles);
+        maxKvBlocks = std::max(maxKvBlocks, (kvLen + n - 1) / n);
+        tasks += static_cast<uint64_t>(p.numKvHeads) * chunks * qTiles;
+        oneTaskPerHead = oneTaskPerHead && chunks * qTiles <= 1;
+    }
+    t.qTile = rows;
     t.qTilePad = Align(t.qTile, 16);
     t.vecRows = (t.qTile + 1) / 2;
     t.vecRowsPad = Align(t.vecRows, 16);
-    t.numQTiles = (seqQ + t.tilePositions - 1) / t.tilePositions;
-    const uint64_t tasks = static_cast<uint64_t>(p.batch) * p.numKvHeads * t.headChunks * t.numQTiles;
-    t.blockDim = static_cast<uint32_t>(std::min<uint64_t>(p.coreNum, std::max<uint64_t>(1, tasks)));
+    t.numQTiles = tiles;
+    t.numTasks = static_cast<uint32_t>(std::max<uint64_t>(1, tasks));
+    t.numKvBlocks = p.paged ? (fullKv + n - 1) / n : std::max<uint32_t>(1, (p.seqKv + n - 1) / n);
+    // every kv block is read by one task: pasa shifts it where it is read, no preprocessing launch
+    t.fuseShift = p.tilingKey == PASA_KEY_PASA && oneTaskPerHead ? 1 : 0;
+    t.kvSplits = 1;
+    if (oneTaskPerHead) t.kvSplits = p.kvSplits > 0 ? p.kvSplits : ChooseSplits(t.numTasks, maxKvBlocks, p.coreNum);
+    if (t.kvSplits > 1 && MergeUbBytes(t) > kUbUserBytes) t.kvSplits = 1;  // the merge's tiles would not fit
+    const uint64_t units = static_cast<uint64_t>(t.numTasks) * t.kvSplits;
+    t.blockDim = static_cast<uint32_t>(std::min<uint64_t>(p.coreNum, units));
+    t.mergeDim = static_cast<uint32_t>(std::min<uint64_t>(2ull * p.coreNum, 2ull * t.numTasks));
+    const uint64_t keyBlocks = p.paged ? static_cast<uint64_t>(p.batch) * p.tableStride * std::max<uint32_t>(1, t.subBlocks)
+                                       : static_cast<uint64_t>(p.batch) * t.numKvBlocks;
+    t.prepDim = static_cast<uint32_t>(std::min<uint64_t>(p.coreNum, std::max<uint64_t>(1, keyBlocks * p.numKvHeads)));
 }
 
 // AIC buffers: Q (2), K' (2), V (a ring), P' (2) in L1; two L0A, two L0B and two L0C buffers.
@@ -179,12 +256,17 @@ void PlanCube(PasaTilingData& t, PasaBudget& b)
     t.l1MeanBytes = exact ? meanRows * d * 2 : 0;
     b.l1 = 2ull * t.l1QueryBytes + 2ull * t.l1KeyBytes + static_cast<uint64_t>(PASA_VALUE_BUFFERS) * t.l1ValueBytes +
            2ull * t.l1ProbBytes + t.l1MeanBytes;
+    if (t.fuseShift) {  // M^T staged once, and two K' buffers the Fixpipe writes
+        t.shiftL0aBytes = Align(n * n * 2, 512);
+        t.shiftL0cBytes = Align(n * d * 4, 1024);
+        b.l1 += static_cast<uint64_t>(n) * n * 2 + 2ull * t.l1KeyBytes;
+    }
     t.l0aBytes = Align(std::max({mp * d, mp * n, exact ? meanRows * d : 0u}) * 2, 512);
     t.l0bBytes = Align(std::max({n * d, n * dv, exact ? mp * d : 0u}) * 2, 512);
     t.l0cBytes = Align(std::max({mp * n, mp * dv, exact ? meanRows * mp : 0u}) * 4, 1024);
-    b.l0a = 2ull * t.l0aBytes;
+    b.l0a = 2ull * t.l0aBytes + t.shiftL0aBytes;
     b.l0b = 2ull * t.l0bBytes;
-    b.l0c = 2ull * t.l0cBytes;
+    b.l0c = 2ull * t.l0cBytes + t.shiftL0cBytes;
 }
 
 // AIV buffers (per vector core, vecRowsPad rows): score, P' and P'V tiles (double-buffered when
@@ -203,8 +285,9 @@ void PlanVector(PasaTilingData& t, PasaBudget& b)
     // the column index row, the broadcast row offsets, two bit tiles, row bits
     t.ubMaskBytes = Align(n * 2, 32) + 32 * r + 2 * Align(r * n / 8, 32) + Align(r, 32) + 32;
     t.ubStatBytes = PASA_VEC_STAT_UNITS * r * 4;
+    t.ubMaskTileBytes = t.hasMask ? r * n : 0;
     const uint64_t fixed = static_cast<uint64_t>(t.ubAccBytes) + t.ubWorkBytes + t.ubTreeBytes + t.ubMaskBytes +
-                           t.ubStatBytes + 2ull * Align(r * 4, 32);
+                           t.ubStatBytes + 2ull * Align(r * 4, 32) + t.ubMaskTileBytes;
     uint32_t score = 2, prob = 2, pv = 2;
     auto need = [&]() { return fixed + static_cast<uint64_t>(score) * t.ubScoreBytes + static_cast<uint64_t>(prob) * t.ubProbBytes +
                                static_cast<uint64_t>(pv) * t.ubPvBytes; };
@@ -220,7 +303,7 @@ void PlanVector(PasaTilingData& t, PasaBudget& b)
 void PlanPreprocessing(const PasaTilingData& t, PasaBudget& b)
 {
     const uint64_t n = t.kvBlock, d = t.headDim;
-    if (t.tilingKey == PASA_KEY_PASA) {
+    if (t.tilingKey == PASA_KEY_PASA && !t.fuseShift) {
         b.prepL1 = n * n * 2 + 2 * n * d * 2;
         b.prepL0a = n * n * 2;
         b.prepL0b = 2 * n * d * 2;
@@ -256,13 +339,16 @@ void CheckBudgets(const PasaProblem& p, const PasaBudget& b)
 void PlanWorkspace(const PasaProblem& p, PasaTilingData& t)
 {
     const bool exact = p.tilingKey == PASA_KEY_PASA_EXACT;
+    const bool keyPrime = p.tilingKey != PASA_KEY_FA_FP32 && !t.fuseShift;
     const uint64_t n = t.kvBlock, d = t.headDim, dv = t.headDimV, rows = t.qTilePad;
-    const uint64_t kvBlocksTotal = static_cast<uint64_t>(p.batch) * p.numKvHeads * t.numKvBlocks;
+    // K' block slots: per (batch, kv head, block), or per (table entry, sub-block, kv head) paged
+    const uint64_t kvBlocksTotal = p.paged ? static_cast<uint64_t>(p.batch) * p.tableStride * t.subBlocks * p.numKvHeads
+                                           : static_cast<uint64_t>(p.batch) * p.numKvHeads * t.numKvBlocks;
     uint64_t off = 0;
     t.shiftMatrixOffset = off;
     off += Align64(p.tilingKey == PASA_KEY_PASA ? n * n * 2 : 0, 512);
     t.keyPrimeOffset = off;
-    off += Align64(p.tilingKey != PASA_KEY_FA_FP32 ? kvBlocksTotal * n * d * 2 : 0, 512);
+    off += Align64(keyPrime ? kvBlocksTotal * n * d * 2 : 0, 512);
     t.keyMeanOffset = off;
     off += Align64(exact ? kvBlocksTotal * d * 2 : 0, 512);
     const uint64_t elem = p.tilingKey == PASA_KEY_FA_FP32 ? 4 : 2;
@@ -275,21 +361,36 @@ void PlanWorkspace(const PasaProblem& p, PasaTilingData& t)
     t.coreAreaBytes = std::max<uint64_t>(PASA_SCORE_SLOTS * t.scoreSlotBytes + PASA_PROB_SLOTS * t.probSlotBytes +
                                          PASA_PV_SLOTS * t.pvSlotBytes + PASA_CONST_SLOTS * t.constSlotBytes,
                                          2 * t.colSumSlotBytes);
-    off += t.coreAreaBytes * t.blockDim;
+    off += t.coreAreaBytes * std::max(t.blockDim, t.prepDim);
+    t.partialOffset = off;
+    t.partialSlotBytes = t.kvSplits > 1 ? Align64(rows * dv * 4 + 2ull * t.vecRowsPad * 4, 512) : 0;
+    off += static_cast<uint64_t>(t.numTasks) * t.kvSplits * t.partialSlotBytes;
     t.workspaceBytes = off;
 }
 
 }  // namespace
 
-PasaTilingData ComputeTiling(const PasaProblem& p, PasaBudget* budget)
+PasaTilingData ComputeTiling(const PasaProblem& p, const BatchLengths* lengths, PasaBudget* budget)
 {
     Validate(p);
     PasaTilingData t;
     std::memset(&t, 0, sizeof(t));
     FillProblem(p, t);
-    PlanBlocking(p, t);
+    PlanBlocking(p, lengths, t);
     PasaBudget b;
     PlanCube(t, b);
+    if (t.fuseShift && (b.l1 > kL1Bytes || b.l0a > kL0ABytes || b.l0c > kL0CBytes)) {
+        // M^T and the K' product do not fit next to the tiles (tall tiles): shift in preprocessing
+        t.fuseShift = 0;
+        t.shiftL0aBytes = t.shiftL0cBytes = 0;
+        b = PasaBudget();
+        PlanCube(t, b);
+    }
+    if (p.paged && p.tilingKey != PASA_KEY_FA_FP32 && !t.fuseShift && t.subBlocks == 0) {
+        Reject("paged KV with " + std::string(p.tilingKey == PASA_KEY_PASA ? "pasa" : "pasa-exact") +
+               " keeps K' per physical block: kvBlock (" + std::to_string(p.kvBlock) + ") must divide blockSize (" +
+               std::to_string(p.blockSize) + ")");
+    }
     PlanVector(t, b);
     PlanPreprocessing(t, b);
     CheckBudgets(p, b);

@@ -22,6 +22,11 @@ constexpr uint32_t kUbBytes = 192 * 1024;
 constexpr uint32_t kUbUserBytes = 184 * 1024;
 constexpr uint32_t kDefaultCoreNum = 24;  // AI Cores (AIC + 2 AIV each) of an Atlas A2
 
+// One call. Tensors are (B, N, S, D) in the memory order their layout names: query, out (B x
+// numHeads x seqQ), key and value (B x numKvHeads x seqKv); packed (TND): B = 1 on the tensors,
+// `batch` segments of their S axes. Paged: key and value are caches of `numBlocks` physical blocks
+// (numBlocks x numKvHeads x blockSize rows, seqKv = blockSize) read through a block table of
+// `batch` x `tableStride` entries.
 struct PasaProblem {
     uint32_t tilingKey = PASA_KEY_PASA_EXACT;
     uint32_t batch = 0, numHeads = 0, numKvHeads = 0;
@@ -30,11 +35,31 @@ struct PasaProblem {
     uint32_t outDtype = PASA_OUT_FP16;
     uint32_t inDtype = PASA_IN_FP16;
     uint32_t maskMode = PASA_MASK_NONE;
+    bool packed = false;
+    bool hasMask = false;            // an explicit bool mask (B or 1, S1, S2) of the masked keys
+    uint32_t maskRowStride = 0;      // elements between its rows (S2 or more)
+    uint64_t maskBatchStride = 0;    // elements between its batches; 0: one mask for every batch
+    bool paged = false;
+    uint32_t blockSize = 0, tableStride = 0, numBlocks = 0;
     double scale = 1.0;
     double beta = -1.0;      // pasa only; negative: the optimal beta from kDefaultBeta0
-    uint32_t qTile = 128;
+    uint32_t qTile = 128;    // q_block: rows a tile may hold
     uint32_t kvBlock = 128;
+    uint32_t kvSplits = 0;   // kv ranges per decode task; 0: chosen for the core count
     uint32_t coreNum = kDefaultCoreNum;
+};
+
+// Host arrays of `batch` int32 entries: each batch's valid query and key lengths, the band's
+// offsets (key j is visible to row i iff i - preTokens[b] <= j <= i + nextTokens[b]: next read with
+// PASA_MASK_CAUSAL and PASA_MASK_BAND, pre with PASA_MASK_BAND only) and, packed, the first row of
+// each batch on the query's and the key's S axis (may be null otherwise).
+struct BatchLengths {
+    const int32_t* qLens = nullptr;
+    const int32_t* kvLens = nullptr;
+    const int32_t* nextTokens = nullptr;
+    const int32_t* preTokens = nullptr;
+    const int32_t* qStarts = nullptr;
+    const int32_t* kvStarts = nullptr;
 };
 
 // Memory a configuration needs, per core, in bytes (for the budget report).
@@ -50,8 +75,10 @@ constexpr double kDefaultBeta0 = 1.0 - 1.0 / 64.0;
 // point of beta <- gamma_eff(beta) / (1 + gamma_eff(beta)) (pasa_npu.beta.optimal_beta).
 double OptimalBeta(double beta0, uint32_t n, double scale);
 
-// Fill the tiling; throws std::invalid_argument naming the parameter or the budget that fails.
-PasaTilingData ComputeTiling(const PasaProblem& problem, PasaBudget* budget = nullptr);
+// Fill the tiling for the lengths of `lengths` (null: every batch at seqQ x seqKv); throws
+// std::invalid_argument naming the parameter or the budget that fails.
+PasaTilingData ComputeTiling(const PasaProblem& problem, const BatchLengths* lengths = nullptr,
+                             PasaBudget* budget = nullptr);
 
 // Write M^T (= M, symmetric) for pasa, kvBlock x kvBlock fp16 bits, as the preprocessing kernel
 // reads it from workspace + shiftMatrixOffset: scale (1 - beta/n) on the diagonal, -scale beta/n off it.

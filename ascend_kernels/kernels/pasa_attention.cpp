@@ -9,18 +9,22 @@
 //                        cube pass per task, fp32 statistics, P' and P'V in fp16, O in fp32.
 //
 // Work split. A task is a tile of query rows (one head, or the heads of a kv group stacked when
-// the query is shorter than a tile) against the visible kv blocks of its kv head; tasks go round
-// robin over the AI Cores. The cube (pasa_attention_cube.h) computes score tiles a few blocks
+// the batch's query is shorter than a tile) against the visible kv blocks of its kv head; tasks go
+// round robin over the AI Cores. Decode tasks with long contexts are split into kv ranges. The cube (pasa_attention_cube.h) computes score tiles a few blocks
 // ahead of the P'V products; each vector core (pasa_attention_vector.h) owns half of a tile's
 // rows and works on them as whole tiles. They meet through per-core workspace slots and the
 // cross-core flags S_READY, P_READY and PV_READY.
+//
+// pasa_merge_splits (vector cores only): with split kv, the LSE merge of each task's splits
+// (pasa_merge.h), launched after the attention kernel.
 #include "pasa_attention_cube.h"
 #include "pasa_attention_vector.h"
+#include "pasa_merge.h"
 
 using namespace AscendC;
 
-extern "C" __global__ __aicore__ void pasa_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR qLens,
-                                                     GM_ADDR kvLens, GM_ADDR next, GM_ADDR out, GM_ADDR lse,
+extern "C" __global__ __aicore__ void pasa_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR mask,
+                                                     GM_ADDR blockTable, GM_ADDR keySlots, GM_ADDR out, GM_ADDR lse,
                                                      GM_ADDR workspace, GM_ADDR tiling)
 {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
@@ -29,22 +33,38 @@ extern "C" __global__ __aicore__ void pasa_attention(GM_ADDR query, GM_ADDR key,
     if ASCEND_IS_AIC {
         if (t.inDtype == PASA_IN_BF16) {
             pasa::AttentionCube<bfloat16_t> op;
-            op.Run(query, key, value, qLens, kvLens, next, workspace, t);
+            op.Run(query, key, value, blockTable, keySlots, workspace, tiling, t);
         } else {
             pasa::AttentionCube<half> op;
-            op.Run(query, key, value, qLens, kvLens, next, workspace, t);
+            op.Run(query, key, value, blockTable, keySlots, workspace, tiling, t);
         }
     }
     if ASCEND_IS_AIV {
         if (t.inDtype == PASA_IN_BF16) {
             pasa::AttentionVector<bfloat16_t, bfloat16_t> op;
-            op.Run(qLens, kvLens, next, out, lse, workspace, t);
+            op.Run(mask, out, lse, workspace, tiling, t);
         } else if (t.outDtype == PASA_OUT_BF16) {
             pasa::AttentionVector<bfloat16_t, half> op;
-            op.Run(qLens, kvLens, next, out, lse, workspace, t);
+            op.Run(mask, out, lse, workspace, tiling, t);
         } else {
             pasa::AttentionVector<half, half> op;
-            op.Run(qLens, kvLens, next, out, lse, workspace, t);
+            op.Run(mask, out, lse, workspace, tiling, t);
+        }
+    }
+}
+
+extern "C" __global__ __aicore__ void pasa_merge_splits(GM_ADDR out, GM_ADDR lse, GM_ADDR workspace, GM_ADDR tiling)
+{
+    KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
+    PasaTilingData t;
+    pasa::LoadTiling(tiling, t);
+    if ASCEND_IS_AIV {
+        if (t.outDtype == PASA_OUT_BF16) {
+            pasa::MergeSplits<bfloat16_t> op;
+            op.Run(out, lse, workspace, tiling, t);
+        } else {
+            pasa::MergeSplits<half> op;
+            op.Run(out, lse, workspace, tiling, t);
         }
     }
 }

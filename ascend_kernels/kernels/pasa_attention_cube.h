@@ -10,6 +10,14 @@
 // ping-pong pairs: the next operand loads while the current Mmad runs, and a Fixpipe drains one
 // L0C tile while the next Mmad fills the other.
 //
+// Keys and values come from the dense tensors (at the batch's start when packed) or, paged,
+// through the block table: a kv block is copied in runs that each stay inside one physical block.
+//
+// pasa with fuseShift (every kv block read by one task, e.g. decode): K'_j = M^T K_j is formed
+// here, as the preprocessing kernel forms it (M^T resident in L0A, fp32 accumulation), and the
+// Fixpipe rounds it to fp16 straight into L1 (NZ), where it is the score product's operand: K is
+// read from GM once and K' never goes to GM.
+//
 // pasa-exact: the row constants c_j = Q . mean16_j of up to PASA_CONST_BLOCKS blocks come from
 // one Mmad per chunk (C^T = Means Q^T, rows = blocks) into a per-core slot (a ring of
 // PASA_CONST_SLOTS: the cube may score that many chunks ahead), before the chunk's first score
@@ -25,17 +33,19 @@ namespace pasa {
 template <typename T>
 class AttentionCube {
 public:
-    __aicore__ inline void Run(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR qLens, GM_ADDR kvLens, GM_ADDR next,
-                               GM_ADDR workspace, const PasaTilingData& t)
+    __aicore__ inline void Run(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR blockTable, GM_ADDR keySlots,
+                               GM_ADDR workspace, GM_ADDR tiling, const PasaTilingData& t)
     {
         t_ = &t;
         key_ = t.tilingKey;
+        rawKeys_ = key_ == PASA_KEY_FA_FP32 || t.fuseShift;
         query_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(query));
         value_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(value));
-        keys_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(key_ == PASA_KEY_FA_FP32 ? key : workspace + t.keyPrimeOffset));
+        keys_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(rawKeys_ ? key : workspace + t.keyPrimeOffset));
         keyMean_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(workspace + t.keyMeanOffset));
         slots_.Init(workspace, t, static_cast<uint32_t>(GetBlockIdx()));
-        batches_.Init(qLens, kvLens, next, t.batch);
+        batches_.Init(tiling, t);
+        pages_.Init(blockTable, keySlots, t);
 
         pipe_.InitBuffer(queryL1_, 2, t.l1QueryBytes);
         pipe_.InitBuffer(keyL1_, 2, t.l1KeyBytes);
@@ -46,9 +56,11 @@ public:
         pipe_.InitBuffer(l0b_, 2, t.l0bBytes);
         pipe_.InitBuffer(l0c_, 2, t.l0cBytes);
         valueZz_ = 16ull * RowStride(t.kvLayout, t.numKvHeads, t.headDimV) <= 65535;
+        if (t.fuseShift) BeginShift(workspace);
 
         TaskWindow win(t, batches_, static_cast<uint32_t>(GetBlockIdx()));
         Stream(win);
+        if (t.fuseShift) EndShift();
     }
 
 private:
@@ -76,7 +88,7 @@ private:
                     if (queryQueued) LoadQuery(win.Get(next.task));  // the next task's Q, while this one runs
                 }
                 if (key_ == PASA_KEY_PASA_EXACT && score.block % PASA_CONST_BLOCKS == 0) RowConstants(task, q1, score.block);
-                Scores(task, q1, score.block);
+                Scores(task, q1, task.blockBegin + score.block);
                 if (score.block + 1 == task.numBlocks) queryL1_.FreeTensor(q1);
                 win.Advance(score);
                 if (++ahead <= PASA_LOOKAHEAD) continue;
@@ -84,7 +96,7 @@ private:
                 break;
             }
             NextBlock(win, pv);
-            Pv(win.Get(pv.task), pv.block);
+            Pv(win.Get(pv.task));
             win.Advance(pv);
             --ahead;
         }
@@ -100,11 +112,11 @@ private:
     __aicore__ inline void LoadQuery(const AttentionTask& task)
     {
         const PasaTilingData& t = *t_;
-        const uint32_t d = t.headDim;
+        const uint32_t d = t.headDim, row = static_cast<uint32_t>(task.info.qStart) + task.q0;
         LocalTensor<T> q1 = queryL1_.AllocTensor<T>();
         for (uint32_t h = 0; h < task.heads; ++h) {
-            DataCopy(q1[h * t.tilePositions * kC0],
-                     query_[RowOffset(t.qLayout, task.b, task.head0 + h, task.q0, t.numHeads, t.seqQ, d)],
+            DataCopy(q1[h * task.pitch * kC0],
+                     query_[RowOffset(t.qLayout, TensorBatch(t, task.b), task.head0 + h, row, t.numHeads, t.seqQ, d)],
                      Nd2NzParams(1, static_cast<uint16_t>(task.positions), static_cast<uint16_t>(d), 0,
                                  static_cast<uint16_t>(RowStride(t.qLayout, t.numHeads, d)),
                                  static_cast<uint16_t>(t.qTilePad), 1, 0));
@@ -150,16 +162,23 @@ private:
         }
     }
 
-    // pasa-exact: C^T (blocks x rows) = Means_chunk Q^T for the blocks [j0, j0 + PASA_CONST_BLOCKS).
-    __aicore__ inline void RowConstants(const AttentionTask& task, const LocalTensor<T>& q1, uint32_t j0)
+    // pasa-exact: C^T (blocks x rows) = Means_chunk Q^T for the task's blocks [i0, i0 + PASA_CONST_BLOCKS).
+    __aicore__ inline void RowConstants(const AttentionTask& task, const LocalTensor<T>& q1, uint32_t i0)
     {
         const PasaTilingData& t = *t_;
-        const uint32_t d = t.headDim;
-        const uint32_t blocks = Min(PASA_CONST_BLOCKS, task.numBlocks - j0), mb = Align16(blocks);
+        const uint32_t d = t.headDim, j0 = task.blockBegin + i0;
+        const uint32_t blocks = Min(PASA_CONST_BLOCKS, task.numBlocks - i0), mb = Align16(blocks);
         LocalTensor<T> m1 = meanL1_.AllocTensor<T>();
-        DataCopy(m1, keyMean_[KeyMeanOffset(t, task.b, task.kvHead, j0)],
-                 Nd2NzParams(1, static_cast<uint16_t>(blocks), static_cast<uint16_t>(d), 0, static_cast<uint16_t>(d),
-                             static_cast<uint16_t>(mb), 1, 0));
+        if (!t.paged) {  // the blocks' means are consecutive rows
+            DataCopy(m1, keyMean_[KeyMeanOffset(t, KeyPrimeSlot(t, pages_, task.b, task.kvHead, j0, task.info.kvLen))],
+                     Nd2NzParams(1, static_cast<uint16_t>(blocks), static_cast<uint16_t>(d), 0, static_cast<uint16_t>(d),
+                                 static_cast<uint16_t>(mb), 1, 0));
+        } else {
+            for (uint32_t i = 0; i < blocks; ++i) {
+                DataCopy(m1[i * kC0], keyMean_[KeyMeanOffset(t, KeyPrimeSlot(t, pages_, task.b, task.kvHead, j0 + i, task.info.kvLen))],
+                         Nd2NzParams(1, 1, static_cast<uint16_t>(d), 0, static_cast<uint16_t>(d), static_cast<uint16_t>(mb), 1, 0));
+            }
+        }
         meanL1_.EnQue(m1);
         m1 = meanL1_.DeQue<T>();
         LocalTensor<T> a2 = ToL0a(m1, mb / kC0, d / kC0, mb);
@@ -186,19 +205,60 @@ private:
         l0c_.EnQue(c);
     }
 
+    // Rows [0, valid) of kv block j of `src` (K or V, row length dim) -> L1, NZ with C0 stride
+    // kvBlock (or, zz, 16-row blocks with their column fractals together), one copy per run of
+    // rows inside one physical block. Rows past `valid` are left as they are.
+    __aicore__ inline void CopyRows(const LocalTensor<T>& l1, const GlobalTensor<T>& src, const AttentionTask& task,
+                                    uint32_t j, uint32_t valid, uint32_t dim, bool zz)
+    {
+        const PasaTilingData& t = *t_;
+        const uint32_t n = t.kvBlock, stride = RowStride(t.kvLayout, t.numKvHeads, dim);
+        for (uint32_t r = 0; r < valid;) {
+            const int64_t pos = static_cast<int64_t>(j) * n + r;
+            const uint32_t run = RunLength(t, pos, valid - r);
+            const uint64_t at = KvRowOffset(t, pages_, task.b, task.kvHead, task.info.kvStart, pos, dim);
+            if (!zz) {
+                DataCopy(l1[r * kC0], src[at], Nd2NzParams(1, static_cast<uint16_t>(run), static_cast<uint16_t>(dim), 0,
+                                                           static_cast<uint16_t>(stride), static_cast<uint16_t>(n), 1, 0));
+            } else {  // r is a multiple of 16: whole 16-row blocks, then the run's tail
+                const uint32_t full = run / kC0, tail = run % kC0, block = (dim / kC0) * kFractal;
+                if (full > 0) {
+                    DataCopy(l1[(r / kC0) * block], src[at],
+                             Nd2NzParams(static_cast<uint16_t>(full), kC0, static_cast<uint16_t>(dim),
+                                         static_cast<uint16_t>(kC0 * stride), static_cast<uint16_t>(stride), kC0, 1,
+                                         static_cast<uint16_t>(block)));
+                }
+                if (tail > 0) {
+                    DataCopy(l1[(r / kC0 + full) * block], src[at + static_cast<uint64_t>(full) * kC0 * stride],
+                             Nd2NzParams(1, static_cast<uint16_t>(tail), static_cast<uint16_t>(dim), 0,
+                                         static_cast<uint16_t>(stride), kC0, 1, 0));
+                }
+            }
+            r += run;
+        }
+    }
+
+    // Zero rows [valid, kvBlock) of an NZ tile with C0 stride kvBlock (dim columns).
+    __aicore__ inline void ZeroRowsNz(const LocalTensor<T>& l1, uint32_t valid, uint32_t dim)
+    {
+        const uint32_t n = t_->kvBlock;
+        if (valid >= n) return;
+        Fill(l1[valid * kC0], InitConstValueParams<T>(static_cast<uint16_t>(dim / kC0), static_cast<uint16_t>(n - valid),
+                                                      static_cast<uint16_t>(valid), T(0.0f)));
+    }
+
     // S'_j = Q K'_j^T (fa-fp32: Q K_j^T) to score slot s; V_j into the L1 ring for later.
     __aicore__ inline void Scores(const AttentionTask& task, const LocalTensor<T>& q1, uint32_t j)
     {
         const PasaTilingData& t = *t_;
         const uint32_t n = t.kvBlock, d = t.headDim, mp = Rows16(task), valid = ValidKeys(task, j);
         LocalTensor<T> k1 = keyL1_.AllocTensor<T>();
-        if (key_ == PASA_KEY_FA_FP32) {
-            // raw keys; rows past kv_len stay stale: their scores are masked
-            DataCopy(k1, keys_[RowOffset(t.kvLayout, task.b, task.kvHead, j * n, t.numKvHeads, t.seqKv, d)],
-                     Nd2NzParams(1, static_cast<uint16_t>(valid), static_cast<uint16_t>(d), 0,
-                                 static_cast<uint16_t>(RowStride(t.kvLayout, t.numKvHeads, d)), static_cast<uint16_t>(n), 1, 0));
+        if (rawKeys_) {
+            // fa-fp32: rows past kv_len stay stale (their scores are masked); the shift needs them zero
+            if (t.fuseShift) ZeroRowsNz(k1, valid, d);
+            CopyRows(k1, keys_, task, j, valid, d, false);
         } else {
-            DataCopy(k1, keys_[KeyPrimeOffset(t, task.b, task.kvHead, j)],
+            DataCopy(k1, keys_[KeyPrimeOffset(t, KeyPrimeSlot(t, pages_, task.b, task.kvHead, j, task.info.kvLen))],
                      Nd2NzParams(1, static_cast<uint16_t>(n), static_cast<uint16_t>(d), 0, static_cast<uint16_t>(d),
                                  static_cast<uint16_t>(n), 1, 0));
         }
@@ -206,12 +266,21 @@ private:
         LoadValue(v1, task, j, valid);
         keyL1_.EnQue(k1);
         valueL1_.EnQue(v1);
-        LocalTensor<T> a2 = ToL0a(q1, mp / kC0, d / kC0, t.qTilePad);
         k1 = keyL1_.DeQue<T>();
+        LocalTensor<T> kp = k1;
+        if (t.fuseShift) {
+            kp = ShiftKeys(k1);
+            keyL1_.FreeTensor(k1);
+        }
+        LocalTensor<T> a2 = ToL0a(q1, mp / kC0, d / kC0, t.qTilePad);
         LocalTensor<T> b2 = l0b_.AllocTensor<T>();
-        ToL0bRows(b2, k1, (d / kC0) * (n / kC0));
+        ToL0bRows(b2, kp, (d / kC0) * (n / kC0));
         l0b_.EnQue(b2);
-        keyL1_.FreeTensor(k1);
+        if (t.fuseShift) {
+            SetFlag<HardEvent::MTE1_FIX>(primeFree_[primeCount_++ % 2]);
+        } else {
+            keyL1_.FreeTensor(k1);
+        }
         Multiply(a2, b2, task.rows, n, d);
         LocalTensor<float> c = l0c_.DeQue<float>();
         DrainTile(slots_.score + (scoreCount_++ % PASA_SCORE_SLOTS) * t.scoreSlotBytes, c, n, task.rows, mp);
@@ -219,14 +288,85 @@ private:
         CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_S_READY);
     }
 
-    // V_j (valid rows; the rest zero: their P' entries are 0, but 0 * stale could be NaN) -> L1,
-    // laid out Zz (16-row blocks, each block's column fractals together) when the source row
-    // stride allows one copy, NZ otherwise.
-    __aicore__ inline void LoadValue(const LocalTensor<T>& v1, const AttentionTask& task, uint32_t j, uint32_t valid)
+    // fuseShift: M^T (built by the host in the workspace) -> L1 -> L0A, resident for the launch;
+    // the ping-pong K' buffers in L1 start free.
+    __aicore__ inline void BeginShift(GM_ADDR workspace)
     {
         const PasaTilingData& t = *t_;
-        const uint32_t n = t.kvBlock, dv = t.headDimV, stride = RowStride(t.kvLayout, t.numKvHeads, dv);
-        const uint64_t src = RowOffset(t.kvLayout, task.b, task.kvHead, j * n, t.numKvHeads, t.seqKv, dv);
+        const uint32_t n = t.kvBlock;
+        pipe_.InitBuffer(shiftL1_, 1, n * n * sizeof(T));
+        pipe_.InitBuffer(shiftL0a_, t.shiftL0aBytes);
+        pipe_.InitBuffer(shiftL0c_, 1, t.shiftL0cBytes);
+        pipe_.InitBuffer(primeL1_, 2 * t.l1KeyBytes);
+        GlobalTensor<T> shift;
+        shift.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(workspace + t.shiftMatrixOffset), n * n);
+        LocalTensor<T> m1 = shiftL1_.AllocTensor<T>();
+        DataCopy(m1, shift, Nd2NzParams(1, static_cast<uint16_t>(n), static_cast<uint16_t>(n), 0, static_cast<uint16_t>(n),
+                                        static_cast<uint16_t>(n), 1, 0));
+        shiftL1_.EnQue(m1);
+        m1 = shiftL1_.DeQue<T>();
+        LocalTensor<T> m2 = shiftL0a_.Get<T>();
+        for (uint32_t mb = 0; mb < n / kC0; ++mb) {
+            LoadData(m2[mb * (n / kC0) * kFractal], m1[mb * kFractal],
+                     LoadData2DParams(0, static_cast<uint8_t>(n / kC0), static_cast<uint16_t>(n / kC0), 0, 0, false, 0));
+        }
+        shiftL1_.FreeTensor(m1);
+        const TEventID loaded = pipe_.AllocEventID<HardEvent::MTE1_M>();
+        SetFlag<HardEvent::MTE1_M>(loaded);
+        WaitFlag<HardEvent::MTE1_M>(loaded);
+        pipe_.ReleaseEventID<HardEvent::MTE1_M>(loaded);
+        for (uint32_t i = 0; i < 2; ++i) {
+            primeFree_[i] = pipe_.AllocEventID<HardEvent::MTE1_FIX>();
+            primeReady_[i] = pipe_.AllocEventID<HardEvent::FIX_MTE1>();
+            SetFlag<HardEvent::MTE1_FIX>(primeFree_[i]);
+        }
+    }
+    __aicore__ inline void EndShift()
+    {
+        for (uint32_t i = 0; i < 2; ++i) {
+            WaitFlag<HardEvent::MTE1_FIX>(primeFree_[i]);
+            pipe_.ReleaseEventID<HardEvent::MTE1_FIX>(primeFree_[i]);
+            pipe_.ReleaseEventID<HardEvent::FIX_MTE1>(primeReady_[i]);
+        }
+    }
+
+    // fuseShift: K'_j = fp16(M^T K_j) from the raw block in L1 (NZ, rows past kv_len zero) into the
+    // next K' buffer (NZ, C0 stride kvBlock), ready for MTE1 when this returns. The caller sets
+    // MTE1_FIX on the buffer once it has loaded it.
+    __aicore__ inline LocalTensor<T> ShiftKeys(const LocalTensor<T>& k1)
+    {
+        const PasaTilingData& t = *t_;
+        const uint32_t n = t.kvBlock, d = t.headDim, kBlocks = n / kC0, nBlocks = d / kC0;
+        LocalTensor<T> kb = l0b_.AllocTensor<T>();
+        for (uint32_t kb0 = 0; kb0 < kBlocks; ++kb0) {  // each fractal transposed: the Zn operand of a k = n GEMM
+            LoadData(kb[kb0 * nBlocks * kFractal], k1[kb0 * kFractal],
+                     LoadData2DParams(0, static_cast<uint8_t>(nBlocks), static_cast<uint16_t>(kBlocks), 0, 0, true, 0));
+        }
+        l0b_.EnQue(kb);
+        kb = l0b_.DeQue<T>();
+        LocalTensor<float> c = shiftL0c_.AllocTensor<float>();
+        Mmad(c, shiftL0a_.Get<T>(), kb, MmadParams(static_cast<uint16_t>(n), static_cast<uint16_t>(d), static_cast<uint16_t>(n),
+                                                   0, false, true));
+        l0b_.FreeTensor(kb);
+        shiftL0c_.EnQue(c);
+        c = shiftL0c_.DeQue<float>();
+        const uint32_t buffer = primeCount_ % 2;
+        LocalTensor<T> kp = primeL1_.Get<T>()[buffer * (t.l1KeyBytes / sizeof(T))];
+        WaitFlag<HardEvent::MTE1_FIX>(primeFree_[buffer]);
+        Fixpipe<T, float, CFG_NZ>(kp, c, FixpipeParamsV220(static_cast<uint16_t>(d), static_cast<uint16_t>(n),
+                                                            static_cast<uint16_t>(n), n, false, QuantMode_t::F322F16, 0, 1, 0, 0, 0));
+        shiftL0c_.FreeTensor(c);
+        SetFlag<HardEvent::FIX_MTE1>(primeReady_[buffer]);
+        WaitFlag<HardEvent::FIX_MTE1>(primeReady_[buffer]);
+        return kp;
+    }
+
+    // V_j (valid rows; the rest zero: their P' entries are 0, but 0 * stale could be NaN) -> L1,
+    // laid out Zz (16-row blocks, each block's column fractals together) when the source row
+    // stride allows one copy per run, NZ otherwise.
+    __aicore__ inline void LoadValue(const LocalTensor<T>& v1, const AttentionTask& task, uint32_t j, uint32_t valid)
+    {
+        const uint32_t n = t_->kvBlock, dv = t_->headDimV;
         if (valueZz_) {
             const uint32_t full = valid / kC0, tail = valid % kC0;
             if (valid < n) {  // rows valid .. n of the Zz layout: the tail of one 16-row block, then whole blocks
@@ -241,28 +381,14 @@ private:
                          InitConstValueParams<T>(1, static_cast<uint16_t>((n / kC0 - zeroFrom) * (dv / kC0) * kC0), 0, T(0.0f)));
                 }
             }
-            if (full > 0) {
-                DataCopy(v1, value_[src], Nd2NzParams(static_cast<uint16_t>(full), kC0, static_cast<uint16_t>(dv),
-                                                      static_cast<uint16_t>(kC0 * stride), static_cast<uint16_t>(stride),
-                                                      kC0, 1, static_cast<uint16_t>((dv / kC0) * kFractal)));
-            }
-            if (tail > 0) {
-                DataCopy(v1[full * (dv / kC0) * kFractal], value_[src + static_cast<uint64_t>(full) * kC0 * stride],
-                         Nd2NzParams(1, static_cast<uint16_t>(tail), static_cast<uint16_t>(dv), 0,
-                                     static_cast<uint16_t>(stride), kC0, 1, 0));
-            }
         } else {
-            if (valid < n) {
-                Fill(v1[valid * kC0], InitConstValueParams<T>(static_cast<uint16_t>(dv / kC0), static_cast<uint16_t>(n - valid),
-                                                              static_cast<uint16_t>(valid), T(0.0f)));
-            }
-            DataCopy(v1, value_[src], Nd2NzParams(1, static_cast<uint16_t>(valid), static_cast<uint16_t>(dv), 0,
-                                                  static_cast<uint16_t>(stride), static_cast<uint16_t>(n), 1, 0));
+            ZeroRowsNz(v1, valid, dv);
         }
+        CopyRows(v1, value_, task, j, valid, dv, valueZz_);
     }
 
     // P'_j V_j to a P'V slot, once both AIVs wrote P'_j.
-    __aicore__ inline void Pv(const AttentionTask& task, uint32_t j)
+    __aicore__ inline void Pv(const AttentionTask& task)
     {
         const PasaTilingData& t = *t_;
         const uint32_t n = t.kvBlock, dv = t.headDimV, mp = Rows16(task);
@@ -301,18 +427,22 @@ private:
 
     const PasaTilingData* t_ = nullptr;
     uint32_t key_ = 0;
-    bool valueZz_ = true;
-    uint32_t scoreCount_ = 0, probCount_ = 0, pvCount_ = 0, constCount_ = 0;  // slot rings, continued across tasks
+    bool valueZz_ = true, rawKeys_ = false;
+    uint32_t scoreCount_ = 0, probCount_ = 0, pvCount_ = 0, constCount_ = 0, primeCount_ = 0;  // rings, across tasks
+    TEventID primeFree_[2] = {0, 0}, primeReady_[2] = {0, 0};
     TPipe pipe_;
-    TQue<TPosition::A1, 1> queryL1_, probL1_, meanL1_;
+    TQue<TPosition::A1, 1> queryL1_, probL1_, meanL1_, shiftL1_;
     TQue<TPosition::B1, 1> keyL1_;
     TQue<TPosition::B1, PASA_VALUE_BUFFERS> valueL1_;
+    TBuf<TPosition::B1> primeL1_;
     TQue<TPosition::A2, 1> l0a_;
+    TBuf<TPosition::A2> shiftL0a_;
     TQue<TPosition::B2, 1> l0b_;
-    TQue<TPosition::CO1, 1> l0c_;
+    TQue<TPosition::CO1, 1> l0c_, shiftL0c_;
     GlobalTensor<T> query_, keys_, value_, keyMean_;
     CoreSlots slots_;
     BatchTable batches_;
+    KvPages pages_;
 };
 
 }  // namespace pasa

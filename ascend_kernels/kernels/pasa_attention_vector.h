@@ -8,36 +8,50 @@
 // PASA_PV_DELAY blocks later fold P'_j V_j into the accumulator with the rescale factors kept
 // for block j. Like the cube, the AIV walks its tasks as one stream of blocks: the first blocks
 // of a task are processed while the last P'V products of the previous one are still on their
-// way, so the statistics come in two sets (by task parity) and a task's first fold writes O. The numerics are fallback/torch_blockwise.py's step by step (docs/
-// design.md, "Precision allocations"); only the order of the fp32 row sums differs (a tree).
+// way, so the statistics come in two sets (by task parity) and a task's first fold writes O. The
+// numerics are fallback/torch_blockwise.py's step by step (docs/design.md, "Precision
+// allocations"); only the order of the fp32 row sums differs (a tree).
+//
+// Masks. A block that is not visible in full to every row gets a bit tile of its visible keys,
+// built from whole-tile compares: the band's bounds against c - rel (c the column, rel the row's
+// position in its head's run), the kv length against c, and an explicit mask's bytes (copied in
+// with the scores) against 0. A row that sees no key of a block keeps its state: the fp32
+// allocations by their finite sentinels, pasa by a select on its local row sum.
 //
 // Finite sentinels stand where the reference has -inf: masked fp32 scores read -3e38 and a row
 // starts from a maximum of -1e38 (so exp(masked - max) is exactly 0 and a row without visible
 // keys keeps its state exactly); pasa's fp16 statistics start from -65504 and masked S' entries
 // read -65504 for the row maximum, their P' entries are set to 0. Only the LSE of a row that
-// never saw a key is written as -inf.
+// never saw a key (its l is 0) is written as -inf.
+//
+// Split kv: a task's split writes its rows' O / l and LSE (finite, -3e38 for a row that saw
+// nothing) to its partial slot; the merge kernel (pasa_merge.h) combines the splits.
 #ifndef PASA_ATTENTION_VECTOR_H
 #define PASA_ATTENTION_VECTOR_H
 
+#include "pasa_store.h"
 #include "pasa_vector_ops.h"
 
 namespace pasa {
 
-constexpr float kMaskedScore = -3.0e38f;   // fp32 masked score
+constexpr float kMaskedScore = -3.0e38f;   // fp32 masked score; a split's LSE of a row that saw nothing
 constexpr float kInitialMax = -1.0e38f;    // fp32 running maximum before the first key
 constexpr float kFp16Lowest = -65504.0f;   // fp16 masked S' (row maximum only) and pasa's initial m
 
 // Slots of the statistics buffer, in units of vecRowsPad fp32 (see PASA_VEC_STAT_UNITS). The
-// running statistics exist per task parity and per block parity (block j reads set j % 2 and
-// writes set (j + 1) % 2).
+// running statistics exist per task parity and per block parity (block i of a task reads set
+// i % 2 and writes set (i + 1) % 2).
 enum StatSlot : uint32_t {
     SETS = 0,                       // pasa: 8 fp16 vectors per set, [m | mloc | F | mean | l | lloc | n | pad],
                                     // set (task parity, block parity) at 4 (2 tp + bp);
     M32 = 0, L32 = 4,               // fa-fp32, pasa-exact: m at 2 tp + bp, l at 4 + 2 tp + bp
     T0 = 16, T1 = 17, T2 = 18, T3 = 19,
     RING = 20,                      // rescale factors of the last PASA_PV_DELAY + 1 blocks
-    CONST = 24, SHIFT = 25, ROWMAX = 26, ROWSUM = 27, ONEZERO = 28, REL8 = 29, LSE = 33, FIN0 = 34, FIN1 = 35,
-    STAT_SLOTS = 36
+    CONST = 24, SHIFT = 25, ROWMAX = 26, ROWSUM = 27,
+    ONEZERO = 28,                   // fp16 [1 | 0], R_ each
+    REL = 29,                       // fp16 rel(r): the row's position within its head's run
+    REP = 30,                       // fp16 scratch for eight copies of a row vector (4 units)
+    LSE = 34, FIN0 = 35, FIN1 = 36, STAT_SLOTS = 37
 };
 static_assert(STAT_SLOTS <= PASA_VEC_STAT_UNITS, "the host sizes the statistics buffer");
 static_assert(PASA_PV_DELAY + 1 <= CONST - RING, "one ring slot per block in flight");
@@ -51,7 +65,7 @@ enum PasaStat : uint32_t { P_M = 0, P_MLOC, P_F, P_MEAN, P_L, P_LLOC, P_N, P_COU
 template <typename OutT, typename InT>
 class AttentionVector {
 public:
-    __aicore__ inline void Run(GM_ADDR qLens, GM_ADDR kvLens, GM_ADDR next, GM_ADDR out, GM_ADDR lse, GM_ADDR workspace,
+    __aicore__ inline void Run(GM_ADDR mask, GM_ADDR out, GM_ADDR lse, GM_ADDR workspace, GM_ADDR tiling,
                                const PasaTilingData& t)
     {
         t_ = &t;
@@ -59,20 +73,23 @@ public:
         sub_ = static_cast<uint32_t>(GetSubBlockIdx());
         rowBase_ = sub_ == 0 ? 0 : t.vecRows;
         R_ = t.vecRowsPad;
+        workspace_ = workspace;
         out_.SetGlobalBuffer(reinterpret_cast<__gm__ OutT*>(out));
         lse_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(lse));
+        if (t.hasMask) mask_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(mask));
         slots_.Init(workspace, t, static_cast<uint32_t>(GetBlockIdx()) / 2);
-        batches_.Init(qLens, kvLens, next, t.batch);
+        batches_.Init(tiling, t);
         pipe_.InitBuffer(scoreIn_, t.ubScoreBuffers, t.ubScoreBytes);
         pipe_.InitBuffer(probOut_, t.ubProbBuffers, t.ubProbBytes);
         pipe_.InitBuffer(pvIn_, t.ubPvBuffers, t.ubPvBytes);
         pipe_.InitBuffer(constIn_, 2, R_ * sizeof(float));
+        if (t.hasMask) pipe_.InitBuffer(maskIn_, 1, t.ubMaskTileBytes);
         pipe_.InitBuffer(acc_, t.ubAccBytes);
         pipe_.InitBuffer(work_, t.ubWorkBytes);
         pipe_.InitBuffer(tree_, t.ubTreeBytes);
-        pipe_.InitBuffer(mask_, t.ubMaskBytes);
+        pipe_.InitBuffer(masks_, t.ubMaskBytes);
         pipe_.InitBuffer(stat_, t.ubStatBytes);
-        BuildMaskRows();
+        BuildConstants();
 
         TaskWindow win(t, batches_, static_cast<uint32_t>(GetBlockIdx()) / 2);
         Stream(win);
@@ -131,21 +148,26 @@ private:
     }
 
     // pasa_vector_steps.h
-    __aicore__ inline void BuildMaskRows();
+    __aicore__ inline void BuildConstants();
+    __aicore__ inline void BuildRel(uint32_t pitch);
+    __aicore__ inline void LoadMaskTile(uint32_t j);
     __aicore__ inline void InitState();
-    __aicore__ inline bool MaskBlock(uint32_t j, bool& rowsWithoutKeys, int64_t& delta);
+    __aicore__ inline bool MaskBlock(uint32_t j, const LocalTensor<uint8_t>& maskTile, bool& rowsWithoutKeys);
     // The steps take P' from probOut_ just before they write it (its previous copy out may still run).
-    __aicore__ inline void Step(uint32_t j, const LocalTensor<float>& s, const LocalTensor<float>& c, LocalTensor<half>& p);
-    __aicore__ inline void Step(uint32_t j, const LocalTensor<float>& s, const LocalTensor<float>& c,
-                                LocalTensor<bfloat16_t>& p);
+    __aicore__ inline void Step(uint32_t i, uint32_t j, const LocalTensor<float>& s, const LocalTensor<float>& c,
+                                const LocalTensor<uint8_t>& maskTile, LocalTensor<half>& p);
+    __aicore__ inline void Step(uint32_t i, uint32_t j, const LocalTensor<float>& s, const LocalTensor<float>& c,
+                                const LocalTensor<uint8_t>& maskTile, LocalTensor<bfloat16_t>& p);
     template <typename P>
-    __aicore__ inline void StepFa(uint32_t j, const LocalTensor<float>& s, LocalTensor<P>& p);
-    __aicore__ inline void StepPasa(uint32_t j, const LocalTensor<half>& s, LocalTensor<half>& p);
-    __aicore__ inline void StepExact(uint32_t j, const LocalTensor<half>& s, const LocalTensor<float>& c,
-                                     LocalTensor<half>& p);
-    __aicore__ inline void Fold(uint32_t j, const LocalTensor<float>& pv);
+    __aicore__ inline void StepFa(uint32_t i, uint32_t j, const LocalTensor<float>& s, const LocalTensor<uint8_t>& maskTile,
+                                  LocalTensor<P>& p);
+    __aicore__ inline void StepPasa(uint32_t i, uint32_t j, const LocalTensor<half>& s, const LocalTensor<uint8_t>& maskTile,
+                                    LocalTensor<half>& p);
+    __aicore__ inline void StepExact(uint32_t i, uint32_t j, const LocalTensor<half>& s, const LocalTensor<float>& c,
+                                     const LocalTensor<uint8_t>& maskTile, LocalTensor<half>& p);
+    __aicore__ inline void Fold(uint32_t i, const LocalTensor<float>& pv);
     __aicore__ inline void Finish();
-    __aicore__ inline void StoreRows(const LocalTensor<OutT>& o, const LocalTensor<float>& lse);
+    __aicore__ inline void SeenRows(const LocalTensor<float>& l);
 
     // ---------------------------------------------------------------- layout of the scratch
     __aicore__ inline LocalTensor<float> Stat(uint32_t slot) { return stat_.Get<float>()[slot * R_]; }
@@ -156,8 +178,9 @@ private:
     }
     __aicore__ inline LocalTensor<float> M(uint32_t parity) { return Stat(M32 + 2 * tp_ + parity); }
     __aicore__ inline LocalTensor<float> L(uint32_t parity) { return Stat(L32 + 2 * tp_ + parity); }
-    // mask_: the column index row (c = 0 .. n-1), rel broadcast one block a row, two bit tiles, row bits
-    __aicore__ inline LocalTensor<half> ColumnRow() { return mask_.Get<half>(); }
+    __aicore__ inline LocalTensor<half> Zeros16() { return Stat16(ONEZERO)[R_]; }  // R_ >= 16 zeros
+    // masks_: the column index row (c = 0 .. n-1), rel broadcast one block a row, two bit tiles, row bits
+    __aicore__ inline LocalTensor<half> ColumnRow() { return masks_.Get<half>(); }
     __aicore__ inline LocalTensor<half> RelBroadcast() { return ColumnRow()[Align16(t_->kvBlock)]; }
     __aicore__ inline LocalTensor<uint8_t> Bits(uint32_t i)
     {
@@ -167,11 +190,13 @@ private:
     __aicore__ inline LocalTensor<uint8_t> RowBits() { return Bits(2); }
     __aicore__ inline static uint32_t Align32(uint32_t v) { return (v + 31) / 32 * 32; }
 
-    // ---------------------------------------------------------------- block j: S'_j in, P'_j out
-    __aicore__ inline void Softmax(uint32_t j)
+    // ---------------------------------------------------------------- block i of a task (kv block j): S'_j in, P'_j out
+    __aicore__ inline void Softmax(uint32_t i)
     {
         const PasaTilingData& t = *t_;
-        const uint32_t n = t.kvBlock;
+        const uint32_t n = t.kvBlock, j = task_->blockBegin + i;
+        const bool maskTile = t.hasMask;
+        if (maskTile) LoadMaskTile(j);  // independent of the cube: issued before the wait
         CrossCoreWaitFlag(PASA_FLAG_S_READY);
         const uint32_t slot = scoreCount_++ % PASA_SCORE_SLOTS;
         LocalTensor<float> s = scoreIn_.AllocTensor<float>();
@@ -190,18 +215,21 @@ private:
         LocalTensor<float> c = constIn_.AllocTensor<float>();
         if (key_ == PASA_KEY_PASA_EXACT && rows_ > 0) {
             GlobalTensor<float> g;
-            if (j % PASA_CONST_BLOCKS == 0) ++constCount_;
+            if (i % PASA_CONST_BLOCKS == 0) ++constCount_;
             g.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(slots_.rowConst + ((constCount_ - 1) % PASA_CONST_SLOTS) * t.constSlotBytes));
-            DataCopyPad(c, g[(j % PASA_CONST_BLOCKS) * t.qTilePad + rowBase_], DataCopyExtParams(1, rows_ * 4, 0, 0, 0),
+            DataCopyPad(c, g[(i % PASA_CONST_BLOCKS) * t.qTilePad + rowBase_], DataCopyExtParams(1, rows_ * 4, 0, 0, 0),
                         DataCopyPadExtParams<float>(false, 0, 0, 0.0f));
         }
         constIn_.EnQue(c);
         s = scoreIn_.DeQue<float>();
         c = constIn_.DeQue<float>();
+        LocalTensor<uint8_t> m;
+        if (maskTile) m = maskIn_.DeQue<uint8_t>();
         LocalTensor<InT> p;
-        Step(j, s, c, p);
+        Step(i, j, s, c, m, p);
         scoreIn_.FreeTensor(s);
         constIn_.FreeTensor(c);
+        if (maskTile) maskIn_.FreeTensor(m);
         probOut_.EnQue(p);
         p = probOut_.template DeQue<InT>();
         if (rows_ > 0) {
@@ -215,8 +243,8 @@ private:
         CrossCoreSetFlag<2, PIPE_MTE3>(PASA_FLAG_P_READY);
     }
 
-    // ---------------------------------------------------------------- O update with P'_j V_j
-    __aicore__ inline void UpdateOutput(uint32_t j)
+    // ---------------------------------------------------------------- O update with P'V of block i of the task
+    __aicore__ inline void UpdateOutput(uint32_t i)
     {
         const PasaTilingData& t = *t_;
         const uint32_t dv = t.headDimV;
@@ -236,20 +264,22 @@ private:
         }
         pvIn_.EnQue(pv);
         pv = pvIn_.DeQue<float>();
-        Fold(j, pv);
+        Fold(i, pv);
         pvIn_.FreeTensor(pv);
     }
 
     const PasaTilingData* t_ = nullptr;
     const AttentionTask* task_ = nullptr;
-    uint32_t key_ = 0, sub_ = 0, rowBase_ = 0, rows_ = 0, R_ = 16, tp_ = 0;
+    uint32_t key_ = 0, sub_ = 0, rowBase_ = 0, rows_ = 0, R_ = 16, tp_ = 0, relPitch_ = 0;
     uint32_t scoreCount_ = 0, probCount_ = 0, pvCount_ = 0, constCount_ = 0;  // slot rings, continued across tasks
+    GM_ADDR workspace_ = nullptr;
     TPipe pipe_;
-    TQue<TPosition::VECIN, 1> scoreIn_, pvIn_, constIn_;
+    TQue<TPosition::VECIN, 1> scoreIn_, pvIn_, constIn_, maskIn_;
     TQue<TPosition::VECOUT, 1> probOut_;
-    TBuf<TPosition::VECCALC> acc_, work_, tree_, mask_, stat_;
+    TBuf<TPosition::VECCALC> acc_, work_, tree_, masks_, stat_;
     GlobalTensor<OutT> out_;
     GlobalTensor<float> lse_;
+    GlobalTensor<uint8_t> mask_;
     CoreSlots slots_;
     BatchTable batches_;
 };

@@ -13,16 +13,18 @@
 //   not have.
 //
 // A ragged last block (kv_len not a multiple of the block) is zero-filled in L1: the
-// shifting matrix and the column sums run over all n rows, padded ones included.
+// shifting matrix and the column sums run over all n rows, padded ones included. With paged KV
+// each physical block is preprocessed once, by the table entry that owns it (KeyBlockIter).
 #include "pasa_kernel_common.h"
 
 using namespace AscendC;
 
 namespace pasa {
 
-// Load a block of keys (validRows x D, rest zero) into L1 in NZ layout with C0 stride kvBlock.
+// Load a block of keys (validRows x D, rest zero) into L1 in NZ layout with C0 stride kvBlock. A
+// paged block lies in one physical block (kvBlock divides blockSize).
 __aicore__ inline void LoadKeyBlockNz(const LocalTensor<half>& l1, const GlobalTensor<half>& key, const PasaTilingData& t,
-                                      const KeyBlockTask& task)
+                                      const KvPages& pages, const KeyBlockTask& task)
 {
     const uint32_t n = t.kvBlock, d = t.headDim;
     if (task.validRows < n) {
@@ -30,7 +32,7 @@ __aicore__ inline void LoadKeyBlockNz(const LocalTensor<half>& l1, const GlobalT
              InitConstValueParams<half>(static_cast<uint16_t>(d / kC0), static_cast<uint16_t>(n - task.validRows),
                                         static_cast<uint16_t>(task.validRows), half(0.0f)));
     }
-    const uint64_t src = RowOffset(t.kvLayout, task.b, task.kvHead, task.block * n, t.numKvHeads, t.seqKv, d);
+    const uint64_t src = KvRowOffset(t, pages, task.b, task.kvHead, task.kvStart, static_cast<int64_t>(task.block) * n, d);
     DataCopy(l1, key[src],
              Nd2NzParams(1, static_cast<uint16_t>(task.validRows), static_cast<uint16_t>(d), 0,
                          static_cast<uint16_t>(RowStride(t.kvLayout, t.numKvHeads, d)), static_cast<uint16_t>(n), 1, 0));
@@ -49,10 +51,10 @@ __aicore__ inline void KeyBlockToL0b(const LocalTensor<half>& l0b, const LocalTe
 // One key block GM -> L1 (NZ) -> L0B, through the two queues; the caller frees the result.
 template <typename L1Queue, typename L0bQueue>
 __aicore__ inline LocalTensor<half> StageKeyBlock(L1Queue& l1, L0bQueue& l0b, const GlobalTensor<half>& key,
-                                                  const PasaTilingData& t, const KeyBlockTask& task)
+                                                  const PasaTilingData& t, const KvPages& pages, const KeyBlockTask& task)
 {
     LocalTensor<half> k1 = l1.template AllocTensor<half>();
-    LoadKeyBlockNz(k1, key, t, task);
+    LoadKeyBlockNz(k1, key, t, pages, task);
     l1.EnQue(k1);
     k1 = l1.template DeQue<half>();
     LocalTensor<half> k2 = l0b.template AllocTensor<half>();
@@ -65,14 +67,15 @@ __aicore__ inline LocalTensor<half> StageKeyBlock(L1Queue& l1, L0bQueue& l0b, co
 // ----------------------------------------------------------------------------- pasa
 class ShiftKeysCube {
 public:
-    __aicore__ inline void Run(GM_ADDR key, GM_ADDR qLens, GM_ADDR kvLens, GM_ADDR next, GM_ADDR workspace,
+    __aicore__ inline void Run(GM_ADDR key, GM_ADDR blockTable, GM_ADDR keySlots, GM_ADDR workspace, GM_ADDR tiling,
                                const PasaTilingData& t)
     {
         const uint32_t n = t.kvBlock, d = t.headDim;
         key_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(key));
         shift_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.shiftMatrixOffset), n * n);
         keyPrime_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.keyPrimeOffset));
-        batches_.Init(qLens, kvLens, next, t.batch);
+        batches_.Init(tiling, t);
+        pages_.Init(blockTable, keySlots, t);
 
         pipe_.InitBuffer(shiftL1_, 1, n * n * sizeof(half));
         pipe_.InitBuffer(shiftL0a_, n * n * sizeof(half));
@@ -97,17 +100,17 @@ public:
         WaitFlag<HardEvent::MTE1_M>(loaded);
         pipe_.ReleaseEventID<HardEvent::MTE1_M>(loaded);
 
-        KeyBlockIter it(t, batches_, static_cast<uint32_t>(GetBlockIdx()));
+        KeyBlockIter it(t, batches_, pages_, static_cast<uint32_t>(GetBlockIdx()));
         KeyBlockTask task;
         while (it.Next(task)) {
-            LocalTensor<half> k2 = StageKeyBlock(keyL1_, keyL0b_, key_, t, task);
+            LocalTensor<half> k2 = StageKeyBlock(keyL1_, keyL0b_, key_, t, pages_, task);
 
             LocalTensor<float> c = outL0c_.AllocTensor<float>();
             Mmad(c, m2, k2, MmadParams(static_cast<uint16_t>(n), static_cast<uint16_t>(d), static_cast<uint16_t>(n), 0, false, true));
             keyL0b_.FreeTensor(k2);
             outL0c_.EnQue(c);
             c = outL0c_.DeQue<float>();
-            Fixpipe<half, float, CFG_ROW_MAJOR>(keyPrime_[KeyPrimeOffset(t, task.b, task.kvHead, task.block)], c,
+            Fixpipe<half, float, CFG_ROW_MAJOR>(keyPrime_[KeyPrimeOffset(t, task.slot)], c,
                 FixpipeParamsV220(static_cast<uint16_t>(d), static_cast<uint16_t>(n), static_cast<uint16_t>(n), d,
                                   false, QuantMode_t::F322F16, 0, 1, 0, 0, 0));
             outL0c_.FreeTensor(c);
@@ -123,19 +126,21 @@ private:
     TQue<TPosition::CO1, 2> outL0c_;
     GlobalTensor<half> key_, shift_, keyPrime_;
     BatchTable batches_;
+    KvPages pages_;
 };
 
 // ----------------------------------------------------------------------------- pasa-exact
 class CenterKeysCube {
 public:
-    __aicore__ inline void Run(GM_ADDR key, GM_ADDR qLens, GM_ADDR kvLens, GM_ADDR next, GM_ADDR workspace,
+    __aicore__ inline void Run(GM_ADDR key, GM_ADDR blockTable, GM_ADDR keySlots, GM_ADDR workspace, GM_ADDR tiling,
                                const PasaTilingData& t)
     {
         const uint32_t n = t.kvBlock, d = t.headDim;
         key_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(key));
         const uint64_t area = t.coreAreaOffset + static_cast<uint64_t>(GetBlockIdx()) * t.coreAreaBytes;
         colSum_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + area), 2 * t.colSumSlotBytes / sizeof(float));
-        batches_.Init(qLens, kvLens, next, t.batch);
+        batches_.Init(tiling, t);
+        pages_.Init(blockTable, keySlots, t);
 
         pipe_.InitBuffer(onesL1_, 1, kC0 * n * sizeof(half));
         pipe_.InitBuffer(onesL0a_, kC0 * n * sizeof(half));
@@ -157,11 +162,11 @@ public:
         WaitFlag<HardEvent::MTE1_M>(loaded);
         pipe_.ReleaseEventID<HardEvent::MTE1_M>(loaded);
 
-        KeyBlockIter it(t, batches_, static_cast<uint32_t>(GetBlockIdx()));
+        KeyBlockIter it(t, batches_, pages_, static_cast<uint32_t>(GetBlockIdx()));
         KeyBlockTask task;
         uint32_t done = 0;
         while (it.Next(task)) {
-            LocalTensor<half> k2 = StageKeyBlock(keyL1_, keyL0b_, key_, t, task);
+            LocalTensor<half> k2 = StageKeyBlock(keyL1_, keyL0b_, key_, t, pages_, task);
 
             LocalTensor<float> c = sumL0c_.AllocTensor<float>();
             Mmad(c, o2, k2, MmadParams(1, static_cast<uint16_t>(d), static_cast<uint16_t>(n), 0, false, true));
@@ -188,11 +193,12 @@ private:
     GlobalTensor<half> key_;
     GlobalTensor<float> colSum_;
     BatchTable batches_;
+    KvPages pages_;
 };
 
 class CenterKeysVector {
 public:
-    __aicore__ inline void Run(GM_ADDR key, GM_ADDR qLens, GM_ADDR kvLens, GM_ADDR next, GM_ADDR workspace,
+    __aicore__ inline void Run(GM_ADDR key, GM_ADDR blockTable, GM_ADDR keySlots, GM_ADDR workspace, GM_ADDR tiling,
                                const PasaTilingData& t)
     {
         const uint32_t n = t.kvBlock, d = t.headDim, half_n = n / 2;
@@ -202,7 +208,8 @@ public:
         keyMean_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.keyMeanOffset));
         const uint64_t area = t.coreAreaOffset + static_cast<uint64_t>(core) * t.coreAreaBytes;
         colSum_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + area), 2 * t.colSumSlotBytes / sizeof(float));
-        batches_.Init(qLens, kvLens, next, t.batch);
+        batches_.Init(tiling, t);
+        pages_.Init(blockTable, keySlots, t);
 
         pipe_.InitBuffer(sumIn_, 1, d * sizeof(float));
         pipe_.InitBuffer(keyIn_, 1, half_n * d * sizeof(half));
@@ -215,7 +222,7 @@ public:
 
         const uint32_t r0 = sub * half_n, r1 = r0 + half_n;  // this AIV's rows of the block
         const uint32_t keyStride = RowStride(t.kvLayout, t.numKvHeads, d);
-        KeyBlockIter it(t, batches_, core);
+        KeyBlockIter it(t, batches_, pages_, core);
         KeyBlockTask task;
         uint32_t done = 0;
         while (it.Next(task)) {
@@ -235,7 +242,7 @@ public:
                 Muls(m, mean16, half(1.0f), static_cast<int32_t>(d));
                 meanOut_.EnQue(m);
                 m = meanOut_.DeQue<half>();
-                DataCopy(keyMean_[KeyMeanOffset(t, task.b, task.kvHead, task.block)], m, d);
+                DataCopy(keyMean_[KeyMeanOffset(t, task.slot)], m, d);
                 meanOut_.FreeTensor(m);
             }
 
@@ -243,7 +250,8 @@ public:
             const uint32_t valid = task.validRows > r0 ? Min(task.validRows, r1) - r0 : 0;
             LocalTensor<half> kin = keyIn_.AllocTensor<half>();
             if (valid > 0) {
-                const uint64_t src = RowOffset(t.kvLayout, task.b, task.kvHead, task.block * n + r0, t.numKvHeads, t.seqKv, d);
+                const uint64_t src = KvRowOffset(t, pages_, task.b, task.kvHead, task.kvStart,
+                                                 static_cast<int64_t>(task.block) * n + r0, d);
                 DataCopy(kin, key_[src], DataCopyParams(static_cast<uint16_t>(valid), static_cast<uint16_t>(d * sizeof(half) / 32),
                                                         static_cast<uint16_t>((keyStride - d) * sizeof(half) / 32), 0));
             }
@@ -264,7 +272,7 @@ public:
             keyIn_.FreeTensor(kin);
             keyOut_.EnQue(kout);
             kout = keyOut_.DeQue<half>();
-            DataCopy(keyPrime_[KeyPrimeOffset(t, task.b, task.kvHead, task.block) + static_cast<uint64_t>(r0) * d], kout, half_n * d);
+            DataCopy(keyPrime_[KeyPrimeOffset(t, task.slot) + static_cast<uint64_t>(r0) * d], kout, half_n * d);
             keyOut_.FreeTensor(kout);
             ++done;
         }
@@ -278,11 +286,12 @@ private:
     GlobalTensor<half> key_, keyPrime_, keyMean_;
     GlobalTensor<float> colSum_;
     BatchTable batches_;
+    KvPages pages_;
 };
 
 }  // namespace pasa
 
-extern "C" __global__ __aicore__ void pasa_shift_keys(GM_ADDR key, GM_ADDR qLens, GM_ADDR kvLens, GM_ADDR next,
+extern "C" __global__ __aicore__ void pasa_shift_keys(GM_ADDR key, GM_ADDR blockTable, GM_ADDR keySlots,
                                                       GM_ADDR workspace, GM_ADDR tiling)
 {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIC_ONLY);
@@ -290,11 +299,11 @@ extern "C" __global__ __aicore__ void pasa_shift_keys(GM_ADDR key, GM_ADDR qLens
     pasa::LoadTiling(tiling, t);
     if ASCEND_IS_AIC {
         pasa::ShiftKeysCube op;
-        op.Run(key, qLens, kvLens, next, workspace, t);
+        op.Run(key, blockTable, keySlots, workspace, tiling, t);
     }
 }
 
-extern "C" __global__ __aicore__ void pasa_center_keys(GM_ADDR key, GM_ADDR qLens, GM_ADDR kvLens, GM_ADDR next,
+extern "C" __global__ __aicore__ void pasa_center_keys(GM_ADDR key, GM_ADDR blockTable, GM_ADDR keySlots,
                                                        GM_ADDR workspace, GM_ADDR tiling)
 {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
@@ -302,10 +311,10 @@ extern "C" __global__ __aicore__ void pasa_center_keys(GM_ADDR key, GM_ADDR qLen
     pasa::LoadTiling(tiling, t);
     if ASCEND_IS_AIC {
         pasa::CenterKeysCube op;
-        op.Run(key, qLens, kvLens, next, workspace, t);
+        op.Run(key, blockTable, keySlots, workspace, tiling, t);
     }
     if ASCEND_IS_AIV {
         pasa::CenterKeysVector op;
-        op.Run(key, qLens, kvLens, next, workspace, t);
+        op.Run(key, blockTable, keySlots, workspace, tiling, t);
     }
 }

@@ -13,8 +13,20 @@ constexpr uint32_t PASA_KEY_PASA_EXACT = 2;  // full shift, per-row constant in 
 constexpr uint32_t PASA_LAYOUT_BNSD = 0;  // (B, N, S, D) contiguous
 constexpr uint32_t PASA_LAYOUT_BSND = 1;  // (B, S, N, D) contiguous, i.e. BSH
 
+// The band of visible keys, in top-left coordinates per batch (positions local to the batch).
 constexpr uint32_t PASA_MASK_NONE = 0;
-constexpr uint32_t PASA_MASK_CAUSAL = 1;  // key j visible to row i iff j <= i + nextTokens[b]
+constexpr uint32_t PASA_MASK_CAUSAL = 1;  // key j visible to row i iff j <= i + next[b]
+constexpr uint32_t PASA_MASK_BAND = 2;    // iff i - pre[b] <= j <= i + next[b]
+
+// Per-batch parameters: int32 records of PASA_BATCH_FIELDS entries in the parameter buffer,
+// tiling.batchParamsOffset bytes after the tiling struct's address.
+constexpr uint32_t PASA_BATCH_Q_LEN = 0;     // valid query rows
+constexpr uint32_t PASA_BATCH_KV_LEN = 1;    // valid keys
+constexpr uint32_t PASA_BATCH_NEXT = 2;      // the band's upper offset (PASA_MASK_CAUSAL, PASA_MASK_BAND)
+constexpr uint32_t PASA_BATCH_PRE = 3;       // the band's lower offset (PASA_MASK_BAND)
+constexpr uint32_t PASA_BATCH_Q_START = 4;   // packed: the batch's first row on the query's S axis
+constexpr uint32_t PASA_BATCH_KV_START = 5;  // packed: the batch's first key on the key's S axis
+constexpr uint32_t PASA_BATCH_FIELDS = 8;    // one 32-byte record per batch
 
 constexpr uint32_t PASA_OUT_FP16 = 0;
 constexpr uint32_t PASA_OUT_BF16 = 1;
@@ -29,6 +41,11 @@ constexpr uint16_t PASA_FLAG_PV_READY = 3;   // AIC -> AIV: the P'V tile is in t
 constexpr uint16_t PASA_FLAG_SUM_READY = 4;  // preprocessing, AIC -> AIV: a block's column sums
 constexpr uint16_t PASA_FLAG_SUM_FREE = 5;   // preprocessing, AIV -> AIC: the column-sum slot may be reused
 
+// Decode with split kv: each task's kv blocks are cut into kvSplits ranges of at least
+// PASA_MIN_SPLIT_BLOCKS blocks, computed by separate AI Cores and merged by their LSE.
+constexpr uint32_t PASA_MIN_SPLIT_BLOCKS = 8;
+constexpr uint32_t PASA_MAX_SPLITS = 16;
+
 // The attention pipeline: the cube computes score tiles up to PASA_LOOKAHEAD blocks ahead of
 // the P'V product it is waiting for, and the vector cores fold P'V into O PASA_PV_DELAY blocks
 // after they produced P'. Workspace slots per AI Core follow from the two.
@@ -42,7 +59,7 @@ constexpr uint32_t PASA_CONST_BLOCKS = 128;                  // pasa-exact: row 
 constexpr uint32_t PASA_CONST_SLOTS = PASA_LOOKAHEAD + 1;    // pasa-exact: passes the vector cores may still read
 
 // Statistics one AIV keeps in UB, in units of vecRowsPad elements of fp32 (see pasa_attention_vector.h).
-constexpr uint32_t PASA_VEC_STAT_UNITS = 36;
+constexpr uint32_t PASA_VEC_STAT_UNITS = 37;
 
 struct PasaTilingData {
     // ---- problem
@@ -60,37 +77,54 @@ struct PasaTilingData {
     uint32_t outLayout;      // PASA_LAYOUT_* of the output
     uint32_t outDtype;       // PASA_OUT_*
     uint32_t inDtype;        // PASA_IN_*
-    uint32_t maskMode;       // PASA_MASK_*
+    uint32_t maskMode;       // PASA_MASK_*: the band
+    uint32_t packed;         // 1: the batches are segments of one S axis (TND), at their start rows
+    uint32_t hasMask;        // 1: an explicit bool mask (B or 1, S1, S2), nonzero = masked
+    uint32_t maskRowStride;  // elements (bytes) between mask rows
+    uint64_t maskBatchStride;  // elements between the masks of two batches (0: one mask for all)
+    uint32_t paged;          // 1: K and V are caches (blocks, Nkv, blockSize, D) read through the block table
+    uint32_t blockSize;      // paged: keys per physical block
+    uint32_t tableStride;    // paged: entries per row of the block table
+    uint32_t subBlocks;      // paged, K' in the workspace: blockSize / kvBlock
+    uint32_t fuseShift;      // pasa: the attention kernel shifts each K block itself (no preprocessing)
+    uint32_t batchParamsOffset;  // bytes from the tiling struct to the per-batch records
     float scale;             // softmax scale as fp32 (the value the fp32 arithmetic uses)
     float gamma;             // pasa: gamma = beta/(1-beta) rounded to fp32 then to fp16, held exactly
     float invKvBlock;        // 1 / kvBlock (exact: kvBlock is a power of two)
     uint16_t shiftDiagBits;  // pasa: fp16 bits of scale * (1 - beta/n), the diagonal of M
     uint16_t shiftOffBits;   // pasa: fp16 bits of scale * beta/n; M's off-diagonal is its negative
 
-    // ---- blocking: a tile is tileHeads query heads of one kv group x tilePositions query rows each
-    uint32_t qTile;          // rows of a tile at most (cube M dimension)
+    // ---- blocking: a tile of batch b is heads(b) query heads of one kv group x positions(b) query
+    // rows each: positions(b) = min(qBlock, qLen[b]), heads(b) = min(groupSize, qBlock / positions(b))
+    uint32_t qBlock;         // query rows a tile may hold (the requested q_block)
+    uint32_t qTile;          // rows of the largest tile of this call (cube M dimension)
     uint32_t qTilePad;       // qTile rounded up to 16
-    uint32_t tilePositions;  // query positions per tile (qTile, or seqQ when shorter)
-    uint32_t tileHeads;      // query heads stacked in a tile (1 unless seqQ < qTile)
-    uint32_t headChunks;     // ceil(groupSize / tileHeads)
     uint32_t kvBlock;        // keys per block; the size of the shifting matrix
     uint32_t numKvBlocks;    // ceil(seqKv / kvBlock)
     uint32_t vecRows;        // rows of a tile the first AIV takes (the second takes the rest)
     uint32_t vecRowsPad;     // vecRows rounded up to 16
 
     // ---- core split
-    uint32_t blockDim;       // AI Cores launched (attention and preprocessing)
-    uint32_t numQTiles;      // ceil(seqQ / tilePositions)
+    uint32_t blockDim;       // AI Cores of the attention launch
+    uint32_t prepDim;        // AI Cores of the preprocessing launch
+    uint32_t numQTiles;      // query tiles of the batch with the most
+    uint32_t numTasks;       // attention tasks of the call (before splitting)
+    uint32_t kvSplits;       // kv ranges per task (1: no split, no merge launch)
+    uint32_t mergeDim;       // vector cores of the merge launch
 
     // ---- buffer plan (bytes per buffer and buffer counts)
     uint32_t l1QueryBytes, l1KeyBytes, l1ValueBytes, l1ProbBytes, l1MeanBytes;
     uint32_t l0aBytes, l0bBytes, l0cBytes;
+    uint32_t shiftL0aBytes, shiftL0cBytes;  // fuseShift: M^T resident in L0A, the K' product in L0C
     uint32_t ubScoreBytes, ubProbBytes, ubPvBytes, ubAccBytes, ubWorkBytes, ubTreeBytes, ubMaskBytes, ubStatBytes;
+    uint32_t ubMaskTileBytes;  // hasMask: the mask bytes of a block's rows
     uint32_t ubScoreBuffers, ubProbBuffers, ubPvBuffers;
 
     // ---- GM workspace (byte offsets from the workspace base)
-    uint64_t keyPrimeOffset;   // K' blocks: [b][hkv][block][kvBlock][headDim] fp16
-    uint64_t keyMeanOffset;    // pasa-exact: mean16 per block: [b][hkv][block][headDim] fp16
+    uint64_t keyPrimeOffset;   // K' blocks: [b][hkv][block][kvBlock][headDim] fp16; paged: [slot][hkv][kvBlock][headDim]
+    uint64_t keyMeanOffset;    // pasa-exact: mean16 per block: [b][hkv][block][headDim] fp16; paged: [slot][hkv][headDim]
+    uint64_t partialOffset;    // split kv: per (task, split) the rows' O / l (fp32) and LSE
+    uint64_t partialSlotBytes; // bytes of one (task, split): qTilePad x headDimV fp32, then 2 vecRowsPad fp32
     uint64_t coreAreaOffset;   // per-AI-Core exchange areas start here
     uint64_t coreAreaBytes;    // bytes of one AI Core's exchange area
     uint64_t scoreSlotBytes;   // S' tile slot (PASA_SCORE_SLOTS of them)

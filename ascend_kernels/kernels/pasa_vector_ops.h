@@ -111,6 +111,20 @@ __aicore__ inline void PairOp(const AscendC::LocalTensor<T>& dst, const AscendC:
     Level0<op>(dst, a, b, n, 2, AscendC::BinaryRepeatParams(1, 1, 1, step, step, 0));
 }
 
+// dst[k n + i] = src[i] for k < 8, i < n: eight copies of a vector of n elements (a multiple of
+// 32 bytes), one strided Add of a zero block per 256 bytes of the vector. `zero`: 32 zero bytes.
+// Compares then gives one bit per element of the 8n copies: whole 256-byte repeats for any n.
+template <typename T>
+__aicore__ inline void Replicate8(const AscendC::LocalTensor<T>& dst, const AscendC::LocalTensor<T>& src,
+                                  const AscendC::LocalTensor<T>& zero, uint32_t n)
+{
+    constexpr uint32_t lanes = 256 / sizeof(T), perBlock = 32 / sizeof(T);
+    const AscendC::BinaryRepeatParams p(1, 1, 0, static_cast<uint8_t>(n / perBlock), 0, 0);
+    for (uint32_t c = 0; c < n; c += lanes) {
+        Level0<VecOp::ADD>(dst[c], src[c], zero, n - c < lanes ? n - c : lanes, 8, p);
+    }
+}
+
 }  // namespace pasa
 
 #endif  // PASA_VECTOR_OPS_H

@@ -7,27 +7,54 @@
 
 namespace pasa {
 
-// Once per kernel: the column index row c = 0 .. n-1 and rel(r), the query position of the AIV's
-// row r within its tile for a causal mask and 0 otherwise, broadcast one block a row; REL8 = rel
-// repeated 8 times (row bits for 8 statistics at once); ONEZERO = [1 | 0].
+// Once per kernel: the column index row c = 0 .. n-1 and ONEZERO = [1 | 0]. rel is built per tile
+// shape when a band needs it (BuildRel).
 template <typename OutT, typename InT>
-__aicore__ inline void AttentionVector<OutT, InT>::BuildMaskRows()
+__aicore__ inline void AttentionVector<OutT, InT>::BuildConstants()
 {
-    const PasaTilingData& t = *t_;
-    const uint32_t n = t.kvBlock;
-    LocalTensor<half> col = ColumnRow(), rel8 = Stat16(REL8);
+    const uint32_t n = t_->kvBlock;
+    LocalTensor<half> col = ColumnRow();
     for (uint32_t c = 0; c < n; ++c) col.SetValue(c, half(static_cast<float>(c)));
-    for (uint32_t r = 0; r < R_; ++r) {
-        const uint32_t rel = t.maskMode == PASA_MASK_CAUSAL ? (rowBase_ + r) % t.tilePositions : 0;
-        rel8.SetValue(r, half(static_cast<float>(rel)));
-    }
-    LocalTensor<half> zero = Stat16(T0);
-    Duplicate(zero, half(0.0f), static_cast<int32_t>(R_));
-    const uint8_t step = static_cast<uint8_t>(R_ / kC0);
-    Add(rel8[R_], rel8, zero, R_, 7, BinaryRepeatParams(1, 1, 1, step, 0, 0));
-    BroadcastRows(RelBroadcast(), rel8, R_);
     Duplicate(Stat16(ONEZERO), half(1.0f), static_cast<int32_t>(R_));
     Duplicate(Stat16(ONEZERO)[R_], half(0.0f), static_cast<int32_t>(R_));
+}
+
+// rel(r) = the position of the AIV's row r within its head's run of `pitch` rows, broadcast one
+// block a row (R_ scalar writes, once per change of the tile shape).
+template <typename OutT, typename InT>
+__aicore__ inline void AttentionVector<OutT, InT>::BuildRel(uint32_t pitch)
+{
+    LocalTensor<half> rel = Stat16(REL);
+    for (uint32_t r = 0; r < R_; ++r) rel.SetValue(r, half(static_cast<float>((rowBase_ + r) % pitch)));
+    BroadcastRows(RelBroadcast(), rel, R_);
+    relPitch_ = pitch;
+}
+
+// The explicit mask's bytes of kv block j for the AIV's rows (one copy per stacked head's run of
+// positions; rows past the query length and columns past the kv length are left unset: the
+// length compares mask them), row r at byte r * kvBlock.
+template <typename OutT, typename InT>
+__aicore__ inline void AttentionVector<OutT, InT>::LoadMaskTile(uint32_t j)
+{
+    const PasaTilingData& t = *t_;
+    const AttentionTask& task = *task_;
+    const uint32_t n = t.kvBlock, p = task.pitch, start = j * n;
+    const uint32_t cols = Min(n, static_cast<uint32_t>(task.info.kvLen) - start);
+    const uint64_t base = static_cast<uint64_t>(task.b) * t.maskBatchStride + start;
+    LocalTensor<uint8_t> tile = maskIn_.AllocTensor<uint8_t>();
+    for (uint32_t row = rowBase_; row < rowBase_ + rows_;) {
+        const uint32_t head = row / p, pos = row % p;
+        const uint32_t end = Min(Min(rowBase_ + rows_, (head + 1) * p), head * p + task.positions);
+        if (end <= row) {
+            row = (head + 1) * p;
+            continue;
+        }
+        DataCopyPad(tile[(row - rowBase_) * n], mask_[base + static_cast<uint64_t>(task.q0 + pos) * t.maskRowStride],
+                    DataCopyExtParams(static_cast<uint16_t>(end - row), cols, t.maskRowStride - cols, (n - Align32(cols)) / 32, 0),
+                    DataCopyPadExtParams<uint8_t>(false, 0, 0, 0));
+        row = end;
+    }
+    maskIn_.EnQue(tile);
 }
 
 template <typename OutT, typename InT>
@@ -43,78 +70,100 @@ __aicore__ inline void AttentionVector<OutT, InT>::InitState()
     }
 }
 
-// Bits(0) = the visible keys of block j (bit set: visible), when the block is not visible in full
-// to every row: the causal bound c - rel <= q0 + next - j n and the kv length c <= kvLen - 1 - j n,
-// each one Compares of a tile built in the reduction scratch (c - rel, or c). rowsWithoutKeys:
-// some rows see no key of the block (causal, q0 + next - j n < 0).
+// Bits(0) = the visible keys of kv block j (bit set: visible) when the block is not visible in full
+// to every row, as the And of whole-tile compares: the band's upper bound c - rel <= q0 + next - jn
+// and lower bound c - rel >= q0 - pre - jn (c - rel built in the reduction scratch), the kv length
+// c <= kvLen - 1 - jn, the explicit mask's byte == 0. rowsWithoutKeys: some row may see no key of
+// the block. Returns false when the block needs no mask.
 template <typename OutT, typename InT>
-__aicore__ inline bool AttentionVector<OutT, InT>::MaskBlock(uint32_t j, bool& rowsWithoutKeys, int64_t& delta)
+__aicore__ inline bool AttentionVector<OutT, InT>::MaskBlock(uint32_t j, const LocalTensor<uint8_t>& maskTile,
+                                                             bool& rowsWithoutKeys)
 {
     const PasaTilingData& t = *t_;
     const AttentionTask& task = *task_;
     rowsWithoutKeys = false;
-    if (j >= task.numBlocks || j < task.fullBlocks) return false;
+    if (FullyVisible(task, j)) return false;
     const uint32_t n = t.kvBlock, cells = R_ * n;
-    const int64_t start = static_cast<int64_t>(j) * n;
-    const bool causal = t.maskMode == PASA_MASK_CAUSAL;
-    const bool ragged = task.info.kvLen < start + n;
-    delta = Max64(-1024, Min64(1024, static_cast<int64_t>(task.q0) + task.info.next - start));
+    const int64_t start = static_cast<int64_t>(j) * n, first = task.q0, last = first + task.positions - 1;
+    const BatchInfo& info = task.info;
+    const bool upper = t.maskMode != PASA_MASK_NONE && start + n - 1 > first + info.next;
+    const bool lower = t.maskMode == PASA_MASK_BAND && start < last - info.pre;
+    const bool ragged = info.kvLen < start + n;
     LocalTensor<half> tile = tree_.Get<half>();
-    if (causal) {
-        RowBroadcast<VecOp::SUB>(tile, ColumnRow(), RelBroadcast(), R_, n, 0, 0, false);  // c - rel
-        Compares(Bits(0), tile, half(static_cast<float>(delta)), CMPMODE::LE, cells);
-    }
-    if (ragged) {
-        const half kappa(static_cast<float>(task.info.kvLen - 1 - start));
-        const LocalTensor<half> zeros = Stat16(ONEZERO)[R_];  // a block of zeros, read by every repeat
-        for (uint32_t c = 0; c < n; c += 128) {                                                // c
-            Add(tile[c], ColumnRow()[c], zeros, n - c < 128 ? n - c : 128, static_cast<uint8_t>(R_),
-                BinaryRepeatParams(1, 1, 0, static_cast<uint8_t>(n / kC0), 0, 0));
-        }
-        Compares(Bits(causal ? 1 : 0), tile, kappa, CMPMODE::LE, cells);
-        if (causal) {
+    uint32_t have = 0;  // bit tiles combined into Bits(0) so far
+    auto combine = [&]() {
+        if (have++ > 0) {
             And(Bits(0).template ReinterpretCast<uint16_t>(), Bits(0).template ReinterpretCast<uint16_t>(),
                 Bits(1).template ReinterpretCast<uint16_t>(), static_cast<int32_t>(cells / 16));
         }
+    };
+    auto clamp = [](int64_t v) { return half(static_cast<float>(Max64(-4096, Min64(4096, v)))); };
+    if (upper || lower) {
+        if (task.pitch != relPitch_) BuildRel(task.pitch);
+        RowBroadcast<VecOp::SUB>(tile, ColumnRow(), RelBroadcast(), R_, n, 0, 0, false);  // c - rel
     }
-    rowsWithoutKeys = causal && delta < 0;
+    if (upper) {
+        Compares(Bits(have > 0 ? 1 : 0), tile, clamp(first + info.next - start), CMPMODE::LE, cells);
+        combine();
+    }
+    if (lower) {
+        Compares(Bits(have > 0 ? 1 : 0), tile, clamp(first - info.pre - start), CMPMODE::GE, cells);
+        combine();
+    }
+    if (ragged) {
+        for (uint32_t c = 0; c < n; c += 128) {                                               // c
+            Add(tile[c], ColumnRow()[c], Zeros16(), n - c < 128 ? n - c : 128, static_cast<uint8_t>(R_),
+                BinaryRepeatParams(1, 1, 0, static_cast<uint8_t>(n / kC0), 0, 0));
+        }
+        Compares(Bits(have > 0 ? 1 : 0), tile, clamp(info.kvLen - 1 - start), CMPMODE::LE, cells);
+        combine();
+    }
+    if (t.hasMask) {
+        Cast(tile, maskTile, RoundMode::CAST_NONE, cells);
+        Compares(Bits(have > 0 ? 1 : 0), tile, half(0.0f), CMPMODE::EQ, cells);
+        combine();
+    }
+    rowsWithoutKeys = t.hasMask || (upper && first + info.next < start) ||
+                      (lower && last - info.pre >= Min64(info.kvLen, start + n));
     return true;
 }
 
 template <typename OutT, typename InT>
-__aicore__ inline void AttentionVector<OutT, InT>::Step(uint32_t j, const LocalTensor<float>& s, const LocalTensor<float>& c,
+__aicore__ inline void AttentionVector<OutT, InT>::Step(uint32_t i, uint32_t j, const LocalTensor<float>& s,
+                                                        const LocalTensor<float>& c, const LocalTensor<uint8_t>& maskTile,
                                                         LocalTensor<half>& p)
 {
     if (key_ == PASA_KEY_PASA) {
-        StepPasa(j, s.template ReinterpretCast<half>(), p);
+        StepPasa(i, j, s.template ReinterpretCast<half>(), maskTile, p);
     } else if (key_ == PASA_KEY_PASA_EXACT) {
-        StepExact(j, s.template ReinterpretCast<half>(), c, p);
+        StepExact(i, j, s.template ReinterpretCast<half>(), c, maskTile, p);
     } else {
-        StepFa(j, s, p);
+        StepFa(i, j, s, maskTile, p);
     }
 }
 
 template <typename OutT, typename InT>
-__aicore__ inline void AttentionVector<OutT, InT>::Step(uint32_t j, const LocalTensor<float>& s, const LocalTensor<float>&,
+__aicore__ inline void AttentionVector<OutT, InT>::Step(uint32_t i, uint32_t j, const LocalTensor<float>& s,
+                                                        const LocalTensor<float>&, const LocalTensor<uint8_t>& maskTile,
                                                         LocalTensor<bfloat16_t>& p)
 {
-    StepFa(j, s, p);  // bf16 inputs run fa-fp32 only
+    StepFa(i, j, s, maskTile, p);  // bf16 inputs run fa-fp32 only
 }
 
 // fa-fp32: s = S scale; m' = max(m, rowmax s); a = exp(m - m'); p = exp(s - m'); l' = a l + sum p
 // (fp32); P' leaves in the input type (rounded once).
 template <typename OutT, typename InT>
 template <typename P>
-__aicore__ inline void AttentionVector<OutT, InT>::StepFa(uint32_t j, const LocalTensor<float>& s, LocalTensor<P>& p)
+__aicore__ inline void AttentionVector<OutT, InT>::StepFa(uint32_t i, uint32_t j, const LocalTensor<float>& s,
+                                                          const LocalTensor<uint8_t>& maskTile, LocalTensor<P>& p)
 {
-    const uint32_t n = t_->kvBlock, cells = R_ * n, cur = j % 2, nxt = (j + 1) % 2;
+    const uint32_t n = t_->kvBlock, cells = R_ * n, cur = i % 2, nxt = (i + 1) % 2;
     const int32_t r = static_cast<int32_t>(R_);
-    LocalTensor<float> tree = tree_.Get<float>(), a = Stat(RING + j % (PASA_PV_DELAY + 1));
+    LocalTensor<float> tree = tree_.Get<float>(), a = Stat(RING + i % (PASA_PV_DELAY + 1));
     LocalTensor<float> mOld = M(cur), mNew = M(nxt), lOld = L(cur), lNew = L(nxt);
     Muls(s, s, t_->scale, static_cast<int32_t>(cells));
     bool noKeys = false;
-    int64_t delta = 0;
-    if (MaskBlock(j, noKeys, delta)) Select(s, Bits(0), s, kMaskedScore, SELMODE::VSEL_TENSOR_SCALAR_MODE, cells);
+    if (MaskBlock(j, maskTile, noKeys)) Select(s, Bits(0), s, kMaskedScore, SELMODE::VSEL_TENSOR_SCALAR_MODE, cells);
     RowReduce<ReduceType::MAX>(Stat(ROWMAX), s, tree, R_, n);
     Max(mNew, mOld, Stat(ROWMAX), r);
     Sub(Stat(T0), mOld, mNew, r);
@@ -132,21 +181,21 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepFa(uint32_t j, const Loca
 // pasa (fp16 statistics, Algorithm 1 re-based with the pseudo-average F): each line below is
 // one rounding of fallback/torch_blockwise.py's _step_pseudo_average.
 template <typename OutT, typename InT>
-__aicore__ inline void AttentionVector<OutT, InT>::StepPasa(uint32_t j, const LocalTensor<half>& s, LocalTensor<half>& p)
+__aicore__ inline void AttentionVector<OutT, InT>::StepPasa(uint32_t i, uint32_t j, const LocalTensor<half>& s,
+                                                            const LocalTensor<uint8_t>& maskTile, LocalTensor<half>& p)
 {
     const PasaTilingData& t = *t_;
     const uint32_t n = t.kvBlock, cells = R_ * n;
     const int32_t r = static_cast<int32_t>(R_);
     LocalTensor<float> x = work_.Get<float>(), tree = tree_.Get<float>();
     LocalTensor<half> tree16 = tree_.Get<half>(), t2 = Stat16(T2), t3 = Stat16(T3);
-    LocalTensor<half> cur = PasaSet(j % 2, 0), nxt = PasaSet((j + 1) % 2, 0);
-    LocalTensor<half> ab = Stat16(RING + j % (PASA_PV_DELAY + 1));
+    LocalTensor<half> cur = PasaSet(i % 2, 0), nxt = PasaSet((i + 1) % 2, 0);
+    LocalTensor<half> ab = Stat16(RING + i % (PASA_PV_DELAY + 1));
     // the mean runs over all n columns the shifting matrix averaged, masked or not
     Cast(x, s, RoundMode::CAST_NONE, cells);
     RowReduce<ReduceType::SUM>(Stat(ROWSUM), x, tree, R_, n);
     bool noKeys = false;
-    int64_t delta = 0;
-    const bool masked = MaskBlock(j, noKeys, delta);
+    const bool masked = MaskBlock(j, maskTile, noKeys);
     if (masked) Select(s, Bits(0), s, half(kFp16Lowest), SELMODE::VSEL_TENSOR_SCALAR_MODE, cells);
     RowReduce<ReduceType::MAX>(cur[P_MLOC * R_], s, tree16, R_, n);           // m' (local maximum)
     BroadcastRows(tree16, cur[P_MLOC * R_], R_);
@@ -171,8 +220,9 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepPasa(uint32_t j, const Lo
     Exp(ab, t2, 2 * r);                                                       // [a | b]
     Mul(t2, ab, cur[P_L * R_], 2 * r);                                        // [a l | b l']
     Add(nxt[P_L * R_], t2, t2[R_], r);
-    if (noKeys) {  // rows that see no key of block j keep m, l, F, n; their O keeps too (a = 1, b = 0)
-        Compares(RowBits(), Stat16(REL8), half(static_cast<float>(-delta)), CMPMODE::GE, P_COUNT * R_);
+    if (noKeys) {  // rows that see no key of block j (l' = 0) keep m, l, F, n; their O keeps too (a = 1, b = 0)
+        Replicate8(Stat16(REP), cur[P_LLOC * R_], Zeros16(), R_);
+        Compares(RowBits(), Stat16(REP), half(0.0f), CMPMODE::NE, P_COUNT * R_);
         Select(nxt, RowBits(), nxt, cur, SELMODE::VSEL_TENSOR_TENSOR_MODE, P_COUNT * R_);
         Select(ab, RowBits(), ab, Stat16(ONEZERO), SELMODE::VSEL_TENSOR_TENSOR_MODE, 2 * R_);
     }
@@ -181,17 +231,17 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepPasa(uint32_t j, const Lo
 // pasa-exact: m' = max(m, rowmax S' + c); a = exp(m - m'); p = fp16(exp(S' - (m' - c))) with an
 // fp32 argument; l' = a l + sum p (fp32, of the rounded p).
 template <typename OutT, typename InT>
-__aicore__ inline void AttentionVector<OutT, InT>::StepExact(uint32_t j, const LocalTensor<half>& s,
-                                                             const LocalTensor<float>& c, LocalTensor<half>& p)
+__aicore__ inline void AttentionVector<OutT, InT>::StepExact(uint32_t i, uint32_t j, const LocalTensor<half>& s,
+                                                             const LocalTensor<float>& c, const LocalTensor<uint8_t>& maskTile,
+                                                             LocalTensor<half>& p)
 {
-    const uint32_t n = t_->kvBlock, cells = R_ * n, cur = j % 2, nxt = (j + 1) % 2;
+    const uint32_t n = t_->kvBlock, cells = R_ * n, cur = i % 2, nxt = (i + 1) % 2;
     const int32_t r = static_cast<int32_t>(R_);
-    LocalTensor<float> x = work_.Get<float>(), tree = tree_.Get<float>(), a = Stat(RING + j % (PASA_PV_DELAY + 1));
+    LocalTensor<float> x = work_.Get<float>(), tree = tree_.Get<float>(), a = Stat(RING + i % (PASA_PV_DELAY + 1));
     LocalTensor<float> mOld = M(cur), mNew = M(nxt), lOld = L(cur), lNew = L(nxt);
     Cast(x, s, RoundMode::CAST_NONE, cells);
     bool noKeys = false;
-    int64_t delta = 0;
-    if (MaskBlock(j, noKeys, delta)) Select(x, Bits(0), x, kMaskedScore, SELMODE::VSEL_TENSOR_SCALAR_MODE, cells);
+    if (MaskBlock(j, maskTile, noKeys)) Select(x, Bits(0), x, kMaskedScore, SELMODE::VSEL_TENSOR_SCALAR_MODE, cells);
     RowReduce<ReduceType::MAX>(Stat(ROWMAX), x, tree, R_, n);
     Muls(Stat(CONST), c, t_->scale, r);                                       // c = scale (Q . mean16)
     Add(Stat(T0), Stat(ROWMAX), Stat(CONST), r);
@@ -211,16 +261,17 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepExact(uint32_t j, const L
 }
 
 // O = a O + P'V (fa-fp32: fp32; pasa-exact: the fp16 tile widened) or, pasa, fp16(fp16(a O) +
-// fp16(b P'V)), with the factors block j left in the ring. The first block's fold writes O:
-// a O + x = x when O = 0 (and pasa's fp16(0 + fp16(b P'V)) = fp16(b P'V)), so O needs no zeroing.
+// fp16(b P'V)), with the factors of block i of the task left in the ring. The task's first fold
+// writes O: a O + x = x when O = 0 (and pasa's fp16(0 + fp16(b P'V)) = fp16(b P'V)), so O needs no
+// zeroing.
 template <typename OutT, typename InT>
-__aicore__ inline void AttentionVector<OutT, InT>::Fold(uint32_t j, const LocalTensor<float>& pv)
+__aicore__ inline void AttentionVector<OutT, InT>::Fold(uint32_t i, const LocalTensor<float>& pv)
 {
-    const uint32_t dv = t_->headDimV, cells = R_ * dv, ring = RING + j % (PASA_PV_DELAY + 1);
+    const uint32_t dv = t_->headDimV, cells = R_ * dv, ring = RING + i % (PASA_PV_DELAY + 1);
     if (key_ == PASA_KEY_PASA) {
         LocalTensor<half> brc = tree_.Get<half>(), o = acc_.Get<half>(), x = pv.template ReinterpretCast<half>();
         BroadcastRows(brc, Stat16(ring), 2 * R_);
-        if (j == 0) {
+        if (i == 0) {
             RowBroadcast<VecOp::MUL>(o, x, brc[R_ * kC0], R_, dv);
             return;
         }
@@ -231,9 +282,9 @@ __aicore__ inline void AttentionVector<OutT, InT>::Fold(uint32_t j, const LocalT
     }
     LocalTensor<float> brc = tree_.Get<float>(), o = acc_.Get<float>();
     if (key_ == PASA_KEY_PASA_EXACT) {
-        Cast(j == 0 ? o : work_.Get<float>(), pv.template ReinterpretCast<half>(), RoundMode::CAST_NONE, cells);
-        if (j == 0) return;
-    } else if (j == 0) {
+        Cast(i == 0 ? o : work_.Get<float>(), pv.template ReinterpretCast<half>(), RoundMode::CAST_NONE, cells);
+        if (i == 0) return;
+    } else if (i == 0) {
         Adds(o, pv, 0.0f, static_cast<int32_t>(cells));
         return;
     }
@@ -242,8 +293,19 @@ __aicore__ inline void AttentionVector<OutT, InT>::Fold(uint32_t j, const LocalT
     Add(o, o, key_ == PASA_KEY_PASA_EXACT ? work_.Get<float>() : pv, static_cast<int32_t>(cells));
 }
 
+// RowBits() = the rows that saw a key (l != 0; a NaN from an overflow counts as seen, so that it
+// reaches the output as the reference's does), one bit per row in each of eight copies.
+template <typename OutT, typename InT>
+__aicore__ inline void AttentionVector<OutT, InT>::SeenRows(const LocalTensor<float>& l)
+{
+    LocalTensor<float> copies = tree_.Get<float>();  // 8 R_ fp32: the first 32 bytes a row of the tree
+    Replicate8(copies, l, Zeros16().template ReinterpretCast<float>(), R_);
+    Compares(RowBits(), copies, 0.0f, CMPMODE::NE, 8 * R_);
+}
+
 // End of a task: O / l and LSE = m (+ gamma F) + log l in fp32; rows that saw no key get 0 and
-// -inf. Then out and LSE rows to GM (each stacked head's rows are contiguous there).
+// -inf. Then out and LSE rows to GM (each stacked head's rows are contiguous there), or, with
+// split kv, O / l and LSE (-3e38 for a row that saw nothing) to the split's partial slot.
 template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::Finish()
 {
@@ -252,11 +314,19 @@ __aicore__ inline void AttentionVector<OutT, InT>::Finish()
     if (rows_ == 0) return;
     const uint32_t dv = t.headDimV, cells = R_ * dv, last = task.numBlocks % 2;
     const int32_t r = static_cast<int32_t>(R_);
+    const bool split = t.kvSplits > 1;
+    const float unseen = split ? kMaskedScore : -__builtin_inff();
     LocalTensor<OutT> o = tree_.Get<OutT>()[R_ * 32 / sizeof(OutT)];
     if (task.numBlocks == 0) {  // no row of the tile sees a key
-        Duplicate(o.template ReinterpretCast<half>(), half(0.0f), static_cast<int32_t>(cells));
-        Duplicate(Stat(LSE), -__builtin_inff(), r);
-        StoreRows(o, Stat(LSE));
+        Duplicate(Stat(LSE), unseen, r);
+        if (split) {
+            LocalTensor<float> zero = acc_.Get<float>();
+            Duplicate(zero, 0.0f, static_cast<int32_t>(cells));
+            StorePartial(workspace_, t, task, rowBase_, rows_, zero, Stat(LSE));
+        } else {
+            Duplicate(o.template ReinterpretCast<half>(), half(0.0f), static_cast<int32_t>(cells));
+            StoreRows(t, task, rowBase_, rows_, out_, lse_, o, Stat(LSE), Stat(FIN0));
+        }
         return;
     }
     LocalTensor<float> l = L(last), m = M(last), lse = Stat(LSE), x = acc_.Get<float>();
@@ -271,58 +341,20 @@ __aicore__ inline void AttentionVector<OutT, InT>::Finish()
         x = work_.Get<float>();
         Cast(x, acc_.Get<half>(), RoundMode::CAST_NONE, cells);
     }
-    // seen: the row's visible keys start before its end (causal: position + next >= 0)
-    int64_t from = -30000;
-    if (t.maskMode == PASA_MASK_CAUSAL) {
-        from = Max64(-30000, Min64(30000, -(static_cast<int64_t>(task.q0) + task.info.next)));
-    }
-    Compares(RowBits(), Stat16(REL8), half(static_cast<float>(from)), CMPMODE::GE, P_COUNT * R_);
+    SeenRows(l);
     Select(Stat(T1), RowBits(), l, 1.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, R_);
     Ln(Stat(T2), Stat(T1), r);
     Add(lse, m, Stat(T2), r);
-    Select(lse, RowBits(), lse, -__builtin_inff(), SELMODE::VSEL_TENSOR_SCALAR_MODE, R_);
+    Select(lse, RowBits(), lse, unseen, SELMODE::VSEL_TENSOR_SCALAR_MODE, R_);
     LocalTensor<float> brc = tree_.Get<float>();
     BroadcastRows(brc, Stat(T1), R_);
     RowBroadcast<VecOp::DIV>(x, x, brc, R_, dv);
-    Cast(o, x, RoundMode::CAST_RINT, cells);
-    StoreRows(o, lse);
-}
-
-// The AIV's rows to GM, one run per stacked head, positions past the batch's query length left out.
-template <typename OutT, typename InT>
-__aicore__ inline void AttentionVector<OutT, InT>::StoreRows(const LocalTensor<OutT>& o, const LocalTensor<float>& lse)
-{
-    const PasaTilingData& t = *t_;
-    const AttentionTask& task = *task_;
-    const uint32_t dv = t.headDimV, stride = RowStride(t.outLayout, t.numHeads, dv), p = t.tilePositions;
-    const uint32_t validPositions = static_cast<uint32_t>(task.info.qLen) - task.q0;
-    SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
-    WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
-    LocalTensor<float> aligned = Stat(FIN0);
-    for (uint32_t row = rowBase_; row < rowBase_ + rows_;) {
-        const uint32_t head = row / p, pos = row % p;
-        const uint32_t end = Min(Min(rowBase_ + rows_, (head + 1) * p), head * p + Min(validPositions, p));
-        if (end <= row) {
-            row = (head + 1) * p;
-            continue;
-        }
-        const uint32_t k = end - row, local = row - rowBase_;
-        DataCopy(out_[RowOffset(t.outLayout, task.b, task.head0 + head, task.q0 + pos, t.numHeads, t.seqQ, dv)],
-                 o[local * dv], DataCopyParams(static_cast<uint16_t>(k), static_cast<uint16_t>(dv * sizeof(OutT) / 32), 0,
-                                               static_cast<uint16_t>((stride - dv) * sizeof(OutT) / 32)));
-        LocalTensor<float> src = lse[local];
-        if (local % 8 != 0) {  // an unaligned run (stacked heads): move it to an aligned place first
-            SetFlag<HardEvent::MTE3_S>(EVENT_ID0);
-            WaitFlag<HardEvent::MTE3_S>(EVENT_ID0);
-            for (uint32_t i = 0; i < k; ++i) aligned.SetValue(i, lse.GetValue(local + i));
-            src = aligned;
-        }
-        const uint64_t at = (static_cast<uint64_t>(task.b) * t.numHeads + task.head0 + head) * t.seqQ + task.q0 + pos;
-        DataCopyPad(lse_[at], src, DataCopyExtParams(1, k * sizeof(float), 0, 0, 0));
-        row = end;
+    if (split) {
+        StorePartial(workspace_, t, task, rowBase_, rows_, x, lse);
+        return;
     }
-    SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
-    WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    Cast(o, x, RoundMode::CAST_RINT, cells);
+    StoreRows(t, task, rowBase_, rows_, out_, lse_, o, lse, Stat(FIN0));
 }
 
 }  // namespace pasa

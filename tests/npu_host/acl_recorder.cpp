@@ -9,8 +9,8 @@
 //   error <what>                                       (a call ACL would not accept as made)
 // Device memory is never touched: its addresses are invented, 512-byte aligned and far apart.
 // Input on stdin: "name value" lines (the PasaProblem fields as ascendc_emu names them, and
-// core_num, which aclrtGetDeviceInfo reports), and "q_lens"/"kv_lens"/"next_tokens" lines with
-// one integer per batch.
+// core_num, which aclrtGetDeviceInfo reports), and "q_lens"/"kv_lens"/"next_tokens" lines (and
+// optionally "pre_tokens"/"q_starts"/"kv_starts") with one integer per batch.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +24,7 @@
 #include "acl/acl.h"
 #include "aclrtlaunch_pasa_attention.h"
 #include "aclrtlaunch_pasa_center_keys.h"
+#include "aclrtlaunch_pasa_merge_splits.h"
 #include "aclrtlaunch_pasa_shift_keys.h"
 #include "pasa_acl_runtime.h"
 
@@ -53,6 +54,7 @@ struct Recorder {
     std::string Where(const void* p) const
     {
         const auto a = reinterpret_cast<uintptr_t>(p);
+        if (a == 0) return "null:0";  // an argument the kernel does not read in this call
         for (const Range& r : device) {
             if (a >= r.base && a < r.base + r.bytes) return r.name + ":" + std::to_string(a - r.base);
         }
@@ -134,25 +136,33 @@ extern "C" aclError aclrtGetDeviceInfo(uint32_t deviceId, aclrtDevAttr attr, int
     return ACL_SUCCESS;
 }
 
-extern "C" uint32_t aclrtlaunch_pasa_shift_keys(uint32_t blockDim, aclrtStream stream, void* key, void* qLens,
-                                                void* kvLens, void* next, void* workspace, void* tiling)
+extern "C" uint32_t aclrtlaunch_pasa_shift_keys(uint32_t blockDim, aclrtStream stream, void* key, void* blockTable,
+                                                void* keySlots, void* workspace, void* tiling)
 {
-    g_rec.Launch("pasa_shift_keys", blockDim, stream, {key, qLens, kvLens, next, workspace, tiling});
+    g_rec.Launch("pasa_shift_keys", blockDim, stream, {key, blockTable, keySlots, workspace, tiling});
     return 0;
 }
 
-extern "C" uint32_t aclrtlaunch_pasa_center_keys(uint32_t blockDim, aclrtStream stream, void* key, void* qLens,
-                                                 void* kvLens, void* next, void* workspace, void* tiling)
+extern "C" uint32_t aclrtlaunch_pasa_center_keys(uint32_t blockDim, aclrtStream stream, void* key, void* blockTable,
+                                                 void* keySlots, void* workspace, void* tiling)
 {
-    g_rec.Launch("pasa_center_keys", blockDim, stream, {key, qLens, kvLens, next, workspace, tiling});
+    g_rec.Launch("pasa_center_keys", blockDim, stream, {key, blockTable, keySlots, workspace, tiling});
     return 0;
 }
 
 extern "C" uint32_t aclrtlaunch_pasa_attention(uint32_t blockDim, aclrtStream stream, void* query, void* key,
-                                               void* value, void* qLens, void* kvLens, void* next, void* out, void* lse,
-                                               void* workspace, void* tiling)
+                                               void* value, void* mask, void* blockTable, void* keySlots, void* out,
+                                               void* lse, void* workspace, void* tiling)
 {
-    g_rec.Launch("pasa_attention", blockDim, stream, {query, key, value, qLens, kvLens, next, out, lse, workspace, tiling});
+    g_rec.Launch("pasa_attention", blockDim, stream,
+                 {query, key, value, mask, blockTable, keySlots, out, lse, workspace, tiling});
+    return 0;
+}
+
+extern "C" uint32_t aclrtlaunch_pasa_merge_splits(uint32_t blockDim, aclrtStream stream, void* out, void* lse,
+                                                  void* workspace, void* tiling)
+{
+    g_rec.Launch("pasa_merge_splits", blockDim, stream, {out, lse, workspace, tiling});
     return 0;
 }
 
@@ -165,7 +175,8 @@ int main()
         std::istringstream words(line);
         std::string name;
         if (!(words >> name)) continue;
-        if (name == "q_lens" || name == "kv_lens" || name == "next_tokens") {
+        if (name == "q_lens" || name == "kv_lens" || name == "next_tokens" || name == "pre_tokens" ||
+            name == "q_starts" || name == "kv_starts") {
             int64_t v;
             while (words >> v) lens[name].push_back(static_cast<int32_t>(v));
         } else {
@@ -180,19 +191,32 @@ int main()
     p.kvLayout = in["kv_layout"], p.outLayout = in["out_layout"], p.outDtype = in["out_dtype"];
     p.inDtype = in["in_dtype"], p.maskMode = in["mask_mode"], p.scale = in["scale"], p.beta = in["beta"];
     p.qTile = in["q_tile"], p.kvBlock = in["kv_block"];
+    p.packed = in["packed"] != 0, p.kvSplits = in["kv_splits"];
+    p.paged = in["paged"] != 0, p.blockSize = in["block_size"], p.tableStride = in["table_stride"];
+    p.numBlocks = in["num_blocks"];
+    p.hasMask = in["has_mask"] != 0, p.maskRowStride = in["mask_row_stride"], p.maskBatchStride = in["mask_batch_stride"];
     p.coreNum = pasa::AclAiCoreCount(0);
 
     const size_t b = p.batch, hq = p.numHeads, hk = p.numKvHeads;
     pasa::AttentionTensors t;
     t.query = reinterpret_cast<void*>(g_rec.Reserve("query", b * hq * p.seqQ * p.headDim * 2));
-    t.key = reinterpret_cast<void*>(g_rec.Reserve("key", b * hk * p.seqKv * p.headDim * 2));
-    t.value = reinterpret_cast<void*>(g_rec.Reserve("value", b * hk * p.seqKv * p.headDimV * 2));
+    const size_t kb = p.paged ? p.numBlocks : b;
+    t.key = reinterpret_cast<void*>(g_rec.Reserve("key", kb * hk * p.seqKv * p.headDim * 2));
+    t.value = reinterpret_cast<void*>(g_rec.Reserve("value", kb * hk * p.seqKv * p.headDimV * 2));
+    if (p.paged) {
+        t.blockTable = reinterpret_cast<void*>(g_rec.Reserve("block_table", b * p.tableStride * 4));
+        t.keySlots = reinterpret_cast<void*>(g_rec.Reserve("key_slots", b * p.tableStride * 4));
+    }
     t.out = reinterpret_cast<void*>(g_rec.Reserve("out", b * hq * p.seqQ * p.headDimV * 2));
     t.lse = reinterpret_cast<void*>(g_rec.Reserve("lse", b * hq * p.seqQ * 4));
+    if (p.hasMask) t.mask = reinterpret_cast<void*>(g_rec.Reserve("mask", (p.maskBatchStride ? b : 1) * p.seqQ * p.maskRowStride));
     pasa::BatchLengths l;
     l.qLens = lens["q_lens"].data();
     l.kvLens = lens["kv_lens"].data();
     l.nextTokens = lens["next_tokens"].data();
+    if (lens.count("pre_tokens")) l.preTokens = lens["pre_tokens"].data();
+    if (lens.count("q_starts")) l.qStarts = lens["q_starts"].data();
+    if (lens.count("kv_starts")) l.kvStarts = lens["kv_starts"].data();
 
     RecordingMemory memory;
     pasa::AclLaunchRuntime runtime(memory);

@@ -1,0 +1,70 @@
+// Where a vector core's rows of a tile go: the output and LSE rows of its query positions (the
+// attention kernel's end of a task, and the merge of split kv), or the partial results of one
+// split. Device code: compiles against the real AscendC headers or the CPU emulation alike.
+#ifndef PASA_STORE_H
+#define PASA_STORE_H
+
+#include "pasa_kernel_common.h"
+
+namespace pasa {
+
+// The vector core's rows [rowBase, rowBase + rows) of `task`'s tile to GM: `o` (rows x headDimV
+// of OutT, row 0 = tile row rowBase) into `out`, `lse` (fp32) into `lseOut`, one run per stacked
+// head, positions past the batch's query length left out. `aligned`: 32-byte aligned fp32 scratch
+// of `rows` elements (an LSE run that does not start on a 32-byte boundary is moved there first).
+template <typename OutT>
+__aicore__ inline void StoreRows(const PasaTilingData& t, const AttentionTask& task, uint32_t rowBase, uint32_t rows,
+                                 const GlobalTensor<OutT>& out, const GlobalTensor<float>& lseOut,
+                                 const LocalTensor<OutT>& o, const LocalTensor<float>& lse, const LocalTensor<float>& aligned)
+{
+    const uint32_t dv = t.headDimV, stride = RowStride(t.outLayout, t.numHeads, dv), p = task.pitch;
+    const uint32_t first = static_cast<uint32_t>(task.info.qStart) + task.q0, bt = TensorBatch(t, task.b);
+    SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    for (uint32_t row = rowBase; row < rowBase + rows;) {
+        const uint32_t head = row / p, pos = row % p;
+        const uint32_t end = Min(Min(rowBase + rows, (head + 1) * p), head * p + task.positions);
+        if (end <= row) {
+            row = (head + 1) * p;
+            continue;
+        }
+        const uint32_t k = end - row, local = row - rowBase;
+        DataCopy(out[RowOffset(t.outLayout, bt, task.head0 + head, first + pos, t.numHeads, t.seqQ, dv)],
+                 o[local * dv], DataCopyParams(static_cast<uint16_t>(k), static_cast<uint16_t>(dv * sizeof(OutT) / 32), 0,
+                                               static_cast<uint16_t>((stride - dv) * sizeof(OutT) / 32)));
+        LocalTensor<float> src = lse[local];
+        if (local % 8 != 0) {  // an unaligned run (stacked heads): move it to an aligned place first
+            SetFlag<HardEvent::MTE3_S>(EVENT_ID0);
+            WaitFlag<HardEvent::MTE3_S>(EVENT_ID0);
+            for (uint32_t i = 0; i < k; ++i) aligned.SetValue(i, lse.GetValue(local + i));
+            src = aligned;
+        }
+        const uint64_t at = (static_cast<uint64_t>(bt) * t.numHeads + task.head0 + head) * t.seqQ + first + pos;
+        DataCopyPad(lseOut[at], src, DataCopyExtParams(1, k * sizeof(float), 0, 0, 0));
+        row = end;
+    }
+    SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+}
+
+// Split kv: rows [rowBase, rowBase + rows) of one split's O / l (fp32, rows x headDimV) and LSE to
+// the (task, split)'s partial slot: O at the same rows, the LSE of each vector core's rows in a
+// 32-byte aligned run of its own (PartialLseRow: the two cores' runs never share a 32-byte block).
+__aicore__ inline void StorePartial(GM_ADDR workspace, const PasaTilingData& t, const AttentionTask& task, uint32_t rowBase,
+                                    uint32_t rows, const LocalTensor<float>& o, const LocalTensor<float>& lse)
+{
+    const uint64_t unit = static_cast<uint64_t>(task.index) * t.kvSplits + task.split;
+    GlobalTensor<float> po, pl;
+    po.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(PartialOut(workspace, t, unit)));
+    pl.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(PartialLse(workspace, t, unit)));
+    SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    DataCopy(po[static_cast<uint64_t>(rowBase) * t.headDimV], o, rows * t.headDimV);
+    DataCopyPad(pl[PartialLseRow(t, rowBase)], lse, DataCopyExtParams(1, rows * sizeof(float), 0, 0, 0));
+    SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+}
+
+}  // namespace pasa
+
+#endif  // PASA_STORE_H
