@@ -16,6 +16,7 @@
 #include "../kernels/pasa_prepare_keys.cpp"
 #include "../kernels/pasa_attention.cpp"
 #include "selftest_kernels.h"
+#include "selftest_vector.h"
 
 namespace py = pybind11;
 using AscendC::emu::GmRegistry;
@@ -206,4 +207,7 @@ PYBIND11_MODULE(_ascendc_emu, m)
     m.def("run_selftest", &pasa_selftest::Run, py::arg("name"), py::arg("timeout_s") = 5.0,
           "Run one emulation self-test kernel; returns its output values; RuntimeError if the emulation rejects it");
     m.def("selftest_names", &pasa_selftest::Names);
+    m.def("run_vector_instruction", &pasa_selftest::RunVectorInstruction, py::arg("op"), py::arg("dtype"),
+          py::arg("a"), py::arg("b") = std::vector<float>(), py::arg("scalar") = 0.0f,
+          "Run one emulated vector instruction on the given operands in an AIV core; returns its result");
 }
