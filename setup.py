@@ -1,5 +1,6 @@
 """Build of pasa_npu. ``fallback/`` and ``tools/`` install as ``pasa_npu.fallback`` and
-``pasa_npu.tools``; nothing else lands in site-packages.
+``pasa_npu.tools``; nothing else lands in site-packages, and of ``tools/`` not the
+development tools (DEV_MODULES).
 
 The extension ``pasa_npu._ascendc_emu`` compiles the AscendC kernel sources of
 ``ascend_kernels/`` against the project's CPU emulation of the AscendC API (g++ and pybind11,
@@ -12,6 +13,10 @@ import subprocess
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
+
+#: modules of tools/ that are run from a checkout and never installed (the mutation check)
+DEV_MODULES = {("pasa_npu.tools", "mutation_check"), ("pasa_npu.tools", "mutation_list")}
 
 
 def _emulation_extension():
@@ -56,6 +61,14 @@ class BuildExt(build_ext):
             shutil.copy2(lib, target)
 
 
+class BuildPy(build_py):
+    """build_py without DEV_MODULES."""
+
+    def find_package_modules(self, package, package_dir):
+        return [m for m in super().find_package_modules(package, package_dir)
+                if m[:2] not in DEV_MODULES]
+
+
 # pasa-compare: plots, .safetensors inputs, capture from Hugging Face models
 COMPARE = ["matplotlib>=3.7", "safetensors>=0.4", "transformers>=4.48"]
 
@@ -69,7 +82,7 @@ setup(
     package_dir={"pasa_npu": "pasa_npu", "pasa_npu.fallback": "fallback",
                  "pasa_npu.tools": "tools"},
     ext_modules=[_emulation_extension()],
-    cmdclass={"build_ext": BuildExt},
+    cmdclass={"build_ext": BuildExt, "build_py": BuildPy},
     install_requires=["torch>=2.4", "numpy"],
     extras_require={
         "compare": COMPARE,
