@@ -129,7 +129,8 @@ def test_bit_identical_where_no_order_differs():
     ref, _ = pasa_npu.fused_attention(q, k, v, algorithm="pasa-exact", backend="torch", **kw)
     diff = out != ref
     # what remains is the fp32 exp of the rescale factor a (see OUT_ULPS): one ulp, rarely
-    assert float(diff.double().mean()) < 0.02
+    # (measured: 1 of these 8192 outputs differs; 4 allowed)
+    assert int(diff.sum()) <= 4
     assert_matches_torch(out, None, ref, None, "pasa-exact", torch.float16)
 
 
