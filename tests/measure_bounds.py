@@ -1,6 +1,7 @@
 """Measure the errors the suite's bounds are set from and write them to tests/_measured.py.
 
     python tests/measure_bounds.py [pytest arguments]
+    python tests/measure_bounds.py --from FILE [FILE ...]
 
 runs the measuring tests (by default every test file that records) with PASA_MEASURE
 set: each measuring test then records what it measures (tests/_support.py, ``record``)
@@ -9,9 +10,14 @@ three significant digits, goes into tests/_measured.py: after a run of every mea
 test it replaces the key's entry; after a run of some (test files or ``-k`` expressions
 given), it only raises it, as other tests may measure the same key. Keys a run did not
 measure are kept. On a CUDA machine the Triton tests run on the GPU and record "cuda/" keys.
+
+``--from`` takes what runs of pytest with PASA_MEASURE=FILE recorded instead of running
+the tests itself (a sharded GPU suite: ``PASA_MEASURE=$PWD/m.jsonl bash .ci/gpu-suite
+tests``), and only raises entries. pytest-xdist's ``-n auto`` is used where installed.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -52,19 +58,32 @@ def _load() -> dict:
     return scope.get("MEASURED", {})
 
 
-def main(argv: list[str]) -> int:
-    targets = argv or [str(HERE / name) for name in MEASURING]
+def _largest(lines) -> dict:
+    largest: dict = {}
+    for line in lines:
+        entry = json.loads(line)
+        slot = largest.setdefault(entry["kind"], {})
+        slot[entry["key"]] = max(slot.get(entry["key"], 0.0), entry["value"])
+    return largest
+
+
+def _measure(targets: list[str]) -> tuple[dict, int]:
+    parallel = ["-n", "auto"] if importlib.util.find_spec("xdist") else []
     with tempfile.TemporaryDirectory() as tmp:
         log = pathlib.Path(tmp) / "measured.jsonl"
         log.touch()
         env = dict(os.environ, PASA_MEASURE=str(log))
-        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "auto",
+        run = subprocess.run([sys.executable, "-m", "pytest", "-q", *parallel,
                               "-p", "no:cacheprovider", *targets], env=env, cwd=HERE.parent)
-        largest: dict = {}
-        for line in log.read_text().splitlines():
-            entry = json.loads(line)
-            slot = largest.setdefault(entry["kind"], {})
-            slot[entry["key"]] = max(slot.get(entry["key"], 0.0), entry["value"])
+        return _largest(log.read_text().splitlines()), run.returncode
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--from"]:
+        largest = _largest(line for name in argv[1:] for line in open(name))
+        status = 0
+    else:
+        largest, status = _measure(argv or [str(HERE / name) for name in MEASURING])
     table = _load()
     for kind, values in largest.items():
         old = table.setdefault(kind, {})
@@ -79,9 +98,9 @@ def main(argv: list[str]) -> int:
     TABLE.write_text(HEADER + "\n".join(lines + ["}", ""]))
     counts = ", ".join(f"{kind} {len(v)}" for kind, v in sorted(largest.items()))
     print(f"measured ({counts}); written to {TABLE}")
-    if run.returncode not in (0, 1):
-        print(f"pytest ended with status {run.returncode}", file=sys.stderr)
-        return run.returncode
+    if status not in (0, 1):
+        print(f"pytest ended with status {status}", file=sys.stderr)
+        return status
     return 0
 
 

@@ -398,7 +398,7 @@ BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divid
 def test_vector_binary_instructions_round_once(op, dtype):
     a, b = _operands(dtype, seed=1), _operands(dtype, seed=2)
     b[:64] = 2.0 ** -11 if op != "Div" else 3.0   # the half ties of Add and Sub
-    b[64] = np.nan                                  # NaN propagates (Max included)
+    a[65] = b[64] = np.nan                          # NaN propagates from either (Max too)
     with np.errstate(all="ignore"):
         want = BINARY[op](a, b).astype(np.float32)  # the exact fp32 operation
     if dtype == "half":

@@ -105,7 +105,7 @@ def test_gpu_gluon_prefill_equals_triton_kernel(layout, d, mode, algorithm, gluo
     kernel_out, kernel_lse = _call(qd, kd, vd, kw, "triton")
     assert len(gluon_launches) == 1
     _assert_same_as_triton_kernel(algorithm, out, lse, kernel_out, kernel_lse)
-    assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"{layout} d={d} {mode}",
+    assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"{layout}-d{d}-{mode}",
                               kernel="gluon")
 
 

@@ -28,11 +28,12 @@ CASES = {
     "gqa": dict(B=2, Nq=4, Nkv=2, S1=5, S2=11),
     "bias-20": dict(B=1, Nq=2, Nkv=1, S1=6, S2=12, x0=20.0),
     "overflow": dict(B=1, Nq=2, Nkv=2, S1=4, S2=9, x0=200.0, spread=10.0),
-    "ragged": dict(B=2, Nq=2, Nkv=2, S1=5, S2=11, q_lens=[5, 3], kv_lens=[11, 6]),
+    # odd kv lengths: a last block half padding, which PASA's means count
+    "ragged": dict(B=2, Nq=2, Nkv=2, S1=5, S2=11, q_lens=[5, 3], kv_lens=[11, 5]),
     "causal": dict(B=1, Nq=2, Nkv=1, S1=6, S2=11, sparse_mode=3),
     "band": dict(B=1, Nq=2, Nkv=2, S1=7, S2=9, sparse_mode=4, pre=3, next=1),
     "mask": dict(B=2, Nq=2, Nkv=1, S1=6, S2=10, mask=True),
-    "decode": dict(B=2, Nq=6, Nkv=2, S1=1, S2=9, kv_lens=[9, 4]),
+    "decode": dict(B=2, Nq=6, Nkv=2, S1=1, S2=9, kv_lens=[9, 3]),
     "tied-guard": dict(B=1, Nq=2, Nkv=1, S1=6, S2=12, tied=True, guard=True),
     "beta-0.9": dict(B=1, Nq=2, Nkv=2, S1=4, S2=10, x0=8.0, beta=0.9),
 }

@@ -67,8 +67,8 @@ def _check(outs, steps, q, k, v, algorithm):
     qc, kc, vc = (t.cpu() for t in (q, k, v))
     for lens, (out, lse) in zip(steps, outs):
         ref, ref_lse = _step(qc, kc, vc, lens, algorithm, backend="torch")
-        assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"lengths {lens}",
-                                  path="decode")
+        assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, "growing-lengths",
+                                  path="decode", what=f"lengths {lens}")
 
 
 @needs_gpu
