@@ -1,6 +1,7 @@
-"""Pieces both GPU prefill kernels use, the Triton kernel (``triton_attention``) and the
-warp-specialised Gluon kernel (``gluon_prefill``): the kv blocks a query tile visits, the
-fp16 roundings, and the strides a TMA descriptor takes. Gluon kernels call these
+"""Pieces the GPU kernels share, the Triton kernels (``triton_prefill``, ``triton_decode``,
+``triton_shift``) and the warp-specialised Gluon kernel (``gluon_prefill``): the kv blocks
+a query tile visits, the fp16 roundings, the allocation's flags as constexprs, the strides
+a TMA descriptor takes, small host helpers and the direct launch. Gluon kernels call these
 ``triton.jit`` helpers as they are (scalar and element-wise code has no layout of its own)."""
 from __future__ import annotations
 
@@ -13,6 +14,15 @@ import triton.language as tl
 
 #: the kernels run in the interpreter (decided at import, as triton.jit decides it)
 INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+def allocation_flags(allocation) -> dict:
+    """The allocation's named properties (:class:`pasa_npu.numerics.Allocation`) as the
+    ``tl.constexpr`` booleans the Triton kernels take."""
+    return dict(PSEUDO_AVERAGE_SHIFT=allocation.pseudo_average_shift,
+                EXACT_SHIFT=allocation.exact_shift, LOW_SCORES=allocation.low_scores,
+                LOW_STATISTICS=allocation.low_statistics,
+                LOW_ACCUMULATOR=allocation.low_accumulator)
 
 
 @triton.jit
@@ -58,6 +68,36 @@ def _tile_kv_blocks(m0, q_len, kv_len, band_pre, band_next, b, HAS_BAND: tl.cons
     full_lo = tl.minimum(tl.maximum((full_lo_col + BLOCK_N - 1) // BLOCK_N, lo), hi)
     full_hi = tl.minimum(tl.maximum(full_hi_col // BLOCK_N, full_lo), hi)
     return lo, hi, full_lo, full_hi, pre, nxt
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) on the host (``triton.cdiv`` is a constexpr function, slow to call)."""
+    return -(-a // b)
+
+
+def pow2(n: int, floor: int = 16) -> int:
+    """The power of two at or above ``n``, at least ``floor`` (a tile extent)."""
+    return max(floor, 1 << (max(n, 1) - 1).bit_length())
+
+
+def interpreting() -> bool:
+    """Whether the kernels run in Triton's interpreter."""
+    return INTERPRET.value
+
+
+@functools.lru_cache(maxsize=16)
+def placeholder(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A never-read stand-in for an absent tensor argument (no mask, no LSE, ...)."""
+    return torch.zeros(1, 1, 1, dtype=dtype, device=device)
+
+
+def mask_argument(mask, dev):
+    """The explicit mask as uint8 (a view of a bool mask, no copy) and its strides."""
+    if mask is None:
+        return placeholder(dev, torch.uint8), (0, 0, 0)
+    mask = mask.to(dev)
+    mask = mask.view(torch.uint8) if mask.dtype == torch.bool else mask.to(torch.uint8)
+    return mask, (mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(1), mask.stride(2))
 
 
 @functools.lru_cache(maxsize=None)
@@ -123,9 +163,8 @@ def _spec(x):
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)``, with Triton's per-call argument binding skipped
     when a call with the same :func:`_spec` of every argument ran before: that binding
-    and the compiled-kernel lookup cost tens of microseconds of host time per launch
-    (measured on the H100 host: about 70 us a Gluon prefill launch, 20 us launched
-    directly), as much as a decode kernel's GPU time. The compiled kernel and its launcher
+    and the compiled-kernel lookup cost tens of microseconds of host time per launch, as
+    much as a decode kernel's GPU time. The compiled kernel and its launcher
     are Triton's; only the lookup is ours. A call whose arguments Triton binds otherwise
     than we would (defaults, a Triton without these internals) always goes through
     ``kernel[grid]``, as does the interpreter."""

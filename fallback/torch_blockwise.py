@@ -1,6 +1,7 @@
 """Blockwise PyTorch implementation of every precision allocation (the ``torch`` backend).
 
-A faithful step-by-step emulation of what the kernels do (DESIGN.md §2): the
+A faithful step-by-step emulation of what the kernels do (docs/design.md, "The
+algorithm"): the
 keys are preprocessed once per kv block, then each query block walks the kv
 blocks with online softmax. Low-precision steps are emulated by computing in
 fp32 and rounding to the compute dtype exactly where the allocation says (see
@@ -36,6 +37,7 @@ def run(problem: AttentionProblem) -> None:
     kv_block = tiling.kv_block
     n_blocks = max(1, math.ceil(s_kv / kv_block))
     low = problem.compute_dtype
+    step = _step_for(problem.allocation)
 
     keys = _prepare_keys(problem, k.to(F32), n_blocks)
     values = _pad_blocks(v.to(F32), problem.kv_lens, n_blocks, kv_block)
@@ -53,8 +55,7 @@ def run(problem: AttentionProblem) -> None:
             has_any = vis.any(-1, keepdim=True)
             if not bool(has_any.any()):
                 continue
-            _STEPS[problem.allocation.name](problem, state, q_tile, keys, values[:, :, j], j, vis,
-                                            has_any, low)
+            step(problem, state, q_tile, keys, values[:, :, j], j, vis, has_any, low)
         o_tile, lse_tile = _finish(problem, state, low)
         out[:, :, q0:q0 + rows.numel()] = o_tile.reshape(batch, n_q, rows.numel(), d_v)
         lse[:, :, q0:q0 + rows.numel()] = lse_tile.reshape(batch, n_q, rows.numel())
@@ -91,10 +92,10 @@ def _prepare_keys(problem: AttentionProblem, k: torch.Tensor, n_blocks: int) -> 
     scale folded into M) or K' = (K - mean16) * scale (exact shift)."""
     block = problem.tiling.kv_block
     kb = _pad_blocks(k, problem.kv_lens, n_blocks, block)
-    shift = problem.allocation.shift
-    if shift == "none":
+    alloc = problem.allocation
+    if not alloc.shifts_keys:
         return _Keys(kb, None)
-    if shift == "pseudo_average":
+    if alloc.pseudo_average_shift:
         m = shift_matrix(problem.beta, block, torch.float16, problem.scale, kb.device).to(F32)
         return _Keys(_round(torch.matmul(m.T, kb), torch.float16), None)
     mean16 = _round(kb.sum(-2) / block, torch.float16)
@@ -164,29 +165,32 @@ def _step_fa(problem, state, q_tile, keys, v_blk, j, vis, has_any, low):
     """fa-fp32 / fa-fp16s / fa-fp16: FlashAttention-2 with the running maximum."""
     alloc = problem.allocation
     s = _scores(q_tile, keys.blocks[:, :, j], _tile_shape(state, v_blk.shape[-2]))
-    if alloc.scores == "low":
+    if alloc.low_scores:
         s = _round(s, low)  # unscaled fp16 scores: this is where fa-fp16s overflows
-    if alloc.stats == "low":
+    if alloc.low_statistics:
         r = lambda x: _round(x, low)  # noqa: E731
         s = r(s * problem.scale)
         m_new = torch.maximum(state.m, _row_max(s, vis, problem, r))
         a = r(torch.exp(r(state.m - m_new)))
         p = torch.where(vis, r(torch.exp(r(s - m_new))), 0.0)
         l_new = r(r(a * state.l) + r(p.sum(-1, keepdim=True)))
-        o_new = r(r(a * state.o) + r(_pv(p, v_blk)))
     else:
         s = s * problem.scale
         m_new = torch.maximum(state.m, _row_max(s, vis, problem, lambda x: x))
         a = torch.exp(state.m - m_new)
         p = torch.where(vis, torch.exp(s - m_new), 0.0)
         l_new = a * state.l + p.sum(-1, keepdim=True)
+    if alloc.low_accumulator:
+        o_new = _round(_round(a * state.o, low) + _round(_pv(p, v_blk), low), low)
+    else:
         o_new = a * state.o + _pv(_round(p, low), v_blk)
     state.update(has_any, m=m_new, l=l_new, o=o_new, n=state.n + 1.0)
 
 
 def _step_pseudo_average(problem, state, q_tile, keys, v_blk, j, vis, has_any, low):
-    """pasa / pasa-mixed: shifted block, local softmax, re-based online (DESIGN.md §2.2)."""
-    fp16_stats = problem.allocation.stats == "low"
+    """pasa / pasa-mixed: shifted block, local softmax, re-based online (docs/design.md,
+    "Recovering the bias online")."""
+    fp16_stats = problem.allocation.low_statistics
     r = (lambda x: _round(x, torch.float16)) if fp16_stats else (lambda x: x)
     gamma = ideal_invariance(problem.beta)
     gamma = _round(torch.tensor(gamma), torch.float16).item() if fp16_stats else gamma
@@ -206,8 +210,9 @@ def _step_pseudo_average(problem, state, q_tile, keys, v_blk, j, vis, has_any, l
     a = r(torch.exp(r(x - m_new)))
     b = r(torch.exp(r(y - m_new)))
     l_new = r(r(a * state.l) + r(b * l_loc))
-    if fp16_stats:
-        o_new = r(r(a * state.o) + r(b * r(_pv(p, v_blk))))
+    if problem.allocation.low_accumulator:
+        r16 = lambda x: _round(x, torch.float16)  # noqa: E731
+        o_new = r16(r16(a * state.o) + r16(b * r16(_pv(p, v_blk))))
     else:
         o_new = a * state.o + b * _pv(_round(p, torch.float16), v_blk)
     state.update(has_any, m=m_new, l=l_new, o=o_new, f=f_new, n=n)
@@ -220,8 +225,8 @@ def _step_exact(problem, state, q_tile, keys, v_blk, j, vis, has_any, low):
     The tiles that cross between matrix and vector units (S', P', the P'V
     partial output) are fp16; the running output stays in fp32 in the vector
     unit's local memory, because accumulating it in fp16 grows the error like
-    sqrt(n_blocks / 3) unit roundoffs (measured: it loses to fa-fp16s on
-    small-bias inputs)."""
+    sqrt(n_blocks / 3) unit roundoffs (on small-bias inputs it would lose to
+    fa-fp16s)."""
     r16 = lambda x: _round(x, torch.float16)  # noqa: E731
     shape = _tile_shape(state, v_blk.shape[-2])
     s = r16(_scores(q_tile, keys.blocks[:, :, j], shape))
@@ -234,14 +239,11 @@ def _step_exact(problem, state, q_tile, keys, v_blk, j, vis, has_any, low):
     state.update(has_any, m=m_new, l=l_new, o=o_new, n=state.n + 1.0)
 
 
-_STEPS = {
-    "fa-fp32": _step_fa,
-    "fa-fp16s": _step_fa,
-    "fa-fp16": _step_fa,
-    "pasa": _step_pseudo_average,
-    "pasa-mixed": _step_pseudo_average,
-    "pasa-exact": _step_exact,
-}
+def _step_for(allocation: numerics.Allocation):
+    """The kv-block step of ``allocation``'s shift."""
+    if allocation.pseudo_average_shift:
+        return _step_pseudo_average
+    return _step_exact if allocation.exact_shift else _step_fa
 
 
 def _finish(problem: AttentionProblem, state: _State, low: torch.dtype):
@@ -250,9 +252,9 @@ def _finish(problem: AttentionProblem, state: _State, low: torch.dtype):
     seen = state.n > 0  # not l > 0: an overflow's NaN must reach the output
     o = torch.where(seen, state.o / torch.where(seen, state.l, 1.0), 0.0)
     true_max = state.m
-    if problem.allocation.shift == "pseudo_average":
+    if problem.allocation.pseudo_average_shift:
         gamma = ideal_invariance(problem.beta)
-        if problem.allocation.stats == "low":
+        if problem.allocation.low_statistics:
             gamma = _round(torch.tensor(gamma), torch.float16).item()
         true_max = state.m + gamma * state.f
     lse = torch.where(seen, true_max + torch.log(torch.where(seen, state.l, 1.0)), NEG_INF)

@@ -57,11 +57,13 @@ BACKENDS: dict[str, Backend] = {
         Backend("ascendc-emu", "pasa_npu.ascendc_emu", ("cpu",),
                 "the AscendC kernels of ascend_kernels/ run on CPU against the emulated AscendC API",
                 emulated_on=("cpu",)),
+        Backend("npu", "pasa_npu.npu", ("npu",),
+                "the AscendC kernels of ascend_kernels/ on an Ascend NPU through torch_npu"),
     )
 }
 
-#: Names accepted by ``backend=``, implemented or planned.
-BACKEND_NAMES = ("auto", "torch", "triton", "ascendc-emu", "npu")
+#: Names accepted by ``backend=``.
+BACKEND_NAMES = ("auto", *BACKENDS)
 
 
 def resolve(name: str, device: torch.device) -> Backend:
@@ -69,11 +71,11 @@ def resolve(name: str, device: torch.device) -> Backend:
     if name not in BACKEND_NAMES:
         raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {name!r}")
     if name == "auto":
-        name = "triton" if device.type == "cuda" and _importable("triton") else "torch"
-    backend = BACKENDS.get(name)
-    if backend is None:
-        raise NotImplementedError(f"backend {name!r} is not implemented yet; available: "
-                                  f"{sorted(BACKENDS)}")
+        if device.type == "npu":
+            name = "npu"
+        else:
+            name = "triton" if device.type == "cuda" and _importable("triton") else "torch"
+    backend = BACKENDS[name]
     reason = backend.unavailable_reason(device)
     if reason is not None:
         raise RuntimeError(reason)
@@ -91,8 +93,11 @@ def available_backends(device: str = "cpu", emulated: bool = False) -> list[str]
     interpreter, the AscendC emulation): correct but slow, for tests and explicit
     requests; never picked by default.
     """
+    try:
+        dev = torch.device(device)
+    except RuntimeError:  # a device type this torch does not know (npu without torch_npu)
+        return []
     names = []
-    dev = torch.device(device)
     for name, backend in BACKENDS.items():
         if backend.unavailable_reason(dev) is not None:
             continue

@@ -1,7 +1,7 @@
 """The one definition of the precision allocations, the tiling and the rounding guard.
 
 Every backend (PyTorch CPU, Triton, AscendC) and every tool reads these; none of
-them keeps a private copy. DESIGN.md §2.3 is the table this module encodes.
+them keeps a private copy. It encodes docs/design.md, "Precision allocations".
 
 Conventions used by all backends:
 
@@ -24,44 +24,67 @@ FP16_MAX = 65504.0
 
 @dataclass(frozen=True)
 class Allocation:
-    """A precision allocation of the attention forward pass (DESIGN.md §2.3).
+    """A precision allocation of the attention forward pass (docs/design.md, "Precision
+    allocations"): what each step computes in, as the named properties a kernel branches on.
 
-    ``shift``: ``"none"`` (plain FlashAttention-2), ``"pseudo_average"`` (PASA's
-    shifting matrix M with the online recovery of §2.2) or ``"exact"`` (§2.4:
-    beta = 1, the per-row constant carried in fp32).
-    ``scores``/``stats``/``accumulate``: ``"fp32"`` or ``"low"`` for the score
-    tile leaving the matmul, the softmax statistics (m, l, P, means) and the
-    output accumulator.
+    ``pseudo_average_shift``: PASA's shift, K' = M^T K per kv block, the bias recovered
+    online from the pseudo-average of the shifted block means (docs/design.md, "Recovering
+    the bias online"). ``exact_shift``: the full shift, K' = (K - mean16) * scale, with the
+    row constant c = scale * Q . mean16 carried exactly in fp32 (docs/design.md, "pasa-exact:
+    carrying the shift exactly"). Neither: plain FlashAttention-2.
+    ``low_scores``: the score tile leaves the matmul rounded to the low-precision dtype.
+    ``low_statistics``: the softmax statistics (m, l, P, the block means) are low-precision
+    steps; otherwise fp32.
+    ``low_accumulator``: the output accumulator is kept in the low-precision dtype.
     """
 
     name: str
-    shift: str
-    scores: str
-    stats: str
-    accumulate: str
+    pseudo_average_shift: bool
+    exact_shift: bool
+    low_scores: bool
+    low_statistics: bool
+    low_accumulator: bool
     summary: str
 
+    def __post_init__(self):
+        if self.pseudo_average_shift and self.exact_shift:
+            raise ValueError(f"allocation {self.name!r}: one shift at most")
+
     @property
-    def is_pasa(self) -> bool:
-        return self.shift != "none"
+    def shifts_keys(self) -> bool:
+        """K is replaced by a shifted K' before the scores: the PASA allocations."""
+        return self.pseudo_average_shift or self.exact_shift
+
+    @property
+    def shift(self) -> str:
+        """The shift's name for reports: "none", "pseudo_average" or "exact"."""
+        if self.pseudo_average_shift:
+            return "pseudo_average"
+        return "exact" if self.exact_shift else "none"
+
+
+def _allocation(name: str, shift: str, low_scores: bool, low_statistics: bool,
+                low_accumulator: bool, summary: str) -> Allocation:
+    return Allocation(name, shift == "pseudo_average", shift == "exact", low_scores,
+                      low_statistics, low_accumulator, summary)
 
 
 ALLOCATIONS: dict[str, Allocation] = {
     a.name: a
     for a in (
-        Allocation("fa-fp32", "none", "fp32", "fp32", "fp32",
-                   "FlashAttention-2, fp32 scores and statistics (torch_npu inner_precise=0)"),
-        Allocation("fa-fp16s", "none", "low", "fp32", "fp32",
-                   "fp16 unscaled scores out of the matmul, fp32 softmax (paper Fig. 2)"),
-        Allocation("fa-fp16", "none", "low", "low", "low",
-                   "fully low precision (paper Fig. 3; inner_precise=1)"),
-        Allocation("pasa", "pseudo_average", "low", "low", "low",
-                   "PASA, Algorithm 1 of the paper: every step in fp16"),
-        Allocation("pasa-mixed", "pseudo_average", "low", "fp32", "fp32",
-                   "PASA's shift with fp32 statistics and accumulation"),
-        Allocation("pasa-exact", "exact", "low", "fp32", "fp32",
-                   "full shift, per-row constant carried exactly in fp32; S', P' and the "
-                   "P'V tile in fp16, running output in fp32 local memory"),
+        _allocation("fa-fp32", "none", False, False, False,
+                    "FlashAttention-2, fp32 scores and statistics (torch_npu inner_precise=0)"),
+        _allocation("fa-fp16s", "none", True, False, False,
+                    "fp16 unscaled scores out of the matmul, fp32 softmax (paper Fig. 2)"),
+        _allocation("fa-fp16", "none", True, True, True,
+                    "fully low precision (paper Fig. 3; inner_precise=1)"),
+        _allocation("pasa", "pseudo_average", True, True, True,
+                    "PASA, Algorithm 1 of the paper: every step in fp16"),
+        _allocation("pasa-mixed", "pseudo_average", True, False, False,
+                    "PASA's shift with fp32 statistics and accumulation"),
+        _allocation("pasa-exact", "exact", True, False, False,
+                    "full shift, per-row constant carried exactly in fp32; S', P' and the "
+                    "P'V tile in fp16, running output in fp32 local memory"),
     )
 }
 
@@ -78,7 +101,7 @@ def compute_dtype(allocation: Allocation, input_dtype: torch.dtype) -> torch.dty
     PASA allocations always compute in fp16 (bf16 inputs are converted, the
     paper's rule); the FlashAttention allocations keep the input dtype.
     """
-    return torch.float16 if allocation.is_pasa else input_dtype
+    return torch.float16 if allocation.shifts_keys else input_dtype
 
 
 @dataclass(frozen=True)
@@ -95,15 +118,14 @@ class Tiling:
 
 DEFAULT_TILING = Tiling()
 
-# Optimal-accuracy starting point for beta (paper §2.3; the paper adopts the
-# solution from 1 - 2**-6). Measured on the CPU backend (tools/inputs.py cases,
-# scale 1/sqrt(128), `pasa-compare sweep --paper-shape --beta0 0.9375`): from 1 - 2**-4 most
-# random sweep cases are more accurate (pasa up to 16%, pasa-mixed up to 2x), but
-# pasa overflows (46% NaN) on the resonance case with scores
-# ~1e5, which 1 - 2**-6 keeps finite. Overflow-freedom comes first.
+# Optimal-accuracy starting point for beta (paper §2.3; the paper adopts the solution
+# from 1 - 2**-6; docs/design.md, "Choosing β"). A start at 1 - 2**-4 is more accurate on
+# most random inputs (`pasa-compare sweep --paper-shape --beta0 0.9375`) but lets pasa
+# overflow on the resonance case (scores ~1e5, tools/inputs.py), which 1 - 2**-6 keeps
+# finite: overflow-freedom comes first.
 DEFAULT_BETA0 = 1.0 - 2.0 ** -6
 
-# Rounding guard (DESIGN.md §2.5, seed 002): for a row whose block maximum rm is
+# Rounding guard (docs/design.md, "The rounding guard"): for a row whose block maximum rm is
 # repeated, shift the exponent's reference to m = GUARD_FACTOR * rm (rm > 0) or
 # 0 (rm < 0), so that no entry of P is exactly 1. The offset m - rm is clamped
 # to [GUARD_MIN_OFFSET, GUARD_MAX_OFFSET]: below, exp(-offset) would round back

@@ -8,8 +8,6 @@ computation ran (cpu, interpreter, cuda), then what the test names.
 
 MEASURED = {
     'ablate': {
-        "interpreter/P'V tile in fp32": 0.000341,
-        'interpreter/l from unrounded p': 0.000144,
         'interpreter/plain causal=False': 0.000426,
         'interpreter/plain causal=True': 0.000915,
     },

@@ -19,13 +19,26 @@ from pasa_npu.backends import available_backends
 INT_MAX = 2147483647
 
 
+def npu_absent_reason() -> str | None:
+    """None when an NPU and the ``npu`` backend are here, else why not."""
+    try:
+        import torch_npu  # noqa: F401
+    except ImportError as exc:
+        return f"torch_npu does not import ({exc})"
+    if not torch.npu.is_available():
+        return "torch_npu sees no NPU"
+    return None if "npu" in available_backends("npu") else "the npu backend is not built"
+
+
 def _backend_devices() -> list[tuple[str, str]]:
     """(backend, device) pairs to test here: CPU backends on CPU; Triton on the GPU when
-    there is one, else through the interpreter on CPU."""
+    there is one, else through the interpreter on CPU; the npu backend on an NPU."""
     pairs = [(name, "cpu") for name in available_backends("cpu", emulated=True)]
     if torch.cuda.is_available():
         pairs = [(n, d) for n, d in pairs if n != "triton"]
         pairs += [(name, "cuda") for name in available_backends("cuda") if name != "torch"]
+    if npu_absent_reason() is None:
+        pairs.append(("npu", "npu"))
     return pairs
 
 
@@ -41,7 +54,8 @@ def interpreted(backend: str) -> bool:
 
 def interpreter_skip(backend: str, algorithm: str, dtype) -> str | None:
     """Why a combination cannot run under Triton's interpreter, or None."""
-    if interpreted(backend) and dtype == torch.bfloat16 and not algorithm.startswith("pasa"):
+    computes_bf16 = not pasa_npu.ALLOCATIONS[algorithm].shifts_keys  # PASA computes in fp16
+    if interpreted(backend) and dtype == torch.bfloat16 and computes_bf16:
         return ("Triton's CPU interpreter computes bf16 tl.dot wrongly (numpy has no bf16); "
                 "bf16 fa-* runs on the GPU only")
     return None
@@ -160,21 +174,17 @@ def assert_same_in_fp64(actual: torch.Tensor, expected: torch.Tensor, what: str 
 
 @contextlib.contextmanager
 def triton_tuning(**switches):
-    """The Triton backend's TUNING switches set to ``switches`` for the block, restored
-    after."""
-    from pasa_npu.fallback import triton_attention
+    """The Triton backend's active Tuning with ``switches`` changed, active for the block
+    (nested blocks add their switches to the outer ones')."""
+    from pasa_npu.fallback import triton_tuning as tuning
 
-    saved = dict(triton_attention.TUNING)
-    triton_attention.TUNING.update(switches)
-    try:
-        yield
-    finally:
-        triton_attention.TUNING.update(saved)
+    with tuning.using(tuning.active().replace(**switches)) as chosen:
+        yield chosen
 
 
 #: Backends that implement a subset of the features and raise NotImplementedError (naming
 #: the feature) for the rest; tests skip them for exactly those cases.
-PARTIAL_BACKENDS = ("ascendc-emu",)
+PARTIAL_BACKENDS = ("ascendc-emu", "npu")
 
 
 @contextlib.contextmanager

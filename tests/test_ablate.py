@@ -1,5 +1,5 @@
-"""``tools/ablate.py`` measures what it says: every source variant still finds its text in
-the Triton backend and runs, and the plain FA2 baseline kernel computes attention."""
+"""``tools/ablate.py`` measures what it says: every candidate is a valid tuning of the
+Triton backend and runs, and the plain FA2 baseline kernel computes attention."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +8,7 @@ import torch
 import pasa_npu
 from _support import BACKENDS, assert_measured, device_kind, on_device
 
-# The variants' errors within 2x their measured values (tests/_measured.py, "ablate")
+# The candidates' errors within 2x their measured values (tests/_measured.py, "ablate")
 ABLATE_FACTOR = 2
 
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not installed")
@@ -20,34 +20,37 @@ def _inputs(seq=48, heads=2, d=32):
     return q, k + 2.0, v
 
 
-@pytest.mark.parametrize("name", ["P'V tile in fp32", "l from unrounded p", "c = 0"])
-def test_every_variant_applies_and_runs(name, tmp_path):
+def test_every_candidate_is_a_tuning_of_the_triton_kernel():
+    """Every row but the default and the plain baseline times the Triton prefill kernel
+    under its own Tuning (validated when made)."""
+    from pasa_npu.fallback import triton_tuning
     from pasa_npu.tools import ablate
 
-    module = ablate.variant_module(name, str(tmp_path))
+    rows = ablate.candidates()
+    tuned = [tuning for label, tuning, _ in rows if tuning is not None]
+    assert len({label for label, _, _ in rows}) == len(rows)
+    assert len(tuned) == len(rows) - 2 - len(ablate.PLAIN_CONFIGS)
+    assert all(isinstance(t, triton_tuning.Tuning) and t.prefill == "triton" for t in tuned)
+    assert {t.launch for t in tuned} >= set(ablate.CONFIGS)
+    assert any(t.loops == 7 for t in tuned)
+
+
+def test_a_candidate_runs_with_its_tuning():
+    from pasa_npu.fallback import triton_tuning
+    from pasa_npu.tools import ablate
+
     q, k, v = on_device("triton", *_inputs())
-    with ablate.backend_module(module, dict(row_constant="precomputed")):
-        assert pasa_npu.api._PLANS == {}
-        out = ablate.ours("pasa-exact", q, k, v, causal=True)
-        assert pasa_npu.api.backends.resolve("triton", q.device).runner() is module.run
+    label, tuning, call = next(row for row in ablate.candidates()
+                               if row[1] is not None and row[1].row_constant == "in-kernel")
+    with triton_tuning.using(tuning):
+        out = call(q, k, v, True)
     ref = pasa_npu.fused_attention(*_inputs(), num_heads=2, input_layout="BNSD",
                                    scale=32 ** -0.5, algorithm="pasa-exact", backend="torch",
                                    sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())[0]
     out = out.cpu().float()
     assert torch.isfinite(out).all()
-    if name != "c = 0":  # the timing-only variants change rounding, not the result's scale
-        err = float((out - ref.float()).norm() / ref.float().norm())
-        assert_measured(err, "ablate", f"{device_kind('triton')}/{name}", ABLATE_FACTOR)
-    from pasa_npu.fallback import triton_attention
-    assert pasa_npu.api.backends.resolve("triton", q.device).runner() is triton_attention.run
-
-
-def test_a_variant_whose_text_is_gone_is_an_error(tmp_path, monkeypatch):
-    from pasa_npu.tools import ablate
-
-    monkeypatch.setitem(ablate.VARIANTS, "stale", ("no such text in the backend", ""))
-    with pytest.raises(RuntimeError, match="no longer in"):
-        ablate.variant_module("stale", str(tmp_path))
+    err = float((out - ref.float()).norm() / ref.float().norm())
+    assert_measured(err, "ablate", f"{device_kind('triton')}/{label}", ABLATE_FACTOR, label)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -70,7 +73,7 @@ def test_host_time_mode_runs_without_a_gpu(capsys):
 
     assert ablate.main(["--host-time"]) == 0
     assert "API host time per call" in capsys.readouterr().out
-    assert pasa_npu.api._PLANS == {}
+    assert pasa_npu.plans.PLANS == {}
 
 
 def test_causal_timing_reuses_one_argument_plan():
@@ -79,25 +82,10 @@ def test_causal_timing_reuses_one_argument_plan():
     from pasa_npu.tools import ablate
 
     q, k, v = on_device("triton", *_inputs())
-    pasa_npu.api._PLANS.clear()
+    pasa_npu.plans.clear()
     for _ in range(3):
         ablate.ours("fa-fp32", q, k, v, causal=True)
-    assert len(pasa_npu.api._PLANS) == 1
-
-
-def test_backend_module_fixes_the_loops_and_restores_them():
-    """The "every kv-block loop compiled in" candidates really compile all three in, and
-    leave the backend's own choice in place afterwards."""
-    from pasa_npu.fallback import triton_attention
-    from pasa_npu.tools import ablate
-
-    chosen = triton_attention._block_loops
-    q, k, v = on_device("triton", *_inputs())
-    with ablate.backend_module(triton_attention, loops=7):
-        assert triton_attention._block_loops(None, 32) == 7
-        every = ablate.ours("pasa-exact", q, k, v, causal=False)
-    assert triton_attention._block_loops is chosen
-    assert torch.equal(every, ablate.ours("pasa-exact", q, k, v, causal=False))
+    assert len(pasa_npu.plans.PLANS) == 1
 
 
 def test_per_call_device_us_sums_each_kernel_over_the_calls():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import pasa_npu
-from pasa_npu.api import OWN_KEYWORDS, UNIMPLEMENTED_KEYWORDS
+from pasa_npu.arguments import OWN_KEYWORDS, UNIMPLEMENTED_KEYWORDS
 
 # torch_npu.npu_fused_infer_attention_score's schema as the op-plugin documentation gives it
 # (docs/context/torch_npu-npu_fused_infer_attention_score.md).
@@ -125,7 +125,7 @@ BAD = [
     (dict(algorithm="pasa-exact", beta=0.5), ValueError, "pasa-exact always shifts fully"),
     (dict(algorithm="pasa", beta=1.0), ValueError, r"beta must lie in \[0, 1\)"),
     (dict(backend="cuda"), ValueError, "backend must be one of"),
-    (dict(backend="npu"), NotImplementedError, "backend 'npu' is not implemented"),
+    (dict(backend="npu"), RuntimeError, "backend 'npu' runs on npu tensors, got tensors on cpu"),
     (dict(rounding_guard=1), TypeError, "rounding_guard must be a bool"),
     (dict(softmax_lse_flag=1), TypeError, "softmax_lse_flag must be a bool"),
     (dict(kv_block=1), ValueError, "kv_block must be >= 2"),
@@ -234,12 +234,12 @@ def test_cached_plan_keeps_the_per_call_range_check():
 
 
 def test_cached_plan_gives_the_uncached_result():
-    from pasa_npu import api
+    from pasa_npu import plans
 
     q, k, v = _small()
     lens = dict(actual_seq_lengths=[5], actual_seq_lengths_kv=[7], softmax_lse_flag=True)
     first = _call(q, k, v, **lens)
-    api._PLANS.clear()
+    plans.clear()
     fresh = _call(q, k, v, **lens)
     again = _call(q, k, v, **lens)
     for a, b, c in zip(first, fresh, again):
@@ -252,7 +252,7 @@ def test_new_lengths_reuse_the_argument_plan(layout, sparse_mode):
     """A decode loop's lengths change every call: the plan of the same arguments is
     reused with the new lengths (and the band they set), and gives what a plan made from
     scratch gives; lengths out of range are still refused."""
-    from pasa_npu import api
+    from pasa_npu import plans
 
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 2, 12, 16, generator=g).half() for _ in range(3))
@@ -269,12 +269,12 @@ def test_new_lengths_reuse_the_argument_plan(layout, sparse_mode):
                    dict(actual_seq_lengths=[3, 9], actual_seq_lengths_kv=[12, 10])]
         too_long = dict(actual_seq_lengths=[3, 9], actual_seq_lengths_kv=[13, 10])
     call = lambda **lens: pasa_npu.fused_attention(q, k, v, input_layout=layout, **kw, **lens)  # noqa: E731
-    api._PLANS.clear()
+    plans.clear()
     for lens in lengths:
         reused = call(**lens)
-        plans = list(api._PLANS.values())
-        assert len(plans) == 1 and len(plans[0]) == lengths.index(lens) + 1
-        api._PLANS.clear()
+        cached = list(plans.PLANS.values())
+        assert len(cached) == 1 and len(cached[0]) == lengths.index(lens) + 1
+        plans.clear()
         fresh = call(**lens)
         for a, b in zip(reused, fresh):
             assert torch.equal(a, b)

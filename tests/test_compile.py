@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import pasa_npu
-from pasa_npu import api
+from pasa_npu import arguments, compiled
 from _support import BACKEND_DEVICES, on_device, skip_unsupported
 
 OP = torch.ops.pasa_npu.fused_attention.default
@@ -86,9 +86,9 @@ def test_compiled_call_is_one_operator_with_the_eager_outputs(backend, case):
 
 @pytest.mark.parametrize("algorithm", ["pasa", "pasa-exact", "fa-fp16"])
 def test_inductor_keeps_the_allocation_roundings(algorithm):
-    """Traced into (before the operator existed), the torch backend's fp16 steps were fused
-    by inductor and this case's outputs differed from the eager ones. As one operator the
-    compiled call is the eager call."""
+    """Traced into, the torch backend's fp16 steps would be fused by inductor and this
+    case's outputs would differ from the eager ones. As one operator the compiled call is
+    the eager call."""
     q, k, v, kw = _case("BSH GQA, LSE", seq=256)
     kw = dict(kw, algorithm=algorithm, backend="torch")
     fn = lambda q, k, v: pasa_npu.fused_attention(q, k, v, **kw)  # noqa: E731
@@ -143,7 +143,7 @@ def test_operator_registration(case):
         lengths[name + "_tensor"] = value if isinstance(value, torch.Tensor) else None
     defaults = {name: p.default for name, p in
                 inspect.signature(pasa_npu.fused_attention).parameters.items()
-                if name in api._OP_SCALARS}
+                if name in compiled.OP_SCALARS}
     mask = kw.pop("atten_mask", None)
     torch.library.opcheck(OP, (q, k, v, mask), dict(lengths, **dict(defaults, **kw)))
 
@@ -179,16 +179,29 @@ def test_reduce_overhead_replays_cuda_graphs_on_gpu(s_q):
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
-def test_traced_call_forwards_every_argument_unchanged():
-    """The torch.compile branch lists fused_attention's arguments by name (dynamo cannot
-    trace locals() in every torch version): each one exactly once, as name=name."""
-    import ast
-    import textwrap
+def test_operator_schema_derives_from_the_argument_table():
+    """The operator takes every implemented argument of the table once (each length
+    argument as a list and as a tensor) and nothing unimplemented; the public signature is
+    the table's, torch_npu's keywords first."""
+    schema = OP._schema
+    names = [a.name for a in schema.arguments]
+    implemented = [a.name for a in arguments.KEYWORD_ARGUMENTS if a.kind != "unimplemented"]
+    lengths = [a.name for a in arguments.KEYWORD_ARGUMENTS if a.kind == "lengths"]
+    assert sorted(names) == sorted(["query", "key", "value", *implemented,
+                                    *(n + "_tensor" for n in lengths)])
+    assert not set(names) & set(arguments.UNIMPLEMENTED_KEYWORDS)
+    assert set(compiled.OP_SCALARS) == {a.name for a in arguments.KEYWORD_ARGUMENTS
+                                        if a.kind == "scalar"}
+    types = {a.name: str(a.type) for a in schema.arguments}
+    assert types["algorithm"] == "Optional[str]" and types["softmax_lse_flag"] == "bool"
+    assert types["scale"] == "float" and types["atten_mask"] == "Optional[Tensor]"
+    params = list(inspect.signature(pasa_npu.fused_attention).parameters)
+    assert params == ["query", "key", "value", *(a.name for a in arguments.KEYWORD_ARGUMENTS)]
 
-    tree = ast.parse(textwrap.dedent(inspect.getsource(api.fused_attention)))
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
-             and getattr(n.func, "id", None) == "_traced_call"]
-    assert len(calls) == 1
-    forwarded = calls[0].args[0].keywords
-    assert [kw.arg for kw in forwarded] == list(inspect.signature(api.fused_attention).parameters)
-    assert all(isinstance(kw.value, ast.Name) and kw.value.id == kw.arg for kw in forwarded)
+
+def test_unknown_keyword_is_refused_eager_and_compiled():
+    q, k, v = (torch.randn(1, 2, 8, 32).half() for _ in range(3))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'num_head'"):
+        pasa_npu.fused_attention(q, k, v, num_head=2)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'num_head'"):
+        torch.compile(lambda q, k, v: pasa_npu.fused_attention(q, k, v, num_head=2))(q, k, v)

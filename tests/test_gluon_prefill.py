@@ -175,7 +175,7 @@ def test_gpu_gluon_prefill_programs_take_many_tiles(d, algorithm, mode, gluon_la
         _assert_same_as_triton_kernel(algorithm, out, lse, kernel_out, kernel_lse)
 
 
-AUTO = [  # (algorithm, head dim, mask mode) where TUNING "auto" picks the Gluon kernel
+AUTO = [  # (algorithm, head dim, mask mode) where Tuning.prefill "auto" picks the Gluon kernel
     ("pasa-exact", 128, "no mask"), ("pasa", 128, "causal (3)"), ("fa-fp32", 64, "no mask"),
     ("pasa-exact", 64, "causal (3)"), ("pasa-exact", 64, "no mask"), ("pasa", 64, "causal (3)"),
     ("pasa", 64, "no mask"),

@@ -1,5 +1,6 @@
 """The paper's benchmark cases at its shape (1, 16, 1280, 128) as regression tests
-(DESIGN.md §4, paper Figs. 9-10 and Table 4), plus the resonance case of §2.4."""
+(docs/design.md, "How we measure"; paper Figs. 9-10 and Table 4), plus the resonance case
+(docs/design.md, "pasa-exact: carrying the shift exactly")."""
 from __future__ import annotations
 
 import pytest

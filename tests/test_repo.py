@@ -23,7 +23,7 @@ def test_ci_runs_the_readme_test_command():
 
 def test_only_pasa_npu_is_installed():
     setup = (ROOT / "setup.py").read_text()
-    packages = re.search(r"packages=\[(.*?)\]", setup).group(1)
+    packages = re.search(r"packages=\[(.*?)\]", setup, flags=re.S).group(1)
     assert all(p.strip().strip('"').startswith("pasa_npu") for p in packages.split(","))
 
 
@@ -41,7 +41,7 @@ def test_development_tools_are_not_installed(tmp_path, monkeypatch):
     monkeypatch.setattr(setuptools, "setup", lambda **kw: captured.update(kw))
     monkeypatch.setitem(sys.modules, "pybind11", types.SimpleNamespace(get_include=lambda: ""))
     exec(compile((ROOT / "setup.py").read_text(), str(ROOT / "setup.py"), "exec"),
-         {"__name__": "setup_under_test"})
+         {"__name__": "setup_under_test", "__file__": str(ROOT / "setup.py")})
     dist = Distribution(captured)
     dist.script_name = str(ROOT / "setup.py")
     build = dist.get_command_obj("build_py")

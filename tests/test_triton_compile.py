@@ -80,16 +80,14 @@ def test_pasa_kv_loops_use_the_cheap_exp_and_paired_conversions():
     prefill, pasa's block mean and block sum run on the tensor cores: its loop then has
     no per-element adds (FADD) left, which took 2 of its 12 instructions per element.
     And ptxas keeps its matmuls asynchronous: where it cannot prove a matmul's register
-    operands safe, it waits after every HGMMA of the kernel (an earlier form of pasa's
-    row sums did that). The Gluon kernel is checked at d = 64 too, where it runs three
-    consumer groups without a mask. pasa-exact's interior blocks take the row max of S' on
+    operands safe, it waits after every HGMMA of the kernel. The Gluon kernel is checked
+    at d = 64 too, where it runs three consumer groups without a mask. pasa-exact's interior blocks take the row max of S' on
     packed fp16 pairs (four halvings), not one fp32 max per score (64 a thread and block),
     and load nothing themselves: the loader brings the block means for the row constants
-    with K and V (a consumer group that fetched them, 16 blocks' at a time, and waited
-    for them was slower at d = 64: docs/bench/means-with-kv/). In the Gluon kernel's
-    interior blocks the only shuffles are the row max's: the row sums from the tensor
-    cores and pasa-exact's row constant are read without a reduction across lanes (one
-    took 12 shuffles in pasa's loop and pasa-exact's)."""
+    with K and V (a consumer group that fetches them itself waits for them). In the Gluon
+    kernel's interior blocks the only shuffles are the row max's: the row sums from the
+    tensor cores and pasa-exact's row constant are read without a reduction across lanes
+    (a reduction would add shuffles to pasa's loop and pasa-exact's)."""
     labels = ["pasa full d=128", "pasa-mixed full d=128", "pasa-exact full d=128"]
     if gluon_prefill.AVAILABLE:
         # at d = 64 without a mask, three consumer groups (168 registers a thread)

@@ -36,18 +36,18 @@ def _step(q, k, v, lens, algorithm, backend="triton"):
 def _metadata(q_lens, kv_lens, band=None):
     from types import SimpleNamespace
 
-    from pasa_npu.fallback import triton_attention as ta
+    from pasa_npu.fallback import triton_metadata
 
     dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     t = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
     problem = SimpleNamespace(q_starts=t([0] * len(q_lens)), q_lens=t(q_lens),
                               kv_starts=t([0] * len(q_lens)), kv_lens=t(kv_lens),
                               band=band and tuple(t(x) for x in band))
-    return ta._device_metadata(problem, dev)
+    return triton_metadata.device_metadata(problem, dev)
 
 
 def test_device_metadata_is_one_copy_cached_by_value():
-    from pasa_npu.fallback.triton_attention import INT_BIG
+    from pasa_npu.fallback.triton_metadata import INT_BIG
 
     first = _metadata([1, 1], [3, 4])
     assert [r.tolist() for r in first] == [[0, 0], [1, 1], [0, 0], [3, 4], [1, 1], [1, 1]]

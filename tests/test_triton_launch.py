@@ -20,10 +20,10 @@ def test_decode_split_counts_agree_with_cpu_backend(splits, algorithm, monkeypat
     split count gives the CPU backend's result: one split, the launch heuristic's count,
     and more splits than the merge loads at once (its loop over chunks), with a short
     batch whose later splits see no key at all."""
-    from pasa_npu.fallback import triton_attention
+    from pasa_npu.fallback import triton_launch
 
     block = 16 if interpreted("triton") else 128
-    n_blocks = 2 * triton_attention.COMBINE_CHUNK + 3
+    n_blocks = 2 * triton_launch.COMBINE_CHUNK + 3
     gen = torch.Generator().manual_seed(3)
     d, s2 = 32 if interpreted("triton") else 128, n_blocks * block
     q = torch.randn(2, 1, 8, d, generator=gen).half()
@@ -34,9 +34,9 @@ def test_decode_split_counts_agree_with_cpu_backend(splits, algorithm, monkeypat
     ref, ref_lse = pasa_npu.fused_attention(q, k, v, backend="torch", **kw)
 
     used = []
-    heuristic = triton_attention._decode_splits
+    heuristic = triton_launch.decode_splits
     forced = {"one": 1, "chosen": None, "over a combine chunk": n_blocks}[splits]
-    monkeypatch.setattr(triton_attention, "_decode_splits",
+    monkeypatch.setattr(triton_launch, "decode_splits",
                         lambda *a: used.append(forced or heuristic(*a)) or used[-1])
     out, lse = pasa_npu.fused_attention(*on_device("triton", q, k, v), backend="triton", **kw)
     assert len(used) == 1
@@ -48,14 +48,14 @@ def test_decode_split_counts_agree_with_cpu_backend(splits, algorithm, monkeypat
 
 def test_decode_fills_one_wave_of_programs():
     """The split count keeps every group's kv blocks covered and launches no more programs
-    than the GPU holds at once (more splits than blocks, or a second partial wave, were
+    than the GPU holds at once (more splits than blocks, or a second partial wave, are
     slower on an H100)."""
-    from pasa_npu.fallback.triton_attention import _decode_splits
+    from pasa_npu.fallback.triton_launch import decode_splits
 
     for n_blocks in (1, 7, 64, 1024):
         for groups in (1, 4, 32, 64, 128, 500):
             for resident in (1, 2):
-                n = _decode_splits(n_blocks, groups, 132, resident)
+                n = decode_splits(n_blocks, groups, 132, resident)
                 assert 1 <= n <= n_blocks
                 assert n == 1 or n * groups <= resident * 132
                 assert n == n_blocks or (n + 1) * groups > resident * 132
@@ -65,9 +65,9 @@ def test_decode_fills_one_wave_of_programs():
 @pytest.mark.parametrize("head_dim,group", [(32, 128), (256, 64)])
 def test_decode_cuts_large_query_groups_into_chunks(head_dim, group, algorithm, monkeypatch):
     """MQA-like groups: more query heads per kv head than one decode program's tile holds
-    (64 rows at d = 256 overflowed an H100's shared memory for fa-*) run as several
+    (64 rows at d = 256 overflow an H100's shared memory for fa-*) run as several
     programs over the same K/V blocks, each merged into its own rows."""
-    from pasa_npu.fallback import triton_attention
+    from pasa_npu.fallback import triton_launch
 
     gen = torch.Generator().manual_seed(8)
     s2 = 100 if interpreted("triton") else 1000
@@ -78,8 +78,8 @@ def test_decode_cuts_large_query_groups_into_chunks(head_dim, group, algorithm, 
               actual_seq_lengths_kv=[s2, s2 // 3], softmax_lse_flag=True, algorithm=algorithm)
     ref, ref_lse = pasa_npu.fused_attention(q, k, v, backend="torch", **kw)
     picked = []
-    block_g = triton_attention._decode_block_g
-    monkeypatch.setattr(triton_attention, "_decode_block_g",
+    block_g = triton_launch.decode_block_g
+    monkeypatch.setattr(triton_launch, "decode_block_g",
                         lambda *a: picked.append(block_g(*a)) or picked[-1])
     out, lse = pasa_npu.fused_attention(*on_device("triton", q, k, v), backend="triton", **kw)
     assert len(picked) == 1 and picked[0] < group  # cut into group / picked[0] chunks
@@ -94,12 +94,12 @@ def test_more_batch_heads_than_a_grid_axis_holds(query_len, algorithm, monkeypat
     puts them on the first. On a GPU 4097 batches x 16 heads (as many kv heads, for the
     key shift and decode); under the interpreter, which has no such limit and would run
     65k programs one by one, the limit is lowered to 3 for 2 x 4 pairs."""
-    from pasa_npu.fallback import triton_attention
+    from pasa_npu.fallback import triton_launch
 
     batch, heads = 4097, 16
     if interpreted("triton"):
         batch, heads = 2, 4
-        monkeypatch.setattr(triton_attention, "GRID_AXIS_MAX", 3)
+        monkeypatch.setattr(triton_launch, "GRID_AXIS_MAX", 3)
     gen = torch.Generator().manual_seed(9)
     q = torch.randn(batch, heads, query_len, 16, generator=gen).half()
     k, v = (torch.randn(batch, heads, 5, 16, generator=gen).half() for _ in range(2))

@@ -1,4 +1,4 @@
-"""Every alternative of the Triton backend's TUNING switches computes the same
+"""Every alternative of the Triton backend's Tuning switches computes the same
 allocation: the warp-specialised Gluon prefill vs the Triton kernel, TMA vs pointer
 loads, pasa-exact's row constant precomputed vs in the kernel, PASA's key shift as a
 separate pass vs fused. Each is checked against the CPU backend on a case with GQA, a
@@ -67,7 +67,7 @@ LOOP_CASES = {  # name: (extra arguments, kv length, expected kv-block loops)
 def test_block_loops_compiled_out_only_where_empty(case, monkeypatch):
     """The prefill kernel compiles out the kv-block loops a problem can never enter. The
     output with only those loops must equal, bit for bit, the output with all three."""
-    from pasa_npu.fallback import triton_attention
+    from pasa_npu.fallback import triton_launch
 
     extra, s2, expected = LOOP_CASES[case]
     gen = torch.Generator().manual_seed(5)
@@ -84,36 +84,55 @@ def test_block_loops_compiled_out_only_where_empty(case, monkeypatch):
         kw["atten_mask"] = on_device("triton", kw["atten_mask"])[0]
 
     chosen = []
-    block_loops = triton_attention._block_loops
-    monkeypatch.setattr(triton_attention, "_block_loops",
+    block_loops = triton_launch.block_loops
+    monkeypatch.setattr(triton_launch, "block_loops",
                         lambda *a: chosen.append(block_loops(*a)) or chosen[-1])
     out = pasa_npu.fused_attention(q, k, v, backend="triton", **kw)[0]
     assert chosen == [expected]
-    monkeypatch.setattr(triton_attention, "_block_loops", lambda *a: 7)
-    pasa_npu.api._PLANS.clear()
-    every_loop = pasa_npu.fused_attention(q, k, v, backend="triton", **kw)[0]
+    with triton_tuning(loops=7):
+        every_loop = pasa_npu.fused_attention(q, k, v, backend="triton", **kw)[0]
+    assert chosen == [expected]  # the tuning's loops replace the heuristic's
     assert torch.equal(out, every_loop)
     assert torch.isfinite(out.float()).all()
 
 
 def test_every_tuning_choice_is_tested_and_bad_ones_are_refused(capsys):
     """Each switch's choices are the ones the tests above run (``auto`` picks one of the
-    others); pasa-bench refuses a key or value the backend does not know, instead of
-    running the default under a wrong label."""
-    from pasa_npu.fallback import triton_attention
+    others); Tuning and pasa-bench refuse a key or value the backend does not know, instead
+    of running the default under a wrong label."""
+    from pasa_npu.fallback import triton_tuning as tuning_module
     from pasa_npu.tools import bench
 
-    choices = triton_attention.TUNING_CHOICES
-    assert set(choices) == set(triton_attention.TUNING)
-    assert all(triton_attention.TUNING[key] in values for key, values in choices.items())
+    choices = tuning_module.CHOICES
+    default = tuning_module.DEFAULT_TUNING
+    assert all(getattr(default, key) == values[0] for key, values in choices.items())
     tested = {(key, value) for key, values in choices.items() for value in values
               if value != "auto"}
     assert tested == set(SWITCHES)
     # every other switch belongs to the Triton kernel: set away from its default, it sends
     # an "auto" prefill there (tests/test_gluon_prefill.py checks that on a Hopper GPU)
-    defaults = triton_attention.TRITON_KERNEL_DEFAULTS
-    assert set(defaults) == set(choices) - {"prefill"}
-    assert all(triton_attention.TUNING[key] == value for key, value in defaults.items())
+    assert not default.triton_kernel_only()
+    for key, values in choices.items():
+        for value in values[1:]:
+            assert default.replace(**{key: value}).triton_kernel_only() == (key != "prefill")
+    assert default.replace(loops=7).triton_kernel_only()
+    assert default.replace(launch=(64, 4, 2)).triton_kernel_only()
+    with pytest.raises(ValueError, match="Tuning.shift must be one of"):
+        default.replace(shift="foo")
+    with pytest.raises(ValueError, match="Tuning.loops must be None or 1-7"):
+        default.replace(loops=8)
+    with pytest.raises(TypeError, match="tuning must be a Tuning"):
+        with tuning_module.using({"shift": "fused"}):
+            pass
     for bad in ("shift=foo", "rowsum_mma=0", "loads"):
         assert bench.main(["--tuning", bad]) == 2
         assert f"--tuning '{bad}' is not one of" in capsys.readouterr().err
+
+
+def test_tuning_is_active_in_its_block_only():
+    from pasa_npu.fallback import triton_tuning as tuning_module
+
+    assert tuning_module.active() is tuning_module.DEFAULT_TUNING
+    with triton_tuning(shift="fused"):
+        assert tuning_module.active().shift == "fused"
+    assert tuning_module.active() is tuning_module.DEFAULT_TUNING

@@ -6,22 +6,16 @@ Times ``pasa-exact`` (``fa-fp32`` and ``pasa`` too for the load paths) through
 * the backend's default (on an H100 the warp-specialised Gluon prefill for pasa-exact and
   fa-fp32) and the Triton kernel (``prefill=triton``); every row below times the Triton
   kernel, ``_attention_fwd``;
-* the Triton backend's other ``TUNING`` switches (``loads``, ``row_constant``);
+* the Triton backend's other tuning switches (``loads``, ``row_constant``);
 * every kv-block loop compiled in (fa-fp32 too), against only those a problem can enter;
 * other launch configurations (BLOCK_M, warps, stages), for ``pasa`` too;
-* source variants that change the allocation's numerics, for timing only: the P'V tile
-  left in fp32, l summed from the unrounded probabilities, the row constant c set to 0;
 * a plain FlashAttention-2 forward written as a minimal Triton kernel (the baseline
   Triton itself reaches on this GPU).
 
-It also splits a pasa-exact and a pasa call into its GPU kernels (torch.profiler), so
-that the separate key-shift pass's share of each timing is seen (``--kernels-only``: that
-split alone, without the variants).
-
-A variant is the backend's source with one text replaced, loaded as its own module; the
-replaced text must still be found, so a variant cannot silently stop measuring anything.
-Prints TFLOP/s (4 B H S^2 d / t, half for causal). Not a correctness tool: the numerics
-variants are wrong on purpose.
+Each variant is a :class:`pasa_npu.fallback.triton_tuning.Tuning`, made active around its
+timing. It also splits a pasa-exact and a pasa call into its GPU kernels (torch.profiler),
+so that the separate key-shift pass's share of each timing is seen (``--kernels-only``:
+that split alone, without the variants). Prints TFLOP/s (4 B H S^2 d / t, half for causal).
 
 ``--host-time`` (any machine) instead measures the API layer's host time per call, with
 the argument plan cached (as every repeated call is), rebuilt on every call, and with
@@ -33,12 +27,8 @@ directly and through Triton's ``kernel[grid]``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
-import importlib.util
-import pathlib
 import sys
-import tempfile
 import time
 
 import torch
@@ -46,73 +36,18 @@ import triton
 import triton.language as tl
 
 import pasa_npu
-from pasa_npu import api
-from pasa_npu.fallback import triton_attention
+from pasa_npu import plans
+from pasa_npu.fallback import triton_tuning
 from pasa_npu.tools import bench
-
-MODULE = "pasa_npu.fallback.triton_attention"
-
-#: name -> (text of the backend's source, its replacement)
-VARIANTS = {
-    "P'V tile in fp32": (
-        "acc_new = acc * alpha[:, None] + _fp16(tl.dot(p16, v)).to(tl.float32)",
-        "acc_new = tl.dot(p16, v, acc * alpha[:, None])"),
-    "l from unrounded p": (
-        "        p16 = tl.exp2(sp * 1.4426950408889634 - ((m_new - c) * 1.4426950408889634)"
-        "[:, None]).to(low)\n"
-        "        l_new = alpha * l + tl.sum(p16.to(tl.float32), 1)",
-        "        p32 = tl.exp2(sp * 1.4426950408889634 - ((m_new - c) * 1.4426950408889634)"
-        "[:, None])\n"
-        "        p16 = p32.to(low)\n"
-        "        l_new = alpha * l + tl.sum(p32, 1)"),
-    "c = 0": (
-        "                        c = tl.load(c_base + tl.cast(blk, tl.int64) * stride_cblk + rows,\n"
-        "                                    mask=rows < q_len, other=0.0)",
-        "                        c = tl.zeros([BLOCK_M], tl.float32)"),
-}
 
 SHAPES = ((128, 4096, 4, 16), (128, 16384, 1, 16), (64, 4096, 4, 32), (64, 16384, 1, 32))
 CONFIGS = ((128, 8, 3), (128, 8, 2), (128, 4, 2), (64, 4, 3), (64, 4, 2))  # (BLOCK_M, warps, stages)
 PLAIN_CONFIGS = ((128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (128, 64, 8, 3))
 
 
-def variant_module(name: str, directory: str):
-    """The Triton backend with VARIANTS[name] applied, as a fresh module."""
-    old, new = VARIANTS[name]
-    source = pathlib.Path(triton_attention.__file__).read_text()
-    if old not in source:
-        raise RuntimeError(f"variant {name!r}: its text is no longer in {MODULE}")
-    path = pathlib.Path(directory) / f"ablate_{len(list(pathlib.Path(directory).iterdir()))}.py"
-    path.write_text(source.replace(old, new))
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@contextlib.contextmanager
-def backend_module(module, tuning=None, config=None, loops=None):
-    """Route backend="triton" to ``module`` with ``tuning``, a fixed launch ``config`` and
-    fixed kv-block ``loops`` (the bits of ``_block_loops``; 7 compiles all three in). The
-    prefill runs on the Triton kernel unless ``tuning`` says otherwise."""
-    saved_module, saved_tuning = sys.modules[MODULE], dict(module.TUNING)
-    saved_config, saved_loops = module._launch_config, module._block_loops
-    sys.modules[MODULE] = module
-    module.TUNING.update({"prefill": "triton", **(tuning or {})})
-    if config is not None:
-        module._launch_config = lambda *args: config
-    if loops is not None:
-        module._block_loops = lambda *args: loops
-    api._PLANS.clear()  # plans hold the backend they resolved
-    try:
-        yield
-    finally:
-        sys.modules[MODULE] = saved_module
-        module.TUNING.clear()
-        module.TUNING.update(saved_tuning)
-        module._launch_config = saved_config
-        module._block_loops = saved_loops
-        api._PLANS.clear()
+def triton_kernel_tuning(**switches) -> triton_tuning.Tuning:
+    """The default tuning on the Triton prefill kernel, with ``switches`` changed."""
+    return triton_tuning.DEFAULT_TUNING.replace(prefill="triton", **switches)
 
 
 @triton.jit
@@ -175,39 +110,33 @@ def _time_ms(fn):
         return f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
 
 
-def candidates(directory: str):
-    """(label, setup, call): ``setup()`` is a context manager entered around the timing of
-    ``call(q, k, v, causal)``, so that a variant's set-up stays out of the timed calls."""
-    ta = triton_attention
-    none = contextlib.nullcontext
-    out = [("fa-fp32", none, lambda q, k, v, c: ours("fa-fp32", q, k, v, c))]
+def candidates():
+    """(label, tuning, call): ``call(q, k, v, causal)`` is timed with ``tuning`` active
+    (None: the backend's default)."""
+    out = [("fa-fp32", None, lambda q, k, v, c: ours("fa-fp32", q, k, v, c))]
     for cfg in PLAIN_CONFIGS:
-        out.append((f"plain Triton FA2 (BLOCK_M, BLOCK_N, warps, stages) = {cfg}", none,
+        out.append((f"plain Triton FA2 (BLOCK_M, BLOCK_N, warps, stages) = {cfg}", None,
                     lambda q, k, v, c, cfg=cfg: plain(q, k, v, c, *cfg)))
 
-    def ours_with(label, module, tuning, config=None, algorithm="pasa-exact", loops=None):
-        out.append((f"{algorithm} {label}",
-                    lambda: backend_module(module, tuning, config, loops),
+    def ours_with(label, tuning, algorithm="pasa-exact"):
+        out.append((f"{algorithm} {label}", tuning,
                     lambda q, k, v, c: ours(algorithm, q, k, v, c)))
 
-    out.append(("pasa-exact", none, lambda q, k, v, c: ours("pasa-exact", q, k, v, c)))
+    out.append(("pasa-exact", None, lambda q, k, v, c: ours("pasa-exact", q, k, v, c)))
     for algorithm in ("fa-fp32", "pasa-exact"):
-        ours_with("prefill=triton", ta, None, algorithm=algorithm)
-        ours_with("with every kv-block loop compiled in", ta, None, algorithm=algorithm, loops=7)
-
+        ours_with("prefill=triton", triton_kernel_tuning(), algorithm)
+        ours_with("with every kv-block loop compiled in", triton_kernel_tuning(loops=7),
+                  algorithm)
     for loads in ("tma", "pointers"):
         for algorithm in ("fa-fp32", "pasa"):
-            ours_with(f"loads={loads}", ta, dict(loads=loads), algorithm=algorithm)
+            ours_with(f"loads={loads}", triton_kernel_tuning(loads=loads), algorithm)
         for row_constant in ("precomputed", "in-kernel"):
-            ours_with(f"loads={loads} row_constant={row_constant}", ta,
-                       dict(loads=loads, row_constant=row_constant))
+            ours_with(f"loads={loads} row_constant={row_constant}",
+                      triton_kernel_tuning(loads=loads, row_constant=row_constant))
     for algorithm in ("pasa-exact", "pasa"):
         for config in CONFIGS:
-            ours_with(f"(BLOCK_M, warps, stages) = {config}", ta,
-                       dict(row_constant="precomputed"), config, algorithm=algorithm)
-    for name in VARIANTS:
-        ours_with(f"{name} (timing only)", variant_module(name, directory),
-                   dict(row_constant="precomputed"))
+            ours_with(f"(BLOCK_M, warps, stages) = {config}",
+                      triton_kernel_tuning(row_constant="precomputed", launch=config), algorithm)
     return out
 
 
@@ -255,19 +184,19 @@ def host_time_us(mode: str, calls: int = 2000) -> float:
     lengths = (lambda i: [1000 + i] * b) if mode == "growing" else (lambda i: None)  # noqa: E731
     saved = torch_blockwise.run
     torch_blockwise.run = lambda problem: None
-    api._PLANS.clear()
+    plans.clear()
     try:
         for i in range(50):
             pasa_npu.fused_attention(q, k, v, actual_seq_lengths_kv=lengths(calls + i), **kw)
         start = time.perf_counter()
         for i in range(calls):
             if mode == "rebuilt":
-                api._PLANS.clear()
+                plans.clear()
             pasa_npu.fused_attention(q, k, v, actual_seq_lengths_kv=lengths(i), **kw)
         return (time.perf_counter() - start) / calls * 1e6
     finally:
         torch_blockwise.run = saved
-        api._PLANS.clear()
+        plans.clear()
 
 
 def decode_step_us(growing: bool, steps: int = 300) -> tuple[float, float]:
@@ -300,7 +229,7 @@ def decode_step_us(growing: bool, steps: int = 300) -> tuple[float, float]:
         torch.cuda.synchronize()
         return host / steps * 1e6, (time.perf_counter() - start) / steps * 1e6
     finally:
-        api._PLANS.clear()
+        plans.clear()
 
 
 def prefill_call_us(calls: int = 300) -> float:
@@ -383,30 +312,34 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("ablate: error: needs a CUDA GPU", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory() as directory:
-        runs = [] if args.kernels_only else candidates(directory)
-        for d, seq, batch, heads in SHAPES:
-            if d not in args.dims:
-                continue
-            gen = torch.Generator(device="cuda").manual_seed(0)
-            q, k, v = (torch.randn(batch, heads, seq, d, device="cuda", dtype=torch.float16,
-                                   generator=gen) for _ in range(3))
-            for causal in {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]:
-                flops = 4.0 * batch * heads * seq * seq * d * (0.5 if causal else 1.0)
-                print(f"=== d={d} S={seq} B={batch} H={heads} "
-                      f"{'causal' if causal else 'no mask'}", flush=True)
-                for label, setup, call in runs:
-                    with setup():
-                        ms = _time_ms(lambda: call(q, k, v, causal))
-                    text = ms if isinstance(ms, str) else f"{flops / ms / 1e9:7.1f} TFLOP/s"
-                    print(f"  {label:58s} {text}", flush=True)
-                for algorithm in ("pasa-exact", "pasa"):
-                    times = kernel_times_us(functools.partial(ours, algorithm, q, k, v, causal))
-                    total = sum(times.values())
-                    parts = ", ".join(f"{name} {us:.0f} us ({100 * us / total:.1f}%)"
-                                      for name, us in sorted(times.items(), key=lambda x: -x[1]))
-                    print(f"  {algorithm} kernels per call: {parts}", flush=True)
+    _time_variants(args)
     return 0
+
+
+def _time_variants(args) -> None:
+    """Every candidate (none with ``--kernels-only``) and the kernel split, at each shape."""
+    runs = [] if args.kernels_only else candidates()
+    for d, seq, batch, heads in SHAPES:
+        if d not in args.dims:
+            continue
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(batch, heads, seq, d, device="cuda", dtype=torch.float16,
+                               generator=gen) for _ in range(3))
+        for causal in {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]:
+            flops = 4.0 * batch * heads * seq * seq * d * (0.5 if causal else 1.0)
+            print(f"=== d={d} S={seq} B={batch} H={heads} "
+                  f"{'causal' if causal else 'no mask'}", flush=True)
+            for label, tuning, call in runs:
+                with triton_tuning.using(tuning or triton_tuning.DEFAULT_TUNING):
+                    ms = _time_ms(lambda: call(q, k, v, causal))
+                text = ms if isinstance(ms, str) else f"{flops / ms / 1e9:7.1f} TFLOP/s"
+                print(f"  {label:58s} {text}", flush=True)
+            for algorithm in ("pasa-exact", "pasa"):
+                times = kernel_times_us(functools.partial(ours, algorithm, q, k, v, causal))
+                total = sum(times.values())
+                parts = ", ".join(f"{name} {us:.0f} us ({100 * us / total:.1f}%)"
+                                  for name, us in sorted(times.items(), key=lambda x: -x[1]))
+                print(f"  {algorithm} kernels per call: {parts}", flush=True)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import sys
 import torch
 
 import pasa_npu
+from pasa_npu.fallback import triton_tuning
 
 PREFILL_ALGORITHMS = ("pasa-exact", "pasa", "pasa-mixed", "fa-fp32", "fa-fp16s", "fa-fp16")
 DECODE_ALGORITHMS = ("pasa-exact", "pasa", "fa-fp32")
@@ -273,7 +274,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-decode", action="store_true")
     parser.add_argument("--no-prefill", action="store_true")
     parser.add_argument("--tuning", nargs="+", default=[], metavar="KEY=VALUE",
-                        help="Triton backend switches (fallback/triton_attention.py TUNING), "
+                        help="Triton backend switches (fallback/triton_tuning.py Tuning), "
                              "e.g. shift=fused row_constant=in-kernel")
     parser.add_argument("--algorithms", nargs="+", default=list(PREFILL_ALGORITHMS),
                         choices=pasa_npu.ALGORITHM_NAMES)
@@ -287,30 +288,34 @@ def main(argv=None) -> int:
             return 2
         out.mkdir(parents=True, exist_ok=True)
         return 0 if plot(result, out / "bench.png") else 1
-    from pasa_npu.fallback import triton_attention
-    tuning = dict(triton_attention.TUNING)
+    switches = {}
     for item in args.tuning:
         key, _, value = item.partition("=")
-        choices = triton_attention.TUNING_CHOICES.get(key)
+        choices = triton_tuning.CHOICES.get(key)
         if choices is None or value not in choices:
-            known = "; ".join(f"{k}={'|'.join(v)}" for k, v in
-                              triton_attention.TUNING_CHOICES.items())
+            known = "; ".join(f"{k}={'|'.join(v)}" for k, v in triton_tuning.CHOICES.items())
             print(f"pasa-bench: error: --tuning {item!r} is not one of: {known}",
                   file=sys.stderr)
             return 2
-        tuning[key] = value
+        switches[key] = value
+    tuning = triton_tuning.DEFAULT_TUNING.replace(**switches)
     if not torch.cuda.is_available():
         print("pasa-bench: error: needs a CUDA GPU (torch.cuda.is_available() is False)",
               file=sys.stderr)
         return 2
+    with triton_tuning.using(tuning):
+        return _run(args, tuning, out)
+
+
+def _run(args, tuning, out: pathlib.Path) -> int:
+    """Time every case with ``tuning`` active and write bench.json/.md/.png to ``out``."""
     import triton
 
-    triton_attention.TUNING.update(tuning)
     out.mkdir(parents=True, exist_ok=True)
     mask = pasa_npu.compressed_causal_mask("cuda")
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "triton": triton.__version__, "algorithms": args.algorithms,
-              "tuning": dict(triton_attention.TUNING),
+              "tuning": {key: getattr(tuning, key) for key in triton_tuning.CHOICES},
               "decode_algorithms": [a for a in DECODE_ALGORITHMS if a in args.algorithms],
               "copy_gbs": copy_bandwidth_gbs(), "rows": []}
     print(f"{result['device']}: copy bandwidth {result['copy_gbs']:.0f} GB/s; tuning "

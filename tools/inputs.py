@@ -36,7 +36,8 @@ def hybrid(shape, x0: float, amplitude: float, seed: int = 0, p: float = 0.001,
 
 def resonance(shape, score_magnitude: float = 3e4, seed: int = 0, phase: float = 0.0,
               dtype=torch.float16):
-    """Q and K sharing a large pattern along the head dimension (DESIGN.md §2.4).
+    """Q and K sharing a large pattern along the head dimension (docs/design.md,
+    "pasa-exact: carrying the shift exactly").
 
     Every key carries the same pattern ``A * w`` (w a sinusoid over the head
     dim) with a slow per-token drift, every query carries ``A * c_t * w``
@@ -87,7 +88,7 @@ class Case:
 
 
 def paper_cases(unique: bool = False) -> list[Case]:
-    """The paper's sweeps (DESIGN.md §4, Figures 9-10); ``unique`` drops the point
+    """The paper's sweeps (docs/design.md, "How we measure"; paper Figures 9-10); ``unique`` drops the point
     the hybrid mean and amplitude sweeps share."""
     cases = [Case("uniform", x0, 0.5, "uniform-mean") for x0 in (0, 5, 10, 20, 30)]
     cases += [Case("uniform", 20, am, "uniform-amplitude") for am in (5, 10, 15, 20)]

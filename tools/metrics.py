@@ -1,4 +1,4 @@
-"""Accuracy metrics against an fp64 golden (DESIGN.md §4).
+"""Accuracy metrics against an fp64 golden (docs/design.md, "How we measure").
 
 Every metric is computed in fp64. A NaN/Inf in ``actual`` makes the error
 metrics NaN (an overflow is never averaged away) and is counted separately by
@@ -66,7 +66,7 @@ def mare(actual: torch.Tensor, golden: torch.Tensor) -> float:
 
 
 def summary(actual: torch.Tensor, golden: torch.Tensor) -> dict[str, float]:
-    """Every metric of DESIGN.md §4 over the whole output."""
+    """Every metric of docs/design.md, "How we measure", over the whole output."""
     return {
         "rel_rmse": relative_rmse(actual, golden),
         "max_abs": max_abs_error(actual, golden),

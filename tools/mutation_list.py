@@ -21,7 +21,10 @@ class Mutation:
 
 
 TORCH = "fallback/torch_blockwise.py"
-TRITON = "fallback/triton_attention.py"
+TRITON_SOFTMAX = "fallback/triton_softmax.py"  # the block update both Triton kernels share
+TRITON_PREFILL = "fallback/triton_prefill.py"
+TRITON_DECODE = "fallback/triton_decode.py"
+ARGUMENTS = "pasa_npu/arguments.py"
 EMU = "ascend_kernels/emu/emu_ops.h"
 ORACLE = ("tests/test_oracle.py",)
 EMU_VECTOR = ("tests/test_ascendc_emu.py", "-k", "vector")
@@ -36,20 +39,20 @@ def _golden_triton(algorithm: str, *cases: str) -> tuple[str, ...]:
 MUTATIONS = [
     # ---- the issue's seven
     Mutation("fa-fp16: P.V tile not rounded before the accumulate (CPU backend)", TORCH,
-             "o_new = r(r(a * state.o) + r(_pv(p, v_blk)))",
-             "o_new = r(r(a * state.o) + _pv(p, v_blk))", ORACLE),
+             "o_new = _round(_round(a * state.o, low) + _round(_pv(p, v_blk), low), low)",
+             "o_new = _round(_round(a * state.o, low) + _pv(p, v_blk), low)", ORACLE),
     Mutation("pasa-mixed: P not rounded to fp16 before P.V (CPU backend)", TORCH,
              "o_new = a * state.o + b * _pv(_round(p, torch.float16), v_blk)",
              "o_new = a * state.o + b * _pv(p, v_blk)", ORACLE),
-    Mutation("fa-fp16: the running row sum's inner fp16 roundings dropped (Triton)", TRITON,
+    Mutation("fa-fp16: the running row sum's inner fp16 roundings dropped (Triton)", TRITON_SOFTMAX,
              "l_new = _rl(_rl(alpha * l, low) + _rl(tl.sum(p, 1), low), low)",
              "l_new = _rl(alpha * l + tl.sum(p, 1), low)",
              _golden_triton("fa-fp16", "bnsd", "left-up-causal")),
-    Mutation("beta solved without the folded scale", "pasa_npu/api.py",
+    Mutation("beta solved without the folded scale", ARGUMENTS,
              "return default_beta(tiling.kv_block, scale)",
              "return default_beta(tiling.kv_block, 1.0)",
              ("tests/test_beta.py", "-k", "default_beta")),
-    Mutation("actual_seq_lengths with more than B entries: the last B taken", "pasa_npu/api.py",
+    Mutation("actual_seq_lengths with more than B entries: the last B taken", ARGUMENTS,
              "lens = lens[:batch]", "lens = lens[-batch:]",
              ("tests/test_argument_forms.py::test_length_forms[torch]",)),
     Mutation("beta0 instead of the optimal beta", "pasa_npu/beta.py",
@@ -67,9 +70,9 @@ MUTATIONS = [
              "o_new = a * state.o + _pv(p, v_blk)", ORACLE),
     Mutation("fa-fp16s: the scores' fp16 rounding moved after the scale", TORCH,
              "        s = _round(s, low)  # unscaled fp16 scores: this is where fa-fp16s "
-             "overflows\n    if alloc.stats == \"low\":",
+             "overflows\n    if alloc.low_statistics:",
              "        s = _round(s * problem.scale, low) / problem.scale\n"
-             "    if alloc.stats == \"low\":", ORACLE),
+             "    if alloc.low_statistics:", ORACLE),
     Mutation("fa-fp16: the exp argument not rounded", TORCH,
              "p = torch.where(vis, r(torch.exp(r(s - m_new))), 0.0)",
              "p = torch.where(vis, r(torch.exp(s - m_new)), 0.0)", ORACLE),
@@ -88,25 +91,25 @@ MUTATIONS = [
              "mean16 = _round(kb.sum(-2) / block, torch.float16)",
              "mean16 = kb.sum(-2) / block", ORACLE),
     # ---- the same in the Triton kernels
-    Mutation("pasa-exact: the P'V tile not rounded to fp16 (Triton)", TRITON,
+    Mutation("pasa-exact: the P'V tile not rounded to fp16 (Triton)", TRITON_SOFTMAX,
              "acc_new = acc * alpha[:, None] + _fp16(tl.dot(p16, v)).to(tl.float32)",
              "acc_new = acc * alpha[:, None] + tl.dot(p16, v)",
              _golden_triton("pasa-exact", "bnsd", "left-up-causal")),
-    Mutation("pasa: the block mean not rounded to fp16 (Triton)", TRITON,
-             "        if ALG == 3:\n            s_mean = _rl(s_mean, low)\n", "",
+    Mutation("pasa: the block mean not rounded to fp16 (Triton)", TRITON_SOFTMAX,
+             "        if LOW_STATISTICS:\n            s_mean = _rl(s_mean, low)\n", "",
              _golden_triton("pasa", "tiling-32x64", "left-up-causal")),
     # ---- semantics: mask and length edges, GQA, LSE, the guard, decode's merge
     Mutation("band's upper edge off by one (the problem's visibility)", "pasa_npu/problem.py",
              "vis = vis & (j >= i - pre) & (j <= i + nxt)",
              "vis = vis & (j >= i - pre) & (j < i + nxt)",
              ("tests/test_semantics.py", "-k", "sparse_modes")),
-    Mutation("causal diagonal edge off by one (Triton)", TRITON,
+    Mutation("causal diagonal edge off by one (Triton)", TRITON_PREFILL,
              "vis = cols[None, :] <= last[:, None]", "vis = cols[None, :] < last[:, None]",
              _golden_triton("pasa-exact", "left-up-causal", "right-down-causal")),
     Mutation("a ragged last block keeps one key past the length (CPU backend)", TORCH,
              "[None, :] < lens.to(x.device)[:, None]", "[None, :] <= lens.to(x.device)[:, None]",
              ORACLE),
-    Mutation("GQA: query head h reads kv head h mod Nkv (Triton)", TRITON,
+    Mutation("GQA: query head h reads kv head h mod Nkv (Triton)", TRITON_PREFILL,
              "    hk = h // group\n", "    hk = h % (n_heads // group)\n",
              _golden_triton("pasa", "bsh-gqa2", "bsnd-mqa")),
     Mutation("PASA's LSE without the recovered bias (CPU backend)", TORCH,
@@ -114,7 +117,7 @@ MUTATIONS = [
     Mutation("rounding guard: the offset's lower clamp dropped (CPU backend)", TORCH,
              "offset = offset.clamp(numerics.GUARD_MIN_OFFSET, numerics.GUARD_MAX_OFFSET)",
              "offset = offset.clamp(max=numerics.GUARD_MAX_OFFSET)", ORACLE),
-    Mutation("decode merge: every chunk of splits reads the first (Triton)", TRITON,
+    Mutation("decode merge: every chunk of splits reads the first (Triton)", TRITON_DECODE,
              "rows = first_row + (s0 + chunk) * group_rows",
              "rows = first_row + chunk * group_rows",
              ("tests/test_triton_launch.py", "-k", "decode_split_counts and combine")),

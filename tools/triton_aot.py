@@ -29,13 +29,17 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from pasa_npu.fallback import gluon_prefill as gp
-from pasa_npu.fallback import triton_attention as ta
+from pasa_npu.fallback import triton_decode, triton_launch, triton_prefill
+from pasa_npu.fallback.kernel_common import allocation_flags
+from pasa_npu.fallback.triton_tuning import DEFAULT_TUNING
+from pasa_npu.numerics import ALLOCATIONS
 
+KERNELS = {"_attention_fwd": triton_prefill._attention_fwd,
+           "_decode_split": triton_decode._decode_split}
 SHARED_LIMIT = 232448  # bytes per block on sm_90
 SM_SHARED = 233472  # bytes per SM on sm_90, of which the driver reserves 1 KiB per block
 SM_REGISTERS = 65536
 SM_WARPS = 64
-ALGS = ta.ALG_IDS
 POINTERS = {
     "_attention_fwd": dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", C="*fp32",
                            MEANS="*fp16", MASK="*u8", SHIFT="*fp16", q_starts="*i32", q_lens="*i32",
@@ -51,7 +55,7 @@ DESCRIPTORS = ("K_DESC", "V_DESC")
 
 def compile_variant(kernel: str, consts: dict, num_warps: int, num_stages: int,
                     fp_fusion: bool = True, arch: int = 90):
-    fn = getattr(ta, kernel)
+    fn = KERNELS[kernel]
     consts = dict(consts)
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
@@ -198,11 +202,12 @@ def sass_loops(compiled, text=None) -> list:
 
 def variants(head_dim: int = 128):
     """Every prefill variant the defaults can launch (pasa-exact's row constant both ways;
-    without a mask, causal, and with an explicit mask) plus the fused key shift of TUNING,
+    without a mask, causal, and with an explicit mask) plus the fused key shift of Tuning,
     the decode kernel for each number of query heads per program, per allocation, and
     the Gluon prefill."""
-    for alg, alg_id in ALGS.items():
-        pasa = alg.startswith("pasa")
+    for alg, allocation in ALLOCATIONS.items():
+        pasa = allocation.shifts_keys
+        fp_fusion = triton_launch.fp_options(allocation) == {}
         forms = [("", False, False)]
         if alg == "pasa-exact":
             forms.append((" (c in kernel)", True, False))
@@ -214,32 +219,34 @@ def variants(head_dim: int = 128):
         modes = [("full", 2), ("causal", 6)] + ([("mask", 1)] if head_dim <= 128 else [])
         for mode, loops in modes:
             for tag, c_per_block, fused in forms:
-                consts = dict(ALG=alg_id, HAS_MASK=mode == "mask", HAS_BAND=mode == "causal",
-                              HAS_LSE=False, GUARD=False, K_PADDED=pasa and not fused,
-                              FUSED_SHIFT=fused, USE_TMA=ta.TUNING["loads"] == "tma",
+                consts = dict(**allocation_flags(allocation), HAS_MASK=mode == "mask",
+                              HAS_BAND=mode == "causal", HAS_LSE=False, GUARD=False,
+                              K_PADDED=pasa and not fused, FUSED_SHIFT=fused, USE_TMA=DEFAULT_TUNING.loads == "tma",
                               C_PER_BLOCK=c_per_block, LOOPS=loops, GRID_1D=False,
                               BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
-                block_m, warps, stages = ta._launch_config(head_dim, alg, False,
-                                                           c_per_block or fused, loops,
-                                                           mode == "mask")
+                block_m, warps, stages = triton_launch.launch_config(
+                    head_dim, alg, False, c_per_block or fused, loops, mode == "mask")
                 label = f"{alg}{tag} {mode} d={head_dim}"
                 yield ("_attention_fwd", label, dict(consts, BLOCK_M=block_m), warps, stages,
-                       ta._fp_options(alg) == {})
+                       fp_fusion)
         # every number of query heads per program the launch can pick (GQA 2:1 up to MQA)
-        for block_g in sorted({ta._decode_block_g(g, head_dim) for g in (1, 32, 64, 1024)}):
-            consts = dict(ALG=alg_id, HAS_MASK=False, GUARD=False, BLOCK_G=block_g,
+        for block_g in sorted({triton_launch.decode_block_g(g, head_dim)
+                               for g in (1, 32, 64, 1024)}):
+            consts = dict(**allocation_flags(allocation), HAS_MASK=False, GUARD=False,
+                          BLOCK_G=block_g,
                           BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
             yield ("_decode_split", f"{alg} decode g={block_g} d={head_dim}", consts, 4,
-                   ta._decode_stages(alg, head_dim), ta._fp_options(alg) == {})
+                   triton_launch.decode_stages(allocation, head_dim), fp_fusion)
     # the warp-specialised Gluon prefill that replaces _attention_fwd where it applies
-    alg_ids = ta.ALG_IDS
     for alg in gp.ALGORITHMS if gp.AVAILABLE and head_dim in gp.HEAD_DIMS else ():
+        allocation = ALLOCATIONS[alg]
         for causal in (False, True):
-            consts = dict(ALG=alg_ids[alg], HAS_BAND=causal, HAS_LSE=False,
+            consts = dict(PSEUDO_AVERAGE_SHIFT=allocation.pseudo_average_shift,
+                          EXACT_SHIFT=allocation.exact_shift, HAS_BAND=causal, HAS_LSE=False,
                           BLOCK_M=gp.GROUP_ROWS * gp.consumer_groups(head_dim),
                           BLOCK_N=gp.BLOCK_N, HEAD_DIM=head_dim, STAGES=gp._stages(head_dim))
             yield ("gluon", f"{alg} {'causal' if causal else 'full'} d={head_dim} (gluon)",
-                   consts, 4, 1, ta._fp_options(alg) == {})
+                   consts, 4, 1, triton_launch.fp_options(allocation) == {})
 
 
 def main(argv=None) -> int:
@@ -269,7 +276,8 @@ def main(argv=None) -> int:
             if kernel == "_decode_split" and "REG" in use:
                 # the decode launch sizes its splits to one wave of resident programs
                 n = resident_per_sm(smem, use["REG"], warps)
-                assumed = ta._decode_resident(label.split()[0], d, consts["BLOCK_G"])
+                assumed = triton_launch.decode_resident(ALLOCATIONS[label.split()[0]], d,
+                                                        consts["BLOCK_G"])
                 resident = f"  resident {n}"
                 if n != assumed:
                     flag += f"  LAUNCH ASSUMES {assumed} RESIDENT"

@@ -4,7 +4,7 @@
 // kernel_operator_vec_*_intf.h, kernel_operator_block_sync_intf.h) restricted to the
 // overloads the PASA kernels call, and checks the operands as the documentation states.
 //
-// Numerics modelled (not measured on hardware; see ascend_kernels/EMULATION.md):
+// Numerics modelled (not measured on hardware; see ascend_kernels/README.md, "The emulation"):
 // * Mmad: products of fp16/bf16 operands are exact in fp32; they are accumulated into
 //   the fp32 L0C value one k at a time, in increasing k, with one rounding per step.
 // * Vector arithmetic on half: computed in fp32 and rounded once to fp16 (RNE); Exp/Ln
@@ -79,6 +79,7 @@ void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const DataC
     const uint64_t blk = p.blockLen * 32ull;
     emu::CheckExtent(dst, (p.blockCount - 1ull) * (p.blockLen + p.dstStride) * 32 + blk, op, "dst");
     const uint32_t seq = emu::Issue(emu::P_MTE2);
+    emu::Dispatch(emu::P_MTE2, emu::GmReadCycles(static_cast<double>(p.blockCount) * blk), emu::Timing().gm_read_latency_cycles);
     for (uint32_t i = 0; i < p.blockCount; ++i) {
         const uint8_t* s = reinterpret_cast<const uint8_t*>(src.address_) + i * (p.blockLen + p.srcStride) * 32ull;
         const uint64_t d = i * (p.blockLen + p.dstStride) * 32ull;
@@ -100,6 +101,7 @@ void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const DataC
     const uint64_t blk = p.blockLen * 32ull;
     emu::CheckExtent(src, (p.blockCount - 1ull) * (p.blockLen + p.srcStride) * 32 + blk, op, "src");
     const uint32_t seq = emu::Issue(emu::P_MTE3);
+    emu::Dispatch(emu::P_MTE3, emu::GmWriteCycles(static_cast<double>(p.blockCount) * blk), emu::Timing().gm_write_latency_cycles);
     for (uint32_t i = 0; i < p.blockCount; ++i) {
         uint8_t* d = reinterpret_cast<uint8_t*>(dst.address_) + i * (p.blockLen + p.dstStride) * 32ull;
         const uint64_t s = i * (p.blockLen + p.srcStride) * 32ull;
@@ -146,6 +148,7 @@ void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Da
     const uint64_t row = (p.blockLen + (pad.leftPadding + pad.rightPadding) * sizeof(T) + 31) / 32 * 32;
     emu::CheckExtent(dst, (p.blockCount - 1ull) * (row + p.dstStride * 32ull) + row, op, "dst");
     const uint32_t seq = emu::Issue(emu::P_MTE2);
+    emu::Dispatch(emu::P_MTE2, emu::GmReadCycles(static_cast<double>(p.blockCount) * row), emu::Timing().gm_read_latency_cycles);
     for (uint32_t i = 0; i < p.blockCount; ++i) {
         const uint8_t* s = reinterpret_cast<const uint8_t*>(src.address_) + i * static_cast<uint64_t>(p.blockLen + p.srcStride);
         const uint64_t d = i * (row + p.dstStride * 32ull);
@@ -174,6 +177,7 @@ void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const Da
     const uint64_t row = (p.blockLen + 31) / 32 * 32;
     emu::CheckExtent(src, (p.blockCount - 1ull) * (row + p.srcStride * 32ull) + p.blockLen, op, "src");
     const uint32_t seq = emu::Issue(emu::P_MTE3);
+    emu::Dispatch(emu::P_MTE3, emu::GmWriteCycles(static_cast<double>(p.blockCount) * row), emu::Timing().gm_write_latency_cycles);
     for (uint32_t i = 0; i < p.blockCount; ++i) {
         uint8_t* d = reinterpret_cast<uint8_t*>(dst.address_) + i * static_cast<uint64_t>(p.blockLen + p.dstStride);
         const uint64_t s = i * (row + p.srcStride * 32ull);
@@ -209,6 +213,8 @@ void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Nd2Nz
     }
     emu::CheckExtent(dst, maxElem * sizeof(T), op, "dst");
     const uint32_t seq = emu::Issue(emu::P_MTE2);
+    emu::Dispatch(emu::P_MTE2, emu::GmReadCycles(static_cast<double>(p.ndNum) * p.nValue * dPad * sizeof(T)),
+                  emu::Timing().gm_read_latency_cycles);
     T* out = dst.Data();
     for (uint32_t n = 0; n < p.ndNum; ++n) {
         for (uint32_t r = 0; r < p.nValue; ++r) {
@@ -243,6 +249,8 @@ void Fill(const LocalTensor<T>& dst, const InitConstValueParams<U>& p)
     emu::CheckExtent(dst, span, op, "dst");
     const int pipe = l1 ? emu::P_MTE2 : emu::P_MTE1;
     const uint32_t seq = emu::Issue(pipe);
+    emu::Dispatch(pipe, emu::Timing().mte1_head_cycles +
+                            static_cast<double>(p.repeatTimes) * p.blockNum * unit / emu::Timing().mte1_l0a_bytes_per_cycle);
     for (uint32_t r = 0; r < p.repeatTimes; ++r) {
         const uint64_t start = r * static_cast<uint64_t>(p.blockNum + p.dstGap) * unit;
         emu::TouchLocal(pipe, seq, dst.HardwareKind(), dst.ByteOffset() + start, p.blockNum * unit, true, op);
@@ -270,6 +278,11 @@ void LoadData(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LoadDa
     emu::CheckExtent(src, srcSpan, op, "src");
     emu::CheckExtent(dst, dstSpan, op, "dst");
     const uint32_t seq = emu::Issue(emu::P_MTE1);
+    {
+        const emu::TimingParams& tp = emu::Timing();
+        const double rate = dst.HardwareKind() == Hardware::L0A ? tp.mte1_l0a_bytes_per_cycle : tp.mte1_l0b_bytes_per_cycle;
+        emu::Dispatch(emu::P_MTE1, tp.mte1_head_cycles + static_cast<double>(p.repeatTimes) * frac / rate);
+    }
     for (uint32_t i = 0; i < p.repeatTimes; ++i) {
         const uint64_t s = (p.startIndex + static_cast<uint64_t>(i) * p.srcStride) * frac;
         const uint64_t d = static_cast<uint64_t>(i) * (p.dstGap + 1) * frac;
@@ -314,22 +327,31 @@ void Mmad(const LocalTensor<T>& dst, const LocalTensor<U>& fm, const LocalTensor
     emu::CheckExtent(filter, static_cast<uint64_t>(k16) * n16 * 256 * sizeof(U), op, "filter");
     emu::CheckExtent(dst, static_cast<uint64_t>(m16) * n16 * 256 * sizeof(float), op, "dst");
     const uint32_t seq = emu::Issue(emu::P_M);
+    emu::Dispatch(emu::P_M, emu::Timing().mmad_head_cycles +
+                                static_cast<double>(m16) * n16 * k16 * 4096.0 / emu::Timing().cube_macs_per_cycle);
     emu::TouchLocal(emu::P_M, seq, Hardware::L0A, fm.ByteOffset(), static_cast<uint64_t>(m16) * k16 * 256 * sizeof(U), false, op);
     emu::TouchLocal(emu::P_M, seq, Hardware::L0B, filter.ByteOffset(), static_cast<uint64_t>(k16) * n16 * 256 * sizeof(U), false, op);
     emu::TouchLocal(emu::P_M, seq, Hardware::L0C, dst.ByteOffset(), static_cast<uint64_t>(m16) * n16 * 256 * sizeof(float), true, op);
+    // Operands converted once: A row-major (m x k), B column-major (n x k). Every product of two
+    // fp16/bf16 values is exact in fp32, so acc + a * b rounds once, like the documented
+    // accumulation one k at a time.
     const U* a = fm.Data();
     const U* b = filter.Data();
     float* c = dst.Data();
-    std::vector<float> arow(p.k), bcol(p.k);
+    std::vector<float> am(static_cast<size_t>(p.m) * p.k), bn(static_cast<size_t>(p.n) * p.k);
     for (uint32_t i = 0; i < p.m; ++i) {
-        for (uint32_t kk = 0; kk < p.k; ++kk) arow[kk] = static_cast<float>(a[((i / 16) * k16 + kk / 16) * 256 + (i % 16) * 16 + kk % 16]);
+        for (uint32_t kk = 0; kk < p.k; ++kk) am[i * p.k + kk] = static_cast<float>(a[((i / 16) * k16 + kk / 16) * 256 + (i % 16) * 16 + kk % 16]);
+    }
+    for (uint32_t j = 0; j < p.n; ++j) {
+        for (uint32_t kk = 0; kk < p.k; ++kk) bn[j * p.k + kk] = static_cast<float>(b[((kk / 16) * n16 + j / 16) * 256 + (j % 16) * 16 + kk % 16]);
+    }
+    for (uint32_t i = 0; i < p.m; ++i) {
+        const float* arow = &am[i * p.k];
         for (uint32_t j = 0; j < p.n; ++j) {
+            const float* bcol = &bn[j * p.k];
             float& acc = c[((j / 16) * m16 + i / 16) * 256 + (i % 16) * 16 + j % 16];
             float sum = p.cmatrixInitVal ? 0.0f : acc;
-            for (uint32_t kk = 0; kk < p.k; ++kk) {
-                const float bv = static_cast<float>(b[((kk / 16) * n16 + j / 16) * 256 + (j % 16) * 16 + kk % 16]);
-                sum = std::fma(arow[kk], bv, sum);
-            }
+            for (uint32_t kk = 0; kk < p.k; ++kk) sum += arow[kk] * bcol[kk];
             acc = sum;
         }
     }
@@ -366,6 +388,9 @@ void Fixpipe(const GlobalTensor<T>& dst, const LocalTensor<U>& src, const Fixpip
     const uint64_t srcSpan = ((p.nSize / 16 - 1ull) * p.srcStride * 16 + p.mSize * 16ull) * sizeof(float);
     emu::CheckExtent(src, srcSpan, op, "src");
     const uint32_t seq = emu::Issue(emu::P_FIX);
+    emu::Dispatch(emu::P_FIX, emu::Timing().fix_head_cycles +
+                                  static_cast<double>(p.mSize) * p.nSize * sizeof(T) / emu::Timing().fix_bytes_per_cycle,
+                  emu::Timing().gm_write_latency_cycles);
     emu::TouchLocal(emu::P_FIX, seq, Hardware::L0C, src.ByteOffset(), srcSpan, false, op);
     const float* c = src.Data();
     for (uint32_t i = 0; i < p.mSize; ++i) {
@@ -417,7 +442,8 @@ inline void CountVector(uint64_t elems)
 }
 
 template <typename T, typename F>
-void Binary(const LocalTensor<T>& dst, const LocalTensor<T>& a, const LocalTensor<T>& b, int32_t count, const char* op, F f)
+void Binary(const LocalTensor<T>& dst, const LocalTensor<T>& a, const LocalTensor<T>& b, int32_t count, const char* op, F f,
+            VecKind kind = VecKind::Simple)
 {
     CheckVecType<T>();
     CheckVector(dst, count, op, "dst");
@@ -428,6 +454,7 @@ void Binary(const LocalTensor<T>& dst, const LocalTensor<T>& a, const LocalTenso
     CheckOverlap(dst, a, bytes, bytes, op);
     CheckOverlap(dst, b, bytes, bytes, op);
     const uint32_t seq = Issue(P_V);
+    Dispatch(P_V, VecCycles(kind, sizeof(T), Repeats(bytes)));
     TouchLocal(P_V, seq, Hardware::UB, a.ByteOffset(), bytes, false, op);
     TouchLocal(P_V, seq, Hardware::UB, b.ByteOffset(), bytes, false, op);
     TouchLocal(P_V, seq, Hardware::UB, dst.ByteOffset(), bytes, true, op);
@@ -439,7 +466,8 @@ void Binary(const LocalTensor<T>& dst, const LocalTensor<T>& a, const LocalTenso
 }
 
 template <typename T, typename F>
-void Unary(const LocalTensor<T>& dst, const LocalTensor<T>& a, int32_t count, const char* op, F f)
+void Unary(const LocalTensor<T>& dst, const LocalTensor<T>& a, int32_t count, const char* op, F f,
+           VecKind kind = VecKind::Simple)
 {
     CheckVecType<T>();
     CheckVector(dst, count, op, "dst");
@@ -448,6 +476,7 @@ void Unary(const LocalTensor<T>& dst, const LocalTensor<T>& a, int32_t count, co
     const uint64_t bytes = count * sizeof(T);
     CheckOverlap(dst, a, bytes, bytes, op);
     const uint32_t seq = Issue(P_V);
+    Dispatch(P_V, VecCycles(kind, sizeof(T), Repeats(bytes)));
     TouchLocal(P_V, seq, Hardware::UB, a.ByteOffset(), bytes, false, op);
     TouchLocal(P_V, seq, Hardware::UB, dst.ByteOffset(), bytes, true, op);
     const T* x = a.Data();
@@ -457,6 +486,18 @@ void Unary(const LocalTensor<T>& dst, const LocalTensor<T>& a, int32_t count, co
 }
 
 inline float MaxProp(float x, float y) { return (std::isnan(x) || std::isnan(y)) ? NAN : (x > y ? x : y); }
+
+// ReduceMax/ReduceSum over `count` elements (count mode) on Atlas A2: whole-repeat reductions
+// over the data and then over their results, and the total read back through the scalar unit
+// (a vector -> scalar synchronisation) and stored to dst (impl/basic_api/dav_c220, ReduceSumImpl).
+inline void CountModeReduceTiming(std::size_t elemBytes, int32_t count)
+{
+    const double repeats = Repeats(static_cast<uint64_t>(count) * elemBytes);
+    Dispatch(P_V, VecCycles(VecKind::ReduceRepeat, elemBytes, repeats));
+    if (repeats > 1) Dispatch(P_V, VecCycles(VecKind::ReduceRepeat, elemBytes, 1));
+    ScalarUbAccess(1u << P_V);
+    Core().stats.scalar_ub_accesses++;
+}
 }  // namespace emu
 
 template <typename T>
@@ -477,7 +518,7 @@ void Mul(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTenso
 template <typename T>
 void Div(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, const int32_t& count)
 {
-    emu::Binary(dst, src0, src1, count, "Div", [](float x, float y) { return x / y; });
+    emu::Binary(dst, src0, src1, count, "Div", [](float x, float y) { return x / y; }, emu::VecKind::Transcendental);
 }
 template <typename T>
 void Max(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, const int32_t& count)
@@ -500,12 +541,12 @@ void Muls(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& scalarV
 template <typename T>
 void Exp(const LocalTensor<T>& dst, const LocalTensor<T>& src, const int32_t& count)
 {
-    emu::Unary(dst, src, count, "Exp", [](float x) { return std::exp(x); });
+    emu::Unary(dst, src, count, "Exp", [](float x) { return std::exp(x); }, emu::VecKind::Transcendental);
 }
 template <typename T>
 void Ln(const LocalTensor<T>& dst, const LocalTensor<T>& src, const int32_t& count)
 {
-    emu::Unary(dst, src, count, "Ln", [](float x) { return std::log(x); });
+    emu::Unary(dst, src, count, "Ln", [](float x) { return std::log(x); }, emu::VecKind::Transcendental);
 }
 
 template <typename T>
@@ -516,6 +557,7 @@ void Duplicate(const LocalTensor<T>& dst, const T& scalarValue, const int32_t& c
     emu::CheckVector(dst, count, op, "dst");
     if (count == 0) return;
     const uint32_t seq = emu::Issue(emu::P_V);
+    emu::Dispatch(emu::P_V, emu::VecCycles(emu::VecKind::Simple, sizeof(T), emu::Repeats(count * sizeof(T))));
     emu::TouchLocal(emu::P_V, seq, Hardware::UB, dst.ByteOffset(), count * sizeof(T), true, op);
     T* z = dst.Data();
     for (int32_t i = 0; i < count; ++i) z[i] = scalarValue;
@@ -540,6 +582,7 @@ void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src, const RoundMode&
     if (count == 0) return;
     emu::CheckOverlap(dst, src, count * sizeof(T), count * sizeof(U), op, false);
     const uint32_t seq = emu::Issue(emu::P_V);
+    emu::Dispatch(emu::P_V, emu::VecCycles(emu::VecKind::Simple, 4, emu::Repeats(count * 4ull)));
     emu::TouchLocal(emu::P_V, seq, Hardware::UB, src.ByteOffset(), count * sizeof(U), false, op);
     emu::TouchLocal(emu::P_V, seq, Hardware::UB, dst.ByteOffset(), count * sizeof(T), true, op);
     const U* x = src.Data();
@@ -569,6 +612,7 @@ void ReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>& src, const Local
     }
     if (dst.GetSize() < 1) emu::Fail("%s: dst is empty", op);
     const uint32_t seq = emu::Issue(emu::P_V);
+    emu::CountModeReduceTiming(sizeof(T), count);
     emu::TouchLocal(emu::P_V, seq, Hardware::UB, src.ByteOffset(), count * sizeof(T), false, op);
     emu::TouchLocal(emu::P_V, seq, Hardware::UB, sharedTmpBuffer.ByteOffset(), need * sizeof(T), true, op);
     emu::TouchLocal(emu::P_V, seq, Hardware::UB, dst.ByteOffset(), sizeof(T), true, op);
@@ -594,6 +638,7 @@ void ReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>& src, const Local
     if (count == 0) return;
     if (dst.GetSize() < 1) emu::Fail("%s: dst is empty", op);
     const uint32_t seq = emu::Issue(emu::P_V);
+    emu::CountModeReduceTiming(sizeof(T), count);
     emu::TouchLocal(emu::P_V, seq, Hardware::UB, src.ByteOffset(), count * sizeof(T), false, op);
     emu::TouchLocal(emu::P_V, seq, Hardware::UB, dst.ByteOffset(), sizeof(T), true, op);
     constexpr int32_t perRepeat = 256 / sizeof(T);
@@ -626,7 +671,11 @@ template <pipe_t pipe>
 void PipeBarrier()
 {
     static_assert(pipe != PIPE_S, "PipeBarrier does not support PIPE_S");
-    if (pipe == PIPE_ALL) emu::BarrierAll();
+    if (pipe == PIPE_ALL) {
+        emu::BarrierAll();
+    } else {
+        emu::BarrierPipe(emu::PipeIndex(pipe));
+    }
     // A barrier on one pipe orders that pipe with itself, which the emulation already assumes.
 }
 template <uint8_t modeId, pipe_t pipe>

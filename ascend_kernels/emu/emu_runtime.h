@@ -34,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "emu_timing.h"
 #include "emu_types.h"
 
 namespace AscendC {
@@ -58,6 +59,7 @@ constexpr uint32_t kL0BBytes = 64 * 1024;
 constexpr uint32_t kL0CBytes = 128 * 1024;
 constexpr uint32_t kBlockBytes = 32;      // DataBlock
 constexpr uint32_t kFractalBytes = 512;   // one 16x16 b16 fractal
+constexpr uint32_t kGranuleBytes = 512;   // GM granule of the HBM traffic bound
 constexpr int kPipes = 7;                 // S V M MTE1 MTE2 MTE3 FIX
 constexpr int kCoresPerGroup = 3;         // AIC, AIV0, AIV1
 constexpr int kSlots = kPipes * kCoresPerGroup;
@@ -181,6 +183,15 @@ struct Stats {
     uint64_t vector_instructions = 0, vector_elements = 0, scalar_ub_accesses = 0;
     uint64_t cross_core_sets = 0, cross_core_waits = 0;
     uint64_t blocks = 0, cores = 0;
+    // timing model (per launch; not summed by Add)
+    double cycles = 0;             // modelled cycles of the launch
+    double core_cycles = 0;        // the slowest AI Core's timeline
+    double l2_bound_cycles = 0;    // all GM bytes over the aggregate L2 bandwidth
+    double hbm_bound_cycles = 0;   // bytes first touched in GM over the aggregate HBM bandwidth
+    uint64_t hbm_bytes = 0;
+    std::array<double, 7> pipe_busy{};        // busiest instance of each pipe, cycles
+    std::array<double, 7> pipe_busy_total{};  // summed over all cores
+    std::array<uint64_t, 7> pipe_instructions{};
     void Add(const Stats& o)
     {
         gm_to_l1 += o.gm_to_l1; l1_fill += o.l1_fill; l1_to_l0a += o.l1_to_l0a; l1_to_l0b += o.l1_to_l0b;
@@ -217,6 +228,7 @@ struct GmBuffer {
     std::vector<AccessRecord> shadow;
     std::vector<int32_t> writerBlock;  // AI Core that wrote each 32-byte block in this launch
     std::vector<int32_t> readerBlock;  // AI Core(s) that read it
+    std::vector<uint8_t> touched;      // 512-byte granules accessed in this launch (the HBM bound)
 };
 
 class GmRegistry {
@@ -229,6 +241,7 @@ public:
         b.bytes = bytes;
         b.writable = writable;
         b.tracked = tracked;
+        b.touched.assign((bytes + kGranuleBytes - 1) / kGranuleBytes, 0);
         if (tracked) {
             b.shadow.resize((bytes + kBlockBytes - 1) / kBlockBytes);
             b.writerBlock.assign(b.shadow.size(), -1);
@@ -247,12 +260,23 @@ public:
     void ResetShadows()
     {
         for (auto& b : buffers_) {
+            std::fill(b.touched.begin(), b.touched.end(), 0);
             if (b.tracked) {
                 std::fill(b.shadow.begin(), b.shadow.end(), AccessRecord{});
                 std::fill(b.writerBlock.begin(), b.writerBlock.end(), -1);
                 std::fill(b.readerBlock.begin(), b.readerBlock.end(), -1);
             }
         }
+    }
+    // Bytes of the kernel's inputs and outputs (not the workspace) touched in this launch.
+    uint64_t TouchedIoBytes() const
+    {
+        uint64_t n = 0;
+        for (const auto& b : buffers_) {
+            if (b.tracked) continue;
+            for (uint8_t t : b.touched) n += t;
+        }
+        return n * kGranuleBytes;
     }
     std::mutex mu;
 
@@ -286,6 +310,7 @@ struct CoreCtx {
 
     bool pipeAlive = false;  // a TPipe exists
     Stats stats;
+    CoreTiming tm;           // the timing model's timelines of this core
 
     bool Has(Hardware h) const
     {
@@ -318,7 +343,9 @@ inline CoreCtx& Core()
 struct CrossFlag {
     int count[kCoresPerGroup] = {};                 // counter per waiting core
     std::deque<Clock> clocks[kCoresPerGroup];       // ordering carried by each increment
+    std::deque<double> times[kCoresPerGroup];       // modelled time each increment becomes visible
     std::deque<Clock> aivSets[2];                   // mode 2, AIV -> AIC: sets not yet paired
+    std::deque<double> aivTimes[2];
 };
 
 struct Group {
@@ -343,6 +370,7 @@ struct Group {
     }
     double timeoutSeconds = 20.0;
     bool mix = false;
+    const TimingParams* timing = nullptr;
 };
 
 // ------------------------------------------------------------------ instruction issue and hazards
@@ -361,6 +389,114 @@ inline Clock PipeSnapshot(int pipe)
     s[c.SlotOf(pipe)] = c.issued[pipe];
     return s;
 }
+
+// ------------------------------------------------------------------ timing model
+inline const TimingParams& Timing() { return *Core().group->timing; }
+
+// Dispatch one instruction to `pipe`: it starts when the scalar unit has issued it and the pipe
+// is free, occupies the pipe `occupancy` cycles and completes `latency` cycles after that.
+// The scalar unit stalls while the pipe's queue holds queue_depth instructions not yet started.
+inline double Dispatch(int pipe, double occupancy, double latency = 0.0)
+{
+    CoreCtx& c = Core();
+    const TimingParams& p = Timing();
+    CoreTiming& t = c.tm;
+    PipeTimeline& q = t.pipe[pipe];
+    q.count++;
+    if (pipe == P_S) {
+        const double start = t.scalar;
+        t.scalar += occupancy;
+        t.scalarBusy += occupancy;
+        q.busy += occupancy;
+        q.free = q.done = t.scalar;
+        return start;
+    }
+    const std::size_t depth = static_cast<std::size_t>(std::max(1.0, p.queue_depth));
+    if (q.queued.size() >= depth) {
+        t.scalar = std::max(t.scalar, q.queued.front());
+        q.queued.pop_front();
+    }
+    const double start = std::max(t.scalar, q.free);
+    q.free = start + occupancy;
+    q.done = std::max(q.done, q.free + latency);
+    q.busy += occupancy;
+    q.queued.push_back(start);
+    t.scalar += p.scalar_issue_cycles;
+    t.scalarBusy += p.scalar_issue_cycles;
+    return start;
+}
+
+// A flag raised on `pipe` (SetFlag, EnQue, FreeTensor, a cross-core set): it fires once every
+// earlier instruction of the pipe has completed, and the pipe waits for it in order.
+inline double FlagRaise(int pipe)
+{
+    CoreTiming& t = Core().tm;
+    if (pipe == P_S) return t.scalar;
+    PipeTimeline& q = t.pipe[pipe];
+    const double at = std::max(t.scalar, q.done);
+    q.free = std::max(q.free, at);
+    t.scalar += Timing().scalar_issue_cycles;
+    t.scalarBusy += Timing().scalar_issue_cycles;
+    return at;
+}
+
+// The matching wait on `pipe`: nothing later on that pipe starts before `at`. A wait on the
+// scalar pipe blocks the scalar unit (a vector <-> scalar synchronisation when the flag came
+// from a vector-side pipe).
+inline void FlagWait(int pipe, double at, bool fromVectorSide = false)
+{
+    CoreTiming& t = Core().tm;
+    const TimingParams& p = Timing();
+    if (pipe == P_S) {
+        t.scalar = std::max(t.scalar, at) + (fromVectorSide ? p.vs_sync_cycles : 0.0);
+        return;
+    }
+    PipeTimeline& q = t.pipe[pipe];
+    q.free = std::max(q.free, std::max(at, t.scalar));
+    q.done = std::max(q.done, q.free);
+    t.scalar += p.scalar_issue_cycles;
+    t.scalarBusy += p.scalar_issue_cycles;
+}
+
+// The scalar unit reads or writes UB: the toolchain's automatic synchronisation makes it wait
+// for the pipes that last touched those bytes (`pipes`: a bit per pipe) to complete.
+inline void ScalarUbAccess(unsigned pipes)
+{
+    CoreTiming& t = Core().tm;
+    const TimingParams& p = Timing();
+    for (int q = 0; q < kPipes; ++q) {
+        if (q != P_S && (pipes & (1u << q))) t.scalar = std::max(t.scalar, t.pipe[q].done + p.vs_sync_cycles);
+    }
+    Dispatch(P_S, p.scalar_ub_access_cycles);
+}
+
+// Pipes of this core that last wrote (and, for a write, read) the 32-byte blocks of
+// [offset, offset + bytes) of local memory `h`, as a bit per pipe.
+inline unsigned PipesTouching(Hardware h, uint64_t offset, uint64_t bytes, bool write)
+{
+    CoreCtx& c = Core();
+    const auto& sh = c.shadow[static_cast<int>(h)];
+    unsigned bits = 0;
+    if (bytes == 0) return bits;
+    for (uint64_t b = offset / kBlockBytes; b <= (offset + bytes - 1) / kBlockBytes && b < sh.size(); ++b) {
+        const AccessRecord& r = sh[b];
+        if (r.writeSlot >= 0 && r.writeSlot / kPipes == c.slot) bits |= 1u << (r.writeSlot % kPipes);
+        if (!write) continue;
+        for (int q = 0; q < kPipes; ++q) {
+            if (r.readSeq[c.SlotOf(q)] != 0) bits |= 1u << q;
+        }
+    }
+    return bits;
+}
+
+// Cost helpers: cycles a transfer of `bytes` occupies its pipe.
+inline double GmReadCycles(double bytes) { return Timing().mte2_head_cycles + bytes / Timing().mte2_bytes_per_cycle; }
+inline double GmWriteCycles(double bytes) { return Timing().mte3_head_cycles + bytes / Timing().mte3_bytes_per_cycle; }
+inline double VecCycles(VecKind kind, std::size_t elemBytes, double repeats)
+{
+    return Timing().vec_head_cycles + repeats * VecCyclesPerRepeat(kind, elemBytes);
+}
+inline double Repeats(uint64_t bytes) { return static_cast<double>((bytes + 255) / 256); }
 
 // Synchronisation the Atlas A2 toolchain inserts itself (cce-auto-sync, AIV only).
 inline bool AutoSynced(const CoreCtx& c, int earlier, int later)
@@ -438,8 +574,9 @@ inline void TouchGm(int pipe, uint32_t seq, const void* addr, uint64_t bytes, bo
              static_cast<unsigned long long>(bytes), addr);
     }
     if (write && !buf->writable) Fail("%s: writes the read-only GM input '%s'", op, buf->name.c_str());
-    if (!buf->tracked) return;
     const uint64_t off = static_cast<const uint8_t*>(addr) - buf->base;
+    for (uint64_t g = off / kGranuleBytes; g <= (off + bytes - 1) / kGranuleBytes; ++g) buf->touched[g] = 1;
+    if (!buf->tracked) return;
     const uint64_t first = off / kBlockBytes, last = (off + bytes - 1) / kBlockBytes;
     for (uint64_t b = first; b <= last; ++b) {
         // Different AI Cores of one launch are never ordered: a block one of them writes may not
@@ -484,6 +621,7 @@ inline void SetFlagImpl(HardEvent evt, int32_t id)
     Issue(src);
     c.flagSet[e][id] = true;
     c.flagClock[e][id] = PipeSnapshot(src);
+    c.tm.event[e][id] = FlagRaise(src);
 }
 
 inline void WaitFlagImpl(HardEvent evt, int32_t id)
@@ -502,6 +640,7 @@ inline void WaitFlagImpl(HardEvent evt, int32_t id)
     c.flagSet[e][id] = false;
     Join(c.seen[dst], c.flagClock[e][id]);
     Issue(dst);
+    FlagWait(dst, c.tm.event[e][id], src == P_V || src == P_MTE2 || src == P_MTE3);
 }
 
 inline void BarrierAll()
@@ -510,6 +649,16 @@ inline void BarrierAll()
     Clock all{};
     for (int p = 0; p < kPipes; ++p) Join(all, PipeSnapshot(p));
     for (int p = 0; p < kPipes; ++p) Join(c.seen[p], all);
+    const double at = c.tm.End();
+    c.tm.scalar = at;
+    for (auto& q : c.tm.pipe) q.free = q.done = std::max(q.done, at);
+}
+
+// PipeBarrier on one pipe: its next instruction waits until everything before has completed.
+inline void BarrierPipe(int pipe)
+{
+    PipeTimeline& q = Core().tm.pipe[pipe];
+    q.free = std::max(q.free, q.done);
 }
 
 // ------------------------------------------------------------------ cross-core flags (mode 2)
@@ -523,31 +672,37 @@ inline void CrossSet(int mode, int pipe, int flagId)
     if (pipe == P_S || pipe < 0) Fail("CrossCoreSetFlag: pipe must be one of PIPE_V/M/MTE1/MTE2/MTE3/FIX, got %s", PipeName(pipe));
     Issue(pipe);
     const Clock snap = PipeSnapshot(pipe);
+    const double visible = FlagRaise(pipe) + Timing().cross_core_latency_cycles;
     c.stats.cross_core_sets++;
     std::lock_guard<std::mutex> lock(g.mu);
     CrossFlag& f = g.flags[flagId];
-    auto bump = [&](int target, const Clock& clk) {
+    auto bump = [&](int target, const Clock& clk, double at) {
         if (f.count[target] >= kCrossFlagMax) {
             Fail("CrossCoreSetFlag(%d): the counter of %s would exceed 15 (it was set 16 times without a wait); "
                  "the hardware raises an exception", flagId, target == 0 ? "AIC" : (target == 1 ? "AIV0" : "AIV1"));
         }
         f.count[target]++;
         f.clocks[target].push_back(clk);
+        f.times[target].push_back(at);
     };
     if (c.type == AIC) {
-        bump(1, snap);
-        bump(2, snap);
+        bump(1, snap, visible);
+        bump(2, snap, visible);
     } else {
         f.aivSets[c.subIdx].push_back(snap);
+        f.aivTimes[c.subIdx].push_back(visible);
         if (f.aivSets[c.subIdx].size() > static_cast<size_t>(kCrossFlagMax)) {
             Fail("CrossCoreSetFlag(%d): AIV%d set it 16 times while AIV%d did not; the counter overflows", flagId, c.subIdx, 1 - c.subIdx);
         }
         while (!f.aivSets[0].empty() && !f.aivSets[1].empty()) {
             Clock both = f.aivSets[0].front();
             Join(both, f.aivSets[1].front());
+            const double at = std::max(f.aivTimes[0].front(), f.aivTimes[1].front());
             f.aivSets[0].pop_front();
             f.aivSets[1].pop_front();
-            bump(0, both);
+            f.aivTimes[0].pop_front();
+            f.aivTimes[1].pop_front();
+            bump(0, both, at);
         }
     }
     g.cv.notify_all();
@@ -596,9 +751,12 @@ inline void CrossWait(int flagId)
     f.count[c.slot]--;
     const Clock clk = f.clocks[c.slot].front();
     f.clocks[c.slot].pop_front();
+    const double at = f.times[c.slot].front();
+    f.times[c.slot].pop_front();
     lock.unlock();
     // Atlas A2: the wait blocks every pipe of the waiting core.
     for (int p = 0; p < kPipes; ++p) Join(c.seen[p], clk);
+    FlagWait(P_S, at);
 }
 
 // ------------------------------------------------------------------ launch
@@ -606,6 +764,7 @@ struct LaunchOptions {
     int blockDim = 1;
     KernelMetaType type = KERNEL_TYPE_MIX_AIC_1_2;
     double timeoutSeconds = 20.0;
+    TimingParams timing;  // the timing model's parameters (all of them must be set)
 };
 
 inline thread_local KernelMetaType tls_launch_type = KERNEL_TYPE_MAX;
@@ -631,8 +790,122 @@ inline void CheckCoreClean(CoreCtx& c)
     }
 }
 
+// The first error of an AI Core's cores (one that is not "aborted because another core failed").
+inline std::string FirstError(const std::vector<std::string>& errors)
+{
+    for (auto& e : errors) {
+        if (!e.empty() && e.rfind("aborted because", 0) != 0) return e;
+    }
+    for (auto& e : errors) {
+        if (!e.empty()) return e;
+    }
+    return std::string();
+}
+
+// Every cross-core flag of an AI Core must end with its counters at zero.
+inline void CheckFlagsDrained(const Group& group, int block)
+{
+    for (int f = 0; f < kCrossFlags; ++f) {
+        const CrossFlag& fl = group.flags[f];
+        for (int s = 0; s < kCoresPerGroup; ++s) {
+            if (fl.count[s] != 0) {
+                throw EmuError("AI Core " + std::to_string(block) + ": CrossCoreSetFlag(" + std::to_string(f) +
+                               ") was set " + std::to_string(fl.count[s]) + " more time(s) than " +
+                               (s == 0 ? "AIC" : (s == 1 ? "AIV0" : "AIV1")) + " waited for it");
+            }
+        }
+        if (!fl.aivSets[0].empty() || !fl.aivSets[1].empty()) {
+            throw EmuError("AI Core " + std::to_string(block) + ": CrossCoreSetFlag(" + std::to_string(f) +
+                           ") was set by only one of the two AIVs (mode 2 needs both)");
+        }
+    }
+}
+
+// The cores of AI Core `block`: the AIC and/or the AIVs the kernel type has.
+inline std::vector<std::unique_ptr<CoreCtx>> MakeCores(const LaunchOptions& opt, GmRegistry& gm, Group& group, int block)
+{
+    std::vector<std::unique_ptr<CoreCtx>> cores;
+    const bool mix = opt.type == KERNEL_TYPE_MIX_AIC_1_2;
+    auto addCore = [&](int type, int sub, int slot, const char* name) {
+        auto c = std::make_unique<CoreCtx>();
+        c->type = type;
+        c->blockIdx = block;
+        c->subIdx = sub;
+        c->slot = slot;
+        c->blockDim = opt.blockDim;
+        c->group = &group;
+        c->gm = &gm;
+        c->name = std::string(name) + " of AI Core " + std::to_string(block);
+        for (Hardware h : {Hardware::UB, Hardware::L1, Hardware::L0A, Hardware::L0B, Hardware::L0C}) {
+            if (c->Has(h)) {
+                c->mem[static_cast<int>(h)].assign(HardwareCapacity(h), 0);
+                c->shadow[static_cast<int>(h)].resize(HardwareCapacity(h) / kBlockBytes);
+            }
+        }
+        cores.push_back(std::move(c));
+    };
+    if (mix || opt.type == KERNEL_TYPE_AIC_ONLY) addCore(AIC, 0, 0, "AIC");
+    if (mix) {
+        addCore(AIV, 0, 1, "AIV0");
+        addCore(AIV, 1, 2, "AIV1");
+    } else if (opt.type == KERNEL_TYPE_AIV_ONLY) {
+        addCore(AIV, 0, 1, "AIV");
+    }
+    return cores;
+}
+
+// Runs the kernel on the cores of one AI Core as threads; throws the first failure.
+inline void RunAiCore(const LaunchOptions& opt, Group& group, std::vector<std::unique_ptr<CoreCtx>>& cores,
+                      const std::function<void()>& kernel, int block)
+{
+    group.alive = static_cast<int>(cores.size());
+    std::vector<std::string> errors(cores.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < cores.size(); ++i) {
+        threads.emplace_back([&, i]() {
+            tls_core = cores[i].get();
+            tls_launch_type = opt.type;
+            try {
+                kernel();
+                CheckCoreClean(*cores[i]);
+            } catch (const std::exception& e) {
+                errors[i] = e.what();
+                std::lock_guard<std::mutex> lock(group.mu);
+                if (!group.aborted) {
+                    group.aborted = true;
+                    group.abortMessage = std::string("aborted because another core failed: ") + e.what();
+                }
+            }
+            {
+                std::lock_guard<std::mutex> lock(group.mu);
+                group.alive--;
+                group.cv.notify_all();
+            }
+            tls_core = nullptr;
+        });
+    }
+    for (auto& t : threads) t.join();
+    const std::string first = FirstError(errors);
+    if (!first.empty()) throw EmuError(first);
+    CheckFlagsDrained(group, block);
+}
+
+// A core's counters and timelines into the launch's totals.
+inline void AddCore(Stats& total, const CoreCtx& c)
+{
+    total.Add(c.stats);
+    total.core_cycles = std::max(total.core_cycles, c.tm.End());
+    for (int p = 0; p < kPipes; ++p) {
+        const double busy = p == P_S ? c.tm.scalarBusy : c.tm.pipe[p].busy;
+        total.pipe_busy[p] = std::max(total.pipe_busy[p], busy);
+        total.pipe_busy_total[p] += busy;
+        total.pipe_instructions[p] += c.tm.pipe[p].count;
+    }
+}
+
 // Run `kernel` (called with no arguments on every core) over options.blockDim AI Cores.
-// Returns the summed statistics; throws EmuError with the first failure.
+// Returns the summed statistics and the launch's modelled time; throws EmuError with the
+// first failure.
 inline Stats Launch(const LaunchOptions& opt, GmRegistry& gm, const std::function<void()>& kernel)
 {
     if (opt.blockDim < 1) throw EmuError("launch: blockDim must be >= 1");
@@ -640,91 +913,30 @@ inline Stats Launch(const LaunchOptions& opt, GmRegistry& gm, const std::functio
     if (!mix && opt.type != KERNEL_TYPE_AIC_ONLY && opt.type != KERNEL_TYPE_AIV_ONLY) {
         throw EmuError("launch: the emulation runs KERNEL_TYPE_AIC_ONLY, KERNEL_TYPE_AIV_ONLY and KERNEL_TYPE_MIX_AIC_1_2");
     }
+    if (!(opt.timing.cube_macs_per_cycle > 0 && opt.timing.mte2_bytes_per_cycle > 0 &&
+          opt.timing.l2_aggregate_bytes_per_cycle > 0 && opt.timing.hbm_aggregate_bytes_per_cycle > 0)) {
+        throw EmuError("launch: the timing model's parameters are not set (pasa_npu.npu_params supplies them)");
+    }
     gm.ResetShadows();
     Stats total;
     for (int block = 0; block < opt.blockDim; ++block) {
         Group group;
         group.mix = mix;
         group.timeoutSeconds = opt.timeoutSeconds;
-        std::vector<std::unique_ptr<CoreCtx>> cores;
-        auto addCore = [&](int type, int sub, int slot, const char* name) {
-            auto c = std::make_unique<CoreCtx>();
-            c->type = type;
-            c->blockIdx = block;
-            c->subIdx = sub;
-            c->slot = slot;
-            c->blockDim = opt.blockDim;
-            c->group = &group;
-            c->gm = &gm;
-            c->name = std::string(name) + " of AI Core " + std::to_string(block);
-            for (Hardware h : {Hardware::UB, Hardware::L1, Hardware::L0A, Hardware::L0B, Hardware::L0C}) {
-                if (c->Has(h)) {
-                    c->mem[static_cast<int>(h)].assign(HardwareCapacity(h), 0);
-                    c->shadow[static_cast<int>(h)].resize(HardwareCapacity(h) / kBlockBytes);
-                }
-            }
-            cores.push_back(std::move(c));
-        };
-        if (mix || opt.type == KERNEL_TYPE_AIC_ONLY) addCore(AIC, 0, 0, "AIC");
-        if (mix) {
-            addCore(AIV, 0, 1, "AIV0");
-            addCore(AIV, 1, 2, "AIV1");
-        } else if (opt.type == KERNEL_TYPE_AIV_ONLY) {
-            addCore(AIV, 0, 1, "AIV");
-        }
-        group.alive = static_cast<int>(cores.size());
-        std::vector<std::string> errors(cores.size());
-        std::vector<std::thread> threads;
-        for (size_t i = 0; i < cores.size(); ++i) {
-            threads.emplace_back([&, i]() {
-                tls_core = cores[i].get();
-                tls_launch_type = opt.type;
-                try {
-                    kernel();
-                    CheckCoreClean(*cores[i]);
-                } catch (const std::exception& e) {
-                    errors[i] = e.what();
-                    std::lock_guard<std::mutex> lock(group.mu);
-                    if (!group.aborted) {
-                        group.aborted = true;
-                        group.abortMessage = std::string("aborted because another core failed: ") + e.what();
-                    }
-                }
-                {
-                    std::lock_guard<std::mutex> lock(group.mu);
-                    group.alive--;
-                    group.cv.notify_all();
-                }
-                tls_core = nullptr;
-            });
-        }
-        for (auto& t : threads) t.join();
-        std::string first;
-        for (auto& e : errors) {
-            if (!e.empty() && e.rfind("aborted because", 0) != 0) { first = e; break; }
-        }
-        if (first.empty()) {
-            for (auto& e : errors) if (!e.empty()) { first = e; break; }
-        }
-        if (!first.empty()) throw EmuError(first);
-        for (int f = 0; f < kCrossFlags; ++f) {
-            const CrossFlag& fl = group.flags[f];
-            for (int s = 0; s < kCoresPerGroup; ++s) {
-                if (fl.count[s] != 0) {
-                    throw EmuError("AI Core " + std::to_string(block) + ": CrossCoreSetFlag(" + std::to_string(f) +
-                                   ") was set " + std::to_string(fl.count[s]) + " more time(s) than " +
-                                   (s == 0 ? "AIC" : (s == 1 ? "AIV0" : "AIV1")) + " waited for it");
-                }
-            }
-            if (!fl.aivSets[0].empty() || !fl.aivSets[1].empty()) {
-                throw EmuError("AI Core " + std::to_string(block) + ": CrossCoreSetFlag(" + std::to_string(f) +
-                               ") was set by only one of the two AIVs (mode 2 needs both)");
-            }
-        }
-        for (auto& c : cores) total.Add(c->stats);
+        group.timing = &opt.timing;
+        std::vector<std::unique_ptr<CoreCtx>> cores = MakeCores(opt, gm, group, block);
+        RunAiCore(opt, group, cores, kernel, block);
+        for (auto& c : cores) AddCore(total, *c);
         total.blocks += 1;
         total.cores += cores.size();
     }
+    const TimingParams& tp = opt.timing;
+    const double gmBytes = static_cast<double>(total.gm_to_l1 + total.gm_to_ub + total.ub_to_gm + total.l0c_to_gm);
+    total.hbm_bytes = gm.TouchedIoBytes();
+    total.l2_bound_cycles = gmBytes / tp.l2_aggregate_bytes_per_cycle;
+    total.hbm_bound_cycles = static_cast<double>(total.hbm_bytes) / tp.hbm_aggregate_bytes_per_cycle;
+    total.cycles = tp.launch_overhead_cycles +
+                   std::max(total.core_cycles, std::max(total.l2_bound_cycles, total.hbm_bound_cycles));
     return total;
 }
 

@@ -21,6 +21,7 @@ struct BufferSlot {
     bool everUsed = false;
     Clock freed{};     // snapshot of the consumer pipe at FreeTensor
     Clock enqueued{};  // snapshot of the producer pipe at EnQue
+    double freedAt = 0, enqueuedAt = 0;  // the same events in the timing model
 };
 
 // (producer pipe, consumer pipe) of the hardware event behind a queue position.
@@ -86,12 +87,14 @@ public:
     T GetValue(const uint64_t offset) const
     {
         const uint32_t seq = emu::Issue(emu::P_S);
+        emu::Dispatch(emu::P_S, emu::Timing().scalar_gm_access_cycles);
         emu::TouchGm(emu::P_S, seq, address_ + offset, sizeof(T), false, "GlobalTensor::GetValue");
         return address_[offset];
     }
     void SetValue(const uint64_t offset, T value)
     {
         const uint32_t seq = emu::Issue(emu::P_S);
+        emu::Dispatch(emu::P_S, emu::Timing().scalar_gm_access_cycles);
         emu::TouchGm(emu::P_S, seq, address_ + offset, sizeof(T), true, "GlobalTensor::SetValue");
         address_[offset] = value;
     }
@@ -150,6 +153,7 @@ public:
     T GetValue(const uint32_t index) const
     {
         CheckScalar(index, "LocalTensor::GetValue");
+        emu::ScalarUbAccess(emu::PipesTouching(hw_, byteOffset_ + index * sizeof(T), sizeof(T), false));
         const uint32_t seq = emu::Issue(emu::P_S);
         emu::TouchLocal(emu::P_S, seq, hw_, byteOffset_ + index * sizeof(T), sizeof(T), false, "LocalTensor::GetValue");
         emu::Core().stats.scalar_ub_accesses++;
@@ -161,6 +165,7 @@ public:
     void SetValue(const uint32_t index, const S value) const
     {
         CheckScalar(index, "LocalTensor::SetValue");
+        emu::ScalarUbAccess(emu::PipesTouching(hw_, byteOffset_ + index * sizeof(T), sizeof(T), true));
         const uint32_t seq = emu::Issue(emu::P_S);
         emu::TouchLocal(emu::P_S, seq, hw_, byteOffset_ + index * sizeof(T), sizeof(T), true, "LocalTensor::SetValue");
         emu::Core().stats.scalar_ub_accesses++;
@@ -218,19 +223,25 @@ class TQue {
 public:
     TQue() = default;
 
+    // The buffers are taken round robin from a cursor that advances on every probe, as the real
+    // TQueBind::AllocBuffer does (impl/basic_api/kernel_tquebind_impl.h).
     template <typename T>
     LocalTensor<T> AllocTensor()
     {
-        for (auto& s : slots_) {
-            if (s.state == emu::BufferSlot::FREE) {
-                int producer, consumer;
-                emu::QueuePipes(pos, producer, consumer);
-                // The framework waits for the consumer's FreeTensor before reusing a buffer.
-                if (s.everUsed) emu::Join(emu::Core().seen[producer], s.freed);
-                s.state = emu::BufferSlot::ALLOCATED;
-                s.everUsed = true;
-                return emu::MakeTensor<T>(pos, &s, s.offset, s.bytes);
+        for (size_t probe = 0; probe < slots_.size(); ++probe) {
+            emu::BufferSlot& s = slots_[cursor_];
+            cursor_ = (cursor_ + 1) % slots_.size();
+            if (s.state != emu::BufferSlot::FREE) continue;
+            int producer, consumer;
+            emu::QueuePipes(pos, producer, consumer);
+            // The framework waits for the consumer's FreeTensor before reusing a buffer.
+            if (s.everUsed) {
+                emu::Join(emu::Core().seen[producer], s.freed);
+                if (producer != consumer) emu::FlagWait(producer, s.freedAt);
             }
+            s.state = emu::BufferSlot::ALLOCATED;
+            s.everUsed = true;
+            return emu::MakeTensor<T>(pos, &s, s.offset, s.bytes);
         }
         emu::Fail("TQue<%s>::AllocTensor: all %zu buffers are in use (AllocTensor without FreeTensor); on hardware "
                   "this blocks forever", emu::PositionName(pos), slots_.size());
@@ -250,6 +261,7 @@ public:
         int producer, consumer;
         emu::QueuePipes(pos, producer, consumer);
         s->enqueued = emu::PipeSnapshot(producer);
+        if (producer != consumer) s->enqueuedAt = emu::FlagRaise(producer);
         s->state = emu::BufferSlot::ENQUEUED;
         fifo_.push_back(s);
         return true;
@@ -267,6 +279,7 @@ public:
         int producer, consumer;
         emu::QueuePipes(pos, producer, consumer);
         emu::Join(emu::Core().seen[consumer], s->enqueued);
+        if (producer != consumer) emu::FlagWait(consumer, s->enqueuedAt);
         s->state = emu::BufferSlot::DEQUEUED;
         return emu::MakeTensor<T>(pos, s, s->offset, s->bytes);
     }
@@ -280,7 +293,9 @@ public:
         }
         int producer, consumer;
         emu::QueuePipes(pos, producer, consumer);
-        s->freed = emu::PipeSnapshot(s->state == emu::BufferSlot::DEQUEUED ? consumer : producer);
+        const int releasing = s->state == emu::BufferSlot::DEQUEUED ? consumer : producer;
+        s->freed = emu::PipeSnapshot(releasing);
+        if (producer != consumer) s->freedAt = emu::FlagRaise(releasing);
         s->state = emu::BufferSlot::FREE;
     }
 
@@ -295,6 +310,7 @@ public:
     // emulation internals
     std::vector<emu::BufferSlot> slots_;
     std::deque<emu::BufferSlot*> fifo_;
+    size_t cursor_ = 0;
 
 private:
     static const char* StateName(emu::BufferSlot::State st)

@@ -47,7 +47,7 @@ inline float HalfBitsToFloat(uint16_t h)
     const uint32_t e = (h >> 10) & 0x1fu;
     const uint32_t m = h & 0x3ffu;
     if (e == 0) {
-        const float v = static_cast<float>(m) * 5.9604644775390625e-8f;  // m * 2^-24, exact
+        const float v = std::ldexp(static_cast<float>(m), -24);  // m * 2^-24, exact
         return sign ? -v : v;
     }
     if (e == 31) return BitsFloat(sign | 0x7f800000u | (m << 13));

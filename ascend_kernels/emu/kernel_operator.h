@@ -8,3 +8,4 @@
 #include "emu_runtime.h"
 #include "emu_tensor.h"
 #include "emu_ops.h"
+#include "emu_vec_strided.h"

@@ -7,20 +7,22 @@
 #include <functional>
 
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "kernel_operator.h"
 #include "../host/pasa_tiling.h"
 #include "../host/pasa_tiling.cpp"
+#include "../host/pasa_launcher.cpp"
 #include "../kernels/pasa_prepare_keys.cpp"
 #include "../kernels/pasa_attention.cpp"
+#include "emu_launch_runtime.h"
 #include "selftest_kernels.h"
 #include "selftest_vector.h"
 
 namespace py = pybind11;
 using AscendC::emu::GmRegistry;
-using AscendC::emu::LaunchOptions;
 using AscendC::emu::Stats;
 
 namespace {
@@ -44,7 +46,38 @@ py::dict StatsDict(const Stats& s)
     d["cross_core_waits"] = s.cross_core_waits;
     d["ai_cores"] = s.blocks;
     d["cores"] = s.cores;
+    d["cycles"] = s.cycles;
+    d["core_cycles"] = s.core_cycles;
+    d["l2_bound_cycles"] = s.l2_bound_cycles;
+    d["hbm_bound_cycles"] = s.hbm_bound_cycles;
+    d["hbm_bytes"] = s.hbm_bytes;
+    py::dict busy, busyTotal, count;
+    for (int p = 0; p < AscendC::emu::kPipes; ++p) {
+        busy[AscendC::emu::PipeShort(p)] = s.pipe_busy[p];
+        busyTotal[AscendC::emu::PipeShort(p)] = s.pipe_busy_total[p];
+        count[AscendC::emu::PipeShort(p)] = s.pipe_instructions[p];
+    }
+    d["pipe_busy_cycles"] = busy;
+    d["pipe_busy_total_cycles"] = busyTotal;
+    d["pipe_instructions"] = count;
     return d;
+}
+
+// The timing model's parameters from pasa_npu.npu_params (every one of them, nothing else).
+AscendC::emu::TimingParams TimingFrom(const py::dict& d)
+{
+    AscendC::emu::TimingParams t;
+    std::set<std::string> seen;
+    for (auto item : d) {
+        const std::string name = item.first.cast<std::string>();
+        if (!t.Set(name, item.second.cast<double>())) throw py::value_error("unknown timing parameter '" + name + "'");
+        seen.insert(name);
+    }
+    if (seen.size() != AscendC::emu::TimingParams::Count()) {
+        throw py::value_error("timing parameters: " + std::to_string(seen.size()) + " given, " +
+                              std::to_string(AscendC::emu::TimingParams::Count()) + " needed");
+    }
+    return t;
 }
 
 // A C-contiguous array of the given element size and count, or a ValueError naming it.
@@ -95,9 +128,11 @@ py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
     d["q_tile"] = t.qTile;
     d["kv_block"] = t.kvBlock;
     d["num_kv_blocks"] = t.numKvBlocks;
-    d["l1_buffers"] = t.l1Buffers;
-    d["l0b_buffers"] = t.l0bBuffers;
-    d["l0c_buffers"] = t.l0cBuffers;
+    d["tile_heads"] = t.tileHeads;
+    d["tile_positions"] = t.tilePositions;
+    d["ub_score_buffers"] = t.ubScoreBuffers;
+    d["ub_prob_buffers"] = t.ubProbBuffers;
+    d["ub_pv_buffers"] = t.ubPvBuffers;
     d["workspace_bytes"] = t.workspaceBytes;
     d["gamma"] = t.gamma;
     d["shift_diag_bits"] = t.shiftDiagBits;
@@ -117,81 +152,112 @@ py::dict Tiling(const py::dict& params)
     return TilingDict(t, budget);
 }
 
-// Run preprocessing (pasa, pasa-exact) and the attention kernel. Arrays: query/key/value fp16
-// in their layouts, lens int32 (batch), out fp16 or bf16 bits, lse float32 (batch, heads, seq_q).
+py::tuple RefTuple(const pasa_emu::BufferRef& r) { return py::make_tuple(r.buffer, r.offset); }
+
+// The runtime calls of the shared launcher, as Python tuples: ("allocate", buffer, bytes),
+// ("upload", (buffer, offset), data), ("launch", kernel, blockDim, ((buffer, offset), ...)).
+py::list CallList(const std::vector<pasa_emu::RuntimeCall>& calls)
+{
+    py::list out;
+    for (const auto& c : calls) {
+        if (c.kind == "allocate") {
+            out.append(py::make_tuple(c.kind, c.buffer, c.bytes));
+        } else if (c.kind == "upload") {
+            out.append(py::make_tuple(c.kind, RefTuple(c.target),
+                                      py::bytes(reinterpret_cast<const char*>(c.data.data()), c.data.size())));
+        } else {
+            py::list args;
+            for (const auto& a : c.args) args.append(RefTuple(a));
+            out.append(py::make_tuple(c.kind, c.kernel, c.blockDim, py::tuple(args)));
+        }
+    }
+    return out;
+}
+
+// Run a call through the shared host launcher (ascend_kernels/host/pasa_launcher.h) with the
+// emulated runtime: preprocessing (pasa, pasa-exact) and the attention kernel. Arrays:
+// query/key/value fp16 in their layouts, lens int32 (batch), out fp16 or bf16 bits, lse float32
+// (batch, heads, seq_q).
 py::dict RunAttention(py::array query, py::array key, py::array value, py::array qLens, py::array kvLens,
                       py::array nextTokens, py::array out, py::array lse, const py::dict& params)
 {
     const pasa::PasaProblem prob = ProblemFrom(params);
     pasa::PasaBudget budget;
-    PasaTilingData t = pasa::ComputeTiling(prob, &budget);
+    const PasaTilingData t = pasa::ComputeTiling(prob, &budget);
     const double timeout = params.contains("timeout_s") ? params["timeout_s"].cast<double>() : 60.0;
+    if (!params.contains("timing")) throw py::value_error("params['timing']: the timing model's parameters are required");
+    const AscendC::emu::TimingParams timing = TimingFrom(params["timing"].cast<py::dict>());
 
     const size_t qN = static_cast<size_t>(t.batch) * t.numHeads * t.seqQ * t.headDim;
     const size_t kN = static_cast<size_t>(t.batch) * t.numKvHeads * t.seqKv * t.headDim;
     const size_t vN = static_cast<size_t>(t.batch) * t.numKvHeads * t.seqKv * t.headDimV;
     const size_t oN = static_cast<size_t>(t.batch) * t.numHeads * t.seqQ * t.headDimV;
     const size_t lN = static_cast<size_t>(t.batch) * t.numHeads * t.seqQ;
-    uint8_t* q = Buffer(query, "query", 2, qN, false);
-    uint8_t* k = Buffer(key, "key", 2, kN, false);
-    uint8_t* v = Buffer(value, "value", 2, vN, false);
+    pasa::AttentionTensors tensors;
+    tensors.query = Buffer(query, "query", 2, qN, false);
+    tensors.key = Buffer(key, "key", 2, kN, false);
+    tensors.value = Buffer(value, "value", 2, vN, false);
+    tensors.out = Buffer(out, "out", 2, oN, true);
+    tensors.lse = Buffer(lse, "lse", 4, lN, true);
+    pasa::BatchLengths lengths;
+    lengths.qLens = reinterpret_cast<const int32_t*>(Buffer(qLens, "q_lens", 4, t.batch, false));
+    lengths.kvLens = reinterpret_cast<const int32_t*>(Buffer(kvLens, "kv_lens", 4, t.batch, false));
+    lengths.nextTokens = reinterpret_cast<const int32_t*>(Buffer(nextTokens, "next_tokens", 4, t.batch, false));
+
+    GmRegistry gm;
+    pasa_emu::EmuLaunchRuntime runtime(gm, timeout, timing);
+    runtime.AddTensor("query", tensors.query, qN * 2, false);
+    runtime.AddTensor("key", tensors.key, kN * 2, false);
+    runtime.AddTensor("value", tensors.value, vN * 2, false);
+    runtime.AddTensor("out", tensors.out, oN * 2, true);
+    runtime.AddTensor("lse", tensors.lse, lN * 4, true);
+    {
+        py::gil_scoped_release release;
+        pasa::LaunchAttention(prob, tensors, lengths, runtime);
+    }
+    py::dict result;
+    result["preprocess"] = py::none();
+    for (const auto& [kernel, stats] : runtime.LaunchStats()) {
+        result[kernel == pasa::PasaKernel::kAttention ? "attention" : "preprocess"] = StatsDict(stats);
+    }
+    result["tiling"] = TilingDict(t, budget);
+    result["runtime_calls"] = CallList(runtime.Calls());
+    return result;
+}
+
+// The attention tasks each AI Core runs, as the kernel's own task iterator deals them:
+// per core a list of (rows, numBlocks, fullBlocks). Runs the iterator alone (no attention).
+py::list AttentionTasks(const py::dict& params, py::array qLens, py::array kvLens, py::array nextTokens)
+{
+    const PasaTilingData t = pasa::ComputeTiling(ProblemFrom(params));
     uint8_t* ql = Buffer(qLens, "q_lens", 4, t.batch, false);
     uint8_t* kl = Buffer(kvLens, "kv_lens", 4, t.batch, false);
     uint8_t* nx = Buffer(nextTokens, "next_tokens", 4, t.batch, false);
-    uint8_t* o = Buffer(out, "out", 2, oN, true);
-    uint8_t* ls = Buffer(lse, "lse", 4, lN, true);
-    for (uint32_t b = 0; b < t.batch; ++b) {
-        int32_t qv, kvv;
-        std::memcpy(&qv, ql + 4 * b, 4);
-        std::memcpy(&kvv, kl + 4 * b, 4);
-        if (qv < 0 || static_cast<uint32_t>(qv) > t.seqQ || kvv < 0 || static_cast<uint32_t>(kvv) > t.seqKv) {
-            throw py::value_error("q_lens/kv_lens[" + std::to_string(b) + "] outside the tensors' sequence lengths");
-        }
-    }
-
-    std::vector<uint8_t> workspace(t.workspaceBytes, 0);
-    std::vector<uint8_t> tiling(sizeof(PasaTilingData));
-    std::memcpy(tiling.data(), &t, sizeof(t));
-    if (t.tilingKey == PASA_KEY_PASA) {
-        pasa::FillShiftMatrix(t, reinterpret_cast<uint16_t*>(workspace.data() + t.shiftMatrixOffset));
-    }
-
     GmRegistry gm;
-    gm.Add("query", q, qN * 2, false, false);
-    gm.Add("key", k, kN * 2, false, false);
-    gm.Add("value", v, vN * 2, false, false);
     gm.Add("q_lens", ql, t.batch * 4, false, false);
     gm.Add("kv_lens", kl, t.batch * 4, false, false);
     gm.Add("next_tokens", nx, t.batch * 4, false, false);
-    gm.Add("out", o, oN * 2, true, false);
-    gm.Add("lse", ls, lN * 4, true, false);
-    gm.Add("workspace", workspace.data(), workspace.size(), true, true);
-    gm.Add("tiling", tiling.data(), tiling.size(), false, false);
-
-    GM_ADDR ws = workspace.data();
-    GM_ADDR td = tiling.data();
-    py::dict result;
+    std::vector<std::vector<std::array<uint32_t, 3>>> perCore(t.blockDim);
+    AscendC::emu::LaunchOptions opt{static_cast<int>(t.blockDim), KERNEL_TYPE_AIV_ONLY, 10.0,
+                      TimingFrom(params["timing"].cast<py::dict>())};
     {
         py::gil_scoped_release release;
-        Stats prep;
-        bool ran = false;
-        if (t.tilingKey == PASA_KEY_PASA) {
-            LaunchOptions opt{static_cast<int>(t.blockDim), KERNEL_TYPE_AIC_ONLY, timeout};
-            prep = AscendC::emu::Launch(opt, gm, [&]() { pasa_shift_keys(k, ql, kl, nx, ws, td); });
-            ran = true;
-        } else if (t.tilingKey == PASA_KEY_PASA_EXACT) {
-            LaunchOptions opt{static_cast<int>(t.blockDim), KERNEL_TYPE_MIX_AIC_1_2, timeout};
-            prep = AscendC::emu::Launch(opt, gm, [&]() { pasa_center_keys(k, ql, kl, nx, ws, td); });
-            ran = true;
-        }
-        LaunchOptions opt{static_cast<int>(t.blockDim), KERNEL_TYPE_MIX_AIC_1_2, timeout};
-        const Stats att = AscendC::emu::Launch(opt, gm, [&]() { pasa_attention(q, k, v, ql, kl, nx, o, ls, ws, td); });
-        py::gil_scoped_acquire acquire;
-        result["preprocess"] = ran ? py::object(StatsDict(prep)) : py::object(py::none());
-        result["attention"] = StatsDict(att);
+        AscendC::emu::Launch(opt, gm, [&]() {
+            const uint32_t core = static_cast<uint32_t>(AscendC::GetBlockIdx());
+            pasa::BatchTable batches;
+            batches.Init(ql, kl, nx, t.batch);
+            pasa::AttentionTaskIter it(t, batches, core);
+            pasa::AttentionTask task;
+            while (it.Next(task)) perCore[core].push_back({task.rows, task.numBlocks, task.fullBlocks});
+        });
     }
-    result["tiling"] = TilingDict(t, budget);
-    return result;
+    py::list out;
+    for (const auto& tasks : perCore) {
+        py::list l;
+        for (const auto& x : tasks) l.append(py::make_tuple(x[0], x[1], x[2]));
+        out.append(l);
+    }
+    return out;
 }
 
 }  // namespace
@@ -204,10 +270,25 @@ PYBIND11_MODULE(_ascendc_emu, m)
           "The host tiling's solver of the optimal accuracy condition (C++ twin of pasa_npu.beta.optimal_beta)");
     m.def("run_attention", &RunAttention, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("q_lens"),
           py::arg("kv_lens"), py::arg("next_tokens"), py::arg("out"), py::arg("lse"), py::arg("params"));
-    m.def("run_selftest", &pasa_selftest::Run, py::arg("name"), py::arg("timeout_s") = 5.0,
-          "Run one emulation self-test kernel; returns its output values; RuntimeError if the emulation rejects it");
+    m.def("run_selftest", [](const std::string& name, const py::dict& timing, double timeoutSeconds) {
+              Stats stats;
+              std::vector<float> values = pasa_selftest::Run(name, TimingFrom(timing), timeoutSeconds, stats);
+              py::dict r;
+              r["values"] = values;
+              r["stats"] = StatsDict(stats);
+              return r;
+          }, py::arg("name"), py::arg("timing"), py::arg("timeout_s") = 5.0,
+          "Run one emulation self-test kernel: {'values': its output, 'stats': the launch's counters and timing}; "
+          "RuntimeError if the emulation rejects it");
     m.def("selftest_names", &pasa_selftest::Names);
-    m.def("run_vector_instruction", &pasa_selftest::RunVectorInstruction, py::arg("op"), py::arg("dtype"),
-          py::arg("a"), py::arg("b") = std::vector<float>(), py::arg("scalar") = 0.0f,
+    m.def("run_vector_instruction",
+          [](const std::string& op, const std::string& dtype, const std::vector<float>& a, const std::vector<float>& b,
+             float scalar, const py::dict& timing) {
+              return pasa_selftest::RunVectorInstruction(op, dtype, a, b, scalar, TimingFrom(timing));
+          },
+          py::arg("op"), py::arg("dtype"), py::arg("a"), py::arg("b"), py::arg("scalar"), py::arg("timing"),
           "Run one emulated vector instruction on the given operands in an AIV core; returns its result");
+    m.def("attention_tasks", &AttentionTasks, py::arg("params"), py::arg("q_lens"), py::arg("kv_lens"),
+          py::arg("next_tokens"),
+          "The attention kernel's tasks per AI Core, as its task iterator deals them: [(rows, numBlocks, fullBlocks)]");
 }

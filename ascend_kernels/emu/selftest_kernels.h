@@ -160,10 +160,9 @@ struct Case {
     bool halfOut;  // report out (half) instead of outF (float)
 };
 
-inline std::map<std::string, Case> Cases()
+// Programs that must run.
+inline void AddRunCases(std::map<std::string, Case>& c)
 {
-    std::map<std::string, Case> c;
-    // --- must run
     c["vector_scale"] = {KERNEL_TYPE_AIV_ONLY, 256, 256, [](Gm& g) { VectorScale(g.In(), g.Out()); }, true};
     c["cube_matmul"] = {KERNEL_TYPE_AIC_ONLY, 20 * 32 + 32 * 48, 20 * 48, [](Gm& g) { CubeMatmul(g.In(), g.OutF()); }, false};
     c["cross_core_handoff"] = {KERNEL_TYPE_MIX_AIC_1_2, 16, 256,
@@ -184,7 +183,71 @@ inline std::map<std::string, Case> Cases()
         WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
         DataCopy(out, t, 128);
     }, true};
-    // --- must be rejected
+}
+
+// Small programs whose timelines tests/test_npu_timing.py derives by hand.
+inline void AddTimingCases(std::map<std::string, Case>& c)
+{
+    c["timing_copy_scale"] = {KERNEL_TYPE_AIV_ONLY, 256, 256, [](Gm& g) {
+        TPipe pipe;
+        TQue<TPosition::VECIN, 1> qin;
+        TQue<TPosition::VECOUT, 1> qout;
+        pipe.InitBuffer(qin, 1, 256 * sizeof(half));
+        pipe.InitBuffer(qout, 1, 256 * sizeof(half));
+        GlobalTensor<half> gin, gout;
+        gin.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(g.In()), 256);
+        gout.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(g.Out()), 256);
+        LocalTensor<half> x = qin.AllocTensor<half>();
+        DataCopy(x, gin, 256);
+        qin.EnQue(x);
+        x = qin.DeQue<half>();
+        LocalTensor<half> y = qout.AllocTensor<half>();
+        Muls(y, x, half(2.0f), 256);
+        qin.FreeTensor(x);
+        qout.EnQue(y);
+        y = qout.DeQue<half>();
+        DataCopy(gout, y, 256);
+        qout.FreeTensor(y);
+    }, true};
+    c["timing_scalar_read"] = {KERNEL_TYPE_AIV_ONLY, 16, 16, [](Gm& g) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 1024 * sizeof(half));
+        LocalTensor<half> t = buf.Get<half>();
+        Duplicate(t, half(1.0f), 1024);
+        const half first = t.GetValue(0);  // the scalar unit waits for the vector pipe
+        (void)first;
+    }, true};
+    c["timing_barrier"] = {KERNEL_TYPE_AIV_ONLY, 256, 256, [](Gm& g) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 256 * sizeof(half));
+        GlobalTensor<half> gin;
+        gin.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(g.In()), 256);
+        LocalTensor<half> t = buf.Get<half>();
+        DataCopy(t, gin, 256);
+        PipeBarrier<PIPE_ALL>();
+        Muls(t, t, half(2.0f), 256);
+        Muls(t, t, half(2.0f), 256);
+    }, true};
+    c["timing_queue_depth"] = {KERNEL_TYPE_AIV_ONLY, 128, 16, [](Gm& g) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> a, b;
+        pipe.InitBuffer(a, 256 * sizeof(half));
+        pipe.InitBuffer(b, 128 * sizeof(half));
+        GlobalTensor<half> gin;
+        gin.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(g.In()), 128);
+        LocalTensor<half> t = a.Get<half>();
+        Duplicate(t, half(1.0f), 256);
+        Muls(t, t, half(2.0f), 256);
+        Muls(t, t, half(2.0f), 256);
+        DataCopy(b.Get<half>(), gin, 128);  // starts when the scalar unit gets to it
+    }, true};
+}
+
+// Memory and queue misuse the emulation must reject, as the hardware would fail it.
+inline void AddRejectedMemoryCases(std::map<std::string, Case>& c)
+{
     c["ub_over_capacity"] = {KERNEL_TYPE_AIV_ONLY, 16, 16, [](Gm&) {
         TPipe pipe;
         TQue<TPosition::VECIN, 1> q;
@@ -237,6 +300,11 @@ inline std::map<std::string, Case> Cases()
         DataCopy(t, in, 128);      // PIPE_MTE2 writes UB
         Muls(t, t, half(2.0f), 128);  // PIPE_V reads it with no MTE2_V flag in between
     }, true};
+}
+
+// Broken synchronisation and operand rules the emulation must reject.
+inline void AddRejectedSyncCases(std::map<std::string, Case>& c)
+{
     c["wait_without_set"] = {KERNEL_TYPE_AIV_ONLY, 16, 16, [](Gm&) { WaitFlag<HardEvent::MTE2_V>(EVENT_ID1); }, true};
     c["set_twice"] = {KERNEL_TYPE_AIC_ONLY, 16, 16, [](Gm&) {
         SetFlag<HardEvent::M_MTE1>(EVENT_ID0);
@@ -273,6 +341,14 @@ inline std::map<std::string, Case> Cases()
         Duplicate(t, 1.0f, 256);
         Add(t[8], t, t, 64);  // dst [32, 288) bytes overlaps src [0, 256) partially
     }, true};
+    c["select_over_api_scratch"] = {KERNEL_TYPE_AIV_ONLY, 16, 16, [](Gm&) {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 190 * 1024);  // reaches into the UB Select keeps its scratch in
+        LocalTensor<half> t = buf.Get<half>();
+        Duplicate(t, half(1.0f), 256);
+        Select(t, t[1024].ReinterpretCast<uint8_t>(), t, half(0.0f), SELMODE::VSEL_TENSOR_SCALAR_MODE, 256);
+    }, true};
     c["mmad_misaligned"] = {KERNEL_TYPE_AIC_ONLY, 16, 16, [](Gm&) {
         TPipe pipe;
         TBuf<TPosition::A2> a;
@@ -295,6 +371,15 @@ inline std::map<std::string, Case> Cases()
         Fixpipe<half, float, CFG_ROW_MAJOR>(out, x, FixpipeParamsV220(16, 16, 16, 16, false));  // NoQuant to half
         c0.FreeTensor(x);
     }, true};
+}
+
+inline std::map<std::string, Case> Cases()
+{
+    std::map<std::string, Case> c;
+    AddRunCases(c);
+    AddTimingCases(c);
+    AddRejectedMemoryCases(c);
+    AddRejectedSyncCases(c);
     return c;
 }
 
@@ -305,17 +390,18 @@ inline std::vector<std::string> Names()
     return n;
 }
 
-inline std::vector<float> Run(const std::string& name, double timeoutSeconds)
+inline std::vector<float> Run(const std::string& name, const emu::TimingParams& timing, double timeoutSeconds,
+                              emu::Stats& stats)
 {
     auto cases = Cases();
     auto it = cases.find(name);
     if (it == cases.end()) throw std::invalid_argument("no emulation self-test named '" + name + "'");
     Case& c = it->second;
     Gm g(c.nIn, c.nOut);
-    LaunchOptions opt{1, c.type, timeoutSeconds};
+    LaunchOptions opt{1, c.type, timeoutSeconds, timing};
     {
         pybind11::gil_scoped_release release;
-        AscendC::emu::Launch(opt, g.reg, [&]() { c.kernel(g); });
+        stats = AscendC::emu::Launch(opt, g.reg, [&]() { c.kernel(g); });
     }
     return c.halfOut ? g.Half() : g.outF;
 }

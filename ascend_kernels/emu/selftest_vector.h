@@ -71,7 +71,7 @@ inline void VectorKernel(const std::string& op, GM_ADDR a, GM_ADDR b, GM_ADDR ou
 
 template <typename T, typename U = T>
 inline std::vector<float> RunVector(const std::string& op, const std::vector<float>& a, const std::vector<float>& b,
-                                    float scalar)
+                                    float scalar, const emu::TimingParams& timing)
 {
     if (!b.empty() && b.size() != a.size()) throw std::invalid_argument("the operands differ in length");
     const size_t n = a.size();
@@ -85,7 +85,7 @@ inline std::vector<float> RunVector(const std::string& op, const std::vector<flo
     reg.Add("a", ga.data(), ga.size() * sizeof(U), false, false);
     reg.Add("b", gb.data(), gb.size() * sizeof(U), false, false);
     reg.Add("out", gout.data(), gout.size() * sizeof(T), true, true);
-    LaunchOptions opt{1, KERNEL_TYPE_AIV_ONLY, 5.0};
+    emu::LaunchOptions opt{1, KERNEL_TYPE_AIV_ONLY, 5.0, timing};
     {
         pybind11::gil_scoped_release release;
         emu::Launch(opt, reg, [&]() {
@@ -103,16 +103,16 @@ inline std::vector<float> RunVector(const std::string& op, const std::vector<flo
 // "float->bfloat16" or "half->float".
 inline std::vector<float> RunVectorInstruction(const std::string& op, const std::string& dtype,
                                                const std::vector<float>& a, const std::vector<float>& b,
-                                               float scalar)
+                                               float scalar, const emu::TimingParams& timing)
 {
     if (op == "Cast") {
-        if (dtype == "float->half") return RunVector<half, float>(op, a, b, scalar);
-        if (dtype == "float->bfloat16") return RunVector<bfloat16_t, float>(op, a, b, scalar);
-        if (dtype == "half->float") return RunVector<float, half>(op, a, b, scalar);
+        if (dtype == "float->half") return RunVector<half, float>(op, a, b, scalar, timing);
+        if (dtype == "float->bfloat16") return RunVector<bfloat16_t, float>(op, a, b, scalar, timing);
+        if (dtype == "half->float") return RunVector<float, half>(op, a, b, scalar, timing);
         throw std::invalid_argument("Cast converts float->half, float->bfloat16 or half->float, not '" + dtype + "'");
     }
-    if (dtype == "half") return RunVector<half>(op, a, b, scalar);
-    if (dtype == "float") return RunVector<float>(op, a, b, scalar);
+    if (dtype == "half") return RunVector<half>(op, a, b, scalar, timing);
+    if (dtype == "float") return RunVector<float>(op, a, b, scalar, timing);
     throw std::invalid_argument("vector instructions take dtype 'half' or 'float', not '" + dtype + "'");
 }
 

@@ -82,7 +82,9 @@ void FillShiftMatrix(const PasaTilingData& t, uint16_t* dst)
     }
 }
 
-PasaTilingData ComputeTiling(const PasaProblem& p, PasaBudget* budget)
+namespace {
+
+void Validate(const PasaProblem& p)
 {
     if (p.tilingKey > PASA_KEY_PASA_EXACT) Reject("tilingKey must be 0 (fa-fp32), 1 (pasa) or 2 (pasa-exact), got " + std::to_string(p.tilingKey));
     if (p.batch == 0 || p.numHeads == 0 || p.numKvHeads == 0) Reject("batch, numHeads and numKvHeads must be positive");
@@ -103,9 +105,7 @@ PasaTilingData ComputeTiling(const PasaProblem& p, PasaBudget* budget)
     }
     if (p.maskMode > PASA_MASK_CAUSAL) Reject("maskMode must be 0 (none) or 1 (causal band)");
     if (!(p.scale > 0.0) || !std::isfinite(p.scale)) Reject("scale must be finite and positive");
-    const double beta = (p.tilingKey == PASA_KEY_PASA && p.beta < 0.0) ? OptimalBeta(kDefaultBeta0, p.kvBlock, p.scale) : p.beta;
-    if (p.tilingKey == PASA_KEY_PASA && !(beta >= 0.0 && beta < 1.0)) Reject("beta must lie in [0, 1) for pasa");
-    if (p.coreNum == 0) Reject("coreNum must be positive");
+    if (p.coreNum == 0) Reject("coreNum must be positive (the platform's AI Core count)");
     // 16-bit DMA parameters: row strides in elements.
     const uint64_t qStride = p.qLayout == PASA_LAYOUT_BNSD ? p.headDim : static_cast<uint64_t>(p.numHeads) * p.headDim;
     const uint64_t kvStride = p.kvLayout == PASA_LAYOUT_BNSD ? std::max(p.headDim, p.headDimV)
@@ -114,9 +114,10 @@ PasaTilingData ComputeTiling(const PasaProblem& p, PasaBudget* budget)
     if (qStride > 65535 || kvStride > 65535 || (outStride - p.headDimV) * 2 / 32 > 65535) {
         Reject("a row stride exceeds the 16-bit DMA stride fields (heads x head dim too large)");
     }
+}
 
-    PasaTilingData t;
-    std::memset(&t, 0, sizeof(t));
+void FillProblem(const PasaProblem& p, PasaTilingData& t)
+{
     t.tilingKey = p.tilingKey;
     t.batch = p.batch;
     t.numHeads = p.numHeads;
@@ -135,6 +136,8 @@ PasaTilingData ComputeTiling(const PasaProblem& p, PasaBudget* budget)
     t.scale = static_cast<float>(p.scale);
     t.invKvBlock = 1.0f / static_cast<float>(p.kvBlock);
     if (p.tilingKey == PASA_KEY_PASA) {
+        const double beta = p.beta < 0.0 ? OptimalBeta(kDefaultBeta0, p.kvBlock, p.scale) : p.beta;
+        if (!(beta >= 0.0 && beta < 1.0)) Reject("beta must lie in [0, 1) for pasa");
         const double n = p.kvBlock;
         t.shiftDiagBits = DoubleToHalfBits(p.scale * (1.0 - beta / n));
         t.shiftOffBits = DoubleToHalfBits(p.scale * beta / n);
@@ -142,107 +145,156 @@ PasaTilingData ComputeTiling(const PasaProblem& p, PasaBudget* budget)
         const float gamma32 = static_cast<float>(beta / (1.0 - beta));
         t.gamma = static_cast<float>(HalfBitsToDouble(FloatToHalfBits(gamma32)));
     }
+}
 
-    const uint32_t n = p.kvBlock, d = p.headDim, dv = p.headDimV;
-    t.qTile = p.qTile;
-    t.qTilePad = Align(p.qTile, 16);
+// Tiles: a query length shorter than qTile stacks the heads of a kv group into one tile.
+void PlanBlocking(const PasaProblem& p, PasaTilingData& t)
+{
+    const uint32_t n = p.kvBlock;
     t.kvBlock = n;
     t.numKvBlocks = std::max<uint32_t>(1, (p.seqKv + n - 1) / n);
-    t.vecRows = (p.qTile + 1) / 2;
+    const uint32_t seqQ = std::max<uint32_t>(1, p.seqQ);
+    t.tilePositions = std::min(p.qTile, seqQ);
+    t.tileHeads = std::min(t.groupSize, std::max<uint32_t>(1, p.qTile / t.tilePositions));
+    t.headChunks = (t.groupSize + t.tileHeads - 1) / t.tileHeads;
+    t.qTile = t.tileHeads * t.tilePositions;
+    t.qTilePad = Align(t.qTile, 16);
+    t.vecRows = (t.qTile + 1) / 2;
     t.vecRowsPad = Align(t.vecRows, 16);
-    t.numQTiles = std::max<uint32_t>(1, (p.seqQ + p.qTile - 1) / p.qTile);
-    const uint64_t tasks = static_cast<uint64_t>(p.batch) * p.numHeads * t.numQTiles;
+    t.numQTiles = (seqQ + t.tilePositions - 1) / t.tilePositions;
+    const uint64_t tasks = static_cast<uint64_t>(p.batch) * p.numKvHeads * t.headChunks * t.numQTiles;
     t.blockDim = static_cast<uint32_t>(std::min<uint64_t>(p.coreNum, std::max<uint64_t>(1, tasks)));
+}
 
-    // ---- attention kernel, cube side
-    const bool exact = p.tilingKey == PASA_KEY_PASA_EXACT;
-    const uint32_t cols = exact ? n + 16 : n;  // pasa-exact: + the mean16 column block
-    const uint32_t mp = t.qTilePad;
+// AIC buffers: Q (2), K' (2), V (a ring), P' (2) in L1; two L0A, two L0B and two L0C buffers.
+void PlanCube(PasaTilingData& t, PasaBudget& b)
+{
+    const bool exact = t.tilingKey == PASA_KEY_PASA_EXACT;
+    const uint32_t n = t.kvBlock, d = t.headDim, dv = t.headDimV, mp = t.qTilePad;
+    const uint32_t meanRows = Align(std::min(t.numKvBlocks, PASA_CONST_BLOCKS), 16);
     t.l1QueryBytes = mp * d * 2;
-    t.l1KeyBytes = cols * d * 2;
-    t.l1ProbBytes = mp * n * 2;
+    t.l1KeyBytes = n * d * 2;
     t.l1ValueBytes = n * dv * 2;
-    const uint64_t l1Per = static_cast<uint64_t>(t.l1KeyBytes) + t.l1ProbBytes + t.l1ValueBytes;
-    t.l1Buffers = t.l1QueryBytes + 2 * l1Per <= kL1Bytes ? 2 : 1;
-    const uint64_t l1 = t.l1QueryBytes + t.l1Buffers * l1Per;
-    t.l0aQueryBytes = mp * d * 2;
-    t.l0aProbBytes = mp * n * 2;
-    const uint64_t l0a = static_cast<uint64_t>(Align(t.l0aQueryBytes, 512)) + Align(t.l0aProbBytes, 512);
-    t.l0bBytes = Align(std::max(cols * d, n * dv) * 2, 512);
-    t.l0bBuffers = 2ull * t.l0bBytes <= kL0BBytes ? 2 : 1;
-    const uint64_t l0b = static_cast<uint64_t>(t.l0bBuffers) * t.l0bBytes;
-    t.l0cBytes = Align(mp * std::max(cols, dv) * 4, 1024);
-    t.l0cBuffers = 2ull * t.l0cBytes <= kL0CBytes ? 2 : 1;
-    const uint64_t l0c = static_cast<uint64_t>(t.l0cBuffers) * t.l0cBytes;
+    t.l1ProbBytes = mp * n * 2;
+    t.l1MeanBytes = exact ? meanRows * d * 2 : 0;
+    b.l1 = 2ull * t.l1QueryBytes + 2ull * t.l1KeyBytes + static_cast<uint64_t>(PASA_VALUE_BUFFERS) * t.l1ValueBytes +
+           2ull * t.l1ProbBytes + t.l1MeanBytes;
+    t.l0aBytes = Align(std::max({mp * d, mp * n, exact ? meanRows * d : 0u}) * 2, 512);
+    t.l0bBytes = Align(std::max({n * d, n * dv, exact ? mp * d : 0u}) * 2, 512);
+    t.l0cBytes = Align(std::max({mp * n, mp * dv, exact ? meanRows * mp : 0u}) * 4, 1024);
+    b.l0a = 2ull * t.l0aBytes;
+    b.l0b = 2ull * t.l0bBytes;
+    b.l0c = 2ull * t.l0cBytes;
+}
 
-    // ---- attention kernel, vector side (per AIV: ceil(qTile/2) rows)
-    const uint32_t vr = t.vecRowsPad;
-    t.ubScoreBytes = vr * n * 4;
-    t.ubPvBytes = vr * dv * 4;
-    t.ubProbBytes = vr * n * 2;
-    t.ubOutBytes = vr * dv * 2;
-    t.ubAccBytes = vr * dv * 4;
-    t.ubRowBytes = (2 * n + n / 2 + dv + PASA_VEC_REDUCE_FLOATS) * 4;
-    t.ubStatBytes = PASA_VEC_STAT_VECTORS * vr * 4;
-    const uint64_t ub = static_cast<uint64_t>(t.ubScoreBytes) + t.ubPvBytes + vr * 16 * 4 + t.ubProbBytes + t.ubOutBytes +
-                        vr * 4 + t.ubAccBytes + t.ubRowBytes + t.ubStatBytes;
+// AIV buffers (per vector core, vecRowsPad rows): score, P' and P'V tiles (double-buffered when
+// they fit: P' gives way first, then P'V, then the scores), the accumulator, an fp32 work tile,
+// the reduction tree (also the output staging), the mask tile and the statistics.
+void PlanVector(PasaTilingData& t, PasaBudget& b)
+{
+    const uint32_t r = t.vecRowsPad, n = t.kvBlock, dv = t.headDimV;
+    const bool fa = t.tilingKey == PASA_KEY_FA_FP32, pasa = t.tilingKey == PASA_KEY_PASA;
+    t.ubScoreBytes = r * n * (fa ? 4 : 2);
+    t.ubProbBytes = r * n * 2;
+    t.ubPvBytes = r * dv * (fa ? 4 : 2);
+    t.ubAccBytes = r * dv * (pasa ? 2 : 4);
+    t.ubWorkBytes = fa ? 32 : r * std::max(n, dv) * 4;
+    t.ubTreeBytes = r * std::max(n, dv) * 2 + 32 * r;
+    // the column index row, the broadcast row offsets, two bit tiles, row bits
+    t.ubMaskBytes = Align(n * 2, 32) + 32 * r + 2 * Align(r * n / 8, 32) + Align(r, 32) + 32;
+    t.ubStatBytes = PASA_VEC_STAT_UNITS * r * 4;
+    const uint64_t fixed = static_cast<uint64_t>(t.ubAccBytes) + t.ubWorkBytes + t.ubTreeBytes + t.ubMaskBytes +
+                           t.ubStatBytes + 2ull * Align(r * 4, 32);
+    uint32_t score = 2, prob = 2, pv = 2;
+    auto need = [&]() { return fixed + static_cast<uint64_t>(score) * t.ubScoreBytes + static_cast<uint64_t>(prob) * t.ubProbBytes +
+                               static_cast<uint64_t>(pv) * t.ubPvBytes; };
+    if (need() > kUbUserBytes) prob = 1;
+    if (need() > kUbUserBytes) pv = 1;
+    if (need() > kUbUserBytes) score = 1;
+    t.ubScoreBuffers = score;
+    t.ubProbBuffers = prob;
+    t.ubPvBuffers = pv;
+    b.ub = need();
+}
 
-    // ---- preprocessing kernels
-    uint64_t prepL1 = 0, prepL0a = 0, prepL0b = 0, prepL0c = 0, prepUb = 0;
-    if (p.tilingKey == PASA_KEY_PASA) {
-        prepL1 = static_cast<uint64_t>(n) * n * 2 + 2ull * n * d * 2;
-        prepL0a = static_cast<uint64_t>(n) * n * 2;
-        prepL0b = 2ull * n * d * 2;
-        prepL0c = 2ull * n * d * 4;
-    } else if (exact) {
-        prepL1 = 16ull * n * 2 + 2ull * n * d * 2;
-        prepL0a = 16ull * n * 2;
-        prepL0b = 2ull * n * d * 2;
-        prepL0c = 2ull * 16 * d * 4;
-        prepUb = d * 4ull + 2ull * (n / 2) * d * 2 + d * 2ull + 3ull * d * 4;
+void PlanPreprocessing(const PasaTilingData& t, PasaBudget& b)
+{
+    const uint64_t n = t.kvBlock, d = t.headDim;
+    if (t.tilingKey == PASA_KEY_PASA) {
+        b.prepL1 = n * n * 2 + 2 * n * d * 2;
+        b.prepL0a = n * n * 2;
+        b.prepL0b = 2 * n * d * 2;
+        b.prepL0c = 2 * n * d * 4;
+    } else if (t.tilingKey == PASA_KEY_PASA_EXACT) {
+        b.prepL1 = 16 * n * 2 + 2 * n * d * 2;
+        b.prepL0a = 16 * n * 2;
+        b.prepL0b = 2 * n * d * 2;
+        b.prepL0c = 2 * 16 * d * 4;
+        b.prepUb = d * 4 + 2 * (n / 2) * d * 2 + d * 2 + 2 * d * 4 + (n / 2) * d * 4;
     }
+}
 
+void CheckBudgets(const PasaProblem& p, const PasaBudget& b)
+{
     struct Check { const char* what; uint64_t need, cap; };
     const Check checks[] = {
-        {"attention L1", l1, kL1Bytes}, {"attention L0A", l0a, kL0ABytes}, {"attention L0B", t.l0bBytes, kL0BBytes},
-        {"attention L0C", t.l0cBytes, kL0CBytes}, {"attention UB (per AIV)", ub, kUbBytes},
-        {"preprocessing L1", prepL1, kL1Bytes}, {"preprocessing L0A", prepL0a, kL0ABytes},
-        {"preprocessing L0B", prepL0b, kL0BBytes}, {"preprocessing L0C", prepL0c, kL0CBytes},
-        {"preprocessing UB (per AIV)", prepUb, kUbBytes},
+        {"attention L1", b.l1, kL1Bytes}, {"attention L0A", b.l0a, kL0ABytes}, {"attention L0B", b.l0b, kL0BBytes},
+        {"attention L0C", b.l0c, kL0CBytes}, {"attention UB (per AIV, below the API scratch)", b.ub, kUbUserBytes},
+        {"preprocessing L1", b.prepL1, kL1Bytes}, {"preprocessing L0A", b.prepL0a, kL0ABytes},
+        {"preprocessing L0B", b.prepL0b, kL0BBytes}, {"preprocessing L0C", b.prepL0c, kL0CBytes},
+        {"preprocessing UB (per AIV)", b.prepUb, kUbBytes},
     };
     for (const Check& c : checks) {
         if (c.need > c.cap) {
             Reject(std::string(c.what) + " needs " + Kib(c.need) + ", the Atlas A2 AI Core has " + Kib(c.cap) +
-                   " (qTile=" + std::to_string(p.qTile) + ", kvBlock=" + std::to_string(n) + ", headDim=" +
-                   std::to_string(d) + ", headDimV=" + std::to_string(dv) + "); use a smaller q_block or kv_block");
+                   " (qTile=" + std::to_string(p.qTile) + ", kvBlock=" + std::to_string(p.kvBlock) + ", headDim=" +
+                   std::to_string(p.headDim) + ", headDimV=" + std::to_string(p.headDimV) + "); use a smaller q_block or kv_block");
         }
     }
-    if (budget != nullptr) {
-        budget->l1 = l1; budget->l0a = l0a; budget->l0b = l0b; budget->l0c = l0c; budget->ub = ub;
-        budget->prepL1 = prepL1; budget->prepL0a = prepL0a; budget->prepL0b = prepL0b; budget->prepL0c = prepL0c;
-        budget->prepUb = prepUb;
-    }
+}
 
-    // ---- GM workspace
+void PlanWorkspace(const PasaProblem& p, PasaTilingData& t)
+{
+    const bool exact = p.tilingKey == PASA_KEY_PASA_EXACT;
+    const uint64_t n = t.kvBlock, d = t.headDim, dv = t.headDimV, rows = t.qTilePad;
     const uint64_t kvBlocksTotal = static_cast<uint64_t>(p.batch) * p.numKvHeads * t.numKvBlocks;
     uint64_t off = 0;
     t.shiftMatrixOffset = off;
-    off += Align64(p.tilingKey == PASA_KEY_PASA ? static_cast<uint64_t>(n) * n * 2 : 0, 512);
+    off += Align64(p.tilingKey == PASA_KEY_PASA ? n * n * 2 : 0, 512);
     t.keyPrimeOffset = off;
     off += Align64(p.tilingKey != PASA_KEY_FA_FP32 ? kvBlocksTotal * n * d * 2 : 0, 512);
     t.keyMeanOffset = off;
     off += Align64(exact ? kvBlocksTotal * d * 2 : 0, 512);
-    const uint32_t scoreElem = p.tilingKey == PASA_KEY_FA_FP32 ? 4 : 2;
-    t.scoreSlotBytes = Align64(static_cast<uint64_t>(p.qTile) * n * scoreElem, 512);
-    t.probSlotBytes = Align64(static_cast<uint64_t>(p.qTile) * n * 2, 512);
-    t.pvSlotBytes = Align64(static_cast<uint64_t>(p.qTile) * dv * scoreElem, 512);
-    t.constSlotBytes = exact ? Align64(static_cast<uint64_t>(p.qTile) * 16 * 4, 512) : 0;
-    t.colSumSlotBytes = Align64(static_cast<uint64_t>(d) * 4, 512);
+    const uint64_t elem = p.tilingKey == PASA_KEY_FA_FP32 ? 4 : 2;
+    t.scoreSlotBytes = Align64(rows * n * elem, 512);
+    t.probSlotBytes = Align64(rows * n * 2, 512);
+    t.pvSlotBytes = Align64(rows * dv * elem, 512);
+    t.constSlotBytes = exact ? Align64(static_cast<uint64_t>(PASA_CONST_BLOCKS) * rows * 4, 512) : 0;
+    t.colSumSlotBytes = Align64(d * 4, 512);
     t.coreAreaOffset = off;
-    t.coreAreaBytes = std::max<uint64_t>(2 * (t.scoreSlotBytes + t.probSlotBytes + t.pvSlotBytes + t.constSlotBytes),
+    t.coreAreaBytes = std::max<uint64_t>(PASA_SCORE_SLOTS * t.scoreSlotBytes + PASA_PROB_SLOTS * t.probSlotBytes +
+                                         PASA_PV_SLOTS * t.pvSlotBytes + PASA_CONST_SLOTS * t.constSlotBytes,
                                          2 * t.colSumSlotBytes);
     off += t.coreAreaBytes * t.blockDim;
     t.workspaceBytes = off;
+}
+
+}  // namespace
+
+PasaTilingData ComputeTiling(const PasaProblem& p, PasaBudget* budget)
+{
+    Validate(p);
+    PasaTilingData t;
+    std::memset(&t, 0, sizeof(t));
+    FillProblem(p, t);
+    PlanBlocking(p, t);
+    PasaBudget b;
+    PlanCube(t, b);
+    PlanVector(t, b);
+    PlanPreprocessing(t, b);
+    CheckBudgets(p, b);
+    if (budget != nullptr) *budget = b;
+    PlanWorkspace(p, t);
     return t;
 }
 

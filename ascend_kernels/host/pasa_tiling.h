@@ -17,6 +17,9 @@ constexpr uint32_t kL0ABytes = 64 * 1024;
 constexpr uint32_t kL0BBytes = 64 * 1024;
 constexpr uint32_t kL0CBytes = 128 * 1024;
 constexpr uint32_t kUbBytes = 192 * 1024;
+// UB the attention kernel's buffers may use: on Atlas A2 some APIs (Select) keep temporaries from
+// TMP_UB_OFFSET = 184 KiB up (impl/basic_api/utils/kernel_utils_constants.h).
+constexpr uint32_t kUbUserBytes = 184 * 1024;
 constexpr uint32_t kDefaultCoreNum = 24;  // AI Cores (AIC + 2 AIV each) of an Atlas A2
 
 struct PasaProblem {

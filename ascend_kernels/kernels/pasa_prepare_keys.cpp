@@ -1,4 +1,5 @@
-// Preprocessing of the keys, once per kv block, before the attention kernel (DESIGN.md §2.1).
+// Preprocessing of the keys, once per kv block, before the attention kernel (docs/design.md,
+// "Shifting the keys on the matrix engine").
 //
 // pasa_shift_keys (cube only, tiling key PASA):  K'_j = M^T K_j, M = scale (I - beta/n J)
 //   stored in fp16 as the host built it. One Mmad per block: A = M^T (resident in L0A),
@@ -207,10 +208,10 @@ public:
         pipe_.InitBuffer(keyIn_, 1, half_n * d * sizeof(half));
         pipe_.InitBuffer(keyOut_, 1, half_n * d * sizeof(half));
         pipe_.InitBuffer(meanOut_, 1, d * sizeof(half));
-        pipe_.InitBuffer(calc_, 3 * d * sizeof(float));
+        pipe_.InitBuffer(calc_, 2 * d * sizeof(float) + half_n * d * sizeof(float));
         LocalTensor<float> mean32 = calc_.Get<float>();
-        LocalTensor<float> row32 = mean32[d];
-        LocalTensor<half> mean16 = mean32[2 * d].ReinterpretCast<half>();
+        LocalTensor<half> mean16 = mean32[d].ReinterpretCast<half>();
+        LocalTensor<float> rows32 = mean32[2 * d];  // this AIV's rows of the block, fp32
 
         const uint32_t r0 = sub * half_n, r1 = r0 + half_n;  // this AIV's rows of the block
         const uint32_t keyStride = RowStride(t.kvLayout, t.numKvHeads, d);
@@ -248,17 +249,18 @@ public:
             }
             keyIn_.EnQue(kin);
             kin = keyIn_.DeQue<half>();
+            // whole tile: rows past kv_len are zeros, each row minus the same mean16 row (src1
+            // repeat stride 0), scaled in fp32, rounded once
             LocalTensor<half> kout = keyOut_.AllocTensor<half>();
-            for (uint32_t r = 0; r < half_n; ++r) {
-                if (r < valid) {
-                    Cast(row32, kin[r * d], RoundMode::CAST_NONE, d);
-                } else {
-                    Duplicate(row32, 0.0f, static_cast<int32_t>(d));
-                }
-                Sub(row32, row32, mean32, static_cast<int32_t>(d));
-                Muls(row32, row32, t.scale, static_cast<int32_t>(d));
-                Cast(kout[r * d], row32, RoundMode::CAST_RINT, d);
+            if (valid > 0) Cast(rows32, kin, RoundMode::CAST_NONE, valid * d);
+            if (valid < half_n) Duplicate(rows32[valid * d], 0.0f, static_cast<int32_t>((half_n - valid) * d));
+            const uint8_t rowBlocks = static_cast<uint8_t>(d * sizeof(float) / 32);
+            for (uint32_t c = 0; c < d; c += 64) {
+                Sub(rows32[c], rows32[c], mean32[c], d - c < 64 ? d - c : 64, static_cast<uint8_t>(half_n),
+                    BinaryRepeatParams(1, 1, 1, rowBlocks, rowBlocks, 0));
             }
+            Muls(rows32, rows32, t.scale, static_cast<int32_t>(half_n * d));
+            Cast(kout, rows32, RoundMode::CAST_RINT, half_n * d);
             keyIn_.FreeTensor(kin);
             keyOut_.EnQue(kout);
             kout = keyOut_.DeQue<half>();

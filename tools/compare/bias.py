@@ -1,4 +1,4 @@
-"""The rounding-bias experiment (DESIGN.md §2.5, seeds 002 and 003).
+"""The rounding-bias experiment (docs/design.md, "The rounding guard").
 
 Mechanism: when a score row has several equal maxima, those entries of
 P = exp(S - rowmax) are exactly 1, so P V adds same-signed V values that carry

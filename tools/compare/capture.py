@@ -1,14 +1,15 @@
 """Capture the Q/K/V that reach attention in a Hugging Face model.
 
-A recording attention function is registered with transformers'
-``AttentionInterface`` and the model is switched to it for one forward pass.
+A recording attention function is registered with transformers' ``AttentionInterface``,
+as ``pasa_npu.integrations.transformers`` registers PASA (with a mask function in
+``AttentionMaskInterface``), and the model is switched to it for one forward pass.
 It sees exactly what the model's attention kernel sees (after RoPE, with the
 key/value heads before any GQA repetition, the softmax scale, the mask),
 records it for the chosen layers, and delegates to the model's own
 implementation (sdpa, eager, ...) so that the forward pass is unchanged.
 nn.Module forward hooks cannot do this: they see the attention block's hidden
-states, not its post-RoPE Q/K/V. Needs transformers >= 4.48; runs offline
-(``local_files_only``) on a model directory the user has.
+states, not its post-RoPE Q/K/V. Needs the ``compare`` extra's transformers; runs
+offline (``local_files_only``) on a model directory the user has.
 """
 from __future__ import annotations
 
@@ -41,17 +42,20 @@ class Captured:
 
 
 def _transformers():
+    """(transformers, pasa_npu.integrations.transformers, ALL_ATTENTION_FUNCTIONS)."""
     try:
         import transformers
-        from transformers import AttentionInterface
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        from ...integrations import transformers as integration
     except ImportError as err:
-        raise CompareError("capture needs transformers >= 4.48 (AttentionInterface); "
-                           "pip install 'pasa-npu[compare]'") from err
-    return transformers, AttentionInterface, ALL_ATTENTION_FUNCTIONS
+        raise CompareError(f"capture needs transformers: {err}; pip install "
+                           f"'pasa-npu[compare]'") from err
+    return transformers, integration, ALL_ATTENTION_FUNCTIONS
 
 
-def _to_masked(mask, module, q_len: int, kv_len: int, batch: int) -> Optional[torch.Tensor]:
+def _to_masked(mask, module, q_len: int, kv_len: int, batch: int, heads: int,
+               integration) -> Optional[torch.Tensor]:
     """The mask that reached attention as bool (B|1, S1, S2), True = masked."""
     if mask is None:
         if not getattr(module, "is_causal", True) or q_len == 1:
@@ -62,15 +66,11 @@ def _to_masked(mask, module, q_len: int, kv_len: int, batch: int) -> Optional[to
     if mask.dim() != 4 or mask.shape[1] != 1:
         raise CompareError(f"unsupported attention mask of shape {tuple(mask.shape)} (expected "
                            f"(B, 1, S1, S2))")
-    m = mask[:, 0, :q_len, :kv_len].detach().cpu()
-    if m.dtype == torch.bool:
-        return ~m                                   # transformers: True = attend
-    masked = m < -1e4
-    bias = m[~masked]
-    if bool((bias != 0).any()):
-        raise CompareError("the model adds a non-zero attention bias (ALiBi or similar); "
-                           "pasa_npu's operator has no such input")
-    return masked
+    try:
+        return integration.masked_positions(mask[:, :, :q_len, :kv_len].detach().cpu(), batch,
+                                            heads, q_len, kv_len)
+    except ValueError as err:
+        raise CompareError(f"the model's attention mask: {err} (ALiBi or similar)") from err
 
 
 def model_layers(config) -> int:
@@ -89,7 +89,7 @@ def check_layers(layers: Sequence[int], n: int) -> None:
 def record_attention(model, input_ids: torch.Tensor, layers: Sequence[int]) -> list[Captured]:
     """Run ``model(input_ids)`` once and return what reached attention in ``layers``
     (indices into the model's decoder layers, checked against its config)."""
-    _, AttentionInterface, ALL_ATTENTION_FUNCTIONS = _transformers()
+    _, integration, ALL_ATTENTION_FUNCTIONS = _transformers()
     check_layers(layers, model_layers(model.config))
     original = model.config._attn_implementation
     if original == RECORDER_NAME:
@@ -125,10 +125,13 @@ def record_attention(model, input_ids: torch.Tensor, layers: Sequence[int]) -> l
             out = result[0].detach().cpu()
             captured[idx] = Captured(
                 idx, query.detach().cpu(), key.detach().cpu(), value.detach().cpu(), scale,
-                _to_masked(attention_mask, module, s1, s2, b), out.transpose(1, 2))
+                _to_masked(attention_mask, module, s1, s2, b, query.shape[1], integration),
+                out.transpose(1, 2))
         return result
 
-    AttentionInterface.register(RECORDER_NAME, recorder)
+    # registered as pasa_npu's attention is: with the mask function of the implementation
+    # it delegates to, so that the recorder and its delegate see the model's mask
+    integration.register_attention(RECORDER_NAME, recorder, integration.mask_function_of(original))
     model.set_attn_implementation(RECORDER_NAME)
     try:
         with torch.no_grad():

@@ -140,8 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     _candidate_options(p)
 
     p = sub.add_parser("bias", help="rounding-bias experiment with and without rounding_guard",
-                       description="Rows with repeated maxima and same-signed V (DESIGN.md §2.5): "
-                       "signed mean error over many trials, guard off and on, 95% CI.")
+                       description="Rows with repeated maxima and same-signed V: signed mean "
+                       "error over many trials, guard off and on, 95% CI.")
     p.add_argument("--allocations", nargs="+", default=["fa-fp16", "pasa", "pasa-exact"],
                    metavar="NAME")
     p.add_argument("--dtypes", nargs="+", type=_dtype, default=[torch.bfloat16, torch.float16],
@@ -237,10 +237,12 @@ def _file(args) -> int:
     args.scale_for_beta = item.scale
     args.prepared = _candidates(args)
     dt = str(item.dtype).replace("torch.", "")
-    title = f"{item.name}: query {tuple(item.query.shape)} (BNSD), key/value " \
-            f"{tuple(item.key.shape)}, {dt}, scale {item.scale:.4g}"
+    mask = item.mask_description()
+    title = (f"{item.name}: query {tuple(item.query.shape)} (BNSD), key/value "
+             f"{tuple(item.key.shape)}, {dt}, scale {item.scale:.4g}, mask: {mask}")
     return _run_comparison(args, [item], title, {"inputs": ", ".join(args.paths),
-                                                 "layout": args.layout, "dtype": dt})
+                                                 "layout": args.layout, "dtype": dt,
+                                                 "mask": mask})
 
 
 def _capture(args) -> int:

@@ -17,7 +17,7 @@ import torch
 
 from pasa_npu.tools.inputs import PAPER_SHAPE, Case, paper_cases
 
-from .errors import CompareError
+from .errors import CompareError, describe
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 #: The layouts a file may hold (torch_npu's input layouts).
@@ -40,6 +40,13 @@ class Item:
     mask: Optional[torch.Tensor] = None   # bool (B|1, S1, S2), True = masked
     meta: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        for role in ("query", "key", "value", "mask"):
+            value = getattr(self, role)
+            if not (isinstance(value, torch.Tensor) or (role == "mask" and value is None)):
+                raise CompareError(f"item {self.name!r}: {role} must be a torch.Tensor, got "
+                                   f"{describe(value)}")
+
     @property
     def dtype(self) -> torch.dtype:
         return self.query.dtype
@@ -47,6 +54,15 @@ class Item:
     @property
     def shape(self) -> tuple[int, int, int, int]:
         return tuple(self.query.shape)
+
+    def mask_description(self) -> str:
+        """The mask as the reports state it: its shape and the share of masked (query,
+        key) pairs, or "none"."""
+        if self.mask is None:
+            return "none"
+        share = float(self.mask.float().mean()) * 100
+        return (f"atten_mask {tuple(self.mask.shape)} (True = masked), {share:.3g}% of the "
+                f"(query, key) pairs masked")
 
     def npu_kwargs(self) -> dict:
         """Keyword arguments of ``npu_fused_infer_attention_score`` (and of
@@ -94,6 +110,8 @@ def case_item(case: Case, shape=PAPER_SHAPE, seed: int = 0, dtype=torch.float16)
 
 def _read(path: str) -> dict[str, torch.Tensor] | torch.Tensor:
     """A file's tensors: a dict for containers, a tensor for a single array."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise CompareError(f"an input path must be a str or os.PathLike, got {describe(path)}")
     if not os.path.exists(path):
         raise CompareError(f"input file not found: {path}")
     ext = os.path.splitext(path)[1].lower()
@@ -136,7 +154,8 @@ def _pick(tensors: dict, role: str, path: str, required: bool = True):
         if name in tensors:
             t = tensors[name]
             if not isinstance(t, torch.Tensor):
-                raise CompareError(f"{path}: entry {name!r} is not a tensor")
+                raise CompareError(f"{path}: entry {name!r} is not a tensor, it holds "
+                                   f"{describe(t)}")
             return t
     if required:
         raise CompareError(f"{path}: no tensor named {' or '.join(TENSOR_NAMES[role])} "
@@ -201,7 +220,8 @@ def file_item(paths: list[str], layout: str = "BNSD", num_heads: Optional[int] =
               num_kv_heads: Optional[int] = None, scale: Optional[float] = None,
               dtype: Optional[torch.dtype] = None) -> Item:
     """An item from one container file (tensors named q/k/v or query/key/value, an
-    optional bool ``atten_mask``) or from three files holding q, k and v.
+    optional bool ``atten_mask``) or from three files holding q, k and v; ``paths`` is
+    a list of one or three paths (a single path may be given as is).
 
     ``layout`` is the files' layout (one of :data:`FILE_LAYOUTS`; TND/NTD hold
     one sequence). fp32/fp64 tensors are rounded to ``dtype`` (default fp16);
@@ -209,6 +229,10 @@ def file_item(paths: list[str], layout: str = "BNSD", num_heads: Optional[int] =
     """
     if layout not in FILE_LAYOUTS:
         raise CompareError(f"--layout must be one of {', '.join(FILE_LAYOUTS)}, got {layout!r}")
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    if not isinstance(paths, (list, tuple)):
+        raise CompareError(f"paths must be a list of file paths, got {describe(paths)}")
     mask = None
     if len(paths) == 1:
         tensors = _read(paths[0])
@@ -252,4 +276,5 @@ def file_item(paths: list[str], layout: str = "BNSD", num_heads: Optional[int] =
         raise CompareError(f"--scale must be finite and non-zero, got {scale}")
     name = os.path.basename(paths[0]) if len(paths) == 1 else "+".join(
         os.path.basename(p) for p in paths)
-    return Item(name, q, k, v, scale, mask, meta={"source": list(paths), "layout": layout})
+    return Item(name, q, k, v, scale, mask,
+                meta={"source": [os.fspath(p) for p in paths], "layout": layout})

@@ -39,6 +39,21 @@ def _styles(labels):
                       linestyle="--" if lab in third else "-") for i, lab in enumerate(labels)}
 
 
+def _legend_below(fig, handles, labels) -> float:
+    """The candidates' legend centred under the panels, in as many columns as fit the
+    figure's width (at most 7), so that no entry is cut off. Returns the fraction of the
+    figure's height it takes, for ``tight_layout``'s rect."""
+    renderer = fig.canvas.get_renderer()
+    for ncol in range(min(len(labels), 7), 0, -1):
+        legend = fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=9,
+                            frameon=False)
+        box = legend.get_window_extent(renderer)
+        if box.width <= 0.98 * fig.bbox.width or ncol == 1:
+            return box.height / fig.bbox.height + 0.01
+        legend.remove()
+    return 0.0
+
+
 def _panel(ax, comp: Comparison, xs, names, xlabel, styles):
     """One panel: a line per candidate over items ``names`` at positions ``xs``."""
     nan_marks = {}   # x -> list of (label, pct)
@@ -97,12 +112,10 @@ def sweep_figures(comp: Comparison, folder: str, shape) -> list[str]:
             item_names = [names[(c.kind, c.x0, c.amplitude)] for c in cases]
             _panel(ax, comp, xs, item_names, xlabel, styles)
             ax.set_title(f"{kind}, {fixed}")
-        handles, labels = axes[0][0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 7), fontsize=9,
-                   frameon=False)
+        bottom = _legend_below(fig, *axes[0][0].get_legend_handles_labels())
         fig.suptitle(f"Figure {fig_no} (paper): {kind} inputs, shape (B,N,S,D) = "
                      f"{tuple(shape)}; NaN outputs marked in text", fontsize=11)
-        fig.tight_layout(rect=(0, 0.08, 1, 1))
+        fig.tight_layout(rect=(0, bottom, 1, 1))
         path = os.path.join(folder, f"fig{fig_no}_{kind}.png")
         fig.savefig(path, dpi=110)
         plt.close(fig)
@@ -143,29 +156,11 @@ def item_figures(comp: Comparison, folder: str) -> list[str]:
     """Per-head panels (at most MAX_HEAD_PANELS items) and, with several items, a per-item plot."""
     plt = _pyplot()
     styles = _styles(comp.labels)
-    paths = []
-    shown = comp.items[:MAX_HEAD_PANELS]
-    cols = min(len(shown), 2)
-    rows = math.ceil(len(shown) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 3.9 * rows), squeeze=False)
-    for ax, it in zip(axes.flat, shown):
-        heads = list(range(it["shape"][1]))
-        _head_panel(ax, comp, it["name"], heads, styles)
-        ax.set_title(it["name"], fontsize=10)
-    for ax in list(axes.flat)[len(shown):]:
-        ax.axis("off")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 7), fontsize=9,
-               frameon=False)
-    more = len(comp.items) - len(shown)
-    fig.suptitle("relative RMSE per head vs fp64 golden"
-                 + (f" (first {len(shown)} items; {more} more in per_head.csv)" if more else ""),
-                 fontsize=11)
-    fig.tight_layout(rect=(0, 0.07 + 0.03 / rows, 1, 1))
+    fig = head_figure(comp, plt, styles)
     path = os.path.join(folder, "rmse_by_head.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    paths.append(path)
+    paths = [path]
     if len(comp.items) > 1:
         fig, ax = plt.subplots(figsize=(max(6.5, 0.6 * len(comp.items) + 3), 4.6))
         xs = list(range(len(comp.items)))
@@ -181,22 +176,92 @@ def item_figures(comp: Comparison, folder: str) -> list[str]:
     return paths
 
 
-def _head_panel(ax, comp, name, heads, styles):
+def head_figure(comp: Comparison, plt=None, styles=None):
+    """The figure of ``rmse_by_head.png``: one panel per item (the first MAX_HEAD_PANELS),
+    relative RMSE per head, NaN/Inf heads marked in a band at the top of the panel."""
+    plt = plt or _pyplot()
+    styles = styles or _styles(comp.labels)
+    shown = comp.items[:MAX_HEAD_PANELS]
+    cols = min(len(shown), 2)
+    rows = math.ceil(len(shown) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 3.9 * rows), squeeze=False)
+    marks = [_head_panel(ax, comp, it["name"], list(range(it["shape"][1])), styles)
+             for ax, it in zip(axes.flat, shown)]
+    for ax, it in zip(axes.flat, shown):
+        ax.set_title(it["name"], fontsize=10)
+    for ax in list(axes.flat)[len(shown):]:
+        ax.axis("off")
+    handles, labels = {}, []
+    for ax in axes.flat:   # every candidate once, NaN-only ones included
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in handles:
+                handles[lab] = h
+                labels.append(lab)
+    bottom = _legend_below(fig, [handles[lab] for lab in labels], labels)
+    more = len(comp.items) - len(shown)
+    fig.suptitle("relative RMSE per head vs fp64 golden"
+                 + (f" (first {len(shown)} items; {more} more in per_head.csv)" if more else ""),
+                 fontsize=11)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    for ax, nan_heads in zip(axes.flat, marks):
+        _nan_band(ax, nan_heads, styles)
+    return fig
+
+
+def _head_panel(ax, comp, name, heads, styles) -> dict:
+    """Relative RMSE per head, one line per candidate; returns {head: [labels]} of the
+    candidates with NaN/Inf outputs in that head, for :func:`_nan_band`."""
+    nan_heads = {}
     for lab in comp.labels:
         rec = comp.record(name, lab)
         if rec is None or rec.status != "ok":
             continue
         ys = rec.heads["rel_rmse"]
         pts = [(h, y) for h, y in zip(heads, ys) if math.isfinite(y)]
-        bad = [h for h, p in zip(heads, rec.heads["nonfinite_pct"]) if p]
+        for h, pct in zip(heads, rec.heads["nonfinite_pct"]):
+            if pct:
+                nan_heads.setdefault(h, []).append(lab)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], label=lab, linewidth=1.4, markersize=4,
                 **styles[lab])
-        for h in bad:
-            ax.annotate("NaN", xy=(h, 1.0), xycoords=("data", "axes fraction"), xytext=(0, -10),
-                        textcoords="offset points", ha="center", fontsize=7,
-                        color=styles[lab]["color"])
     ax.set_yscale("log")
     ax.set_xlabel("head")
     ax.set_ylabel("relative RMSE")
     ax.set_xticks(heads if len(heads) <= 16 else heads[::max(1, len(heads) // 16)])
+    ax.margins(x=0.04)
     ax.grid(True, alpha=0.3)
+    return nan_heads
+
+
+#: spacing of the stacked NaN marks and their size, in points
+NAN_STEP_PT = 8.0
+NAN_MARKER_PT = 5.0
+
+
+def _nan_band(ax, nan_heads: dict, styles) -> None:
+    """Marks a head whose outputs hold NaN/Inf with the candidate's marker in a band at the
+    top of the panel, labelled "NaN" beside the axis, the marks of one head stacked so that
+    none covers another. Raises the panel's top so that no line enters the band. Call after
+    the layout is final: the band's height is set in points."""
+    if not nan_heads:
+        return
+    from matplotlib.transforms import ScaledTranslation, blended_transform_factory
+    fig = ax.figure
+    depth = max(len(labs) for labs in nan_heads.values())
+    band_pt = NAN_STEP_PT * depth + NAN_MARKER_PT + 2
+    height_pt = ax.get_window_extent().height * 72.0 / fig.dpi
+    band = min(band_pt / height_pt, 0.6)
+    low, high = ax.get_ylim()
+    ax.set_yticks([t for t in ax.get_yticks() if low <= t <= high])  # no tick label in the band
+    ax.set_ylim(low, high * (high / low) ** (band / (1.0 - band)))
+    top = blended_transform_factory(ax.transData, ax.transAxes)
+    for head, labs in nan_heads.items():
+        for j, lab in enumerate(labs):
+            shift = ScaledTranslation(0, -(NAN_MARKER_PT / 2 + 2 + NAN_STEP_PT * j) / 72.0,
+                                      fig.dpi_scale_trans)
+            ax.plot([head], [1.0], transform=top + shift, linestyle="none", clip_on=False,
+                    marker=styles[lab]["marker"], color=styles[lab]["color"],
+                    markersize=NAN_MARKER_PT, gid="nan-mark")
+    ax.plot([0, 1], [1.0 - band] * 2, transform=ax.transAxes, color="0.6", linewidth=0.6,
+            linestyle=":", gid="nan-band")
+    ax.annotate("NaN", xy=(0, 1.0 - band / 2), xycoords="axes fraction", xytext=(-4, 0),
+                textcoords="offset points", ha="right", va="center", fontsize=8, color="0.25")

@@ -1,6 +1,6 @@
 """Reports of a :class:`~.evaluate.Comparison`: console tables, CSV, JSON, Markdown.
 
-Files written by :func:`write_reports` into the output folder:
+Files the ``write_*`` functions put into the output folder:
 
 * ``results.csv``: one row per (item, candidate): every metric, the verdicts,
   the item's QK^T range;
@@ -23,7 +23,6 @@ METRICS = ("rel_rmse", "max_abs", "cosine", "rel_l1", "bias", "nonfinite_pct", "
            "mare")
 
 
-
 # --------------------------------------------------------------------------- cells
 
 
@@ -39,11 +38,19 @@ def rmse_cell(rec: Optional[Record]) -> str:
     return f"{rec.metrics['rel_rmse']:.2e}"
 
 
-def verdict_cell(rec: Optional[Record]) -> str:
-    """Single-benchmark verdict, then the dual-benchmark level ("-": no third party)."""
+def single_cell(rec: Optional[Record]) -> str:
+    """The single-benchmark verdict, PASS or FAIL ("-": no record, "error": it failed)."""
     if rec is None or rec.status != "ok":
         return "-" if rec is None else "error"
-    return f"{rec.single.label} {rec.dual.label if rec.dual else '-'}"
+    return rec.single.label
+
+
+def dual_cell(rec: Optional[Record]) -> str:
+    """The dual-benchmark level, L2, L1, L0 or FAIL ("-": the baseline itself or no
+    record, "n/a": the baseline's output is not finite, "error": it failed)."""
+    if rec is None or rec.status != "ok":
+        return "-" if rec is None else "error"
+    return rec.dual.label if rec.dual else "-"
 
 
 def grid(header: list[str], rows: list[list[str]]) -> str:
@@ -68,11 +75,19 @@ def rmse_rows(comp: Comparison) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def verdict_rows(comp: Comparison) -> tuple[list[str], list[list[str]]]:
+def verdict_rows(comp: Comparison, cell) -> tuple[list[str], list[list[str]]]:
+    """Items by candidates, one verdict per cell: ``cell`` is :func:`single_cell` or
+    :func:`dual_cell`."""
     header = ["item"] + comp.labels
-    rows = [[it["name"]] + [verdict_cell(comp.record(it["name"], c)) for c in comp.labels]
+    rows = [[it["name"]] + [cell(comp.record(it["name"], c)) for c in comp.labels]
             for it in comp.items]
     return header, rows
+
+
+SINGLE_TEXT = ("single-benchmark verdict against the fp64 golden: PASS when MERE < 2^-10 and "
+               "MARE < 10*2^-10 (bf16: 2^-7 and 10*2^-7), else FAIL")
+DUAL_TEXT = ("dual-benchmark level against {baseline}: the MARE/MERE/RMSE ratios within "
+             "2/1.2/1.2 L2, 5/1.5/1.5 L1, 10/2/2 L0, else FAIL")
 
 
 def score_rows(comp: Comparison) -> tuple[list[str], list[list[str]]]:
@@ -124,11 +139,13 @@ def table4_rows(comp: Comparison) -> tuple[list[str], list[list[str]]]:
 
 def console(comp: Comparison, title: str, sweep: bool = False) -> str:
     parts = [title, "", "relative RMSE vs fp64 golden (NaN x%: share of NaN/Inf outputs)",
-             grid(*rmse_rows(comp)), "",
-             "Ascend standards: single-benchmark MERE/MARE threshold (PASS/FAIL), then the "
-             + (f"dual-benchmark level vs {comp.baseline} (L2 best, L0, FAIL)"
-                if comp.baseline else "dual-benchmark level (no third party ran: -)"),
-             grid(*verdict_rows(comp))]
+             grid(*rmse_rows(comp)), "", "Ascend " + SINGLE_TEXT,
+             grid(*verdict_rows(comp, single_cell)), ""]
+    if comp.baseline:
+        parts += ["Ascend " + DUAL_TEXT.format(baseline=comp.baseline),
+                  grid(*verdict_rows(comp, dual_cell))]
+    else:
+        parts += ["Ascend dual-benchmark level: no third-party candidate ran"]
     if sweep:
         parts += ["", "Table 4: NaN/Inf % of the outputs (column 'paper': its FA16-FP32, our "
                   "fa-fp16s, at "
@@ -205,11 +222,12 @@ def write_markdown(comp: Comparison, folder: str, title: str, settings: dict, pl
              "`NaN x%`: that share of the outputs is NaN/Inf.", "",
              markdown_table(*rmse_rows(comp)),
              "", "## Ascend precision standards", "",
-             "First the single-benchmark verdict (fp16: MERE < 2^-10 and MARE < 10*2^-10; bf16: "
-             "2^-7 and 10*2^-7), then the dual-benchmark level "
-             + (f"against `{comp.baseline}` (MARE/MERE/RMSE ratios <= 10/2/2 L0, 5/1.5/1.5 L1, "
-                "2/1.2/1.2 L2)." if comp.baseline else "(no third-party candidate ran)."),
-             "", markdown_table(*verdict_rows(comp))]
+             f"The {SINGLE_TEXT}.", "", markdown_table(*verdict_rows(comp, single_cell)), ""]
+    if comp.baseline:
+        lines += [f"The {DUAL_TEXT.format(baseline=f'`{comp.baseline}`')}.", "",
+                  markdown_table(*verdict_rows(comp, dual_cell))]
+    else:
+        lines += ["Dual-benchmark level: no third-party candidate ran."]
     if sweep:
         lines += ["", "## Table 4: NaN/Inf percentages", "",
                   "Column `paper`: the paper's FA16-FP32 (our `fa-fp16s`) at (1, 16, 1280, 128); "

@@ -1,4 +1,4 @@
-"""The Ascend operator precision standards of DESIGN.md §4, as verdicts.
+"""The Ascend operator precision standards (docs/design.md, "How we measure"), as verdicts.
 
 Single benchmark (against the fp64 golden alone): an output passes when
 MERE < t_mean and MARE < t_max, with (t_mean, t_max) = (2^-10, 10 * 2^-10) for

@@ -1,0 +1,95 @@
+// The host side of one PASA call, shared by the NPU build and the CPU emulation: tiling, the
+// per-call device buffers and their layout, the uploads, the preprocessing launch and the
+// attention launch. Everything that touches a device goes through LaunchRuntime, which has two
+// implementations: AclLaunchRuntime (pasa_acl_runtime.h: ACL on the stream torch_npu gives) and
+// the emulation's (../emu/emu_launch_runtime.h). Plain C++17, no device headers.
+#ifndef PASA_HOST_LAUNCHER_H
+#define PASA_HOST_LAUNCHER_H
+
+#include <cstddef>
+#include <cstdint>
+
+#include "pasa_tiling.h"
+
+namespace pasa {
+
+// The kernels of ../kernels/, in the order a call may launch them.
+enum class PasaKernel : uint32_t {
+    kShiftKeys = 0,   // pasa_shift_keys (pasa): K' = M^T K per kv block, cube only
+    kCenterKeys = 1,  // pasa_center_keys (pasa-exact): block means and K - mean16, MIX
+    kAttention = 2,   // pasa_attention: the MIX attention kernel
+};
+const char* KernelName(PasaKernel kernel);
+
+// What a per-call device buffer holds. Parameters are only read by the kernels; the workspace
+// is read and written.
+enum class BufferRole : uint32_t { kParameters = 0, kWorkspace = 1 };
+const char* BufferName(BufferRole role);
+
+// Device addresses of one launch, named as the kernels name their GM_ADDR parameters. Each
+// kernel takes the subset its signature lists, in this order.
+struct KernelArgs {
+    void* query = nullptr;
+    void* key = nullptr;
+    void* value = nullptr;
+    void* qLens = nullptr;
+    void* kvLens = nullptr;
+    void* nextTokens = nullptr;
+    void* out = nullptr;
+    void* lse = nullptr;
+    void* workspace = nullptr;
+    void* tiling = nullptr;
+};
+
+// The device operations a call needs, in the order the launcher issues them. Every operation
+// is ordered on one stream (the runtime's); none waits for the device.
+class LaunchRuntime {
+public:
+    virtual ~LaunchRuntime() = default;
+    // `bytes` of device memory, 512-byte aligned, contents undefined, valid for everything this
+    // call queues on the stream.
+    virtual void* Allocate(size_t bytes, BufferRole role) = 0;
+    // Copy `bytes` host bytes to device address `dst`, ordered before the launches that follow.
+    // `src` need only stay valid until Upload returns.
+    virtual void Upload(void* dst, const void* src, size_t bytes) = 0;
+    // Launch `kernel` on `blockDim` AI Cores.
+    virtual void Launch(PasaKernel kernel, uint32_t blockDim, const KernelArgs& args) = 0;
+};
+
+// Device addresses of the caller's tensors, in the layouts and dtypes `PasaProblem` names:
+// query, key, value, out and lse (float32, batch x numHeads x seqQ).
+struct AttentionTensors {
+    void* query = nullptr;
+    void* key = nullptr;
+    void* value = nullptr;
+    void* out = nullptr;
+    void* lse = nullptr;
+};
+
+// Host arrays of `batch` int32 entries: the valid query and key lengths of each batch and the
+// causal offset (key j is visible to row i iff j <= i + nextTokens[b]; read only with the causal
+// mask).
+struct BatchLengths {
+    const int32_t* qLens = nullptr;
+    const int32_t* kvLens = nullptr;
+    const int32_t* nextTokens = nullptr;
+};
+
+// Byte offsets within the parameter buffer: the tiling struct, then the three length arrays,
+// each 64-byte aligned (a GM scalar read fetches 64-byte lines).
+struct ParameterLayout {
+    size_t tiling = 0, qLens = 0, kvLens = 0, nextTokens = 0, bytes = 0;
+};
+ParameterLayout ParameterLayoutFor(uint32_t batch);
+
+// Tile `problem`, then through `runtime`: allocate the parameter buffer and the workspace,
+// upload the parameters (and, for pasa, the shifting matrix into the workspace), launch the
+// preprocessing kernel (pasa, pasa-exact) and the attention kernel. Returns the tiling.
+// Throws std::invalid_argument for a problem or lengths the kernels cannot run (naming the
+// parameter) before any runtime call; runtime failures propagate as the runtime throws them.
+PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensors& tensors,
+                               const BatchLengths& lengths, LaunchRuntime& runtime);
+
+}  // namespace pasa
+
+#endif  // PASA_HOST_LAUNCHER_H

@@ -1,0 +1,320 @@
+// The cube side (AIC) of the PASA attention kernel: per task, Q once into L1, then for every
+// visible kv block j the score tile S'_j = Q K'_j^T and, PASA_LOOKAHEAD blocks later, P'_j V_j.
+//
+// Pipeline. The AI Core's tasks form one stream of kv blocks; the cube computes the score tile
+// of block g and then, once L = PASA_LOOKAHEAD score tiles are ahead, P'V of block g - L: it
+// runs L score tiles ahead of the P' it waits for, across task boundaries, so the vector cores
+// always have tiles queued. Each task's Q is loaded into L1 while the previous task is being
+// scored; K'_j (two buffers) and V_j (a ring of L + 1) are copied one after the other before
+// either is enqueued, so one wait for the data to land covers both. L0A, L0B and L0C are
+// ping-pong pairs: the next operand loads while the current Mmad runs, and a Fixpipe drains one
+// L0C tile while the next Mmad fills the other.
+//
+// pasa-exact: the row constants c_j = Q . mean16_j of up to PASA_CONST_BLOCKS blocks come from
+// one Mmad per chunk (C^T = Means Q^T, rows = blocks) into a per-core slot (a ring of
+// PASA_CONST_SLOTS: the cube may score that many chunks ahead), before the chunk's first score
+// tile; the vector cores read row j of it.
+#ifndef PASA_ATTENTION_CUBE_H
+#define PASA_ATTENTION_CUBE_H
+
+#include "pasa_kernel_common.h"
+
+namespace pasa {
+
+// T: the type of Q, K, V and P' (half; bfloat16_t for fa-fp32 with bf16 inputs).
+template <typename T>
+class AttentionCube {
+public:
+    __aicore__ inline void Run(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR qLens, GM_ADDR kvLens, GM_ADDR next,
+                               GM_ADDR workspace, const PasaTilingData& t)
+    {
+        t_ = &t;
+        key_ = t.tilingKey;
+        query_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(query));
+        value_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(value));
+        keys_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(key_ == PASA_KEY_FA_FP32 ? key : workspace + t.keyPrimeOffset));
+        keyMean_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(workspace + t.keyMeanOffset));
+        slots_.Init(workspace, t, static_cast<uint32_t>(GetBlockIdx()));
+        batches_.Init(qLens, kvLens, next, t.batch);
+
+        pipe_.InitBuffer(queryL1_, 2, t.l1QueryBytes);
+        pipe_.InitBuffer(keyL1_, 2, t.l1KeyBytes);
+        pipe_.InitBuffer(valueL1_, PASA_VALUE_BUFFERS, t.l1ValueBytes);
+        pipe_.InitBuffer(probL1_, 2, t.l1ProbBytes);
+        if (key_ == PASA_KEY_PASA_EXACT) pipe_.InitBuffer(meanL1_, 1, t.l1MeanBytes);
+        pipe_.InitBuffer(l0a_, 2, t.l0aBytes);
+        pipe_.InitBuffer(l0b_, 2, t.l0bBytes);
+        pipe_.InitBuffer(l0c_, 2, t.l0cBytes);
+        valueZz_ = 16ull * RowStride(t.kvLayout, t.numKvHeads, t.headDimV) <= 65535;
+
+        TaskWindow win(t, batches_, static_cast<uint32_t>(GetBlockIdx()));
+        Stream(win);
+    }
+
+private:
+    // Tasks that see no key are skipped (the vector cores write their zeros).
+    __aicore__ inline bool NextBlock(TaskWindow& win, BlockCursor& c) const
+    {
+        while (win.Has(c.task) && win.Get(c.task).numBlocks == 0) ++c.task;
+        return win.Has(c.task);
+    }
+
+    __aicore__ inline void Stream(TaskWindow& win)
+    {
+        BlockCursor score, pv;
+        uint32_t ahead = 0;  // score tiles computed whose P'V is not
+        bool queryQueued = false;
+        LocalTensor<T> q1;
+        while (true) {
+            if (NextBlock(win, score) && score.task + 1 < pv.task + kTaskWindow) {
+                const AttentionTask& task = win.Get(score.task);
+                if (score.block == 0) {
+                    if (!queryQueued) LoadQuery(task);
+                    q1 = queryL1_.DeQue<T>();
+                    BlockCursor next{score.task + 1, 0};
+                    queryQueued = NextBlock(win, next) && next.task + 1 < pv.task + kTaskWindow;
+                    if (queryQueued) LoadQuery(win.Get(next.task));  // the next task's Q, while this one runs
+                }
+                if (key_ == PASA_KEY_PASA_EXACT && score.block % PASA_CONST_BLOCKS == 0) RowConstants(task, q1, score.block);
+                Scores(task, q1, score.block);
+                if (score.block + 1 == task.numBlocks) queryL1_.FreeTensor(q1);
+                win.Advance(score);
+                if (++ahead <= PASA_LOOKAHEAD) continue;
+            } else if (ahead == 0) {
+                break;
+            }
+            NextBlock(win, pv);
+            Pv(win.Get(pv.task), pv.block);
+            win.Advance(pv);
+            --ahead;
+        }
+    }
+
+    __aicore__ inline uint32_t Rows16(const AttentionTask& task) const { return Align16(task.rows); }
+    __aicore__ inline uint32_t ValidKeys(const AttentionTask& task, uint32_t j) const
+    {
+        return Min(t_->kvBlock, static_cast<uint32_t>(task.info.kvLen) - j * t_->kvBlock);
+    }
+
+    // The tile's Q rows (each stacked head's positions) -> L1, NZ with C0 stride qTilePad.
+    __aicore__ inline void LoadQuery(const AttentionTask& task)
+    {
+        const PasaTilingData& t = *t_;
+        const uint32_t d = t.headDim;
+        LocalTensor<T> q1 = queryL1_.AllocTensor<T>();
+        for (uint32_t h = 0; h < task.heads; ++h) {
+            DataCopy(q1[h * t.tilePositions * kC0],
+                     query_[RowOffset(t.qLayout, task.b, task.head0 + h, task.q0, t.numHeads, t.seqQ, d)],
+                     Nd2NzParams(1, static_cast<uint16_t>(task.positions), static_cast<uint16_t>(d), 0,
+                                 static_cast<uint16_t>(RowStride(t.qLayout, t.numHeads, d)),
+                                 static_cast<uint16_t>(t.qTilePad), 1, 0));
+        }
+        queryL1_.EnQue(q1);
+    }
+
+    // The first `rowBlocks` 16-row blocks of an NZ tile (C0 stride c0Rows) -> an A operand (Zz) in L0A.
+    __aicore__ inline LocalTensor<T> ToL0a(const LocalTensor<T>& l1, uint32_t rowBlocks, uint32_t colBlocks, uint32_t c0Rows)
+    {
+        LocalTensor<T> a2 = l0a_.AllocTensor<T>();
+        for (uint32_t mb = 0; mb < rowBlocks; ++mb) {
+            LoadData(a2[mb * colBlocks * kFractal], l1[mb * kFractal],
+                     LoadData2DParams(0, static_cast<uint8_t>(colBlocks), static_cast<uint16_t>(c0Rows / kC0), 0, 0, false, 0));
+        }
+        l0a_.EnQue(a2);
+        return a2;
+    }
+
+    // An NZ tile whose rows are the n dimension -> the Zn B operand (k = its columns).
+    __aicore__ inline void ToL0bRows(const LocalTensor<T>& b2, const LocalTensor<T>& l1, uint32_t fractals)
+    {
+        LoadData(b2, l1, LoadData2DParams(0, static_cast<uint8_t>(fractals), 1, 0, 0, false, 0));
+    }
+
+    // An L0C tile (rows x cols, rows padded to mp) to a GM slot, row-major: fp32 for fa-fp32 and
+    // the row constants, rounded to fp16 by the Fixpipe otherwise.
+    template <typename Out>
+    __aicore__ inline void Drain(GM_ADDR dst, const LocalTensor<float>& c, uint32_t cols, uint32_t rows, uint32_t mp,
+                                 QuantMode_t quant)
+    {
+        GlobalTensor<Out> g;
+        g.SetGlobalBuffer(reinterpret_cast<__gm__ Out*>(dst));
+        Fixpipe<Out, float, CFG_ROW_MAJOR>(g, c, FixpipeParamsV220(static_cast<uint16_t>(cols), static_cast<uint16_t>(rows),
+            static_cast<uint16_t>(mp), cols, false, quant, 0, 1, 0, 0, 0));
+    }
+    __aicore__ inline void DrainTile(GM_ADDR dst, const LocalTensor<float>& c, uint32_t cols, uint32_t rows, uint32_t mp)
+    {
+        if (key_ == PASA_KEY_FA_FP32) {
+            Drain<float>(dst, c, cols, rows, mp, QuantMode_t::NoQuant);
+        } else {
+            Drain<half>(dst, c, cols, rows, mp, QuantMode_t::F322F16);
+        }
+    }
+
+    // pasa-exact: C^T (blocks x rows) = Means_chunk Q^T for the blocks [j0, j0 + PASA_CONST_BLOCKS).
+    __aicore__ inline void RowConstants(const AttentionTask& task, const LocalTensor<T>& q1, uint32_t j0)
+    {
+        const PasaTilingData& t = *t_;
+        const uint32_t d = t.headDim;
+        const uint32_t blocks = Min(PASA_CONST_BLOCKS, task.numBlocks - j0), mb = Align16(blocks);
+        LocalTensor<T> m1 = meanL1_.AllocTensor<T>();
+        DataCopy(m1, keyMean_[KeyMeanOffset(t, task.b, task.kvHead, j0)],
+                 Nd2NzParams(1, static_cast<uint16_t>(blocks), static_cast<uint16_t>(d), 0, static_cast<uint16_t>(d),
+                             static_cast<uint16_t>(mb), 1, 0));
+        meanL1_.EnQue(m1);
+        m1 = meanL1_.DeQue<T>();
+        LocalTensor<T> a2 = ToL0a(m1, mb / kC0, d / kC0, mb);
+        meanL1_.FreeTensor(m1);
+        LocalTensor<T> b2 = l0b_.AllocTensor<T>();
+        LoadData(b2, q1, LoadData2DParams(0, static_cast<uint8_t>((d / kC0) * (t.qTilePad / kC0)), 1, 0, 0, false, 0));
+        l0b_.EnQue(b2);
+        Multiply(a2, b2, blocks, t.qTilePad, d);
+        LocalTensor<float> c = l0c_.DeQue<float>();
+        Drain<float>(slots_.rowConst + (constCount_++ % PASA_CONST_SLOTS) * t.constSlotBytes, c, t.qTilePad, blocks, mb,
+                     QuantMode_t::NoQuant);
+        l0c_.FreeTensor(c);
+    }
+
+    // One Mmad from the queued L0A/L0B operands into a fresh L0C buffer (enqueued).
+    __aicore__ inline void Multiply(LocalTensor<T>& a2, LocalTensor<T>& b2, uint32_t m, uint32_t n, uint32_t k)
+    {
+        a2 = l0a_.DeQue<T>();
+        b2 = l0b_.DeQue<T>();
+        LocalTensor<float> c = l0c_.AllocTensor<float>();
+        Mmad(c, a2, b2, MmadParams(static_cast<uint16_t>(m), static_cast<uint16_t>(n), static_cast<uint16_t>(k), 0, false, true));
+        l0a_.FreeTensor(a2);
+        l0b_.FreeTensor(b2);
+        l0c_.EnQue(c);
+    }
+
+    // S'_j = Q K'_j^T (fa-fp32: Q K_j^T) to score slot s; V_j into the L1 ring for later.
+    __aicore__ inline void Scores(const AttentionTask& task, const LocalTensor<T>& q1, uint32_t j)
+    {
+        const PasaTilingData& t = *t_;
+        const uint32_t n = t.kvBlock, d = t.headDim, mp = Rows16(task), valid = ValidKeys(task, j);
+        LocalTensor<T> k1 = keyL1_.AllocTensor<T>();
+        if (key_ == PASA_KEY_FA_FP32) {
+            // raw keys; rows past kv_len stay stale: their scores are masked
+            DataCopy(k1, keys_[RowOffset(t.kvLayout, task.b, task.kvHead, j * n, t.numKvHeads, t.seqKv, d)],
+                     Nd2NzParams(1, static_cast<uint16_t>(valid), static_cast<uint16_t>(d), 0,
+                                 static_cast<uint16_t>(RowStride(t.kvLayout, t.numKvHeads, d)), static_cast<uint16_t>(n), 1, 0));
+        } else {
+            DataCopy(k1, keys_[KeyPrimeOffset(t, task.b, task.kvHead, j)],
+                     Nd2NzParams(1, static_cast<uint16_t>(n), static_cast<uint16_t>(d), 0, static_cast<uint16_t>(d),
+                                 static_cast<uint16_t>(n), 1, 0));
+        }
+        LocalTensor<T> v1 = valueL1_.AllocTensor<T>();
+        LoadValue(v1, task, j, valid);
+        keyL1_.EnQue(k1);
+        valueL1_.EnQue(v1);
+        LocalTensor<T> a2 = ToL0a(q1, mp / kC0, d / kC0, t.qTilePad);
+        k1 = keyL1_.DeQue<T>();
+        LocalTensor<T> b2 = l0b_.AllocTensor<T>();
+        ToL0bRows(b2, k1, (d / kC0) * (n / kC0));
+        l0b_.EnQue(b2);
+        keyL1_.FreeTensor(k1);
+        Multiply(a2, b2, task.rows, n, d);
+        LocalTensor<float> c = l0c_.DeQue<float>();
+        DrainTile(slots_.score + (scoreCount_++ % PASA_SCORE_SLOTS) * t.scoreSlotBytes, c, n, task.rows, mp);
+        l0c_.FreeTensor(c);
+        CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_S_READY);
+    }
+
+    // V_j (valid rows; the rest zero: their P' entries are 0, but 0 * stale could be NaN) -> L1,
+    // laid out Zz (16-row blocks, each block's column fractals together) when the source row
+    // stride allows one copy, NZ otherwise.
+    __aicore__ inline void LoadValue(const LocalTensor<T>& v1, const AttentionTask& task, uint32_t j, uint32_t valid)
+    {
+        const PasaTilingData& t = *t_;
+        const uint32_t n = t.kvBlock, dv = t.headDimV, stride = RowStride(t.kvLayout, t.numKvHeads, dv);
+        const uint64_t src = RowOffset(t.kvLayout, task.b, task.kvHead, j * n, t.numKvHeads, t.seqKv, dv);
+        if (valueZz_) {
+            const uint32_t full = valid / kC0, tail = valid % kC0;
+            if (valid < n) {  // rows valid .. n of the Zz layout: the tail of one 16-row block, then whole blocks
+                if (tail > 0) {
+                    Fill(v1[full * (dv / kC0) * kFractal + tail * kC0],
+                         InitConstValueParams<T>(static_cast<uint16_t>(dv / kC0), static_cast<uint16_t>(kC0 - tail),
+                                                 static_cast<uint16_t>(tail), T(0.0f)));
+                }
+                const uint32_t zeroFrom = full + (tail > 0 ? 1 : 0);
+                if (zeroFrom < n / kC0) {
+                    Fill(v1[zeroFrom * (dv / kC0) * kFractal],
+                         InitConstValueParams<T>(1, static_cast<uint16_t>((n / kC0 - zeroFrom) * (dv / kC0) * kC0), 0, T(0.0f)));
+                }
+            }
+            if (full > 0) {
+                DataCopy(v1, value_[src], Nd2NzParams(static_cast<uint16_t>(full), kC0, static_cast<uint16_t>(dv),
+                                                      static_cast<uint16_t>(kC0 * stride), static_cast<uint16_t>(stride),
+                                                      kC0, 1, static_cast<uint16_t>((dv / kC0) * kFractal)));
+            }
+            if (tail > 0) {
+                DataCopy(v1[full * (dv / kC0) * kFractal], value_[src + static_cast<uint64_t>(full) * kC0 * stride],
+                         Nd2NzParams(1, static_cast<uint16_t>(tail), static_cast<uint16_t>(dv), 0,
+                                     static_cast<uint16_t>(stride), kC0, 1, 0));
+            }
+        } else {
+            if (valid < n) {
+                Fill(v1[valid * kC0], InitConstValueParams<T>(static_cast<uint16_t>(dv / kC0), static_cast<uint16_t>(n - valid),
+                                                              static_cast<uint16_t>(valid), T(0.0f)));
+            }
+            DataCopy(v1, value_[src], Nd2NzParams(1, static_cast<uint16_t>(valid), static_cast<uint16_t>(dv), 0,
+                                                  static_cast<uint16_t>(stride), static_cast<uint16_t>(n), 1, 0));
+        }
+    }
+
+    // P'_j V_j to a P'V slot, once both AIVs wrote P'_j.
+    __aicore__ inline void Pv(const AttentionTask& task, uint32_t j)
+    {
+        const PasaTilingData& t = *t_;
+        const uint32_t n = t.kvBlock, dv = t.headDimV, mp = Rows16(task);
+        CrossCoreWaitFlag(PASA_FLAG_P_READY);
+        // P' (row-major in its slot) -> L1 in Zz order: one 16-row block after the other
+        LocalTensor<T> p1 = probL1_.AllocTensor<T>();
+        GlobalTensor<T> prob;
+        prob.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(slots_.prob + (probCount_++ % PASA_PROB_SLOTS) * t.probSlotBytes));
+        DataCopy(p1, prob, Nd2NzParams(static_cast<uint16_t>(mp / kC0), kC0, static_cast<uint16_t>(n),
+                                       static_cast<uint16_t>(kC0 * n), static_cast<uint16_t>(n), kC0, 1,
+                                       static_cast<uint16_t>((n / kC0) * kFractal)));
+        probL1_.EnQue(p1);
+        p1 = probL1_.DeQue<T>();
+        LocalTensor<T> a2 = l0a_.AllocTensor<T>();
+        LoadData(a2, p1, LoadData2DParams(0, static_cast<uint8_t>((mp / kC0) * (n / kC0)), 1, 0, 0, false, 0));
+        l0a_.EnQue(a2);
+        probL1_.FreeTensor(p1);
+        LocalTensor<T> v1 = valueL1_.DeQue<T>();
+        LocalTensor<T> b2 = l0b_.AllocTensor<T>();
+        if (valueZz_) {
+            LoadData(b2, v1, LoadData2DParams(0, static_cast<uint8_t>((n / kC0) * (dv / kC0)), 1, 0, 0, true, 0));
+        } else {
+            for (uint32_t kb = 0; kb < n / kC0; ++kb) {
+                LoadData(b2[kb * (dv / kC0) * kFractal], v1[kb * kFractal],
+                         LoadData2DParams(0, static_cast<uint8_t>(dv / kC0), static_cast<uint16_t>(n / kC0), 0, 0, true, 0));
+            }
+        }
+        l0b_.EnQue(b2);
+        valueL1_.FreeTensor(v1);
+        Multiply(a2, b2, task.rows, dv, n);
+        LocalTensor<float> c = l0c_.DeQue<float>();
+        DrainTile(slots_.pv + (pvCount_++ % PASA_PV_SLOTS) * t.pvSlotBytes, c, dv, task.rows, mp);
+        l0c_.FreeTensor(c);
+        CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_PV_READY);
+    }
+
+    const PasaTilingData* t_ = nullptr;
+    uint32_t key_ = 0;
+    bool valueZz_ = true;
+    uint32_t scoreCount_ = 0, probCount_ = 0, pvCount_ = 0, constCount_ = 0;  // slot rings, continued across tasks
+    TPipe pipe_;
+    TQue<TPosition::A1, 1> queryL1_, probL1_, meanL1_;
+    TQue<TPosition::B1, 1> keyL1_;
+    TQue<TPosition::B1, PASA_VALUE_BUFFERS> valueL1_;
+    TQue<TPosition::A2, 1> l0a_;
+    TQue<TPosition::B2, 1> l0b_;
+    TQue<TPosition::CO1, 1> l0c_;
+    GlobalTensor<T> query_, keys_, value_, keyMean_;
+    CoreSlots slots_;
+    BatchTable batches_;
+};
+
+}  // namespace pasa
+
+#endif  // PASA_ATTENTION_CUBE_H

@@ -1,0 +1,395 @@
+"""The warp-specialised Gluon prefill kernel, ``_prefill_ws`` (:mod:`gluon_prefill` says
+what it computes and launches it): a loader warp and two or three consumer warp groups, the
+state they share grouped in the aggregates of :mod:`gluon_parts`. Needs Gluon.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,
+                                                               tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+
+from pasa_npu.fallback import gluon_config
+from pasa_npu.fallback.gluon_parts import (MEAN_ROWS_C, ROWS, THIN_LAYOUT, Blocks, Operands,
+                                           Output, Queries, Ring, Schedule, Sizes, Variant,
+                                           _column,
+                                           _key_visible, _release_blocks, _row_sees_block,
+                                           _row_sum_read, _row_sum_start, _scores_pasa,
+                                           _softmax_exact, _softmax_fa, _statistics_pasa,
+                                           _tile, _tile_publish, _tile_read)
+from pasa_npu.fallback.kernel_common import _fp16, _rl, _tile_kv_blocks
+
+_CONSUMER_REGS_2 = gl.constexpr(gluon_config.CONSUMER_REGS[2])
+_CONSUMER_REGS_3 = gl.constexpr(gluon_config.CONSUMER_REGS[3])
+_LOADER_REGS = gl.constexpr(gluon_config.LOADER_REGS)
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, next_tile, n_blocks,
+            EXACT_SHIFT: gl.constexpr, HAS_BAND: gl.constexpr, BLOCK_M: gl.constexpr,
+            BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Loader warp: takes this program's tiles (its own index first, then the next
+    untaken one from the ``next_tile`` counter, so that a program that finishes early
+    takes more) and publishes each to the consumers; for each, the groups' parts of Q
+    once they are done with the previous tile's, then K and V block by block
+    into the ring, which runs on across tiles. Publishes an index past the last tile
+    at the end."""
+    q_smem, q_bar, q_empty = queries.smem, queries.ready, queries.free
+    k_smem, v_smem, mean_smem = ring.k, ring.v, ring.means
+    kv_ready, kv_empty = ring.ready, ring.empty
+    tile_ids, tile_ready, n_tiles, n_pairs = (schedule.ids, schedule.ready, schedule.n_tiles,
+                                              schedule.n_pairs)
+    tile_group, n_heads, group = schedule.tile_group, schedule.n_heads, schedule.group
+    q_len, kv_len, band_pre, band_next = (sizes.q_len, sizes.kv_len, sizes.band_pre,
+                                          sizes.band_next)
+    total = n_tiles * n_pairs
+    stage_bytes: gl.constexpr = (k_desc.block_type.nbytes + v_desc.block_type.nbytes
+                                 + (m_desc.block_type.nbytes if EXACT_SHIFT else 0))
+    it = 0  # kv blocks loaded by this program so far, over all its tiles
+    n = 0  # tiles so far
+    t = gl.program_id(0)
+    while t < total:
+        b, h, hk, m0 = _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, q_len, BLOCK_M)
+        lo, hi, full_lo, full_hi, pre, nxt = _tile_kv_blocks(
+            m0, q_len, kv_len, band_pre, band_next, b, HAS_BAND, BLOCK_M, BLOCK_N)
+        for w in gl.static_range(BLOCK_M // ROWS):
+            mbarrier.wait(q_empty.index(w), (n & 1) ^ 1, pred=n > 0)
+            mbarrier.expect(q_bar.index(w), q_desc.block_type.nbytes)
+            # a group of rows before row 0 loads row 0's and never reads them
+            tma.async_copy_global_to_shared(q_desc, [b, h, gl.maximum(m0 + w * ROWS, 0), 0],
+                                            q_bar.index(w), q_smem.index(w))
+        # every group is past tile n-1's Q, so each has read ids n-1 and n-2
+        _tile_publish(tile_ids, tile_ready, t, n)
+        mean_row0 = (b * (n_heads // group) + hk) * n_blocks
+        for blk in range(lo, hi):
+            stage = it % STAGES
+            # the first pass over the ring finds every stage free
+            mbarrier.wait(kv_empty.index(stage), ((it // STAGES) & 1) ^ 1,
+                          pred=it >= STAGES)
+            ready = kv_ready.index(stage)
+            mbarrier.expect(ready, stage_bytes)
+            if EXACT_SHIFT:  # with every block, read or not: one expect per stage
+                tma.async_copy_global_to_shared(
+                    m_desc, [mean_row0 + blk - blk % MEAN_ROWS_C, 0], ready,
+                    mean_smem.index(stage))
+            tma.async_copy_global_to_shared(k_desc, [b, hk, blk * BLOCK_N, 0], ready,
+                                            k_smem.index(stage))
+            tma.async_copy_global_to_shared(v_desc, [b, hk, blk * BLOCK_N, 0], ready,
+                                            v_smem.index(stage))
+            it += 1
+        n += 1
+        t = gl.num_programs(0) + gl.atomic_add(next_tile, 1)
+    for w in gl.static_range(BLOCK_M // ROWS):
+        mbarrier.wait(q_empty.index(w), (n & 1) ^ 1, pred=n > 0)
+    _tile_publish(tile_ids, tile_ready, t, n)
+
+
+@gluon.jit
+def _consumer(queries, ring, schedule, sizes, output, ones, W: gl.constexpr, variant):
+    """Consumer warp group W: for each tile the loader publishes, rows m0 + W*64 .. +63 of
+    it, every kv block its rows see in turn (it releases the tile's other blocks
+    unread). The allocation: pasa (PSEUDO_AVERAGE_SHIFT), pasa-exact (EXACT_SHIFT) or
+    fa-fp32 (neither)."""
+    PSEUDO_AVERAGE_SHIFT: gl.constexpr = variant.PSEUDO_AVERAGE_SHIFT
+    EXACT_SHIFT: gl.constexpr = variant.EXACT_SHIFT
+    HAS_BAND: gl.constexpr = variant.HAS_BAND
+    HAS_LSE: gl.constexpr = variant.HAS_LSE
+    BLOCK_M: gl.constexpr = variant.BLOCK_M
+    BLOCK_N: gl.constexpr = variant.BLOCK_N
+    HEAD_DIM: gl.constexpr = variant.HEAD_DIM
+    STAGES: gl.constexpr = variant.STAGES
+    q_smem = queries.smem
+    tile_ids, tile_ready, n_tiles, n_pairs = (schedule.ids, schedule.ready, schedule.n_tiles,
+                                              schedule.n_pairs)
+    tile_group, n_heads, group = schedule.tile_group, schedule.n_heads, schedule.group
+    q_len, kv_len, band_pre, band_next = (sizes.q_len, sizes.kv_len, sizes.band_pre,
+                                          sizes.band_next)
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+
+    q = q_smem.index(W).reshape([ROWS, HEAD_DIM])
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    c_zero = gl.zeros([ROWS, MEAN_ROWS_C], gl.float32, THIN_LAYOUT)
+    s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    o_zero = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
+    it = 0  # kv blocks consumed by this program so far, over all its tiles
+    n = 0  # tiles so far
+    t = _tile_read(tile_ids, tile_ready, n)
+    while t < n_tiles * n_pairs:
+        b, h, hk, m0 = _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, q_len, BLOCK_M)
+        lo, hi, _, _, _, _ = _tile_kv_blocks(m0, q_len, kv_len, band_pre, band_next, b,
+                                             HAS_BAND, BLOCK_M, BLOCK_N)
+        # the blocks this group's rows see, a part of the tile's (with three groups,
+        # a causal tile's first rows see fewer)
+        g_lo, g_hi, full_lo, full_hi, pre, nxt = _tile_kv_blocks(
+            m0 + W * ROWS, q_len, kv_len, band_pre, band_next, b, HAS_BAND, ROWS, BLOCK_N)
+        if (m0 + W * ROWS < 0) | (m0 + W * ROWS >= q_len):  # a group without rows
+            g_hi = g_lo
+            full_lo = g_lo
+            full_hi = g_lo
+        ops = Operands(ones, cols, c_zero, s_zero, o_zero)
+        blocks = Blocks(lo, hi, g_lo, g_hi, full_lo, full_hi, pre, nxt)
+        it = _consumer_tile(q, queries.ready.index(W), queries.free.index(W), ring, output,
+                            sizes, ops, blocks, b, h, m0, it, n, W, PSEUDO_AVERAGE_SHIFT,
+                            EXACT_SHIFT, HAS_BAND, HAS_LSE, BLOCK_N, HEAD_DIM, STAGES)
+        n += 1
+        t = _tile_read(tile_ids, tile_ready, n)
+
+
+@gluon.jit
+def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, cnt_i, c8, rows,
+             PSEUDO_AVERAGE_SHIFT: gl.constexpr, EXACT_SHIFT: gl.constexpr,
+             HAS_BAND: gl.constexpr, MASK: gl.constexpr, BLOCK_N: gl.constexpr,
+             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+    """Consumer group: kv block ``blk`` (the program's ``it``-th), QKᵀ, the softmax, P'V
+    and the fold into the state (acc, m, l, f, count; pasa-exact's row constants c8 of
+    :data:`MEAN_ROWS` blocks). MASK: 0 for a block every row sees whole; 1 for a
+    leading masked block (a band's lower edge), 2 for a trailing one (the diagonal, the
+    last block past kv_len), whose keys are tested one by one (:func:`_key_visible`).
+    Returns the new count and state."""
+    # one body for the three allocations: they share the wait for the stage, QKᵀ, the
+    # release of Q and of the stage, and the masked rows' state; split, each would take
+    # the seven values of the state and the ring through another call
+    k_smem, v_smem, mean_smem, kv_ready, kv_empty = (ring.k, ring.v, ring.means, ring.ready,
+                                                     ring.empty)
+    ones, cols, c_zero, s_zero, o_zero = ops.ones, ops.cols, ops.c_zero, ops.s_zero, ops.o_zero
+    g_lo, g_hi, pre, nxt = blocks.g_lo, blocks.g_hi, blocks.pre, blocks.nxt
+    q_len, kv_len, scale, gamma = sizes.q_len, sizes.kv_len, sizes.scale, sizes.gamma
+    s_layout: gl.constexpr = s_zero.type.layout
+    o_layout: gl.constexpr = o_zero.type.layout
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    MASKED: gl.constexpr = MASK != 0
+    stage = it % STAGES
+    mbarrier.wait(kv_ready.index(stage), (it // STAGES) & 1)
+    k = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
+    v = v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
+    qk = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    if EXACT_SHIFT:  # c = scale * Q . mean16 of MEAN_ROWS blocks in one thin matmul
+        if (blk == g_lo) | (blk % MEAN_ROWS_C == 0):
+            c8 = warpgroup_mma(q, mean_smem.index(stage).permute((1, 0)), c_zero,
+                               use_acc=False, is_async=True)
+            c8 = warpgroup_mma_wait(0, deps=(c8,)) * scale
+        c = gl.convert_layout(_column(c8, blk % MEAN_ROWS_C), row_s)
+    qk = warpgroup_mma_wait(0, deps=(qk,))
+    if blk == g_hi - 1:  # the group's last use of Q: the loader may fetch the next
+        mbarrier.arrive(q_free)
+
+    if PSEUDO_AVERAGE_SHIFT:  # P'V rounded to fp16; the statistics and the fold in fp16 steps
+        if MASKED:
+            vis = _key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND, MASK,
+                               BLOCK_N)
+            score_sums, m_loc, p16 = _scores_pasa(qk, vis, ones, True)
+        else:
+            score_sums, m_loc, p16 = _scores_pasa(qk, None, ones, False)
+        # the block sum and P'V start now; the statistics run while they do
+        p_sums = _row_sum_start(p16, ones)
+        pv = warpgroup_mma(gl.convert_layout(p16, p_layout), v, o_zero, use_acc=False,
+                           is_async=True)
+        s_mean = _rl(_row_sum_read(score_sums, m_i) / BLOCK_N, gl.float16)
+        m_new, f_new, cnt_new, alpha, beta_w = _statistics_pasa(m_i, f_i, cnt_i, m_loc,
+                                                                s_mean, gamma)
+        p_sums = warpgroup_mma_wait(1, deps=(p_sums,))
+        l_loc = _rl(_row_sum_read(p_sums, m_i), gl.float16)
+        l_new = _rl(_rl(alpha * l_i, gl.float16) + _rl(beta_w * l_loc, gl.float16),
+                    gl.float16)
+        pv = warpgroup_mma_wait(0, deps=(pv,))
+        mbarrier.arrive(kv_empty.index(stage))
+        alpha16 = gl.convert_layout(alpha.to(gl.float16), row_o)
+        beta16 = gl.convert_layout(beta_w.to(gl.float16), row_o)
+        acc_new = acc * alpha16[:, None] + _fp16(pv) * beta16[:, None]
+        if MASKED:  # rows that see no key of the block keep their state
+            row_any = _row_sees_block(rows, blk, q_len, kv_len, pre, nxt, HAS_BAND, MASK,
+                                      BLOCK_N)
+            acc_new = gl.where(gl.convert_layout(row_any, row_o)[:, None], acc_new, acc)
+            m_new = gl.where(row_any, m_new, m_i)
+            l_new = gl.where(row_any, l_new, l_i)
+            f_new = gl.where(row_any, f_new, f_i)
+            cnt_new = gl.where(row_any, cnt_new, cnt_i)
+        acc, m_i, l_i, f_i, cnt_i = acc_new, m_new, l_new, f_new, cnt_new
+    else:
+        if EXACT_SHIFT:
+            if MASKED:
+                vis = _key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND,
+                                   MASK, BLOCK_N)
+                m_new, alpha, p16 = _softmax_exact(qk, vis, m_i, c, True)
+            else:
+                m_new, alpha, p16 = _softmax_exact(qk, None, m_i, c, False)
+            # P'V in its own fp32 tile, rounded to fp16, then added; alongside, the
+            # block's P' summed on the tensor cores (for l)
+            p_sums = _row_sum_start(p16, ones)
+            pv = warpgroup_mma(gl.convert_layout(p16, p_layout), v, o_zero,
+                               use_acc=False, is_async=True)
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            p_sums = warpgroup_mma_wait(1, deps=(p_sums,))
+            l_new = alpha * l_i + _row_sum_read(p_sums, m_i)
+            pv = warpgroup_mma_wait(0, deps=(pv,))
+            mbarrier.arrive(kv_empty.index(stage))
+            acc = acc + _fp16(pv).to(gl.float32)
+        else:  # fa-fp32: accumulated in place
+            if MASKED:
+                vis = _key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND,
+                                   MASK, BLOCK_N)
+                m_new, l_new, alpha, p16 = _softmax_fa(qk, vis, m_i, l_i, scale, True)
+            else:
+                m_new, l_new, alpha, p16 = _softmax_fa(qk, None, m_i, l_i, scale, False)
+            p16 = gl.convert_layout(p16, p_layout)
+            alpha = gl.convert_layout(alpha, row_o)
+            acc = acc * alpha[:, None]
+            acc = warpgroup_mma(p16, v, acc, use_acc=True, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            mbarrier.arrive(kv_empty.index(stage))
+        m_i, l_i = m_new, l_new
+    return it + 1, acc, m_i, l_i, f_i, cnt_i, c8
+
+
+@gluon.jit
+def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m0, it, n,
+                   W: gl.constexpr, PSEUDO_AVERAGE_SHIFT: gl.constexpr,
+                   EXACT_SHIFT: gl.constexpr, HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr,
+                   BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+    """One tile's 64 rows of consumer group W (the ``n``-th tile of this program; ``it``
+    kv blocks before it): the kv loop over the group's blocks [g_lo, g_hi), releasing
+    the rest of the tile's [lo, hi) unread, then O and LSE. Q is released (``q_free``)
+    once its last QKᵀ is done. Returns the new count of kv blocks."""
+    kv_ready, kv_empty = ring.ready, ring.empty
+    lo, hi, g_lo, g_hi = blocks.lo, blocks.hi, blocks.g_lo, blocks.g_hi
+    full_lo, full_hi = blocks.full_lo, blocks.full_hi
+    q_len, gamma = sizes.q_len, sizes.gamma
+    O, LSE = output.o, output.lse
+    c_zero, s_zero, o_zero = ops.c_zero, ops.s_zero, ops.o_zero
+    s_layout: gl.constexpr = s_zero.type.layout
+    o_layout: gl.constexpr = o_zero.type.layout
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    rows = m0 + W * ROWS + gl.arange(0, ROWS, layout=row_s)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
+    l_i = gl.zeros([ROWS], gl.float32, row_s)
+    f_i = gl.zeros([ROWS], gl.float32, row_s)  # pasa's pseudo-average and its count
+    cnt_i = gl.zeros([ROWS], gl.float32, row_s)
+    c8 = c_zero  # pasa-exact's row constants, set at the group's first block
+    if PSEUDO_AVERAGE_SHIFT:  # the all-fp16 allocation accumulates in fp16
+        acc = gl.zeros([ROWS, HEAD_DIM], gl.float16, o_layout)
+    else:
+        acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
+    mbarrier.wait(q_ready, n & 1)
+
+    it = _release_blocks(kv_ready, kv_empty, lo, g_lo, it, STAGES)
+    # three loops, so that what the masked blocks need is not held across the interior
+    # ones (one loop with both kinds of block spills at three groups under a causal
+    # mask): leading masked blocks (a band's lower edge), interior, trailing masked
+    # blocks (the diagonal; a last block past kv_len)
+    if HAS_BAND:
+        for blk in range(g_lo, full_lo):
+            it, acc, m_i, l_i, f_i, cnt_i, c8 = _kv_step(
+                q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, cnt_i, c8,
+                rows, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, 1, BLOCK_N, HEAD_DIM,
+                STAGES)
+    for blk in range(full_lo, full_hi):
+        it, acc, m_i, l_i, f_i, cnt_i, c8 = _kv_step(
+            q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, cnt_i, c8,
+            rows, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, 0, BLOCK_N, HEAD_DIM,
+            STAGES)
+    for blk in range(full_hi, g_hi):
+        it, acc, m_i, l_i, f_i, cnt_i, c8 = _kv_step(
+            q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, cnt_i, c8,
+            rows, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, 2, BLOCK_N, HEAD_DIM,
+            STAGES)
+    if g_hi <= g_lo:  # a group that sees no kv block never used Q
+        mbarrier.arrive(q_free)
+    it = _release_blocks(kv_ready, kv_empty, gl.maximum(g_hi, g_lo), hi, it, STAGES)
+
+    # rows that saw no key: output 0, LSE -inf (as the Triton kernel's _finish)
+    seen = m_i > float("-inf")
+    l_safe = gl.where(seen, l_i, 1.0)
+    true_max = m_i
+    if PSEUDO_AVERAGE_SHIFT:
+        true_max = m_i + gamma * f_i
+    lse = gl.where(seen, true_max + gl.log(l_safe), float("-inf"))
+    l_o = gl.convert_layout(l_safe, row_o)
+    seen_o = gl.convert_layout(seen, row_o)
+    o = gl.where(seen_o[:, None], acc.to(gl.float32) / l_o[:, None], 0.0)
+    rows_o = m0 + W * ROWS + gl.arange(0, ROWS, layout=row_o)
+    dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    o_ptrs = (O + b.to(gl.int64) * output.stride_ob + h.to(gl.int64) * output.stride_oh
+              + rows_o.to(gl.int64)[:, None] * output.stride_os + dims[None, :])
+    # rows 0 .. q_len-1 (one unsigned compare: the first tile may start before row 0)
+    gl.store(o_ptrs, o.to(gl.float16),
+             mask=(rows_o.to(gl.uint32, bitcast=True) < q_len)[:, None])
+    if HAS_LSE:
+        gl.store(LSE + b.to(gl.int64) * output.stride_lb + h.to(gl.int64) * output.stride_lh
+                 + rows.to(gl.int64) * output.stride_ls, lse,
+                 mask=rows.to(gl.uint32, bitcast=True) < q_len)
+    return it
+
+
+@gluon.jit
+def _prefill_ws(q_desc, k_desc, v_desc, m_desc, O, LSE, next_tile, band_pre, band_next,
+                stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
+                n_heads, group, q_len, kv_len, n_blocks, scale, gamma, n_tiles, n_pairs,
+                tile_group, PSEUDO_AVERAGE_SHIFT: gl.constexpr, EXACT_SHIFT: gl.constexpr,
+                HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                STAGES: gl.constexpr):
+    """Persistent, one program per SM: each takes tiles of :func:`_tile`'s order until
+    none is left (``next_tile``: a zeroed counter; :func:`_loader`), so that its loader
+    fetches a tile's Q, K and V while its consumers finish the one before. (A fixed
+    stride over the tiles, heaviest first within groups of pairs, left the programs'
+    work unbalanced under a causal mask.)"""
+    GROUPS: gl.constexpr = BLOCK_M // ROWS
+    q_smem = gl.allocate_shared_memory(gl.float16, [GROUPS, 1, 1, ROWS, HEAD_DIM],
+                                       q_desc.layout)
+    k_smem = gl.allocate_shared_memory(gl.float16, [STAGES, 1, 1, BLOCK_N, HEAD_DIM],
+                                       k_desc.layout)
+    v_smem = gl.allocate_shared_memory(gl.float16, [STAGES, 1, 1, BLOCK_N, HEAD_DIM],
+                                       v_desc.layout)
+    # pasa-exact: the block means the loader fetches with each stage's K and V
+    mean_smem = gl.allocate_shared_memory(gl.float16, [STAGES, MEAN_ROWS_C, HEAD_DIM],
+                                          m_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [GROUPS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [GROUPS, 1], mbarrier.MBarrierLayout())
+    tile_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    tile_ids = gl.allocate_shared_memory(gl.int32, [2, 1],
+                                         gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for w in gl.static_range(GROUPS):
+        mbarrier.init(q_bar.index(w), count=1)
+        mbarrier.init(q_empty.index(w), count=1)
+    for w in gl.static_range(2):
+        mbarrier.init(tile_ready.index(w), count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(kv_ready.index(s), count=1)
+        mbarrier.init(kv_empty.index(s), count=GROUPS)  # every group releases a stage
+
+    ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], gl.float16)
+    ones = gl.allocate_shared_memory(gl.float16, [8, BLOCK_N], ones_layout)
+    ones.store(gl.full([8, BLOCK_N], 1.0, gl.float16,
+                       gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])))
+    fence_async_shared()
+    # what every partition takes: the consumer groups differ only in W
+    queries = Queries(q_smem, q_bar, q_empty)
+    ring = Ring(k_smem, v_smem, mean_smem, kv_ready, kv_empty)
+    schedule = Schedule(tile_ids, tile_ready, n_tiles, n_pairs, tile_group, n_heads, group)
+    sizes = Sizes(q_len, kv_len, band_pre, band_next, scale, gamma)
+    output = Output(O, LSE, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls)
+    variant = Variant(PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N,
+                      HEAD_DIM, STAGES)
+    if GROUPS == 3:
+        gl.warp_specialize([
+            (_consumer, (queries, ring, schedule, sizes, output, ones, 0, variant)),
+            (_consumer, (queries, ring, schedule, sizes, output, ones, 1, variant)),
+            (_consumer, (queries, ring, schedule, sizes, output, ones, 2, variant)),
+            (_loader, (q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, next_tile,
+                       n_blocks, EXACT_SHIFT, HAS_BAND, BLOCK_M, BLOCK_N, STAGES)),
+        ], [4, 4, 1], [_CONSUMER_REGS_3, _CONSUMER_REGS_3, _LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (queries, ring, schedule, sizes, output, ones, 0, variant)),
+            (_consumer, (queries, ring, schedule, sizes, output, ones, 1, variant)),
+            (_loader, (q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, next_tile,
+                       n_blocks, EXACT_SHIFT, HAS_BAND, BLOCK_M, BLOCK_N, STAGES)),
+        ], [4, 1], [_CONSUMER_REGS_2, _LOADER_REGS])
+

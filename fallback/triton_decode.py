@@ -1,0 +1,177 @@
+"""The Triton decode kernels (query length 1): ``_decode_split`` + ``_decode_combine``.
+
+One program per (kv split, batch, kv head) stacks the query heads of its group as rows,
+so that K/V are read once per group and a single query row still fills the GPU (the
+splits make one wave of resident programs, :func:`triton_launch.decode_splits`); the
+partial results are merged by their log-sum-exp in fp32, one program per query head (as
+FlashDecoding). For PASA each split starts its own pseudo-average, and K' is computed
+there from each raw K block (:func:`triton_shift._shift_in_kernel`)."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from pasa_npu.fallback import triton_launch as heuristics
+from pasa_npu.fallback.kernel_common import cdiv, launch, pow2, sm_count
+from pasa_npu.fallback.triton_shift import _shift_in_kernel
+from pasa_npu.fallback.triton_softmax import _block_update, _finish, _initial_state, _row_constant
+from pasa_npu.problem import AttentionProblem
+
+
+@triton.jit
+def _decode_split(
+    Q, K, V, MASK, SHIFT, PART_O, PART_LSE,
+    q_starts, kv_starts, kv_lens,
+    stride_qb, stride_qh, stride_qs, stride_qd,
+    stride_kb, stride_kh, stride_ks, stride_kd,
+    stride_vb, stride_vh, stride_vs, stride_vd,
+    stride_xb, stride_xk,
+    n_kv_heads, group, scale, gamma, head_dim, head_dim_v, blocks_per_split, n_splits,
+    n_chunks, group_rows,
+    PSEUDO_AVERAGE_SHIFT: tl.constexpr, EXACT_SHIFT: tl.constexpr, LOW_SCORES: tl.constexpr,
+    LOW_STATISTICS: tl.constexpr, LOW_ACCUMULATOR: tl.constexpr,
+    HAS_MASK: tl.constexpr, GUARD: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+):
+    """One split of the kv blocks for BLOCK_G query heads of one kv head's group (a group
+    larger than BLOCK_G is cut into ``n_chunks``), query length 1. Writes the partial
+    results to rows ``chunk * BLOCK_G + g`` of the group's ``group_rows``. PASA's key shift
+    is done here on each zero-padded raw K block (fused)."""
+    # a 1-D grid, chunks of a group fastest (they read the same K/V blocks): CUDA caps
+    # the grid's other axes at 65535
+    pid = tl.program_id(0)
+    chunk = pid % n_chunks
+    split = pid // n_chunks % n_splits
+    bh = pid // n_chunks // n_splits
+    b = bh // n_kv_heads
+    hk = bh % n_kv_heads
+    q_start = tl.load(q_starts + b).to(tl.int64)
+    kv_start = tl.load(kv_starts + b).to(tl.int64)
+    kv_len = tl.load(kv_lens + b)
+    g = chunk * BLOCK_G + tl.arange(0, BLOCK_G)  # query heads of the group
+    dims = tl.arange(0, HEAD_DIM)
+    dims_v = tl.arange(0, HEAD_DIM_V)
+    cols = tl.arange(0, BLOCK_N)
+    heads = hk * group + g
+    q = tl.load(Q + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
+                + q_start * stride_qs + dims[None, :] * stride_qd,
+                mask=(g[:, None] < group) & (dims[None, :] < head_dim), other=0.0)
+    k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh + kv_start * stride_ks
+    v_base = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh + kv_start * stride_vs
+
+    m, l, acc, f, cnt, c = _initial_state(BLOCK_G, HEAD_DIM_V, LOW_ACCUMULATOR, q.dtype)
+    n_blocks = (kv_len + BLOCK_N - 1) // BLOCK_N
+    first = split * blocks_per_split
+    last = tl.minimum(first + blocks_per_split, n_blocks)
+    for blk in range(first, last):
+        n = blk * BLOCK_N + cols
+        in_kv = n < kv_len
+        k = tl.load(k_base + n[:, None].to(tl.int64) * stride_ks + dims[None, :] * stride_kd,
+                    mask=in_kv[:, None] & (dims[None, :] < head_dim), other=0.0)
+        v = tl.load(v_base + n[:, None].to(tl.int64) * stride_vs + dims_v[None, :] * stride_vd,
+                    mask=in_kv[:, None] & (dims_v[None, :] < head_dim_v), other=0.0)
+        if PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT:
+            k, mean = _shift_in_kernel(k, SHIFT, scale, EXACT_SHIFT, BLOCK_N)
+            if EXACT_SHIFT:
+                c = _row_constant(q, mean, scale)
+        vis = in_kv[None, :] & (g[:, None] < group)
+        if HAS_MASK:
+            masked = tl.load(MASK + b.to(tl.int64) * stride_xb + n * stride_xk, mask=in_kv,
+                             other=1)
+            vis = vis & (masked == 0)[None, :]
+        row_any = tl.max(vis.to(tl.int32), 1) > 0
+        m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma,
+                                          PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, LOW_SCORES,
+                                          LOW_STATISTICS, True, GUARD, BLOCK_N)
+    o, lse = _finish(m, l, acc.to(tl.float32), f, cnt, gamma, PSEUDO_AVERAGE_SHIFT)
+    rows = (bh * n_splits + split).to(tl.int64) * group_rows + g
+    tl.store(PART_O + rows[:, None] * HEAD_DIM_V + dims_v[None, :], o)
+    tl.store(PART_LSE + rows, lse)
+
+
+@triton.jit
+def _decode_combine(PART_O, PART_LSE, O, LSE, q_starts, q_lens,
+                    stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh, stride_ls,
+                    n_heads, group, head_dim_v, n_splits, group_rows,
+                    HAS_LSE: tl.constexpr, SPLITS: tl.constexpr,
+                    CHUNK: tl.constexpr, HEAD_DIM_V: tl.constexpr):
+    """Merge the splits of one (batch, query head) by log-sum-exp, in fp32, CHUNK splits
+    per load: one program per query head, so that this latency-bound pass has many
+    programs in flight."""
+    pid = tl.program_id(0)
+    b = pid // n_heads
+    h = pid % n_heads
+    if tl.load(q_lens + b) == 0:
+        return
+    q_start = tl.load(q_starts + b).to(tl.int64)
+    dims_v = tl.arange(0, HEAD_DIM_V)
+    # the partial results of kv head h // group sit in row h % group of its group's rows
+    first_row = (b * (n_heads // group) + h // group).to(tl.int64) * n_splits * group_rows \
+        + h % group
+    sp = tl.arange(0, SPLITS)
+    lse_s = tl.load(PART_LSE + first_row + sp * group_rows, mask=sp < n_splits,
+                    other=float("-inf"))
+    top = tl.max(lse_s, 0)
+    top_safe = tl.where(top > float("-inf"), top, 0.0)
+    total = tl.sum(tl.exp(lse_s - top_safe), 0)
+    chunk = tl.arange(0, CHUNK)
+    o = tl.zeros([HEAD_DIM_V], tl.float32)
+    for s0 in range(0, n_splits, CHUNK):
+        valid = s0 + chunk < n_splits
+        rows = first_row + (s0 + chunk) * group_rows
+        w = tl.exp(tl.load(PART_LSE + rows, mask=valid, other=float("-inf")) - top_safe)
+        part = tl.load(PART_O + rows[:, None] * HEAD_DIM_V + dims_v[None, :],
+                       mask=valid[:, None], other=0.0)
+        o += tl.sum(part * w[:, None], 0)
+    seen = total > 0
+    o = tl.where(seen, o / tl.where(seen, total, 1.0), 0.0)
+    lse = tl.where(seen, top_safe + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
+    tl.store(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + q_start * stride_os
+             + dims_v * stride_od, o.to(O.dtype.element_ty), mask=dims_v < head_dim_v)
+    if HAS_LSE:
+        tl.store(LSE + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh
+                 + q_start * stride_ls, lse)
+
+
+def run(problem: AttentionProblem, shared) -> None:
+    """Launch the decode kernels for ``problem`` (query length 1;
+    :class:`triton_attention.Shared` holds the arguments the launches share)."""
+    q, k, v, out = problem.query, problem.key, problem.value, problem.out
+    q_starts, q_lens, kv_starts, kv_lens = shared.lengths
+    batch, n_heads, n_kv = problem.batch, q.shape[1], k.shape[1]
+    group = n_heads // n_kv
+    head_dim_p, head_dim_vp = shared.constexprs["HEAD_DIM"], shared.constexprs["HEAD_DIM_V"]
+    block_g = heuristics.decode_block_g(group, head_dim_p)
+    n_chunks = cdiv(group, block_g)
+    group_rows = n_chunks * block_g
+    n_blocks = max(1, cdiv(problem.max_kv_len, shared.constexprs["BLOCK_N"]))
+    sms = 132 if shared.interpret else sm_count(q.device.index or 0)
+    resident = heuristics.decode_resident(problem.allocation, head_dim_p, block_g)
+    n_splits = heuristics.decode_splits(n_blocks, batch * n_kv * n_chunks, sms, resident)
+    blocks_per_split = cdiv(n_blocks, n_splits)
+    n_splits = cdiv(n_blocks, blocks_per_split)
+    part_o = q.new_empty(batch * n_kv * n_splits * group_rows * head_dim_vp, dtype=torch.float32)
+    part_lse = q.new_empty(batch * n_kv * n_splits * group_rows, dtype=torch.float32)
+    warps = 1 if shared.interpret else 4
+    launch(
+        _decode_split, (n_chunks * n_splits * batch * n_kv,),
+        q, k, v, shared.mask, shared.shift if shared.shift is not None else part_lse, part_o,
+        part_lse, q_starts, kv_starts, kv_lens,
+        *shared.strides(q), *shared.strides(k), *shared.strides(v),
+        shared.mask_strides[0], shared.mask_strides[2],
+        n_kv, group, problem.scale, shared.gamma, q.shape[3], v.shape[3], blocks_per_split,
+        n_splits, n_chunks, group_rows, BLOCK_G=block_g, num_warps=warps,
+        num_stages=1 if shared.interpret else heuristics.decode_stages(problem.allocation,
+                                                                       head_dim_p),
+        **shared.constexprs, **heuristics.fp_options(problem.allocation))
+    has_lse = problem.lse is not None
+    lse_arg = shared.lse_arg
+    launch(
+        _decode_combine, (batch * n_heads,),
+        part_o, part_lse, out, lse_arg, q_starts, q_lens, *shared.strides(out),
+        (shared.batch_stride(lse_arg) if has_lse else 0), lse_arg.stride(1), lse_arg.stride(2),
+        n_heads, group, v.shape[3], n_splits, group_rows,
+        HAS_LSE=has_lse, SPLITS=pow2(n_splits, 1),
+        CHUNK=min(pow2(n_splits, 1), heuristics.COMBINE_CHUNK),
+        HEAD_DIM_V=head_dim_vp, num_warps=warps)

@@ -1,0 +1,278 @@
+"""The Triton prefill kernel, ``_attention_fwd``: one program per (query tile, batch, query
+head). The kv blocks a tile can see are walked in ascending order in three loops: masked
+edge blocks, then branch-free interior blocks (read through TMA tensor descriptors where
+the layout allows), then masked edge blocks; the loops a problem can never enter are
+compiled out (:func:`pasa_npu.fallback.triton_launch.block_loops`). Causal and band limits
+are computed from the per-batch band; no S1 x S2 mask is ever built for sparse modes 2-4.
+pasa-exact's row constants come from the block means (:mod:`triton_shift`), precomputed
+per tile or per block in the loop (``Tuning.row_constant``)."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from pasa_npu.fallback import triton_launch as heuristics
+from pasa_npu.fallback.kernel_common import (_tile_kv_blocks, cdiv, device_capability,
+                                             interpreting, launch, placeholder, tma_strides)
+from pasa_npu.fallback.triton_shift import _shift_in_kernel, prepare_keys
+from pasa_npu.fallback.triton_softmax import _block_update, _finish, _initial_state, _row_constant
+from pasa_npu.fallback.triton_tuning import Tuning
+from pasa_npu.problem import AttentionProblem
+
+
+@triton.jit
+def _tile_row_constants(q, mean_base, c_base, rows, q_len, dims, lo, hi, stride_mblk,
+                        stride_cblk, scale):
+    """pasa-exact: c = scale * (Q . mean16) of one query tile for the kv blocks [lo, hi) it
+    will visit, 16 blocks per matmul (fp32 accumulation), stored in the tile's own rows of
+    the workspace C[b, h, blk, row] for the kv loop to load block by block (from L2)."""
+    sixteen = tl.arange(0, 16)
+    for blk0 in range(lo, hi, 16):
+        blks = blk0 + sixteen
+        means = tl.load(mean_base + blks[:, None].to(tl.int64) * stride_mblk + dims[None, :],
+                        mask=blks[:, None] < hi, other=0.0)
+        c = tl.dot(q, tl.trans(means)) * scale  # (BLOCK_M, 16)
+        tl.store(c_base + blks[None, :].to(tl.int64) * stride_cblk + rows[:, None], c,
+                 mask=(blks[None, :] < hi) & (rows[:, None] < q_len))
+    tl.debug_barrier()  # the loop reads constants other threads of the program wrote
+
+
+@triton.jit
+def _attention_fwd(
+    Q, K, V, O, LSE, C, MEANS, MASK, SHIFT, K_DESC, V_DESC,
+    q_starts, q_lens, kv_starts, kv_lens, band_pre, band_next,
+    stride_qb, stride_qh, stride_qs, stride_qd,
+    stride_kb, stride_kh, stride_ks, stride_kd,
+    stride_vb, stride_vh, stride_vs, stride_vd,
+    stride_ob, stride_oh, stride_os, stride_od,
+    stride_lb, stride_lh, stride_ls,
+    stride_cb, stride_ch, stride_cblk,
+    stride_mb, stride_mh, stride_mblk,
+    stride_xb, stride_xs, stride_xk,
+    n_heads, n_tiles, group, scale, gamma, head_dim, head_dim_v,
+    PSEUDO_AVERAGE_SHIFT: tl.constexpr, EXACT_SHIFT: tl.constexpr, LOW_SCORES: tl.constexpr,
+    LOW_STATISTICS: tl.constexpr, LOW_ACCUMULATOR: tl.constexpr, HAS_MASK: tl.constexpr, HAS_BAND: tl.constexpr, HAS_LSE: tl.constexpr,
+    GRID_1D: tl.constexpr,
+    GUARD: tl.constexpr, K_PADDED: tl.constexpr, FUSED_SHIFT: tl.constexpr,
+    USE_TMA: tl.constexpr, C_PER_BLOCK: tl.constexpr, LOOPS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+):
+    # one kernel body: the three kv-block loops share its set-up and its state, and
+    # splitting it into helpers would pass that state through every call
+    # heaviest tiles first: under causal and band masks the last query tiles see the most keys
+    if GRID_1D:  # more (batch, head) pairs than CUDA's 65535 on a grid's second axis
+        pid_m = n_tiles - 1 - tl.program_id(0) % n_tiles
+        bh = tl.program_id(0) // n_tiles
+    else:  # the same order from a 2-D grid, which is faster for pasa-exact than the 1-D
+        # form (and than n_tiles in place of num_programs here)
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+        bh = tl.program_id(1)
+    b = bh // n_heads
+    h = bh % n_heads
+    hk = h // group
+    q_len = tl.load(q_lens + b)
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    q_start = tl.load(q_starts + b)
+    kv_start = tl.load(kv_starts + b)
+    kv_len = tl.load(kv_lens + b)
+
+    # index arithmetic in int32 (lengths and bands are clamped to it on the host);
+    # int64 only for the base offsets of pointers
+    rows = m0 + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    dims_v = tl.arange(0, HEAD_DIM_V)
+    cols = tl.arange(0, BLOCK_N)
+    q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+                + (q_start + rows)[:, None].to(tl.int64) * stride_qs + dims[None, :] * stride_qd,
+                mask=(rows[:, None] < q_len) & (dims[None, :] < head_dim), other=0.0)
+
+    # the kv range this tile can see, and the interior blocks every valid row sees whole
+    lo, hi, full_lo, full_hi, pre, nxt = _tile_kv_blocks(m0, q_len, kv_len, band_pre, band_next,
+                                                         b, HAS_BAND, BLOCK_M, BLOCK_N)
+    if HAS_MASK:  # an explicit mask: every block goes through the masked loop
+        full_lo = hi
+        full_hi = hi
+
+    k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
+    v_base = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
+    if not K_PADDED:
+        k_base += kv_start.to(tl.int64) * stride_ks
+    v_base += kv_start.to(tl.int64) * stride_vs
+    k_offs = cols[:, None] * stride_ks + dims[None, :] * stride_kd
+    v_offs = cols[:, None] * stride_vs + dims_v[None, :] * stride_vd
+    # pasa-exact's row constants from the block means mean16 (B, Nkv, blocks, D): one thin
+    # matmul per block in the loop (C_PER_BLOCK), or computed for the whole tile up front
+    # into the workspace C (B, N, blocks, S1) and loaded per block
+    mean_base = MEANS + b.to(tl.int64) * stride_mb + hk.to(tl.int64) * stride_mh
+    c_base = C + b.to(tl.int64) * stride_cb + h.to(tl.int64) * stride_ch
+    mask_base = MASK + b.to(tl.int64) * stride_xb
+    if EXACT_SHIFT and not FUSED_SHIFT and not C_PER_BLOCK:
+        _tile_row_constants(q, mean_base, c_base, rows, q_len, dims, lo, hi, stride_mblk,
+                            stride_cblk, scale)
+
+    m, l, acc, f, cnt, c = _initial_state(BLOCK_M, HEAD_DIM_V, LOW_ACCUMULATOR, q.dtype)
+
+    for stage in tl.static_range(3):
+        if (LOOPS >> stage) & 1:  # a loop that can never run is compiled out
+            if stage == 0:
+                start, stop = lo, full_lo
+            elif stage == 1:
+                start, stop = full_lo, full_hi
+            else:
+                start, stop = full_hi, hi
+            for blk in range(start, stop):
+                n0 = blk * BLOCK_N
+                k_ptrs = k_base + tl.cast(n0, tl.int64) * stride_ks + k_offs
+                v_ptrs = v_base + tl.cast(n0, tl.int64) * stride_vs + v_offs
+                if EXACT_SHIFT and not FUSED_SHIFT:
+                    if C_PER_BLOCK:
+                        mean = tl.load(mean_base + tl.cast(blk, tl.int64) * stride_mblk + dims)
+                        c = _row_constant(q, mean.to(tl.float32), scale)
+                    else:
+                        c = tl.load(c_base + tl.cast(blk, tl.int64) * stride_cblk + rows,
+                                    mask=rows < q_len, other=0.0)
+                if stage == 1:
+                    if USE_TMA:  # interior blocks lie inside the tensors: no masks needed
+                        k_row = n0 if K_PADDED else kv_start + n0
+                        k = K_DESC.load([tl.where(stride_kb == 0, 0, b), hk, k_row, 0]).reshape(
+                            BLOCK_N, HEAD_DIM)
+                        v = V_DESC.load([tl.where(stride_vb == 0, 0, b), hk, kv_start + n0, 0]
+                                        ).reshape(BLOCK_N, HEAD_DIM_V)
+                    else:
+                        if K_PADDED:
+                            k = tl.load(k_ptrs)
+                        else:
+                            k = tl.load(k_ptrs, mask=dims[None, :] < head_dim, other=0.0)
+                        v = tl.load(v_ptrs, mask=dims_v[None, :] < head_dim_v, other=0.0)
+                    vis = None  # interior: every row sees every key of the block
+                    row_any = None
+                else:
+                    n = n0 + cols
+                    in_kv = n < kv_len
+                    if K_PADDED:
+                        k = tl.load(k_ptrs)
+                    else:
+                        k = tl.load(k_ptrs, mask=in_kv[:, None] & (dims[None, :] < head_dim),
+                                    other=0.0)
+                    v = tl.load(v_ptrs, mask=in_kv[:, None] & (dims_v[None, :] < head_dim_v),
+                                other=0.0)
+                    if stage == 2 and not HAS_MASK:
+                        # a trailing block (the diagonal, a block past kv_len) lies past
+                        # every row's lower edge: a key is visible where its column is at
+                        # most the row's last visible one (-1: none), one compare per score
+                        last = kv_len - 1 + rows * 0
+                        if HAS_BAND:
+                            last = tl.minimum(last, rows + nxt)
+                        last = tl.where(rows < q_len, last - n0, -1)
+                        vis = cols[None, :] <= last[:, None]
+                        row_any = last >= 0
+                    else:
+                        vis = in_kv[None, :] & (rows[:, None] < q_len)
+                        # which rows see a key of this block: analytic from the band (1-D
+                        # work), from the tile itself only under an explicit mask
+                        first = n0 + rows * 0
+                        last = tl.minimum(n0 + BLOCK_N, kv_len) - 1
+                        if HAS_BAND:
+                            vis = (vis & (n[None, :] >= rows[:, None] - pre)
+                                   & (n[None, :] <= rows[:, None] + nxt))
+                            first = tl.maximum(first, rows - pre)
+                            last = tl.minimum(last, rows + nxt)
+                        row_any = (first <= last) & (rows < q_len)
+                    if HAS_MASK:
+                        masked = tl.load(mask_base + rows[:, None].to(tl.int64) * stride_xs
+                                         + n[None, :] * stride_xk,
+                                         mask=(rows[:, None] < q_len) & in_kv[None, :], other=1)
+                        vis = vis & (masked == 0)
+                        row_any = tl.max(vis.to(tl.int32), 1) > 0
+                if FUSED_SHIFT:
+                    k, mean = _shift_in_kernel(k, SHIFT, scale, EXACT_SHIFT, BLOCK_N)
+                    if EXACT_SHIFT:
+                        c = _row_constant(q, mean, scale)
+                m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt,
+                                                  scale, gamma, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT,
+                                                  LOW_SCORES, LOW_STATISTICS, stage != 1, GUARD,
+                                                  BLOCK_N)
+
+    o, lse = _finish(m, l, acc.to(tl.float32), f, cnt, gamma, PSEUDO_AVERAGE_SHIFT)
+    row_ok = rows < q_len
+    tl.store(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+             + (q_start + rows)[:, None].to(tl.int64) * stride_os + dims_v[None, :] * stride_od,
+             o.to(O.dtype.element_ty), mask=row_ok[:, None] & (dims_v[None, :] < head_dim_v))
+    if HAS_LSE:
+        tl.store(LSE + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh
+                 + (q_start + rows).to(tl.int64) * stride_ls, lse, mask=row_ok)
+
+
+def run(problem: AttentionProblem, tuning: Tuning, shared) -> None:
+    """Launch ``_attention_fwd`` for ``problem`` (:class:`triton_attention.Shared` holds
+    the arguments the launches share), with the key shift as ``tuning`` says."""
+    q, k, v, out, lse = problem.query, problem.key, problem.value, problem.out, problem.lse
+    alloc, dev = problem.allocation, q.device
+    block_n, head_dim_p = shared.constexprs["BLOCK_N"], shared.constexprs["HEAD_DIM"]
+    fused = tuning.shift == "fused" and alloc.shifts_keys
+    c_per_block = heuristics.row_constant_in_kernel(problem, block_n, tuning)
+    loops = tuning.loops or heuristics.block_loops(problem, block_n)
+    block_m, warps, stages = tuning.launch or heuristics.launch_config(
+        head_dim_p, alloc.name, shared.interpret, fused or c_per_block, loops,
+        problem.mask is not None)
+    constants = placeholder(dev, torch.float32)
+    means = placeholder(dev, torch.float16)
+    if alloc.shifts_keys and not fused:
+        k_used, means = prepare_keys(problem, k, shared.lengths[2], shared.lengths[3],
+                                     block_n, head_dim_p)
+        k_strides = tuple(k_used.stride())
+        if alloc.exact_shift and not c_per_block:  # the kernel fills it
+            constants = torch.empty(problem.batch, q.shape[1], means.shape[2],
+                                    max(1, problem.max_q_len), dtype=torch.float32, device=dev)
+    else:
+        k_used = k
+        k_strides = (shared.batch_stride(k), *k.stride()[1:])
+    k_desc = v_desc = None
+    if tuning.loads == "tma" and _tma_capable(dev):
+        k_desc = _descriptor(k_used, k_strides[0], block_n, head_dim_p)
+        v_desc = _descriptor(v, shared.batch_stride(v), block_n, shared.constexprs["HEAD_DIM_V"])
+    use_tma = k_desc is not None and v_desc is not None
+    n_tiles = cdiv(problem.max_q_len, block_m)
+    pairs = problem.batch * q.shape[1]
+    grid_1d = pairs > heuristics.GRID_AXIS_MAX
+    grid = (n_tiles * pairs,) if grid_1d else (n_tiles, pairs)
+    strides = shared.strides
+    launch(
+        _attention_fwd, grid,
+        q, k_used, v, out, shared.lse_arg, constants, means, shared.mask,
+        shared.shift if shared.shift is not None else constants,
+        k_desc if use_tma else k_used, v_desc if use_tma else v,
+        *shared.lengths, shared.band_pre, shared.band_next,
+        *strides(q), *k_strides, *strides(v), *strides(out),
+        (shared.batch_stride(shared.lse_arg) if lse is not None else 0),
+        *shared.lse_arg.stride()[1:],
+        *constants.stride()[:3], *means.stride()[:3], *shared.mask_strides,
+        q.shape[1], n_tiles, q.shape[1] // k.shape[1], problem.scale, shared.gamma,
+        q.shape[3], v.shape[3], HAS_BAND=problem.band is not None, HAS_LSE=lse is not None,
+        K_PADDED=alloc.shifts_keys and not fused, FUSED_SHIFT=fused, USE_TMA=use_tma,
+        C_PER_BLOCK=c_per_block, LOOPS=loops, GRID_1D=grid_1d,
+        BLOCK_M=block_m, num_warps=warps, num_stages=stages, **shared.constexprs,
+        **heuristics.fp_options(alloc))
+
+
+def _tma_capable(dev: torch.device) -> bool:
+    """Tensor-memory-accelerator loads: Hopper and newer, or the interpreter."""
+    if dev.type != "cuda":
+        return interpreting()
+    return device_capability(dev.index if dev.index is not None
+                             else torch.cuda.current_device())[0] >= 9
+
+
+def _descriptor(t: torch.Tensor, batch_stride: int, rows: int, cols: int):
+    """A TMA descriptor over the (B, N, S, D) view ``t`` loading (rows, cols) tiles, or None
+    where TMA cannot address it (a strided last dim, strides or base not 16-byte aligned).
+    Columns past D read as zero, as the masked loads do."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    strides = tma_strides(t, batch_stride)
+    if strides is None:
+        return None
+    return TensorDescriptor(t, list(t.shape), strides, [1, 1, rows, cols])

@@ -1,0 +1,187 @@
+"""The online softmax of one kv block, shared by the Triton prefill and decode kernels.
+
+Numerics mirror :mod:`pasa_npu.fallback.torch_blockwise` allocation by allocation: fp16
+operands, fp32 accumulation in the tensor cores, rounding to fp16 exactly where the
+allocation says. An "fp16 step" of the CPU backend (fp32 arithmetic, one rounding) is
+computed here in native fp16 where that gives the same correctly rounded result (+ - * /
+of fp16 values). Differences to the CPU backend come only from the order of fp32
+accumulation and the hardware exp. The allocation arrives as the constexpr flags of
+:func:`pasa_npu.fallback.kernel_common.allocation_flags`.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from pasa_npu import numerics
+from pasa_npu.fallback.kernel_common import _fp16, _rl
+
+GUARD_FACTOR = tl.constexpr(numerics.GUARD_FACTOR)
+GUARD_MIN = tl.constexpr(numerics.GUARD_MIN_OFFSET)
+GUARD_MAX = tl.constexpr(numerics.GUARD_MAX_OFFSET)
+
+
+@triton.jit
+def _exp(x):
+    """e^x as ``ex2.approx.ftz`` of x * log2(e). ``tl.exp`` emits the same multiply and the
+    non-ftz ex2, whose subnormal-range fix-up adds a compare and two multiplies per element
+    to the softmax loop; the two differ only where e^x < 2^-126, far below fp16's smallest
+    value and below any fp32 sum they enter."""
+    return tl.exp2(x * 1.4426950408889634)
+
+
+@triton.jit
+def _guarded_max(s, rm, vis, MASKED: tl.constexpr, GUARD: tl.constexpr, ROUND: tl.constexpr,
+                 low: tl.constexpr):
+    """Row maximum with the rounding guard (docs/design.md, "The rounding guard"), in
+    natural-log units."""
+    if GUARD:
+        tie = s == rm[:, None]
+        if MASKED:
+            tie = tie & vis
+        ties = tl.sum(tie.to(tl.int32), 1)
+        offset = tl.where(rm > 0, (GUARD_FACTOR - 1.0) * rm, -rm)
+        offset = tl.minimum(tl.maximum(offset, GUARD_MIN), GUARD_MAX)
+        guarded = rm + offset
+        if ROUND:
+            guarded = _rl(guarded, low)
+        rm = tl.where((ties > 1) & (rm > float("-inf")), guarded, rm)
+    return rm
+
+
+@triton.jit
+def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma,
+                  PSEUDO_AVERAGE_SHIFT: tl.constexpr, EXACT_SHIFT: tl.constexpr,
+                  LOW_SCORES: tl.constexpr, LOW_STATISTICS: tl.constexpr,
+                  MASKED: tl.constexpr, GUARD: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One kv block of online softmax for the allocation the flags name
+    (:func:`pasa_npu.fallback.kernel_common.allocation_flags`). Rows that see no key of
+    the block (MASKED only: ``row_any`` False) keep their state. ``c``: pasa-exact's
+    per-row constant scale * (Q . mean16) of this block (fp32). With low-precision
+    statistics (fa-fp16, pasa) ``acc`` is fp16 too and the steps run as native fp16
+    operations: each rounds once, as the CPU backend's fp32-then-round steps do (the
+    kernels are launched without FMA contraction). Returns the new state."""
+    # one body for every allocation: split into a helper per allocation, the same
+    # operations compile to other sm_90 SASS (register allocation and schedule), and the
+    # kernels are kept as they were measured
+    qk = tl.dot(q, tl.trans(k))  # fp32 accumulation
+    low: tl.constexpr = q.dtype  # fp16, or bf16 for fa-* on bf16 inputs
+    if not (PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT or LOW_STATISTICS):  # fa-fp32, fa-fp16s
+        if LOW_SCORES:
+            qk = _rl(qk, low)  # fp16 unscaled scores: overflow happens here
+        s = qk * scale
+        if MASKED:
+            s = tl.where(vis, s, float("-inf"))
+        rm = _guarded_max(s, tl.max(s, 1), vis, MASKED, GUARD, False, low)
+        m_new = tl.maximum(m, rm)
+        alpha = tl.exp2((m - m_new) * 1.4426950408889634)
+        p = tl.exp2(s * 1.4426950408889634 - (m_new * 1.4426950408889634)[:, None])
+        l_new = alpha * l + tl.sum(p, 1)
+        acc_new = acc * alpha[:, None] + tl.dot(p.to(low), v)
+        f_new = f
+    elif not (PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT):  # fa-fp16: every step fp16
+        s = _rl(_rl(qk, low) * scale, low)
+        if MASKED:
+            s = tl.where(vis, s, float("-inf"))
+        rm = _guarded_max(s, tl.max(s, 1), vis, MASKED, GUARD, True, low)
+        m_new = tl.maximum(m, rm)
+        alpha = _rl(_exp(_rl(m - m_new, low)), low)
+        p = _rl(_exp(_rl(s - m_new[:, None], low)), low)
+        l_new = _rl(_rl(alpha * l, low) + _rl(tl.sum(p, 1), low), low)
+        pv = tl.dot(p.to(low), v).to(low)
+        acc_new = acc * alpha.to(low)[:, None] + pv
+        f_new = f
+    elif PSEUDO_AVERAGE_SHIFT:  # pasa (fp16 statistics), pasa-mixed (fp32 statistics)
+        sp16 = _fp16(qk)
+        sp = sp16.to(tl.float32)
+        s_mean = tl.sum(sp16.to(tl.float32), 1) / BLOCK_N  # all columns M averaged, masked or not
+        if LOW_STATISTICS:
+            s_mean = _rl(s_mean, low)
+        if MASKED:
+            sp = tl.where(vis, sp, float("-inf"))
+            sp16 = tl.where(vis, sp16, float("-inf"))
+        # the max of fp16 values is an fp16 value: packed fp16 max, the same result
+        m_loc = _guarded_max(sp, tl.max(sp16, 1).to(tl.float32), vis, MASKED, GUARD,
+                             LOW_STATISTICS, low)
+        cnt1 = cnt + 1.0
+        if LOW_STATISTICS:
+            p16 = _exp((sp16 - m_loc.to(low)[:, None]).to(tl.float32)).to(low)
+            if MASKED:
+                p16 = tl.where(vis, p16, 0.0)
+            l_loc = _rl(tl.sum(p16.to(tl.float32), 1), low)
+            f_new = _rl(_rl(_rl((cnt1 - 1.0) * f, low) + s_mean, low) / cnt1, low)
+            x = _rl(m + _rl(gamma * _rl(f - f_new, low), low), low)
+            y = _rl(m_loc + _rl(gamma * _rl(s_mean - f_new, low), low), low)
+            m_new = tl.maximum(x, y)
+            alpha = _rl(_exp(_rl(x - m_new, low)), low)
+            beta_w = _rl(_exp(_rl(y - m_new, low)), low)
+            l_new = _rl(_rl(alpha * l, low) + _rl(beta_w * l_loc, low), low)
+            pv = _fp16(tl.dot(p16, v))
+            acc_new = acc * alpha.to(low)[:, None] + pv * beta_w.to(low)[:, None]
+        else:
+            p = _exp(sp - m_loc[:, None])
+            l_loc = tl.sum(p, 1)
+            f_new = ((cnt1 - 1.0) * f + s_mean) / cnt1
+            x = m + gamma * (f - f_new)
+            y = m_loc + gamma * (s_mean - f_new)
+            m_new = tl.maximum(x, y)
+            alpha = _exp(x - m_new)
+            beta_w = _exp(y - m_new)
+            l_new = alpha * l + beta_w * l_loc
+            acc_new = acc * alpha[:, None] + tl.dot(p.to(low), v) * beta_w[:, None]
+    else:  # pasa-exact: per-row constant c carried in fp32, FA-2 update
+        sp16 = _fp16(qk)
+        if MASKED:
+            sp16 = tl.where(vis, sp16, float("-inf"))
+        rm = tl.max(sp16, 1).to(tl.float32)  # the max of fp16 values is an fp16 value
+        sp = sp16.to(tl.float32)
+        m_new = tl.maximum(m, _guarded_max(sp, rm, vis, MASKED, GUARD, False, low) + c)
+        alpha = tl.exp2((m - m_new) * 1.4426950408889634)
+        p16 = tl.exp2(sp * 1.4426950408889634 - ((m_new - c) * 1.4426950408889634)[:, None]).to(low)
+        l_new = alpha * l + tl.sum(p16.to(tl.float32), 1)
+        acc_new = acc * alpha[:, None] + _fp16(tl.dot(p16, v)).to(tl.float32)
+        f_new = f
+    cnt_new = cnt + 1.0
+    if MASKED:
+        m_new = tl.where(row_any, m_new, m)
+        l_new = tl.where(row_any, l_new, l)
+        acc_new = tl.where(row_any[:, None], acc_new, acc)
+        f_new = tl.where(row_any, f_new, f)
+        cnt_new = tl.where(row_any, cnt_new, cnt)
+    return m_new, l_new, acc_new, f_new, cnt_new
+
+
+@triton.jit
+def _initial_state(ROWS: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                   LOW_ACCUMULATOR: tl.constexpr, low: tl.constexpr):
+    """Empty online-softmax state (m, l, acc, f, cnt) and pasa-exact's row constant c;
+    a low-precision accumulator is kept in ``low``."""
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    zeros = tl.zeros([ROWS], tl.float32)
+    if LOW_ACCUMULATOR:
+        acc = tl.zeros([ROWS, HEAD_DIM_V], low)
+    else:
+        acc = tl.zeros([ROWS, HEAD_DIM_V], tl.float32)
+    return m, zeros, acc, zeros, zeros, zeros
+
+
+@triton.jit
+def _finish(m, l, acc, f, cnt, gamma, PSEUDO_AVERAGE_SHIFT: tl.constexpr):
+    """Normalised output and LSE; 0 and -inf for rows that saw no key."""
+    seen = cnt > 0
+    l_safe = tl.where(seen, l, 1.0)
+    o = tl.where(seen[:, None], acc / l_safe[:, None], 0.0)
+    true_max = m
+    if PSEUDO_AVERAGE_SHIFT:
+        true_max = m + gamma * f
+    lse = tl.where(seen, true_max + tl.log(l_safe), float("-inf"))
+    return o, lse
+
+
+@triton.jit
+def _row_constant(q, mean, scale):
+    """pasa-exact's c = scale * (Q . mean16) for one block: a thin extra matmul column with
+    fp32 accumulation; the other 15 columns are zero, so the row sum is column 0 exactly."""
+    col = tl.arange(0, 16)
+    mean_tile = tl.where(col[None, :] == 0, mean[:, None], 0.0).to(q.dtype)
+    return tl.sum(tl.dot(q, mean_tile), 1) * scale

@@ -1,0 +1,353 @@
+"""torch_npu's argument list, written once, and its validation and normalisation.
+
+:data:`TORCH_NPU_ARGUMENTS` and :data:`OWN_ARGUMENTS` are the one table of the keyword
+arguments of :func:`pasa_npu.fused_attention` (name, default, type, and what this package
+does with it). The public signature (:data:`SIGNATURE`), the keywords refused as not
+implemented, the compiled operator's schema (:mod:`pasa_npu.compiled`) and the argument
+dict every call builds (:func:`bind`) derive from it. The checks below turn the values into
+what a plan holds, with errors that name the argument, what was expected and what came.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from .beta import default_beta
+from .numerics import (ALGORITHM_NAMES, ALLOCATIONS, DEFAULT_ALGORITHM_BY_PRECISE_BIT,
+                       DEFAULT_TILING, FP16_MAX, Allocation, Tiling)
+
+INT_MAX = 2147483647
+
+#: input_layout -> (query/key/value layout, output layout)
+LAYOUTS = {
+    "BSH": ("BSH", "BSH"), "BSND": ("BSND", "BSND"), "BNSD": ("BNSD", "BNSD"),
+    "TND": ("TND", "TND"), "BNSD_BSND": ("BNSD", "BSND"), "BSH_NBSD": ("BSH", "NBSD"),
+    "BSND_NBSD": ("BSND", "NBSD"), "BNSD_NBSD": ("BNSD", "NBSD"), "TND_NTD": ("TND", "NTD"),
+    "NTD_TND": ("NTD", "TND"),
+}
+PACKED = ("TND", "NTD")
+
+
+@dataclass(frozen=True)
+class Argument:
+    """A keyword argument of :func:`pasa_npu.fused_attention`. ``kind``: "tensor" (an
+    optional tensor), "lengths" (a list of ints or a 1-D integer tensor), "scalar" (of
+    ``annotation``, which is also the compiled operator's schema type) or "unimplemented"
+    (accepted at its default only)."""
+
+    name: str
+    default: object
+    annotation: object = inspect.Parameter.empty
+    kind: str = "scalar"
+
+
+def _unimplemented(name: str, default=None, annotation=inspect.Parameter.empty) -> Argument:
+    return Argument(name, default, annotation, "unimplemented")
+
+
+#: torch_npu.npu_fused_infer_attention_score's keywords, in its order
+TORCH_NPU_ARGUMENTS = (
+    _unimplemented("pse_shift"),
+    Argument("atten_mask", None, Optional[torch.Tensor], "tensor"),
+    Argument("actual_seq_lengths", None, Optional[Sequence[int]], "lengths"),
+    Argument("actual_seq_lengths_kv", None, Optional[Sequence[int]], "lengths"),
+    *(_unimplemented(name) for name in (
+        "dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2", "quant_offset2",
+        "antiquant_scale", "antiquant_offset", "block_table", "query_padding_size",
+        "kv_padding_size", "key_antiquant_scale", "key_antiquant_offset",
+        "value_antiquant_scale", "value_antiquant_offset", "key_shared_prefix",
+        "value_shared_prefix", "actual_shared_prefix_len", "query_rope", "key_rope",
+        "key_rope_antiquant_scale")),
+    Argument("num_heads", 1, int),
+    Argument("scale", 1.0, float),
+    Argument("pre_tokens", INT_MAX, int),
+    Argument("next_tokens", INT_MAX, int),
+    Argument("input_layout", "BSH", str),
+    Argument("num_key_value_heads", 0, int),
+    Argument("sparse_mode", 0, int),
+    Argument("inner_precise", 0, int),
+    _unimplemented("block_size", 0, int),
+    _unimplemented("antiquant_mode", 0, int),
+    Argument("softmax_lse_flag", False, bool),
+    _unimplemented("key_antiquant_mode", 0, int),
+    _unimplemented("value_antiquant_mode", 0, int),
+)
+
+#: this package's keywords, after torch_npu's
+OWN_ARGUMENTS = (
+    Argument("algorithm", None, Optional[str]),
+    Argument("beta", None, Optional[float]),
+    Argument("backend", "auto", str),
+    Argument("rounding_guard", False, bool),
+    Argument("q_block", None, Optional[int]),
+    Argument("kv_block", None, Optional[int]),
+)
+
+KEYWORD_ARGUMENTS = TORCH_NPU_ARGUMENTS + OWN_ARGUMENTS
+#: torch_npu keywords not implemented here, with the default that means "unused"
+UNIMPLEMENTED_KEYWORDS = {a.name: a.default for a in TORCH_NPU_ARGUMENTS
+                          if a.kind == "unimplemented"}
+OWN_KEYWORDS = tuple(a.name for a in OWN_ARGUMENTS)
+_DEFAULTS = {a.name: a.default for a in KEYWORD_ARGUMENTS}
+TENSOR_NAMES = ("query", "key", "value")
+
+#: the signature of :func:`pasa_npu.fused_attention` (inspect.signature and help() show it)
+SIGNATURE = inspect.Signature(
+    [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=torch.Tensor)
+     for name in TENSOR_NAMES]
+    + [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY, default=a.default,
+                         annotation=a.annotation) for a in KEYWORD_ARGUMENTS],
+    return_annotation=tuple[torch.Tensor, torch.Tensor])
+
+
+def bind(function: str, query, key, value, keywords: dict) -> dict:
+    """Every argument of a call by name, in :data:`SIGNATURE`'s order, defaults filled in;
+    an unknown keyword is a TypeError, as Python's own binding makes it."""
+    for name in keywords:
+        if name not in _DEFAULTS:
+            raise TypeError(f"{function}() got an unexpected keyword argument {name!r}")
+    args = {"query": query, "key": key, "value": value}
+    args.update(_DEFAULTS)
+    args.update(keywords)
+    return args
+
+
+def check_implemented(args: dict) -> None:
+    for name, unused in UNIMPLEMENTED_KEYWORDS.items():
+        if not is_default(args[name], unused):
+            raise NotImplementedError(
+                f"{name}={describe(args[name])} is not implemented by pasa_npu yet "
+                f"(only the default {unused!r} is accepted)")
+
+
+def describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    return repr(value)
+
+
+def is_default(value, default) -> bool:
+    if default is None:
+        return value is None
+    return not isinstance(value, torch.Tensor) and value == default
+
+
+def int_arg(value, name: str, minimum: int) -> int:
+    if type(value) is int and value >= minimum:  # the common case, without ABC checks
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {describe(value)}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_tensors(query, key, value) -> None:
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {describe(t)}")
+        if t.dtype not in (torch.float16, torch.bfloat16):
+            raise TypeError(f"{name} must be float16 or bfloat16, got {t.dtype}")
+    for name, t in (("key", key), ("value", value)):
+        if t.dtype != query.dtype:
+            raise TypeError(f"{name} dtype {t.dtype} differs from query dtype {query.dtype}")
+        if t.device != query.device:
+            raise ValueError(f"{name} is on {t.device} but query is on {query.device}")
+
+
+def parse_layout(input_layout) -> tuple[str, str]:
+    if not isinstance(input_layout, str):
+        raise TypeError(f"input_layout must be a str, got {describe(input_layout)}")
+    if input_layout not in LAYOUTS:
+        raise ValueError(f"input_layout must be one of {sorted(LAYOUTS)}, got {input_layout!r}")
+    return LAYOUTS[input_layout]
+
+
+def _to_canonical(t: torch.Tensor, name: str, layout: str, heads: int) -> torch.Tensor:
+    """A (B, N, S, D) view of ``t`` given in ``layout`` (packed: B = 1, S = T)."""
+    dims = 3 if layout in ("BSH", "TND", "NTD") else 4
+    if t.dim() != dims:
+        raise ValueError(f"{name} must be {dims}-D for input_layout {layout}, got shape "
+                         f"{tuple(t.shape)}")
+    if layout == "BSH":
+        if t.shape[2] % heads:
+            raise ValueError(f"{name}'s hidden size {t.shape[2]} is not divisible by its head "
+                             f"count {heads} (input_layout BSH)")
+        return t.unflatten(2, (heads, t.shape[2] // heads)).permute(0, 2, 1, 3)
+    head_axis = {"BSND": 2, "BNSD": 1, "TND": 1, "NTD": 0}[layout]
+    if t.shape[head_axis] != heads:
+        what = "num_heads" if name == "query" else "num_key_value_heads (or num_heads)"
+        raise ValueError(f"{name} has {t.shape[head_axis]} heads on its N axis (input_layout "
+                         f"{layout}) but {what} is {heads}")
+    if layout == "BSND":
+        return t.permute(0, 2, 1, 3)
+    if layout == "BNSD":
+        return t
+    if layout == "TND":
+        return t.permute(1, 0, 2).unsqueeze(0)
+    return t.unsqueeze(0)
+
+
+def canonical_views(query, key, value, layout: str, num_heads: int, num_kv_heads: int):
+    """(q, k, v) as (B, N, S, D) views, each checked against its head count."""
+    return (_to_canonical(query, "query", layout, num_heads),
+            _to_canonical(key, "key", layout, num_kv_heads),
+            _to_canonical(value, "value", layout, num_kv_heads))
+
+
+def check_shapes(q, k, v, layout) -> None:
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"key batch {k.shape[0]} differs from query batch {q.shape[0]} "
+                         f"(input_layout {layout})")
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(f"key head dim {k.shape[3]} differs from query head dim {q.shape[3]}")
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"value (batch, heads, seq) {tuple(v.shape[:3])} differs from key's "
+                         f"{tuple(k.shape[:3])} (canonical BNSD order)")
+
+
+def sequence_lengths(args, q, k, packed):
+    """(q_lens, q_starts, kv_lens, kv_starts) as int64 CPU tensors of length B."""
+    if packed:
+        q_lens, q_starts = _cumulative(args["actual_seq_lengths"], "actual_seq_lengths", q.shape[2])
+        kv_lens, kv_starts = _cumulative(args["actual_seq_lengths_kv"], "actual_seq_lengths_kv",
+                                         k.shape[2])
+        if kv_lens.numel() != q_lens.numel():
+            raise ValueError(f"actual_seq_lengths_kv has {kv_lens.numel()} entries but "
+                             f"actual_seq_lengths has {q_lens.numel()} (packed layouts take the "
+                             f"batch from their length)")
+        return q_lens, q_starts, kv_lens, kv_starts
+    batch = q.shape[0]
+    zeros = _zero_starts(batch)
+    return (_per_batch(args["actual_seq_lengths"], "actual_seq_lengths", batch, q.shape[2]), zeros,
+            _per_batch(args["actual_seq_lengths_kv"], "actual_seq_lengths_kv", batch, k.shape[2]),
+            zeros)
+
+
+def int_list(value, name: str) -> list[int]:
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 1 or value.dtype.is_floating_point or value.dtype == torch.bool:
+            raise TypeError(f"{name} must be a list of ints or a 1-D integer tensor, got "
+                            f"{describe(value)}")
+        return [int(x) for x in value.tolist()]
+    if type(value) in (list, tuple) and all(type(x) is int for x in value):
+        return list(value)  # the common case, without ABC checks (a decode step's lengths)
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in value):
+        raise TypeError(f"{name} must be a list of ints, got {describe(value)}")
+    return [int(x) for x in value]
+
+
+@functools.lru_cache(maxsize=256)
+def _full_lengths(batch: int, full: int) -> torch.Tensor:
+    """Shared, never written: every batch at the tensor's full length."""
+    return torch.full((batch,), full, dtype=torch.int64)
+
+
+@functools.lru_cache(maxsize=256)
+def _zero_starts(batch: int) -> torch.Tensor:
+    return torch.zeros(batch, dtype=torch.int64)
+
+
+def _per_batch(value, name: str, batch: int, full: int) -> torch.Tensor:
+    if value is None:
+        return _full_lengths(batch, full)
+    lens = int_list(value, name)
+    if len(lens) == 1:
+        lens = lens * batch
+    elif len(lens) >= batch:
+        lens = lens[:batch]
+    else:
+        raise ValueError(f"{name} must have 1 or at least batch={batch} entries, got {len(lens)}")
+    for b, n in enumerate(lens):
+        if not 0 <= n <= full:
+            raise ValueError(f"{name}[{b}] = {n} is outside [0, {full}] (the sequence length of "
+                             f"the tensor)")
+    return torch.tensor(lens, dtype=torch.int64)
+
+
+def _cumulative(value, name: str, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if value is None:
+        raise ValueError(f"{name} is required with packed layouts (TND, NTD): the cumulative "
+                         f"sequence lengths, one per batch")
+    ends = int_list(value, name)
+    if not ends:
+        raise ValueError(f"{name} must not be empty with packed layouts")
+    prev = 0
+    for b, e in enumerate(ends):
+        if e < prev:
+            raise ValueError(f"{name} must be non-decreasing cumulative lengths starting at >= 0; "
+                             f"entry {b} is {e} after {prev}")
+        prev = e
+    if ends[-1] > total:
+        raise ValueError(f"{name} ends at {ends[-1]} but the tensor holds only T={total} tokens")
+    ends_t = torch.tensor(ends, dtype=torch.int64)
+    starts = torch.cat([torch.zeros(1, dtype=torch.int64), ends_t[:-1]])
+    return ends_t - starts, starts
+
+
+def check_scale(scale) -> float:
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a float, got {describe(scale)}")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be finite and positive, got {scale}")
+    return float(scale)
+
+
+def resolve_allocation(algorithm, inner_precise: int) -> Allocation:
+    if algorithm is None:
+        return ALLOCATIONS[DEFAULT_ALGORITHM_BY_PRECISE_BIT[inner_precise & 1]]
+    if algorithm not in ALLOCATIONS:
+        raise ValueError(f"algorithm must be one of {ALGORITHM_NAMES} or None, got {algorithm!r}")
+    return ALLOCATIONS[algorithm]
+
+
+def resolve_tiling(q_block, kv_block) -> Tiling:
+    q_block = DEFAULT_TILING.q_block if q_block is None else int_arg(q_block, "q_block", 1)
+    kv_block = DEFAULT_TILING.kv_block if kv_block is None else int_arg(kv_block, "kv_block", 2)
+    return Tiling(q_block=q_block, kv_block=kv_block)
+
+
+def resolve_beta(beta, allocation: Allocation, tiling: Tiling, scale: float) -> float:
+    if not allocation.shifts_keys:
+        if beta is not None:
+            raise ValueError(f"beta applies to pasa and pasa-mixed; algorithm "
+                             f"{allocation.name!r} takes beta=None, got {beta!r}")
+        return 0.0
+    if allocation.exact_shift:
+        if beta is not None:
+            raise ValueError(f"pasa-exact always shifts fully (beta = 1); pass beta=None, got "
+                             f"{beta!r}")
+        return 1.0
+    if beta is None:
+        return default_beta(tiling.kv_block, scale)
+    if isinstance(beta, bool) or not isinstance(beta, numbers.Real):
+        raise TypeError(f"beta must be a float, got {describe(beta)}")
+    if not 0.0 <= beta < 1.0:
+        raise ValueError(f"beta must lie in [0, 1) (1 would make the shifting matrix singular), "
+                         f"got {beta}")
+    return float(beta)
+
+
+def to_fp16_checked(tensors, names) -> tuple:
+    """bf16 -> fp16 for PASA, refusing values fp16 cannot hold instead of making inf. The
+    tensors' peak magnitudes come to the host together: one wait for the device, not one
+    per tensor (each peak from one read of its tensor, without an |x| temporary; a NaN
+    propagates to the peak and is refused too)."""
+    filled = [(t, name) for t, name in zip(tensors, names) if t.numel()]
+    if filled:
+        ranges = torch.stack([torch.stack(torch.aminmax(t)) for t, _ in filled]).float()
+        for (_, name), (low, high) in zip(filled, ranges.tolist()):
+            peak = max(-low, high)
+            if not peak <= FP16_MAX:
+                raise ValueError(
+                    f"{name} holds values up to {peak:.6g} in magnitude, beyond fp16's "
+                    f"{FP16_MAX:.0f}; PASA computes bf16 inputs in fp16. Use "
+                    f"algorithm='fa-fp32' for this input.")
+    return tuple(t.to(torch.float16) for t in tensors)

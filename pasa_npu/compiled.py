@@ -1,0 +1,126 @@
+"""``fused_attention`` under torch.compile: one opaque operator,
+``torch.ops.pasa_npu.fused_attention``.
+
+The operator runs the eager call, so that compiled code keeps every rounding of the
+allocation: traced into, the torch backend's fp16 steps would be fused by the compiler and
+computed with fewer roundings. Its schema derives from the argument table
+(:data:`pasa_npu.arguments.KEYWORD_ARGUMENTS`): the tensors, each length argument as a list
+and as a tensor (separate arguments, one of them None), and every implemented scalar with
+its type. Unimplemented keywords never reach it: :func:`traced_call` refuses them with the
+eager call's errors.
+"""
+from __future__ import annotations
+
+import inspect
+import numbers
+import typing
+from typing import Optional
+
+import torch
+
+from . import plans
+from .arguments import (KEYWORD_ARGUMENTS, PACKED, TENSOR_NAMES, bind, canonical_views,
+                        check_implemented, check_tensors, describe, int_list, parse_layout)
+from .masks import check_mask
+from .outputs import allocate_lse, allocate_output, lse_placeholder
+
+_TENSORS = [a.name for a in KEYWORD_ARGUMENTS if a.kind == "tensor"]
+_LENGTHS = [a.name for a in KEYWORD_ARGUMENTS if a.kind == "lengths"]
+
+
+def _scalar_type(annotation) -> tuple[type, bool]:
+    """(the Python type, whether None is allowed) of a scalar argument's annotation."""
+    if typing.get_origin(annotation) is typing.Union:
+        kind, = (t for t in typing.get_args(annotation) if t is not type(None))
+        return kind, True
+    return annotation, False
+
+
+#: the operator's non-tensor arguments: the Python type its schema takes, None allowed
+OP_SCALARS = {a.name: _scalar_type(a.annotation) for a in KEYWORD_ARGUMENTS
+              if a.kind == "scalar"}
+
+
+def _parameter(name: str, annotation) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotation)
+
+
+OP_SIGNATURE = inspect.Signature(
+    [_parameter(name, torch.Tensor) for name in TENSOR_NAMES]
+    + [_parameter(name, Optional[torch.Tensor]) for name in _TENSORS]
+    + [_parameter(name, Optional[list[int]]) for name in _LENGTHS]
+    + [_parameter(name + "_tensor", Optional[torch.Tensor]) for name in _LENGTHS]
+    + [_parameter(name, a) for name, a in ((a.name, a.annotation) for a in KEYWORD_ARGUMENTS
+                                            if a.kind == "scalar")],
+    return_annotation=tuple[torch.Tensor, torch.Tensor])
+
+
+def _eager_arguments(op_args: tuple, op_kwargs: dict) -> dict:
+    """The operator's arguments as the eager call's (each length from its list or tensor)."""
+    given = OP_SIGNATURE.bind(*op_args, **op_kwargs).arguments
+    for name in _LENGTHS:
+        tensor = given.pop(name + "_tensor")
+        if tensor is not None:
+            given[name] = tensor
+    query, key, value = (given.pop(name) for name in TENSOR_NAMES)
+    return bind("fused_attention", query, key, value, given)
+
+
+def _run(*op_args, **op_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`pasa_npu.fused_attention` as one opaque operator: the eager call."""
+    return plans.attention(_eager_arguments(op_args, op_kwargs), golden=False)
+
+
+def _fake(*op_args, **op_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The outputs' shapes, strides and dtypes, as the eager call allocates them."""
+    args = _eager_arguments(op_args, op_kwargs)
+    query = args["query"]
+    in_layout, out_layout = parse_layout(args["input_layout"])
+    q, _, v = canonical_views(query, args["key"], args["value"], in_layout, args["num_heads"],
+                              args["num_key_value_heads"] or args["num_heads"])
+    out, _ = allocate_output(q, v, out_layout, query.dtype, zero=False)
+    if args["softmax_lse_flag"]:
+        return out, allocate_lse(q, in_layout in PACKED, torch.float32)[0]
+    return out, lse_placeholder(query.device)
+
+
+_run.__signature__ = _fake.__signature__ = OP_SIGNATURE
+fused_attention_op = torch.library.custom_op("pasa_npu::fused_attention", mutates_args=())(_run)
+fused_attention_op.register_fake(_fake)
+
+
+def traced_call(args: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`pasa_npu.fused_attention` under torch.compile (``args``: every argument by
+    name): one call of the opaque operator. Arguments its schema cannot carry are refused
+    here with the eager call's errors."""
+    check_implemented(args)
+    check_tensors(args["query"], args["key"], args["value"])
+    check_mask(args["atten_mask"], args["query"].device)
+    op_args = {name: args[name] for name in (*TENSOR_NAMES, *_TENSORS)}
+    for name in _LENGTHS:
+        value = args[name]
+        tensor = isinstance(value, torch.Tensor)
+        op_args[name] = None if value is None or tensor else int_list(value, name)
+        op_args[name + "_tensor"] = value if tensor else None
+    for name, (kind, optional) in OP_SCALARS.items():
+        op_args[name] = _schema_value(args[name], name, kind, optional)
+    return fused_attention_op(**op_args)
+
+
+def _schema_value(value, name: str, kind: type, optional: bool):
+    """``value`` as the ``kind`` the operator's schema takes; values are checked by the
+    eager call inside the operator."""
+    if value is None and optional:
+        return None
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is str:
+        ok = isinstance(value, str)
+    else:
+        ok = (isinstance(value, numbers.Integral if kind is int else numbers.Real)
+              and not isinstance(value, bool))
+    if not ok:
+        article = "an" if kind is int else "a"
+        raise TypeError(f"{name} must be {article} {kind.__name__}"
+                        f"{' or None' if optional else ''}, got {describe(value)}")
+    return kind(value)

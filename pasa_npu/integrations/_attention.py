@@ -1,0 +1,166 @@
+"""What the Hugging Face integrations share: their libraries' import, the options,
+masks in PyTorch SDPA's convention turned into pasa_npu's, and one attention call.
+
+SDPA's convention, used by transformers and diffusers alike: a bool mask attends where
+True; a float mask is added to the scores. pasa_npu's operator takes no additive bias,
+so a float mask may hold only 0 (attend) and fills at or below ``MASK_FILL_LIMIT``
+(masked): diffusers fills with -10000, transformers with the dtype's lowest value or
+-inf. Any other value is refused.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Optional
+
+import torch
+
+from ..api import compressed_causal_mask, fused_attention
+from ..backends import BACKEND_NAMES
+from ..numerics import ALGORITHM_NAMES, ALLOCATIONS, DEFAULT_TILING
+
+HF_EXTRA = "pip install 'pasa-npu[hf]'"
+DEFAULT_ALGORITHM = "pasa-exact"
+DEFAULT_BACKEND = "auto"
+MASK_FILL_LIMIT = -1e4
+
+_CAUSAL_MASKS: dict = {}  # device -> torch_npu's compressed causal mask
+
+
+def import_library(name: str):
+    """``import name``, or an ImportError that says which extra installs it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise ImportError(f"pasa_npu.integrations.{name} needs {name}, which is not "
+                          f"installed: {HF_EXTRA}") from exc
+
+
+def check_options(algorithm, backend, where: str) -> None:
+    """Refuse an algorithm or backend pasa_npu does not know, naming where it was set."""
+    if algorithm not in ALGORITHM_NAMES:
+        raise ValueError(f"{where} algorithm must be one of {ALGORITHM_NAMES}, got {algorithm!r}")
+    if backend not in BACKEND_NAMES:
+        raise ValueError(f"{where} backend must be one of {BACKEND_NAMES}, got {backend!r}")
+
+
+def masked_positions(mask: torch.Tensor, batch: int, heads: int, q_len: int,
+                     kv_len: int) -> torch.Tensor:
+    """``mask`` (SDPA's convention, broadcastable to (batch, heads, q_len, kv_len)) as a
+    bool (batch or 1, q_len, kv_len) tensor, True = masked. The mask must be the same for
+    every head: the operator takes one mask for all heads."""
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"attention mask must be a tensor or None, got {type(mask).__name__}")
+    if not 2 <= mask.dim() <= 4:
+        raise ValueError(f"attention mask must have 2 to 4 dims, got shape {tuple(mask.shape)}")
+    m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    for axis, (size, want) in enumerate(zip(m.shape, (batch, heads, q_len, kv_len))):
+        if size not in (1, want):
+            raise ValueError(f"attention mask of shape {tuple(mask.shape)} does not broadcast "
+                             f"to (batch, heads, query, key) = {(batch, heads, q_len, kv_len)}")
+    if m.shape[1] > 1:
+        if not torch.equal(m, m[:, :1].expand_as(m)):
+            raise NotImplementedError("the attention mask differs between heads; pasa_npu's "
+                                      "operator takes one mask for all heads")
+    m = m[:, 0]
+    if m.dtype == torch.bool:
+        masked = ~m
+    elif m.dtype.is_floating_point:
+        masked = m <= MASK_FILL_LIMIT
+        if bool((m.masked_fill(masked, 0) != 0).any()):
+            raise ValueError(f"the float attention mask adds a bias (values other than 0 and "
+                             f"fills <= {MASK_FILL_LIMIT:g}); pasa_npu's operator has no "
+                             f"additive bias input")
+    else:
+        raise TypeError(f"attention mask must be bool or floating point, got {m.dtype}")
+    return masked.expand(m.shape[0], q_len, kv_len)
+
+
+def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, layout: str,
+           masked: Optional[torch.Tensor], causal: bool, scale: float, algorithm: str,
+           backend: str) -> torch.Tensor:
+    """Attention of query (B, N, S1, D) or (B, S1, N, D) (``layout`` BNSD or BSND) over
+    key and value with N or fewer heads (GQA, not repeated), through
+    :func:`pasa_npu.fused_attention`. Returns (B, S1, N, Dv) in the input dtype.
+
+    ``masked``: bool, broadcastable to (B or 1, S1, S2), True = masked, or None.
+    ``causal``: SDPA's ``is_causal``, aligned to the upper left (row i sees keys 0..i). A
+    row that sees no key returns 0."""
+    _check_inputs(query, key, value)
+    heads_axis, seq_axis = (1, 2) if layout == "BNSD" else (2, 1)
+    q_len, kv_len = query.shape[seq_axis], key.shape[seq_axis]
+    if masked is not None:
+        masked = masked.expand(masked.shape[0], q_len, kv_len)
+    # a causal prefill runs as torch_npu's upper-left causal mode; its rows see no key
+    # past the last query, so keys appended after the last key stay unseen
+    causal_mode = causal and masked is None and 1 < q_len <= kv_len
+    if causal and not causal_mode:
+        upper = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).triu(1)
+        masked = upper[None] if masked is None else masked | upper
+    pad = _ragged_rows(kv_len, algorithm)
+    if pad:
+        key, value = _complete_last_block(key, value, seq_axis, pad)
+        if not causal_mode:
+            masked = _mask_appended_keys(masked, q_len, kv_len, pad, query.device)
+    out, _ = fused_attention(
+        query, key, value, atten_mask=_compressed_causal_mask(query.device) if causal_mode
+        else masked, sparse_mode=2 if causal_mode else 0,
+        num_heads=query.shape[heads_axis], num_key_value_heads=key.shape[heads_axis],
+        scale=float(scale), input_layout="BNSD_BSND" if layout == "BNSD" else "BSND",
+        inner_precise=2, algorithm=algorithm, backend=backend)
+    return out
+
+
+def _check_inputs(query, key, value) -> None:
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.dtype not in (torch.float16, torch.bfloat16):
+            raise TypeError(f"PASA attention takes float16 or bfloat16 tensors (it computes in "
+                            f"fp16); the model gave {name} in {t.dtype}: load or cast the "
+                            f"model to torch.float16")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        raise NotImplementedError("PASA attention is forward only (no backward): run the model "
+                                  "under torch.no_grad() or torch.inference_mode()")
+
+
+def _ragged_rows(kv_len: int, algorithm: str) -> int:
+    """How many rows the last kv block lacks, where the allocation shifts the keys."""
+    if not ALLOCATIONS[algorithm].is_pasa:
+        return 0
+    return -kv_len % DEFAULT_TILING.kv_block
+
+
+def _complete_last_block(key: torch.Tensor, value: torch.Tensor, seq_axis: int, pad: int):
+    """Key and value with ``pad`` rows appended to fill the last kv block: keys equal to
+    the mean of the block's keys (fp32 mean, rounded once), values 0.
+
+    The shifted allocations take each kv block's mean over all its rows, and the operator
+    zero-fills a ragged last block's missing rows. Where every key carries a large shared
+    bias, that mean then falls short of the bias by the missing rows' share, and the last
+    block's scores keep most of it: fp16 scores that lose their precision or overflow. The
+    appended keys, masked out, make the block's mean that of its keys."""
+    have = key.shape[seq_axis] % DEFAULT_TILING.kv_block
+    tail = key.narrow(seq_axis, key.shape[seq_axis] - have, have)
+    mean = tail.float().mean(seq_axis, keepdim=True).to(key.dtype)
+    shape = list(key.shape)
+    shape[seq_axis] = pad
+    key = torch.cat([key, mean.expand(shape)], dim=seq_axis)
+    shape = list(value.shape)
+    shape[seq_axis] = pad
+    value = torch.cat([value, value.new_zeros(shape)], dim=seq_axis)
+    return key, value
+
+
+def _mask_appended_keys(masked, q_len: int, kv_len: int, pad: int, device) -> torch.Tensor:
+    """``masked`` (or no mask) extended over ``pad`` appended keys, which it masks."""
+    if masked is None:
+        row = torch.zeros(1, 1, kv_len + pad, dtype=torch.bool, device=device)
+        row[..., kv_len:] = True
+        return row.expand(1, q_len, kv_len + pad)
+    extra = torch.ones(1, 1, pad, dtype=torch.bool, device=device)
+    return torch.cat([masked, extra.expand(masked.shape[0], q_len, pad)], dim=2)
+
+
+def _compressed_causal_mask(device: torch.device) -> torch.Tensor:
+    mask = _CAUSAL_MASKS.get(device)
+    if mask is None:
+        mask = _CAUSAL_MASKS[device] = compressed_causal_mask(device)
+    return mask

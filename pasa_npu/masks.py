@@ -1,0 +1,143 @@
+"""torch_npu's masks and sparse modes as what the backends take: an explicit boolean mask
+(B or 1, S1, S2) and/or a per-batch band of visible keys (sparse modes 2-4 never build an
+S1 x S2 mask)."""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .arguments import INT_MAX, describe, int_arg
+
+OPTIMIZED_MASK_SIZE = 2048
+
+_MASK_CACHE: dict = {}
+_VALIDATED_MASKS: dict = {}  # masks already checked, by identity and version: no device sync
+
+
+def compressed_causal_mask(device: torch.device | str | None = None) -> torch.Tensor:
+    """The 2048 x 2048 "optimized" mask torch_npu expects with ``sparse_mode`` 2, 3 and 4."""
+    ones = torch.ones(OPTIMIZED_MASK_SIZE, OPTIMIZED_MASK_SIZE, dtype=torch.bool, device=device)
+    return torch.triu(ones, diagonal=1)
+
+
+def mask_and_band(args, batch, s_q, s_kv, packed, q_lens, kv_lens, device):
+    """(mask (Bm, S1, S2) bool or None, band (pre, next) per batch in top-left
+    coordinates or None) for torch_npu's sparse_mode semantics."""
+    sparse_mode = int_arg(args["sparse_mode"], "sparse_mode", minimum=0)
+    if sparse_mode > 4:
+        raise ValueError(f"sparse_mode must be 0-4 (torch_npu's fused_infer_attention_score "
+                         f"supports no other), got {sparse_mode}")
+    pre = int_arg(args["pre_tokens"], "pre_tokens", minimum=-(2 ** 63))
+    nxt = int_arg(args["next_tokens"], "next_tokens", minimum=-(2 ** 63))
+    tokens_given = (pre, nxt) != (INT_MAX, INT_MAX)
+    mask = args["atten_mask"]
+    check_mask(mask, device)
+
+    if sparse_mode in (2, 3, 4):
+        _check_optimized_mask(mask, sparse_mode)
+        if s_q == 1:
+            if sparse_mode != 3:
+                warnings.warn(f"sparse_mode={sparse_mode} has no effect when the query length is "
+                              f"1 (torch_npu ignores it in decode); every valid key is attended",
+                              stacklevel=4)
+            return None, None
+        if sparse_mode == 2:
+            return None, (torch.full((batch,), INT_MAX, dtype=torch.int64),
+                          torch.zeros(batch, dtype=torch.int64))
+        if sparse_mode == 3:
+            return None, (torch.full((batch,), INT_MAX, dtype=torch.int64), kv_lens - q_lens)
+        _check_tokens(pre, nxt)
+        return None, (pre - kv_lens + q_lens, nxt + kv_lens - q_lens)
+
+    if mask is None:
+        if sparse_mode == 1:
+            raise ValueError("sparse_mode=1 (allMask) needs the full atten_mask, got None")
+        if tokens_given:
+            warnings.warn("pre_tokens/next_tokens have no effect with sparse_mode=0 and no "
+                          "atten_mask (torch_npu ignores them too)", stacklevel=4)
+        return None, None
+    if packed:
+        raise ValueError(f"packed layouts (TND) take sparse_mode 0 without atten_mask or 2-4 "
+                         f"with the optimized mask, as torch_npu; got sparse_mode={sparse_mode} "
+                         f"with an atten_mask")
+    dense = _dense_mask(mask, batch, s_q, s_kv)
+    if sparse_mode == 1 or not tokens_given:
+        if sparse_mode == 1 and tokens_given:
+            warnings.warn("pre_tokens/next_tokens have no effect with sparse_mode=1", stacklevel=4)
+        return dense, None
+    if s_q == 1:
+        warnings.warn("pre_tokens/next_tokens have no effect when the query length is 1 "
+                      "(torch_npu ignores them in decode)", stacklevel=4)
+        return dense, None
+    _check_tokens(pre, nxt)
+    return dense, (torch.full((batch,), pre, dtype=torch.int64),
+                   torch.full((batch,), nxt, dtype=torch.int64))
+
+
+def check_mask(mask, device) -> None:
+    """atten_mask's type, dtype and device (metadata only: fake tensors pass through)."""
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"atten_mask must be a tensor or None, got {describe(mask)}")
+    if mask.dtype not in (torch.bool, torch.int8, torch.uint8):
+        raise TypeError(f"atten_mask must be bool, int8 or uint8, got {mask.dtype}")
+    if mask.device != device:
+        raise ValueError(f"atten_mask is on {mask.device} but query is on {device}")
+
+
+def _check_tokens(pre: int, nxt: int) -> None:
+    if pre < 0 and nxt < 0:
+        raise ValueError(f"pre_tokens ({pre}) and next_tokens ({nxt}) cannot both be negative")
+    if -nxt > pre:
+        raise ValueError(f"the band is empty: -next_tokens ({-nxt}) exceeds pre_tokens ({pre})")
+
+
+def tensor_identity(t: torch.Tensor) -> tuple:
+    """This very tensor, unchanged since: its id (the caller keeps it alive while the key is
+    held, so the id is not reused), storage, in-place version and metadata."""
+    return (id(t), t.data_ptr(), t._version, t.shape, t.stride(), t.dtype, t.device)
+
+
+def _check_optimized_mask(mask, sparse_mode: int) -> None:
+    n = OPTIMIZED_MASK_SIZE
+    if mask is None:
+        raise ValueError(f"sparse_mode={sparse_mode} needs torch_npu's optimized {n}x{n} "
+                         f"atten_mask (pasa_npu.compressed_causal_mask()), got None")
+    if mask.shape not in ((n, n), (1, n, n), (1, 1, n, n)):
+        raise ValueError(f"sparse_mode={sparse_mode} needs the optimized mask of shape ({n}, {n}), "
+                         f"(1, {n}, {n}) or (1, 1, {n}, {n}); got {tuple(mask.shape)}")
+    key = tensor_identity(mask)
+    if key in _VALIDATED_MASKS:
+        return
+    expected = _MASK_CACHE.get(mask.device)
+    if expected is None:
+        expected = _MASK_CACHE[mask.device] = compressed_causal_mask(mask.device)
+    if not torch.equal(mask.reshape(n, n).bool(), expected):
+        raise ValueError(f"sparse_mode={sparse_mode} needs the optimized mask to be the strict "
+                         f"upper triangle (True above the diagonal), as torch_npu documents")
+    if len(_VALIDATED_MASKS) > 64:
+        _VALIDATED_MASKS.clear()
+    _VALIDATED_MASKS[key] = mask  # kept alive: its id is not reused while cached
+
+
+def _dense_mask(mask: torch.Tensor, batch: int, s_q: int, s_kv: int) -> torch.Tensor:
+    shape = tuple(mask.shape)
+    if mask.dim() == 2:
+        m = mask.unsqueeze(1) if s_q == 1 else mask.unsqueeze(0)
+    elif mask.dim() == 3:
+        m = mask
+    elif mask.dim() == 4:
+        if mask.shape[1] != 1:
+            raise ValueError(f"atten_mask of 4 dims must be (B or 1, 1, S1, S2); got {shape}")
+        m = mask[:, 0]
+    else:
+        raise ValueError(f"atten_mask must have 2, 3 or 4 dims, got shape {shape}")
+    if m.shape[0] not in (1, batch) or m.shape[1] < s_q or m.shape[2] < s_kv:
+        expected = ("(B, S2), (B, 1, S2) or (B, 1, 1, S2)" if s_q == 1 else
+                    "(S1, S2), (B|1, S1, S2) or (B|1, 1, S1, S2)")
+        raise ValueError(f"atten_mask shape {shape} does not fit batch={batch}, S1={s_q}, "
+                         f"S2={s_kv}: expected {expected} with S1, S2 at least the query and key "
+                         f"lengths")
+    return m[:, :s_q, :s_kv].bool()

@@ -1,0 +1,240 @@
+"""The plan cache: everything a call derives from its arguments but not from tensor
+contents (layouts, lengths, mask and band, allocation, backend), validated once per distinct
+argument set and reused; :func:`attention` runs a call through it."""
+from __future__ import annotations
+
+import copy
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from . import backends
+from .arguments import (PACKED, canonical_views, check_implemented, check_scale, check_shapes,
+                        check_tensors, describe, int_arg, parse_layout, resolve_allocation,
+                        resolve_beta, resolve_tiling, sequence_lengths, to_fp16_checked)
+from .masks import mask_and_band, tensor_identity
+from .numerics import ALLOCATIONS, DEFAULT_TILING, Allocation, Tiling, compute_dtype
+from .outputs import (allocate_lse, allocate_output, fix_rows, lse_placeholder,
+                      may_have_empty_rows)
+from .problem import AttentionProblem
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a call derives from its arguments but not from tensor contents:
+    validated once per distinct argument set (see :func:`_plan_key`)."""
+
+    in_layout: str
+    out_layout: str
+    num_heads: int
+    num_kv_heads: int
+    packed: bool
+    q_lens: torch.Tensor
+    q_starts: torch.Tensor
+    kv_lens: torch.Tensor
+    kv_starts: torch.Tensor
+    mask: Optional[torch.Tensor]
+    band: Optional[tuple[torch.Tensor, torch.Tensor]]
+    scale: float
+    inner_precise: int
+    want_lse: bool
+    allocation: Allocation
+    beta: float
+    tiling: Tiling
+    guard: bool
+    runner: Callable[[AttentionProblem], None]
+    out_dtype: torch.dtype
+    lse_dtype: torch.dtype
+    low: torch.dtype
+    covered: bool         # every output row is written by the backend: no zero fill
+    lse_rows_past: bool   # some LSE row lies past its query length
+    may_have_empty: bool  # some row inside its query length may see no key
+    validated_mask: Optional[torch.Tensor] = None  # sparse modes 2-4: kept alive for the key
+
+
+
+#: argument key -> {lengths key -> plan} (see :func:`_plan_key`)
+PLANS: dict = {}
+_PLAN_CACHE_SIZE = 256      # argument sets
+_LENGTHS_PER_PLAN = 64      # actual-length sets per argument set
+_SCALAR_TYPES = frozenset((int, float, str, bool))
+
+
+def clear() -> None:
+    """Forget every cached plan (plans hold the backend they resolved)."""
+    PLANS.clear()
+
+
+def attention(args: dict, golden: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    keys = None if golden else _plan_key(args)
+    plans = PLANS.get(keys[0]) if keys is not None else None
+    plan = plans.get(keys[1]) if plans else None
+    if plan is None:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if plans:  # the same arguments with other lengths: only the lengths are new
+                plan = _with_lengths(next(iter(plans.values())), args)
+            else:
+                plan = _make_plan(args, golden)
+        for w in caught:  # re-issued as the caller's; a call that warns is never cached
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        if keys is not None and not caught:
+            if plans is None:
+                if len(PLANS) >= _PLAN_CACHE_SIZE:
+                    PLANS.clear()
+                plans = PLANS[keys[0]] = {}
+            elif len(plans) >= _LENGTHS_PER_PLAN:
+                plans.clear()
+            plans[keys[1]] = plan
+    return _execute(plan, args["query"], args["key"], args["value"], golden)
+
+
+def _plan_key(args: dict):
+    """(arguments key, lengths key): a hashable fingerprint of everything
+    :func:`_make_plan` reads, or None where a call is not cacheable (explicit masks,
+    whose contents the plan holds; device length tensors). The values of the actual
+    sequence lengths go in the second key, so that the calls of a decode loop, whose
+    lengths grow every step, share the validation of everything else. Types are part
+    of the keys, so that ``True`` never hits ``1``."""
+    key = []
+    lengths = []
+    append = key.append
+    for name, value in args.items():
+        kind = type(value)
+        if value is None or kind in _SCALAR_TYPES:
+            append((kind, value))
+        elif isinstance(value, torch.Tensor):
+            if name in ("query", "key", "value"):
+                append((value.shape, value.stride(), value.dtype, value.device))
+            elif name == "atten_mask" and args["sparse_mode"] in (2, 3, 4):
+                # only validated there: this very tensor, unchanged since (the plan keeps
+                # it alive, so its id is not reused while cached)
+                append(tensor_identity(value))
+            elif name.startswith("actual_seq_lengths") and value.device.type == "cpu":
+                append((value.dtype, value.shape))
+                lengths.append(tuple(value.tolist()))
+            else:
+                return None
+        elif kind in (list, tuple):
+            entries = tuple((type(x), x) for x in value)
+            if name.startswith("actual_seq_lengths"):
+                append((kind, len(value)))
+                lengths.append(entries)
+            else:
+                append((kind, entries))
+        else:
+            append((kind, value))
+    keys = (tuple(key), tuple(lengths))
+    try:
+        hash(keys)
+    except TypeError:
+        return None
+    return keys
+
+
+def _make_plan(args: dict, golden: bool) -> Plan:
+    check_implemented(args)
+    query, key, value = args["query"], args["key"], args["value"]
+    check_tensors(query, key, value)
+    in_layout, out_layout = parse_layout(args["input_layout"])
+    num_heads = int_arg(args["num_heads"], "num_heads", minimum=1)
+    num_kv_heads = int_arg(args["num_key_value_heads"], "num_key_value_heads", minimum=0)
+    num_kv_heads = num_kv_heads or num_heads
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_key_value_heads "
+                         f"({num_kv_heads})")
+    q, k, v = canonical_views(query, key, value, in_layout, num_heads, num_kv_heads)
+    check_shapes(q, k, v, in_layout)
+    packed = in_layout in PACKED
+    q_lens, q_starts, kv_lens, kv_starts = sequence_lengths(args, q, k, packed)
+
+    scale = check_scale(args["scale"])
+    inner_precise = int_arg(args["inner_precise"], "inner_precise", minimum=0)
+    if inner_precise > 3:
+        raise ValueError(f"inner_precise must be 0, 1, 2 or 3, got {inner_precise}")
+    if not isinstance(args["softmax_lse_flag"], bool):
+        raise TypeError(f"softmax_lse_flag must be a bool, got "
+                        f"{describe(args['softmax_lse_flag'])}")
+    mask, band = mask_and_band(args, q_lens.numel(), q.shape[2], k.shape[2], packed, q_lens,
+                               kv_lens, query.device)
+
+    if golden:
+        allocation, beta, tiling, guard = ALLOCATIONS["fa-fp32"], 0.0, DEFAULT_TILING, False
+        runner = backends.run_golden
+        out_dtype, lse_dtype, low = torch.float64, torch.float64, torch.float64
+    else:
+        allocation = resolve_allocation(args["algorithm"], inner_precise)
+        tiling = resolve_tiling(args["q_block"], args["kv_block"])
+        beta = resolve_beta(args["beta"], allocation, tiling, scale)
+        guard = args["rounding_guard"]
+        if not isinstance(guard, bool):
+            raise TypeError(f"rounding_guard must be a bool, got {describe(guard)}")
+        if not isinstance(args["backend"], str):
+            raise TypeError(f"backend must be a str, got {describe(args['backend'])}")
+        runner = backends.resolve(args["backend"], query.device).runner()
+        out_dtype, lse_dtype = query.dtype, torch.float32
+        low = compute_dtype(allocation, query.dtype)
+    return Plan(
+        in_layout=in_layout, out_layout=out_layout, num_heads=num_heads,
+        num_kv_heads=num_kv_heads, packed=packed, q_lens=q_lens, q_starts=q_starts,
+        kv_lens=kv_lens, kv_starts=kv_starts, mask=mask, band=band, scale=scale,
+        inner_precise=inner_precise, want_lse=args["softmax_lse_flag"], allocation=allocation,
+        beta=beta, tiling=tiling, guard=guard, runner=runner, out_dtype=out_dtype,
+        lse_dtype=lse_dtype, low=low,
+        validated_mask=args["atten_mask"] if args["sparse_mode"] in (2, 3, 4) else None,
+        **_row_flags(q_lens, kv_lens, mask, band, packed, q.shape[2]))
+
+
+def _with_lengths(plan: Plan, args: dict) -> Plan:
+    """``plan`` (made for the same arguments but other actual sequence lengths) for the
+    lengths in ``args``: the lengths, the band they set and the row flags are redone."""
+    q, k, _ = canonical_views(args["query"], args["key"], args["value"], plan.in_layout,
+                               plan.num_heads, plan.num_kv_heads)
+    q_lens, q_starts, kv_lens, kv_starts = sequence_lengths(args, q, k, plan.packed)
+    mask, band = mask_and_band(args, q_lens.numel(), q.shape[2], k.shape[2], plan.packed,
+                                q_lens, kv_lens, args["query"].device)
+    plan = copy.copy(plan)  # dataclasses.replace would cost a third of this function
+    plan.__dict__.update(q_lens=q_lens, q_starts=q_starts, kv_lens=kv_lens, kv_starts=kv_starts,
+                         mask=mask, band=band, **_row_flags(q_lens, kv_lens, mask, band,
+                                                            plan.packed, q.shape[2]))
+    return plan
+
+
+def _row_flags(q_lens, kv_lens, mask, band, packed: bool, s_q: int) -> dict:
+    """The plan's facts about rows, from the lengths (as Python ints: a decode step's
+    worth of tensor operations would cost more than the rest of the lengths)."""
+    lens = q_lens.tolist()
+    return dict(covered=not packed and all(n == s_q for n in lens),
+                lse_rows_past=not packed and any(n < s_q for n in lens),
+                may_have_empty=mask is not None or may_have_empty_rows(lens, kv_lens.tolist(),
+                                                                        band))
+
+
+def _execute(plan: Plan, query, key, value, golden: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-call part: canonical views, outputs, the backend, torch_npu's row rules."""
+    q, k, v = canonical_views(query, key, value, plan.in_layout, plan.num_heads,
+                               plan.num_kv_heads)
+    v_input = v
+    if plan.low != query.dtype and not golden:
+        q, k, v = to_fp16_checked((q, k, v), ("query", "key", "value"))
+
+    # every row a backend does not write (past a query length, between packed sequences)
+    # must read 0; when every row is written, skip the fill
+    out, out_view = allocate_output(q, v, plan.out_layout, plan.out_dtype, zero=not plan.covered)
+    lse, lse_view = (allocate_lse(q, plan.packed, plan.lse_dtype) if plan.want_lse
+                     else (None, None))
+    if q.numel() == 0 or out.numel() == 0:
+        return out, lse if plan.want_lse else lse_placeholder(query.device)
+
+    problem = AttentionProblem(
+        query=q, key=k, value=v, out=out_view, lse=lse_view, q_lens=plan.q_lens,
+        kv_lens=plan.kv_lens, q_starts=plan.q_starts, kv_starts=plan.kv_starts,
+        packed=plan.packed, mask=plan.mask, band=plan.band, scale=plan.scale,
+        allocation=plan.allocation, beta=plan.beta, compute_dtype=plan.low,
+        rounding_guard=plan.guard, tiling=plan.tiling)
+    plan.runner(problem)
+    fix_rows(problem, v_input, plan)
+    return out, (lse if plan.want_lse else lse_placeholder(query.device))
+

@@ -1,0 +1,100 @@
+"""Backend npu's Python side on CPU: pasa_npu/npu.py through the API layer, with stand-ins for
+torch_npu and the binding, and torch.ops.pasa_npu.npu_attention defined from the schema string
+of ascend_kernels/binding/pasa_torch_npu.cpp with a CPU kernel that runs the AscendC kernels
+under emulation as the binding's NPU kernel runs them on the device. What this checks: the
+backend calls the operator with the arguments its C++ schema declares, in order, and the
+result equals backend ascendc-emu's; it says nothing about the device code path."""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+
+import pasa_npu
+from pasa_npu import backends, npu_params, plans
+
+emu = pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu extension is not built")
+from _npu_host import BINDING  # noqa: E402
+
+SCHEMA = re.search(r'm\.def\("((?:[^"]|"\s*")*)"\)', BINDING.read_text()).group(1)
+SCHEMA = re.sub(r'"\s*"', "", SCHEMA)
+
+
+def _layout(t):
+    return 0 if t.is_contiguous() else 1
+
+
+def _memory(t):
+    return (t if _layout(t) == 0 else t.permute(0, 2, 1, 3)).view(torch.int16).numpy()
+
+
+def _npu_attention_on_cpu(query, key, value, out, lse, q_lens, kv_lens, next_tokens, tiling_key,
+                          mask_mode, scale, beta, q_tile, kv_block):
+    """What the binding's kernel does with its arguments, with the emulated runtime."""
+    b, n, s, d = query.shape
+    lse_mem = lse if lse is not None else torch.empty(b, n, s)
+    params = dict(tiling_key=tiling_key, batch=b, num_heads=n, num_kv_heads=key.shape[1], seq_q=s,
+                  seq_kv=key.shape[2], head_dim=d, head_dim_v=value.shape[3], q_layout=_layout(query),
+                  kv_layout=_layout(key), out_layout=_layout(out),
+                  out_dtype=int(out.dtype != torch.float16), in_dtype=int(query.dtype != torch.float16),
+                  mask_mode=mask_mode, scale=scale, beta=beta, q_tile=q_tile, kv_block=kv_block,
+                  core_num=24, timing=npu_params.timing_only(npu_params.values()))
+    i32 = lambda x: np.asarray(x, np.int32)  # noqa: E731
+    emu.run_attention(_memory(query), _memory(key), _memory(value), i32(q_lens), i32(kv_lens),
+                      i32(next_tokens), _memory(out), lse_mem.numpy(), params)
+
+
+@pytest.fixture
+def npu_backend_on_cpu(monkeypatch):
+    """pasa_npu.npu imported with stand-in torch_npu and pasa_npu._npu modules, the operator
+    defined for CPU, and backend "npu" allowed on CPU tensors."""
+    if hasattr(torch.ops.pasa_npu, "npu_attention"):
+        pytest.skip("torch.ops.pasa_npu.npu_attention is the real binding here")
+    lib = torch.library.Library("pasa_npu", "FRAGMENT")
+    lib.define(SCHEMA)
+    lib.impl("npu_attention", _npu_attention_on_cpu, "CPU")
+    monkeypatch.setitem(sys.modules, "torch_npu", types.ModuleType("torch_npu"))
+    monkeypatch.setitem(sys.modules, "pasa_npu._npu", types.ModuleType("pasa_npu._npu"))
+    monkeypatch.delitem(sys.modules, "pasa_npu.npu", raising=False)
+    importlib.import_module("pasa_npu.npu")
+    monkeypatch.setitem(backends.BACKENDS, "npu", dataclasses.replace(backends.BACKENDS["npu"],
+                                                                       devices=("cpu",)))
+    monkeypatch.setattr(plans, "PLANS", {})  # no plan made here outlives the test
+    yield
+    lib._destroy()
+    sys.modules.pop("pasa_npu.npu", None)
+
+
+def _inputs(layout, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shape = {"BNSD": (2, 4, 70, 32), "BSND": (2, 70, 4, 32)}[layout]
+    kv = {"BNSD": (2, 2, 90, 32), "BSND": (2, 90, 2, 32)}[layout]
+    return (torch.randn(shape, generator=g).half(), torch.randn(kv, generator=g).half(),
+            torch.randn(kv, generator=g).half())
+
+
+@pytest.mark.parametrize("algorithm,layout,extra", [
+    ("pasa", "BNSD", dict(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())),
+    ("pasa-exact", "BSND", dict(actual_seq_lengths=[70, 33], actual_seq_lengths_kv=[90, 41])),
+    ("fa-fp32", "BNSD", dict(q_block=64, kv_block=32)),
+])
+def test_npu_backend_calls_its_operator_as_declared(npu_backend_on_cpu, algorithm, layout, extra):
+    q, k, v = _inputs(layout)
+    kw = dict(num_heads=4, num_key_value_heads=2, input_layout=layout, scale=32 ** -0.5,
+              softmax_lse_flag=True, algorithm=algorithm, **extra)
+    out, lse = pasa_npu.fused_attention(q, k, v, backend="npu", **kw)
+    want_out, want_lse = pasa_npu.fused_attention(q, k, v, backend="ascendc-emu", **kw)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
+def test_npu_backend_refuses_what_the_kernels_lack(npu_backend_on_cpu):
+    q, k, v = _inputs("BNSD")
+    with pytest.raises(NotImplementedError, match="explicit atten_mask is not supported by the npu kernels"):
+        pasa_npu.fused_attention(q, k, v, num_heads=4, num_key_value_heads=2, input_layout="BNSD",
+                                 backend="npu", atten_mask=torch.zeros(70, 90, dtype=torch.bool))

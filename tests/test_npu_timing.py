@@ -1,0 +1,120 @@
+"""The emulation's pipe-level timing model against timelines derived by hand.
+
+Each self-test kernel below is timed with a table of round numbers (ROUND); the expected
+cycle counts are worked out in the comments, instruction by instruction, from the rules of
+ascend_kernels/TIMING_MODEL.md: a pipe starts an instruction when the scalar unit has issued
+it (1 cycle per dispatch) and the pipe is free; a flag fires when every earlier instruction
+of its pipe has completed (latency included) and the waiting pipe starts nothing before it.
+"""
+from __future__ import annotations
+
+import pytest
+
+from pasa_npu import npu_params
+
+emu = pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu extension is not built")
+
+ROUND = dict(
+    mmad_head_cycles=10, mte1_head_cycles=0, mte2_bytes_per_cycle=32, mte2_head_cycles=0,
+    gm_read_latency_cycles=100, mte3_bytes_per_cycle=32, mte3_head_cycles=0,
+    gm_write_latency_cycles=50, fix_bytes_per_cycle=128, fix_head_cycles=0, vec_head_cycles=10,
+    scalar_issue_cycles=1, scalar_ub_access_cycles=10, vs_sync_cycles=30,
+    scalar_gm_access_cycles=5, queue_depth=32, cross_core_latency_cycles=200,
+    l2_aggregate_bytes_per_cycle=1e6, hbm_aggregate_bytes_per_cycle=1e6, launch_overhead_cycles=0,
+    cube_macs_per_cycle=4096, mte1_l0a_bytes_per_cycle=256, mte1_l0b_bytes_per_cycle=128)
+
+
+def timed(name, **over):
+    table = npu_params.timing_only(npu_params.values(**{**ROUND, **over}))
+    return emu.run_selftest(name, table)["stats"]
+
+
+def test_copy_scale_timeline():
+    """DataCopy GM->UB (512 B at 32 B/cycle: 16 cycles, lands 100 later), EnQue/DeQue to V,
+    Muls (2 repeats + 10: 12 cycles), EnQue/DeQue to MTE3, DataCopy UB->GM (16, visible 50 later):
+      MTE2 [0, 16), done 116; EnQue fires at 116; V waits: Muls [116, 128);
+      FreeTensor and EnQue on V fire at 128; MTE3 [128, 144), done 194; its FreeTensor fires at 194."""
+    st = timed("timing_copy_scale")
+    assert st["core_cycles"] == 194 and st["cycles"] == 194
+    busy = st["pipe_busy_cycles"]
+    assert (busy["MTE2"], busy["V"], busy["MTE3"]) == (16, 12, 16)
+    assert busy["S"] == 9  # nine dispatches: 3 instructions and 6 queue flags
+
+
+def test_explicit_flags_timeline():
+    """synced_tbuf: MTE2 [0, 8) done 108; SetFlag<MTE2_V> fires 108, V waits; Muls (1 repeat:
+    11) [108, 119); SetFlag<V_MTE3> fires 119; MTE3 [119, 127) done 177."""
+    assert timed("synced_tbuf")["cycles"] == 177
+
+
+def test_scalar_read_waits_for_the_vector_pipe():
+    """Duplicate of 2 KiB (8 repeats: 18 cycles); GetValue of its output: the scalar unit waits
+    for V (18) plus a vector->scalar synchronisation (30), then reads (10): 58."""
+    st = timed("timing_scalar_read")
+    assert st["cycles"] == 58 and st["scalar_ub_accesses"] == 1
+    assert timed("timing_scalar_read", vs_sync_cycles=0)["cycles"] == 28
+
+
+def test_barrier_all_drains_every_pipe():
+    """DataCopy done at 116; PipeBarrier<PIPE_ALL> holds everything until 116; two Muls of 12."""
+    assert timed("timing_barrier")["cycles"] == 140
+
+
+def test_queue_depth_stalls_the_scalar_unit():
+    """Three 12-cycle vector instructions, then a GM read on the idle MTE2 (8 cycles + 100).
+    Queue of 32: the read is dispatched at cycle 3, done 111. Queue of 1: the scalar unit waits
+    for each vector instruction to start before issuing the next (at 0, 12, 24), so the read
+    leaves at 13, done 121."""
+    assert timed("timing_queue_depth")["cycles"] == 111
+    assert timed("timing_queue_depth", queue_depth=1)["cycles"] == 121
+
+
+def test_cube_timeline():
+    """cube_matmul (20 x 32 by 32 x 48):
+      MTE2: A 1280 B [0, 40) done 140; EnQue; B 3072 B [140, 236) done 336 (the EnQue of A
+        blocks MTE2 until A lands);
+      MTE1 waits for both (336): A's two LoadData (1 KiB at 256 B/cycle: 4 each) to 344, B's
+        two (1.5 KiB at 128: 12 each) to 368;
+      M: Mmad 2 x 3 x 2 fractal steps + 10 = 22, [368, 390);
+      FIX: 20 x 48 floats = 3840 B at 128 B/cycle: [390, 420), visible at 470."""
+    st = timed("cube_matmul")
+    assert st["cycles"] == 470
+    busy = st["pipe_busy_cycles"]
+    assert (busy["MTE2"], busy["MTE1"], busy["M"], busy["FIX"]) == (136, 32, 22, 30)
+
+
+def test_cross_core_flag_is_an_edge():
+    """AIV0: Duplicate [0, 12), MTE3 waits for its EnQue: copy [12, 28), visible 78; the
+    cross-core flag raised on MTE3 fires at 78 and reaches the AIC 200 later (278); AIV1 copies
+    nothing (its flag fires at 12). Mode 2 pairs the two: the AIC resumes at 278, reads 512 B
+    [278, 294) that land at 394, and its MTE1 takes the tile at 394."""
+    assert timed("cross_core_handoff")["core_cycles"] == 394
+    assert timed("cross_core_handoff", cross_core_latency_cycles=0)["core_cycles"] == 194
+
+
+def test_aggregate_bandwidth_bounds_the_launch():
+    """1 KiB through GM at 1 byte/cycle for the whole chip: the launch takes 1024 cycles, not
+    the core's 194, and the binding resource is the L2 bandwidth."""
+    from pasa_npu.ascendc_emu import annotate_launch
+    st = timed("timing_copy_scale", l2_aggregate_bytes_per_cycle=1.0, launch_overhead_cycles=100)
+    assert st["l2_bound_cycles"] == 1024 and st["cycles"] == 1124
+    assert annotate_launch(st, npu_params.values())["binding"] == "L2"
+
+
+def test_parameter_table_is_complete_and_sourced():
+    """Every timing field the emulation takes is in the table once, with a unit and a source;
+    every assumption has a range containing its value."""
+    table = npu_params.timing_only(npu_params.values())
+    emu.run_selftest("vector_scale", table)  # all of them accepted, none missing
+    with pytest.raises(ValueError, match="needed"):
+        emu.run_selftest("vector_scale", {k: v for k, v in table.items() if k != "vec_head_cycles"})
+    for p in npu_params.ALL:
+        assert p.unit and p.source
+        if p.assumption:
+            assert p.low <= p.value <= p.high, p.name
+            assert "assumption" in p.source or p.source.split(":")[0] in ("GEMM", "FAFIT", "L2DOC", "INI")
+    fast, slow = npu_params.corner("fast"), npu_params.corner("slow")
+    assert fast["vec_head_cycles"] < slow["vec_head_cycles"]
+    assert fast["mte2_bytes_per_cycle"] > slow["mte2_bytes_per_cycle"]
+    with pytest.raises(ValueError, match="unknown NPU model parameter"):
+        npu_params.values(warp_size=32)

@@ -1,0 +1,232 @@
+"""Modelled Atlas A2 time of a full-size attention call, from emulations of small ones.
+
+Emulating a full shape is slow (every score and product is computed on the CPU), so the
+model is applied in two steps:
+
+1. **Calibration.** Small problems of the same allocation, head dim, group size, mask and
+   query kind run under the emulation on one AI Core (``core_num=1``): one task of 8 kv
+   blocks, one of 16, two of 8 and, with a causal mask, a 512 x 512 causal problem. Each
+   quantity Q (the core's modelled cycles, each pipe's busy cycles, the GM bytes, the
+   cube <-> vector bytes, the vector instructions and scalar UB accesses) is fitted exactly
+   by ``Q = c0 + a * tasks + b * blocks + m * masked_blocks`` (least squares over the runs).
+2. **Extrapolation.** The kernel's own task iterator deals the full problem's tasks to the 24
+   AI Cores (``_ascendc_emu.attention_tasks``: rows, kv blocks, fully visible blocks per task);
+   each core's cycles are the fit summed over its tasks, the launch takes
+   ``overhead + max(slowest core, GM bytes / L2 bandwidth, I/O bytes / HBM bandwidth)`` as the
+   emulation itself does, and the key preprocessing launch (pasa, pasa-exact) adds its own
+   fit over the kv blocks of the busiest core (bounded the same way, K read once from HBM).
+
+The fit is exact where a task's cost is linear in its block counts, which the deep pipeline
+makes true past its first blocks; ``validate`` compares it with a direct emulation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+import pasa_npu
+from pasa_npu import ascendc_emu, npu_params
+
+KV_BLOCK = 128
+Q_TILE = 128
+QUANTITIES = ("core_cycles", "gm_bytes", "exchange_bytes", "vector_instructions",
+              "scalar_ub_accesses") + tuple(f"busy_{p}" for p in ascendc_emu.PIPES)
+
+
+@dataclass(frozen=True)
+class Config:
+    """What a calibration depends on: allocation, head dim, query heads per kv head, causal
+    mask, and whether the query is one token (decode)."""
+
+    algorithm: str
+    d: int
+    group: int = 1
+    causal: bool = False
+    decode: bool = False
+
+
+@dataclass
+class Fit:
+    """Per quantity: coefficients (c0, per task, per block, per masked block); preprocessing:
+    (c0, per kv block) of its launch cycles and GM bytes."""
+
+    config: Config
+    coef: dict = field(default_factory=dict)
+    prep: dict = field(default_factory=dict)
+
+    def per_block(self, quantity: str) -> float:
+        return float(self.coef[quantity][2])
+
+
+def _inputs(b, h, hkv, sq, skv, d, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, sq, d, generator=gen).half()
+    k = torch.randn(b, hkv, skv, d, generator=gen).half()
+    v = torch.randn(b, hkv, skv, d, generator=gen).half()
+    return q, k, v
+
+
+def emulate(algorithm, b, h, hkv, sq, skv, d, causal, params) -> dict:
+    """Run one problem under the emulation with ``params``; its last_run_stats()."""
+    q, k, v = _inputs(b, h, hkv, sq, skv, d)
+    kw = dict(num_heads=h, num_key_value_heads=hkv, input_layout="BNSD", scale=d ** -0.5,
+              algorithm=algorithm, backend="ascendc-emu")
+    if causal:
+        kw.update(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())
+    with ascendc_emu.using_model_parameters(params):
+        pasa_npu.fused_attention(q, k, v, **kw)
+    return ascendc_emu.last_run_stats()
+
+
+def _kernel_params(algorithm, b, h, hkv, sq, skv, d, causal, params) -> dict:
+    return dict(tiling_key=ascendc_emu.TILING_KEYS[algorithm], batch=b, num_heads=h,
+                num_kv_heads=hkv, seq_q=sq, seq_kv=skv, head_dim=d, head_dim_v=d, q_layout=0,
+                kv_layout=0, out_layout=0, out_dtype=0, in_dtype=0, mask_mode=int(causal),
+                scale=d ** -0.5, beta=-1.0, q_tile=Q_TILE, kv_block=KV_BLOCK,
+                core_num=int(params["core_num"]), timing=npu_params.timing_only(params))
+
+
+def tasks(algorithm, b, h, hkv, sq, skv, d, causal, params) -> list:
+    """Per AI Core, the (rows, blocks, fully visible blocks) of its tasks, as the kernel deals
+    them (sparse mode 3: the causal band aligned to the bottom right)."""
+    lens = lambda n: np.full(b, n, dtype=np.int32)  # noqa: E731
+    nxt = np.full(b, skv - sq if causal else 0, dtype=np.int32)
+    p = _kernel_params(algorithm, b, h, hkv, sq, skv, d, causal, params)
+    return pasa_npu._ascendc_emu.attention_tasks(p, lens(sq), lens(skv), nxt)
+
+
+def _quantities(att: dict) -> dict:
+    out = dict(core_cycles=att["core_cycles"],
+               gm_bytes=att["gm_to_l1_bytes"] + att["gm_to_ub_bytes"] + att["ub_to_gm_bytes"]
+               + att["l0c_to_gm_bytes"],
+               exchange_bytes=att["l0c_to_gm_bytes"] + att["ub_to_gm_bytes"],
+               vector_instructions=att["vector_instructions"],
+               scalar_ub_accesses=att["scalar_ub_accesses"])
+    out.update({f"busy_{p}": att["pipe_busy_cycles"][p] for p in ascendc_emu.PIPES})
+    return out
+
+
+def _features(task_list) -> list:
+    flat = [t for core in task_list for t in core]
+    return [1.0, float(len(flat)), float(sum(t[1] for t in flat)),
+            float(sum(t[1] - t[2] for t in flat))]
+
+
+def _runs(c: Config):
+    """The calibration problems: (b, h, hkv, sq, skv, causal) on one AI Core."""
+    sq = 1 if c.decode else max(1, Q_TILE // c.group) if c.group > 1 else Q_TILE
+    runs = [(1, c.group, 1, sq, 8 * KV_BLOCK, False), (1, c.group, 1, sq, 16 * KV_BLOCK, False),
+            (2, c.group, 1, sq, 8 * KV_BLOCK, False)]
+    if c.causal and not c.decode:
+        runs.append((1, c.group, 1, 4 * KV_BLOCK, 4 * KV_BLOCK, True))
+    return runs
+
+
+def calibrate(c: Config, params: dict, progress=None) -> Fit:
+    """Fit every quantity of ``c`` under ``params`` (core_num forced to 1)."""
+    one = dict(params, core_num=1)
+    rows, values, prep_rows, prep_values = [], [], [], []
+    for i, (b, h, hkv, sq, skv, causal) in enumerate(_runs(c)):
+        if progress:
+            progress(i)
+        stats = emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one)
+        rows.append(_features(tasks(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one)))
+        values.append(_quantities(stats["attention"]))
+        if stats["preprocess"] is not None:
+            pre = stats["preprocess"]
+            prep_rows.append([1.0, float(b * hkv * -(-skv // KV_BLOCK))])
+            prep_values.append([pre["core_cycles"], _quantities(pre)["gm_bytes"]])
+    a = np.array(rows)
+    if not c.causal or c.decode:
+        a = a[:, :3]
+    fit = Fit(c)
+    for q in QUANTITIES:
+        y = np.array([v[q] for v in values])
+        sol = np.linalg.lstsq(a, y, rcond=None)[0]
+        fit.coef[q] = tuple(float(x) for x in sol) + ((0.0,) if a.shape[1] == 3 else ())
+    if prep_rows:
+        sol = np.linalg.lstsq(np.array(prep_rows), np.array(prep_values), rcond=None)[0]
+        fit.prep = dict(core_cycles=tuple(sol[:, 0]), gm_bytes=tuple(sol[:, 1]))
+    return fit
+
+
+def _sum_fit(coef, task_list) -> float:
+    c0, a, b, m = coef
+    return c0 + sum(a + b * t[1] + m * (t[1] - t[2]) for t in task_list)
+
+
+@dataclass
+class Shape:
+    """One full-size call: batch, query heads, kv heads, query length, kv length, head dim."""
+
+    name: str
+    b: int
+    h: int
+    hkv: int
+    sq: int
+    skv: int
+    d: int
+    causal: bool = False
+
+    @property
+    def decode(self) -> bool:
+        return self.sq == 1
+
+    @property
+    def flops(self) -> float:
+        """4 B H Sq Skv d, half of it with a causal mask (pasa-bench's convention)."""
+        return 4.0 * self.b * self.h * self.sq * self.skv * self.d * (0.5 if self.causal else 1.0)
+
+    @property
+    def io_bytes(self) -> float:
+        """Q, K, V, the output (fp16) and LSE (fp32): what must cross HBM at least once."""
+        return (2 * self.b * self.h * self.sq * self.d * 2 + 2 * self.b * self.hkv * self.skv * self.d * 2
+                + 4 * self.b * self.h * self.sq)
+
+    def config(self, algorithm: str) -> Config:
+        return Config(algorithm, self.d, self.h // self.hkv, self.causal and not self.decode, self.decode)
+
+
+def extrapolate(shape: Shape, fit: Fit, params: dict) -> dict:
+    """The modelled call of ``shape``: cycles, time, binding resource, pipe busy cycles."""
+    per_core = tasks(fit.config.algorithm, shape.b, shape.h, shape.hkv, shape.sq, shape.skv,
+                     shape.d, shape.causal, params)
+    per_core = [t for t in per_core if t]
+    core = max(_sum_fit(fit.coef["core_cycles"], t) for t in per_core)
+    busiest = max(per_core, key=lambda t: _sum_fit(fit.coef["core_cycles"], t))
+    busy = {p: _sum_fit(fit.coef[f"busy_{p}"], busiest) for p in ascendc_emu.PIPES}
+    gm = sum(_sum_fit(fit.coef["gm_bytes"], t) for t in per_core)
+    busy["L2"] = gm / params["l2_aggregate_bytes_per_cycle"]
+    busy["HBM"] = shape.io_bytes / params["hbm_aggregate_bytes_per_cycle"]
+    overhead = params["launch_overhead_cycles"]
+    attention = overhead + max(core, busy["L2"], busy["HBM"])
+    prep = 0.0
+    if fit.prep:
+        blocks = shape.b * shape.hkv * -(-shape.skv // KV_BLOCK)
+        cores = min(int(params["core_num"]), blocks)
+        c0, per = fit.prep["core_cycles"]
+        g0, gper = fit.prep["gm_bytes"]
+        prep_gm = cores * g0 + blocks * gper
+        keys = 2.0 * shape.b * shape.hkv * shape.skv * shape.d  # read from HBM once
+        prep = overhead + max(c0 + per * -(-blocks // cores), prep_gm / params["l2_aggregate_bytes_per_cycle"],
+                              keys / params["hbm_aggregate_bytes_per_cycle"])
+    cycles = attention + prep
+    binding = max(busy, key=busy.get)
+    us = cycles / params["clock_mhz"]
+    return dict(cycles=cycles, attention_cycles=attention, preprocess_cycles=prep, time_us=us,
+                tflops=shape.flops / (us * 1e-6) / 1e12, binding=binding,
+                binding_share=busy[binding] / (attention - overhead), busy=busy,
+                kv_gbs=2 * shape.b * shape.hkv * shape.skv * shape.d * 2 / (us * 1e-6) / 1e9)
+
+
+def validate(algorithm="pasa", d=64, causal=True, cores=4, params=None) -> dict:
+    """Extrapolated vs directly emulated cycles of (1, 4, 1024, d) on ``cores`` AI Cores."""
+    params = dict(params or npu_params.values(), core_num=cores)
+    shape = Shape("validate", 1, 4, 4, 1024, 1024, d, causal)
+    fit = calibrate(shape.config(algorithm), params)
+    model = extrapolate(shape, fit, params)
+    stats = emulate(algorithm, 1, 4, 4, 1024, 1024, d, causal, params)
+    direct = stats["attention"]["cycles"] + (stats["preprocess"]["cycles"] if stats["preprocess"] else 0.0)
+    return dict(extrapolated=model["cycles"], emulated=direct, error=model["cycles"] / direct - 1.0)
