@@ -26,6 +26,7 @@ TRITON_PREFILL = "fallback/triton_prefill.py"
 TRITON_DECODE = "fallback/triton_decode.py"
 ARGUMENTS = "pasa_npu/arguments.py"
 EMU = "ascend_kernels/emu/emu_ops.h"
+EMU_STRIDED = "ascend_kernels/emu/emu_vec_strided.h"  # the level-0 forms of whole tiles
 ORACLE = ("tests/test_oracle.py",)
 EMU_VECTOR = ("tests/test_ascendc_emu.py", "-k", "vector")
 
@@ -156,6 +157,29 @@ MUTATIONS = [
              EMU_VECTOR),
     Mutation("emulated ReduceMax: starts from 0", EMU,
              "float m = static_cast<float>(x[0]);", "float m = 0.0f;", EMU_VECTOR),
+    Mutation("emulated ReduceDataBlock adds a block in index order", EMU_STRIDED,
+             "            for (int32_t width = perBlock / 2; width >= 1; width /= 2) {\n"
+             "                for (int32_t e = 0; e < width; ++e) {\n"
+             "                    lane[e] = reduceType == ReduceType::SUM ? static_cast<float>"
+             "(emu::RoundTo<T>(lane[2 * e] + lane[2 * e + 1]))\n"
+             "                                                            : emu::MaxProp(lane[2 * e]"
+             ", lane[2 * e + 1]);\n                }\n            }\n",
+             "            for (int32_t e = 1; e < perBlock; ++e) {\n"
+             "                lane[0] = reduceType == ReduceType::SUM ? static_cast<float>"
+             "(emu::RoundTo<T>(lane[0] + lane[e]))\n"
+             "                                                        : emu::MaxProp(lane[0], "
+             "lane[e]);\n            }\n", EMU_VECTOR),
+    Mutation("emulated level-0 binary: src0's block stride ignored", EMU_STRIDED,
+             "s0.Raw() + BlockAt(r, k, p.src0BlkStride, p.src0RepStride))[e]",
+             "s0.Raw() + BlockAt(r, k, 1, p.src0RepStride))[e]", EMU_VECTOR),
+    Mutation("emulated Compares: LE without the ties", EMU_STRIDED,
+             "case CMPMODE::LE: v = x <= s; break;", "case CMPMODE::LE: v = x < s; break;",
+             EMU_VECTOR),
+    Mutation("emulated Select: the mask bit's sense inverted", EMU_STRIDED,
+             "const bool take0 = (bits[i / 8] >> (i % 8)) & 1u;",
+             "const bool take0 = !((bits[i / 8] >> (i % 8)) & 1u);", EMU_VECTOR),
+    Mutation("emulated Brcb: every block of a repeat takes its first element", EMU_STRIDED,
+             "out[e] = src.Data()[r * 8 + j];", "out[e] = src.Data()[r * 8];", EMU_VECTOR),
     Mutation("emulated Fixpipe to half: through bfloat16", EMU,
              "row[j] = static_cast<T>(c[(j / 16) * static_cast<uint64_t>(p.srcStride) * 16 "
              "+ i * 16 + j % 16]);",
