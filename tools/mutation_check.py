@@ -1,14 +1,15 @@
 """Mutation check of the test suite (a development tool; not installed with the package).
 
-    python tools/mutation_check.py [--only NAME ...] [--jobs N] [--list] [--keep DIR]
+    python tools/mutation_check.py [--only NAME ...] [--jobs N] [--list] [--no-baseline]
 
 Each mutation is a small deliberate bug: a file, a snippet of it that must occur there
 exactly once (so that code which moved is noticed, not silently skipped) and its
 replacement. For each, the tool copies the working tree to a temporary directory, applies
 the mutation, rebuilds the AscendC emulation extension there when the mutation is in its
 C++ sources, and runs the tests chosen to catch it. It prints a table (mutation, caught or
-not, by which test, seconds) and exits 0 only if every mutation was caught: 1 if one was
-not, 2 if a snippet does not match exactly once or the unmutated tree fails the tests.
+not, by which test, seconds) and how many each test file caught first, and exits 0 only if
+every mutation was caught: 1 if one was not, 2 if a snippet does not match exactly once or
+the unmutated tree fails the tests.
 
 The tests run in the copy against the copy's code: ``fallback/`` and ``tools/`` are linked
 into the copy's ``pasa_npu/`` as the install maps them, the built extension is copied (or
@@ -163,6 +164,16 @@ def _table(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
+def _by_family(outcomes: list[Outcome]) -> str:
+    """How many mutations each test file caught first."""
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        if o.caught:
+            family = o.by.split("::")[0]
+            counts[family] = counts.get(family, 0) + 1
+    return "\n".join(f"  {family}: {n}" for family, n in sorted(counts.items()))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run these mutations only")
@@ -199,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
             outcomes = list(pool.map(lambda m: _run_one(m, base, workdir), mutations))
     print(_table(outcomes))
+    print("\ncaught first by:\n" + _by_family(outcomes))
     missed = [o.mutation.name for o in outcomes if not o.caught]
     print(f"\n{len(outcomes) - len(missed)} of {len(outcomes)} mutations caught in "
           f"{time.monotonic() - start:.0f} s")
