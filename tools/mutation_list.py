@@ -28,7 +28,7 @@ ARGUMENTS = "pasa_npu/arguments.py"
 EMU = "ascend_kernels/emu/emu_ops.h"
 EMU_STRIDED = "ascend_kernels/emu/emu_vec_strided.h"  # the level-0 forms of whole tiles
 ORACLE = ("tests/test_oracle.py",)
-EMU_VECTOR = ("tests/test_ascendc_emu.py", "-k", "vector")
+EMU_VECTOR = ("tests/test_ascendc_vector.py",)
 
 
 def _golden_triton(algorithm: str, *cases: str) -> tuple[str, ...]:
