@@ -113,7 +113,7 @@ def _pytest(tree: Path, tests: tuple[str, ...]) -> tuple[int, str, float]:
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rf", "-p",
                            "no:cacheprovider", *tests], cwd=tree, capture_output=True,
                           text=True, env=dict(os.environ, PYTEST_ADDOPTS=""))
-    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", done.stdout, flags=re.M)
+    failed = re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", done.stdout, flags=re.M)
     return done.returncode, (failed[0] if failed else done.stdout[-300:]), time.monotonic() - start
 
 
