@@ -162,8 +162,8 @@ MUTATIONS = [
              "                for (int32_t e = 0; e < width; ++e) {\n"
              "                    lane[e] = reduceType == ReduceType::SUM ? static_cast<float>"
              "(emu::RoundTo<T>(lane[2 * e] + lane[2 * e + 1]))\n"
-             "                                                            : emu::MaxProp(lane[2 * e]"
-             ", lane[2 * e + 1]);\n                }\n            }\n",
+             + " " * 60 + ": emu::MaxProp(lane[2 * e], lane[2 * e + 1]);\n"
+             "                }\n            }\n",
              "            for (int32_t e = 1; e < perBlock; ++e) {\n"
              "                lane[0] = reduceType == ReduceType::SUM ? static_cast<float>"
              "(emu::RoundTo<T>(lane[0] + lane[e]))\n"
