@@ -1,5 +1,6 @@
 """Build of pasa_npu. ``fallback/`` and ``tools/`` install as ``pasa_npu.fallback`` and
-``pasa_npu.tools``; nothing else lands in site-packages.
+``pasa_npu.tools``; nothing else lands in site-packages, and of ``tools/`` not the
+development tools (DEV_MODULES).
 
 The extension ``pasa_npu._ascendc_emu`` compiles the AscendC kernel sources of
 ``ascend_kernels/`` against the project's CPU emulation of the AscendC API (g++ and pybind11,
@@ -15,6 +16,10 @@ import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
+
+#: modules of tools/ that are run from a checkout and never installed (the mutation check)
+DEV_MODULES = {("pasa_npu.tools", "mutation_check"), ("pasa_npu.tools", "mutation_list")}
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -100,6 +105,14 @@ class BuildExt(build_ext):
         shutil.copy2(libs[0], target)
 
 
+class BuildPy(build_py):
+    """build_py without DEV_MODULES."""
+
+    def find_package_modules(self, package, package_dir):
+        return [m for m in super().find_package_modules(package, package_dir)
+                if m[:2] not in DEV_MODULES]
+
+
 def _binding_extension(build):
     """pasa_npu._npu, the torch_npu binding, through torch_npu's NpuExtension; the directories
     of the kernel library and its launch headers are added once CMake has built them."""
@@ -139,7 +152,7 @@ setup(
     package_dir={"pasa_npu": "pasa_npu", "pasa_npu.fallback": "fallback",
                  "pasa_npu.tools": "tools"},
     ext_modules=[_emulation_extension()],
-    cmdclass={"build_ext": BuildExt},
+    cmdclass={"build_ext": BuildExt, "build_py": BuildPy},
     install_requires=["torch>=2.4", "numpy"],
     extras_require={
         "compare": COMPARE,

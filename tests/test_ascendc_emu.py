@@ -56,14 +56,14 @@ def _ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 #    1-ulp difference in one fp32 exp (glibc expf in the emulation, SLEEF in torch; ~1% of
 #    arguments) moves many elements of that row by one ulp of its scale;
 #  * LSE (fp32): fa-fp32 within 4 ulp [2] (log and the order of the fp32 row sums);
-#    pasa 1.5e-4 absolute [6.2e-5], pasa-exact 1e-4 [1.3e-5]: one fp16 block mean (pasa: of S',
+#    pasa 1.5e-4 absolute [6.2e-5], pasa-exact 5e-5 [1.3e-5]: one fp16 block mean (pasa: of S',
 #    summed in a different order; pasa-exact: of K, whose column sum torch adds in 16-row
 #    chunks) rounding the other way shifts the stored maximum, which gamma or the exact shift
 #    turns into a few 1e-5 of LSE while the output stays within the bound above;
 #  * decode rows with one query per kv head: torch's GEMV does not accumulate in key order (the
 #    cube does), so S itself differs in the last fp32 bit there; the bounds above still hold.
 OUT_ULPS = 2
-LSE_ABS = {"pasa": 1.5e-4, "pasa-exact": 1e-4}
+LSE_ABS = {"pasa": 1.5e-4, "pasa-exact": 5e-5}
 LSE_ULPS = 4
 
 
@@ -129,7 +129,8 @@ def test_bit_identical_where_no_order_differs():
     ref, _ = pasa_npu.fused_attention(q, k, v, algorithm="pasa-exact", backend="torch", **kw)
     diff = out != ref
     # what remains is the fp32 exp of the rescale factor a (see OUT_ULPS): one ulp, rarely
-    assert float(diff.double().mean()) < 0.02
+    # (measured: 1 of these 8192 outputs differs; 4 allowed)
+    assert int(diff.sum()) <= 4
     assert_matches_torch(out, None, ref, None, "pasa-exact", torch.float16)
 
 

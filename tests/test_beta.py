@@ -63,3 +63,41 @@ def test_cli_prints_the_paper_table():
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "n must be an int >= 2" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("algorithm", ["pasa", "pasa-mixed"])
+@pytest.mark.parametrize("kv_block,scale", [(32, 32 ** -0.5), (64, 0.3)])
+def test_default_beta_is_the_optimum_for_the_calls_scale_and_tiling(algorithm, kv_block, scale):
+    """beta=None runs PASA with the β of the optimal accuracy condition for the matrix the
+    kernels store: the call's scale folded in, n = kv_block, solved from 1 - 2^-6 (by the
+    independent solver of tests/_oracle.py). A β solved without the scale, for another n,
+    or not solved at all (β0) gives other outputs wherever it changes what the kernels
+    use: the stored matrix or γ = β / (1 - β) in the allocation's precision (fp16 for
+    pasa, fp32 for pasa-mixed)."""
+    import numpy as np
+
+    import _oracle
+    import pasa_npu
+
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, s, 32, generator=gen).half() + 3
+               for s in (24, 4 * kv_block, 4 * kv_block))
+    kw = dict(num_heads=2, input_layout="BNSD", scale=scale, algorithm=algorithm,
+              kv_block=kv_block, softmax_lse_flag=True)
+    default = pasa_npu.fused_attention(q, k, v, **kw)
+    gamma_dtype = np.float16 if algorithm == "pasa" else np.float32
+
+    def used(beta):
+        return (_oracle.stored_shift_entries(beta, kv_block, scale),
+                gamma_dtype(beta / (1 - beta)))
+
+    optimum = _oracle.optimal_beta(_oracle.BETA0, kv_block, scale)
+    candidates = [optimum, _oracle.optimal_beta(_oracle.BETA0, kv_block, 1.0),
+                  _oracle.optimal_beta(_oracle.BETA0, 2 * kv_block, scale), _oracle.BETA0]
+    outcomes = []
+    for beta in candidates:
+        out, lse = pasa_npu.fused_attention(q, k, v, beta=beta, **kw)
+        same = torch.equal(out, default[0]) and torch.equal(lse, default[1])
+        assert same == (used(beta) == used(optimum)), beta
+        outcomes.append(same)
+    assert outcomes[0] and not all(outcomes[1:])  # the check can fail

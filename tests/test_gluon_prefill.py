@@ -10,7 +10,14 @@ import pytest
 import torch
 
 import pasa_npu
-from _support import assert_triton_matches_cpu, triton_tuning
+from _support import MEASURED, assert_triton_matches_cpu, record, triton_tuning
+
+# The share of outputs (and LSE values) that differ from the Triton kernel's is held within
+# 4x its measurement on the GPU (python tests/measure_bounds.py on a CUDA machine records it
+# in tests/_measured.py). Not measured on this project's CPU-only machines: until a GPU run
+# has recorded it, at most 1%, as a wrong sum (a column short, a row of another block)
+# moves most outputs.
+GLUON_UNMEASURED_SHARE = 0.01
 
 
 def _hopper() -> bool:
@@ -58,8 +65,8 @@ def _assert_same_as_triton_kernel(algorithm, out, lse, kernel_out, kernel_lse):
     """Bit for bit for fa-fp32. pasa's block mean and block sum, and pasa-exact's block
     sum, add the same fp16 values in fp32 on the tensor cores, in their order, so an fp16
     rounding flips now and then (a few outputs in 10^4 on large shapes). A wrong sum (a
-    column short, a row of another block) moves most outputs; this allows at most 1% of
-    them to differ."""
+    column short, a row of another block) moves most outputs; this allows the share that
+    differs 4x its measurement (GLUON_UNMEASURED_SHARE until one is recorded)."""
     if algorithm == "fa-fp32":
         assert torch.equal(out, kernel_out), (out.float() - kernel_out.float()).abs().max()
         assert torch.equal(lse, kernel_lse), (lse - kernel_lse).abs().max()
@@ -67,9 +74,13 @@ def _assert_same_as_triton_kernel(algorithm, out, lse, kernel_out, kernel_lse):
     for name, got, want in (("output", out, kernel_out), ("lse", lse, kernel_lse)):
         assert torch.equal(torch.isfinite(got), torch.isfinite(want)), name
         differ = (got != want) & torch.isfinite(want)
-        assert differ.float().mean().item() <= 0.01, (
-            f"{algorithm} {name}: {differ.float().mean().item():.2%} differ from the Triton "
-            f"kernel's, by up to {(got.float() - want.float())[differ].abs().max().item():.3g}")
+        key = f"cuda/{algorithm}/{name}"
+        share = record("gluon-vs-triton-share", key, differ.float().mean().item())
+        measured = MEASURED.get("gluon-vs-triton-share", {}).get(key)
+        bound = GLUON_UNMEASURED_SHARE if measured is None else 4 * measured
+        assert share <= bound, (
+            f"{algorithm} {name}: {share:.2%} differ from the Triton kernel's, by up to "
+            f"{(got.float() - want.float())[differ].abs().max().item():.3g}")
 
 
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
@@ -94,7 +105,8 @@ def test_gpu_gluon_prefill_equals_triton_kernel(layout, d, mode, algorithm, gluo
     kernel_out, kernel_lse = _call(qd, kd, vd, kw, "triton")
     assert len(gluon_launches) == 1
     _assert_same_as_triton_kernel(algorithm, out, lse, kernel_out, kernel_lse)
-    assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"{layout} d={d} {mode}")
+    assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"{layout}-d{d}-{mode}",
+                              kernel="gluon")
 
 
 def test_gpu_gluon_prefill_rows_that_see_no_key(gluon_launches):

@@ -8,7 +8,13 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import pasa_npu
-from _support import BACKENDS, RMSE_BOUND, interpreted, on_device, rel_rmse
+from _support import BACKENDS, assert_measured, interpreted, on_device, rel_rmse
+
+# Relative RMSE against the golden within 2x the largest measured over the drawn shapes and
+# backends, per allocation. Not 1.5x: the draws are fixed (the "ci" profile derandomizes),
+# but a failing run's shrinking tries other shapes, and a tiny one (two query rows against
+# 36 keys) has shown 2.5x the largest error of the draws on the same backend.
+PROPERTY_FACTOR = 2
 
 
 @given(
@@ -48,6 +54,7 @@ def test_any_shape_matches_golden(batch, kv_heads, group, s1, s2, d, layout, cau
     assert out.shape == gold.shape and out.dtype == torch.float16
     assert torch.isfinite(out).all()
     if gold.abs().max() > 0:
-        assert rel_rmse(out, gold) <= RMSE_BOUND[torch.float16][algorithm]
+        assert_measured(rel_rmse(out, gold), "property-rmse", f"fp16/{algorithm}",
+                        PROPERTY_FACTOR)
     else:
         assert (out == 0).all()

@@ -29,3 +29,30 @@ def test_only_pasa_npu_is_installed():
     setup = (ROOT / "setup.py").read_text()
     packages = re.search(r"packages=\[(.*?)\]", setup, flags=re.S).group(1)
     assert all(p.strip().strip('"').startswith("pasa_npu") for p in packages.split(","))
+
+
+def test_development_tools_are_not_installed(tmp_path, monkeypatch):
+    """setup.py's build_py, which lays out what a wheel installs, copies tools/ without the
+    mutation check (run from a checkout: python tools/mutation_check.py)."""
+    import sys
+    import types
+
+    import setuptools
+    from setuptools.dist import Distribution
+
+    captured = {}
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(setuptools, "setup", lambda **kw: captured.update(kw))
+    monkeypatch.setitem(sys.modules, "pybind11", types.SimpleNamespace(get_include=lambda: ""))
+    exec(compile((ROOT / "setup.py").read_text(), str(ROOT / "setup.py"), "exec"),
+         {"__name__": "setup_under_test", "__file__": str(ROOT / "setup.py")})
+    dist = Distribution(captured)
+    dist.script_name = str(ROOT / "setup.py")
+    build = dist.get_command_obj("build_py")
+    build.build_lib = str(tmp_path)
+    build.ensure_finalized()
+    build.run()
+    tools = tmp_path / "pasa_npu" / "tools"
+    assert (tools / "beta.py").is_file() and (tmp_path / "pasa_npu" / "fallback").is_dir()
+    assert (ROOT / "tools" / "mutation_check.py").is_file()
+    assert not (tools / "mutation_check.py").exists() and not (tools / "mutation_list.py").exists()

@@ -42,7 +42,8 @@ def test_decode_split_counts_agree_with_cpu_backend(splits, algorithm, monkeypat
     assert len(used) == 1
     if forced:
         assert used == [forced]
-    assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"{used} splits")
+    assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"splits-{splits}", path="decode",
+                              what=f"{used} splits")
 
 
 def test_decode_fills_one_wave_of_programs():
@@ -82,7 +83,8 @@ def test_decode_cuts_large_query_groups_into_chunks(head_dim, group, algorithm, 
                         lambda *a: picked.append(block_g(*a)) or picked[-1])
     out, lse = pasa_npu.fused_attention(*on_device("triton", q, k, v), backend="triton", **kw)
     assert len(picked) == 1 and picked[0] < group  # cut into group / picked[0] chunks
-    assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"{group // picked[0]} chunks")
+    assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"chunks-d{head_dim}-g{group}",
+                              path="decode", what=f"{group // picked[0]} chunks")
 
 
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
@@ -105,4 +107,5 @@ def test_more_batch_heads_than_a_grid_axis_holds(query_len, algorithm, monkeypat
               algorithm=algorithm)
     ref, ref_lse = pasa_npu.fused_attention(q, k, v, backend="torch", **kw)
     out, lse = pasa_npu.fused_attention(*on_device("triton", q, k, v), backend="triton", **kw)
-    assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm)
+    path = "decode" if query_len == 1 else "prefill"
+    assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"grid-{path}", path=path)

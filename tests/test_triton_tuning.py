@@ -50,7 +50,7 @@ def test_tuning_alternatives_agree_with_cpu_backend(switch, value, algorithm, la
     with triton_tuning(**{switch: value}):
         out, lse = pasa_npu.fused_attention(qd, kd, vd, algorithm=algorithm, backend="triton",
                                             **kw_dev)
-    assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"{switch}={value}")
+    assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"{layout}-{switch}={value}")
 
 
 LOOP_CASES = {  # name: (extra arguments, kv length, expected kv-block loops)

@@ -21,6 +21,7 @@
 #include "../kernels/pasa_attention.cpp"
 #include "emu_launch_runtime.h"
 #include "selftest_kernels.h"
+#include "selftest_vector.h"
 
 namespace py = pybind11;
 using AscendC::emu::GmRegistry;
@@ -343,6 +344,13 @@ PYBIND11_MODULE(_ascendc_emu, m)
           "Run one emulation self-test kernel: {'values': its output, 'stats': the launch's counters and timing}; "
           "RuntimeError if the emulation rejects it");
     m.def("selftest_names", &pasa_selftest::Names);
+    m.def("run_vector_instruction",
+          [](const std::string& op, const std::string& dtype, const std::vector<float>& a, const std::vector<float>& b,
+             float scalar, const py::dict& timing) {
+              return pasa_selftest::RunVectorInstruction(op, dtype, a, b, scalar, TimingFrom(timing));
+          },
+          py::arg("op"), py::arg("dtype"), py::arg("a"), py::arg("b"), py::arg("scalar"), py::arg("timing"),
+          "Run one emulated vector instruction on the given operands in an AIV core; returns its result");
     m.def("attention_tasks", &AttentionTasks, py::arg("params"), py::arg("lengths"),
           "The attention kernel's tasks per AI Core, as its task iterator deals them: [(rows, numBlocks, fullBlocks)]");
 }

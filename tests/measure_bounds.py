@@ -1,0 +1,108 @@
+"""Measure the errors the suite's bounds are set from and write them to tests/_measured.py.
+
+    python tests/measure_bounds.py [pytest arguments]
+    python tests/measure_bounds.py --from FILE [FILE ...]
+
+runs the measuring tests (by default every test file that records) with PASA_MEASURE
+set: each measuring test then records what it measures (tests/_support.py, ``record``)
+and holds nothing to the old values. Of each (kind, key), the largest value, rounded up to
+three significant digits, goes into tests/_measured.py: after a run of every measuring
+test it replaces the key's entry; after a run of some (test files or ``-k`` expressions
+given), it only raises it, as other tests may measure the same key. Keys a run did not
+measure are kept. On a CUDA machine the Triton tests run on the GPU and record "cuda/" keys.
+
+``--from`` takes what runs of pytest with PASA_MEASURE=FILE recorded instead of running
+the tests itself (a sharded GPU suite: ``PASA_MEASURE=$PWD/m.jsonl bash .ci/gpu-suite
+tests``), and only raises entries. pytest-xdist's ``-n auto`` is used where installed.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+HERE = pathlib.Path(__file__).resolve().parent
+TABLE = HERE / "_measured.py"
+MEASURING = ["test_golden.py", "test_paper_cases.py", "test_properties.py", "test_semantics.py",
+             "test_argument_forms.py", "test_triton_tuning.py", "test_triton_launch.py",
+             "test_triton_host.py", "test_gluon_prefill.py", "test_ablate.py",
+             "test_compare_file.py", "test_compare_capture.py"]
+
+HEADER = '''"""The largest errors the measuring tests recorded, by kind and key: every error
+bound of the suite is a stated factor times one of these (tests/_support.py).
+
+Written by ``python tests/measure_bounds.py``, which reruns the measuring tests and keeps
+the largest value of each key, rounded up to three significant digits. Keys: where the
+computation ran (cpu, interpreter, cuda), then what the test names.
+"""
+
+'''
+
+
+def _round_up(value: float) -> float:
+    if value <= 0 or not math.isfinite(value):
+        return value
+    step = 10.0 ** (math.floor(math.log10(value)) - 2)
+    return float(f"{math.ceil(value / step * (1 - 1e-12)) * step:.3g}")
+
+
+def _load() -> dict:
+    scope: dict = {}
+    if TABLE.exists():
+        exec(compile(TABLE.read_text(), str(TABLE), "exec"), scope)
+    return scope.get("MEASURED", {})
+
+
+def _largest(lines) -> dict:
+    largest: dict = {}
+    for line in lines:
+        entry = json.loads(line)
+        slot = largest.setdefault(entry["kind"], {})
+        slot[entry["key"]] = max(slot.get(entry["key"], 0.0), entry["value"])
+    return largest
+
+
+def _measure(targets: list[str]) -> tuple[dict, int]:
+    parallel = ["-n", "auto"] if importlib.util.find_spec("xdist") else []
+    with tempfile.TemporaryDirectory() as tmp:
+        log = pathlib.Path(tmp) / "measured.jsonl"
+        log.touch()
+        env = dict(os.environ, PASA_MEASURE=str(log))
+        run = subprocess.run([sys.executable, "-m", "pytest", "-q", *parallel,
+                              "-p", "no:cacheprovider", *targets], env=env, cwd=HERE.parent)
+        return _largest(log.read_text().splitlines()), run.returncode
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--from"]:
+        largest = _largest(line for name in argv[1:] for line in open(name))
+        status = 0
+    else:
+        largest, status = _measure(argv or [str(HERE / name) for name in MEASURING])
+    table = _load()
+    for kind, values in largest.items():
+        old = table.setdefault(kind, {})
+        for key, value in values.items():
+            old[key] = _round_up(value) if not argv else max(old.get(key, 0.0), _round_up(value))
+    table = {kind: dict(sorted(values.items())) for kind, values in sorted(table.items())}
+    lines = ["MEASURED = {"]
+    for kind, values in table.items():
+        lines.append(f"    {kind!r}: {{")
+        lines += [f"        {key!r}: {value!r}," for key, value in values.items()]
+        lines.append("    },")
+    TABLE.write_text(HEADER + "\n".join(lines + ["}", ""]))
+    counts = ", ".join(f"{kind} {len(v)}" for kind, v in sorted(largest.items()))
+    print(f"measured ({counts}); written to {TABLE}")
+    if status not in (0, 1):
+        print(f"pytest ended with status {status}", file=sys.stderr)
+        return status
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,189 @@
+"""The mutations tools/mutation_check.py applies (a development list; not installed).
+
+Each is a small bug of the kind the suite claims to catch: a rounding of an allocation
+dropped, added or moved, in the CPU backend (the reference) and in the Triton kernels; β's
+solution; a mask edge and a length edge; GQA; the LSE; the rounding guard; the decode
+split merge; and each emulated AscendC vector instruction's rounding or order. ``tests``
+are the pytest arguments that must catch it, chosen to keep each run short.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str
+    snippet: str
+    replacement: str
+    tests: tuple[str, ...]
+
+
+TORCH = "fallback/torch_blockwise.py"
+TRITON_SOFTMAX = "fallback/triton_softmax.py"  # the block update both Triton kernels share
+TRITON_PREFILL = "fallback/triton_prefill.py"
+TRITON_DECODE = "fallback/triton_decode.py"
+ARGUMENTS = "pasa_npu/arguments.py"
+EMU = "ascend_kernels/emu/emu_ops.h"
+EMU_STRIDED = "ascend_kernels/emu/emu_vec_strided.h"  # the level-0 forms of whole tiles
+ORACLE = ("tests/test_oracle.py",)
+EMU_VECTOR = ("tests/test_ascendc_vector.py",)
+
+
+def _golden_triton(algorithm: str, *cases: str) -> tuple[str, ...]:
+    """The golden test of the Triton kernels (interpreted) on ``cases``, fp16."""
+    return tuple(f"tests/test_golden.py::test_matches_golden[{case}-{algorithm}-fp16-triton]"
+                 for case in cases)
+
+
+MUTATIONS = [
+    # ---- the issue's seven
+    Mutation("fa-fp16: P.V tile not rounded before the accumulate (CPU backend)", TORCH,
+             "o_new = _round(_round(a * state.o, low) + _round(_pv(p, v_blk), low), low)",
+             "o_new = _round(_round(a * state.o, low) + _pv(p, v_blk), low)", ORACLE),
+    Mutation("pasa-mixed: P not rounded to fp16 before P.V (CPU backend)", TORCH,
+             "o_new = a * state.o + b * _pv(_round(p, torch.float16), v_blk)",
+             "o_new = a * state.o + b * _pv(p, v_blk)", ORACLE),
+    Mutation("fa-fp16: the running row sum's inner fp16 roundings dropped (Triton)", TRITON_SOFTMAX,
+             "l_new = _rl(_rl(alpha * l, low) + _rl(tl.sum(p, 1), low), low)",
+             "l_new = _rl(alpha * l + tl.sum(p, 1), low)",
+             _golden_triton("fa-fp16", "bnsd", "left-up-causal")),
+    Mutation("beta solved without the folded scale", ARGUMENTS,
+             "return default_beta(tiling.kv_block, scale)",
+             "return default_beta(tiling.kv_block, 1.0)",
+             ("tests/test_beta.py", "-k", "default_beta")),
+    Mutation("actual_seq_lengths with more than B entries: the last B taken", ARGUMENTS,
+             "lens = lens[:batch]", "lens = lens[-batch:]",
+             ("tests/test_argument_forms.py::test_length_forms[torch]",)),
+    Mutation("beta0 instead of the optimal beta", "pasa_npu/beta.py",
+             "return optimal_beta(DEFAULT_BETA0, n, dtype, scale)", "return DEFAULT_BETA0",
+             ("tests/test_beta.py", "-k", "default_beta")),
+    Mutation("emulated ReduceSum adds in index order", EMU,
+             "        for (int32_t width = perRepeat / 2; width >= 1; width /= 2) {\n"
+             "            for (int32_t i = 0; i < width; ++i) lanes[i] = emu::RoundTo<T>"
+             "(lanes[2 * i] + lanes[2 * i + 1]);\n        }",
+             "        for (int32_t i = 1; i < perRepeat; ++i) lanes[0] = emu::RoundTo<T>"
+             "(lanes[0] + lanes[i]);", EMU_VECTOR),
+    # ---- each allocation: a rounding dropped, added or moved (CPU backend)
+    Mutation("fa-fp32: P enters P.V in fp32", TORCH,
+             "o_new = a * state.o + _pv(_round(p, low), v_blk)",
+             "o_new = a * state.o + _pv(p, v_blk)", ORACLE),
+    Mutation("fa-fp16s: the scores' fp16 rounding moved after the scale", TORCH,
+             "        s = _round(s, low)  # unscaled fp16 scores: this is where fa-fp16s "
+             "overflows\n    if alloc.low_statistics:",
+             "        s = _round(s * problem.scale, low) / problem.scale\n"
+             "    if alloc.low_statistics:", ORACLE),
+    Mutation("fa-fp16: the exp argument not rounded", TORCH,
+             "p = torch.where(vis, r(torch.exp(r(s - m_new))), 0.0)",
+             "p = torch.where(vis, r(torch.exp(s - m_new)), 0.0)", ORACLE),
+    Mutation("pasa: the block mean not rounded to fp16", TORCH,
+             "s_mean = r(s.mean(-1, keepdim=True))", "s_mean = s.mean(-1, keepdim=True)", ORACLE),
+    Mutation("pasa: gamma not rounded to fp16", TORCH,
+             "gamma = _round(torch.tensor(gamma), torch.float16).item() if fp16_stats else gamma",
+             "gamma = gamma", ORACLE),
+    Mutation("pasa-mixed: the pseudo-average rounded to fp16", TORCH,
+             "f_new = r(r(r((n - 1.0) * state.f) + s_mean) / n)",
+             "f_new = _round(r(r((n - 1.0) * state.f) + s_mean) / n, torch.float16)", ORACLE),
+    Mutation("pasa-exact: the P'V tile not rounded to fp16", TORCH,
+             "o_new = a * state.o + r16(_pv(p, v_blk))", "o_new = a * state.o + _pv(p, v_blk)",
+             ORACLE),
+    Mutation("pasa-exact: the key block mean not rounded to fp16", TORCH,
+             "mean16 = _round(kb.sum(-2) / block, torch.float16)",
+             "mean16 = kb.sum(-2) / block", ORACLE),
+    # ---- the same in the Triton kernels
+    Mutation("pasa-exact: the P'V tile not rounded to fp16 (Triton)", TRITON_SOFTMAX,
+             "acc_new = acc * alpha[:, None] + _fp16(tl.dot(p16, v)).to(tl.float32)",
+             "acc_new = acc * alpha[:, None] + tl.dot(p16, v)",
+             _golden_triton("pasa-exact", "bnsd", "left-up-causal")),
+    Mutation("pasa: the block mean not rounded to fp16 (Triton)", TRITON_SOFTMAX,
+             "        if LOW_STATISTICS:\n            s_mean = _rl(s_mean, low)\n", "",
+             _golden_triton("pasa", "tiling-32x64", "left-up-causal")),
+    # ---- semantics: mask and length edges, GQA, LSE, the guard, decode's merge
+    Mutation("band's upper edge off by one (the problem's visibility)", "pasa_npu/problem.py",
+             "vis = vis & (j >= i - pre) & (j <= i + nxt)",
+             "vis = vis & (j >= i - pre) & (j < i + nxt)",
+             ("tests/test_semantics.py", "-k", "sparse_modes")),
+    Mutation("causal diagonal edge off by one (Triton)", TRITON_PREFILL,
+             "vis = cols[None, :] <= last[:, None]", "vis = cols[None, :] < last[:, None]",
+             _golden_triton("pasa-exact", "left-up-causal", "right-down-causal")),
+    Mutation("a ragged last block keeps one key past the length (CPU backend)", TORCH,
+             "[None, :] < lens.to(x.device)[:, None]", "[None, :] <= lens.to(x.device)[:, None]",
+             ORACLE),
+    Mutation("GQA: query head h reads kv head h mod Nkv (Triton)", TRITON_PREFILL,
+             "    hk = h // group\n", "    hk = h % (n_heads // group)\n",
+             _golden_triton("pasa", "bsh-gqa2", "bsnd-mqa")),
+    Mutation("PASA's LSE without the recovered bias (CPU backend)", TORCH,
+             "true_max = state.m + gamma * state.f", "true_max = state.m", ORACLE),
+    Mutation("rounding guard: the offset's lower clamp dropped (CPU backend)", TORCH,
+             "offset = offset.clamp(numerics.GUARD_MIN_OFFSET, numerics.GUARD_MAX_OFFSET)",
+             "offset = offset.clamp(max=numerics.GUARD_MAX_OFFSET)", ORACLE),
+    Mutation("decode merge: every chunk of splits reads the first (Triton)", TRITON_DECODE,
+             "rows = first_row + (s0 + chunk) * group_rows",
+             "rows = first_row + chunk * group_rows",
+             ("tests/test_triton_launch.py", "-k", "decode_split_counts and combine")),
+    # ---- each emulated vector instruction: its rounding or its order
+    Mutation("emulated ReduceSum on half: additions not rounded to half", EMU,
+             "lanes[i] = emu::RoundTo<T>(lanes[2 * i] + lanes[2 * i + 1]);",
+             "lanes[i] = lanes[2 * i] + lanes[2 * i + 1];", EMU_VECTOR),
+    Mutation("emulated arithmetic (Add, Mul, Adds, ...): rounds toward zero", EMU,
+             "inline T RoundTo(float v) { return static_cast<T>(v); }",
+             "inline T RoundTo(float v) { return static_cast<T>(std::nextafter(v, 0.0f)); }",
+             EMU_VECTOR),
+    Mutation("emulated Sub: operands swapped", EMU,
+             "\"Sub\", [](float x, float y) { return x - y; }",
+             "\"Sub\", [](float x, float y) { return y - x; }", EMU_VECTOR),
+    Mutation("emulated Div: a reciprocal, then a product", EMU,
+             "\"Div\", [](float x, float y) { return x / y; }",
+             "\"Div\", [](float x, float y) { return x * (1.0f / y); }", EMU_VECTOR),
+    Mutation("emulated Max: NaN not propagated", EMU,
+             "emu::Binary(dst, src0, src1, count, \"Max\", emu::MaxProp);",
+             "emu::Binary(dst, src0, src1, count, \"Max\", [](float x, float y) "
+             "{ return x > y ? x : y; });", EMU_VECTOR),
+    Mutation("emulated Muls: the scalar rounded to half", EMU,
+             "emu::Unary(dst, src, count, \"Muls\", [s](float x) { return x * s; });",
+             "emu::Unary(dst, src, count, \"Muls\", [s](float x) "
+             "{ return x * static_cast<float>(half(s)); });", EMU_VECTOR),
+    Mutation("emulated Exp: through exp2", EMU, "return std::exp(x);",
+             "return std::exp2(x * static_cast<float>(M_LOG2E));", EMU_VECTOR),
+    Mutation("emulated Ln: through log2", EMU, "return std::log(x);",
+             "return std::log2(x) * static_cast<float>(M_LN2);", EMU_VECTOR),
+    Mutation("emulated Duplicate: the last element left out", EMU,
+             "for (int32_t i = 0; i < count; ++i) z[i] = scalarValue;",
+             "for (int32_t i = 0; i + 1 < count; ++i) z[i] = scalarValue;", EMU_VECTOR),
+    Mutation("emulated Cast: rounds toward zero", EMU,
+             "z[i] = static_cast<T>(static_cast<float>(x[i]));",
+             "z[i] = static_cast<T>(std::nextafter(static_cast<float>(x[i]), 0.0f));",
+             EMU_VECTOR),
+    Mutation("emulated ReduceMax: starts from 0", EMU,
+             "float m = static_cast<float>(x[0]);", "float m = 0.0f;", EMU_VECTOR),
+    Mutation("emulated ReduceDataBlock adds a block in index order", EMU_STRIDED,
+             "            for (int32_t width = perBlock / 2; width >= 1; width /= 2) {\n"
+             "                for (int32_t e = 0; e < width; ++e) {\n"
+             "                    lane[e] = reduceType == ReduceType::SUM ? static_cast<float>"
+             "(emu::RoundTo<T>(lane[2 * e] + lane[2 * e + 1]))\n"
+             + " " * 60 + ": emu::MaxProp(lane[2 * e], lane[2 * e + 1]);\n"
+             "                }\n            }\n",
+             "            for (int32_t e = 1; e < perBlock; ++e) {\n"
+             "                lane[0] = reduceType == ReduceType::SUM ? static_cast<float>"
+             "(emu::RoundTo<T>(lane[0] + lane[e]))\n"
+             "                                                        : emu::MaxProp(lane[0], "
+             "lane[e]);\n            }\n", EMU_VECTOR),
+    Mutation("emulated level-0 binary: src0's block stride ignored", EMU_STRIDED,
+             "s0.Raw() + BlockAt(r, k, p.src0BlkStride, p.src0RepStride))[e]",
+             "s0.Raw() + BlockAt(r, k, 1, p.src0RepStride))[e]", EMU_VECTOR),
+    Mutation("emulated Compares: LE without the ties", EMU_STRIDED,
+             "case CMPMODE::LE: v = x <= s; break;", "case CMPMODE::LE: v = x < s; break;",
+             EMU_VECTOR),
+    Mutation("emulated Select: the mask bit's sense inverted", EMU_STRIDED,
+             "const bool take0 = (bits[i / 8] >> (i % 8)) & 1u;",
+             "const bool take0 = !((bits[i / 8] >> (i % 8)) & 1u);", EMU_VECTOR),
+    Mutation("emulated Brcb: every block of a repeat takes its first element", EMU_STRIDED,
+             "out[e] = src.Data()[r * 8 + j];", "out[e] = src.Data()[r * 8];", EMU_VECTOR),
+    Mutation("emulated Fixpipe to half: through bfloat16", EMU,
+             "row[j] = static_cast<T>(c[(j / 16) * static_cast<uint64_t>(p.srcStride) * 16 "
+             "+ i * 16 + j % 16]);",
+             "row[j] = static_cast<T>(static_cast<float>(bfloat16_t(c[(j / 16) * "
+             "static_cast<uint64_t>(p.srcStride) * 16 + i * 16 + j % 16])));",
+             ("tests/test_ascendc_emu.py", "-k", "bit_identical or left-up-causal-pasa-fp16")),
+]
