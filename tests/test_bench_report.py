@@ -54,8 +54,9 @@ def test_plot_has_a_panel_per_mask_and_one_for_decode(kinds, tmp_path):
     path = tmp_path / "bench.png"
     assert bench.plot(result, path)
     height, width = matplotlib.image.imread(path).shape[:2]
-    # 4.2 inches per panel at 120 dpi: one prefill panel (d=128, no mask) and one decode
-    assert width == round(4.2 * 120 * len(kinds)) and height == round(3.8 * 120)
+    # 4.2 inches per panel at 120 dpi (at least 6, for the title): one prefill panel
+    # (d=128, no mask) and one decode
+    assert width == round(max(6.0, 4.2 * len(kinds)) * 120) and height == round(3.8 * 120)
 
 
 def test_plot_of_a_saved_run_and_its_errors(tmp_path, capsys):

@@ -119,8 +119,12 @@ def run_case(case, algorithms, mask, progress=print, paged_cache=None) -> dict:
         k_cache, v_cache, table = bench_paged.paged_kv(k, v, gen, paged_cache)
         for name in paged:
             fn = bench_paged.paged_call(name, mask, table)
-            row[f"{name} paged"] = _timed(lambda: fn(q, k_cache, v_cache, causal, gqa), flops,
-                                          kv_bytes)
+            paged_call = lambda: fn(q, k_cache, v_cache, causal, gqa)  # noqa: E731
+            row[f"{name} paged"] = _timed(paged_call, flops, kv_bytes)
+            if case["kind"] == "prefill":  # the kernels alone, without the host's time
+                plain = candidates[name]
+                _add_graph_tflops(row[name], lambda: plain(q, k, v, causal, gqa), flops)
+                _add_graph_tflops(row[f"{name} paged"], paged_call, flops)
         del k_cache, v_cache
     progress(_row_text(row, algorithms))
     return row
@@ -143,6 +147,16 @@ def _timed(call, flops: float, kv_bytes) -> dict:
         except Exception as err:
             entry["graph_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
     return entry
+
+
+def _add_graph_tflops(entry: dict, call, flops: float) -> None:
+    """``entry`` gains TFLOP/s replayed from a CUDA graph (host time excluded)."""
+    if "error" in entry:
+        return
+    try:
+        entry["graph_tflops"] = flops / (_graph_ms(call) * 1e-3) / 1e12
+    except Exception as err:
+        entry["graph_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
 
 
 def _ratio(row, a, b, key="tflops"):

@@ -60,7 +60,8 @@ def markdown(result) -> list:
     names = [a for a in PAGED_ALGORITHMS if any(f"{a} paged" in r for r in rows)]
     lines = ["", f"Paged KV ({result.get('paged_cache', '4d')} cache, block_size {BLOCK_SIZE}, "
              "shuffled blocks, table on the device): paged figure (decode: share of copy "
-             "bandwidth; ratio paged / contiguous):", "",
+             "bandwidth, graph replay; prefill: TFLOP/s called eagerly); ratio paged / "
+             "contiguous (prefill: eager [graph replay]):", "",
              "| case | " + " | ".join(f"{a} paged" for a in names) + " |",
              "|" + "---|" * (len(names) + 1)]
     for row in rows:
@@ -78,6 +79,8 @@ def markdown(result) -> list:
                 text += f" ({paged[unit] / result['copy_gbs']:.0%})"
             if unit in plain:
                 text += f"; {paged[unit] / plain[unit]:.2f}"
+            if "graph_tflops" in paged and "graph_tflops" in plain:
+                text += f" [{paged['graph_tflops'] / plain['graph_tflops']:.2f}]"
             cells.append(text)
         lines.append(f"| {case} | " + " | ".join(cells) + " |")
     return lines
