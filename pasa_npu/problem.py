@@ -13,17 +13,21 @@ Visibility of key ``j`` to query row ``i`` of batch ``b`` (local positions):
 
 Backends write ``out`` (and ``lse`` when given) for every visible row and leave
 0 / -inf for rows that see no key; the API layer applies torch_npu's
-``inner_precise`` rule to those afterwards.
+``inner_precise`` rule to those afterwards. With ``overflow`` set, a backend that detects
+overflow also writes the row flags it holds (:mod:`pasa_npu.overflow`).
 """
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from .numerics import Allocation, Tiling
+
+if TYPE_CHECKING:
+    from .overflow import OverflowCheck
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class AttentionProblem:
     compute_dtype: torch.dtype
     rounding_guard: bool
     tiling: Tiling
+    overflow: Optional["OverflowCheck"] = None
 
     @property
     def batch(self) -> int:
@@ -102,16 +107,32 @@ class AttentionProblem:
     def write(self, out: torch.Tensor, lse: Optional[torch.Tensor]) -> None:
         """Store dense (B, Nq, maxSq, Dv) results (and (B, Nq, maxSq) LSE) into the
         caller's output views, rows past each batch's query length left at zero."""
+        self.scatter_rows(out, self.out)
+        if self.lse is not None and lse is not None:
+            self.scatter_rows(lse, self.lse)
+
+    def scatter_rows(self, dense: torch.Tensor, target: torch.Tensor) -> None:
+        """Copy dense per-row data (B, Nq, maxSq, ...) into ``target``, laid out as the
+        canonical output (Bt, Nq, Sq, ...): as it is, or into each packed sequence's rows."""
         if not self.packed:
-            self.out.copy_(out)
-            if self.lse is not None and lse is not None:
-                self.lse.copy_(lse)
+            target.copy_(dense)
             return
         for b in range(self.batch):
             s, n = int(self.q_starts[b]), int(self.q_lens[b])
-            self.out[0, :, s:s + n].copy_(out[b, :, :n])
-            if self.lse is not None and lse is not None:
-                self.lse[0, :, s:s + n].copy_(lse[b, :, :n])
+            target[0, :, s:s + n].copy_(dense[b, :, :n])
+
+    def gather_rows(self, canonical: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`scatter_rows`: per-row data laid out as the canonical
+        output, as dense (B, Nq, maxSq, ...) rows (a copy; zero past each query length
+        when packed)."""
+        if not self.packed:
+            return canonical.clone()
+        dense = canonical.new_zeros(self.batch, canonical.shape[1], self.max_q_len,
+                                    *canonical.shape[3:])
+        for b in range(self.batch):
+            s, n = int(self.q_starts[b]), int(self.q_lens[b])
+            dense[b, :, :n] = canonical[0, :, s:s + n]
+        return dense
 
 
 def _unpack(x: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
