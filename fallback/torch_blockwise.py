@@ -268,9 +268,13 @@ def _step_fa(problem, state, q_tile, keys, v_blk, j, vis, has_any, low):
         l_new = r(r(a * state.l) + r(p.sum(-1, keepdim=True)))
     else:
         s = s * problem.scale
-        m_new = torch.maximum(state.m, _row_max(s, vis, problem, lambda x: x))
+        rm = _row_max(s, vis, problem, lambda x: x)
+        m_new = torch.maximum(state.m, rm)
         a = torch.exp(state.m - m_new)
         p = torch.where(vis, torch.exp(s - m_new), 0.0)
+        if problem.rounding_guard:  # a guarded row's l sums the weights P.V uses
+            guarded = rm != s.masked_fill(~vis, NEG_INF).amax(-1, keepdim=True)
+            p = torch.where(guarded, _round(p, low), p)
         l_new = a * state.l + p.sum(-1, keepdim=True)
     if alloc.low_accumulator:
         o_new = _round(_round(a * state.o, low) + _round(_pv(p, v_blk), low), low)

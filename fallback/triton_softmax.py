@@ -80,6 +80,8 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mea
         m_new = tl.maximum(m, rm)
         alpha = tl.exp2((m - m_new) * 1.4426950408889634)
         p = tl.exp2(s * 1.4426950408889634 - (m_new * 1.4426950408889634)[:, None])
+        if GUARD:  # a guarded row's l sums the weights P.V uses ("The rounding guard")
+            p = tl.where((rm != tl.max(s, 1))[:, None], p.to(low).to(tl.float32), p)
         l_new = alpha * l + tl.sum(p, 1)
         acc_new = acc * alpha[:, None] + tl.dot(p.to(low), v)
         f_new = f
