@@ -97,6 +97,7 @@ def _consumer(queries, ring, schedule, sizes, output, ones, W: gl.constexpr, var
     EXACT_SHIFT: gl.constexpr = variant.EXACT_SHIFT
     HAS_BAND: gl.constexpr = variant.HAS_BAND
     HAS_LSE: gl.constexpr = variant.HAS_LSE
+    DETECT: gl.constexpr = variant.DETECT
     BLOCK_M: gl.constexpr = variant.BLOCK_M
     BLOCK_N: gl.constexpr = variant.BLOCK_N
     HEAD_DIM: gl.constexpr = variant.HEAD_DIM
@@ -136,7 +137,7 @@ def _consumer(queries, ring, schedule, sizes, output, ones, W: gl.constexpr, var
         blocks = Blocks(lo, hi, g_lo, g_hi, full_lo, full_hi, pre, nxt)
         it = _consumer_tile(q, queries.ready.index(W), queries.free.index(W), ring, output,
                             sizes, ops, blocks, b, h, m0, it, n, W, PSEUDO_AVERAGE_SHIFT,
-                            EXACT_SHIFT, HAS_BAND, HAS_LSE, BLOCK_N, HEAD_DIM, STAGES)
+                            EXACT_SHIFT, HAS_BAND, HAS_LSE, DETECT, BLOCK_N, HEAD_DIM, STAGES)
         n += 1
         t = _tile_read(tile_ids, tile_ready, n)
 
@@ -192,7 +193,11 @@ def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, c
         p_sums = _row_sum_start(p16, ones)
         pv = warpgroup_mma(gl.convert_layout(p16, p_layout), v, o_zero, use_acc=False,
                            is_async=True)
-        s_mean = _rl(_row_sum_read(score_sums, m_i) / BLOCK_N, gl.float16)
+        if MASKED:  # the part-filled last block: its keys' mean (gluon_parts.Sizes)
+            factor = gl.where(blk == sizes.tail_block, sizes.tail_factor, 1.0 / BLOCK_N)
+            s_mean = _rl(_row_sum_read(score_sums, m_i) * factor, gl.float16)
+        else:
+            s_mean = _rl(_row_sum_read(score_sums, m_i) / BLOCK_N, gl.float16)
         m_new, f_new, cnt_new, alpha, beta_w = _statistics_pasa(m_i, f_i, cnt_i, m_loc,
                                                                 s_mean, gamma)
         p_sums = warpgroup_mma_wait(1, deps=(p_sums,))
@@ -253,11 +258,14 @@ def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, c
 def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m0, it, n,
                    W: gl.constexpr, PSEUDO_AVERAGE_SHIFT: gl.constexpr,
                    EXACT_SHIFT: gl.constexpr, HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr,
-                   BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+                   DETECT: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                   STAGES: gl.constexpr):
     """One tile's 64 rows of consumer group W (the ``n``-th tile of this program; ``it``
     kv blocks before it): the kv loop over the group's blocks [g_lo, g_hi), releasing
-    the rest of the tile's [lo, hi) unread, then O and LSE. Q is released (``q_free``)
-    once its last QKᵀ is done. Returns the new count of kv blocks."""
+    the rest of the tile's [lo, hi) unread, then O and LSE, and with DETECT the rows'
+    overflow flags (a row whose output or LSE is not finite; the tile counted if one is).
+    Q is released (``q_free``) once its last QKᵀ is done. Returns the new count of kv
+    blocks."""
     kv_ready, kv_empty = ring.ready, ring.empty
     lo, hi, g_lo, g_hi = blocks.lo, blocks.hi, blocks.g_lo, blocks.g_hi
     full_lo, full_hi = blocks.full_lo, blocks.full_hi
@@ -326,17 +334,28 @@ def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m
         gl.store(LSE + b.to(gl.int64) * output.stride_lb + h.to(gl.int64) * output.stride_lh
                  + rows.to(gl.int64) * output.stride_ls, lse,
                  mask=rows.to(gl.uint32, bitcast=True) < q_len)
+    if DETECT:
+        o_bad = gl.sum((~(gl.abs(o) < float("inf"))).to(gl.int32), 1)
+        in_rows = rows.to(gl.uint32, bitcast=True) < q_len
+        bad = ((gl.convert_layout(o_bad, row_s) > 0) | ~(lse < float("inf"))) & in_rows
+        gl.store(output.flags + b.to(gl.int64) * output.stride_fb
+                 + h.to(gl.int64) * output.stride_fh + rows.to(gl.int64), bad.to(gl.uint8),
+                 mask=in_rows)
+        if gl.max(bad.to(gl.int32), 0) > 0:
+            gl.atomic_add(output.counts, 1)
     return it
 
 
 @gluon.jit
-def _prefill_ws(q_desc, k_desc, v_desc, m_desc, O, LSE, next_tile, band_pre, band_next,
-                K_PAGES, V_PAGES,
+def _prefill_ws(q_desc, k_desc, v_desc, m_desc, O, LSE, FLAGS, COUNTS, next_tile, band_pre,
+                band_next, K_PAGES, V_PAGES,
                 stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-                stride_kpb, stride_vpb, page_size,
-                n_heads, group, q_len, kv_len, n_blocks, scale, gamma, n_tiles, n_pairs,
+                stride_fb, stride_fh, stride_kpb, stride_vpb, page_size,
+                n_heads, group, q_len, kv_len, n_blocks, scale, gamma,
+                tail_block, tail_factor, n_tiles, n_pairs,
                 tile_group, PSEUDO_AVERAGE_SHIFT: gl.constexpr, EXACT_SHIFT: gl.constexpr,
                 HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr, PAGED: gl.constexpr,
+                DETECT: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                 STAGES: gl.constexpr):
     """Persistent, one program per SM: each takes tiles of :func:`_tile`'s order until
@@ -379,11 +398,12 @@ def _prefill_ws(q_desc, k_desc, v_desc, m_desc, O, LSE, next_tile, band_pre, ban
     queries = Queries(q_smem, q_bar, q_empty)
     ring = Ring(k_smem, v_smem, mean_smem, kv_ready, kv_empty)
     schedule = Schedule(tile_ids, tile_ready, n_tiles, n_pairs, tile_group, n_heads, group)
-    sizes = Sizes(q_len, kv_len, band_pre, band_next, scale, gamma)
-    output = Output(O, LSE, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls)
+    sizes = Sizes(q_len, kv_len, band_pre, band_next, scale, gamma, tail_block, tail_factor)
+    output = Output(O, LSE, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
+                    FLAGS, COUNTS, stride_fb, stride_fh)
     pages = Pages(K_PAGES, V_PAGES, stride_kpb, stride_vpb, page_size)
-    variant = Variant(PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N,
-                      HEAD_DIM, STAGES)
+    variant = Variant(PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, DETECT, BLOCK_M,
+                      BLOCK_N, HEAD_DIM, STAGES)
     if GROUPS == 3:
         gl.warp_specialize([
             (_consumer, (queries, ring, schedule, sizes, output, ones, 0, variant)),

@@ -90,8 +90,9 @@ class Schedule:
 
 @aggregate
 class Sizes:
-    """The problem's lengths, its per-batch band limits (pointers), the scale and PASA's
-    invariance gamma."""
+    """The problem's lengths, its per-batch band limits (pointers), the scale, PASA's
+    invariance gamma, and pasa's part-filled last kv block: its index (-1: none) and the
+    factor that turns its sum of S' into its row mean."""
 
     q_len: SCALAR
     kv_len: SCALAR
@@ -99,16 +100,21 @@ class Sizes:
     band_next: SCALAR
     scale: SCALAR
     gamma: SCALAR
+    tail_block: SCALAR
+    tail_factor: SCALAR
 
     @constexpr_function
-    def __init__(self, q_len, kv_len, band_pre, band_next, scale, gamma):
+    def __init__(self, q_len, kv_len, band_pre, band_next, scale, gamma, tail_block,
+                 tail_factor):
         _fill(self, q_len=q_len, kv_len=kv_len, band_pre=band_pre, band_next=band_next,
-              scale=scale, gamma=gamma)
+              scale=scale, gamma=gamma, tail_block=tail_block, tail_factor=tail_factor)
 
 
 @aggregate
 class Output:
-    """Where O and the LSE go: the pointers and their (batch, head, row) strides."""
+    """Where O and the LSE go: the pointers and their (batch, head, row) strides; the
+    overflow check's row flags (their (batch, head) strides, rows contiguous) and its
+    count of tiles with a flagged row."""
 
     o: SCALAR
     lse: SCALAR
@@ -118,12 +124,17 @@ class Output:
     stride_lb: SCALAR
     stride_lh: SCALAR
     stride_ls: SCALAR
+    flags: SCALAR
+    counts: SCALAR
+    stride_fb: SCALAR
+    stride_fh: SCALAR
 
     @constexpr_function
     def __init__(self, o, lse, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                 stride_ls):
+                 stride_ls, flags, counts, stride_fb, stride_fh):
         _fill(self, o=o, lse=lse, stride_ob=stride_ob, stride_oh=stride_oh, stride_os=stride_os,
-              stride_lb=stride_lb, stride_lh=stride_lh, stride_ls=stride_ls)
+              stride_lb=stride_lb, stride_lh=stride_lh, stride_ls=stride_ls, flags=flags,
+              counts=counts, stride_fb=stride_fb, stride_fh=stride_fh)
 
 
 @aggregate
@@ -178,23 +189,25 @@ def _paged_rows(pages, b, n0):
 class Variant:
     """The compiled variant, as constexprs: the allocation (pasa: PSEUDO_AVERAGE_SHIFT,
     pasa-exact: EXACT_SHIFT, fa-fp32: neither), the mask (HAS_BAND), the LSE output, the
-    tile (BLOCK_M query rows, BLOCK_N keys, HEAD_DIM) and the ring's depth."""
+    overflow check (DETECT), the tile (BLOCK_M query rows, BLOCK_N keys, HEAD_DIM) and
+    the ring's depth."""
 
     PSEUDO_AVERAGE_SHIFT: gl.constexpr
     EXACT_SHIFT: gl.constexpr
     HAS_BAND: gl.constexpr
     HAS_LSE: gl.constexpr
+    DETECT: gl.constexpr
     BLOCK_M: gl.constexpr
     BLOCK_N: gl.constexpr
     HEAD_DIM: gl.constexpr
     STAGES: gl.constexpr
 
     @constexpr_function
-    def __init__(self, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, BLOCK_M, BLOCK_N,
-                 HEAD_DIM, STAGES):
+    def __init__(self, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, DETECT, BLOCK_M,
+                 BLOCK_N, HEAD_DIM, STAGES):
         _fill(self, PSEUDO_AVERAGE_SHIFT=PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT=EXACT_SHIFT,
-              HAS_BAND=HAS_BAND, HAS_LSE=HAS_LSE, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-              HEAD_DIM=HEAD_DIM, STAGES=STAGES)
+              HAS_BAND=HAS_BAND, HAS_LSE=HAS_LSE, DETECT=DETECT, BLOCK_M=BLOCK_M,
+              BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, STAGES=STAGES)
 
 
 @aggregate

@@ -29,6 +29,12 @@ and adding 64 elements per thread: the same fp16 values summed in fp32, in the t
 cores' order, so a few outputs in 10^4 differ from the Triton kernel's by rounding
 (tests/test_gluon_prefill.py).
 
+Overflow check (where the call is checked): each consumer group flags its rows whose
+output or LSE is not finite and counts its tile if one is; the Triton repair launch
+(:mod:`triton_repair`) recomputes them. pasa's part-filled last kv block (kv_len not a
+multiple of 128) takes its keys' mean (:func:`pasa_npu.beta.partial_block_shift`), as the
+Triton kernel does.
+
 Scope (:func:`supported`): fp16 inputs; head dim 64 or 128 (Q, K and V alike); kv_block
 128; every batch at the full lengths (no ragged or packed varlen input); no explicit mask
 (causal and band modes are computed in the kernel); no rounding guard; layouts TMA can
@@ -53,6 +59,7 @@ try:  # Gluon ships with Triton >= 3.5
 except ImportError:  # pragma: no cover - older Triton
     AVAILABLE = False
 
+from pasa_npu.beta import partial_block_shift
 from pasa_npu.fallback.gluon_config import BLOCK_N, GROUP_ROWS, MEAN_ROWS
 from pasa_npu.fallback.kernel_common import (INTERPRET, device_capability, launch, sm_count,
                                              tma_strides)
@@ -139,15 +146,27 @@ def _no_means(device: torch.device, head_dim: int) -> torch.Tensor:
 
 
 def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
-        band_pre, band_next, lse_arg: torch.Tensor, k_pages=None) -> None:
+        band_pre, band_next, lse_arg: torch.Tensor, shift_table, counts,
+        k_pages=None) -> None:
     """Launch the kernel for a :func:`supported` problem. ``gamma``: PASA's
     invariance as the Triton kernel takes it; ``k_used``: K'
     (B, Nkv, blocks*128, D) for PASA (and pasa-exact's block means, (B, Nkv, blocks, D)),
     K and None for fa-fp32; ``band_*``: the per-batch band limits on the device (read only
-    under a band). Paged: ``k_used`` is the key cache, or K's slots for PASA, and
-    ``k_pages`` the table that maps each batch's kv blocks into it."""
+    under a band); ``shift_table``: pasa's (:func:`triton_shift.cached_shift_table`) or
+    None; ``counts``: where the call is checked for overflow, the zeroed count of tiles
+    with a flagged row (the flags are ``problem.overflow``'s). Paged: ``k_used`` is the
+    key cache, or K's slots for PASA, and ``k_pages`` the table that maps each batch's kv
+    blocks into it."""
     q, v, out, lse = problem.query, problem.value, problem.out, problem.lse
     head_dim = q.shape[3]
+    detect = problem.overflow is not None
+    flags = problem.overflow.row_flags if detect else out
+    tail_block, tail_factor = -1, 1.0 / BLOCK_N
+    kv_len = problem.max_kv_len if problem.paged else problem.key.shape[2]
+    if shift_table is not None and kv_len % BLOCK_N:  # pasa's part-filled last block
+        tail_block = kv_len // BLOCK_N
+        tail_factor = partial_block_shift(problem.beta, kv_len % BLOCK_N, BLOCK_N,
+                                          torch.float16, problem.scale)[2]
     n_blocks = means.shape[2] if means is not None else 0
     if means is None:
         means = _no_means(q.device, head_dim)
@@ -157,7 +176,6 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
     block_m = GROUP_ROWS * consumer_groups(head_dim)
     n_tiles = -(-problem.max_q_len // block_m)
     n_pairs = problem.batch * q.shape[1]
-    kv_len = problem.max_kv_len if problem.paged else problem.key.shape[2]
     kv_rows = 2 * kv_len if problem.paged else k_used.shape[2] + v.shape[2]
     kv_bytes = kv_rows * head_dim * 2  # one pair's K/V
     v_pages = problem.block_table if problem.paged else band_pre  # never read unpaged
@@ -169,14 +187,15 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
     launch(
         _prefill_ws, grid,
         _descriptor(q, GROUP_ROWS), _descriptor(k_used, BLOCK_N), _descriptor(v, BLOCK_N),
-        m_desc, out, lse_arg, torch.zeros(1, dtype=torch.int32, device=q.device), band_pre,
+        m_desc, out, lse_arg, flags, counts if detect else band_pre,
+        torch.zeros(1, dtype=torch.int32, device=q.device), band_pre,
         band_next, k_pages, v_pages, out.stride(0), out.stride(1), out.stride(2),
         lse_arg.stride(0) if lse is not None else 0, lse_arg.stride(1), lse_arg.stride(2),
-        k_pages.stride(0), v_pages.stride(0), problem.block_size,
-        q.shape[1], q.shape[1] // problem.key.shape[1], q.shape[2], kv_len,
-        n_blocks, problem.scale, gamma, n_tiles, n_pairs, tile_group,
+        flags.stride(0), flags.stride(1), k_pages.stride(0), v_pages.stride(0),
+        problem.block_size, q.shape[1], q.shape[1] // problem.key.shape[1], q.shape[2], kv_len,
+        n_blocks, problem.scale, gamma, tail_block, tail_factor, n_tiles, n_pairs, tile_group,
         PSEUDO_AVERAGE_SHIFT=problem.allocation.pseudo_average_shift,
         EXACT_SHIFT=problem.allocation.exact_shift, HAS_BAND=problem.band is not None,
-        HAS_LSE=lse is not None, PAGED=problem.paged,
+        HAS_LSE=lse is not None, PAGED=problem.paged, DETECT=detect,
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, STAGES=_stages(head_dim),
         num_warps=4, enable_fp_fusion=not problem.allocation.low_statistics)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pasa_npu import numerics
-from pasa_npu.beta import ideal_invariance, shift_matrix
+from pasa_npu import numerics, overflow
+from pasa_npu.beta import ideal_invariance, partial_block_shift, shift_matrix
 from pasa_npu.problem import AttentionProblem
 
 F32 = torch.float32
@@ -28,28 +28,81 @@ NEG_INF = float("-inf")
 
 
 def run(problem: AttentionProblem) -> None:
-    """Compute ``problem`` and write its output (and LSE) views."""
-    q, k, v = problem.dense_inputs()
+    """Compute ``problem`` and write its output (and LSE) views. With ``problem.overflow``
+    set, rows whose result is not finite are recomputed by the fa-fp32 path and their
+    row flags written (:mod:`pasa_npu.overflow`)."""
+    inputs = _Inputs.of(problem)
+    out, lse = _attend(problem, inputs, _prepare_keys(problem, inputs), _step_for(problem.allocation))
+    if problem.overflow is not None:
+        bad = nonfinite_rows(out, lse)
+        flags = torch.zeros(bad.shape, dtype=torch.uint8, device=bad.device)
+        if bool(bad.any()):
+            out, lse, flags = _repair(problem, inputs, out, lse, bad)
+        problem.scatter_rows(flags, problem.overflow.row_flags)
+    problem.write(out.to(problem.out.dtype), lse)
+
+
+def repair(problem: AttentionProblem, flagged: torch.Tensor) -> None:
+    """Recompute the rows ``flagged`` (bool, the canonical (Bt, Nq, Sq) rows) of a finished
+    ``problem`` by the fa-fp32 path, in its output and LSE views, and mark them in
+    ``problem.overflow.row_flags`` (the shared layer's repair for backends that do not
+    repair themselves)."""
+    inputs = _Inputs.of(problem)
+    bad = problem.gather_rows(flagged.to(problem.out.device))
+    out = problem.gather_rows(problem.out)
+    lse = problem.gather_rows(problem.lse) if problem.lse is not None else None
+    fixed, fixed_lse, flags = _repair(problem, inputs, out, lse, bad)
+    problem.write(fixed.to(problem.out.dtype), fixed_lse)
+    problem.scatter_rows(flags, problem.overflow.row_flags)
+
+
+def nonfinite_rows(out: torch.Tensor, lse) -> torch.Tensor:
+    """Bool (B, Nq, S): rows whose output, or LSE, is NaN or infinite. A row that sees no
+    key has output 0 and LSE -inf: not flagged."""
+    bad = ~torch.isfinite(out).all(-1)
+    if lse is not None:
+        bad |= torch.isnan(lse) | (lse == float("inf"))
+    return bad
+
+
+@dataclass
+class _Inputs:
+    """The dense inputs of a problem and the sizes every pass over it uses."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    n_blocks: int
+
+    @classmethod
+    def of(cls, problem: AttentionProblem) -> "_Inputs":
+        q, k, v = problem.dense_inputs()
+        return cls(q, k, v, max(1, math.ceil(k.shape[2] / problem.tiling.kv_block)))
+
+
+def _attend(problem: AttentionProblem, inputs: _Inputs, keys: "_Keys", step,
+            tiles: torch.Tensor | None = None):
+    """Dense (B, Nq, S, Dv) output and (B, Nq, S) LSE, in fp32, of the query tiles
+    ``tiles`` selects (bool per tile; None: every tile), the others left 0 / -inf."""
+    q, v = inputs.q, inputs.v
     batch, n_q, s_q, _ = q.shape
-    n_kv, s_kv, d_v = k.shape[1], k.shape[2], v.shape[3]
+    n_kv, d_v = inputs.k.shape[1], v.shape[3]
     group = n_q // n_kv
     tiling = problem.tiling
     kv_block = tiling.kv_block
-    n_blocks = max(1, math.ceil(s_kv / kv_block))
     low = problem.compute_dtype
-    step = _step_for(problem.allocation)
-
-    keys = _prepare_keys(problem, k.to(F32), n_blocks)
-    values = _pad_blocks(v.to(F32), problem.kv_lens, n_blocks, kv_block)
+    values = _pad_blocks(v.to(F32), problem.kv_lens, inputs.n_blocks, kv_block)
 
     out = torch.zeros(batch, n_q, s_q, d_v, dtype=F32, device=q.device)
     lse = torch.full((batch, n_q, s_q), NEG_INF, dtype=F32, device=q.device)
-    for q0 in range(0, s_q, tiling.q_block):
+    for t, q0 in enumerate(range(0, s_q, tiling.q_block)):
+        if tiles is not None and not bool(tiles[t]):
+            continue
         rows = torch.arange(q0, min(q0 + tiling.q_block, s_q), device=q.device)
         # (B, Nkv, G*s1, D): the query group of each kv head stacked along rows
         q_tile = q[:, :, q0:q0 + rows.numel()].to(F32).reshape(batch, n_kv, group * rows.numel(), -1)
         state = _State.empty(problem.allocation, batch, n_kv, group, rows.numel(), d_v, q.device)
-        for j in range(n_blocks):
+        for j in range(inputs.n_blocks):
             cols = torch.arange(j * kv_block, (j + 1) * kv_block, device=q.device)
             vis = problem.visible(rows, cols)[:, None, None]  # (B, 1, 1, s1, s2)
             has_any = vis.any(-1, keepdim=True)
@@ -59,7 +112,25 @@ def run(problem: AttentionProblem) -> None:
         o_tile, lse_tile = _finish(problem, state, low)
         out[:, :, q0:q0 + rows.numel()] = o_tile.reshape(batch, n_q, rows.numel(), d_v)
         lse[:, :, q0:q0 + rows.numel()] = lse_tile.reshape(batch, n_q, rows.numel())
-    problem.write(out.to(problem.out.dtype), lse)
+    return out, lse
+
+
+def _repair(problem: AttentionProblem, inputs: _Inputs, out, lse, bad: torch.Tensor):
+    """``out`` and ``lse`` (dense) with the rows ``bad`` recomputed by fa-fp32, and the
+    dense row flags: 2 where a recomputed row is finite, 3 where it is not (its inputs
+    hold NaN or inf), 0 elsewhere."""
+    exact = overflow.fp32_problem(problem)
+    q_block = problem.tiling.q_block
+    n_tiles = -(-bad.shape[2] // q_block)
+    padded = torch.nn.functional.pad(bad.any(1).any(0), (0, n_tiles * q_block - bad.shape[2]))
+    tiles = padded.view(n_tiles, q_block).any(1).cpu()
+    out32, lse32 = _attend(exact, inputs, _prepare_keys(exact, inputs), _step_fa, tiles)
+    out = torch.where(bad[..., None], out32.to(out.dtype), out)
+    if lse is not None:
+        lse = torch.where(bad, lse32.to(lse.dtype), lse)
+    still = nonfinite_rows(out32, lse32) & bad
+    flags = torch.where(still, overflow.ROW_NONFINITE, overflow.ROW_REPAIRED) * bad
+    return out, lse, flags.to(torch.uint8)
 
 
 # --------------------------------------------------------------------------- keys
@@ -69,6 +140,9 @@ def run(problem: AttentionProblem) -> None:
 class _Keys:
     blocks: torch.Tensor          # (B, Nkv, nblk, s2, D): K, or K' for the shifted allocations
     mean16: torch.Tensor | None   # (B, Nkv, nblk, D): rounded column means (pasa-exact)
+    # (B, nblk): 1/valid, the factor that turns a part-filled block's sum of S' into its row
+    # mean (pseudo-average shift; NaN for a full or empty block, whose mean is the plain one)
+    mean_factor: torch.Tensor | None = None
 
 
 def _pad_blocks(x: torch.Tensor, lens: torch.Tensor, n_blocks: int, block: int) -> torch.Tensor:
@@ -87,20 +161,38 @@ def _round(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype).to(F32)
 
 
-def _prepare_keys(problem: AttentionProblem, k: torch.Tensor, n_blocks: int) -> _Keys:
+def _prepare_keys(problem: AttentionProblem, inputs: _Inputs) -> _Keys:
     """The preprocessing kernel: per kv block, K' = M^T K (pseudo-average shift,
-    scale folded into M) or K' = (K - mean16) * scale (exact shift)."""
+    scale folded into M) or K' = (K - mean16) * scale (exact shift). A part-filled last
+    block is shifted as if its missing rows were its keys' mean
+    (:func:`pasa_npu.beta.partial_block_shift`; pasa-exact: by the mean of its keys), and
+    its padded rows of K' are zero (docs/design.md, "Shifting the keys on the matrix
+    engine")."""
     block = problem.tiling.kv_block
-    kb = _pad_blocks(k, problem.kv_lens, n_blocks, block)
+    kb = _pad_blocks(inputs.k.to(F32), problem.kv_lens, inputs.n_blocks, block)
     alloc = problem.allocation
     if not alloc.shifts_keys:
         return _Keys(kb, None)
+    valid = (problem.kv_lens.to(kb.device)[:, None]
+             - torch.arange(inputs.n_blocks, device=kb.device)[None, :] * block).clamp(0, block)
     if alloc.pseudo_average_shift:
         m = shift_matrix(problem.beta, block, torch.float16, problem.scale, kb.device).to(F32)
-        return _Keys(_round(torch.matmul(m.T, kb), torch.float16), None)
-    mean16 = _round(kb.sum(-2) / block, torch.float16)
+        shifted = _round(torch.matmul(m.T, kb), torch.float16)
+        factor = torch.full(valid.shape, float("nan"), dtype=F32, device=kb.device)
+        for b, j in ((valid > 0) & (valid < block)).nonzero().tolist():
+            n = int(valid[b, j])
+            diag, off, factor[b, j] = partial_block_shift(problem.beta, n, block,
+                                                          torch.float16, problem.scale)
+            m_n = torch.full((n, n), -off, dtype=torch.float64, device=kb.device)
+            m_n = m_n.fill_diagonal_(diag).to(F32)
+            shifted[b, :, j] = 0.0
+            shifted[b, :, j, :n] = _round(torch.matmul(m_n.T, kb[b, :, j, :n]), torch.float16)
+        return _Keys(shifted, None, factor)
+    count = valid.clamp(min=1).to(F32)[:, None, :, None]
+    mean16 = _round(kb.sum(-2) / count, torch.float16)
     shifted = _round((kb - mean16.unsqueeze(-2)) * problem.scale, torch.float16)
-    return _Keys(shifted, mean16)
+    in_block = torch.arange(block, device=kb.device)[None, None, :] < valid[:, :, None]
+    return _Keys(shifted * in_block[:, None, :, :, None], mean16)
 
 
 # --------------------------------------------------------------------------- state
@@ -176,9 +268,13 @@ def _step_fa(problem, state, q_tile, keys, v_blk, j, vis, has_any, low):
         l_new = r(r(a * state.l) + r(p.sum(-1, keepdim=True)))
     else:
         s = s * problem.scale
-        m_new = torch.maximum(state.m, _row_max(s, vis, problem, lambda x: x))
+        rm = _row_max(s, vis, problem, lambda x: x)
+        m_new = torch.maximum(state.m, rm)
         a = torch.exp(state.m - m_new)
         p = torch.where(vis, torch.exp(s - m_new), 0.0)
+        if problem.rounding_guard:  # a guarded row's l sums the weights P.V uses
+            guarded = rm != s.masked_fill(~vis, NEG_INF).amax(-1, keepdim=True)
+            p = torch.where(guarded, _round(p, low), p)
         l_new = a * state.l + p.sum(-1, keepdim=True)
     if alloc.low_accumulator:
         o_new = _round(_round(a * state.o, low) + _round(_pv(p, v_blk), low), low)
@@ -197,7 +293,12 @@ def _step_pseudo_average(problem, state, q_tile, keys, v_blk, j, vis, has_any, l
 
     s = _round(_scores(q_tile, keys.blocks[:, :, j], _tile_shape(state, v_blk.shape[-2])),
                torch.float16)
-    s_mean = r(s.mean(-1, keepdim=True))  # over all s2 columns M averaged, masked or not
+    s_mean = s.mean(-1, keepdim=True)  # over the block's keys, masked or not
+    factor = keys.mean_factor[:, j]
+    if bool(torch.isfinite(factor).any()):  # a part-filled block: the mean over its keys
+        factor = factor.view(-1, 1, 1, 1, 1)
+        s_mean = torch.where(torch.isfinite(factor), s.sum(-1, keepdim=True) * factor, s_mean)
+    s_mean = r(s_mean)
     m_loc = _row_max(s, vis, problem, r)
     p = torch.where(vis, r(torch.exp(r(s - m_loc))), 0.0)
     l_loc = r(p.sum(-1, keepdim=True))

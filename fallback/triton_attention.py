@@ -6,7 +6,8 @@ shares (:class:`Shared`) and picks the kernels:
 * decode (query length 1): :mod:`triton_decode`;
 * prefill: on Hopper the warp-specialised Gluon kernel of :mod:`gluon_prefill` where it
   applies, else the Triton kernel of :mod:`triton_prefill`; PASA's keys shifted in a
-  separate pass (:mod:`triton_shift`) or inside the prefill kernel.
+  separate pass (:mod:`triton_shift`) or inside the prefill kernel; where the call is
+  checked for overflow, the repair launch of :mod:`triton_repair` after it.
 
 The choices are :class:`triton_tuning.Tuning`'s, read once per call; the launch heuristics
 are :mod:`triton_launch`'s, the per-batch metadata :mod:`triton_metadata`'s. The numerics
@@ -19,11 +20,12 @@ from typing import Callable, NamedTuple, Optional
 import torch
 
 from pasa_npu.beta import ideal_invariance
-from pasa_npu.fallback import gluon_prefill, triton_decode, triton_prefill, triton_tuning
+from pasa_npu.fallback import (gluon_prefill, triton_decode, triton_prefill, triton_repair,
+                               triton_tuning)
 from pasa_npu.fallback.kernel_common import (allocation_flags, interpreting, mask_argument,
                                              placeholder, pow2)
 from pasa_npu.fallback.triton_metadata import device_metadata, host_ints
-from pasa_npu.fallback.triton_shift import cached_shift_matrix, prepare_keys
+from pasa_npu.fallback.triton_shift import cached_shift_table, prepare_keys
 from pasa_npu.problem import AttentionProblem
 
 
@@ -35,7 +37,7 @@ class Shared(NamedTuple):
     band_next: torch.Tensor
     mask: torch.Tensor       # the explicit mask as uint8, or a placeholder
     mask_strides: tuple
-    shift: Optional[torch.Tensor]  # PASA's stored shifting matrix M (pseudo-average shift)
+    shift: Optional[torch.Tensor]  # the pseudo-average shift's table (triton_shift)
     lse_arg: torch.Tensor    # the LSE view, or a placeholder
     gamma: float             # PASA's invariance (fp16-rounded with fp16 statistics), or 0
     constexprs: dict         # the allocation's flags, HAS_MASK, GUARD, BLOCK_N, HEAD_DIM(_V)
@@ -61,14 +63,20 @@ def run(problem: AttentionProblem) -> None:
         triton_decode.run(problem, shared)
     elif _gluon_prefill(problem, tuning):
         k_used, means, k_pages = problem.key, None, problem.block_table
-        if problem.allocation.shifts_keys:
+        detect = problem.overflow is not None
+        counts = torch.empty(1, dtype=torch.int32, device=problem.query.device) if detect \
+            else None
+        if problem.allocation.shifts_keys:  # (every checked call: the PASA allocations)
             k_used, means, shifted_pages = prepare_keys(
                 problem, problem.key, shared.lengths[2], shared.lengths[3],
-                shared.constexprs["BLOCK_N"], shared.constexprs["HEAD_DIM"])
+                shared.constexprs["BLOCK_N"], shared.constexprs["HEAD_DIM"], counts)
             k_pages = shifted_pages if problem.paged else None
         gluon_prefill.run(problem, shared.gamma, k_used,
                           means if problem.allocation.exact_shift else None,
-                          shared.band_pre, shared.band_next, shared.lse_arg, k_pages)
+                          shared.band_pre, shared.band_next, shared.lse_arg, shared.shift,
+                          counts, k_pages)
+        if detect:
+            triton_repair.run(problem, shared, counts)
     else:
         if problem.paged and problem.block_size % shared.constexprs["BLOCK_N"]:
             raise NotImplementedError(
@@ -99,7 +107,7 @@ def _shared(problem: AttentionProblem) -> Shared:
         gamma = torch.tensor(gamma).half().item()  # the kernel's fp16 scalar
     mask, mask_strides = mask_argument(problem.mask, dev)
     lse_arg = problem.lse if problem.lse is not None else placeholder(dev, torch.float32)
-    shift = (cached_shift_matrix(problem.beta, block_n, problem.scale, dev)
+    shift = (cached_shift_table(problem.beta, block_n, problem.scale, dev)
              if alloc.pseudo_average_shift else None)
     constexprs = dict(**allocation_flags(alloc), HAS_MASK=problem.mask is not None,
                       GUARD=problem.rounding_guard,

@@ -5,7 +5,10 @@ so that K/V are read once per group and a single query row still fills the GPU (
 splits make one wave of resident programs, :func:`triton_launch.decode_splits`); the
 partial results are merged by their log-sum-exp in fp32, one program per query head (as
 FlashDecoding). For PASA each split starts its own pseudo-average, and K' is computed
-there from each raw K block (:func:`triton_shift._shift_in_kernel`)."""
+there from each raw K block (:func:`triton_shift._shift_in_kernel`). Where the call is
+checked for overflow (DETECT), the combine program flags its merged row when it is not
+finite and recomputes it by fa-fp32 itself (:func:`triton_repair._repair_rows`): no
+launch of its own."""
 from __future__ import annotations
 
 import torch
@@ -13,7 +16,8 @@ import triton
 import triton.language as tl
 
 from pasa_npu.fallback import triton_launch as heuristics
-from pasa_npu.fallback.kernel_common import cdiv, launch, pow2, sm_count
+from pasa_npu.fallback.kernel_common import cdiv, launch, placeholder, pow2, sm_count
+from pasa_npu.fallback.triton_repair import _repair_rows
 from pasa_npu.fallback.triton_shift import _shift_in_kernel
 from pasa_npu.fallback.triton_softmax import _block_update, _finish, _initial_state, _row_constant
 from pasa_npu.problem import AttentionProblem
@@ -106,18 +110,23 @@ def _decode_split(
         v = tl.load(v_base + v_rows[:, None] + dims_v[None, :] * stride_vd,
                     mask=in_kv[:, None] & (dims_v[None, :] < head_dim_v), other=0.0)
         if PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT:
-            k, mean = _shift_in_kernel(k, SHIFT, scale, EXACT_SHIFT, BLOCK_N)
+            k, mean = _shift_in_kernel(k, SHIFT, scale, kv_len - blk * BLOCK_N, EXACT_SHIFT,
+                                       BLOCK_N)
             if EXACT_SHIFT:
                 c = _row_constant(q, mean, scale)
+        if PSEUDO_AVERAGE_SHIFT:  # the block's row mean (a part-filled block's own)
+            mean_factor = tl.load(SHIFT + tl.minimum(kv_len - blk * BLOCK_N, BLOCK_N) * 4 + 2)
+        else:
+            mean_factor = scale
         vis = in_kv[None, :] & (g[:, None] < group)
         if HAS_MASK:
             masked = tl.load(MASK + b.to(tl.int64) * stride_xb + n * stride_xk, mask=in_kv,
                              other=1)
             vis = vis & (masked == 0)[None, :]
         row_any = tl.max(vis.to(tl.int32), 1) > 0
-        m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma,
-                                          PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, LOW_SCORES,
-                                          LOW_STATISTICS, True, GUARD, BLOCK_N)
+        m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale,
+                                          gamma, mean_factor, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT,
+                                          LOW_SCORES, LOW_STATISTICS, True, GUARD, BLOCK_N)
     o, lse = _finish(m, l, acc.to(tl.float32), f, cnt, gamma, PSEUDO_AVERAGE_SHIFT)
     rows = (bh * n_splits + split).to(tl.int64) * group_rows + g
     tl.store(PART_O + rows[:, None] * HEAD_DIM_V + dims_v[None, :], o)
@@ -128,11 +137,20 @@ def _decode_split(
 def _decode_combine(PART_O, PART_LSE, O, LSE, q_starts, q_lens,
                     stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh, stride_ls,
                     n_heads, group, head_dim_v, n_splits, group_rows,
+                    Q, K, V, MASK, FLAGS, kv_starts, kv_lens,
+                    stride_qb, stride_qh, stride_qs, stride_qd,
+                    stride_kb, stride_kh, stride_ks, stride_kd,
+                    stride_vb, stride_vh, stride_vs, stride_vd,
+                    stride_xb, stride_xs, stride_xk, stride_fb, stride_fh, scale, head_dim,
                     HAS_LSE: tl.constexpr, SPLITS: tl.constexpr,
-                    CHUNK: tl.constexpr, HEAD_DIM_V: tl.constexpr):
+                    CHUNK: tl.constexpr, HEAD_DIM_V: tl.constexpr, DETECT: tl.constexpr,
+                    HAS_MASK: tl.constexpr, GUARD: tl.constexpr, BLOCK_N: tl.constexpr,
+                    HEAD_DIM: tl.constexpr):
     """Merge the splits of one (batch, query head) by log-sum-exp, in fp32, CHUNK splits
     per load: one program per query head, so that this latency-bound pass has many
-    programs in flight."""
+    programs in flight. DETECT: a merged row that is not finite is recomputed here by
+    fa-fp32 over the raw K and V (Q .. stride_fh: the problem's tensors and the row
+    flags), the others flagged finite."""
     pid = tl.program_id(0)
     b = pid // n_heads
     h = pid % n_heads
@@ -161,11 +179,31 @@ def _decode_combine(PART_O, PART_LSE, O, LSE, q_starts, q_lens,
     seen = total > 0
     o = tl.where(seen, o / tl.where(seen, total, 1.0), 0.0)
     lse = tl.where(seen, top_safe + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
+    keep = True
+    if DETECT:
+        # a split whose LSE is NaN or +inf would read as a split that saw no key
+        split_bad = (lse_s != lse_s) | (lse_s == float("inf"))
+        bad = (tl.sum((~(tl.abs(o) < float("inf"))).to(tl.int32), 0) > 0) \
+            | ~(lse < float("inf")) | (tl.sum(split_bad.to(tl.int32), 0) > 0)
+        keep = ~bad
     tl.store(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + q_start * stride_os
-             + dims_v * stride_od, o.to(O.dtype.element_ty), mask=dims_v < head_dim_v)
+             + dims_v * stride_od, o.to(O.dtype.element_ty), mask=(dims_v < head_dim_v) & keep)
     if HAS_LSE:
         tl.store(LSE + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh
-                 + q_start * stride_ls, lse)
+                 + q_start * stride_ls, lse, mask=keep)
+    if DETECT:
+        tl.store(FLAGS + b.to(tl.int64) * stride_fb + h.to(tl.int64) * stride_fh + q_start,
+                 tl.full([], 0, tl.uint8), mask=keep)
+        if bad:
+            _repair_rows(Q, K, V, O, LSE, FLAGS, MASK, q_starts, q_lens, kv_starts, kv_lens,
+                         q_lens, q_lens, stride_qb, stride_qh, stride_qs, stride_qd,
+                         stride_kb, stride_kh, stride_ks, stride_kd,
+                         stride_vb, stride_vh, stride_vs, stride_vd,
+                         stride_ob, stride_oh, stride_os, stride_od,
+                         stride_lb, stride_lh, stride_ls, stride_fb, stride_fh,
+                         stride_xb, stride_xs, stride_xk,
+                         b, h, 0, tl.arange(0, 16) == 0, group, scale, head_dim, head_dim_v,
+                         HAS_MASK, False, HAS_LSE, GUARD, 16, BLOCK_N, HEAD_DIM, HEAD_DIM_V)
 
 
 def run(problem: AttentionProblem, shared) -> None:
@@ -206,11 +244,18 @@ def run(problem: AttentionProblem, shared) -> None:
         **shared.constexprs, **heuristics.fp_options(problem.allocation))
     has_lse = problem.lse is not None
     lse_arg = shared.lse_arg
+    detect = problem.overflow is not None
+    flags = problem.overflow.row_flags if detect else placeholder(q.device, torch.uint8)
     launch(
         _decode_combine, (batch * n_heads,),
         part_o, part_lse, out, lse_arg, q_starts, q_lens, *shared.strides(out),
         (shared.batch_stride(lse_arg) if has_lse else 0), lse_arg.stride(1), lse_arg.stride(2),
         n_heads, group, v.shape[3], n_splits, group_rows,
+        q, k, v, shared.mask, flags, kv_starts, kv_lens, *shared.strides(q),
+        *shared.strides(k), *shared.strides(v), *shared.mask_strides,
+        shared.batch_stride(flags) if detect else 0, flags.stride(1), problem.scale, q.shape[3],
         HAS_LSE=has_lse, SPLITS=pow2(n_splits, 1),
         CHUNK=min(pow2(n_splits, 1), heuristics.COMBINE_CHUNK),
-        HEAD_DIM_V=head_dim_vp, num_warps=warps)
+        HEAD_DIM_V=head_dim_vp, DETECT=detect, HAS_MASK=shared.constexprs["HAS_MASK"],
+        GUARD=shared.constexprs["GUARD"], BLOCK_N=shared.constexprs["BLOCK_N"],
+        HEAD_DIM=head_dim_p, num_warps=warps)

@@ -5,7 +5,9 @@ the layout allows), then masked edge blocks; the loops a problem can never enter
 compiled out (:func:`pasa_npu.fallback.triton_launch.block_loops`). Causal and band limits
 are computed from the per-batch band; no S1 x S2 mask is ever built for sparse modes 2-4.
 pasa-exact's row constants come from the block means (:mod:`triton_shift`), precomputed
-per tile or per block in the loop (``Tuning.row_constant``)."""
+per tile or per block in the loop (``Tuning.row_constant``). With DETECT (the PASA
+allocations, checked) each program flags its rows whose output or LSE is not finite and
+counts its tile if one is; :mod:`triton_repair` recomputes them."""
 from __future__ import annotations
 
 import torch
@@ -13,10 +15,12 @@ import triton
 import triton.language as tl
 
 from pasa_npu.fallback import triton_launch as heuristics
+from pasa_npu.fallback import triton_repair
 from pasa_npu.fallback.kernel_common import (_tile_kv_blocks, cdiv, device_capability,
                                              interpreting, launch, placeholder, tma_strides)
 from pasa_npu.fallback.triton_shift import _shift_in_kernel, prepare_keys
-from pasa_npu.fallback.triton_softmax import _block_update, _finish, _initial_state, _row_constant
+from pasa_npu.fallback.triton_softmax import (_block_update, _finish, _initial_state,
+                                              _nonfinite_rows, _row_constant)
 from pasa_npu.fallback.triton_tuning import Tuning
 from pasa_npu.problem import AttentionProblem
 
@@ -40,7 +44,7 @@ def _tile_row_constants(q, mean_base, c_base, rows, q_len, dims, lo, hi, stride_
 
 @triton.jit
 def _attention_fwd(
-    Q, K, V, O, LSE, C, MEANS, MASK, SHIFT, K_DESC, V_DESC, K_PAGES, V_PAGES,
+    Q, K, V, O, LSE, C, MEANS, MASK, SHIFT, FLAGS, COUNTS, K_DESC, V_DESC, K_PAGES, V_PAGES,
     q_starts, q_lens, kv_starts, kv_lens, band_pre, band_next,
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
@@ -49,7 +53,7 @@ def _attention_fwd(
     stride_lb, stride_lh, stride_ls,
     stride_cb, stride_ch, stride_cblk,
     stride_mb, stride_mh, stride_mblk,
-    stride_xb, stride_xs, stride_xk,
+    stride_xb, stride_xs, stride_xk, stride_fb, stride_fh,
     stride_kpb, stride_vpb, page_size,
     n_heads, n_tiles, group, scale, gamma, head_dim, head_dim_v,
     PSEUDO_AVERAGE_SHIFT: tl.constexpr, EXACT_SHIFT: tl.constexpr, LOW_SCORES: tl.constexpr,
@@ -57,6 +61,7 @@ def _attention_fwd(
     GRID_1D: tl.constexpr,
     GUARD: tl.constexpr, K_PADDED: tl.constexpr, FUSED_SHIFT: tl.constexpr,
     USE_TMA: tl.constexpr, C_PER_BLOCK: tl.constexpr, LOOPS: tl.constexpr, PAGED: tl.constexpr,
+    DETECT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
 ):
     # one kernel body: the three kv-block loops share its set-up and its state, and
@@ -208,13 +213,18 @@ def _attention_fwd(
                         vis = vis & (masked == 0)
                         row_any = tl.max(vis.to(tl.int32), 1) > 0
                 if FUSED_SHIFT:
-                    k, mean = _shift_in_kernel(k, SHIFT, scale, EXACT_SHIFT, BLOCK_N)
+                    k, mean = _shift_in_kernel(k, SHIFT, scale, kv_len - n0, EXACT_SHIFT,
+                                               BLOCK_N)
                     if EXACT_SHIFT:
                         c = _row_constant(q, mean, scale)
+                if PSEUDO_AVERAGE_SHIFT and stage != 1:  # a part-filled block's own mean
+                    mean_factor = tl.load(SHIFT + tl.minimum(kv_len - n0, BLOCK_N) * 4 + 2)
+                else:
+                    mean_factor = scale
                 m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt,
-                                                  scale, gamma, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT,
-                                                  LOW_SCORES, LOW_STATISTICS, stage != 1, GUARD,
-                                                  BLOCK_N)
+                                                  scale, gamma, mean_factor, PSEUDO_AVERAGE_SHIFT,
+                                                  EXACT_SHIFT, LOW_SCORES, LOW_STATISTICS,
+                                                  stage != 1, GUARD, BLOCK_N)
 
     o, lse = _finish(m, l, acc.to(tl.float32), f, cnt, gamma, PSEUDO_AVERAGE_SHIFT)
     row_ok = rows < q_len
@@ -224,6 +234,12 @@ def _attention_fwd(
     if HAS_LSE:
         tl.store(LSE + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh
                  + (q_start + rows).to(tl.int64) * stride_ls, lse, mask=row_ok)
+    if DETECT:
+        bad = _nonfinite_rows(o, lse) & row_ok
+        tl.store(FLAGS + b.to(tl.int64) * stride_fb + h.to(tl.int64) * stride_fh
+                 + (q_start + rows).to(tl.int64), bad.to(tl.uint8), mask=row_ok)
+        if tl.max(bad.to(tl.int32), 0) > 0:
+            tl.atomic_add(COUNTS, 1)
 
 
 def run(problem: AttentionProblem, tuning: Tuning, shared) -> None:
@@ -243,9 +259,16 @@ def run(problem: AttentionProblem, tuning: Tuning, shared) -> None:
     constants = placeholder(dev, torch.float32)
     means = placeholder(dev, torch.float16)
     k_pages = v_pages = problem.block_table if problem.paged else shared.lengths[0]
+    detect = problem.overflow is not None
+    flags = problem.overflow.row_flags if detect else placeholder(dev, torch.uint8)
+    counts = None
+    if detect:  # the tiles with a flagged row, zeroed by the key shift's launch
+        counts = (torch.empty if alloc.shifts_keys and not fused else torch.zeros)(
+            1, dtype=torch.int32, device=dev)
     if alloc.shifts_keys and not fused:
         k_used, means, shifted_pages = prepare_keys(problem, k, shared.lengths[2],
-                                                    shared.lengths[3], block_n, head_dim_p)
+                                                    shared.lengths[3], block_n, head_dim_p,
+                                                    counts)
         k_pages = shifted_pages if problem.paged else k_pages
         k_strides = tuple(k_used.stride())
         if alloc.exact_shift and not c_per_block:  # the kernel fills it
@@ -268,19 +291,24 @@ def run(problem: AttentionProblem, tuning: Tuning, shared) -> None:
     launch(
         _attention_fwd, grid,
         q, k_used, v, out, shared.lse_arg, constants, means, shared.mask,
-        shared.shift if shared.shift is not None else constants,
-        k_desc if use_tma else k_used, v_desc if use_tma else v, k_pages, v_pages,
+        shared.shift if shared.shift is not None else constants, flags,
+        counts if detect else shared.lengths[1], k_desc if use_tma else k_used,
+        v_desc if use_tma else v, k_pages, v_pages,
         *shared.lengths, shared.band_pre, shared.band_next,
         *strides(q), *k_strides, *shared.kv_strides(v), *strides(out),
         (shared.batch_stride(shared.lse_arg) if lse is not None else 0),
         *shared.lse_arg.stride()[1:],
         *constants.stride()[:3], *means.stride()[:3], *shared.mask_strides,
+        shared.batch_stride(flags) if detect else 0, flags.stride(1),
         k_pages.stride(0), v_pages.stride(0), problem.block_size, q.shape[1], n_tiles, q.shape[1] // k.shape[1], problem.scale, shared.gamma,
         q.shape[3], v.shape[3], HAS_BAND=problem.band is not None, HAS_LSE=lse is not None,
         K_PADDED=alloc.shifts_keys and not fused, FUSED_SHIFT=fused, USE_TMA=use_tma,
         C_PER_BLOCK=c_per_block, LOOPS=loops, GRID_1D=grid_1d, PAGED=problem.paged,
+        DETECT=detect,
         BLOCK_M=block_m, num_warps=warps, num_stages=stages, **shared.constexprs,
         **heuristics.fp_options(alloc))
+    if detect:
+        triton_repair.run(problem, shared, counts)
 
 
 def _tma_capable(dev: torch.device) -> bool:

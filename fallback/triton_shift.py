@@ -5,15 +5,17 @@
 ``pasa`` / ``pasa-mixed``: K' = M^T K per kv block (the stored shifting matrix, scale
 folded), evaluated element-wise from M's two distinct entries: in fp32, rounded once, as a
 matmul's fp32 accumulation is (the n x n matmul it replaces would read M in every
-program). ``pasa-exact``: mean16 per block and K' = fp16((K - mean16) * scale). Zero-padded
-to whole blocks, as the means must see the padded rows.
+program). ``pasa-exact``: mean16 per block and K' = fp16((K - mean16) * scale). A
+part-filled last block is shifted over its valid keys alone (the matrix for that many
+keys, :func:`pasa_npu.beta.partial_block_shift`; the mean of those keys) and its padded
+rows of K' are zero (docs/design.md, "Shifting the keys on the matrix engine").
 
 Paged KV: K' is kept per physical block, in one slot per (batch, table entry) of
 :func:`page_slots`: a block that lies wholly below the kv length of every batch that
 references it is shifted once, in the slot of its first reference, and the other
 references read that slot; a batch's last, partly filled block is shifted in its own
-slot, zero-padded past its kv length as the contiguous pass pads. The attention kernels
-read K' through the slot table as they read V through the block table.
+slot, as the contiguous pass shifts it. The attention kernels read K' through the slot
+table as they read V through the block table.
 """
 from __future__ import annotations
 
@@ -24,26 +26,30 @@ import torch
 import triton
 import triton.language as tl
 
-from pasa_npu.beta import shift_matrix
+from pasa_npu.beta import partial_block_shift
 from pasa_npu.fallback.kernel_common import cdiv, interpreting, launch
 from pasa_npu.problem import AttentionProblem
 
 
 @triton.jit
-def _shift_keys(K, KS, MEAN, SHIFT, kv_starts, kv_lens, PAGES, SLOTS,
+def _shift_keys(K, KS, MEAN, SHIFT, COUNTS, kv_starts, kv_lens, PAGES, SLOTS,
                 stride_kb, stride_kh, stride_ks, stride_kd,
                 stride_sb, stride_sh, stride_ss,
                 stride_mb, stride_mh, stride_mblk,
                 stride_pb, slots_per_batch, page_size,
                 n_kv_heads, n_blocks, scale, head_dim,
-                EXACT_SHIFT: tl.constexpr, PAGED: tl.constexpr, BLOCK_N: tl.constexpr,
-                HEAD_DIM: tl.constexpr):
+                EXACT_SHIFT: tl.constexpr, PAGED: tl.constexpr, ZERO_COUNTS: tl.constexpr,
+                BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
     """K' for one kv block of one (batch, kv head) (:func:`_shift_in_kernel`, the one
     definition decode uses too); rows past the valid length are zero. PAGED: K is the cache
     (num_blocks, N_kv, page_size, D) read through the block table ``PAGES``; K' and the
     means go to the slot ``SLOTS[b, j]`` of the block's table entry j (SLOTS is contiguous,
     ``slots_per_batch`` per batch), by the one program that owns the slot
-    (:func:`page_slots`)."""
+    (:func:`page_slots`). ZERO_COUNTS: the first program also zeroes the attention kernel's
+    overflow counter (the launch runs before it on the same stream)."""
+    if ZERO_COUNTS:
+        if tl.program_id(0) == 0:
+            tl.store(COUNTS, 0)
     blk = tl.program_id(0) % n_blocks  # a 1-D grid: CUDA caps the other axes at 65535
     bh = tl.program_id(0) // n_blocks
     b = bh // n_kv_heads
@@ -72,7 +78,8 @@ def _shift_keys(K, KS, MEAN, SHIFT, kv_starts, kv_lens, PAGES, SLOTS,
         out_rows = rows
         mean_blk = blk
     k = tl.load(k_ptrs, mask=(rows[:, None] < kv_len) & (dims[None, :] < head_dim), other=0.0)
-    shifted, mean = _shift_in_kernel(k, SHIFT, scale, EXACT_SHIFT, BLOCK_N)
+    shifted, mean = _shift_in_kernel(k, SHIFT, scale, kv_len - blk * BLOCK_N, EXACT_SHIFT,
+                                     BLOCK_N)
     if EXACT_SHIFT:
         tl.store(MEAN + out_b * stride_mb + h * stride_mh + mean_blk * stride_mblk + dims,
                  mean.to(tl.float16))
@@ -81,30 +88,41 @@ def _shift_keys(K, KS, MEAN, SHIFT, kv_starts, kv_lens, PAGES, SLOTS,
 
 
 @triton.jit
-def _shift_in_kernel(k, SHIFT, scale, EXACT_SHIFT: tl.constexpr, BLOCK_N: tl.constexpr):
-    """K' of one zero-padded raw K tile: in the preprocessing pass (``_shift_keys``) and
-    inside the attention loop (fused: decode, and prefill with ``Tuning.shift == "fused"``).
-    Returns K' and, for pasa-exact, the block's mean16 (fp32)."""
+def _shift_in_kernel(k, SHIFT, scale, valid, EXACT_SHIFT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """K' of one zero-padded raw K tile whose first ``valid`` rows are keys (all of them
+    where ``valid >= BLOCK_N``): in the preprocessing pass (``_shift_keys``) and inside the
+    attention loop (fused: decode, and prefill with ``Tuning.shift == "fused"``). ``SHIFT``:
+    the pseudo-average shift's table (:func:`cached_shift_table`). Returns K', zero past
+    the valid rows, and, for pasa-exact, the block's mean16 (fp32) over its valid rows."""
+    n = tl.maximum(tl.minimum(valid, BLOCK_N), 1)
+    in_block = tl.arange(0, BLOCK_N) < n
     if EXACT_SHIFT:
-        mean16 = (tl.sum(k.to(tl.float32), 0) / BLOCK_N).to(tl.float16)
+        mean16 = tl.math.div_rn(tl.sum(k.to(tl.float32), 0), n.to(tl.float32)).to(tl.float16)
         shifted = ((k.to(tl.float32) - mean16.to(tl.float32)[None, :]) * scale).to(tl.float16)
         mean = mean16.to(tl.float32)
     else:
         # M^T K without the n x n matmul: row i of M^T K is diag * K_i - off * (sum_j K_j - K_i)
         # for M's stored entries (diag, -off), evaluated in fp32 and rounded once, as the
         # matmul's fp32 accumulation is; an n-times cheaper pass where K is read once anyway
-        diag = tl.load(SHIFT).to(tl.float32)
-        off = -tl.load(SHIFT + 1).to(tl.float32)
+        diag = tl.load(SHIFT + n * 4)
+        off = tl.load(SHIFT + n * 4 + 1)
         k32 = k.to(tl.float32)
         shifted = ((diag + off) * k32 - off * tl.sum(k32, 0)[None, :]).to(tl.float16)
         mean = tl.zeros([k.shape[1]], tl.float32)
-    return shifted, mean
+    return tl.where(in_block[:, None], shifted, 0.0), mean
 
 
 @functools.lru_cache(maxsize=64)
-def cached_shift_matrix(beta: float, n: int, scale: float, device: torch.device) -> torch.Tensor:
-    """The stored fp16 shifting matrix M (scale folded) on ``device``."""
-    return shift_matrix(beta, n, torch.float16, scale, device).contiguous()
+def cached_shift_table(beta: float, n: int, scale: float, device: torch.device) -> torch.Tensor:
+    """The pseudo-average shift of a block holding v keys, for v = 1 .. n, on ``device``:
+    row v of an (n + 1, 4) fp32 table holds the stored shifting matrix's diagonal and
+    off-diagonal magnitude (fp16 values) and the factor that turns the block's sum of S'
+    into its row mean (:func:`pasa_npu.beta.partial_block_shift`; 1/n for a full block)."""
+    table = torch.zeros(n + 1, 4, dtype=torch.float64)
+    for valid in range(1, n + 1):
+        table[valid, :3] = torch.tensor(partial_block_shift(beta, valid, n, torch.float16,
+                                                            scale), dtype=torch.float64)
+    return table.to(torch.float32).to(device)
 
 
 class ShiftedKeys(NamedTuple):
@@ -119,9 +137,11 @@ class ShiftedKeys(NamedTuple):
 
 
 def prepare_keys(problem: AttentionProblem, k: torch.Tensor, kv_starts: torch.Tensor,
-                 kv_lens: torch.Tensor, block_n: int, head_dim_p: int) -> ShiftedKeys:
+                 kv_lens: torch.Tensor, block_n: int, head_dim_p: int,
+                 counts=None) -> ShiftedKeys:
     """The separate preprocessing pass over ``k`` (the problem's K, or its cache when
-    paged): K' padded to whole blocks and the block means (written for pasa-exact only)."""
+    paged): K' padded to whole blocks and the block means (written for pasa-exact only).
+    ``counts``: the attention kernel's overflow counter, zeroed by this launch."""
     dev = k.device
     batch, n_kv = problem.batch, k.shape[1]
     exact = problem.allocation.exact_shift
@@ -136,17 +156,19 @@ def prepare_keys(problem: AttentionProblem, k: torch.Tensor, kv_starts: torch.Te
     k_shift = torch.empty(out_batch, n_kv, rows, head_dim_p, dtype=torch.float16, device=dev)
     means = torch.empty(out_batch, n_kv, rows // block_n, head_dim_p, dtype=torch.float16,
                         device=dev)
-    shift = means if exact else cached_shift_matrix(problem.beta, block_n, problem.scale, dev)
+    shift = means if exact else cached_shift_table(problem.beta, block_n, problem.scale, dev)
     pages = problem.block_table if problem.paged else kv_lens
     launch(
         _shift_keys, (n_blocks * batch * n_kv,),
-        k, k_shift, means, shift, kv_starts, kv_lens, pages, slots if slots is not None else pages,
+        k, k_shift, means, shift, counts if counts is not None else kv_lens, kv_starts, kv_lens,
+        pages, slots if slots is not None else pages,
         0 if problem.packed and not problem.paged else k.stride(0), k.stride(1), k.stride(2),
         k.stride(3), k_shift.stride(0), k_shift.stride(1), k_shift.stride(2),
         means.stride(0), means.stride(1), means.stride(2),
         pages.stride(0), slots.shape[1] if slots is not None else 0, problem.block_size,
         n_kv, n_blocks, problem.scale, k.shape[3],
-        EXACT_SHIFT=exact, PAGED=problem.paged, BLOCK_N=block_n, HEAD_DIM=head_dim_p,
+        EXACT_SHIFT=exact, PAGED=problem.paged, ZERO_COUNTS=counts is not None,
+        BLOCK_N=block_n, HEAD_DIM=head_dim_p,
         num_warps=1 if interpreting() else 4)
     if slots is not None and exact:  # each batch's means in its blocks' order
         means = (means[slots.long()].transpose(1, 2).flatten(2, 3))

@@ -50,14 +50,18 @@ def _guarded_max(s, rm, vis, MASKED: tl.constexpr, GUARD: tl.constexpr, ROUND: t
 
 
 @triton.jit
-def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma,
+def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mean_factor,
                   PSEUDO_AVERAGE_SHIFT: tl.constexpr, EXACT_SHIFT: tl.constexpr,
                   LOW_SCORES: tl.constexpr, LOW_STATISTICS: tl.constexpr,
                   MASKED: tl.constexpr, GUARD: tl.constexpr, BLOCK_N: tl.constexpr):
     """One kv block of online softmax for the allocation the flags name
     (:func:`pasa_npu.fallback.kernel_common.allocation_flags`). Rows that see no key of
     the block (MASKED only: ``row_any`` False) keep their state. ``c``: pasa-exact's
-    per-row constant scale * (Q . mean16) of this block (fp32). With low-precision
+    per-row constant scale * (Q . mean16) of this block (fp32). ``mean_factor``: (MASKED
+    pasa and pasa-mixed) the factor that turns the block's sum of S' into its row mean,
+    1/BLOCK_N for a full block, other for a part-filled one
+    (:func:`pasa_npu.fallback.triton_shift.cached_shift_table`); an interior block divides
+    by BLOCK_N. With low-precision
     statistics (fa-fp16, pasa) ``acc`` is fp16 too and the steps run as native fp16
     operations: each rounds once, as the CPU backend's fp32-then-round steps do (the
     kernels are launched without FMA contraction). Returns the new state."""
@@ -76,6 +80,8 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma,
         m_new = tl.maximum(m, rm)
         alpha = tl.exp2((m - m_new) * 1.4426950408889634)
         p = tl.exp2(s * 1.4426950408889634 - (m_new * 1.4426950408889634)[:, None])
+        if GUARD:  # a guarded row's l sums the weights P.V uses ("The rounding guard")
+            p = tl.where((rm != tl.max(s, 1))[:, None], p.to(low).to(tl.float32), p)
         l_new = alpha * l + tl.sum(p, 1)
         acc_new = acc * alpha[:, None] + tl.dot(p.to(low), v)
         f_new = f
@@ -94,7 +100,11 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma,
     elif PSEUDO_AVERAGE_SHIFT:  # pasa (fp16 statistics), pasa-mixed (fp32 statistics)
         sp16 = _fp16(qk)
         sp = sp16.to(tl.float32)
-        s_mean = tl.sum(sp16.to(tl.float32), 1) / BLOCK_N  # all columns M averaged, masked or not
+        # the block's keys' mean, masked or not (a part-filled block's padded columns are 0)
+        if MASKED:
+            s_mean = tl.sum(sp16.to(tl.float32), 1) * mean_factor
+        else:
+            s_mean = tl.sum(sp16.to(tl.float32), 1) / BLOCK_N
         if LOW_STATISTICS:
             s_mean = _rl(s_mean, low)
         if MASKED:
@@ -176,6 +186,14 @@ def _finish(m, l, acc, f, cnt, gamma, PSEUDO_AVERAGE_SHIFT: tl.constexpr):
         true_max = m + gamma * f
     lse = tl.where(seen, true_max + tl.log(l_safe), float("-inf"))
     return o, lse
+
+
+@triton.jit
+def _nonfinite_rows(o, lse):
+    """Per row: its output or LSE is NaN or infinite (the overflow check; a row that saw
+    no key has output 0 and LSE -inf, and is not flagged)."""
+    o_bad = tl.sum((~(tl.abs(o) < float("inf"))).to(tl.int32), 1) > 0
+    return o_bad | ~(lse < float("inf"))
 
 
 @triton.jit

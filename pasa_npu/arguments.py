@@ -89,6 +89,7 @@ OWN_ARGUMENTS = (
     Argument("rounding_guard", False, bool),
     Argument("q_block", None, Optional[int]),
     Argument("kv_block", None, Optional[int]),
+    Argument("repair_overflow", True, bool),
 )
 
 KEYWORD_ARGUMENTS = TORCH_NPU_ARGUMENTS + OWN_ARGUMENTS

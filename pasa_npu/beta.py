@@ -88,3 +88,26 @@ def optimal_beta(beta0: float, n: int, dtype: torch.dtype = torch.float16, scale
 def default_beta(n: int, scale: float, dtype: torch.dtype = torch.float16) -> float:
     """The beta used when ``beta=None``: optimal from :data:`DEFAULT_BETA0`."""
     return optimal_beta(DEFAULT_BETA0, n, dtype, scale)
+
+
+def partial_block_shift(beta: float, valid: int, n: int, dtype: torch.dtype = torch.float16,
+                        scale: float = 1.0) -> tuple[float, float, float]:
+    """How PASA shifts a kv block that holds ``valid`` keys of its ``n`` rows (the
+    part-filled last block; docs/design.md, "Shifting the keys on the matrix engine").
+
+    The block is shifted as the full block would be with its ``n - valid`` missing rows
+    filled by the mean of its keys: row i of K' is ``(diag + off) * K_i - off_v * sum(K)``
+    over the valid rows, with the full block's stored entries (``diag``, ``-off``;
+    :func:`shift_matrix_entries`) and ``off_v = off * n / valid``. Its S' then relates to
+    its scores exactly as a full block's does (the same residual ``a - b n`` of the bias,
+    the same practical invariance, so the same beta and gamma), and its row mean is the
+    mean over its valid columns. Returns ``(diag_v, off_v, mean_factor)``: the valid x valid
+    matrix's diagonal ``diag + off - off_v`` and off-diagonal magnitude ``off_v`` (fp64,
+    not rounded to ``dtype``: the kernels apply them in fp32), and ``1 / valid``, the
+    factor that turns the block's sum of S' into its row mean. For ``valid == n`` these
+    are the stored entries and 1/n."""
+    if not 1 <= valid <= n:
+        raise ValueError(f"valid must lie in [1, n={n}], got {valid}")
+    diag, off = shift_matrix_entries(beta, n, dtype, scale)
+    off_v = off * n / valid
+    return diag + off - off_v, off_v, 1.0 / valid

@@ -10,7 +10,7 @@ from typing import Callable, Optional
 
 import torch
 
-from . import backends, paging
+from . import backends, overflow, paging
 from .arguments import (PACKED, canonical_views, check_implemented, check_scale, check_shapes,
                         check_tensors, describe, int_arg, parse_layout, resolve_allocation,
                         resolve_beta, resolve_tiling, sequence_lengths, to_canonical,
@@ -52,6 +52,10 @@ class Plan:
     covered: bool         # every output row is written by the backend: no zero fill
     lse_rows_past: bool   # some LSE row lies past its query length
     may_have_empty: bool  # some row inside its query length may see no key
+    backend: str = "golden"
+    # PASA's results checked for non-finite rows: "off", "kernel" (the backend checks and
+    # repairs) or "after" (the API layer checks the finished output; pasa_npu.overflow)
+    overflow_check: str = "off"
     validated_mask: Optional[torch.Tensor] = None  # sparse modes 2-4: kept alive for the key
     block_size: int = 0   # paged KV: the cache's block size (0: not paged)
 
@@ -169,6 +173,7 @@ def _make_plan(args: dict, golden: bool) -> Plan:
         allocation, beta, tiling, guard = ALLOCATIONS["fa-fp32"], 0.0, DEFAULT_TILING, False
         runner = backends.run_golden
         out_dtype, lse_dtype, low = torch.float64, torch.float64, torch.float64
+        extra = {}
     else:
         allocation = resolve_allocation(args["algorithm"], inner_precise)
         tiling = resolve_tiling(args["q_block"], args["kv_block"])
@@ -178,9 +183,16 @@ def _make_plan(args: dict, golden: bool) -> Plan:
             raise TypeError(f"rounding_guard must be a bool, got {describe(guard)}")
         if not isinstance(args["backend"], str):
             raise TypeError(f"backend must be a str, got {describe(args['backend'])}")
-        runner = backends.resolve(args["backend"], query.device).runner()
+        if not isinstance(args["repair_overflow"], bool):
+            raise TypeError(f"repair_overflow must be a bool, got "
+                            f"{describe(args['repair_overflow'])}")
+        backend = backends.resolve(args["backend"], query.device)
+        runner = backend.runner()
         out_dtype, lse_dtype = query.dtype, torch.float32
         low = compute_dtype(allocation, query.dtype)
+        extra = dict(backend=backend.name, overflow_check="off")
+        if args["repair_overflow"] and allocation.shifts_keys:
+            extra["overflow_check"] = "kernel" if backend.checks_overflow else "after"
     return Plan(
         in_layout=in_layout, out_layout=out_layout, num_heads=num_heads,
         num_kv_heads=num_kv_heads, packed=packed, q_lens=q_lens, q_starts=q_starts,
@@ -189,7 +201,8 @@ def _make_plan(args: dict, golden: bool) -> Plan:
         beta=beta, tiling=tiling, guard=guard, runner=runner, out_dtype=out_dtype,
         lse_dtype=lse_dtype, low=low,
         validated_mask=args["atten_mask"] if args["sparse_mode"] in (2, 3, 4) else None,
-        block_size=block_size, **_row_flags(q_lens, kv_lens, mask, band, packed, q.shape[2]))
+        block_size=block_size, **extra,
+        **_row_flags(q_lens, kv_lens, mask, band, packed, q.shape[2]))
 
 
 def _canonical(args: dict, layout: str, num_heads: int, num_kv_heads: int, block_size: int):
@@ -280,15 +293,25 @@ def _execute(plan: Plan, args: dict, golden: bool) -> tuple[torch.Tensor, torch.
     lse, lse_view = (allocate_lse(q, plan.packed, plan.lse_dtype) if plan.want_lse
                      else (None, None))
     if q.numel() == 0 or out.numel() == 0:
+        if not golden:
+            overflow.record_unchecked(plan.allocation.name, plan.backend)
         return out, lse if plan.want_lse else lse_placeholder(query.device)
 
+    check = None
+    if plan.overflow_check != "off":
+        check = overflow.OverflowCheck(torch.empty(out_view.shape[:3], dtype=torch.uint8,
+                                                   device=out_view.device))
     problem = AttentionProblem(
         query=q, key=k, value=v, out=out_view, lse=lse_view, q_lens=plan.q_lens,
         kv_lens=plan.kv_lens, q_starts=plan.q_starts, kv_starts=kv_starts,
         packed=plan.packed, mask=plan.mask, band=plan.band, scale=plan.scale,
         allocation=plan.allocation, beta=plan.beta, compute_dtype=plan.low,
         rounding_guard=plan.guard, tiling=plan.tiling, block_table=table,
-        block_size=plan.block_size if table is not None else 0)
+        block_size=plan.block_size if table is not None else 0, overflow=check)
     plan.runner(problem)
+    if plan.overflow_check == "after":
+        overflow.check_after(problem)
+    if not golden:
+        overflow.record(problem, plan.backend)
     fix_rows(problem, v_input, plan)
     return out, (lse if plan.want_lse else lse_placeholder(query.device))

@@ -17,7 +17,8 @@ Paged KV (``block_table`` given): ``key`` and ``value`` are views of the caches 
 
 Backends write ``out`` (and ``lse`` when given) for every visible row and leave
 0 / -inf for rows that see no key; the API layer applies torch_npu's
-``inner_precise`` rule to those afterwards.
+``inner_precise`` rule to those afterwards. With ``overflow`` set, a backend that detects
+overflow also writes the row flags it holds (:mod:`pasa_npu.overflow`).
 
 Paged KV (torch_npu's ``block_table`` and ``block_size``): ``block_table`` is int32
 (B, max_blocks) on the query's device and ``block_size`` > 0. ``key`` and ``value`` are
@@ -30,21 +31,24 @@ lives in physical block ``block_table[b, j // block_size]``, row ``j % block_siz
 every table entry of a key below its batch's kv length (``0 <= entry < num_blocks``) and
 that the table holds ``ceil(kv_len / block_size)`` entries per batch; entries past those
 are never read. Rows of a physical block past a batch's kv length may hold anything (the
-cache's other requests, stale data): a backend treats them as absent, as the zero padding
-of a contiguous kv sequence. The numerics are those of the same keys laid out
-contiguously: PASA's key shift and pasa-exact's block means are per kv block of
-``tiling.kv_block`` keys, zero-padded past the kv length.
+cache's other requests, stale data): a backend treats them as absent, as the padding of a
+contiguous kv sequence. The numerics are those of the same keys laid out contiguously:
+PASA's key shift and pasa-exact's block means are per kv block of ``tiling.kv_block`` keys,
+a part-filled last block's taken over its own keys.
 """
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from . import paging
 from .numerics import Allocation, Tiling
+
+if TYPE_CHECKING:
+    from .overflow import OverflowCheck
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,7 @@ class AttentionProblem:
     tiling: Tiling
     block_table: Optional[torch.Tensor] = None
     block_size: int = 0
+    overflow: Optional["OverflowCheck"] = None
 
     @property
     def paged(self) -> bool:
@@ -163,16 +168,32 @@ class AttentionProblem:
     def write(self, out: torch.Tensor, lse: Optional[torch.Tensor]) -> None:
         """Store dense (B, Nq, maxSq, Dv) results (and (B, Nq, maxSq) LSE) into the
         caller's output views, rows past each batch's query length left at zero."""
+        self.scatter_rows(out, self.out)
+        if self.lse is not None and lse is not None:
+            self.scatter_rows(lse, self.lse)
+
+    def scatter_rows(self, dense: torch.Tensor, target: torch.Tensor) -> None:
+        """Copy dense per-row data (B, Nq, maxSq, ...) into ``target``, laid out as the
+        canonical output (Bt, Nq, Sq, ...): as it is, or into each packed sequence's rows."""
         if not self.packed:
-            self.out.copy_(out)
-            if self.lse is not None and lse is not None:
-                self.lse.copy_(lse)
+            target.copy_(dense)
             return
         for b in range(self.batch):
             s, n = int(self.q_starts[b]), int(self.q_lens[b])
-            self.out[0, :, s:s + n].copy_(out[b, :, :n])
-            if self.lse is not None and lse is not None:
-                self.lse[0, :, s:s + n].copy_(lse[b, :, :n])
+            target[0, :, s:s + n].copy_(dense[b, :, :n])
+
+    def gather_rows(self, canonical: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`scatter_rows`: per-row data laid out as the canonical
+        output, as dense (B, Nq, maxSq, ...) rows (a copy; zero past each query length
+        when packed)."""
+        if not self.packed:
+            return canonical.clone()
+        dense = canonical.new_zeros(self.batch, canonical.shape[1], self.max_q_len,
+                                    *canonical.shape[3:])
+        for b in range(self.batch):
+            s, n = int(self.q_starts[b]), int(self.q_lens[b])
+            dense[b, :, :n] = canonical[0, :, s:s + n]
+        return dense
 
 
 def _unpack(x: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:

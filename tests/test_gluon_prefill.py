@@ -298,3 +298,24 @@ def test_gpu_gluon_prefill_leaves_ragged_paged_kv_to_the_triton_kernel(gluon_lau
             block_table=table, block_size=128, actual_seq_lengths_kv=lens), "warp-specialised")
         assert torch.isfinite(out.float()).all()
     assert not gluon_launches
+
+
+def test_gpu_gluon_prefill_flags_overflow_for_the_repair(gluon_launches):
+    """Scores beyond fp16 on the first 100 query rows, 520 keys (a part-filled last kv
+    block too): the Gluon kernel flags those rows and the repair launch recomputes them by
+    fa-fp32, as after the Triton kernel: the same rows reported, finite outputs."""
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 2, 520, 64, generator=gen)
+    q[:, :, :100] *= 1e4
+    k = torch.randn(2, 2, 520, 64, generator=gen) * 10
+    v = torch.randn(2, 2, 520, 64, generator=gen)
+    q, k, v = (t.half().cuda() for t in (q, k, v))
+    kw = dict(num_heads=2, input_layout="BNSD", scale=64 ** -0.5, softmax_lse_flag=True)
+    for algorithm in ("pasa-exact", "pasa"):
+        out, lse = _call(q, k, v, dict(kw, algorithm=algorithm), "warp-specialised")
+        rows = pasa_npu.overflow_report().rows
+        kernel_out, kernel_lse = _call(q, k, v, dict(kw, algorithm=algorithm), "triton")
+        assert rows == pasa_npu.overflow_report().rows > 0
+        assert torch.isfinite(out.float()).all() and torch.isfinite(lse).all()
+        _assert_same_as_triton_kernel(algorithm, out, lse, kernel_out, kernel_lse)
+    assert len(gluon_launches) == 2

@@ -62,6 +62,22 @@ def resonance(shape, score_magnitude: float = 3e4, seed: int = 0, phase: float =
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
+def spread(shape, score_std: float = 1e5, seed: int = 0, dtype=torch.float16):
+    """Scores whose spread exceeds fp16 in some query tiles only: the first quarter of the
+    query rows (at least one row) has scaled scores N(0, score_std^2) (scale = 1/sqrt(D)),
+    the other rows N(0, 1). Keys are N(0, 10^2) so that the large queries, N(0,
+    (score_std/10)^2), stay inside fp16's range; values N(0, 1). The shift removes a
+    block's mean, not this spread: PASA's fp16 scores overflow on those rows."""
+    b, n, s, d = shape
+    gen = torch.Generator().manual_seed(seed)
+    f64 = torch.float64
+    q = torch.randn(shape, generator=gen, dtype=f64) * 0.1
+    q[:, :, :max(1, s // 4)] *= score_std
+    k = torch.randn(shape, generator=gen, dtype=f64) * 10.0
+    v = torch.randn(shape, generator=gen, dtype=f64)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
 @dataclass(frozen=True)
 class Case:
     """One generated input: ``kind`` in {uniform, hybrid, resonance} with its parameters."""
@@ -75,6 +91,8 @@ class Case:
     def label(self) -> str:
         if self.kind == "resonance":
             return f"resonance |S|~{self.amplitude:g}"
+        if self.kind == "spread":
+            return f"score spread beyond fp16 std(S)~{self.amplitude:g}"
         return f"{self.kind} x0={self.x0:g} Am={self.amplitude:g}"
 
     def make(self, shape=PAPER_SHAPE, seed: int = 0, dtype=torch.float16):
@@ -84,6 +102,8 @@ class Case:
             return hybrid(shape, self.x0, self.amplitude, seed, dtype=dtype)
         if self.kind == "resonance":
             return resonance(shape, self.amplitude, seed, dtype=dtype)
+        if self.kind == "spread":
+            return spread(shape, self.amplitude, seed, dtype=dtype)
         raise ValueError(f"unknown case kind {self.kind!r}")
 
 

@@ -42,10 +42,10 @@ SM_REGISTERS = 65536
 SM_WARPS = 64
 POINTERS = {
     "_attention_fwd": dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", C="*fp32",
-                           MEANS="*fp16", MASK="*u8", SHIFT="*fp16", K_PAGES="*i32",
-                           V_PAGES="*i32", q_starts="*i32", q_lens="*i32",
+                           MEANS="*fp16", MASK="*u8", SHIFT="*fp32", FLAGS="*u8", COUNTS="*i32",
+                           K_PAGES="*i32", V_PAGES="*i32", q_starts="*i32", q_lens="*i32",
                            kv_starts="*i32", kv_lens="*i32", band_pre="*i32", band_next="*i32"),
-    "_decode_split": dict(Q="*fp16", K="*fp16", V="*fp16", MASK="*u8", SHIFT="*fp16",
+    "_decode_split": dict(Q="*fp16", K="*fp16", V="*fp16", MASK="*u8", SHIFT="*fp32",
                           PART_O="*fp32", PART_LSE="*fp32", PAGES="*i32", q_starts="*i32",
                           kv_starts="*i32", kv_lens="*i32"),
 }
@@ -104,8 +104,8 @@ def compile_gluon(consts: dict, fp_fusion: bool = True, arch: int = 90):
 
     rows = {"q_desc": [1, 1, gp.GROUP_ROWS, d], "k_desc": [1, 1, consts["BLOCK_N"], d],
             "v_desc": [1, 1, consts["BLOCK_N"], d], "m_desc": [gp.MEAN_ROWS, d]}
-    pointers = dict(O="*fp16", LSE="*fp32", next_tile="*i32", band_pre="*i32",
-                    band_next="*i32", K_PAGES="*i32", V_PAGES="*i32")
+    pointers = dict(O="*fp16", LSE="*fp32", FLAGS="*u8", COUNTS="*i32", next_tile="*i32",
+                    band_pre="*i32", band_next="*i32", K_PAGES="*i32", V_PAGES="*i32")
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in consts:
@@ -116,7 +116,7 @@ def compile_gluon(consts: dict, fp_fusion: bool = True, arch: int = 90):
             sig[name] = pointers[name]
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
-            sig[name] = "fp32" if name in ("scale", "gamma") else "i32"
+            sig[name] = "fp32" if name in ("scale", "gamma", "tail_factor") else "i32"
             if name.startswith("stride_"):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = GluonASTSource(fn, sig, attrs=attrs,
@@ -229,6 +229,7 @@ def variants(head_dim: int = 128):
                               HAS_BAND=mode == "causal", HAS_LSE=False, GUARD=False,
                               K_PADDED=pasa and not fused, FUSED_SHIFT=fused, USE_TMA=DEFAULT_TUNING.loads == "tma",
                               C_PER_BLOCK=c_per_block, LOOPS=loops, GRID_1D=False, PAGED=False,
+                              DETECT=pasa,
                               BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
                 block_m, warps, stages = triton_launch.launch_config(
                     head_dim, alg, False, c_per_block or fused, loops, mode == "mask")
@@ -261,7 +262,8 @@ def variants(head_dim: int = 128):
         for causal, paged in forms:
             consts = dict(PSEUDO_AVERAGE_SHIFT=allocation.pseudo_average_shift,
                           EXACT_SHIFT=allocation.exact_shift, HAS_BAND=causal, HAS_LSE=False,
-                          PAGED=paged, BLOCK_M=gp.GROUP_ROWS * gp.consumer_groups(head_dim),
+                          PAGED=paged, DETECT=allocation.shifts_keys,
+                          BLOCK_M=gp.GROUP_ROWS * gp.consumer_groups(head_dim),
                           BLOCK_N=gp.BLOCK_N, HEAD_DIM=head_dim, STAGES=gp._stages(head_dim))
             mode = ("paged " if paged else "") + ("causal" if causal else "full")
             yield ("gluon", f"{alg} {mode} d={head_dim} (gluon)",

@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from .. import backends
 from ..api import compressed_causal_mask, fused_attention
 from ..backends import BACKEND_NAMES
 from ..numerics import ALGORITHM_NAMES, ALLOCATIONS, DEFAULT_TILING
@@ -96,7 +97,7 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, layou
     if causal and not causal_mode:
         upper = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).triu(1)
         masked = upper[None] if masked is None else masked | upper
-    pad = _ragged_rows(kv_len, algorithm)
+    pad = _ragged_rows(kv_len, algorithm, backend, query.device)
     if pad:
         key, value = _complete_last_block(key, value, seq_axis, pad)
         if not causal_mode:
@@ -121,9 +122,13 @@ def _check_inputs(query, key, value) -> None:
                                   "under torch.no_grad() or torch.inference_mode()")
 
 
-def _ragged_rows(kv_len: int, algorithm: str) -> int:
-    """How many rows the last kv block lacks, where the allocation shifts the keys."""
+def _ragged_rows(kv_len: int, algorithm: str, backend: str, device: torch.device) -> int:
+    """How many rows the last kv block lacks, where the allocation shifts the keys and the
+    backend's kernels take a part-filled block's mean over its padded rows too (the
+    AscendC kernels: ``Backend.part_filled_block_mean``); 0 elsewhere."""
     if not ALLOCATIONS[algorithm].shifts_keys:
+        return 0
+    if backends.resolve(backend, device).part_filled_block_mean:
         return 0
     return -kv_len % DEFAULT_TILING.kv_block
 
@@ -132,8 +137,8 @@ def _complete_last_block(key: torch.Tensor, value: torch.Tensor, seq_axis: int, 
     """Key and value with ``pad`` rows appended to fill the last kv block: keys equal to
     the mean of the block's keys (fp32 mean, rounded once), values 0.
 
-    The shifted allocations take each kv block's mean over all its rows, and the operator
-    zero-fills a ragged last block's missing rows. Where every key carries a large shared
+    The AscendC kernels take each kv block's mean over all its rows and zero-fill a
+    ragged last block's missing rows. Where every key carries a large shared
     bias, that mean then falls short of the bias by the missing rows' share, and the last
     block's scores keep most of it: fp16 scores that lose their precision or overflow. The
     appended keys, masked out, make the block's mean that of its keys."""

@@ -2,7 +2,8 @@
 
 Commands (``sweep`` when none is given):
 
-* ``sweep``: the paper's uniform/hybrid sweeps and the resonance case;
+* ``sweep``: the paper's uniform/hybrid sweeps, the resonance case and the score spread
+  beyond fp16;
 * ``file``: Q/K/V from .pt/.npy/.npz/.safetensors files in any supported layout;
 * ``capture``: Q/K/V captured from chosen layers of a local Hugging Face model;
 * ``bias``: the rounding-bias experiment, with and without ``rounding_guard``.
@@ -101,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--paper-shape", action="store_true", help="(1, 16, 1280, 128), the paper's")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", type=_dtype, default=torch.float16, help="fp16 (paper) or bf16")
-    p.add_argument("--sweeps", nargs="+", default=list(SWEEP_GROUPS[:5]), metavar="NAME",
+    p.add_argument("--sweeps", nargs="+", default=list(SWEEP_GROUPS[:6]), metavar="NAME",
                    help=f"which sweeps: {' '.join(SWEEP_GROUPS)} (default: all but table4, "
                    "whose cases they contain)")
     _candidate_options(p)

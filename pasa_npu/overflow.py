@@ -1,0 +1,183 @@
+"""Overflow detection and repair (docs/design.md, "Overflow detection and repair").
+
+The PASA allocations keep their scores and statistics in fp16. Where the scores' spread
+within a block exceeds fp16 (the shift removes a block's mean, not its spread), or an
+input is NaN or infinite, a query row's result is not finite. A backend that checks its
+own results writes a flag per query row into :attr:`OverflowCheck.row_flags` and
+recomputes the flagged rows by the ``fa-fp32`` path (fp32 scores and statistics) before
+it returns, without a host synchronisation; for a backend that does not, the API layer
+checks the finished output and repairs it here (:func:`check_after`). The flags tell
+:func:`overflow_report` what happened in the last call.
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .numerics import ALLOCATIONS
+from .problem import AttentionProblem
+
+#: row flags: a row's result is finite (or the row sees no key)
+ROW_OK = 0
+#: noticed non-finite by a backend, not (yet) recomputed
+ROW_FLAGGED = 1
+#: recomputed by fa-fp32, now finite
+ROW_REPAIRED = 2
+#: recomputed by fa-fp32 and still not finite: its inputs hold NaN or inf
+ROW_NONFINITE = 3
+
+
+class OverflowRepairWarning(RuntimeWarning):
+    """Some query rows of a PASA call overflowed fp16 and were recomputed in fp32."""
+
+
+@dataclass(frozen=True)
+class OverflowCheck:
+    """The check of one call: ``row_flags`` (uint8, laid out as the canonical output's
+    rows (Bt, Nq, Sq), on its device) holds a ``ROW_*`` value for every row the backend
+    computed; rows outside the query lengths are never read."""
+
+    row_flags: torch.Tensor
+
+
+def fp32_problem(problem: AttentionProblem) -> AttentionProblem:
+    """``problem`` computed by fa-fp32 (on its compute-dtype inputs, P rounded to that
+    dtype for the P.V matmul), unchecked: the repair of flagged rows."""
+    return dataclasses.replace(problem, allocation=ALLOCATIONS["fa-fp32"], beta=0.0,
+                               overflow=None)
+
+
+def check_after(problem: AttentionProblem) -> None:
+    """For a backend that does not check its own results: flag the rows of the finished
+    output (and LSE) that are not finite and recompute them by the torch backend's fa-fp32
+    path. One pass over the output; a host synchronisation where it is on a device."""
+    from .fallback import torch_blockwise
+
+    flags = problem.overflow.row_flags
+    flags.zero_()
+    bad = ~torch.isfinite(problem.out).all(-1)
+    if problem.lse is not None:
+        bad |= torch.isnan(problem.lse) | (problem.lse == float("inf"))
+    if bool(bad.any()):
+        torch_blockwise.repair(problem, bad)
+
+
+@dataclass
+class OverflowReport:
+    """What the overflow check of the last :func:`pasa_npu.fused_attention` call found.
+
+    ``checked``: whether its results were checked: True for the PASA allocations unless
+    the call passed ``repair_overflow=False``; fa-* allocations are never checked.
+    ``rows``: query rows (of one query head each) recomputed by fa-fp32; ``tiles``: the
+    (batch, query head, ``q_block`` rows) tiles holding them; ``nonfinite_rows``: those of
+    them still NaN or infinite after the repair, whose inputs hold NaN or inf (fa-fp32
+    gives the same rows).
+
+    The counts are read from the call's row flags when first asked for: on a GPU that
+    waits for the device to finish the call (the call itself never waits), and reads the
+    flags as they are then (under a CUDA graph, the latest replay's). The first report
+    that finds a repaired row issues an :class:`OverflowRepairWarning`, once per process.
+    """
+
+    algorithm: Optional[str] = None
+    backend: Optional[str] = None
+    checked: bool = False
+    check: Optional[OverflowCheck] = dataclasses.field(default=None, repr=False)
+    layout: Optional[tuple] = dataclasses.field(default=None, repr=False)  # see _count
+    _counts: Optional[tuple[int, int, int]] = dataclasses.field(default=None, repr=False)
+
+    @property
+    def rows(self) -> int:
+        return self._read()[0]
+
+    @property
+    def tiles(self) -> int:
+        return self._read()[1]
+
+    @property
+    def nonfinite_rows(self) -> int:
+        return self._read()[2]
+
+    def __str__(self) -> str:
+        if not self.checked:
+            return f"pasa_npu.overflow_report(): {self.algorithm or 'no call'}: not checked"
+        return (f"pasa_npu.overflow_report(): {self.algorithm} on {self.backend}: {self.rows} "
+                f"rows in {self.tiles} tiles recomputed by fa-fp32, {self.nonfinite_rows} of "
+                f"them non-finite inputs")
+
+    def _read(self) -> tuple[int, int, int]:
+        if self._counts is None:
+            self._counts = (0, 0, 0) if not self.checked else _count(self.check.row_flags,
+                                                                       *self.layout)
+            self.check = None  # the counts are all the report keeps of the call
+            if self._counts[0]:
+                _warn_once(self)
+        return self._counts
+
+
+_LAST = OverflowReport()
+_WARNED = [False]
+
+
+def overflow_report() -> OverflowReport:
+    """The :class:`OverflowReport` of the last :func:`pasa_npu.fused_attention` call in this
+    process."""
+    return _LAST
+
+
+def record(problem: AttentionProblem, backend: str) -> None:
+    """Make the report of the call that just ran ``problem`` on ``backend`` the latest;
+    where its flags are on the CPU, count them now (and warn, once)."""
+    global _LAST
+    check = problem.overflow
+    layout = (problem.q_starts, problem.q_lens, problem.packed, problem.tiling.q_block)
+    _LAST = OverflowReport(problem.allocation.name, backend, check is not None, check, layout)
+    if check is not None and check.row_flags.device.type == "cpu":
+        _LAST._read()
+
+
+def record_unchecked(algorithm: str, backend: str) -> None:
+    global _LAST
+    _LAST = OverflowReport(algorithm, backend, False)
+
+
+def _count(flags: torch.Tensor, q_starts, q_lens, packed: bool,
+           q_block: int) -> tuple[int, int, int]:
+    """(repaired rows, tiles holding them, rows still non-finite) over the rows inside
+    the query lengths."""
+    flags = flags.cpu()
+    rows = tiles = nonfinite = 0
+    for b, (start, n) in enumerate(zip(q_starts.tolist(), q_lens.tolist())):
+        seg = flags[0 if packed else b, :, start:start + n]  # (Nq, n)
+        repaired = seg >= ROW_REPAIRED
+        rows += int(repaired.sum())
+        nonfinite += int((seg == ROW_NONFINITE).sum())
+        pad = -n % q_block
+        per_tile = torch.nn.functional.pad(repaired, (0, pad)).view(seg.shape[0], -1, q_block)
+        tiles += int(per_tile.any(-1).sum())
+    return rows, tiles, nonfinite
+
+
+def _warn_once(report: OverflowReport) -> None:
+    if _WARNED[0]:
+        return
+    _WARNED[0] = True
+    rows, tiles, nonfinite = report._counts
+    overflowed = rows - nonfinite
+    parts = []
+    if overflowed:
+        parts.append(
+            f"{overflowed} query rows of a {report.algorithm} call were not finite in fp16 and "
+            f"were recomputed with fp32 scores (fa-fp32): the scores' spread exceeds fp16's "
+            f"range there. A smaller `scale` or algorithm='fa-fp32' for such inputs avoids the "
+            f"repair.")
+    if nonfinite:
+        parts.append(f"{nonfinite} query rows stay NaN or infinite: their inputs hold NaN or "
+                     f"inf (fa-fp32 gives the same rows).")
+    warnings.warn(f"pasa_npu: {' '.join(parts)} ({tiles} tiles in all; shown once, "
+                  f"pasa_npu.overflow_report() describes each call)", OverflowRepairWarning,
+                  stacklevel=3)

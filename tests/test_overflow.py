@@ -1,0 +1,205 @@
+"""No NaN from finite inputs: PASA's part-filled last kv block, the overflow check and its
+fa-fp32 repair, and non-finite inputs, on every backend here (docs/design.md, "Overflow
+detection and repair")."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import pasa_npu
+from _support import (BACKENDS, assert_measured, device_kind, dtype_name, on_device, rel_rmse,
+                      skip_unsupported)
+
+GOLDEN_FACTOR = 1.5  # as the golden matrix's (tests/test_golden.py)
+
+
+def _within_measured(err, backend, dtype, algorithm, family):
+    """Relative RMSE within 1.5x the measured (tests/_measured.py)."""
+    key = f"{device_kind(backend)}/{dtype_name(dtype)}/{algorithm}/{family}"
+    assert_measured(err, "golden-rmse", key, GOLDEN_FACTOR, family)
+from pasa_npu.tools.inputs import resonance
+
+PASA = ("pasa", "pasa-mixed", "pasa-exact")
+B, N, S, D = 1, 2, 160, 32  # 160 keys: one full kv block and a part-filled one of 32
+
+
+def spread_inputs(rows: str, dtype=torch.float16, seed: int = 0, scale: float | None = None):
+    """BNSD (q, k, v) whose scores' spread within a kv block exceeds fp16's range on the
+    query ``rows`` ("first-tile": the first 48 rows, inside one query tile; "all": every
+    row), and the scale: 1/sqrt(D), or ``scale`` (1.0: torch_npu's default). Those rows'
+    queries are N(0, 1e4^2) (inside fp16's range), the keys N(0, 1), or N(0, 10^2) at a
+    scale below 1, so that the scaled scores there have a standard deviation of 5.7e4
+    (scale 1) or 1e5: fp16 cannot hold them, fp32 can."""
+    gen = torch.Generator().manual_seed(seed)
+    scale = 1 / math.sqrt(D) if scale is None else scale
+    q = torch.randn(B, N, S, D, generator=gen)
+    k = torch.randn(B, N, S, D, generator=gen) * (10.0 if scale < 1 else 1.0)
+    v = torch.randn(B, N, S, D, generator=gen)
+    big = slice(0, 48) if rows == "first-tile" else slice(0, S)
+    q[:, :, big] *= 1e4
+    return q.to(dtype), k.to(dtype), v.to(dtype), scale
+
+
+def attend(q, k, v, algorithm, backend, scale, **kw):
+    q, k, v = on_device(backend, q, k, v)
+    with skip_unsupported(backend):
+        out, lse = pasa_npu.fused_attention(q, k, v, num_heads=N, input_layout="BNSD",
+                                            scale=scale, algorithm=algorithm, backend=backend,
+                                            softmax_lse_flag=True, **kw)
+    return out.cpu(), lse.cpu()
+
+
+def golden(q, k, v, scale, **kw):
+    return pasa_npu.reference_attention(q, k, v, num_heads=N, input_layout="BNSD", scale=scale,
+                                        softmax_lse_flag=True, **kw)[0]
+
+
+def _bad_rows(out: torch.Tensor) -> torch.Tensor:
+    return ~torch.isfinite(out.float()).all(-1)
+
+
+# ------------------------------------------------------------------ part-filled last block
+
+# A common key bias of |q.bias| ~ 1000 (unscaled) on 160 keys: the bound is 1.5x the
+# measured error; a last block shifted by a mean that counts its padded rows measures 0.15,
+# 0.15 and 6.2e-3 (pasa, pasa-mixed, pasa-exact), several times that.
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "ascendc-emu"])
+@pytest.mark.parametrize("algorithm", PASA)
+def test_part_filled_last_block_is_shifted_by_its_keys_mean(backend, algorithm):
+    """The last kv block holds 32 keys of 128: its shift must remove the key bias as a full
+    block's does, its mean taken over its own keys (its padded rows do not count). Checked
+    with the repair off."""
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(B, N, 1, D, generator=gen).expand(B, N, 40, D).clone()
+    q += 0.1 * torch.randn(B, N, 40, D, generator=gen)
+    k = torch.randn(B, N, S, D, generator=gen) + 1e3 / D * q[:, :, :1].sign()
+    v = torch.randn(B, N, S, D, generator=gen)
+    q, k, v = q.half(), k.half(), v.half()
+    scale = 1 / math.sqrt(D)
+    out, _ = attend(q, k, v, algorithm, backend, scale, repair_overflow=False)
+    assert not pasa_npu.overflow_report().checked
+    _within_measured(rel_rmse(out, golden(q, k, v, scale)), backend, torch.float16, algorithm,
+                     "part-filled-bias")
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "ascendc-emu"])
+@pytest.mark.parametrize("algorithm", PASA)
+def test_part_filled_last_block_does_not_overflow(backend, algorithm):
+    """The resonance case (scaled scores ~3e4, a bias that drifts from block to block) on
+    160 keys: finite and within the golden bound with the repair off (a last block whose
+    mean counts its padded rows keeps most of the bias in fp16 and overflows)."""
+    q, k, v = resonance((B, N, S, D), 3e4, seed=0)
+    scale = 1 / math.sqrt(D)
+    out, _ = attend(q, k, v, algorithm, backend, scale, repair_overflow=False)
+    assert torch.isfinite(out).all()
+    _within_measured(rel_rmse(out, golden(q, k, v, scale)), backend, torch.float16, algorithm,
+                     "part-filled-resonance")
+
+
+# ------------------------------------------------------------------ overflow and repair
+
+CASES = {  # name -> (rows, dtype, scale)
+    "some-tiles": ("first-tile", torch.float16, None),
+    "all-tiles": ("all", torch.float16, None),
+    "scale-1": ("first-tile", torch.float16, 1.0),
+    "bf16": ("first-tile", torch.bfloat16, None),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("algorithm", PASA)
+@pytest.mark.parametrize("case", list(CASES))
+def test_overflow_is_repaired(case, algorithm, backend):
+    """Scores whose spread exceeds fp16: unchecked, PASA's rows there are not finite; checked,
+    they are recomputed by fa-fp32 (within its golden bound), the report counts them, and
+    every other row is bit for bit the unchecked result."""
+    rows, dtype, scale = CASES[case]
+    q, k, v, scale = spread_inputs(rows, dtype, scale=scale)
+    raw, raw_lse = attend(q, k, v, algorithm, backend, scale, repair_overflow=False)
+    overflowed = _bad_rows(raw)
+    assert overflowed.any(), "the generator must overflow PASA's fp16 scores"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pasa_npu.OverflowRepairWarning)
+        out, lse = attend(q, k, v, algorithm, backend, scale)
+        report = pasa_npu.overflow_report()
+        assert report.checked and report.algorithm == algorithm
+        assert report.rows == int(overflowed.sum()) and report.nonfinite_rows == 0
+    q_block = pasa_npu.DEFAULT_TILING.q_block
+    per_tile = torch.nn.functional.pad(overflowed, (0, -S % q_block)).view(B, N, -1, q_block)
+    assert report.tiles == int(per_tile.any(-1).sum())
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    ref = golden(q, k, v, scale)
+    _within_measured(rel_rmse(out[overflowed], ref[overflowed]), backend, dtype, algorithm,
+                     f"overflow-{case}-repaired-rows")
+    _within_measured(rel_rmse(out, ref), backend, dtype, algorithm, f"overflow-{case}")
+    assert torch.equal(out[~overflowed], raw[~overflowed])
+    assert torch.equal(lse[~overflowed], raw_lse[~overflowed])
+
+
+def test_repair_warns_once(monkeypatch):
+    """The first report that finds a repaired row warns, suggesting the scale or the
+    allocation; later ones do not."""
+    from pasa_npu import overflow
+    monkeypatch.setattr(overflow, "_WARNED", [False])
+    q, k, v, scale = spread_inputs("first-tile")
+    with pytest.warns(pasa_npu.OverflowRepairWarning, match="scale"):
+        attend(q, k, v, "pasa", "torch", scale)
+        assert pasa_npu.overflow_report().rows > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pasa_npu.OverflowRepairWarning)
+        attend(q, k, v, "pasa", "torch", scale)
+        assert pasa_npu.overflow_report().rows > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_decode_overflow_is_repaired(backend):
+    """Decode (one query row, the Triton split kernel and its combine): the same repair."""
+    q, k, v, scale = spread_inputs("all", scale=1.0)
+    q = q[:, :, :1].contiguous()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pasa_npu.OverflowRepairWarning)
+        out, lse = attend(q, k, v, "pasa", backend, scale)
+        assert pasa_npu.overflow_report().rows == N
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    _within_measured(rel_rmse(out, golden(q, k, v, scale)), backend, torch.float16, "pasa",
+                     "overflow-decode")
+
+
+def test_report_of_unchecked_allocations():
+    """fa-* allocations are never checked; the report says so rather than counting 0."""
+    q, k, v, scale = spread_inputs("first-tile")
+    attend(q, k, v, "fa-fp32", "torch", scale)
+    report = pasa_npu.overflow_report()
+    assert not report.checked and report.rows == 0 and "not checked" in str(report)
+
+
+def test_repair_overflow_must_be_bool():
+    q, k, v, scale = spread_inputs("first-tile")
+    with pytest.raises(TypeError, match="repair_overflow must be a bool, got"):
+        attend(q, k, v, "pasa", "torch", scale, repair_overflow=1)
+
+
+# ------------------------------------------------------------------ non-finite inputs
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("algorithm", PASA)
+@pytest.mark.parametrize("where", ["q", "k-nan", "k-inf", "v"])
+def test_nonfinite_inputs_affect_the_rows_fa_fp32_does(where, algorithm, backend):
+    """One NaN or inf in Q, K or V under a causal mask: NaN rows exactly where fa-fp32 has
+    them; a bad key does not spread through its block's mean to queries that do not see
+    it."""
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(B, N, S, D, generator=gen).half() for _ in range(3))
+    bad = float("inf") if where == "k-inf" else float("nan")
+    {"q": q, "k-nan": k, "k-inf": k, "v": v}[where][0, 0, 150, 3] = bad
+    kw = dict(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())
+    scale = 1 / math.sqrt(D)
+    ref, _ = attend(q, k, v, "fa-fp32", "torch", scale, **kw)
+    out, _ = attend(q, k, v, algorithm, backend, scale, **kw)
+    assert _bad_rows(ref).any() and not _bad_rows(ref).all()
+    assert torch.equal(_bad_rows(out), _bad_rows(ref))
