@@ -78,6 +78,7 @@ FAMILIES = {
     "banded": ("left-up-causal", "right-down-causal", "right-down-ragged", "causal-s1>s2",
                "band-window", "band-negative-next"),
     "ragged": ("ragged-dense",),
+    "mixed": ("tnd-mixed-band",),  # decode and chunked prefill rows in one packed call
 }
 FAMILY_OF = {name: family for family, names in FAMILIES.items() for name in names}
 

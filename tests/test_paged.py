@@ -48,17 +48,24 @@ def _check(out, lse, gold, gold_lse, dtype, algorithm, backend, name):
     assert_measured(lse_err, "golden-lse", key, GOLDEN_FACTOR, name)
 
 
+def _run_and_check(q, k_cache, v_cache, kw, gold, gold_lse, dtype, algorithm, backend, name):
+    """The paged call on ``backend``'s device (the table and mask moved there too)."""
+    kw = dict(kw, block_table=on_device(backend, kw["block_table"])[0])
+    if "atten_mask" in kw:
+        kw["atten_mask"] = on_device(backend, kw["atten_mask"])[0]
+    with skip_unsupported(backend):
+        out, lse = pasa_npu.fused_attention(*on_device(backend, q, k_cache, v_cache),
+                                            algorithm=algorithm, backend=backend, **kw)
+    _check(out, lse, gold, gold_lse, dtype, algorithm, backend, name)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("name", list(PAGED_CASES))
 def test_paged_matches_golden(name, algorithm, backend, golden_cache):
     dtype = torch.float16
     q, k_cache, v_cache, kw, (gold, gold_lse) = _case(golden_cache, name, dtype)
-    kw = dict(kw, block_table=on_device(backend, kw["block_table"])[0])
-    with skip_unsupported(backend):
-        out, lse = pasa_npu.fused_attention(*on_device(backend, q, k_cache, v_cache),
-                                            algorithm=algorithm, backend=backend, **kw)
-    _check(out, lse, gold, gold_lse, dtype, algorithm, backend, name)
+    _run_and_check(q, k_cache, v_cache, kw, gold, gold_lse, dtype, algorithm, backend, name)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -71,11 +78,7 @@ def test_paged_bf16_matches_golden(name, algorithm, backend, golden_cache):
     if reason := interpreter_skip(backend, algorithm, dtype):
         pytest.skip(reason)
     q, k_cache, v_cache, kw, (gold, gold_lse) = _case(golden_cache, name, dtype)
-    kw = dict(kw, block_table=on_device(backend, kw["block_table"])[0])
-    with skip_unsupported(backend):
-        out, lse = pasa_npu.fused_attention(*on_device(backend, q, k_cache, v_cache),
-                                            algorithm=algorithm, backend=backend, **kw)
-    _check(out, lse, gold, gold_lse, dtype, algorithm, backend, name)
+    _run_and_check(q, k_cache, v_cache, kw, gold, gold_lse, dtype, algorithm, backend, name)
 
 
 # ---- bad paged input --------------------------------------------------------------------

@@ -300,21 +300,7 @@ private:
         pipe_.InitBuffer(primeL1_, 2 * t.l1KeyBytes);
         GlobalTensor<T> shift;
         shift.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(workspace + t.shiftMatrixOffset), n * n);
-        LocalTensor<T> m1 = shiftL1_.AllocTensor<T>();
-        DataCopy(m1, shift, Nd2NzParams(1, static_cast<uint16_t>(n), static_cast<uint16_t>(n), 0, static_cast<uint16_t>(n),
-                                        static_cast<uint16_t>(n), 1, 0));
-        shiftL1_.EnQue(m1);
-        m1 = shiftL1_.DeQue<T>();
-        LocalTensor<T> m2 = shiftL0a_.Get<T>();
-        for (uint32_t mb = 0; mb < n / kC0; ++mb) {
-            LoadData(m2[mb * (n / kC0) * kFractal], m1[mb * kFractal],
-                     LoadData2DParams(0, static_cast<uint8_t>(n / kC0), static_cast<uint16_t>(n / kC0), 0, 0, false, 0));
-        }
-        shiftL1_.FreeTensor(m1);
-        const TEventID loaded = pipe_.AllocEventID<HardEvent::MTE1_M>();
-        SetFlag<HardEvent::MTE1_M>(loaded);
-        WaitFlag<HardEvent::MTE1_M>(loaded);
-        pipe_.ReleaseEventID<HardEvent::MTE1_M>(loaded);
+        LoadShiftMatrix(pipe_, shiftL1_, shiftL0a_.Get<T>(), shift, n);
         for (uint32_t i = 0; i < 2; ++i) {
             primeFree_[i] = pipe_.AllocEventID<HardEvent::MTE1_FIX>();
             primeReady_[i] = pipe_.AllocEventID<HardEvent::FIX_MTE1>();

@@ -200,17 +200,7 @@ private:
         CrossCoreWaitFlag(PASA_FLAG_S_READY);
         const uint32_t slot = scoreCount_++ % PASA_SCORE_SLOTS;
         LocalTensor<float> s = scoreIn_.AllocTensor<float>();
-        if (rows_ > 0) {
-            if (key_ == PASA_KEY_FA_FP32) {
-                GlobalTensor<float> g;
-                g.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(slots_.score + slot * t.scoreSlotBytes));
-                DataCopy(s, g[rowBase_ * n], rows_ * n);
-            } else {
-                GlobalTensor<half> g;
-                g.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(slots_.score + slot * t.scoreSlotBytes));
-                DataCopy(s.template ReinterpretCast<half>(), g[rowBase_ * n], rows_ * n);
-            }
-        }
+        LoadSlotRows(s, slots_.score + slot * t.scoreSlotBytes, n);
         scoreIn_.EnQue(s);
         LocalTensor<float> c = constIn_.AllocTensor<float>();
         if (key_ == PASA_KEY_PASA_EXACT && rows_ > 0) {
@@ -243,6 +233,22 @@ private:
         CrossCoreSetFlag<2, PIPE_MTE3>(PASA_FLAG_P_READY);
     }
 
+    // This vector core's rows of a cube->vector slot (``width`` elements each) into ``dst``'s
+    // bytes: fp32 for fa-fp32, fp16 for the allocations whose cube output is fp16.
+    __aicore__ inline void LoadSlotRows(const LocalTensor<float>& dst, GM_ADDR slot, uint32_t width)
+    {
+        if (rows_ == 0) return;
+        if (key_ == PASA_KEY_FA_FP32) {
+            GlobalTensor<float> g;
+            g.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(slot));
+            DataCopy(dst, g[rowBase_ * width], rows_ * width);
+        } else {
+            GlobalTensor<half> g;
+            g.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(slot));
+            DataCopy(dst.template ReinterpretCast<half>(), g[rowBase_ * width], rows_ * width);
+        }
+    }
+
     // ---------------------------------------------------------------- O update with P'V of block i of the task
     __aicore__ inline void UpdateOutput(uint32_t i)
     {
@@ -251,17 +257,7 @@ private:
         CrossCoreWaitFlag(PASA_FLAG_PV_READY);
         const uint32_t slot = pvCount_++ % PASA_PV_SLOTS;
         LocalTensor<float> pv = pvIn_.AllocTensor<float>();
-        if (rows_ > 0) {
-            if (key_ == PASA_KEY_FA_FP32) {
-                GlobalTensor<float> g;
-                g.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(slots_.pv + slot * t.pvSlotBytes));
-                DataCopy(pv, g[rowBase_ * dv], rows_ * dv);
-            } else {
-                GlobalTensor<half> g;
-                g.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(slots_.pv + slot * t.pvSlotBytes));
-                DataCopy(pv.template ReinterpretCast<half>(), g[rowBase_ * dv], rows_ * dv);
-            }
-        }
+        LoadSlotRows(pv, slots_.pv + slot * t.pvSlotBytes, dv);
         pvIn_.EnQue(pv);
         pv = pvIn_.DeQue<float>();
         Fold(i, pv);

@@ -21,6 +21,28 @@ __aicore__ inline int64_t Max64(int64_t a, int64_t b) { return a > b ? a : b; }
 __aicore__ inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // Copy the tiling struct from GM word by word (scalar loads through a GlobalTensor).
+// M^T (n x n, row-major in GM) -> L1 (NZ) -> L0A (Zz), where it stays for every kv block;
+// returns once the cube may read it.
+template <typename T>
+__aicore__ inline void LoadShiftMatrix(TPipe& pipe, TQue<TPosition::A1, 1>& l1, const LocalTensor<T>& l0a,
+                                       const GlobalTensor<T>& shift, uint32_t n)
+{
+    LocalTensor<T> m1 = l1.template AllocTensor<T>();
+    DataCopy(m1, shift, Nd2NzParams(1, static_cast<uint16_t>(n), static_cast<uint16_t>(n), 0, static_cast<uint16_t>(n),
+                                    static_cast<uint16_t>(n), 1, 0));
+    l1.EnQue(m1);
+    m1 = l1.template DeQue<T>();
+    for (uint32_t mb = 0; mb < n / kC0; ++mb) {
+        LoadData(l0a[mb * (n / kC0) * kFractal], m1[mb * kFractal],
+                 LoadData2DParams(0, static_cast<uint8_t>(n / kC0), static_cast<uint16_t>(n / kC0), 0, 0, false, 0));
+    }
+    l1.FreeTensor(m1);
+    const TEventID loaded = pipe.AllocEventID<HardEvent::MTE1_M>();
+    SetFlag<HardEvent::MTE1_M>(loaded);
+    WaitFlag<HardEvent::MTE1_M>(loaded);
+    pipe.ReleaseEventID<HardEvent::MTE1_M>(loaded);
+}
+
 __aicore__ inline void LoadTiling(GM_ADDR tiling, PasaTilingData& out)
 {
     AscendC::GlobalTensor<uint32_t> words;

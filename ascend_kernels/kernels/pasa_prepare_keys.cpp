@@ -83,22 +83,8 @@ public:
         pipe_.InitBuffer(keyL0b_, 2, n * d * sizeof(half));
         pipe_.InitBuffer(outL0c_, 2, n * d * sizeof(float));
 
-        // M^T -> L1 (NZ) -> L0A (Zz), resident for every block.
-        LocalTensor<half> m1 = shiftL1_.AllocTensor<half>();
-        DataCopy(m1, shift_, Nd2NzParams(1, static_cast<uint16_t>(n), static_cast<uint16_t>(n), 0,
-                                         static_cast<uint16_t>(n), static_cast<uint16_t>(n), 1, 0));
-        shiftL1_.EnQue(m1);
-        m1 = shiftL1_.DeQue<half>();
         LocalTensor<half> m2 = shiftL0a_.Get<half>();
-        for (uint32_t mb = 0; mb < n / kC0; ++mb) {
-            LoadData(m2[mb * (n / kC0) * kFractal], m1[mb * kFractal],
-                     LoadData2DParams(0, static_cast<uint8_t>(n / kC0), static_cast<uint16_t>(n / kC0), 0, 0, false, 0));
-        }
-        shiftL1_.FreeTensor(m1);
-        const TEventID loaded = pipe_.AllocEventID<HardEvent::MTE1_M>();
-        SetFlag<HardEvent::MTE1_M>(loaded);
-        WaitFlag<HardEvent::MTE1_M>(loaded);
-        pipe_.ReleaseEventID<HardEvent::MTE1_M>(loaded);
+        LoadShiftMatrix(pipe_, shiftL1_, m2, shift_, n);
 
         KeyBlockIter it(t, batches_, pages_, static_cast<uint32_t>(GetBlockIdx()));
         KeyBlockTask task;
