@@ -98,6 +98,7 @@ def _consumer(queries, ring, schedule, sizes, output, ones, W: gl.constexpr, var
     HAS_BAND: gl.constexpr = variant.HAS_BAND
     HAS_LSE: gl.constexpr = variant.HAS_LSE
     DETECT: gl.constexpr = variant.DETECT
+    PART_FILLED: gl.constexpr = variant.PART_FILLED
     BLOCK_M: gl.constexpr = variant.BLOCK_M
     BLOCK_N: gl.constexpr = variant.BLOCK_N
     HEAD_DIM: gl.constexpr = variant.HEAD_DIM
@@ -136,8 +137,9 @@ def _consumer(queries, ring, schedule, sizes, output, ones, W: gl.constexpr, var
         ops = Operands(ones, cols, c_zero, s_zero, o_zero)
         blocks = Blocks(lo, hi, g_lo, g_hi, full_lo, full_hi, pre, nxt)
         it = _consumer_tile(q, queries.ready.index(W), queries.free.index(W), ring, output,
-                            sizes, ops, blocks, b, h, m0, it, n, W, PSEUDO_AVERAGE_SHIFT,
-                            EXACT_SHIFT, HAS_BAND, HAS_LSE, DETECT, BLOCK_N, HEAD_DIM, STAGES)
+                            sizes, ops, blocks, b, h, m0, it, n, n_heads, W,
+                            PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, DETECT,
+                            PART_FILLED, BLOCK_N, HEAD_DIM, STAGES)
         n += 1
         t = _tile_read(tile_ids, tile_ready, n)
 
@@ -145,14 +147,15 @@ def _consumer(queries, ring, schedule, sizes, output, ones, W: gl.constexpr, var
 @gluon.jit
 def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, cnt_i, c8, rows,
              PSEUDO_AVERAGE_SHIFT: gl.constexpr, EXACT_SHIFT: gl.constexpr,
-             HAS_BAND: gl.constexpr, MASK: gl.constexpr, BLOCK_N: gl.constexpr,
-             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+             HAS_BAND: gl.constexpr, PART_FILLED: gl.constexpr, MASK: gl.constexpr,
+             BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
     """Consumer group: kv block ``blk`` (the program's ``it``-th), QKᵀ, the softmax, P'V
     and the fold into the state (acc, m, l, f, count; pasa-exact's row constants c8 of
     :data:`MEAN_ROWS` blocks). MASK: 0 for a block every row sees whole; 1 for a
     leading masked block (a band's lower edge), 2 for a trailing one (the diagonal, the
     last block past kv_len), whose keys are tested one by one (:func:`_key_visible`).
-    Returns the new count and state."""
+    PART_FILLED (pasa): the last kv block holds fewer than BLOCK_N keys, and a masked
+    block's row mean takes its own key count. Returns the new count and state."""
     # one body for the three allocations: they share the wait for the stage, QKᵀ, the
     # release of Q and of the stage, and the masked rows' state; split, each would take
     # the seven values of the state and the ring through another call
@@ -193,7 +196,7 @@ def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, c
         p_sums = _row_sum_start(p16, ones)
         pv = warpgroup_mma(gl.convert_layout(p16, p_layout), v, o_zero, use_acc=False,
                            is_async=True)
-        if MASKED:  # the part-filled last block: its keys' mean (gluon_parts.Sizes)
+        if MASKED and PART_FILLED:  # the part-filled last block: its keys' mean
             factor = gl.where(blk == sizes.tail_block, sizes.tail_factor, 1.0 / BLOCK_N)
             s_mean = _rl(_row_sum_read(score_sums, m_i) * factor, gl.float16)
         else:
@@ -256,14 +259,15 @@ def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, c
 
 @gluon.jit
 def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m0, it, n,
-                   W: gl.constexpr, PSEUDO_AVERAGE_SHIFT: gl.constexpr,
+                   n_heads, W: gl.constexpr, PSEUDO_AVERAGE_SHIFT: gl.constexpr,
                    EXACT_SHIFT: gl.constexpr, HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr,
-                   DETECT: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                   STAGES: gl.constexpr):
+                   DETECT: gl.constexpr, PART_FILLED: gl.constexpr, BLOCK_N: gl.constexpr,
+                   HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
     """One tile's 64 rows of consumer group W (the ``n``-th tile of this program; ``it``
     kv blocks before it): the kv loop over the group's blocks [g_lo, g_hi), releasing
     the rest of the tile's [lo, hi) unread, then O and LSE, and with DETECT the rows'
-    overflow flags (a row whose output or LSE is not finite; the tile counted if one is).
+    overflow flags (a row whose output or LSE is not finite), a flagged row also setting
+    the call's overflow word (no reduction across the group).
     Q is released (``q_free``) once its last QKᵀ is done. Returns the new count of kv
     blocks."""
     kv_ready, kv_empty = ring.ready, ring.empty
@@ -297,17 +301,20 @@ def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m
         for blk in range(g_lo, full_lo):
             it, acc, m_i, l_i, f_i, cnt_i, c8 = _kv_step(
                 q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, cnt_i, c8,
-                rows, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, 1, BLOCK_N, HEAD_DIM,
+                rows, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, PART_FILLED, 1, BLOCK_N,
+                HEAD_DIM,
                 STAGES)
     for blk in range(full_lo, full_hi):
         it, acc, m_i, l_i, f_i, cnt_i, c8 = _kv_step(
             q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, cnt_i, c8,
-            rows, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, 0, BLOCK_N, HEAD_DIM,
+            rows, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, PART_FILLED, 0, BLOCK_N,
+            HEAD_DIM,
             STAGES)
     for blk in range(full_hi, g_hi):
         it, acc, m_i, l_i, f_i, cnt_i, c8 = _kv_step(
             q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, cnt_i, c8,
-            rows, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, 2, BLOCK_N, HEAD_DIM,
+            rows, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, PART_FILLED, 2, BLOCK_N,
+            HEAD_DIM,
             STAGES)
     if g_hi <= g_lo:  # a group that sees no kv block never used Q
         mbarrier.arrive(q_free)
@@ -334,28 +341,28 @@ def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m
         gl.store(LSE + b.to(gl.int64) * output.stride_lb + h.to(gl.int64) * output.stride_lh
                  + rows.to(gl.int64) * output.stride_ls, lse,
                  mask=rows.to(gl.uint32, bitcast=True) < q_len)
-    if DETECT:
-        o_bad = gl.sum((~(gl.abs(o) < float("inf"))).to(gl.int32), 1)
+    if DETECT:  # an output row through its fp32 sum (triton_softmax._nonfinite_rows)
+        o_sum = gl.convert_layout(gl.sum(o, 1), row_s)
         in_rows = rows.to(gl.uint32, bitcast=True) < q_len
-        bad = ((gl.convert_layout(o_bad, row_s) > 0) | ~(lse < float("inf"))) & in_rows
-        gl.store(output.flags + b.to(gl.int64) * output.stride_fb
-                 + h.to(gl.int64) * output.stride_fh + rows.to(gl.int64), bad.to(gl.uint8),
-                 mask=in_rows)
-        if gl.max(bad.to(gl.int32), 0) > 0:
-            gl.atomic_add(output.counts, 1)
+        row_sum = o_sum + gl.where(lse == float("-inf"), 0.0, lse)
+        bad = ~(gl.abs(row_sum) < float("inf")) & in_rows
+        # the flags are contiguous (B, N, q_len)
+        gl.store(output.flags + (b * n_heads + h).to(gl.int64) * q_len + rows.to(gl.int64),
+                 bad.to(gl.uint8), mask=in_rows)
+        gl.store(output.overflow_word + rows * 0, bad.to(gl.int32), mask=bad)
     return it
 
 
 @gluon.jit
-def _prefill_ws(q_desc, k_desc, v_desc, m_desc, O, LSE, FLAGS, COUNTS, next_tile, band_pre,
-                band_next, K_PAGES, V_PAGES,
+def _prefill_ws(q_desc, k_desc, v_desc, m_desc, O, LSE, FLAGS, OVERFLOW_WORD, next_tile,
+                band_pre, band_next, K_PAGES, V_PAGES,
                 stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-                stride_fb, stride_fh, stride_kpb, stride_vpb, page_size,
+                stride_kpb, stride_vpb, page_size,
                 n_heads, group, q_len, kv_len, n_blocks, scale, gamma,
                 tail_block, tail_factor, n_tiles, n_pairs,
                 tile_group, PSEUDO_AVERAGE_SHIFT: gl.constexpr, EXACT_SHIFT: gl.constexpr,
                 HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr, PAGED: gl.constexpr,
-                DETECT: gl.constexpr,
+                DETECT: gl.constexpr, PART_FILLED: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                 STAGES: gl.constexpr):
     """Persistent, one program per SM: each takes tiles of :func:`_tile`'s order until
@@ -400,10 +407,10 @@ def _prefill_ws(q_desc, k_desc, v_desc, m_desc, O, LSE, FLAGS, COUNTS, next_tile
     schedule = Schedule(tile_ids, tile_ready, n_tiles, n_pairs, tile_group, n_heads, group)
     sizes = Sizes(q_len, kv_len, band_pre, band_next, scale, gamma, tail_block, tail_factor)
     output = Output(O, LSE, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-                    FLAGS, COUNTS, stride_fb, stride_fh)
+                    FLAGS, OVERFLOW_WORD)
     pages = Pages(K_PAGES, V_PAGES, stride_kpb, stride_vpb, page_size)
-    variant = Variant(PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, DETECT, BLOCK_M,
-                      BLOCK_N, HEAD_DIM, STAGES)
+    variant = Variant(PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, DETECT,
+                      PART_FILLED, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)
     if GROUPS == 3:
         gl.warp_specialize([
             (_consumer, (queries, ring, schedule, sizes, output, ones, 0, variant)),

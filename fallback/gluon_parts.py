@@ -113,8 +113,8 @@ class Sizes:
 @aggregate
 class Output:
     """Where O and the LSE go: the pointers and their (batch, head, row) strides; the
-    overflow check's row flags (their (batch, head) strides, rows contiguous) and its
-    count of tiles with a flagged row."""
+    overflow check's row flags (contiguous (B, N, q_len)) and its overflow word (set
+    nonzero by a flagged row)."""
 
     o: SCALAR
     lse: SCALAR
@@ -125,16 +125,14 @@ class Output:
     stride_lh: SCALAR
     stride_ls: SCALAR
     flags: SCALAR
-    counts: SCALAR
-    stride_fb: SCALAR
-    stride_fh: SCALAR
+    overflow_word: SCALAR
 
     @constexpr_function
     def __init__(self, o, lse, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                 stride_ls, flags, counts, stride_fb, stride_fh):
+                 stride_ls, flags, overflow_word):
         _fill(self, o=o, lse=lse, stride_ob=stride_ob, stride_oh=stride_oh, stride_os=stride_os,
               stride_lb=stride_lb, stride_lh=stride_lh, stride_ls=stride_ls, flags=flags,
-              counts=counts, stride_fb=stride_fb, stride_fh=stride_fh)
+              overflow_word=overflow_word)
 
 
 @aggregate
@@ -189,25 +187,26 @@ def _paged_rows(pages, b, n0):
 class Variant:
     """The compiled variant, as constexprs: the allocation (pasa: PSEUDO_AVERAGE_SHIFT,
     pasa-exact: EXACT_SHIFT, fa-fp32: neither), the mask (HAS_BAND), the LSE output, the
-    overflow check (DETECT), the tile (BLOCK_M query rows, BLOCK_N keys, HEAD_DIM) and
-    the ring's depth."""
+    overflow check (DETECT), pasa's part-filled last kv block (PART_FILLED), the tile
+    (BLOCK_M query rows, BLOCK_N keys, HEAD_DIM) and the ring's depth."""
 
     PSEUDO_AVERAGE_SHIFT: gl.constexpr
     EXACT_SHIFT: gl.constexpr
     HAS_BAND: gl.constexpr
     HAS_LSE: gl.constexpr
     DETECT: gl.constexpr
+    PART_FILLED: gl.constexpr
     BLOCK_M: gl.constexpr
     BLOCK_N: gl.constexpr
     HEAD_DIM: gl.constexpr
     STAGES: gl.constexpr
 
     @constexpr_function
-    def __init__(self, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, DETECT, BLOCK_M,
-                 BLOCK_N, HEAD_DIM, STAGES):
+    def __init__(self, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, DETECT,
+                 PART_FILLED, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES):
         _fill(self, PSEUDO_AVERAGE_SHIFT=PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT=EXACT_SHIFT,
-              HAS_BAND=HAS_BAND, HAS_LSE=HAS_LSE, DETECT=DETECT, BLOCK_M=BLOCK_M,
-              BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, STAGES=STAGES)
+              HAS_BAND=HAS_BAND, HAS_LSE=HAS_LSE, DETECT=DETECT, PART_FILLED=PART_FILLED,
+              BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, STAGES=STAGES)
 
 
 @aggregate

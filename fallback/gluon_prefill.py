@@ -30,10 +30,11 @@ cores' order, so a few outputs in 10^4 differ from the Triton kernel's by roundi
 (tests/test_gluon_prefill.py).
 
 Overflow check (where the call is checked): each consumer group flags its rows whose
-output or LSE is not finite and counts its tile if one is; the Triton repair launch
-(:mod:`triton_repair`) recomputes them. pasa's part-filled last kv block (kv_len not a
-multiple of 128) takes its keys' mean (:func:`pasa_npu.beta.partial_block_shift`), as the
-Triton kernel does.
+output or LSE is not finite, a flagged row setting the call's overflow word (the word
+after the tile counter, zeroed with it); the Triton repair launch (:mod:`triton_repair`)
+recomputes them. pasa's part-filled last kv block (kv_len not a multiple of 128) takes
+its keys' mean (:func:`pasa_npu.beta.partial_block_shift`), as the Triton kernel does
+(PART_FILLED: compiled in only where the problem has one).
 
 Scope (:func:`supported`): fp16 inputs; head dim 64 or 128 (Q, K and V alike); kv_block
 128; every batch at the full lengths (no ragged or packed varlen input); no explicit mask
@@ -47,6 +48,7 @@ descriptors over the whole caches. Everything else runs on the Triton kernel.
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 
@@ -146,21 +148,26 @@ def _no_means(device: torch.device, head_dim: int) -> torch.Tensor:
 
 
 def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
-        band_pre, band_next, lse_arg: torch.Tensor, shift_table, counts,
-        k_pages=None) -> None:
+        band_pre, band_next, lse_arg: torch.Tensor, shift_table,
+        k_pages=None) -> Optional[torch.Tensor]:
     """Launch the kernel for a :func:`supported` problem. ``gamma``: PASA's
     invariance as the Triton kernel takes it; ``k_used``: K'
     (B, Nkv, blocks*128, D) for PASA (and pasa-exact's block means, (B, Nkv, blocks, D)),
     K and None for fa-fp32; ``band_*``: the per-batch band limits on the device (read only
     under a band); ``shift_table``: pasa's (:func:`triton_shift.cached_shift_table`) or
-    None; ``counts``: where the call is checked for overflow, the zeroed count of tiles
-    with a flagged row (the flags are ``problem.overflow``'s). Paged: ``k_used`` is the
-    key cache, or K's slots for PASA, and ``k_pages`` the table that maps each batch's kv
-    blocks into it."""
+    None. Paged: ``k_used`` is the key cache, or K's slots for PASA, and ``k_pages`` the
+    table that maps each batch's kv blocks into it. Where the call is checked for
+    overflow (the flags are ``problem.overflow``'s), returns its overflow word on the
+    device: nonzero once a row is flagged (zeroed with the kernel's tile counter, which it
+    follows in one buffer)."""
     q, v, out, lse = problem.query, problem.value, problem.out, problem.lse
     head_dim = q.shape[3]
     detect = problem.overflow is not None
     flags = problem.overflow.row_flags if detect else out
+    if detect and (tuple(flags.shape) != tuple(q.shape[:3]) or not flags.is_contiguous()):
+        raise ValueError(f"the Gluon prefill writes contiguous row flags of shape "
+                         f"{tuple(q.shape[:3])}, got {tuple(flags.shape)} strides "
+                         f"{flags.stride()}")
     tail_block, tail_factor = -1, 1.0 / BLOCK_N
     kv_len = problem.max_kv_len if problem.paged else problem.key.shape[2]
     if shift_table is not None and kv_len % BLOCK_N:  # pasa's part-filled last block
@@ -184,18 +191,20 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
     if problem.band is not None:
         tile_group = max(1, min(n_pairs, TILE_GROUP_BYTES // kv_bytes))
     grid = (min(n_tiles * n_pairs, sm_count(q.device.index)),)
+    counters = torch.zeros(2, dtype=torch.int32, device=q.device)  # next tile, overflow word
     launch(
         _prefill_ws, grid,
         _descriptor(q, GROUP_ROWS), _descriptor(k_used, BLOCK_N), _descriptor(v, BLOCK_N),
-        m_desc, out, lse_arg, flags, counts if detect else band_pre,
-        torch.zeros(1, dtype=torch.int32, device=q.device), band_pre,
+        m_desc, out, lse_arg, flags, counters[1:], counters, band_pre,
         band_next, k_pages, v_pages, out.stride(0), out.stride(1), out.stride(2),
         lse_arg.stride(0) if lse is not None else 0, lse_arg.stride(1), lse_arg.stride(2),
-        flags.stride(0), flags.stride(1), k_pages.stride(0), v_pages.stride(0),
+        k_pages.stride(0), v_pages.stride(0),
         problem.block_size, q.shape[1], q.shape[1] // problem.key.shape[1], q.shape[2], kv_len,
         n_blocks, problem.scale, gamma, tail_block, tail_factor, n_tiles, n_pairs, tile_group,
         PSEUDO_AVERAGE_SHIFT=problem.allocation.pseudo_average_shift,
         EXACT_SHIFT=problem.allocation.exact_shift, HAS_BAND=problem.band is not None,
         HAS_LSE=lse is not None, PAGED=problem.paged, DETECT=detect,
+        PART_FILLED=tail_block >= 0,
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, STAGES=_stages(head_dim),
         num_warps=4, enable_fp_fusion=not problem.allocation.low_statistics)
+    return counters[1:] if detect else None

@@ -63,20 +63,17 @@ def run(problem: AttentionProblem) -> None:
         triton_decode.run(problem, shared)
     elif _gluon_prefill(problem, tuning):
         k_used, means, k_pages = problem.key, None, problem.block_table
-        detect = problem.overflow is not None
-        counts = torch.empty(1, dtype=torch.int32, device=problem.query.device) if detect \
-            else None
-        if problem.allocation.shifts_keys:  # (every checked call: the PASA allocations)
+        if problem.allocation.shifts_keys:
             k_used, means, shifted_pages = prepare_keys(
                 problem, problem.key, shared.lengths[2], shared.lengths[3],
-                shared.constexprs["BLOCK_N"], shared.constexprs["HEAD_DIM"], counts)
+                shared.constexprs["BLOCK_N"], shared.constexprs["HEAD_DIM"])
             k_pages = shifted_pages if problem.paged else None
-        gluon_prefill.run(problem, shared.gamma, k_used,
-                          means if problem.allocation.exact_shift else None,
-                          shared.band_pre, shared.band_next, shared.lse_arg, shared.shift,
-                          counts, k_pages)
-        if detect:
-            triton_repair.run(problem, shared, counts)
+        overflow_word = gluon_prefill.run(problem, shared.gamma, k_used,
+                                          means if problem.allocation.exact_shift else None,
+                                          shared.band_pre, shared.band_next, shared.lse_arg,
+                                          shared.shift, k_pages)
+        if overflow_word is not None:
+            triton_repair.run(problem, shared, overflow_word)
     else:
         if problem.paged and problem.block_size % shared.constexprs["BLOCK_N"]:
             raise NotImplementedError(

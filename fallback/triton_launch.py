@@ -50,7 +50,7 @@ def block_loops(problem: AttentionProblem, block_n: int) -> int:
     if problem.mask is not None:
         return 1  # an explicit mask sends every block through the leading masked loop
     loops = 2
-    if any(n % block_n for n in host_ints(problem.kv_lens)):
+    if part_filled(problem, block_n):
         loops |= 4  # a ragged last block
     if problem.band is not None:
         pre, nxt = (host_ints(t) for t in problem.band)
@@ -59,6 +59,12 @@ def block_loops(problem: AttentionProblem, block_n: int) -> int:
         if min(nxt, default=0) + 1 < problem.max_kv_len:
             loops |= 4  # its right edge (causal: the diagonal)
     return loops
+
+
+def part_filled(problem: AttentionProblem, block_n: int) -> bool:
+    """Whether some batch's last kv block holds fewer than ``block_n`` keys (PASA takes
+    that block's row mean over its keys)."""
+    return any(n % block_n for n in host_ints(problem.kv_lens))
 
 
 def row_constant_in_kernel(problem: AttentionProblem, block_n: int, tuning: Tuning) -> bool:

@@ -6,8 +6,11 @@ compiled out (:func:`pasa_npu.fallback.triton_launch.block_loops`). Causal and b
 are computed from the per-batch band; no S1 x S2 mask is ever built for sparse modes 2-4.
 pasa-exact's row constants come from the block means (:mod:`triton_shift`), precomputed
 per tile or per block in the loop (``Tuning.row_constant``). With DETECT (the PASA
-allocations, checked) each program flags its rows whose output or LSE is not finite and
-counts its tile if one is; :mod:`triton_repair` recomputes them."""
+allocations, checked) each program flags its rows whose output or LSE is not finite, and
+a flagged row sets the call's overflow word; :mod:`triton_repair` recomputes them.
+PART_FILLED (pasa, pasa-mixed: some kv length is not a whole number of blocks): the last
+block's row mean takes its keys' count, read once per program; without it every block
+divides by BLOCK_N."""
 from __future__ import annotations
 
 import torch
@@ -44,7 +47,8 @@ def _tile_row_constants(q, mean_base, c_base, rows, q_len, dims, lo, hi, stride_
 
 @triton.jit
 def _attention_fwd(
-    Q, K, V, O, LSE, C, MEANS, MASK, SHIFT, FLAGS, COUNTS, K_DESC, V_DESC, K_PAGES, V_PAGES,
+    Q, K, V, O, LSE, C, MEANS, MASK, SHIFT, FLAGS, OVERFLOW_WORD, K_DESC, V_DESC, K_PAGES,
+    V_PAGES,
     q_starts, q_lens, kv_starts, kv_lens, band_pre, band_next,
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
@@ -61,7 +65,7 @@ def _attention_fwd(
     GRID_1D: tl.constexpr,
     GUARD: tl.constexpr, K_PADDED: tl.constexpr, FUSED_SHIFT: tl.constexpr,
     USE_TMA: tl.constexpr, C_PER_BLOCK: tl.constexpr, LOOPS: tl.constexpr, PAGED: tl.constexpr,
-    DETECT: tl.constexpr,
+    DETECT: tl.constexpr, PART_FILLED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
 ):
     # one kernel body: the three kv-block loops share its set-up and its state, and
@@ -125,6 +129,10 @@ def _attention_fwd(
     if EXACT_SHIFT and not FUSED_SHIFT and not C_PER_BLOCK:
         _tile_row_constants(q, mean_base, c_base, rows, q_len, dims, lo, hi, stride_mblk,
                             stride_cblk, scale)
+
+    if PSEUDO_AVERAGE_SHIFT and PART_FILLED:  # the last kv block's keys' mean, if part-filled
+        tail_blk = (kv_len - 1) // BLOCK_N
+        tail_factor = tl.load(SHIFT + (kv_len - tail_blk * BLOCK_N) * 4 + 2)
 
     m, l, acc, f, cnt, c = _initial_state(BLOCK_M, HEAD_DIM_V, LOW_ACCUMULATOR, q.dtype)
 
@@ -217,10 +225,10 @@ def _attention_fwd(
                                                BLOCK_N)
                     if EXACT_SHIFT:
                         c = _row_constant(q, mean, scale)
-                if PSEUDO_AVERAGE_SHIFT and stage != 1:  # a part-filled block's own mean
-                    mean_factor = tl.load(SHIFT + tl.minimum(kv_len - n0, BLOCK_N) * 4 + 2)
+                if PSEUDO_AVERAGE_SHIFT and PART_FILLED and stage != 1:
+                    mean_factor = tl.where(blk == tail_blk, tail_factor, 1.0 / BLOCK_N)
                 else:
-                    mean_factor = scale
+                    mean_factor = 1.0 / BLOCK_N
                 m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt,
                                                   scale, gamma, mean_factor, PSEUDO_AVERAGE_SHIFT,
                                                   EXACT_SHIFT, LOW_SCORES, LOW_STATISTICS,
@@ -234,12 +242,11 @@ def _attention_fwd(
     if HAS_LSE:
         tl.store(LSE + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh
                  + (q_start + rows).to(tl.int64) * stride_ls, lse, mask=row_ok)
-    if DETECT:
+    if DETECT:  # no reduction across the program: each flagged row marks the call itself
         bad = _nonfinite_rows(o, lse) & row_ok
         tl.store(FLAGS + b.to(tl.int64) * stride_fb + h.to(tl.int64) * stride_fh
                  + (q_start + rows).to(tl.int64), bad.to(tl.uint8), mask=row_ok)
-        if tl.max(bad.to(tl.int32), 0) > 0:
-            tl.atomic_add(COUNTS, 1)
+        tl.store(OVERFLOW_WORD + rows * 0, 1, mask=bad)
 
 
 def run(problem: AttentionProblem, tuning: Tuning, shared) -> None:
@@ -261,14 +268,14 @@ def run(problem: AttentionProblem, tuning: Tuning, shared) -> None:
     k_pages = v_pages = problem.block_table if problem.paged else shared.lengths[0]
     detect = problem.overflow is not None
     flags = problem.overflow.row_flags if detect else placeholder(dev, torch.uint8)
-    counts = None
-    if detect:  # the tiles with a flagged row, zeroed by the key shift's launch
-        counts = (torch.empty if alloc.shifts_keys and not fused else torch.zeros)(
+    overflow_word = None
+    if detect:  # the overflow word (nonzero once a row is flagged), zeroed by the key shift
+        overflow_word = (torch.empty if alloc.shifts_keys and not fused else torch.zeros)(
             1, dtype=torch.int32, device=dev)
     if alloc.shifts_keys and not fused:
         k_used, means, shifted_pages = prepare_keys(problem, k, shared.lengths[2],
                                                     shared.lengths[3], block_n, head_dim_p,
-                                                    counts)
+                                                    overflow_word)
         k_pages = shifted_pages if problem.paged else k_pages
         k_strides = tuple(k_used.stride())
         if alloc.exact_shift and not c_per_block:  # the kernel fills it
@@ -292,7 +299,7 @@ def run(problem: AttentionProblem, tuning: Tuning, shared) -> None:
         _attention_fwd, grid,
         q, k_used, v, out, shared.lse_arg, constants, means, shared.mask,
         shared.shift if shared.shift is not None else constants, flags,
-        counts if detect else shared.lengths[1], k_desc if use_tma else k_used,
+        overflow_word if detect else shared.lengths[1], k_desc if use_tma else k_used,
         v_desc if use_tma else v, k_pages, v_pages,
         *shared.lengths, shared.band_pre, shared.band_next,
         *strides(q), *k_strides, *shared.kv_strides(v), *strides(out),
@@ -304,11 +311,11 @@ def run(problem: AttentionProblem, tuning: Tuning, shared) -> None:
         q.shape[3], v.shape[3], HAS_BAND=problem.band is not None, HAS_LSE=lse is not None,
         K_PADDED=alloc.shifts_keys and not fused, FUSED_SHIFT=fused, USE_TMA=use_tma,
         C_PER_BLOCK=c_per_block, LOOPS=loops, GRID_1D=grid_1d, PAGED=problem.paged,
-        DETECT=detect,
+        DETECT=detect, PART_FILLED=heuristics.part_filled(problem, block_n),
         BLOCK_M=block_m, num_warps=warps, num_stages=stages, **shared.constexprs,
         **heuristics.fp_options(alloc))
     if detect:
-        triton_repair.run(problem, shared, counts)
+        triton_repair.run(problem, shared, overflow_word)
 
 
 def _tma_capable(dev: torch.device) -> bool:

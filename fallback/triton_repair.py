@@ -1,15 +1,17 @@
 """The Triton backend's overflow repair (docs/design.md, "Overflow detection and repair").
 
 The PASA kernels flag each query row whose output or LSE is not finite in the call's row
-flags (:class:`pasa_npu.overflow.OverflowCheck`), and the prefill kernels count the tiles
-that flagged one. :func:`_repair_rows` recomputes flagged rows by fa-fp32 (the raw K, fp32
-scores and statistics) and marks them repaired; the prefill repair launch
-(:func:`run`, the ``_repair`` kernel) reads the count first and returns at once where it is
-zero, so a call that does not overflow costs one small launch and no host
-synchronisation, and a CUDA graph replays it as it is. Decode repairs inside its combine
-kernel (:mod:`triton_decode`), which sees each merged row.
+flags (:class:`pasa_npu.overflow.OverflowCheck`), and a flagged row sets the call's
+overflow word (an int32 on the device, zeroed by the launch before the attention kernel).
+:func:`_repair_rows` recomputes flagged rows by fa-fp32 (the raw K, fp32 scores and
+statistics) and marks them repaired; the repair launch (:func:`run`, the ``_repair``
+kernel, after prefill and after decode's combine) reads the word first and returns at
+once where it is zero, so a call that does not overflow costs one small launch and no
+host synchronisation, and a CUDA graph replays it as it is.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import triton
@@ -95,7 +97,7 @@ def _repair_rows(Q, K, V, O, LSE, FLAGS, MASK, q_starts, q_lens, kv_starts, kv_l
 
 
 @triton.jit
-def _repair(Q, K, V, O, LSE, FLAGS, COUNTS, MASK, q_starts, q_lens, kv_starts, kv_lens,
+def _repair(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, q_starts, q_lens, kv_starts, kv_lens,
             band_pre, band_next, stride_qb, stride_qh, stride_qs, stride_qd,
             stride_kb, stride_kh, stride_ks, stride_kd,
             stride_vb, stride_vh, stride_vs, stride_vd,
@@ -106,10 +108,10 @@ def _repair(Q, K, V, O, LSE, FLAGS, COUNTS, MASK, q_starts, q_lens, kv_starts, k
             HAS_MASK: tl.constexpr, HAS_BAND: tl.constexpr, HAS_LSE: tl.constexpr,
             GUARD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr):
-    """The prefill repair: nothing where the kernels counted no flagged tile; else the
-    programs take the ``total`` (query tile, batch, query head) tiles in turn and
-    recompute the flagged rows of each (:func:`_repair_rows`)."""
-    if tl.load(COUNTS) == 0:
+    """The repair: nothing where the overflow word is zero; else the programs take the
+    ``total`` (query tile, batch, query head) tiles in turn and recompute the flagged rows
+    of each (:func:`_repair_rows`)."""
+    if tl.load(OVERFLOW_WORD) == 0:
         return
     for t in range(tl.program_id(0), total, tl.num_programs(0)):
         bh = t // n_tiles
@@ -135,12 +137,14 @@ def _repair(Q, K, V, O, LSE, FLAGS, COUNTS, MASK, q_starts, q_lens, kv_starts, k
                          HEAD_DIM_V)
 
 
-def run(problem: AttentionProblem, shared, counts: torch.Tensor) -> None:
-    """Launch the prefill repair after the attention kernel (``counts``: the tiles it
-    flagged, on the device; :class:`triton_attention.Shared` holds the rest)."""
+def run(problem: AttentionProblem, shared, overflow_word: torch.Tensor,
+        block_m: Optional[int] = None) -> None:
+    """Launch the repair after the attention kernels (``overflow_word``: the call's overflow
+    word on the device, nonzero once a row is flagged; :class:`triton_attention.Shared`
+    holds the rest), ``block_m`` query rows per tile (decode: 16, its one row)."""
     q, k, v, out = problem.query, problem.key, problem.value, problem.out
     flags = problem.overflow.row_flags
-    block_m = 16 if shared.interpret else 64
+    block_m = block_m or (16 if shared.interpret else 64)
     n_tiles = cdiv(problem.max_q_len, block_m)
     total = n_tiles * problem.batch * q.shape[1]
     programs = 2 if shared.interpret else 4 * sm_count(q.device.index or 0)
@@ -149,7 +153,7 @@ def run(problem: AttentionProblem, shared, counts: torch.Tensor) -> None:
                    *shared.lse_arg.stride()[1:])
     launch(
         _repair, (min(total, programs),),
-        q, k, v, out, shared.lse_arg, flags, counts, shared.mask, *shared.lengths,
+        q, k, v, out, shared.lse_arg, flags, overflow_word, shared.mask, *shared.lengths,
         shared.band_pre, shared.band_next, *strides(q), *strides(k), *strides(v),
         *strides(out), *lse_strides, shared.batch_stride(flags), flags.stride(1),
         *shared.mask_strides, q.shape[1], n_tiles, total, q.shape[1] // k.shape[1], problem.scale,
@@ -157,4 +161,10 @@ def run(problem: AttentionProblem, shared, counts: torch.Tensor) -> None:
         HAS_BAND=problem.band is not None, HAS_LSE=problem.lse is not None,
         GUARD=problem.rounding_guard, BLOCK_M=block_m, BLOCK_N=shared.constexprs["BLOCK_N"],
         HEAD_DIM=shared.constexprs["HEAD_DIM"], HEAD_DIM_V=shared.constexprs["HEAD_DIM_V"],
-        num_warps=1 if shared.interpret else 4)
+        num_warps=1 if shared.interpret else 4, num_stages=repair_stages(q.shape[3]))
+
+
+def repair_stages(head_dim: int) -> int:
+    """Pipeline depth of the repair's kv loop that fits an H100's shared memory: its K and
+    V tiles are 128 x D (``tools/triton_aot.py`` compiles each)."""
+    return 1 if head_dim > 128 else 2

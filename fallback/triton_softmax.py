@@ -191,9 +191,11 @@ def _finish(m, l, acc, f, cnt, gamma, PSEUDO_AVERAGE_SHIFT: tl.constexpr):
 @triton.jit
 def _nonfinite_rows(o, lse):
     """Per row: its output or LSE is NaN or infinite (the overflow check; a row that saw
-    no key has output 0 and LSE -inf, and is not flagged)."""
-    o_bad = tl.sum((~(tl.abs(o) < float("inf"))).to(tl.int32), 1) > 0
-    return o_bad | ~(lse < float("inf"))
+    no key has output 0 and LSE -inf, and is not flagged). One fp32 sum per row of its
+    output values and its LSE (-inf taken as 0: a row that saw keys and has LSE -inf has a
+    non-finite output): NaN or infinite exactly where one of them is, as values an fp16
+    output and an LSE can hold never sum past fp32's range."""
+    return ~(tl.abs(tl.sum(o, 1) + tl.where(lse == float("-inf"), 0.0, lse)) < float("inf"))
 
 
 @triton.jit

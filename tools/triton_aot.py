@@ -29,25 +29,31 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from pasa_npu.fallback import gluon_prefill as gp
-from pasa_npu.fallback import triton_decode, triton_launch, triton_prefill
+from pasa_npu.fallback import triton_decode, triton_launch, triton_prefill, triton_repair
 from pasa_npu.fallback.kernel_common import allocation_flags
 from pasa_npu.fallback.triton_tuning import DEFAULT_TUNING
 from pasa_npu.numerics import ALLOCATIONS
 
 KERNELS = {"_attention_fwd": triton_prefill._attention_fwd,
-           "_decode_split": triton_decode._decode_split}
+           "_decode_split": triton_decode._decode_split,
+           "_repair": triton_repair._repair}
 SHARED_LIMIT = 232448  # bytes per block on sm_90
 SM_SHARED = 233472  # bytes per SM on sm_90, of which the driver reserves 1 KiB per block
 SM_REGISTERS = 65536
 SM_WARPS = 64
 POINTERS = {
     "_attention_fwd": dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", C="*fp32",
-                           MEANS="*fp16", MASK="*u8", SHIFT="*fp32", FLAGS="*u8", COUNTS="*i32",
+                           MEANS="*fp16", MASK="*u8", SHIFT="*fp32", FLAGS="*u8",
+                           OVERFLOW_WORD="*i32",
                            K_PAGES="*i32", V_PAGES="*i32", q_starts="*i32", q_lens="*i32",
                            kv_starts="*i32", kv_lens="*i32", band_pre="*i32", band_next="*i32"),
     "_decode_split": dict(Q="*fp16", K="*fp16", V="*fp16", MASK="*u8", SHIFT="*fp32",
-                          PART_O="*fp32", PART_LSE="*fp32", PAGES="*i32", q_starts="*i32",
+                          PART_O="*fp32", PART_LSE="*fp32", PAGES="*i32", OVERFLOW_WORD="*i32",
+                          q_starts="*i32",
                           kv_starts="*i32", kv_lens="*i32"),
+    "_repair": dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", FLAGS="*u8",
+                    OVERFLOW_WORD="*i32", MASK="*u8", q_starts="*i32", q_lens="*i32",
+                    kv_starts="*i32", kv_lens="*i32", band_pre="*i32", band_next="*i32"),
 }
 FLOATS = ("scale", "gamma")
 DIVISIBLE = ("n_heads", "head_dim", "head_dim_v")
@@ -104,7 +110,8 @@ def compile_gluon(consts: dict, fp_fusion: bool = True, arch: int = 90):
 
     rows = {"q_desc": [1, 1, gp.GROUP_ROWS, d], "k_desc": [1, 1, consts["BLOCK_N"], d],
             "v_desc": [1, 1, consts["BLOCK_N"], d], "m_desc": [gp.MEAN_ROWS, d]}
-    pointers = dict(O="*fp16", LSE="*fp32", FLAGS="*u8", COUNTS="*i32", next_tile="*i32",
+    pointers = dict(O="*fp16", LSE="*fp32", FLAGS="*u8", OVERFLOW_WORD="*i32",
+                    next_tile="*i32",
                     band_pre="*i32", band_next="*i32", K_PAGES="*i32", V_PAGES="*i32")
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
@@ -209,7 +216,8 @@ def variants(head_dim: int = 128):
     the decode kernel for each number of query heads per program, per allocation, and
     the Gluon prefill; at head dim 128, the paged variants ("paged" in the label:
     causal prefill, decode at GQA 4:1 with kv blocks inside one cache block and, for
-    fa-fp32, straddling them, the Gluon prefill causal) of pasa-exact, pasa and fa-fp32."""
+    fa-fp32, straddling them, the Gluon prefill causal) of pasa-exact, pasa and fa-fp32;
+    the overflow repair's launch for prefill and for decode."""
     for alg, allocation in ALLOCATIONS.items():
         pasa = allocation.shifts_keys
         paged = head_dim == 128 and alg in PAGED_ALGORITHMS
@@ -229,7 +237,7 @@ def variants(head_dim: int = 128):
                               HAS_BAND=mode == "causal", HAS_LSE=False, GUARD=False,
                               K_PADDED=pasa and not fused, FUSED_SHIFT=fused, USE_TMA=DEFAULT_TUNING.loads == "tma",
                               C_PER_BLOCK=c_per_block, LOOPS=loops, GRID_1D=False, PAGED=False,
-                              DETECT=pasa,
+                              DETECT=pasa, PART_FILLED=False,
                               BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
                 block_m, warps, stages = triton_launch.launch_config(
                     head_dim, alg, False, c_per_block or fused, loops, mode == "mask")
@@ -245,7 +253,7 @@ def variants(head_dim: int = 128):
         for block_g in sorted({triton_launch.decode_block_g(g, head_dim)
                                for g in (1, 32, 64, 1024)}):
             consts = dict(**allocation_flags(allocation), HAS_MASK=False, GUARD=False,
-                          PAGED=False, WHOLE_PAGE=True, BLOCK_G=block_g,
+                          PAGED=False, WHOLE_PAGE=True, DETECT=pasa, BLOCK_G=block_g,
                           BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
             yield ("_decode_split", f"{alg} decode g={block_g} d={head_dim}", consts, 4,
                    stages, fp_fusion)
@@ -255,6 +263,12 @@ def variants(head_dim: int = 128):
                 consts = dict(consts, PAGED=True, WHOLE_PAGE=whole, BLOCK_G=block_g)
                 yield ("_decode_split", f"{alg} paged{tag} decode g={block_g} d={head_dim}",
                        consts, 4, triton_launch.paged_stages(stages), fp_fusion)
+    # the overflow repair after a checked PASA call: its prefill tiles and decode's
+    for block_m, mode in ((64, "prefill"), (16, "decode")):
+        consts = dict(HAS_MASK=False, HAS_BAND=mode == "prefill", HAS_LSE=True, GUARD=False,
+                      BLOCK_M=block_m, BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
+        yield ("_repair", f"repair {mode} d={head_dim}", consts, 4,
+               triton_repair.repair_stages(head_dim), True)
     # the warp-specialised Gluon prefill that replaces _attention_fwd where it applies
     for alg in gp.ALGORITHMS if gp.AVAILABLE and head_dim in gp.HEAD_DIMS else ():
         allocation = ALLOCATIONS[alg]
@@ -262,7 +276,7 @@ def variants(head_dim: int = 128):
         for causal, paged in forms:
             consts = dict(PSEUDO_AVERAGE_SHIFT=allocation.pseudo_average_shift,
                           EXACT_SHIFT=allocation.exact_shift, HAS_BAND=causal, HAS_LSE=False,
-                          PAGED=paged, DETECT=allocation.shifts_keys,
+                          PAGED=paged, DETECT=allocation.shifts_keys, PART_FILLED=False,
                           BLOCK_M=gp.GROUP_ROWS * gp.consumer_groups(head_dim),
                           BLOCK_N=gp.BLOCK_N, HEAD_DIM=head_dim, STAGES=gp._stages(head_dim))
             mode = ("paged " if paged else "") + ("causal" if causal else "full")
