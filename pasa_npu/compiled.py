@@ -8,6 +8,12 @@ computed with fewer roundings. Its schema derives from the argument table
 and as a tensor (separate arguments, one of them None), and every implemented scalar with
 its type. Unimplemented keywords never reach it: :func:`traced_call` refuses them with the
 eager call's errors.
+
+The operator returns the call's overflow row flags after out and LSE (an empty tensor
+where the call is not checked): the compiled code hands them to
+:func:`pasa_npu.overflow.record_compiled` with the arguments the report needs, so that
+they are an output of the compiled graph, which a CUDA graph's memory pool tracks
+(``mode="reduce-overhead"``), and every replay records its own.
 """
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from . import paging, plans
+from . import overflow, paging, plans
 from .arguments import (KEYWORD_ARGUMENTS, PACKED, TENSOR_NAMES, bind, canonical_views,
                         check_implemented, check_tensors, describe, int_list, parse_layout,
                         to_canonical)
@@ -53,7 +59,11 @@ OP_SIGNATURE = inspect.Signature(
     + [_parameter(name + "_tensor", Optional[torch.Tensor]) for name in _LENGTHS]
     + [_parameter(name, a) for name, a in ((a.name, a.annotation) for a in KEYWORD_ARGUMENTS
                                             if a.kind == "scalar")],
-    return_annotation=tuple[torch.Tensor, torch.Tensor])
+    return_annotation=tuple[torch.Tensor, torch.Tensor, torch.Tensor])
+
+#: the operator's arguments :func:`pasa_npu.overflow.record_compiled` reads
+_REPORT_ARGUMENTS = ("algorithm", "inner_precise", "backend", "input_layout", "q_block",
+                     "kv_block", "actual_seq_lengths", "actual_seq_lengths_tensor")
 
 
 def _eager_arguments(op_args: tuple, op_kwargs: dict) -> dict:
@@ -67,12 +77,13 @@ def _eager_arguments(op_args: tuple, op_kwargs: dict) -> dict:
     return bind("fused_attention", query, key, value, given)
 
 
-def _run(*op_args, **op_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`pasa_npu.fused_attention` as one opaque operator: the eager call."""
-    return plans.attention(_eager_arguments(op_args, op_kwargs), golden=False)
+def _run(*op_args, **op_kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`pasa_npu.fused_attention` as one opaque operator: the eager call, its row
+    flags returned (:func:`pasa_npu.plans.attention`, ``traced``)."""
+    return plans.attention(_eager_arguments(op_args, op_kwargs), golden=False, traced=True)
 
 
-def _fake(*op_args, **op_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+def _fake(*op_args, **op_kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The outputs' shapes, strides and dtypes, as the eager call allocates them."""
     args = _eager_arguments(op_args, op_kwargs)
     query = args["query"]
@@ -85,10 +96,12 @@ def _fake(*op_args, **op_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     else:
         q, _, v = canonical_views(query, args["key"], args["value"], in_layout,
                                   args["num_heads"], num_kv_heads)
-    out, _ = allocate_output(q, v, out_layout, query.dtype, zero=False)
+    out, out_view = allocate_output(q, v, out_layout, query.dtype, zero=False)
+    flags = query.new_empty(out_view.shape[:3] if plans.checks_overflow(args) else (0,),
+                            dtype=torch.uint8)
     if args["softmax_lse_flag"]:
-        return out, allocate_lse(q, in_layout in PACKED, torch.float32)[0]
-    return out, lse_placeholder(query.device)
+        return out, allocate_lse(q, in_layout in PACKED, torch.float32)[0], flags
+    return out, lse_placeholder(query.device), flags
 
 
 _run.__signature__ = _fake.__signature__ = OP_SIGNATURE
@@ -111,7 +124,9 @@ def traced_call(args: dict) -> tuple[torch.Tensor, torch.Tensor]:
         op_args[name + "_tensor"] = value if tensor else None
     for name, (kind, optional) in OP_SCALARS.items():
         op_args[name] = _schema_value(args[name], name, kind, optional)
-    return fused_attention_op(**op_args)
+    out, lse, row_flags = fused_attention_op(**op_args)
+    overflow.record_compiled(row_flags, {name: op_args[name] for name in _REPORT_ARGUMENTS})
+    return out, lse
 
 
 def _schema_value(value, name: str, kind: type, optional: bool):

@@ -81,6 +81,9 @@ class OverflowReport:
     waits for the device to finish the call (the call itself never waits), and reads the
     flags as they are then (under a CUDA graph, the latest replay's). The first report
     that finds a repaired row issues an :class:`OverflowRepairWarning`, once per process.
+    Under torch.compile the flags are an output of the compiled graph
+    (:func:`record_compiled`); with ``mode="reduce-overhead"`` read a report before the
+    next call replays its graph, which overwrites them.
     """
 
     algorithm: Optional[str] = None
@@ -121,18 +124,61 @@ class OverflowReport:
 
 _LAST = OverflowReport()
 _WARNED = [False]
+#: the row flags and report arguments of a compiled call newer than ``_LAST``, or None
+_COMPILED: list = [None]
 
 
 def overflow_report() -> OverflowReport:
     """The :class:`OverflowReport` of the last :func:`pasa_npu.fused_attention` call in this
     process."""
+    global _LAST
+    if _COMPILED[0] is not None:
+        _LAST = _compiled_report(*_COMPILED[0])
+        _COMPILED[0] = None
     return _LAST
+
+
+def record_compiled(row_flags: torch.Tensor, arguments: dict) -> None:
+    """Under torch.compile: the call that just ran is the latest; ``row_flags`` are its
+    operator's (zero where no row was flagged or computed, empty where the call was not
+    checked), ``arguments`` the operator's :data:`pasa_npu.compiled._REPORT_ARGUMENTS`.
+    Traced into the compiled code: it only keeps them, and the report is made from them
+    when asked for."""
+    _COMPILED[0] = (row_flags, arguments)
+
+
+def _compiled_report(row_flags: torch.Tensor, arguments: dict) -> OverflowReport:
+    """The report of a compiled call from its operator's row flags and arguments. Rows of
+    no sequence read 0, so the layout is the flags' own: every row of each batch, or for
+    a packed layout the sequences its cumulative query lengths delimit."""
+    from .arguments import PACKED, parse_layout, resolve_allocation, resolve_tiling
+    from .backends import resolve
+
+    algorithm = resolve_allocation(arguments["algorithm"], arguments["inner_precise"]).name
+    backend = resolve(arguments["backend"], row_flags.device).name
+    if row_flags.numel() == 0:
+        return OverflowReport(algorithm, backend, False)
+    packed = parse_layout(arguments["input_layout"])[0] in PACKED
+    batches, rows = row_flags.shape[0], row_flags.shape[2]
+    ends = [rows] * batches
+    if packed:
+        given = arguments["actual_seq_lengths_tensor"]
+        given = arguments["actual_seq_lengths"] if given is None else given.tolist()
+        ends = list(given) if given is not None else [rows]
+    starts = [0] * len(ends)
+    if packed:
+        starts = [0, *ends[:-1]]
+    q_block = resolve_tiling(arguments["q_block"], arguments["kv_block"]).q_block
+    layout = (torch.tensor(starts), torch.tensor([e - s for s, e in zip(starts, ends)]),
+              packed, q_block)
+    return OverflowReport(algorithm, backend, True, OverflowCheck(row_flags), layout)
 
 
 def record(problem: AttentionProblem, backend: str) -> None:
     """Make the report of the call that just ran ``problem`` on ``backend`` the latest;
     where its flags are on the CPU, count them now (and warn, once)."""
     global _LAST
+    _COMPILED[0] = None
     check = problem.overflow
     layout = (problem.q_starts, problem.q_lens, problem.packed, problem.tiling.q_block)
     _LAST = OverflowReport(problem.allocation.name, backend, check is not None, check, layout)
@@ -142,6 +188,7 @@ def record(problem: AttentionProblem, backend: str) -> None:
 
 def record_unchecked(algorithm: str, backend: str) -> None:
     global _LAST
+    _COMPILED[0] = None
     _LAST = OverflowReport(algorithm, backend, False)
 
 

@@ -73,7 +73,9 @@ def clear() -> None:
     PLANS.clear()
 
 
-def attention(args: dict, golden: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def attention(args: dict, golden: bool, traced: bool = False):
+    """(out, lse) of one call; ``traced`` (the torch.compile operator's body): (out, lse,
+    row flags), the flags zero-filled and returned, not recorded (:func:`_execute`)."""
     keys = None if golden else _plan_key(args)
     plans = PLANS.get(keys[0]) if keys is not None else None
     plan = plans.get(keys[1]) if plans else None
@@ -94,7 +96,15 @@ def attention(args: dict, golden: bool) -> tuple[torch.Tensor, torch.Tensor]:
             elif len(plans) >= _LENGTHS_PER_PLAN:
                 plans.clear()
             plans[keys[1]] = plan
-    return _execute(plan, args, golden)
+    return _execute(plan, args, golden, traced)
+
+
+def checks_overflow(args: dict) -> bool:
+    """Whether a (non-golden) call with ``args`` is checked for overflow: a PASA allocation
+    and ``repair_overflow``."""
+    inner_precise = args["inner_precise"] if isinstance(args["inner_precise"], int) else 0
+    return (args["repair_overflow"] is True
+            and resolve_allocation(args["algorithm"], inner_precise).shifts_keys)
 
 
 def _plan_key(args: dict):
@@ -263,9 +273,12 @@ def _row_flags(q_lens, kv_lens, mask, band, packed: bool, s_q: int) -> dict:
                                                                         band))
 
 
-def _execute(plan: Plan, args: dict, golden: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _execute(plan: Plan, args: dict, golden: bool, traced: bool = False):
     """The per-call part: canonical views, the block table's entries, outputs, the backend,
-    torch_npu's row rules."""
+    torch_npu's row rules. ``traced``: the row flags are zero-filled (rows no kernel
+    writes read 0) and returned after out and LSE (an empty tensor where the call is not
+    checked) for the compiled operator to hand on (:mod:`pasa_npu.compiled`); this
+    function keeps no reference to them, as a CUDA graph's memory pool requires."""
     query = args["query"]
     if plan.block_size:
         q = to_canonical(query, "query", plan.in_layout, plan.num_heads)
@@ -292,15 +305,18 @@ def _execute(plan: Plan, args: dict, golden: bool) -> tuple[torch.Tensor, torch.
     out, out_view = allocate_output(q, v, plan.out_layout, plan.out_dtype, zero=not plan.covered)
     lse, lse_view = (allocate_lse(q, plan.packed, plan.lse_dtype) if plan.want_lse
                      else (None, None))
-    if q.numel() == 0 or out.numel() == 0:
-        if not golden:
-            overflow.record_unchecked(plan.allocation.name, plan.backend)
-        return out, lse if plan.want_lse else lse_placeholder(query.device)
-
     check = None
     if plan.overflow_check != "off":
-        check = overflow.OverflowCheck(torch.empty(out_view.shape[:3], dtype=torch.uint8,
-                                                   device=out_view.device))
+        check = overflow.OverflowCheck((torch.zeros if traced else torch.empty)(
+            out_view.shape[:3], dtype=torch.uint8, device=out_view.device))
+    lse_out = lse if plan.want_lse else lse_placeholder(query.device)
+    flags_out = ((check.row_flags if check is not None
+                  else torch.empty(0, dtype=torch.uint8, device=query.device)),) if traced else ()
+    if q.numel() == 0 or out.numel() == 0:
+        if not golden and not traced:
+            overflow.record_unchecked(plan.allocation.name, plan.backend)
+        return (out, lse_out, *flags_out)
+
     problem = AttentionProblem(
         query=q, key=k, value=v, out=out_view, lse=lse_view, q_lens=plan.q_lens,
         kv_lens=plan.kv_lens, q_starts=plan.q_starts, kv_starts=kv_starts,
@@ -311,7 +327,7 @@ def _execute(plan: Plan, args: dict, golden: bool) -> tuple[torch.Tensor, torch.
     plan.runner(problem)
     if plan.overflow_check == "after":
         overflow.check_after(problem)
-    if not golden:
+    if not golden and not traced:
         overflow.record(problem, plan.backend)
     fix_rows(problem, v_input, plan)
-    return out, (lse if plan.want_lse else lse_placeholder(query.device))
+    return (out, lse_out, *flags_out)

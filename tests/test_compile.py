@@ -3,6 +3,7 @@ whose outputs equal the eager call's bit for bit, on every backend of the machin
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import pytest
 import torch
@@ -168,6 +169,66 @@ def test_compiled_call_raises_the_eager_errors(bad, error, message):
     kw = dict(dict(num_heads=2, input_layout="BNSD", backend="torch"), **bad)
     with pytest.raises(error, match=message):
         torch.compile(lambda q, k, v: pasa_npu.fused_attention(q, k, v, **kw))(q, k, v)
+
+
+@pytest.mark.parametrize("layout", ["BNSD", "TND"])
+def test_compiled_call_reports_its_overflow_repair(layout):
+    """Scores past fp16 on some rows: the compiled call repairs them as the eager call
+    does, and overflow_report() describes it from the compiled graph's outputs (the row
+    flags the operator returns), call after call; an unchecked compiled call says so."""
+    from pasa_npu.tools.inputs import spread
+
+    q, k, v = spread((2, 2, 40, 32))
+    kw = dict(num_heads=2, input_layout="BNSD", backend="torch", algorithm="pasa")
+    if layout == "TND":
+        q, k, v = (t.transpose(1, 2).reshape(80, 2, 32) for t in (q, k, v))
+        kw = dict(kw, input_layout="TND", actual_seq_lengths=[40, 80],
+                  actual_seq_lengths_kv=[40, 80])
+    fn = lambda q, k, v: pasa_npu.fused_attention(q, k, v, **kw)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pasa_npu.OverflowRepairWarning)
+        want = fn(q, k, v)
+        eager = pasa_npu.overflow_report()
+        counts = (eager.rows, eager.tiles, eager.nonfinite_rows)
+        assert eager.rows > 0
+        compiled_fn = torch.compile(fn, fullgraph=True)
+        for _ in range(2):
+            pasa_npu.fused_attention(q, k, v, **dict(kw, algorithm="fa-fp32"))  # unchecked
+            got = compiled_fn(q, k, v)
+            report = pasa_npu.overflow_report()
+            assert torch.equal(got[0], want[0])
+            assert (report.checked, report.algorithm, report.backend) == (True, "pasa", "torch")
+            assert (report.rows, report.tiles, report.nonfinite_rows) == counts
+        unchecked = torch.compile(lambda q, k, v: pasa_npu.fused_attention(
+            q, k, v, **dict(kw, repair_overflow=False)), fullgraph=True)
+        unchecked(q, k, v)
+        assert not pasa_npu.overflow_report().checked
+
+
+def test_operator_keeps_none_of_its_tensors_alive():
+    """A CUDA graph's memory pool (mode="reduce-overhead") requires every tensor the
+    operator allocates and keeps to be an output: its row flags are returned, and once
+    the caller drops its outputs nothing holds them (the report takes them from the
+    compiled code, not from the operator)."""
+    import gc
+    import weakref
+
+    from pasa_npu.tools.inputs import spread
+
+    q, k, v = spread((1, 2, 40, 32))
+    defaults = {name: p.default for name, p in
+                inspect.signature(pasa_npu.fused_attention).parameters.items()
+                if name in compiled.OP_SCALARS}
+    kw = dict(defaults, num_heads=2, input_layout="BNSD", backend="torch", algorithm="pasa")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pasa_npu.OverflowRepairWarning)
+        outputs = OP(q, k, v, None, None, None, None, None, None, **kw)
+    flags = outputs[2]
+    assert flags.shape == (1, 2, 40) and flags.dtype == torch.uint8 and flags.any()
+    refs = [weakref.ref(t) for t in outputs]
+    del outputs, flags
+    gc.collect()
+    assert all(ref() is None for ref in refs)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
