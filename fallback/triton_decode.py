@@ -100,8 +100,6 @@ def _decode_split(
 
     m, l, acc, f, cnt, c = _initial_state(BLOCK_G, HEAD_DIM_V, LOW_ACCUMULATOR, q.dtype)
     n_blocks = (kv_len + BLOCK_N - 1) // BLOCK_N
-    if PSEUDO_AVERAGE_SHIFT:  # the last block's factor (its keys' count), read once
-        tail_factor = tl.load(SHIFT + (kv_len - tl.maximum(n_blocks - 1, 0) * BLOCK_N) * 4 + 2)
     first = split * blocks_per_split
     last = tl.minimum(first + blocks_per_split, n_blocks)
     for blk in range(first, last):
@@ -124,7 +122,7 @@ def _decode_split(
             if EXACT_SHIFT:
                 c = _row_constant(q, mean, scale)
         if PSEUDO_AVERAGE_SHIFT:  # the block's row mean (a part-filled block's own)
-            mean_factor = tl.where(blk == n_blocks - 1, tail_factor, 1.0 / BLOCK_N)
+            mean_factor = tl.load(SHIFT + tl.minimum(kv_len - blk * BLOCK_N, BLOCK_N) * 4 + 2)
         else:
             mean_factor = scale
         vis = in_kv[None, :] & (g[:, None] < group)

@@ -94,29 +94,11 @@ def _shift_in_kernel(k, SHIFT, scale, valid, EXACT_SHIFT: tl.constexpr, BLOCK_N:
     where ``valid >= BLOCK_N``): in the preprocessing pass (``_shift_keys``) and inside the
     attention loop (fused: decode, and prefill with ``Tuning.shift == "fused"``). ``SHIFT``:
     the pseudo-average shift's table (:func:`cached_shift_table`). Returns K', zero past
-    the valid rows, and, for pasa-exact, the block's mean16 (fp32) over its valid rows. A
-    whole block takes a branch of its own, without the part-filled block's masking."""
-    if valid >= BLOCK_N:  # every block but a part-filled last one
-        if EXACT_SHIFT:  # the sum over BLOCK_N keys, scaled exactly
-            mean16 = (tl.sum(k.to(tl.float32), 0) * (1.0 / BLOCK_N)).to(tl.float16)
-        shifted, mean = _shift_rows(k, SHIFT, scale, mean16 if EXACT_SHIFT else None,
-                                    BLOCK_N, EXACT_SHIFT)
-    else:
-        n = tl.maximum(valid, 1)
-        if EXACT_SHIFT:
-            mean16 = tl.math.div_rn(tl.sum(k.to(tl.float32), 0), n.to(tl.float32)).to(
-                tl.float16)
-        shifted, mean = _shift_rows(k, SHIFT, scale, mean16 if EXACT_SHIFT else None, n,
-                                    EXACT_SHIFT)
-        shifted = tl.where((tl.arange(0, BLOCK_N) < n)[:, None], shifted, 0.0).to(tl.float16)
-    return shifted, mean
-
-
-@triton.jit
-def _shift_rows(k, SHIFT, scale, mean16, n, EXACT_SHIFT: tl.constexpr):
-    """:func:`_shift_in_kernel` for a block of ``n`` keys (its padded rows not yet zero):
-    pasa-exact, K - mean16 scaled; pasa and pasa-mixed, M^T K from the table's row n."""
+    the valid rows, and, for pasa-exact, the block's mean16 (fp32) over its valid rows."""
+    n = tl.maximum(tl.minimum(valid, BLOCK_N), 1)
+    in_block = tl.arange(0, BLOCK_N) < n
     if EXACT_SHIFT:
+        mean16 = tl.math.div_rn(tl.sum(k.to(tl.float32), 0), n.to(tl.float32)).to(tl.float16)
         shifted = ((k.to(tl.float32) - mean16.to(tl.float32)[None, :]) * scale).to(tl.float16)
         mean = mean16.to(tl.float32)
     else:
@@ -128,7 +110,7 @@ def _shift_rows(k, SHIFT, scale, mean16, n, EXACT_SHIFT: tl.constexpr):
         k32 = k.to(tl.float32)
         shifted = ((diag + off) * k32 - off * tl.sum(k32, 0)[None, :]).to(tl.float16)
         mean = tl.zeros([k.shape[1]], tl.float32)
-    return shifted, mean
+    return tl.where(in_block[:, None], shifted, 0.0), mean
 
 
 @functools.lru_cache(maxsize=64)
