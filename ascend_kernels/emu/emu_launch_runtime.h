@@ -88,7 +88,7 @@ public:
     {
         switch (kernel) {
             case pasa::PasaKernel::kShiftKeys:
-                Run(kernel, blockDim, KERNEL_TYPE_AIC_ONLY, &pasa_shift_keys, Gm(a.key), Gm(a.blockTable), Gm(a.keySlots),
+                Run(kernel, blockDim, KERNEL_TYPE_MIX_AIC_1_2, &pasa_shift_keys, Gm(a.key), Gm(a.blockTable), Gm(a.keySlots),
                     Gm(a.workspace), Gm(a.tiling));
                 return;
             case pasa::PasaKernel::kCenterKeys:

@@ -191,7 +191,8 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepPasa(uint32_t i, uint32_t
     LocalTensor<half> tree16 = tree_.Get<half>(), t2 = Stat16(T2), t3 = Stat16(T3);
     LocalTensor<half> cur = PasaSet(i % 2, 0), nxt = PasaSet((i + 1) % 2, 0);
     LocalTensor<half> ab = Stat16(RING + i % (PASA_PV_DELAY + 1));
-    // the mean runs over all n columns the shifting matrix averaged, masked or not
+    // the mean runs over the block's keys, masked or not: all n columns, or the v keys of a
+    // part-filled last block (its K' is zero past v, so the sum over n columns is theirs)
     Cast(x, s, RoundMode::CAST_NONE, cells);
     RowReduce<ReduceType::SUM>(Stat(ROWSUM), x, tree, R_, n);
     bool noKeys = false;
@@ -206,7 +207,9 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepPasa(uint32_t i, uint32_t
     Cast(x, p, RoundMode::CAST_NONE, cells);
     RowReduce<ReduceType::SUM>(Stat(T1), x, tree, R_, n);
     Cast(cur[P_LLOC * R_], Stat(T1), RoundMode::CAST_RINT, R_);              // l' = fp16(sum p)
-    Muls(Stat(ROWSUM), Stat(ROWSUM), t.invKvBlock, r);                        // sum / n, exact
+    const int64_t keys = task_->info.kvLen - static_cast<int64_t>(j) * n;
+    const float inv = keys < n ? 1.0f / static_cast<float>(keys) : t.invKvBlock;  // fp32(1 / v)
+    Muls(Stat(ROWSUM), Stat(ROWSUM), inv, r);                                 // sum / n (exact) or sum * (1 / v)
     Cast(cur[P_MEAN * R_], Stat(ROWSUM), RoundMode::CAST_RINT, R_);          // fp16 block mean
     Adds(nxt[P_N * R_], cur[P_N * R_], half(1.0f), r);                        // n + 1
     Mul(t2, cur[P_N * R_], cur[P_F * R_], r);                                 // (n - 1) F
