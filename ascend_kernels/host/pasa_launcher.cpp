@@ -94,6 +94,7 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
     CheckLengths(problem, lengths);
     if (problem.hasMask && tensors.mask == nullptr) Refuse("hasMask needs the mask tensor");
     if (problem.paged && tensors.blockTable == nullptr) Refuse("paged KV needs the block table");
+    if (problem.checkRows && tensors.rowFlags == nullptr) Refuse("checkRows needs the row flags tensor");
     const PasaTilingData t = ComputeTiling(problem, &lengths);
     // pasa with fuseShift: the attention kernel shifts the full blocks, the preprocessing the part-filled ones
     const bool prepare = t.tilingKey == PASA_KEY_PASA_EXACT || (t.tilingKey == PASA_KEY_PASA && (!t.fuseShift || t.partFilled));
@@ -125,6 +126,7 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
     args.keySlots = problem.paged && prepare && !t.fuseShift ? tensors.keySlots : nullptr;
     args.out = tensors.out;
     args.lse = tensors.lse;
+    args.rowFlags = problem.checkRows ? tensors.rowFlags : nullptr;
     args.workspace = workspace;
     args.tiling = params + at.tiling;
     if (prepare) runtime.Launch(t.tilingKey == PASA_KEY_PASA ? PasaKernel::kShiftKeys : PasaKernel::kCenterKeys, t.prepDim, args);

@@ -88,6 +88,7 @@ struct PasaTilingData {
     uint32_t subBlocks;      // paged, K' in the workspace: blockSize / kvBlock
     uint32_t fuseShift;      // pasa: the attention kernel shifts each full K block itself
     uint32_t partFilled;     // some batch's kv length is not a multiple of kvBlock: its last block is part-filled
+    uint32_t checkRows;      // 1: the kernels write a flag byte per output row, 1 where its output or LSE is not finite
     uint32_t batchParamsOffset;  // bytes from the tiling struct to the per-batch records
     float scale;             // softmax scale as fp32 (the value the fp32 arithmetic uses)
     float gamma;             // pasa: gamma = beta/(1-beta) rounded to fp32 then to fp16, held exactly
