@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from pasa_npu import numerics, overflow
-from pasa_npu.beta import ideal_invariance, partial_block_shift, shift_matrix
+from pasa_npu.beta import (ideal_invariance, partial_block_correction, partial_block_shift,
+                           shift_matrix)
 from pasa_npu.problem import AttentionProblem
 
 F32 = torch.float32
@@ -177,16 +178,18 @@ def _prepare_keys(problem: AttentionProblem, inputs: _Inputs) -> _Keys:
              - torch.arange(inputs.n_blocks, device=kb.device)[None, :] * block).clamp(0, block)
     if alloc.pseudo_average_shift:
         m = shift_matrix(problem.beta, block, torch.float16, problem.scale, kb.device).to(F32)
-        shifted = _round(torch.matmul(m.T, kb), torch.float16)
+        product = torch.matmul(m.T, kb)  # fp32, accumulated in key order like the cube's
+        shifted = _round(product, torch.float16)
         factor = torch.full(valid.shape, float("nan"), dtype=F32, device=kb.device)
         for b, j in ((valid > 0) & (valid < block)).nonzero().tolist():
             n = int(valid[b, j])
-            diag, off, factor[b, j] = partial_block_shift(problem.beta, n, block,
-                                                          torch.float16, problem.scale)
-            m_n = torch.full((n, n), -off, dtype=torch.float64, device=kb.device)
-            m_n = m_n.fill_diagonal_(diag).to(F32)
+            factor[b, j] = partial_block_shift(problem.beta, n, block, torch.float16, problem.scale)[2]
+            c = partial_block_correction(problem.beta, n, block, torch.float16, problem.scale)
+            colsum = torch.zeros_like(kb[b, :, j, 0])
+            for i in range(n):  # in key order, as the cube's row of ones sums them
+                colsum = colsum + kb[b, :, j, i]
             shifted[b, :, j] = 0.0
-            shifted[b, :, j, :n] = _round(torch.matmul(m_n.T, kb[b, :, j, :n]), torch.float16)
+            shifted[b, :, j, :n] = _round(product[b, :, j, :n] - (c * colsum)[:, None], torch.float16)
         return _Keys(shifted, None, factor)
     count = valid.clamp(min=1).to(F32)[:, None, :, None]
     mean16 = _round(kb.sum(-2) / count, torch.float16)

@@ -25,7 +25,7 @@ from typing import Iterator, Optional
 import torch
 
 from pasa_npu import _ascendc_emu  # ImportError when the extension was not built
-from pasa_npu import npu_params
+from pasa_npu import npu_params, overflow
 from pasa_npu.kernel_inputs import TILING_KEYS, BNSD, kernel_call
 from pasa_npu.kernel_inputs import unsupported_reason as _kernel_unsupported_reason
 from pasa_npu.problem import AttentionProblem
@@ -121,13 +121,18 @@ def run(problem: AttentionProblem) -> None:
     batch, n_q, s_q, d = call.query.shape
     n_kv, s_kv, d_v = call.key.shape[1], call.key.shape[2], call.value.shape[3]
     lse = call.lse if call.lse is not None else torch.full((batch, n_q, s_q), -math.inf)
+    flags = None
+    if problem.overflow is not None:  # the kernels flag the rows they write; rows outside read 0
+        flags = problem.overflow.row_flags
+        flags.zero_()
     params = dict(
         tiling_key=call.tiling_key, batch=problem.batch, num_heads=n_q, num_kv_heads=n_kv,
         seq_q=s_q, seq_kv=s_kv, head_dim=d, head_dim_v=d_v, q_layout=call.q_layout,
         kv_layout=call.kv_layout, out_layout=call.out_layout,
         out_dtype=0 if call.out.dtype == torch.float16 else 1,
         in_dtype=0 if call.query.dtype == torch.float16 else 1, mask_mode=call.mask_mode,
-        packed=int(problem.packed), **mask_params(call.mask), **paged_params(call),
+        packed=int(problem.packed), check_rows=int(flags is not None), **mask_params(call.mask),
+        **paged_params(call),
         scale=float(problem.scale), beta=float(problem.beta), q_tile=problem.tiling.q_block,
         kv_block=problem.tiling.kv_block, core_num=int(_model["core_num"]), timeout_s=WAIT_TIMEOUT_S,
         timing=npu_params.timing_only(_model))
@@ -146,9 +151,23 @@ def run(problem: AttentionProblem) -> None:
         _memory(call.value, call.kv_layout), _memory(call.out, call.out_layout), lse.numpy(),
         lengths, params, mask=mask,
         block_table=None if call.block_table is None else call.block_table.numpy(),
-        key_slots=None if call.key_slots is None else call.key_slots.numpy())
+        key_slots=None if call.key_slots is None else call.key_slots.numpy(),
+        row_flags=None if flags is None else flags.numpy())
     for launch in ("preprocess", "attention", "merge"):
         if stats[launch] is not None:
             annotate_launch(stats[launch], _model)
     _last_stats = stats
     call.finish(problem)
+    if flags is not None:
+        repair_flagged(problem)
+
+
+def repair_flagged(problem: AttentionProblem) -> None:
+    """Recompute the rows the kernels flagged (``ROW_FLAGGED``) by the fa-fp32 path and mark
+    them ``ROW_REPAIRED`` or ``ROW_NONFINITE`` (docs/design.md, "Overflow detection and
+    repair"). The flags are host memory here: reading them waits for nothing."""
+    from pasa_npu.fallback import torch_blockwise
+
+    flagged = problem.overflow.row_flags == overflow.ROW_FLAGGED
+    if bool(flagged.any()):
+        torch_blockwise.repair(problem, flagged)

@@ -65,9 +65,10 @@ BACKENDS: dict[str, Backend] = {
                 part_filled_block_mean=True),
         Backend("ascendc-emu", "pasa_npu.ascendc_emu", ("cpu",),
                 "the AscendC kernels of ascend_kernels/ run on CPU against the emulated AscendC API",
-                emulated_on=("cpu",)),
+                emulated_on=("cpu",), checks_overflow=True, part_filled_block_mean=True),
         Backend("npu", "pasa_npu.npu", ("npu",),
-                "the AscendC kernels of ascend_kernels/ on an Ascend NPU through torch_npu"),
+                "the AscendC kernels of ascend_kernels/ on an Ascend NPU through torch_npu",
+                part_filled_block_mean=True),
     )
 }
 

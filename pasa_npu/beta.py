@@ -111,3 +111,17 @@ def partial_block_shift(beta: float, valid: int, n: int, dtype: torch.dtype = to
     diag, off = shift_matrix_entries(beta, n, dtype, scale)
     off_v = off * n / valid
     return diag + off - off_v, off_v, 1.0 / valid
+
+
+def partial_block_correction(beta: float, valid: int, n: int, dtype: torch.dtype = torch.float16,
+                             scale: float = 1.0) -> float:
+    """The fp32 coefficient ``c`` with which the kernels complete a part-filled block's shift:
+    K'_i = fl16(R_i - c * colsum) for its ``valid`` keys, R = M^T K the full block's product
+    over the zero-padded block (fp32) and colsum the sum of its keys (fp32), which equals
+    :func:`partial_block_shift`'s matrix applied to the keys. ``c = off * (n - valid) / valid``
+    with ``off`` the stored off-diagonal magnitude: an exact fp32 product, one rounded fp32
+    division."""
+    if not 1 <= valid <= n:
+        raise ValueError(f"valid must lie in [1, n={n}], got {valid}")
+    off = shift_matrix_entries(beta, n, dtype, scale)[1]
+    return float(torch.tensor(off * (n - valid), dtype=torch.float32) / torch.tensor(valid, dtype=torch.float32))

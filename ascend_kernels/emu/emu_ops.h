@@ -610,20 +610,23 @@ void Duplicate(const LocalTensor<T>& dst, const T& scalarValue, const int32_t& c
     emu::CountVector(count);
 }
 
-// Cast between half/bfloat16_t and float, and uint8_t -> half. float -> 16-bit accepts CAST_RINT
-// or CAST_NONE (= CAST_RINT when precision is lost); widening casts take CAST_NONE (uint8_t -> half:
-// the only mode of vconv_u82f16 on Atlas A2, exact).
+// Cast between half/bfloat16_t and float, uint8_t -> half and half -> uint8_t. float -> 16-bit
+// accepts CAST_RINT or CAST_NONE (= CAST_RINT when precision is lost); widening casts take CAST_NONE
+// (uint8_t -> half: the only mode of vconv_u82f16 on Atlas A2, exact); half -> uint8_t takes
+// CAST_NONE and is emulated for integer values in [0, 255] only (the kernels' flag bytes).
 template <typename T, typename U>
 void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src, const RoundMode& roundMode, const uint32_t count)
 {
     const char* op = "Cast";
     constexpr bool bytes = std::is_same<T, half>::value && std::is_same<U, uint8_t>::value;
+    constexpr bool toBytes = std::is_same<T, uint8_t>::value && std::is_same<U, half>::value;
     constexpr bool widen = bytes || (std::is_same<T, float>::value && (std::is_same<U, half>::value || std::is_same<U, bfloat16_t>::value));
-    constexpr bool narrow = std::is_same<U, float>::value && (std::is_same<T, half>::value || std::is_same<T, bfloat16_t>::value);
-    static_assert(widen || narrow, "the emulated Cast converts between float and half/bfloat16_t, and uint8_t to half");
+    constexpr bool narrow = toBytes || (std::is_same<U, float>::value && (std::is_same<T, half>::value || std::is_same<T, bfloat16_t>::value));
+    static_assert(widen || narrow, "the emulated Cast converts between float and half/bfloat16_t, and between uint8_t and half");
     emu::CheckVector(dst, static_cast<int32_t>(count), op, "dst");
     emu::CheckVector(src, static_cast<int32_t>(count), op, "src");
     if (widen && roundMode != RoundMode::CAST_NONE) emu::Fail("%s: a widening cast takes RoundMode::CAST_NONE", op);
+    if (toBytes && roundMode != RoundMode::CAST_NONE) emu::Fail("%s: half -> uint8_t is emulated with CAST_NONE only", op);
     if (narrow && roundMode != RoundMode::CAST_RINT && roundMode != RoundMode::CAST_NONE) {
         emu::Fail("%s: only CAST_RINT / CAST_NONE (round to nearest even) are emulated for float -> 16 bit", op);
     }
@@ -636,7 +639,13 @@ void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src, const RoundMode&
     emu::TouchLocal(emu::P_V, seq, Hardware::UB, dst.ByteOffset(), count * sizeof(T), true, op);
     const U* x = src.Data();
     T* z = dst.Data();
-    for (uint32_t i = 0; i < count; ++i) z[i] = static_cast<T>(static_cast<float>(x[i]));
+    for (uint32_t i = 0; i < count; ++i) {
+        const float v = static_cast<float>(x[i]);
+        if (toBytes && !(v >= 0.0f && v <= 255.0f && v == static_cast<float>(static_cast<int>(v)))) {
+            emu::Fail("%s: half -> uint8_t of %g: only integers in [0, 255] are emulated", op, v);
+        }
+        z[i] = static_cast<T>(v);
+    }
     emu::CountVector(count);
 }
 

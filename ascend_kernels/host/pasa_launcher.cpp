@@ -94,9 +94,11 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
     CheckLengths(problem, lengths);
     if (problem.hasMask && tensors.mask == nullptr) Refuse("hasMask needs the mask tensor");
     if (problem.paged && tensors.blockTable == nullptr) Refuse("paged KV needs the block table");
+    if (problem.checkRows && tensors.rowFlags == nullptr) Refuse("checkRows needs the row flags tensor");
     const PasaTilingData t = ComputeTiling(problem, &lengths);
-    const bool prepare = t.tilingKey == PASA_KEY_PASA_EXACT || (t.tilingKey == PASA_KEY_PASA && !t.fuseShift);
-    if (problem.paged && prepare && tensors.keySlots == nullptr) {
+    // pasa with fuseShift: the attention kernel shifts the full blocks, the preprocessing the part-filled ones
+    const bool prepare = t.tilingKey == PASA_KEY_PASA_EXACT || (t.tilingKey == PASA_KEY_PASA && (!t.fuseShift || t.partFilled));
+    if (problem.paged && prepare && !t.fuseShift && tensors.keySlots == nullptr) {
         Refuse("paged KV with pasa or pasa-exact needs the K' slot table (the owner entry of each table entry)");
     }
     const ParameterLayout at = ParameterLayoutFor(t.batch);
@@ -121,9 +123,10 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
     args.value = tensors.value;
     args.mask = problem.hasMask ? tensors.mask : nullptr;
     args.blockTable = problem.paged ? tensors.blockTable : nullptr;
-    args.keySlots = problem.paged && prepare ? tensors.keySlots : nullptr;
+    args.keySlots = problem.paged && prepare && !t.fuseShift ? tensors.keySlots : nullptr;
     args.out = tensors.out;
     args.lse = tensors.lse;
+    args.rowFlags = problem.checkRows ? tensors.rowFlags : nullptr;
     args.workspace = workspace;
     args.tiling = params + at.tiling;
     if (prepare) runtime.Launch(t.tilingKey == PASA_KEY_PASA ? PasaKernel::kShiftKeys : PasaKernel::kCenterKeys, t.prepDim, args);

@@ -40,6 +40,7 @@ struct KernelArgs {
     void* keySlots = nullptr;
     void* out = nullptr;
     void* lse = nullptr;
+    void* rowFlags = nullptr;
     void* workspace = nullptr;
     void* tiling = nullptr;
 };
@@ -62,7 +63,8 @@ public:
 // Device addresses of the caller's tensors, in the layouts and dtypes `PasaProblem` names:
 // query, key, value, out and lse (float32, batch x numHeads x seqQ; packed 1 x numHeads x seqQ);
 // the mask (bool, when PasaProblem::hasMask), the block table (int32 batch x tableStride, when
-// paged) and the K' slot table (int32, the same shape: when paged with pasa or pasa-exact).
+// paged), the K' slot table (int32, the same shape: when paged with pasa or pasa-exact) and the
+// row flags (uint8, laid out as lse: when PasaProblem::checkRows).
 struct AttentionTensors {
     void* query = nullptr;
     void* key = nullptr;
@@ -72,6 +74,7 @@ struct AttentionTensors {
     void* mask = nullptr;
     void* blockTable = nullptr;
     void* keySlots = nullptr;
+    void* rowFlags = nullptr;
 };
 
 // Byte offsets within the parameter buffer: the tiling struct, then the per-batch records

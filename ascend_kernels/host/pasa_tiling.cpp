@@ -146,6 +146,7 @@ void FillProblem(const PasaProblem& p, PasaTilingData& t)
     t.maskMode = p.maskMode;
     t.packed = p.packed ? 1 : 0;
     t.hasMask = p.hasMask ? 1 : 0;
+    t.checkRows = p.checkRows ? 1 : 0;
     t.maskRowStride = p.maskRowStride;
     t.maskBatchStride = p.maskBatchStride;
     t.paged = p.paged ? 1 : 0;
@@ -160,6 +161,7 @@ void FillProblem(const PasaProblem& p, PasaTilingData& t)
         const double n = p.kvBlock;
         t.shiftDiagBits = DoubleToHalfBits(p.scale * (1.0 - beta / n));
         t.shiftOffBits = DoubleToHalfBits(p.scale * beta / n);
+        t.shiftOff = static_cast<float>(HalfBitsToDouble(t.shiftOffBits));
         // gamma = beta/(1-beta) held as fp32, then rounded to fp16 (the fp16 statistics use it)
         const float gamma32 = static_cast<float>(beta / (1.0 - beta));
         t.gamma = static_cast<float>(HalfBitsToDouble(FloatToHalfBits(gamma32)));
@@ -191,13 +193,15 @@ uint32_t ChooseSplits(uint32_t tasks, uint32_t blocks, uint32_t cores)
 uint64_t MergeUbBytes(const PasaTilingData& t)
 {
     const uint64_t r = t.vecRowsPad, dv = t.headDimV;
-    return 2 * r * dv * 4 + t.kvSplits * r * 4 + r * dv * 4 + 32 * r + r * dv * 2 + 7 * r * 4;
+    return 2 * r * dv * 4 + t.kvSplits * r * 4 + r * dv * 4 + 32 * r + r * dv * 2 + 14 * r * 4;
 }
 
 uint32_t LengthOf(const int32_t* lens, uint32_t b, uint32_t full)
 {
     return lens == nullptr ? full : static_cast<uint32_t>(std::max<int32_t>(0, lens[b]));
 }
+
+void SetPrepDim(const PasaProblem& p, uint32_t partFilled, PasaTilingData& t);
 
 // Tiles: a batch whose query is shorter than q_block stacks the heads of a kv group into its tiles
 // (TileShape in pasa_kernel_common.h). The buffers take the largest tile of the call.
@@ -208,7 +212,7 @@ void PlanBlocking(const PasaProblem& p, const BatchLengths* lengths, PasaTilingD
     t.qBlock = p.qTile;
     t.subBlocks = p.paged && p.blockSize % n == 0 ? p.blockSize / n : 0;
     const uint32_t fullKv = p.paged ? p.tableStride * p.blockSize : p.seqKv;
-    uint32_t rows = 1, tiles = 1, maxKvBlocks = 1;
+    uint32_t rows = 1, tiles = 1, maxKvBlocks = 1, partFilled = 0;
     uint64_t tasks = 0;
     bool oneTaskPerHead = true;
     for (uint32_t b = 0; b < p.batch; ++b) {
@@ -220,6 +224,7 @@ void PlanBlocking(const PasaProblem& p, const BatchLengths* lengths, PasaTilingD
         rows = std::max(rows, heads == 1 ? pitch : heads * pitch);
         tiles = std::max(tiles, qTiles);
         maxKvBlocks = std::max(maxKvBlocks, (kvLen + n - 1) / n);
+        partFilled += kvLen % n != 0 ? 1 : 0;
         tasks += static_cast<uint64_t>(p.numKvHeads) * chunks * qTiles;
         oneTaskPerHead = oneTaskPerHead && chunks * qTiles <= 1;
     }
@@ -232,14 +237,23 @@ void PlanBlocking(const PasaProblem& p, const BatchLengths* lengths, PasaTilingD
     t.numKvBlocks = p.paged ? (fullKv + n - 1) / n : std::max<uint32_t>(1, (p.seqKv + n - 1) / n);
     // every kv block is read by one task: pasa shifts it where it is read, no preprocessing launch
     t.fuseShift = p.tilingKey == PASA_KEY_PASA && oneTaskPerHead ? 1 : 0;
+    t.partFilled = partFilled > 0 ? 1 : 0;
     t.kvSplits = 1;
     if (oneTaskPerHead) t.kvSplits = p.kvSplits > 0 ? p.kvSplits : ChooseSplits(t.numTasks, maxKvBlocks, p.coreNum);
     if (t.kvSplits > 1 && MergeUbBytes(t) > kUbUserBytes) t.kvSplits = 1;  // the merge's tiles would not fit
     const uint64_t units = static_cast<uint64_t>(t.numTasks) * t.kvSplits;
     t.blockDim = static_cast<uint32_t>(std::min<uint64_t>(p.coreNum, units));
     t.mergeDim = static_cast<uint32_t>(std::min<uint64_t>(2ull * p.coreNum, 2ull * t.numTasks));
-    const uint64_t keyBlocks = p.paged ? static_cast<uint64_t>(p.batch) * p.tableStride * std::max<uint32_t>(1, t.subBlocks)
-                                       : static_cast<uint64_t>(p.batch) * t.numKvBlocks;
+    SetPrepDim(p, partFilled, t);
+}
+
+// The preprocessing launch's cores: every key block, or with fuseShift only the part-filled last
+// blocks (the attention kernel shifts the full ones).
+void SetPrepDim(const PasaProblem& p, uint32_t partFilled, PasaTilingData& t)
+{
+    const uint64_t keyBlocks = t.fuseShift ? partFilled
+                               : p.paged   ? static_cast<uint64_t>(p.batch) * p.tableStride * std::max<uint32_t>(1, t.subBlocks)
+                                           : static_cast<uint64_t>(p.batch) * t.numKvBlocks;
     t.prepDim = static_cast<uint32_t>(std::min<uint64_t>(p.coreNum, std::max<uint64_t>(1, keyBlocks * p.numKvHeads)));
 }
 
@@ -303,11 +317,13 @@ void PlanVector(PasaTilingData& t, PasaBudget& b)
 void PlanPreprocessing(const PasaTilingData& t, PasaBudget& b)
 {
     const uint64_t n = t.kvBlock, d = t.headDim;
-    if (t.tilingKey == PASA_KEY_PASA && !t.fuseShift) {
-        b.prepL1 = n * n * 2 + 2 * n * d * 2;
-        b.prepL0a = n * n * 2;
+    if (t.tilingKey == PASA_KEY_PASA && (!t.fuseShift || t.partFilled)) {
+        // M^T and the row of ones (part-filled blocks' column sums); the vector cores correct those blocks
+        b.prepL1 = n * n * 2 + 16 * n * 2 + 2 * n * d * 2;
+        b.prepL0a = n * n * 2 + 16 * n * 2;
         b.prepL0b = 2 * n * d * 2;
         b.prepL0c = 2 * n * d * 4;
+        b.prepUb = d * 4 + (n / 2) * d * 4 + (n / 2) * d * 2 + d * 4;
     } else if (t.tilingKey == PASA_KEY_PASA_EXACT) {
         b.prepL1 = 16 * n * 2 + 2 * n * d * 2;
         b.prepL0a = 16 * n * 2;
@@ -340,6 +356,7 @@ void PlanWorkspace(const PasaProblem& p, PasaTilingData& t)
 {
     const bool exact = p.tilingKey == PASA_KEY_PASA_EXACT;
     const bool keyPrime = p.tilingKey != PASA_KEY_FA_FP32 && !t.fuseShift;
+    const bool tailPrime = t.fuseShift && t.partFilled;  // fuseShift: K' of the part-filled blocks only
     const uint64_t n = t.kvBlock, d = t.headDim, dv = t.headDimV, rows = t.qTilePad;
     // K' block slots: per (batch, kv head, block), or per (table entry, sub-block, kv head) paged
     const uint64_t kvBlocksTotal = p.paged ? static_cast<uint64_t>(p.batch) * p.tableStride * t.subBlocks * p.numKvHeads
@@ -348,7 +365,7 @@ void PlanWorkspace(const PasaProblem& p, PasaTilingData& t)
     t.shiftMatrixOffset = off;
     off += Align64(p.tilingKey == PASA_KEY_PASA ? n * n * 2 : 0, 512);
     t.keyPrimeOffset = off;
-    off += Align64(keyPrime ? kvBlocksTotal * n * d * 2 : 0, 512);
+    off += Align64(keyPrime ? kvBlocksTotal * n * d * 2 : tailPrime ? static_cast<uint64_t>(p.batch) * p.numKvHeads * n * d * 2 : 0, 512);
     t.keyMeanOffset = off;
     off += Align64(exact ? kvBlocksTotal * d * 2 : 0, 512);
     const uint64_t elem = p.tilingKey == PASA_KEY_FA_FP32 ? 4 : 2;
@@ -357,10 +374,11 @@ void PlanWorkspace(const PasaProblem& p, PasaTilingData& t)
     t.pvSlotBytes = Align64(rows * dv * elem, 512);
     t.constSlotBytes = exact ? Align64(static_cast<uint64_t>(PASA_CONST_BLOCKS) * rows * 4, 512) : 0;
     t.colSumSlotBytes = Align64(d * 4, 512);
+    t.tailSlotBytes = p.tilingKey == PASA_KEY_PASA ? Align64(n * d * 4 + d * 4, 512) : 0;
     t.coreAreaOffset = off;
     t.coreAreaBytes = std::max<uint64_t>(PASA_SCORE_SLOTS * t.scoreSlotBytes + PASA_PROB_SLOTS * t.probSlotBytes +
                                          PASA_PV_SLOTS * t.pvSlotBytes + PASA_CONST_SLOTS * t.constSlotBytes,
-                                         2 * t.colSumSlotBytes);
+                                         std::max(2 * t.colSumSlotBytes, 2 * t.tailSlotBytes));
     off += t.coreAreaBytes * std::max(t.blockDim, t.prepDim);
     t.partialOffset = off;
     t.partialSlotBytes = t.kvSplits > 1 ? Align64(rows * dv * 4 + 2ull * t.vecRowsPad * 4, 512) : 0;

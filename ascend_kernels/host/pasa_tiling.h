@@ -41,6 +41,7 @@ struct PasaProblem {
     uint64_t maskBatchStride = 0;    // elements between its batches; 0: one mask for every batch
     bool paged = false;
     uint32_t blockSize = 0, tableStride = 0, numBlocks = 0;
+    bool checkRows = false;          // write the row flags (docs/design.md, "Overflow detection and repair")
     double scale = 1.0;
     double beta = -1.0;      // pasa only; negative: the optimal beta from kDefaultBeta0
     uint32_t qTile = 128;    // q_block: rows a tile may hold

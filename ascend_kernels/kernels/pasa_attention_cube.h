@@ -16,7 +16,8 @@
 // pasa with fuseShift (every kv block read by one task, e.g. decode): K'_j = M^T K_j is formed
 // here, as the preprocessing kernel forms it (M^T resident in L0A, fp32 accumulation), and the
 // Fixpipe rounds it to fp16 straight into L1 (NZ), where it is the score product's operand: K is
-// read from GM once and K' never goes to GM.
+// read from GM once and K' never goes to GM. A part-filled last block is shifted by the
+// preprocessing launch (its K' needs the vector cores) and read from the workspace.
 //
 // pasa-exact: the row constants c_j = Q . mean16_j of up to PASA_CONST_BLOCKS blocks come from
 // one Mmad per chunk (C^T = Means Q^T, rows = blocks) into a per-core slot (a ring of
@@ -42,6 +43,7 @@ public:
         query_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(query));
         value_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(value));
         keys_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(rawKeys_ ? key : workspace + t.keyPrimeOffset));
+        primes_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(workspace + t.keyPrimeOffset));
         keyMean_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(workspace + t.keyMeanOffset));
         slots_.Init(workspace, t, static_cast<uint32_t>(GetBlockIdx()));
         batches_.Init(tiling, t);
@@ -252,13 +254,13 @@ private:
     {
         const PasaTilingData& t = *t_;
         const uint32_t n = t.kvBlock, d = t.headDim, mp = Rows16(task), valid = ValidKeys(task, j);
+        const bool shift = t.fuseShift && valid == n;  // fuseShift: K' of a full block formed here
         LocalTensor<T> k1 = keyL1_.AllocTensor<T>();
-        if (rawKeys_) {
-            // fa-fp32: rows past kv_len stay stale (their scores are masked); the shift needs them zero
-            if (t.fuseShift) ZeroRowsNz(k1, valid, d);
+        if (key_ == PASA_KEY_FA_FP32 || shift) {
+            // fa-fp32: rows past kv_len stay stale (their scores are masked)
             CopyRows(k1, keys_, task, j, valid, d, false);
         } else {
-            DataCopy(k1, keys_[KeyPrimeOffset(t, KeyPrimeSlot(t, pages_, task.b, task.kvHead, j, task.info.kvLen))],
+            DataCopy(k1, primes_[KeyPrimeOffset(t, KeyPrimeSlot(t, pages_, task.b, task.kvHead, j, task.info.kvLen))],
                      Nd2NzParams(1, static_cast<uint16_t>(n), static_cast<uint16_t>(d), 0, static_cast<uint16_t>(d),
                                  static_cast<uint16_t>(n), 1, 0));
         }
@@ -268,7 +270,7 @@ private:
         valueL1_.EnQue(v1);
         k1 = keyL1_.DeQue<T>();
         LocalTensor<T> kp = k1;
-        if (t.fuseShift) {
+        if (shift) {
             kp = ShiftKeys(k1);
             keyL1_.FreeTensor(k1);
         }
@@ -276,7 +278,7 @@ private:
         LocalTensor<T> b2 = l0b_.AllocTensor<T>();
         ToL0bRows(b2, kp, (d / kC0) * (n / kC0));
         l0b_.EnQue(b2);
-        if (t.fuseShift) {
+        if (shift) {
             SetFlag<HardEvent::MTE1_FIX>(primeFree_[primeCount_++ % 2]);
         } else {
             keyL1_.FreeTensor(k1);
@@ -425,7 +427,7 @@ private:
     TBuf<TPosition::A2> shiftL0a_;
     TQue<TPosition::B2, 1> l0b_;
     TQue<TPosition::CO1, 1> l0c_, shiftL0c_;
-    GlobalTensor<T> query_, keys_, value_, keyMean_;
+    GlobalTensor<T> query_, keys_, primes_, value_, keyMean_;
     CoreSlots slots_;
     BatchTable batches_;
     KvPages pages_;

@@ -65,8 +65,8 @@ enum PasaStat : uint32_t { P_M = 0, P_MLOC, P_F, P_MEAN, P_L, P_LLOC, P_N, P_COU
 template <typename OutT, typename InT>
 class AttentionVector {
 public:
-    __aicore__ inline void Run(GM_ADDR mask, GM_ADDR out, GM_ADDR lse, GM_ADDR workspace, GM_ADDR tiling,
-                               const PasaTilingData& t)
+    __aicore__ inline void Run(GM_ADDR mask, GM_ADDR out, GM_ADDR lse, GM_ADDR rowFlags, GM_ADDR workspace,
+                               GM_ADDR tiling, const PasaTilingData& t)
     {
         t_ = &t;
         key_ = t.tilingKey;
@@ -77,6 +77,8 @@ public:
         out_.SetGlobalBuffer(reinterpret_cast<__gm__ OutT*>(out));
         lse_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(lse));
         if (t.hasMask) mask_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(mask));
+        flags_.on = t.checkRows != 0 && t.kvSplits == 1;  // with split kv the merge writes the flags
+        if (flags_.on) flags_.out.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(rowFlags));
         slots_.Init(workspace, t, static_cast<uint32_t>(GetBlockIdx()) / 2);
         batches_.Init(tiling, t);
         pipe_.InitBuffer(scoreIn_, t.ubScoreBuffers, t.ubScoreBytes);
@@ -90,6 +92,8 @@ public:
         pipe_.InitBuffer(masks_, t.ubMaskBytes);
         pipe_.InitBuffer(stat_, t.ubStatBytes);
         BuildConstants();
+        flags_.bytes = Stat(T0).template ReinterpretCast<uint8_t>();
+        flags_.aligned = Stat(FIN1).template ReinterpretCast<uint8_t>();
 
         TaskWindow win(t, batches_, static_cast<uint32_t>(GetBlockIdx()) / 2);
         Stream(win);
@@ -168,6 +172,7 @@ private:
     __aicore__ inline void Fold(uint32_t i, const LocalTensor<float>& pv);
     __aicore__ inline void Finish();
     __aicore__ inline void SeenRows(const LocalTensor<float>& l);
+    __aicore__ inline void FlagRows(const LocalTensor<float>& x, const LocalTensor<float>& lseCheck);
 
     // ---------------------------------------------------------------- layout of the scratch
     __aicore__ inline LocalTensor<float> Stat(uint32_t slot) { return stat_.Get<float>()[slot * R_]; }
@@ -278,6 +283,7 @@ private:
     GlobalTensor<uint8_t> mask_;
     CoreSlots slots_;
     BatchTable batches_;
+    RowFlags flags_;
 };
 
 }  // namespace pasa

@@ -15,7 +15,8 @@ namespace pasa {
 template <typename OutT>
 class MergeSplits {
 public:
-    __aicore__ inline void Run(GM_ADDR out, GM_ADDR lse, GM_ADDR workspace, GM_ADDR tiling, const PasaTilingData& t)
+    __aicore__ inline void Run(GM_ADDR out, GM_ADDR lse, GM_ADDR rowFlags, GM_ADDR workspace, GM_ADDR tiling,
+                               const PasaTilingData& t)
     {
         t_ = &t;
         R_ = t.vecRowsPad;
@@ -30,6 +31,13 @@ public:
         pipe_.InitBuffer(tree_, 32 * R_ + R_ * dv * sizeof(OutT));
         pipe_.InitBuffer(stat_, kSlots * R_ * sizeof(float));
         Duplicate(Stat(ZERO), 0.0f, static_cast<int32_t>(R_));
+        flags_.on = t.checkRows != 0;
+        if (flags_.on) {
+            flags_.out.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(rowFlags));
+            flags_.bytes = Stat(BYTES).template ReinterpretCast<uint8_t>();
+            flags_.aligned = Stat(ABYTES).template ReinterpretCast<uint8_t>();
+            Duplicate(Stat(ONES).template ReinterpretCast<half>(), half(1.0f), static_cast<int32_t>(R_));
+        }
 
         const uint32_t core = static_cast<uint32_t>(GetBlockIdx());
         AttentionTaskIter it(t, batches_, 0, 1, 1);  // every task, in the attention kernel's order
@@ -46,7 +54,7 @@ public:
     }
 
 private:
-    enum Slot : uint32_t { MAX = 0, TOTAL, WEIGHT, T0, LSE, FIN, ZERO, kSlots };
+    enum Slot : uint32_t { MAX = 0, TOTAL, WEIGHT, T0, LSE, FIN, ZERO, CHECK, LCHECK, BITS, FLAG16, ONES, BYTES, ABYTES, kSlots };
     __aicore__ inline LocalTensor<float> Stat(uint32_t slot) { return stat_.Get<float>()[slot * R_]; }
 
     __aicore__ inline void Merge(const AttentionTask& task, uint32_t rowBase, uint32_t rows)
@@ -93,12 +101,30 @@ private:
         Compares(seen, brc, -1.0e38f, CMPMODE::GT, 8 * R_);
         Ln(Stat(T0), Stat(TOTAL), r);
         Add(Stat(LSE), Stat(MAX), Stat(T0), r);
+        if (flags_.on) Sub(Stat(LCHECK), Stat(LSE), Stat(LSE), r);  // NaN where the LSE is not finite
         Select(Stat(LSE), seen, Stat(LSE), -__builtin_inff(), SELMODE::VSEL_TENSOR_SCALAR_MODE, R_);
         BroadcastRows(brc, Stat(TOTAL), R_);
         RowBroadcast<VecOp::DIV>(o, o, brc, R_, dv);
         LocalTensor<OutT> out = tree_.Get<OutT>()[32 * R_ / sizeof(OutT)];
         Cast(out, o, RoundMode::CAST_RINT, cells);
-        StoreRows(t, task, rowBase, rows, out_, lse_, out, Stat(LSE), Stat(FIN));
+        if (flags_.on) FlagRows(o);
+        StoreRows(t, task, rowBase, rows, out_, lse_, out, Stat(LSE), Stat(FIN), flags_);
+    }
+
+    // flags_.bytes = 1 for the rows whose merged output o (fp32, overwritten) or LSE is not finite,
+    // else 0 (as the attention kernel's AttentionVector::FlagRows).
+    __aicore__ inline void FlagRows(const LocalTensor<float>& o)
+    {
+        const int32_t r = static_cast<int32_t>(R_);
+        RowNonFinite(Stat(CHECK), o, R_, t_->headDimV);
+        Add(Stat(CHECK), Stat(CHECK), Stat(LCHECK), r);
+        LocalTensor<float> copies = tree_.Get<float>();  // the broadcast blocks' 32 bytes a row
+        Replicate8(copies, Stat(CHECK), Stat(ZERO), R_);
+        LocalTensor<uint8_t> bits = Stat(BITS).template ReinterpretCast<uint8_t>();
+        Compares(bits, copies, 0.0f, CMPMODE::NE, 8 * R_);
+        LocalTensor<half> flag16 = Stat(FLAG16).template ReinterpretCast<half>();
+        Select(flag16, bits, Stat(ONES).template ReinterpretCast<half>(), half(0.0f), SELMODE::VSEL_TENSOR_SCALAR_MODE, R_);
+        Cast(flags_.bytes, flag16, RoundMode::CAST_NONE, R_);
     }
 
     const PasaTilingData* t_ = nullptr;
@@ -110,6 +136,7 @@ private:
     GlobalTensor<OutT> out_;
     GlobalTensor<float> lse_;
     BatchTable batches_;
+    RowFlags flags_;
 };
 
 }  // namespace pasa

@@ -12,10 +12,20 @@ namespace pasa {
 // of OutT, row 0 = tile row rowBase) into `out`, `lse` (fp32) into `lseOut`, one run per stacked
 // head, positions past the batch's query length left out. `aligned`: 32-byte aligned fp32 scratch
 // of `rows` elements (an LSE run that does not start on a 32-byte boundary is moved there first).
+// With `flags` (a RowFlags whose `out` is set): the rows' flag bytes to its (Bt, Nq, Sq) bytes,
+// laid out as the LSE, in the same runs.
+struct RowFlags {
+    GlobalTensor<uint8_t> out;
+    LocalTensor<uint8_t> bytes;    // one byte per row of the vector core's band, 32-byte aligned
+    LocalTensor<uint8_t> aligned;  // 32-byte aligned scratch of `rows` bytes
+    bool on = false;
+};
+
 template <typename OutT>
 __aicore__ inline void StoreRows(const PasaTilingData& t, const AttentionTask& task, uint32_t rowBase, uint32_t rows,
                                  const GlobalTensor<OutT>& out, const GlobalTensor<float>& lseOut,
-                                 const LocalTensor<OutT>& o, const LocalTensor<float>& lse, const LocalTensor<float>& aligned)
+                                 const LocalTensor<OutT>& o, const LocalTensor<float>& lse, const LocalTensor<float>& aligned,
+                                 const RowFlags& flags = RowFlags())
 {
     const uint32_t dv = t.headDimV, stride = RowStride(t.outLayout, t.numHeads, dv), p = task.pitch;
     const uint32_t first = static_cast<uint32_t>(task.info.qStart) + task.q0, bt = TensorBatch(t, task.b);
@@ -41,6 +51,16 @@ __aicore__ inline void StoreRows(const PasaTilingData& t, const AttentionTask& t
         }
         const uint64_t at = (static_cast<uint64_t>(bt) * t.numHeads + task.head0 + head) * t.seqQ + first + pos;
         DataCopyPad(lseOut[at], src, DataCopyExtParams(1, k * sizeof(float), 0, 0, 0));
+        if (flags.on) {
+            LocalTensor<uint8_t> bytes = flags.bytes[local];
+            if (local % 32 != 0) {  // as the LSE run above
+                SetFlag<HardEvent::MTE3_S>(EVENT_ID0);
+                WaitFlag<HardEvent::MTE3_S>(EVENT_ID0);
+                for (uint32_t i = 0; i < k; ++i) flags.aligned.SetValue(i, flags.bytes.GetValue(local + i));
+                bytes = flags.aligned;
+            }
+            DataCopyPad(flags.out[at], bytes, DataCopyExtParams(1, k, 0, 0, 0));
+        }
         row = end;
     }
     SetFlag<HardEvent::MTE3_V>(EVENT_ID0);

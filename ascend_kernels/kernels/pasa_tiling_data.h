@@ -86,11 +86,14 @@ struct PasaTilingData {
     uint32_t blockSize;      // paged: keys per physical block
     uint32_t tableStride;    // paged: entries per row of the block table
     uint32_t subBlocks;      // paged, K' in the workspace: blockSize / kvBlock
-    uint32_t fuseShift;      // pasa: the attention kernel shifts each K block itself (no preprocessing)
+    uint32_t fuseShift;      // pasa: the attention kernel shifts each full K block itself
+    uint32_t partFilled;     // some batch's kv length is not a multiple of kvBlock: its last block is part-filled
+    uint32_t checkRows;      // 1: the kernels write a flag byte per output row, 1 where its output or LSE is not finite
     uint32_t batchParamsOffset;  // bytes from the tiling struct to the per-batch records
     float scale;             // softmax scale as fp32 (the value the fp32 arithmetic uses)
     float gamma;             // pasa: gamma = beta/(1-beta) rounded to fp32 then to fp16, held exactly
     float invKvBlock;        // 1 / kvBlock (exact: kvBlock is a power of two)
+    float shiftOff;          // pasa: the fp16 value of shiftOffBits, held exactly
     uint16_t shiftDiagBits;  // pasa: fp16 bits of scale * (1 - beta/n), the diagonal of M
     uint16_t shiftOffBits;   // pasa: fp16 bits of scale * beta/n; M's off-diagonal is its negative
 
@@ -121,7 +124,8 @@ struct PasaTilingData {
     uint32_t ubScoreBuffers, ubProbBuffers, ubPvBuffers;
 
     // ---- GM workspace (byte offsets from the workspace base)
-    uint64_t keyPrimeOffset;   // K' blocks: [b][hkv][block][kvBlock][headDim] fp16; paged: [slot][hkv][kvBlock][headDim]
+    uint64_t keyPrimeOffset;   // K' blocks: [b][hkv][block][kvBlock][headDim] fp16; paged: [slot][hkv][kvBlock][headDim];
+                               // fuseShift: the part-filled last blocks only, [b][hkv][kvBlock][headDim]
     uint64_t keyMeanOffset;    // pasa-exact: mean16 per block: [b][hkv][block][headDim] fp16; paged: [slot][hkv][headDim]
     uint64_t partialOffset;    // split kv: per (task, split) the rows' O / l (fp32) and LSE
     uint64_t partialSlotBytes; // bytes of one (task, split): qTilePad x headDimV fp32, then 2 vecRowsPad fp32
@@ -132,6 +136,8 @@ struct PasaTilingData {
     uint64_t pvSlotBytes;      // P'V tile slot (PASA_PV_SLOTS)
     uint64_t constSlotBytes;   // pasa-exact: row constants of a tile, PASA_CONST_BLOCKS x qTilePad fp32 (PASA_CONST_SLOTS)
     uint64_t colSumSlotBytes;  // preprocessing: column sums of one block (2 slots), headDim fp32
+    uint64_t tailSlotBytes;    // pasa preprocessing: a part-filled block's M^T K (kvBlock x headDim fp32), then its
+                               // column sums (headDim fp32) (2 slots)
     uint64_t shiftMatrixOffset;  // pasa: M^T, kvBlock x kvBlock fp16
     uint64_t workspaceBytes;   // total
 };

@@ -191,7 +191,8 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepPasa(uint32_t i, uint32_t
     LocalTensor<half> tree16 = tree_.Get<half>(), t2 = Stat16(T2), t3 = Stat16(T3);
     LocalTensor<half> cur = PasaSet(i % 2, 0), nxt = PasaSet((i + 1) % 2, 0);
     LocalTensor<half> ab = Stat16(RING + i % (PASA_PV_DELAY + 1));
-    // the mean runs over all n columns the shifting matrix averaged, masked or not
+    // the mean runs over the block's keys, masked or not: all n columns, or the v keys of a
+    // part-filled last block (its K' is zero past v, so the sum over n columns is theirs)
     Cast(x, s, RoundMode::CAST_NONE, cells);
     RowReduce<ReduceType::SUM>(Stat(ROWSUM), x, tree, R_, n);
     bool noKeys = false;
@@ -206,7 +207,9 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepPasa(uint32_t i, uint32_t
     Cast(x, p, RoundMode::CAST_NONE, cells);
     RowReduce<ReduceType::SUM>(Stat(T1), x, tree, R_, n);
     Cast(cur[P_LLOC * R_], Stat(T1), RoundMode::CAST_RINT, R_);              // l' = fp16(sum p)
-    Muls(Stat(ROWSUM), Stat(ROWSUM), t.invKvBlock, r);                        // sum / n, exact
+    const int64_t keys = task_->info.kvLen - static_cast<int64_t>(j) * n;
+    const float inv = keys < n ? 1.0f / static_cast<float>(keys) : t.invKvBlock;  // fp32(1 / v)
+    Muls(Stat(ROWSUM), Stat(ROWSUM), inv, r);                                 // sum / n (exact) or sum * (1 / v)
     Cast(cur[P_MEAN * R_], Stat(ROWSUM), RoundMode::CAST_RINT, R_);          // fp16 block mean
     Adds(nxt[P_N * R_], cur[P_N * R_], half(1.0f), r);                        // n + 1
     Mul(t2, cur[P_N * R_], cur[P_F * R_], r);                                 // (n - 1) F
@@ -325,7 +328,11 @@ __aicore__ inline void AttentionVector<OutT, InT>::Finish()
             StorePartial(workspace_, t, task, rowBase_, rows_, zero, Stat(LSE));
         } else {
             Duplicate(o.template ReinterpretCast<half>(), half(0.0f), static_cast<int32_t>(cells));
-            StoreRows(t, task, rowBase_, rows_, out_, lse_, o, Stat(LSE), Stat(FIN0));
+            if (flags_.on) {
+                Duplicate(Stat16(T1), half(0.0f), r);
+                Cast(flags_.bytes, Stat16(T1), RoundMode::CAST_NONE, R_);
+            }
+            StoreRows(t, task, rowBase_, rows_, out_, lse_, o, Stat(LSE), Stat(FIN0), flags_);
         }
         return;
     }
@@ -345,6 +352,7 @@ __aicore__ inline void AttentionVector<OutT, InT>::Finish()
     Select(Stat(T1), RowBits(), l, 1.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, R_);
     Ln(Stat(T2), Stat(T1), r);
     Add(lse, m, Stat(T2), r);
+    if (flags_.on) Sub(Stat(T3), lse, lse, r);  // NaN where the LSE is NaN or infinite (unseen rows: finite here)
     Select(lse, RowBits(), lse, unseen, SELMODE::VSEL_TENSOR_SCALAR_MODE, R_);
     LocalTensor<float> brc = tree_.Get<float>();
     BroadcastRows(brc, Stat(T1), R_);
@@ -354,7 +362,24 @@ __aicore__ inline void AttentionVector<OutT, InT>::Finish()
         return;
     }
     Cast(o, x, RoundMode::CAST_RINT, cells);
-    StoreRows(t, task, rowBase_, rows_, out_, lse_, o, lse, Stat(FIN0));
+    if (flags_.on) FlagRows(x, Stat(T3));
+    StoreRows(t, task, rowBase_, rows_, out_, lse_, o, lse, Stat(FIN0), flags_);
+}
+
+// flags_.bytes = 1 for the rows whose output tile x (fp32, overwritten) or LSE check (lse - lse,
+// NaN where the LSE is not finite) holds a NaN or an infinity, else 0: whole-tile instructions,
+// once per task.
+template <typename OutT, typename InT>
+__aicore__ inline void AttentionVector<OutT, InT>::FlagRows(const LocalTensor<float>& x, const LocalTensor<float>& lseCheck)
+{
+    const int32_t r = static_cast<int32_t>(R_);
+    RowNonFinite(Stat(T2), x, R_, t_->headDimV);
+    Add(Stat(T2), Stat(T2), lseCheck, r);
+    LocalTensor<float> copies = tree_.Get<float>();  // the first 32 bytes a row of the tree, as SeenRows
+    Replicate8(copies, Stat(T2), Zeros16().template ReinterpretCast<float>(), R_);
+    Compares(RowBits(), copies, 0.0f, CMPMODE::NE, 8 * R_);
+    Select(Stat16(T1), RowBits(), Stat16(ONEZERO), half(0.0f), SELMODE::VSEL_TENSOR_SCALAR_MODE, R_);
+    Cast(flags_.bytes, Stat16(T1), RoundMode::CAST_NONE, R_);
 }
 
 }  // namespace pasa

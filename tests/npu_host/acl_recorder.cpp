@@ -152,17 +152,17 @@ extern "C" uint32_t aclrtlaunch_pasa_center_keys(uint32_t blockDim, aclrtStream 
 
 extern "C" uint32_t aclrtlaunch_pasa_attention(uint32_t blockDim, aclrtStream stream, void* query, void* key,
                                                void* value, void* mask, void* blockTable, void* keySlots, void* out,
-                                               void* lse, void* workspace, void* tiling)
+                                               void* lse, void* rowFlags, void* workspace, void* tiling)
 {
     g_rec.Launch("pasa_attention", blockDim, stream,
-                 {query, key, value, mask, blockTable, keySlots, out, lse, workspace, tiling});
+                 {query, key, value, mask, blockTable, keySlots, out, lse, rowFlags, workspace, tiling});
     return 0;
 }
 
 extern "C" uint32_t aclrtlaunch_pasa_merge_splits(uint32_t blockDim, aclrtStream stream, void* out, void* lse,
-                                                  void* workspace, void* tiling)
+                                                  void* rowFlags, void* workspace, void* tiling)
 {
-    g_rec.Launch("pasa_merge_splits", blockDim, stream, {out, lse, workspace, tiling});
+    g_rec.Launch("pasa_merge_splits", blockDim, stream, {out, lse, rowFlags, workspace, tiling});
     return 0;
 }
 

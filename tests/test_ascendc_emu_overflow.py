@@ -1,0 +1,112 @@
+"""The AscendC kernels' row flags under the CPU emulation (backend "ascendc-emu"): the vector
+kernel's finish step (and the merge of split kv) flags exactly the rows whose output or LSE is
+not finite, the flagged rows are recomputed by fa-fp32, and every other row is bit for bit
+the unchecked result (docs/design.md, "Overflow detection and repair")."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import pasa_npu
+from pasa_npu import overflow
+
+emu = pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu extension is not built")
+from pasa_npu import ascendc_emu  # noqa: E402
+from test_overflow import spread_inputs  # noqa: E402
+
+N = 2
+
+
+def _call(q, k, v, algorithm, scale, **kw):
+    out, lse = pasa_npu.fused_attention(q, k, v, num_heads=q.shape[1], input_layout="BNSD",
+                                        scale=scale, algorithm=algorithm, backend="ascendc-emu",
+                                        softmax_lse_flag=True, **kw)
+    return out, lse[..., 0]  # (B, N, S)
+
+
+def _flags_and_result(monkeypatch, q, k, v, algorithm, scale, **kw):
+    """(the kernels' row flags before any repair, checked out, checked lse, unchecked out,
+    unchecked lse, the checked call's emulation stats with its report's (rows, nonfinite_rows))."""
+    seen = []
+    repair = ascendc_emu.repair_flagged
+
+    def capture(problem):
+        seen.append(problem.overflow.row_flags.clone())
+        repair(problem)
+
+    monkeypatch.setattr(ascendc_emu, "repair_flagged", capture)
+    raw, raw_lse = _call(q, k, v, algorithm, scale, repair_overflow=False, **kw)
+    assert not seen, "an unchecked call must not flag rows"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pasa_npu.OverflowRepairWarning)
+        out, lse = _call(q, k, v, algorithm, scale, **kw)
+        report = pasa_npu.overflow_report()
+        counts = (report.rows, report.nonfinite_rows)
+    stats = dict(ascendc_emu.last_run_stats(), report=counts)
+    assert len(seen) == 1
+    return seen[0], out, lse, raw, raw_lse, stats
+
+
+def _nonfinite(out, lse):
+    return ~torch.isfinite(out.float()).all(-1) | torch.isnan(lse) | (lse == math.inf)
+
+
+def _decode_inputs(kv_len, rows="all"):
+    q, k, v, scale = spread_inputs(rows, scale=1.0)
+    reps = -(-kv_len // k.shape[2])
+    k = k.repeat(1, 1, reps, 1)[:, :, :kv_len].contiguous()
+    v = v.repeat(1, 1, reps, 1)[:, :, :kv_len].contiguous()
+    return q[:, :, :1].contiguous(), k, v, scale
+
+
+@pytest.mark.parametrize("algorithm", ["pasa", "pasa-exact"])
+@pytest.mark.parametrize("case", ["prefill-some-tiles", "prefill-all-tiles", "decode-split", "v-nan"])
+def test_kernel_flags_are_the_nonfinite_rows(monkeypatch, case, algorithm):
+    """The flags the kernels write are 1 exactly on the rows whose unchecked output or LSE
+    is not finite (0 elsewhere); after the repair those rows are finite (or NaN where
+    fa-fp32 has NaN), every other row is bit for bit the unchecked result."""
+    if case.startswith("prefill"):
+        q, k, v, scale = spread_inputs("first-tile" if case.endswith("some-tiles") else "all")
+    elif case == "decode-split":
+        q, k, v, scale = _decode_inputs(8 * 128 * 4)  # 32 kv blocks: split over the cores
+    else:
+        gen = torch.Generator().manual_seed(3)
+        q, k, v = (torch.randn(1, N, 160, 32, generator=gen).half() for _ in range(3))
+        v[0, 1, 20, 5] = float("nan")
+        scale = 1 / math.sqrt(32)
+    flags, out, lse, raw, raw_lse, stats = _flags_and_result(monkeypatch, q, k, v, algorithm, scale)
+    bad = _nonfinite(raw, raw_lse)
+    assert bad.any()
+    assert torch.equal(flags, bad.to(torch.uint8) * overflow.ROW_FLAGGED)
+    if case == "decode-split":
+        assert stats["merge"] is not None, "the case must run the merge of split kv"
+    ref, ref_lse = _call(q, k, v, "fa-fp32", scale)
+    ref_bad = _nonfinite(ref, ref_lse)
+    assert torch.equal(_nonfinite(out, lse), ref_bad & bad)
+    assert torch.equal(out[~bad], raw[~bad]) and torch.equal(lse[~bad], raw_lse[~bad])
+    assert torch.equal(out[bad & ~ref_bad], ref[bad & ~ref_bad].to(out.dtype))
+    assert stats["report"] == (int(bad.sum()), int((bad & ref_bad).sum()))
+
+
+def test_paged_kernel_flags(monkeypatch):
+    """Paged K/V (the caches read through the block table): the same flags and repair."""
+    q, k, v, scale = spread_inputs("first-tile")
+    block = 128
+    n_blocks = -(-k.shape[2] // block)
+    pad = n_blocks * block - k.shape[2]
+    kc = torch.nn.functional.pad(k, (0, 0, 0, pad)).view(1, k.shape[1], n_blocks, block, -1)
+    vc = torch.nn.functional.pad(v, (0, 0, 0, pad)).view(1, v.shape[1], n_blocks, block, -1)
+    perm = torch.randperm(n_blocks, generator=torch.Generator().manual_seed(0))
+    key_cache = kc[0].permute(1, 0, 2, 3)[perm.argsort()].contiguous()  # (blocks, Nkv, block, D)
+    value_cache = vc[0].permute(1, 0, 2, 3)[perm.argsort()].contiguous()
+    table = perm.view(1, -1).to(torch.int32)
+    kw = dict(block_table=table, block_size=block, num_key_value_heads=k.shape[1],
+              actual_seq_lengths=[q.shape[2]], actual_seq_lengths_kv=[k.shape[2]])
+    flags, out, lse, raw, raw_lse, _ = _flags_and_result(monkeypatch, q, key_cache, value_cache,
+                                                         "pasa", scale, **kw)
+    bad = _nonfinite(raw, raw_lse)
+    assert bad.any() and torch.equal(flags, bad.to(torch.uint8))
+    assert torch.isfinite(out).all() and torch.equal(out[~bad], raw[~bad])
