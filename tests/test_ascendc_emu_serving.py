@@ -14,8 +14,11 @@ import pasa_npu
 emu = pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu extension is not built")
 from pasa_npu import ascendc_emu  # noqa: E402
 from _support import assert_measured, rel_rmse  # noqa: E402
-from test_ascendc_emu import KERNEL_ALGORITHMS, assert_matches_torch, shifted_like_torch  # noqa: E402
+from test_ascendc_emu import (KERNEL_ALGORITHMS, assert_matches_torch,  # noqa: E402
+                              shifted_like_torch)
 from test_golden import make_case  # noqa: E402
+
+F64 = torch.float64
 
 
 # --------------------------------------------------------------------------- paged KV
@@ -59,7 +62,7 @@ def test_paged_kv_matches_torch_backend(name, algorithm, cache_shape):
         assert_matches_torch(paged.out, paged.lse, reference.out, reference.lse, algorithm,
                              torch.float16)
         return
-    golden = dataclasses.replace(reference, out=torch.zeros_like(reference.out, dtype=torch.float64))
+    golden = dataclasses.replace(reference, out=torch.zeros_like(reference.out, dtype=F64))
     backends.run_golden(golden)
     assert torch.isfinite(paged.out).all()
     assert_measured(rel_rmse(paged.out, golden.out), "golden-rmse",
