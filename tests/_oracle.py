@@ -159,21 +159,24 @@ def _fa_step(row, q, kb, vb, vis, scale, low, alloc, guard):
         o_new = r_low(r_low(a * row.o) + pv)
     else:
         s = (s * F32(scale)).astype(F32)
-        m_new = max(row.m, _block_max(s, vis, guard, rounder("fp32")))
+        reference = _block_max(s, vis, guard, rounder("fp32"))
+        m_new = max(row.m, reference)
         a = exp32(F32(row.m - m_new))[()]
         p = np.where(vis, exp32(s - m_new), F32(0))
+        if reference != s[vis].max():   # a guarded row: l sums the weights P.V uses
+            p = r_low(p)
         l_new = F32(F32(a * row.l) + sum32(p))
         pv = dot32(r_low(p)[None], vb)[0]       # P enters the matmul in the compute dtype
         o_new = (F32(a) * row.o + pv).astype(F32)
     row.m, row.l, row.o = F32(m_new), l_new, o_new
 
 
-def _pseudo_step(row, q, kb, vb, vis, gamma, alloc, guard):
+def _pseudo_step(row, q, kb, vb, vis, valid, gamma, alloc, guard):
     stats = TABLE[alloc][2]
     r16 = rounder("fp16")
     r = r16 if stats == "low" else rounder("fp32")
     s = r16(dot32(q[None], kb.T)[0])        # S' = Q K'^T, fp16 out of the matmul
-    mean = r(F32(sum32(s) / F32(s.size)))   # over every column the matrix averaged
+    mean = r(F32(sum32(s) / F32(valid)))    # rowsum(S') over the block's keys, masked or not
     m_loc = _block_max(s, vis, guard, r)
     p = np.where(vis, r(exp32(r(s - m_loc))), F32(0))
     l_loc = r(sum32(p))[()]
@@ -217,20 +220,52 @@ def _blocks(x: np.ndarray, kv_len: int, n: int) -> np.ndarray:
     return padded.reshape(count, n, x.shape[1])
 
 
-def _shift_keys(kb: np.ndarray, shift: str, beta: float, scale: float):
-    """Per block: K' = M^T K with the stored matrix (pseudo-average shift), or
-    K' = fp16((K - mean16) * scale) with mean16 the fp16 column mean (exact shift)."""
-    r16 = rounder("fp16")
-    n = kb.shape[1]
-    if shift == "pseudo":
-        diag, off = stored_shift_entries(beta, n, scale)
+def _valid_keys(kv_len: int, count: int, n: int) -> list[int]:
+    """How many keys each of ``count`` blocks of ``n`` rows holds (v < n: part-filled)."""
+    return [min(max(kv_len - j * n, 0), n) for j in range(count)]
+
+
+def _pseudo_shift(block: np.ndarray, v: int, beta: float, scale: float) -> np.ndarray:
+    """K' of one block holding ``v`` keys (docs/design.md, "Shifting the keys on the matrix
+    engine"). With the stored entries σa (diagonal plus off-diagonal magnitude) and σb (the
+    off-diagonal magnitude): a full block is fp16(M_fl^T K) with the stored fp16 matrix
+    M_fl = σ(aI − bJ); a part-filled one is shifted by the v×v matrix σ(aI − (bn/v)J),
+    entries in fp32, applied in fp32 to its v keys and rounded to fp16 once, as if its
+    n − v missing rows were the mean of its keys; its padded rows are 0."""
+    n = block.shape[0]
+    diag, off = stored_shift_entries(beta, n, scale)
+    shifted = np.zeros_like(block)
+    if v == 0:
+        return shifted
+    if v == n:
         m = np.full((n, n), -off, F32)
         np.fill_diagonal(m, diag)
-        return np.stack([r16(dot32(m.T, block)) for block in kb]), None
-    means = np.stack([r16(np.array([sum32(col) for col in block.T], F32) / F32(n))
-                      for block in kb])
-    shifted = r16(((kb - means[:, None, :]).astype(F32) * F32(scale)).astype(F32))
-    return shifted, means
+    else:
+        sigma_a, sigma_bn_v = diag + off, off * n / v
+        m = np.full((v, v), -sigma_bn_v, F32)
+        np.fill_diagonal(m, F32(sigma_a - sigma_bn_v))
+    shifted[:v] = rounder("fp16")(dot32(m.T, block[:v]))
+    return shifted
+
+
+def _exact_shift(block: np.ndarray, v: int, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """K' = fp16(σ(K − k̃)) on the block's ``v`` keys, 0 on its padded rows, and
+    k̃ = fp16(Σ keys / v), the column sum in fp32 over its keys only (docs/design.md,
+    "pasa-exact: carrying the shift exactly", "A part-filled last block")."""
+    r16 = rounder("fp16")
+    mean = r16(np.array([sum32(col[:v]) for col in block.T], F32) / F32(max(v, 1)))
+    shifted = r16(((block - mean[None, :]).astype(F32) * F32(scale)).astype(F32))
+    shifted[v:] = 0
+    return shifted, mean
+
+
+def _shift_keys(kb: np.ndarray, valid: list[int], shift: str, beta: float, scale: float):
+    """Per block: K' (pseudo-average or exact shift) and, for the exact shift, the rounded
+    column means k̃ (None for the pseudo-average shift)."""
+    if shift == "pseudo":
+        return np.stack([_pseudo_shift(b, v, beta, scale) for b, v in zip(kb, valid)]), None
+    pairs = [_exact_shift(b, v, scale) for b, v in zip(kb, valid)]
+    return np.stack([p[0] for p in pairs]), np.stack([p[1] for p in pairs])
 
 
 # --------------------------------------------------------------------------- attention
@@ -265,9 +300,10 @@ def attention(q, k, v, *, algorithm: str, scale: float, kv_block: int, visible, 
             for h in range(n_q):
                 kb = _blocks(k[b, h // group], int(kv_lens[b]), kv_block)
                 vb = _blocks(v[b, h // group], int(kv_lens[b]), kv_block)
+                valid = _valid_keys(int(kv_lens[b]), kb.shape[0], kv_block)
                 means = None
                 if shift:
-                    kb, means = _shift_keys(kb, shift, beta, scale)
+                    kb, means = _shift_keys(kb, valid, shift, beta, scale)
                 for i in range(s1):
                     vis = _blocks(np.asarray(visible[b, i], F32)[:, None], visible.shape[2],
                                   kv_block)[..., 0] > 0
@@ -279,8 +315,8 @@ def attention(q, k, v, *, algorithm: str, scale: float, kv_block: int, visible, 
                             _fa_step(row, q[b, h, i], kb[j], vb[j], vis[j], scale, low,
                                      algorithm, guard)
                         elif shift == "pseudo":
-                            _pseudo_step(row, q[b, h, i], kb[j], vb[j], vis[j], gamma,
-                                         algorithm, guard)
+                            _pseudo_step(row, q[b, h, i], kb[j], vb[j], vis[j], valid[j],
+                                         gamma, algorithm, guard)
                         else:
                             _exact_step(row, q[b, h, i], kb[j], means[j], vb[j], vis[j],
                                         scale, guard)

@@ -39,32 +39,42 @@ def _error(out_bsnd, q, k, v, visible, scale):
 BIASED_BOUND = {"pasa-exact": 4e-3, "pasa": 0.16}
 
 
+@pytest.mark.parametrize("backend", ["auto"] + [b for b in BACKENDS if b == "ascendc-emu"])
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa"])
 @pytest.mark.parametrize("s_kv", [3, 37, 128, 200])
-def test_large_shared_bias_with_any_key_count(algorithm, s_kv):
+def test_large_shared_bias_with_any_key_count(algorithm, s_kv, backend):
     """Keys sharing a bias that overflows fp16 scores, at key counts that leave the last kv
     block part-filled (3, 37, 200) or full (128): the output is the fp64 attention's. The
-    backend shifts a part-filled block by its keys' mean."""
-    q, k, v = _biased(2, 4, 2, 5, s_kv)
+    default backend shifts a part-filled block by its keys' mean; for the AscendC kernels
+    (emulated) the integration completes the block with mean keys."""
+    q, k, v = _biased(2, 4, 2, 5, s_kv, device=DEVICE_OF.get(backend, DEVICE))
     out = attend(q, k, v, layout="BNSD", masked=None, causal=False, scale=0.125,
-                 algorithm=algorithm, backend="auto")
+                 algorithm=algorithm, backend=backend)
     visible = torch.ones(1, 5, s_kv, dtype=torch.bool)
     assert _error(out, q, k, v, visible, 0.125) < BIASED_BOUND[algorithm]
 
 
-@pytest.mark.parametrize("backend", [b for b in BACKENDS if b in ("torch", "triton")])
-def test_keys_pass_as_they_are_where_the_backend_takes_the_keys_mean(backend, monkeypatch):
-    """Where the backend's kernels shift a part-filled last block by its keys' mean, the
-    integration appends no keys (it does for the AscendC kernels until they do)."""
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_last_block_completed_only_where_the_backend_needs_it(backend, monkeypatch):
+    """The integration appends mean keys to a part-filled last kv block only for a backend
+    that does not shift that block by its keys' mean (``Backend.part_filled_block_mean``
+    False: the AscendC kernels); elsewhere the keys pass as they are. The output is the fp64
+    attention's either way."""
+    from pasa_npu import backends
     from pasa_npu.integrations import _attention
 
-    def refuse(*args):
-        raise AssertionError("the integration completed the last kv block")
+    completed = []
+    complete = _attention._complete_last_block
 
-    monkeypatch.setattr(_attention, "_complete_last_block", refuse)
+    def spy(*args):
+        completed.append(True)
+        return complete(*args)
+
+    monkeypatch.setattr(_attention, "_complete_last_block", spy)
     q, k, v = _biased(1, 2, 2, 5, 37, device=DEVICE_OF[backend])
     out = attend(q, k, v, layout="BNSD", masked=None, causal=False, scale=0.125,
                  algorithm="pasa", backend=backend)
+    assert bool(completed) != backends.BACKENDS[backend].part_filled_block_mean
     visible = torch.ones(1, 5, 37, dtype=torch.bool)
     assert _error(out, q, k, v, visible, 0.125) < BIASED_BOUND["pasa"]
 

@@ -8,7 +8,9 @@ result more accurate. Two things may differ between two correct implementations 
 fixed here so that equality is the test: the order of fp32 sums (every matmul contraction
 and kv block has two terms, D = 2 and kv_block = 2, whose sum is the same in any order) and
 the elementary functions (exp and log are the correctly rounded ones in both, by replacing
-torch's for the backend's call)."""
+torch's for the backend's call). A part-filled last kv block holds one key of two, or (the
+"part-filled" case, kv_block = 4) one or two keys of four, whose shift coefficients
+σ(a − bn/v) and σbn/v are then exact and its sums still of at most two terms."""
 from __future__ import annotations
 
 import numpy as np
@@ -28,8 +30,10 @@ CASES = {
     "gqa": dict(B=2, Nq=4, Nkv=2, S1=5, S2=11),
     "bias-20": dict(B=1, Nq=2, Nkv=1, S1=6, S2=12, x0=20.0),
     "overflow": dict(B=1, Nq=2, Nkv=2, S1=4, S2=9, x0=200.0, spread=10.0),
-    # odd kv lengths: a last block half padding, which PASA's means count
+    # odd kv lengths: a last block half padding, which PASA's shift leaves out
     "ragged": dict(B=2, Nq=2, Nkv=2, S1=5, S2=11, q_lens=[5, 3], kv_lens=[11, 5]),
+    # one block of four rows holding two keys or one, under a key bias
+    "part-filled": dict(B=2, Nq=2, Nkv=1, S1=3, S2=2, kv_lens=[2, 1], kv_block=4, x0=6.0),
     "causal": dict(B=1, Nq=2, Nkv=1, S1=6, S2=11, sparse_mode=3),
     "band": dict(B=1, Nq=2, Nkv=2, S1=7, S2=9, sparse_mode=4, pre=3, next=1),
     "mask": dict(B=2, Nq=2, Nkv=1, S1=6, S2=10, mask=True),
@@ -60,7 +64,8 @@ def _visible_and_kwargs(case: dict):
     q_lens = case.get("q_lens", [s1] * b)
     kv_lens = case.get("kv_lens", [s2] * b)
     kw = dict(num_heads=case["Nq"], num_key_value_heads=case["Nkv"], input_layout="BNSD",
-              scale=SCALE, kv_block=KV_BLOCK, softmax_lse_flag=True, inner_precise=2,
+              scale=SCALE, kv_block=case.get("kv_block", KV_BLOCK), softmax_lse_flag=True,
+              inner_precise=2,
               actual_seq_lengths=q_lens, actual_seq_lengths_kv=kv_lens,
               rounding_guard=case.get("guard", False))
     mode = case.get("sparse_mode", 0)
@@ -112,8 +117,9 @@ def test_torch_backend_rounds_as_the_oracle(name, algorithm, dtype,
                                         beta=case.get("beta"), **kw)
     want, want_lse = _oracle.attention(
         *(t.float().numpy() for t in (q, k, v)), algorithm=algorithm, scale=SCALE,
-        kv_block=KV_BLOCK, visible=visible.numpy(), kv_lens=kv_lens, beta=case.get("beta"),
-        guard=case.get("guard", False), input_dtype="fp16" if dtype == torch.float16 else "bf16")
+        kv_block=kw["kv_block"], visible=visible.numpy(), kv_lens=kv_lens,
+        beta=case.get("beta"), guard=case.get("guard", False),
+        input_dtype="fp16" if dtype == torch.float16 else "bf16")
     want, want_lse = torch.from_numpy(want), torch.from_numpy(want_lse)
     past = torch.arange(case["S1"])[None, :] >= torch.tensor(q_lens)[:, None]
     want_lse[past[:, None].expand_as(want_lse)] = 0.0   # rows past the query length: LSE 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 import torch
-from hypothesis import assume, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 import pasa_npu
@@ -23,6 +23,10 @@ PROPERTY_FACTOR = 2
     layout=st.sampled_from(["BNSD", "BSND", "BSH"]), causal=st.booleans(),
     algorithm=st.sampled_from(pasa_npu.ALGORITHM_NAMES), backend=st.sampled_from(BACKENDS),
     kv_block=st.sampled_from([32, 64, 128]), seed=st.integers(0, 2 ** 16))
+# a part-filled last kv block of 5 keys: pasa-mixed's mean of S' over so few keys carries the
+# most rounding noise (the shrinking of a failing run found it)
+@example(batch=1, kv_heads=1, group=1, s1=1, s2=37, d=16, layout="BNSD", causal=False,
+         algorithm="pasa-mixed", backend="torch", kv_block=32, seed=0)
 def test_any_shape_matches_golden(batch, kv_heads, group, s1, s2, d, layout, causal,
                                   algorithm, backend, kv_block, seed):
     if backend == "ascendc-emu":  # the kernels implement three allocations

@@ -124,8 +124,9 @@ def _check_inputs(query, key, value) -> None:
 
 def _ragged_rows(kv_len: int, algorithm: str, backend: str, device: torch.device) -> int:
     """How many rows the last kv block lacks, where the allocation shifts the keys and the
-    backend's kernels take a part-filled block's mean over its padded rows too (the
-    AscendC kernels: ``Backend.part_filled_block_mean``); 0 elsewhere."""
+    backend does not shift a part-filled block by its keys' mean (its
+    ``Backend.part_filled_block_mean`` is False: the AscendC kernels take that block's mean
+    over its padded rows too); 0 elsewhere."""
     if not ALLOCATIONS[algorithm].shifts_keys:
         return 0
     if backends.resolve(backend, device).part_filled_block_mean:
@@ -156,10 +157,10 @@ def _complete_last_block(key: torch.Tensor, value: torch.Tensor, seq_axis: int, 
 
 def _mask_appended_keys(masked, q_len: int, kv_len: int, pad: int, device) -> torch.Tensor:
     """``masked`` (or no mask) extended over ``pad`` appended keys, which it masks."""
-    if masked is None:
-        row = torch.zeros(1, 1, kv_len + pad, dtype=torch.bool, device=device)
-        row[..., kv_len:] = True
-        return row.expand(1, q_len, kv_len + pad)
+    if masked is None:  # materialised: the AscendC kernels read a mask row by row
+        rows = torch.zeros(1, q_len, kv_len + pad, dtype=torch.bool, device=device)
+        rows[..., kv_len:] = True
+        return rows
     extra = torch.ones(1, 1, pad, dtype=torch.bool, device=device)
     return torch.cat([masked, extra.expand(masked.shape[0], q_len, pad)], dim=2)
 
