@@ -31,7 +31,9 @@ TABLE = HERE / "_measured.py"
 MEASURING = ["test_golden.py", "test_paper_cases.py", "test_properties.py", "test_semantics.py",
              "test_argument_forms.py", "test_triton_tuning.py", "test_triton_launch.py",
              "test_triton_host.py", "test_gluon_prefill.py", "test_ablate.py",
-             "test_compare_file.py", "test_compare_capture.py", "test_paged.py"]
+             "test_compare_file.py", "test_compare_capture.py", "test_paged.py",
+             "test_integration_attention.py", "test_integration_diffusers.py",
+             "test_integration_transformers.py"]
 
 HEADER = '''"""The largest errors the measuring tests recorded, by kind and key: every error
 bound of the suite is a stated factor times one of these (tests/_support.py).
