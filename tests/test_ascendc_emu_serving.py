@@ -79,8 +79,8 @@ def test_decode_splits_long_contexts_across_cores(algorithm):
     in fp32. fa-fp32 and pasa-exact (fp32 statistics) stay within the dense bounds of the torch
     backend. pasa restarts its fp16 statistics (the running maximum and the pseudo-average)
     in each range, so it no longer rounds step for step as the sequential torch backend does:
-    bounded instead against the fp64 golden: within 1.1x the torch backend's relative error, its
-    LSE within 2e-2 of the torch backend's."""
+    bounded instead against the fp64 golden: its output's relative error and its LSE's largest
+    error each within 1.1x the torch backend's."""
     case = dict(layout="BSH", B=2, Nq=8, Nkv=2, S1=1, S2=4096, D=64, kv_lens=[4096, 2100])
     q, k, v, kw = make_case(case, torch.float16)
     out, lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
@@ -90,8 +90,10 @@ def test_decode_splits_long_contexts_across_cores(algorithm):
     if algorithm != "pasa":
         assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16)
         return
-    gold, _ = pasa_npu.reference_attention(q, k, v, **kw)
+    gold, gold_lse = pasa_npu.reference_attention(q, k, v, **kw)
     err = float((out.double() - gold).norm() / gold.norm())
     ref_err = float((ref.double() - gold).norm() / gold.norm())
     assert torch.isfinite(out).all() and err <= 1.1 * ref_err, (err, ref_err)
-    assert float((lse - ref_lse).abs().max()) <= 2e-2
+    lse_err = float((lse.double() - gold_lse).abs().max())
+    ref_lse_err = float((ref_lse.double() - gold_lse).abs().max())
+    assert lse_err <= 1.1 * ref_lse_err, (lse_err, ref_lse_err)
