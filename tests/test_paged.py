@@ -12,7 +12,7 @@ import torch
 import pasa_npu
 from pasa_npu import paging
 from _paged import PAGED_CASES, paged_case
-from _support import (BACKENDS, assert_measured, device_kind, dtype_name,
+from _support import (BACKENDS, DEVICE_OF, assert_measured, device_kind, dtype_name,
                       interpreter_skip, on_device, rel_rmse, skip_unsupported)
 
 #: the allocations with paged variants of their own (pasa-exact's block means, pasa's shift, and
@@ -201,6 +201,33 @@ def test_table_with_column_stride_reads_as_contiguous(backend):
     got = pasa_npu.fused_attention(q, k_cache, v_cache, backend=backend, algorithm="pasa",
                                    **dict(kw, block_table=on_device(backend, strided)[0]))
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def _slots_by_loop(table, kv_lens, block_size, entries):
+    """page_slots' rule written out: a whole block's entries share its first whole entry's
+    slot; every other entry keeps its own."""
+    first, slots = {}, []
+    for b, n in enumerate(kv_lens):
+        for j in range(entries):
+            own = b * entries + j
+            whole = (j + 1) * block_size <= n
+            slots.append(first.setdefault(int(table[b, j]), own) if whole else own)
+    return slots
+
+
+def test_page_slots_share_whole_blocks():
+    """Shared whole blocks map to their first whole reference; ragged last blocks, entries
+    past the kv length and padding keep their own slot (the Triton backend's K' slots)."""
+    from pasa_npu.fallback.triton_shift import page_slots
+    dev = DEVICE_OF["triton"]
+    table = torch.tensor([[5, 2, 7, 0, -1], [2, 5, 3, 7, 4], [7, 2, 2, 6, 1]], dtype=torch.int32)
+    kv_lens = [48, 64, 33]  # block_size 16: 3, 4 and 2 whole blocks
+    got = page_slots(table.to(dev), torch.tensor(kv_lens, dtype=torch.int32, device=dev), 16,
+                     4, 8)
+    want = _slots_by_loop(table, kv_lens, 16, 4)
+    assert want[4 + 0] == 1 and want[8 + 0] == 2  # sharing happens in this case
+    assert got.dtype == torch.int32 and got.shape == (3, 4)
+    assert got.flatten().tolist() == want
 
 
 @pytest.mark.parametrize("block_size", [16, 64, 640])
