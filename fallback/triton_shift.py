@@ -183,15 +183,38 @@ def page_slots(table: torch.Tensor, kv_lens: torch.Tensor, block_size: int, entr
     being entry j of batch b's own. A physical block wholly below the kv length of a batch
     that references it (shareable: no zero padding of its own) maps to the slot of its first
     such reference, the one program that shifts it; other entries keep their own slot. On
-    the device, without a host synchronisation."""
-    dev = table.device
-    batch = table.shape[0]
-    own = (torch.arange(batch, device=dev)[:, None] * entries
-           + torch.arange(entries, device=dev)[None, :])
-    whole = (torch.arange(1, entries + 1, device=dev)[None, :] * block_size
-             <= kv_lens.to(dev)[:, None])
-    blocks = torch.where(whole, table[:, :entries].long(), 0)
-    first = torch.full((num_blocks,), batch * entries, dtype=torch.int64, device=dev)
-    first.scatter_reduce_(0, blocks.flatten(), torch.where(whole, own, batch * entries).flatten(),
-                          "amin")
-    return torch.where(whole, first[blocks], own).to(torch.int32)
+    the device in three launches (a fill and two passes of ``_page_slots``), without a host
+    synchronisation; ``table`` has unit column stride, ``kv_lens`` is int32 on its device."""
+    n_entries = table.shape[0] * entries
+    first = torch.full((num_blocks,), n_entries, dtype=torch.int32, device=table.device)
+    slots = torch.empty(table.shape[0], entries, dtype=torch.int32, device=table.device)
+    grid = (max(1, cdiv(n_entries, _SLOTS_PER_PROGRAM)),)
+    for claim in (True, False):
+        launch(_page_slots, grid, table, kv_lens, first, slots, table.stride(0), entries,
+               n_entries, block_size, num_blocks, CLAIM=claim, BLOCK=_SLOTS_PER_PROGRAM,
+               num_warps=1 if interpreting() else 4)
+    return slots
+
+
+_SLOTS_PER_PROGRAM = 512
+
+
+@triton.jit
+def _page_slots(TABLE, KV_LENS, FIRST, SLOTS, stride_tb, entries, n_entries, block_size,
+                num_blocks, CLAIM: tl.constexpr, BLOCK: tl.constexpr):
+    """One pass of :func:`page_slots` over BLOCK entries (flat index b * entries + j).
+    CLAIM: each entry of a whole block lowers FIRST[block] to its own slot; otherwise each
+    entry's slot is stored, FIRST[block] for a whole block and its own else. An entry
+    outside [0, num_blocks) counts as not whole (never read: the API layer checks)."""
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = idx < n_entries
+    b = idx // entries
+    j = idx % entries
+    kv_len = tl.load(KV_LENS + b, mask=live, other=0)
+    page = tl.load(TABLE + b.to(tl.int64) * stride_tb + j, mask=live, other=-1)
+    whole = live & ((j + 1) * block_size <= kv_len) & (page >= 0) & (page < num_blocks)
+    if CLAIM:
+        tl.atomic_min(FIRST + page, idx, mask=whole)
+    else:
+        first = tl.load(FIRST + page, mask=whole, other=0)
+        tl.store(SLOTS + idx, tl.where(whole, first, idx), mask=live)

@@ -23,9 +23,7 @@ class Backend:
     ``emulator_switch`` (an environment variable set to 1), if any, must turn on.
     ``checks_overflow``: it flags and repairs the non-finite rows of a PASA allocation
     itself (:mod:`pasa_npu.overflow`); for the others the API layer checks the output
-    after the call. ``part_filled_block_mean``: PASA's part-filled last kv block is shifted
-    by the mean of its keys (:func:`pasa_npu.beta.partial_block_shift`); where not, its
-    padded rows count in its mean and a large key bias survives the shift there."""
+    after the call."""
 
     name: str
     module: str
@@ -34,7 +32,6 @@ class Backend:
     emulated_on: tuple[str, ...] = ()
     emulator_switch: Optional[str] = None
     checks_overflow: bool = False
-    part_filled_block_mean: bool = False
 
     def unavailable_reason(self, device: torch.device) -> Optional[str]:
         """None when this backend can run on ``device``, else a sentence why not."""
@@ -58,17 +55,15 @@ BACKENDS: dict[str, Backend] = {
     for b in (
         Backend("torch", "pasa_npu.fallback.torch_blockwise", ("cpu", "cuda"),
                 "blockwise PyTorch emulation of every allocation (CPU reference backend)",
-                checks_overflow=True, part_filled_block_mean=True),
+                checks_overflow=True),
         Backend("triton", "pasa_npu.fallback.triton_attention", ("cuda", "cpu"),
                 "Triton kernels for CUDA GPUs; on CPU tensors under TRITON_INTERPRET=1",
-                emulated_on=("cpu",), emulator_switch="TRITON_INTERPRET", checks_overflow=True,
-                part_filled_block_mean=True),
+                emulated_on=("cpu",), emulator_switch="TRITON_INTERPRET", checks_overflow=True),
         Backend("ascendc-emu", "pasa_npu.ascendc_emu", ("cpu",),
                 "the AscendC kernels of ascend_kernels/ run on CPU against the emulated AscendC API",
-                emulated_on=("cpu",), checks_overflow=True, part_filled_block_mean=True),
+                emulated_on=("cpu",), checks_overflow=True),
         Backend("npu", "pasa_npu.npu", ("npu",),
-                "the AscendC kernels of ascend_kernels/ on an Ascend NPU through torch_npu",
-                part_filled_block_mean=True),
+                "the AscendC kernels of ascend_kernels/ on an Ascend NPU through torch_npu"),
     )
 }
 

@@ -11,6 +11,9 @@ block_size. The table's entries are checked here, which torch_npu leaves to the 
 """
 from __future__ import annotations
 
+import weakref
+from typing import Optional
+
 import torch
 
 from .arguments import describe, int_arg
@@ -89,31 +92,107 @@ def cache_views(key, value, layout: str, num_kv_heads: int, block_size: int):
 
 def table_for_call(table: torch.Tensor, kv_lens: torch.Tensor, num_blocks: int,
                    block_size: int, device: torch.device) -> torch.Tensor:
-    """``table`` checked and on ``device``: every entry of a key below its batch's kv length
-    in [0, num_blocks). A host table is checked on the host (no wait for the device) and
-    copied to the device without blocking it; a device table is checked on the device and
-    its verdict read back, one synchronisation per call, except while a CUDA graph is
-    being captured, where no read-back is possible and the entries are trusted (as
-    torch_npu trusts them always)."""
+    """``table`` checked and on ``device`` with unit column stride: every entry of a key
+    below its batch's kv length in [0, num_blocks), or a ``ValueError`` naming the first
+    entry that is not. Never a wait for the device on a checked table:
+
+    * a host table is checked on the host on every call and copied to the device from
+      pinned memory without blocking;
+    * a device table is checked once per version of its contents (its ``_version``,
+      storage and shape), with one read-back to the host, then trusted while they stay the
+      same: a loop that reuses one table pays once, whatever its kv lengths; a table
+      rewritten in place between calls pays at its next call. Writes that bypass
+      PyTorch's version counter (a custom kernel, ``.data``, DLPack) are not seen, and an
+      inference tensor has no version: it is checked on every call. While a CUDA graph is
+      being captured a table not checked before is trusted (as torch_npu trusts them
+      always)."""
     if table.shape[0] != kv_lens.numel():
         raise ValueError(f"block_table has {table.shape[0]} rows but the batch is "
                          f"{kv_lens.numel()} (one row per batch)")
-    on_host = table.device.type == "cpu"
-    if not on_host and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return table
-    blocks = (kv_lens + (block_size - 1)) // block_size
-    used = torch.arange(table.shape[1], device=table.device)[None, :] < \
-        blocks.to(table.device)[:, None]
-    bad = used & ((table < 0) | (table >= num_blocks))
-    if bool(bad.any()):
-        b, j = (int(x) for x in bad.nonzero()[0])
-        raise ValueError(f"block_table[{b}, {j}] = {int(table[b, j])} is not a block of the "
-                         f"cache: entries for keys below actual_seq_lengths_kv[{b}] = "
-                         f"{int(kv_lens[b])} must lie in [0, {num_blocks})")
-    if on_host and device.type != "cpu":
+    if table.device.type == "cpu":
+        _check_entries(table, kv_lens, num_blocks, block_size, _host_prefix(table, num_blocks))
+        if table.shape[1] > 1 and table.stride(1) != 1:
+            table = table.contiguous()
+        if device.type == "cpu":
+            return table
         source = table.pin_memory() if device.type == "cuda" else table
         return source.to(device, non_blocking=True)
+    prefix = _CHECKED.prefix(table, num_blocks)
+    if prefix is not None:
+        _check_entries(table, kv_lens, num_blocks, block_size, prefix)
+    if table.shape[1] > 1 and table.stride(1) != 1:
+        table = table.contiguous()  # the kernels step a row's entries one by one
     return table
+
+
+def _check_entries(table: torch.Tensor, kv_lens: torch.Tensor, num_blocks: int,
+                   block_size: int, prefix: tuple) -> None:
+    """Raise for the first batch whose kv length needs more entries than the ``prefix``
+    of its row that lies in [0, num_blocks), naming that entry."""
+    for b, (kv_len, valid) in enumerate(zip(kv_lens.tolist(), prefix)):
+        if kv_len > valid * block_size:
+            raise ValueError(f"block_table[{b}, {valid}] = {int(table[b, valid])} is not a "
+                             f"block of the cache: entries for keys below "
+                             f"actual_seq_lengths_kv[{b}] = {kv_len} must lie in "
+                             f"[0, {num_blocks})")
+
+
+def _host_prefix(table: torch.Tensor, num_blocks: int) -> tuple:
+    """:func:`_valid_prefix` of a host table, with the common case (every entry in range)
+    from one reduction."""
+    if table.numel():
+        low, high = torch.aminmax(table)
+        if int(low) >= 0 and int(high) < num_blocks:
+            return (table.shape[1],) * table.shape[0]
+    return _valid_prefix(table, num_blocks)
+
+
+def _valid_prefix(table: torch.Tensor, num_blocks: int) -> tuple:
+    """For each row of ``table``, how many of its leading entries lie in [0, num_blocks)
+    (one read-back from a device table)."""
+    valid = (table >= 0) & (table < num_blocks)
+    return tuple(valid.to(torch.int32).cumprod(1).sum(1).tolist())
+
+
+class _CheckedTables:
+    """The :func:`_valid_prefix` of device tables, kept per table object while its
+    version, storage and shape stay those it was computed for (a weak reference: an entry
+    goes with its table)."""
+
+    MAX_TABLES = 64
+
+    def __init__(self):
+        self.entries: dict = {}  # id(table) -> (weakref, key, prefix)
+
+    def prefix(self, table: torch.Tensor, num_blocks: int) -> Optional[tuple]:
+        """``table``'s prefix: cached, or read back now; None while a CUDA graph is being
+        captured and none is cached."""
+        try:
+            key = (table._version, table.data_ptr(), tuple(table.shape), table.stride(),
+                   num_blocks)
+        except RuntimeError:  # an inference tensor: no version counter
+            key = None
+        hit = self.entries.get(id(table))
+        if key is not None and hit is not None and hit[0]() is table and hit[1] == key:
+            return hit[2]
+        if table.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        prefix = _valid_prefix(table, num_blocks)
+        if key is not None:
+            if len(self.entries) >= self.MAX_TABLES:
+                self.entries.clear()
+            ident = id(table)
+            ref = weakref.ref(table, lambda dead: self._forget(ident, dead))
+            self.entries[ident] = (ref, key, prefix)
+        return prefix
+
+    def _forget(self, ident: int, dead: weakref.ref) -> None:
+        hit = self.entries.get(ident)
+        if hit is not None and hit[0] is dead:
+            del self.entries[ident]
+
+
+_CHECKED = _CheckedTables()
 
 
 def gather(cache: torch.Tensor, table: torch.Tensor, kv_lens: torch.Tensor,
@@ -124,11 +203,21 @@ def gather(cache: torch.Tensor, table: torch.Tensor, kv_lens: torch.Tensor,
     width = int(kv_lens.max()) if kv_lens.numel() else 0
     n_blocks = -(-width // block_size)
     rows = torch.arange(n_blocks * block_size, device=cache.device)
-    valid = rows[None, :] < kv_lens.to(cache.device)[:, None]       # (B, n_blocks*size)
+    valid = rows[None, :] < _on_device(kv_lens, cache.device)[:, None]  # (B, n_blocks*size)
     used = valid[:, ::block_size]                                   # (B, n_blocks)
     ids = torch.where(used, table[:, :n_blocks].to(cache.device).long(), 0)
     dense = cache[ids].permute(0, 2, 1, 3, 4).flatten(2, 3)         # (B, N, n_blocks*size, D)
     return torch.where(valid[:, None, :, None], dense, 0)[:, :, :width]
+
+
+def _on_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``; a host tensor goes to a CUDA device from pinned memory without
+    blocking (a pageable copy would wait for the work queued on the stream)."""
+    if t.device == device:
+        return t
+    if t.device.type == "cpu" and device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def contiguous(key: torch.Tensor, value: torch.Tensor, table: torch.Tensor,

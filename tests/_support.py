@@ -116,6 +116,7 @@ GPU_STAND_IN = {  # kind: (where its stand-in was measured, margin, floor)
     "triton-lse-share": ("interpreter", 4.0, 0.1),   # floor: 10% of the rows
     "ablate": ("interpreter", 4.0, 0.0),
     "semantics": ("cpu", 1.5, 0.0),
+    "integration": ("cpu", 2.0, 0.0),
 }
 
 

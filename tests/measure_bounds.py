@@ -32,7 +32,9 @@ MEASURING = ["test_golden.py", "test_paper_cases.py", "test_properties.py", "tes
              "test_argument_forms.py", "test_triton_tuning.py", "test_triton_launch.py",
              "test_triton_host.py", "test_gluon_prefill.py", "test_ablate.py",
              "test_compare_file.py", "test_compare_capture.py", "test_paged.py",
-             "test_overflow.py", "test_ascendc_emu.py", "test_ascendc_emu_serving.py"]
+             "test_overflow.py", "test_ascendc_emu.py", "test_ascendc_emu_serving.py",
+             "test_integration_attention.py", "test_integration_diffusers.py",
+             "test_integration_transformers.py"]
 
 HEADER = '''"""The largest errors the measuring tests recorded, by kind and key: every error
 bound of the suite is a stated factor times one of these (tests/_support.py).

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import pasa_npu
-from pasa_npu import backends, npu_params
+from pasa_npu import npu_params
 
 emu = pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu extension is not built")
 from pasa_npu import ascendc_emu  # noqa: E402
@@ -20,18 +20,6 @@ from _paged import PAGED_CASES, paged_case  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 KERNEL_ALGORITHMS = ("fa-fp32", "pasa", "pasa-exact")
-
-
-def shifted_like_torch(algorithm: str, kv_lens, kv_block: int) -> bool:
-    """Whether the kernels shift the keys of ``algorithm`` as the torch backend does for kv
-    lengths ``kv_lens``: a part-filled last kv block is shifted by its own keys' mean there
-    (docs/design.md, "Shifting the keys on the matrix engine"), by the kernels only once
-    ``Backend.part_filled_block_mean`` says so. Where not, a case is held to the golden."""
-    if not pasa_npu.ALLOCATIONS[algorithm].shifts_keys:
-        return True
-    if backends.BACKENDS["ascendc-emu"].part_filled_block_mean:
-        return True
-    return all(int(n) % kv_block == 0 for n in kv_lens)
 
 
 # --------------------------------------------------------------------------- support matrix

@@ -4,8 +4,6 @@ split across AI Cores. Against the torch backend at test_ascendc_emu's bounds, o
 split changes pasa's rounding, against the fp64 golden."""
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -13,13 +11,8 @@ import pasa_npu
 
 emu = pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu extension is not built")
 from pasa_npu import ascendc_emu  # noqa: E402
-from _support import assert_measured, rel_rmse  # noqa: E402
-from test_ascendc_emu import (KERNEL_ALGORITHMS, assert_matches_torch,  # noqa: E402
-                              shifted_like_torch)
+from test_ascendc_emu import KERNEL_ALGORITHMS, assert_matches_torch  # noqa: E402
 from test_golden import make_case  # noqa: E402
-
-F64 = torch.float64
-
 
 # --------------------------------------------------------------------------- paged KV
 
@@ -47,9 +40,7 @@ PAGED_CASES = {
 def test_paged_kv_matches_torch_backend(name, algorithm, cache_shape):
     """K and V read through a block table (non-contiguous physical blocks, a prefix shared by
     every sequence) equal the torch backend's dense result over the same keys, at the bounds
-    of the dense matrix; where the kernels shift a part-filled last kv block otherwise than
-    the torch backend (:func:`test_ascendc_emu.shifted_like_torch`), the fp64 golden's, within
-    1.5x the measured error."""
+    of the dense matrix."""
     from _paged_problems import dense_problem, paged_problem
     from pasa_npu import backends
     case, block_size, shared = PAGED_CASES[name]
@@ -57,16 +48,9 @@ def test_paged_kv_matches_torch_backend(name, algorithm, cache_shape):
     dense = dense_problem(q, k, v, algorithm=algorithm, **kw)
     paged, reference = paged_problem(dense, block_size, cache_shape, shared_prefix=shared)
     ascendc_emu.run(paged)
-    if shifted_like_torch(algorithm, dense.kv_lens.tolist(), dense.tiling.kv_block):
-        backends.BACKENDS["torch"].runner()(reference)
-        assert_matches_torch(paged.out, paged.lse, reference.out, reference.lse, algorithm,
-                             torch.float16)
-        return
-    golden = dataclasses.replace(reference, out=torch.zeros_like(reference.out, dtype=F64))
-    backends.run_golden(golden)
-    assert torch.isfinite(paged.out).all()
-    assert_measured(rel_rmse(paged.out, golden.out), "golden-rmse",
-                    f"cpu/fp16/{algorithm}/ascendc-part-filled-paged-{name}", 1.5, name)
+    backends.BACKENDS["torch"].runner()(reference)
+    assert_matches_torch(paged.out, paged.lse, reference.out, reference.lse, algorithm,
+                         torch.float16)
 
 
 def test_paged_kv_preprocesses_a_shared_block_once():
@@ -95,8 +79,8 @@ def test_decode_splits_long_contexts_across_cores(algorithm):
     in fp32. fa-fp32 and pasa-exact (fp32 statistics) stay within the dense bounds of the torch
     backend. pasa restarts its fp16 statistics (the running maximum and the pseudo-average)
     in each range, so it no longer rounds step for step as the sequential torch backend does:
-    bounded instead against the fp64 golden: within 1.1x the torch backend's relative error, its
-    LSE within 2e-2 of the torch backend's."""
+    bounded instead against the fp64 golden: its output's relative error and its LSE's largest
+    error each within 1.1x the torch backend's."""
     case = dict(layout="BSH", B=2, Nq=8, Nkv=2, S1=1, S2=4096, D=64, kv_lens=[4096, 2100])
     q, k, v, kw = make_case(case, torch.float16)
     out, lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
@@ -106,8 +90,10 @@ def test_decode_splits_long_contexts_across_cores(algorithm):
     if algorithm != "pasa":
         assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16)
         return
-    gold, _ = pasa_npu.reference_attention(q, k, v, **kw)
+    gold, gold_lse = pasa_npu.reference_attention(q, k, v, **kw)
     err = float((out.double() - gold).norm() / gold.norm())
     ref_err = float((ref.double() - gold).norm() / gold.norm())
     assert torch.isfinite(out).all() and err <= 1.1 * ref_err, (err, ref_err)
-    assert float((lse - ref_lse).abs().max()) <= 2e-2
+    lse_err = float((lse.double() - gold_lse).abs().max())
+    ref_lse_err = float((ref_lse.double() - gold_lse).abs().max())
+    assert lse_err <= 1.1 * ref_lse_err, (lse_err, ref_lse_err)

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import pasa_npu
-from pasa_npu import backends
 from _support import (BACKENDS, assert_measured, device_kind, dtype_name, interpreter_skip,
                       on_device, rel_rmse, skip_unsupported)
 from pasa_npu.tools.inputs import resonance
@@ -87,16 +86,12 @@ def _bad_rows(out: torch.Tensor) -> torch.Tensor:
 
 # ------------------------------------------------------------------ part-filled last block
 
-#: the backends that shift a part-filled last kv block by its keys' mean
-#: (``Backend.part_filled_block_mean``; the others are held to the golden elsewhere)
-SHIFT_PART_FILLED = [b for b in BACKENDS if backends.BACKENDS[b].part_filled_block_mean]
-
 # A common key bias of |q.bias| ~ 1000 (unscaled) on 160 keys: the bound is 1.5x the
 # measured error; a last block shifted by a mean that counts its padded rows measures 0.15,
 # 0.15 and 6.2e-3 (pasa, pasa-mixed, pasa-exact), several times that.
 
 
-@pytest.mark.parametrize("backend", SHIFT_PART_FILLED)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("algorithm", PASA)
 def test_part_filled_last_block_is_shifted_by_its_keys_mean(backend, algorithm):
     """The last kv block holds 32 keys of 128: its shift must remove the key bias as a full
@@ -115,7 +110,7 @@ def test_part_filled_last_block_is_shifted_by_its_keys_mean(backend, algorithm):
                      "part-filled-bias")
 
 
-@pytest.mark.parametrize("backend", SHIFT_PART_FILLED)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("algorithm", PASA)
 def test_part_filled_last_block_does_not_overflow(backend, algorithm):
     """The resonance case (scaled scores ~3e4, a bias that drifts from block to block) on

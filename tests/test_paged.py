@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import pasa_npu
+from pasa_npu import paging
 from _paged import PAGED_CASES, paged_case
-from _support import (BACKENDS, assert_measured, device_kind, dtype_name, interpreter_skip,
-                      on_device, rel_rmse,
-                      skip_unsupported)
+from _support import (BACKENDS, DEVICE_OF, assert_measured, device_kind, dtype_name,
+                      interpreter_skip, on_device, rel_rmse, skip_unsupported)
 
 #: the allocations with paged variants of their own (pasa-exact's block means, pasa's shift, and
 #: fa-fp32 without a shift); the others share their addressing
@@ -143,6 +143,93 @@ def test_bad_paged_input_names_the_argument(changes, error, words):
         _call(_decode_call(**changes))
 
 
+def test_host_table_is_checked_on_every_call():
+    """A host table is checked on each call, also after a write PyTorch's version counter
+    does not see (numpy's view of it), and a bad entry names block_table."""
+    args = _decode_call()
+    table = args["block_table"]
+    _call(dict(args))
+    table.numpy()[1, 0] = 7
+    with pytest.raises(ValueError, match=r"block_table\[1, 0\] = 7 .*\[0, 4\)"):
+        _call(dict(args))
+
+
+def test_entries_past_the_kv_lengths_are_not_checked():
+    """Entries no key reaches (padding) may hold anything, -1 included."""
+    args = _decode_call(block_table=torch.tensor([[0, 1, -1], [2, 3, 99]], dtype=torch.int32),
+                        actual_seq_lengths_kv=[20, 32])
+    out, _ = _call(args)
+    assert torch.isfinite(out).all()
+
+
+def test_device_table_check_is_kept_per_version(monkeypatch):
+    """A device table's read-back runs once per version of the table (its in-place writes,
+    through any view, make a new version); its kv lengths do not matter. An inference
+    tensor, which has no version, is read back on every call."""
+    reads = []
+    real = paging._valid_prefix
+    monkeypatch.setattr(paging, "_valid_prefix", lambda t, n: reads.append(1) or real(t, n))
+    checked = paging._CheckedTables()
+    table = torch.tensor([[0, 1, 9], [2, 3, 1]], dtype=torch.int32)
+    assert checked.prefix(table, 4) == (2, 3)
+    assert checked.prefix(table, 4) == (2, 3) and len(reads) == 1
+    table[0].fill_(3)  # a write through a view
+    assert checked.prefix(table, 4) == (3, 3) and len(reads) == 2
+    table[1, 0] = -1
+    assert checked.prefix(table, 4) == (3, 0) and len(reads) == 3
+    assert checked.prefix(table, 8) == (3, 0) and len(reads) == 4  # another cache size
+    assert checked.prefix(table.clone(), 8) == (3, 0) and len(reads) == 5  # another tensor
+    with torch.inference_mode():
+        frozen = torch.tensor([[0, 1]], dtype=torch.int32)
+    checked.prefix(frozen, 4)
+    checked.prefix(frozen, 4)
+    assert len(reads) == 7
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_table_with_column_stride_reads_as_contiguous(backend):
+    """A table whose entries are not adjacent in memory (a transposed copy's view) gives
+    the result of the same entries in a contiguous table."""
+    q, k_cache, v_cache, kw, _ = paged_case(PAGED_CASES["decode-bnsd-4d"], torch.float16)
+    strided = kw["block_table"].T.contiguous().T
+    assert strided.stride(1) != 1
+    q, k_cache, v_cache = on_device(backend, q, k_cache, v_cache)
+    with skip_unsupported(backend):
+        want = pasa_npu.fused_attention(q, k_cache, v_cache, backend=backend, algorithm="pasa",
+                                        **dict(kw, block_table=on_device(
+                                            backend, kw["block_table"])[0]))
+    got = pasa_npu.fused_attention(q, k_cache, v_cache, backend=backend, algorithm="pasa",
+                                   **dict(kw, block_table=on_device(backend, strided)[0]))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def _slots_by_loop(table, kv_lens, block_size, entries):
+    """page_slots' rule written out: a whole block's entries share its first whole entry's
+    slot; every other entry keeps its own."""
+    first, slots = {}, []
+    for b, n in enumerate(kv_lens):
+        for j in range(entries):
+            own = b * entries + j
+            whole = (j + 1) * block_size <= n
+            slots.append(first.setdefault(int(table[b, j]), own) if whole else own)
+    return slots
+
+
+def test_page_slots_share_whole_blocks():
+    """Shared whole blocks map to their first whole reference; ragged last blocks, entries
+    past the kv length and padding keep their own slot (the Triton backend's K' slots)."""
+    from pasa_npu.fallback.triton_shift import page_slots
+    dev = DEVICE_OF["triton"]
+    table = torch.tensor([[5, 2, 7, 0, -1], [2, 5, 3, 7, 4], [7, 2, 2, 6, 1]], dtype=torch.int32)
+    kv_lens = [48, 64, 33]  # block_size 16: 3, 4 and 2 whole blocks
+    got = page_slots(table.to(dev), torch.tensor(kv_lens, dtype=torch.int32, device=dev), 16,
+                     4, 8)
+    want = _slots_by_loop(table, kv_lens, 16, 4)
+    assert want[4 + 0] == 1 and want[8 + 0] == 2  # sharing happens in this case
+    assert got.dtype == torch.int32 and got.shape == (3, 4)
+    assert got.flatten().tolist() == want
+
+
 @pytest.mark.parametrize("block_size", [16, 64, 640])
 def test_prefill_block_size_follows_torch_npu(block_size):
     """S1 > 1 takes block sizes that are multiples of 128 up to 512 only."""
@@ -192,3 +279,29 @@ def test_gpu_paged_decode_reads_the_table_at_replay(algorithm):
     want = pasa_npu.fused_attention(q, k_cache, v_cache, **kw)
     graph.replay()
     assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (host syncs)")
+@pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
+@pytest.mark.parametrize("table_on", ["cuda", "cpu"])
+def test_gpu_paged_prefill_runs_without_host_sync(algorithm, table_on):
+    """A paged prefill call with a table checked before (on the device) or a host table
+    makes no synchronising CUDA call (torch's sync debug mode raises on one), and a bad
+    entry written into the device table in place is still found, naming block_table."""
+    q, k_cache, v_cache, kw, _ = paged_case(PAGED_CASES["prefill-bnsd-4d-causal"],
+                                            torch.float16)
+    q, k_cache, v_cache = (t.cuda() for t in (q, k_cache, v_cache))
+    kw = dict(kw, block_table=kw["block_table"].to(table_on), backend="triton",
+              algorithm=algorithm)
+    kw["atten_mask"] = kw["atten_mask"].cuda()
+    want = pasa_npu.fused_attention(q, k_cache, v_cache, **kw)  # plan, compile, check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = pasa_npu.fused_attention(q, k_cache, v_cache, **kw)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    kw["block_table"][0, 0] = k_cache.shape[0]
+    with pytest.raises(ValueError, match=rf"block_table\[0, 0\] = {k_cache.shape[0]} "):
+        pasa_npu.fused_attention(q, k_cache, v_cache, **kw)

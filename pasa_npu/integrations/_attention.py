@@ -14,10 +14,9 @@ from typing import Optional
 
 import torch
 
-from .. import backends
 from ..api import compressed_causal_mask, fused_attention
 from ..backends import BACKEND_NAMES
-from ..numerics import ALGORITHM_NAMES, ALLOCATIONS, DEFAULT_TILING
+from ..numerics import ALGORITHM_NAMES
 
 HF_EXTRA = "pip install 'pasa-npu[hf]'"
 DEFAULT_ALGORITHM = "pasa-exact"
@@ -91,17 +90,11 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, layou
     q_len, kv_len = query.shape[seq_axis], key.shape[seq_axis]
     if masked is not None:
         masked = masked.expand(masked.shape[0], q_len, kv_len)
-    # a causal prefill runs as torch_npu's upper-left causal mode; its rows see no key
-    # past the last query, so keys appended after the last key stay unseen
+    # a causal prefill runs as torch_npu's upper-left causal mode (no S1 x S2 mask)
     causal_mode = causal and masked is None and 1 < q_len <= kv_len
     if causal and not causal_mode:
         upper = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).triu(1)
         masked = upper[None] if masked is None else masked | upper
-    pad = _ragged_rows(kv_len, algorithm, backend, query.device)
-    if pad:
-        key, value = _complete_last_block(key, value, seq_axis, pad)
-        if not causal_mode:
-            masked = _mask_appended_keys(masked, q_len, kv_len, pad, query.device)
     out, _ = fused_attention(
         query, key, value, atten_mask=_compressed_causal_mask(query.device) if causal_mode
         else masked, sparse_mode=2 if causal_mode else 0,
@@ -120,49 +113,6 @@ def _check_inputs(query, key, value) -> None:
     if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
         raise NotImplementedError("PASA attention is forward only (no backward): run the model "
                                   "under torch.no_grad() or torch.inference_mode()")
-
-
-def _ragged_rows(kv_len: int, algorithm: str, backend: str, device: torch.device) -> int:
-    """How many rows the last kv block lacks, where the allocation shifts the keys and the
-    backend does not shift a part-filled block by its keys' mean (its
-    ``Backend.part_filled_block_mean`` is False: the AscendC kernels take that block's mean
-    over its padded rows too); 0 elsewhere."""
-    if not ALLOCATIONS[algorithm].shifts_keys:
-        return 0
-    if backends.resolve(backend, device).part_filled_block_mean:
-        return 0
-    return -kv_len % DEFAULT_TILING.kv_block
-
-
-def _complete_last_block(key: torch.Tensor, value: torch.Tensor, seq_axis: int, pad: int):
-    """Key and value with ``pad`` rows appended to fill the last kv block: keys equal to
-    the mean of the block's keys (fp32 mean, rounded once), values 0.
-
-    The AscendC kernels take each kv block's mean over all its rows and zero-fill a
-    ragged last block's missing rows. Where every key carries a large shared
-    bias, that mean then falls short of the bias by the missing rows' share, and the last
-    block's scores keep most of it: fp16 scores that lose their precision or overflow. The
-    appended keys, masked out, make the block's mean that of its keys."""
-    have = key.shape[seq_axis] % DEFAULT_TILING.kv_block
-    tail = key.narrow(seq_axis, key.shape[seq_axis] - have, have)
-    mean = tail.float().mean(seq_axis, keepdim=True).to(key.dtype)
-    shape = list(key.shape)
-    shape[seq_axis] = pad
-    key = torch.cat([key, mean.expand(shape)], dim=seq_axis)
-    shape = list(value.shape)
-    shape[seq_axis] = pad
-    value = torch.cat([value, value.new_zeros(shape)], dim=seq_axis)
-    return key, value
-
-
-def _mask_appended_keys(masked, q_len: int, kv_len: int, pad: int, device) -> torch.Tensor:
-    """``masked`` (or no mask) extended over ``pad`` appended keys, which it masks."""
-    if masked is None:  # materialised: the AscendC kernels read a mask row by row
-        rows = torch.zeros(1, q_len, kv_len + pad, dtype=torch.bool, device=device)
-        rows[..., kv_len:] = True
-        return rows
-    extra = torch.ones(1, 1, pad, dtype=torch.bool, device=device)
-    return torch.cat([masked, extra.expand(masked.shape[0], q_len, pad)], dim=2)
 
 
 def _compressed_causal_mask(device: torch.device) -> torch.Tensor:
