@@ -55,6 +55,8 @@ def spread_inputs(rows: str, dtype=torch.float16, seed: int = 0, scale: float | 
 
 def attend(q, k, v, algorithm, backend, scale, **kw):
     q, k, v = on_device(backend, q, k, v)
+    if "atten_mask" in kw:
+        kw["atten_mask"] = on_device(backend, kw["atten_mask"])[0]
     with skip_unsupported(backend):
         out, lse = pasa_npu.fused_attention(q, k, v, num_heads=N, input_layout="BNSD",
                                             scale=scale, algorithm=algorithm, backend=backend,
