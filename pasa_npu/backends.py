@@ -68,7 +68,7 @@ BACKENDS: dict[str, Backend] = {
                 emulated_on=("cpu",), checks_overflow=True, part_filled_block_mean=True),
         Backend("npu", "pasa_npu.npu", ("npu",),
                 "the AscendC kernels of ascend_kernels/ on an Ascend NPU through torch_npu",
-                part_filled_block_mean=True),
+                checks_overflow=True, part_filled_block_mean=True),
     )
 }
 
