@@ -128,3 +128,27 @@ def test_repair_launch_without_flags_does_no_work(algorithm):
     assert moved and all(repair[key] == 0 for key in moved)
     assert repair["mmad_calls"] == 0 and repair["vector_instructions"] == 0
     assert not flags.any() and torch.equal(out, raw) and torch.equal(lse, raw_lse)
+
+
+@pytest.mark.parametrize("algorithm", ["pasa", "pasa-exact"])
+def test_check_costs_per_task_not_per_block(algorithm):
+    """The check runs once per task, in its finish step: against the unchecked call it adds
+    16 vector instructions and 1 scalar UB access per vector core, whether the task has 4 or
+    12 kv blocks (one 128-row tile, d = 128, on one AI Core); the empty repair launch costs
+    the launch overhead plus scalar reads, no vector or cube work."""
+    def counts(s_kv, checked):
+        gen = torch.Generator().manual_seed(3)
+        q = torch.randn(1, 1, 128, 128, generator=gen).half()
+        k, v = (torch.randn(1, 1, s_kv, 128, generator=gen).half() for _ in range(2))
+        params = dict(ascendc_emu.model_parameters(), core_num=1)
+        with ascendc_emu.using_model_parameters(params):
+            pasa_npu.fused_attention(q, k, v, num_heads=1, input_layout="BNSD", algorithm=algorithm,
+                                     backend="ascendc-emu", repair_overflow=checked)
+        stats = ascendc_emu.last_run_stats()
+        att = stats["attention"]
+        return att["vector_instructions"] / 2, att["scalar_ub_accesses"] / 2, stats["repair"], params
+    for blocks in (4, 12):
+        (v1, s1, repair, params), (v0, s0, none, _) = counts(blocks * 128, True), counts(blocks * 128, False)
+        assert (v1 - v0, s1 - s0) == (16, 1) and none is None
+        assert repair["vector_instructions"] == 0 and repair["mmad_calls"] == 0
+        assert repair["binding"] == "S" and repair["cycles"] < 1.25 * params["launch_overhead_cycles"]
