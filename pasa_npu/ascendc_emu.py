@@ -25,7 +25,7 @@ from typing import Iterator, Optional
 import torch
 
 from pasa_npu import _ascendc_emu  # ImportError when the extension was not built
-from pasa_npu import npu_params, overflow
+from pasa_npu import npu_params
 from pasa_npu.kernel_inputs import TILING_KEYS, BNSD, kernel_call
 from pasa_npu.kernel_inputs import unsupported_reason as _kernel_unsupported_reason
 from pasa_npu.problem import AttentionProblem
@@ -44,7 +44,8 @@ _model = npu_params.values()
 
 def last_run_stats() -> Optional[dict]:
     """Counters and modelled timing of the last call: ``{"preprocess": {...} or None,
-    "attention": {...}, "tiling": {...}, "runtime_calls": [...]}``. Each launch holds bytes
+    "attention": {...}, "merge": {...} or None, "repair": {...} or None (a checked call's
+    fa-fp32 repair launch), "tiling": {...}, "runtime_calls": [...]}``. Each launch holds bytes
     per path, cube and vector work, and the model's ``cycles``, ``time_us``,
     ``pipe_busy_cycles`` (busiest core's pipe), ``binding`` (the pipe, or ``"L2"``/``"HBM"``
     bandwidth, with the most busy cycles); ``runtime_calls`` lists the shared launcher's
@@ -153,21 +154,8 @@ def run(problem: AttentionProblem) -> None:
         block_table=None if call.block_table is None else call.block_table.numpy(),
         key_slots=None if call.key_slots is None else call.key_slots.numpy(),
         row_flags=None if flags is None else flags.numpy())
-    for launch in ("preprocess", "attention", "merge"):
+    for launch in ("preprocess", "attention", "merge", "repair"):
         if stats[launch] is not None:
             annotate_launch(stats[launch], _model)
     _last_stats = stats
     call.finish(problem)
-    if flags is not None:
-        repair_flagged(problem)
-
-
-def repair_flagged(problem: AttentionProblem) -> None:
-    """Recompute the rows the kernels flagged (``ROW_FLAGGED``) by the fa-fp32 path and mark
-    them ``ROW_REPAIRED`` or ``ROW_NONFINITE`` (docs/design.md, "Overflow detection and
-    repair"). The flags are host memory here: reading them waits for nothing."""
-    from pasa_npu.fallback import torch_blockwise
-
-    flagged = problem.overflow.row_flags == overflow.ROW_FLAGGED
-    if bool(flagged.any()):
-        torch_blockwise.repair(problem, flagged)

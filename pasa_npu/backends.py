@@ -63,7 +63,8 @@ BACKENDS: dict[str, Backend] = {
                 "the AscendC kernels of ascend_kernels/ run on CPU against the emulated AscendC API",
                 emulated_on=("cpu",), checks_overflow=True),
         Backend("npu", "pasa_npu.npu", ("npu",),
-                "the AscendC kernels of ascend_kernels/ on an Ascend NPU through torch_npu"),
+                "the AscendC kernels of ascend_kernels/ on an Ascend NPU through torch_npu",
+                checks_overflow=True),
     )
 }
 

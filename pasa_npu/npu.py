@@ -53,17 +53,19 @@ LENGTH_ARGUMENTS = ("q_lens", "kv_lens", "next_tokens", "pre_tokens", "q_starts"
 
 
 def run(problem: AttentionProblem) -> None:
-    """Compute ``problem`` with the AscendC kernels on the NPU; writes out (and lse). Queued on
-    the current stream; returns without waiting for the device."""
+    """Compute ``problem`` with the AscendC kernels on the NPU; writes out (and lse) and, when
+    the problem is checked, its row flags (the kernels' repair launch recomputes the flagged
+    rows by fa-fp32). Queued on the current stream; returns without waiting for the device."""
     reason = unsupported_reason(problem)
     if reason is not None:
         raise NotImplementedError(reason)
     call = kernel_call(problem)
     lengths = {name: call.lengths[name].tolist() if name in call.lengths else []
                for name in LENGTH_ARGUMENTS}
+    flags = problem.overflow.row_flags if problem.overflow is not None else None
     torch.ops.pasa_npu.npu_attention(
         call.query, call.key, call.value, call.out, call.lse, call.mask, call.block_table,
-        call.key_slots, *lengths.values(),
+        call.key_slots, flags, *lengths.values(),
         call.tiling_key, call.mask_mode, float(problem.scale), float(problem.beta),
         problem.tiling.q_block, problem.tiling.kv_block)
     call.finish(problem)

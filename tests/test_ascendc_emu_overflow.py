@@ -27,21 +27,21 @@ def _call(q, k, v, algorithm, scale, **kw):
     return out, lse[..., 0]  # (B, N, S)
 
 
-def _flags_and_result(monkeypatch, q, k, v, algorithm, scale, **kw):
-    """(the kernels' row flags before any repair, checked out, checked lse, unchecked out,
-    unchecked lse, the checked call's emulation stats with its report's (rows, nonfinite_rows))."""
-    seen = []
-    repair = ascendc_emu.repair_flagged
-
-    def capture(problem):
-        seen.append(problem.overflow.row_flags.clone())
-        repair(problem)
-
-    monkeypatch.setattr(ascendc_emu, "repair_flagged", capture)
+def _checked_and_unchecked(q, k, v, algorithm, scale, **kw):
+    """(the row flags the kernels left, checked out, checked lse, unchecked out, unchecked
+    lse, the checked call's emulation stats with its report's (rows, nonfinite_rows))."""
     raw, raw_lse = _call(q, k, v, algorithm, scale, repair_overflow=False, **kw)
-    assert not seen, "an unchecked call must not flag rows"
-    with warnings.catch_warnings():
+    assert ascendc_emu.last_run_stats()["repair"] is None, "an unchecked call has no repair launch"
+    seen = []
+    real = overflow.record
+
+    def keep_flags(problem, backend):
+        seen.append(problem.overflow.row_flags.clone())
+        real(problem, backend)
+
+    with warnings.catch_warnings(), pytest.MonkeyPatch.context() as mp:
         warnings.simplefilter("ignore", pasa_npu.OverflowRepairWarning)
+        mp.setattr(overflow, "record", keep_flags)
         out, lse = _call(q, k, v, algorithm, scale, **kw)
         report = pasa_npu.overflow_report()
         counts = (report.rows, report.nonfinite_rows)
@@ -64,10 +64,11 @@ def _decode_inputs(kv_len, rows="all"):
 
 @pytest.mark.parametrize("algorithm", ["pasa", "pasa-exact"])
 @pytest.mark.parametrize("case", ["prefill-some-tiles", "prefill-all-tiles", "decode-split", "v-nan"])
-def test_kernel_flags_are_the_nonfinite_rows(monkeypatch, case, algorithm):
-    """The flags the kernels write are 1 exactly on the rows whose unchecked output or LSE
-    is not finite (0 elsewhere); after the repair those rows are finite (or NaN where
-    fa-fp32 has NaN), every other row is bit for bit the unchecked result."""
+def test_kernels_flag_and_repair_the_nonfinite_rows(case, algorithm):
+    """The kernels flag exactly the rows whose unchecked output or LSE is not finite, and
+    their repair launch recomputes those rows by fa-fp32: ROW_REPAIRED where fa-fp32 is
+    finite (and equal to it), ROW_NONFINITE where it is not (NaN rows exactly where fa-fp32
+    has them), ROW_OK elsewhere, where the rows are bit for bit the unchecked result."""
     if case.startswith("prefill"):
         q, k, v, scale = spread_inputs("first-tile" if case.endswith("some-tiles") else "all")
     elif case == "decode-split":
@@ -77,21 +78,23 @@ def test_kernel_flags_are_the_nonfinite_rows(monkeypatch, case, algorithm):
         q, k, v = (torch.randn(1, N, 160, 32, generator=gen).half() for _ in range(3))
         v[0, 1, 20, 5] = float("nan")
         scale = 1 / math.sqrt(32)
-    flags, out, lse, raw, raw_lse, stats = _flags_and_result(monkeypatch, q, k, v, algorithm, scale)
+    flags, out, lse, raw, raw_lse, stats = _checked_and_unchecked(q, k, v, algorithm, scale)
     bad = _nonfinite(raw, raw_lse)
     assert bad.any()
-    assert torch.equal(flags, bad.to(torch.uint8) * overflow.ROW_FLAGGED)
     if case == "decode-split":
         assert stats["merge"] is not None, "the case must run the merge of split kv"
     ref, ref_lse = _call(q, k, v, "fa-fp32", scale)
     ref_bad = _nonfinite(ref, ref_lse)
+    want = torch.where(ref_bad, overflow.ROW_NONFINITE, overflow.ROW_REPAIRED)
+    assert torch.equal(flags, torch.where(bad, want, overflow.ROW_OK).to(torch.uint8))
     assert torch.equal(_nonfinite(out, lse), ref_bad & bad)
     assert torch.equal(out[~bad], raw[~bad]) and torch.equal(lse[~bad], raw_lse[~bad])
-    assert torch.equal(out[bad & ~ref_bad], ref[bad & ~ref_bad].to(out.dtype))
+    assert torch.equal(out[bad & ~ref_bad], ref[bad & ~ref_bad])
+    assert torch.equal(lse[bad & ~ref_bad], ref_lse[bad & ~ref_bad])
     assert stats["report"] == (int(bad.sum()), int((bad & ref_bad).sum()))
 
 
-def test_paged_kernel_flags(monkeypatch):
+def test_paged_kernel_flags():
     """Paged K/V (the caches read through the block table): the same flags and repair."""
     q, k, v, scale = spread_inputs("first-tile")
     block = 128
@@ -105,8 +108,47 @@ def test_paged_kernel_flags(monkeypatch):
     table = perm.view(1, -1).to(torch.int32)
     kw = dict(block_table=table, block_size=block, num_key_value_heads=k.shape[1],
               actual_seq_lengths=[q.shape[2]], actual_seq_lengths_kv=[k.shape[2]])
-    flags, out, lse, raw, raw_lse, _ = _flags_and_result(monkeypatch, q, key_cache, value_cache,
-                                                         "pasa", scale, **kw)
+    flags, out, lse, raw, raw_lse, _ = _checked_and_unchecked(q, key_cache, value_cache, "pasa",
+                                                              scale, **kw)
     bad = _nonfinite(raw, raw_lse)
-    assert bad.any() and torch.equal(flags, bad.to(torch.uint8))
+    assert bad.any() and torch.equal(flags, bad.to(torch.uint8) * overflow.ROW_REPAIRED)
     assert torch.isfinite(out).all() and torch.equal(out[~bad], raw[~bad])
+
+
+@pytest.mark.parametrize("algorithm", ["pasa", "pasa-exact"])
+def test_repair_launch_without_flags_does_no_work(algorithm):
+    """Nothing overflows: the repair launch runs (no host synchronisation decides it) and
+    its cores return at once: no byte moved, no cube or vector work, every flag ROW_OK."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, N, 160, 32, generator=gen).half() for _ in range(3))
+    flags, out, lse, raw, raw_lse, stats = _checked_and_unchecked(q, k, v, algorithm, 32 ** -0.5)
+    repair = stats["repair"]
+    assert repair is not None and stats["attention"]["mmad_calls"] > 0
+    moved = [key for key in repair if key.endswith("_bytes") and key != "hbm_bytes"]
+    assert moved and all(repair[key] == 0 for key in moved)
+    assert repair["mmad_calls"] == 0 and repair["vector_instructions"] == 0
+    assert not flags.any() and torch.equal(out, raw) and torch.equal(lse, raw_lse)
+
+
+@pytest.mark.parametrize("algorithm", ["pasa", "pasa-exact"])
+def test_check_costs_per_task_not_per_block(algorithm):
+    """The check runs once per task, in its finish step: against the unchecked call it adds
+    16 vector instructions and 1 scalar UB access per vector core, whether the task has 4 or
+    12 kv blocks (one 128-row tile, d = 128, on one AI Core); the empty repair launch costs
+    the launch overhead plus scalar reads, no vector or cube work."""
+    def counts(s_kv, checked):
+        gen = torch.Generator().manual_seed(3)
+        q = torch.randn(1, 1, 128, 128, generator=gen).half()
+        k, v = (torch.randn(1, 1, s_kv, 128, generator=gen).half() for _ in range(2))
+        params = dict(ascendc_emu.model_parameters(), core_num=1)
+        with ascendc_emu.using_model_parameters(params):
+            pasa_npu.fused_attention(q, k, v, num_heads=1, input_layout="BNSD", algorithm=algorithm,
+                                     backend="ascendc-emu", repair_overflow=checked)
+        stats = ascendc_emu.last_run_stats()
+        att = stats["attention"]
+        return att["vector_instructions"] / 2, att["scalar_ub_accesses"] / 2, stats["repair"], params
+    for blocks in (4, 12):
+        (v1, s1, repair, params), (v0, s0, none, _) = counts(blocks * 128, True), counts(blocks * 128, False)
+        assert (v1 - v0, s1 - s0) == (16, 1) and none is None
+        assert repair["vector_instructions"] == 0 and repair["mmad_calls"] == 0
+        assert repair["binding"] == "S" and repair["cycles"] < 1.25 * params["launch_overhead_cycles"]

@@ -11,6 +11,7 @@ import importlib
 import re
 import sys
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from pasa_npu import backends, npu_params, plans
 
 emu = pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu extension is not built")
 from _npu_host import BINDING  # noqa: E402
+from test_overflow import spread_inputs  # noqa: E402
 
 SCHEMA = re.search(r'm\.def\("((?:[^"]|"\s*")*)"\)', BINDING.read_text()).group(1)
 SCHEMA = re.sub(r'"\s*"', "", SCHEMA)
@@ -34,8 +36,8 @@ def _memory(t):
     return (t if _layout(t) == 0 else t.permute(0, 2, 1, 3)).view(torch.int16).numpy()
 
 
-def _npu_attention_on_cpu(query, key, value, out, lse, mask, block_table, key_slots, q_lens, kv_lens, next_tokens, pre_tokens,
-                          q_starts, kv_starts, tiling_key, mask_mode, scale, beta, q_tile, kv_block):
+def _npu_attention_on_cpu(query, key, value, out, lse, mask, block_table, key_slots, row_flags, q_lens, kv_lens, next_tokens,
+                          pre_tokens, q_starts, kv_starts, tiling_key, mask_mode, scale, beta, q_tile, kv_block):
     """What the binding's kernel does with its arguments, with the emulated runtime."""
     b, n, s, d = query.shape
     lse_mem = lse if lse is not None else torch.empty(b, n, s)
@@ -44,7 +46,8 @@ def _npu_attention_on_cpu(query, key, value, out, lse, mask, block_table, key_sl
                   kv_layout=_layout(key), out_layout=_layout(out),
                   out_dtype=int(out.dtype != torch.float16), in_dtype=int(query.dtype != torch.float16),
                   mask_mode=mask_mode, packed=int(len(q_starts) > 0), scale=scale, beta=beta, q_tile=q_tile,
-                  kv_block=kv_block, core_num=24, timing=npu_params.timing_only(npu_params.values()))
+                  kv_block=kv_block, core_num=24, check_rows=int(row_flags is not None),
+                  timing=npu_params.timing_only(npu_params.values()))
     mask_bytes = None
     if mask is not None:
         params.update(has_mask=1, mask_row_stride=mask.stride(1) if mask.shape[1] > 1 else mask.shape[2],
@@ -58,7 +61,8 @@ def _npu_attention_on_cpu(query, key, value, out, lse, mask, block_table, key_sl
     lengths = {name: np.asarray(x, np.int32) for name, x in lists.items() if len(x)}
     emu.run_attention(_memory(query), _memory(key), _memory(value), _memory(out), lse_mem.numpy(), lengths,
                       params, mask=mask_bytes, block_table=None if block_table is None else block_table.numpy(),
-                      key_slots=None if key_slots is None else key_slots.numpy())
+                      key_slots=None if key_slots is None else key_slots.numpy(),
+                      row_flags=None if row_flags is None else row_flags.numpy())
 
 
 @pytest.fixture
@@ -105,6 +109,23 @@ def test_npu_backend_calls_its_operator_as_declared(npu_backend_on_cpu, algorith
               softmax_lse_flag=True, algorithm=algorithm, **extra)
     out, lse = pasa_npu.fused_attention(q, k, v, backend="npu", **kw)
     want_out, want_lse = pasa_npu.fused_attention(q, k, v, backend="ascendc-emu", **kw)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
+def test_npu_backend_repairs_overflow_in_its_kernels(npu_backend_on_cpu):
+    """Scores whose spread exceeds fp16 (tests/test_overflow.py's generator): the operator
+    gets the row flags, and the kernels' flags and repair give what backend ascendc-emu
+    gives, with no check after the call."""
+    q, k, v, scale = spread_inputs("first-tile")
+    kw = dict(num_heads=q.shape[1], input_layout="BNSD", scale=scale, softmax_lse_flag=True, algorithm="pasa")
+    results = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pasa_npu.OverflowRepairWarning)
+        for backend in ("npu", "ascendc-emu"):
+            out, lse = pasa_npu.fused_attention(q, k, v, backend=backend, **kw)
+            results.append((out, lse, pasa_npu.overflow_report().rows))
+    (out, lse, rows), (want_out, want_lse, want_rows) = results
+    assert rows == want_rows > 0 and torch.isfinite(out).all()
     assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
 
 

@@ -15,6 +15,9 @@ model is applied in two steps:
    ``overhead + max(slowest core, GM bytes / L2 bandwidth, I/O bytes / HBM bandwidth)`` as the
    emulation itself does, and the key preprocessing launch (pasa, pasa-exact) adds its own
    fit over the kv blocks of the busiest core (bounded the same way, K read once from HBM).
+   A checked call (the PASA allocations) also launches the overflow repair; with no row
+   flagged its cores read their tasks' flag bytes and return, fitted per task of the busiest
+   core.
 
 The fit is exact where a task's cost is linear in its block counts, which the deep pipeline
 makes true past its first blocks; ``validate`` compares it with a direct emulation.
@@ -50,11 +53,13 @@ class Config:
 @dataclass
 class Fit:
     """Per quantity: coefficients (c0, per task, per block, per masked block); preprocessing:
-    (c0, per kv block) of its launch cycles and GM bytes."""
+    (c0, per kv block) of its launch cycles and GM bytes; the repair launch with no row
+    flagged: (c0, per task) of its core cycles (empty for fa-*, which is not checked)."""
 
     config: Config
     coef: dict = field(default_factory=dict)
     prep: dict = field(default_factory=dict)
+    repair: tuple = ()
 
     def per_block(self, quantity: str) -> float:
         return float(self.coef[quantity][2])
@@ -128,7 +133,7 @@ def _runs(c: Config):
 def calibrate(c: Config, params: dict, progress=None) -> Fit:
     """Fit every quantity of ``c`` under ``params`` (core_num forced to 1)."""
     one = dict(params, core_num=1)
-    rows, values, prep_rows, prep_values = [], [], [], []
+    rows, values, prep_rows, prep_values, repair_values = [], [], [], [], []
     for i, (b, h, hkv, sq, skv, causal) in enumerate(_runs(c)):
         if progress:
             progress(i)
@@ -139,6 +144,8 @@ def calibrate(c: Config, params: dict, progress=None) -> Fit:
             pre = stats["preprocess"]
             prep_rows.append([1.0, float(b * hkv * -(-skv // KV_BLOCK))])
             prep_values.append([pre["core_cycles"], _quantities(pre)["gm_bytes"]])
+        if stats["repair"] is not None:
+            repair_values.append(stats["repair"]["core_cycles"])
     a = np.array(rows)
     if not c.causal or c.decode:
         a = a[:, :3]
@@ -150,6 +157,9 @@ def calibrate(c: Config, params: dict, progress=None) -> Fit:
     if prep_rows:
         sol = np.linalg.lstsq(np.array(prep_rows), np.array(prep_values), rcond=None)[0]
         fit.prep = dict(core_cycles=tuple(sol[:, 0]), gm_bytes=tuple(sol[:, 1]))
+    if repair_values:
+        sol = np.linalg.lstsq(a[:, :2], np.array(repair_values), rcond=None)[0]
+        fit.repair = tuple(float(x) for x in sol)
     return fit
 
 
@@ -213,10 +223,14 @@ def extrapolate(shape: Shape, fit: Fit, params: dict) -> dict:
         keys = 2.0 * shape.b * shape.hkv * shape.skv * shape.d  # read from HBM once
         prep = overhead + max(c0 + per * -(-blocks // cores), prep_gm / params["l2_aggregate_bytes_per_cycle"],
                               keys / params["hbm_aggregate_bytes_per_cycle"])
-    cycles = attention + prep
+    repair = 0.0
+    if fit.repair:
+        repair = overhead + fit.repair[0] + fit.repair[1] * max(len(t) for t in per_core)
+    cycles = attention + prep + repair
     binding = max(busy, key=busy.get)
     us = cycles / params["clock_mhz"]
-    return dict(cycles=cycles, attention_cycles=attention, preprocess_cycles=prep, time_us=us,
+    return dict(cycles=cycles, attention_cycles=attention, preprocess_cycles=prep,
+                repair_cycles=repair, time_us=us,
                 tflops=shape.flops / (us * 1e-6) / 1e12, binding=binding,
                 binding_share=busy[binding] / (attention - overhead), busy=busy,
                 kv_gbs=2 * shape.b * shape.hkv * shape.skv * shape.d * 2 / (us * 1e-6) / 1e9)
@@ -229,5 +243,5 @@ def validate(algorithm="pasa", d=64, causal=True, cores=4, params=None) -> dict:
     fit = calibrate(shape.config(algorithm), params)
     model = extrapolate(shape, fit, params)
     stats = emulate(algorithm, 1, 4, 4, 1024, 1024, d, causal, params)
-    direct = stats["attention"]["cycles"] + (stats["preprocess"]["cycles"] if stats["preprocess"] else 0.0)
+    direct = sum(stats[launch]["cycles"] for launch in ("attention", "preprocess", "repair") if stats[launch])
     return dict(extrapolated=model["cycles"], emulated=direct, error=model["cycles"] / direct - 1.0)

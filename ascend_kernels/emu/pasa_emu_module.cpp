@@ -279,10 +279,14 @@ py::dict RunAttention(py::array query, py::array key, py::array value, py::array
     py::dict result;
     result["preprocess"] = py::none();
     result["merge"] = py::none();
+    result["repair"] = py::none();
+    bool attended = false;  // a second attention launch is the repair launch of a checked call
     for (const auto& [kernel, stats] : runtime.LaunchStats()) {
-        const char* name = kernel == pasa::PasaKernel::kAttention ? "attention"
-                           : kernel == pasa::PasaKernel::kMerge   ? "merge"
-                                                                  : "preprocess";
+        const bool attention = kernel == pasa::PasaKernel::kAttention;
+        const char* name = attention ? (attended ? "repair" : "attention")
+                           : kernel == pasa::PasaKernel::kMerge ? "merge"
+                                                                : "preprocess";
+        attended = attended || attention;
         result[name] = StatsDict(stats);
     }
     pasa::PasaBudget budget;

@@ -1,6 +1,7 @@
 // The host side of one PASA call (see pasa_launcher.h).
 #include "pasa_launcher.h"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -40,6 +41,24 @@ void CheckLengths(const PasaProblem& p, const BatchLengths& l)
                    " lies outside [0, " + (p.paged ? "tableStride x blockSize = " : "seqKv = ") + std::to_string(kvCap) + "]");
         }
     }
+}
+
+// A checked call's repair launch: the fa-fp32 tiling of `problem` without split kv, on the same
+// tasks as `t`; both tilings' task flags at one workspace offset, after either's own workspace.
+void ShareTaskFlags(const PasaProblem& problem, const BatchLengths& lengths, PasaTilingData& t, PasaTilingData& repair)
+{
+    PasaProblem p = problem;
+    p.tilingKey = PASA_KEY_FA_FP32;
+    p.kvSplits = 1;
+    p.repair = true;
+    repair = ComputeTiling(p, &lengths);
+    if (repair.numTasks != t.numTasks || repair.qTile != t.qTile || repair.vecRows != t.vecRows) {
+        Refuse("the repair launch's tiling does not deal the call's tasks");
+    }
+    const uint64_t flagBytes = static_cast<uint64_t>(t.numTasks) * 2 * PASA_TASK_FLAG_BYTES;
+    const uint64_t offset = AlignUp(std::max(t.taskFlagsOffset, repair.taskFlagsOffset), 512);
+    t.taskFlagsOffset = repair.taskFlagsOffset = offset;
+    t.workspaceBytes = repair.workspaceBytes = offset + flagBytes;
 }
 
 }  // namespace
@@ -95,7 +114,9 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
     if (problem.hasMask && tensors.mask == nullptr) Refuse("hasMask needs the mask tensor");
     if (problem.paged && tensors.blockTable == nullptr) Refuse("paged KV needs the block table");
     if (problem.checkRows && tensors.rowFlags == nullptr) Refuse("checkRows needs the row flags tensor");
-    const PasaTilingData t = ComputeTiling(problem, &lengths);
+    PasaTilingData t = ComputeTiling(problem, &lengths);
+    PasaTilingData repair{};
+    if (problem.checkRows) ShareTaskFlags(problem, lengths, t, repair);
     // pasa with fuseShift: the attention kernel shifts the full blocks, the preprocessing the part-filled ones
     const bool prepare = t.tilingKey == PASA_KEY_PASA_EXACT || (t.tilingKey == PASA_KEY_PASA && (!t.fuseShift || t.partFilled));
     if (problem.paged && prepare && !t.fuseShift && tensors.keySlots == nullptr) {
@@ -111,8 +132,14 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
     }
 
     auto* params = static_cast<uint8_t*>(runtime.Allocate(at.bytes, BufferRole::kParameters));
+    uint8_t* repairParams = nullptr;
+    if (problem.checkRows) repairParams = static_cast<uint8_t*>(runtime.Allocate(at.bytes, BufferRole::kParameters));
     auto* workspace = static_cast<uint8_t*>(runtime.Allocate(t.workspaceBytes, BufferRole::kWorkspace));
     runtime.Upload(params, parameters.data(), parameters.size());
+    if (problem.checkRows) {
+        const std::vector<uint8_t> second = ParameterBytes(problem, repair, lengths);
+        runtime.Upload(repairParams, second.data(), second.size());
+    }
     if (!shiftMatrix.empty()) {
         runtime.Upload(workspace + t.shiftMatrixOffset, shiftMatrix.data(), shiftMatrix.size() * sizeof(uint16_t));
     }
@@ -132,6 +159,11 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
     if (prepare) runtime.Launch(t.tilingKey == PASA_KEY_PASA ? PasaKernel::kShiftKeys : PasaKernel::kCenterKeys, t.prepDim, args);
     runtime.Launch(PasaKernel::kAttention, t.blockDim, args);
     if (t.kvSplits > 1) runtime.Launch(PasaKernel::kMerge, t.mergeDim, args);
+    if (problem.checkRows) {  // its cores return at once where no task byte is set
+        args.keySlots = nullptr;
+        args.tiling = repairParams + at.tiling;
+        runtime.Launch(PasaKernel::kAttention, repair.blockDim, args);
+    }
     return t;
 }
 

@@ -147,6 +147,7 @@ void FillProblem(const PasaProblem& p, PasaTilingData& t)
     t.packed = p.packed ? 1 : 0;
     t.hasMask = p.hasMask ? 1 : 0;
     t.checkRows = p.checkRows ? 1 : 0;
+    t.repair = p.repair ? 1 : 0;
     t.maskRowStride = p.maskRowStride;
     t.maskBatchStride = p.maskBatchStride;
     t.paged = p.paged ? 1 : 0;
@@ -193,7 +194,7 @@ uint32_t ChooseSplits(uint32_t tasks, uint32_t blocks, uint32_t cores)
 uint64_t MergeUbBytes(const PasaTilingData& t)
 {
     const uint64_t r = t.vecRowsPad, dv = t.headDimV;
-    return 2 * r * dv * 4 + t.kvSplits * r * 4 + r * dv * 4 + 32 * r + r * dv * 2 + 14 * r * 4;
+    return 2 * r * dv * 4 + t.kvSplits * r * 4 + r * dv * 4 + 32 * r + r * dv * 2 + 16 * r * 4;
 }
 
 uint32_t LengthOf(const int32_t* lens, uint32_t b, uint32_t full)
@@ -383,6 +384,8 @@ void PlanWorkspace(const PasaProblem& p, PasaTilingData& t)
     t.partialOffset = off;
     t.partialSlotBytes = t.kvSplits > 1 ? Align64(rows * dv * 4 + 2ull * t.vecRowsPad * 4, 512) : 0;
     off += static_cast<uint64_t>(t.numTasks) * t.kvSplits * t.partialSlotBytes;
+    t.taskFlagsOffset = t.checkRows ? Align64(off, 512) : 0;
+    if (t.checkRows) off = t.taskFlagsOffset + static_cast<uint64_t>(t.numTasks) * 2 * PASA_TASK_FLAG_BYTES;
     t.workspaceBytes = off;
 }
 

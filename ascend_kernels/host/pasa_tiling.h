@@ -42,6 +42,7 @@ struct PasaProblem {
     bool paged = false;
     uint32_t blockSize = 0, tableStride = 0, numBlocks = 0;
     bool checkRows = false;          // write the row flags (docs/design.md, "Overflow detection and repair")
+    bool repair = false;             // the repair launch of a checked call (fa-fp32, kvSplits 1, checkRows)
     double scale = 1.0;
     double beta = -1.0;      // pasa only; negative: the optimal beta from kDefaultBeta0
     uint32_t qTile = 128;    // q_block: rows a tile may hold

@@ -48,6 +48,8 @@ public:
         slots_.Init(workspace, t, static_cast<uint32_t>(GetBlockIdx()));
         batches_.Init(tiling, t);
         pages_.Init(blockTable, keySlots, t);
+        TaskWindow win(t, batches_, static_cast<uint32_t>(GetBlockIdx()), workspace);
+        if (t.repair && !win.Has(0)) return;  // the repair launch: no flagged task on this core
 
         pipe_.InitBuffer(queryL1_, 2, t.l1QueryBytes);
         pipe_.InitBuffer(keyL1_, 2, t.l1KeyBytes);
@@ -60,7 +62,6 @@ public:
         valueZz_ = 16ull * RowStride(t.kvLayout, t.numKvHeads, t.headDimV) <= 65535;
         if (t.fuseShift) BeginShift(workspace);
 
-        TaskWindow win(t, batches_, static_cast<uint32_t>(GetBlockIdx()));
         Stream(win);
         if (t.fuseShift) EndShift();
     }

@@ -78,9 +78,15 @@ public:
         lse_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(lse));
         if (t.hasMask) mask_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(mask));
         flags_.on = t.checkRows != 0 && t.kvSplits == 1;  // with split kv the merge writes the flags
-        if (flags_.on) flags_.out.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(rowFlags));
+        flags_.repair = t.repair != 0;
+        if (flags_.on) {
+            flags_.out.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(rowFlags));
+            flags_.tasks.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(workspace + t.taskFlagsOffset));
+        }
         slots_.Init(workspace, t, static_cast<uint32_t>(GetBlockIdx()) / 2);
         batches_.Init(tiling, t);
+        TaskWindow win(t, batches_, static_cast<uint32_t>(GetBlockIdx()) / 2, workspace);
+        if (t.repair && !win.Has(0)) return;  // the repair launch: no flagged task on this core
         pipe_.InitBuffer(scoreIn_, t.ubScoreBuffers, t.ubScoreBytes);
         pipe_.InitBuffer(probOut_, t.ubProbBuffers, t.ubProbBytes);
         pipe_.InitBuffer(pvIn_, t.ubPvBuffers, t.ubPvBytes);
@@ -94,8 +100,8 @@ public:
         BuildConstants();
         flags_.bytes = Stat(T0).template ReinterpretCast<uint8_t>();
         flags_.aligned = Stat(FIN1).template ReinterpretCast<uint8_t>();
+        flags_.task = Stat(REP).template ReinterpretCast<uint8_t>();
 
-        TaskWindow win(t, batches_, static_cast<uint32_t>(GetBlockIdx()) / 2);
         Stream(win);
     }
 

@@ -148,6 +148,13 @@ public:
                                         uint32_t cores, uint32_t splits)
         : t_(t), batches_(batches), core_(core), cores_(cores), splits_(splits), qt_(t.numQTiles) {}
 
+    // The repair launch: skip the tasks whose flag bytes (workspace + taskFlagsOffset) are 0.
+    __aicore__ inline void OnlyFlagged(GM_ADDR workspace)
+    {
+        taskFlags_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(workspace + t_.taskFlagsOffset));
+        onlyFlagged_ = true;
+    }
+
     __aicore__ inline bool Next(AttentionTask& task)
     {
         while (qt_ > 0) {
@@ -169,12 +176,21 @@ public:
             task.index = tasks_ - 1;
             task.split = split;
             Fill(task, kvh, chunk, qt);
+            if (onlyFlagged_ && !Flagged(task)) continue;
             return true;
         }
         return false;
     }
 
 private:
+    // A task's flag bytes, one per vector core half that holds rows (a GM scalar read each).
+    __aicore__ inline bool Flagged(const AttentionTask& task) const
+    {
+        const uint64_t slot = static_cast<uint64_t>(task.index) * 2 * PASA_TASK_FLAG_BYTES;
+        if (taskFlags_.GetValue(slot) != 0) return true;
+        return task.rows > t_.vecRows && taskFlags_.GetValue(slot + PASA_TASK_FLAG_BYTES) != 0;
+    }
+
     // Advance (split, chunk, kv head, batch, query tile) after the unit just read.
     __aicore__ inline void Step(uint32_t chunks)
     {
@@ -224,6 +240,8 @@ private:
     uint32_t b_ = 0, kvh_ = 0, chunk_ = 0, split_ = 0, counter_ = 0, tasks_ = 0, infoBatch_ = 0xFFFFFFFFu;
     uint32_t pitch_ = 1, heads_ = 1;
     BatchInfo info_;
+    GlobalTensor<uint8_t> taskFlags_;
+    bool onlyFlagged_ = false;
 };
 
 // Whether kv block j of a task is visible in full to every row of it (no mask to apply).
@@ -243,8 +261,12 @@ struct BlockCursor {
 
 class TaskWindow {
 public:
-    __aicore__ inline TaskWindow(const PasaTilingData& t, const BatchTable& batches, uint32_t core)
-        : it_(t, batches, core, t.blockDim, t.kvSplits) {}
+    // The repair launch (t.repair) deals only the flagged tasks (AttentionTaskIter::OnlyFlagged).
+    __aicore__ inline TaskWindow(const PasaTilingData& t, const BatchTable& batches, uint32_t core, GM_ADDR workspace)
+        : it_(t, batches, core, t.blockDim, t.kvSplits)
+    {
+        if (t.repair) it_.OnlyFlagged(workspace);
+    }
     // Whether the stream has a task with index i (fetching tasks up to it).
     __aicore__ inline bool Has(uint32_t i)
     {

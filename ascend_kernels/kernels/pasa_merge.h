@@ -34,6 +34,8 @@ public:
         flags_.on = t.checkRows != 0;
         if (flags_.on) {
             flags_.out.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(rowFlags));
+            flags_.tasks.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(workspace + t.taskFlagsOffset));
+            flags_.task = Stat(TASK).template ReinterpretCast<uint8_t>();
             flags_.bytes = Stat(BYTES).template ReinterpretCast<uint8_t>();
             flags_.aligned = Stat(ABYTES).template ReinterpretCast<uint8_t>();
             Duplicate(Stat(ONES).template ReinterpretCast<half>(), half(1.0f), static_cast<int32_t>(R_));
@@ -54,7 +56,8 @@ public:
     }
 
 private:
-    enum Slot : uint32_t { MAX = 0, TOTAL, WEIGHT, T0, LSE, FIN, ZERO, CHECK, LCHECK, BITS, FLAG16, ONES, BYTES, ABYTES, kSlots };
+    enum Slot : uint32_t { MAX = 0, TOTAL, WEIGHT, T0, LSE, FIN, ZERO, CHECK, LCHECK, BITS, FLAG16, ONES, BYTES, ABYTES,
+                           TASK, MAXTMP, kSlots };
     __aicore__ inline LocalTensor<float> Stat(uint32_t slot) { return stat_.Get<float>()[slot * R_]; }
 
     __aicore__ inline void Merge(const AttentionTask& task, uint32_t rowBase, uint32_t rows)
@@ -107,13 +110,13 @@ private:
         RowBroadcast<VecOp::DIV>(o, o, brc, R_, dv);
         LocalTensor<OutT> out = tree_.Get<OutT>()[32 * R_ / sizeof(OutT)];
         Cast(out, o, RoundMode::CAST_RINT, cells);
-        if (flags_.on) FlagRows(o);
+        if (flags_.on) FlagRows(o, rows);
         StoreRows(t, task, rowBase, rows, out_, lse_, out, Stat(LSE), Stat(FIN), flags_);
     }
 
     // flags_.bytes = 1 for the rows whose merged output o (fp32, overwritten) or LSE is not finite,
-    // else 0 (as the attention kernel's AttentionVector::FlagRows).
-    __aicore__ inline void FlagRows(const LocalTensor<float>& o)
+    // else 0, flags_.task their maximum over the `rows` stored (as AttentionVector::FlagRows).
+    __aicore__ inline void FlagRows(const LocalTensor<float>& o, uint32_t rows)
     {
         const int32_t r = static_cast<int32_t>(R_);
         RowNonFinite(Stat(CHECK), o, R_, t_->headDimV);
@@ -124,6 +127,10 @@ private:
         Compares(bits, copies, 0.0f, CMPMODE::NE, 8 * R_);
         LocalTensor<half> flag16 = Stat(FLAG16).template ReinterpretCast<half>();
         Select(flag16, bits, Stat(ONES).template ReinterpretCast<half>(), half(0.0f), SELMODE::VSEL_TENSOR_SCALAR_MODE, R_);
+        LocalTensor<half> max16 = Stat(CHECK).template ReinterpretCast<half>();
+        Duplicate(max16, half(0.0f), 32);
+        ReduceMax(max16, flag16, Stat(MAXTMP).template ReinterpretCast<half>(), static_cast<int32_t>(rows));
+        Cast(flags_.task, max16, RoundMode::CAST_NONE, 32);
         Cast(flags_.bytes, flag16, RoundMode::CAST_NONE, R_);
     }
 

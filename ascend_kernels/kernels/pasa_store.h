@@ -12,14 +12,37 @@ namespace pasa {
 // of OutT, row 0 = tile row rowBase) into `out`, `lse` (fp32) into `lseOut`, one run per stacked
 // head, positions past the batch's query length left out. `aligned`: 32-byte aligned fp32 scratch
 // of `rows` elements (an LSE run that does not start on a 32-byte boundary is moved there first).
-// With `flags` (a RowFlags whose `out` is set): the rows' flag bytes to its (Bt, Nq, Sq) bytes,
-// laid out as the LSE, in the same runs.
+// With `flags` (on): the rows' flag bytes to its (Bt, Nq, Sq) bytes, laid out as the LSE, in the
+// same runs, and the task's flag byte to its slot. In the repair launch (`repair`) only the rows
+// whose stored flag is set are written (runs cut at the others, one GM scalar read a row) and no
+// task byte.
 struct RowFlags {
     GlobalTensor<uint8_t> out;
+    GlobalTensor<uint8_t> tasks;   // workspace + taskFlagsOffset
     LocalTensor<uint8_t> bytes;    // one byte per row of the vector core's band, 32-byte aligned
     LocalTensor<uint8_t> aligned;  // 32-byte aligned scratch of `rows` bytes
-    bool on = false;
+    LocalTensor<uint8_t> task;     // the task's byte, 32-byte aligned
+    bool on = false, repair = false;
 };
+
+// The slot of the task byte of `task`'s rows from rowBase on (PASA_TASK_FLAG_BYTES each).
+__aicore__ inline uint64_t TaskFlagSlot(const PasaTilingData& t, const AttentionTask& task, uint32_t rowBase)
+{
+    return (static_cast<uint64_t>(task.index) * 2 + (rowBase == 0 ? 0 : 1)) * PASA_TASK_FLAG_BYTES;
+}
+
+// The repair launch: cut the run [row, row + k) of stored rows at the first whose stored flag is
+// 0; returns the rows to skip before the run (0: `k` is now the flagged run's length).
+__aicore__ inline uint32_t FlaggedRun(const GlobalTensor<uint8_t>& stored, uint64_t at, uint32_t& k)
+{
+    uint32_t skip = 0;
+    while (skip < k && stored.GetValue(at + skip) == 0) ++skip;
+    if (skip > 0) return skip;
+    uint32_t n = 1;
+    while (n < k && stored.GetValue(at + n) != 0) ++n;
+    k = n;
+    return 0;
+}
 
 template <typename OutT>
 __aicore__ inline void StoreRows(const PasaTilingData& t, const AttentionTask& task, uint32_t rowBase, uint32_t rows,
@@ -33,12 +56,22 @@ __aicore__ inline void StoreRows(const PasaTilingData& t, const AttentionTask& t
     WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
     for (uint32_t row = rowBase; row < rowBase + rows;) {
         const uint32_t head = row / p, pos = row % p;
-        const uint32_t end = Min(Min(rowBase + rows, (head + 1) * p), head * p + task.positions);
+        uint32_t end = Min(Min(rowBase + rows, (head + 1) * p), head * p + task.positions);
         if (end <= row) {
             row = (head + 1) * p;
             continue;
         }
-        const uint32_t k = end - row, local = row - rowBase;
+        uint32_t k = end - row;
+        const uint32_t local = row - rowBase;
+        const uint64_t at = (static_cast<uint64_t>(bt) * t.numHeads + task.head0 + head) * t.seqQ + first + pos;
+        if (flags.repair) {
+            const uint32_t skip = FlaggedRun(flags.out, at, k);
+            if (skip > 0) {
+                row += skip;
+                continue;
+            }
+            end = row + k;
+        }
         DataCopy(out[RowOffset(t.outLayout, bt, task.head0 + head, first + pos, t.numHeads, t.seqQ, dv)],
                  o[local * dv], DataCopyParams(static_cast<uint16_t>(k), static_cast<uint16_t>(dv * sizeof(OutT) / 32), 0,
                                                static_cast<uint16_t>((stride - dv) * sizeof(OutT) / 32)));
@@ -49,7 +82,6 @@ __aicore__ inline void StoreRows(const PasaTilingData& t, const AttentionTask& t
             for (uint32_t i = 0; i < k; ++i) aligned.SetValue(i, lse.GetValue(local + i));
             src = aligned;
         }
-        const uint64_t at = (static_cast<uint64_t>(bt) * t.numHeads + task.head0 + head) * t.seqQ + first + pos;
         DataCopyPad(lseOut[at], src, DataCopyExtParams(1, k * sizeof(float), 0, 0, 0));
         if (flags.on) {
             LocalTensor<uint8_t> bytes = flags.bytes[local];
@@ -62,6 +94,9 @@ __aicore__ inline void StoreRows(const PasaTilingData& t, const AttentionTask& t
             DataCopyPad(flags.out[at], bytes, DataCopyExtParams(1, k, 0, 0, 0));
         }
         row = end;
+    }
+    if (flags.on && !flags.repair) {
+        DataCopyPad(flags.tasks[TaskFlagSlot(t, task, rowBase)], flags.task, DataCopyExtParams(1, 1, 0, 0, 0));
     }
     SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
     WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);

@@ -329,8 +329,9 @@ __aicore__ inline void AttentionVector<OutT, InT>::Finish()
         } else {
             Duplicate(o.template ReinterpretCast<half>(), half(0.0f), static_cast<int32_t>(cells));
             if (flags_.on) {
-                Duplicate(Stat16(T1), half(0.0f), r);
+                Duplicate(Stat16(T1), half(0.0f), 2 * r);
                 Cast(flags_.bytes, Stat16(T1), RoundMode::CAST_NONE, R_);
+                Cast(flags_.task, Stat16(T1), RoundMode::CAST_NONE, 32);
             }
             StoreRows(t, task, rowBase_, rows_, out_, lse_, o, Stat(LSE), Stat(FIN0), flags_);
         }
@@ -367,8 +368,9 @@ __aicore__ inline void AttentionVector<OutT, InT>::Finish()
 }
 
 // flags_.bytes = 1 for the rows whose output tile x (fp32, overwritten) or LSE check (lse - lse,
-// NaN where the LSE is not finite) holds a NaN or an infinity, else 0: whole-tile instructions,
-// once per task.
+// NaN where the LSE is not finite) holds a NaN or an infinity, else 0, and flags_.task their
+// maximum: whole-tile instructions, once per task. The repair launch: 3 and 2 instead of 1 and 0
+// (ROW_NONFINITE, ROW_REPAIRED), no task byte.
 template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::FlagRows(const LocalTensor<float>& x, const LocalTensor<float>& lseCheck)
 {
@@ -379,6 +381,13 @@ __aicore__ inline void AttentionVector<OutT, InT>::FlagRows(const LocalTensor<fl
     Replicate8(copies, Stat(T2), Zeros16().template ReinterpretCast<float>(), R_);
     Compares(RowBits(), copies, 0.0f, CMPMODE::NE, 8 * R_);
     Select(Stat16(T1), RowBits(), Stat16(ONEZERO), half(0.0f), SELMODE::VSEL_TENSOR_SCALAR_MODE, R_);
+    if (flags_.repair) {
+        Adds(Stat16(T1), Stat16(T1), half(2.0f), r);
+    } else {
+        Duplicate(Stat16(T2), half(0.0f), 32);
+        ReduceMax(Stat16(T2), Stat16(T1), Stat16(T3), static_cast<int32_t>(rows_));
+        Cast(flags_.task, Stat16(T2), RoundMode::CAST_NONE, 32);
+    }
     Cast(flags_.bytes, Stat16(T1), RoundMode::CAST_NONE, R_);
 }
 
