@@ -176,7 +176,9 @@ def _decode_combine(PART_O, PART_LSE, O, LSE, FLAGS, OVERFLOW_WORD, q_starts, q_
         part = tl.load(PART_O + rows[:, None] * HEAD_DIM_V + dims_v[None, :],
                        mask=valid[:, None], other=0.0)
         o += tl.sum(part * w[:, None], 0)
-    seen = total > 0
+    # total is 0 where no split saw a key, at least 1 where one did, and NaN where a
+    # split's LSE is NaN (a NaN or inf in the keys or values it saw): that row is NaN
+    seen = total != 0
     o = tl.where(seen, o / tl.where(seen, total, 1.0), 0.0)
     lse = tl.where(seen, top_safe + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
     tl.store(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + q_start * stride_os

@@ -222,19 +222,32 @@ def test_repair_overflow_must_be_bool():
 # ------------------------------------------------------------------ non-finite inputs
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("algorithm", PASA)
+@pytest.mark.parametrize("algorithm", list(pasa_npu.ALLOCATIONS))
 @pytest.mark.parametrize("where", ["q", "k-nan", "k-inf", "v"])
-def test_nonfinite_inputs_affect_the_rows_fa_fp32_does(where, algorithm, backend):
-    """One NaN or inf in Q, K or V under a causal mask: NaN rows exactly where fa-fp32 has
-    them; a bad key does not spread through its block's mean to queries that do not see
-    it."""
+@pytest.mark.parametrize("queries", [S, 1], ids=["prefill", "decode"])
+def test_nonfinite_inputs_affect_the_rows_fa_fp32_does(queries, where, algorithm, backend):
+    """One NaN or inf in Q, K or V: non-finite output rows exactly where the torch
+    backend's fa-fp32 has them (in decode, the fp64 golden's); a bad key does not
+    spread through its block's mean to queries that do not see it. Prefill: causal, the
+    bad element at position 150. Decode: 160 keys (on the Triton backend, several kv
+    splits merged by their LSE), the bad key or value at 150, its query's component
+    positive (an inf key gives a +inf score)."""
     gen = torch.Generator().manual_seed(2)
-    q, k, v = (torch.randn(B, N, S, D, generator=gen).half() for _ in range(3))
+    q = torch.randn(B, N, queries, D, generator=gen).half()
+    k, v = (torch.randn(B, N, S, D, generator=gen).half() for _ in range(2))
+    kw = dict(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask()) if queries > 1 else {}
+    if queries == 1:
+        q[..., 3] = q[..., 3].abs()
     bad = float("inf") if where == "k-inf" else float("nan")
-    {"q": q, "k-nan": k, "k-inf": k, "v": v}[where][0, 0, 150, 3] = bad
-    kw = dict(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())
+    if where == "q":
+        q[0, 0, min(150, queries - 1), 3] = bad
+    else:
+        {"k-nan": k, "k-inf": k, "v": v}[where][0, 0, 150, 3] = bad
     scale = 1 / math.sqrt(D)
-    ref, _ = attend(q, k, v, "fa-fp32", "torch", scale, **kw)
-    out, _ = attend(q, k, v, algorithm, backend, scale, **kw)
+    ref, ref_lse = attend(q, k, v, "fa-fp32", "torch", scale, **kw)
+    if queries == 1:  # the golden's P.V multiplies masked-out values by 0 (NaN . 0 = NaN)
+        assert torch.equal(_bad_rows(ref), _bad_rows(golden(q, k, v, scale)))
     assert _bad_rows(ref).any() and not _bad_rows(ref).all()
+    out, lse = attend(q, k, v, algorithm, backend, scale, **kw)
     assert torch.equal(_bad_rows(out), _bad_rows(ref))
+    assert torch.equal(torch.isfinite(lse), torch.isfinite(ref_lse))
