@@ -320,8 +320,10 @@ def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m
         mbarrier.arrive(q_free)
     it = _release_blocks(kv_ready, kv_empty, gl.maximum(g_hi, g_lo), hi, it, STAGES)
 
-    # rows that saw no key: output 0, LSE -inf (as the Triton kernel's _finish)
-    seen = m_i > float("-inf")
+    # rows that saw no key: output 0, LSE -inf (as the Triton kernel's _finish). A row that
+    # saw one has l >= 1 (its maximum's exp(0)), or NaN from a NaN input, which must stay
+    # NaN: the GPU's maximum drops NaN, so m alone would call such a row unseen
+    seen = l_i != 0.0
     l_safe = gl.where(seen, l_i, 1.0)
     true_max = m_i
     if PSEUDO_AVERAGE_SHIFT:
