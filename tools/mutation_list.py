@@ -95,8 +95,10 @@ MUTATIONS = [
     Mutation("pasa: a part-filled block's mean over all its rows (CPU backend)", TORCH,
              "s_mean = torch.where(torch.isfinite(factor), s.sum(-1, keepdim=True) * factor, "
              "s_mean)", "s_mean = s_mean", ORACLE),
-    Mutation("pasa: a part-filled block's off-diagonal not scaled by n / valid", "pasa_npu/beta.py",
-             "    off_v = off * n / valid\n", "    off_v = off * n\n", ORACLE),
+    Mutation("pasa: a part-filled block's correction divided by n, not by its valid keys",
+             "pasa_npu/beta.py",
+             "/ torch.tensor(valid, dtype=torch.float32))",
+             "/ torch.tensor(n, dtype=torch.float32))", ORACLE),
     Mutation("pasa: a part-filled block's padded rows of K' kept (CPU backend)", TORCH,
              "            shifted[b, :, j] = 0.0\n", "", ORACLE),
     Mutation("pasa-exact: a part-filled block's key mean over all its rows (CPU backend)", TORCH,
