@@ -20,7 +20,6 @@ __aicore__ inline uint32_t Min(uint32_t a, uint32_t b) { return a < b ? a : b; }
 __aicore__ inline int64_t Max64(int64_t a, int64_t b) { return a > b ? a : b; }
 __aicore__ inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-// Copy the tiling struct from GM word by word (scalar loads through a GlobalTensor).
 // M^T (n x n, row-major in GM) -> L1 (NZ) -> L0A (Zz), where it stays for every kv block;
 // returns once the cube may read it.
 template <typename T>
@@ -43,6 +42,19 @@ __aicore__ inline void LoadShiftMatrix(TPipe& pipe, TQue<TPosition::A1, 1>& l1, 
     pipe.ReleaseEventID<HardEvent::MTE1_M>(loaded);
 }
 
+// Each of `count` rows of `d` floats minus the same d-vector `vec`: whole-tile Sub, 64 columns a
+// repeat, one repeat per row (src1 repeat stride 0).
+__aicore__ inline void SubtractFromEachRow(const LocalTensor<float>& rows, const LocalTensor<float>& vec, uint32_t count,
+                                           uint32_t d)
+{
+    const uint8_t rowBlocks = static_cast<uint8_t>(d * sizeof(float) / 32);
+    for (uint32_t c = 0; c < d; c += 64) {
+        Sub(rows[c], rows[c], vec[c], d - c < 64 ? d - c : 64, static_cast<uint8_t>(count),
+            BinaryRepeatParams(1, 1, 1, rowBlocks, rowBlocks, 0));
+    }
+}
+
+// Copy the tiling struct from GM word by word (scalar loads through a GlobalTensor).
 __aicore__ inline void LoadTiling(GM_ADDR tiling, PasaTilingData& out)
 {
     AscendC::GlobalTensor<uint32_t> words;

@@ -221,11 +221,7 @@ public:
             const float c = off * static_cast<float>(n - task.validRows) / static_cast<float>(task.validRows);
             Muls(shift, sum, c, static_cast<int32_t>(d));
             sumIn_.FreeTensor(sum);
-            const uint8_t rowBlocks = static_cast<uint8_t>(d * sizeof(float) / 32);
-            for (uint32_t col = 0; col < d; col += 64) {
-                Sub(rows[col], rows[col], shift[col], d - col < 64 ? d - col : 64, static_cast<uint8_t>(half_n),
-                    BinaryRepeatParams(1, 1, 1, rowBlocks, rowBlocks, 0));
-            }
+            SubtractFromEachRow(rows, shift, half_n, d);
             const uint32_t valid = task.validRows > r0 ? Min(task.validRows - r0, half_n) : 0;
             if (valid < half_n) Duplicate(rows[valid * d], 0.0f, static_cast<int32_t>((half_n - valid) * d));
             LocalTensor<half> kout = keyOut_.AllocTensor<half>();
@@ -377,11 +373,7 @@ public:
             LocalTensor<half> kout = keyOut_.AllocTensor<half>();
             if (valid > 0) Cast(rows32, kin, RoundMode::CAST_NONE, valid * d);
             if (valid < half_n) Duplicate(rows32[valid * d], 0.0f, static_cast<int32_t>((half_n - valid) * d));
-            const uint8_t rowBlocks = static_cast<uint8_t>(d * sizeof(float) / 32);
-            for (uint32_t c = 0; c < d; c += 64) {
-                Sub(rows32[c], rows32[c], mean32[c], d - c < 64 ? d - c : 64, static_cast<uint8_t>(half_n),
-                    BinaryRepeatParams(1, 1, 1, rowBlocks, rowBlocks, 0));
-            }
+            SubtractFromEachRow(rows32, mean32, half_n, d);
             Muls(rows32, rows32, t.scale, static_cast<int32_t>(half_n * d));
             if (valid < half_n) Duplicate(rows32[valid * d], 0.0f, static_cast<int32_t>((half_n - valid) * d));  // K' = 0 past v
             Cast(kout, rows32, RoundMode::CAST_RINT, half_n * d);
