@@ -43,20 +43,6 @@ def run(problem: AttentionProblem) -> None:
     problem.write(out.to(problem.out.dtype), lse)
 
 
-def repair(problem: AttentionProblem, flagged: torch.Tensor) -> None:
-    """Recompute the rows ``flagged`` (bool, the canonical (Bt, Nq, Sq) rows) of a finished
-    ``problem`` by the fa-fp32 path, in its output and LSE views, and mark them in
-    ``problem.overflow.row_flags`` (the shared layer's repair for backends that do not
-    repair themselves)."""
-    inputs = _Inputs.of(problem)
-    bad = problem.gather_rows(flagged.to(problem.out.device))
-    out = problem.gather_rows(problem.out)
-    lse = problem.gather_rows(problem.lse) if problem.lse is not None else None
-    fixed, fixed_lse, flags = _repair(problem, inputs, out, lse, bad)
-    problem.write(fixed.to(problem.out.dtype), fixed_lse)
-    problem.scatter_rows(flags, problem.overflow.row_flags)
-
-
 def nonfinite_rows(out: torch.Tensor, lse) -> torch.Tensor:
     """Bool (B, Nq, S): rows whose output, or LSE, is NaN or infinite. A row that sees no
     key has output 0 and LSE -inf: not flagged."""

@@ -20,10 +20,9 @@ from .problem import AttentionProblem
 class Backend:
     """``devices``: device types it runs on; ``emulated_on``: those where it runs only
     through an emulator (correct, slow, meant for tests; never a default), which
-    ``emulator_switch`` (an environment variable set to 1), if any, must turn on.
-    ``checks_overflow``: it flags and repairs the non-finite rows of a PASA allocation
-    itself (:mod:`pasa_npu.overflow`); for the others the API layer checks the output
-    after the call."""
+    ``emulator_switch`` (an environment variable set to 1), if any, must turn on. Every
+    backend flags and repairs the non-finite rows of a PASA allocation itself
+    (:mod:`pasa_npu.overflow`)."""
 
     name: str
     module: str
@@ -31,7 +30,6 @@ class Backend:
     summary: str
     emulated_on: tuple[str, ...] = ()
     emulator_switch: Optional[str] = None
-    checks_overflow: bool = False
 
     def unavailable_reason(self, device: torch.device) -> Optional[str]:
         """None when this backend can run on ``device``, else a sentence why not."""
@@ -54,17 +52,15 @@ BACKENDS: dict[str, Backend] = {
     b.name: b
     for b in (
         Backend("torch", "pasa_npu.fallback.torch_blockwise", ("cpu", "cuda"),
-                "blockwise PyTorch emulation of every allocation (CPU reference backend)",
-                checks_overflow=True),
+                "blockwise PyTorch emulation of every allocation (CPU reference backend)"),
         Backend("triton", "pasa_npu.fallback.triton_attention", ("cuda", "cpu"),
                 "Triton kernels for CUDA GPUs; on CPU tensors under TRITON_INTERPRET=1",
-                emulated_on=("cpu",), emulator_switch="TRITON_INTERPRET", checks_overflow=True),
+                emulated_on=("cpu",), emulator_switch="TRITON_INTERPRET"),
         Backend("ascendc-emu", "pasa_npu.ascendc_emu", ("cpu",),
                 "the AscendC kernels of ascend_kernels/ run on CPU against the emulated AscendC API",
-                emulated_on=("cpu",), checks_overflow=True),
+                emulated_on=("cpu",)),
         Backend("npu", "pasa_npu.npu", ("npu",),
-                "the AscendC kernels of ascend_kernels/ on an Ascend NPU through torch_npu",
-                checks_overflow=True),
+                "the AscendC kernels of ascend_kernels/ on an Ascend NPU through torch_npu"),
     )
 }
 

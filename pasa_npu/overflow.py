@@ -2,12 +2,11 @@
 
 The PASA allocations keep their scores and statistics in fp16. Where the scores' spread
 within a block exceeds fp16 (the shift removes a block's mean, not its spread), or an
-input is NaN or infinite, a query row's result is not finite. A backend that checks its
-own results writes a flag per query row into :attr:`OverflowCheck.row_flags` and
+input is NaN or infinite, a query row's result is not finite. Every backend checks its
+own results: it writes a flag per query row into :attr:`OverflowCheck.row_flags` and
 recomputes the flagged rows by the ``fa-fp32`` path (fp32 scores and statistics) before
-it returns, without a host synchronisation; for a backend that does not, the API layer
-checks the finished output and repairs it here (:func:`check_after`). The flags tell
-:func:`overflow_report` what happened in the last call.
+it returns, without a host synchronisation. The flags tell :func:`overflow_report` what
+happened in the last call.
 """
 from __future__ import annotations
 
@@ -49,21 +48,6 @@ def fp32_problem(problem: AttentionProblem) -> AttentionProblem:
     dtype for the P.V matmul), unchecked: the repair of flagged rows."""
     return dataclasses.replace(problem, allocation=ALLOCATIONS["fa-fp32"], beta=0.0,
                                overflow=None)
-
-
-def check_after(problem: AttentionProblem) -> None:
-    """For a backend that does not check its own results: flag the rows of the finished
-    output (and LSE) that are not finite and recompute them by the torch backend's fa-fp32
-    path. One pass over the output; a host synchronisation where it is on a device."""
-    from .fallback import torch_blockwise
-
-    flags = problem.overflow.row_flags
-    flags.zero_()
-    bad = ~torch.isfinite(problem.out).all(-1)
-    if problem.lse is not None:
-        bad |= torch.isnan(problem.lse) | (problem.lse == float("inf"))
-    if bool(bad.any()):
-        torch_blockwise.repair(problem, bad)
 
 
 @dataclass

@@ -53,9 +53,8 @@ class Plan:
     lse_rows_past: bool   # some LSE row lies past its query length
     may_have_empty: bool  # some row inside its query length may see no key
     backend: str = "golden"
-    # PASA's results checked for non-finite rows: "off", "kernel" (the backend checks and
-    # repairs) or "after" (the API layer checks the finished output; pasa_npu.overflow)
-    overflow_check: str = "off"
+    # PASA's results checked for non-finite rows, which the backend repairs (pasa_npu.overflow)
+    overflow_check: bool = False
     validated_mask: Optional[torch.Tensor] = None  # sparse modes 2-4: kept alive for the key
     block_size: int = 0   # paged KV: the cache's block size (0: not paged)
 
@@ -200,9 +199,7 @@ def _make_plan(args: dict, golden: bool) -> Plan:
         runner = backend.runner()
         out_dtype, lse_dtype = query.dtype, torch.float32
         low = compute_dtype(allocation, query.dtype)
-        extra = dict(backend=backend.name, overflow_check="off")
-        if args["repair_overflow"] and allocation.shifts_keys:
-            extra["overflow_check"] = "kernel" if backend.checks_overflow else "after"
+        extra = dict(backend=backend.name, overflow_check=checks_overflow(args))
     return Plan(
         in_layout=in_layout, out_layout=out_layout, num_heads=num_heads,
         num_kv_heads=num_kv_heads, packed=packed, q_lens=q_lens, q_starts=q_starts,
@@ -306,7 +303,7 @@ def _execute(plan: Plan, args: dict, golden: bool, traced: bool = False):
     lse, lse_view = (allocate_lse(q, plan.packed, plan.lse_dtype) if plan.want_lse
                      else (None, None))
     check = None
-    if plan.overflow_check != "off":
+    if plan.overflow_check:
         check = overflow.OverflowCheck((torch.zeros if traced else torch.empty)(
             out_view.shape[:3], dtype=torch.uint8, device=out_view.device))
     lse_out = lse if plan.want_lse else lse_placeholder(query.device)
@@ -325,8 +322,6 @@ def _execute(plan: Plan, args: dict, golden: bool, traced: bool = False):
         rounding_guard=plan.guard, tiling=plan.tiling, block_table=table,
         block_size=plan.block_size if table is not None else 0, overflow=check)
     plan.runner(problem)
-    if plan.overflow_check == "after":
-        overflow.check_after(problem)
     if not golden and not traced:
         overflow.record(problem, plan.backend)
     fix_rows(problem, v_input, plan)

@@ -182,19 +182,6 @@ class AttentionProblem:
             s, n = int(self.q_starts[b]), int(self.q_lens[b])
             target[0, :, s:s + n].copy_(dense[b, :, :n])
 
-    def gather_rows(self, canonical: torch.Tensor) -> torch.Tensor:
-        """The inverse of :meth:`scatter_rows`: per-row data laid out as the canonical
-        output, as dense (B, Nq, maxSq, ...) rows (a copy; zero past each query length
-        when packed)."""
-        if not self.packed:
-            return canonical.clone()
-        dense = canonical.new_zeros(self.batch, canonical.shape[1], self.max_q_len,
-                                    *canonical.shape[3:])
-        for b in range(self.batch):
-            s, n = int(self.q_starts[b]), int(self.q_lens[b])
-            dense[b, :, :n] = canonical[0, :, s:s + n]
-        return dense
-
 
 def _unpack(x: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
     batch = int(lens.numel())
