@@ -148,6 +148,8 @@ def _spec(x):
     dtype and 16-byte alignment, an int's or a constexpr's value (stricter than Triton,
     which only looks at ==1, divisibility by 16 and the int width), a float's type, a
     descriptor's dtype, shape, strides, block and layout."""
+    if type(x) is int:  # most arguments: strides, lengths, counts
+        return x
     if isinstance(x, torch.Tensor):
         return x.dtype, x.data_ptr() % 16 == 0
     if type(x) is float:

@@ -100,40 +100,62 @@ def _decode_split(
 
     m, l, acc, f, cnt, c = _initial_state(BLOCK_G, HEAD_DIM_V, LOW_ACCUMULATOR, q.dtype)
     n_blocks = (kv_len + BLOCK_N - 1) // BLOCK_N
+    n_whole = kv_len // BLOCK_N  # blocks all of whose keys are valid
     first = split * blocks_per_split
     last = tl.minimum(first + blocks_per_split, n_blocks)
-    for blk in range(first, last):
-        n = blk * BLOCK_N + cols
-        in_kv = n < kv_len
-        if PAGED:
-            page, rows = _page_rows(pages, blk * BLOCK_N, cols, kv_len, page_size, WHOLE_PAGE)
-            k_rows = page * stride_kb + rows * stride_ks
-            v_rows = page * stride_vb + rows * stride_vs
+    # two loops: this split's whole blocks, then the part-filled last block if it holds
+    # it, so that the first loop's body has none of that block's key masking, own shift
+    # and own mean factor
+    for part in tl.static_range(2):
+        if part == 0:
+            lo = first
+            hi = tl.minimum(last, n_whole)
         else:
-            k_rows = n.to(tl.int64) * stride_ks
-            v_rows = n.to(tl.int64) * stride_vs
-        k = tl.load(k_base + k_rows[:, None] + dims[None, :] * stride_kd,
-                    mask=in_kv[:, None] & (dims[None, :] < head_dim), other=0.0)
-        v = tl.load(v_base + v_rows[:, None] + dims_v[None, :] * stride_vd,
-                    mask=in_kv[:, None] & (dims_v[None, :] < head_dim_v), other=0.0)
-        if PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT:
-            k, mean = _shift_in_kernel(k, SHIFT, scale, kv_len - blk * BLOCK_N, EXACT_SHIFT,
-                                       BLOCK_N)
-            if EXACT_SHIFT:
-                c = _row_constant(q, mean, scale)
-        if PSEUDO_AVERAGE_SHIFT:  # the block's row mean (a part-filled block's own)
-            mean_factor = tl.load(SHIFT + tl.minimum(kv_len - blk * BLOCK_N, BLOCK_N) * 4 + 2)
-        else:
-            mean_factor = scale
-        vis = in_kv[None, :] & (g[:, None] < group)
-        if HAS_MASK:
-            masked = tl.load(MASK + b.to(tl.int64) * stride_xb + n * stride_xk, mask=in_kv,
-                             other=1)
-            vis = vis & (masked == 0)[None, :]
-        row_any = tl.max(vis.to(tl.int32), 1) > 0
-        m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale,
-                                          gamma, mean_factor, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT,
-                                          LOW_SCORES, LOW_STATISTICS, True, GUARD, BLOCK_N)
+            lo = tl.maximum(first, n_whole)
+            hi = last
+        # the part-filled block is not pipelined: it is one block at most
+        for blk in tl.range(lo, hi, num_stages=1 if part == 1 else None):
+            n = blk * BLOCK_N + cols
+            if PAGED:
+                page, rows = _page_rows(pages, blk * BLOCK_N, cols, kv_len, page_size,
+                                        WHOLE_PAGE)
+                k_rows = page * stride_kb + rows * stride_ks
+                v_rows = page * stride_vb + rows * stride_vs
+            else:
+                k_rows = n.to(tl.int64) * stride_ks
+                v_rows = n.to(tl.int64) * stride_vs
+            vis = g[:, None] < group
+            k_mask = dims[None, :] < head_dim
+            v_mask = dims_v[None, :] < head_dim_v
+            if part == 1:
+                in_kv = n < kv_len
+                vis = vis & in_kv[None, :]
+                k_mask = k_mask & in_kv[:, None]
+                v_mask = v_mask & in_kv[:, None]
+            k = tl.load(k_base + k_rows[:, None] + dims[None, :] * stride_kd, mask=k_mask,
+                        other=0.0)
+            v = tl.load(v_base + v_rows[:, None] + dims_v[None, :] * stride_vd, mask=v_mask,
+                        other=0.0)
+            if PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT:
+                k, mean = _shift_in_kernel(k, SHIFT, scale, kv_len - blk * BLOCK_N,
+                                           EXACT_SHIFT, part == 1, BLOCK_N)
+                if EXACT_SHIFT:
+                    c = _row_constant(q, mean, scale)
+            if PSEUDO_AVERAGE_SHIFT and part == 1:  # the mean over the block's own keys
+                mean_factor = tl.load(SHIFT + (kv_len - blk * BLOCK_N) * 4 + 2)
+            elif PSEUDO_AVERAGE_SHIFT:
+                mean_factor = 1.0 / BLOCK_N
+            else:
+                mean_factor = scale
+            if HAS_MASK:
+                masked = tl.load(MASK + b.to(tl.int64) * stride_xb + n * stride_xk,
+                                 mask=n < kv_len, other=1)
+                vis = vis & (masked == 0)[None, :]
+            row_any = tl.max(vis.to(tl.int32), 1) > 0
+            m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt,
+                                              scale, gamma, mean_factor, PSEUDO_AVERAGE_SHIFT,
+                                              EXACT_SHIFT, LOW_SCORES, LOW_STATISTICS, True,
+                                              GUARD, BLOCK_N)
     o, lse = _finish(m, l, acc.to(tl.float32), f, cnt, gamma, PSEUDO_AVERAGE_SHIFT)
     rows = (bh * n_splits + split).to(tl.int64) * group_rows + g
     tl.store(PART_O + rows[:, None] * HEAD_DIM_V + dims_v[None, :], o)

@@ -120,8 +120,7 @@ def decode_resident(allocation: Allocation, head_dim: int, block_g: int) -> int:
         return 1
     if head_dim > 64:  # fa-*: three stages of K and V tiles; PASA: two, and K' besides
         return 2 if allocation.shifts_keys else 1
-    # pasa-mixed and pasa (a part-filled last block's own shift and mean): more registers
-    return 3 if block_g <= 16 and allocation.name not in ("pasa-mixed", "pasa") else 2
+    return 3 if block_g <= 16 else 2
 
 
 def decode_splits(n_blocks: int, groups: int, sms: int, resident: int) -> int:

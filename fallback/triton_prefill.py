@@ -222,7 +222,7 @@ def _attention_fwd(
                         row_any = tl.max(vis.to(tl.int32), 1) > 0
                 if FUSED_SHIFT:
                     k, mean = _shift_in_kernel(k, SHIFT, scale, kv_len - n0, EXACT_SHIFT,
-                                               BLOCK_N)
+                                               True, BLOCK_N)
                     if EXACT_SHIFT:
                         c = _row_constant(q, mean, scale)
                 if PSEUDO_AVERAGE_SHIFT and PART_FILLED and stage != 1:

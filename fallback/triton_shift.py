@@ -80,7 +80,7 @@ def _shift_keys(K, KS, MEAN, SHIFT, OVERFLOW_WORD, kv_starts, kv_lens, PAGES, SL
         mean_blk = blk
     k = tl.load(k_ptrs, mask=(rows[:, None] < kv_len) & (dims[None, :] < head_dim), other=0.0)
     shifted, mean = _shift_in_kernel(k, SHIFT, scale, kv_len - blk * BLOCK_N, EXACT_SHIFT,
-                                     BLOCK_N)
+                                     True, BLOCK_N)
     if EXACT_SHIFT:
         tl.store(MEAN + out_b * stride_mb + h * stride_mh + mean_blk * stride_mblk + dims,
                  mean.to(tl.float16))
@@ -89,16 +89,26 @@ def _shift_keys(K, KS, MEAN, SHIFT, OVERFLOW_WORD, kv_starts, kv_lens, PAGES, SL
 
 
 @triton.jit
-def _shift_in_kernel(k, SHIFT, scale, valid, EXACT_SHIFT: tl.constexpr, BLOCK_N: tl.constexpr):
+def _shift_in_kernel(k, SHIFT, scale, valid, EXACT_SHIFT: tl.constexpr,
+                     PART_FILLED: tl.constexpr, BLOCK_N: tl.constexpr):
     """K' of one zero-padded raw K tile whose first ``valid`` rows are keys (all of them
     where ``valid >= BLOCK_N``): in the preprocessing pass (``_shift_keys``) and inside the
     attention loop (fused: decode, and prefill with ``Tuning.shift == "fused"``). ``SHIFT``:
     the pseudo-average shift's table (:func:`cached_shift_table`). Returns K', zero past
-    the valid rows, and, for pasa-exact, the block's mean16 (fp32) over its valid rows."""
-    n = tl.maximum(tl.minimum(valid, BLOCK_N), 1)
-    in_block = tl.arange(0, BLOCK_N) < n
+    the valid rows, and, for pasa-exact, the block's mean16 (fp32) over its valid rows.
+    PART_FILLED False: the caller knows the tile is a whole block (``valid`` unused), and
+    the code has no per-key masking (the same values: the scaling by 1/BLOCK_N, a power
+    of two, is exact)."""
+    if PART_FILLED:
+        n = tl.maximum(tl.minimum(valid, BLOCK_N), 1)
+    else:
+        n = BLOCK_N
     if EXACT_SHIFT:
-        mean16 = tl.math.div_rn(tl.sum(k.to(tl.float32), 0), n.to(tl.float32)).to(tl.float16)
+        if PART_FILLED:
+            sum_k = tl.math.div_rn(tl.sum(k.to(tl.float32), 0), n.to(tl.float32))
+        else:
+            sum_k = tl.sum(k.to(tl.float32), 0) * (1.0 / BLOCK_N)
+        mean16 = sum_k.to(tl.float16)
         shifted = ((k.to(tl.float32) - mean16.to(tl.float32)[None, :]) * scale).to(tl.float16)
         mean = mean16.to(tl.float32)
     else:
@@ -110,7 +120,9 @@ def _shift_in_kernel(k, SHIFT, scale, valid, EXACT_SHIFT: tl.constexpr, BLOCK_N:
         k32 = k.to(tl.float32)
         shifted = ((diag + off) * k32 - off * tl.sum(k32, 0)[None, :]).to(tl.float16)
         mean = tl.zeros([k.shape[1]], tl.float32)
-    return tl.where(in_block[:, None], shifted, 0.0), mean
+    if PART_FILLED:
+        shifted = tl.where((tl.arange(0, BLOCK_N) < n)[:, None], shifted, 0.0)
+    return shifted, mean
 
 
 @functools.lru_cache(maxsize=64)

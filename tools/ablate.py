@@ -17,6 +17,11 @@ timing. It also splits a pasa-exact and a pasa call into its GPU kernels (torch.
 so that the separate key-shift pass's share of each timing is seen (``--kernels-only``:
 that split alone, without the variants). Prints TFLOP/s (4 B H S^2 d / t, half for causal).
 
+``--check-cost`` instead times what the overflow check (``repair_overflow``, on by
+default) costs where nothing overflows: ``pasa`` and ``pasa-exact`` prefill at the shapes
+above and decode at pasa-bench's S2 = 8k GQA 4:1 shape, replayed from a CUDA graph with
+the check on and off, alternating, three times each.
+
 ``--host-time`` (any machine) instead measures the API layer's host time per call, with
 the argument plan cached (as every repeated call is), rebuilt on every call, and with
 kv lengths that grow by one token per call (a decode loop), on a decode-shaped CPU call
@@ -297,6 +302,8 @@ def main(argv=None) -> int:
     parser.add_argument("--host-time", action="store_true",
                         help="only host time per call: the API layer's (no GPU needed), and "
                              "an eager decode step's where there is a GPU")
+    parser.add_argument("--check-cost", action="store_true",
+                        help="only the overflow check's cost: repair_overflow on against off")
     parser.add_argument("--kernels-only", action="store_true",
                         help="only split a pasa-exact and a pasa call into their GPU kernels "
                              "(no timing-only variants: a minute, not tens)")
@@ -312,8 +319,47 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("ablate: error: needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.check_cost:
+        _check_cost(args)
+        return 0
     _time_variants(args)
     return 0
+
+
+def _check_cost(args, reps: int = 3) -> None:
+    """:func:`main`'s ``--check-cost``: graph-replay times with ``repair_overflow`` on and
+    off, alternating; the median of each and their ratio."""
+    def checked(algorithm, check, q, k, v, causal):
+        kw = dict(num_heads=q.shape[1], num_key_value_heads=k.shape[1], input_layout="BNSD",
+                  scale=q.shape[-1] ** -0.5, algorithm=algorithm, backend="triton",
+                  repair_overflow=check)
+        if causal:
+            kw.update(sparse_mode=3, atten_mask=_causal_mask(q.device))
+        return lambda: pasa_npu.fused_attention(q, k, v, **kw)[0]
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    cases = [(d, seq, batch, heads, heads, causal) for d, seq, batch, heads in SHAPES
+             if d in args.dims
+             for causal in {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]]
+    cases.append((128, 8192, 8, 32, 8, None))  # decode: pasa-bench's S2 = 8k, GQA 4:1
+    print("overflow check on / off, graph replay, median of 3 alternating runs")
+    for d, seq, batch, heads, kv_heads, causal in cases:
+        s1 = 1 if causal is None else seq
+        q = torch.randn(batch, heads, s1, d, device="cuda", dtype=torch.float16, generator=gen)
+        k, v = (torch.randn(batch, kv_heads, seq, d, device="cuda", dtype=torch.float16,
+                            generator=gen) for _ in range(2))
+        what = (f"decode d={d} S2={seq} B={batch} H={heads} H_kv={kv_heads}" if causal is None
+                else f"prefill d={d} S={seq} B={batch} H={heads} "
+                     f"{'causal' if causal else 'no mask'}")
+        for algorithm in ("pasa", "pasa-exact"):
+            times = {True: [], False: []}
+            for _ in range(reps):
+                for check in (True, False):
+                    times[check].append(bench._graph_ms(
+                        checked(algorithm, check, q, k, v, bool(causal))))
+            on, off = (sorted(times[c])[reps // 2] for c in (True, False))
+            print(f"  {what} {algorithm:10s}: {1e3 * on:8.1f} us on, {1e3 * off:8.1f} us off, "
+                  f"on/off {on / off:.3f}", flush=True)
 
 
 def _time_variants(args) -> None:

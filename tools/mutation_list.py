@@ -112,6 +112,12 @@ MUTATIONS = [
     Mutation("pasa: the block mean not rounded to fp16 (Triton)", TRITON_SOFTMAX,
              "        if LOW_STATISTICS:\n            s_mean = _rl(s_mean, low)\n", "",
              ("tests/test_golden.py", "-k", "pasa-fp16-triton and not mixed")),
+    Mutation("pasa: decode's part-filled last block takes a whole block's mean factor (Triton)",
+             TRITON_DECODE, "mean_factor = tl.load(SHIFT + (kv_len - blk * BLOCK_N) * 4 + 2)",
+             "mean_factor = 1.0 / BLOCK_N", _golden_triton("pasa", "decode-ragged")),
+    Mutation("decode: the part-filled last block skipped (Triton)", TRITON_DECODE,
+             "lo = tl.maximum(first, n_whole)", "lo = last",
+             _golden_triton("fa-fp32", "decode-ragged")),
     # ---- semantics: mask and length edges, GQA, LSE, the guard, decode's merge
     Mutation("band's upper edge off by one (the problem's visibility)", "pasa_npu/problem.py",
              "vis = vis & (j >= i - pre) & (j <= i + nxt)",
