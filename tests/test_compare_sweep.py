@@ -39,6 +39,8 @@ def test_sweep_writes_reports_and_plots(small_sweep, capsys):
     assert len(rows) == 20 * 7   # 20 cases x (6 allocations + sdpa)
     summary = (out / "summary.md").read_text()
     assert "## Table 4" in summary and "NaN 100.00%" in summary and "![fig9_uniform.png]" in summary
+    repair = summary.split("## Overflow repair")[1].split("##")[0]
+    assert "| score spread beyond fp16 std(S)~100000 | 64 (25.00%) |" in repair
 
 
 def test_sweep_reproduces_the_paper_qualitatively(small_sweep):
@@ -63,7 +65,14 @@ def test_sweep_reproduces_the_paper_qualitatively(small_sweep):
             assert _nan(doc, name, alloc) == 0, (alloc, name)
     # the score spread beyond fp16: fp16 scores overflow on a quarter of the rows; PASA's
     # overflow check recomputes them (above: no NaN)
-    assert _nan(doc, "score spread beyond fp16 std(S)~100000", "fa-fp16s") == 25.0
+    spread = "score spread beyond fp16 std(S)~100000"
+    assert _nan(doc, spread, "fa-fp16s") == 25.0
+    repaired = {(r["item"], r["candidate"]): r["repaired_rows"] for r in doc["records"]}
+    for alloc in PASA:  # the quarter of its 256 rows, and no row of another item
+        assert repaired[spread, alloc] == 64, alloc
+        assert all(repaired[name, alloc] == 0 for name in items if name != spread), alloc
+    for alloc in ("fa-fp32", "fa-fp16s", "sdpa"):  # never checked
+        assert all(repaired[name, alloc] is None for name in items), alloc
     # the paper: PASA more accurate than FA16-FP32 where the mean is large (fp32 statistics)
     for name in ("uniform x0=10 Am=0.5", "uniform x0=20 Am=0.5", "hybrid x0=10 Am=10"):
         rec = {r["candidate"]: r for r in doc["records"] if r["item"] == name}

@@ -176,13 +176,14 @@ def test_overflow_is_repaired(case, algorithm, backend):
 
 def test_repair_warns_once(monkeypatch):
     """The first report that finds a repaired row warns, suggesting the scale or the
-    allocation; later ones do not."""
+    allocation, attributed to the caller's code (not the package's); later ones do not."""
     from pasa_npu import overflow
     monkeypatch.setattr(overflow, "_WARNED", [False])
     q, k, v, scale = spread_inputs("first-tile")
-    with pytest.warns(pasa_npu.OverflowRepairWarning, match="scale"):
+    with pytest.warns(pasa_npu.OverflowRepairWarning, match="scale") as record:
         attend(q, k, v, "pasa", "torch", scale)
         assert pasa_npu.overflow_report().rows > 0
+    assert [w.filename for w in record] == [__file__]
     with warnings.catch_warnings():
         warnings.simplefilter("error", pasa_npu.OverflowRepairWarning)
         attend(q, k, v, "pasa", "torch", scale)

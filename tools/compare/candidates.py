@@ -1,7 +1,9 @@
 """What gets compared: precision allocations x backends, and third-party baselines.
 
 An allocation candidate runs ``pasa_npu.fused_attention(algorithm=..., backend=...)``
-on the item. Third-party candidates run where installed:
+on the item; for a PASA allocation it also reports the query rows that the overflow check
+recomputed by fa-fp32 (:func:`pasa_npu.overflow_report`; the tool shows them in its
+tables, so the call's :class:`pasa_npu.OverflowRepairWarning` is not raised). Third-party candidates run where installed:
 
 * ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` in the item's
   dtype on the chosen device (whatever kernel torch picks there);
@@ -15,8 +17,9 @@ silently.
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +31,15 @@ from .errors import CompareError
 from .inputs import Item
 
 THIRD_PARTY = ("sdpa", "npu-ip0", "npu-ip1")
+
+
+class CandidateOutput(NamedTuple):
+    """A candidate's output on an item: (B, Nq, S1, D) in the item's dtype, on CPU, and the
+    query rows (of one head each) its overflow check recomputed by fa-fp32, None where the
+    call was not checked (fa-* allocations, third-party candidates)."""
+
+    out: torch.Tensor
+    repaired_rows: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -46,21 +58,26 @@ class Candidate:
     def third_party(self) -> bool:
         return self.allocation is None
 
-    def run(self, item: Item) -> torch.Tensor:
-        """The candidate's output for ``item``: (B, Nq, S1, D) in the item's dtype, on CPU."""
+    def run(self, item: Item) -> CandidateOutput:
+        """The candidate's :class:`CandidateOutput` for ``item``."""
         if self.label == "sdpa":
-            return _sdpa(item, self.device)
+            return CandidateOutput(_sdpa(item, self.device))
         if self.label.startswith("npu-ip"):
-            return _npu(item, int(self.label[-1]))
+            return CandidateOutput(_npu(item, int(self.label[-1])))
         q, k, v = (t.to(self.device) for t in (item.query, item.key, item.value))
         kw = item.npu_kwargs()
         if "atten_mask" in kw:
             kw["atten_mask"] = kw["atten_mask"].to(self.device)
         shifted = pasa_npu.ALLOCATIONS[self.allocation].shift == "pseudo_average"
-        out, _ = pasa_npu.fused_attention(q, k, v, algorithm=self.allocation, backend=self.backend,
-                                          beta=self.beta if shifted else None,
-                                          rounding_guard=self.rounding_guard, **kw)
-        return out.cpu()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", pasa_npu.OverflowRepairWarning)
+            out, _ = pasa_npu.fused_attention(q, k, v, algorithm=self.allocation,
+                                              backend=self.backend,
+                                              beta=self.beta if shifted else None,
+                                              rounding_guard=self.rounding_guard, **kw)
+            report = pasa_npu.overflow_report()
+            repaired = report.rows if report.checked else None
+        return CandidateOutput(out.cpu(), repaired)
 
 
 def _sdpa(item: Item, device: str) -> torch.Tensor:

@@ -35,6 +35,7 @@ class Record:
     single: Optional[standards.SingleVerdict] = None
     dual: Optional[standards.DualVerdict] = None
     seconds: float = 0.0
+    repaired_rows: Optional[int] = None  # recomputed by the overflow check (PASA only)
 
 
 @dataclass
@@ -95,12 +96,12 @@ def compare(items: list[Item], candidates: list[Candidate], skipped: dict[str, s
         for cand in candidates:
             start = time.perf_counter()
             try:
-                out = cand.run(item)
+                out, repaired = cand.run(item)
             except (ValueError, RuntimeError, NotImplementedError, TypeError) as err:
                 rec = Record(item.name, cand.label, "error", f"{type(err).__name__}: {err}")
             else:
                 rec = Record(item.name, cand.label, "ok", metrics=metrics.summary(out, gold),
-                             heads=metrics.per_head(out, gold))
+                             heads=metrics.per_head(out, gold), repaired_rows=repaired)
                 rec.single = standards.single_benchmark(rec.metrics["mere"], rec.metrics["mare"],
                                                         item.dtype)
             rec.seconds = time.perf_counter() - start

@@ -134,6 +134,27 @@ def table4_rows(comp: Comparison) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+REPAIR_TEXT = ("query rows the overflow check recomputed by fa-fp32 because their fp16 scores "
+               "or statistics were not finite (in brackets: their share of the item's rows)")
+
+
+def repair_rows(comp: Comparison) -> Optional[tuple[list[str], list[list[str]]]]:
+    """Items by checked candidates: rows recomputed by fa-fp32, for the items where some
+    candidate recomputed any; None where none did."""
+    labels = [c for c in comp.labels
+              if any(r.repaired_rows is not None for r in comp.records if r.candidate == c)]
+    rows = []
+    for it in comp.items:
+        recs = [comp.record(it["name"], c) for c in labels]
+        if not any(r is not None and r.repaired_rows for r in recs):
+            continue
+        total = it["shape"][0] * it["shape"][1] * it["shape"][2]
+        rows.append([it["name"]] + ["-" if r is None or r.repaired_rows is None
+                                    else f"{r.repaired_rows} ({100 * r.repaired_rows / total:.2f}%)"
+                                    for r in recs])
+    return (["item"] + labels, rows) if rows else None
+
+
 # --------------------------------------------------------------------------- text
 
 
@@ -151,6 +172,9 @@ def console(comp: Comparison, title: str, sweep: bool = False) -> str:
                   "fa-fp16s, at "
                   "(1, 16, 1280, 128))",
                   grid(*table4_rows(comp))]
+    repaired = repair_rows(comp)
+    if repaired:
+        parts += ["", "Overflow repair: " + REPAIR_TEXT, grid(*repaired)]
     over = [it["name"] for it in comp.items if it["scores"]["exceeds_fp16"]]
     parts += ["", f"items whose unscaled QK^T exceeds the fp16 range (65504): "
                   f"{', '.join(over) if over else 'none'}"]
@@ -233,6 +257,10 @@ def write_markdown(comp: Comparison, folder: str, title: str, settings: dict, pl
                   "Column `paper`: the paper's FA16-FP32 (our `fa-fp16s`) at (1, 16, 1280, 128); "
                   "the other columns: this run, at the shape in the settings.", "",
                   markdown_table(*table4_rows(comp))]
+    repaired = repair_rows(comp)
+    lines += ["", "## Overflow repair", ""]
+    lines += ([f"The {REPAIR_TEXT}.", "", markdown_table(*repaired)] if repaired
+              else ["No candidate's overflow check recomputed a row."])
     lines += ["", "## Score range", "", markdown_table(*score_rows(comp))]
     if comp.skipped:
         lines += ["", "## Skipped candidates", ""]
