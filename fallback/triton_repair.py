@@ -3,9 +3,9 @@
 The PASA kernels flag each query row whose output or LSE is not finite in the call's row
 flags (:class:`pasa_npu.overflow.OverflowCheck`), and a flagged row sets the call's
 overflow word (an int32 on the device, zeroed by the launch before the attention kernel).
-:func:`_repair_rows` recomputes flagged rows by fa-fp32 (the raw K, fp32 scores and
-statistics) and marks them repaired; the repair launch (:func:`run`, the ``_repair``
-kernel, after prefill and after decode's combine) reads the word first and returns at
+The repair launch (:func:`run`, the ``_repair`` kernel, after prefill and after decode's
+combine) recomputes flagged rows by fa-fp32 (the raw K, fp32 scores and statistics) and
+marks them repaired. It reads the word first and returns at
 once where it is zero, so a call that does not overflow costs one small launch and no
 host synchronisation, and a CUDA graph replays it as it is.
 """
@@ -29,74 +29,6 @@ ROW_FLAGGED_C = tl.constexpr(ROW_FLAGGED)
 
 
 @triton.jit
-def _repair_rows(Q, K, V, O, LSE, FLAGS, MASK, q_starts, q_lens, kv_starts, kv_lens, band_pre,
-                 band_next, stride_qb, stride_qh, stride_qs, stride_qd,
-                 stride_kb, stride_kh, stride_ks, stride_kd,
-                 stride_vb, stride_vh, stride_vs, stride_vd,
-                 stride_ob, stride_oh, stride_os, stride_od,
-                 stride_lb, stride_lh, stride_ls, stride_fb, stride_fh,
-                 stride_xb, stride_xs, stride_xk,
-                 b, h, m0, redo, group, scale, head_dim, head_dim_v,
-                 HAS_MASK: tl.constexpr, HAS_BAND: tl.constexpr, HAS_LSE: tl.constexpr,
-                 GUARD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr):
-    """fa-fp32 for rows m0 .. m0+BLOCK_M-1 of (batch b, query head h): the output, LSE and
-    row flag (repaired, or still non-finite) of the rows ``redo`` selects are written, the
-    others left as they are. Every kv block the tile sees goes through the masked update
-    (this is the rare path)."""
-    q_len = tl.load(q_lens + b)
-    q_start = tl.load(q_starts + b)
-    kv_start = tl.load(kv_starts + b)
-    kv_len = tl.load(kv_lens + b)
-    hk = h // group
-    rows = m0 + tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, HEAD_DIM)
-    dims_v = tl.arange(0, HEAD_DIM_V)
-    cols = tl.arange(0, BLOCK_N)
-    q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-                + (q_start + rows)[:, None].to(tl.int64) * stride_qs + dims[None, :] * stride_qd,
-                mask=(rows[:, None] < q_len) & (dims[None, :] < head_dim), other=0.0)
-    lo, hi, _, _, pre, nxt = _tile_kv_blocks(m0, q_len, kv_len, band_pre, band_next, b,
-                                             HAS_BAND, BLOCK_M, BLOCK_N)
-    k_base = (K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
-              + kv_start.to(tl.int64) * stride_ks)
-    v_base = (V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
-              + kv_start.to(tl.int64) * stride_vs)
-    m, l, acc, f, cnt, c = _initial_state(BLOCK_M, HEAD_DIM_V, False, q.dtype)
-    for blk in range(lo, hi):
-        n = blk * BLOCK_N + cols
-        in_kv = n < kv_len
-        k = tl.load(k_base + n[:, None].to(tl.int64) * stride_ks + dims[None, :] * stride_kd,
-                    mask=in_kv[:, None] & (dims[None, :] < head_dim), other=0.0)
-        v = tl.load(v_base + n[:, None].to(tl.int64) * stride_vs + dims_v[None, :] * stride_vd,
-                    mask=in_kv[:, None] & (dims_v[None, :] < head_dim_v), other=0.0)
-        vis = in_kv[None, :] & (rows[:, None] < q_len)
-        if HAS_BAND:
-            vis = vis & (n[None, :] >= rows[:, None] - pre) & (n[None, :] <= rows[:, None] + nxt)
-        if HAS_MASK:
-            masked = tl.load(MASK + b.to(tl.int64) * stride_xb + rows[:, None].to(tl.int64)
-                             * stride_xs + n[None, :] * stride_xk,
-                             mask=(rows[:, None] < q_len) & in_kv[None, :], other=1)
-            vis = vis & (masked == 0)
-        row_any = tl.max(vis.to(tl.int32), 1) > 0
-        m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale,
-                                          0.0, scale, False, False, False, False, True, GUARD,
-                                          BLOCK_N)
-    o, lse = _finish(m, l, acc, f, cnt, 0.0, False)
-    redo = redo & (rows < q_len)
-    still = _nonfinite_rows(o, lse)
-    pos = (q_start + rows).to(tl.int64)
-    tl.store(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-             + pos[:, None] * stride_os + dims_v[None, :] * stride_od,
-             o.to(O.dtype.element_ty), mask=redo[:, None] & (dims_v[None, :] < head_dim_v))
-    if HAS_LSE:
-        tl.store(LSE + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh
-                 + pos * stride_ls, lse, mask=redo)
-    tl.store(FLAGS + b.to(tl.int64) * stride_fb + h.to(tl.int64) * stride_fh + pos,
-             tl.where(still, ROW_NONFINITE_C, ROW_REPAIRED_C).to(tl.uint8), mask=redo)
-
-
-@triton.jit
 def _repair(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, q_starts, q_lens, kv_starts, kv_lens,
             band_pre, band_next, stride_qb, stride_qh, stride_qs, stride_qd,
             stride_kb, stride_kh, stride_ks, stride_kd,
@@ -109,8 +41,10 @@ def _repair(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, q_starts, q_lens, kv_st
             GUARD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr):
     """The repair: nothing where the overflow word is zero; else the programs take the
-    ``total`` (query tile, batch, query head) tiles in turn and recompute the flagged rows
-    of each (:func:`_repair_rows`)."""
+    ``total`` (query tile, batch, query head) tiles in turn and recompute by fa-fp32 each
+    tile that holds a flagged row (the raw K, fp32 scores and statistics; every kv block
+    through the masked update, this being the rare path), writing the output, LSE and
+    flag (repaired, or still non-finite) of its flagged rows and leaving the others."""
     if tl.load(OVERFLOW_WORD) == 0:
         return
     for t in range(tl.program_id(0), total, tl.num_programs(0)):
@@ -124,17 +58,58 @@ def _repair(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, q_starts, q_lens, kv_st
         flags = tl.load(FLAGS + b.to(tl.int64) * stride_fb + h.to(tl.int64) * stride_fh
                         + (q_start + rows).to(tl.int64), mask=rows < q_len, other=0)
         redo = flags == ROW_FLAGGED_C
-        if tl.max(redo.to(tl.int32), 0) > 0:
-            _repair_rows(Q, K, V, O, LSE, FLAGS, MASK, q_starts, q_lens, kv_starts, kv_lens,
-                         band_pre, band_next, stride_qb, stride_qh, stride_qs, stride_qd,
-                         stride_kb, stride_kh, stride_ks, stride_kd,
-                         stride_vb, stride_vh, stride_vs, stride_vd,
-                         stride_ob, stride_oh, stride_os, stride_od,
-                         stride_lb, stride_lh, stride_ls, stride_fb, stride_fh,
-                         stride_xb, stride_xs, stride_xk,
-                         b, h, m0, redo, group, scale, head_dim, head_dim_v,
-                         HAS_MASK, HAS_BAND, HAS_LSE, GUARD, BLOCK_M, BLOCK_N, HEAD_DIM,
-                         HEAD_DIM_V)
+        if tl.max(redo.to(tl.int32), 0) > 0:  # fa-fp32 for the tile; its flagged rows written
+            kv_start = tl.load(kv_starts + b)
+            kv_len = tl.load(kv_lens + b)
+            hk = h // group
+            dims = tl.arange(0, HEAD_DIM)
+            dims_v = tl.arange(0, HEAD_DIM_V)
+            cols = tl.arange(0, BLOCK_N)
+            q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+                        + (q_start + rows)[:, None].to(tl.int64) * stride_qs
+                        + dims[None, :] * stride_qd,
+                        mask=(rows[:, None] < q_len) & (dims[None, :] < head_dim), other=0.0)
+            lo, hi, _, _, pre, nxt = _tile_kv_blocks(m0, q_len, kv_len, band_pre, band_next, b,
+                                                     HAS_BAND, BLOCK_M, BLOCK_N)
+            k_base = (K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
+                      + kv_start.to(tl.int64) * stride_ks)
+            v_base = (V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
+                      + kv_start.to(tl.int64) * stride_vs)
+            m, l, acc, f, cnt, c = _initial_state(BLOCK_M, HEAD_DIM_V, False, q.dtype)
+            for blk in range(lo, hi):
+                n = blk * BLOCK_N + cols
+                in_kv = n < kv_len
+                keys = n[:, None].to(tl.int64)
+                k = tl.load(k_base + keys * stride_ks + dims[None, :] * stride_kd,
+                            mask=in_kv[:, None] & (dims[None, :] < head_dim), other=0.0)
+                v = tl.load(v_base + keys * stride_vs + dims_v[None, :] * stride_vd,
+                            mask=in_kv[:, None] & (dims_v[None, :] < head_dim_v), other=0.0)
+                vis = in_kv[None, :] & (rows[:, None] < q_len)
+                if HAS_BAND:
+                    vis = (vis & (n[None, :] >= rows[:, None] - pre)
+                           & (n[None, :] <= rows[:, None] + nxt))
+                if HAS_MASK:
+                    masked = tl.load(MASK + b.to(tl.int64) * stride_xb
+                                     + rows[:, None].to(tl.int64) * stride_xs
+                                     + n[None, :] * stride_xk,
+                                     mask=(rows[:, None] < q_len) & in_kv[None, :], other=1)
+                    vis = vis & (masked == 0)
+                row_any = tl.max(vis.to(tl.int32), 1) > 0
+                m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt,
+                                                  scale, 0.0, scale, False, False, False, False,
+                                                  True, GUARD, BLOCK_N)
+            o, lse = _finish(m, l, acc, f, cnt, 0.0, False)
+            still = _nonfinite_rows(o, lse)
+            pos = (q_start + rows).to(tl.int64)
+            tl.store(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+                     + pos[:, None] * stride_os + dims_v[None, :] * stride_od,
+                     o.to(O.dtype.element_ty),
+                     mask=redo[:, None] & (dims_v[None, :] < head_dim_v))
+            if HAS_LSE:
+                tl.store(LSE + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh
+                         + pos * stride_ls, lse, mask=redo)
+            tl.store(FLAGS + b.to(tl.int64) * stride_fb + h.to(tl.int64) * stride_fh + pos,
+                     tl.where(still, ROW_NONFINITE_C, ROW_REPAIRED_C).to(tl.uint8), mask=redo)
 
 
 def run(problem: AttentionProblem, shared, overflow_word: torch.Tensor,
