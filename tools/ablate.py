@@ -329,14 +329,6 @@ def main(argv=None) -> int:
 def _check_cost(args, reps: int = 3) -> None:
     """:func:`main`'s ``--check-cost``: graph-replay times with ``repair_overflow`` on and
     off, alternating; the median of each and their ratio."""
-    def checked(algorithm, check, q, k, v, causal):
-        kw = dict(num_heads=q.shape[1], num_key_value_heads=k.shape[1], input_layout="BNSD",
-                  scale=q.shape[-1] ** -0.5, algorithm=algorithm, backend="triton",
-                  repair_overflow=check)
-        if causal:
-            kw.update(sparse_mode=3, atten_mask=_causal_mask(q.device))
-        return lambda: pasa_npu.fused_attention(q, k, v, **kw)[0]
-
     gen = torch.Generator(device="cuda").manual_seed(0)
     cases = [(d, seq, batch, heads, heads, causal) for d, seq, batch, heads in SHAPES
              if d in args.dims
@@ -355,8 +347,9 @@ def _check_cost(args, reps: int = 3) -> None:
             times = {True: [], False: []}
             for _ in range(reps):
                 for check in (True, False):
+                    call = bench._ours(algorithm, _causal_mask(q.device), repair_overflow=check)
                     times[check].append(bench._graph_ms(
-                        checked(algorithm, check, q, k, v, bool(causal))))
+                        lambda: call(q, k, v, bool(causal), False)))
             on, off = (sorted(times[c])[reps // 2] for c in (True, False))
             print(f"  {what} {algorithm:10s}: {1e3 * on:8.1f} us on, {1e3 * off:8.1f} us off, "
                   f"on/off {on / off:.3f}", flush=True)

@@ -45,10 +45,12 @@ def _sdpa(backend_name):
     return call
 
 
-def _ours(algorithm, mask):
+def _ours(algorithm, mask, **options):
+    """``fused_attention`` with ``algorithm`` on the triton backend as the benchmark calls
+    it (``options``: further keyword arguments, e.g. ``repair_overflow``)."""
     def call(q, k, v, causal, gqa):
         kw = dict(num_heads=q.shape[1], num_key_value_heads=k.shape[1], input_layout="BNSD",
-                  scale=q.shape[-1] ** -0.5, algorithm=algorithm, backend="triton")
+                  scale=q.shape[-1] ** -0.5, algorithm=algorithm, backend="triton", **options)
         if causal:
             kw.update(sparse_mode=3, atten_mask=mask)
         return pasa_npu.fused_attention(q, k, v, **kw)[0]
