@@ -343,14 +343,16 @@ def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m
         gl.store(LSE + b.to(gl.int64) * output.stride_lb + h.to(gl.int64) * output.stride_lh
                  + rows.to(gl.int64) * output.stride_ls, lse,
                  mask=rows.to(gl.uint32, bitcast=True) < q_len)
-    if DETECT:  # an output row through its fp32 sum (triton_softmax._nonfinite_rows)
+    if DETECT:
+        # a row's output values through their fp32 sum (triton_softmax._nonfinite_rows),
+        # and its statistics, finite where its LSE is, whose log a call without LSE skips
         o_sum = gl.convert_layout(gl.sum(o, 1), row_s)
         in_rows = rows.to(gl.uint32, bitcast=True) < q_len
-        row_sum = o_sum + gl.where(lse == float("-inf"), 0.0, lse)
-        bad = ~(gl.abs(row_sum) < float("inf")) & in_rows
-        # the flags are contiguous (B, N, q_len)
-        gl.store(output.flags + (b * n_heads + h).to(gl.int64) * q_len + rows.to(gl.int64),
-                 bad.to(gl.uint8), mask=in_rows)
+        bad = ~(gl.abs(o_sum + gl.where(seen, true_max + l_i, 0.0)) < float("inf")) & in_rows
+        # the flags are contiguous (B, N, q_len), fewer than 2**31 (gluon_prefill.supported);
+        # a 64-bit offset, hoisted above the kv loops, would spill registers at d = 128
+        gl.store(output.flags + ((b * n_heads + h) * q_len + rows), bad.to(gl.uint8),
+                 mask=in_rows)
         gl.store(output.overflow_word + rows * 0, bad.to(gl.int32), mask=bad)
     return it
 

@@ -30,7 +30,8 @@ cores' order, so a few outputs in 10^4 differ from the Triton kernel's by roundi
 (tests/test_gluon_prefill.py).
 
 Overflow check (where the call is checked): each consumer group flags its rows whose
-output or LSE is not finite, a flagged row setting the call's overflow word (the word
+output or LSE is not finite (the LSE through the row's statistics, whose log a call
+without LSE never takes), a flagged row setting the call's overflow word (the word
 after the tile counter, zeroed with it); the Triton repair launch (:mod:`triton_repair`)
 recomputes them. pasa's part-filled last kv block (kv_len not a multiple of 128) takes
 its keys' mean (:func:`pasa_npu.beta.partial_block_shift`), as the Triton kernel does
@@ -39,7 +40,8 @@ its keys' mean (:func:`pasa_npu.beta.partial_block_shift`), as the Triton kernel
 Scope (:func:`supported`): fp16 inputs; head dim 64 or 128 (Q, K and V alike); kv_block
 128; every batch at the full lengths (no ragged or packed varlen input); no explicit mask
 (causal and band modes are computed in the kernel); no rounding guard; layouts TMA can
-address. Paged KV too, where the block size is a multiple of 128 and every batch has the
+address; fewer than 2**31 query rows over all batches and heads (the row flags' offsets
+are 32-bit). Paged KV too, where the block size is a multiple of 128 and every batch has the
 same kv length, a multiple of 128 (the loader reads whole kv blocks of the caches: rows
 past a kv length would be the cache's other contents); the loader looks each kv block's
 physical block up in the table (K' in the key-shift pass's slots) and loads it through
@@ -120,7 +122,7 @@ def supported(problem: AttentionProblem, lengths: tuple) -> bool:
     if any(q_starts) or any(kv_starts) or set(q_lens) != {q.shape[2]} \
             or set(kv_lens) != full_kv:
         return False  # ragged lengths: the Triton kernel masks them
-    if out.stride(3) != 1:
+    if out.stride(3) != 1 or q.shape[:3].numel() >= 2 ** 31:  # 32-bit row-flag offsets
         return False
     if device_capability(q.device.index) != (9, 0):
         return False
