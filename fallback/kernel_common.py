@@ -26,6 +26,22 @@ def allocation_flags(allocation) -> dict:
 
 
 @triton.jit
+def _page_rows(pages, n0, cols, kv_len, page_size, WHOLE_PAGE: tl.constexpr):
+    """Paged KV: the physical block (``pages``: the batch's row of the block table) and the
+    row in it of keys n0 + cols, as int64 offsets to scale by the caches' strides. A scalar
+    block where BLOCK_N keys never straddle two (WHOLE_PAGE: BLOCK_N divides the block
+    size), else one per key; keys past ``kv_len`` read entry 0's block, and are masked."""
+    if WHOLE_PAGE:
+        page = tl.load(pages + n0 // page_size).to(tl.int64)
+        rows = (n0 % page_size + cols).to(tl.int64)
+    else:
+        n = n0 + cols
+        page = tl.load(pages + n // page_size, mask=n < kv_len, other=0).to(tl.int64)
+        rows = (n % page_size).to(tl.int64)
+    return page, rows
+
+
+@triton.jit
 def _rl(x, low: tl.constexpr):
     """One rounding to the compute dtype ``low``, kept in fp32 (a low-precision step)."""
     return x.to(low).to(tl.float32)

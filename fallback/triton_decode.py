@@ -18,26 +18,11 @@ import triton.language as tl
 
 from pasa_npu.fallback import triton_launch as heuristics
 from pasa_npu.fallback import triton_repair
-from pasa_npu.fallback.kernel_common import cdiv, launch, placeholder, pow2, sm_count
+from pasa_npu.fallback.kernel_common import (_page_rows, cdiv, launch, placeholder, pow2,
+                                             sm_count)
 from pasa_npu.fallback.triton_shift import _shift_in_kernel
 from pasa_npu.fallback.triton_softmax import _block_update, _finish, _initial_state, _row_constant
 from pasa_npu.problem import AttentionProblem
-
-
-@triton.jit
-def _page_rows(pages, n0, cols, kv_len, page_size, WHOLE_PAGE: tl.constexpr):
-    """Paged KV: the physical block (``pages``: the batch's row of the block table) and the
-    row in it of keys n0 + cols, as int64 offsets to scale by the caches' strides. A scalar
-    block where BLOCK_N keys never straddle two (WHOLE_PAGE: BLOCK_N divides the block
-    size), else one per key; keys past ``kv_len`` read entry 0's block, and are masked."""
-    if WHOLE_PAGE:
-        page = tl.load(pages + n0 // page_size).to(tl.int64)
-        rows = (n0 % page_size + cols).to(tl.int64)
-    else:
-        n = n0 + cols
-        page = tl.load(pages + n // page_size, mask=n < kv_len, other=0).to(tl.int64)
-        rows = (n % page_size).to(tl.int64)
-    return page, rows
 
 
 # Over 80 lines: one kv loop holds the contiguous and the paged addressing, the fused key

@@ -4,10 +4,11 @@ The PASA kernels flag each query row whose output or LSE is not finite in the ca
 flags (:class:`pasa_npu.overflow.OverflowCheck`), and a flagged row sets the call's
 overflow word (an int32 on the device, zeroed by the launch before the attention kernel).
 The repair launch (:func:`run`, the ``_repair`` kernel, after prefill and after decode's
-combine) recomputes flagged rows by fa-fp32 (the raw K, fp32 scores and statistics) and
-marks them repaired. It reads the word first and returns at
-once where it is zero, so a call that does not overflow costs one small launch and no
-host synchronisation, and a CUDA graph replays it as it is.
+combine) recomputes flagged rows by fa-fp32 (the raw K, fp32 scores and statistics; a
+paged cache read through the block table, as the attention kernels read it) and marks
+them repaired. It reads the word first and returns at once where it is zero, so a call
+that does not overflow costs one small launch and no host synchronisation, and a CUDA
+graph replays it as it is.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pasa_npu.fallback.kernel_common import _tile_kv_blocks, cdiv, launch, sm_count
+from pasa_npu.fallback.kernel_common import _page_rows, _tile_kv_blocks, cdiv, launch, sm_count
 from pasa_npu.fallback.triton_softmax import (_block_update, _finish, _initial_state,
                                               _nonfinite_rows)
 from pasa_npu.overflow import ROW_FLAGGED, ROW_NONFINITE, ROW_REPAIRED
@@ -29,22 +30,25 @@ ROW_FLAGGED_C = tl.constexpr(ROW_FLAGGED)
 
 
 @triton.jit
-def _repair(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, q_starts, q_lens, kv_starts, kv_lens,
-            band_pre, band_next, stride_qb, stride_qh, stride_qs, stride_qd,
+def _repair(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, PAGES, q_starts, q_lens, kv_starts,
+            kv_lens, band_pre, band_next, stride_qb, stride_qh, stride_qs, stride_qd,
             stride_kb, stride_kh, stride_ks, stride_kd,
             stride_vb, stride_vh, stride_vs, stride_vd,
             stride_ob, stride_oh, stride_os, stride_od,
             stride_lb, stride_lh, stride_ls, stride_fb, stride_fh,
-            stride_xb, stride_xs, stride_xk,
+            stride_xb, stride_xs, stride_xk, stride_pb, page_size,
             n_heads, n_tiles, total, group, scale, head_dim, head_dim_v,
             HAS_MASK: tl.constexpr, HAS_BAND: tl.constexpr, HAS_LSE: tl.constexpr,
-            GUARD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            GUARD: tl.constexpr, PAGED: tl.constexpr, WHOLE_PAGE: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr):
     """The repair: nothing where the overflow word is zero; else the programs take the
     ``total`` (query tile, batch, query head) tiles in turn and recompute by fa-fp32 each
     tile that holds a flagged row (the raw K, fp32 scores and statistics; every kv block
     through the masked update, this being the rare path), writing the output, LSE and
-    flag (repaired, or still non-finite) of its flagged rows and leaving the others."""
+    flag (repaired, or still non-finite) of its flagged rows and leaving the others.
+    PAGED: K and V are the caches (num_blocks, N_kv, page_size, D), read through the block
+    table ``PAGES`` (:func:`kernel_common._page_rows`)."""
     if tl.load(OVERFLOW_WORD) == 0:
         return
     for t in range(tl.program_id(0), total, tl.num_programs(0)):
@@ -71,18 +75,26 @@ def _repair(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, q_starts, q_lens, kv_st
                         mask=(rows[:, None] < q_len) & (dims[None, :] < head_dim), other=0.0)
             lo, hi, _, _, pre, nxt = _tile_kv_blocks(m0, q_len, kv_len, band_pre, band_next, b,
                                                      HAS_BAND, BLOCK_M, BLOCK_N)
-            k_base = (K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
-                      + kv_start.to(tl.int64) * stride_ks)
-            v_base = (V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
-                      + kv_start.to(tl.int64) * stride_vs)
+            k_base = K + hk.to(tl.int64) * stride_kh
+            v_base = V + hk.to(tl.int64) * stride_vh
+            if not PAGED:
+                k_base += b.to(tl.int64) * stride_kb + kv_start.to(tl.int64) * stride_ks
+                v_base += b.to(tl.int64) * stride_vb + kv_start.to(tl.int64) * stride_vs
             m, l, acc, f, cnt, c = _initial_state(BLOCK_M, HEAD_DIM_V, False, q.dtype)
             for blk in range(lo, hi):
                 n = blk * BLOCK_N + cols
                 in_kv = n < kv_len
-                keys = n[:, None].to(tl.int64)
-                k = tl.load(k_base + keys * stride_ks + dims[None, :] * stride_kd,
+                k_rows = n.to(tl.int64) * stride_ks
+                v_rows = n.to(tl.int64) * stride_vs
+                if PAGED:
+                    page, rows_in = _page_rows(PAGES + b.to(tl.int64) * stride_pb,
+                                               blk * BLOCK_N, cols, kv_len, page_size,
+                                               WHOLE_PAGE)
+                    k_rows = page * stride_kb + rows_in * stride_ks
+                    v_rows = page * stride_vb + rows_in * stride_vs
+                k = tl.load(k_base + k_rows[:, None] + dims[None, :] * stride_kd,
                             mask=in_kv[:, None] & (dims[None, :] < head_dim), other=0.0)
-                v = tl.load(v_base + keys * stride_vs + dims_v[None, :] * stride_vd,
+                v = tl.load(v_base + v_rows[:, None] + dims_v[None, :] * stride_vd,
                             mask=in_kv[:, None] & (dims_v[None, :] < head_dim_v), other=0.0)
                 vis = in_kv[None, :] & (rows[:, None] < q_len)
                 if HAS_BAND:
@@ -126,15 +138,18 @@ def run(problem: AttentionProblem, shared, overflow_word: torch.Tensor,
     strides = shared.strides
     lse_strides = ((shared.batch_stride(shared.lse_arg) if problem.lse is not None else 0),
                    *shared.lse_arg.stride()[1:])
+    pages = problem.block_table if problem.paged else shared.lengths[0]  # unread unpaged
     launch(
         _repair, (min(total, programs),),
-        q, k, v, out, shared.lse_arg, flags, overflow_word, shared.mask, *shared.lengths,
-        shared.band_pre, shared.band_next, *strides(q), *strides(k), *strides(v),
-        *strides(out), *lse_strides, shared.batch_stride(flags), flags.stride(1),
-        *shared.mask_strides, q.shape[1], n_tiles, total, q.shape[1] // k.shape[1], problem.scale,
-        q.shape[3], v.shape[3], HAS_MASK=problem.mask is not None,
-        HAS_BAND=problem.band is not None, HAS_LSE=problem.lse is not None,
-        GUARD=problem.rounding_guard, BLOCK_M=block_m, BLOCK_N=shared.constexprs["BLOCK_N"],
+        q, k, v, out, shared.lse_arg, flags, overflow_word, shared.mask, pages, *shared.lengths,
+        shared.band_pre, shared.band_next, *strides(q), *shared.kv_strides(k),
+        *shared.kv_strides(v), *strides(out), *lse_strides, shared.batch_stride(flags),
+        flags.stride(1), *shared.mask_strides, pages.stride(0), problem.block_size, q.shape[1],
+        n_tiles, total, q.shape[1] // k.shape[1], problem.scale, q.shape[3], v.shape[3],
+        HAS_MASK=problem.mask is not None, HAS_BAND=problem.band is not None,
+        HAS_LSE=problem.lse is not None, GUARD=problem.rounding_guard, PAGED=problem.paged,
+        WHOLE_PAGE=problem.block_size % shared.constexprs["BLOCK_N"] == 0,
+        BLOCK_M=block_m, BLOCK_N=shared.constexprs["BLOCK_N"],
         HEAD_DIM=shared.constexprs["HEAD_DIM"], HEAD_DIM_V=shared.constexprs["HEAD_DIM_V"],
         num_warps=1 if shared.interpret else 4, num_stages=repair_stages(q.shape[3]))
 

@@ -24,6 +24,7 @@ TORCH = "fallback/torch_blockwise.py"
 TRITON_SOFTMAX = "fallback/triton_softmax.py"  # the block update both Triton kernels share
 TRITON_PREFILL = "fallback/triton_prefill.py"
 TRITON_DECODE = "fallback/triton_decode.py"
+TRITON_REPAIR = "fallback/triton_repair.py"
 ARGUMENTS = "pasa_npu/arguments.py"
 EMU = "ascend_kernels/emu/emu_ops.h"
 EMU_STRIDED = "ascend_kernels/emu/emu_vec_strided.h"  # the level-0 forms of whole tiles
@@ -118,6 +119,10 @@ MUTATIONS = [
     Mutation("decode: the part-filled last block skipped (Triton)", TRITON_DECODE,
              "lo = tl.maximum(first, n_whole)", "lo = last",
              _golden_triton("fa-fp32", "decode-ragged")),
+    Mutation("overflow repair: a paged key read from its logical block, not the table's (Triton)",
+             TRITON_REPAIR, "k_rows = page * stride_kb + rows_in * stride_ks",
+             "k_rows = (blk * BLOCK_N // page_size) * stride_kb + rows_in * stride_ks",
+             ("tests/test_overflow.py", "-k", "paged and triton")),
     # ---- semantics: mask and length edges, GQA, LSE, the guard, decode's merge
     Mutation("band's upper edge off by one (the problem's visibility)", "pasa_npu/problem.py",
              "vis = vis & (j >= i - pre) & (j <= i + nxt)",

@@ -52,8 +52,9 @@ POINTERS = {
                           q_starts="*i32",
                           kv_starts="*i32", kv_lens="*i32"),
     "_repair": dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", FLAGS="*u8",
-                    OVERFLOW_WORD="*i32", MASK="*u8", q_starts="*i32", q_lens="*i32",
-                    kv_starts="*i32", kv_lens="*i32", band_pre="*i32", band_next="*i32"),
+                    OVERFLOW_WORD="*i32", MASK="*u8", PAGES="*i32", q_starts="*i32",
+                    q_lens="*i32", kv_starts="*i32", kv_lens="*i32", band_pre="*i32",
+                    band_next="*i32"),
 }
 FLOATS = ("scale", "gamma")
 DIVISIBLE = ("n_heads", "head_dim", "head_dim_v")
@@ -265,10 +266,12 @@ def variants(head_dim: int = 128):
                        consts, 4, triton_launch.paged_stages(stages), fp_fusion)
     # the overflow repair after a checked PASA call: its prefill tiles and decode's
     for block_m, mode in ((64, "prefill"), (16, "decode")):
-        consts = dict(HAS_MASK=False, HAS_BAND=mode == "prefill", HAS_LSE=True, GUARD=False,
-                      BLOCK_M=block_m, BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
-        yield ("_repair", f"repair {mode} d={head_dim}", consts, 4,
-               triton_repair.repair_stages(head_dim), True)
+        for paged in (False, True):
+            consts = dict(HAS_MASK=False, HAS_BAND=mode == "prefill", HAS_LSE=True,
+                          GUARD=False, PAGED=paged, WHOLE_PAGE=True, BLOCK_M=block_m,
+                          BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
+            yield ("_repair", f"repair {'paged ' * paged}{mode} d={head_dim}", consts, 4,
+                   triton_repair.repair_stages(head_dim), True)
     # the warp-specialised Gluon prefill that replaces _attention_fwd where it applies
     for alg in gp.ALGORITHMS if gp.AVAILABLE and head_dim in gp.HEAD_DIMS else ():
         allocation = ALLOCATIONS[alg]
