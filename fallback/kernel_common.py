@@ -42,6 +42,23 @@ def _page_rows(pages, n0, cols, kv_len, page_size, WHOLE_PAGE: tl.constexpr):
 
 
 @triton.jit
+def _kv_rows(pages, n0, cols, kv_len, page_size, stride_kb, stride_ks, stride_vb, stride_vs,
+             PAGED: tl.constexpr, WHOLE_PAGE: tl.constexpr):
+    """The int64 offsets, in K and in V, of keys n0 + cols from the (batch, kv head)'s
+    base: through the batch's row ``pages`` of the block table (:func:`_page_rows`) where
+    PAGED, else rows of the contiguous sequence (``pages`` unread)."""
+    if PAGED:
+        page, rows = _page_rows(pages, n0, cols, kv_len, page_size, WHOLE_PAGE)
+        k_rows = page * stride_kb + rows * stride_ks
+        v_rows = page * stride_vb + rows * stride_vs
+    else:
+        n = (n0 + cols).to(tl.int64)
+        k_rows = n * stride_ks
+        v_rows = n * stride_vs
+    return k_rows, v_rows
+
+
+@triton.jit
 def _rl(x, low: tl.constexpr):
     """One rounding to the compute dtype ``low``, kept in fp32 (a low-precision step)."""
     return x.to(low).to(tl.float32)

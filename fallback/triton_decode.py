@@ -18,8 +18,7 @@ import triton.language as tl
 
 from pasa_npu.fallback import triton_launch as heuristics
 from pasa_npu.fallback import triton_repair
-from pasa_npu.fallback.kernel_common import (_page_rows, cdiv, launch, placeholder, pow2,
-                                             sm_count)
+from pasa_npu.fallback.kernel_common import _kv_rows, cdiv, launch, placeholder, pow2, sm_count
 from pasa_npu.fallback.triton_shift import _shift_in_kernel
 from pasa_npu.fallback.triton_softmax import _block_update, _finish, _initial_state, _row_constant
 from pasa_npu.problem import AttentionProblem
@@ -73,10 +72,10 @@ def _decode_split(
     q = tl.load(Q + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
                 + q_start * stride_qs + dims[None, :] * stride_qd,
                 mask=(g[:, None] < group) & (dims[None, :] < head_dim), other=0.0)
+    pages = PAGES + b.to(tl.int64) * stride_pb  # read only where PAGED
     if PAGED:
         k_base = K + hk.to(tl.int64) * stride_kh
         v_base = V + hk.to(tl.int64) * stride_vh
-        pages = PAGES + b.to(tl.int64) * stride_pb
     else:
         k_base = (K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
                   + kv_start * stride_ks)
@@ -101,14 +100,9 @@ def _decode_split(
         # the part-filled block is not pipelined: it is one block at most
         for blk in tl.range(lo, hi, num_stages=1 if part == 1 else None):
             n = blk * BLOCK_N + cols
-            if PAGED:
-                page, rows = _page_rows(pages, blk * BLOCK_N, cols, kv_len, page_size,
-                                        WHOLE_PAGE)
-                k_rows = page * stride_kb + rows * stride_ks
-                v_rows = page * stride_vb + rows * stride_vs
-            else:
-                k_rows = n.to(tl.int64) * stride_ks
-                v_rows = n.to(tl.int64) * stride_vs
+            k_rows, v_rows = _kv_rows(pages, blk * BLOCK_N, cols, kv_len, page_size,
+                                      stride_kb, stride_ks, stride_vb, stride_vs, PAGED,
+                                      WHOLE_PAGE)
             vis = g[:, None] < group
             k_mask = dims[None, :] < head_dim
             v_mask = dims_v[None, :] < head_dim_v

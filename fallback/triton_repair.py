@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pasa_npu.fallback.kernel_common import _page_rows, _tile_kv_blocks, cdiv, launch, sm_count
+from pasa_npu.fallback.kernel_common import _kv_rows, _tile_kv_blocks, cdiv, launch, sm_count
 from pasa_npu.fallback.triton_softmax import (_block_update, _finish, _initial_state,
                                               _nonfinite_rows)
 from pasa_npu.overflow import ROW_FLAGGED, ROW_NONFINITE, ROW_REPAIRED
@@ -48,7 +48,7 @@ def _repair(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, PAGES, q_starts, q_lens
     through the masked update, this being the rare path), writing the output, LSE and
     flag (repaired, or still non-finite) of its flagged rows and leaving the others.
     PAGED: K and V are the caches (num_blocks, N_kv, page_size, D), read through the block
-    table ``PAGES`` (:func:`kernel_common._page_rows`)."""
+    table ``PAGES`` (:func:`kernel_common._kv_rows`)."""
     if tl.load(OVERFLOW_WORD) == 0:
         return
     for t in range(tl.program_id(0), total, tl.num_programs(0)):
@@ -84,14 +84,9 @@ def _repair(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, PAGES, q_starts, q_lens
             for blk in range(lo, hi):
                 n = blk * BLOCK_N + cols
                 in_kv = n < kv_len
-                k_rows = n.to(tl.int64) * stride_ks
-                v_rows = n.to(tl.int64) * stride_vs
-                if PAGED:
-                    page, rows_in = _page_rows(PAGES + b.to(tl.int64) * stride_pb,
-                                               blk * BLOCK_N, cols, kv_len, page_size,
-                                               WHOLE_PAGE)
-                    k_rows = page * stride_kb + rows_in * stride_ks
-                    v_rows = page * stride_vb + rows_in * stride_vs
+                k_rows, v_rows = _kv_rows(PAGES + b.to(tl.int64) * stride_pb, blk * BLOCK_N,
+                                          cols, kv_len, page_size, stride_kb, stride_ks,
+                                          stride_vb, stride_vs, PAGED, WHOLE_PAGE)
                 k = tl.load(k_base + k_rows[:, None] + dims[None, :] * stride_kd,
                             mask=in_kv[:, None] & (dims[None, :] < head_dim), other=0.0)
                 v = tl.load(v_base + v_rows[:, None] + dims_v[None, :] * stride_vd,

@@ -119,9 +119,9 @@ MUTATIONS = [
     Mutation("decode: the part-filled last block skipped (Triton)", TRITON_DECODE,
              "lo = tl.maximum(first, n_whole)", "lo = last",
              _golden_triton("fa-fp32", "decode-ragged")),
-    Mutation("overflow repair: a paged key read from its logical block, not the table's (Triton)",
-             TRITON_REPAIR, "k_rows = page * stride_kb + rows_in * stride_ks",
-             "k_rows = (blk * BLOCK_N // page_size) * stride_kb + rows_in * stride_ks",
+    Mutation("overflow repair: paged keys and values addressed as contiguous ones (Triton)",
+             TRITON_REPAIR, "stride_vb, stride_vs, PAGED, WHOLE_PAGE)",
+             "stride_vb, stride_vs, False, WHOLE_PAGE)",
              ("tests/test_overflow.py", "-k", "paged and triton")),
     # ---- semantics: mask and length edges, GQA, LSE, the guard, decode's merge
     Mutation("band's upper edge off by one (the problem's visibility)", "pasa_npu/problem.py",
