@@ -3,7 +3,8 @@
 An allocation candidate runs ``pasa_npu.fused_attention(algorithm=..., backend=...)``
 on the item; for a PASA allocation it also reports the query rows that the overflow check
 recomputed by fa-fp32 (:func:`pasa_npu.overflow_report`; the tool shows them in its
-tables, so the call's :class:`pasa_npu.OverflowRepairWarning` is not raised). Third-party candidates run where installed:
+tables, so the call's :class:`pasa_npu.OverflowRepairWarning` is not raised).
+Third-party candidates run where installed:
 
 * ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` in the item's
   dtype on the chosen device (whatever kernel torch picks there);

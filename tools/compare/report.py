@@ -149,9 +149,9 @@ def repair_rows(comp: Comparison) -> Optional[tuple[list[str], list[list[str]]]]
         if not any(r is not None and r.repaired_rows for r in recs):
             continue
         total = it["shape"][0] * it["shape"][1] * it["shape"][2]
-        rows.append([it["name"]] + ["-" if r is None or r.repaired_rows is None
-                                    else f"{r.repaired_rows} ({100 * r.repaired_rows / total:.2f}%)"
-                                    for r in recs])
+        rows.append([it["name"]] + [
+            "-" if r is None or r.repaired_rows is None
+            else f"{r.repaired_rows} ({100 * r.repaired_rows / total:.2f}%)" for r in recs])
     return (["item"] + labels, rows) if rows else None
 
 
