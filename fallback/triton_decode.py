@@ -6,10 +6,9 @@ splits make one wave of resident programs, :func:`triton_launch.decode_splits`);
 partial results are merged by their log-sum-exp in fp32, one program per query head (as
 FlashDecoding). For PASA each split starts its own pseudo-average, and K' is computed
 there from each raw K block (:func:`triton_shift._shift_in_kernel`). Where the call is
-checked for overflow (DETECT), the split kernel's first program zeroes the call's
-overflow word, the combine program flags its merged row when it is not finite (and sets
-the word), and the repair launch of :mod:`triton_repair` recomputes the flagged rows
-(it returns at once where none is)."""
+checked for overflow (DETECT), the combine program that finds its merged row not finite
+recomputes it by fa-fp32 (:func:`triton_repair._fp32_tile`) and flags it repaired
+(or still not finite, from a NaN or inf input): no launch of its own."""
 from __future__ import annotations
 
 import torch
@@ -17,18 +16,23 @@ import triton
 import triton.language as tl
 
 from pasa_npu.fallback import triton_launch as heuristics
-from pasa_npu.fallback import triton_repair
 from pasa_npu.fallback.kernel_common import _kv_rows, cdiv, launch, placeholder, pow2, sm_count
+from pasa_npu.fallback.triton_repair import _fp32_tile
 from pasa_npu.fallback.triton_shift import _shift_in_kernel
 from pasa_npu.fallback.triton_softmax import _block_update, _finish, _initial_state, _row_constant
+from pasa_npu.overflow import ROW_NONFINITE, ROW_REPAIRED
 from pasa_npu.problem import AttentionProblem
+
+ROW_REPAIRED_C = tl.constexpr(ROW_REPAIRED)
+ROW_NONFINITE_C = tl.constexpr(ROW_NONFINITE)
+REPAIR_ROWS = tl.constexpr(16)  # decode's repair tile: one row, padded to a matmul's least
 
 
 # Over 80 lines: one kv loop holds the contiguous and the paged addressing, the fused key
 # shift and the mask, each a few lines that read the loop's state.
 @triton.jit
 def _decode_split(
-    Q, K, V, MASK, SHIFT, PART_O, PART_LSE, PAGES, OVERFLOW_WORD,
+    Q, K, V, MASK, SHIFT, PART_O, PART_LSE, PAGES,
     q_starts, kv_starts, kv_lens,
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
@@ -39,7 +43,6 @@ def _decode_split(
     PSEUDO_AVERAGE_SHIFT: tl.constexpr, EXACT_SHIFT: tl.constexpr, LOW_SCORES: tl.constexpr,
     LOW_STATISTICS: tl.constexpr, LOW_ACCUMULATOR: tl.constexpr,
     HAS_MASK: tl.constexpr, GUARD: tl.constexpr, PAGED: tl.constexpr, WHOLE_PAGE: tl.constexpr,
-    DETECT: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
 ):
     """One split of the kv blocks for BLOCK_G query heads of one kv head's group (a group
@@ -47,15 +50,10 @@ def _decode_split(
     results to rows ``chunk * BLOCK_G + g`` of the group's ``group_rows``. PASA's key shift
     is done here on each zero-padded raw K block (fused). PAGED: K and V are the caches
     (num_blocks, N_kv, page_size, D), read through the block table ``PAGES`` (a row of
-    ``stride_pb`` per batch), whose strides ``stride_kb``/``stride_vb`` step blocks.
-    DETECT: the first program zeroes the call's ``OVERFLOW_WORD`` (the combine kernel,
-    launched after this one, sets it)."""
+    ``stride_pb`` per batch), whose strides ``stride_kb``/``stride_vb`` step blocks."""
     # a 1-D grid, chunks of a group fastest (they read the same K/V blocks): CUDA caps
     # the grid's other axes at 65535
     pid = tl.program_id(0)
-    if DETECT:
-        if pid == 0:
-            tl.store(OVERFLOW_WORD, 0)
     chunk = pid % n_chunks
     split = pid // n_chunks % n_splits
     bh = pid // n_chunks // n_splits
@@ -142,16 +140,26 @@ def _decode_split(
 
 
 @triton.jit
-def _decode_combine(PART_O, PART_LSE, O, LSE, FLAGS, OVERFLOW_WORD, q_starts, q_lens,
+def _decode_combine(PART_O, PART_LSE, O, LSE, FLAGS, q_starts, q_lens,
                     stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh, stride_ls,
                     stride_fb, stride_fh, n_heads, group, head_dim_v, n_splits, group_rows,
+                    Q, K, V, MASK, PAGES, kv_starts, kv_lens,
+                    stride_qb, stride_qh, stride_qs, stride_qd,
+                    stride_kb, stride_kh, stride_ks, stride_kd,
+                    stride_vb, stride_vh, stride_vs, stride_vd,
+                    stride_xb, stride_xk, stride_pb, page_size, scale, head_dim,
                     HAS_LSE: tl.constexpr, SPLITS: tl.constexpr,
-                    CHUNK: tl.constexpr, HEAD_DIM_V: tl.constexpr, DETECT: tl.constexpr):
+                    CHUNK: tl.constexpr, HEAD_DIM_V: tl.constexpr, DETECT: tl.constexpr,
+                    HAS_MASK: tl.constexpr, GUARD: tl.constexpr, PAGED: tl.constexpr,
+                    WHOLE_PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Merge the splits of one (batch, query head) by log-sum-exp, in fp32, CHUNK splits
     per load: one program per query head, so that this latency-bound pass has many
-    programs in flight. DETECT: the merged row's flag (its output or LSE not finite, or a
-    split's LSE NaN or +inf, which would read as a split that saw no key), a flagged row
-    setting ``OVERFLOW_WORD``."""
+    programs in flight. DETECT: the merged row's flag; a row whose output or LSE is not
+    finite, or with a split's LSE NaN or +inf (which would read as a split that saw no
+    key), is recomputed here from Q, K and V by fa-fp32 (:func:`triton_repair._fp32_tile`,
+    BLOCK_N keys a step, one stage: a small footprint on a path that rarely runs; the
+    arguments after ``group_rows`` are for it alone) and flagged repaired, or still not
+    finite where an input was."""
     pid = tl.program_id(0)
     b = pid // n_heads
     h = pid % n_heads
@@ -182,20 +190,34 @@ def _decode_combine(PART_O, PART_LSE, O, LSE, FLAGS, OVERFLOW_WORD, q_starts, q_
     seen = total != 0
     o = tl.where(seen, o / tl.where(seen, total, 1.0), 0.0)
     lse = tl.where(seen, top_safe + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
+    if DETECT:
+        split_bad = tl.sum(((lse_s != lse_s) | (lse_s == float("inf"))).to(tl.int32), 0) > 0
+        # the row's sum test of triton_softmax._nonfinite_rows
+        row_sum = tl.sum(o, 0) + tl.where(lse == float("-inf"), 0.0, lse)
+        flag = (~(tl.abs(row_sum) < float("inf")) | split_bad).to(tl.uint8)
+        if flag != 0:  # the row by fa-fp32, as row 0 of a REPAIR_ROWS tile
+            first = tl.arange(0, REPAIR_ROWS) == 0
+            o_t, lse_t = _fp32_tile(Q, K, V, MASK, PAGES, b, h, h // group, 0, q_start, 1,
+                                    tl.load(kv_starts + b), tl.load(kv_lens + b), q_lens,
+                                    q_lens, stride_qb, stride_qh, stride_qs, stride_qd,
+                                    stride_kb, stride_kh, stride_ks, stride_kd, stride_vb,
+                                    stride_vh, stride_vs, stride_vd, stride_xb, 0, stride_xk,
+                                    stride_pb, page_size, scale, head_dim, head_dim_v,
+                                    HAS_MASK, False, GUARD, PAGED, WHOLE_PAGE, REPAIR_ROWS,
+                                    BLOCK_N, HEAD_DIM, HEAD_DIM_V, 1)
+            # row 0 of the tile, NaN kept (a maximum would drop it)
+            o = tl.sum(tl.where(first[:, None], o_t, 0.0), 0)
+            lse = tl.sum(tl.where(first, lse_t, 0.0), 0)
+            still = ~(tl.abs(tl.sum(o, 0) + tl.where(lse == float("-inf"), 0.0, lse))
+                      < float("inf"))
+            flag = tl.where(still, ROW_NONFINITE_C, ROW_REPAIRED_C).to(tl.uint8)
+        tl.store(FLAGS + b.to(tl.int64) * stride_fb + h.to(tl.int64) * stride_fh + q_start,
+                 flag)
     tl.store(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + q_start * stride_os
              + dims_v * stride_od, o.to(O.dtype.element_ty), mask=dims_v < head_dim_v)
     if HAS_LSE:
         tl.store(LSE + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh
                  + q_start * stride_ls, lse)
-    if DETECT:
-        split_bad = tl.sum(((lse_s != lse_s) | (lse_s == float("inf"))).to(tl.int32), 0) > 0
-        # the row's sum test of triton_softmax._nonfinite_rows
-        row_sum = tl.sum(o, 0) + tl.where(lse == float("-inf"), 0.0, lse)
-        bad = ~(tl.abs(row_sum) < float("inf")) | split_bad
-        tl.store(FLAGS + b.to(tl.int64) * stride_fb + h.to(tl.int64) * stride_fh + q_start,
-                 bad.to(tl.uint8))
-        if bad:
-            tl.store(OVERFLOW_WORD, 1)
 
 
 def run(problem: AttentionProblem, shared) -> None:
@@ -224,30 +246,33 @@ def run(problem: AttentionProblem, shared) -> None:
     pages = problem.block_table if problem.paged else q_starts
     detect = problem.overflow is not None
     flags = problem.overflow.row_flags if detect else placeholder(q.device, torch.uint8)
-    # the overflow word: zeroed by the split kernel, set by the combine kernel
-    word = torch.empty(1, dtype=torch.int32, device=q.device) if detect else q_starts
+    whole_page = problem.block_size % shared.constexprs["BLOCK_N"] == 0
     launch(
         _decode_split, (n_chunks * n_splits * batch * n_kv,),
         q, k, v, shared.mask, shared.shift if shared.shift is not None else part_lse, part_o,
-        part_lse, pages, word, q_starts, kv_starts, kv_lens,
+        part_lse, pages, q_starts, kv_starts, kv_lens,
         *shared.strides(q), *shared.kv_strides(k), *shared.kv_strides(v),
         shared.mask_strides[0], shared.mask_strides[2], pages.stride(0), problem.block_size,
         n_kv, group, problem.scale, shared.gamma, q.shape[3], v.shape[3], blocks_per_split,
         n_splits, n_chunks, group_rows, PAGED=problem.paged,
-        WHOLE_PAGE=problem.block_size % shared.constexprs["BLOCK_N"] == 0, DETECT=detect,
-        BLOCK_G=block_g, num_warps=warps,
-        num_stages=stages,
+        WHOLE_PAGE=whole_page, BLOCK_G=block_g, num_warps=warps, num_stages=stages,
         **shared.constexprs, **heuristics.fp_options(problem.allocation))
     has_lse = problem.lse is not None
     lse_arg = shared.lse_arg
+    repair_keys = heuristics.DECODE_REPAIR_KEYS
     launch(
         _decode_combine, (batch * n_heads,),
-        part_o, part_lse, out, lse_arg, flags, word, q_starts, q_lens, *shared.strides(out),
+        part_o, part_lse, out, lse_arg, flags, q_starts, q_lens, *shared.strides(out),
         (shared.batch_stride(lse_arg) if has_lse else 0), lse_arg.stride(1), lse_arg.stride(2),
         shared.batch_stride(flags) if detect else 0, flags.stride(1),
         n_heads, group, v.shape[3], n_splits, group_rows,
+        q, k, v, shared.mask, pages, kv_starts, kv_lens,
+        *shared.strides(q), *shared.kv_strides(k), *shared.kv_strides(v),
+        shared.mask_strides[0], shared.mask_strides[2], pages.stride(0), problem.block_size,
+        problem.scale, q.shape[3],
         HAS_LSE=has_lse, SPLITS=pow2(n_splits, 1),
         CHUNK=min(pow2(n_splits, 1), heuristics.COMBINE_CHUNK),
-        HEAD_DIM_V=head_dim_vp, DETECT=detect, num_warps=warps)
-    if detect:
-        triton_repair.run(problem, shared, word, block_m=16)
+        HEAD_DIM_V=head_dim_vp, DETECT=detect, HAS_MASK=problem.mask is not None,
+        GUARD=problem.rounding_guard, PAGED=problem.paged,
+        WHOLE_PAGE=problem.block_size % repair_keys == 0, BLOCK_N=repair_keys,
+        HEAD_DIM=head_dim_p, num_warps=warps)

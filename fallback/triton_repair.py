@@ -1,18 +1,17 @@
 """The Triton backend's overflow repair (docs/design.md, "Overflow detection and repair").
 
 The PASA kernels flag each query row whose output or LSE is not finite in the call's row
-flags (:class:`pasa_npu.overflow.OverflowCheck`), and a flagged row sets the call's
-overflow word (an int32 on the device, zeroed by the launch before the attention kernel).
-The repair launch (:func:`run`, the ``_repair`` kernel, after prefill and after decode's
-combine) recomputes flagged rows by fa-fp32 (the raw K, fp32 scores and statistics; a
-paged cache read through the block table, as the attention kernels read it) and marks
-them repaired. It reads the word first and returns at once where it is zero, so a call
-that does not overflow costs one small launch and no host synchronisation, and a CUDA
-graph replays it as it is.
+flags (:class:`pasa_npu.overflow.OverflowCheck`). Prefill: a flagged row sets the call's
+overflow word (an int32 on the device, zeroed by the launch before the attention kernel),
+and the repair launch (:func:`run`, the ``_repair`` kernel) recomputes flagged rows by
+fa-fp32 (the raw K, fp32 scores and statistics; a paged cache read through the block
+table, as the attention kernels read it) and marks them repaired. It reads the word first
+and returns at once where it is zero, so a call that does not overflow costs one small
+launch and no host synchronisation, and a CUDA graph replays it as it is. Decode: the
+combine program that finds its merged row not finite recomputes it in place by the same
+fa-fp32 tile (:func:`_fp32_tile`), so a checked decode step adds no launch.
 """
 from __future__ import annotations
-
-from typing import Optional
 
 import torch
 import triton
@@ -43,12 +42,9 @@ def _repair(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, PAGES, q_starts, q_lens
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr):
     """The repair: nothing where the overflow word is zero; else the programs take the
-    ``total`` (query tile, batch, query head) tiles in turn and recompute by fa-fp32 each
-    tile that holds a flagged row (the raw K, fp32 scores and statistics; every kv block
-    through the masked update, this being the rare path), writing the output, LSE and
-    flag (repaired, or still non-finite) of its flagged rows and leaving the others.
-    PAGED: K and V are the caches (num_blocks, N_kv, page_size, D), read through the block
-    table ``PAGES`` (:func:`kernel_common._kv_rows`)."""
+    ``total`` (query tile, batch, query head) tiles in turn and recompute by fa-fp32
+    (:func:`_fp32_tile`) each tile that holds a flagged row, writing the output, LSE and
+    flag (repaired, or still non-finite) of its flagged rows and leaving the others."""
     if tl.load(OVERFLOW_WORD) == 0:
         return
     for t in range(tl.program_id(0), total, tl.num_programs(0)):
@@ -63,51 +59,17 @@ def _repair(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, PAGES, q_starts, q_lens
                         + (q_start + rows).to(tl.int64), mask=rows < q_len, other=0)
         redo = flags == ROW_FLAGGED_C
         if tl.max(redo.to(tl.int32), 0) > 0:  # fa-fp32 for the tile; its flagged rows written
-            kv_start = tl.load(kv_starts + b)
-            kv_len = tl.load(kv_lens + b)
-            hk = h // group
-            dims = tl.arange(0, HEAD_DIM)
-            dims_v = tl.arange(0, HEAD_DIM_V)
-            cols = tl.arange(0, BLOCK_N)
-            q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-                        + (q_start + rows)[:, None].to(tl.int64) * stride_qs
-                        + dims[None, :] * stride_qd,
-                        mask=(rows[:, None] < q_len) & (dims[None, :] < head_dim), other=0.0)
-            lo, hi, _, _, pre, nxt = _tile_kv_blocks(m0, q_len, kv_len, band_pre, band_next, b,
-                                                     HAS_BAND, BLOCK_M, BLOCK_N)
-            k_base = K + hk.to(tl.int64) * stride_kh
-            v_base = V + hk.to(tl.int64) * stride_vh
-            if not PAGED:
-                k_base += b.to(tl.int64) * stride_kb + kv_start.to(tl.int64) * stride_ks
-                v_base += b.to(tl.int64) * stride_vb + kv_start.to(tl.int64) * stride_vs
-            m, l, acc, f, cnt, c = _initial_state(BLOCK_M, HEAD_DIM_V, False, q.dtype)
-            for blk in range(lo, hi):
-                n = blk * BLOCK_N + cols
-                in_kv = n < kv_len
-                k_rows, v_rows = _kv_rows(PAGES + b.to(tl.int64) * stride_pb, blk * BLOCK_N,
-                                          cols, kv_len, page_size, stride_kb, stride_ks,
-                                          stride_vb, stride_vs, PAGED, WHOLE_PAGE)
-                k = tl.load(k_base + k_rows[:, None] + dims[None, :] * stride_kd,
-                            mask=in_kv[:, None] & (dims[None, :] < head_dim), other=0.0)
-                v = tl.load(v_base + v_rows[:, None] + dims_v[None, :] * stride_vd,
-                            mask=in_kv[:, None] & (dims_v[None, :] < head_dim_v), other=0.0)
-                vis = in_kv[None, :] & (rows[:, None] < q_len)
-                if HAS_BAND:
-                    vis = (vis & (n[None, :] >= rows[:, None] - pre)
-                           & (n[None, :] <= rows[:, None] + nxt))
-                if HAS_MASK:
-                    masked = tl.load(MASK + b.to(tl.int64) * stride_xb
-                                     + rows[:, None].to(tl.int64) * stride_xs
-                                     + n[None, :] * stride_xk,
-                                     mask=(rows[:, None] < q_len) & in_kv[None, :], other=1)
-                    vis = vis & (masked == 0)
-                row_any = tl.max(vis.to(tl.int32), 1) > 0
-                m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt,
-                                                  scale, 0.0, scale, False, False, False, False,
-                                                  True, GUARD, BLOCK_N)
-            o, lse = _finish(m, l, acc, f, cnt, 0.0, False)
+            o, lse = _fp32_tile(Q, K, V, MASK, PAGES, b, h, h // group, m0, q_start, q_len,
+                                tl.load(kv_starts + b), tl.load(kv_lens + b), band_pre,
+                                band_next, stride_qb, stride_qh, stride_qs, stride_qd,
+                                stride_kb, stride_kh, stride_ks, stride_kd, stride_vb,
+                                stride_vh, stride_vs, stride_vd, stride_xb, stride_xs,
+                                stride_xk, stride_pb, page_size, scale, head_dim, head_dim_v,
+                                HAS_MASK, HAS_BAND, GUARD, PAGED, WHOLE_PAGE, BLOCK_M,
+                                BLOCK_N, HEAD_DIM, HEAD_DIM_V, None)
             still = _nonfinite_rows(o, lse)
             pos = (q_start + rows).to(tl.int64)
+            dims_v = tl.arange(0, HEAD_DIM_V)
             tl.store(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
                      + pos[:, None] * stride_os + dims_v[None, :] * stride_od,
                      o.to(O.dtype.element_ty),
@@ -119,14 +81,70 @@ def _repair(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, PAGES, q_starts, q_lens
                      tl.where(still, ROW_NONFINITE_C, ROW_REPAIRED_C).to(tl.uint8), mask=redo)
 
 
-def run(problem: AttentionProblem, shared, overflow_word: torch.Tensor,
-        block_m: Optional[int] = None) -> None:
-    """Launch the repair after the attention kernels (``overflow_word``: the call's overflow
+@triton.jit
+def _fp32_tile(Q, K, V, MASK, PAGES, b, h, hk, m0, q_start, q_len, kv_start, kv_len,
+               band_pre, band_next, stride_qb, stride_qh, stride_qs, stride_qd,
+               stride_kb, stride_kh, stride_ks, stride_kd,
+               stride_vb, stride_vh, stride_vs, stride_vd,
+               stride_xb, stride_xs, stride_xk, stride_pb, page_size,
+               scale, head_dim, head_dim_v,
+               HAS_MASK: tl.constexpr, HAS_BAND: tl.constexpr, GUARD: tl.constexpr,
+               PAGED: tl.constexpr, WHOLE_PAGE: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+               STAGES: tl.constexpr):
+    """Query rows m0 .. m0+BLOCK_M-1 of (batch b, head h; kv head hk) by fa-fp32: the raw
+    K, fp32 scores and statistics, every kv block through the masked update (this being
+    the rare path), ``STAGES`` deep (None: the launch's). PAGED: K and V are the caches
+    (num_blocks, N_kv, page_size, D), read through the block table ``PAGES``
+    (:func:`kernel_common._kv_rows`). Returns the tile's output (fp32) and LSE."""
+    dims = tl.arange(0, HEAD_DIM)
+    dims_v = tl.arange(0, HEAD_DIM_V)
+    cols = tl.arange(0, BLOCK_N)
+    rows = m0 + tl.arange(0, BLOCK_M)
+    q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+                + (q_start + rows)[:, None].to(tl.int64) * stride_qs
+                + dims[None, :] * stride_qd,
+                mask=(rows[:, None] < q_len) & (dims[None, :] < head_dim), other=0.0)
+    lo, hi, _, _, pre, nxt = _tile_kv_blocks(m0, q_len, kv_len, band_pre, band_next, b,
+                                             HAS_BAND, BLOCK_M, BLOCK_N)
+    k_base = K + hk.to(tl.int64) * stride_kh
+    v_base = V + hk.to(tl.int64) * stride_vh
+    if not PAGED:
+        k_base += b.to(tl.int64) * stride_kb + kv_start.to(tl.int64) * stride_ks
+        v_base += b.to(tl.int64) * stride_vb + kv_start.to(tl.int64) * stride_vs
+    m, l, acc, f, cnt, c = _initial_state(BLOCK_M, HEAD_DIM_V, False, q.dtype)
+    for blk in tl.range(lo, hi, num_stages=STAGES):
+        n = blk * BLOCK_N + cols
+        in_kv = n < kv_len
+        k_rows, v_rows = _kv_rows(PAGES + b.to(tl.int64) * stride_pb, blk * BLOCK_N, cols,
+                                  kv_len, page_size, stride_kb, stride_ks, stride_vb,
+                                  stride_vs, PAGED, WHOLE_PAGE)
+        k = tl.load(k_base + k_rows[:, None] + dims[None, :] * stride_kd,
+                    mask=in_kv[:, None] & (dims[None, :] < head_dim), other=0.0)
+        v = tl.load(v_base + v_rows[:, None] + dims_v[None, :] * stride_vd,
+                    mask=in_kv[:, None] & (dims_v[None, :] < head_dim_v), other=0.0)
+        vis = in_kv[None, :] & (rows[:, None] < q_len)
+        if HAS_BAND:
+            vis = vis & (n[None, :] >= rows[:, None] - pre) & (n[None, :] <= rows[:, None] + nxt)
+        if HAS_MASK:
+            masked = tl.load(MASK + b.to(tl.int64) * stride_xb
+                             + rows[:, None].to(tl.int64) * stride_xs + n[None, :] * stride_xk,
+                             mask=(rows[:, None] < q_len) & in_kv[None, :], other=1)
+            vis = vis & (masked == 0)
+        row_any = tl.max(vis.to(tl.int32), 1) > 0
+        m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale,
+                                          0.0, scale, False, False, False, False, True, GUARD,
+                                          BLOCK_N)
+    return _finish(m, l, acc, f, cnt, 0.0, False)
+
+
+def run(problem: AttentionProblem, shared, overflow_word: torch.Tensor) -> None:
+    """Launch the repair after the prefill kernels (``overflow_word``: the call's overflow
     word on the device, nonzero once a row is flagged; :class:`triton_attention.Shared`
-    holds the rest), ``block_m`` query rows per tile (decode: 16, its one row)."""
+    holds the rest)."""
     q, k, v, out = problem.query, problem.key, problem.value, problem.out
     flags = problem.overflow.row_flags
-    block_m = block_m or (16 if shared.interpret else 64)
+    block_m = 16 if shared.interpret else 64
     n_tiles = cdiv(problem.max_q_len, block_m)
     total = n_tiles * problem.batch * q.shape[1]
     programs = 2 if shared.interpret else 4 * sm_count(q.device.index or 0)

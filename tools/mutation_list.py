@@ -119,10 +119,13 @@ MUTATIONS = [
     Mutation("decode: the part-filled last block skipped (Triton)", TRITON_DECODE,
              "lo = tl.maximum(first, n_whole)", "lo = last",
              _golden_triton("fa-fp32", "decode-ragged")),
-    Mutation("overflow repair: paged keys and values addressed as contiguous ones (Triton)",
-             TRITON_REPAIR, "stride_vb, stride_vs, PAGED, WHOLE_PAGE)",
-             "stride_vb, stride_vs, False, WHOLE_PAGE)",
-             ("tests/test_overflow.py", "-k", "paged and triton")),
+    Mutation("overflow repair (prefill, decode): paged keys and values addressed as "
+             "contiguous ones (Triton)", TRITON_REPAIR, "stride_vs, PAGED, WHOLE_PAGE)",
+             "stride_vs, False, WHOLE_PAGE)", ("tests/test_overflow.py", "-k", "paged and triton")),
+    Mutation("decode's overflow repair not run: the row flagged, left as it is (Triton)",
+             TRITON_DECODE, "if flag != 0:  # the row by fa-fp32",
+             "if flag == 9:  # the row by fa-fp32",
+             ("tests/test_overflow.py", "-k", "decode_overflow and triton")),
     # ---- semantics: mask and length edges, GQA, LSE, the guard, decode's merge
     Mutation("band's upper edge off by one (the problem's visibility)", "pasa_npu/problem.py",
              "vis = vis & (j >= i - pre) & (j <= i + nxt)",

@@ -36,6 +36,7 @@ from pasa_npu.numerics import ALLOCATIONS
 
 KERNELS = {"_attention_fwd": triton_prefill._attention_fwd,
            "_decode_split": triton_decode._decode_split,
+           "_decode_combine": triton_decode._decode_combine,
            "_repair": triton_repair._repair}
 SHARED_LIMIT = 232448  # bytes per block on sm_90
 SM_SHARED = 233472  # bytes per SM on sm_90, of which the driver reserves 1 KiB per block
@@ -48,9 +49,12 @@ POINTERS = {
                            K_PAGES="*i32", V_PAGES="*i32", q_starts="*i32", q_lens="*i32",
                            kv_starts="*i32", kv_lens="*i32", band_pre="*i32", band_next="*i32"),
     "_decode_split": dict(Q="*fp16", K="*fp16", V="*fp16", MASK="*u8", SHIFT="*fp32",
-                          PART_O="*fp32", PART_LSE="*fp32", PAGES="*i32", OVERFLOW_WORD="*i32",
-                          q_starts="*i32",
+                          PART_O="*fp32", PART_LSE="*fp32", PAGES="*i32", q_starts="*i32",
                           kv_starts="*i32", kv_lens="*i32"),
+    "_decode_combine": dict(PART_O="*fp32", PART_LSE="*fp32", O="*fp16", LSE="*fp32",
+                            FLAGS="*u8", q_starts="*i32", q_lens="*i32", Q="*fp16", K="*fp16",
+                            V="*fp16", MASK="*u8", PAGES="*i32", kv_starts="*i32",
+                            kv_lens="*i32"),
     "_repair": dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", FLAGS="*u8",
                     OVERFLOW_WORD="*i32", MASK="*u8", PAGES="*i32", q_starts="*i32",
                     q_lens="*i32", kv_starts="*i32", kv_lens="*i32", band_pre="*i32",
@@ -218,7 +222,7 @@ def variants(head_dim: int = 128):
     the Gluon prefill; at head dim 128, the paged variants ("paged" in the label:
     causal prefill, decode at GQA 4:1 with kv blocks inside one cache block and, for
     fa-fp32, straddling them, the Gluon prefill causal) of pasa-exact, pasa and fa-fp32;
-    the overflow repair's launch for prefill and for decode."""
+    decode's merge, unchecked and checked; the overflow repair's launch after prefill."""
     for alg, allocation in ALLOCATIONS.items():
         pasa = allocation.shifts_keys
         paged = head_dim == 128 and alg in PAGED_ALGORITHMS
@@ -254,7 +258,7 @@ def variants(head_dim: int = 128):
         for block_g in sorted({triton_launch.decode_block_g(g, head_dim)
                                for g in (1, 32, 64, 1024)}):
             consts = dict(**allocation_flags(allocation), HAS_MASK=False, GUARD=False,
-                          PAGED=False, WHOLE_PAGE=True, DETECT=pasa, BLOCK_G=block_g,
+                          PAGED=False, WHOLE_PAGE=True, BLOCK_G=block_g,
                           BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
             yield ("_decode_split", f"{alg} decode g={block_g} d={head_dim}", consts, 4,
                    stages, fp_fusion)
@@ -264,14 +268,21 @@ def variants(head_dim: int = 128):
                 consts = dict(consts, PAGED=True, WHOLE_PAGE=whole, BLOCK_G=block_g)
                 yield ("_decode_split", f"{alg} paged{tag} decode g={block_g} d={head_dim}",
                        consts, 4, triton_launch.paged_stages(stages), fp_fusion)
-    # the overflow repair after a checked PASA call: its prefill tiles and decode's
-    for block_m, mode in ((64, "prefill"), (16, "decode")):
-        for paged in (False, True):
-            consts = dict(HAS_MASK=False, HAS_BAND=mode == "prefill", HAS_LSE=True,
-                          GUARD=False, PAGED=paged, WHOLE_PAGE=True, BLOCK_M=block_m,
-                          BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
-            yield ("_repair", f"repair {'paged ' * paged}{mode} d={head_dim}", consts, 4,
-                   triton_repair.repair_stages(head_dim), True)
+    # decode's merge of 32 splits, unchecked and checked (with the repair of its row)
+    for detect, paged in ((False, False), (True, False), (True, True)):
+        consts = dict(HAS_LSE=False, SPLITS=32, CHUNK=triton_launch.COMBINE_CHUNK,
+                      HEAD_DIM_V=head_dim, DETECT=detect, HAS_MASK=False, GUARD=False,
+                      PAGED=paged, WHOLE_PAGE=True, BLOCK_N=triton_launch.DECODE_REPAIR_KEYS,
+                      HEAD_DIM=head_dim)
+        label = f"decode combine{' checked' * detect}{' paged' * paged} d={head_dim}"
+        yield ("_decode_combine", label, consts, 4, 3, True)
+    # the overflow repair after a checked PASA prefill
+    for paged in (False, True):
+        consts = dict(HAS_MASK=False, HAS_BAND=True, HAS_LSE=True, GUARD=False, PAGED=paged,
+                      WHOLE_PAGE=True, BLOCK_M=64, BLOCK_N=128, HEAD_DIM=head_dim,
+                      HEAD_DIM_V=head_dim)
+        yield ("_repair", f"repair {'paged ' * paged}prefill d={head_dim}", consts, 4,
+               triton_repair.repair_stages(head_dim), True)
     # the warp-specialised Gluon prefill that replaces _attention_fwd where it applies
     for alg in gp.ALGORITHMS if gp.AVAILABLE and head_dim in gp.HEAD_DIMS else ():
         allocation = ALLOCATIONS[alg]
