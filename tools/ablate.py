@@ -19,8 +19,10 @@ that split alone, without the variants). Prints TFLOP/s (4 B H S^2 d / t, half f
 
 ``--check-cost`` instead times what the overflow check (``repair_overflow``, on by
 default) costs where nothing overflows: ``pasa`` and ``pasa-exact`` prefill at the shapes
-above and decode at pasa-bench's S2 = 8k GQA 4:1 shape, replayed from a CUDA graph with
-the check on and off, alternating, three times each.
+above after decode at pasa-bench's S2 = 8k shapes (GQA 4:1 and 8:1), replayed from a CUDA
+graph with the check on and off, alternating, five times each: the medians, their ratio,
+and each side's spread between its runs ((max - min) / median), against which the ratio
+is read.
 
 ``--host-time`` (any machine) instead measures the API layer's host time per call, with
 the argument plan cached (as every repeated call is), rebuilt on every call, and with
@@ -326,15 +328,17 @@ def main(argv=None) -> int:
     return 0
 
 
-def _check_cost(args, reps: int = 3) -> None:
+def _check_cost(args, reps: int = 5) -> None:
     """:func:`main`'s ``--check-cost``: graph-replay times with ``repair_overflow`` on and
-    off, alternating; the median of each and their ratio."""
+    off, alternating; the median of each, their ratio and each side's spread."""
     gen = torch.Generator(device="cuda").manual_seed(0)
-    cases = [(d, seq, batch, heads, heads, causal) for d, seq, batch, heads in SHAPES
-             if d in args.dims
-             for causal in {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]]
-    cases.append((128, 8192, 8, 32, 8, None))  # decode: pasa-bench's S2 = 8k, GQA 4:1
-    print("overflow check on / off, graph replay, median of 3 alternating runs")
+    # decode (pasa-bench's S2 = 8k, GQA 4:1 and 8:1), then prefill
+    cases = [(128, 8192, 8, 32, kv_heads, None) for kv_heads in (8, 4)]
+    cases += [(d, seq, batch, heads, heads, causal) for d, seq, batch, heads in SHAPES
+              if d in args.dims
+              for causal in {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]]
+    print(f"overflow check on / off, graph replay, median of {reps} alternating runs; "
+          f"spread: (max - min) / median of each side's runs")
     for d, seq, batch, heads, kv_heads, causal in cases:
         s1 = 1 if causal is None else seq
         q = torch.randn(batch, heads, s1, d, device="cuda", dtype=torch.float16, generator=gen)
@@ -351,8 +355,11 @@ def _check_cost(args, reps: int = 3) -> None:
                     times[check].append(bench._graph_ms(
                         lambda: call(q, k, v, bool(causal), False)))
             on, off = (sorted(times[c])[reps // 2] for c in (True, False))
+            spread_on, spread_off = ((max(times[c]) - min(times[c])) / median
+                                     for c, median in ((True, on), (False, off)))
             print(f"  {what} {algorithm:10s}: {1e3 * on:8.1f} us on, {1e3 * off:8.1f} us off, "
-                  f"on/off {on / off:.3f}", flush=True)
+                  f"on/off {on / off:.3f}; spread on {spread_on:.3f}, off {spread_off:.3f}",
+                  flush=True)
 
 
 def _time_variants(args) -> None:

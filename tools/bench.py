@@ -90,10 +90,12 @@ def decode_cases(kv_lens=(8192, 32768), ratios=(4, 8), d=128, heads=32, batch=8)
                        hkv=heads // ratio)
 
 
-def run_case(case, algorithms, mask, progress=print, paged_cache=None) -> dict:
+def run_case(case, algorithms, mask, progress=print, paged_cache=None,
+             overflow_check=True) -> dict:
     """Time every candidate on ``case``; with ``paged_cache`` ("4d" or "3d", see
     :mod:`bench_paged`), also our paged allocations on the same K/V in a paged cache
-    (decode, and prefill at d = 128), as "<algorithm> paged" entries."""
+    (decode, and prefill at d = 128), as "<algorithm> paged" entries. ``overflow_check``:
+    our calls' ``repair_overflow``."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     d, b, h = case["d"], case["b"], case["h"]
     dt = torch.float16
@@ -110,7 +112,8 @@ def run_case(case, algorithms, mask, progress=print, paged_cache=None) -> dict:
     causal = case.get("causal", False)
     gqa = hkv != h
     kv_bytes = 2 * k.numel() * k.element_size() if case["kind"] == "decode" else None
-    candidates = {name: _ours(name, mask) for name in algorithms}
+    candidates = {name: _ours(name, mask, repair_overflow=overflow_check)
+                  for name in algorithms}
     for name in ("sdpa-flash", "sdpa-cudnn"):
         candidates[name] = _sdpa(name)
     row = dict(case)
@@ -120,7 +123,7 @@ def run_case(case, algorithms, mask, progress=print, paged_cache=None) -> dict:
     if paged_cache and paged and (case["kind"] == "decode" or d == 128):
         k_cache, v_cache, table = bench_paged.paged_kv(k, v, gen, paged_cache)
         for name in paged:
-            fn = bench_paged.paged_call(name, mask, table)
+            fn = bench_paged.paged_call(name, mask, table, repair_overflow=overflow_check)
             paged_call = lambda: fn(q, k_cache, v_cache, causal, gqa)  # noqa: E731
             row[f"{name} paged"] = _timed(paged_call, flops, kv_bytes)
             if case["kind"] == "prefill":  # the kernels alone, without the host's time
@@ -188,7 +191,8 @@ def markdown(result) -> str:
     has rows of that kind."""
     algos = result["algorithms"]
     lines = [f"Device: {result['device']}; torch {result['torch']}, triton {result['triton']}; "
-             f"copy bandwidth {result['copy_gbs']:.0f} GB/s (read + write)."]
+             f"copy bandwidth {result['copy_gbs']:.0f} GB/s (read + write); overflow check "
+             f"{result.get('overflow_check', 'on')}."]
     prefill = [row for row in result["rows"] if row["kind"] == "prefill"]
     decode = [row for row in result["rows"] if row["kind"] == "decode"]
     if prefill:
@@ -319,6 +323,9 @@ def main(argv=None) -> int:
                              "e.g. shift=fused row_constant=in-kernel")
     parser.add_argument("--algorithms", nargs="+", default=list(PREFILL_ALGORITHMS),
                         choices=pasa_npu.ALGORITHM_NAMES)
+    parser.add_argument("--overflow-check", choices=("on", "off"), default="on",
+                        help="our calls' repair_overflow (off: what the PASA kernels cost "
+                             "without the overflow check)")
     args = parser.parse_args(argv)
     out = pathlib.Path(args.out)
     if args.plot:
@@ -359,6 +366,7 @@ def _run(args, tuning, out: pathlib.Path) -> int:
               "tuning": {key: getattr(tuning, key) for key in triton_tuning.CHOICES},
               "decode_algorithms": [a for a in DECODE_ALGORITHMS if a in args.algorithms],
               "copy_gbs": copy_bandwidth_gbs(), "rows": [],
+              "overflow_check": args.overflow_check,
               "paged_cache": None if args.paged == "none" else args.paged}
     print(f"{result['device']}: copy bandwidth {result['copy_gbs']:.0f} GB/s; tuning "
           f"{result['tuning']}", flush=True)
@@ -371,7 +379,7 @@ def _run(args, tuning, out: pathlib.Path) -> int:
         result["rows"].append(run_case(case, algos, mask,
                                        lambda text: print(f"[{i + 1}/{len(cases)}] {text}",
                                                           flush=True),
-                                       result["paged_cache"]))
+                                       result["paged_cache"], args.overflow_check == "on"))
         torch.cuda.empty_cache()
     (out / "bench.json").write_text(json.dumps(result, indent=1))
     (out / "bench.md").write_text(markdown(result))

@@ -36,14 +36,16 @@ def paged_kv(k: torch.Tensor, v: torch.Tensor, gen: torch.Generator, cache_shape
     return caches[0], caches[1], table
 
 
-def paged_call(algorithm: str, mask, table: torch.Tensor):
-    """A candidate with pasa-bench's call signature that passes K/V as paged caches."""
+def paged_call(algorithm: str, mask, table: torch.Tensor, **options):
+    """A candidate with pasa-bench's call signature that passes K/V as paged caches
+    (``options``: further keyword arguments, e.g. ``repair_overflow``)."""
     def call(q, k_cache, v_cache, causal, gqa):
         kw = dict(num_heads=q.shape[1], num_key_value_heads=k_cache.shape[1]
                   if k_cache.dim() == 4 else k_cache.shape[2] // q.shape[3],
                   input_layout="BNSD", scale=q.shape[-1] ** -0.5, algorithm=algorithm,
                   backend="triton", block_table=table, block_size=BLOCK_SIZE,
-                  actual_seq_lengths_kv=[table.shape[1] * BLOCK_SIZE] * table.shape[0])
+                  actual_seq_lengths_kv=[table.shape[1] * BLOCK_SIZE] * table.shape[0],
+                  **options)
         if causal:
             kw.update(sparse_mode=3, atten_mask=mask)
         return pasa_npu.fused_attention(q, k_cache, v_cache, **kw)[0]
