@@ -17,14 +17,12 @@ import triton.language as tl
 
 from pasa_npu.fallback import triton_launch as heuristics
 from pasa_npu.fallback.kernel_common import _kv_rows, cdiv, launch, placeholder, pow2, sm_count
-from pasa_npu.fallback.triton_repair import _fp32_tile
+from pasa_npu.fallback.triton_repair import ROW_NONFINITE_C, ROW_REPAIRED_C, _fp32_tile
 from pasa_npu.fallback.triton_shift import _shift_in_kernel
-from pasa_npu.fallback.triton_softmax import _block_update, _finish, _initial_state, _row_constant
-from pasa_npu.overflow import ROW_NONFINITE, ROW_REPAIRED
+from pasa_npu.fallback.triton_softmax import (_block_update, _finish, _initial_state,
+                                              _nonfinite_rows, _row_constant)
 from pasa_npu.problem import AttentionProblem
 
-ROW_REPAIRED_C = tl.constexpr(ROW_REPAIRED)
-ROW_NONFINITE_C = tl.constexpr(ROW_NONFINITE)
 REPAIR_ROWS = tl.constexpr(16)  # decode's repair tile: one row, padded to a matmul's least
 
 
@@ -205,11 +203,11 @@ def _decode_combine(PART_O, PART_LSE, O, LSE, FLAGS, q_starts, q_lens,
                                     stride_pb, page_size, scale, head_dim, head_dim_v,
                                     HAS_MASK, False, GUARD, PAGED, WHOLE_PAGE, REPAIR_ROWS,
                                     BLOCK_N, HEAD_DIM, HEAD_DIM_V, 1)
-            # row 0 of the tile, NaN kept (a maximum would drop it)
+            # row 0 of the tile, NaN kept (a maximum would drop it); the other rows saw
+            # no key (output 0, LSE -inf), never non-finite
             o = tl.sum(tl.where(first[:, None], o_t, 0.0), 0)
             lse = tl.sum(tl.where(first, lse_t, 0.0), 0)
-            still = ~(tl.abs(tl.sum(o, 0) + tl.where(lse == float("-inf"), 0.0, lse))
-                      < float("inf"))
+            still = tl.max(_nonfinite_rows(o_t, lse_t).to(tl.int32), 0) > 0
             flag = tl.where(still, ROW_NONFINITE_C, ROW_REPAIRED_C).to(tl.uint8)
         tl.store(FLAGS + b.to(tl.int64) * stride_fb + h.to(tl.int64) * stride_fh + q_start,
                  flag)

@@ -51,14 +51,8 @@ def paged_case(case: dict, dtype: torch.dtype, seed: int = 0):
         keys[b, :, :size], values[b, :, :size] = keys[0, :, :size], values[0, :, :size]
     blocks = [-(-n // size) for n in kv_lens]
     table, num_blocks = _block_table(blocks, case["share"], gen)
-    k_cache, v_cache = (torch.full((num_blocks, nkv, size, d), math.nan, dtype=dtype)
-                        for _ in range(2))
-    for b, n in enumerate(kv_lens):
-        for j in range(blocks[b]):
-            rows = slice(j * size, min(n, (j + 1) * size))
-            count = rows.stop - rows.start
-            k_cache[table[b, j], :, :count] = keys[b, :, rows]
-            v_cache[table[b, j], :, :count] = values[b, :, rows]
+    k_cache, v_cache = (paged_cache(t, kv_lens, table, size, num_blocks)
+                        for t in (keys, values))
     if case["cache"] == "3d":
         k_cache, v_cache = (c.permute(0, 2, 1, 3).reshape(num_blocks, size, nkv * d)
                             for c in (k_cache, v_cache))
@@ -85,6 +79,20 @@ def paged_case(case: dict, dtype: torch.dtype, seed: int = 0):
         dense_kw = dict(kw)
     kw.update(block_table=table, block_size=size)
     return q.contiguous(), k_cache, v_cache, kw, (k.contiguous(), v.contiguous(), dense_kw)
+
+
+def paged_cache(t: torch.Tensor, kv_lens: list, table: torch.Tensor, block_size: int,
+                num_blocks: int) -> torch.Tensor:
+    """A (num_blocks, N, block_size, D) cache, NaN wherever no token is written, holding
+    the first ``kv_lens[b]`` tokens of each batch b of the (B, N, S, D) ``t`` in the
+    physical blocks ``table`` names."""
+    cache = torch.full((num_blocks, t.shape[1], block_size, t.shape[3]), math.nan,
+                       dtype=t.dtype)
+    for b, n in enumerate(kv_lens):
+        for j in range(-(-n // block_size)):
+            rows = t[b, :, j * block_size:min(n, (j + 1) * block_size)]
+            cache[table[b, j], :, :rows.shape[1]] = rows
+    return cache
 
 
 def _block_table(blocks: list, share: list, gen: torch.Generator):

@@ -12,7 +12,7 @@ import torch
 import pasa_npu
 from _support import (BACKENDS, assert_measured, device_kind, dtype_name, interpreter_skip,
                       on_device, rel_rmse, skip_unsupported)
-from _paged import _block_table
+from _paged import _block_table, paged_cache
 from pasa_npu.tools.inputs import resonance
 
 GOLDEN_FACTOR = 1.5  # as the golden matrix's (tests/test_golden.py)
@@ -207,19 +207,6 @@ def test_decode_overflow_is_repaired(algorithm, backend):
     _within_measured(rel_rmse(out, ref), backend, torch.float16, algorithm, "overflow-decode")
 
 
-
-def _paged_cache(t: torch.Tensor, table: torch.Tensor, block_size: int,
-                 num_blocks: int) -> torch.Tensor:
-    """Batch 0 of the (B, N, S, D) ``t`` written through ``table`` into a NaN-filled
-    (num_blocks, N, block_size, D) cache."""
-    cache = torch.full((num_blocks, t.shape[1], block_size, t.shape[3]), math.nan,
-                       dtype=t.dtype)
-    for j in range(-(-t.shape[2] // block_size)):
-        rows = t[0, :, j * block_size:(j + 1) * block_size]
-        cache[table[0, j], :, :rows.shape[1]] = rows
-    return cache
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("algorithm", PASA)
 @pytest.mark.parametrize("queries, block_size", [(1, 16), (1, 128), (S, 128)],
@@ -234,7 +221,7 @@ def test_paged_overflow_is_repaired(queries, block_size, algorithm, backend):
     if queries > 1:
         kw.update(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())
     table, num_blocks = _block_table([-(-S // block_size)], [], torch.Generator().manual_seed(3))
-    k_cache, v_cache = (_paged_cache(t, table, block_size, num_blocks) for t in (k, v))
+    k_cache, v_cache = (paged_cache(t, [S], table, block_size, num_blocks) for t in (k, v))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", pasa_npu.OverflowRepairWarning)
         dense, dense_lse = attend(q, k, v, algorithm, backend, scale, **kw)
@@ -247,6 +234,7 @@ def test_paged_overflow_is_repaired(queries, block_size, algorithm, backend):
     overflowed = _bad_rows(unchecked)
     assert torch.equal(out[overflowed], dense[overflowed])
     assert torch.equal(lse[overflowed], dense_lse[overflowed])
+
 
 def test_report_of_unchecked_allocations():
     """fa-* allocations are never checked; the report says so rather than counting 0."""
