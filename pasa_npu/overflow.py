@@ -1,11 +1,12 @@
 """Overflow detection and repair (docs/design.md, "Overflow detection and repair").
 
 The PASA allocations keep their scores and statistics in fp16. Where the scores' spread
-within a block exceeds fp16 (the shift removes a block's mean, not its spread), or an
-input is NaN or infinite, a query row's result is not finite. Every backend checks its
-own results: it writes a flag per query row into :attr:`OverflowCheck.row_flags` and
-recomputes the flagged rows by the ``fa-fp32`` path (fp32 scores and statistics) before
-it returns, without a host synchronisation. The flags tell :func:`overflow_report` what
+within a block exceeds fp16 (the shift removes a block's mean, not its spread), where P'V
+exceeds it (pasa's fp16 accumulator, pasa-exact's fp16 P'V tile), or an input is NaN or
+infinite, a query row's result is not finite. Every backend checks its own results: it
+writes a flag per query row into :attr:`OverflowCheck.row_flags` and recomputes the
+flagged rows by the ``fa-fp32`` path (fp32 scores and statistics) before it returns,
+without a host synchronisation. The flags tell :func:`overflow_report` what
 happened in the last call.
 """
 from __future__ import annotations
@@ -207,9 +208,10 @@ def _warn_once(report: OverflowReport) -> None:
     if overflowed:
         parts.append(
             f"{overflowed} query rows of a {report.algorithm} call were not finite in fp16 and "
-            f"were recomputed with fp32 scores (fa-fp32): the scores' spread exceeds fp16's "
-            f"range there. A smaller `scale` or algorithm='fa-fp32' for such inputs avoids the "
-            f"repair.")
+            f"were recomputed with fp32 scores (fa-fp32): the scores' spread within a kv "
+            f"block, or P'V with large values, exceeds fp16's range there. A smaller `scale` "
+            f"(for the scores), algorithm='pasa-mixed' (for the values) or 'fa-fp32' for such "
+            f"inputs avoids the repair.")
     if nonfinite:
         parts.append(f"{nonfinite} query rows stay NaN or infinite: their inputs hold NaN or "
                      f"inf (fa-fp32 gives the same rows).")

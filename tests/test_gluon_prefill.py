@@ -319,3 +319,26 @@ def test_gpu_gluon_prefill_flags_overflow_for_the_repair(gluon_launches):
         assert torch.isfinite(out.float()).all() and torch.isfinite(lse).all()
         _assert_same_as_triton_kernel(algorithm, out, lse, kernel_out, kernel_lse)
     assert len(gluon_launches) == 2
+
+
+def test_gpu_gluon_prefill_flags_output_overflow(gluon_launches):
+    """V = 5000 |N(0, 1)|, 520 keys: P'V beyond fp16 on most rows while the statistics stay
+    finite (tests/test_overflow.py, test_output_overflow_is_repaired): the Gluon kernel's
+    test of the output flags those rows, the repair recomputes them (fa-fp32's values, to
+    an fp16 rounding), and the other rows are bit for bit the unchecked result."""
+    gen = torch.Generator().manual_seed(7)
+    q, k = (torch.randn(2, 2, 520, 64, generator=gen).half().cuda() for _ in range(2))
+    v = (torch.randn(2, 2, 520, 64, generator=gen).abs() * 5000).half().cuda()
+    kw = dict(num_heads=2, input_layout="BNSD", scale=64 ** -0.5, softmax_lse_flag=True)
+    fa32, _ = _call(q, k, v, dict(kw, algorithm="fa-fp32"), "warp-specialised")
+    for algorithm in ("pasa-exact", "pasa"):
+        raw, raw_lse = _call(q, k, v, dict(kw, algorithm=algorithm, repair_overflow=False),
+                             "warp-specialised")
+        bad = ~torch.isfinite(raw.float()).all(-1)
+        assert bad.any() and torch.isfinite(raw_lse).all()
+        out, lse = _call(q, k, v, dict(kw, algorithm=algorithm), "warp-specialised")
+        assert pasa_npu.overflow_report().rows == int(bad.sum())
+        assert torch.isfinite(out.float()).all() and torch.isfinite(lse).all()
+        assert torch.equal(out[~bad], raw[~bad]) and torch.equal(lse[~bad], raw_lse[~bad])
+        torch.testing.assert_close(out[bad], fa32[bad], rtol=2e-3, atol=1e-2)
+    assert len(gluon_launches) == 5

@@ -208,6 +208,37 @@ def test_decode_overflow_is_repaired(algorithm, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("algorithm", ["pasa", "pasa-exact"])
+@pytest.mark.parametrize("queries", [S, 1], ids=["prefill", "decode"])
+def test_output_overflow_is_repaired(queries, algorithm, backend):
+    """Finite inputs whose P'V exceeds fp16 where the scores do not: V = 5000 |N(0, 1)|
+    (below 2.2e4), Q and K N(0, 1). pasa's fp16 accumulator and pasa-exact's fp16 P'V tile
+    overflow on most rows, and only the test of the output finds them, as the statistics
+    stay finite (pasa-mixed keeps P'V and its accumulator in fp32: its output never exceeds
+    max |V|). The flagged rows are recomputed by fa-fp32: every output row is finite,
+    the report counts them, the others are bit for bit the unchecked result."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(B, N, queries, D, generator=gen).half()
+    k = torch.randn(B, N, S, D, generator=gen).half()
+    v = (torch.randn(B, N, S, D, generator=gen).abs() * 5000).half()
+    scale = 1 / math.sqrt(D)
+    raw, raw_lse = attend(q, k, v, algorithm, backend, scale, repair_overflow=False)
+    overflowed = _bad_rows(raw)
+    assert overflowed.any() and torch.isfinite(raw_lse).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pasa_npu.OverflowRepairWarning)
+        out, lse = attend(q, k, v, algorithm, backend, scale)
+        report = pasa_npu.overflow_report()
+        assert report.rows == int(overflowed.sum()) and report.nonfinite_rows == 0
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    ref = golden(q, k, v, scale)
+    err = rel_rmse(out[overflowed], ref[overflowed])
+    assert err <= GOLDEN_FACTOR * fa_fp32_error(q, k, v, backend, scale, ref, overflowed)
+    assert torch.equal(out[~overflowed], raw[~overflowed])
+    assert torch.equal(lse[~overflowed], raw_lse[~overflowed])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("algorithm", PASA)
 @pytest.mark.parametrize("queries, block_size", [(1, 16), (1, 128), (S, 128)],
                          ids=["decode-16", "decode-128", "prefill-128"])
