@@ -29,7 +29,8 @@ the argument plan cached (as every repeated call is), rebuilt on every call, and
 kv lengths that grow by one token per call (a decode loop), on a decode-shaped CPU call
 whose backend computes nothing; on a CUDA GPU also an eager Triton decode step with fixed
 and with growing kv lengths and an eager prefill call, each with the kernels launched
-directly and through Triton's ``kernel[grid]``.
+directly and through Triton's ``kernel[grid]``, and the decode step with the overflow
+check off.
 """
 from __future__ import annotations
 
@@ -206,10 +207,11 @@ def host_time_us(mode: str, calls: int = 2000) -> float:
         plans.clear()
 
 
-def decode_step_us(growing: bool, steps: int = 300) -> tuple[float, float]:
+def decode_step_us(growing: bool, steps: int = 300, check: bool = True) -> tuple[float, float]:
     """(host, wall) microseconds per eager decode step of the Triton backend on the GPU
     (pasa-exact, batch 8, 32 query heads, GQA 4:1, d=128, an 8k cache holding 7k-7.6k
-    tokens), the kv lengths fixed or one token longer on every step. Host: until the
+    tokens), the kv lengths fixed or one token longer on every step, the overflow check on
+    (``repair_overflow``) or off. Host: until the
     call returns; wall: until the GPU is done. Warmed up on the even lengths of the range
     and timed on the odd ones, so that a growing step meets new lengths but no kernel
     compiles."""
@@ -222,7 +224,7 @@ def decode_step_us(growing: bool, steps: int = 300) -> tuple[float, float]:
     def step(i):
         pasa_npu.fused_attention(
             q, k, v, num_heads=h, num_key_value_heads=h_kv, input_layout="BNSD",
-            scale=d ** -0.5, algorithm="pasa-exact", backend="triton",
+            scale=d ** -0.5, algorithm="pasa-exact", backend="triton", repair_overflow=check,
             actual_seq_lengths_kv=[7000 + (i if growing else 0)] * b)
 
     try:
@@ -267,8 +269,9 @@ def prefill_call_us(calls: int = 300) -> float:
 
 def _gpu_host_times() -> None:
     """Eager decode steps and prefill calls on the GPU, host time, with the kernels launched
-    directly (``kernel_common.launch``) and through Triton's ``kernel[grid]``, three rounds
-    interleaved (medians: that host is noisy)."""
+    directly (``kernel_common.launch``) and through Triton's ``kernel[grid]``, and decode
+    steps launched directly with the overflow check off, three rounds interleaved (medians:
+    that host is noisy)."""
     from pasa_npu.fallback import kernel_common
 
     runs: dict = {}
@@ -280,6 +283,8 @@ def _gpu_host_times() -> None:
                     runs.setdefault(("decode", growing, direct), []).append(
                         decode_step_us(growing))
                 runs.setdefault(("prefill", None, direct), []).append(prefill_call_us())
+            runs.setdefault(("unchecked", False, True), []).append(
+                decode_step_us(False, check=False))
     finally:
         kernel_common.DIRECT_LAUNCH = True
 
@@ -295,6 +300,9 @@ def _gpu_host_times() -> None:
                   f"{median(key):.0f} us host, {median(key, 1):.0f} us until the GPU is done")
         print(f"Eager Triton prefill call on the GPU (pasa-exact, S = 256, causal), {how}: "
               f"{median(('prefill', None, direct)):.0f} us host")
+    print(f"Eager Triton decode step on the GPU, kv lengths fixed, launched directly, "
+          f"overflow check off: {median(('unchecked', False, True)):.0f} us host, "
+          f"{median(('unchecked', False, True), 1):.0f} us until the GPU is done")
 
 
 def main(argv=None) -> int:
