@@ -241,3 +241,32 @@ def test_triton_causal_diagonal_blocks_test_each_key_against_the_rows_last_colum
         # has its row constants' loop, smaller)
         masked, interior = sorted(loops[label])[-1], sorted(loops[label])[-2]
         assert masked - interior <= 8 * 64, (label, loops[label])
+
+
+def test_kv_loop_schedules_compare_order_not_registers():
+    """``triton_aot --check-loops`` reads kv loops out of SASS text: only the innermost
+    loop that issues a matrix instruction, with registers and branch labels abstracted,
+    so that the same schedule on other registers compares equal and a reordering does
+    not."""
+    from pasa_npu.tools import triton_aot as aot
+
+    def sass(first, second, reg):
+        return "\n".join([
+            "        /*0000*/                   MOV R1, c[0x0][0x28] ;",
+            ".L_x_1:",
+            "        /*0010*/                   IADD3 R2, R2, 0x1, RZ ;",
+            ".L_x_2:",
+            f"        /*0020*/                   {first} ;",
+            f"        /*0030*/                   {second} ;",
+            f"        /*0040*/                   HGMMA.64x128x16.F32 R{reg}, gdesc[UR4], RZ ;",
+            "        /*0050*/               @P0 BRA `(.L_x_2) ;",
+            "        /*0060*/               @P1 BRA `(.L_x_1) ;",
+            "        /*0070*/                   EXIT ;"])
+    fadd, fmul = "FADD R5, R6, R7", "FMUL R8, R9, R10"
+    base = aot.kv_loop_schedules(None, sass(fadd, fmul, 24))
+    assert len(base) == 1 and len(base[0]) == 4  # the inner loop only, its branch included
+    renamed = aot.kv_loop_schedules(None, sass(fadd.replace("R5", "R50"), fmul, 88))
+    swapped = aot.kv_loop_schedules(None, sass(fmul, fadd, 24))
+    assert aot.compare_loops(renamed, base) == [(4, 4, 1.0)]
+    (checked, unchecked, same), = aot.compare_loops(swapped, base)
+    assert (checked, unchecked) == (4, 4) and 0.5 <= same < 1.0

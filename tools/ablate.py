@@ -19,10 +19,10 @@ that split alone, without the variants). Prints TFLOP/s (4 B H S^2 d / t, half f
 
 ``--check-cost`` instead times what the overflow check (``repair_overflow``, on by
 default) costs where nothing overflows: ``pasa`` and ``pasa-exact`` prefill at the shapes
-above after decode at pasa-bench's S2 = 8k shapes (GQA 4:1 and 8:1), replayed from a CUDA
-graph with the check on and off, alternating, five times each: the medians, their ratio,
-and each side's spread between its runs ((max - min) / median), against which the ratio
-is read.
+above after decode at pasa-bench's S2 = 8k shapes (GQA 4:1 and 8:1; ``--no-decode``:
+none), replayed from a CUDA graph with the check on, off and off again, in an order that
+rotates, ``--reps`` times (5): the median and range of the runs' on/off ratios, read
+against the off/off ratios, the spread between runs of the same kernels.
 
 ``--host-time`` (any machine) instead measures the API layer's host time per call, with
 the argument plan cached (as every repeated call is), rebuilt on every call, and with
@@ -314,6 +314,10 @@ def main(argv=None) -> int:
                              "an eager decode step's where there is a GPU")
     parser.add_argument("--check-cost", action="store_true",
                         help="only the overflow check's cost: repair_overflow on against off")
+    parser.add_argument("--reps", type=int, default=5,
+                        help="--check-cost: runs of on, off and off again per case")
+    parser.add_argument("--no-decode", action="store_true",
+                        help="--check-cost: prefill cases only")
     parser.add_argument("--kernels-only", action="store_true",
                         help="only split a pasa-exact and a pasa call into their GPU kernels "
                              "(no timing-only variants: a minute, not tens)")
@@ -336,17 +340,19 @@ def main(argv=None) -> int:
     return 0
 
 
-def _check_cost(args, reps: int = 5) -> None:
+def _check_cost(args) -> None:
     """:func:`main`'s ``--check-cost``: graph-replay times with ``repair_overflow`` on and
-    off, alternating; the median of each, their ratio and each side's spread."""
+    twice off, in an order that rotates from run to run; per case the median of the
+    runs' on/off ratios and their range, against the unchecked call timed against itself
+    (off/off, the spread between runs of the same kernels)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     # decode (pasa-bench's S2 = 8k, GQA 4:1 and 8:1), then prefill
-    cases = [(128, 8192, 8, 32, kv_heads, None) for kv_heads in (8, 4)]
+    cases = [] if args.no_decode else [(128, 8192, 8, 32, kv_heads, None) for kv_heads in (8, 4)]
     cases += [(d, seq, batch, heads, heads, causal) for d, seq, batch, heads in SHAPES
               if d in args.dims
               for causal in {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]]
-    print(f"overflow check on / off, graph replay, median of {reps} alternating runs; "
-          f"spread: (max - min) / median of each side's runs")
+    print(f"overflow check on / off, graph replay, {args.reps} runs of on, off and off again "
+          f"(order rotating); medians of the runs' ratios [min, max]")
     for d, seq, batch, heads, kv_heads, causal in cases:
         s1 = 1 if causal is None else seq
         q = torch.randn(batch, heads, s1, d, device="cuda", dtype=torch.float16, generator=gen)
@@ -356,18 +362,25 @@ def _check_cost(args, reps: int = 5) -> None:
                 else f"prefill d={d} S={seq} B={batch} H={heads} "
                      f"{'causal' if causal else 'no mask'}")
         for algorithm in ("pasa", "pasa-exact"):
-            times = {True: [], False: []}
-            for _ in range(reps):
-                for check in (True, False):
-                    call = bench._ours(algorithm, _causal_mask(q.device), repair_overflow=check)
-                    times[check].append(bench._graph_ms(
-                        lambda: call(q, k, v, bool(causal), False)))
-            on, off = (sorted(times[c])[reps // 2] for c in (True, False))
-            spread_on, spread_off = ((max(times[c]) - min(times[c])) / median
-                                     for c, median in ((True, on), (False, off)))
-            print(f"  {what} {algorithm:10s}: {1e3 * on:8.1f} us on, {1e3 * off:8.1f} us off, "
-                  f"on/off {on / off:.3f}; spread on {spread_on:.3f}, off {spread_off:.3f}",
-                  flush=True)
+            calls = {check: bench._ours(algorithm, _causal_mask(q.device), repair_overflow=check)
+                     for check in (True, False)}
+            ratios = {"on/off": [], "off/off": []}
+            for run in range(args.reps):
+                sides = ("on", "off", "off again")
+                order = sides[run % 3:] + sides[:run % 3]
+                ms = {side: bench._graph_ms(functools.partial(
+                    calls[side == "on"], q, k, v, bool(causal), False)) for side in order}
+                ratios["on/off"].append(ms["on"] / ms["off"])
+                ratios["off/off"].append(ms["off again"] / ms["off"])
+            line = "; ".join(f"{name} {_median(r):.3f} [{min(r):.3f}, {max(r):.3f}]"
+                             for name, r in ratios.items())
+            print(f"  {what} {algorithm:10s}: {line}", flush=True)
+
+
+def _median(values) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def _time_variants(args) -> None:

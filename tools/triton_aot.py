@@ -8,6 +8,8 @@ with no GPU, and shows the register pressure of a change before any device time 
 spent. ``--sass`` also prints the instruction count of every loop that issues matrix
 instructions (the kv loops, from the bundled nvdisasm), its most frequent opcodes and
 its spill stores and reloads (STL, LDL) where it has any;
+``--check-loops`` compiles each variant with the overflow check unchecked too and says,
+per kv loop, how much of its schedule the check left in place (registers aside);
 ``--only TEXT`` compiles only the variants whose label contains TEXT (or any of several).
 Arguments are specialised as Triton's JIT specialises contiguous inputs (unit strides and
 a GQA group of 1 as constants, 16-divisible pointers and strides): without that the loads
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import difflib
 import os
 import re
 import subprocess
@@ -184,6 +187,26 @@ def sass_loops(compiled, text=None) -> list:
     from a backward branch's target to the branch (the kv loops; pasa-exact's row
     constants are a loop too). ``text``: the SASS where the caller has it already.
     Empty if nvdisasm is missing."""
+    return [(first, last, len(body), collections.Counter(op.split(".")[0] for op, _ in body))
+            for first, last, body in _loop_bodies(compiled, text)]
+
+
+def kv_loop_schedules(compiled, text=None) -> list:
+    """Each innermost loop of :func:`sass_loops` (one that holds no other: the kv loops)
+    as its instructions in order, register numbers and branch targets replaced by
+    placeholders: two compiles of a loop give equal lists where ptxas scheduled it
+    alike, whatever registers it assigned."""
+    loops = _loop_bodies(compiled, text)
+    return [[re.sub(r"\.L_x_\d+", "L", re.sub(r"\bU?R\d+\b", "R", whole))
+             for _, whole in body]
+            for first, last, body in loops
+            if not any(first <= a and z <= last and (a, z) != (first, last)
+                       for a, z, _ in loops)]
+
+
+def _loop_bodies(compiled, text=None) -> list:
+    """(first address, last address, [(opcode, instruction)]) of :func:`sass_loops`'
+    loops."""
     text = sass(compiled) if text is None else text
     if text is None:
         return []
@@ -205,14 +228,22 @@ def sass_loops(compiled, text=None) -> list:
     for address, opcode, whole in instructions:
         target = re.search(r"(\.L_x_\d+)", whole) if opcode.startswith("BRA") else None
         if target and labels.get(target.group(1), address + 1) <= address:
-            body = [op for a, op, _ in instructions if labels[target.group(1)] <= a <= address]
+            first = labels[target.group(1)]
+            body = [(op, w) for a, op, w in instructions if first <= a <= address]
             # a retry branch of a barrier wait, placed after the kernel's exit, jumps back
             # into a loop too: ranges that contain an EXIT are not loops of the kernel
-            if (any(op.startswith(("HGMMA", "HMMA")) for op in body)
-                    and not any(op.startswith("EXIT") for op in body)):
-                loops.append((labels[target.group(1)], address, len(body),
-                              collections.Counter(op.split(".")[0] for op in body)))
+            if (any(op.startswith(("HGMMA", "HMMA")) for op, _ in body)
+                    and not any(op.startswith("EXIT") for op, _ in body)):
+                loops.append((first, address, body))
     return loops
+
+
+def compare_loops(checked: list, unchecked: list) -> list:
+    """Per kv loop of a checked compile (:func:`kv_loop_schedules`) against the same loop
+    unchecked: (instructions checked, unchecked, the share of instructions the two
+    schedules have in the same order: 1.0 where ptxas scheduled it alike)."""
+    return [(len(a), len(b), difflib.SequenceMatcher(None, a, b, autojunk=False).ratio())
+            for a, b in zip(checked, unchecked)]
 
 
 def variants(head_dim: int = 128):
@@ -305,6 +336,9 @@ def main(argv=None) -> int:
                         help="compile only the variants whose label contains one TEXT")
     parser.add_argument("--sass", action="store_true",
                         help="also count the instructions of the loops with matrix instructions")
+    parser.add_argument("--check-loops", action="store_true",
+                        help="for each variant with the overflow check, compile it unchecked "
+                             "too and compare the schedules of its kv loops")
     args = parser.parse_args(argv)
     failed = compiled_any = 0
     for d in args.dims:
@@ -340,6 +374,13 @@ def main(argv=None) -> int:
                 spills = opcodes["STL"] + opcodes["LDL"]
                 spilled = f", {opcodes['STL']} STL + {opcodes['LDL']} LDL" if spills else ""
                 print(f"    loop {first:#06x}-{last:#06x}: {count} instructions ({top}){spilled}")
+            if args.check_loops and consts.get("DETECT"):
+                unchecked = compile_any(kernel, dict(consts, DETECT=False), warps, stages,
+                                        fusion)
+                for n, (on, off, same) in enumerate(compare_loops(
+                        kv_loop_schedules(compiled), kv_loop_schedules(unchecked))):
+                    print(f"    kv loop {n}: {on} instructions checked, {off} unchecked; "
+                          f"{same:.0%} in the same order")
     if not compiled_any:
         print(f"triton_aot: error: no variant label contains any of {args.only}",
               file=sys.stderr)
