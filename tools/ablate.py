@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import statistics
 import sys
 import time
 
@@ -372,15 +373,9 @@ def _check_cost(args) -> None:
                     calls[side == "on"], q, k, v, bool(causal), False)) for side in order}
                 ratios["on/off"].append(ms["on"] / ms["off"])
                 ratios["off/off"].append(ms["off again"] / ms["off"])
-            line = "; ".join(f"{name} {_median(r):.3f} [{min(r):.3f}, {max(r):.3f}]"
+            line = "; ".join(f"{name} {statistics.median(r):.3f} [{min(r):.3f}, {max(r):.3f}]"
                              for name, r in ratios.items())
             print(f"  {what} {algorithm:10s}: {line}", flush=True)
-
-
-def _median(values) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def _time_variants(args) -> None:

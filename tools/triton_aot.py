@@ -196,12 +196,17 @@ def kv_loop_schedules(compiled, text=None) -> list:
     as its instructions in order, register numbers and branch targets replaced by
     placeholders: two compiles of a loop give equal lists where ptxas scheduled it
     alike, whatever registers it assigned."""
-    loops = _loop_bodies(compiled, text)
     return [[re.sub(r"\.L_x_\d+", "L", re.sub(r"\bU?R\d+\b", "R", whole))
              for _, whole in body]
-            for first, last, body in loops
-            if not any(first <= a and z <= last and (a, z) != (first, last)
-                       for a, z, _ in loops)]
+            for _, _, body in innermost(_loop_bodies(compiled, text))]
+
+
+def innermost(loops: list) -> list:
+    """The loops of ``loops`` (tuples that start with a loop's first and last address, as
+    :func:`sass_loops` gives them) that hold no other of them: the kv loops."""
+    return [loop for loop in loops
+            if not any(loop[0] <= other[0] and other[1] <= loop[1]
+                       and other[:2] != loop[:2] for other in loops)]
 
 
 def _loop_bodies(compiled, text=None) -> list:
