@@ -109,3 +109,39 @@ def test_paged_bench_inputs_hold_the_same_keys(cache_shape):
                                     input_layout="BNSD", scale=0.25, algorithm="fa-fp32",
                                     backend="triton")[0]
     assert torch.equal(out, want)
+
+
+def _check_runs(values: dict) -> list:
+    """Runs of one prefill case: ``values`` maps a candidate to its TFLOP/s per run."""
+    n = len(next(iter(values.values())))
+    return [[dict(kind="prefill", d=64, s=4096, causal=True, b=4, h=32,
+                  **{name: {"tflops": v[r]} for name, v in values.items()})]
+            for r in range(n)]
+
+
+def test_check_comparison_within_the_unchecked_runs_spread():
+    off = _check_runs({"pasa": [300.0, 310.0, 305.0], "sdpa-flash": [270.0, 280.0, 275.0]})
+    on = _check_runs({"pasa": [299.0, 296.0, 298.0], "sdpa-flash": [281.0, 270.0, 276.0]})
+    on[1][0]["fa-fp32"] = {"error": "RuntimeError: out of resources"}  # not in every run
+    rows = {row["name"]: row for row in bench.check_comparison(off, on)}
+    assert set(rows) == {"pasa", "sdpa-flash"}
+    # checked median 298 below the unchecked runs' smallest, 300
+    assert not rows["pasa"]["within"] and rows["pasa"]["ratio"] == pytest.approx(298 / 305)
+    assert rows["sdpa-flash"]["within"] and rows["sdpa-flash"]["ratio"] == pytest.approx(276 / 275)
+    result = {"device": "test GPU", "torch": "x", "triton": "y", "runs": 3,
+              "comparison": bench.check_comparison(off, on)}
+    text = bench.check_markdown(result)
+    assert ("| d=64 S=4096 causal | pasa | TFLOP/s | 305 [300, 310] | 298 [296, 299] | 0.977 "
+            "| no |") in text
+    assert "| d=64 S=4096 causal | sdpa-flash | TFLOP/s | 275 [270, 280] | 276 [270, 281] " \
+           "| 1.004 | yes |" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--runs", "3"], "--runs applies to --overflow-check compare"),
+    (["--overflow-check", "compare", "--runs", "1"], "a spread needs at least 2 runs, got 1"),
+])
+def test_check_comparison_options_are_refused_where_they_mean_nothing(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

@@ -11,7 +11,10 @@ time, as serving engines run decode) and called eagerly (adding the host time of
 each call, which at tens of microseconds per step can exceed the kernels).
 
 Writes ``bench.json``, ``bench.md`` and ``bench.png`` (``--out``); ``--plot FILE.json``
-redraws the plot from a saved run.
+redraws the plot from a saved run. ``--overflow-check compare`` instead times every case
+``--runs`` times with the check off and on (alternating which comes first) and writes
+``check.json`` and ``check.md``: whether each checked cell lies within the spread between
+the unchecked runs (:func:`check_comparison`).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import argparse
 import json
 import math
 import pathlib
+import statistics
 import sys
 
 import torch
@@ -234,6 +238,62 @@ def markdown(result) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _throughput_key(row) -> str:
+    """The throughput pasa-bench reports for a row: prefill TFLOP/s (called eagerly),
+    decode GB/s (replayed from a CUDA graph)."""
+    return "tflops" if row["kind"] == "prefill" else "gbs"
+
+
+def _case_text(row) -> str:
+    if row["kind"] == "prefill":
+        return f"d={row['d']} S={row['s']} {'causal' if row['causal'] else 'none'}"
+    return f"decode d={row['d']} S2={row['s']} GQA {row['ratio']}:1"
+
+
+def check_comparison(off_runs: list, on_runs: list) -> list:
+    """The overflow check against the spread between runs. ``off_runs`` and ``on_runs``:
+    runs with the check off and on, each the rows of one pass over the same cases in the
+    same order. For each case and candidate timed in every run: the unchecked runs'
+    throughputs (``off``), the checked runs' (``on``), ``ratio`` = median on / median off,
+    and ``within``: the checked median lies between the smallest and largest unchecked
+    run. The SDPA peers run the same code both ways, so their rows show the spread of
+    unchanged kernels."""
+    rows = []
+    for i, first in enumerate(off_runs[0]):
+        key = _throughput_key(first)
+        names = [n for n, e in first.items() if isinstance(e, dict) and key in e]
+        for name in names:
+            cells = {}
+            for check, runs in (("off", off_runs), ("on", on_runs)):
+                cells[check] = [run[i].get(name, {}).get(key) for run in runs]
+            if any(v is None for v in cells["off"] + cells["on"]):
+                continue  # failed in some run: no spread to compare
+            off_median, on_median = (statistics.median(cells[c]) for c in ("off", "on"))
+            rows.append(dict(case=_case_text(first), name=name, unit=key, **cells,
+                             ratio=on_median / off_median,
+                             within=min(cells["off"]) <= on_median <= max(cells["off"])))
+    return rows
+
+
+def check_markdown(result) -> str:
+    """:func:`check_comparison`'s rows as a Markdown table."""
+    def spread(values):
+        return (f"{statistics.median(values):.0f} [{min(values):.0f}, {max(values):.0f}]")
+    units = {"tflops": "TFLOP/s", "gbs": "GB/s (graph)"}
+    lines = [f"Device: {result['device']}; torch {result['torch']}, triton {result['triton']}. "
+             f"Overflow check off and on, {result['runs']} runs each (each run times every "
+             "case once; the runs alternate which setting comes first). Throughput: "
+             "median [smallest, largest run]; within: the checked median lies in the "
+             "unchecked runs' range. The SDPA peers run the same code both ways.", "",
+             "| case | candidate | unit | unchecked | checked | checked / unchecked | within |",
+             "|---|---|---|---|---|---|---|"]
+    for row in result["comparison"]:
+        lines.append(f"| {row['case']} | {row['name']} | {units[row['unit']]} | "
+                     f"{spread(row['off'])} | {spread(row['on'])} | {row['ratio']:.3f} | "
+                     f"{'yes' if row['within'] else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(result, path) -> bool:
     try:
         import matplotlib
@@ -323,10 +383,20 @@ def main(argv=None) -> int:
                              "e.g. shift=fused row_constant=in-kernel")
     parser.add_argument("--algorithms", nargs="+", default=list(PREFILL_ALGORITHMS),
                         choices=pasa_npu.ALGORITHM_NAMES)
-    parser.add_argument("--overflow-check", choices=("on", "off"), default="on",
+    parser.add_argument("--overflow-check", choices=("on", "off", "compare"), default="on",
                         help="our calls' repair_overflow (off: what the PASA kernels cost "
-                             "without the overflow check)")
+                             "without the overflow check; compare: both, --runs times, "
+                             "into check.json/.md)")
+    parser.add_argument("--runs", type=int, default=None,
+                        help="with --overflow-check compare: runs per setting (default 3)")
     args = parser.parse_args(argv)
+    if args.runs is not None and args.overflow_check != "compare":
+        parser.error(f"--runs applies to --overflow-check compare, not "
+                     f"--overflow-check {args.overflow_check}")
+    if args.overflow_check == "compare":
+        args.runs = 3 if args.runs is None else args.runs
+        if args.runs < 2:
+            parser.error(f"--runs: a spread needs at least 2 runs, got {args.runs}")
     out = pathlib.Path(args.out)
     if args.plot:
         try:
@@ -374,17 +444,42 @@ def _run(args, tuning, out: pathlib.Path) -> int:
     cases = [] if args.no_prefill else list(prefill_cases(dims=args.dims, seqs=seqs))
     if not (args.quick or args.no_decode):
         cases += list(decode_cases())
-    for i, case in enumerate(cases):
-        algos = args.algorithms if case["kind"] == "prefill" else result["decode_algorithms"]
-        result["rows"].append(run_case(case, algos, mask,
-                                       lambda text: print(f"[{i + 1}/{len(cases)}] {text}",
-                                                          flush=True),
-                                       result["paged_cache"], args.overflow_check == "on"))
-        torch.cuda.empty_cache()
+    if args.overflow_check == "compare":
+        return _compare_check(args, cases, mask, result, out)
+    result["rows"] = _pass(cases, args.algorithms, mask, result, args.overflow_check == "on")
     (out / "bench.json").write_text(json.dumps(result, indent=1))
     (out / "bench.md").write_text(markdown(result))
     print(markdown(result), flush=True)
     plot(result, out / "bench.png")
+    return 0
+
+
+def _pass(cases, algorithms, mask, result, overflow_check: bool, label: str = "") -> list:
+    """One row per case, each case timed once."""
+    rows = []
+    for i, case in enumerate(cases):
+        algos = algorithms if case["kind"] == "prefill" else result["decode_algorithms"]
+        rows.append(run_case(case, algos, mask,
+                             lambda text: print(f"[{label}{i + 1}/{len(cases)}] {text}",
+                                                flush=True),
+                             result["paged_cache"], overflow_check))
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _compare_check(args, cases, mask, result, out: pathlib.Path) -> int:
+    """``--overflow-check compare``: ``args.runs`` passes over ``cases`` per setting, the
+    settings alternating which comes first, then :func:`check_comparison`."""
+    runs = {"off": [], "on": []}
+    for r in range(args.runs):
+        for check in (("off", "on") if r % 2 == 0 else ("on", "off")):
+            runs[check].append(_pass(cases, args.algorithms, mask, result, check == "on",
+                                     f"run {r + 1}/{args.runs}, check {check}: "))
+    result.update(runs=args.runs, off_runs=runs["off"], on_runs=runs["on"],
+                  comparison=check_comparison(runs["off"], runs["on"]))
+    (out / "check.json").write_text(json.dumps(result, indent=1))
+    (out / "check.md").write_text(check_markdown(result))
+    print(check_markdown(result), flush=True)
     return 0
 
 
