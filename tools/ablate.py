@@ -212,10 +212,9 @@ def decode_step_us(growing: bool, steps: int = 300, check: bool = True) -> tuple
     """(host, wall) microseconds per eager decode step of the Triton backend on the GPU
     (pasa-exact, batch 8, 32 query heads, GQA 4:1, d=128, an 8k cache holding 7k-7.6k
     tokens), the kv lengths fixed or one token longer on every step, the overflow check on
-    (``repair_overflow``) or off. Host: until the
-    call returns; wall: until the GPU is done. Warmed up on the even lengths of the range
-    and timed on the odd ones, so that a growing step meets new lengths but no kernel
-    compiles."""
+    (``repair_overflow``) or off. Host: until the call returns; wall: until the GPU is
+    done. Warmed up on the even lengths of the range and timed on the odd ones, so that a
+    growing step meets new lengths but no kernel compiles."""
     b, h, h_kv, cap, d = 8, 32, 8, 8192, 128
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(b, h, 1, d, device="cuda", dtype=torch.float16, generator=gen)

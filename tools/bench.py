@@ -174,13 +174,19 @@ def _ratio(row, a, b, key="tflops"):
     return None
 
 
+def _throughput_key(row) -> str:
+    """The throughput pasa-bench reports for a row: prefill TFLOP/s (called eagerly),
+    decode GB/s (replayed from a CUDA graph)."""
+    return "tflops" if row["kind"] == "prefill" else "gbs"
+
+
 def _row_text(row, algorithms) -> str:
     if row["kind"] == "prefill":
         head = f"d={row['d']:<4} S={row['s']:<6} {'causal' if row['causal'] else 'full':<6}"
     else:
         head = f"decode d={row['d']} S2={row['s']} GQA {row['ratio']}:1"
     cells = []
-    unit = "tflops" if row["kind"] == "prefill" else "gbs"
+    unit = _throughput_key(row)
     names = list(algorithms) + ["sdpa-flash", "sdpa-cudnn"]
     names += [n for n in row if isinstance(n, str) and n.endswith(" paged")]
     for name in names:
@@ -236,12 +242,6 @@ def markdown(result) -> str:
         lines.append(f"| {row['s']} | {row['ratio']}:1 | " + " | ".join(cells) + " |")
     lines += bench_paged.markdown(result)
     return "\n".join(lines) + "\n"
-
-
-def _throughput_key(row) -> str:
-    """The throughput pasa-bench reports for a row: prefill TFLOP/s (called eagerly),
-    decode GB/s (replayed from a CUDA graph)."""
-    return "tflops" if row["kind"] == "prefill" else "gbs"
 
 
 def _case_text(row) -> str:
@@ -448,8 +448,9 @@ def _run(args, tuning, out: pathlib.Path) -> int:
         return _compare_check(args, cases, mask, result, out)
     result["rows"] = _pass(cases, args.algorithms, mask, result, args.overflow_check == "on")
     (out / "bench.json").write_text(json.dumps(result, indent=1))
-    (out / "bench.md").write_text(markdown(result))
-    print(markdown(result), flush=True)
+    text = markdown(result)
+    (out / "bench.md").write_text(text)
+    print(text, flush=True)
     plot(result, out / "bench.png")
     return 0
 
@@ -478,8 +479,9 @@ def _compare_check(args, cases, mask, result, out: pathlib.Path) -> int:
     result.update(runs=args.runs, off_runs=runs["off"], on_runs=runs["on"],
                   comparison=check_comparison(runs["off"], runs["on"]))
     (out / "check.json").write_text(json.dumps(result, indent=1))
-    (out / "check.md").write_text(check_markdown(result))
-    print(check_markdown(result), flush=True)
+    text = check_markdown(result)
+    (out / "check.md").write_text(text)
+    print(text, flush=True)
     return 0
 
 

@@ -373,7 +373,8 @@ def main(argv=None) -> int:
                   f"stack {use.get('STACK', '?'):>4}  local {use.get('LOCAL', '?'):>4}"
                   f"{resident}{flag}")
             failed += bool(flag)
-            for first, last, count, opcodes in sass_loops(compiled) if args.sass else []:
+            text = sass(compiled) if args.sass or args.check_loops else None
+            for first, last, count, opcodes in sass_loops(compiled, text) if args.sass else []:
                 top = ", ".join(f"{op} {n}" for op, n in opcodes.most_common(8))
                 # register spills: stores to and loads from local memory inside the loop
                 spills = opcodes["STL"] + opcodes["LDL"]
@@ -382,8 +383,13 @@ def main(argv=None) -> int:
             if args.check_loops and consts.get("DETECT"):
                 unchecked = compile_any(kernel, dict(consts, DETECT=False), warps, stages,
                                         fusion)
-                for n, (on, off, same) in enumerate(compare_loops(
-                        kv_loop_schedules(compiled), kv_loop_schedules(unchecked))):
+                checked_loops = kv_loop_schedules(compiled, text)
+                unchecked_loops = kv_loop_schedules(unchecked)
+                if len(checked_loops) != len(unchecked_loops):
+                    print(f"    {len(checked_loops)} kv loops checked, {len(unchecked_loops)} "
+                          f"unchecked: compared in order, the extra ones not")
+                for n, (on, off, same) in enumerate(compare_loops(checked_loops,
+                                                                  unchecked_loops)):
                     print(f"    kv loop {n}: {on} instructions checked, {off} unchecked; "
                           f"{same:.0%} in the same order")
     if not compiled_any:
