@@ -268,3 +268,21 @@ def test_kv_loop_schedules_compare_order_not_registers():
     assert aot.compare_loops(renamed, base) == [(4, 4, 1.0)]
     (checked, unchecked, same), = aot.compare_loops(swapped, base)
     assert (checked, unchecked) == (4, 4) and 0.5 <= same < 1.0
+
+
+def test_partition_registers_read_every_setmaxnreg():
+    """``triton_aot --check-loops`` reports the register counts a warp-specialised kernel's
+    partitions ask for, so that a checked worker taking registers from the default
+    partition shows: the distinct counts of every USETMAXREG, whichever its form."""
+    from pasa_npu.tools import triton_aot as aot
+
+    def sass(loader: int) -> str:
+        return "\n".join([
+            "        /*0200*/                   USETMAXREG.DEALLOC.CTAPOOL 0x78 ;",
+            "        /*0300*/                   USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xf0 ;",
+            f"        /*0400*/                   USETMAXREG.DEALLOC.CTAPOOL {loader:#x} ;",
+            f"        /*0500*/                   USETMAXREG.DEALLOC.CTAPOOL {264 - loader:#x} ;",
+            "        /*0600*/                   EXIT ;"])
+    assert aot.partition_registers(None, sass(24)) == [24, 120, 240]
+    assert aot.partition_registers(None, sass(32)) == [32, 120, 232, 240]
+    assert aot.partition_registers(None, "        /*0000*/                   EXIT ;") == []

@@ -243,6 +243,16 @@ def _loop_bodies(compiled, text=None) -> list:
     return loops
 
 
+def partition_registers(compiled, text=None) -> list:
+    """The register counts a warp-specialised kernel's partitions ask for (its
+    ``setmaxnreg`` instructions, USETMAXREG in SASS), distinct and sorted: the default
+    partition gets what the workers leave, so a worker given more takes them from it.
+    Empty for a kernel without partitions, or where nvdisasm is missing."""
+    text = sass(compiled) if text is None else text
+    counts = re.findall(r"USETMAXREG\.\S+\s+(?:U?P\w+,\s*)?(0x[0-9a-f]+|\d+)\s*;", text or "")
+    return sorted({int(n, 0) for n in counts})
+
+
 def compare_loops(checked: list, unchecked: list) -> list:
     """Per kv loop of a checked compile (:func:`kv_loop_schedules`) against the same loop
     unchecked: (instructions checked, unchecked, the share of instructions the two
@@ -385,6 +395,12 @@ def main(argv=None) -> int:
                                         fusion)
                 checked_loops = kv_loop_schedules(compiled, text)
                 unchecked_loops = kv_loop_schedules(unchecked)
+                registers = partition_registers(compiled, text)
+                if registers:  # a checked worker's registers come out of the default partition
+                    off = partition_registers(unchecked)
+                    print(f"    warp partitions' registers: {', '.join(map(str, registers))}; "
+                          + ("the same unchecked" if off == registers else
+                             f"unchecked {', '.join(map(str, off))}: the check moves registers"))
                 if len(checked_loops) != len(unchecked_loops):
                     print(f"    {len(checked_loops)} kv loops checked, {len(unchecked_loops)} "
                           f"unchecked: compared in order, the extra ones not")
