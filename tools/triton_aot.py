@@ -393,14 +393,16 @@ def main(argv=None) -> int:
             if args.check_loops and consts.get("DETECT"):
                 unchecked = compile_any(kernel, dict(consts, DETECT=False), warps, stages,
                                         fusion)
+                unchecked_text = sass(unchecked)
                 checked_loops = kv_loop_schedules(compiled, text)
-                unchecked_loops = kv_loop_schedules(unchecked)
+                unchecked_loops = kv_loop_schedules(unchecked, unchecked_text)
                 registers = partition_registers(compiled, text)
                 if registers:  # a checked worker's registers come out of the default partition
-                    off = partition_registers(unchecked)
+                    registers_off = partition_registers(unchecked, unchecked_text)
                     print(f"    warp partitions' registers: {', '.join(map(str, registers))}; "
-                          + ("the same unchecked" if off == registers else
-                             f"unchecked {', '.join(map(str, off))}: the check moves registers"))
+                          + ("the same unchecked" if registers_off == registers else
+                             f"unchecked {', '.join(map(str, registers_off))}: "
+                             "the check moves registers"))
                 if len(checked_loops) != len(unchecked_loops):
                     print(f"    {len(checked_loops)} kv loops checked, {len(unchecked_loops)} "
                           f"unchecked: compared in order, the extra ones not")
