@@ -114,3 +114,24 @@ def test_kernel_split_names_the_key_shift_pass_and_the_attention_kernel():
     assert all(us > 0 for us in times.values())
     plain = ablate.kernel_times_us(lambda: ablate.ours("fa-fp32", q, k, v, False), calls=3)
     assert "_attention_fwd" in plain and "_shift_keys" not in plain  # no shift without PASA
+
+
+def test_ncu_instructions_sums_each_kernels_launches():
+    """``--check-instructions`` reads ncu's CSV: instructions per kernel name, its launches
+    summed, thousands separators dropped, ncu's own messages skipped."""
+    from pasa_npu.tools import ablate
+
+    header = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+              '"Section Name","Metric Name","Metric Unit","Metric Value"')
+    def row(i, kernel, metric, value):
+        return (f'"{i}","7","python3","host","{kernel}","1","7",'
+                f'"Command line profiler metrics","{metric}","inst","{value}"')
+    report = "\n".join([
+        "==PROF== Connected to process 7", header,
+        row(0, "_key_shift", ablate.INSTRUCTIONS, "1,024"),
+        row(1, "_prefill_ws", ablate.INSTRUCTIONS, "343,374,534"),
+        row(2, "_prefill_ws", "gpu__time_duration.sum", "9,999"),
+        row(3, "_prefill_ws", ablate.INSTRUCTIONS, "6"),
+        "==PROF== Disconnected from process 7"])
+    assert ablate.ncu_instructions(report) == {"_key_shift": 1024, "_prefill_ws": 343374540}
+    assert ablate.ncu_instructions("==PROF== Connected to process 7\n") == {}

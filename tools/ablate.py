@@ -23,6 +23,9 @@ above after decode at pasa-bench's S2 = 8k shapes (GQA 4:1 and 8:1; ``--no-decod
 none), replayed from a CUDA graph with the check on, off and off again, in an order that
 rotates, ``--reps`` times (5): the median and range of the runs' on/off ratios, read
 against the off/off ratios, the spread between runs of the same kernels.
+``--check-instructions`` counts instead, under Nsight Compute (``ncu``, CUDA's profiler), the
+warp instructions every kernel of one call issues with the check on and off, at the same
+cases: a count, not a time, so it shows a change far below the spread between timings.
 
 ``--host-time`` (any machine) instead measures the API layer's host time per call, with
 the argument plan cached (as every repeated call is), rebuilt on every call, and with
@@ -35,7 +38,11 @@ check off.
 from __future__ import annotations
 
 import argparse
+import csv
 import functools
+import os
+import shutil
+import subprocess
 import statistics
 import sys
 import time
@@ -318,6 +325,10 @@ def main(argv=None) -> int:
                         help="--check-cost: runs of on, off and off again per case")
     parser.add_argument("--no-decode", action="store_true",
                         help="--check-cost: prefill cases only")
+    parser.add_argument("--check-instructions", action="store_true",
+                        help="only the overflow check's issued instructions, on against "
+                             "off, counted by Nsight Compute (ncu)")
+    parser.add_argument("--one-call", nargs=7, help=argparse.SUPPRESS)  # ncu's child
     parser.add_argument("--kernels-only", action="store_true",
                         help="only split a pasa-exact and a pasa call into their GPU kernels "
                              "(no timing-only variants: a minute, not tens)")
@@ -333,10 +344,113 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("ablate: error: needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.one_call:
+        _one_profiled_call(*args.one_call)
+        return 0
     if args.check_cost:
         _check_cost(args)
         return 0
+    if args.check_instructions:
+        return _check_instructions(args)
     _time_variants(args)
+    return 0
+
+
+def _check_cases(args) -> list[tuple]:
+    """``--check-cost``'s cases, (d, S, B, H, H_kv, causal; None for decode), and labels."""
+    cases = [] if args.no_decode else [(128, 8192, 8, 32, kv_heads, None) for kv_heads in (8, 4)]
+    cases += [(d, seq, batch, heads, heads, causal) for d, seq, batch, heads in SHAPES
+              if d in args.dims
+              for causal in {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]]
+    return [(case, _case_label(*case)) for case in cases]
+
+
+def _case_label(d, seq, batch, heads, kv_heads, causal) -> str:
+    if causal is None:
+        return f"decode d={d} S2={seq} B={batch} H={heads} H_kv={kv_heads}"
+    return f"prefill d={d} S={seq} B={batch} H={heads} {'causal' if causal else 'no mask'}"
+
+
+def _case_inputs(d, seq, batch, heads, kv_heads, causal, gen):
+    q = torch.randn(batch, heads, 1 if causal is None else seq, d, device="cuda",
+                    dtype=torch.float16, generator=gen)
+    k, v = (torch.randn(batch, kv_heads, seq, d, device="cuda", dtype=torch.float16,
+                        generator=gen) for _ in range(2))
+    return q, k, v
+
+
+def _one_profiled_call(d, seq, batch, heads, kv_heads, causal, algorithm_check) -> None:
+    """The child ``--check-instructions`` runs under ncu: one case's call, once to compile
+    and once between cudaProfilerStart and Stop (ncu profiles only that one)."""
+    algorithm, check = algorithm_check.rsplit(":", 1)
+    causal = None if causal == "decode" else causal == "causal"
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = _case_inputs(int(d), int(seq), int(batch), int(heads), int(kv_heads), causal, gen)
+    call = functools.partial(bench._ours(algorithm, _causal_mask(q.device),
+                                         repair_overflow=check == "on"),
+                             q, k, v, bool(causal), False)
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+INSTRUCTIONS = "smsp__inst_executed.sum"
+
+
+def ncu_instructions(report: str) -> dict[str, int]:
+    """Warp instructions issued per kernel name (summed over its launches) in ncu's
+    ``--csv`` report of :data:`INSTRUCTIONS`; lines that are not CSV rows (ncu's own
+    ``==PROF==`` messages) are skipped."""
+    rows = csv.DictReader(line for line in report.splitlines() if line.startswith('"'))
+    counts: dict[str, int] = {}
+    for row in rows:
+        if row.get("Metric Name") == INSTRUCTIONS:
+            name = row["Kernel Name"]
+            counts[name] = counts.get(name, 0) + int(row["Metric Value"].replace(",", ""))
+    return counts
+
+
+def _ncu() -> str | None:
+    return shutil.which("ncu") or next(
+        (path for path in ("/usr/local/cuda/bin/ncu",) if os.path.exists(path)), None)
+
+
+def _check_instructions(args) -> int:
+    """:func:`main`'s ``--check-instructions``: per case and allocation, the warp
+    instructions all kernels of one call issue with the check off and on (ncu's
+    :data:`INSTRUCTIONS`, every launch between the child's profiler start and stop)."""
+    ncu = _ncu()
+    if ncu is None:
+        print("ablate: error: --check-instructions needs Nsight Compute (ncu) on the PATH",
+              file=sys.stderr)
+        return 2
+    print(f"overflow check on / off: warp instructions issued by one call ({INSTRUCTIONS}, "
+          f"all its kernels, Nsight Compute)")
+    for case, label in _check_cases(args):
+        causal = case[5]
+        mode = "decode" if causal is None else ("causal" if causal else "none")
+        for algorithm in ("pasa", "pasa-exact"):
+            counts = {}
+            for check in ("off", "on"):
+                # the child imports pasa_npu as this process did (-P: not from the cwd)
+                child = [sys.executable, *(["-P"] if sys.flags.safe_path else []), "-m",
+                         "pasa_npu.tools.ablate", "--one-call", *map(str, case[:5]), mode,
+                         f"{algorithm}:{check}"]
+                done = subprocess.run([ncu, "--profile-from-start", "off", "--metrics",
+                                       INSTRUCTIONS, "--csv", *child],
+                                      capture_output=True, text=True)
+                counts[check] = ncu_instructions(done.stdout)
+                if done.returncode != 0 or not counts[check]:
+                    print(f"ablate: error: ncu exited {done.returncode} with no instruction "
+                          f"count:\n{(done.stdout + done.stderr)[-2000:]}", file=sys.stderr)
+                    return 2
+            off, on = (sum(counts[c].values()) for c in ("off", "on"))
+            print(f"  {label} {algorithm:10s}: off {off:,} ({len(counts['off'])} kernels), "
+                  f"on {on:,} ({len(counts['on'])} kernels): +{on - off:,} "
+                  f"(+{100 * (on - off) / off:.2f}%)", flush=True)
     return 0
 
 
@@ -346,21 +460,10 @@ def _check_cost(args) -> None:
     runs' on/off ratios and their range, against the unchecked call timed against itself
     (off/off, the spread between runs of the same kernels)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
-    # decode (pasa-bench's S2 = 8k, GQA 4:1 and 8:1), then prefill
-    cases = [] if args.no_decode else [(128, 8192, 8, 32, kv_heads, None) for kv_heads in (8, 4)]
-    cases += [(d, seq, batch, heads, heads, causal) for d, seq, batch, heads in SHAPES
-              if d in args.dims
-              for causal in {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]]
     print(f"overflow check on / off, graph replay, {args.reps} runs of on, off and off again "
           f"(order rotating); medians of the runs' ratios [min, max]")
-    for d, seq, batch, heads, kv_heads, causal in cases:
-        s1 = 1 if causal is None else seq
-        q = torch.randn(batch, heads, s1, d, device="cuda", dtype=torch.float16, generator=gen)
-        k, v = (torch.randn(batch, kv_heads, seq, d, device="cuda", dtype=torch.float16,
-                            generator=gen) for _ in range(2))
-        what = (f"decode d={d} S2={seq} B={batch} H={heads} H_kv={kv_heads}" if causal is None
-                else f"prefill d={d} S={seq} B={batch} H={heads} "
-                     f"{'causal' if causal else 'no mask'}")
+    for (d, seq, batch, heads, kv_heads, causal), what in _check_cases(args):
+        q, k, v = _case_inputs(d, seq, batch, heads, kv_heads, causal, gen)
         for algorithm in ("pasa", "pasa-exact"):
             calls = {check: bench._ours(algorithm, _causal_mask(q.device), repair_overflow=check)
                      for check in (True, False)}
