@@ -36,6 +36,13 @@ def test_markdown_ratios_and_errors():
            "[2600 (87%)] |" in text
 
 
+def test_progress_line_names_the_mask_as_the_tables_do():
+    row = _result()["rows"][0]
+    assert bench._row_text(row, ["pasa-exact"]).startswith("d=128  S=4096   none ")
+    assert bench._case_text(row) == "d=128 S=4096 none"
+    assert bench._row_text(dict(row, causal=True), ["pasa-exact"]).split()[2] == "causal"
+
+
 @pytest.mark.parametrize("kinds", [("prefill",), ("decode",)])
 def test_markdown_of_a_run_with_one_kind_has_only_its_table(kinds):
     result = _result()

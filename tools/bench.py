@@ -180,9 +180,14 @@ def _throughput_key(row) -> str:
     return "tflops" if row["kind"] == "prefill" else "gbs"
 
 
+def _mask_text(row) -> str:
+    """A prefill row's mask as every table and progress line names it."""
+    return "causal" if row["causal"] else "none"
+
+
 def _row_text(row, algorithms) -> str:
     if row["kind"] == "prefill":
-        head = f"d={row['d']:<4} S={row['s']:<6} {'causal' if row['causal'] else 'full':<6}"
+        head = f"d={row['d']:<4} S={row['s']:<6} {_mask_text(row):<6}"
     else:
         head = f"decode d={row['d']} S2={row['s']} GQA {row['ratio']}:1"
     cells = []
@@ -221,7 +226,7 @@ def markdown(result) -> str:
                          f"{e['tflops']:.0f}")
         peers = [f"{row[n]['tflops']:.0f}" if "tflops" in row.get(n, {}) else "error"
                  for n in ("sdpa-flash", "sdpa-cudnn")]
-        lines.append(f"| {row['d']} | {row['s']} | {'causal' if row['causal'] else 'none'} | "
+        lines.append(f"| {row['d']} | {row['s']} | {_mask_text(row)} | "
                      + " | ".join(cells + peers) + " |")
     if decode:
         lines += ["", "Decode (query length 1), fp16, d=128, 32 query heads, batch 8: GB/s of "
@@ -246,7 +251,7 @@ def markdown(result) -> str:
 
 def _case_text(row) -> str:
     if row["kind"] == "prefill":
-        return f"d={row['d']} S={row['s']} {'causal' if row['causal'] else 'none'}"
+        return f"d={row['d']} S={row['s']} {_mask_text(row)}"
     return f"decode d={row['d']} S2={row['s']} GQA {row['ratio']}:1"
 
 
