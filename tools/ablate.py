@@ -40,10 +40,9 @@ from __future__ import annotations
 import argparse
 import csv
 import functools
-import os
 import shutil
-import subprocess
 import statistics
+import subprocess
 import sys
 import time
 
@@ -414,8 +413,7 @@ def ncu_instructions(report: str) -> dict[str, int]:
 
 
 def _ncu() -> str | None:
-    return shutil.which("ncu") or next(
-        (path for path in ("/usr/local/cuda/bin/ncu",) if os.path.exists(path)), None)
+    return shutil.which("ncu") or shutil.which("ncu", path="/usr/local/cuda/bin")
 
 
 def _check_instructions(args) -> int:

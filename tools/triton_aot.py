@@ -383,14 +383,15 @@ def main(argv=None) -> int:
                   f"stack {use.get('STACK', '?'):>4}  local {use.get('LOCAL', '?'):>4}"
                   f"{resident}{flag}")
             failed += bool(flag)
-            text = sass(compiled) if args.sass or args.check_loops else None
+            check_loops = args.check_loops and consts.get("DETECT")
+            text = sass(compiled) if args.sass or check_loops else None
             for first, last, count, opcodes in sass_loops(compiled, text) if args.sass else []:
                 top = ", ".join(f"{op} {n}" for op, n in opcodes.most_common(8))
                 # register spills: stores to and loads from local memory inside the loop
                 spills = opcodes["STL"] + opcodes["LDL"]
                 spilled = f", {opcodes['STL']} STL + {opcodes['LDL']} LDL" if spills else ""
                 print(f"    loop {first:#06x}-{last:#06x}: {count} instructions ({top}){spilled}")
-            if args.check_loops and consts.get("DETECT"):
+            if check_loops:
                 unchecked = compile_any(kernel, dict(consts, DETECT=False), warps, stages,
                                         fusion)
                 unchecked_text = sass(unchecked)
