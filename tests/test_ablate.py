@@ -116,6 +116,55 @@ def test_kernel_split_names_the_key_shift_pass_and_the_attention_kernel():
     assert "_attention_fwd" in plain and "_shift_keys" not in plain  # no shift without PASA
 
 
+def test_kernel_cost_lines_compare_each_kernel_and_the_sum():
+    """``--check-kernels``' table: a kernel of one side only reads "-" on the other and
+    counts its whole time as the change; the last line sums both sides."""
+    from pasa_npu.tools import ablate
+
+    lines = ablate.kernel_cost_lines(on={"_prefill_ws": 670.0, "_repair": 3.0, "fill": 1.0},
+                                     off={"_prefill_ws": 660.0, "fill": 1.0})
+    assert [line.split()[0] for line in lines] == ["_prefill_ws", "_repair", "fill", "all"]
+    assert lines[0].split()[-2:] == ["+10.0", "us"]
+    assert lines[1].split()[1:6] == ["off", "-", "us", "on", "3.0"]
+    assert lines[1].split()[-2:] == ["+3.0", "us"]
+    assert lines[2].split()[-2:] == ["+0.0", "us"]
+    assert lines[3].split()[-3:] == ["+13.0", "us", "(+1.97%)"]
+
+
+def test_check_kernels_prints_each_case_and_allocation_off_then_on(monkeypatch, capsys):
+    """``--check-kernels`` on a machine without a GPU, its profiler split faked: the first
+    split of each case and allocation is the unchecked call's."""
+    from types import SimpleNamespace
+
+    from pasa_npu.tools import ablate
+
+    splits = iter([{"_prefill_ws": 100.0}, {"_prefill_ws": 101.0, "_repair": 2.0}] * 4)
+    inputs = _inputs()
+    monkeypatch.setattr(ablate.torch, "Generator",
+                        lambda device: SimpleNamespace(manual_seed=lambda seed: None))
+    monkeypatch.setattr(ablate, "_case_inputs", lambda *case: inputs)
+    monkeypatch.setattr(ablate, "kernel_times_us", lambda fn: next(splits))
+    ablate._check_kernels(SimpleNamespace(no_decode=True, dims=[128], causal="yes"))
+    out = capsys.readouterr().out
+    # S = 4k and 16k (ablate.SHAPES at d = 128), each for pasa and pasa-exact
+    assert out.count("prefill d=128 S=") == 4 and out.count("pasa-exact:") == 2
+    assert out.count("+3.0 us (+3.00%)") == 4 and out.count("_repair") == 4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: the profiler split "
+                    "times device kernels")
+def test_only_the_checked_call_launches_the_repair():
+    from pasa_npu.tools import ablate, bench
+
+    q, k, v = on_device("triton", *_inputs())  # cuda here
+    times = {check: ablate.kernel_times_us(
+        lambda check=check: bench._ours("pasa", None, repair_overflow=check)(q, k, v, False,
+                                                                               False),
+        calls=3) for check in (False, True)}
+    assert "_repair" in times[True] and "_repair" not in times[False]
+    assert all(us > 0 for split in times.values() for us in split.values())
+
+
 def test_ncu_instructions_sums_each_kernels_launches():
     """``--check-instructions`` reads ncu's CSV: instructions per kernel name, its launches
     summed, thousands separators dropped, ncu's own messages skipped."""

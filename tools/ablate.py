@@ -23,6 +23,11 @@ above after decode at pasa-bench's S2 = 8k shapes (GQA 4:1 and 8:1; ``--no-decod
 none), replayed from a CUDA graph with the check on, off and off again, in an order that
 rotates, ``--reps`` times (5): the median and range of the runs' on/off ratios, read
 against the off/off ratios, the spread between runs of the same kernels.
+``--check-kernels`` splits instead one eager call of each into its GPU kernels
+(torch.profiler) with the check on and off, at the same cases: device time per kernel
+both ways, so that a cost the kernels added by the check (the row flags' fill, the repair
+launch) account for is told from one inside the attention kernel; the gaps between
+kernels, which a graph replay times too, are in neither.
 ``--check-instructions`` counts instead, under Nsight Compute (``ncu``, CUDA's profiler), the
 warp instructions every kernel of one call issues with the check on and off, at the same
 cases: a count, not a time, so it shows a change far below the spread between timings.
@@ -324,6 +329,9 @@ def main(argv=None) -> int:
                         help="--check-cost: runs of on, off and off again per case")
     parser.add_argument("--no-decode", action="store_true",
                         help="--check-cost: prefill cases only")
+    parser.add_argument("--check-kernels", action="store_true",
+                        help="only the overflow check's cost per GPU kernel: device time "
+                             "of each kernel of one call, on against off (torch.profiler)")
     parser.add_argument("--check-instructions", action="store_true",
                         help="only the overflow check's issued instructions, on against "
                              "off, counted by Nsight Compute (ncu)")
@@ -348,6 +356,9 @@ def main(argv=None) -> int:
         return 0
     if args.check_cost:
         _check_cost(args)
+        return 0
+    if args.check_kernels:
+        _check_kernels(args)
         return 0
     if args.check_instructions:
         return _check_instructions(args)
@@ -476,6 +487,41 @@ def _check_cost(args) -> None:
             line = "; ".join(f"{name} {statistics.median(r):.3f} [{min(r):.3f}, {max(r):.3f}]"
                              for name, r in ratios.items())
             print(f"  {what} {algorithm:10s}: {line}", flush=True)
+
+
+def kernel_cost_lines(on: dict, off: dict) -> list[str]:
+    """:func:`kernel_times_us`' splits of a call with the check on and off, kernel by
+    kernel (the longest first; "-" where the call launches no such kernel), then their
+    sums: one line each."""
+    def us(times, name):
+        return f"{times[name]:9.1f}" if name in times else f"{'-':>9s}"
+
+    lines = []
+    for name in sorted(on.keys() | off.keys(), key=lambda n: -max(on.get(n, 0), off.get(n, 0))):
+        change = on.get(name, 0.0) - off.get(name, 0.0)
+        lines.append(f"{name[:40]:40s} off {us(off, name)} us  on {us(on, name)} us  "
+                     f"{change:+8.1f} us")
+    total_on, total_off = sum(on.values()), sum(off.values())
+    lines.append(f"{'all kernels':40s} off {total_off:9.1f} us  on {total_on:9.1f} us  "
+                 f"{total_on - total_off:+8.1f} us ({100 * (total_on / total_off - 1):+.2f}%)")
+    return lines
+
+
+def _check_kernels(args) -> None:
+    """:func:`main`'s ``--check-kernels``: per case and allocation, the device time of each
+    kernel of one eager call with ``repair_overflow`` off and on (:func:`kernel_cost_lines`)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    print("overflow check on / off: device time per kernel of one call (torch.profiler, "
+          "20 calls each; gaps between kernels not included)")
+    for (d, seq, batch, heads, kv_heads, causal), what in _check_cases(args):
+        q, k, v = _case_inputs(d, seq, batch, heads, kv_heads, causal, gen)
+        for algorithm in ("pasa", "pasa-exact"):
+            times = {check: kernel_times_us(functools.partial(
+                bench._ours(algorithm, _causal_mask(q.device), repair_overflow=check),
+                q, k, v, bool(causal), False)) for check in (False, True)}
+            print(f"  {what} {algorithm}:", flush=True)
+            for line in kernel_cost_lines(times[True], times[False]):
+                print(f"    {line}", flush=True)
 
 
 def _time_variants(args) -> None:
