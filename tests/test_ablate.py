@@ -68,7 +68,7 @@ def test_plain_fa2_baseline_is_attention(causal):
                     f"{device_kind('triton')}/plain causal={causal}", ABLATE_FACTOR)
 
 
-def test_host_time_mode_runs_without_a_gpu(capsys):
+def test_host_time_mode_runs_on_any_machine(capsys):
     from pasa_npu.tools import ablate
 
     assert ablate.main(["--host-time"]) == 0
@@ -105,7 +105,7 @@ def test_per_call_device_us_sums_each_kernel_over_the_calls():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: the profiler split "
                     "times device kernels")
-def test_kernel_split_names_the_key_shift_pass_and_the_attention_kernel():
+def test_gpu_kernel_split_names_the_key_shift_pass_and_the_attention_kernel():
     from pasa_npu.tools import ablate
 
     q, k, v = on_device("triton", *_inputs())  # cuda here
@@ -153,7 +153,7 @@ def test_check_kernels_prints_each_case_and_allocation_off_then_on(monkeypatch, 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: the profiler split "
                     "times device kernels")
-def test_only_the_checked_call_launches_the_repair():
+def test_gpu_only_the_checked_call_launches_the_repair():
     from pasa_npu.tools import ablate, bench
 
     q, k, v = on_device("triton", *_inputs())  # cuda here
