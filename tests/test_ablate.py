@@ -143,7 +143,7 @@ def test_check_kernels_prints_each_case_and_allocation_off_then_on(monkeypatch, 
     monkeypatch.setattr(ablate.torch, "Generator",
                         lambda device: SimpleNamespace(manual_seed=lambda seed: None))
     monkeypatch.setattr(ablate, "_case_inputs", lambda *case: inputs)
-    monkeypatch.setattr(ablate, "kernel_times_us", lambda fn: next(splits))
+    monkeypatch.setattr(ablate, "kernel_times_us", lambda fn, calls: next(splits))
     ablate._check_kernels(SimpleNamespace(no_decode=True, dims=[128], causal="yes"))
     out = capsys.readouterr().out
     # S = 4k and 16k (ablate.SHAPES at d = 128), each for pasa and pasa-exact
@@ -162,7 +162,7 @@ def test_gpu_only_the_checked_call_launches_the_repair():
                                                                                False),
         calls=3) for check in (False, True)}
     assert "_repair" in times[True] and "_repair" not in times[False]
-    assert all(us > 0 for split in times.values() for us in split.values())
+    assert set(times[True]) - {"_repair"} == set(times[False])  # no other launch added
 
 
 def test_ncu_instructions_sums_each_kernels_launches():

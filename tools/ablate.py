@@ -389,6 +389,19 @@ def _case_inputs(d, seq, batch, heads, kv_heads, causal, gen):
     return q, k, v
 
 
+#: the allocations whose overflow check ``--check-cost``, ``--check-kernels`` and
+#: ``--check-instructions`` measure
+CHECKED_ALGORITHMS = ("pasa", "pasa-exact")
+
+
+def _case_call(algorithm, check: bool, q, k, v, causal):
+    """One case's call with ``repair_overflow=check``, as pasa-bench makes it (``causal``
+    None for decode)."""
+    return functools.partial(bench._ours(algorithm, _causal_mask(q.device),
+                                         repair_overflow=check),
+                             q, k, v, bool(causal), False)
+
+
 def _one_profiled_call(d, seq, batch, heads, kv_heads, causal, algorithm_check) -> None:
     """The child ``--check-instructions`` runs under ncu: one case's call, once to compile
     and once between cudaProfilerStart and Stop (ncu profiles only that one)."""
@@ -396,9 +409,7 @@ def _one_profiled_call(d, seq, batch, heads, kv_heads, causal, algorithm_check) 
     causal = None if causal == "decode" else causal == "causal"
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = _case_inputs(int(d), int(seq), int(batch), int(heads), int(kv_heads), causal, gen)
-    call = functools.partial(bench._ours(algorithm, _causal_mask(q.device),
-                                         repair_overflow=check == "on"),
-                             q, k, v, bool(causal), False)
+    call = _case_call(algorithm, check == "on", q, k, v, causal)
     call()
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
@@ -441,7 +452,7 @@ def _check_instructions(args) -> int:
     for case, label in _check_cases(args):
         causal = case[5]
         mode = "decode" if causal is None else ("causal" if causal else "none")
-        for algorithm in ("pasa", "pasa-exact"):
+        for algorithm in CHECKED_ALGORITHMS:
             counts = {}
             for check in ("off", "on"):
                 # the child imports pasa_npu as this process did (-P: not from the cwd)
@@ -473,15 +484,14 @@ def _check_cost(args) -> None:
           f"(order rotating); medians of the runs' ratios [min, max]")
     for (d, seq, batch, heads, kv_heads, causal), what in _check_cases(args):
         q, k, v = _case_inputs(d, seq, batch, heads, kv_heads, causal, gen)
-        for algorithm in ("pasa", "pasa-exact"):
-            calls = {check: bench._ours(algorithm, _causal_mask(q.device), repair_overflow=check)
+        for algorithm in CHECKED_ALGORITHMS:
+            calls = {check: _case_call(algorithm, check, q, k, v, causal)
                      for check in (True, False)}
             ratios = {"on/off": [], "off/off": []}
             for run in range(args.reps):
                 sides = ("on", "off", "off again")
                 order = sides[run % 3:] + sides[:run % 3]
-                ms = {side: bench._graph_ms(functools.partial(
-                    calls[side == "on"], q, k, v, bool(causal), False)) for side in order}
+                ms = {side: bench._graph_ms(calls[side == "on"]) for side in order}
                 ratios["on/off"].append(ms["on"] / ms["off"])
                 ratios["off/off"].append(ms["off again"] / ms["off"])
             line = "; ".join(f"{name} {statistics.median(r):.3f} [{min(r):.3f}, {max(r):.3f}]"
@@ -510,15 +520,16 @@ def kernel_cost_lines(on: dict, off: dict) -> list[str]:
 def _check_kernels(args) -> None:
     """:func:`main`'s ``--check-kernels``: per case and allocation, the device time of each
     kernel of one eager call with ``repair_overflow`` off and on (:func:`kernel_cost_lines`)."""
+    calls = 20
     gen = torch.Generator(device="cuda").manual_seed(0)
-    print("overflow check on / off: device time per kernel of one call (torch.profiler, "
-          "20 calls each; gaps between kernels not included)")
+    print(f"overflow check on / off: device time per kernel of one call (torch.profiler, "
+          f"{calls} calls each; gaps between kernels not included)")
     for (d, seq, batch, heads, kv_heads, causal), what in _check_cases(args):
         q, k, v = _case_inputs(d, seq, batch, heads, kv_heads, causal, gen)
-        for algorithm in ("pasa", "pasa-exact"):
-            times = {check: kernel_times_us(functools.partial(
-                bench._ours(algorithm, _causal_mask(q.device), repair_overflow=check),
-                q, k, v, bool(causal), False)) for check in (False, True)}
+        for algorithm in CHECKED_ALGORITHMS:
+            times = {check: kernel_times_us(_case_call(algorithm, check, q, k, v, causal),
+                                            calls)
+                     for check in (False, True)}
             print(f"  {what} {algorithm}:", flush=True)
             for line in kernel_cost_lines(times[True], times[False]):
                 print(f"    {line}", flush=True)
