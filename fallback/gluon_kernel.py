@@ -337,16 +337,23 @@ def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m
     o_ptrs = (O + b.to(gl.int64) * output.stride_ob + h.to(gl.int64) * output.stride_oh
               + rows_o.to(gl.int64)[:, None] * output.stride_os + dims[None, :])
     # rows 0 .. q_len-1 (one unsigned compare: the first tile may start before row 0)
-    gl.store(o_ptrs, o.to(gl.float16),
-             mask=(rows_o.to(gl.uint32, bitcast=True) < q_len)[:, None])
+    o16 = o.to(gl.float16)
+    gl.store(o_ptrs, o16, mask=(rows_o.to(gl.uint32, bitcast=True) < q_len)[:, None])
     if HAS_LSE:
         gl.store(LSE + b.to(gl.int64) * output.stride_lb + h.to(gl.int64) * output.stride_lh
                  + rows.to(gl.int64) * output.stride_ls, lse,
                  mask=rows.to(gl.uint32, bitcast=True) < q_len)
     if DETECT:
-        # a row's output values through their fp32 sum (triton_softmax._nonfinite_rows),
-        # and its statistics, finite where its LSE is, whose log a call without LSE skips
-        o_sum = gl.convert_layout(gl.sum(o, 1), row_s)
+        # a row's output values through their sum (triton_softmax._nonfinite_rows), and
+        # its statistics, finite where its LSE is, whose log a call without LSE skips. The
+        # sum: at d = 64 of the fp16 output on the tensor cores (a thin matmul by ones),
+        # at d = 128 of the fp32 output on the CUDA cores, each the one that costs its
+        # kernel less (docs/design.md, "Overflow detection and repair")
+        if HEAD_DIM < BLOCK_N:
+            sums = _row_sum_start(o16, ops.ones.slice(0, HEAD_DIM, 1))
+            o_sum = _row_sum_read(warpgroup_mma_wait(0, deps=(sums,)), l_i)
+        else:
+            o_sum = gl.convert_layout(gl.sum(o, 1), row_s)
         in_rows = rows.to(gl.uint32, bitcast=True) < q_len
         bad = ~(gl.abs(o_sum + gl.where(seen, true_max + l_i, 0.0)) < float("inf")) & in_rows
         # the flags are contiguous (B, N, q_len), fewer than 2**31 (gluon_prefill.supported);

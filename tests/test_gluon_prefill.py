@@ -321,15 +321,17 @@ def test_gpu_gluon_prefill_flags_overflow_for_the_repair(gluon_launches):
     assert len(gluon_launches) == 2
 
 
-def test_gpu_gluon_prefill_flags_output_overflow(gluon_launches):
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_gluon_prefill_flags_output_overflow(head_dim, gluon_launches):
     """V = 5000 |N(0, 1)|, 520 keys: P'V beyond fp16 on most rows while the statistics stay
     finite (tests/test_overflow.py, test_output_overflow_is_repaired): the Gluon kernel's
-    test of the output flags those rows, the repair recomputes them (fa-fp32's values, to
-    an fp16 rounding), and the other rows are bit for bit the unchecked result."""
+    test of the output (its row sums on the tensor cores at d = 64, on the CUDA cores at
+    d = 128) flags those rows, the repair recomputes them (fa-fp32's values, to an fp16
+    rounding), and the other rows are bit for bit the unchecked result."""
     gen = torch.Generator().manual_seed(7)
-    q, k = (torch.randn(2, 2, 520, 64, generator=gen).half().cuda() for _ in range(2))
-    v = (torch.randn(2, 2, 520, 64, generator=gen).abs() * 5000).half().cuda()
-    kw = dict(num_heads=2, input_layout="BNSD", scale=64 ** -0.5, softmax_lse_flag=True)
+    q, k = (torch.randn(2, 2, 520, head_dim, generator=gen).half().cuda() for _ in range(2))
+    v = (torch.randn(2, 2, 520, head_dim, generator=gen).abs() * 5000).half().cuda()
+    kw = dict(num_heads=2, input_layout="BNSD", scale=head_dim ** -0.5, softmax_lse_flag=True)
     fa32, _ = _call(q, k, v, dict(kw, algorithm="fa-fp32"), "warp-specialised")
     for algorithm in ("pasa-exact", "pasa"):
         raw, raw_lse = _call(q, k, v, dict(kw, algorithm=algorithm, repair_overflow=False),
@@ -341,4 +343,34 @@ def test_gpu_gluon_prefill_flags_output_overflow(gluon_launches):
         assert torch.isfinite(out.float()).all() and torch.isfinite(lse).all()
         assert torch.equal(out[~bad], raw[~bad]) and torch.equal(lse[~bad], raw_lse[~bad])
         torch.testing.assert_close(out[bad], fa32[bad], rtol=2e-3, atol=1e-2)
+    assert len(gluon_launches) == 5
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("where", ["v-nan", "v-inf", "k-nan"])
+def test_gpu_gluon_prefill_nonfinite_inputs_give_fa_fp32s_rows(where, head_dim,
+                                                                gluon_launches):
+    """One NaN or inf in V or K (position 150 of 520, causal): the checked Gluon kernel's
+    non-finite output rows are exactly fa-fp32's, and the report counts them as rows that
+    stayed non-finite after the repair (its test of the output sees them, at each head
+    dim's row sums); the rows the unchecked call left finite are bit for bit its result."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 520, head_dim, generator=gen).half() for _ in range(3))
+    {"v-nan": v, "v-inf": v, "k-nan": k}[where][0, 1, 150, 5] = (
+        float("inf") if where == "v-inf" else float("nan"))
+    q, k, v = (t.cuda() for t in (q, k, v))
+    kw = dict(num_heads=2, input_layout="BNSD", scale=head_dim ** -0.5, sparse_mode=3,
+              atten_mask=pasa_npu.compressed_causal_mask("cuda"))
+    fa32, _ = _call(q, k, v, dict(kw, algorithm="fa-fp32"), "warp-specialised")
+    want = ~torch.isfinite(fa32.float()).all(-1)
+    assert want.any() and not want.all()
+    for algorithm in ("pasa-exact", "pasa"):
+        raw, _ = _call(q, k, v, dict(kw, algorithm=algorithm, repair_overflow=False),
+                       "warp-specialised")
+        out, _ = _call(q, k, v, dict(kw, algorithm=algorithm), "warp-specialised")
+        got = ~torch.isfinite(out.float()).all(-1)
+        assert torch.equal(got, want), (algorithm, got.sum(), want.sum())
+        assert pasa_npu.overflow_report().nonfinite_rows == int(want.sum()), algorithm
+        fine = torch.isfinite(raw.float()).all(-1)  # rows the check left alone
+        assert torch.equal(out[fine], raw[fine]), algorithm
     assert len(gluon_launches) == 5
