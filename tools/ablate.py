@@ -402,6 +402,18 @@ def _case_call(algorithm, check: bool, q, k, v, causal):
                              q, k, v, bool(causal), False)
 
 
+def _checked_calls(args):
+    """``--check-cost``'s and ``--check-kernels``' calls: for each case (inputs from one
+    seeded generator, in order) and checked allocation, its label, the allocation and its
+    calls {True: checked, False: unchecked}."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for (d, seq, batch, heads, kv_heads, causal), what in _check_cases(args):
+        q, k, v = _case_inputs(d, seq, batch, heads, kv_heads, causal, gen)
+        for algorithm in CHECKED_ALGORITHMS:
+            yield what, algorithm, {check: _case_call(algorithm, check, q, k, v, causal)
+                                    for check in (True, False)}
+
+
 def _one_profiled_call(d, seq, batch, heads, kv_heads, causal, algorithm_check) -> None:
     """The child ``--check-instructions`` runs under ncu: one case's call, once to compile
     and once between cudaProfilerStart and Stop (ncu profiles only that one)."""
@@ -479,24 +491,19 @@ def _check_cost(args) -> None:
     twice off, in an order that rotates from run to run; per case the median of the
     runs' on/off ratios and their range, against the unchecked call timed against itself
     (off/off, the spread between runs of the same kernels)."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
     print(f"overflow check on / off, graph replay, {args.reps} runs of on, off and off again "
           f"(order rotating); medians of the runs' ratios [min, max]")
-    for (d, seq, batch, heads, kv_heads, causal), what in _check_cases(args):
-        q, k, v = _case_inputs(d, seq, batch, heads, kv_heads, causal, gen)
-        for algorithm in CHECKED_ALGORITHMS:
-            calls = {check: _case_call(algorithm, check, q, k, v, causal)
-                     for check in (True, False)}
-            ratios = {"on/off": [], "off/off": []}
-            for run in range(args.reps):
-                sides = ("on", "off", "off again")
-                order = sides[run % 3:] + sides[:run % 3]
-                ms = {side: bench._graph_ms(calls[side == "on"]) for side in order}
-                ratios["on/off"].append(ms["on"] / ms["off"])
-                ratios["off/off"].append(ms["off again"] / ms["off"])
-            line = "; ".join(f"{name} {statistics.median(r):.3f} [{min(r):.3f}, {max(r):.3f}]"
-                             for name, r in ratios.items())
-            print(f"  {what} {algorithm:10s}: {line}", flush=True)
+    for what, algorithm, calls in _checked_calls(args):
+        ratios = {"on/off": [], "off/off": []}
+        for run in range(args.reps):
+            sides = ("on", "off", "off again")
+            order = sides[run % 3:] + sides[:run % 3]
+            ms = {side: bench._graph_ms(calls[side == "on"]) for side in order}
+            ratios["on/off"].append(ms["on"] / ms["off"])
+            ratios["off/off"].append(ms["off again"] / ms["off"])
+        line = "; ".join(f"{name} {statistics.median(r):.3f} [{min(r):.3f}, {max(r):.3f}]"
+                         for name, r in ratios.items())
+        print(f"  {what} {algorithm:10s}: {line}", flush=True)
 
 
 def kernel_cost_lines(on: dict, off: dict) -> list[str]:
@@ -520,19 +527,14 @@ def kernel_cost_lines(on: dict, off: dict) -> list[str]:
 def _check_kernels(args) -> None:
     """:func:`main`'s ``--check-kernels``: per case and allocation, the device time of each
     kernel of one eager call with ``repair_overflow`` off and on (:func:`kernel_cost_lines`)."""
-    calls = 20
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    profiled = 20
     print(f"overflow check on / off: device time per kernel of one call (torch.profiler, "
-          f"{calls} calls each; gaps between kernels not included)")
-    for (d, seq, batch, heads, kv_heads, causal), what in _check_cases(args):
-        q, k, v = _case_inputs(d, seq, batch, heads, kv_heads, causal, gen)
-        for algorithm in CHECKED_ALGORITHMS:
-            times = {check: kernel_times_us(_case_call(algorithm, check, q, k, v, causal),
-                                            calls)
-                     for check in (False, True)}
-            print(f"  {what} {algorithm}:", flush=True)
-            for line in kernel_cost_lines(times[True], times[False]):
-                print(f"    {line}", flush=True)
+          f"{profiled} calls each; gaps between kernels not included)")
+    for what, algorithm, calls in _checked_calls(args):
+        times = {check: kernel_times_us(calls[check], profiled) for check in (False, True)}
+        print(f"  {what} {algorithm}:", flush=True)
+        for line in kernel_cost_lines(times[True], times[False]):
+            print(f"    {line}", flush=True)
 
 
 def _time_variants(args) -> None:
