@@ -139,6 +139,34 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+_RESIDENT: dict = {}
+
+
+def resident_programs(kernel, device_index: int, args: tuple, kwargs: dict) -> int:
+    """How many programs of ``kernel``, compiled for ``args`` and ``kwargs``, CUDA device
+    ``device_index`` holds at once: its SMs times the programs per SM that the compiled
+    kernel's shared memory (plus the 1 KiB the hardware reserves per block), registers
+    (allocated 8 per thread at a time) and threads allow. A grid of that many programs runs
+    in one wave, so one whose programs all return at once costs one wave, not several.
+    Compiles on the first call per kernel, device, argument dtypes and constexprs."""
+    key = (kernel, device_index, *(getattr(a, "dtype", None) for a in args),
+           *sorted(kwargs.items()))
+    count = _RESIDENT.get(key)
+    if count is None:
+        compiled = kernel.warmup(*args, grid=(1,), **kwargs)
+        compiled._init_handles()
+        props = torch.cuda.get_device_properties(device_index)
+        threads = 32 * compiled.metadata.num_warps
+        limits = [getattr(props, "max_threads_per_multi_processor", threads) // threads,
+                  getattr(props, "regs_per_multiprocessor", 0)
+                  // (threads * -(-max(compiled.n_regs, 1) // 8) * 8) or 1]
+        if compiled.metadata.shared:
+            limits.append(getattr(props, "shared_memory_per_multiprocessor", 0)
+                          // (compiled.metadata.shared + 1024))
+        count = _RESIDENT[key] = props.multi_processor_count * max(min(limits), 1)
+    return count
+
+
 def tma_strides(t: torch.Tensor, batch_stride: int):
     """The strides a TMA descriptor takes for the (B, N, S, D) view ``t`` whose batch axis
     steps by ``batch_stride`` (0: packed, never stepped), or None where TMA cannot address

@@ -17,7 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from pasa_npu.fallback.kernel_common import _kv_rows, _tile_kv_blocks, cdiv, launch, sm_count
+from pasa_npu.fallback.kernel_common import (_kv_rows, _tile_kv_blocks, cdiv, launch,
+                                            resident_programs)
 from pasa_npu.fallback.triton_softmax import (_block_update, _finish, _initial_state,
                                               _nonfinite_rows)
 from pasa_npu.overflow import ROW_FLAGGED, ROW_NONFINITE, ROW_REPAIRED
@@ -147,24 +148,28 @@ def run(problem: AttentionProblem, shared, overflow_word: torch.Tensor) -> None:
     block_m = 16 if shared.interpret else 64
     n_tiles = cdiv(problem.max_q_len, block_m)
     total = n_tiles * problem.batch * q.shape[1]
-    programs = 2 if shared.interpret else 4 * sm_count(q.device.index or 0)
     strides = shared.strides
     lse_strides = ((shared.batch_stride(shared.lse_arg) if problem.lse is not None else 0),
                    *shared.lse_arg.stride()[1:])
     pages = problem.block_table if problem.paged else shared.lengths[0]  # unread unpaged
-    launch(
-        _repair, (min(total, programs),),
-        q, k, v, out, shared.lse_arg, flags, overflow_word, shared.mask, pages, *shared.lengths,
-        shared.band_pre, shared.band_next, *strides(q), *shared.kv_strides(k),
-        *shared.kv_strides(v), *strides(out), *lse_strides, shared.batch_stride(flags),
-        flags.stride(1), *shared.mask_strides, pages.stride(0), problem.block_size, q.shape[1],
-        n_tiles, total, q.shape[1] // k.shape[1], problem.scale, q.shape[3], v.shape[3],
+    args = (q, k, v, out, shared.lse_arg, flags, overflow_word, shared.mask, pages,
+            *shared.lengths, shared.band_pre, shared.band_next, *strides(q),
+            *shared.kv_strides(k), *shared.kv_strides(v), *strides(out), *lse_strides,
+            shared.batch_stride(flags), flags.stride(1), *shared.mask_strides, pages.stride(0),
+            problem.block_size, q.shape[1], n_tiles, total, q.shape[1] // k.shape[1],
+            problem.scale, q.shape[3], v.shape[3])
+    constexprs = dict(
         HAS_MASK=problem.mask is not None, HAS_BAND=problem.band is not None,
         HAS_LSE=problem.lse is not None, GUARD=problem.rounding_guard, PAGED=problem.paged,
         WHOLE_PAGE=problem.block_size % shared.constexprs["BLOCK_N"] == 0,
         BLOCK_M=block_m, BLOCK_N=shared.constexprs["BLOCK_N"],
         HEAD_DIM=shared.constexprs["HEAD_DIM"], HEAD_DIM_V=shared.constexprs["HEAD_DIM_V"],
         num_warps=1 if shared.interpret else 4, num_stages=repair_stages(q.shape[3]))
+    # one wave: every program reads the overflow word at once, and a call without overflow
+    # pays for one wave of programs that return, not for several in turn
+    programs = (2 if shared.interpret
+                else resident_programs(_repair, q.device.index or 0, args, constexprs))
+    launch(_repair, (min(total, programs),), *args, **constexprs)
 
 
 def repair_stages(head_dim: int) -> int:

@@ -109,3 +109,40 @@ def test_more_batch_heads_than_a_grid_axis_holds(query_len, algorithm, monkeypat
     out, lse = pasa_npu.fused_attention(*on_device("triton", q, k, v), backend="triton", **kw)
     path = "decode" if query_len == 1 else "prefill"
     assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"grid-{path}", path=path)
+
+
+@pytest.mark.parametrize("shared, regs, want_per_sm", [
+    (116736, 168, 1),  # 114 KiB: two would fit but for the 1 KiB reserved per program
+    (65536, 128, 3),   # shared memory (3 x 65 KiB) binds before registers (4 x 128 x 128)
+    (0, 170, 2),       # none: registers bind, 170 a thread allocated as 176 (3 would fit)
+    (0, 32, 16),       # small: the SM's 2048 threads bind
+])
+def test_resident_programs_fill_one_wave(shared, regs, want_per_sm, monkeypatch):
+    """The repair's grid: the SMs times the programs of a compiled kernel that fit an SM
+    at once, from the kernel's shared memory (1 KiB more reserved per program), registers
+    and threads against the device's; compiled once per kernel and constexprs."""
+    from types import SimpleNamespace
+
+    from pasa_npu.fallback import kernel_common
+
+    props = SimpleNamespace(multi_processor_count=132, max_threads_per_multi_processor=2048,
+                            regs_per_multiprocessor=65536,
+                            shared_memory_per_multiprocessor=233472)  # an H100's
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    compiled = SimpleNamespace(metadata=SimpleNamespace(num_warps=4, shared=shared),
+                               n_regs=regs, _init_handles=lambda: None)
+    warmups = []
+
+    class Kernel:
+        def warmup(self, *args, grid, **kwargs):
+            warmups.append((args, grid, kwargs))
+            return compiled
+
+    kernel = Kernel()
+    monkeypatch.setattr(kernel_common, "_RESIDENT", {})
+    args, constexprs = (torch.zeros(2, dtype=torch.float16), 7), dict(BLOCK_M=64, num_warps=4)
+    assert kernel_common.resident_programs(kernel, 0, args, constexprs) == 132 * want_per_sm
+    assert kernel_common.resident_programs(kernel, 0, args, constexprs) == 132 * want_per_sm
+    assert len(warmups) == 1 and warmups[0][1] == (1,) and warmups[0][2] == constexprs
+    kernel_common.resident_programs(kernel, 0, args, dict(constexprs, BLOCK_M=32))
+    assert len(warmups) == 2
