@@ -3,6 +3,7 @@ Markdown table, failed candidates shown as errors, and a PNG with the prefill pa
 and the decode panel, also for a run with only one of the two."""
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -142,11 +143,55 @@ def test_check_comparison_within_the_unchecked_runs_spread():
             "| no |") in text
     assert "| d=64 S=4096 causal | sdpa-flash | TFLOP/s | 275 [270, 280] | 276 [270, 281] " \
            "| 1.004 | yes |" in text
+    # 3 runs: a cell that the check leaves alone is outside with probability 0.4
+    assert "misses with probability 40.0%" in text
+    assert ("- ours: 1 of 1 cells outside the spread, chance alone 0.4 (at least 1 with "
+            "probability 40%: as many as chance gives); checked / unchecked 0.9770") in text
+    assert "- SDPA peers: 0 of 1 cells outside the spread, chance alone 0.4 (at least 0 " \
+           "with probability 100%" in text
+
+
+@pytest.mark.parametrize("runs", [3, 5, 7])
+def test_chance_outside_counts_every_order_of_the_runs(runs):
+    """Identical code: each choice of which of the 2 runs ranked values are the checked
+    runs is equally likely; count the choices whose checked median leaves the unchecked
+    range."""
+    orders = list(itertools.combinations(range(2 * runs), runs))
+    outside = 0
+    for checked in orders:
+        unchecked = sorted(set(range(2 * runs)) - set(checked))
+        median = sorted(checked)[runs // 2]
+        outside += not unchecked[0] <= median <= unchecked[-1]
+    assert bench.chance_outside(runs) == pytest.approx(outside / len(orders), rel=1e-12)
+
+
+@pytest.mark.parametrize("runs", [2, 4, 1])
+def test_chance_outside_needs_a_middle_run(runs):
+    with pytest.raises(ValueError, match=f"odd number of at least 3, so that the checked median is one run, got {runs}"):
+        bench.chance_outside(runs)
+
+
+def test_check_summary_tells_a_real_cost_from_chance():
+    """Nine runs: 2.9% per cell by chance. Four of eight cells outside is far more than
+    that; one of eight is not."""
+    def rows(outside, ratio, name):
+        return [dict(name=name, ratio=ratio, within=i >= outside) for i in range(8)]
+    comparison = rows(4, 0.98, "pasa") + rows(1, 1.0, "sdpa-flash")
+    ours, peers = bench.check_summary(comparison, 9)
+    assert (ours["group"], ours["cells"], ours["outside"]) == ("ours", 8, 4)
+    assert ours["expected"] == pytest.approx(8 * bench.chance_outside(9))
+    assert ours["p_value"] < 1e-4 and not ours["consistent"]
+    assert ours["ratio"] == pytest.approx(0.98)
+    assert peers["outside"] == 1 and peers["consistent"]
+    p = bench.chance_outside(9)
+    assert peers["p_value"] == pytest.approx(1 - (1 - p) ** 8)
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--runs", "3"], "--runs applies to --overflow-check compare"),
-    (["--overflow-check", "compare", "--runs", "1"], "a spread needs at least 2 runs, got 1"),
+    (["--overflow-check", "compare", "--runs", "1"], "odd number of at least 3, so that the "
+                                                     "checked median is one run, got 1"),
+    (["--overflow-check", "compare", "--runs", "4"], "got 4"),
 ])
 def test_check_comparison_options_are_refused_where_they_mean_nothing(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

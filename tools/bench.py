@@ -14,7 +14,8 @@ Writes ``bench.json``, ``bench.md`` and ``bench.png`` (``--out``); ``--plot FILE
 redraws the plot from a saved run. ``--overflow-check compare`` instead times every case
 ``--runs`` times with the check off and on (alternating which comes first) and writes
 ``check.json`` and ``check.md``: whether each checked cell lies within the spread between
-the unchecked runs (:func:`check_comparison`).
+the unchecked runs (:func:`check_comparison`), and how many cells fall outside against what
+chance alone gives (:func:`check_summary`).
 """
 from __future__ import annotations
 
@@ -280,18 +281,64 @@ def check_comparison(off_runs: list, on_runs: list) -> list:
     return rows
 
 
+def chance_outside(runs: int) -> float:
+    """The probability that a cell falls outside the spread (:func:`check_comparison`) when
+    the check changes nothing: its ``runs`` checked and ``runs`` unchecked throughputs
+    then come from one distribution, every order of the 2 ``runs`` values is equally
+    likely, and the checked median (the middle run, ``runs`` odd) lies below the smallest
+    unchecked run exactly where the (``runs`` + 1) / 2 smallest values are all checked
+    runs; above the largest likewise."""
+    if runs < 3 or runs % 2 == 0:
+        raise ValueError(f"runs: an odd number of at least 3, so that the checked median "
+                         f"is one run, got {runs}")
+    first = (runs + 1) // 2
+    return 2 * math.comb(2 * runs - first, runs) / math.comb(2 * runs, runs)
+
+
+def check_summary(comparison: list, runs: int) -> list:
+    """The cells outside the spread, counted for our candidates and for the SDPA peers
+    (the control) against what chance alone gives (:func:`chance_outside`, the cells
+    taken as independent): per group, ``cells``, ``outside``, ``expected`` outside,
+    ``p_value`` = the chance of at least ``outside`` cells outside, ``consistent`` (that
+    chance is 5% or more) and ``ratio`` (the geometric mean of checked / unchecked)."""
+    p = chance_outside(runs)
+    groups = []
+    for group, peer in (("ours", False), ("SDPA peers", True)):
+        rows = [row for row in comparison if row["name"].startswith("sdpa") == peer]
+        if not rows:
+            continue
+        n, k = len(rows), sum(not row["within"] for row in rows)
+        p_value = sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(k, n + 1))
+        groups.append(dict(group=group, cells=n, outside=k, expected=n * p,
+                           p_value=p_value, consistent=p_value >= 0.05,
+                           ratio=math.exp(statistics.fmean(math.log(row["ratio"])
+                                                           for row in rows))))
+    return groups
+
+
 def check_markdown(result) -> str:
-    """:func:`check_comparison`'s rows as a Markdown table."""
+    """:func:`check_comparison`'s rows as a Markdown table, after :func:`check_summary`."""
     def spread(values):
         return (f"{statistics.median(values):.0f} [{min(values):.0f}, {max(values):.0f}]")
     units = {"tflops": "TFLOP/s", "gbs": "GB/s (graph)"}
+    runs = result["runs"]
     lines = [f"Device: {result['device']}; torch {result['torch']}, triton {result['triton']}. "
-             f"Overflow check off and on, {result['runs']} runs each (each run times every "
+             f"Overflow check off and on, {runs} runs each (each run times every "
              "case once; the runs alternate which setting comes first). Throughput: "
              "median [smallest, largest run]; within: the checked median lies in the "
-             "unchecked runs' range. The SDPA peers run the same code both ways.", "",
-             "| case | candidate | unit | unchecked | checked | checked / unchecked | within |",
-             "|---|---|---|---|---|---|---|"]
+             "unchecked runs' range, which a cell whose check costs nothing misses with "
+             f"probability {chance_outside(runs):.1%}. The SDPA peers run the same code both "
+             "ways.", ""]
+    for group in check_summary(result["comparison"], runs):
+        verdict = ("as many as chance gives" if group["consistent"]
+                   else "more than chance gives")
+        lines.append(f"- {group['group']}: {group['outside']} of {group['cells']} cells "
+                     f"outside the spread, chance alone {group['expected']:.1f} "
+                     f"(at least {group['outside']} with probability "
+                     f"{group['p_value']:.0%}: {verdict}); checked / unchecked "
+                     f"{group['ratio']:.4f} (geometric mean)")
+    lines += ["", "| case | candidate | unit | unchecked | checked | checked / unchecked "
+              "| within |", "|---|---|---|---|---|---|---|"]
     for row in result["comparison"]:
         lines.append(f"| {row['case']} | {row['name']} | {units[row['unit']]} | "
                      f"{spread(row['off'])} | {spread(row['on'])} | {row['ratio']:.3f} | "
@@ -393,15 +440,17 @@ def main(argv=None) -> int:
                              "without the overflow check; compare: both, --runs times, "
                              "into check.json/.md)")
     parser.add_argument("--runs", type=int, default=None,
-                        help="with --overflow-check compare: runs per setting (default 3)")
+                        help="with --overflow-check compare: runs per setting, odd "
+                             "(default 9)")
     args = parser.parse_args(argv)
     if args.runs is not None and args.overflow_check != "compare":
         parser.error(f"--runs applies to --overflow-check compare, not "
                      f"--overflow-check {args.overflow_check}")
     if args.overflow_check == "compare":
-        args.runs = 3 if args.runs is None else args.runs
-        if args.runs < 2:
-            parser.error(f"--runs: a spread needs at least 2 runs, got {args.runs}")
+        args.runs = 9 if args.runs is None else args.runs
+        if args.runs < 3 or args.runs % 2 == 0:
+            parser.error(f"--runs: an odd number of at least 3, so that the checked median "
+                         f"is one run, got {args.runs}")
     out = pathlib.Path(args.out)
     if args.plot:
         try:
