@@ -159,7 +159,7 @@ def resident_programs(kernel, device_index: int, args: tuple, kwargs: dict) -> i
         threads = 32 * compiled.metadata.num_warps
         limits = [getattr(props, "max_threads_per_multi_processor", threads) // threads,
                   getattr(props, "regs_per_multiprocessor", 0)
-                  // (threads * -(-max(compiled.n_regs, 1) // 8) * 8) or 1]
+                  // (threads * -(-max(compiled.n_regs, 1) // 8) * 8)]
         if compiled.metadata.shared:
             limits.append(getattr(props, "shared_memory_per_multiprocessor", 0)
                           // (compiled.metadata.shared + 1024))

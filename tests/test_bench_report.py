@@ -167,7 +167,8 @@ def test_chance_outside_counts_every_order_of_the_runs(runs):
 
 @pytest.mark.parametrize("runs", [2, 4, 1])
 def test_chance_outside_needs_a_middle_run(runs):
-    with pytest.raises(ValueError, match=f"odd number of at least 3, so that the checked median is one run, got {runs}"):
+    with pytest.raises(ValueError, match="odd number of at least 3, so that the checked "
+                                         f"median is one run, got {runs}"):
         bench.chance_outside(runs)
 
 

@@ -448,9 +448,10 @@ def main(argv=None) -> int:
                      f"--overflow-check {args.overflow_check}")
     if args.overflow_check == "compare":
         args.runs = 9 if args.runs is None else args.runs
-        if args.runs < 3 or args.runs % 2 == 0:
-            parser.error(f"--runs: an odd number of at least 3, so that the checked median "
-                         f"is one run, got {args.runs}")
+        try:
+            chance_outside(args.runs)  # the run counts the comparison can judge
+        except ValueError as err:
+            parser.error(f"--{err}")
     out = pathlib.Path(args.out)
     if args.plot:
         try:
