@@ -87,22 +87,48 @@ def assert_matches_torch(out, lse, ref, ref_lse, algorithm, dtype):
     assert bool((diff <= bound).all()), f"LSE differs by up to {float(diff.max()):.3g}"
 
 
+def emulated_cores(n: int):
+    """The emulation with ``n`` AI Cores (the host tiles for them): the small cases of the
+    matrix then give each core several tasks, as real shapes do at the real core count."""
+    return ascendc_emu.using_model_parameters(dict(ascendc_emu.model_parameters(), core_num=n))
+
+
+def run_on_few_cores(q, k, v, seed: int, **kw):
+    """``fused_attention`` on ascendc-emu with 2 or 3 AI Cores (by ``seed``), or 1 where that
+    still leaves a core with a single task; asserts that some core ran several tasks (units of
+    split kv), each of several kv blocks where the case has them."""
+    for cores in (2 + seed % 2, 1):
+        with emulated_cores(cores):
+            out, lse = pasa_npu.fused_attention(q, k, v, backend="ascendc-emu", **kw)
+        tiling = ascendc_emu.last_run_stats()["tiling"]
+        if tiling["num_tasks"] * tiling["kv_splits"] > tiling["block_dim"]:
+            return out, lse
+    assert tiling["num_tasks"] == 1, tiling
+    return out, lse
+
+
+@pytest.mark.parametrize("cores", ["model", "few"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("algorithm", pasa_npu.ALGORITHM_NAMES)
 @pytest.mark.parametrize("name", list(CASES))
-def test_matches_torch_backend(name, algorithm, dtype):
+def test_matches_torch_backend(name, algorithm, dtype, cores):
     """Every case of the golden matrix: the kernels either compute it like the torch backend
     (same allocation, same tiling, part-filled last kv blocks included) or refuse it with
     NotImplementedError naming the feature. Unrepaired: an overflow repair must not hide a
-    difference."""
+    difference. ``model``: the model's AI Cores (at most one task each for these shapes);
+    ``few``: 2 or 3 cores, so that every core walks several tasks, the schedule of real shapes."""
     case = CASES[name]
     q, k, v, kw = make_case(case, dtype)
     kw["repair_overflow"] = False
     if not kernels_support(case, algorithm):
-        with pytest.raises(NotImplementedError, match="ascendc-emu|ascendc_emu|not supported"):
-            pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
+        if cores == "model":
+            with pytest.raises(NotImplementedError, match="ascendc-emu|ascendc_emu|not supported"):
+                pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
         return
-    out, lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
+    if cores == "model":
+        out, lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
+    else:
+        out, lse = run_on_few_cores(q, k, v, list(CASES).index(name), algorithm=algorithm, **kw)
     ref, ref_lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="torch", **kw)
     assert_matches_torch(out, lse, ref, ref_lse, algorithm, dtype)
 
@@ -152,8 +178,10 @@ def test_paged_matches_torch_backend(name, algorithm):
         with pytest.raises(NotImplementedError, match="must divide blockSize"):
             pasa_npu.fused_attention(q, k_cache, v_cache, algorithm=algorithm, backend="ascendc-emu", **kw)
         return
-    out, lse = pasa_npu.fused_attention(q, k_cache, v_cache, algorithm=algorithm, backend="ascendc-emu", **kw)
     ref, ref_lse = pasa_npu.fused_attention(q, k_cache, v_cache, algorithm=algorithm, backend="torch", **kw)
+    out, lse = pasa_npu.fused_attention(q, k_cache, v_cache, algorithm=algorithm, backend="ascendc-emu", **kw)
+    assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16)
+    out, lse = run_on_few_cores(q, k_cache, v_cache, list(PAGED_CASES).index(name), algorithm=algorithm, **kw)
     assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16)
 
 

@@ -46,7 +46,9 @@ enum StatSlot : uint32_t {
                                     // set (task parity, block parity) at 4 (2 tp + bp);
     M32 = 0, L32 = 4,               // fa-fp32, pasa-exact: m at 2 tp + bp, l at 4 + 2 tp + bp
     T0 = 16, T1 = 17, T2 = 18, T3 = 19,
-    RING = 20,                      // rescale factors of the last PASA_PV_DELAY + 1 blocks
+    RING = 20,                      // rescale factors of the last PASA_PV_DELAY + 1 blocks of the
+                                    // stream (by stream position: a task's last folds run after the
+                                    // next task's first softmaxes)
     CONST = 24, SHIFT = 25, ROWMAX = 26, ROWSUM = 27,
     ONEZERO = 28,                   // fp16 [1 | 0], R_ each
     REL = 29,                       // fp16 rel(r): the row's position within its head's run
@@ -210,13 +212,16 @@ private:
         if (maskTile) LoadMaskTile(j);  // independent of the cube: issued before the wait
         CrossCoreWaitFlag(PASA_FLAG_S_READY);
         const uint32_t slot = scoreCount_++ % PASA_SCORE_SLOTS;
+        ringSlot_ = RingSlot(softmaxCount_++);
         LocalTensor<float> s = scoreIn_.AllocTensor<float>();
         LoadSlotRows(s, slots_.score + slot * t.scoreSlotBytes, n);
         scoreIn_.EnQue(s);
         LocalTensor<float> c = constIn_.AllocTensor<float>();
+        // the cube drains one row-constant slot per chunk of every task: count it on both AIVs,
+        // rows or none, so that the ring stays in step with the cube's
+        if (key_ == PASA_KEY_PASA_EXACT && i % PASA_CONST_BLOCKS == 0) ++constCount_;
         if (key_ == PASA_KEY_PASA_EXACT && rows_ > 0) {
             GlobalTensor<float> g;
-            if (i % PASA_CONST_BLOCKS == 0) ++constCount_;
             g.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(slots_.rowConst + ((constCount_ - 1) % PASA_CONST_SLOTS) * t.constSlotBytes));
             DataCopyPad(c, g[(i % PASA_CONST_BLOCKS) * t.qTilePad + rowBase_], DataCopyExtParams(1, rows_ * 4, 0, 0, 0),
                         DataCopyPadExtParams<float>(false, 0, 0, 0.0f));
@@ -267,6 +272,7 @@ private:
         const uint32_t dv = t.headDimV;
         CrossCoreWaitFlag(PASA_FLAG_PV_READY);
         const uint32_t slot = pvCount_++ % PASA_PV_SLOTS;
+        ringSlot_ = RingSlot(foldCount_++);
         LocalTensor<float> pv = pvIn_.AllocTensor<float>();
         LoadSlotRows(pv, slots_.pv + slot * t.pvSlotBytes, dv);
         pvIn_.EnQue(pv);
@@ -279,6 +285,8 @@ private:
     const AttentionTask* task_ = nullptr;
     uint32_t key_ = 0, sub_ = 0, rowBase_ = 0, rows_ = 0, R_ = 16, tp_ = 0, relPitch_ = 0;
     uint32_t scoreCount_ = 0, probCount_ = 0, pvCount_ = 0, constCount_ = 0;  // slot rings, continued across tasks
+    uint32_t softmaxCount_ = 0, foldCount_ = 0, ringSlot_ = RING;  // blocks of the stream; the step's RING slot
+    __aicore__ inline static uint32_t RingSlot(uint32_t block) { return RING + block % (PASA_PV_DELAY + 1); }
     GM_ADDR workspace_ = nullptr;
     TPipe pipe_;
     TQue<TPosition::VECIN, 1> scoreIn_, pvIn_, constIn_, maskIn_;

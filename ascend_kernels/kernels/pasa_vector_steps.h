@@ -159,7 +159,7 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepFa(uint32_t i, uint32_t j
 {
     const uint32_t n = t_->kvBlock, cells = R_ * n, cur = i % 2, nxt = (i + 1) % 2;
     const int32_t r = static_cast<int32_t>(R_);
-    LocalTensor<float> tree = tree_.Get<float>(), a = Stat(RING + i % (PASA_PV_DELAY + 1));
+    LocalTensor<float> tree = tree_.Get<float>(), a = Stat(ringSlot_);
     LocalTensor<float> mOld = M(cur), mNew = M(nxt), lOld = L(cur), lNew = L(nxt);
     Muls(s, s, t_->scale, static_cast<int32_t>(cells));
     bool noKeys = false;
@@ -190,7 +190,7 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepPasa(uint32_t i, uint32_t
     LocalTensor<float> x = work_.Get<float>(), tree = tree_.Get<float>();
     LocalTensor<half> tree16 = tree_.Get<half>(), t2 = Stat16(T2), t3 = Stat16(T3);
     LocalTensor<half> cur = PasaSet(i % 2, 0), nxt = PasaSet((i + 1) % 2, 0);
-    LocalTensor<half> ab = Stat16(RING + i % (PASA_PV_DELAY + 1));
+    LocalTensor<half> ab = Stat16(ringSlot_);
     // the mean runs over the block's keys, masked or not: all n columns, or the v keys of a
     // part-filled last block (its K' is zero past v, so the sum over n columns is theirs)
     Cast(x, s, RoundMode::CAST_NONE, cells);
@@ -240,7 +240,7 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepExact(uint32_t i, uint32_
 {
     const uint32_t n = t_->kvBlock, cells = R_ * n, cur = i % 2, nxt = (i + 1) % 2;
     const int32_t r = static_cast<int32_t>(R_);
-    LocalTensor<float> x = work_.Get<float>(), tree = tree_.Get<float>(), a = Stat(RING + i % (PASA_PV_DELAY + 1));
+    LocalTensor<float> x = work_.Get<float>(), tree = tree_.Get<float>(), a = Stat(ringSlot_);
     LocalTensor<float> mOld = M(cur), mNew = M(nxt), lOld = L(cur), lNew = L(nxt);
     Cast(x, s, RoundMode::CAST_NONE, cells);
     bool noKeys = false;
@@ -264,13 +264,13 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepExact(uint32_t i, uint32_
 }
 
 // O = a O + P'V (fa-fp32: fp32; pasa-exact: the fp16 tile widened) or, pasa, fp16(fp16(a O) +
-// fp16(b P'V)), with the factors of block i of the task left in the ring. The task's first fold
+// fp16(b P'V)), with the factors block i of the task left in its ring slot. The task's first fold
 // writes O: a O + x = x when O = 0 (and pasa's fp16(0 + fp16(b P'V)) = fp16(b P'V)), so O needs no
 // zeroing.
 template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::Fold(uint32_t i, const LocalTensor<float>& pv)
 {
-    const uint32_t dv = t_->headDimV, cells = R_ * dv, ring = RING + i % (PASA_PV_DELAY + 1);
+    const uint32_t dv = t_->headDimV, cells = R_ * dv, ring = ringSlot_;
     if (key_ == PASA_KEY_PASA) {
         LocalTensor<half> brc = tree_.Get<half>(), o = acc_.Get<half>(), x = pv.template ReinterpretCast<half>();
         BroadcastRows(brc, Stat16(ring), 2 * R_);
