@@ -31,7 +31,42 @@ def test_report_is_labelled_a_model(tmp_path):
     assert cell["binding"] in ("S", "V", "M", "MTE1", "MTE2", "MTE3", "FIX", "L2", "HBM")
 
 
+def test_every_timed_run_is_checked_against_the_golden(monkeypatch):
+    """Each emulated run carries its error against the fp64 golden into the figure fitted from
+    it; a run whose output is wrong is refused, naming the run, and no figure is reported."""
+    shape = npu_extrapolate.Shape("tiny", 1, 2, 2, 512, 512, 64, causal=True)
+    result = npu_model.run([shape], ("pasa",), band=False, progress=lambda *a: None)
+    cell = result["rows"][0]["pasa"]
+    assert 0 < cell["golden_rmse"] < 1e-2
+    assert f"{cell['golden_rmse']:.1e}" in npu_model.markdown(result)
+    real_run = npu_extrapolate.pasa_npu.fused_attention
+
+    def garbage_from_the_kernels(q, k, v, backend, **kw):
+        out, lse = real_run(q, k, v, backend=backend, **kw)
+        return (out.flip(-2) if backend == "ascendc-emu" else out), lse
+
+    monkeypatch.setattr(npu_extrapolate.pasa_npu, "fused_attention", garbage_from_the_kernels)
+    with pytest.raises(npu_extrapolate.WrongRunError, match="timing is not reported"):
+        npu_model.run([shape], ("pasa",), band=False, progress=lambda *a: None)
+    assert npu_model.main(["--sets", "paper", "--algorithms", "pasa", "--no-band", "--quiet",
+                           "--out", "/nonexistent/never-written"]) == 1
+
+
 def test_timing_doc_carries_the_parameter_table():
     """ascend_kernels/TIMING_MODEL.md shows the table pasa-npu-model --params prints."""
     doc = (ROOT / "ascend_kernels" / "TIMING_MODEL.md").read_text()
     assert npu_model.params_markdown() in doc
+
+
+def test_cli_shows_defaults_and_says_where_it_wrote(tmp_path, monkeypatch, capsys):
+    """--help gives the output folder's default; a run names the folder it wrote into."""
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit):
+        npu_model.main(["--help"])
+    assert "(default: npu-model-out)" in capsys.readouterr().out
+    monkeypatch.setattr(npu_model, "run", lambda *args, **kwargs: {"rows": []})
+    monkeypatch.setattr(npu_model, "markdown", lambda result: "table\n")
+    out = tmp_path / "model"
+    assert npu_model.main(["--out", str(out), "--quiet"]) == 0
+    assert capsys.readouterr().out.endswith(f"wrote npu_model.md, npu_model.json to {out}\n")
+    assert sorted(p.name for p in out.iterdir()) == ["npu_model.json", "npu_model.md"]

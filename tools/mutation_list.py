@@ -28,7 +28,13 @@ TRITON_REPAIR = "fallback/triton_repair.py"
 ARGUMENTS = "pasa_npu/arguments.py"
 EMU = "ascend_kernels/emu/emu_ops.h"
 EMU_STRIDED = "ascend_kernels/emu/emu_vec_strided.h"  # the level-0 forms of whole tiles
+KERNEL_VECTOR = "ascend_kernels/kernels/pasa_attention_vector.h"
+KERNEL_CUBE = "ascend_kernels/kernels/pasa_attention_cube.h"
+KERNEL_COMMON = "ascend_kernels/kernels/pasa_kernel_common.h"
+KERNEL_STORE = "ascend_kernels/kernels/pasa_store.h"
 ORACLE = ("tests/test_oracle.py",)
+# the golden matrix of the kernels on 2 or 3 emulated AI Cores (several tasks a core)
+FEW_CORES = ("tests/test_ascendc_emu.py", "-k", "test_matches_torch_backend and few and fp16")
 EMU_VECTOR = ("tests/test_ascendc_vector.py",)
 
 
@@ -219,6 +225,29 @@ MUTATIONS = [
              "const bool take0 = !((bits[i / 8] >> (i % 8)) & 1u);", EMU_VECTOR),
     Mutation("emulated Brcb: every block of a repeat takes its first element", EMU_STRIDED,
              "out[e] = src.Data()[r * 8 + j];", "out[e] = src.Data()[r * 8];", EMU_VECTOR),
+    # the multi-task schedule: a core's stream of several tasks of several kv blocks
+    Mutation("kernel: the rescale-factor ring indexed by the block within its task", KERNEL_VECTOR,
+             "ringSlot_ = RingSlot(softmaxCount_++);", "ringSlot_ = RingSlot(i + 0 * softmaxCount_++);",
+             FEW_CORES),
+    Mutation("kernel: an AIV without rows skips the row-constant slot", KERNEL_VECTOR,
+             "if (key_ == PASA_KEY_PASA_EXACT && i % PASA_CONST_BLOCKS == 0) ++constCount_;",
+             "if (key_ == PASA_KEY_PASA_EXACT && rows_ > 0 && i % PASA_CONST_BLOCKS == 0) ++constCount_;",
+             FEW_CORES),
+    Mutation("kernel: a task's last kv block dropped", KERNEL_COMMON,
+             "task.numBlocks = to - from;", "task.numBlocks = to - from > 1 ? to - from - 1 : to - from;",
+             FEW_CORES),
+    Mutation("kernel: two AI Cores share one exchange area", KERNEL_COMMON,
+             "score = workspace + t.coreAreaOffset + static_cast<uint64_t>(core) * t.coreAreaBytes;",
+             "score = workspace + t.coreAreaOffset + static_cast<uint64_t>(core % 2) * t.coreAreaBytes;",
+             FEW_CORES),
+    Mutation("kernel: a split's partial slot ignores its task", KERNEL_STORE,
+             "const uint64_t unit = static_cast<uint64_t>(task.index) * t.kvSplits + task.split;",
+             "const uint64_t unit = task.split;",
+             ("tests/test_ascendc_emu_shapes.py", "-k", "several_units_per_core")),
+    Mutation("kernel: the cube's score slots restart with each task", KERNEL_CUBE,
+             "DrainTile(slots_.score + (scoreCount_++ % PASA_SCORE_SLOTS) * t.scoreSlotBytes, c, n, task.rows, mp);",
+             "DrainTile(slots_.score + ((scoreCount_++, j - task.blockBegin) % PASA_SCORE_SLOTS) * t.scoreSlotBytes, c, n, "
+             "task.rows, mp);", FEW_CORES),
     Mutation("emulated Fixpipe to half: through bfloat16", EMU,
              "row[j] = static_cast<T>(c[(j / 16) * static_cast<uint64_t>(p.srcStride) * 16 "
              "+ i * 16 + j % 16]);",

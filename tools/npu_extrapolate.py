@@ -19,6 +19,9 @@ model is applied in two steps:
    flagged its cores read their tasks' flag bytes and return, fitted per task of the busiest
    core.
 
+Every emulated run is checked against the fp64 golden (``emulate``): a run whose output is
+wrong raises WrongRunError, and no figure is reported from it.
+
 The fit is exact where a task's cost is linear in its block counts, which the deep pipeline
 makes true past its first blocks; ``validate`` compares it with a direct emulation.
 """
@@ -60,6 +63,7 @@ class Fit:
     coef: dict = field(default_factory=dict)
     prep: dict = field(default_factory=dict)
     repair: tuple = ()
+    golden_rmse: float = 0.0  # the largest relative RMSE against the fp64 golden of the runs fitted
 
     def per_block(self, quantity: str) -> float:
         return float(self.coef[quantity][2])
@@ -73,16 +77,37 @@ def _inputs(b, h, hkv, sq, skv, d, seed=0):
     return q, k, v
 
 
+class WrongRunError(RuntimeError):
+    """An emulated run whose output misses the fp64 golden: its timing is not reported."""
+
+
+#: a timed run counts when its relative RMSE against the fp64 golden is within this factor of
+#: the torch backend's for the same allocation (the kernels round as that backend does)
+GOLDEN_FACTOR = 1.1
+
+
 def emulate(algorithm, b, h, hkv, sq, skv, d, causal, params) -> dict:
-    """Run one problem under the emulation with ``params``; its last_run_stats()."""
+    """Run one problem under the emulation with ``params``; its last_run_stats() plus
+    ``golden_rmse`` and ``torch_rmse``: the relative RMSE of its output, and of the torch
+    backend's, against the fp64 golden. Raises WrongRunError when the run's error exceeds
+    GOLDEN_FACTOR times the torch backend's."""
     q, k, v = _inputs(b, h, hkv, sq, skv, d)
-    kw = dict(num_heads=h, num_key_value_heads=hkv, input_layout="BNSD", scale=d ** -0.5,
-              algorithm=algorithm, backend="ascendc-emu")
+    args = dict(num_heads=h, num_key_value_heads=hkv, input_layout="BNSD", scale=d ** -0.5)
     if causal:
-        kw.update(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())
+        args.update(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())
     with ascendc_emu.using_model_parameters(params):
-        pasa_npu.fused_attention(q, k, v, **kw)
-    return ascendc_emu.last_run_stats()
+        out, _ = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **args)
+    stats = ascendc_emu.last_run_stats()
+    gold, _ = pasa_npu.reference_attention(q, k, v, **args)
+    ref, _ = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="torch", **args)
+    rmse = lambda x: float((x.double() - gold).norm() / gold.norm())  # noqa: E731
+    stats.update(golden_rmse=rmse(out), torch_rmse=rmse(ref))
+    if not stats["golden_rmse"] <= GOLDEN_FACTOR * stats["torch_rmse"] + 1e-6:
+        raise WrongRunError(
+            f"{algorithm} ({b}, {h}, {hkv}, {sq}, {skv}, {d}{', causal' if causal else ''}) on "
+            f"{int(params['core_num'])} emulated AI Cores: relative RMSE {stats['golden_rmse']:.3g} "
+            f"against the fp64 golden, torch backend {stats['torch_rmse']:.3g}; its timing is not reported")
+    return stats
 
 
 def _kernel_params(algorithm, b, h, hkv, sq, skv, d, causal, params) -> dict:
@@ -134,10 +159,12 @@ def calibrate(c: Config, params: dict, progress=None) -> Fit:
     """Fit every quantity of ``c`` under ``params`` (core_num forced to 1)."""
     one = dict(params, core_num=1)
     rows, values, prep_rows, prep_values, repair_values = [], [], [], [], []
+    golden = 0.0
     for i, (b, h, hkv, sq, skv, causal) in enumerate(_runs(c)):
         if progress:
             progress(i)
         stats = emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one)
+        golden = max(golden, stats["golden_rmse"])
         rows.append(_features(tasks(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one)))
         values.append(_quantities(stats["attention"]))
         if stats["preprocess"] is not None:
@@ -149,7 +176,7 @@ def calibrate(c: Config, params: dict, progress=None) -> Fit:
     a = np.array(rows)
     if not c.causal or c.decode:
         a = a[:, :3]
-    fit = Fit(c)
+    fit = Fit(c, golden_rmse=golden)
     for q in QUANTITIES:
         y = np.array([v[q] for v in values])
         sol = np.linalg.lstsq(a, y, rcond=None)[0]
@@ -244,4 +271,5 @@ def validate(algorithm="pasa", d=64, causal=True, cores=4, params=None) -> dict:
     model = extrapolate(shape, fit, params)
     stats = emulate(algorithm, 1, 4, 4, 1024, 1024, d, causal, params)
     direct = sum(stats[launch]["cycles"] for launch in ("attention", "preprocess", "repair") if stats[launch])
-    return dict(extrapolated=model["cycles"], emulated=direct, error=model["cycles"] / direct - 1.0)
+    return dict(extrapolated=model["cycles"], emulated=direct, error=model["cycles"] / direct - 1.0,
+                golden_rmse=max(fit.golden_rmse, stats["golden_rmse"]))

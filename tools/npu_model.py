@@ -6,7 +6,8 @@ cross between the cube and the vector cores per kv block. Every number comes fro
 emulation's timing model (``ascend_kernels/TIMING_MODEL.md``) with the parameter table of
 ``pasa_npu/npu_params.py``, extrapolated from small emulated problems
 (``tools/npu_extrapolate.py`` says how); the band is the same model with every assumption at
-the fast and at the slow end of its range. Nothing here was timed on an NPU.
+the fast and at the slow end of its range. Every emulated run is checked against the fp64 golden
+and no figure is reported from a wrong one. Nothing here was timed on an NPU.
 
 Writes ``npu_model.md`` and ``npu_model.json`` into ``--out``; ``--params`` prints the
 parameter table as Markdown.
@@ -20,7 +21,7 @@ import sys
 
 from pasa_npu import npu_params
 from pasa_npu.tools.compare.progress import ProgressBar
-from pasa_npu.tools.npu_extrapolate import Shape, calibrate, extrapolate
+from pasa_npu.tools.npu_extrapolate import Shape, WrongRunError, calibrate, extrapolate
 
 ALGORITHMS = ("fa-fp32", "pasa", "pasa-exact")
 TOKENS, HIDDEN = 16384, 2048  # the sweep keeps B * S and H * d fixed, as pasa-bench does
@@ -83,7 +84,8 @@ def run(shape_list, algorithms, band: bool, progress) -> dict:
                 exchange_kib_per_block=fit.per_block("exchange_bytes") / 1024,
                 vector_instructions_per_block=round(fit.per_block("vector_instructions") / 2, 1) + 0.0,
                 scalar_ub_accesses_per_block=round(fit.per_block("scalar_ub_accesses") / 2, 1) + 0.0,
-                block=_per_block(fit, shape, corners["nominal"]), busy=nominal["busy"])
+                block=_per_block(fit, shape, corners["nominal"]), busy=nominal["busy"],
+                golden_rmse=max(fits[(config, name)].golden_rmse for name in corners))
             done += 1
         rows.append(row)
     progress(total, total, "done")
@@ -105,8 +107,10 @@ def markdown(result) -> str:
     algos = result["algorithms"]
     lines = ["**Modelled** (pipe-level timing model of an Atlas A2 / 910B1, parameters in "
              "`pasa_npu/npu_params.py`; not measured on an NPU). TFLOP/s with the band over the "
-             f"assumed parameters in brackets; cube peak {result['cube_peak_tflops']:.0f} TFLOP/s.", "",
-             "| shape | " + " | ".join(f"{a} TFLOP/s [band] (binding, % peak)" for a in algos)
+             f"assumed parameters in brackets; cube peak {result['cube_peak_tflops']:.0f} TFLOP/s. "
+             "Each figure is fitted from emulated runs whose outputs were checked against the fp64 "
+             "golden; `rmse` is the largest relative RMSE among them.", "",
+             "| shape | " + " | ".join(f"{a} TFLOP/s [band] (binding, % peak, rmse)" for a in algos)
              + (" | pasa / fa-fp32 | pasa-exact / fa-fp32 |" if "fa-fp32" in algos else " |"),
              "|---|" + "---|" * len(algos) + ("---|---|" if "fa-fp32" in algos else "")]
     for row in result["rows"]:
@@ -114,7 +118,7 @@ def markdown(result) -> str:
         for a in algos:
             e = row[a]
             band = f" [{e['band'][0]:.0f}-{e['band'][1]:.0f}]" if e["band"] else ""
-            cells.append(f"{e['tflops']:.1f}{band} ({e['binding']}, {e['cube_share']:.0%})")
+            cells.append(f"{e['tflops']:.1f}{band} ({e['binding']}, {e['cube_share']:.0%}, {e['golden_rmse']:.1e})")
         ratios = []
         if "fa-fp32" in algos:
             for a in ("pasa", "pasa-exact"):
@@ -143,11 +147,13 @@ def markdown(result) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="pasa-npu-model", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="pasa-npu-model", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--out", default="npu-model-out", help="folder for npu_model.md/.json")
     parser.add_argument("--sets", nargs="+", default=["paper", "sweep", "decode"],
-                        choices=["paper", "sweep", "decode"])
-    parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
+                        choices=["paper", "sweep", "decode"], help="shape sets to model")
+    parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS,
+                        help="allocations to model")
     parser.add_argument("--no-band", action="store_true", help="nominal parameters only")
     parser.add_argument("--params", action="store_true", help="print the parameter table and exit")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -155,13 +161,18 @@ def main(argv=None) -> int:
     if args.params:
         print(params_markdown(), end="")
         return 0
-    result = run(shapes(args.sets), args.algorithms, not args.no_band, ProgressBar(not args.quiet))
+    try:
+        result = run(shapes(args.sets), args.algorithms, not args.no_band, ProgressBar(not args.quiet))
+    except WrongRunError as exc:
+        print(f"pasa-npu-model: {exc}", file=sys.stderr)
+        return 1
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     text = markdown(result)
     (out / "npu_model.md").write_text(text)
     (out / "npu_model.json").write_text(json.dumps(result, indent=1, default=str))
     print(text, end="")
+    print(f"\nwrote npu_model.md, npu_model.json to {out}")
     return 0
 
 
