@@ -25,7 +25,8 @@ def run(problem: AttentionProblem) -> None:
     cols = torch.arange(s_kv, device=q.device)
     out = torch.zeros(batch, n_q, s_q, d_v, dtype=F64, device=q.device)
     lse = torch.full((batch, n_q, s_q), float("-inf"), dtype=F64, device=q.device)
-    for r0 in range(0, s_q, ROW_CHUNK):
+    # without keys every row stays 0 and its LSE -inf (amax has nothing to reduce)
+    for r0 in range(0, s_q if s_kv else 0, ROW_CHUNK):
         rows = torch.arange(r0, min(r0 + ROW_CHUNK, s_q), device=q.device)
         s1 = rows.numel()
         q64 = q[:, :, r0:r0 + s1].to(F64).reshape(batch, n_kv, group * s1, -1)

@@ -22,7 +22,8 @@ class Backend:
     through an emulator (correct, slow, meant for tests; never a default), which
     ``emulator_switch`` (an environment variable set to 1), if any, must turn on. Every
     backend flags and repairs the non-finite rows of a PASA allocation itself
-    (:mod:`pasa_npu.overflow`)."""
+    (:mod:`pasa_npu.overflow`). ``backward``: its outputs carry autograd (PyTorch operations
+    throughout); a backend without refuses inputs that require grad."""
 
     name: str
     module: str
@@ -30,6 +31,7 @@ class Backend:
     summary: str
     emulated_on: tuple[str, ...] = ()
     emulator_switch: Optional[str] = None
+    backward: bool = False
 
     def unavailable_reason(self, device: torch.device) -> Optional[str]:
         """None when this backend can run on ``device``, else a sentence why not."""
@@ -52,7 +54,8 @@ BACKENDS: dict[str, Backend] = {
     b.name: b
     for b in (
         Backend("torch", "pasa_npu.fallback.torch_blockwise", ("cpu", "cuda"),
-                "blockwise PyTorch emulation of every allocation (CPU reference backend)"),
+                "blockwise PyTorch emulation of every allocation (CPU reference backend)",
+                backward=True),
         Backend("triton", "pasa_npu.fallback.triton_attention", ("cuda", "cpu"),
                 "Triton kernels for CUDA GPUs; on CPU tensors under TRITON_INTERPRET=1",
                 emulated_on=("cpu",), emulator_switch="TRITON_INTERPRET"),

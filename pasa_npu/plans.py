@@ -57,6 +57,7 @@ class Plan:
     overflow_check: bool = False
     validated_mask: Optional[torch.Tensor] = None  # sparse modes 2-4: kept alive for the key
     block_size: int = 0   # paged KV: the cache's block size (0: not paged)
+    backward: bool = True  # the outputs carry autograd; else inputs that require grad raise
 
 
 
@@ -199,7 +200,8 @@ def _make_plan(args: dict, golden: bool) -> Plan:
         runner = backend.runner()
         out_dtype, lse_dtype = query.dtype, torch.float32
         low = compute_dtype(allocation, query.dtype)
-        extra = dict(backend=backend.name, overflow_check=checks_overflow(args))
+        extra = dict(backend=backend.name, overflow_check=checks_overflow(args),
+                     backward=backend.backward)
     return Plan(
         in_layout=in_layout, out_layout=out_layout, num_heads=num_heads,
         num_kv_heads=num_kv_heads, packed=packed, q_lens=q_lens, q_starts=q_starts,
@@ -277,6 +279,12 @@ def _execute(plan: Plan, args: dict, golden: bool, traced: bool = False):
     checked) for the compiled operator to hand on (:mod:`pasa_npu.compiled`); this
     function keeps no reference to them, as a CUDA graph's memory pool requires."""
     query = args["query"]
+    if not plan.backward and torch.is_grad_enabled():
+        for role in ("query", "key", "value"):
+            if args[role].requires_grad:
+                raise NotImplementedError(
+                    f"backend {plan.backend!r} has no backward pass, and {role} requires grad: "
+                    f"use backend='torch', or call under torch.no_grad() or on detached inputs")
     if plan.block_size:
         q = to_canonical(query, "query", plan.in_layout, plan.num_heads)
         k, v = paging.cache_views(args["key"], args["value"], plan.in_layout,

@@ -307,3 +307,27 @@ def test_error_messages_describe_arrays_and_long_values_briefly():
     assert len(message) < 200, message
     with pytest.raises(TypeError, match=r"scale must be a float, got '1{76}\.\.\.$"):
         pasa_npu.fused_attention(q, q, q, num_heads=2, input_layout="BNSD", scale="1" * 500)
+
+
+def test_backends_without_a_backward_pass_refuse_inputs_that_require_grad():
+    """The torch backend's outputs carry autograd (README, "Supported arguments"); every
+    other backend available here raises, naming itself and the input, unless grad is off."""
+    from pasa_npu.backends import BACKENDS, available_backends
+    gen = torch.Generator().manual_seed(0)
+    kw = dict(num_heads=2, input_layout="BNSD", algorithm="pasa-exact")
+    for name in available_backends("cpu", emulated=True):
+        for role in ("query", "key", "value"):
+            q, k, v = (torch.randn(1, 2, 32, 16, generator=gen).half() for _ in range(3))
+            inputs = dict(query=q, key=k, value=v)
+            inputs[role].requires_grad_()
+            if name == "torch":
+                out, _ = pasa_npu.fused_attention(**inputs, backend=name, **kw)
+                assert out.requires_grad
+                continue
+            with pytest.raises(NotImplementedError, match=rf"backend '{name}' has no backward "
+                               rf"pass, and {role} requires grad"):
+                pasa_npu.fused_attention(**inputs, backend=name, **kw)
+            with torch.no_grad():
+                out, _ = pasa_npu.fused_attention(**inputs, backend=name, **kw)
+            assert not out.requires_grad
+    assert [name for name, b in BACKENDS.items() if b.backward] == ["torch"]

@@ -106,3 +106,19 @@ def test_capture_with_token_ids_and_bad_layers(model_dir, tmp_path, capsys):
         assert rc == 2 and len(err) == 1 and needle in err[0], err
     rc = main(["capture", str(tmp_path / "no-model")])
     assert rc == 2 and "model directory not found" in capsys.readouterr().err
+
+
+def test_a_model_folder_without_tokenizer_files_asks_for_token_ids(tmp_path, capsys):
+    """transformers may build an empty tokenizer for a folder without tokenizer files (a
+    Qwen2 config does): the error says no tokenizer was found, not that the prompt is empty."""
+    config = transformers.Qwen2Config(
+        vocab_size=len(WORDS) + 1, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, bos_token_id=None, eos_token_id=None)
+    path = tmp_path / "no-tokenizer"
+    transformers.Qwen2ForCausalLM(config).save_pretrained(path)
+    capsys.readouterr()
+    rc = main(["capture", str(path), "--quiet", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert f"{path}: no tokenizer found in the folder" in err[0] and "--token-ids" in err[0]
+    assert not (tmp_path / "out").exists()

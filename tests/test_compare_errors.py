@@ -11,6 +11,12 @@ import torch
 from pasa_npu.tools.compare.cli import main
 
 
+@pytest.fixture(autouse=True)
+def in_tmp_path(tmp_path, monkeypatch):
+    """Commands run without --out write under the working directory: make it tmp_path."""
+    monkeypatch.chdir(tmp_path)
+
+
 def _fails(argv, capsys, *needles):
     rc = main(argv)
     err = capsys.readouterr().err.strip().splitlines()
@@ -103,3 +109,38 @@ def test_an_array_in_place_of_a_path_or_tensor_is_described_not_printed():
         assert described in message and "0.123" not in message and len(message) < 200, message
     with pytest.raises(CompareError, match=r"mask must be a torch.Tensor, got list \[\[True\]\]"):
         Item("x", torch.zeros(1), torch.zeros(1), torch.zeros(1), 0.5, mask=[[True]])
+
+
+def test_unusable_device_and_scale(qkv_file, capsys):
+    if not torch.cuda.is_available():
+        _fails(["file", qkv_file, "--device", "cuda"], capsys, "--device must be a device this "
+               "torch can run on, got 'cuda': ", "CUDA")
+    _fails(["file", qkv_file, "--device", "gpu0"], capsys, "--device", "got 'gpu0'")
+    _fails(["file", qkv_file, "--scale", "-1"], capsys, "--scale must be finite and > 0, got -1")
+    _fails(["file", qkv_file, "--scale", "0"], capsys, "--scale must be finite and > 0, got 0")
+
+
+def test_files_that_are_not_arrays_never_suggest_pickle(tmp_path, capsys):
+    (tmp_path / "text.npz").write_text("q k v")
+    err = _fails(["file", str(tmp_path / "text.npz")], capsys,
+                 f"{tmp_path / 'text.npz'}: not a valid .npz archive")
+    np.savez(tmp_path / "objects.npz", q=np.array([{"a": 1}], dtype=object))
+    err += _fails(["file", str(tmp_path / "objects.npz")], capsys, "objects.npz: not a valid "
+                  ".npz archive of numeric arrays: it holds Python objects")
+    (tmp_path / "text.npy").write_text("q")
+    err += _fails(["file"] + [str(tmp_path / "text.npy")] * 3, capsys,
+                  "text.npy: not a valid .npy file")
+    (tmp_path / "text.pt").write_text("q")
+    err += _fails(["file", str(tmp_path / "text.pt")], capsys, "text.pt: cannot read it as .pt")
+    assert "pickle" not in err.lower() and "weights_only" not in err
+
+
+def test_failed_commands_leave_no_output_folder(tmp_path, qkv_file, capsys):
+    """Nothing to write, nothing created: neither the default folder nor --out."""
+    _fails(["bias", "--allocations", "nope"], capsys, "unknown allocation 'nope'")
+    _fails(["file", qkv_file, "--allocations", "nope"], capsys, "unknown allocation 'nope'")
+    _fails(["file", qkv_file, "--allocations", "nope", "--out", "a/b"], capsys, "unknown")
+    _fails(["bias", "--allocations", "nope", "--out", "c"], capsys, "unknown allocation")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ok.pt"]
+    (tmp_path / "file").write_text("")
+    _fails(["file", qkv_file, "--out", "file/x"], capsys, "--out file/x: cannot create it")

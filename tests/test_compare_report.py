@@ -3,6 +3,7 @@ marks, one verdict per table cell, the mask of an input file stated."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -136,3 +137,62 @@ def test_a_mask_from_the_file_is_stated(tmp_path, capsys):
         summary = (out / "summary.md").read_text()
         assert expected in summary.splitlines()[0]
         assert f"mask = {expected[len('mask: '):]}" in summary
+
+
+@pytest.fixture(scope="module")
+def sweep_items():
+    """Three of the sweep's kinds of item, small: zero-mean V (x0 = 0), where every candidate
+    fails the single benchmark; x0 = 5, where they pass; resonance, named with '|'."""
+    from pasa_npu.tools.compare import case_item
+    from pasa_npu.tools.inputs import Case
+    cases = (Case("uniform", 0, 0.5), Case("uniform", 5, 0.5), Case("resonance", 0, 3e4))
+    items = [case_item(c, (1, 1, 128, 64)) for c in cases]
+    cands, skipped = build_candidates(["fa-fp32", "pasa-exact", "fa-fp16s"], ["torch"], ["sdpa"])
+    return compare(items, cands, skipped, baseline="sdpa")
+
+
+def _md_tables(md: str) -> list[list[list[str]]]:
+    """Every table of a Markdown text, as rows of cells split at unescaped '|'."""
+    tables, rows = [], []
+    for line in md.splitlines() + [""]:
+        if line.startswith("|"):
+            rows.append([c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]])
+        elif rows:
+            tables.append(rows)
+            rows = []
+    return tables
+
+
+def test_summary_md_tables_escape_pipes(sweep_items, tmp_path):
+    """A '|' in a name or header ('resonance |S|~30000', 'max |QK^T|') is escaped: every
+    row of every table, the score range's among them, has the header's cell count."""
+    assert report.markdown_table(["a|b"], [["|S|"]]) == "| a\\|b |\n|---|\n| \\|S\\| |"
+    md = open(report.write_markdown(sweep_items, str(tmp_path), "title", {}, [], sweep=True)).read()
+    tables = _md_tables(md)
+    assert len(tables) >= 5
+    for rows in tables:
+        assert all(len(r) == len(rows[0]) for r in rows), rows
+        assert set(rows[1]) == {"---"}
+    scores = next(t for t in tables if t[0][0] == "item" and "> fp16 max" in t[0])
+    assert scores[0][3:5] == ["max \\|QK^T\\|", "max \\|scale*QK^T\\|"]
+    assert [r[0] for r in scores[2:]][-1] == "resonance \\|S\\|~30000"
+    table4 = next(t for t in tables if t[0][0] == "distribution")
+    assert table4[-1][:3] == ["resonance", "-", "\\|S\\|~30000"]
+
+
+def test_single_benchmark_failure_of_every_candidate_is_explained(sweep_items, tmp_path):
+    """Where fa-fp32 and SDPA fail too, a note under the verdicts names the items and the
+    criterion and says why."""
+    note = report.single_note(sweep_items)
+    assert note.startswith("Every candidate, fa-fp32 and sdpa included, fails the single "
+                           "benchmark on 1 of 3 items: uniform x0=0 Am=0.5 (MARE)."), note
+    assert "(|G| + 1e-7)" in note and "x0=5" not in note
+    text = report.console(sweep_items, "title")
+    verdicts = text[text.index("Ascend single-benchmark"):text.index("Ascend dual-benchmark")]
+    assert verdicts.rstrip().endswith(note)
+    md = open(report.write_markdown(sweep_items, str(tmp_path), "title", {}, [])).read()
+    section = md[md.index("## Ascend precision standards"):md.index("The dual-benchmark")]
+    assert section.rstrip().endswith(note)
+    passing = Comparison(sweep_items.items[1:], sweep_items.candidates, sweep_items.skipped,
+                         sweep_items.baseline, sweep_items.records)
+    assert report.single_note(passing) is None

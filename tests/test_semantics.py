@@ -224,6 +224,27 @@ def test_empty_key_value_gives_zeros():
         assert (out == 0).all() and torch.isneginf(lse).all()
 
 
+@pytest.mark.parametrize("layout", ["BNSD", "BSH", "TND"])
+def test_empty_key_value_reference_agrees(layout):
+    """S2 = 0: the golden returns what fused_attention does, zeros and an LSE of -inf."""
+    q = _rand(1, 2, 5, 16)
+    k = v = torch.zeros(1, 2, 0, 16, dtype=torch.float16)
+    kw = dict(num_heads=2, input_layout=layout)
+    if layout == "BSH":
+        q, k, v = (t.transpose(1, 2).flatten(2) for t in (q, k, v))
+    if layout == "TND":
+        q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))
+        kw.update(actual_seq_lengths=[5], actual_seq_lengths_kv=[0])
+    for ip in (0, 2):
+        for flag in (True, False):
+            out, lse = pasa_npu.fused_attention(q, k, v, inner_precise=ip, softmax_lse_flag=flag,
+                                                **kw)
+            gold, gold_lse = pasa_npu.reference_attention(q, k, v, inner_precise=ip,
+                                                          softmax_lse_flag=flag, **kw)
+            assert gold.shape == out.shape and lse.shape == gold_lse.shape
+            assert torch.equal(gold, out.double()) and torch.equal(gold_lse, lse.double())
+
+
 def test_mask_dtypes_and_oversized_masks_agree():
     q, k, v = _bnsd(s1=40, s2=70)
     big = torch.rand(2, 1, 48, 96, generator=torch.Generator().manual_seed(5)) < 0.4

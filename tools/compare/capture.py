@@ -186,21 +186,40 @@ def load_model(path: str, dtype: Optional[str] = None, layers: Sequence[int] = (
     except (OSError, ValueError) as err:
         raise CompareError(f"cannot load a model from {path}: {str(err).splitlines()[0]}") from err
     model.eval()
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError, TypeError):
-        tokenizer = None
+    tokenizer = None
+    if has_tokenizer_files(path):  # without them transformers may build an empty tokenizer
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError, TypeError):
+            pass
     return model, tokenizer
+
+
+#: Files a saved Hugging Face tokenizer consists of (one is enough; also any *.tiktoken).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
+                   "vocab.txt", "merges.txt", "spiece.model", "sentencepiece.bpe.model")
+
+
+def has_tokenizer_files(path: str) -> bool:
+    """Whether the model folder ``path`` holds any file of a saved tokenizer."""
+    return any(name in TOKENIZER_FILES or name.endswith(".tiktoken") for name in os.listdir(path))
 
 
 def tokenize(tokenizer, prompt: Optional[str], token_ids: Optional[list[int]], path: str,
              max_tokens: int) -> torch.Tensor:
+    """(1, tokens) ids of ``token_ids``, or of ``prompt`` under ``tokenizer`` (None: the
+    model folder ``path`` has none that loads), cut to ``max_tokens``."""
     if token_ids:
         ids = torch.tensor([token_ids], dtype=torch.long)
     else:
         if tokenizer is None:
-            raise CompareError(f"{path} has no tokenizer; pass --token-ids instead of --prompt")
+            found = ("its tokenizer files do not load" if has_tokenizer_files(path) else
+                     "no tokenizer found in the folder (no tokenizer.json, "
+                     "tokenizer_config.json, vocabulary or sentencepiece file)")
+            raise CompareError(f"{path}: {found}; pass --token-ids ID [ID ...] instead of "
+                               f"--prompt")
         ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
     if ids.shape[1] == 0:
-        raise CompareError("the prompt has no tokens")
+        raise CompareError(f"--prompt: the tokenizer in {path} turns it into no tokens; pass "
+                           f"--token-ids ID [ID ...] instead")
     return ids[:, :max_tokens]

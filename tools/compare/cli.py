@@ -9,16 +9,20 @@ Commands (``sweep`` when none is given):
 * ``bias``: the rounding-bias experiment, with and without ``rounding_guard``.
 
 Every run prints its tables and writes results.csv, per_head.csv, results.json,
-summary.md and PNG plots (bias: bias.*) into ``--out``. A bad input or option
-ends with one line on stderr and exit status 2.
+summary.md and PNG plots (bias: bias.*) into ``--out``, which it creates only when it
+writes them. A bad input or option ends with one line on stderr and exit status 2.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
+import math
 import os
 import platform
 import sys
 import time
+from typing import Optional
 
 import torch
 
@@ -51,6 +55,55 @@ def _positive(name):
     return parse
 
 
+def _positive_float(name):
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--{name} must be a number, got {text!r}")
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"--{name} must be finite and > 0, got {text}")
+        return value
+    return parse
+
+
+def _device(text):
+    """``text``, where it names a device this torch can place tensors on."""
+    reason = device_unavailable(text)
+    if reason:
+        raise argparse.ArgumentTypeError(f"--device must be a device this torch can run on, got "
+                                         f"{text!r}: {reason}")
+    return text
+
+
+def device_unavailable(name: str) -> Optional[str]:
+    """None when tensors can be placed on the device ``name`` here, else why not."""
+    if name.split(":")[0] == "npu":  # a device type torch knows once torch_npu registers it
+        if importlib.util.find_spec("torch_npu") is None:
+            return "torch_npu is not installed"
+        try:
+            import torch_npu  # noqa: F401
+        except Exception as err:
+            return f"torch_npu failed to import: {str(err).splitlines()[0] if str(err) else err!r}"
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        return "not a torch device name (cpu, cuda, cuda:1, npu, ...)"
+    if device.type == "cpu":
+        return None
+    if device.type == "meta":
+        return "meta tensors hold no values"
+    if device.type == "cuda" and not torch.backends.cuda.is_built():
+        return f"this torch ({torch.__version__}) was built without CUDA"
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return "no CUDA device is visible"
+    try:
+        torch.empty(0, device=device)
+    except Exception as err:  # whatever the device's runtime says, in one line
+        return str(err).splitlines()[0] if str(err).strip() else type(err).__name__
+    return None
+
+
 def _dtype(text):
     if text not in DTYPES:
         raise argparse.ArgumentTypeError(f"dtype must be one of {', '.join(DTYPES)}, got {text!r}")
@@ -70,7 +123,8 @@ def _candidate_options(p):
     g.add_argument("--baseline", default="auto",
                    help="third party of the dual-benchmark verdict: auto (npu-ip0 when it runs, "
                    "else sdpa), a name, or none")
-    g.add_argument("--device", default="cpu", help="device the candidates run on (golden: CPU)")
+    g.add_argument("--device", type=_device, default="cpu",
+                   help="device the candidates run on (golden: CPU)")
     g.add_argument("--beta0", type=float, default=None,
                    help="start of the optimal-beta iteration for pasa/pasa-mixed (default: the "
                    "package's, 1 - 2**-6)")
@@ -118,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="query heads (needed for BSH)")
     p.add_argument("--num-kv-heads", type=_positive("num-kv-heads"), default=None,
                    help="key/value heads (BSH with GQA)")
-    p.add_argument("--scale", type=float, default=None, help="softmax scale (default 1/sqrt(D))")
+    p.add_argument("--scale", type=_positive_float("scale"), default=None,
+                   help="softmax scale, > 0 (default 1/sqrt(D))")
     p.add_argument("--dtype", type=_dtype, default=None,
                    help="round inputs to fp16 or bf16 (default: keep fp16/bf16, fp32 -> fp16)")
     _candidate_options(p)
@@ -161,12 +216,43 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _folder(args) -> str:
+    """The output folder, checked but not created: a command creates it only once it has
+    results to write (:func:`_output_folder`)."""
     folder = args.out or os.path.join("pasa-compare-out", args.command)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise CompareError(f"--out {folder}: expected a folder, got an existing file")
+    parent = os.path.dirname(os.path.abspath(folder))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise CompareError(f"--out {folder}: cannot create it: {parent} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CompareError(f"--out {folder}: cannot create it: {parent} is not writable")
+    return folder
+
+
+@contextlib.contextmanager
+def _output_folder(folder: str):
+    """Create ``folder`` for the writes in the block; if the block fails, the folders
+    created here are removed again where they are still empty."""
+    created = []
+    path = os.path.abspath(folder)
+    while not os.path.exists(path):
+        created.append(path)
+        path = os.path.dirname(path)
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as err:
         raise CompareError(f"--out {folder}: cannot create it: {err.strerror}") from err
-    return folder
+    try:
+        yield folder
+    except BaseException:
+        for path in created:  # innermost first
+            try:
+                os.rmdir(path)
+            except OSError:  # not empty: keep what was written
+                break
+        raise
 
 
 def _candidates(args):
@@ -206,12 +292,13 @@ def _run_comparison(args, items, title, extra, sweep=False, shape=None) -> int:
     print(report.console(comp, title, sweep=sweep))
     settings = _settings(args, extra, cands, beta)
     plots = []
-    if not args.no_plots:
-        from . import plots as plot_mod
-        plots = (plot_mod.sweep_figures(comp, folder, shape) if sweep
-                 else plot_mod.item_figures(comp, folder))
-    paths = report.write_csv(comp, folder) + [report.write_json(comp, folder, settings)]
-    paths.append(report.write_markdown(comp, folder, title, settings, plots, sweep=sweep))
+    with _output_folder(folder):
+        if not args.no_plots:
+            from . import plots as plot_mod
+            plots = (plot_mod.sweep_figures(comp, folder, shape) if sweep
+                     else plot_mod.item_figures(comp, folder))
+        paths = report.write_csv(comp, folder) + [report.write_json(comp, folder, settings)]
+        paths.append(report.write_markdown(comp, folder, title, settings, plots, sweep=sweep))
     print(f"\nwrote {', '.join(os.path.basename(p) for p in paths + plots)} to {folder} "
           f"({time.perf_counter() - start:.0f} s)")
     return 0
@@ -277,7 +364,8 @@ def _bias(args) -> int:
     start = time.perf_counter()
     rows = bias.run_bias(args.allocations, args.dtypes, setup, ProgressBar(not args.quiet))
     print(bias.console(rows, setup))
-    paths = bias.write(rows, setup, folder, plot=not args.no_plots)
+    with _output_folder(folder):
+        paths = bias.write(rows, setup, folder, plot=not args.no_plots)
     print(f"\nwrote {', '.join(os.path.basename(p) for p in paths)} to {folder} "
           f"({time.perf_counter() - start:.0f} s)")
     return 0

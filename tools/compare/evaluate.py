@@ -3,7 +3,9 @@
 The result is a :class:`Comparison`: per (item, candidate) the metrics of
 :func:`pasa_npu.tools.metrics.summary` over the whole output and per head, the
 single-benchmark verdict, and the dual-benchmark verdict against the chosen
-third-party candidate on the same item; per item, the range of its QK^T scores.
+third-party candidate on the same item; per item, the range of its QK^T scores and the
+MERE/MARE of the golden rounded to the item's dtype (the least any output in that dtype
+can have).
 """
 from __future__ import annotations
 
@@ -86,11 +88,13 @@ def compare(items: list[Item], candidates: list[Candidate], skipped: dict[str, s
     for i, item in enumerate(items):
         gold, _ = pasa_npu.reference_attention(item.query, item.key, item.value,
                                                **item.npu_kwargs())
+        rounded = metrics.relative_errors(gold.to(item.dtype), gold)
         item_rows.append({
             "name": item.name, "shape": list(item.shape), "kv_heads": item.key.shape[1],
             "kv_len": item.key.shape[2], "dtype": str(item.dtype).replace("torch.", ""),
             "scale": item.scale, "masked": item.mask is not None,
             "scores": metrics.score_range(item.query, item.key, item.scale), "meta": item.meta,
+            "golden_rounded": {"mere": float(rounded.mean()), "mare": float(rounded.max())},
         })
         item_records = {}
         for cand in candidates:

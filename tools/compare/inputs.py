@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
+import re
+import zipfile
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -121,7 +124,7 @@ def _read(path: str) -> dict[str, torch.Tensor] | torch.Tensor:
     ext = os.path.splitext(path)[1].lower()
     try:
         if ext == ".pt":
-            obj = torch.load(path, map_location="cpu", weights_only=True)
+            obj = _read_pt(path)
             if isinstance(obj, (list, tuple)):
                 if len(obj) != 3:
                     raise CompareError(f"{path}: a list/tuple must hold (q, k, v), got "
@@ -131,13 +134,8 @@ def _read(path: str) -> dict[str, torch.Tensor] | torch.Tensor:
                 raise CompareError(f"{path}: expected a tensor, a dict of tensors or (q, k, v), "
                                    f"got {type(obj).__name__}")
             return obj
-        if ext == ".npy":
-            import numpy as np
-            return torch.from_numpy(np.load(path, allow_pickle=False))
-        if ext == ".npz":
-            import numpy as np
-            with np.load(path, allow_pickle=False) as z:
-                return {name: torch.from_numpy(z[name]) for name in z.files}
+        if ext in (".npy", ".npz"):
+            return _read_numpy(path, ext)
         if ext == ".safetensors":
             try:
                 from safetensors.torch import load_file
@@ -151,6 +149,41 @@ def _read(path: str) -> dict[str, torch.Tensor] | torch.Tensor:
         raise CompareError(f"{path}: cannot read it as {ext}: {err}".splitlines()[0]) from err
     raise CompareError(f"{path}: unsupported file type {ext or '(none)'}; expected .pt, .npy, "
                        f".npz or .safetensors")
+
+
+def _read_pt(path: str):
+    """``torch.load`` of tensors and containers of them only (weights_only: pickled objects
+    are never loaded)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        what = f"it holds a {found.group(1)}" if found else "not a torch.save file"
+        raise CompareError(f"{path}: cannot read it as .pt: {what}; expected tensors, or dicts, "
+                           f"lists or tuples of them") from err
+
+
+def _read_numpy(path: str, ext: str):
+    """A .npy array as a tensor or a .npz archive as a dict of tensors; numeric arrays only
+    (pickled objects are never loaded)."""
+    import numpy as np
+    if ext == ".npz" and not zipfile.is_zipfile(path):
+        raise CompareError(f"{path}: not a valid .npz archive (numpy.savez writes a zip file of "
+                           f".npy arrays)")
+    if ext == ".npy":
+        with open(path, "rb") as f:
+            if f.read(6) != b"\x93NUMPY":
+                raise CompareError(f"{path}: not a valid .npy file (numpy.save writes one)")
+    try:
+        if ext == ".npy":
+            return torch.from_numpy(np.load(path, allow_pickle=False))
+        with np.load(path, allow_pickle=False) as z:
+            return {name: torch.from_numpy(z[name]) for name in z.files}
+    except ValueError as err:
+        if "pickle" not in str(err):
+            raise
+        kind = "a valid .npz archive of numeric arrays" if ext == ".npz" else "a numeric array"
+        raise CompareError(f"{path}: not {kind}: it holds Python objects") from err
 
 
 def _pick(tensors: dict, role: str, path: str, required: bool = True):
@@ -276,8 +309,8 @@ def file_item(paths: list[str], layout: str = "BNSD", num_heads: Optional[int] =
     if mask is not None:
         mask = _check_mask(mask, q, k)
     scale = q.shape[3] ** -0.5 if scale is None else float(scale)
-    if not math.isfinite(scale) or scale == 0:
-        raise CompareError(f"--scale must be finite and non-zero, got {scale}")
+    if not (math.isfinite(scale) and scale > 0):
+        raise CompareError(f"--scale must be finite and > 0, got {scale}")
     name = os.path.basename(paths[0]) if len(paths) == 1 else "+".join(
         os.path.basename(p) for p in paths)
     return Item(name, q, k, v, scale, mask,

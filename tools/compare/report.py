@@ -62,10 +62,16 @@ def grid(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(header)] + [line(r) for r in rows])
 
 
+def markdown_cell(value) -> str:
+    """``value`` as one Markdown table cell: ``|`` escaped, line breaks as spaces."""
+    return " ".join(str(value).splitlines()).replace("|", "\\|")
+
+
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(out)
+    """A GitHub-flavoured Markdown table; every cell goes through :func:`markdown_cell`."""
+    def line(cells):
+        return "| " + " | ".join(markdown_cell(c) for c in cells) + " |"
+    return "\n".join([line(header), "|" + "---|" * len(header)] + [line(r) for r in rows])
 
 
 def rmse_rows(comp: Comparison) -> tuple[list[str], list[list[str]]]:
@@ -86,6 +92,44 @@ def verdict_rows(comp: Comparison, cell) -> tuple[list[str], list[list[str]]]:
 
 SINGLE_TEXT = ("single-benchmark verdict against the fp64 golden: PASS when MERE < 2^-10 and "
                "MARE < 10*2^-10 (bf16: 2^-7 and 10*2^-7), else FAIL")
+
+
+def single_note(comp: Comparison) -> Optional[str]:
+    """Why the single-benchmark verdict fails every candidate on some items: the items, the
+    criteria every candidate fails there, and on how many of them the fp64 golden rounded to
+    the item's dtype fails MARE too; None where no item fails every candidate."""
+    failing = []
+    for it in comp.items:
+        verdicts = [r.single for r in (comp.record(it["name"], c) for c in comp.labels)
+                    if r is not None and r.status == "ok" and r.single is not None]
+        if not verdicts or any(v.passed for v in verdicts):
+            continue
+        criteria = []
+        if all(not v.mere < v.mere_limit for v in verdicts):
+            criteria.append("MERE")
+        if all(not v.mare < v.mare_limit for v in verdicts):
+            criteria.append("MARE")
+        rounded = it.get("golden_rounded")
+        failing.append((it["name"], " and ".join(criteria) or "MERE or MARE",
+                        rounded is not None and not rounded["mare"] < verdicts[0].mare_limit))
+    if not failing:
+        return None
+    cand = {c.label: c for c in comp.candidates}
+    ref = [c for c in comp.labels if cand[c].third_party or cand[c].allocation == "fa-fp32"]
+    included = f", {' and '.join(ref)} included," if ref else ""
+    listed = "; ".join(f"{name} ({criteria})" for name, criteria, _ in failing)
+    rounded_fails = sum(r for _, _, r in failing)
+    return (f"Every candidate{included} fails the single benchmark on {len(failing)} of "
+            f"{len(comp.items)} items: {listed}. MERE and MARE are the mean and the largest "
+            f"|O - G| / (|G| + 1e-7): where outputs are near zero (sums of V values of both "
+            f"signs) or hinge on scores of 1e4 and more, whose fp32 rounding moves the softmax "
+            f"weights, an error small against the values summed is large against |G|"
+            + (f"; even the fp64 golden rounded to the inputs' dtype fails MARE on "
+               f"{rounded_fails} of these items" if rounded_fails else "")
+            + ". There the verdict reflects the inputs more than the implementation: compare "
+            "by relative RMSE or the dual-benchmark level.")
+
+
 DUAL_TEXT = ("dual-benchmark level against {baseline}: the MARE/MERE/RMSE ratios within "
              "2/1.2/1.2 L2, 5/1.5/1.5 L1, 10/2/2 L0, else FAIL")
 
@@ -162,6 +206,9 @@ def console(comp: Comparison, title: str, sweep: bool = False) -> str:
     parts = [title, "", "relative RMSE vs fp64 golden (NaN x%: share of NaN/Inf outputs)",
              grid(*rmse_rows(comp)), "", "Ascend " + SINGLE_TEXT,
              grid(*verdict_rows(comp, single_cell)), ""]
+    note = single_note(comp)
+    if note:
+        parts += [note, ""]
     if comp.baseline:
         parts += ["Ascend " + DUAL_TEXT.format(baseline=comp.baseline),
                   grid(*verdict_rows(comp, dual_cell))]
@@ -247,6 +294,9 @@ def write_markdown(comp: Comparison, folder: str, title: str, settings: dict, pl
              markdown_table(*rmse_rows(comp)),
              "", "## Ascend precision standards", "",
              f"The {SINGLE_TEXT}.", "", markdown_table(*verdict_rows(comp, single_cell)), ""]
+    note = single_note(comp)
+    if note:
+        lines += [note, ""]
     if comp.baseline:
         lines += [f"The {DUAL_TEXT.format(baseline=f'`{comp.baseline}`')}.", "",
                   markdown_table(*verdict_rows(comp, dual_cell))]
