@@ -248,6 +248,10 @@ MUTATIONS = [
              "DrainTile(slots_.score + (scoreCount_++ % PASA_SCORE_SLOTS) * t.scoreSlotBytes, c, n, task.rows, mp);",
              "DrainTile(slots_.score + ((scoreCount_++, j - task.blockBegin) % PASA_SCORE_SLOTS) * t.scoreSlotBytes, c, n, "
              "task.rows, mp);", FEW_CORES),
+    Mutation("kernel: the cube skips tasks without keys past its window", KERNEL_CUBE,
+             "while (c.task < limit && win.Has(c.task) && win.Get(c.task).numBlocks == 0) ++c.task;",
+             "while (win.Has(c.task) && win.Get(c.task).numBlocks == 0) ++c.task;",
+             ("tests/test_ascendc_emu_shapes.py", "-k", "without_keys")),
     Mutation("emulated Fixpipe to half: through bfloat16", EMU,
              "row[j] = static_cast<T>(c[(j / 16) * static_cast<uint64_t>(p.srcStride) * 16 "
              "+ i * 16 + j % 16]);",

@@ -67,11 +67,13 @@ public:
     }
 
 private:
-    // Tasks that see no key are skipped (the vector cores write their zeros).
-    __aicore__ inline bool NextBlock(TaskWindow& win, BlockCursor& c) const
+    // Tasks that see no key are skipped (the vector cores write their zeros), up to task `limit`:
+    // the window's ring holds kTaskWindow tasks from the P'V cursor's on, so a cursor must not
+    // fetch a task that would take the slot of one still in flight.
+    __aicore__ inline bool NextBlock(TaskWindow& win, BlockCursor& c, uint32_t limit) const
     {
-        while (win.Has(c.task) && win.Get(c.task).numBlocks == 0) ++c.task;
-        return win.Has(c.task);
+        while (c.task < limit && win.Has(c.task) && win.Get(c.task).numBlocks == 0) ++c.task;
+        return c.task < limit && win.Has(c.task);
     }
 
     __aicore__ inline void Stream(TaskWindow& win)
@@ -81,13 +83,15 @@ private:
         bool queryQueued = false;
         LocalTensor<T> q1;
         while (true) {
-            if (NextBlock(win, score) && score.task + 1 < pv.task + kTaskWindow) {
+            if (ahead == 0) pv = score;  // nothing in flight: P'V resumes where scoring does
+            // the score cursor stays one task short of the window's end: its Q preload takes the next
+            if (NextBlock(win, score, pv.task + kTaskWindow - 1)) {
                 const AttentionTask& task = win.Get(score.task);
                 if (score.block == 0) {
                     if (!queryQueued) LoadQuery(task);
                     q1 = queryL1_.DeQue<T>();
                     BlockCursor next{score.task + 1, 0};
-                    queryQueued = NextBlock(win, next) && next.task + 1 < pv.task + kTaskWindow;
+                    queryQueued = NextBlock(win, next, pv.task + kTaskWindow);
                     if (queryQueued) LoadQuery(win.Get(next.task));  // the next task's Q, while this one runs
                 }
                 if (key_ == PASA_KEY_PASA_EXACT && score.block % PASA_CONST_BLOCKS == 0) RowConstants(task, q1, score.block);
@@ -98,7 +102,7 @@ private:
             } else if (ahead == 0) {
                 break;
             }
-            NextBlock(win, pv);
+            NextBlock(win, pv, pv.task + kTaskWindow);
             Pv(win.Get(pv.task));
             win.Advance(pv);
             --ahead;
