@@ -36,8 +36,9 @@ MEASURING = ["test_golden.py", "test_paper_cases.py", "test_properties.py", "tes
              "test_integration_attention.py", "test_integration_diffusers.py",
              "test_integration_transformers.py"]
 
-HEADER = '''"""The largest errors the measuring tests recorded, by kind and key: every error
-bound of the suite is a stated factor times one of these (tests/_support.py).
+HEADER = '''"""The largest errors the measuring tests recorded, by kind and key. Bounds against the
+golden are a stated factor times one of these; the bounds between two implementations of one
+allocation (triton-*, ablate) are derived (tests/_support.py), and these are information.
 
 Written by ``python tests/measure_bounds.py``, which reruns the measuring tests and keeps
 the largest value of each key, rounded up to three significant digits. Keys: where the

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import pasa_npu
-from _support import (BACKENDS, assert_measured, assert_triton_matches_cpu, device_kind,
-                      dtype_name, interpreted, interpreter_skip, on_device, rel_rmse,
-                      skip_unsupported)
+from _support import (BACKENDS, FLOORS, MEASURED, assert_measured, assert_triton_matches_cpu,
+                      device_kind, dtype_name, interpreted, interpreter_skip, lse_bound,
+                      on_device, out_bound, rel_rmse, skip_unsupported)
 
 INT_MAX = 2147483647
 
@@ -24,7 +24,7 @@ CASES = {
     "bnsd_bsnd": dict(layout="BNSD_BSND", B=2, Nq=2, Nkv=2, S1=130, S2=70, D=32),
     "bsh_nbsd": dict(layout="BSH_NBSD", B=2, Nq=2, Nkv=1, S1=64, S2=129, D=32),
     "bsnd_nbsd": dict(layout="BSND_NBSD", B=1, Nq=3, Nkv=3, S1=40, S2=257, D=32),
-    "bnsd_nbsd": dict(layout="BNSD_NBSD", B=2, Nq=2, Nkv=2, S1=17, S2=100, D=16),
+    "bnsd_nbsd": dict(layout="BNSD_NBSD", B=2, Nq=2, Nkv=2, S1=16, S2=100, D=16),  # S1 <= 16
     "tnd": dict(layout="TND", Nq=4, Nkv=2, D=32, q_cum=[5, 135, 199], kv_cum=[40, 240, 304]),
     "tnd_ntd": dict(layout="TND_NTD", Nq=2, Nkv=2, D=32, q_cum=[64, 64, 100], kv_cum=[64, 80, 300]),
     "ntd_tnd": dict(layout="NTD_TND", Nq=2, Nkv=1, D=32, q_cum=[30, 160], kv_cum=[200, 330],
@@ -161,6 +161,13 @@ def shrink(case: dict, limit: int = INTERPRETER_MAX_SEQ) -> dict:
     return out
 
 
+def kv_blocks(case: dict) -> int:
+    """The most kv blocks a row of ``case`` walks."""
+    cum = case.get("kv_cum")
+    longest = max(b - a for a, b in zip([0] + cum[:-1], cum)) if cum else case["S2"]
+    return -(-longest // case.get("kv_block", 128))
+
+
 @pytest.fixture(scope="module")
 def golden_cache():
     return {}
@@ -204,5 +211,43 @@ def test_matches_golden(name, algorithm, dtype, backend, golden_cache):
         ref, ref_lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="torch",
                                                 **kw)
         assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, name,
-                                  path="decode" if CASES[name].get("S1") == 1 else "prefill")
+                                  path="decode" if CASES[name].get("S1") == 1 else "prefill",
+                                  kv_blocks=kv_blocks(shrink(CASES[name]) if interpreted(backend)
+                                                      else CASES[name]))
 
+
+
+def test_derived_triton_bounds_are_not_loose():
+    """Each derived bound of Triton against the torch backend (tests/_support.py) within
+    10x the largest value measured in its family (kernel, path, allocation and the dtype of
+    the bound's units: the input's for outputs, the compute dtype's for LSEs), or 10x the
+    kind's floor where nothing in the family flipped, for every case whose kv blocks were
+    recorded with it (a GPU's cases once a GPU run has measured them)."""
+    blocks = MEASURED["triton-kv-blocks"]  # recorded with triton-lse-scale
+    dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+    def family(kind, key):
+        where, kernel, path, dtype, algorithm, _ = key.split("/", 5)
+        if kind == "triton-lse":
+            alloc = pasa_npu.ALLOCATIONS[algorithm]
+            dtype = dtype_name(pasa_npu.numerics.compute_dtype(alloc, dtypes[dtype]))
+        return where, kernel, path, dtype, algorithm
+
+    checked = 0
+    for kind in ("triton-out-ulps", "triton-lse"):
+        values = MEASURED[kind]
+        largest = {}
+        for key, value in values.items():
+            largest[family(kind, key)] = max(largest.get(family(kind, key), 0.0), value)
+        for key in values.keys() & blocks.keys():
+            dtype, algorithm = key.split("/")[3:5]
+            if kind == "triton-out-ulps":
+                bound = out_bound(algorithm, dtypes[dtype], int(blocks[key]),
+                                  interpreter=key.startswith("interpreter/"))
+            else:
+                bound = lse_bound(algorithm, MEASURED["triton-lse-scale"][key])
+            floor = FLOORS.get(f"{kind}/{algorithm}", FLOORS[kind])
+            most = largest[family(kind, key)]
+            assert bound <= 10 * max(most, floor), (kind, key, bound, most)
+            checked += 1
+    assert checked >= 600

@@ -43,7 +43,7 @@ def test_decode_split_counts_agree_with_cpu_backend(splits, algorithm, monkeypat
     if forced:
         assert used == [forced]
     assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"splits-{splits}", path="decode",
-                              what=f"{used} splits")
+                              what=f"{used} splits", kv_blocks=n_blocks)
 
 
 def test_decode_fills_one_wave_of_programs():
@@ -62,11 +62,12 @@ def test_decode_fills_one_wave_of_programs():
 
 
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
-@pytest.mark.parametrize("head_dim,group", [(32, 128), (256, 64)])
+@pytest.mark.parametrize("head_dim,group", [(256, 64)])
 def test_decode_cuts_large_query_groups_into_chunks(head_dim, group, algorithm, monkeypatch):
     """MQA-like groups: more query heads per kv head than one decode program's tile holds
     (64 rows at d = 256 overflow an H100's shared memory for fa-*) run as several
-    programs over the same K/V blocks, each merged into its own rows."""
+    programs over the same K/V blocks, each merged into its own rows. (FIA refuses groups
+    above 64, so 64 at d = 256 is the largest group a call can bring.)"""
     from pasa_npu.fallback import triton_launch
 
     gen = torch.Generator().manual_seed(8)
@@ -84,7 +85,8 @@ def test_decode_cuts_large_query_groups_into_chunks(head_dim, group, algorithm, 
     out, lse = pasa_npu.fused_attention(*on_device("triton", q, k, v), backend="triton", **kw)
     assert len(picked) == 1 and picked[0] < group  # cut into group / picked[0] chunks
     assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"chunks-d{head_dim}-g{group}",
-                              path="decode", what=f"{group // picked[0]} chunks")
+                              path="decode", what=f"{group // picked[0]} chunks",
+                              kv_blocks=-(-s2 // kw["kv_block"]))
 
 
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
@@ -108,7 +110,8 @@ def test_more_batch_heads_than_a_grid_axis_holds(query_len, algorithm, monkeypat
     ref, ref_lse = pasa_npu.fused_attention(q, k, v, backend="torch", **kw)
     out, lse = pasa_npu.fused_attention(*on_device("triton", q, k, v), backend="triton", **kw)
     path = "decode" if query_len == 1 else "prefill"
-    assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"grid-{path}", path=path)
+    assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"grid-{path}", path=path,
+                              kv_blocks=1)
 
 
 @pytest.mark.parametrize("shared, regs, want_per_sm", [
