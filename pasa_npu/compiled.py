@@ -125,7 +125,9 @@ def traced_call(args: dict) -> tuple[torch.Tensor, torch.Tensor]:
     for name, (kind, optional) in OP_SCALARS.items():
         op_args[name] = _schema_value(args[name], name, kind, optional)
     out, lse, row_flags = fused_attention_op(**op_args)
-    overflow.record_compiled(row_flags, {name: op_args[name] for name in _REPORT_ARGUMENTS})
+    report = {name: op_args[name] for name in _REPORT_ARGUMENTS}
+    report["dtype"] = args["query"].dtype  # bf16 takes no inner_precise bit 0
+    overflow.record_compiled(row_flags, report)
     return out, lse
 
 

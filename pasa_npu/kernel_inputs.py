@@ -48,7 +48,8 @@ def unsupported_reason(problem: AttentionProblem, backend: str) -> Optional[str]
         return f"dtypes {in_dtype} -> {out_dtype} are not supported by the {backend} kernels"
     if in_dtype == torch.bfloat16 and (problem.allocation.shifts_keys
                                        or out_dtype != torch.bfloat16):
-        return f"bf16 inputs are supported for fa-fp32 only, not for {alloc!r}"
+        return (f"bf16 inputs are supported for fa-fp32 with a bf16 output only, not for {alloc!r} "
+                f"with a {str(out_dtype).replace('torch.', '')} output")
     d, d_v = problem.query.shape[3], problem.value.shape[3]
     if d % 16 or d_v % 16:
         return f"head dims must be multiples of 16 for the cube (got D={d}, Dv={d_v})"

@@ -90,9 +90,11 @@ ALLOCATIONS: dict[str, Allocation] = {
 
 ALGORITHM_NAMES: tuple[str, ...] = tuple(ALLOCATIONS)
 
-#: ``algorithm=None`` picks by torch_npu's ``inner_precise`` bit 0:
-#: 0 (high precision) and 1 (high performance).
-DEFAULT_ALGORITHM_BY_PRECISE_BIT = {0: "pasa-exact", 1: "pasa"}
+#: ``algorithm=None`` picks by torch_npu's ``inner_precise`` bit 0: 0 (high precision) runs
+#: fa-fp32, which meets FIA's high-precision criterion wherever fp32 softmax does; fp16 scores,
+#: shifted or not, cannot resolve a sharp softmax over large scores (docs/design.md, "High
+#: precision"). 1 (high performance) runs PASA.
+DEFAULT_ALGORITHM_BY_PRECISE_BIT = {0: "fa-fp32", 1: "pasa"}
 
 
 def compute_dtype(allocation: Allocation, input_dtype: torch.dtype) -> torch.dtype:

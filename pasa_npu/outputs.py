@@ -42,32 +42,69 @@ def allocate_lse(q, packed: bool, dtype):
 
 
 def lse_placeholder(device) -> torch.Tensor:
-    return torch.zeros(1, dtype=torch.float32, device=device)
+    """The LSE returned when ``softmax_lse_flag`` is False: an empty float32 tensor of shape
+    (0,), as op-plugin's FIA adapter and meta function return from 7.2.0 on (the release
+    line torch_npu 2.13.0 is built from); docs/fia-conformance.md, "softmax_lse"."""
+    return torch.empty(0, dtype=torch.float32, device=device)
+
+
+#: the LSE of a row that sees no key, without row-invalid handling: the kernel's softmax
+#: over scores all at the mask's fill value, float32's lowest (log of the count vanishes)
+LSE_MASKED_ROW = torch.finfo(torch.float32).min
 
 
 def fix_rows(problem: AttentionProblem, value: torch.Tensor, plan) -> None:
-    """torch_npu's row rules: rows past the query length are 0 (LSE too); rows that
-    see no key are 0 with inner_precise bit 1, else the mean of V over valid keys."""
+    """torch_npu's row rules (docs/fia-conformance.md, "Rows with nothing to attend").
+    Rows past the query length: 0, LSE 0. Rows that see no key get row-invalid handling,
+    output 0 and LSE +inf, when inner_precise bit 1 is set or when the band or the lengths
+    alone leave them empty (FIA switches it on itself there). Rows that only the explicit
+    mask empties, without bit 1: the mean of V over the valid keys, LSE float32's lowest."""
     if problem.lse is not None and plan.lse_rows_past:
         past = torch.arange(problem.lse.shape[2]) >= problem.q_lens[:, None]
         problem.lse.masked_fill_(past[:, None].to(problem.lse.device), 0.0)
-    if plan.inner_precise & 2 or not plan.may_have_empty:
+    if not plan.may_have_empty:
         return
-    empty = _rows_without_keys(problem)
+    empty, by_band = _rows_without_keys(problem)
     if not bool(empty.any()):
         return
-    b_idx, rows = empty.nonzero(as_tuple=True)
+    invalid = empty if plan.inner_precise & 2 else empty & by_band
+    _set_rows(problem, invalid, 0.0, float("inf"))
+    masked = empty & ~invalid
+    if not bool(masked.any()):
+        return
+    b_idx, rows = masked.nonzero(as_tuple=True)
     means = torch.zeros(problem.batch, value.shape[1], value.shape[3], dtype=torch.float64,
                         device=value.device)
     for b in set(b_idx.tolist()):
         if int(problem.kv_lens[b]):
             means[b] = problem.kv_rows(value, b).double().mean(1)
     means = means.repeat_interleave(problem.group, dim=1)  # kv heads -> query heads
-    tb = torch.zeros_like(b_idx) if problem.packed else b_idx
-    pos = rows + problem.q_starts[b_idx]
+    tb, pos = _positions(problem, b_idx, rows)
     dev = problem.out.device
     problem.out[tb.to(dev), :, pos.to(dev)] = means[b_idx.to(means.device)].to(
         problem.out.dtype).to(dev)
+    _set_rows(problem, masked, None, LSE_MASKED_ROW)
+
+
+def _positions(problem: AttentionProblem, b_idx: torch.Tensor, rows: torch.Tensor):
+    """(batch index into the output, row index into its S axis) of per-batch local rows."""
+    tb = torch.zeros_like(b_idx) if problem.packed else b_idx
+    return tb, rows + problem.q_starts[b_idx]
+
+
+def _set_rows(problem: AttentionProblem, which: torch.Tensor, out_value, lse_value) -> None:
+    """Write ``out_value`` (None: leave) into every head of the output rows ``which`` (bool
+    (B, S1), local rows) and ``lse_value`` into their LSE."""
+    if not bool(which.any()):
+        return
+    b_idx, rows = which.nonzero(as_tuple=True)
+    tb, pos = _positions(problem, b_idx, rows)
+    if out_value is not None:
+        dev = problem.out.device
+        problem.out[tb.to(dev), :, pos.to(dev)] = out_value
+    if problem.lse is not None:
+        dev = problem.lse.device
+        problem.lse[tb.to(dev), :, pos.to(dev)] = lse_value
 
 
 def may_have_empty_rows(q_lens: list, kv_lens: list, band) -> bool:
@@ -81,23 +118,26 @@ def may_have_empty_rows(q_lens: list, kv_lens: list, band) -> bool:
     return False
 
 
-def _rows_without_keys(problem: AttentionProblem) -> torch.Tensor:
-    """Bool (B, max S1) on CPU: rows inside the query length that can see no key."""
+def _rows_without_keys(problem: AttentionProblem) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bool (B, max S1) on CPU, twice: the rows inside the query length that see no key,
+    and those that the band and the lengths alone leave without one (FIA's operator knows
+    these from its arguments and handles them as invalid rows itself)."""
     s_q = problem.query.shape[2] if not problem.packed else problem.max_q_len
     i = torch.arange(s_q)[None, :]
     valid = i < problem.q_lens[:, None]
+    lo = torch.zeros_like(i)
+    hi = problem.kv_lens[:, None] - 1
+    if problem.band is not None:
+        pre, nxt = problem.band
+        lo = torch.maximum(lo, i - pre[:, None])
+        hi = torch.minimum(hi, i + nxt[:, None])
+    by_band = valid & (lo > hi)
     if problem.mask is None:
-        lo = torch.zeros_like(i)
-        hi = problem.kv_lens[:, None] - 1
-        if problem.band is not None:
-            pre, nxt = problem.band
-            lo = torch.maximum(lo, i - pre[:, None])
-            hi = torch.minimum(hi, i + nxt[:, None])
-        return valid & (lo > hi)
+        return by_band, by_band
     cols = torch.arange(problem.kv_extent, device=problem.mask.device)
     has = torch.zeros(problem.batch, s_q, dtype=torch.bool)
     chunk = max(1, (1 << 22) // max(1, cols.numel()))
     for r0 in range(0, s_q, chunk):
         rows = torch.arange(r0, min(r0 + chunk, s_q), device=problem.mask.device)
         has[:, r0:r0 + rows.numel()] = problem.visible(rows, cols).any(-1).cpu()
-    return valid & ~has
+    return valid & ~has, by_band

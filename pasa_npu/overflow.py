@@ -140,7 +140,8 @@ def _compiled_report(row_flags: torch.Tensor, arguments: dict) -> OverflowReport
     from .arguments import PACKED, parse_layout, resolve_allocation, resolve_tiling
     from .backends import resolve
 
-    algorithm = resolve_allocation(arguments["algorithm"], arguments["inner_precise"]).name
+    algorithm = resolve_allocation(arguments["algorithm"], arguments["inner_precise"],
+                                   arguments.get("dtype")).name
     backend = resolve(arguments["backend"], row_flags.device).name
     if row_flags.numel() == 0:
         return OverflowReport(algorithm, backend, False)

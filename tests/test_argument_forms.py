@@ -31,8 +31,8 @@ def _qkv(s1=S1, s2=S2):
 
 def _call(backend, q, k, v, **kw):
     args = dict(num_heads=NQ, num_key_value_heads=NKV, input_layout="BNSD", scale=SCALE,
-                softmax_lse_flag=True, inner_precise=2, kv_block=16, backend=backend,
-                algorithm="pasa-exact")
+                softmax_lse_flag=True, kv_block=16, backend=backend, algorithm="pasa-exact",
+                inner_precise=2 if q.shape[2] > 1 else 0)  # decode takes 0 or 1 only
     args.update(kw)
     if isinstance(args.get("atten_mask"), torch.Tensor):
         args["atten_mask"] = on_device(backend, args["atten_mask"])[0]

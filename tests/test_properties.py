@@ -46,7 +46,7 @@ def test_any_shape_matches_golden(batch, kv_heads, group, s1, s2, d, layout, cau
 
     q, k, v = make(s1, nq), make(s2, kv_heads), make(s2, kv_heads)
     kw = dict(num_heads=nq, num_key_value_heads=kv_heads, input_layout=layout,
-              scale=1 / math.sqrt(d), inner_precise=2)
+              scale=1 / math.sqrt(d), inner_precise=2 if s1 > 1 else 0)  # decode: 0/1 only
     if causal:
         kw.update(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())
     gold, _ = pasa_npu.reference_attention(q, k, v, **kw)

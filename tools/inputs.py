@@ -80,7 +80,8 @@ def spread(shape, score_std: float = 1e5, seed: int = 0, dtype=torch.float16):
 
 @dataclass(frozen=True)
 class Case:
-    """One generated input: ``kind`` in {uniform, hybrid, resonance} with its parameters."""
+    """One generated input: ``kind`` in {uniform, hybrid, resonance, spread, amplitude} with its
+    parameters (for amplitude: the softmax scale)."""
 
     kind: str
     x0: float
@@ -89,6 +90,8 @@ class Case:
 
     @property
     def label(self) -> str:
+        if self.kind == "amplitude":
+            return f"large amplitude N(0,1) scale={self.amplitude:g}"
         if self.kind == "resonance":
             return f"resonance |S|~{self.amplitude:g}"
         if self.kind == "spread":
@@ -104,7 +107,15 @@ class Case:
             return resonance(shape, self.amplitude, seed, dtype=dtype)
         if self.kind == "spread":
             return spread(shape, self.amplitude, seed, dtype=dtype)
+        if self.kind == "amplitude":
+            gen = torch.Generator().manual_seed(seed)
+            return tuple(torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype) for _ in range(3))
         raise ValueError(f"unknown case kind {self.kind!r}")
+
+    def scale(self, head_dim: int) -> float:
+        """The softmax scale the case runs at: 1/sqrt(d), or the large-amplitude case's own (its
+        scores reach thousands without overflowing fp16: a sharp softmax fp16 cannot resolve)."""
+        return float(self.amplitude) if self.kind == "amplitude" else head_dim ** -0.5
 
 
 def paper_cases(unique: bool = False) -> list[Case]:

@@ -100,7 +100,9 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, layou
         else masked, sparse_mode=2 if causal_mode else 0,
         num_heads=query.shape[heads_axis], num_key_value_heads=key.shape[heads_axis],
         scale=float(scale), input_layout="BNSD_BSND" if layout == "BNSD" else "BSND",
-        inner_precise=2, algorithm=algorithm, backend=backend)
+        inner_precise=2 if q_len > 1 else 0, algorithm=algorithm, backend=backend)
+    if q_len == 1 and masked is not None:  # decode takes no row-invalid bit: zero them here
+        out = out.masked_fill(masked.all(-1)[:, :, None, None], 0)
     return out
 
 

@@ -32,7 +32,7 @@ from pasa_npu.backends import available_backends
 from . import candidates as cand_mod
 from .errors import CompareError
 from .evaluate import check_finite_inputs, choose_baseline, compare
-from .inputs import DTYPES, FILE_LAYOUTS, SWEEP_GROUPS, case_item, file_item, sweep_cases
+from .inputs import DEFAULT_SWEEPS, DTYPES, FILE_LAYOUTS, SWEEP_GROUPS, case_item, file_item, sweep_cases
 from .progress import ProgressBar
 
 COMMANDS = ("sweep", "file", "capture", "bias")
@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--paper-shape", action="store_true", help="(1, 16, 1280, 128), the paper's")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", type=_dtype, default=torch.float16, help="fp16 (paper) or bf16")
-    p.add_argument("--sweeps", nargs="+", default=list(SWEEP_GROUPS[:6]), metavar="NAME",
+    p.add_argument("--sweeps", nargs="+", default=list(DEFAULT_SWEEPS), metavar="NAME",
                    help=f"which sweeps: {' '.join(SWEEP_GROUPS)} (default: all but table4, "
                    "whose cases they contain)")
     _candidate_options(p)

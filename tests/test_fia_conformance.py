@@ -1,0 +1,526 @@
+"""One check per row of docs/fia-conformance.md: pasa_npu.fused_attention held against
+torch_npu.npu_fused_infer_attention_score's documented behaviour, on every backend here.
+Expected values come from the fp64 golden (pasa_npu.reference_attention), itself checked
+against the rules written out in tests/_support.py; shapes stay small for the Triton
+interpreter. Test names carry the row ids of the document (r01 ... )."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+import pasa_npu
+from _support import (BACKENDS, INT_MAX, interpreter_skip, naive_attention, npu_visible, on_device,
+                      skip_unsupported)
+from pasa_npu.arguments import resolve_allocation
+
+OPT = pasa_npu.compressed_causal_mask()
+F32_LOWEST = torch.finfo(torch.float32).min
+D = 16  # the AscendC emulation's cube takes multiples of 16
+
+
+def _rand(*shape, seed=0, dtype=torch.float16):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def _bnsd(b=2, n=2, nkv=2, s1=6, s2=10, d=D, dtype=torch.float16, seed=0):
+    return (_rand(b, n, s1, d, seed=seed, dtype=dtype),
+            _rand(b, nkv, s2, d, seed=seed + 1, dtype=dtype),
+            _rand(b, nkv, s2, d, seed=seed + 2, dtype=dtype))
+
+
+def _run(backend, q, k, v, **kw):
+    """fused_attention on ``backend`` (tensors moved to its device), results on the CPU."""
+    kw.setdefault("num_heads", q.shape[1])
+    kw.setdefault("input_layout", "BNSD")
+    algorithm = resolve_allocation(kw.get("algorithm"), kw.get("inner_precise", 0), q.dtype).name
+    if reason := interpreter_skip(backend, algorithm, q.dtype):
+        pytest.skip(reason)
+    if isinstance(kw.get("atten_mask"), torch.Tensor):
+        kw["atten_mask"] = on_device(backend, kw["atten_mask"])[0]
+    with skip_unsupported(backend):
+        out, lse = pasa_npu.fused_attention(*on_device(backend, q, k, v), backend=backend,
+                                            **kw)
+    return out.cpu(), lse.cpu()
+
+
+def _gold(q, k, v, **kw):
+    kw.setdefault("num_heads", q.shape[1])
+    kw.setdefault("input_layout", "BNSD")
+    return pasa_npu.reference_attention(q, k, v, **kw)
+
+
+def _close(out, gold, atol=2e-2):
+    """Finite rows agree with the golden within fp16's reach; non-finite entries (the LSE
+    of invalid rows) agree exactly."""
+    gold = gold.double()
+    out = out.double()
+    fin = torch.isfinite(gold)
+    assert torch.equal(fin, torch.isfinite(out))
+    assert torch.equal(out[~fin], gold[~fin])
+    assert float((out[fin] - gold[fin]).abs().max(), ) <= atol if fin.any() else True
+
+
+# --- r01-r03: the signature and defaults -------------------------------------------------
+
+FIA_DEFAULTS = dict(
+    pse_shift=None, atten_mask=None, actual_seq_lengths=None, actual_seq_lengths_kv=None,
+    dequant_scale1=None, quant_scale1=None, dequant_scale2=None, quant_scale2=None,
+    quant_offset2=None, antiquant_scale=None, antiquant_offset=None, block_table=None,
+    query_padding_size=None, kv_padding_size=None, key_antiquant_scale=None,
+    key_antiquant_offset=None, value_antiquant_scale=None, value_antiquant_offset=None,
+    key_shared_prefix=None, value_shared_prefix=None, actual_shared_prefix_len=None,
+    query_rope=None, key_rope=None, key_rope_antiquant_scale=None, num_heads=1, scale=1.0,
+    pre_tokens=INT_MAX, next_tokens=INT_MAX, input_layout="BSH", num_key_value_heads=0,
+    sparse_mode=0, inner_precise=0, block_size=0, antiquant_mode=0, softmax_lse_flag=False,
+    key_antiquant_mode=0, value_antiquant_mode=0)
+
+
+def test_r01_signature_names_order_and_defaults():
+    params = list(inspect.signature(pasa_npu.fused_attention).parameters.values())
+    assert [p.name for p in params[:3]] == ["query", "key", "value"]
+    fia = [(p.name, p.default) for p in params[3:3 + len(FIA_DEFAULTS)]]
+    assert fia == list(FIA_DEFAULTS.items())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_r02_default_scale_is_one_and_layout_bsh(backend):
+    q, k, v = _bnsd(b=1, n=1, nkv=1)
+    bsh = [t.transpose(1, 2).flatten(2) for t in (q, k, v)]
+    plain, _ = _run(backend, *bsh, num_heads=1, input_layout="BSH")
+    explicit, _ = _run(backend, *bsh, num_heads=1, input_layout="BSH", scale=1.0)
+    assert torch.equal(plain, explicit)
+    _close(plain, _gold(*bsh, num_heads=1, input_layout="BSH")[0])
+
+
+@pytest.mark.parametrize("name", [n for n, d in FIA_DEFAULTS.items()
+                                  if n in pasa_npu.arguments.UNIMPLEMENTED_KEYWORDS])
+def test_r03_unimplemented_features_raise(name):
+    q, k, v = _bnsd()
+    value = torch.ones(1) if FIA_DEFAULTS[name] is None else 1
+    with pytest.raises(NotImplementedError, match=name):
+        pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD", **{name: value})
+
+
+# --- r04-r06: dtypes ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float32, torch.int32])
+def test_r04_query_dtypes_other_than_fp16_bf16_raise(dtype):
+    q, k, v = (t.to(dtype) for t in _bnsd())
+    with pytest.raises(TypeError, match="query must be float16 or bfloat16"):
+        pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_r05_output_dtype_and_value_head_dim(backend, dtype):
+    q, k, v = _bnsd(dtype=dtype)
+    out, lse = _run(backend, q, k, v, softmax_lse_flag=True)
+    assert out.dtype == dtype and out.shape == q.shape and lse.dtype == torch.float32
+    _close(out, _gold(q, k, v)[0], atol=6e-2)
+
+
+def test_r06_key_value_dtype_must_match_query():
+    q, k, v = _bnsd()
+    with pytest.raises(TypeError, match="key dtype"):
+        pasa_npu.fused_attention(q, k.bfloat16(), v, num_heads=2, input_layout="BNSD")
+
+
+# --- r07-r10: layouts --------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", ["BSH", "BSND", "BNSD", "BNSD_BSND", "BSH_NBSD",
+                                    "BSND_NBSD", "BNSD_NBSD"])
+def test_r07_layouts_shapes_and_values(backend, layout):
+    q, k, v = _bnsd()
+    ref = _gold(q, k, v)[0]
+    src = layout.split("_")[0]
+    to = {"BNSD": lambda t: t, "BSND": lambda t: t.transpose(1, 2).contiguous(),
+          "BSH": lambda t: t.transpose(1, 2).flatten(2).contiguous()}[src]
+    out, _ = _run(backend, *(to(t) for t in (q, k, v)), num_heads=2, input_layout=layout)
+    dst = layout.split("_")[-1]
+    want = {"BNSD": ref, "BSND": ref.transpose(1, 2), "BSH": ref.transpose(1, 2).flatten(2),
+            "NBSD": ref.permute(1, 0, 2, 3)}[dst]
+    assert out.shape == want.shape
+    _close(out, want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", ["TND", "TND_NTD", "NTD_TND"])
+def test_r08_packed_layouts(backend, layout):
+    t, n = 9, 2
+    q, k, v = (_rand(t, n, D, seed=s) for s in (1, 2, 3))
+    kw = dict(num_heads=n, actual_seq_lengths=[4, 9], actual_seq_lengths_kv=[5, 9],
+              softmax_lse_flag=True)
+    inputs = (q, k, v) if layout != "NTD_TND" else tuple(x.transpose(0, 1) for x in (q, k, v))
+    out, lse = _run(backend, *inputs, input_layout=layout, **kw)
+    gold, gold_lse = _gold(*inputs, input_layout=layout, **kw)
+    assert out.shape == gold.shape and lse.shape == (t, n, 1) == gold_lse.shape
+    _close(out, gold)
+    _close(lse, gold_lse)
+
+
+def test_r09_bnsd_nbsd_takes_at_most_16_query_rows():
+    q, k, v = _bnsd(s1=17)
+    with pytest.raises(ValueError, match="BNSD_NBSD takes a query length of at most 16"):
+        pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD_NBSD")
+    out, _ = pasa_npu.fused_attention(q[:, :, :16], k, v, num_heads=2, input_layout="BNSD_NBSD")
+    assert out.shape == (2, 2, 16, D)
+
+
+def test_r10_packed_layouts_need_cumulative_lengths():
+    q = k = v = _rand(6, 2, D)
+    with pytest.raises(ValueError, match="actual_seq_lengths is required"):
+        pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="TND",
+                                 actual_seq_lengths_kv=[6])
+    with pytest.raises(ValueError, match="non-decreasing"):
+        pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="TND",
+                                 actual_seq_lengths=[4, 3], actual_seq_lengths_kv=[3, 6])
+
+
+# --- r11-r15: heads, head dim, batch -----------------------------------------------------
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(num_heads=3, num_key_value_heads=2), "must be a multiple of num_key_value_heads"),
+    (dict(num_heads=65, num_key_value_heads=1), "num_heads / num_key_value_heads must be at most 64"),
+    (dict(num_heads=257, num_key_value_heads=257), "num_heads must be at most 256"),
+])
+def test_r11_head_counts(kw, message):
+    n, nkv = kw["num_heads"], kw["num_key_value_heads"]
+    q = torch.zeros(1, n, 2, D, dtype=torch.float16)
+    k = v = torch.zeros(1, nkv, 3, D, dtype=torch.float16)
+    with pytest.raises(ValueError, match=message):
+        pasa_npu.fused_attention(q, k, v, input_layout="BNSD", **kw)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_r12_gqa_and_default_kv_heads(backend):
+    q, k, v = _bnsd(n=4, nkv=2)
+    out, _ = _run(backend, q, k, v, num_key_value_heads=2)
+    _close(out, _gold(q, k, v, num_key_value_heads=2)[0])
+    q, k, v = _bnsd(n=2, nkv=2)
+    a, _ = _run(backend, q, k, v, num_key_value_heads=0)
+    b, _ = _run(backend, q, k, v, num_key_value_heads=2)
+    assert torch.equal(a, b)
+
+
+def test_r13_head_dim_at_most_512():
+    q = k = v = torch.zeros(1, 1, 2, 520, dtype=torch.float16)
+    with pytest.raises(ValueError, match="head dim must be at most 512"):
+        pasa_npu.fused_attention(q, k, v, input_layout="BNSD")
+
+
+def test_r14_batch_limits():
+    q = k = v = torch.zeros(65537, 1, 1, 8, dtype=torch.float16)
+    with pytest.raises(ValueError, match="batch must be at most 65536"):
+        pasa_npu.fused_attention(q, k, v, input_layout="BNSD")
+    q = k = v = torch.zeros(8, 1, 8, dtype=torch.float16)
+    ends = [min(i, 8) for i in range(4097)]
+    with pytest.raises(ValueError, match="at most 4096 entries"):
+        pasa_npu.fused_attention(q, k, v, input_layout="TND", actual_seq_lengths=ends,
+                                 actual_seq_lengths_kv=ends)
+
+
+def test_r15_heads_must_match_the_tensors():
+    q, k, v = _bnsd()
+    with pytest.raises(ValueError, match="num_heads is 3"):
+        pasa_npu.fused_attention(q, k, v, num_heads=3, input_layout="BNSD")
+
+
+# --- r16-r19: actual sequence lengths ----------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_r16_lengths_broadcast_and_prefix(backend):
+    q, k, v = _bnsd(b=2)
+    one, _ = _run(backend, q, k, v, actual_seq_lengths=[4], actual_seq_lengths_kv=[7])
+    both, _ = _run(backend, q, k, v, actual_seq_lengths=[4, 4, 99], actual_seq_lengths_kv=[7, 7])
+    assert torch.equal(one, both)
+    _close(one, _gold(q, k, v, actual_seq_lengths=[4], actual_seq_lengths_kv=[7])[0])
+    with pytest.raises(ValueError, match="outside"):
+        pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD",
+                                 actual_seq_lengths=[7, 7])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_r17_rows_past_the_query_length_are_zero(backend):
+    q, k, v = _bnsd(b=2)
+    out, lse = _run(backend, q, k, v, actual_seq_lengths=[6, 3], softmax_lse_flag=True)
+    assert (out[1, :, 3:] == 0).all() and (lse[1, :, 3:] == 0).all()
+    gold, gold_lse = _gold(q, k, v, actual_seq_lengths=[6, 3], softmax_lse_flag=True)
+    _close(out, gold)
+    _close(lse, gold_lse)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_r18_decode_ignores_actual_seq_lengths(backend):
+    """S1 = 1, not packed: actual_seq_lengths has no effect (issue item 3)."""
+    q, k, v = _bnsd(b=2, s1=1)
+    plain, plain_lse = _run(backend, q, k, v, softmax_lse_flag=True)
+    given, given_lse = _run(backend, q, k, v, actual_seq_lengths=[0, 1], softmax_lse_flag=True)
+    assert torch.equal(plain, given) and torch.equal(plain_lse, given_lse)
+    assert (given[0] != 0).any()
+    gold, _ = _gold(q, k, v, actual_seq_lengths=[0, 1])
+    _close(given, gold)
+    assert (gold[0] != 0).any()
+
+
+def test_r19_paged_kv_needs_kv_lengths_and_block_size_rules():
+    q = _rand(1, 2, 2, D)
+    cache = _rand(4, 128, 2 * D)
+    table = torch.arange(4, dtype=torch.int32)[None]
+    with pytest.raises(ValueError, match="actual_seq_lengths_kv is required"):
+        pasa_npu.fused_attention(q, cache, cache, num_heads=2, input_layout="BNSD",
+                                 block_table=table, block_size=128)
+    cache = _rand(4, 64, 2 * D)
+    with pytest.raises(ValueError, match="block_size must be a multiple of 128"):
+        pasa_npu.fused_attention(q, cache, cache, num_heads=2, input_layout="BNSD",
+                                 block_table=table, block_size=64, actual_seq_lengths_kv=[100])
+
+
+# --- r20-r29: masks, sparse modes and tokens ---------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int8, torch.uint8])
+def test_r20_mask_true_is_masked_in_each_dtype(backend, dtype):
+    q, k, v = _bnsd()
+    mask = torch.rand(2, 1, 6, 10, generator=torch.Generator().manual_seed(4)) < 0.3
+    mask[..., 0] = False  # every row keeps a key
+    out, _ = _run(backend, q, k, v, atten_mask=mask.to(dtype))
+    want = naive_attention(q, k, v, 1.0, ~mask[:, 0])
+    _close(out, want)
+    _close(_gold(q, k, v, atten_mask=mask.to(dtype))[0], want, atol=1e-9)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(6, 10), (1, 6, 10), (2, 6, 10), (2, 1, 6, 10),
+                                   (1, 1, 6, 10), (1, 1, 16, 16)])
+def test_r21_mask_shapes_sparse_mode_0(backend, shape):
+    q, k, v = _bnsd()
+    mask = torch.triu(torch.ones(shape[-2], shape[-1], dtype=torch.bool), 1).expand(shape)
+    out, _ = _run(backend, q, k, v, atten_mask=mask.contiguous())
+    _close(out, naive_attention(q, k, v, 1.0, ~mask.reshape(-1, *shape[-2:])[:, :6, :10]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_r22_sparse_mode_0_tokens_apply_with_a_mask_only(backend):
+    q, k, v = _bnsd()
+    mask = torch.zeros(6, 10, dtype=torch.bool)
+    out, _ = _run(backend, q, k, v, atten_mask=mask, pre_tokens=2, next_tokens=1)
+    want = naive_attention(q, k, v, 1.0, npu_visible(6, 10, 0, 2, 1)[None])
+    _close(out, want)
+    with pytest.warns(UserWarning, match="no effect"):
+        plain, _ = _run(backend, q, k, v, pre_tokens=2, next_tokens=1)
+    _close(plain, _gold(q, k, v)[0])
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(next_tokens=-6, pre_tokens=20), r"next_tokens \(-6\) must be > -6 with sparse_mode=0"),
+    (dict(next_tokens=-4, pre_tokens=20, actual_seq_lengths=[6, 4]), "query length of batch 1"),
+    (dict(pre_tokens=-10, next_tokens=20), r"pre_tokens \(-10\) must be > -10 with sparse_mode=0"),
+    (dict(pre_tokens=-5, next_tokens=20, actual_seq_lengths_kv=[10, 5]), "kv length of batch 1"),
+    (dict(pre_tokens=-1, next_tokens=-1), "cannot both be negative"),
+    (dict(pre_tokens=2, next_tokens=-3), "the band is empty"),
+])
+def test_r23_sparse_mode_0_token_refusals(kw, message):
+    q, k, v = _bnsd()
+    with pytest.raises(ValueError, match=message):
+        pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD",
+                                 atten_mask=torch.zeros(6, 10, dtype=torch.bool), **kw)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_r24_sparse_mode_1_full_mask_ignores_tokens(backend):
+    q, k, v = _bnsd()
+    mask = torch.triu(torch.ones(6, 10, dtype=torch.bool), 5)
+    with pytest.warns(UserWarning, match="no effect"):
+        out, _ = _run(backend, q, k, v, atten_mask=mask, sparse_mode=1, pre_tokens=0,
+                      next_tokens=0)
+    _close(out, naive_attention(q, k, v, 1.0, ~mask[None]))
+    with pytest.raises(ValueError, match="sparse_mode=1"):
+        pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD", sparse_mode=1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode, pre, nxt, s1, s2", [
+    (2, INT_MAX, INT_MAX, 6, 10), (3, INT_MAX, INT_MAX, 6, 10), (3, INT_MAX, INT_MAX, 8, 5),
+    (4, 3, 0, 6, 10), (4, 4, -2, 6, 10), (4, -1, 3, 6, 10)])
+def test_r25_sparse_modes_2_to_4(backend, mode, pre, nxt, s1, s2):
+    q, k, v = _bnsd(s1=s1, s2=s2)
+    kw = dict(atten_mask=OPT, sparse_mode=mode, pre_tokens=pre, next_tokens=nxt,
+              softmax_lse_flag=True)
+    out, lse = _run(backend, q, k, v, **kw)
+    gold, gold_lse = _gold(q, k, v, **kw)
+    want = naive_attention(q, k, v, 1.0, npu_visible(s1, s2, mode, pre, nxt)[None],
+                           empty_rows_mean_v=False)
+    _close(gold, want, atol=1e-9)
+    _close(out, gold)
+    _close(lse, gold_lse)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(next_tokens=-10, pre_tokens=20), r"next_tokens \(-10\) must be > -10 with sparse_mode=4"),
+    (dict(next_tokens=-7, pre_tokens=20, actual_seq_lengths_kv=[10, 7]), "kv length of batch 1"),
+    (dict(pre_tokens=-6, next_tokens=20), r"pre_tokens \(-6\) must be > -6 with sparse_mode=4"),
+    (dict(pre_tokens=-1, next_tokens=-1), "cannot both be negative"),
+])
+def test_r26_sparse_mode_4_token_refusals(kw, message):
+    q, k, v = _bnsd()
+    with pytest.raises(ValueError, match=message):
+        pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD", sparse_mode=4,
+                                 atten_mask=OPT, **kw)
+
+
+@pytest.mark.parametrize("mode", [5, 6, 7, 8])
+def test_r27_sparse_modes_5_to_8_raise(mode):
+    q, k, v = _bnsd()
+    with pytest.raises(ValueError, match="sparse_mode must be 0-4"):
+        pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD", sparse_mode=mode,
+                                 atten_mask=OPT)
+
+
+@pytest.mark.parametrize("mask, message", [
+    (None, "needs torch_npu's optimized"),
+    (torch.ones(16, 16, dtype=torch.bool).triu(1), "needs the optimized mask of shape"),
+    (torch.ones(2048, 2048, dtype=torch.bool).tril(), "strict upper triangle"),
+])
+def test_r28_optimized_mask_required_for_modes_2_to_4(mask, message):
+    q, k, v = _bnsd()
+    with pytest.raises(ValueError, match=message):
+        pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD", sparse_mode=3,
+                                 atten_mask=mask)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_r29_decode_ignores_sparse_mode_and_tokens(backend):
+    q, k, v = _bnsd(s1=1)
+    plain, _ = _run(backend, q, k, v)
+    causal, _ = _run(backend, q, k, v, sparse_mode=3, atten_mask=OPT)
+    assert torch.equal(plain, causal)
+    mask = torch.zeros(2, 10, dtype=torch.bool)
+    with pytest.warns(UserWarning, match="no effect"):
+        banded, _ = _run(backend, q, k, v, atten_mask=mask, pre_tokens=0, next_tokens=0)
+    assert torch.equal(plain, banded)
+
+
+# --- r30-r35: rows with nothing to attend, inner_precise ---------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("inner_precise", [0, 1, 2, 3])
+@pytest.mark.parametrize("case", ["mode3-s1>s2", "mode0-negative-next", "mode4-band",
+                                  "kv-length-0", "mode0-pre-past-kv"])
+def test_r30_rows_the_band_or_lengths_empty_are_invalid(backend, inner_precise, case):
+    """FIA switches on row-invalid handling itself: such rows are 0, their LSE +inf, for
+    every inner_precise (issue items 1 and 2)."""
+    s1, s2 = (8, 5) if case == "mode3-s1>s2" else (6, 10)
+    q, k, v = _bnsd(s1=s1, s2=s2)
+    kw = dict(softmax_lse_flag=True, inner_precise=inner_precise, scale=0.3)
+    zero = torch.zeros(s1, s2, dtype=torch.bool)
+    kw.update({"mode3-s1>s2": dict(sparse_mode=3, atten_mask=OPT),
+               "mode0-negative-next": dict(atten_mask=zero, pre_tokens=10, next_tokens=-2),
+               "mode4-band": dict(sparse_mode=4, atten_mask=OPT, pre_tokens=10, next_tokens=-8),
+               "kv-length-0": dict(actual_seq_lengths_kv=[10, 0]),
+               "mode0-pre-past-kv": dict(atten_mask=zero, pre_tokens=1, next_tokens=0,
+                                         actual_seq_lengths_kv=[10, 3])}[case])
+    empty = {"mode3-s1>s2": (slice(None), slice(0, 3)),
+             "mode0-negative-next": (slice(None), slice(0, 2)),
+             "mode4-band": (slice(None), slice(0, 4)),
+             "kv-length-0": (1, slice(None)),
+             "mode0-pre-past-kv": (1, slice(4, None))}[case]
+    b_sel, rows = empty
+    out, lse = _run(backend, q, k, v, **kw)
+    gold, gold_lse = _gold(q, k, v, **kw)
+    assert (out[b_sel, :, rows] == 0).all() and torch.isposinf(lse[b_sel, :, rows]).all()
+    assert (gold[b_sel, :, rows] == 0).all() and torch.isposinf(gold_lse[b_sel, :, rows]).all()
+    _close(out, gold)
+    _close(lse, gold_lse, atol=6e-2)  # PASA (bit 0 = 1) shifts the LSE's statistics
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("inner_precise", [0, 1, 2, 3])
+def test_r31_rows_the_mask_empties(backend, inner_precise):
+    """Rows only the mask's contents empty: without bit 1 the kernel's softmax over its
+    fill value, the mean of V over the valid keys, LSE float32's lowest; with bit 1, 0 and
+    +inf."""
+    q, k, v = _bnsd()
+    mask = torch.zeros(2, 1, 6, 10, dtype=torch.bool)
+    mask[:, :, 2] = True
+    kw = dict(atten_mask=mask, softmax_lse_flag=True, inner_precise=inner_precise,
+              actual_seq_lengths_kv=[10, 7], scale=0.3)
+    out, lse = _run(backend, q, k, v, **kw)
+    gold, gold_lse = _gold(q, k, v, **kw)
+    if inner_precise & 2:
+        assert (gold[:, :, 2] == 0).all() and torch.isposinf(gold_lse[:, :, 2]).all()
+    else:
+        assert torch.equal(gold[1, :, 2], v[1, :, :7].double().mean(1))
+        assert (gold_lse[:, :, 2] == F32_LOWEST).all()
+    _close(out, gold)
+    _close(lse, gold_lse, atol=6e-2)
+
+
+@pytest.mark.parametrize("value", [4, -1])
+def test_r32_inner_precise_takes_0_to_3(value):
+    q, k, v = _bnsd()
+    with pytest.raises(ValueError, match="inner_precise"):
+        pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD", inner_precise=value)
+
+
+@pytest.mark.parametrize("value", [2, 3])
+def test_r33_decode_takes_inner_precise_0_or_1(value):
+    q, k, v = _bnsd(s1=1)
+    with pytest.raises(ValueError, match="inner_precise must be 0 or 1 in decode"):
+        pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD", inner_precise=value)
+
+
+def test_r34_fp16_bit0_picks_high_precision_or_performance():
+    q, k, v = _bnsd(s2=40)
+    kw = dict(num_heads=2, input_layout="BNSD", scale=0.3)
+    for ip, name in ((0, "fa-fp32"), (1, "pasa")):
+        a, _ = pasa_npu.fused_attention(q, k, v, inner_precise=ip, **kw)
+        b, _ = pasa_npu.fused_attention(q, k, v, inner_precise=ip, algorithm=name, **kw)
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_r35_bf16_ignores_bit0(backend):
+    """bf16 does not tell high precision from high performance (issue item 4)."""
+    q, k, v = _bnsd(s2=40, dtype=torch.bfloat16)
+    hp, hp_lse = _run(backend, q, k, v, inner_precise=0, scale=0.3, softmax_lse_flag=True)
+    perf, perf_lse = _run(backend, q, k, v, inner_precise=1, scale=0.3, softmax_lse_flag=True)
+    assert torch.equal(hp, perf) and torch.equal(hp_lse, perf_lse)
+
+
+# --- r36-r39: softmax_lse, empty inputs --------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_r36_lse_shape_and_values(backend):
+    q, k, v = _bnsd()
+    out, lse = _run(backend, q, k, v, softmax_lse_flag=True, scale=0.25)
+    assert lse.shape == (2, 2, 6, 1) and lse.dtype == torch.float32
+    s = torch.einsum("bnid,bnjd->bnij", q.double(), k.double()) * 0.25
+    assert float((lse[..., 0].double() - torch.logsumexp(s, -1)).abs().max()) < 1e-3
+    _close(lse, _gold(q, k, v, softmax_lse_flag=True, scale=0.25)[1], atol=1e-3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_r37_lse_placeholder_is_empty(backend):
+    """softmax_lse_flag=False: op-plugin 7.2.0 on returns shape (0,) (issue item 7)."""
+    q, k, v = _bnsd()
+    _, lse = _run(backend, q, k, v)
+    assert lse.shape == (0,) and lse.dtype == torch.float32
+    assert _gold(q, k, v)[1].shape == (0,)
+
+
+def test_r38_empty_query_returns_empty():
+    q = torch.zeros(2, 2, 0, D, dtype=torch.float16)
+    k = v = _rand(2, 2, 10, D)
+    out, _ = pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD")
+    assert out.shape == (2, 2, 0, D)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_r39_empty_key_value_gives_zeros(backend):
+    q = _rand(1, 2, 5, D)
+    k = v = torch.zeros(1, 2, 0, D, dtype=torch.float16)
+    out, lse = _run(backend, q, k, v, softmax_lse_flag=True)
+    assert (out == 0).all() and torch.isposinf(lse).all()
