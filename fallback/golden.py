@@ -1,7 +1,8 @@
 """fp64 golden attention: dense softmax(scale * Q K^T) V on the canonical problem.
 
 No blocking, no shifting, no low-precision step: the reference every backend and
-allocation is measured against. Query rows are processed in chunks so that the
+allocation is measured against. Learnable sinks join each row's softmax as one more
+column (a zero value). Query rows are processed in chunks so that the
 score matrix of a long sequence never has to exist whole.
 """
 from __future__ import annotations
@@ -23,6 +24,9 @@ def run(problem: AttentionProblem) -> None:
     k64 = k.to(F64)
     v64 = v.to(F64)
     cols = torch.arange(s_kv, device=q.device)
+    # learnable sinks: one more logit per query head, a column with a zero value
+    sink = (None if problem.sink is None
+            else problem.sink.to(F64).view(1, n_kv, group, 1, 1).to(q.device))
     out = torch.zeros(batch, n_q, s_q, d_v, dtype=F64, device=q.device)
     lse = torch.full((batch, n_q, s_q), float("-inf"), dtype=F64, device=q.device)
     # without keys every row stays 0 and its LSE -inf (amax has nothing to reduce)
@@ -36,9 +40,13 @@ def run(problem: AttentionProblem) -> None:
         s = s.masked_fill(~vis, float("-inf"))
         m = s.amax(-1, keepdim=True)
         seen = vis.any(-1, keepdim=True)
+        if sink is not None:
+            m = torch.maximum(m, sink)
         m = torch.where(seen, m, 0.0)
         p = torch.exp(s - m)
         l = p.sum(-1, keepdim=True)
+        if sink is not None:
+            l = l + torch.exp(sink - m)
         o = torch.matmul(p.reshape(batch, n_kv, group * s1, s_kv), v64)
         o = o.view(batch, n_kv, group, s1, d_v) / torch.where(seen, l, 1.0)
         o = torch.where(seen, o, 0.0)

@@ -10,7 +10,8 @@ head once for its whole query group (no K/V copies per query head).
 
 A row that sees no key of a block leaves its state untouched, so which tiles a
 kernel skips never changes the numbers, and PASA's pseudo-average counts only
-the blocks the row actually used.
+the blocks the row actually used. Learnable sinks join at the end of the row
+(:func:`_finish`).
 """
 from __future__ import annotations
 
@@ -338,14 +339,26 @@ def _step_for(allocation: numerics.Allocation):
 
 def _finish(problem: AttentionProblem, state: _State, low: torch.dtype):
     """O = O_N / l_N and LSE = true running max + log l (fp32); 0 / -inf for rows
-    that saw no key."""
+    that saw no key. A learnable sink joins here (docs/design.md, "Learnable sinks"): one
+    more column after the last kv block, in no kv block, so PASA's shift and its
+    pseudo-average F never see it; it enters in the true frame, after the shift is
+    recovered (m + gamma * F), with a zero value, in fp32 like the rest of this step."""
     seen = state.n > 0  # not l > 0: an overflow's NaN must reach the output
-    o = torch.where(seen, state.o / torch.where(seen, state.l, 1.0), 0.0)
     true_max = state.m
     if problem.allocation.pseudo_average_shift:
         gamma = ideal_invariance(problem.beta)
         if problem.allocation.low_statistics:
             gamma = _round(torch.tensor(gamma), torch.float16).item()
         true_max = state.m + gamma * state.f
-    lse = torch.where(seen, true_max + torch.log(torch.where(seen, state.l, 1.0)), NEG_INF)
+    l, o = state.l, state.o
+    if problem.sink is not None:
+        n_kv, group = state.m.shape[1], state.m.shape[2]
+        sink = problem.sink.to(device=state.m.device, dtype=F32).view(1, n_kv, group, 1, 1)
+        joined = torch.maximum(true_max, sink)
+        a = torch.exp(true_max - joined)
+        l = a * l + torch.exp(sink - joined)
+        o = a * o
+        true_max = torch.where(seen, joined, true_max)
+    o = torch.where(seen, o / torch.where(seen, l, 1.0), 0.0)
+    lse = torch.where(seen, true_max + torch.log(torch.where(seen, l, 1.0)), NEG_INF)
     return o, lse

@@ -15,7 +15,8 @@ import torch
 from . import arguments, compiled, plans
 from .masks import compressed_causal_mask
 
-__all__ = ["fused_attention", "reference_attention", "compressed_causal_mask"]
+__all__ = ["fused_attention", "fused_attention_v2", "reference_attention", "reference_attention_v2",
+           "compressed_causal_mask"]
 
 
 def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -27,7 +28,7 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     mask conventions (True/1 = masked) and ``sparse_mode`` 0-4 semantics. Returns
     ``(attention_out, softmax_lse)``: the output in the output layout and the
     input dtype; the LSE in float32, (B, N, S1, 1) or (T, N, 1) for packed
-    layouts, when ``softmax_lse_flag``, else a one-element zero tensor.
+    layouts, when ``softmax_lse_flag``, else an empty (0,) float32 tensor.
 
     Our keywords:
 
@@ -44,11 +45,13 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
       (docs/design.md, "The rounding guard").
     * ``q_block``, ``kv_block``: the tiling (default 128 x 128).
 
-    ``inner_precise`` bit 1 set: a row with nothing to attend returns 0. Clear:
-    it returns the mean of V over the batch's valid keys, as a kernel with a
-    finite mask fill does. Its LSE is -inf either way; rows past
-    ``actual_seq_lengths`` are 0 in both outputs. bf16 inputs run PASA in fp16
-    (the paper's rule) after a range check.
+    Rows with nothing to attend (docs/fia-conformance.md): where the band or the
+    lengths leave a row empty, or ``inner_precise`` bit 1 is set, the row is invalid:
+    0, LSE +inf. A row only the mask's contents empty, without bit 1, returns the
+    mean of V over the batch's valid keys, as a kernel with a finite mask fill does,
+    LSE float32's lowest. Rows past ``actual_seq_lengths`` are 0 in both outputs;
+    decode ignores ``actual_seq_lengths``. bf16 inputs ignore bit 0 and run PASA in
+    fp16 (the paper's rule) after a range check.
 
     Under torch.compile the call is one opaque operator,
     ``torch.ops.pasa_npu.fused_attention``, that runs this eager call: the compiler
@@ -74,4 +77,48 @@ def reference_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     if own:
         raise TypeError(f"reference_attention takes torch_npu's arguments only; got {own}")
     args = arguments.bind("reference_attention", query, key, value, keywords)
+    return plans.attention(args, golden=True)
+
+
+def fused_attention_v2(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       **keywords) -> tuple[torch.Tensor, torch.Tensor]:
+    """A drop-in for ``torch_npu.npu_fused_infer_attention_score_v2``: :func:`fused_attention`
+    under v2's names and defaults (``num_query_heads``, ``softmax_scale``, ``actual_seq_qlen``
+    / ``actual_seq_kvlen``, ``return_softmax_lse``; the same problem, the same results), and
+    v2's additions:
+
+    * ``learnable_sink``: (Nq,) float logits, one per query head, each joining the softmax
+      denominator of every row of its head as an extra column with a zero value (gpt-oss's
+      attention sinks); the LSE includes it. torch_npu takes it with TND and NTD_TND only
+      and a value head dim up to 128. Computed by the ``torch`` backend (every allocation)
+      and the golden; the other backends refuse it (NotImplementedError).
+    * ``out_dtype``: float16 or bfloat16 outputs from either input dtype (a torch dtype or
+      its ScalarType code, 5 or 15); quantised outputs are not implemented.
+
+    v2's quantisation keywords, its reserved dtype keywords and sparse_mode 9 (MLA tree
+    mask) are accepted at their defaults only (NotImplementedError otherwise), as v1's
+    unimplemented keywords are. Our keywords (``algorithm``, ``backend``, ...) as
+    :func:`fused_attention`'s.
+    """
+    args = arguments.bind_v2("fused_attention_v2", query, key, value, keywords)
+    if torch.compiler.is_compiling():
+        for name, default in (("learnable_sink", None), ("out_dtype", None)):
+            if args[name] is not default:
+                raise NotImplementedError(f"{name} under torch.compile is not implemented by "
+                                          f"pasa_npu yet")
+        return compiled.traced_call(args)
+    return plans.attention(args, golden=False)
+
+
+fused_attention_v2.__signature__ = arguments.V2_SIGNATURE
+
+
+def reference_attention_v2(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           **keywords) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp64 golden attention with torch_npu's v2 arguments (:func:`fused_attention_v2`),
+    learnable sinks included; float64 outputs, as :func:`reference_attention`'s."""
+    own = sorted(set(keywords) & set(arguments.OWN_KEYWORDS))
+    if own:
+        raise TypeError(f"reference_attention_v2 takes torch_npu's arguments only; got {own}")
+    args = arguments.bind_v2("reference_attention_v2", query, key, value, keywords)
     return plans.attention(args, golden=True)

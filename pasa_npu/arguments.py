@@ -9,6 +9,7 @@ what a plan holds, with errors that name the argument, what was expected and wha
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -93,11 +94,68 @@ OWN_ARGUMENTS = (
 )
 
 KEYWORD_ARGUMENTS = TORCH_NPU_ARGUMENTS + OWN_ARGUMENTS
+
+#: npu_fused_infer_attention_score_v2 (op-plugin's documentation), as data on v1's table:
+#: v1's keywords it renames (v2 name -> v1 name); the rest of v1's that it keeps are taken
+#: under their own names, and v1's shared-prefix, padding and combined-quantisation ones
+#: are dropped (they stay at their v1 defaults)
+V2_RENAMES = {"actual_seq_qlen": "actual_seq_lengths", "actual_seq_kvlen": "actual_seq_lengths_kv",
+              "num_query_heads": "num_heads", "softmax_scale": "scale",
+              "return_softmax_lse": "softmax_lse_flag"}
+#: v2's keywords that v1 lacks and pasa_npu implements: they join the argument dict of every
+#: call (a v1 call's at these defaults). ``out_dtype``: torch's ScalarType code, or a dtype
+V2_EXTENSIONS = (
+    Argument("learnable_sink", None, Optional[torch.Tensor], "tensor"),
+    Argument("out_dtype", None, Optional[int]),
+)
+#: v2's other keywords v1 lacks: accepted at their defaults only
+V2_UNIMPLEMENTED = (
+    *(_unimplemented(name) for name in (
+        "dequant_scale_query", "dequant_scale_key", "dequant_offset_key", "dequant_scale_value",
+        "dequant_offset_value", "dequant_scale_key_rope", "quant_scale_out", "quant_offset_out",
+        "quant_scale_p")),
+    *(_unimplemented(name, 0, int) for name in (
+        "query_quant_mode", "key_quant_mode", "value_quant_mode")),
+    *(_unimplemented(name, None, Optional[int]) for name in (
+        "query_dtype", "key_dtype", "value_dtype", "query_rope_dtype", "key_rope_dtype",
+        "key_shared_prefix_dtype", "value_shared_prefix_dtype", "dequant_scale_query_dtype",
+        "dequant_scale_key_dtype", "dequant_scale_value_dtype", "dequant_scale_key_rope_dtype")),
+)
+#: v2's keywords in its order, by v2 name
+V2_ORDER = (
+    "query_rope", "key_rope", "pse_shift", "atten_mask", "actual_seq_qlen", "actual_seq_kvlen",
+    "block_table", "dequant_scale_query", "dequant_scale_key", "dequant_offset_key",
+    "dequant_scale_value", "dequant_offset_value", "dequant_scale_key_rope", "quant_scale_out",
+    "quant_offset_out", "quant_scale_p", "learnable_sink", "num_query_heads",
+    "num_key_value_heads", "softmax_scale", "pre_tokens", "next_tokens", "input_layout",
+    "sparse_mode", "block_size", "query_quant_mode", "key_quant_mode", "value_quant_mode",
+    "inner_precise", "return_softmax_lse", "query_dtype", "key_dtype", "value_dtype",
+    "query_rope_dtype", "key_rope_dtype", "key_shared_prefix_dtype", "value_shared_prefix_dtype",
+    "dequant_scale_query_dtype", "dequant_scale_key_dtype", "dequant_scale_value_dtype",
+    "dequant_scale_key_rope_dtype", "out_dtype",
+)
 #: torch_npu keywords not implemented here, with the default that means "unused"
 UNIMPLEMENTED_KEYWORDS = {a.name: a.default for a in TORCH_NPU_ARGUMENTS
                           if a.kind == "unimplemented"}
 OWN_KEYWORDS = tuple(a.name for a in OWN_ARGUMENTS)
 _DEFAULTS = {a.name: a.default for a in KEYWORD_ARGUMENTS}
+_EXTENSION_DEFAULTS = {a.name: a.default for a in V2_EXTENSIONS}
+
+
+def _v2_row(name: str) -> Argument:
+    """v2's keyword ``name``: v1's row (renamed where v2 renames it) or v2's own."""
+    own = {a.name: a for a in V2_EXTENSIONS + V2_UNIMPLEMENTED}
+    if name in own:
+        return own[name]
+    row, = (a for a in TORCH_NPU_ARGUMENTS if a.name == V2_RENAMES.get(name, name))
+    return dataclasses.replace(row, name=name)
+
+
+#: npu_fused_infer_attention_score_v2's keywords, in its order, derived from v1's table
+V2_ARGUMENTS = tuple(_v2_row(name) for name in V2_ORDER)
+#: v2's keywords not implemented here (by v2 name), with the default that means "unused"
+V2_UNIMPLEMENTED_KEYWORDS = {a.name: a.default for a in V2_ARGUMENTS if a.kind == "unimplemented"}
+_V2_DEFAULTS = {a.name: a.default for a in V2_ARGUMENTS + OWN_ARGUMENTS}
 TENSOR_NAMES = ("query", "key", "value")
 
 #: the signature of :func:`pasa_npu.fused_attention` (inspect.signature and help() show it)
@@ -106,6 +164,14 @@ SIGNATURE = inspect.Signature(
      for name in TENSOR_NAMES]
     + [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY, default=a.default,
                          annotation=a.annotation) for a in KEYWORD_ARGUMENTS],
+    return_annotation=tuple[torch.Tensor, torch.Tensor])
+
+#: the signature of :func:`pasa_npu.fused_attention_v2`
+V2_SIGNATURE = inspect.Signature(
+    [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=torch.Tensor)
+     for name in TENSOR_NAMES]
+    + [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY, default=a.default,
+                         annotation=a.annotation) for a in V2_ARGUMENTS + OWN_ARGUMENTS],
     return_annotation=tuple[torch.Tensor, torch.Tensor])
 
 
@@ -117,8 +183,86 @@ def bind(function: str, query, key, value, keywords: dict) -> dict:
             raise TypeError(f"{function}() got an unexpected keyword argument {name!r}")
     args = {"query": query, "key": key, "value": value}
     args.update(_DEFAULTS)
+    args.update(_EXTENSION_DEFAULTS)
     args.update(keywords)
     return args
+
+
+def bind_v2(function: str, query, key, value, keywords: dict) -> dict:
+    """A v2 call's arguments as the argument dict every call builds (v1's names, the v2
+    extensions): v2's renamed keywords under v1's names; v2's own unimplemented keywords
+    refused unless at their defaults, as :func:`check_implemented` refuses v1's."""
+    for name in keywords:
+        if name not in _V2_DEFAULTS:
+            raise TypeError(f"{function}() got an unexpected keyword argument {name!r}")
+    given = {}
+    for name, value_ in keywords.items():
+        if name in V2_UNIMPLEMENTED_KEYWORDS and name not in UNIMPLEMENTED_KEYWORDS:
+            unused = V2_UNIMPLEMENTED_KEYWORDS[name]
+            if not is_default(value_, unused):
+                raise NotImplementedError(
+                    f"{name}={describe(value_)} is not implemented by pasa_npu yet "
+                    f"(only the default {unused!r} is accepted)")
+            continue
+        given[V2_RENAMES.get(name, name)] = value_
+    if given.get("sparse_mode") == 9:
+        raise NotImplementedError("sparse_mode=9 (v2's tree mask, MLA only) is not implemented "
+                                  "by pasa_npu yet")
+    args = {"query": query, "key": key, "value": value}
+    args.update(_DEFAULTS)
+    args.update(_EXTENSION_DEFAULTS)
+    args.update(given)
+    return args
+
+
+#: torch's ScalarType codes of the output dtypes ``out_dtype`` may name without quantising
+_OUT_DTYPE_CODES = {5: torch.float16, 15: torch.bfloat16}
+
+
+def resolve_out_dtype(out_dtype, query_dtype: torch.dtype) -> torch.dtype:
+    """The output dtype of a call: the query's (None), or float16 / bfloat16 given as a
+    torch dtype or its ScalarType code (5, 15). Other outputs (int8, fp8) quantise the
+    output: not implemented."""
+    if out_dtype is None:
+        return query_dtype
+    if isinstance(out_dtype, torch.dtype):
+        dtype = out_dtype
+    elif isinstance(out_dtype, numbers.Integral) and not isinstance(out_dtype, bool):
+        dtype = _OUT_DTYPE_CODES.get(int(out_dtype))
+    else:
+        raise TypeError(f"out_dtype must be an int (a ScalarType code) or a torch.dtype, got "
+                        f"{describe(out_dtype)}")
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise NotImplementedError(
+            f"out_dtype={out_dtype!r} is not implemented by pasa_npu yet (float16 or bfloat16 "
+            f"outputs only: quantised outputs are not)")
+    return dtype
+
+
+#: learnable_sink: the layouts and the largest value head dim torch_npu takes it with
+SINK_LAYOUTS, SINK_MAX_HEAD_DIM_V = ("TND", "NTD_TND"), 128
+
+
+def check_sink(sink, num_heads: int, input_layout: str, head_dim_v: int, device) -> None:
+    """``learnable_sink``: a float (Nq,) tensor on the query's device, one logit per query
+    head; with torch_npu's limits (TND or NTD_TND, value head dim at most 128)."""
+    if sink is None:
+        return
+    if not isinstance(sink, torch.Tensor) or sink.dtype not in (
+            torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"learnable_sink must be a float16, bfloat16 or float32 tensor, got "
+                        f"{describe(sink)}")
+    if tuple(sink.shape) != (num_heads,):
+        raise ValueError(f"learnable_sink must have shape ({num_heads},), one logit per query "
+                         f"head, got {tuple(sink.shape)}")
+    if sink.device != device:
+        raise ValueError(f"learnable_sink is on {sink.device} but query is on {device}")
+    if input_layout not in SINK_LAYOUTS:
+        raise ValueError(f"learnable_sink takes input_layout {' or '.join(SINK_LAYOUTS)} "
+                         f"(torch_npu's limit), got {input_layout!r}")
+    if head_dim_v > SINK_MAX_HEAD_DIM_V:
+        raise ValueError(f"learnable_sink takes a value head dim of at most "
+                         f"{SINK_MAX_HEAD_DIM_V} (torch_npu's limit), got {head_dim_v}")
 
 
 def check_implemented(args: dict) -> None:
@@ -244,7 +388,9 @@ def sequence_lengths(args, q, s_kv: int, packed: bool, table_capacity: Optional[
         return q_lens, q_starts, kv_lens, kv_starts
     batch = q.shape[0]
     zeros = _zero_starts(batch)
-    return (_per_batch(args["actual_seq_lengths"], "actual_seq_lengths", batch, q.shape[2]), zeros,
+    # decode (S1 = 1, not packed): FIA documents actual_seq_lengths as having no effect
+    q_given = args["actual_seq_lengths"] if q.shape[2] != 1 else None
+    return (_per_batch(q_given, "actual_seq_lengths", batch, q.shape[2]), zeros,
             _per_batch(args["actual_seq_lengths_kv"], "actual_seq_lengths_kv", batch, s_kv,
                        extent=table_capacity or "the sequence length of the tensor"),
             zeros)
@@ -326,9 +472,13 @@ def check_scale(scale) -> float:
     return float(scale)
 
 
-def resolve_allocation(algorithm, inner_precise: int) -> Allocation:
+def resolve_allocation(algorithm, inner_precise: int, dtype=None) -> Allocation:
+    """The allocation a call runs: ``algorithm``, or by inner_precise bit 0 (0: high
+    precision, 1: high performance); bf16 inputs do not distinguish the two (FIA's rule),
+    they take bit 0 = 0's."""
     if algorithm is None:
-        return ALLOCATIONS[DEFAULT_ALGORITHM_BY_PRECISE_BIT[inner_precise & 1]]
+        bit0 = 0 if dtype == torch.bfloat16 else inner_precise & 1
+        return ALLOCATIONS[DEFAULT_ALGORITHM_BY_PRECISE_BIT[bit0]]
     if algorithm not in ALLOCATIONS:
         raise ValueError(f"algorithm must be one of {ALGORITHM_NAMES} or None, got {algorithm!r}")
     return ALLOCATIONS[algorithm]

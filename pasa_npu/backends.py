@@ -23,7 +23,8 @@ class Backend:
     ``emulator_switch`` (an environment variable set to 1), if any, must turn on. Every
     backend flags and repairs the non-finite rows of a PASA allocation itself
     (:mod:`pasa_npu.overflow`). ``backward``: its outputs carry autograd (PyTorch operations
-    throughout); a backend without refuses inputs that require grad."""
+    throughout); a backend without refuses inputs that require grad. ``sinks``: it computes
+    learnable sinks; the others refuse ``learnable_sink``."""
 
     name: str
     module: str
@@ -32,6 +33,7 @@ class Backend:
     emulated_on: tuple[str, ...] = ()
     emulator_switch: Optional[str] = None
     backward: bool = False
+    sinks: bool = False  # computes learnable sinks (AttentionProblem.sink)
 
     def unavailable_reason(self, device: torch.device) -> Optional[str]:
         """None when this backend can run on ``device``, else a sentence why not."""
@@ -55,7 +57,7 @@ BACKENDS: dict[str, Backend] = {
     for b in (
         Backend("torch", "pasa_npu.fallback.torch_blockwise", ("cpu", "cuda"),
                 "blockwise PyTorch emulation of every allocation (CPU reference backend)",
-                backward=True),
+                backward=True, sinks=True),
         Backend("triton", "pasa_npu.fallback.triton_attention", ("cuda", "cpu"),
                 "Triton kernels for CUDA GPUs; on CPU tensors under TRITON_INTERPRET=1",
                 emulated_on=("cpu",), emulator_switch="TRITON_INTERPRET"),

@@ -11,8 +11,10 @@ from typing import Callable, Optional
 import torch
 
 from . import backends, overflow, paging
+from .arguments import (check_sink, resolve_out_dtype)  # v2's learnable_sink and out_dtype
 from .arguments import (PACKED, canonical_views, check_implemented, check_scale, check_shapes,
-                        check_tensors, describe, int_arg, parse_layout, resolve_allocation,
+                        check_tensors, describe, int_arg, int_list, parse_layout,
+                        resolve_allocation,
                         resolve_beta, resolve_tiling, sequence_lengths, to_canonical,
                         to_fp16_checked)
 from .masks import mask_and_band, tensor_identity
@@ -103,8 +105,9 @@ def checks_overflow(args: dict) -> bool:
     """Whether a (non-golden) call with ``args`` is checked for overflow: a PASA allocation
     and ``repair_overflow``."""
     inner_precise = args["inner_precise"] if isinstance(args["inner_precise"], int) else 0
+    dtype = getattr(args["query"], "dtype", None)
     return (args["repair_overflow"] is True
-            and resolve_allocation(args["algorithm"], inner_precise).shifts_keys)
+            and resolve_allocation(args["algorithm"], inner_precise, dtype).shifts_keys)
 
 
 def _plan_key(args: dict):
@@ -128,6 +131,8 @@ def _plan_key(args: dict):
                 # only validated there: this very tensor, unchanged since (the plan keeps
                 # it alive, so its id is not reused while cached)
                 append(tensor_identity(value))
+            elif name == "learnable_sink":  # its values are read on every call
+                append((value.shape, value.dtype, value.device))
             elif name == "block_table":  # its entries are checked on every call
                 append((value.shape, value.dtype, value.device))
             elif name.startswith("actual_seq_lengths") and value.device.type == "cpu":
@@ -163,6 +168,7 @@ def _make_plan(args: dict, golden: bool) -> Plan:
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_key_value_heads "
                          f"({num_kv_heads})")
+    _check_fia_limits(args, num_heads, num_kv_heads)
     block_size = (paging.check_arguments(args["block_table"], args["block_size"], query.device)
                   if args["block_table"] is not None or args["block_size"] != 0 else 0)
     q, k, v = _canonical(args, in_layout, num_heads, num_kv_heads, block_size)
@@ -172,6 +178,9 @@ def _make_plan(args: dict, golden: bool) -> Plan:
     inner_precise = int_arg(args["inner_precise"], "inner_precise", minimum=0)
     if inner_precise > 3:
         raise ValueError(f"inner_precise must be 0, 1, 2 or 3, got {inner_precise}")
+    _check_fia_shapes(args, q, v, packed, inner_precise)
+    check_sink(args["learnable_sink"], num_heads, args["input_layout"], v.shape[3], query.device)
+    resolved_out_dtype = resolve_out_dtype(args["out_dtype"], query.dtype)
     if not isinstance(args["softmax_lse_flag"], bool):
         raise TypeError(f"softmax_lse_flag must be a bool, got "
                         f"{describe(args['softmax_lse_flag'])}")
@@ -185,7 +194,7 @@ def _make_plan(args: dict, golden: bool) -> Plan:
         out_dtype, lse_dtype, low = torch.float64, torch.float64, torch.float64
         extra = {}
     else:
-        allocation = resolve_allocation(args["algorithm"], inner_precise)
+        allocation = resolve_allocation(args["algorithm"], inner_precise, query.dtype)
         tiling = resolve_tiling(args["q_block"], args["kv_block"])
         beta = resolve_beta(args["beta"], allocation, tiling, scale)
         guard = args["rounding_guard"]
@@ -197,8 +206,11 @@ def _make_plan(args: dict, golden: bool) -> Plan:
             raise TypeError(f"repair_overflow must be a bool, got "
                             f"{describe(args['repair_overflow'])}")
         backend = backends.resolve(args["backend"], query.device)
+        if args["learnable_sink"] is not None and not backend.sinks:
+            raise NotImplementedError(f"learnable_sink is not implemented by backend "
+                                      f"{backend.name!r} yet (use backend='torch')")
         runner = backend.runner()
-        out_dtype, lse_dtype = query.dtype, torch.float32
+        out_dtype, lse_dtype = resolved_out_dtype, torch.float32
         low = compute_dtype(allocation, query.dtype)
         extra = dict(backend=backend.name, overflow_check=checks_overflow(args),
                      backward=backend.backward)
@@ -212,6 +224,47 @@ def _make_plan(args: dict, golden: bool) -> Plan:
         validated_mask=args["atten_mask"] if args["sparse_mode"] in (2, 3, 4) else None,
         block_size=block_size, **extra,
         **_row_flags(q_lens, kv_lens, mask, band, packed, q.shape[2]))
+
+
+#: FIA's limits (docs/fia-conformance.md): heads per axis, query heads per kv head, head dim
+MAX_HEADS, MAX_GROUP, MAX_HEAD_DIM, MAX_NBSD_QUERY_LEN = 256, 64, 512, 16
+#: FIA's batch limits: B, and the sequences of a packed (TND) call
+MAX_BATCH, MAX_PACKED_BATCH = 65536, 4096
+
+
+def _check_fia_limits(args: dict, num_heads: int, num_kv_heads: int) -> None:
+    """The head counts FIA refuses: over 256 on either axis, over 64 query heads per kv
+    head (op-plugin's FIA documentation; the aclnn document)."""
+    for name, n in (("num_heads", num_heads), ("num_key_value_heads", num_kv_heads)):
+        if n > MAX_HEADS:
+            raise ValueError(f"{name} must be at most {MAX_HEADS} (torch_npu's limit), got {n}")
+    if num_heads // num_kv_heads > MAX_GROUP:
+        raise ValueError(f"num_heads / num_key_value_heads must be at most {MAX_GROUP} "
+                         f"(torch_npu's limit), got {num_heads} / {num_kv_heads} = "
+                         f"{num_heads // num_kv_heads}")
+
+
+def _check_fia_shapes(args: dict, q, v, packed: bool, inner_precise: int) -> None:
+    """FIA's refusals that depend on shapes: a head dim over 512; BNSD_NBSD with a query
+    longer than 16; inner_precise 2 or 3 (row-invalid handling) in decode."""
+    if not packed and q.shape[0] > MAX_BATCH:
+        raise ValueError(f"the batch must be at most {MAX_BATCH} (torch_npu's limit), got "
+                         f"{q.shape[0]}")
+    if packed and args["actual_seq_lengths"] is not None:
+        count = len(int_list(args["actual_seq_lengths"], "actual_seq_lengths"))
+        if count > MAX_PACKED_BATCH:
+            raise ValueError(f"actual_seq_lengths must have at most {MAX_PACKED_BATCH} entries "
+                             f"with packed layouts (torch_npu's limit), got {count}")
+    for name, d in (("query", q.shape[3]), ("value", v.shape[3])):
+        if d > MAX_HEAD_DIM:
+            raise ValueError(f"{name}'s head dim must be at most {MAX_HEAD_DIM} (torch_npu's "
+                             f"limit), got {d}")
+    if args["input_layout"] == "BNSD_NBSD" and q.shape[2] > MAX_NBSD_QUERY_LEN:
+        raise ValueError(f"input_layout BNSD_NBSD takes a query length of at most "
+                         f"{MAX_NBSD_QUERY_LEN} (torch_npu's limit), got {q.shape[2]}")
+    if not packed and q.shape[2] == 1 and inner_precise > 1:
+        raise ValueError(f"inner_precise must be 0 or 1 in decode (query length 1), as "
+                         f"torch_npu requires; got {inner_precise}")
 
 
 def _canonical(args: dict, layout: str, num_heads: int, num_kv_heads: int, block_size: int):
@@ -331,7 +384,8 @@ def _execute(plan: Plan, args: dict, golden: bool, traced: bool = False):
         packed=plan.packed, mask=plan.mask, band=plan.band, scale=plan.scale,
         allocation=plan.allocation, beta=plan.beta, compute_dtype=plan.low,
         rounding_guard=plan.guard, tiling=plan.tiling, block_table=table,
-        block_size=plan.block_size if table is not None else 0, overflow=check)
+        block_size=plan.block_size if table is not None else 0, overflow=check,
+        sink=None if args["learnable_sink"] is None else args["learnable_sink"].to(torch.float32))
     plan.runner(problem)
     if not golden and not traced:
         overflow.record(problem, plan.backend)

@@ -15,6 +15,10 @@ Paged KV (``block_table`` given): ``key`` and ``value`` are views of the caches 
 (num_blocks, Nkv, block_size, D); key position ``j`` of batch ``b`` lives in physical block
 ``block_table[b, j // block_size]``, row ``j % block_size``; ``kv_starts`` are zero.
 
+With ``sink`` set, row i of query head h computes softmax over its visible scores and the
+extra logit ``sink[h]`` (already in scaled-score units), whose value row is zero: the sink
+scales the output down and raises the LSE; a row that sees no key ignores it.
+
 Backends write ``out`` (and ``lse`` when given) for every visible row and leave
 0 / -inf for rows that see no key; the API layer applies torch_npu's
 ``inner_precise`` rule to those afterwards. With ``overflow`` set, a backend that detects
@@ -85,6 +89,10 @@ class AttentionProblem:
     block_table: Optional[torch.Tensor] = None
     block_size: int = 0
     overflow: Optional["OverflowCheck"] = None
+    #: learnable sinks: (Nq,) float32 on the query's device, one logit per query head that
+    #: joins the softmax denominator of every row that sees a key (and its LSE), with a zero
+    #: value; None: no sink. Only backends whose ``sinks`` flag is set receive one.
+    sink: Optional[torch.Tensor] = None
 
     @property
     def paged(self) -> bool:

@@ -1,6 +1,8 @@
 """pasa_npu.patch_torch_npu on CPU, with a stand-in torch_npu module: what is routed to PASA
 (and equals pasa_npu.fused_attention with the same arguments), what falls through to the
-original operator, the one-time warning naming the argument, the .out form, and restoring."""
+original operator, the one-time warning naming the argument, the .out form, and restoring;
+then every route (v1 and v2, .out with a workspace, the workspace queries, torch.ops.npu
+.default and .out, registered in the "npu" namespace with torch.library), counted."""
 from __future__ import annotations
 
 import sys
@@ -153,3 +155,178 @@ def test_patch_needs_torch_npu(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch_npu", None)
     with pytest.raises(ImportError, match="patch_torch_npu needs torch_npu"):
         pasa_npu.patch_torch_npu()
+
+
+# ----------------------------------------------------------------------------- every route
+#
+# A stand-in torch_npu with v1 and v2, their .out forms, the workspace queries and
+# torch.ops.npu operators of both names (.default and .out), registered with torch.library in
+# the "npu" namespace itself (no torch_npu here registers it), each recording its calls.
+
+from pasa_npu import arguments  # noqa: E402
+
+_SCHEMA_TYPES = {int: "int", float: "float", str: "str", bool: "bool"}
+
+
+def _schema_argument(a) -> str:
+    if a.kind == "lengths":
+        return f"SymInt[]? {a.name}=None"
+    if a.kind == "tensor" or (a.kind == "unimplemented" and a.default is None
+                              and not a.name.endswith("_dtype")):
+        return f"Tensor? {a.name}=None"
+    if a.default is None:
+        return f"int? {a.name}=None"
+    default = f'"{a.default}"' if isinstance(a.default, str) else a.default
+    return f"{_SCHEMA_TYPES[type(a.default)]} {a.name}={default}"
+
+
+def _schemas(name: str, rows) -> tuple[str, str]:
+    keywords = ", ".join(_schema_argument(a) for a in rows)
+    head = f"Tensor query, Tensor key, Tensor value, *, {keywords}"
+    return (f"{name}({head}) -> (Tensor, Tensor)",
+            f"{name}.out({head}, Tensor? workspace=None, Tensor(a!) attention_out, "
+            f"Tensor(b!) softmax_lse) -> (Tensor(a!), Tensor(b!))")
+
+
+OP_CALLS: list = []  # (operator, overload) of every call reaching the stand-in operators
+_LIBRARY = None
+
+
+def _register_ops():
+    global _LIBRARY
+    if _LIBRARY is not None:
+        return
+    lib = torch.library.Library("npu", "FRAGMENT")
+    for name, rows in (("npu_fused_infer_attention_score", arguments.TORCH_NPU_ARGUMENTS),
+                       ("npu_fused_infer_attention_score_v2", arguments.V2_ARGUMENTS)):
+        default, out = _schemas(name, rows)
+        lib.define(default)
+        lib.define(out)
+
+        def run(query, key, value, *, _name=name, **kwargs):
+            OP_CALLS.append((_name, "default"))
+            return torch.full((1,), 7.0), torch.full((1,), 8.0)
+
+        def run_out(query, key, value, *, attention_out, softmax_lse, _name=name, **kwargs):
+            OP_CALLS.append((_name, "out"))
+            attention_out.fill_(-1)
+            return attention_out, softmax_lse
+
+        lib.impl(name, run, "CompositeExplicitAutograd")
+        lib.impl(f"{name}.out", run_out, "CompositeExplicitAutograd")
+    _LIBRARY = lib
+
+
+class StandInWorkspaceQuery:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append(kwargs)
+        return torch.zeros(1024, dtype=torch.uint8)  # the original's (large) workspace
+
+
+@pytest.fixture
+def full_torch_npu(monkeypatch):
+    _register_ops()
+    module = types.ModuleType("torch_npu")
+    module.npu_fused_infer_attention_score = StandInOperator()
+    module.npu_fused_infer_attention_score_v2 = StandInOperator()
+    module._npu_fused_infer_attention_score_get_max_workspace = StandInWorkspaceQuery()
+    module._npu_fused_infer_attention_score_v2_get_max_workspace = StandInWorkspaceQuery()
+    monkeypatch.setitem(sys.modules, "torch_npu", module)
+    monkeypatch.setattr(torch_npu_patch, "_warned", set())
+    torch_npu_patch.reset_routing_counts()
+    OP_CALLS.clear()
+    yield module
+    pasa_npu.unpatch_torch_npu()
+
+
+KW2 = dict(num_query_heads=4, num_key_value_heads=4, input_layout="BSH", softmax_scale=0.125,
+           actual_seq_qlen=[24, 17], return_softmax_lse=True)
+
+
+def _originals(module):
+    names = ("npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2",
+             "_npu_fused_infer_attention_score_get_max_workspace",
+             "_npu_fused_infer_attention_score_v2_get_max_workspace")
+    return ({n: getattr(module, n) for n in names},
+            {n: getattr(torch.ops.npu, n) for n in names[:2]})
+
+
+def test_every_route_reaches_pasa_and_unpatch_restores_all(full_torch_npu):
+    module = full_torch_npu
+    functions, ops = _originals(module)
+    q, k, v = _qkv(3)
+    want_out, want_lse = pasa_npu.fused_attention(q, k, v, **KW)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pasa_npu.patch_torch_npu():
+            for call in (module.npu_fused_infer_attention_score,
+                         torch.ops.npu.npu_fused_infer_attention_score,
+                         torch.ops.npu.npu_fused_infer_attention_score.default):
+                out, lse = call(q, k, v, **KW)
+                assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+            for call in (module.npu_fused_infer_attention_score_v2,
+                         torch.ops.npu.npu_fused_infer_attention_score_v2,
+                         torch.ops.npu.npu_fused_infer_attention_score_v2.default):
+                out, lse = call(q, k, v, **KW2)
+                assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+            # graph-capture style: the workspace query, then .out with that workspace
+            for function, kw in ((module.npu_fused_infer_attention_score, KW),
+                                 (module.npu_fused_infer_attention_score_v2, KW2)):
+                query = getattr(module, f"_{function.version.name}_get_max_workspace")
+                workspace = query(query=q, key=k, value=v, **kw)
+                assert workspace.numel() == 0  # PASA needs none
+                out, lse = torch.zeros_like(want_out), torch.zeros_like(want_lse)
+                function.out(query=q, key=k, value=v, **kw, workspace=workspace, out=[out, lse])
+                assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+                op = getattr(torch.ops.npu, function.version.name)
+                out.zero_()
+                op.out(q, k, v, **kw, workspace=workspace, attention_out=out, softmax_lse=lse)
+                assert torch.equal(out, want_out)
+    counts = torch_npu_patch.routing_counts()
+    assert all(c == {"pasa": 1} for c in counts.values()), counts
+    assert len(counts) == 12  # 2 versions x (function, .out, query, packet, .default, op .out)
+    assert OP_CALLS == [] and all(not f.calls for f in functions.values())
+    # restored, each route
+    assert _originals(module) == (functions, ops)
+
+
+def test_v2_unsupported_arguments_fall_through_on_every_route(full_torch_npu):
+    module = full_torch_npu
+    q, k, v = _qkv(4)
+    out, lse = torch.zeros(2, 24, 64, dtype=torch.float16), torch.zeros(2, 4, 24, 1)
+    sink = torch.zeros(4)
+    pasa_npu.patch_torch_npu(backend="ascendc-emu")  # a backend without sinks
+    v2 = module.npu_fused_infer_attention_score_v2
+    with pytest.warns(RuntimeWarning, match="'query_quant_mode', which pasa_npu does not"):
+        assert float(v2(q, k, v, **KW2, query_quant_mode=3)[0]) == 7.0
+    with pytest.warns(RuntimeWarning, match="learnable_sink"):
+        v2(q.view(48, 4, 16), k.view(48, 4, 16), v.view(48, 4, 16),
+           **dict(KW2, input_layout="TND", actual_seq_qlen=[24, 48], actual_seq_kvlen=[24, 48]),
+           learnable_sink=sink)
+    with pytest.warns(RuntimeWarning, match="'dequant_scale_key'"):
+        torch.ops.npu.npu_fused_infer_attention_score_v2(q, k, v, **KW2,
+                                                         dequant_scale_key=torch.ones(1))
+    with pytest.warns(RuntimeWarning, match="'pse_shift'"):
+        torch.ops.npu.npu_fused_infer_attention_score.out(
+            q, k, v, **KW, pse_shift=torch.zeros(1), attention_out=out, softmax_lse=lse)
+    assert bool((out == -1).all())
+    # a workspace query PASA would take, then a .out PASA's backend refuses: the original
+    # gets the original's workspace, not PASA's empty one
+    tnd = dict(KW2, input_layout="TND", actual_seq_qlen=[24, 48], actual_seq_kvlen=[24, 48])
+    q3, k3, v3 = (t.view(48, 4, 16) for t in (q, k, v))
+    workspace = module._npu_fused_infer_attention_score_v2_get_max_workspace(
+        q3, k3, v3, **tnd, learnable_sink=sink)
+    assert workspace.numel() == 0
+    with pytest.warns(RuntimeWarning, match="learnable_sink is not implemented by backend"):
+        v2.out(q3, k3, v3, **tnd, learnable_sink=sink, workspace=workspace,
+               out=[torch.zeros(48, 4, 16, dtype=torch.float16), torch.zeros(48, 4, 1)])
+    assert v2.original.calls[-1][2]["workspace"].numel() == 1024
+    counts = torch_npu_patch.routing_counts()
+    assert counts["torch_npu.npu_fused_infer_attention_score_v2"] == {"original": 2}
+    assert counts["torch.ops.npu.npu_fused_infer_attention_score_v2"] == {"original": 1}
+    assert counts["torch.ops.npu.npu_fused_infer_attention_score.out"] == {"original": 1}
+    assert OP_CALLS == [("npu_fused_infer_attention_score_v2", "default"),
+                        ("npu_fused_infer_attention_score", "out")]
