@@ -160,9 +160,11 @@ setup(
         # the Hugging Face integrations and the Triton kernels under Triton's CPU interpreter:
         # 3.6 matches the GPU image, and its interpreter needs numpy < 2.4; pytest-xdist for
         # the README's `-n auto`; pybind11 for the tests that run setup.py's NPU decision
-        # without build isolation
+        # without build isolation; yunchang for PASA inside its sequence-parallel attention
         "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "pybind11>=2.10",
-                 "triton==3.6.0; platform_system == 'Linux'", "numpy<2.4"] + COMPARE + HF,
+                 "triton==3.6.0; platform_system == 'Linux'", "numpy<2.4", "yunchang==0.6.4"]
+                + COMPARE + HF,
+        "sequence-parallel": ["yunchang==0.6.4"],
         "gpu": ["triton>=3.0"],
         "hf": HF,
     },
