@@ -4,6 +4,8 @@ split across cores. Each against the torch backend's same allocation at test_asc
 bounds, and against the fp64 golden; the tiling is checked to reach the schedule named."""
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
@@ -11,7 +13,7 @@ import pasa_npu
 
 emu = pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu extension is not built")
 from pasa_npu import ascendc_emu  # noqa: E402
-from test_ascendc_emu import KERNEL_ALGORITHMS, assert_matches_torch  # noqa: E402
+from test_ascendc_emu import KERNEL_ALGORITHMS, assert_matches_torch, kv_blocks  # noqa: E402
 from test_golden import make_case  # noqa: E402
 
 # name -> (case as test_golden.make_case takes it, the schedule it must reach)
@@ -33,7 +35,7 @@ SHAPES = {
 }
 
 
-def check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, split: bool):
+def check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, split: bool, blocks: int):
     """The torch backend's bounds (test_ascendc_emu.assert_matches_torch); pasa with split kv
     restarts its fp16 statistics per range, so there it is held against the fp64 golden
     instead: relative RMSE and largest LSE error each within 1.1x the torch backend's. Every
@@ -50,7 +52,7 @@ def check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, split: bool
         ref_lse_err = float((ref_lse.double() - gold_lse).abs().max())
         assert lse_err <= 1.1 * ref_lse_err, (lse_err, ref_lse_err)
         return
-    assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16)
+    assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16, blocks)
 
 
 @pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
@@ -67,7 +69,7 @@ def test_real_shape_matches_torch_and_golden(name, algorithm):
     else:
         assert tiling["num_tasks"] > tiling["block_dim"], tiling
     assert tiling["num_kv_blocks"] > 4, tiling
-    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, split)
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, split, kv_blocks(SHAPES[name]))
 
 
 @pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
@@ -85,7 +87,7 @@ def test_paged_batch_at_real_shape(algorithm):
     tiling = ascendc_emu.last_run_stats()["tiling"]
     assert tiling["num_tasks"] > tiling["block_dim"], tiling
     backends.BACKENDS["torch"].runner()(reference)
-    assert_matches_torch(paged.out, paged.lse, reference.out, reference.lse, algorithm, torch.float16)
+    assert_matches_torch(paged.out, paged.lse, reference.out, reference.lse, algorithm, torch.float16, 12)
 
 
 @pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
@@ -98,7 +100,7 @@ def test_decode_split_with_several_units_per_core(algorithm):
         out, lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
     tiling = ascendc_emu.last_run_stats()["tiling"]
     assert tiling["kv_splits"] > 1 and tiling["num_tasks"] * tiling["kv_splits"] > tiling["block_dim"], tiling
-    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, split=True)
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, split=True, blocks=24)
 
 
 @pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
@@ -116,4 +118,33 @@ def test_more_tasks_without_keys_in_a_row_than_the_task_window(algorithm):
         out, lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
     assert ascendc_emu.last_run_stats()["tiling"]["num_tasks"] > 3 * 8
     ref, ref_lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="torch", **kw)
-    assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16)
+    assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16, kv_blocks(case))
+
+
+def _random_case(rng: random.Random) -> tuple[dict, int]:
+    """A shape no other test names: head dim, GQA group, lengths (the last kv block filled to
+    any row), a causal band or none, ragged kv lengths or not, decode or prefill; and a core count."""
+    d, nkv, group = rng.choice([32, 64, 128]), rng.choice([1, 2, 4]), rng.choice([1, 2, 4, 7])
+    decode = rng.random() < 0.25
+    s1, s2, b = 1 if decode else rng.randint(1, 600), rng.randint(1, 1300), rng.randint(1, 3)
+    case = dict(layout=rng.choice(["BNSD", "BSND", "BSH"]), B=b, Nq=nkv * group, Nkv=nkv, S1=s1, S2=s2, D=d)
+    if not decode and rng.random() < 0.5:
+        case.update(sparse_mode=3, mask="optimized")
+    if rng.random() < 0.3:
+        case["kv_lens"] = [rng.randint(1, s2) for _ in range(b)]
+    return case, rng.choice([1, 2, 3, 5, 24])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_shapes_on_random_core_counts(seed):
+    """Seeded random shapes and emulated core counts, every kernel allocation, against the torch
+    backend (pasa with split kv: against the golden, as above)."""
+    from test_ascendc_emu import emulated_cores
+    case, cores = _random_case(random.Random(1000 + seed))
+    q, k, v, kw = make_case(case, torch.float16, seed=seed)
+    kw["repair_overflow"] = False
+    for algorithm in KERNEL_ALGORITHMS:
+        with emulated_cores(cores):
+            out, lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
+        split = ascendc_emu.last_run_stats()["tiling"]["kv_splits"] > 1
+        check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, split, kv_blocks(case))
