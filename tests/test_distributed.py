@@ -333,3 +333,40 @@ def test_example_ring_attention_overflow():
     for name in ("pasa", "pasa-exact"):
         assert "NaN 0%" in lines[name], output
         assert float(lines[name].split("fp64")[1].split(",")[0]) < 1e-2, output
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (NCCL, CUDA tensors)")
+@pytest.mark.parametrize("backend", ["nccl", "gloo"])
+def test_gpu_single_rank_group_equals_one_call(backend, tmp_path):
+    """On one GPU: the ring over a one-rank group (NCCL, or gloo with CUDA tensors) and
+    yunchang's USP with PASA (NCCL) give single-process fused_attention's result, on the
+    Triton backend, for every case of the two-rank matrix that runs the ring."""
+    import torch.distributed as dist
+    from pasa_npu.distributed import ring_attention
+    dist.init_process_group(backend, init_method=f"file://{tmp_path / 'init'}", rank=0,
+                            world_size=1, timeout=timedelta(seconds=TIMEOUT_S))
+    try:
+        for name, case in _cases(2).items():
+            if case["kind"] != "ring":
+                continue
+            q, k, v = (x.cuda() for x in _inputs(case))
+            kw = dict(num_heads=q.shape[2], num_key_value_heads=k.shape[2], scale=q.shape[-1] ** -0.5,
+                      algorithm=case["algorithm"], backend="triton", **_band(case))
+            if "atten_mask" in kw:
+                kw["atten_mask"] = kw["atten_mask"].cuda()
+            out, lse = ring_attention(q, k, v, input_layout="BSND", **kw)
+            want, want_lse = pasa_npu.fused_attention(q, k, v, input_layout="BSND", softmax_lse_flag=True, **kw)
+            for got, expected in ((out, want), (lse, want_lse)):  # bit for bit, NaN rows too
+                torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True, msg=name)
+        if backend == "nccl":
+            import yunchang
+            from pasa_npu.integrations import yunchang as adapter
+            yunchang.set_seq_parallel_pg(1, 1, 0, 1)
+            case = _cases(4)["yunchang-usp-pasa-exact-causal"]
+            q, k, v = (x.cuda() for x in _inputs(case))
+            module = adapter.long_context_attention(algorithm=case["algorithm"], backend="triton")
+            out = module(q, k, v, softmax_scale=q.shape[-1] ** -0.5, causal=True).cpu()
+            single, _, gold, _ = _single(case)
+            assert _rel_rmse(out, gold) <= FACTOR * _rel_rmse(single, gold)
+    finally:
+        dist.destroy_process_group()
