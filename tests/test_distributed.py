@@ -86,7 +86,7 @@ def _shards(case, world):
 def _cases(world: int) -> dict:
     s = {2: 600, 4: 1000}[world]  # shards of 300 / 250: not multiples of kv_block (128)
     cases = {}
-    for algorithm in ("pasa", "pasa-exact", "fa-fp32"):
+    for algorithm in ("pasa", "pasa-mixed", "pasa-exact", "fa-fp32"):
         for causal in (False, True):
             cases[f"{algorithm}-{'causal' if causal else 'full'}"] = dict(
                 kind="ring", s=s, algorithm=algorithm, causal=causal, seed=len(cases),
@@ -118,6 +118,9 @@ def _cases(world: int) -> dict:
             cases[f"yunchang-usp-pasa-exact-{'causal' if causal else 'full'}"] = dict(
                 kind="yunchang", s=s, algorithm="pasa-exact", causal=causal, seed=20 + causal,
                 layout="BSND")
+        for i, algorithm in enumerate(("pasa", "pasa-mixed", "fa-fp32")):  # every allocation
+            cases[f"yunchang-usp-{algorithm}-causal"] = dict(
+                kind="yunchang", s=s, algorithm=algorithm, causal=True, seed=22 + i, layout="BSND")
     return cases
 
 
