@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from .api import fused_attention
+from .arguments import to_canonical
 from .masks import compressed_causal_mask
 
 __all__ = ["ring_attention", "merge_partial"]
@@ -111,8 +112,8 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         if step_keywords is not None:
             block_out, block_lse = fused_attention(query, k_cur, v_cur, **keywords,
                                                    **step_keywords)
-            out, lse = merge_partial(out, lse, _to_bnsd(block_out, input_layout,
-                                                       block_lse.shape[1]), block_lse)
+            out, lse = merge_partial(out, lse, to_canonical(block_out, "attention_out", input_layout,
+                                                           block_lse.shape[1]), block_lse)
         for request in requests:
             request.wait()
         if requests:
@@ -204,15 +205,6 @@ def _with_len(shape, dim, n):
     shape = list(shape)
     shape[dim] = n
     return shape
-
-
-def _to_bnsd(out: torch.Tensor, layout: str, heads: int) -> torch.Tensor:
-    if layout == "BNSD":
-        return out
-    if layout == "BSND":
-        return out.transpose(1, 2)
-    b, s, h = out.shape
-    return out.view(b, s, heads, h // heads).transpose(1, 2)
 
 
 def _finish(out, lse, query, value, layout, keywords, seq_dim):

@@ -48,7 +48,7 @@ def mask_and_band(args, batch, s_q, s_kv, packed, q_lens, kv_lens, device):
         if sparse_mode == 3:
             return None, (torch.full((batch,), INT_MAX, dtype=torch.int64), kv_lens - q_lens)
         _check_tokens(pre, nxt)
-        _check_band_lengths(pre, nxt, q_lens, kv_lens)
+        _check_token_lengths(4, pre, nxt, q_lens, kv_lens)
         return None, (pre - kv_lens + q_lens, nxt + kv_lens - q_lens)
 
     if mask is None:
@@ -72,7 +72,7 @@ def mask_and_band(args, batch, s_q, s_kv, packed, q_lens, kv_lens, device):
                       "(torch_npu ignores them in decode)", stacklevel=4)
         return dense, None
     _check_tokens(pre, nxt)
-    _check_default_lengths(pre, nxt, q_lens, kv_lens)
+    _check_token_lengths(0, pre, nxt, q_lens, kv_lens)
     return dense, (torch.full((batch,), pre, dtype=torch.int64),
                    torch.full((batch,), nxt, dtype=torch.int64))
 
@@ -96,34 +96,19 @@ def _check_tokens(pre: int, nxt: int) -> None:
         raise ValueError(f"the band is empty: -next_tokens ({-nxt}) exceeds pre_tokens ({pre})")
 
 
-def _check_default_lengths(pre: int, nxt: int, q_lens, kv_lens) -> None:
-    """sparse_mode=0 with a mask: FIA's prompt tiling refuses a negative next_tokens whose
-    magnitude reaches a batch's query length, and a negative pre_tokens whose magnitude
-    reaches its kv length (ops-transformer prompt_flash_attention_tiling.cpp)."""
+def _check_token_lengths(sparse_mode: int, pre: int, nxt: int, q_lens, kv_lens) -> None:
+    """FIA's prompt tiling refuses a negative token count whose magnitude reaches a batch's
+    length (ops-transformer prompt_flash_attention_tiling.cpp): sparse_mode=0 with a mask
+    bounds next_tokens by the query length and pre_tokens by the kv length; sparse_mode=4,
+    whose band sits at the bottom right, the other way round."""
     for b, (q, kv) in enumerate(zip(q_lens.tolist(), kv_lens.tolist())):
-        if nxt < 0 and -nxt >= q:
-            raise ValueError(f"next_tokens ({nxt}) must be > -{q} with sparse_mode=0: its "
-                             f"magnitude must stay below the query length of batch {b} ({q}), "
-                             f"as torch_npu requires")
-        if pre < 0 and -pre >= kv:
-            raise ValueError(f"pre_tokens ({pre}) must be > -{kv} with sparse_mode=0: its "
-                             f"magnitude must stay below the kv length of batch {b} ({kv}), "
-                             f"as torch_npu requires")
-
-
-def _check_band_lengths(pre: int, nxt: int, q_lens, kv_lens) -> None:
-    """sparse_mode=4: FIA's prompt tiling refuses a negative next_tokens whose magnitude
-    reaches a batch's kv length, and a negative pre_tokens whose magnitude reaches its query
-    length (ops-transformer prompt_flash_attention_tiling.cpp)."""
-    for b, (q, kv) in enumerate(zip(q_lens.tolist(), kv_lens.tolist())):
-        if nxt < 0 and -nxt >= kv:
-            raise ValueError(f"next_tokens ({nxt}) must be > -{kv} with sparse_mode=4: its "
-                             f"magnitude must stay below the kv length of batch {b} ({kv}), "
-                             f"as torch_npu requires")
-        if pre < 0 and -pre >= q:
-            raise ValueError(f"pre_tokens ({pre}) must be > -{q} with sparse_mode=4: its "
-                             f"magnitude must stay below the query length of batch {b} ({q}), "
-                             f"as torch_npu requires")
+        limits = {0: (("next_tokens", nxt, q, "query"), ("pre_tokens", pre, kv, "kv")),
+                  4: (("next_tokens", nxt, kv, "kv"), ("pre_tokens", pre, q, "query"))}
+        for name, value, length, what in limits[sparse_mode]:
+            if value < 0 and -value >= length:
+                raise ValueError(f"{name} ({value}) must be > -{length} with sparse_mode="
+                                 f"{sparse_mode}: its magnitude must stay below the {what} "
+                                 f"length of batch {b} ({length}), as torch_npu requires")
 
 
 def tensor_identity(t: torch.Tensor) -> tuple:

@@ -11,12 +11,10 @@ from typing import Callable, Optional
 import torch
 
 from . import backends, overflow, paging
-from .arguments import (check_sink, resolve_out_dtype)  # v2's learnable_sink and out_dtype
 from .arguments import (PACKED, canonical_views, check_implemented, check_scale, check_shapes,
-                        check_tensors, describe, int_arg, int_list, parse_layout,
-                        resolve_allocation,
-                        resolve_beta, resolve_tiling, sequence_lengths, to_canonical,
-                        to_fp16_checked)
+                        check_sink, check_tensors, describe, int_arg, int_list, parse_layout,
+                        resolve_allocation, resolve_beta, resolve_out_dtype, resolve_tiling,
+                        sequence_lengths, to_canonical, to_fp16_checked)
 from .masks import mask_and_band, tensor_identity
 from .numerics import ALLOCATIONS, DEFAULT_TILING, Allocation, Tiling, compute_dtype
 from .outputs import (allocate_lse, allocate_output, fix_rows, lse_placeholder,
@@ -131,9 +129,7 @@ def _plan_key(args: dict):
                 # only validated there: this very tensor, unchanged since (the plan keeps
                 # it alive, so its id is not reused while cached)
                 append(tensor_identity(value))
-            elif name == "learnable_sink":  # its values are read on every call
-                append((value.shape, value.dtype, value.device))
-            elif name == "block_table":  # its entries are checked on every call
+            elif name in ("learnable_sink", "block_table"):  # read (checked) on every call
                 append((value.shape, value.dtype, value.device))
             elif name.startswith("actual_seq_lengths") and value.device.type == "cpu":
                 append((value.dtype, value.shape))
@@ -168,7 +164,7 @@ def _make_plan(args: dict, golden: bool) -> Plan:
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_key_value_heads "
                          f"({num_kv_heads})")
-    _check_fia_limits(args, num_heads, num_kv_heads)
+    _check_fia_limits(num_heads, num_kv_heads)
     block_size = (paging.check_arguments(args["block_table"], args["block_size"], query.device)
                   if args["block_table"] is not None or args["block_size"] != 0 else 0)
     q, k, v = _canonical(args, in_layout, num_heads, num_kv_heads, block_size)
@@ -232,7 +228,7 @@ MAX_HEADS, MAX_GROUP, MAX_HEAD_DIM, MAX_NBSD_QUERY_LEN = 256, 64, 512, 16
 MAX_BATCH, MAX_PACKED_BATCH = 65536, 4096
 
 
-def _check_fia_limits(args: dict, num_heads: int, num_kv_heads: int) -> None:
+def _check_fia_limits(num_heads: int, num_kv_heads: int) -> None:
     """The head counts FIA refuses: over 256 on either axis, over 64 query heads per kv
     head (op-plugin's FIA documentation; the aclnn document)."""
     for name, n in (("num_heads", num_heads), ("num_key_value_heads", num_kv_heads)):

@@ -14,18 +14,11 @@ import pasa_npu
 emu = pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu extension is not built")
 from pasa_npu import ascendc_emu  # noqa: E402
 from test_ascendc_emu import KERNEL_ALGORITHMS, assert_matches_torch, kv_blocks  # noqa: E402
+from _real_shapes import PREFILL_SHAPES  # noqa: E402
 from test_golden import make_case  # noqa: E402
 
-# name -> (case as test_golden.make_case takes it, the schedule it must reach)
 SHAPES = {
-    # the paper's shape: 16 heads x 10 query tiles on 24 cores, 10 kv blocks each
-    "paper-1x16x1280x128": dict(layout="BNSD", B=1, Nq=16, Nkv=16, S1=1280, S2=1280, D=128),
-    # a Qwen2-7B-like layer: GQA 28:4, causal prefill of 1024 tokens
-    "qwen2-gqa28:4-causal": dict(layout="BSH", B=1, Nq=28, Nkv=4, S1=1024, S2=1024, D=128,
-                                 sparse_mode=3, mask="optimized"),
-    # a ragged packed batch: four requests of different lengths, causal per request
-    "tnd-ragged-causal": dict(layout="TND", Nq=16, Nkv=4, D=128, q_cum=[700, 717, 1317, 1650],
-                              kv_cum=[700, 717, 1317, 1650], sparse_mode=3, mask="optimized"),
+    **PREFILL_SHAPES,  # on 24 cores: more (head, query tile) tasks than cores
     # decode of a batch whose tasks outnumber the cores, ragged contexts
     "decode-batch-gqa": dict(layout="BSH", B=8, Nq=32, Nkv=8, S1=1, S2=2048, D=128,
                              kv_lens=[2048, 1500, 77, 1024, 900, 2000, 129, 640]),

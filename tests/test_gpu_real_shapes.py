@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import pasa_npu
+from _real_shapes import PREFILL_SHAPES
 from _support import triton_tuning
 from test_golden import make_case
 
@@ -21,11 +22,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 GPU_MARGIN = 1.5
 
 SHAPES = {
-    "paper-1x16x1280x128": dict(layout="BNSD", B=1, Nq=16, Nkv=16, S1=1280, S2=1280, D=128),
-    "qwen2-gqa28:4-causal": dict(layout="BSH", B=1, Nq=28, Nkv=4, S1=2048, S2=2048, D=128,
-                                 sparse_mode=3, mask="optimized"),
-    "tnd-ragged-causal": dict(layout="TND", Nq=16, Nkv=4, D=128, q_cum=[700, 717, 1317, 1650],
-                              kv_cum=[700, 717, 1317, 1650], sparse_mode=3, mask="optimized"),
+    **PREFILL_SHAPES,
+    "qwen2-gqa28:4-causal": dict(PREFILL_SHAPES["qwen2-gqa28:4-causal"], S1=2048, S2=2048),
     "decode-split-ragged": dict(layout="BSH", B=4, Nq=32, Nkv=8, S1=1, S2=32768, D=128,
                                 kv_lens=[32768, 20001, 129, 8191]),
     "decode-one-request": dict(layout="BSH", B=1, Nq=32, Nkv=8, S1=1, S2=65537, D=128),

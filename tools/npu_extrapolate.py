@@ -27,6 +27,7 @@ makes true past its first blocks; ``validate`` compares it with a direct emulati
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -86,22 +87,39 @@ class WrongRunError(RuntimeError):
 GOLDEN_FACTOR = 1.1
 
 
+def _problem(b, h, hkv, sq, skv, d, causal):
+    """The inputs and fused_attention arguments of one modelled problem."""
+    args = dict(num_heads=h, num_key_value_heads=hkv, input_layout="BNSD", scale=d ** -0.5)
+    if causal:
+        args.update(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())
+    return _inputs(b, h, hkv, sq, skv, d), args
+
+
+def _rmse(x: torch.Tensor, gold: torch.Tensor) -> float:
+    return float((x.double() - gold).norm() / gold.norm())
+
+
+@functools.lru_cache(maxsize=8)
+def _references(algorithm, b, h, hkv, sq, skv, d, causal):
+    """(fp64 golden, the torch backend's relative RMSE against it) of one problem: the same
+    for every parameter corner a problem is emulated under, so computed once."""
+    (q, k, v), args = _problem(b, h, hkv, sq, skv, d, causal)
+    gold, _ = pasa_npu.reference_attention(q, k, v, **args)
+    ref, _ = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="torch", **args)
+    return gold, _rmse(ref, gold)
+
+
 def emulate(algorithm, b, h, hkv, sq, skv, d, causal, params) -> dict:
     """Run one problem under the emulation with ``params``; its last_run_stats() plus
     ``golden_rmse`` and ``torch_rmse``: the relative RMSE of its output, and of the torch
     backend's, against the fp64 golden. Raises WrongRunError when the run's error exceeds
     GOLDEN_FACTOR times the torch backend's."""
-    q, k, v = _inputs(b, h, hkv, sq, skv, d)
-    args = dict(num_heads=h, num_key_value_heads=hkv, input_layout="BNSD", scale=d ** -0.5)
-    if causal:
-        args.update(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())
+    (q, k, v), args = _problem(b, h, hkv, sq, skv, d, causal)
     with ascendc_emu.using_model_parameters(params):
         out, _ = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **args)
     stats = ascendc_emu.last_run_stats()
-    gold, _ = pasa_npu.reference_attention(q, k, v, **args)
-    ref, _ = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="torch", **args)
-    rmse = lambda x: float((x.double() - gold).norm() / gold.norm())  # noqa: E731
-    stats.update(golden_rmse=rmse(out), torch_rmse=rmse(ref))
+    gold, torch_rmse = _references(algorithm, b, h, hkv, sq, skv, d, causal)
+    stats.update(golden_rmse=_rmse(out, gold), torch_rmse=torch_rmse)
     if not stats["golden_rmse"] <= GOLDEN_FACTOR * stats["torch_rmse"] + 1e-6:
         raise WrongRunError(
             f"{algorithm} ({b}, {h}, {hkv}, {sq}, {skv}, {d}{', causal' if causal else ''}) on "
