@@ -103,7 +103,7 @@ def test_gpu_gluon_prefill_equals_triton_kernel(layout, d, mode, algorithm, gluo
     assert len(gluon_launches) == 1
     _assert_same_as_triton_kernel(algorithm, out, lse, kernel_out, kernel_lse)
     assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"{layout}-d{d}-{mode}",
-                              kernel="gluon", kv_blocks=-(-s2 // 128))
+                              kernel="gluon", call=(q, k, v, kw), kv_lens=[s2])
 
 
 def test_gpu_gluon_prefill_rows_that_see_no_key(gluon_launches):

@@ -26,11 +26,14 @@ def _cache(device):
     return q, k, v
 
 
+def _keywords(lens):
+    return dict(num_heads=HEADS, num_key_value_heads=KV_HEADS, input_layout="BNSD",
+                scale=D ** -0.5, actual_seq_lengths_kv=lens, softmax_lse_flag=True)
+
+
 def _step(q, k, v, lens, algorithm, backend="triton"):
-    return pasa_npu.fused_attention(q, k, v, num_heads=HEADS, num_key_value_heads=KV_HEADS,
-                                    input_layout="BNSD", scale=D ** -0.5, algorithm=algorithm,
-                                    backend=backend, actual_seq_lengths_kv=lens,
-                                    softmax_lse_flag=True)
+    return pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend=backend,
+                                    **_keywords(lens))
 
 
 def _metadata(q_lens, kv_lens, band=None):
@@ -69,7 +72,7 @@ def _check(outs, steps, q, k, v, algorithm):
         ref, ref_lse = _step(qc, kc, vc, lens, algorithm, backend="torch")
         assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, "growing-lengths",
                                   path="decode", what=f"lengths {lens}",
-                                  kv_blocks=-(-max(lens) // 128))
+                                  call=(qc, kc, vc, _keywords(lens)), kv_lens=lens)
 
 
 @needs_gpu

@@ -43,7 +43,8 @@ def test_decode_split_counts_agree_with_cpu_backend(splits, algorithm, monkeypat
     if forced:
         assert used == [forced]
     assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"splits-{splits}", path="decode",
-                              what=f"{used} splits", kv_blocks=n_blocks)
+                              what=f"{used} splits", call=(q, k, v, kw),
+                              kv_lens=kw["actual_seq_lengths_kv"], kv_block=block)
 
 
 def test_decode_fills_one_wave_of_programs():
@@ -86,7 +87,8 @@ def test_decode_cuts_large_query_groups_into_chunks(head_dim, group, algorithm, 
     assert len(picked) == 1 and picked[0] < group  # cut into group / picked[0] chunks
     assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"chunks-d{head_dim}-g{group}",
                               path="decode", what=f"{group // picked[0]} chunks",
-                              kv_blocks=-(-s2 // kw["kv_block"]))
+                              call=(q, k, v, kw), kv_lens=kw["actual_seq_lengths_kv"],
+                              kv_block=kw["kv_block"])
 
 
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
@@ -111,7 +113,7 @@ def test_more_batch_heads_than_a_grid_axis_holds(query_len, algorithm, monkeypat
     out, lse = pasa_npu.fused_attention(*on_device("triton", q, k, v), backend="triton", **kw)
     path = "decode" if query_len == 1 else "prefill"
     assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"grid-{path}", path=path,
-                              kv_blocks=1)
+                              call=(q, k, v, kw), kv_lens=[k.shape[2]])
 
 
 @pytest.mark.parametrize("shared, regs, want_per_sm", [

@@ -51,9 +51,10 @@ def test_tuning_alternatives_agree_with_cpu_backend(switch, value, algorithm, la
         out, lse = pasa_npu.fused_attention(qd, kd, vd, algorithm=algorithm, backend="triton",
                                             **kw_dev)
     cum = kw.get("actual_seq_lengths_kv")
-    longest = k.shape[-2] if layout == "BNSD" else max(b - a for a, b in zip([0, *cum], cum))
+    lens = ((cum or [k.shape[-2]]) if layout == "BNSD"
+            else [b - a for a, b in zip([0, *cum], cum)])
     assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"{layout}-{switch}={value}",
-                              kv_blocks=-(-longest // kw["kv_block"]))
+                              call=(q, k, v, kw), kv_lens=lens, kv_block=kw["kv_block"])
 
 
 LOOP_CASES = {  # name: (extra arguments, kv length, expected kv-block loops)
