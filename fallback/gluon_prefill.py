@@ -39,7 +39,9 @@ its keys' mean (:func:`pasa_npu.beta.partial_block_shift`), as the Triton kernel
 
 Scope (:func:`supported`): fp16 inputs; head dim 64 or 128 (Q, K and V alike); kv_block
 128; every batch at the full lengths (no ragged or packed varlen input); no explicit mask
-(causal and band modes are computed in the kernel); no rounding guard; layouts TMA can
+(causal and band modes are computed in the kernel); no rounding guard; no learnable sink
+(torch_npu takes sinks with packed layouts only, which this kernel does not read; a sink
+joins on the Triton kernel, :func:`triton_softmax._finish`); layouts TMA can
 address; fewer than 2**31 query rows over all batches and heads (the row flags' offsets
 are 32-bit). Paged KV too, where the block size is a multiple of 128 and every batch has the
 same kv length, a multiple of 128 (the loader reads whole kv blocks of the caches: rows
@@ -108,6 +110,8 @@ def supported(problem: AttentionProblem, lengths: tuple) -> bool:
     if problem.allocation.name not in ALGORITHMS or problem.tiling.kv_block != BLOCK_N:
         return False
     if problem.mask is not None or problem.rounding_guard or problem.packed:
+        return False
+    if problem.sink is not None:
         return False
     if any(t.dtype != torch.float16 for t in (q, k, v, out)):
         return False

@@ -39,6 +39,7 @@ class Shared(NamedTuple):
     mask_strides: tuple
     shift: Optional[torch.Tensor]  # the pseudo-average shift's table (triton_shift)
     lse_arg: torch.Tensor    # the LSE view, or a placeholder
+    sink: torch.Tensor       # the learnable sinks (Nq,) fp32, or a placeholder
     gamma: float             # PASA's invariance (fp16-rounded with fp16 statistics), or 0
     constexprs: dict         # the allocation's flags, HAS_MASK, GUARD, BLOCK_N, HEAD_DIM(_V)
     interpret: bool
@@ -104,13 +105,16 @@ def _shared(problem: AttentionProblem) -> Shared:
         gamma = torch.tensor(gamma).half().item()  # the kernel's fp16 scalar
     mask, mask_strides = mask_argument(problem.mask, dev)
     lse_arg = problem.lse if problem.lse is not None else placeholder(dev, torch.float32)
+    sink = (problem.sink.to(dev, torch.float32) if problem.sink is not None
+            else placeholder(dev, torch.float32))
     shift = (cached_shift_table(problem.beta, block_n, problem.scale, dev)
              if alloc.pseudo_average_shift else None)
     constexprs = dict(**allocation_flags(alloc), HAS_MASK=problem.mask is not None,
                       GUARD=problem.rounding_guard,
                       BLOCK_N=block_n, HEAD_DIM=head_dim_p, HEAD_DIM_V=head_dim_vp)
     batch_stride = _no_stride if problem.packed else _batch_stride
-    return Shared(tuple(lengths), band_pre, band_next, mask, mask_strides, shift, lse_arg, gamma,
+    return Shared(tuple(lengths), band_pre, band_next, mask, mask_strides, shift, lse_arg, sink,
+                  gamma,
                   constexprs, interpreting(), batch_stride, problem.paged)
 
 

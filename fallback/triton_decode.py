@@ -131,14 +131,15 @@ def _decode_split(
                                               scale, gamma, mean_factor, PSEUDO_AVERAGE_SHIFT,
                                               EXACT_SHIFT, LOW_SCORES, LOW_STATISTICS, True,
                                               GUARD, BLOCK_N)
-    o, lse = _finish(m, l, acc.to(tl.float32), f, cnt, gamma, PSEUDO_AVERAGE_SHIFT)
+    # a split's partial result: the sink joins once, in the merge
+    o, lse = _finish(m, l, acc.to(tl.float32), f, cnt, gamma, 0.0, PSEUDO_AVERAGE_SHIFT, False)
     rows = (bh * n_splits + split).to(tl.int64) * group_rows + g
     tl.store(PART_O + rows[:, None] * HEAD_DIM_V + dims_v[None, :], o)
     tl.store(PART_LSE + rows, lse)
 
 
 @triton.jit
-def _decode_combine(PART_O, PART_LSE, O, LSE, FLAGS, q_starts, q_lens,
+def _decode_combine(PART_O, PART_LSE, O, LSE, FLAGS, SINK, q_starts, q_lens,
                     stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh, stride_ls,
                     stride_fb, stride_fh, n_heads, group, head_dim_v, n_splits, group_rows,
                     Q, K, V, MASK, PAGES, kv_starts, kv_lens,
@@ -146,7 +147,7 @@ def _decode_combine(PART_O, PART_LSE, O, LSE, FLAGS, q_starts, q_lens,
                     stride_kb, stride_kh, stride_ks, stride_kd,
                     stride_vb, stride_vh, stride_vs, stride_vd,
                     stride_xb, stride_xk, stride_pb, page_size, scale, head_dim,
-                    HAS_LSE: tl.constexpr, SPLITS: tl.constexpr,
+                    HAS_LSE: tl.constexpr, HAS_SINK: tl.constexpr, SPLITS: tl.constexpr,
                     CHUNK: tl.constexpr, HEAD_DIM_V: tl.constexpr, DETECT: tl.constexpr,
                     HAS_MASK: tl.constexpr, GUARD: tl.constexpr, PAGED: tl.constexpr,
                     WHOLE_PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
@@ -157,7 +158,8 @@ def _decode_combine(PART_O, PART_LSE, O, LSE, FLAGS, q_starts, q_lens,
     key), is recomputed here from Q, K and V by fa-fp32 (:func:`triton_repair._fp32_tile`,
     BLOCK_N keys a step, one stage: a small footprint on a path that rarely runs; the
     arguments after ``group_rows`` are for it alone) and flagged repaired, or still not
-    finite where an input was."""
+    finite where an input was. HAS_SINK: the head's learnable sink joins the merged row
+    (docs/design.md, "Learnable sinks")."""
     pid = tl.program_id(0)
     b = pid // n_heads
     h = pid % n_heads
@@ -186,6 +188,14 @@ def _decode_combine(PART_O, PART_LSE, O, LSE, FLAGS, q_starts, q_lens,
     # total is 0 where no split saw a key, at least 1 where one did, and NaN where a
     # split's LSE is NaN (a NaN or inf in the keys or values it saw): that row is NaN
     seen = total != 0
+    sink = 0.0
+    if HAS_SINK:  # as triton_softmax._finish, with the splits' merged sum as l
+        sink = tl.load(SINK + h)
+        joined = tl.where(seen, tl.maximum(top_safe, sink), top_safe)
+        rebase = tl.exp(top_safe - joined)
+        total = rebase * total + tl.where(seen, tl.exp(sink - joined), 0.0)
+        o = o * rebase
+        top_safe = joined
     o = tl.where(seen, o / tl.where(seen, total, 1.0), 0.0)
     lse = tl.where(seen, top_safe + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
     if DETECT:
@@ -202,7 +212,7 @@ def _decode_combine(PART_O, PART_LSE, O, LSE, FLAGS, q_starts, q_lens,
                                     stride_vh, stride_vs, stride_vd, stride_xb, 0, stride_xk,
                                     stride_pb, page_size, scale, head_dim, head_dim_v,
                                     HAS_MASK, False, GUARD, PAGED, WHOLE_PAGE, REPAIR_ROWS,
-                                    BLOCK_N, HEAD_DIM, HEAD_DIM_V, 1)
+                                    BLOCK_N, HEAD_DIM, HEAD_DIM_V, 1, sink, HAS_SINK)
             # row 0 of the tile, NaN kept (a maximum would drop it); the other rows saw
             # no key (output 0, LSE -inf), never non-finite
             o = tl.sum(tl.where(first[:, None], o_t, 0.0), 0)
@@ -260,7 +270,8 @@ def run(problem: AttentionProblem, shared) -> None:
     repair_keys = heuristics.DECODE_REPAIR_KEYS
     launch(
         _decode_combine, (batch * n_heads,),
-        part_o, part_lse, out, lse_arg, flags, q_starts, q_lens, *shared.strides(out),
+        part_o, part_lse, out, lse_arg, flags, shared.sink, q_starts, q_lens,
+        *shared.strides(out),
         (shared.batch_stride(lse_arg) if has_lse else 0), lse_arg.stride(1), lse_arg.stride(2),
         shared.batch_stride(flags) if detect else 0, flags.stride(1),
         n_heads, group, v.shape[3], n_splits, group_rows,
@@ -268,7 +279,7 @@ def run(problem: AttentionProblem, shared) -> None:
         *shared.strides(q), *shared.kv_strides(k), *shared.kv_strides(v),
         shared.mask_strides[0], shared.mask_strides[2], pages.stride(0), problem.block_size,
         problem.scale, q.shape[3],
-        HAS_LSE=has_lse, SPLITS=pow2(n_splits, 1),
+        HAS_LSE=has_lse, HAS_SINK=problem.sink is not None, SPLITS=pow2(n_splits, 1),
         CHUNK=min(pow2(n_splits, 1), heuristics.COMBINE_CHUNK),
         HEAD_DIM_V=head_dim_vp, DETECT=detect, HAS_MASK=problem.mask is not None,
         GUARD=problem.rounding_guard, PAGED=problem.paged,

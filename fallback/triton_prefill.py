@@ -48,7 +48,7 @@ def _tile_row_constants(q, mean_base, c_base, rows, q_len, dims, lo, hi, stride_
 @triton.jit
 def _attention_fwd(
     Q, K, V, O, LSE, C, MEANS, MASK, SHIFT, FLAGS, OVERFLOW_WORD, K_DESC, V_DESC, K_PAGES,
-    V_PAGES,
+    V_PAGES, SINK,
     q_starts, q_lens, kv_starts, kv_lens, band_pre, band_next,
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
@@ -65,7 +65,7 @@ def _attention_fwd(
     GRID_1D: tl.constexpr,
     GUARD: tl.constexpr, K_PADDED: tl.constexpr, FUSED_SHIFT: tl.constexpr,
     USE_TMA: tl.constexpr, C_PER_BLOCK: tl.constexpr, LOOPS: tl.constexpr, PAGED: tl.constexpr,
-    DETECT: tl.constexpr, PART_FILLED: tl.constexpr,
+    DETECT: tl.constexpr, PART_FILLED: tl.constexpr, HAS_SINK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
 ):
     # one kernel body: the three kv-block loops share its set-up and its state, and
@@ -234,7 +234,11 @@ def _attention_fwd(
                                                   EXACT_SHIFT, LOW_SCORES, LOW_STATISTICS,
                                                   stage != 1, GUARD, BLOCK_N)
 
-    o, lse = _finish(m, l, acc.to(tl.float32), f, cnt, gamma, PSEUDO_AVERAGE_SHIFT)
+    sink = 0.0
+    if HAS_SINK:
+        sink = tl.load(SINK + h)
+    o, lse = _finish(m, l, acc.to(tl.float32), f, cnt, gamma, sink, PSEUDO_AVERAGE_SHIFT,
+                     HAS_SINK)
     row_ok = rows < q_len
     tl.store(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
              + (q_start + rows)[:, None].to(tl.int64) * stride_os + dims_v[None, :] * stride_od,
@@ -300,7 +304,7 @@ def run(problem: AttentionProblem, tuning: Tuning, shared) -> None:
         q, k_used, v, out, shared.lse_arg, constants, means, shared.mask,
         shared.shift if shared.shift is not None else constants, flags,
         overflow_word if detect else shared.lengths[1], k_desc if use_tma else k_used,
-        v_desc if use_tma else v, k_pages, v_pages,
+        v_desc if use_tma else v, k_pages, v_pages, shared.sink,
         *shared.lengths, shared.band_pre, shared.band_next,
         *strides(q), *k_strides, *shared.kv_strides(v), *strides(out),
         (shared.batch_stride(shared.lse_arg) if lse is not None else 0),
@@ -312,6 +316,7 @@ def run(problem: AttentionProblem, tuning: Tuning, shared) -> None:
         K_PADDED=alloc.shifts_keys and not fused, FUSED_SHIFT=fused, USE_TMA=use_tma,
         C_PER_BLOCK=c_per_block, LOOPS=loops, GRID_1D=grid_1d, PAGED=problem.paged,
         DETECT=detect, PART_FILLED=heuristics.part_filled(problem, block_n),
+        HAS_SINK=problem.sink is not None,
         BLOCK_M=block_m, num_warps=warps, num_stages=stages, **shared.constexprs,
         **heuristics.fp_options(alloc))
     if detect:

@@ -30,7 +30,7 @@ ROW_FLAGGED_C = tl.constexpr(ROW_FLAGGED)
 
 
 @triton.jit
-def _repair(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, PAGES, q_starts, q_lens, kv_starts,
+def _repair(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, PAGES, SINK, q_starts, q_lens, kv_starts,
             kv_lens, band_pre, band_next, stride_qb, stride_qh, stride_qs, stride_qd,
             stride_kb, stride_kh, stride_ks, stride_kd,
             stride_vb, stride_vh, stride_vs, stride_vd,
@@ -39,7 +39,7 @@ def _repair(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, PAGES, q_starts, q_lens
             stride_xb, stride_xs, stride_xk, stride_pb, page_size,
             n_heads, n_tiles, total, group, scale, head_dim, head_dim_v,
             HAS_MASK: tl.constexpr, HAS_BAND: tl.constexpr, HAS_LSE: tl.constexpr,
-            GUARD: tl.constexpr, PAGED: tl.constexpr, WHOLE_PAGE: tl.constexpr,
+            HAS_SINK: tl.constexpr, GUARD: tl.constexpr, PAGED: tl.constexpr, WHOLE_PAGE: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr):
     """The repair: nothing where the overflow word is zero; else the programs take the
@@ -60,6 +60,9 @@ def _repair(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, PAGES, q_starts, q_lens
                         + (q_start + rows).to(tl.int64), mask=rows < q_len, other=0)
         redo = flags == ROW_FLAGGED_C
         if tl.max(redo.to(tl.int32), 0) > 0:  # fa-fp32 for the tile; its flagged rows written
+            sink = 0.0
+            if HAS_SINK:
+                sink = tl.load(SINK + h)
             o, lse = _fp32_tile(Q, K, V, MASK, PAGES, b, h, h // group, m0, q_start, q_len,
                                 tl.load(kv_starts + b), tl.load(kv_lens + b), band_pre,
                                 band_next, stride_qb, stride_qh, stride_qs, stride_qd,
@@ -67,7 +70,7 @@ def _repair(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, PAGES, q_starts, q_lens
                                 stride_vh, stride_vs, stride_vd, stride_xb, stride_xs,
                                 stride_xk, stride_pb, page_size, scale, head_dim, head_dim_v,
                                 HAS_MASK, HAS_BAND, GUARD, PAGED, WHOLE_PAGE, BLOCK_M,
-                                BLOCK_N, HEAD_DIM, HEAD_DIM_V, None)
+                                BLOCK_N, HEAD_DIM, HEAD_DIM_V, None, sink, HAS_SINK)
             still = _nonfinite_rows(o, lse)
             pos = (q_start + rows).to(tl.int64)
             dims_v = tl.arange(0, HEAD_DIM_V)
@@ -92,12 +95,13 @@ def _fp32_tile(Q, K, V, MASK, PAGES, b, h, hk, m0, q_start, q_len, kv_start, kv_
                HAS_MASK: tl.constexpr, HAS_BAND: tl.constexpr, GUARD: tl.constexpr,
                PAGED: tl.constexpr, WHOLE_PAGE: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-               STAGES: tl.constexpr):
+               STAGES: tl.constexpr, sink, HAS_SINK: tl.constexpr):
     """Query rows m0 .. m0+BLOCK_M-1 of (batch b, head h; kv head hk) by fa-fp32: the raw
     K, fp32 scores and statistics, every kv block through the masked update (this being
     the rare path), ``STAGES`` deep (None: the launch's). PAGED: K and V are the caches
     (num_blocks, N_kv, page_size, D), read through the block table ``PAGES``
-    (:func:`kernel_common._kv_rows`). Returns the tile's output (fp32) and LSE."""
+    (:func:`kernel_common._kv_rows`). HAS_SINK: the head's learnable sink ``sink`` joins
+    each row. Returns the tile's output (fp32) and LSE."""
     dims = tl.arange(0, HEAD_DIM)
     dims_v = tl.arange(0, HEAD_DIM_V)
     cols = tl.arange(0, BLOCK_N)
@@ -136,7 +140,7 @@ def _fp32_tile(Q, K, V, MASK, PAGES, b, h, hk, m0, q_start, q_len, kv_start, kv_
         m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale,
                                           0.0, scale, False, False, False, False, True, GUARD,
                                           BLOCK_N)
-    return _finish(m, l, acc, f, cnt, 0.0, False)
+    return _finish(m, l, acc, f, cnt, 0.0, sink, False, HAS_SINK)
 
 
 def run(problem: AttentionProblem, shared, overflow_word: torch.Tensor) -> None:
@@ -153,14 +157,15 @@ def run(problem: AttentionProblem, shared, overflow_word: torch.Tensor) -> None:
                    *shared.lse_arg.stride()[1:])
     pages = problem.block_table if problem.paged else shared.lengths[0]  # unread unpaged
     args = (q, k, v, out, shared.lse_arg, flags, overflow_word, shared.mask, pages,
-            *shared.lengths, shared.band_pre, shared.band_next, *strides(q),
+            shared.sink, *shared.lengths, shared.band_pre, shared.band_next, *strides(q),
             *shared.kv_strides(k), *shared.kv_strides(v), *strides(out), *lse_strides,
             shared.batch_stride(flags), flags.stride(1), *shared.mask_strides, pages.stride(0),
             problem.block_size, q.shape[1], n_tiles, total, q.shape[1] // k.shape[1],
             problem.scale, q.shape[3], v.shape[3])
     constexprs = dict(
         HAS_MASK=problem.mask is not None, HAS_BAND=problem.band is not None,
-        HAS_LSE=problem.lse is not None, GUARD=problem.rounding_guard, PAGED=problem.paged,
+        HAS_LSE=problem.lse is not None, HAS_SINK=problem.sink is not None,
+        GUARD=problem.rounding_guard, PAGED=problem.paged,
         WHOLE_PAGE=problem.block_size % shared.constexprs["BLOCK_N"] == 0,
         BLOCK_M=block_m, BLOCK_N=shared.constexprs["BLOCK_N"],
         HEAD_DIM=shared.constexprs["HEAD_DIM"], HEAD_DIM_V=shared.constexprs["HEAD_DIM_V"],

@@ -176,14 +176,23 @@ def _initial_state(ROWS: tl.constexpr, HEAD_DIM_V: tl.constexpr,
 
 
 @triton.jit
-def _finish(m, l, acc, f, cnt, gamma, PSEUDO_AVERAGE_SHIFT: tl.constexpr):
-    """Normalised output and LSE; 0 and -inf for rows that saw no key."""
+def _finish(m, l, acc, f, cnt, gamma, sink, PSEUDO_AVERAGE_SHIFT: tl.constexpr,
+            HAS_SINK: tl.constexpr):
+    """Normalised output and LSE; 0 and -inf for rows that saw no key. HAS_SINK: the rows'
+    learnable sink ``sink`` joins in fp32 in the true frame, after the recovery, as one
+    more column with a zero value (docs/design.md, "Learnable sinks")."""
     seen = cnt > 0
-    l_safe = tl.where(seen, l, 1.0)
-    o = tl.where(seen[:, None], acc / l_safe[:, None], 0.0)
     true_max = m
     if PSEUDO_AVERAGE_SHIFT:
         true_max = m + gamma * f
+    if HAS_SINK:
+        joined = tl.maximum(true_max, sink)
+        rebase = tl.exp(true_max - joined)
+        l = rebase * l + tl.exp(sink - joined)
+        acc = acc * rebase[:, None]
+        true_max = tl.where(seen, joined, true_max)
+    l_safe = tl.where(seen, l, 1.0)
+    o = tl.where(seen[:, None], acc / l_safe[:, None], 0.0)
     lse = tl.where(seen, true_max + tl.log(l_safe), float("-inf"))
     return o, lse
 

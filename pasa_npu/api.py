@@ -90,8 +90,9 @@ def fused_attention_v2(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     * ``learnable_sink``: (Nq,) float logits, one per query head, each joining the softmax
       denominator of every row of its head as an extra column with a zero value (gpt-oss's
       attention sinks); the LSE includes it. torch_npu takes it with TND and NTD_TND only
-      and a value head dim up to 128. Computed by the ``torch`` backend (every allocation)
-      and the golden; the other backends refuse it (NotImplementedError).
+      and a value head dim up to 128. Computed by the ``torch`` backend (every allocation),
+      the AscendC kernels (``ascendc-emu``, ``npu``: their allocations) and the golden; a
+      backend without sinks refuses it (NotImplementedError).
     * ``out_dtype``: float16 or bfloat16 outputs from either input dtype (a torch dtype or
       its ScalarType code, 5 or 15); quantised outputs are not implemented.
 

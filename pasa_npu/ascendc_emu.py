@@ -132,7 +132,8 @@ def run(problem: AttentionProblem) -> None:
         kv_layout=call.kv_layout, out_layout=call.out_layout,
         out_dtype=0 if call.out.dtype == torch.float16 else 1,
         in_dtype=0 if call.query.dtype == torch.float16 else 1, mask_mode=call.mask_mode,
-        packed=int(problem.packed), check_rows=int(flags is not None), **mask_params(call.mask),
+        packed=int(problem.packed), check_rows=int(flags is not None), has_sink=int(call.sink is not None),
+        **mask_params(call.mask),
         **paged_params(call),
         scale=float(problem.scale), beta=float(problem.beta), q_tile=problem.tiling.q_block,
         kv_block=problem.tiling.kv_block, core_num=int(_model["core_num"]), timeout_s=WAIT_TIMEOUT_S,
@@ -153,7 +154,8 @@ def run(problem: AttentionProblem) -> None:
         lengths, params, mask=mask,
         block_table=None if call.block_table is None else call.block_table.numpy(),
         key_slots=None if call.key_slots is None else call.key_slots.numpy(),
-        row_flags=None if flags is None else flags.numpy())
+        row_flags=None if flags is None else flags.numpy(),
+        sink=None if call.sink is None else call.sink.numpy())
     for launch in ("preprocess", "attention", "merge", "repair"):
         if stats[launch] is not None:
             annotate_launch(stats[launch], _model)

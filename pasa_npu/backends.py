@@ -60,12 +60,13 @@ BACKENDS: dict[str, Backend] = {
                 backward=True, sinks=True),
         Backend("triton", "pasa_npu.fallback.triton_attention", ("cuda", "cpu"),
                 "Triton kernels for CUDA GPUs; on CPU tensors under TRITON_INTERPRET=1",
-                emulated_on=("cpu",), emulator_switch="TRITON_INTERPRET"),
+                emulated_on=("cpu",), emulator_switch="TRITON_INTERPRET", sinks=True),
         Backend("ascendc-emu", "pasa_npu.ascendc_emu", ("cpu",),
                 "the AscendC kernels of ascend_kernels/ run on CPU against the emulated AscendC API",
-                emulated_on=("cpu",)),
+                emulated_on=("cpu",), sinks=True),
         Backend("npu", "pasa_npu.npu", ("npu",),
-                "the AscendC kernels of ascend_kernels/ on an Ascend NPU through torch_npu"),
+                "the AscendC kernels of ascend_kernels/ on an Ascend NPU through torch_npu",
+                sinks=True),
     )
 }
 

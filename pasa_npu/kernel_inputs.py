@@ -6,8 +6,8 @@ The kernels implement ``fa-fp32``, ``pasa`` and ``pasa-exact`` for BNSD and BSND
 tensors and packed batches (TND/NTD: mixed decode and prefill rows, kv lengths past the
 query lengths), paged K/V caches read through the block table (either cache shape, blocks
 of 16 to 512 rows), GQA, explicit bool/int8 masks and the band of sparse modes 0-4 (pre/next tokens),
-ragged lengths, fp16 compute (bf16 inputs of the PASA allocations are converted by the API
-layer; the output may be bf16) and head dims that are multiples of 16.
+ragged lengths, learnable sinks, fp16 compute (bf16 inputs of the PASA allocations are converted
+by the API layer; the output may be bf16) and head dims that are multiples of 16.
 """
 from __future__ import annotations
 
@@ -95,6 +95,7 @@ class KernelCall:
     mask: Optional[torch.Tensor]  # uint8 (B|1, S1, S2), last dim contiguous, nonzero = masked
     block_table: Optional[torch.Tensor]  # paged: int32 (B, max_blocks), contiguous
     key_slots: Optional[torch.Tensor]  # paged: int32 (B, max_blocks), see key_slots()
+    sink: Optional[torch.Tensor] = None  # learnable sinks: float32 (Nq,), contiguous
 
     def finish(self, problem: AttentionProblem) -> None:
         """Copy the temporaries (if any) into the problem's output views."""
@@ -132,7 +133,8 @@ def kernel_call(problem: AttentionProblem) -> KernelCall:
                       kv_layout=kv_layout, out_layout=out_layout,
                       tiling_key=TILING_KEYS[problem.allocation.name],
                       mask_mode=mask_mode, lengths=lengths, mask=mask_bytes(problem.mask),
-                      block_table=table, key_slots=slots)
+                      block_table=table, key_slots=slots,
+                      sink=None if problem.sink is None else problem.sink.to(torch.float32).contiguous())
 
 
 def key_slots(table: torch.Tensor, kv_lens: torch.Tensor, block_size: int,

@@ -65,7 +65,7 @@ def run(problem: AttentionProblem) -> None:
     flags = problem.overflow.row_flags if problem.overflow is not None else None
     torch.ops.pasa_npu.npu_attention(
         call.query, call.key, call.value, call.out, call.lse, call.mask, call.block_table,
-        call.key_slots, flags, *lengths.values(),
+        call.key_slots, call.sink, flags, *lengths.values(),
         call.tiling_key, call.mask_mode, float(problem.scale), float(problem.beta),
         problem.tiling.q_block, problem.tiling.kv_block)
     call.finish(problem)

@@ -36,8 +36,9 @@ def _memory(t):
     return (t if _layout(t) == 0 else t.permute(0, 2, 1, 3)).view(torch.int16).numpy()
 
 
-def _npu_attention_on_cpu(query, key, value, out, lse, mask, block_table, key_slots, row_flags, q_lens, kv_lens, next_tokens,
-                          pre_tokens, q_starts, kv_starts, tiling_key, mask_mode, scale, beta, q_tile, kv_block):
+def _npu_attention_on_cpu(query, key, value, out, lse, mask, block_table, key_slots, learnable_sink, row_flags, q_lens,
+                          kv_lens, next_tokens, pre_tokens, q_starts, kv_starts, tiling_key, mask_mode, scale, beta, q_tile,
+                          kv_block):
     """What the binding's kernel does with its arguments, with the emulated runtime."""
     b, n, s, d = query.shape
     lse_mem = lse if lse is not None else torch.empty(b, n, s)
@@ -47,6 +48,7 @@ def _npu_attention_on_cpu(query, key, value, out, lse, mask, block_table, key_sl
                   out_dtype=int(out.dtype != torch.float16), in_dtype=int(query.dtype != torch.float16),
                   mask_mode=mask_mode, packed=int(len(q_starts) > 0), scale=scale, beta=beta, q_tile=q_tile,
                   kv_block=kv_block, core_num=24, check_rows=int(row_flags is not None),
+                  has_sink=int(learnable_sink is not None),
                   timing=npu_params.timing_only(npu_params.values()))
     mask_bytes = None
     if mask is not None:
@@ -62,7 +64,8 @@ def _npu_attention_on_cpu(query, key, value, out, lse, mask, block_table, key_sl
     emu.run_attention(_memory(query), _memory(key), _memory(value), _memory(out), lse_mem.numpy(), lengths,
                       params, mask=mask_bytes, block_table=None if block_table is None else block_table.numpy(),
                       key_slots=None if key_slots is None else key_slots.numpy(),
-                      row_flags=None if row_flags is None else row_flags.numpy())
+                      row_flags=None if row_flags is None else row_flags.numpy(),
+                      sink=None if learnable_sink is None else learnable_sink.numpy())
 
 
 @pytest.fixture
@@ -127,6 +130,24 @@ def test_npu_backend_repairs_overflow_in_its_kernels(npu_backend_on_cpu):
     (out, lse, rows), (want_out, want_lse, want_rows) = results
     assert rows == want_rows > 0 and torch.isfinite(out).all()
     assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
+def test_npu_backend_passes_the_learnable_sink(npu_backend_on_cpu):
+    """fused_attention_v2 with learnable sinks (packed decode and prefill rows, GQA): the
+    operator gets the sinks and computes what backend ascendc-emu computes, which differs
+    from the call without them."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(42, 4, 32, generator=g).half()
+    k, v = (torch.randn(330, 2, 32, generator=g).half() for _ in range(2))
+    kw = dict(num_query_heads=4, num_key_value_heads=2, softmax_scale=32 ** -0.5, input_layout="TND",
+              actual_seq_qlen=[1, 41, 42], actual_seq_kvlen=[90, 250, 330], return_softmax_lse=True,
+              sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask(), algorithm="pasa")
+    sink = torch.tensor([-1.0, 0.5, 2.0, 4.0])
+    out, lse = pasa_npu.fused_attention_v2(q, k, v, learnable_sink=sink, backend="npu", **kw)
+    want_out, want_lse = pasa_npu.fused_attention_v2(q, k, v, learnable_sink=sink, backend="ascendc-emu", **kw)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    plain_out, _ = pasa_npu.fused_attention_v2(q, k, v, backend="npu", **kw)
+    assert not torch.equal(out, plain_out)
 
 
 def test_npu_backend_refuses_what_the_kernels_lack(npu_backend_on_cpu):

@@ -129,9 +129,11 @@ def _emulated_calls(params: dict, lens: dict) -> list[str]:
     if p.get("has_mask"):
         rows = b if p.get("mask_batch_stride") else 1
         mask = (rng.random((rows, sq, p["mask_row_stride"])) < 0.3).astype(np.uint8)
+    sink = rng.standard_normal(hq).astype(np.float32) if p.get("has_sink") else None
     result = emu.run_attention(q, k, v, out, lse, {n: np.asarray(x, np.int32) for n, x in lens.items()},
                                dict(params, timeout_s=60.0,
-                                    timing=npu_params.timing_only(npu_params.values())), mask=mask, **pages)
+                                    timing=npu_params.timing_only(npu_params.values())), mask=mask,
+                               sink=sink, **pages)
     names, lines = {}, []
     for call in result["runtime_calls"]:
         if call[0] == "allocate":
@@ -173,6 +175,9 @@ CALLS = {
     # an explicit mask per batch and a band with both bounds (sparse mode 4)
     "pasa-mask-band": (_problem(mask_mode=2, has_mask=1, mask_row_stride=70, mask_batch_stride=40 * 70),
                        dict(q_lens=[40, 17], kv_lens=[70, 33], next_tokens=[30, 16], pre_tokens=[20, 5])),
+    # learnable sinks: one more argument of the attention kernel
+    "pasa-exact-sinks": (_problem(tiling_key=2, beta=1.0, has_sink=1),
+                         dict(q_lens=[40, 17], kv_lens=[70, 33], next_tokens=[30, 16])),
 }
 
 

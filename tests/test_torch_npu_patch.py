@@ -5,6 +5,7 @@ then every route (v1 and v2, .out with a workspace, the workspace queries, torch
 .default and .out, registered in the "npu" namespace with torch.library), counted."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 import warnings
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 import pasa_npu
-from pasa_npu import torch_npu_patch
+from pasa_npu import backends, plans, torch_npu_patch
 
 
 class StandInOperator:
@@ -293,12 +294,17 @@ def test_every_route_reaches_pasa_and_unpatch_restores_all(full_torch_npu):
     assert _originals(module) == (functions, ops)
 
 
-def test_v2_unsupported_arguments_fall_through_on_every_route(full_torch_npu):
+def test_v2_unsupported_arguments_fall_through_on_every_route(full_torch_npu, monkeypatch):
     module = full_torch_npu
     q, k, v = _qkv(4)
     out, lse = torch.zeros(2, 24, 64, dtype=torch.float16), torch.zeros(2, 4, 24, 1)
     sink = torch.zeros(4)
-    pasa_npu.patch_torch_npu(backend="ascendc-emu")  # a backend without sinks
+    # a backend without sinks: ascendc-emu's entry with its sinks flag off (every registered
+    # backend computes them), no plan made with the real entry
+    monkeypatch.setitem(backends.BACKENDS, "ascendc-emu",
+                        dataclasses.replace(backends.BACKENDS["ascendc-emu"], sinks=False))
+    monkeypatch.setattr(plans, "PLANS", {})
+    pasa_npu.patch_torch_npu(backend="ascendc-emu")
     v2 = module.npu_fused_infer_attention_score_v2
     with pytest.warns(RuntimeWarning, match="'query_quant_mode', which pasa_npu does not"):
         assert float(v2(q, k, v, **KW2, query_quant_mode=3)[0]) == 7.0

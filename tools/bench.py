@@ -10,7 +10,9 @@ Decode is timed twice for every candidate: replayed from a CUDA graph (the GPU
 time, as serving engines run decode) and called eagerly (adding the host time of
 each call, which at tens of microseconds per step can exceed the kernels).
 
-Writes ``bench.json``, ``bench.md`` and ``bench.png`` (``--out``); ``--plot FILE.json``
+``--distributed`` times sequence-parallel attention over the host's GPUs instead
+(:mod:`bench_distributed`, its own options). Writes ``bench.json``, ``bench.md`` and
+``bench.png`` (``--out``); ``--plot FILE.json``
 redraws the plot from a saved run. ``--overflow-check compare`` instead times every case
 ``--runs`` times with the check off and on (alternating which comes first) and writes
 ``check.json`` and ``check.md``: whether each checked cell lies within the spread between
@@ -417,8 +419,15 @@ def _decode_panel(ax, rows, names, copy_gbs, colors) -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--distributed" in argv:  # sequence parallel over the host's GPUs: its own options
+        from pasa_npu.tools import bench_distributed
+        return bench_distributed.run(argv)
     parser = argparse.ArgumentParser(prog="pasa-bench", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench-out", help="folder for bench.json/.md/.png")
+    parser.add_argument("--distributed", action="store_true",
+                        help="sequence parallelism over the host's GPUs (see --distributed "
+                             "--help for its options)")
     parser.add_argument("--plot", metavar="JSON", help="only redraw the plot of a saved run")
     parser.add_argument("--quick", action="store_true", help="S in {1k, 4k}, no decode")
     parser.add_argument("--dims", type=int, nargs="+", default=[64, 128], help="head dims")

@@ -3,7 +3,8 @@
 Each is a small bug of the kind the suite claims to catch: a rounding of an allocation
 dropped, added or moved, in the CPU backend (the reference) and in the Triton kernels; β's
 solution; a mask edge and a length edge; GQA; the LSE; the rounding guard; the decode
-split merge; and each emulated AscendC vector instruction's rounding or order. ``tests``
+split merge; the AscendC kernels' learnable sinks; and each emulated AscendC vector
+instruction's rounding or order. ``tests``
 are the pytest arguments that must catch it, chosen to keep each run short.
 """
 from __future__ import annotations
@@ -32,6 +33,8 @@ KERNEL_VECTOR = "ascend_kernels/kernels/pasa_attention_vector.h"
 KERNEL_CUBE = "ascend_kernels/kernels/pasa_attention_cube.h"
 KERNEL_COMMON = "ascend_kernels/kernels/pasa_kernel_common.h"
 KERNEL_STORE = "ascend_kernels/kernels/pasa_store.h"
+KERNEL_STEPS = "ascend_kernels/kernels/pasa_vector_steps.h"
+KERNEL_MERGE = "ascend_kernels/kernels/pasa_merge.h"
 ORACLE = ("tests/test_oracle.py",)
 # the golden matrix of the kernels on 2 or 3 emulated AI Cores (several tasks a core)
 FEW_CORES = ("tests/test_ascendc_emu.py", "-k", "test_matches_torch_backend and few and fp16")
@@ -163,6 +166,20 @@ MUTATIONS = [
     Mutation("rounding guard: the offset's lower clamp dropped (CPU backend)", TORCH,
              "offset = offset.clamp(numerics.GUARD_MIN_OFFSET, numerics.GUARD_MAX_OFFSET)",
              "offset = offset.clamp(max=numerics.GUARD_MAX_OFFSET)", ORACLE),
+    Mutation("sinks: the sink's value row taken as 1, not 0 (Triton)", TRITON_SOFTMAX,
+             "acc = acc * rebase[:, None]", "acc = acc * rebase[:, None] + tl.exp(sink - joined)[:, None]",
+             ("tests/test_triton_sinks.py", "-k", "cpu_backend and prefill and pasa-exact")),
+    Mutation("sinks: a prefill row reads the sink of query head 0 (Triton)", TRITON_PREFILL,
+             "sink = tl.load(SINK + h)", "sink = tl.load(SINK)",
+             ("tests/test_triton_sinks.py", "-k", "cpu_backend and prefill and fa-fp32")),
+    Mutation("sinks: the decode merge leaves the sink out (Triton)", TRITON_DECODE,
+             "total = rebase * total + tl.where(seen, tl.exp(sink - joined), 0.0)",
+             "total = rebase * total",
+             ("tests/test_triton_sinks.py", "-k", "cpu_backend and decode and pasa")),
+    Mutation("sinks: the repair leaves the sink out (Triton)", TRITON_REPAIR,
+             "return _finish(m, l, acc, f, cnt, 0.0, sink, False, HAS_SINK)",
+             "return _finish(m, l, acc, f, cnt, 0.0, sink, False, False)",
+             ("tests/test_triton_sinks.py", "-k", "repaired and pasa-exact")),
     Mutation("decode merge: every chunk of splits reads the first (Triton)", TRITON_DECODE,
              "rows = first_row + (s0 + chunk) * group_rows",
              "rows = first_row + chunk * group_rows",
@@ -252,6 +269,13 @@ MUTATIONS = [
              "while (c.task < limit && win.Has(c.task) && win.Get(c.task).numBlocks == 0) ++c.task;",
              "while (win.Has(c.task) && win.Get(c.task).numBlocks == 0) ++c.task;",
              ("tests/test_ascendc_emu_shapes.py", "-k", "without_keys")),
+    # learnable sinks in the kernels: joined once per row, at its end or in the merge
+    Mutation("kernel: the vector cores' end of a task drops the learnable sink", KERNEL_STEPS,
+             "    if (t.hasSink && !split) JoinSink(m, l, x);\n", "",
+             ("tests/test_fia_v2.py", "-k", "ascendc_sinks_on_few_ai_cores and not split")),
+    Mutation("kernel: the merge of split kv drops the learnable sink", KERNEL_MERGE,
+             "            Add(Stat(TOTAL), Stat(TOTAL), Stat(SINK), r);\n", "",
+             ("tests/test_fia_v2.py", "-k", "ascendc_sinks_on_few_ai_cores and split")),
     Mutation("emulated Fixpipe to half: through bfloat16", EMU,
              "row[j] = static_cast<T>(c[(j / 16) * static_cast<uint64_t>(p.srcStride) * 16 "
              "+ i * 16 + j % 16]);",

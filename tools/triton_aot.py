@@ -49,17 +49,18 @@ POINTERS = {
     "_attention_fwd": dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", C="*fp32",
                            MEANS="*fp16", MASK="*u8", SHIFT="*fp32", FLAGS="*u8",
                            OVERFLOW_WORD="*i32",
-                           K_PAGES="*i32", V_PAGES="*i32", q_starts="*i32", q_lens="*i32",
+                           K_PAGES="*i32", V_PAGES="*i32", SINK="*fp32", q_starts="*i32", q_lens="*i32",
                            kv_starts="*i32", kv_lens="*i32", band_pre="*i32", band_next="*i32"),
     "_decode_split": dict(Q="*fp16", K="*fp16", V="*fp16", MASK="*u8", SHIFT="*fp32",
                           PART_O="*fp32", PART_LSE="*fp32", PAGES="*i32", q_starts="*i32",
                           kv_starts="*i32", kv_lens="*i32"),
     "_decode_combine": dict(PART_O="*fp32", PART_LSE="*fp32", O="*fp16", LSE="*fp32",
-                            FLAGS="*u8", q_starts="*i32", q_lens="*i32", Q="*fp16", K="*fp16",
+                            FLAGS="*u8", SINK="*fp32", q_starts="*i32", q_lens="*i32", Q="*fp16", K="*fp16",
                             V="*fp16", MASK="*u8", PAGES="*i32", kv_starts="*i32",
                             kv_lens="*i32"),
     "_repair": dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", FLAGS="*u8",
-                    OVERFLOW_WORD="*i32", MASK="*u8", PAGES="*i32", q_starts="*i32",
+                    OVERFLOW_WORD="*i32", MASK="*u8", PAGES="*i32", SINK="*fp32",
+                    q_starts="*i32",
                     q_lens="*i32", kv_starts="*i32", kv_lens="*i32", band_pre="*i32",
                     band_next="*i32"),
 }
@@ -288,7 +289,7 @@ def variants(head_dim: int = 128):
                               HAS_BAND=mode == "causal", HAS_LSE=False, GUARD=False,
                               K_PADDED=pasa and not fused, FUSED_SHIFT=fused, USE_TMA=DEFAULT_TUNING.loads == "tma",
                               C_PER_BLOCK=c_per_block, LOOPS=loops, GRID_1D=False, PAGED=False,
-                              DETECT=pasa, PART_FILLED=False,
+                              DETECT=pasa, PART_FILLED=False, HAS_SINK=False,
                               BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
                 block_m, warps, stages = triton_launch.launch_config(
                     head_dim, alg, False, c_per_block or fused, loops, mode == "mask")
@@ -316,7 +317,7 @@ def variants(head_dim: int = 128):
                        consts, 4, triton_launch.paged_stages(stages), fp_fusion)
     # decode's merge of 32 splits, unchecked and checked (with the repair of its row)
     for detect, paged in ((False, False), (True, False), (True, True)):
-        consts = dict(HAS_LSE=False, SPLITS=32, CHUNK=triton_launch.COMBINE_CHUNK,
+        consts = dict(HAS_LSE=False, HAS_SINK=False, SPLITS=32, CHUNK=triton_launch.COMBINE_CHUNK,
                       HEAD_DIM_V=head_dim, DETECT=detect, HAS_MASK=False, GUARD=False,
                       PAGED=paged, WHOLE_PAGE=True, BLOCK_N=triton_launch.DECODE_REPAIR_KEYS,
                       HEAD_DIM=head_dim)
@@ -324,7 +325,8 @@ def variants(head_dim: int = 128):
         yield ("_decode_combine", label, consts, 4, 3, True)
     # the overflow repair after a checked PASA prefill
     for paged in (False, True):
-        consts = dict(HAS_MASK=False, HAS_BAND=True, HAS_LSE=True, GUARD=False, PAGED=paged,
+        consts = dict(HAS_MASK=False, HAS_BAND=True, HAS_LSE=True, HAS_SINK=False, GUARD=False,
+                      PAGED=paged,
                       WHOLE_PAGE=True, BLOCK_M=64, BLOCK_N=128, HEAD_DIM=head_dim,
                       HEAD_DIM_V=head_dim)
         yield ("_repair", f"repair {'paged ' * paged}prefill d={head_dim}", consts, 4,

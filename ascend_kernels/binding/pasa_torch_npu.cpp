@@ -1,11 +1,13 @@
 // The torch_npu binding of the PASA kernels: the operator
 //
 //   torch.ops.pasa_npu.npu_attention(query, key, value, out, lse, atten_mask, block_table, key_slots,
-//                                    row_flags, q_lens, kv_lens, next_tokens, pre_tokens, q_starts, kv_starts,
-//                                    tiling_key, mask_mode, scale, beta, q_tile, kv_block) -> ()
+//                                    learnable_sink, row_flags, q_lens, kv_lens, next_tokens, pre_tokens,
+//                                    q_starts, kv_starts, tiling_key, mask_mode, scale, beta, q_tile, kv_block) -> ()
 //
 // Paged KV (block_table given): key and value are (num_blocks, N_kv, block_size, D) views of the
-// caches, block_table and key_slots int32 (B, max_blocks) (pasa_npu/kernel_inputs.py). row_flags
+// caches, block_table and key_slots int32 (B, max_blocks) (pasa_npu/kernel_inputs.py).
+// learnable_sink (float32 (Nq,), contiguous, optional): one logit per query head, joined to every
+// row's softmax by the kernels (docs/design.md, "Learnable sinks"). row_flags
 // (uint8 (B, Nq, Sq), contiguous, optional): the kernels flag the rows whose output or LSE is not
 // finite and recompute them by fa-fp32 in a repair launch (docs/design.md, "Overflow detection
 // and repair"), queued like the rest.
@@ -190,6 +192,17 @@ void SetPages(pasa::PasaProblem& p, const at::Tensor& table, const std::optional
     p.numBlocks = Uint32(key.size(0), "cache blocks");
 }
 
+// Learnable sinks: float32 (Nq,), contiguous, one logit per query head.
+void SetSink(pasa::PasaProblem& p, const at::Tensor& sink, const at::Tensor& query)
+{
+    CheckDevice(sink, "learnable_sink", query.device());
+    TORCH_CHECK_VALUE(sink.scalar_type() == at::kFloat && sink.dim() == 1 && sink.size(0) == query.size(1) &&
+                          sink.is_contiguous(),
+                      "pasa_npu: learnable_sink must be a contiguous float32 (Nq,) tensor with Nq = ", query.size(1),
+                      ", got ", sink.scalar_type(), " of sizes ", sink.sizes());
+    p.hasSink = true;
+}
+
 // The explicit mask: uint8 or bool (B or 1, S1, S2), nonzero = masked, its last dim contiguous.
 void SetMask(pasa::PasaProblem& p, const at::Tensor& mask, const at::Tensor& query, const at::Tensor& key)
 {
@@ -208,7 +221,7 @@ void SetMask(pasa::PasaProblem& p, const at::Tensor& mask, const at::Tensor& que
 void NpuAttention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& out,
                   const std::optional<at::Tensor>& lse, const std::optional<at::Tensor>& mask,
                   const std::optional<at::Tensor>& blockTable, const std::optional<at::Tensor>& keySlots,
-                  const std::optional<at::Tensor>& rowFlags, c10::IntArrayRef qLens,
+                  const std::optional<at::Tensor>& sink, const std::optional<at::Tensor>& rowFlags, c10::IntArrayRef qLens,
                   c10::IntArrayRef kvLens, c10::IntArrayRef nextTokens, c10::IntArrayRef preTokens,
                   c10::IntArrayRef qStarts, c10::IntArrayRef kvStarts, int64_t tilingKey, int64_t maskMode, double scale,
                   double beta, int64_t qTile, int64_t kvBlock)
@@ -240,6 +253,7 @@ void NpuAttention(const at::Tensor& query, const at::Tensor& key, const at::Tens
     p.coreNum = AiCoreCount(query.device().index());
     if (mask.has_value()) SetMask(p, *mask, query, key);
     if (blockTable.has_value()) SetPages(p, *blockTable, keySlots, query, key);
+    if (sink.has_value()) SetSink(p, *sink, query);
     if (rowFlags.has_value()) {
         CheckDevice(*rowFlags, "row_flags", query.device());
         TORCH_CHECK_VALUE(rowFlags->scalar_type() == at::kByte && rowFlags->is_contiguous() &&
@@ -270,6 +284,7 @@ void NpuAttention(const at::Tensor& query, const at::Tensor& key, const at::Tens
     tensors.mask = mask.has_value() ? mask->data_ptr() : nullptr;
     tensors.blockTable = blockTable.has_value() ? blockTable->data_ptr() : nullptr;
     tensors.keySlots = keySlots.has_value() ? keySlots->data_ptr() : nullptr;
+    tensors.sink = sink.has_value() ? sink->data_ptr() : nullptr;
     tensors.rowFlags = rowFlags.has_value() ? rowFlags->data_ptr() : nullptr;
     pasa::BatchLengths lengths;
     lengths.qLens = ql.data();
@@ -302,7 +317,7 @@ void NpuAttention(const at::Tensor& query, const at::Tensor& key, const at::Tens
 TORCH_LIBRARY_FRAGMENT(pasa_npu, m)
 {
     m.def("npu_attention(Tensor query, Tensor key, Tensor value, Tensor(a!) out, Tensor(b!)? lse, Tensor? atten_mask, "
-          "Tensor? block_table, Tensor? key_slots, Tensor(c!)? row_flags, int[] q_lens, int[] kv_lens, int[] next_tokens, int[] pre_tokens, int[] q_starts, int[] kv_starts, "
+          "Tensor? block_table, Tensor? key_slots, Tensor? learnable_sink, Tensor(c!)? row_flags, int[] q_lens, int[] kv_lens, int[] next_tokens, int[] pre_tokens, int[] q_starts, int[] kv_starts, "
           "int tiling_key, int mask_mode, float scale, float beta, int q_tile, int kv_block) -> ()");
 }
 

@@ -97,12 +97,12 @@ public:
                 return;
             case pasa::PasaKernel::kAttention:
                 Run(kernel, blockDim, KERNEL_TYPE_MIX_AIC_1_2, &pasa_attention, Gm(a.query), Gm(a.key), Gm(a.value),
-                    Gm(a.mask), Gm(a.blockTable), Gm(a.keySlots), Gm(a.out), Gm(a.lse), Gm(a.rowFlags), Gm(a.workspace),
-                    Gm(a.tiling));
+                    Gm(a.mask), Gm(a.blockTable), Gm(a.keySlots), Gm(a.sink), Gm(a.out), Gm(a.lse), Gm(a.rowFlags),
+                    Gm(a.workspace), Gm(a.tiling));
                 return;
             case pasa::PasaKernel::kMerge:
-                Run(kernel, blockDim, KERNEL_TYPE_AIV_ONLY, &pasa_merge_splits, Gm(a.out), Gm(a.lse), Gm(a.rowFlags),
-                    Gm(a.workspace), Gm(a.tiling));
+                Run(kernel, blockDim, KERNEL_TYPE_AIV_ONLY, &pasa_merge_splits, Gm(a.sink), Gm(a.out), Gm(a.lse),
+                    Gm(a.rowFlags), Gm(a.workspace), Gm(a.tiling));
                 return;
         }
         throw AscendC::emu::EmuError("launch: unknown kernel");

@@ -119,6 +119,7 @@ pasa::PasaProblem ProblemFrom(const py::dict& p)
     d.packed = get("packed", 0) != 0;
     d.hasMask = get("has_mask", 0) != 0;
     d.checkRows = get("check_rows", 0) != 0;
+    d.hasSink = get("has_sink", 0) != 0;
     d.maskRowStride = static_cast<uint32_t>(get("mask_row_stride", 0));
     d.maskBatchStride = get("mask_batch_stride", 0);
     d.paged = get("paged", 0) != 0;
@@ -222,11 +223,12 @@ py::list CallList(const std::vector<pasa_emu::RuntimeCall>& calls)
 // emulated runtime: preprocessing (pasa, pasa-exact), the attention kernel, the merge of split kv.
 // Arrays: query/key/value fp16 bits in their layouts (key/value: the caches when paged), out fp16
 // or bf16 bits, lse float32 (query batch x heads x seq_q); lengths: int32 per batch (LengthsFrom);
-// mask: the bytes of the bool mask from its first element; block_table and key_slots int32; row_flags
-// uint8 laid out as lse (params['check_rows']: the kernels write them).
+// mask: the bytes of the bool mask from its first element; block_table and key_slots int32; sink
+// float32, num_heads (params['has_sink']); row_flags uint8 laid out as lse (params['check_rows']:
+// the kernels write them).
 py::dict RunAttention(py::array query, py::array key, py::array value, py::array out, py::array lse,
                       const py::dict& lengths, const py::dict& params, py::object mask, py::object blockTable,
-                      py::object keySlots, py::object rowFlags)
+                      py::object keySlots, py::object rowFlags, py::object sink)
 {
     const pasa::PasaProblem prob = ProblemFrom(params);
     const double timeout = params.contains("timeout_s") ? params["timeout_s"].cast<double>() : 60.0;
@@ -265,6 +267,13 @@ py::dict RunAttention(py::array query, py::array key, py::array value, py::array
     optional(mask, "mask", 1, &tensors.mask);
     optional(blockTable, "block_table", 4, &tensors.blockTable);
     optional(keySlots, "key_slots", 4, &tensors.keySlots);
+    if (!sink.is_none()) {
+        if (!prob.hasSink) throw py::value_error("sink given but params['has_sink'] is not set");
+        py::array a = sink.cast<py::array>();
+        tensors.sink = Buffer(a, "sink", 4, prob.numHeads, false);
+        runtime.AddTensor("sink", tensors.sink, static_cast<size_t>(prob.numHeads) * 4, false);
+        keep.push_back(a);
+    }
     if (!rowFlags.is_none()) {  // written by the kernels
         py::array a = rowFlags.cast<py::array>();
         tensors.rowFlags = Buffer(a, "row_flags", 1, lN, true);
@@ -344,7 +353,8 @@ PYBIND11_MODULE(_ascendc_emu, m)
           "The host tiling's solver of the optimal accuracy condition (C++ twin of pasa_npu.beta.optimal_beta)");
     m.def("run_attention", &RunAttention, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("out"),
           py::arg("lse"), py::arg("lengths"), py::arg("params"), py::arg("mask") = py::none(),
-          py::arg("block_table") = py::none(), py::arg("key_slots") = py::none(), py::arg("row_flags") = py::none());
+          py::arg("block_table") = py::none(), py::arg("key_slots") = py::none(), py::arg("row_flags") = py::none(),
+          py::arg("sink") = py::none());
     m.def("run_selftest", [](const std::string& name, const py::dict& timing, double timeoutSeconds) {
               Stats stats;
               std::vector<float> values = pasa_selftest::Run(name, TimingFrom(timing), timeoutSeconds, stats);

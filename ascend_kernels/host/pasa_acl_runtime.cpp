@@ -26,9 +26,9 @@ uint32_t LaunchKernel(PasaKernel kernel, uint32_t blockDim, aclrtStream stream, 
                                                          a.tiling);
         case PasaKernel::kAttention:
             return ACLRT_LAUNCH_KERNEL(pasa_attention)(blockDim, stream, a.query, a.key, a.value, a.mask, a.blockTable,
-                                                       a.keySlots, a.out, a.lse, a.rowFlags, a.workspace, a.tiling);
+                                                       a.keySlots, a.sink, a.out, a.lse, a.rowFlags, a.workspace, a.tiling);
         case PasaKernel::kMerge:
-            return ACLRT_LAUNCH_KERNEL(pasa_merge_splits)(blockDim, stream, a.out, a.lse, a.rowFlags, a.workspace,
+            return ACLRT_LAUNCH_KERNEL(pasa_merge_splits)(blockDim, stream, a.sink, a.out, a.lse, a.rowFlags, a.workspace,
                                                           a.tiling);
     }
     return ACL_ERROR_INVALID_PARAM;

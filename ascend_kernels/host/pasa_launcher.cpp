@@ -114,6 +114,7 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
     if (problem.hasMask && tensors.mask == nullptr) Refuse("hasMask needs the mask tensor");
     if (problem.paged && tensors.blockTable == nullptr) Refuse("paged KV needs the block table");
     if (problem.checkRows && tensors.rowFlags == nullptr) Refuse("checkRows needs the row flags tensor");
+    if (problem.hasSink && tensors.sink == nullptr) Refuse("hasSink needs the sink tensor");
     PasaTilingData t = ComputeTiling(problem, &lengths);
     PasaTilingData repair{};
     if (problem.checkRows) ShareTaskFlags(problem, lengths, t, repair);
@@ -151,6 +152,7 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
     args.mask = problem.hasMask ? tensors.mask : nullptr;
     args.blockTable = problem.paged ? tensors.blockTable : nullptr;
     args.keySlots = problem.paged && prepare && !t.fuseShift ? tensors.keySlots : nullptr;
+    args.sink = problem.hasSink ? tensors.sink : nullptr;
     args.out = tensors.out;
     args.lse = tensors.lse;
     args.rowFlags = problem.checkRows ? tensors.rowFlags : nullptr;

@@ -38,6 +38,7 @@ struct KernelArgs {
     void* mask = nullptr;
     void* blockTable = nullptr;
     void* keySlots = nullptr;
+    void* sink = nullptr;
     void* out = nullptr;
     void* lse = nullptr;
     void* rowFlags = nullptr;
@@ -63,8 +64,9 @@ public:
 // Device addresses of the caller's tensors, in the layouts and dtypes `PasaProblem` names:
 // query, key, value, out and lse (float32, batch x numHeads x seqQ; packed 1 x numHeads x seqQ);
 // the mask (bool, when PasaProblem::hasMask), the block table (int32 batch x tableStride, when
-// paged), the K' slot table (int32, the same shape: when paged with pasa or pasa-exact) and the
-// row flags (uint8, laid out as lse: when PasaProblem::checkRows).
+// paged), the K' slot table (int32, the same shape: when paged with pasa or pasa-exact), the
+// learnable sinks (float32, numHeads: when PasaProblem::hasSink) and the row flags (uint8, laid
+// out as lse: when PasaProblem::checkRows).
 struct AttentionTensors {
     void* query = nullptr;
     void* key = nullptr;
@@ -74,6 +76,7 @@ struct AttentionTensors {
     void* mask = nullptr;
     void* blockTable = nullptr;
     void* keySlots = nullptr;
+    void* sink = nullptr;
     void* rowFlags = nullptr;
 };
 

@@ -148,6 +148,7 @@ void FillProblem(const PasaProblem& p, PasaTilingData& t)
     t.hasMask = p.hasMask ? 1 : 0;
     t.checkRows = p.checkRows ? 1 : 0;
     t.repair = p.repair ? 1 : 0;
+    t.hasSink = p.hasSink ? 1 : 0;
     t.maskRowStride = p.maskRowStride;
     t.maskBatchStride = p.maskBatchStride;
     t.paged = p.paged ? 1 : 0;
@@ -194,7 +195,7 @@ uint32_t ChooseSplits(uint32_t tasks, uint32_t blocks, uint32_t cores)
 uint64_t MergeUbBytes(const PasaTilingData& t)
 {
     const uint64_t r = t.vecRowsPad, dv = t.headDimV;
-    return 2 * r * dv * 4 + t.kvSplits * r * 4 + r * dv * 4 + 32 * r + r * dv * 2 + 16 * r * 4;
+    return 2 * r * dv * 4 + t.kvSplits * r * 4 + r * dv * 4 + 32 * r + r * dv * 2 + PASA_MERGE_STAT_UNITS * r * 4;
 }
 
 uint32_t LengthOf(const int32_t* lens, uint32_t b, uint32_t full)

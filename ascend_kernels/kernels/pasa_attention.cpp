@@ -18,6 +18,10 @@
 // pasa_merge_splits (vector cores only): with split kv, the LSE merge of each task's splits
 // (pasa_merge.h), launched after the attention kernel.
 //
+// Learnable sinks (tiling.hasSink): `sink` holds one fp32 logit per query head, joined to every
+// row's softmax once, in fp32, where the row is normalised: the vector cores' end of a task
+// (AttentionVector::Finish), or with split kv the merge (the splits' partials leave it out).
+//
 // Row flags (tiling.checkRows): whichever kernel writes a row's output also writes its byte in
 // rowFlags (uint8, laid out as the LSE): 1 where the output or the LSE is NaN or +inf, else 0
 // (docs/design.md, "Overflow detection and repair").
@@ -28,8 +32,8 @@
 using namespace AscendC;
 
 extern "C" __global__ __aicore__ void pasa_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR mask,
-                                                     GM_ADDR blockTable, GM_ADDR keySlots, GM_ADDR out, GM_ADDR lse,
-                                                     GM_ADDR rowFlags, GM_ADDR workspace, GM_ADDR tiling)
+                                                     GM_ADDR blockTable, GM_ADDR keySlots, GM_ADDR sink, GM_ADDR out,
+                                                     GM_ADDR lse, GM_ADDR rowFlags, GM_ADDR workspace, GM_ADDR tiling)
 {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
     PasaTilingData t;
@@ -46,19 +50,19 @@ extern "C" __global__ __aicore__ void pasa_attention(GM_ADDR query, GM_ADDR key,
     if ASCEND_IS_AIV {
         if (t.inDtype == PASA_IN_BF16) {
             pasa::AttentionVector<bfloat16_t, bfloat16_t> op;
-            op.Run(mask, out, lse, rowFlags, workspace, tiling, t);
+            op.Run(mask, sink, out, lse, rowFlags, workspace, tiling, t);
         } else if (t.outDtype == PASA_OUT_BF16) {
             pasa::AttentionVector<bfloat16_t, half> op;
-            op.Run(mask, out, lse, rowFlags, workspace, tiling, t);
+            op.Run(mask, sink, out, lse, rowFlags, workspace, tiling, t);
         } else {
             pasa::AttentionVector<half, half> op;
-            op.Run(mask, out, lse, rowFlags, workspace, tiling, t);
+            op.Run(mask, sink, out, lse, rowFlags, workspace, tiling, t);
         }
     }
 }
 
-extern "C" __global__ __aicore__ void pasa_merge_splits(GM_ADDR out, GM_ADDR lse, GM_ADDR rowFlags, GM_ADDR workspace,
-                                                         GM_ADDR tiling)
+extern "C" __global__ __aicore__ void pasa_merge_splits(GM_ADDR sink, GM_ADDR out, GM_ADDR lse, GM_ADDR rowFlags,
+                                                         GM_ADDR workspace, GM_ADDR tiling)
 {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
     PasaTilingData t;
@@ -66,10 +70,10 @@ extern "C" __global__ __aicore__ void pasa_merge_splits(GM_ADDR out, GM_ADDR lse
     if ASCEND_IS_AIV {
         if (t.outDtype == PASA_OUT_BF16) {
             pasa::MergeSplits<bfloat16_t> op;
-            op.Run(out, lse, rowFlags, workspace, tiling, t);
+            op.Run(sink, out, lse, rowFlags, workspace, tiling, t);
         } else {
             pasa::MergeSplits<half> op;
-            op.Run(out, lse, rowFlags, workspace, tiling, t);
+            op.Run(sink, out, lse, rowFlags, workspace, tiling, t);
         }
     }
 }

@@ -26,6 +26,11 @@
 //
 // Split kv: a task's split writes its rows' O / l and LSE (finite, -3e38 for a row that saw
 // nothing) to its partial slot; the merge kernel (pasa_merge.h) combines the splits.
+//
+// Learnable sinks (tiling.hasSink): at the end of a task, after the shift is recovered and
+// before O / l, each row that saw a key joins its head's sink logit as one more column with a
+// zero value, in fp32 (docs/design.md, "Learnable sinks"); with split kv the merge joins it
+// instead, so that it enters each row once.
 #ifndef PASA_ATTENTION_VECTOR_H
 #define PASA_ATTENTION_VECTOR_H
 
@@ -50,6 +55,8 @@ enum StatSlot : uint32_t {
                                     // stream (by stream position: a task's last folds run after the
                                     // next task's first softmaxes)
     CONST = 24, SHIFT = 25, ROWMAX = 26, ROWSUM = 27,
+    // a step's scratch, free at the end of a task: the sink join (Finish) takes three of them
+    SINK = CONST, JOINED_M = SHIFT, JOINED_L = ROWSUM,
     ONEZERO = 28,                   // fp16 [1 | 0], R_ each
     REL = 29,                       // fp16 rel(r): the row's position within its head's run
     REP = 30,                       // fp16 scratch for eight copies of a row vector (4 units)
@@ -67,7 +74,7 @@ enum PasaStat : uint32_t { P_M = 0, P_MLOC, P_F, P_MEAN, P_L, P_LLOC, P_N, P_COU
 template <typename OutT, typename InT>
 class AttentionVector {
 public:
-    __aicore__ inline void Run(GM_ADDR mask, GM_ADDR out, GM_ADDR lse, GM_ADDR rowFlags, GM_ADDR workspace,
+    __aicore__ inline void Run(GM_ADDR mask, GM_ADDR sink, GM_ADDR out, GM_ADDR lse, GM_ADDR rowFlags, GM_ADDR workspace,
                                GM_ADDR tiling, const PasaTilingData& t)
     {
         t_ = &t;
@@ -79,6 +86,7 @@ public:
         out_.SetGlobalBuffer(reinterpret_cast<__gm__ OutT*>(out));
         lse_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(lse));
         if (t.hasMask) mask_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(mask));
+        if (t.hasSink) sink_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(sink), t.numHeads);
         flags_.on = t.checkRows != 0 && t.kvSplits == 1;  // with split kv the merge writes the flags
         flags_.repair = t.repair != 0;
         if (flags_.on) {
@@ -179,6 +187,7 @@ private:
                                      const LocalTensor<uint8_t>& maskTile, LocalTensor<half>& p);
     __aicore__ inline void Fold(uint32_t i, const LocalTensor<float>& pv);
     __aicore__ inline void Finish();
+    __aicore__ inline void JoinSink(LocalTensor<float>& m, LocalTensor<float>& l, const LocalTensor<float>& x);
     __aicore__ inline void SeenRows(const LocalTensor<float>& l);
     __aicore__ inline void FlagRows(const LocalTensor<float>& x, const LocalTensor<float>& lseCheck);
 
@@ -295,6 +304,7 @@ private:
     GlobalTensor<OutT> out_;
     GlobalTensor<float> lse_;
     GlobalTensor<uint8_t> mask_;
+    GlobalTensor<float> sink_;
     CoreSlots slots_;
     BatchTable batches_;
     RowFlags flags_;

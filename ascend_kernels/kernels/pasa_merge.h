@@ -4,6 +4,10 @@
 // exp(LSE_s - LSE) O_s, and go to the output and LSE as the attention kernel writes them. A unit
 // of work is one half of a task's rows (the rows an AIV of the attention kernel owns); units go
 // round robin over the vector cores.
+//
+// Learnable sinks (tiling.hasSink): the splits' partials leave the sink out; it joins here, once
+// per row, as one more term with LSE_sink = sink[head] and a zero output: m = max(max_s LSE_s,
+// sink), LSE = m + log(sum_s exp(LSE_s - m) + exp(sink - m)). A row that no split saw ignores it.
 #ifndef PASA_MERGE_H
 #define PASA_MERGE_H
 
@@ -15,14 +19,15 @@ namespace pasa {
 template <typename OutT>
 class MergeSplits {
 public:
-    __aicore__ inline void Run(GM_ADDR out, GM_ADDR lse, GM_ADDR rowFlags, GM_ADDR workspace, GM_ADDR tiling,
-                               const PasaTilingData& t)
+    __aicore__ inline void Run(GM_ADDR sink, GM_ADDR out, GM_ADDR lse, GM_ADDR rowFlags, GM_ADDR workspace,
+                               GM_ADDR tiling, const PasaTilingData& t)
     {
         t_ = &t;
         R_ = t.vecRowsPad;
         workspace_ = workspace;
         out_.SetGlobalBuffer(reinterpret_cast<__gm__ OutT*>(out));
         lse_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(lse));
+        if (t.hasSink) sink_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(sink), t.numHeads);
         batches_.Init(tiling, t);
         const uint32_t dv = t.headDimV;
         pipe_.InitBuffer(partIn_, 2, R_ * dv * sizeof(float));
@@ -57,7 +62,8 @@ public:
 
 private:
     enum Slot : uint32_t { MAX = 0, TOTAL, WEIGHT, T0, LSE, FIN, ZERO, CHECK, LCHECK, BITS, FLAG16, ONES, BYTES, ABYTES,
-                           TASK, MAXTMP, kSlots };
+                           TASK, MAXTMP, SINK, JOINED, kSlots };
+    static_assert(kSlots <= PASA_MERGE_STAT_UNITS, "the host sizes the merge's statistics");
     __aicore__ inline LocalTensor<float> Stat(uint32_t slot) { return stat_.Get<float>()[slot * R_]; }
 
     __aicore__ inline void Merge(const AttentionTask& task, uint32_t rowBase, uint32_t rows)
@@ -77,6 +83,12 @@ private:
         parts = lseIn_.DeQue<float>();
         Adds(Stat(MAX), parts, 0.0f, r);
         for (uint32_t s = 1; s < splits; ++s) Max(Stat(MAX), Stat(MAX), parts[s * R_], r);
+        LocalTensor<float> ref = Stat(MAX);  // the reference of the weights: max_s LSE_s, with a sink max(that, sink)
+        if (t.hasSink) {
+            RowSinks(sink_, task, rowBase, R_, Stat(SINK));
+            Max(Stat(JOINED), Stat(MAX), Stat(SINK), r);
+            ref = Stat(JOINED);
+        }
         LocalTensor<float> o = acc_.Get<float>(), brc = tree_.Get<float>();
         for (uint32_t s = 0; s < splits; ++s) {
             LocalTensor<float> part = partIn_.AllocTensor<float>();
@@ -84,7 +96,7 @@ private:
             g.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(PartialOut(workspace_, t, first + s)));
             DataCopy(part, g[static_cast<uint64_t>(rowBase) * dv], rows * dv);
             partIn_.EnQue(part);
-            Sub(Stat(WEIGHT), parts[s * R_], Stat(MAX), r);
+            Sub(Stat(WEIGHT), parts[s * R_], ref, r);
             Exp(Stat(WEIGHT), Stat(WEIGHT), r);                                      // exp(LSE_s - m)
             if (s == 0) {
                 Adds(Stat(TOTAL), Stat(WEIGHT), 0.0f, r);
@@ -98,12 +110,17 @@ private:
             partIn_.FreeTensor(part);
         }
         lseIn_.FreeTensor(parts);
-        // rows no split saw (every LSE_s the -3e38 sentinel): 0 and -inf
+        if (t.hasSink) {  // the sink's term: exp(sink - m), its output 0
+            Sub(Stat(SINK), Stat(SINK), ref, r);
+            Exp(Stat(SINK), Stat(SINK), r);
+            Add(Stat(TOTAL), Stat(TOTAL), Stat(SINK), r);
+        }
+        // rows no split saw (every LSE_s the -3e38 sentinel): 0 and -inf, the sink ignored
         Replicate8(brc, Stat(MAX), Stat(ZERO), R_);
         LocalTensor<uint8_t> seen = tree_.Get<uint8_t>()[32 * R_];
         Compares(seen, brc, -1.0e38f, CMPMODE::GT, 8 * R_);
         Ln(Stat(T0), Stat(TOTAL), r);
-        Add(Stat(LSE), Stat(MAX), Stat(T0), r);
+        Add(Stat(LSE), ref, Stat(T0), r);
         if (flags_.on) Sub(Stat(LCHECK), Stat(LSE), Stat(LSE), r);  // NaN where the LSE is not finite
         Select(Stat(LSE), seen, Stat(LSE), -__builtin_inff(), SELMODE::VSEL_TENSOR_SCALAR_MODE, R_);
         BroadcastRows(brc, Stat(TOTAL), R_);
@@ -142,6 +159,7 @@ private:
     TBuf<TPosition::VECCALC> acc_, tree_, stat_;
     GlobalTensor<OutT> out_;
     GlobalTensor<float> lse_;
+    GlobalTensor<float> sink_;
     BatchTable batches_;
     RowFlags flags_;
 };

@@ -102,6 +102,25 @@ __aicore__ inline void StoreRows(const PasaTilingData& t, const AttentionTask& t
     WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
 }
 
+// Learnable sinks (tiling.hasSink): `dst[r]` (fp32, `count` elements) = the sink logit of row
+// rowBase + r of `task`'s tile, whose query head is head0 + row / pitch (padding rows past the
+// task's heads take its last head's). One GM scalar read per head and `count` scalar UB writes:
+// once per task, at its end.
+__aicore__ inline void RowSinks(const GlobalTensor<float>& sink, const AttentionTask& task, uint32_t rowBase, uint32_t count,
+                                const LocalTensor<float>& dst)
+{
+    uint32_t head = 0xFFFFFFFFu;
+    float value = 0.0f;
+    for (uint32_t r = 0; r < count; ++r) {
+        const uint32_t h = Min((rowBase + r) / task.pitch, task.heads - 1);
+        if (h != head) {
+            head = h;
+            value = sink.GetValue(task.head0 + h);
+        }
+        dst.SetValue(r, value);
+    }
+}
+
 // Split kv: rows [rowBase, rowBase + rows) of one split's O / l (fp32, rows x headDimV) and LSE to
 // the (task, split)'s partial slot: O at the same rows, the LSE of each vector core's rows in a
 // 32-byte aligned run of its own (PartialLseRow: the two cores' runs never share a 32-byte block).

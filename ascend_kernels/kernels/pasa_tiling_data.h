@@ -63,6 +63,8 @@ constexpr uint32_t PASA_CONST_SLOTS = PASA_LOOKAHEAD + 1;    // pasa-exact: pass
 
 // Statistics one AIV keeps in UB, in units of vecRowsPad elements of fp32 (see pasa_attention_vector.h).
 constexpr uint32_t PASA_VEC_STAT_UNITS = 37;
+// Statistics of the merge kernel, in the same units (see pasa_merge.h).
+constexpr uint32_t PASA_MERGE_STAT_UNITS = 18;
 
 struct PasaTilingData {
     // ---- problem
@@ -93,6 +95,8 @@ struct PasaTilingData {
     uint32_t partFilled;     // some batch's kv length is not a multiple of kvBlock: its last block is part-filled
     uint32_t checkRows;      // 1: the kernels write a flag byte per output row, 1 where its output or LSE is not finite
     uint32_t repair;         // 1: the repair launch (fa-fp32): only the tasks whose flag bytes are set, only flagged rows
+    uint32_t hasSink;        // 1: learnable sinks: the sink buffer holds one fp32 logit per query head, joined to
+                             // each row's softmax at its end (the vector cores' end of a task, or the merge)
     uint32_t batchParamsOffset;  // bytes from the tiling struct to the per-batch records
     float scale;             // softmax scale as fp32 (the value the fp32 arithmetic uses)
     float gamma;             // pasa: gamma = beta/(1-beta) rounded to fp32 then to fp16, held exactly

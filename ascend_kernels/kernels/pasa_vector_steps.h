@@ -306,9 +306,35 @@ __aicore__ inline void AttentionVector<OutT, InT>::SeenRows(const LocalTensor<fl
     Compares(RowBits(), copies, 0.0f, CMPMODE::NE, 8 * R_);
 }
 
-// End of a task: O / l and LSE = m (+ gamma F) + log l in fp32; rows that saw no key get 0 and
-// -inf. Then out and LSE rows to GM (each stacked head's rows are contiguous there), or, with
-// split kv, O / l and LSE (-3e38 for a row that saw nothing) to the split's partial slot.
+// The learnable sink of each row joins its statistics in the true frame (m the true maximum, l
+// the sum relative to it, x the unnormalised O), in fp32, as fallback/torch_blockwise.py's
+// _finish: M' = max(m, sink), a = exp(m - M'), l' = a l + exp(sink - M'), x = a x. m and l then
+// name M' and l' (scratch slots; the task's statistics stay as they are).
+template <typename OutT, typename InT>
+__aicore__ inline void AttentionVector<OutT, InT>::JoinSink(LocalTensor<float>& m, LocalTensor<float>& l,
+                                                            const LocalTensor<float>& x)
+{
+    const int32_t r = static_cast<int32_t>(R_);
+    LocalTensor<float> sink = Stat(SINK), joinedM = Stat(JOINED_M), joinedL = Stat(JOINED_L), a = Stat(T0);
+    RowSinks(sink_, *task_, rowBase_, R_, sink);
+    Max(joinedM, m, sink, r);                                                 // M' = max(m, sink)
+    Sub(a, m, joinedM, r);
+    Exp(a, a, r);                                                             // a = exp(m - M')
+    Sub(sink, sink, joinedM, r);
+    Exp(sink, sink, r);                                                       // exp(sink - M')
+    Mul(joinedL, a, l, r);
+    Add(joinedL, joinedL, sink, r);                                           // l' = a l + exp(sink - M')
+    LocalTensor<float> brc = tree_.Get<float>();
+    BroadcastRows(brc, a, R_);
+    RowBroadcast<VecOp::MUL>(x, x, brc, R_, t_->headDimV);                    // a O
+    m = joinedM;
+    l = joinedL;
+}
+
+// End of a task: O / l and LSE = m (+ gamma F) + log l in fp32, the sink joined first (with
+// split kv the merge joins it instead); rows that saw no key get 0 and -inf. Then out and LSE
+// rows to GM (each stacked head's rows are contiguous there), or, with split kv, O / l and LSE
+// (-3e38 for a row that saw nothing) to the split's partial slot.
 template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::Finish()
 {
@@ -322,8 +348,8 @@ __aicore__ inline void AttentionVector<OutT, InT>::Finish()
     LocalTensor<OutT> o = tree_.Get<OutT>()[R_ * 32 / sizeof(OutT)];
     if (task.numBlocks == 0) {  // no row of the tile sees a key
         Duplicate(Stat(LSE), unseen, r);
-        if (split) {
-            LocalTensor<float> zero = acc_.Get<float>();
+        if (split) {  // fp32 zeros: pasa's accumulator holds fp16, its work tile fp32
+            LocalTensor<float> zero = key_ == PASA_KEY_PASA ? work_.Get<float>() : acc_.Get<float>();
             Duplicate(zero, 0.0f, static_cast<int32_t>(cells));
             StorePartial(workspace_, t, task, rowBase_, rows_, zero, Stat(LSE));
         } else {
@@ -349,7 +375,8 @@ __aicore__ inline void AttentionVector<OutT, InT>::Finish()
         x = work_.Get<float>();
         Cast(x, acc_.Get<half>(), RoundMode::CAST_NONE, cells);
     }
-    SeenRows(l);
+    SeenRows(l);  // before the sink: a row that saw no key ignores it
+    if (t.hasSink && !split) JoinSink(m, l, x);
     Select(Stat(T1), RowBits(), l, 1.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, R_);
     Ln(Stat(T2), Stat(T1), r);
     Add(lse, m, Stat(T2), r);

@@ -151,18 +151,18 @@ extern "C" uint32_t aclrtlaunch_pasa_center_keys(uint32_t blockDim, aclrtStream 
 }
 
 extern "C" uint32_t aclrtlaunch_pasa_attention(uint32_t blockDim, aclrtStream stream, void* query, void* key,
-                                               void* value, void* mask, void* blockTable, void* keySlots, void* out,
-                                               void* lse, void* rowFlags, void* workspace, void* tiling)
+                                               void* value, void* mask, void* blockTable, void* keySlots, void* sink,
+                                               void* out, void* lse, void* rowFlags, void* workspace, void* tiling)
 {
     g_rec.Launch("pasa_attention", blockDim, stream,
-                 {query, key, value, mask, blockTable, keySlots, out, lse, rowFlags, workspace, tiling});
+                 {query, key, value, mask, blockTable, keySlots, sink, out, lse, rowFlags, workspace, tiling});
     return 0;
 }
 
-extern "C" uint32_t aclrtlaunch_pasa_merge_splits(uint32_t blockDim, aclrtStream stream, void* out, void* lse,
-                                                  void* rowFlags, void* workspace, void* tiling)
+extern "C" uint32_t aclrtlaunch_pasa_merge_splits(uint32_t blockDim, aclrtStream stream, void* sink, void* out,
+                                                  void* lse, void* rowFlags, void* workspace, void* tiling)
 {
-    g_rec.Launch("pasa_merge_splits", blockDim, stream, {out, lse, rowFlags, workspace, tiling});
+    g_rec.Launch("pasa_merge_splits", blockDim, stream, {sink, out, lse, rowFlags, workspace, tiling});
     return 0;
 }
 
@@ -195,6 +195,7 @@ int main()
     p.paged = in["paged"] != 0, p.blockSize = in["block_size"], p.tableStride = in["table_stride"];
     p.numBlocks = in["num_blocks"];
     p.hasMask = in["has_mask"] != 0, p.maskRowStride = in["mask_row_stride"], p.maskBatchStride = in["mask_batch_stride"];
+    p.hasSink = in["has_sink"] != 0;
     p.coreNum = pasa::AclAiCoreCount(0);
 
     const size_t b = p.batch, hq = p.numHeads, hk = p.numKvHeads;
@@ -210,6 +211,7 @@ int main()
     t.out = reinterpret_cast<void*>(g_rec.Reserve("out", b * hq * p.seqQ * p.headDimV * 2));
     t.lse = reinterpret_cast<void*>(g_rec.Reserve("lse", b * hq * p.seqQ * 4));
     if (p.hasMask) t.mask = reinterpret_cast<void*>(g_rec.Reserve("mask", (p.maskBatchStride ? b : 1) * p.seqQ * p.maskRowStride));
+    if (p.hasSink) t.sink = reinterpret_cast<void*>(g_rec.Reserve("sink", hq * 4));
     pasa::BatchLengths l;
     l.qLens = lens["q_lens"].data();
     l.kvLens = lens["kv_lens"].data();
