@@ -1,7 +1,7 @@
 """Test support: the backends and devices to test, an independent dense attention and
 torch_npu's mask rules written out by hand (so that the package's own visibility logic is
 checked, not reused), and the suite's error bounds: against the golden, a factor times a
-measured error (tests/_measured.py); between two implementations of one allocation, derived
+measured error (tests/measured.json); between two implementations of one allocation, derived
 from what may round differently ("derived bounds")."""
 from __future__ import annotations
 
@@ -9,17 +9,19 @@ import contextlib
 import json
 import math
 import os
+import pathlib
 
 import pytest
 import torch
 
 import pasa_npu
-from _measured import MEASURED
 from pasa_npu.arguments import OWN_KEYWORDS
 from pasa_npu.backends import available_backends
 from pasa_npu.beta import default_beta, ideal_invariance
 
 INT_MAX = 2147483647
+#: the measured errors (tests/measure_bounds.py writes them): kind -> key -> value
+MEASURED = json.loads((pathlib.Path(__file__).parent / "measured.json").read_text())
 
 
 def npu_absent_reason() -> str | None:
@@ -84,9 +86,9 @@ def device_kind(backend: str) -> str:
 # --------------------------------------------------------------------------- measured bounds
 #
 # Every error bound of the suite is a factor times the largest error its test measured,
-# kept in tests/_measured.py. `python tests/measure_bounds.py` reruns the measuring tests
-# with PASA_MEASURE set, each of which then appends what it measured to that file, and
-# writes the largest value per key back into tests/_measured.py.
+# kept in tests/measured.json. `python tests/measure_bounds.py` reruns the measuring tests
+# with PASA_MEASURE set to a log file, to which each of them then appends what it measured,
+# and writes the largest value per key back into tests/measured.json.
 
 _MEASURE_FILE = os.environ.get("PASA_MEASURE")
 
@@ -102,7 +104,7 @@ def record(kind: str, key: str, value: float) -> float:
 
 # Not measured here for the GPU (this machine has none). Until python
 # tests/measure_bounds.py has run on a CUDA machine and put its "cuda/" keys into
-# tests/_measured.py, a GPU key takes a stand-in: the measurement of the same computation
+# tests/measured.json, a GPU key takes a stand-in: the measurement of the same computation
 # where it runs here times a margin (and at least a floor). The margins cover how the GPU
 # differs: its tensor cores accumulate fp32 sums without round-to-nearest (3.1x the RMS
 # error of round-to-nearest accumulation on QK^T sums near 1e5, tests/test_paper_cases.py)
@@ -119,14 +121,14 @@ GPU_STAND_IN = {  # kind: (where its stand-in was measured, margin, floor)
 
 
 def measured(kind: str, key: str) -> float:
-    """The largest error measured for ``kind`` / ``key`` (tests/_measured.py), or for a
+    """The largest error measured for ``kind`` / ``key`` (tests/measured.json), or for a
     GPU key not measured yet, its stand-in (GPU_STAND_IN)."""
     values = MEASURED.get(kind, {})
     if key in values:
         return values[key]
     stand_in = _gpu_stand_in(kind, key, values) if key.startswith("cuda/") else None
     if stand_in is None:
-        raise KeyError(f"no measurement of {kind!r} {key!r} in tests/_measured.py: run "
+        raise KeyError(f"no measurement of {kind!r} {key!r} in tests/measured.json: run "
                        f"python tests/measure_bounds.py")
     return stand_in
 
@@ -266,7 +268,7 @@ def row_scale_ulps(actual: torch.Tensor, ref: torch.Tensor) -> float:
 # a rounding dropped from a kernel, which moves values by no more than a flip of it does, is
 # not caught by these bounds (tools/mutation_check.py lists which).
 #
-# tests/_measured.py keeps what the tests measured (triton-out-ulps, triton-lse) and the
+# tests/measured.json keeps what the tests measured (triton-out-ulps, triton-lse) and the
 # bounds they were held to (triton-out-bound, triton-lse-bound, with its shift term
 # triton-lse-shift-gain). test_golden.py checks that one flip attains the shift term, and
 # that no derived bound less that term exceeds 10 x the largest measured in its family

@@ -1,4 +1,4 @@
-"""Measure the errors the suite's bounds are set from and write them to tests/_measured.py.
+"""Measure the errors the suite's bounds are set from and write them to tests/measured.json.
 
     python tests/measure_bounds.py [pytest arguments]
     python tests/measure_bounds.py --from FILE [FILE ...]
@@ -6,7 +6,7 @@
 runs the measuring tests (by default every test file that records) with PASA_MEASURE
 set: each measuring test then records what it measures (tests/_support.py, ``record``)
 and holds nothing to the old values. Of each (kind, key), the largest value, rounded up to
-three significant digits, goes into tests/_measured.py: after a run of every measuring
+three significant digits, goes into tests/measured.json: after a run of every measuring
 test it replaces the key's entry; after a run of some (test files or ``-k`` expressions
 given), it only raises it, as other tests may measure the same key. Keys a run did not
 measure are kept. On a CUDA machine the Triton tests run on the GPU and record "cuda/" keys.
@@ -14,6 +14,11 @@ measure are kept. On a CUDA machine the Triton tests run on the GPU and record "
 ``--from`` takes what runs of pytest with PASA_MEASURE=FILE recorded instead of running
 the tests itself (a sharded GPU suite: ``PASA_MEASURE=$PWD/m.jsonl bash .ci/gpu-suite
 tests``), and only raises entries. pytest-xdist's ``-n auto`` is used where installed.
+
+The file maps kind -> key -> the largest value recorded. Bounds against the golden are a
+stated factor times one of these; the bounds between two implementations of one allocation
+(triton-*, ablate) are derived (tests/_support.py), and their values are information. Keys
+start with where the computation ran (cpu, interpreter, cuda), then what the test names.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ import sys
 import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
-TABLE = HERE / "_measured.py"
+TABLE = HERE / "measured.json"
 MEASURING = ["test_golden.py", "test_paper_cases.py", "test_properties.py", "test_semantics.py",
              "test_argument_forms.py", "test_triton_tuning.py", "test_triton_launch.py",
              "test_triton_host.py", "test_gluon_prefill.py", "test_ablate.py",
@@ -35,18 +40,6 @@ MEASURING = ["test_golden.py", "test_paper_cases.py", "test_properties.py", "tes
              "test_overflow.py", "test_ascendc_emu.py", "test_ascendc_emu_serving.py",
              "test_integration_attention.py", "test_integration_diffusers.py",
              "test_integration_transformers.py"]
-
-HEADER = '''"""The largest errors the measuring tests recorded, by kind and key. Bounds against the
-golden are a stated factor times one of these; the bounds between two implementations of one
-allocation (triton-*, ablate) are derived (tests/_support.py), and these are information.
-
-Written by ``python tests/measure_bounds.py``, which reruns the measuring tests and keeps
-the largest value of each key, rounded up to three significant digits. Keys: where the
-computation ran (cpu, interpreter, cuda), then what the test names.
-"""
-
-'''
-
 
 def _round_up(value: float) -> float:
     if value <= 0 or not math.isfinite(value):
@@ -56,10 +49,7 @@ def _round_up(value: float) -> float:
 
 
 def _load() -> dict:
-    scope: dict = {}
-    if TABLE.exists():
-        exec(compile(TABLE.read_text(), str(TABLE), "exec"), scope)
-    return scope.get("MEASURED", {})
+    return json.loads(TABLE.read_text()) if TABLE.exists() else {}
 
 
 def _largest(lines) -> dict:
@@ -94,12 +84,7 @@ def main(argv: list[str]) -> int:
         for key, value in values.items():
             old[key] = _round_up(value) if not argv else max(old.get(key, 0.0), _round_up(value))
     table = {kind: dict(sorted(values.items())) for kind, values in sorted(table.items())}
-    lines = ["MEASURED = {"]
-    for kind, values in table.items():
-        lines.append(f"    {kind!r}: {{")
-        lines += [f"        {key!r}: {value!r}," for key, value in values.items()]
-        lines.append("    },")
-    TABLE.write_text(HEADER + "\n".join(lines + ["}", ""]))
+    TABLE.write_text(json.dumps(table, indent=1) + "\n")
     counts = ", ".join(f"{kind} {len(v)}" for kind, v in sorted(largest.items()))
     print(f"measured ({counts}); written to {TABLE}")
     if status not in (0, 1):

@@ -76,7 +76,7 @@ def test_fp32_files_round_to_the_requested_dtype(tmp_path, bnsd):
 def test_file_end_to_end_with_mask(tmp_path):
     """BSH file with GQA and a causal mask. SDPA gets the mask converted to its own
     convention (True = attend), so its agreement with the golden checks the mask made it
-    through: every candidate within 1.5x its measured error (tests/_measured.py)."""
+    through: every candidate within 1.5x its measured error (tests/measured.json)."""
     from _support import assert_measured
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(B, NQ, S, D, generator=gen).half()

@@ -35,7 +35,7 @@ def _error(out_bsnd, q, k, v, visible, scale):
 
 
 #: the integration tests' bounds: this factor times the largest max-abs error measured
-#: (tests/_measured.py, kind "integration", keyed by the device the default backend runs on)
+#: (tests/measured.json, kind "integration", keyed by the device the default backend runs on)
 FACTOR = 2.0
 
 

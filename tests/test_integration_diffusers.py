@@ -43,7 +43,7 @@ def _err(out, ref):
 
 def _check(out, ref, case, what=""):
     """Max-abs error against the fp64 reference within 2x the largest measured for ``case``
-    on this device (tests/_measured.py, kind "integration")."""
+    on this device (tests/measured.json, kind "integration")."""
     assert_measured(_err(out, ref), "integration", f"{DEVICE}/diffusers/{case}", 2.0, what)
 
 

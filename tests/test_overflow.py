@@ -20,7 +20,7 @@ GOLDEN_FACTOR = 1.5  # as the golden matrix's (tests/test_golden.py)
 
 
 def _within_measured(err, backend, dtype, algorithm, family):
-    """Relative RMSE within 1.5x the measured (tests/_measured.py)."""
+    """Relative RMSE within 1.5x the measured (tests/measured.json)."""
     key = f"{device_kind(backend)}/{dtype_name(dtype)}/{algorithm}/{family}"
     assert_measured(err, "golden-rmse", key, GOLDEN_FACTOR, family)
 

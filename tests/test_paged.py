@@ -37,7 +37,7 @@ GOLDEN_FACTOR = 1.5  # as the golden matrix's (tests/test_golden.py)
 
 
 def _check(out, lse, gold, gold_lse, dtype, algorithm, backend, name):
-    """Finite, and relative RMSE and LSE error within 1.5x the measured (tests/_measured.py,
+    """Finite, and relative RMSE and LSE error within 1.5x the measured (tests/measured.json,
     key family "paged-<case>")."""
     out, lse = out.cpu(), lse.cpu()
     assert out.shape == gold.shape and out.dtype == dtype

@@ -14,7 +14,7 @@ from pasa_npu.tools.metrics import nonfinite_percent, relative_rmse
 KW = dict(num_heads=PAPER_SHAPE[1], input_layout="BNSD", scale=PAPER_SHAPE[3] ** -0.5)
 PASA = ("pasa", "pasa-mixed", "pasa-exact")
 # Regression bounds: each finite allocation's relative RMSE on each case within
-# PAPER_FACTOR x its measured value (tests/_measured.py, "paper-rmse").
+# PAPER_FACTOR x its measured value (tests/measured.json, "paper-rmse").
 PAPER_FACTOR = 1.5
 
 # Table 4: fa-fp16s output is NaN here (100% for the x0 = 30 rows, partly elsewhere).

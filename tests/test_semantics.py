@@ -12,7 +12,7 @@ from _support import (BACKENDS, INT_MAX, assert_measured, assert_same_in_fp64, d
                       skip_unsupported)
 
 # The accuracy checks here hold each error within SEMANTICS_FACTOR x its measured value
-# (tests/_measured.py, "semantics"); they guard the rules, which the exact comparisons
+# (tests/measured.json, "semantics"); they guard the rules, which the exact comparisons
 # with the dense attention written in tests/_support.py check.
 SEMANTICS_FACTOR = 2
 
