@@ -11,7 +11,8 @@ time, as serving engines run decode) and called eagerly (adding the host time of
 each call, which at tens of microseconds per step can exceed the kernels).
 
 ``--distributed`` times sequence-parallel attention over the host's GPUs instead
-(:mod:`bench_distributed`, its own options). Writes ``bench.json``, ``bench.md`` and
+(:mod:`bench_distributed`), ``--host`` the host time of a call on CPU tensors
+(:mod:`bench_host`), each with its own options. Writes ``bench.json``, ``bench.md`` and
 ``bench.png`` (``--out``); ``--plot FILE.json``
 redraws the plot from a saved run. ``--overflow-check compare`` instead times every case
 ``--runs`` times with the check off and on (alternating which comes first) and writes
@@ -423,8 +424,14 @@ def main(argv=None) -> int:
     if "--distributed" in argv:  # sequence parallel over the host's GPUs: its own options
         from pasa_npu.tools import bench_distributed
         return bench_distributed.run(argv)
+    if "--host" in argv:  # the host time of a call, on CPU tensors: its own options
+        from pasa_npu.tools import bench_host
+        return bench_host.run(argv)
     parser = argparse.ArgumentParser(prog="pasa-bench", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench-out", help="folder for bench.json/.md/.png")
+    parser.add_argument("--host", action="store_true",
+                        help="the host time of a call, on CPU tensors with a no-op kernel "
+                             "(see --host --help)")
     parser.add_argument("--distributed", action="store_true",
                         help="sequence parallelism over the host's GPUs (see --distributed "
                              "--help for its options)")

@@ -1,0 +1,121 @@
+"""``pasa-bench --host``: the host time of a ``fused_attention`` call, on any machine.
+
+Each argument form of the golden matrix (dense prefill, causal, decode with lengths, paged
+decode, packed TND, the v2 call with sinks, a checked PASA call) is called on small CPU
+tensors with the backend's kernel replaced by a no-op, so that what is timed is the
+Python work around the kernel: validation, normalisation, the plan, output allocation and
+the overflow check's bookkeeping. Median microseconds per call over ``--calls`` calls,
+beside a peer measured in the same run: a torch SDPA decode call on the same K/V (one
+query row, fp32; its host work and a computation of a few microseconds). Writes ``host.json`` and ``host.md`` to ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import pathlib
+import statistics
+import time
+
+import torch
+
+import pasa_npu
+from pasa_npu.fallback import torch_blockwise
+
+B, NQ, NKV, S, D = 2, 8, 2, 128, 64
+
+
+@contextlib.contextmanager
+def no_op_kernel():
+    """The torch backend's kernel replaced by one that writes nothing."""
+    run = torch_blockwise.run
+    torch_blockwise.run = lambda problem: None
+    try:
+        yield
+    finally:
+        torch_blockwise.run = run
+
+
+def forms() -> dict:
+    """name -> (callable of no arguments, its SDPA peer)."""
+    gen = torch.Generator().manual_seed(0)
+    rand = lambda *shape: torch.randn(*shape, generator=gen).half()  # noqa: E731
+    q, k, v = rand(B, NQ, S, D), rand(B, NKV, S, D), rand(B, NKV, S, D)
+    q1 = rand(B, 1, NQ * D)
+    k1, v1 = rand(B, S, NKV * D), rand(B, S, NKV * D)
+    cache_k, cache_v = rand(4, 128, NKV * D), rand(4, 128, NKV * D)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    qt, kt, vt = rand(2 * S, NQ, D), rand(2 * S, NKV, D), rand(2 * S, NKV, D)
+    mask = pasa_npu.compressed_causal_mask()
+    base = dict(num_heads=NQ, num_key_value_heads=NKV, scale=D ** -0.5, backend="torch",
+                algorithm="fa-fp32")
+    fa = pasa_npu.fused_attention
+    calls = {
+        "prefill BNSD": lambda: fa(q, k, v, input_layout="BNSD", **base),
+        "prefill BNSD causal": lambda: fa(q, k, v, input_layout="BNSD", sparse_mode=3,
+                                          atten_mask=mask, **base),
+        "prefill BNSD, pasa checked": lambda: fa(q, k, v, input_layout="BNSD",
+                                                 **dict(base, algorithm="pasa")),
+        "decode BSH, kv lengths": lambda: fa(q1, k1, v1, input_layout="BSH",
+                                             actual_seq_lengths_kv=[S, S // 2], **base),
+        "paged decode BSH": lambda: fa(q1, cache_k, cache_v, input_layout="BSH",
+                                       block_table=table, block_size=128,
+                                       actual_seq_lengths_kv=[200, 150], **base),
+        "prefill TND causal": lambda: fa(qt, kt, vt, input_layout="TND", sparse_mode=3,
+                                         atten_mask=mask, actual_seq_lengths=[S, 2 * S],
+                                         actual_seq_lengths_kv=[S, 2 * S], **base),
+        "v2 TND with sinks": lambda: pasa_npu.fused_attention_v2(
+            qt, kt, vt, num_query_heads=NQ, num_key_value_heads=NKV, input_layout="TND",
+            softmax_scale=D ** -0.5, actual_seq_qlen=[S, 2 * S], actual_seq_kvlen=[S, 2 * S],
+            learnable_sink=torch.zeros(NQ), backend="torch", algorithm="fa-fp32"),
+    }
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    q32, k32, v32 = q[:, :, :1].float(), k.float(), v.float()
+    peer = lambda: sdpa(q32, k32, v32, enable_gqa=True)  # noqa: E731
+    return {name: (call, peer) for name, call in calls.items()}
+
+
+def _median_us(fn, calls: int) -> float:
+    for _ in range(20):
+        fn()
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def run(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="pasa-bench --host",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--host", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default="bench-out", help="folder for host.json/.md")
+    parser.add_argument("--calls", type=int, default=2000, help="timed calls per form (2000)")
+    args = parser.parse_args(argv)
+    if args.calls < 1:
+        parser.error(f"--calls must be at least 1, got {args.calls}")
+    rows = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # host work is one thread's; no intra-op pool to wake
+    with no_op_kernel():
+        for name, (call, peer) in forms().items():
+            rows.append(dict(form=name, fused_attention_us=_median_us(call, args.calls),
+                             sdpa_us=_median_us(peer, args.calls)))
+    torch.set_num_threads(threads)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "host.json").write_text(json.dumps(rows, indent=1))
+    table = markdown(rows)
+    (out / "host.md").write_text(table)
+    print(table)
+    return 0
+
+
+def markdown(rows: list) -> str:
+    lines = ["| argument form | fused_attention, no-op kernel (µs) | SDPA decode call (µs) | "
+             "ratio |", "| --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['form']} | {r['fused_attention_us']:.0f} | {r['sdpa_us']:.0f} | "
+                     f"{r['fused_attention_us'] / r['sdpa_us']:.1f} |")
+    return "\n".join(lines) + "\n"
