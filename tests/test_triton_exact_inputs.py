@@ -1,0 +1,147 @@
+"""Inputs on which every intermediate of an allocation is exact, in fp32 and in fp16, except
+the roundings the allocation prescribes: no sum order, exp or log can differ between two
+implementations, so the Triton kernels must equal the torch backend bit for bit, on any CPU
+and on a GPU. The derived bounds (tests/_support.py) must allow a rounding that flips; here
+nothing can flip, so a rounding dropped from a kernel shows.
+
+The construction: Q has one nonzero component, so every score is one product; in each kv
+block a few "hot" keys share the block's largest score and the others sit far below it, so
+that every weight is exp(0) = 1 or underflows to 0; keys, values and scores are dyadic
+numbers with few bits. What is left are the roundings under test, each given inputs on
+which it matters (checked here in fp64 before the kernels run)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pasa_npu
+from _support import BACKENDS, on_device
+
+pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not installed")
+
+BLOCK, BLOCKS, HOT, D = 16, 4, 3, 32
+ROWS = 16
+SCALE = 0.25
+
+
+def _pasa_exact_inputs(seed: int):
+    """BNSD (1, 1, ROWS, D) Q and (1, 1, BLOCKS * BLOCK, D) K, V for pasa-exact. Key column 0
+    is 0 for the HOT keys of a block and -8 for the others: the block mean is -6.5, K' =
+    (K - mean) * scale is 1.625 / -0.375, S' = 64 K' is 104 / -24, the row constant
+    c = scale * Q . mean = -104, so P' = exp(S' - (m - c)) is exactly 1 or 0. V's hot rows
+    hold 11-bit values, so that a block's P'V tile (the sum of three) needs 13 bits."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.zeros(1, 1, ROWS, D)
+    q[..., 0] = 64.0
+    k = torch.zeros(1, 1, BLOCKS * BLOCK, D)
+    hot = (torch.arange(BLOCKS * BLOCK) % BLOCK) < HOT
+    k[0, 0, ~hot, 0] = -8.0
+    v = torch.randint(-2047, 2048, (1, 1, BLOCKS * BLOCK, D), generator=gen) * 2.0 ** -10
+    return q.half(), k.half(), v.half(), hot
+
+
+def _pasa_exact_expected(v, hot, round_tile: bool) -> torch.Tensor:
+    """The output row in fp64: the sum over blocks of each block's P'V tile (its hot rows'
+    sum, rounded to fp16 where ``round_tile``), over l = the number of hot keys."""
+    tiles = v[0, 0].double()[hot].view(BLOCKS, HOT, D).sum(1)
+    if round_tile:
+        tiles = tiles.half().double()
+    return (tiles.sum(0) / (BLOCKS * HOT)).half()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_pasa_exact_equals_the_cpu_backend_bit_for_bit(seed):
+    q, k, v, hot = _pasa_exact_inputs(seed)
+    expected = _pasa_exact_expected(v, hot, round_tile=True)
+    # the case is sensitive to the P'V tile's rounding: without it some outputs differ
+    assert (expected != _pasa_exact_expected(v, hot, round_tile=False)).any()
+    kw = dict(num_heads=1, input_layout="BNSD", scale=SCALE, algorithm="pasa-exact",
+              kv_block=BLOCK, rounding_guard=False, softmax_lse_flag=True)
+    ref, ref_lse = pasa_npu.fused_attention(q, k, v, backend="torch", **kw)
+    assert torch.equal(ref[0, 0], expected.expand(ROWS, D))  # the premise: all exact
+    out, lse = pasa_npu.fused_attention(*on_device("triton", q, k, v), backend="triton", **kw)
+    assert torch.equal(out.cpu(), ref)
+    assert torch.equal(lse.cpu(), ref_lse)
+
+
+#: pasa, one block of 16 keys: key column 0 (three hot keys first), found so that the block's
+#: mean of S' is not an fp16 value and its rounding survives into the block maximum's
+#: re-basing y = m + gamma (s_mean - F) (checked below)
+PASA_KEYS = (-243.0, -243.0, -243.0, -261.0, -252.0, -255.0, -260.0, -252.0, -261.0, -252.0,
+             -261.0, -253.0, -256.0, -256.0, -257.0, -254.0)
+
+
+def test_pasa_equals_the_cpu_backend_bit_for_bit():
+    """pasa (every statistic an fp16 step): K' = M^T K is exact in fp32 for integer keys
+    (M's fp16 entries have 12 fractional bits), so is S' = 16 K' and its block sum; the
+    hot keys' P' is exp(0) = 1, the others' 0. The block mean s = sum / 16 then needs more
+    bits than fp16 has: its rounding moves y, and so the LSE, by about gamma (s - fp16(s)).
+    Output bit for bit; LSE to its last step, an fp32 log (1 ulp apart between libms)."""
+    from pasa_npu.beta import default_beta, ideal_invariance, shift_matrix
+
+    q = torch.zeros(1, 1, ROWS, D)
+    q[..., 0] = 16.0
+    k = torch.zeros(1, 1, BLOCK, D)
+    k[0, 0, :, 0] = torch.tensor(PASA_KEYS)
+    v = torch.randint(-2047, 2048, (1, 1, BLOCK, D), generator=torch.Generator().manual_seed(3))
+    q, k, v = q.half(), k.half(), (v * 2.0 ** -10).half()
+    # the case is what it claims: S' exact, the mean not an fp16 value, its residue visible
+    shift = shift_matrix(default_beta(BLOCK, SCALE), BLOCK, torch.float16, SCALE, "cpu").double()
+    s = 16 * (shift.T @ k[0, 0, :, 0].double()).half().double()
+    assert (s[:HOT] == s.max()).all() and s.max() - s[HOT:].max() > 20  # P' exactly 1 or 0
+    mean = s.sum() / BLOCK
+    gamma = float(torch.tensor(ideal_invariance(default_beta(BLOCK, SCALE))).half())
+    residue = (gamma * (mean - mean.half().double())).half().double()
+    assert float((s.max() + residue).half()) != float(s.max().half())
+    kw = dict(num_heads=1, input_layout="BNSD", scale=SCALE, algorithm="pasa",
+              kv_block=BLOCK, rounding_guard=False, softmax_lse_flag=True)
+    ref, ref_lse = pasa_npu.fused_attention(q, k, v, backend="torch", **kw)
+    out, lse = pasa_npu.fused_attention(*on_device("triton", q, k, v), backend="triton", **kw)
+    assert torch.equal(out.cpu(), ref)
+    assert float((lse.cpu().double() - ref_lse.double()).abs().max()) <= 2 * 2.0 ** -23 * float(
+        ref_lse.abs().max().double()), (lse.flatten()[:2], ref_lse.flatten()[:2])
+
+
+#: fa-fp16, two blocks of 16 keys: the scores (k0 * scale with Q = e0), the first block's key
+#: 0 the maximum 0, every other score below it, so that alpha = exp(0) = 1 and each P an fp16
+#: value that no exp within a few fp32 ulps rounds otherwise (checked below)
+FA_FP16_SCORES = (
+    (0.0, -1.75, -3.25, -1.4375, -0.9375, -3.125, -0.5, -1.125, -0.3125, -2.25, -3.0, -1.0,
+     -3.3125, -1.1875, -0.375, -2.5),
+    (-0.3125, -1.25, -1.6875, -3.75, -3.9375, -0.375, -3.3125, -3.0625, -0.1875, -0.125,
+     -3.875, -3.3125, -1.875, -3.125, -2.0, -1.8125))
+
+
+def _fp16(x: float) -> float:
+    return float(torch.tensor(x, dtype=torch.float64).half())
+
+
+def test_fa_fp16_equals_the_cpu_backend_bit_for_bit():
+    """fa-fp16 (every step fp16): l = fp16(fp16(alpha l) + fp16(sum P)) over two blocks,
+    whose second block's sum of P needs more bits than fp16 has, and whose rounding before
+    the addition changes l (double rounding). Output bit for bit; LSE to its fp32 log."""
+    import math
+
+    for block in FA_FP16_SCORES:  # each P = fp16(e^s) far from an fp16 rounding midpoint
+        for s in block:
+            e = math.exp(s)
+            p = torch.tensor(_fp16(e), dtype=torch.float16)
+            up = float(torch.nextafter(p, torch.tensor(math.inf, dtype=torch.float16)))
+            down = float(torch.nextafter(p, torch.tensor(-math.inf, dtype=torch.float16)))
+            assert min(abs(e - (float(p) + up) / 2), abs(e - (float(p) + down) / 2)) > 1e-5 * e
+    sums = [sum(_fp16(math.exp(s)) for s in block) for block in FA_FP16_SCORES]
+    l1 = _fp16(sums[0])
+    assert _fp16(l1 + _fp16(sums[1])) != _fp16(l1 + sums[1])  # the inner rounding matters
+    q = torch.zeros(1, 1, ROWS, D)
+    q[..., 0] = 1.0
+    k = torch.zeros(1, 1, 2 * BLOCK, D)
+    k[0, 0, :, 0] = torch.tensor(FA_FP16_SCORES).flatten() / SCALE
+    v = torch.randint(-255, 256, (1, 1, 2 * BLOCK, D), generator=torch.Generator().manual_seed(5))
+    q, k, v = q.half(), k.half(), (v * 2.0 ** -8).half()
+    kw = dict(num_heads=1, input_layout="BNSD", scale=SCALE, algorithm="fa-fp16",
+              kv_block=BLOCK, rounding_guard=False, softmax_lse_flag=True)
+    ref, ref_lse = pasa_npu.fused_attention(q, k, v, backend="torch", **kw)
+    out, lse = pasa_npu.fused_attention(*on_device("triton", q, k, v), backend="triton", **kw)
+    assert torch.equal(out.cpu(), ref)
+    assert float((lse.cpu().double() - ref_lse.double()).abs().max()) <= 2 * 2.0 ** -23 * float(
+        ref_lse.abs().max().double())
