@@ -317,7 +317,7 @@ def test_sinks_within_each_allocations_golden_bounds(name, algorithm, dtype, bac
         out, lse = pasa_npu.fused_attention_v2(
             *on_device(backend, q, k, v), learnable_sink=on_device(backend, sink)[0].bfloat16(),
             algorithm=algorithm, backend=backend,
-            **{n: (on_device(backend, t)[0] if torch.is_tensor(t) else t) for n, t in kw.items()})
+            **dict(zip(kw, on_device(backend, *kw.values()))))
     out, lse = out.cpu(), lse.cpu()
     assert out.dtype == dtype and lse.dtype == torch.float32 and torch.isfinite(out).all()
     finite = torch.isfinite(gold_lse)

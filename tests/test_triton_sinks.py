@@ -48,7 +48,7 @@ def _lengths(cum):
 
 def _on_triton(q, k, v, kw, algorithm):
     qd, kd, vd = on_device("triton", q, k, v)
-    kw_dev = {n: (on_device("triton", t)[0] if torch.is_tensor(t) else t) for n, t in kw.items()}
+    kw_dev = dict(zip(kw, on_device("triton", *kw.values())))
     return pasa_npu.fused_attention_v2(qd, kd, vd, algorithm=algorithm, backend="triton",
                                        **kw_dev)
 

@@ -22,11 +22,13 @@ with the fp64 golden. Writes ``distributed.json`` and ``distributed.md`` to ``--
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pathlib
 import statistics
 import tempfile
+import time
 import traceback
 
 import torch
@@ -57,8 +59,6 @@ def _local(local: str):
     """The local attention ``local`` in flash-attn's forward contract."""
     if local == "sdpa-flash":
         return sdpa_flash_forward
-    import functools
-
     from pasa_npu.integrations.yunchang import pasa_flash_attn_forward
     return functools.partial(pasa_flash_attn_forward, algorithm=local)
 
@@ -105,20 +105,21 @@ def _local_work(name: str, local: str, q, k, v, scale: float, causal: bool, worl
 
 
 def _time_ms(fn, runs: int, device) -> float:
-    fn()  # warm-up (compiles)
-    torch.cuda.synchronize(device) if device.type == "cuda" else None
+    """Median milliseconds of ``fn`` over ``runs`` calls after a warm-up (which compiles), the
+    ranks lined up by a barrier before each; CUDA events on a GPU, the wall clock on a CPU."""
+    fn()
     times = []
     for _ in range(runs):
+        dist.barrier()
         if device.type == "cuda":
+            torch.cuda.synchronize(device)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            dist.barrier() if dist.is_initialized() else None
             start.record()
             fn()
             end.record()
             torch.cuda.synchronize(device)
             times.append(start.elapsed_time(end))
         else:
-            import time
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
