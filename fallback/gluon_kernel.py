@@ -17,6 +17,7 @@ from pasa_npu.fallback.gluon_parts import (MEAN_ROWS_C, ROWS, THIN_LAYOUT, Block
                                            _softmax_exact, _softmax_fa, _statistics_pasa,
                                            _tile, _tile_publish, _tile_read)
 from pasa_npu.fallback.kernel_common import _fp16, _rl, _tile_kv_blocks
+from pasa_npu.fallback.triton_softmax import _lost_resolution
 
 _CONSUMER_REGS_2 = gl.constexpr(gluon_config.CONSUMER_REGS[2])
 _CONSUMER_REGS_3 = gl.constexpr(gluon_config.CONSUMER_REGS[3])
@@ -148,14 +149,18 @@ def _consumer(queries, ring, schedule, sizes, output, ones, W: gl.constexpr, var
 def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, cnt_i, c8, rows,
              PSEUDO_AVERAGE_SHIFT: gl.constexpr, EXACT_SHIFT: gl.constexpr,
              HAS_BAND: gl.constexpr, PART_FILLED: gl.constexpr, MASK: gl.constexpr,
-             BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+             DETECT: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+             STAGES: gl.constexpr):
     """Consumer group: kv block ``blk`` (the program's ``it``-th), QKᵀ, the softmax, P'V
     and the fold into the state (acc, m, l, f, count; pasa-exact's row constants c8 of
     :data:`MEAN_ROWS` blocks). MASK: 0 for a block every row sees whole; 1 for a
     leading masked block (a band's lower edge), 2 for a trailing one (the diagonal, the
     last block past kv_len), whose keys are tested one by one (:func:`_key_visible`).
     PART_FILLED (pasa): the last kv block holds fewer than BLOCK_N keys, and a masked
-    block's row mean takes its own key count. Returns the new count and state."""
+    block's row mean takes its own key count. DETECT: a row whose block maximum of S' lost
+    resolution (triton_softmax._lost_resolution) gets NaN statistics (pasa: from its block
+    mean, whose select keeps the fp16 roundings paired; pasa-exact: l), which the tile's row
+    test flags. Returns the new count and state."""
     # one body for the three allocations: they share the wait for the stage, QKᵀ, the
     # release of Q and of the stage, and the masked rows' state; split, each would take
     # the seven values of the state and the ring through another call
@@ -201,6 +206,8 @@ def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, c
             s_mean = _rl(_row_sum_read(score_sums, m_i) * factor, gl.float16)
         else:
             s_mean = _rl(_row_sum_read(score_sums, m_i) / BLOCK_N, gl.float16)
+        if DETECT:  # the statistics, l and O of a row that lost resolution become NaN
+            s_mean = gl.where(_lost_resolution(m_loc), float("nan"), s_mean)
         m_new, f_new, cnt_new, alpha, beta_w = _statistics_pasa(m_i, f_i, cnt_i, m_loc,
                                                                 s_mean, gamma)
         p_sums = warpgroup_mma_wait(1, deps=(p_sums,))
@@ -226,9 +233,9 @@ def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, c
             if MASKED:
                 vis = _key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND,
                                    MASK, BLOCK_N)
-                m_new, alpha, p16 = _softmax_exact(qk, vis, m_i, c, True)
+                m_new, alpha, p16, m_blk = _softmax_exact(qk, vis, m_i, c, True)
             else:
-                m_new, alpha, p16 = _softmax_exact(qk, None, m_i, c, False)
+                m_new, alpha, p16, m_blk = _softmax_exact(qk, None, m_i, c, False)
             # P'V in its own fp32 tile, rounded to fp16, then added; alongside, the
             # block's P' summed on the tensor cores (for l)
             p_sums = _row_sum_start(p16, ones)
@@ -237,6 +244,11 @@ def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, c
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
             p_sums = warpgroup_mma_wait(1, deps=(p_sums,))
             l_new = alpha * l_i + _row_sum_read(p_sums, m_i)
+            if DETECT:
+                lost = _lost_resolution(m_blk)
+                if MASKED:  # a row without a key of the block (maximum -inf) keeps its l
+                    lost = lost & (m_blk > float("-inf"))
+                l_new = gl.where(lost, float("nan"), l_new)
             pv = warpgroup_mma_wait(0, deps=(pv,))
             mbarrier.arrive(kv_empty.index(stage))
             acc = acc + _fp16(pv).to(gl.float32)
@@ -266,7 +278,8 @@ def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m
     """One tile's 64 rows of consumer group W (the ``n``-th tile of this program; ``it``
     kv blocks before it): the kv loop over the group's blocks [g_lo, g_hi), releasing
     the rest of the tile's [lo, hi) unread, then O and LSE, and with DETECT the rows'
-    overflow flags (a row whose output or LSE is not finite), a flagged row also setting
+    overflow flags (a row whose output or LSE is not finite, a lost resolution included),
+    a flagged row also setting
     the call's overflow word (no reduction across the group).
     Q is released (``q_free``) once its last QKᵀ is done. Returns the new count of kv
     blocks."""
@@ -301,21 +314,18 @@ def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m
         for blk in range(g_lo, full_lo):
             it, acc, m_i, l_i, f_i, cnt_i, c8 = _kv_step(
                 q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, cnt_i, c8,
-                rows, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, PART_FILLED, 1, BLOCK_N,
-                HEAD_DIM,
-                STAGES)
+                rows, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, PART_FILLED, 1, DETECT,
+                BLOCK_N, HEAD_DIM, STAGES)
     for blk in range(full_lo, full_hi):
         it, acc, m_i, l_i, f_i, cnt_i, c8 = _kv_step(
             q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, cnt_i, c8,
-            rows, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, PART_FILLED, 0, BLOCK_N,
-            HEAD_DIM,
-            STAGES)
+            rows, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, PART_FILLED, 0, DETECT,
+            BLOCK_N, HEAD_DIM, STAGES)
     for blk in range(full_hi, g_hi):
         it, acc, m_i, l_i, f_i, cnt_i, c8 = _kv_step(
             q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, cnt_i, c8,
-            rows, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, PART_FILLED, 2, BLOCK_N,
-            HEAD_DIM,
-            STAGES)
+            rows, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, PART_FILLED, 2, DETECT,
+            BLOCK_N, HEAD_DIM, STAGES)
     if g_hi <= g_lo:  # a group that sees no kv block never used Q
         mbarrier.arrive(q_free)
     it = _release_blocks(kv_ready, kv_empty, gl.maximum(g_hi, g_lo), hi, it, STAGES)

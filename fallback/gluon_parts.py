@@ -413,7 +413,7 @@ def _softmax_fa(qk, vis, m_i, l_i, scale, MASKED: gl.constexpr):
 def _softmax_exact(qk, vis, m_i, c, MASKED: gl.constexpr):
     """pasa-exact: S' rounded to fp16, the row constant c carried in fp32, P' rounded to
     fp16 (the caller sums it in fp32 on the tensor cores). Returns (m, alpha, P' in
-    fp16)."""
+    fp16, the block's row max of S')."""
     if MASKED:  # masked in fp32, where a select is one instruction (fp16(-inf) = -inf)
         qk = gl.where(vis, qk, float("-inf"))
     sp16 = _fp16(qk)
@@ -426,7 +426,7 @@ def _softmax_exact(qk, vis, m_i, c, MASKED: gl.constexpr):
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2((m_i - m_use) * LOG2E)
     p16 = _fp16(gl.exp2(sp * LOG2E - ((m_use - c) * LOG2E)[:, None]))
-    return m_new, alpha, p16
+    return m_new, alpha, p16, m_blk
 
 
 @gluon.jit

@@ -31,12 +31,14 @@ NEG_INF = float("-inf")
 
 def run(problem: AttentionProblem) -> None:
     """Compute ``problem`` and write its output (and LSE) views. With ``problem.overflow``
-    set, rows whose result is not finite are recomputed by the fa-fp32 path and their
-    row flags written (:mod:`pasa_npu.overflow`)."""
+    set, rows whose result is not finite, or whose shifted scores reached
+    :data:`~pasa_npu.numerics.RESOLUTION_LIMIT`, are recomputed by the fa-fp32 path and
+    their row flags written (:mod:`pasa_npu.overflow`)."""
     inputs = _Inputs.of(problem)
-    out, lse = _attend(problem, inputs, _prepare_keys(problem, inputs), _step_for(problem.allocation))
+    out, lse, peak = _attend(problem, inputs, _prepare_keys(problem, inputs),
+                             _step_for(problem.allocation))
     if problem.overflow is not None:
-        bad = nonfinite_rows(out, lse)
+        bad = nonfinite_rows(out, lse) | (peak >= numerics.RESOLUTION_LIMIT)
         flags = torch.zeros(bad.shape, dtype=torch.uint8, device=bad.device)
         if bool(bad.any()):
             out, lse, flags = _repair(problem, inputs, out, lse, bad)
@@ -70,8 +72,9 @@ class _Inputs:
 
 def _attend(problem: AttentionProblem, inputs: _Inputs, keys: "_Keys", step,
             tiles: torch.Tensor | None = None):
-    """Dense (B, Nq, S, Dv) output and (B, Nq, S) LSE, in fp32, of the query tiles
-    ``tiles`` selects (bool per tile; None: every tile), the others left 0 / -inf."""
+    """Dense (B, Nq, S, Dv) output, (B, Nq, S) LSE and (B, Nq, S) peak (the largest
+    |row maximum of S'| over the blocks a row saw; 0 unshifted), in fp32, of the query
+    tiles ``tiles`` selects (bool per tile; None: every tile), the others left 0 / -inf / 0."""
     q, v = inputs.q, inputs.v
     batch, n_q, s_q, _ = q.shape
     n_kv, d_v = inputs.k.shape[1], v.shape[3]
@@ -83,6 +86,7 @@ def _attend(problem: AttentionProblem, inputs: _Inputs, keys: "_Keys", step,
 
     out = torch.zeros(batch, n_q, s_q, d_v, dtype=F32, device=q.device)
     lse = torch.full((batch, n_q, s_q), NEG_INF, dtype=F32, device=q.device)
+    peak = torch.zeros(batch, n_q, s_q, dtype=F32, device=q.device)
     for t, q0 in enumerate(range(0, s_q, tiling.q_block)):
         if tiles is not None and not bool(tiles[t]):
             continue
@@ -100,7 +104,8 @@ def _attend(problem: AttentionProblem, inputs: _Inputs, keys: "_Keys", step,
         o_tile, lse_tile = _finish(problem, state, low)
         out[:, :, q0:q0 + rows.numel()] = o_tile.reshape(batch, n_q, rows.numel(), d_v)
         lse[:, :, q0:q0 + rows.numel()] = lse_tile.reshape(batch, n_q, rows.numel())
-    return out, lse
+        peak[:, :, q0:q0 + rows.numel()] = state.peak.reshape(batch, n_q, rows.numel())
+    return out, lse, peak
 
 
 def _repair(problem: AttentionProblem, inputs: _Inputs, out, lse, bad: torch.Tensor):
@@ -112,7 +117,7 @@ def _repair(problem: AttentionProblem, inputs: _Inputs, out, lse, bad: torch.Ten
     n_tiles = -(-bad.shape[2] // q_block)
     padded = torch.nn.functional.pad(bad.any(1).any(0), (0, n_tiles * q_block - bad.shape[2]))
     tiles = padded.view(n_tiles, q_block).any(1).cpu()
-    out32, lse32 = _attend(exact, inputs, _prepare_keys(exact, inputs), _step_fa, tiles)
+    out32, lse32, _ = _attend(exact, inputs, _prepare_keys(exact, inputs), _step_fa, tiles)
     out = torch.where(bad[..., None], out32.to(out.dtype), out)
     if lse is not None:
         lse = torch.where(bad, lse32.to(lse.dtype), lse)
@@ -197,6 +202,7 @@ class _State:
     o: torch.Tensor
     f: torch.Tensor      # PASA pseudo-average F of the shifted block means
     n: torch.Tensor      # blocks this row has used
+    peak: torch.Tensor   # largest |row maximum of S'| over the blocks used (shifted only)
 
     @classmethod
     def empty(cls, allocation, batch, n_kv, group, rows, d_v, device) -> "_State":
@@ -205,7 +211,8 @@ class _State:
                    l=torch.zeros(shape, dtype=F32, device=device),
                    o=torch.zeros(batch, n_kv, group, rows, d_v, dtype=F32, device=device),
                    f=torch.zeros(shape, dtype=F32, device=device),
-                   n=torch.zeros(shape, dtype=F32, device=device))
+                   n=torch.zeros(shape, dtype=F32, device=device),
+                   peak=torch.zeros(shape, dtype=F32, device=device))
 
     def update(self, has_any: torch.Tensor, **new: torch.Tensor) -> None:
         """Take the new values only for rows that saw a key in this block."""
@@ -238,6 +245,13 @@ def _row_max(s: torch.Tensor, vis: torch.Tensor, problem: AttentionProblem, rnd)
     offset = torch.where(rm > 0, (numerics.GUARD_FACTOR - 1.0) * rm, -rm)
     offset = offset.clamp(numerics.GUARD_MIN_OFFSET, numerics.GUARD_MAX_OFFSET)
     return torch.where(repeated & torch.isfinite(rm), rnd(rm + offset), rm)
+
+
+def _peak(state: _State, s: torch.Tensor, vis: torch.Tensor) -> torch.Tensor:
+    """``state.peak`` with this block's |row maximum of the shifted scores s| taken in
+    (unguarded: the resolution check's quantity, :data:`pasa_npu.numerics.RESOLUTION_LIMIT`)."""
+    rm = s.masked_fill(~vis, NEG_INF).amax(-1, keepdim=True)
+    return torch.maximum(state.peak, torch.where(torch.isfinite(rm), rm.abs(), 0.0))
 
 
 # --------------------------------------------------------------------------- steps
@@ -306,7 +320,7 @@ def _step_pseudo_average(problem, state, q_tile, keys, v_blk, j, vis, has_any, l
         o_new = r16(r16(a * state.o) + r16(b * r16(_pv(p, v_blk))))
     else:
         o_new = a * state.o + b * _pv(_round(p, torch.float16), v_blk)
-    state.update(has_any, m=m_new, l=l_new, o=o_new, f=f_new, n=n)
+    state.update(has_any, m=m_new, l=l_new, o=o_new, f=f_new, n=n, peak=_peak(state, s, vis))
 
 
 def _step_exact(problem, state, q_tile, keys, v_blk, j, vis, has_any, low):
@@ -327,7 +341,7 @@ def _step_exact(problem, state, q_tile, keys, v_blk, j, vis, has_any, low):
     p = torch.where(vis, r16(torch.exp(s - (m_new - c))), 0.0)  # fp32 argument, fp16 P'
     l_new = a * state.l + p.sum(-1, keepdim=True)
     o_new = a * state.o + r16(_pv(p, v_blk))
-    state.update(has_any, m=m_new, l=l_new, o=o_new, n=state.n + 1.0)
+    state.update(has_any, m=m_new, l=l_new, o=o_new, n=state.n + 1.0, peak=_peak(state, s, vis))
 
 
 def _step_for(allocation: numerics.Allocation):

@@ -41,14 +41,17 @@ def _decode_split(
     PSEUDO_AVERAGE_SHIFT: tl.constexpr, EXACT_SHIFT: tl.constexpr, LOW_SCORES: tl.constexpr,
     LOW_STATISTICS: tl.constexpr, LOW_ACCUMULATOR: tl.constexpr,
     HAS_MASK: tl.constexpr, GUARD: tl.constexpr, PAGED: tl.constexpr, WHOLE_PAGE: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    DETECT: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
 ):
     """One split of the kv blocks for BLOCK_G query heads of one kv head's group (a group
     larger than BLOCK_G is cut into ``n_chunks``), query length 1. Writes the partial
     results to rows ``chunk * BLOCK_G + g`` of the group's ``group_rows``. PASA's key shift
     is done here on each zero-padded raw K block (fused). PAGED: K and V are the caches
     (num_blocks, N_kv, page_size, D), read through the block table ``PAGES`` (a row of
-    ``stride_pb`` per batch), whose strides ``stride_kb``/``stride_vb`` step blocks."""
+    ``stride_pb`` per batch), whose strides ``stride_kb``/``stride_vb`` step blocks.
+    DETECT: a row that lost resolution here leaves a NaN partial LSE, which the combine
+    flags as a bad split."""
     # a 1-D grid, chunks of a group fastest (they read the same K/V blocks): CUDA caps
     # the grid's other axes at 65535
     pid = tl.program_id(0)
@@ -130,7 +133,7 @@ def _decode_split(
             m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt,
                                               scale, gamma, mean_factor, PSEUDO_AVERAGE_SHIFT,
                                               EXACT_SHIFT, LOW_SCORES, LOW_STATISTICS, True,
-                                              GUARD, BLOCK_N)
+                                              GUARD, BLOCK_N, DETECT)
     # a split's partial result: the sink joins once, in the merge
     o, lse = _finish(m, l, acc.to(tl.float32), f, cnt, gamma, 0.0, PSEUDO_AVERAGE_SHIFT, False)
     rows = (bh * n_splits + split).to(tl.int64) * group_rows + g
@@ -263,7 +266,7 @@ def run(problem: AttentionProblem, shared) -> None:
         shared.mask_strides[0], shared.mask_strides[2], pages.stride(0), problem.block_size,
         n_kv, group, problem.scale, shared.gamma, q.shape[3], v.shape[3], blocks_per_split,
         n_splits, n_chunks, group_rows, PAGED=problem.paged,
-        WHOLE_PAGE=whole_page, BLOCK_G=block_g, num_warps=warps, num_stages=stages,
+        WHOLE_PAGE=whole_page, DETECT=detect, BLOCK_G=block_g, num_warps=warps, num_stages=stages,
         **shared.constexprs, **heuristics.fp_options(problem.allocation))
     has_lse = problem.lse is not None
     lse_arg = shared.lse_arg

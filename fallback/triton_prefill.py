@@ -232,7 +232,7 @@ def _attention_fwd(
                 m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt,
                                                   scale, gamma, mean_factor, PSEUDO_AVERAGE_SHIFT,
                                                   EXACT_SHIFT, LOW_SCORES, LOW_STATISTICS,
-                                                  stage != 1, GUARD, BLOCK_N)
+                                                  stage != 1, GUARD, BLOCK_N, DETECT)
 
     sink = 0.0
     if HAS_SINK:

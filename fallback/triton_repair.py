@@ -139,7 +139,7 @@ def _fp32_tile(Q, K, V, MASK, PAGES, b, h, hk, m0, q_start, q_len, kv_start, kv_
         row_any = tl.max(vis.to(tl.int32), 1) > 0
         m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale,
                                           0.0, scale, False, False, False, False, True, GUARD,
-                                          BLOCK_N)
+                                          BLOCK_N, False)
     return _finish(m, l, acc, f, cnt, 0.0, sink, False, HAS_SINK)
 
 

@@ -19,6 +19,7 @@ from pasa_npu.fallback.kernel_common import _fp16, _rl
 GUARD_FACTOR = tl.constexpr(numerics.GUARD_FACTOR)
 GUARD_MIN = tl.constexpr(numerics.GUARD_MIN_OFFSET)
 GUARD_MAX = tl.constexpr(numerics.GUARD_MAX_OFFSET)
+RESOLUTION_LIMIT = tl.constexpr(numerics.RESOLUTION_LIMIT)
 
 
 @triton.jit
@@ -53,7 +54,8 @@ def _guarded_max(s, rm, vis, MASKED: tl.constexpr, GUARD: tl.constexpr, ROUND: t
 def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mean_factor,
                   PSEUDO_AVERAGE_SHIFT: tl.constexpr, EXACT_SHIFT: tl.constexpr,
                   LOW_SCORES: tl.constexpr, LOW_STATISTICS: tl.constexpr,
-                  MASKED: tl.constexpr, GUARD: tl.constexpr, BLOCK_N: tl.constexpr):
+                  MASKED: tl.constexpr, GUARD: tl.constexpr, BLOCK_N: tl.constexpr,
+                  CHECK: tl.constexpr):
     """One kv block of online softmax for the allocation the flags name
     (:func:`pasa_npu.fallback.kernel_common.allocation_flags`). Rows that see no key of
     the block (MASKED only: ``row_any`` False) keep their state. ``c``: pasa-exact's
@@ -64,7 +66,9 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mea
     by BLOCK_N. With low-precision
     statistics (fa-fp16, pasa) ``acc`` is fp16 too and the steps run as native fp16
     operations: each rounds once, as the CPU backend's fp32-then-round steps do (the
-    kernels are launched without FMA contraction). Returns the new state."""
+    kernels are launched without FMA contraction). CHECK (a checked shifted allocation):
+    a row whose block maximum of S' lost resolution (:func:`_lost_resolution`) gets a NaN
+    running sum, which the overflow check's row test flags. Returns the new state."""
     # one body for every allocation: split into a helper per allocation, the same
     # operations compile to other sm_90 SASS (register allocation and schedule), and the
     # kernels are kept as they were measured
@@ -111,8 +115,8 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mea
             sp = tl.where(vis, sp, float("-inf"))
             sp16 = tl.where(vis, sp16, float("-inf"))
         # the max of fp16 values is an fp16 value: packed fp16 max, the same result
-        m_loc = _guarded_max(sp, tl.max(sp16, 1).to(tl.float32), vis, MASKED, GUARD,
-                             LOW_STATISTICS, low)
+        rm = tl.max(sp16, 1).to(tl.float32)
+        m_loc = _guarded_max(sp, rm, vis, MASKED, GUARD, LOW_STATISTICS, low)
         cnt1 = cnt + 1.0
         if LOW_STATISTICS:
             p16 = _exp((sp16 - m_loc.to(low)[:, None]).to(tl.float32)).to(low)
@@ -151,6 +155,8 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mea
         l_new = alpha * l + tl.sum(p16.to(tl.float32), 1)
         acc_new = acc * alpha[:, None] + _fp16(tl.dot(p16, v)).to(tl.float32)
         f_new = f
+    if CHECK:
+        l_new = tl.where(_lost_resolution(rm), float("nan"), l_new)
     cnt_new = cnt + 1.0
     if MASKED:
         m_new = tl.where(row_any, m_new, m)
@@ -159,6 +165,15 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mea
         f_new = tl.where(row_any, f_new, f)
         cnt_new = tl.where(row_any, cnt_new, cnt)
     return m_new, l_new, acc_new, f_new, cnt_new
+
+
+@triton.jit
+def _lost_resolution(rm):
+    """Per row: its block maximum of S' ``rm`` reached RESOLUTION_LIMIT in magnitude, where
+    fp16 cannot resolve the softmax (:data:`pasa_npu.numerics.RESOLUTION_LIMIT`). One
+    compare: a row that saw no key of the block (``rm`` -inf) is true here, and its caller
+    keeps that row's state."""
+    return tl.abs(rm) >= RESOLUTION_LIMIT
 
 
 @triton.jit

@@ -28,6 +28,7 @@ from pasa_npu import _ascendc_emu  # ImportError when the extension was not buil
 from pasa_npu import npu_params
 from pasa_npu.kernel_inputs import TILING_KEYS, BNSD, kernel_call
 from pasa_npu.kernel_inputs import unsupported_reason as _kernel_unsupported_reason
+from pasa_npu.numerics import RESOLUTION_LIMIT
 from pasa_npu.problem import AttentionProblem
 
 __all__ = ["TILING_KEYS", "last_run_stats", "model_parameters",
@@ -133,6 +134,7 @@ def run(problem: AttentionProblem) -> None:
         out_dtype=0 if call.out.dtype == torch.float16 else 1,
         in_dtype=0 if call.query.dtype == torch.float16 else 1, mask_mode=call.mask_mode,
         packed=int(problem.packed), check_rows=int(flags is not None), has_sink=int(call.sink is not None),
+        resolution_limit=RESOLUTION_LIMIT,  # checked pasa / pasa-exact rows: the resolution check too
         **mask_params(call.mask),
         **paged_params(call),
         scale=float(problem.scale), beta=float(problem.beta), q_tile=problem.tiling.q_block,

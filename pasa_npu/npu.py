@@ -21,6 +21,7 @@ import torch
 
 from .kernel_inputs import kernel_call
 from .kernel_inputs import unsupported_reason as _kernel_unsupported_reason
+from .numerics import RESOLUTION_LIMIT
 from .problem import AttentionProblem
 from .tools.npu_build import recorded_status
 
@@ -55,7 +56,9 @@ LENGTH_ARGUMENTS = ("q_lens", "kv_lens", "next_tokens", "pre_tokens", "q_starts"
 def run(problem: AttentionProblem) -> None:
     """Compute ``problem`` with the AscendC kernels on the NPU; writes out (and lse) and, when
     the problem is checked, its row flags (the kernels' repair launch recomputes the flagged
-    rows by fa-fp32). Queued on the current stream; returns without waiting for the device."""
+    rows by fa-fp32; pasa and pasa-exact also flag the rows whose shifted scores reach
+    :data:`~pasa_npu.numerics.RESOLUTION_LIMIT`). Queued on the current stream; returns
+    without waiting for the device."""
     reason = unsupported_reason(problem)
     if reason is not None:
         raise NotImplementedError(reason)
@@ -67,5 +70,5 @@ def run(problem: AttentionProblem) -> None:
         call.query, call.key, call.value, call.out, call.lse, call.mask, call.block_table,
         call.key_slots, call.sink, flags, *lengths.values(),
         call.tiling_key, call.mask_mode, float(problem.scale), float(problem.beta),
-        problem.tiling.q_block, problem.tiling.kv_block)
+        problem.tiling.q_block, problem.tiling.kv_block, RESOLUTION_LIMIT)
     call.finish(problem)

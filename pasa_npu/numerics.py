@@ -136,3 +136,11 @@ DEFAULT_BETA0 = 1.0 - 2.0 ** -6
 GUARD_FACTOR = 2.0
 GUARD_MIN_OFFSET = 2.0 ** -5
 GUARD_MAX_OFFSET = 8.0
+
+
+#: The resolution check of the PASA allocations (docs/design.md, "Overflow detection and
+#: repair"): a query row is recomputed by fa-fp32 when, in some kv block it sees, the
+#: largest shifted score |max_j S'_ij| reaches this magnitude. fp16's spacing there is 0.5,
+#: so rounding alone moves a score by up to 0.25 and a softmax weight by up to
+#: e^0.25 - 1 = 28%; the pseudo-average shift also recovers its block offsets from such scores.
+RESOLUTION_LIMIT = 512.0

@@ -3,10 +3,12 @@
 The PASA allocations keep their scores and statistics in fp16. Where the scores' spread
 within a block exceeds fp16 (the shift removes a block's mean, not its spread), where P'V
 exceeds it (pasa's fp16 accumulator, pasa-exact's fp16 P'V tile), or an input is NaN or
-infinite, a query row's result is not finite. Every backend checks its own results: it
-writes a flag per query row into :attr:`OverflowCheck.row_flags` and recomputes the
-flagged rows by the ``fa-fp32`` path (fp32 scores and statistics) before it returns,
-without a host synchronisation. The flags tell :func:`overflow_report` what
+infinite, a query row's result is not finite. Where a block's shifted scores reach
+:data:`~pasa_npu.numerics.RESOLUTION_LIMIT`, fp16 cannot resolve the row's softmax: its
+result is finite and wrong. Every backend checks its own results for both: it writes a
+flag per query row into :attr:`OverflowCheck.row_flags` and recomputes the flagged rows
+by the ``fa-fp32`` path (fp32 scores and statistics) before it returns, without a host
+synchronisation. The flags tell :func:`overflow_report` what
 happened in the last call.
 """
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from .numerics import ALLOCATIONS
+from .numerics import ALLOCATIONS, RESOLUTION_LIMIT
 from .problem import AttentionProblem
 
 #: row flags: a row's result is finite (or the row sees no key)
@@ -33,7 +35,8 @@ ROW_NONFINITE = 3
 
 
 class OverflowRepairWarning(RuntimeWarning):
-    """Some query rows of a PASA call overflowed fp16 and were recomputed in fp32."""
+    """Some query rows of a PASA call overflowed fp16, or lost the resolution of their
+    softmax in it, and were recomputed in fp32."""
 
 
 @dataclass(frozen=True)
@@ -208,11 +211,12 @@ def _warn_once(report: OverflowReport) -> None:
     parts = []
     if overflowed:
         parts.append(
-            f"{overflowed} query rows of a {report.algorithm} call were not finite in fp16 and "
-            f"were recomputed with fp32 scores (fa-fp32): the scores' spread within a kv "
-            f"block, or P'V with large values, exceeds fp16's range there. A smaller `scale` "
-            f"(for the scores), algorithm='pasa-mixed' (for the values) or 'fa-fp32' for such "
-            f"inputs avoids the repair.")
+            f"{overflowed} query rows of a {report.algorithm} call were recomputed with fp32 "
+            f"scores (fa-fp32): in fp16 they were not finite (the scores' spread within a kv "
+            f"block, or P'V with large values, exceeds fp16's range) or their shifted scores "
+            f"reached {RESOLUTION_LIMIT:g}, where fp16 cannot resolve the softmax. A smaller "
+            f"`scale` (for the scores), algorithm='pasa-mixed' (for the values) or 'fa-fp32' "
+            f"for such inputs avoids the repair.")
     if nonfinite:
         parts.append(f"{nonfinite} query rows stay NaN or infinite: their inputs hold NaN or "
                      f"inf (fa-fp32 gives the same rows).")

@@ -38,7 +38,7 @@ def _memory(t):
 
 def _npu_attention_on_cpu(query, key, value, out, lse, mask, block_table, key_slots, learnable_sink, row_flags, q_lens,
                           kv_lens, next_tokens, pre_tokens, q_starts, kv_starts, tiling_key, mask_mode, scale, beta, q_tile,
-                          kv_block):
+                          kv_block, resolution_limit):
     """What the binding's kernel does with its arguments, with the emulated runtime."""
     b, n, s, d = query.shape
     lse_mem = lse if lse is not None else torch.empty(b, n, s)
@@ -48,7 +48,7 @@ def _npu_attention_on_cpu(query, key, value, out, lse, mask, block_table, key_sl
                   out_dtype=int(out.dtype != torch.float16), in_dtype=int(query.dtype != torch.float16),
                   mask_mode=mask_mode, packed=int(len(q_starts) > 0), scale=scale, beta=beta, q_tile=q_tile,
                   kv_block=kv_block, core_num=24, check_rows=int(row_flags is not None),
-                  has_sink=int(learnable_sink is not None),
+                  has_sink=int(learnable_sink is not None), resolution_limit=resolution_limit,
                   timing=npu_params.timing_only(npu_params.values()))
     mask_bytes = None
     if mask is not None:

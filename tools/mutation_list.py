@@ -3,9 +3,9 @@
 Each is a small bug of the kind the suite claims to catch: a rounding of an allocation
 dropped, added or moved, in the CPU backend (the reference) and in the Triton kernels; β's
 solution; a mask edge and a length edge; GQA; the LSE; the rounding guard; the decode
-split merge; the AscendC kernels' learnable sinks; and each emulated AscendC vector
-instruction's rounding or order. ``tests``
-are the pytest arguments that must catch it, chosen to keep each run short.
+split merge; the AscendC kernels' learnable sinks; the resolution check; and each emulated
+AscendC vector instruction's rounding or order. ``tests`` are the pytest arguments that
+must catch it, chosen to keep each run short.
 """
 from __future__ import annotations
 
@@ -276,6 +276,24 @@ MUTATIONS = [
     Mutation("kernel: the merge of split kv drops the learnable sink", KERNEL_MERGE,
              "            Add(Stat(TOTAL), Stat(TOTAL), Stat(SINK), r);\n", "",
              ("tests/test_fia_v2.py", "-k", "ascendc_sinks_on_few_ai_cores and split")),
+    # the resolution check: rows whose shifted scores reach the limit are recomputed
+    Mutation("torch: the resolution check dropped", TORCH,
+             "bad = nonfinite_rows(out, lse) | (peak >= numerics.RESOLUTION_LIMIT)",
+             "bad = nonfinite_rows(out, lse)",
+             ("tests/test_resolution_check.py", "-k", "torch and prefill")),
+    Mutation("torch: the resolution check takes the block maximum without its absolute value", TORCH,
+             "return torch.maximum(state.peak, torch.where(torch.isfinite(rm), rm.abs(), 0.0))",
+             "return torch.maximum(state.peak, torch.where(torch.isfinite(rm), rm, 0.0))",
+             ("tests/test_resolution_check.py", "-k", "torch and negative")),
+    Mutation("triton: the resolution check dropped", TRITON_SOFTMAX,
+             'l_new = tl.where(_lost_resolution(rm), float("nan"), l_new)', "l_new = l_new",
+             ("tests/test_resolution_check.py", "-k", "triton and prefill")),
+    Mutation("triton: the resolution check compares the signed maximum", TRITON_SOFTMAX,
+             "return tl.abs(rm) >= RESOLUTION_LIMIT", "return rm >= RESOLUTION_LIMIT",
+             ("tests/test_resolution_check.py", "-k", "triton and negative")),
+    Mutation("triton: the decode splits unchecked", TRITON_DECODE,
+             "GUARD, BLOCK_N, DETECT)", "GUARD, BLOCK_N, False)",
+             ("tests/test_resolution_check.py", "-k", "triton and decode")),
     Mutation("emulated Fixpipe to half: through bfloat16", EMU,
              "row[j] = static_cast<T>(c[(j / 16) * static_cast<uint64_t>(p.srcStride) * 16 "
              "+ i * 16 + j % 16]);",

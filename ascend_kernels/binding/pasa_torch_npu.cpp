@@ -2,7 +2,8 @@
 //
 //   torch.ops.pasa_npu.npu_attention(query, key, value, out, lse, atten_mask, block_table, key_slots,
 //                                    learnable_sink, row_flags, q_lens, kv_lens, next_tokens, pre_tokens,
-//                                    q_starts, kv_starts, tiling_key, mask_mode, scale, beta, q_tile, kv_block) -> ()
+//                                    q_starts, kv_starts, tiling_key, mask_mode, scale, beta, q_tile, kv_block,
+//                                    resolution_limit) -> ()
 //
 // Paged KV (block_table given): key and value are (num_blocks, N_kv, block_size, D) views of the
 // caches, block_table and key_slots int32 (B, max_blocks) (pasa_npu/kernel_inputs.py).
@@ -10,7 +11,8 @@
 // row's softmax by the kernels (docs/design.md, "Learnable sinks"). row_flags
 // (uint8 (B, Nq, Sq), contiguous, optional): the kernels flag the rows whose output or LSE is not
 // finite and recompute them by fa-fp32 in a repair launch (docs/design.md, "Overflow detection
-// and repair"), queued like the rest.
+// and repair"), queued like the rest; with row_flags, pasa and pasa-exact also flag the rows whose
+// shifted scores reach resolution_limit in magnitude (pasa_npu.numerics.RESOLUTION_LIMIT; 0: off).
 //
 // with one kernel, for PrivateUse1 (NPU tensors), registered with TORCH_LIBRARY_IMPL. It is the
 // compute step of backend "npu" (pasa_npu/npu.py), which the Python API layer reaches after it
@@ -224,7 +226,7 @@ void NpuAttention(const at::Tensor& query, const at::Tensor& key, const at::Tens
                   const std::optional<at::Tensor>& sink, const std::optional<at::Tensor>& rowFlags, c10::IntArrayRef qLens,
                   c10::IntArrayRef kvLens, c10::IntArrayRef nextTokens, c10::IntArrayRef preTokens,
                   c10::IntArrayRef qStarts, c10::IntArrayRef kvStarts, int64_t tilingKey, int64_t maskMode, double scale,
-                  double beta, int64_t qTile, int64_t kvBlock)
+                  double beta, int64_t qTile, int64_t kvBlock, double resolutionLimit)
 {
     CheckTensors(query, key, value, out, lse, blockTable.has_value());
     c10_npu::NPUGuard guard(query.device());
@@ -261,6 +263,7 @@ void NpuAttention(const at::Tensor& query, const at::Tensor& key, const at::Tens
                           "pasa_npu: row_flags must be a contiguous uint8 (B, Nq, Sq) tensor, got ", rowFlags->scalar_type(),
                           " of sizes ", rowFlags->sizes(), " and strides ", rowFlags->strides());
         p.checkRows = true;
+        p.resolutionLimit = resolutionLimit;
     }
     const int64_t batch = p.batch;
     const std::vector<int32_t> ql = Int32s(qLens, batch, "q_lens");
@@ -318,7 +321,7 @@ TORCH_LIBRARY_FRAGMENT(pasa_npu, m)
 {
     m.def("npu_attention(Tensor query, Tensor key, Tensor value, Tensor(a!) out, Tensor(b!)? lse, Tensor? atten_mask, "
           "Tensor? block_table, Tensor? key_slots, Tensor? learnable_sink, Tensor(c!)? row_flags, int[] q_lens, int[] kv_lens, int[] next_tokens, int[] pre_tokens, int[] q_starts, int[] kv_starts, "
-          "int tiling_key, int mask_mode, float scale, float beta, int q_tile, int kv_block) -> ()");
+          "int tiling_key, int mask_mode, float scale, float beta, int q_tile, int kv_block, float resolution_limit) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(pasa_npu, PrivateUse1, m)

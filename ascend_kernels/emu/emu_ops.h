@@ -594,6 +594,13 @@ void Ln(const LocalTensor<T>& dst, const LocalTensor<T>& src, const int32_t& cou
 {
     emu::Unary(dst, src, count, "Ln", [](float x) { return std::log(x); }, emu::VecKind::Transcendental);
 }
+// Abs (vabs, impl/basic_api/dav_c220/kernel_operator_vec_unary_impl.h: half / float): clears the
+// sign, exact in either type (NaN stays NaN); costed as the simple arithmetic.
+template <typename T>
+void Abs(const LocalTensor<T>& dst, const LocalTensor<T>& src, const int32_t& count)
+{
+    emu::Unary(dst, src, count, "Abs", [](float x) { return std::fabs(x); });
+}
 
 template <typename T>
 void Duplicate(const LocalTensor<T>& dst, const T& scalarValue, const int32_t& count)

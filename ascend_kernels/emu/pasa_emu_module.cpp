@@ -120,6 +120,7 @@ pasa::PasaProblem ProblemFrom(const py::dict& p)
     d.hasMask = get("has_mask", 0) != 0;
     d.checkRows = get("check_rows", 0) != 0;
     d.hasSink = get("has_sink", 0) != 0;
+    d.resolutionLimit = p.contains("resolution_limit") ? p["resolution_limit"].cast<double>() : 0.0;
     d.maskRowStride = static_cast<uint32_t>(get("mask_row_stride", 0));
     d.maskBatchStride = get("mask_batch_stride", 0);
     d.paged = get("paged", 0) != 0;
@@ -155,6 +156,7 @@ py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
     d["gamma"] = t.gamma;
     d["shift_diag_bits"] = t.shiftDiagBits;
     d["shift_off_bits"] = t.shiftOffBits;
+    d["resolution_limit"] = t.resolutionLimit;
     py::dict use;
     use["l1"] = b.l1; use["l0a"] = b.l0a; use["l0b"] = b.l0b; use["l0c"] = b.l0c; use["ub"] = b.ub;
     use["prep_l1"] = b.prepL1; use["prep_l0a"] = b.prepL0a; use["prep_l0b"] = b.prepL0b;

@@ -116,6 +116,7 @@ void Validate(const PasaProblem& p)
     }
     if (p.kvSplits > PASA_MAX_SPLITS) Reject("kvSplits must be at most " + std::to_string(PASA_MAX_SPLITS));
     if (!(p.scale > 0.0) || !std::isfinite(p.scale)) Reject("scale must be finite and positive");
+    if (std::isnan(p.resolutionLimit)) Reject("resolutionLimit must be a number (0 or negative: no resolution check)");
     if (p.coreNum == 0) Reject("coreNum must be positive (the platform's AI Core count)");
     // 16-bit DMA parameters: row strides in elements.
     const uint64_t qStride = p.qLayout == PASA_LAYOUT_BNSD ? p.headDim : static_cast<uint64_t>(p.numHeads) * p.headDim;
@@ -157,6 +158,9 @@ void FillProblem(const PasaProblem& p, PasaTilingData& t)
     t.batchParamsOffset = static_cast<uint32_t>(Align64(sizeof(PasaTilingData), 64));
     t.scale = static_cast<float>(p.scale);
     t.invKvBlock = 1.0f / static_cast<float>(p.kvBlock);
+    // the resolution check runs only where rows are checked, and only in the shifted allocations
+    const bool shifted = p.tilingKey == PASA_KEY_PASA || p.tilingKey == PASA_KEY_PASA_EXACT;
+    t.resolutionLimit = p.checkRows && shifted && p.resolutionLimit > 0.0 ? static_cast<float>(p.resolutionLimit) : 0.0f;
     if (p.tilingKey == PASA_KEY_PASA) {
         const double beta = p.beta < 0.0 ? OptimalBeta(kDefaultBeta0, p.kvBlock, p.scale) : p.beta;
         if (!(beta >= 0.0 && beta < 1.0)) Reject("beta must lie in [0, 1) for pasa");

@@ -27,6 +27,16 @@
 // Split kv: a task's split writes its rows' O / l and LSE (finite, -3e38 for a row that saw
 // nothing) to its partial slot; the merge kernel (pasa_merge.h) combines the splits.
 //
+// The resolution check (checkRows, pasa and pasa-exact, tiling.resolutionLimit > 0; docs/design.md,
+// "Overflow detection and repair"): fp16 S' of large magnitude cannot resolve the softmax even when
+// nothing overflows, so a row is also flagged when, in some kv block it sees, |its block row maximum
+// of S'| (the shifted frame's maximum over its visible keys, before pasa-exact's c or pasa's
+// recovery gamma F is added) reaches the limit. Each row keeps its peak of |max_j S'| in UB: pasa in
+// its fp16 statistics set (P_PEAK, carried and kept for rows without keys like the others), pasa-
+// exact in PEAK32 (fp32, per task parity); one Abs and one Max on a row vector per block. Finish
+// flags the rows whose peak reaches the limit with those that are not finite; with split kv a
+// split writes such a row's partial LSE as NaN, so that the merge's non-finite check flags it.
+//
 // Learnable sinks (tiling.hasSink): at the end of a task, after the shift is recovered and
 // before O / l, each row that saw a key joins its head's sink logit as one more column with a
 // zero value, in fp32 (docs/design.md, "Learnable sinks"); with split kv the merge joins it
@@ -47,9 +57,10 @@ constexpr float kFp16Lowest = -65504.0f;   // fp16 masked S' (row maximum only) 
 // running statistics exist per task parity and per block parity (block i of a task reads set
 // i % 2 and writes set (i + 1) % 2).
 enum StatSlot : uint32_t {
-    SETS = 0,                       // pasa: 8 fp16 vectors per set, [m | mloc | F | mean | l | lloc | n | pad],
+    SETS = 0,                       // pasa: 8 fp16 vectors per set, [m | mloc | F | mean | l | lloc | n | peak],
                                     // set (task parity, block parity) at 4 (2 tp + bp);
     M32 = 0, L32 = 4,               // fa-fp32, pasa-exact: m at 2 tp + bp, l at 4 + 2 tp + bp
+    PEAK32 = 8,                     // pasa-exact, the resolution check: the rows' peak |rowmax S'| at 8 + tp
     T0 = 16, T1 = 17, T2 = 18, T3 = 19,
     RING = 20,                      // rescale factors of the last PASA_PV_DELAY + 1 blocks of the
                                     // stream (by stream position: a task's last folds run after the
@@ -67,7 +78,9 @@ static_assert(PASA_PV_DELAY + 1 <= CONST - RING, "one ring slot per block in fli
 static_assert(PASA_PV_DELAY + 2 <= kTaskWindow, "the vector cores' cursors stay within the task window");
 
 // Index of the pasa statistics inside a set (fp16 vectors of vecRowsPad).
-enum PasaStat : uint32_t { P_M = 0, P_MLOC, P_F, P_MEAN, P_L, P_LLOC, P_N, P_COUNT = 8 };
+// P_PEAK: the resolution check's peak |m'| over the task's blocks so far (0 at the start).
+enum PasaStat : uint32_t { P_M = 0, P_MLOC, P_F, P_MEAN, P_L, P_LLOC, P_N, P_PEAK, P_COUNT = 8 };
+static_assert(P_PEAK < P_COUNT, "the peak is carried with the set");
 
 // OutT: output type; InT: type of P' for fa-fp32 (the input type; half otherwise). The per-block
 // steps and the end of a task are defined in pasa_vector_steps.h.
@@ -89,6 +102,8 @@ public:
         if (t.hasSink) sink_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(sink), t.numHeads);
         flags_.on = t.checkRows != 0 && t.kvSplits == 1;  // with split kv the merge writes the flags
         flags_.repair = t.repair != 0;
+        // the resolution check: checked rows of the shifted allocations (the host sets the limit only then)
+        resolution_ = t.checkRows != 0 && t.resolutionLimit > 0.0f && (key_ == PASA_KEY_PASA || key_ == PASA_KEY_PASA_EXACT);
         if (flags_.on) {
             flags_.out.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(rowFlags));
             flags_.tasks.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(workspace + t.taskFlagsOffset));
@@ -190,6 +205,8 @@ private:
     __aicore__ inline void JoinSink(LocalTensor<float>& m, LocalTensor<float>& l, const LocalTensor<float>& x);
     __aicore__ inline void SeenRows(const LocalTensor<float>& l);
     __aicore__ inline void FlagRows(const LocalTensor<float>& x, const LocalTensor<float>& lseCheck);
+    __aicore__ inline void ExactPeak(bool noKeys);
+    __aicore__ inline void ResolvedRows();
 
     // ---------------------------------------------------------------- layout of the scratch
     __aicore__ inline LocalTensor<float> Stat(uint32_t slot) { return stat_.Get<float>()[slot * R_]; }
@@ -295,6 +312,7 @@ private:
     uint32_t key_ = 0, sub_ = 0, rowBase_ = 0, rows_ = 0, R_ = 16, tp_ = 0, relPitch_ = 0;
     uint32_t scoreCount_ = 0, probCount_ = 0, pvCount_ = 0, constCount_ = 0;  // slot rings, continued across tasks
     uint32_t softmaxCount_ = 0, foldCount_ = 0, ringSlot_ = RING;  // blocks of the stream; the step's RING slot
+    bool resolution_ = false;  // the resolution check runs (see the top of this file)
     __aicore__ inline static uint32_t RingSlot(uint32_t block) { return RING + block % (PASA_PV_DELAY + 1); }
     GM_ADDR workspace_ = nullptr;
     TPipe pipe_;

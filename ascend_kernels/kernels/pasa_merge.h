@@ -8,6 +8,10 @@
 // Learnable sinks (tiling.hasSink): the splits' partials leave the sink out; it joins here, once
 // per row, as one more term with LSE_sink = sink[head] and a zero output: m = max(max_s LSE_s,
 // sink), LSE = m + log(sum_s exp(LSE_s - m) + exp(sink - m)). A row that no split saw ignores it.
+//
+// Row flags (tiling.checkRows): a merged row whose output or LSE is not finite is flagged. This also
+// carries the attention kernel's resolution check: a split in which a row lost resolution wrote
+// that row's partial LSE as NaN (AttentionVector::Finish), which makes the merged LSE and O NaN.
 #ifndef PASA_MERGE_H
 #define PASA_MERGE_H
 

@@ -102,6 +102,9 @@ struct PasaTilingData {
     float gamma;             // pasa: gamma = beta/(1-beta) rounded to fp32 then to fp16, held exactly
     float invKvBlock;        // 1 / kvBlock (exact: kvBlock is a power of two)
     float shiftOff;          // pasa: the fp16 value of shiftOffBits, held exactly
+    float resolutionLimit;   // checkRows, pasa and pasa-exact: a row is also flagged when |its block row maximum
+                             // of S'| reaches this in some kv block it sees (pasa_npu.numerics.RESOLUTION_LIMIT,
+                             // passed by the host); 0 or negative: no resolution check
     uint16_t shiftDiagBits;  // pasa: fp16 bits of scale * (1 - beta/n), the diagonal of M
     uint16_t shiftOffBits;   // pasa: fp16 bits of scale * beta/n; M's off-diagonal is its negative
 

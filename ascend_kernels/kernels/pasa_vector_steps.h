@@ -62,11 +62,12 @@ __aicore__ inline void AttentionVector<OutT, InT>::InitState()
 {
     const int32_t r = static_cast<int32_t>(R_);
     if (key_ == PASA_KEY_PASA) {
-        Duplicate(PasaSet(0, 0), half(0.0f), static_cast<int32_t>(P_COUNT) * r);  // l, F, n = 0
+        Duplicate(PasaSet(0, 0), half(0.0f), static_cast<int32_t>(P_COUNT) * r);  // l, F, n, peak = 0
         Duplicate(PasaSet(0, P_M), half(kFp16Lowest), r);
     } else {
         Duplicate(M(0), kInitialMax, r);
         Duplicate(L(0), 0.0f, r);
+        if (resolution_) Duplicate(Stat(PEAK32 + tp_), 0.0f, r);  // pasa-exact's peak (pasa's: P_PEAK, zeroed above)
     }
 }
 
@@ -199,6 +200,10 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepPasa(uint32_t i, uint32_t
     const bool masked = MaskBlock(j, maskTile, noKeys);
     if (masked) Select(s, Bits(0), s, half(kFp16Lowest), SELMODE::VSEL_TENSOR_SCALAR_MODE, cells);
     RowReduce<ReduceType::MAX>(cur[P_MLOC * R_], s, tree16, R_, n);           // m' (local maximum)
+    if (resolution_) {  // the resolution check: peak = max(peak, |m'|), exact in fp16; a row without keys keeps
+        Abs(t2, cur[P_MLOC * R_], r);                                         // its peak by the select at the end
+        Max(nxt[P_PEAK * R_], cur[P_PEAK * R_], t2, r);
+    }
     BroadcastRows(tree16, cur[P_MLOC * R_], R_);
     RowBroadcast<VecOp::SUB>(s, s, tree16, R_, n);                            // fp16(s - m')
     p = probOut_.template AllocTensor<half>();
@@ -246,6 +251,7 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepExact(uint32_t i, uint32_
     bool noKeys = false;
     if (MaskBlock(j, maskTile, noKeys)) Select(x, Bits(0), x, kMaskedScore, SELMODE::VSEL_TENSOR_SCALAR_MODE, cells);
     RowReduce<ReduceType::MAX>(Stat(ROWMAX), x, tree, R_, n);
+    if (resolution_) ExactPeak(noKeys);
     Muls(Stat(CONST), c, t_->scale, r);                                       // c = scale (Q . mean16)
     Add(Stat(T0), Stat(ROWMAX), Stat(CONST), r);
     Max(mNew, mOld, Stat(T0), r);
@@ -386,6 +392,14 @@ __aicore__ inline void AttentionVector<OutT, InT>::Finish()
     BroadcastRows(brc, Stat(T1), R_);
     RowBroadcast<VecOp::DIV>(x, x, brc, R_, dv);
     if (split) {
+        // the resolution check with split kv: the split sees some of the row's blocks only, and the
+        // merge reads nothing but the partials. A row that lost resolution in this split gets a NaN
+        // partial LSE: the merge's LSE and O of the row are then NaN (max, exp and sum propagate it),
+        // its existing non-finite check flags the row, and the repair launch recomputes it whole.
+        if (resolution_) {
+            ResolvedRows();
+            Select(lse, RowBits(), lse, __builtin_nanf(""), SELMODE::VSEL_TENSOR_SCALAR_MODE, R_);
+        }
         StorePartial(workspace_, t, task, rowBase_, rows_, x, lse);
         return;
     }
@@ -395,15 +409,20 @@ __aicore__ inline void AttentionVector<OutT, InT>::Finish()
 }
 
 // flags_.bytes = 1 for the rows whose output tile x (fp32, overwritten) or LSE check (lse - lse,
-// NaN where the LSE is not finite) holds a NaN or an infinity, else 0, and flags_.task their
-// maximum: whole-tile instructions, once per task. The repair launch: 3 and 2 instead of 1 and 0
-// (ROW_NONFINITE, ROW_REPAIRED), no task byte.
+// NaN where the LSE is not finite) holds a NaN or an infinity, or (the resolution check) whose
+// peak |max S'| reached the limit, else 0, and flags_.task their maximum: whole-tile
+// instructions, once per task. The repair launch: 3 and 2 instead of 1 and 0 (ROW_NONFINITE,
+// ROW_REPAIRED), no task byte.
 template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::FlagRows(const LocalTensor<float>& x, const LocalTensor<float>& lseCheck)
 {
     const int32_t r = static_cast<int32_t>(R_);
     RowNonFinite(Stat(T2), x, R_, t_->headDimV);
     Add(Stat(T2), Stat(T2), lseCheck, r);
+    if (resolution_) {  // a row that lost resolution counts as not finite (any nonzero flags it below)
+        ResolvedRows();
+        Select(Stat(T2), RowBits(), Stat(T2), 1.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, R_);
+    }
     LocalTensor<float> copies = tree_.Get<float>();  // the first 32 bytes a row of the tree, as SeenRows
     Replicate8(copies, Stat(T2), Zeros16().template ReinterpretCast<float>(), R_);
     Compares(RowBits(), copies, 0.0f, CMPMODE::NE, 8 * R_);
@@ -416,6 +435,39 @@ __aicore__ inline void AttentionVector<OutT, InT>::FlagRows(const LocalTensor<fl
         Cast(flags_.task, Stat16(T2), RoundMode::CAST_NONE, 32);
     }
     Cast(flags_.bytes, Stat16(T1), RoundMode::CAST_NONE, R_);
+}
+
+// The resolution check of pasa-exact, block by block: PEAK32 = max(PEAK32, |ROWMAX|) (the block's
+// row maximum of S', fp32, before c). A row that sees no key of the block (ROWMAX the masked
+// sentinel) keeps its peak: |ROWMAX| is replaced by 0 for it (only in blocks where a row may see none).
+template <typename OutT, typename InT>
+__aicore__ inline void AttentionVector<OutT, InT>::ExactPeak(bool noKeys)
+{
+    const int32_t r = static_cast<int32_t>(R_);
+    LocalTensor<float> a = Stat(T1), peak = Stat(PEAK32 + tp_);
+    Abs(a, Stat(ROWMAX), r);
+    if (noKeys) {
+        LocalTensor<float> copies = tree_.Get<float>();  // free between the row maximum and the broadcast of m' - c
+        Replicate8(copies, Stat(ROWMAX), Zeros16().template ReinterpretCast<float>(), R_);
+        Compares(RowBits(), copies, kMaskedScore, CMPMODE::NE, 8 * R_);
+        Select(a, RowBits(), a, 0.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, R_);
+    }
+    Max(peak, peak, a, r);
+}
+
+// RowBits() = the rows of the task that kept resolution: peak |max S'| < tiling.resolutionLimit
+// (a NaN peak fails), one bit per row in each of eight copies. End of a task only.
+template <typename OutT, typename InT>
+__aicore__ inline void AttentionVector<OutT, InT>::ResolvedRows()
+{
+    LocalTensor<float> peak = Stat(PEAK32 + tp_);
+    if (key_ == PASA_KEY_PASA) {  // the fp16 peak of the task's last set, widened (exact) into a step's scratch
+        peak = Stat(ROWMAX);
+        Cast(peak, PasaSet(task_->numBlocks % 2, P_PEAK), RoundMode::CAST_NONE, R_);
+    }
+    LocalTensor<float> copies = tree_.Get<float>();  // the first 32 bytes a row of the tree, as SeenRows
+    Replicate8(copies, peak, Zeros16().template ReinterpretCast<float>(), R_);
+    Compares(RowBits(), copies, t_->resolutionLimit, CMPMODE::LT, 8 * R_);
 }
 
 }  // namespace pasa
