@@ -24,14 +24,18 @@ DEV_MODULES = {("pasa_npu.tools", "mutation_check"), ("pasa_npu.tools", "mutatio
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _npu_build_module():
-    """tools/npu_build.py, loaded by path: pip's build environment has no torch to import the
-    package with."""
-    spec = importlib.util.spec_from_file_location("_pasa_npu_build", os.path.join(HERE, "tools", "npu_build.py"))
+def _load_by_path(name, *path):
+    """A module of the source tree, loaded by path: pip's build environment has no torch to
+    import the package with."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, *path))
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def _npu_build_module():
+    return _load_by_path("_pasa_npu_build", "tools", "npu_build.py")
 
 
 def _emulation_extension():
@@ -79,7 +83,8 @@ class BuildExt(build_ext):
             self._build_kernels()
         super().run()
         status = os.path.join(os.path.dirname(self.get_ext_fullpath("pasa_npu._ascendc_emu")),
-                              self.npu_build_module.STATUS_FILE)
+                              _load_by_path("_pasa_npu_install_record", "pasa_npu",
+                                            "install_record.py").STATUS_FILE)
         with open(status, "w") as f:
             f.write(f"built for {self.npu_build.soc}\n" if self.npu_build else f"skipped: {self.npu_why}\n")
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from pasa_npu import numerics, overflow
+from pasa_npu import numerics
 from pasa_npu.beta import (ideal_invariance, partial_block_correction, partial_block_shift,
                            shift_matrix)
-from pasa_npu.problem import AttentionProblem
+from pasa_npu.problem import ROW_NONFINITE, ROW_REPAIRED, AttentionProblem, fp32_problem
 
 F32 = torch.float32
 NEG_INF = float("-inf")
@@ -33,7 +33,7 @@ def run(problem: AttentionProblem) -> None:
     """Compute ``problem`` and write its output (and LSE) views. With ``problem.overflow``
     set, rows whose result is not finite, or whose shifted scores reached
     :data:`~pasa_npu.numerics.RESOLUTION_LIMIT`, are recomputed by the fa-fp32 path and
-    their row flags written (:mod:`pasa_npu.overflow`)."""
+    their row flags written (:class:`~pasa_npu.problem.OverflowCheck`)."""
     inputs = _Inputs.of(problem)
     out, lse, peak = _attend(problem, inputs, _prepare_keys(problem, inputs),
                              _step_for(problem.allocation))
@@ -112,7 +112,7 @@ def _repair(problem: AttentionProblem, inputs: _Inputs, out, lse, bad: torch.Ten
     """``out`` and ``lse`` (dense) with the rows ``bad`` recomputed by fa-fp32, and the
     dense row flags: 2 where a recomputed row is finite, 3 where it is not (its inputs
     hold NaN or inf), 0 elsewhere."""
-    exact = overflow.fp32_problem(problem)
+    exact = fp32_problem(problem)
     q_block = problem.tiling.q_block
     n_tiles = -(-bad.shape[2] // q_block)
     padded = torch.nn.functional.pad(bad.any(1).any(0), (0, n_tiles * q_block - bad.shape[2]))
@@ -122,7 +122,7 @@ def _repair(problem: AttentionProblem, inputs: _Inputs, out, lse, bad: torch.Ten
     if lse is not None:
         lse = torch.where(bad, lse32.to(lse.dtype), lse)
     still = nonfinite_rows(out32, lse32) & bad
-    flags = torch.where(still, overflow.ROW_NONFINITE, overflow.ROW_REPAIRED) * bad
+    flags = torch.where(still, ROW_NONFINITE, ROW_REPAIRED) * bad
     return out, lse, flags.to(torch.uint8)
 
 

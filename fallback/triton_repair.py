@@ -1,7 +1,7 @@
 """The Triton backend's overflow repair (docs/design.md, "Overflow detection and repair").
 
 The PASA kernels flag each query row whose output or LSE is not finite in the call's row
-flags (:class:`pasa_npu.overflow.OverflowCheck`). Prefill: a flagged row sets the call's
+flags (:class:`pasa_npu.problem.OverflowCheck`). Prefill: a flagged row sets the call's
 overflow word (an int32 on the device, zeroed by the launch before the attention kernel),
 and the repair launch (:func:`run`, the ``_repair`` kernel) recomputes flagged rows by
 fa-fp32 (the raw K, fp32 scores and statistics; a paged cache read through the block
@@ -21,8 +21,7 @@ from pasa_npu.fallback.kernel_common import (_kv_rows, _tile_kv_blocks, cdiv, la
                                             resident_programs)
 from pasa_npu.fallback.triton_softmax import (_block_update, _finish, _initial_state,
                                               _nonfinite_rows)
-from pasa_npu.overflow import ROW_FLAGGED, ROW_NONFINITE, ROW_REPAIRED
-from pasa_npu.problem import AttentionProblem
+from pasa_npu.problem import ROW_FLAGGED, ROW_NONFINITE, ROW_REPAIRED, AttentionProblem
 
 ROW_REPAIRED_C = tl.constexpr(ROW_REPAIRED)
 ROW_NONFINITE_C = tl.constexpr(ROW_NONFINITE)

@@ -31,7 +31,7 @@ def _load_npu() -> None:
     ``npu`` backend reports why when asked for."""
     import os
 
-    from .tools.npu_build import recorded_status
+    from .install_record import recorded_status
     if recorded_status(os.path.dirname(__file__)).startswith("built"):
         try:
             from . import npu  # noqa: F401

@@ -26,8 +26,8 @@ import torch
 
 from . import overflow, paging, plans
 from .arguments import (KEYWORD_ARGUMENTS, PACKED, TENSOR_NAMES, bind, canonical_views,
-                        check_implemented, check_tensors, describe, int_list, parse_layout,
-                        to_canonical)
+                        check_implemented, check_tensors, describe, parse_layout, to_canonical)
+from .lengths import int_list
 from .masks import check_mask
 from .outputs import allocate_lse, allocate_output, lse_placeholder
 

@@ -23,7 +23,7 @@ from .kernel_inputs import kernel_call
 from .kernel_inputs import unsupported_reason as _kernel_unsupported_reason
 from .numerics import RESOLUTION_LIMIT
 from .problem import AttentionProblem
-from .tools.npu_build import recorded_status
+from .install_record import recorded_status
 
 
 def load() -> None:

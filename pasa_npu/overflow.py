@@ -21,38 +21,14 @@ from typing import Optional
 
 import torch
 
-from .numerics import ALLOCATIONS, RESOLUTION_LIMIT
-from .problem import AttentionProblem
-
-#: row flags: a row's result is finite (or the row sees no key)
-ROW_OK = 0
-#: noticed non-finite by a backend, not (yet) recomputed
-ROW_FLAGGED = 1
-#: recomputed by fa-fp32, now finite
-ROW_REPAIRED = 2
-#: recomputed by fa-fp32 and still not finite: its inputs hold NaN or inf
-ROW_NONFINITE = 3
-
+from .numerics import RESOLUTION_LIMIT
+# the check's contract with the backends lives in problem.py; re-exported here
+from .problem import (ROW_FLAGGED, ROW_NONFINITE, ROW_OK, ROW_REPAIRED,  # noqa: F401
+                      OverflowCheck, fp32_problem)
 
 class OverflowRepairWarning(RuntimeWarning):
     """Some query rows of a PASA call overflowed fp16, or lost the resolution of their
     softmax in it, and were recomputed in fp32."""
-
-
-@dataclass(frozen=True)
-class OverflowCheck:
-    """The check of one call: ``row_flags`` (uint8, laid out as the canonical output's
-    rows (Bt, Nq, Sq), on its device) holds a ``ROW_*`` value for every row the backend
-    computed; rows outside the query lengths are never read."""
-
-    row_flags: torch.Tensor
-
-
-def fp32_problem(problem: AttentionProblem) -> AttentionProblem:
-    """``problem`` computed by fa-fp32 (on its compute-dtype inputs, P rounded to that
-    dtype for the P.V matmul), unchecked: the repair of flagged rows."""
-    return dataclasses.replace(problem, allocation=ALLOCATIONS["fa-fp32"], beta=0.0,
-                               overflow=None)
 
 
 @dataclass

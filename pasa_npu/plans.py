@@ -10,11 +10,12 @@ from typing import Callable, Optional
 
 import torch
 
-from . import backends, overflow, paging
+from . import backends, overflow, paged_kv, paging
 from .arguments import (PACKED, canonical_views, check_implemented, check_scale, check_shapes,
-                        check_sink, check_tensors, describe, int_arg, int_list, parse_layout,
+                        check_sink, check_tensors, describe, int_arg, parse_layout,
                         resolve_allocation, resolve_beta, resolve_out_dtype, resolve_tiling,
-                        sequence_lengths, to_canonical, to_fp16_checked)
+                        to_canonical, to_fp16_checked)
+from .lengths import int_list, sequence_lengths
 from .masks import mask_and_band, tensor_identity
 from .numerics import ALLOCATIONS, DEFAULT_TILING, Allocation, Tiling, compute_dtype
 from .outputs import (allocate_lse, allocate_output, fix_rows, lse_placeholder,
@@ -347,7 +348,7 @@ def _execute(plan: Plan, args: dict, golden: bool, traced: bool = False):
         table = paging.table_for_call(args["block_table"], plan.kv_lens, k.shape[0],
                                       plan.block_size, query.device)
         if convert:  # bf16 PASA computes in fp16: the used rows, as one converted copy
-            k, v, kv_starts = paging.contiguous(k, v, table, plan.kv_lens, plan.block_size,
+            k, v, kv_starts = paged_kv.contiguous(k, v, table, plan.kv_lens, plan.block_size,
                                                 plan.packed)
             table = None
     v_input = v

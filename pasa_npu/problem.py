@@ -42,17 +42,34 @@ a part-filled last block's taken over its own keys.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 
-from . import paging
-from .numerics import Allocation, Tiling
+from . import paged_kv
+from .numerics import ALLOCATIONS, Allocation, Tiling
 
-if TYPE_CHECKING:
-    from .overflow import OverflowCheck
+# The overflow check's row flags (:mod:`pasa_npu.overflow`), which every backend writes.
+#: a row's result is finite (or the row sees no key)
+ROW_OK = 0
+#: noticed non-finite by a backend, not (yet) recomputed
+ROW_FLAGGED = 1
+#: recomputed by fa-fp32, now finite
+ROW_REPAIRED = 2
+#: recomputed by fa-fp32 and still not finite: its inputs hold NaN or inf
+ROW_NONFINITE = 3
+
+
+@dataclass(frozen=True)
+class OverflowCheck:
+    """The check of one call: ``row_flags`` (uint8, laid out as the canonical output's
+    rows (Bt, Nq, Sq), on its device) holds a ``ROW_*`` value for every row the backend
+    computed; rows outside the query lengths are never read."""
+
+    row_flags: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -88,7 +105,7 @@ class AttentionProblem:
     tiling: Tiling
     block_table: Optional[torch.Tensor] = None
     block_size: int = 0
-    overflow: Optional["OverflowCheck"] = None
+    overflow: Optional[OverflowCheck] = None
     #: learnable sinks: (Nq,) float32 on the query's device, one logit per query head that
     #: joins the softmax denominator of every row that sees a key (and its LSE), with a zero
     #: value; None: no sink. Only backends whose ``sinks`` flag is set receive one.
@@ -166,12 +183,12 @@ class AttentionProblem:
 
     def gather(self, cache: torch.Tensor, batch: Optional[int] = None) -> torch.Tensor:
         """The paged ``cache`` as a zero-padded (B, N_kv, max kv length, D) copy through the
-        block table (:func:`pasa_npu.paging.gather`; one batch, (1, ...), when ``batch`` is
+        block table (:func:`pasa_npu.paged_kv.gather`; one batch, (1, ...), when ``batch`` is
         given)."""
         table, lens = self.block_table, self.kv_lens
         if batch is not None:
             table, lens = table[batch:batch + 1], lens[batch:batch + 1]
-        return paging.gather(cache, table, lens, self.block_size)
+        return paged_kv.gather(cache, table, lens, self.block_size)
 
     def write(self, out: torch.Tensor, lse: Optional[torch.Tensor]) -> None:
         """Store dense (B, Nq, maxSq, Dv) results (and (B, Nq, maxSq) LSE) into the
@@ -199,3 +216,10 @@ def _unpack(x: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor) -> torch.
         s, n = int(starts[b]), int(lens[b])
         dense[b, :, :n] = x[0, :, s:s + n]
     return dense
+
+
+def fp32_problem(problem: AttentionProblem) -> AttentionProblem:
+    """``problem`` computed by fa-fp32 (on its compute-dtype inputs, P rounded to that
+    dtype for the P.V matmul), unchecked: the repair of flagged rows."""
+    return dataclasses.replace(problem, allocation=ALLOCATIONS["fa-fp32"], beta=0.0,
+                               overflow=None)

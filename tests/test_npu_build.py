@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from pasa_npu import install_record
 from pasa_npu.tools import npu_build
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -97,7 +98,7 @@ def test_setup_fails_on_a_fake_toolkit_before_compiling(tmp_path):
 
 def test_npu_backend_reports_why_it_is_not_built(monkeypatch):
     import pasa_npu
-    status = pathlib.Path(pasa_npu.__file__).with_name(npu_build.STATUS_FILE)
+    status = pathlib.Path(pasa_npu.__file__).with_name(install_record.STATUS_FILE)
     if status.exists() and status.read_text().startswith("built"):
         pytest.skip("the NPU part is built here")
     monkeypatch.delitem(sys.modules, "pasa_npu.npu", raising=False)

@@ -20,19 +20,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
-#: the file next to the extensions that records what the build did, for the ``npu`` backend
-STATUS_FILE = "_npu_build_status.txt"
 DEFAULT_SOC = "Ascend910B1"
-
-
-def recorded_status(package_dir: str) -> str:
-    """What the install recorded about the NPU part in ``package_dir`` (the directory of the
-    pasa_npu package): ``built for <SoC>``, or ``skipped: <why>``."""
-    try:
-        with open(os.path.join(package_dir, STATUS_FILE)) as f:
-            return f.read().strip()
-    except FileNotFoundError:
-        return "skipped: pasa_npu was built before its build recorded the NPU part's outcome"
 
 
 class NpuBuildError(RuntimeError):

@@ -1,0 +1,113 @@
+"""torch_npu's ``actual_seq_lengths`` and ``actual_seq_lengths_kv``, checked and turned into
+the per-batch lengths and starts :class:`~pasa_npu.problem.AttentionProblem` takes: per batch
+for the padded layouts (1 entry for all, or at least B), cumulative for the packed ones
+(TND, NTD), per batch with a block table."""
+from __future__ import annotations
+
+import functools
+import numbers
+from typing import Optional
+
+import torch
+
+from .arguments import describe
+
+
+def sequence_lengths(args, q, s_kv: int, packed: bool, table_capacity: Optional[str] = None):
+    """(q_lens, q_starts, kv_lens, kv_starts) as int64 CPU tensors of length B. ``s_kv``: the
+    kv axis' length. ``table_capacity``: with a block table, the words for ``s_kv`` (the
+    table's capacity); paged kv lengths are per batch, also for packed layouts, as torch_npu
+    takes them with a block table, and required."""
+    paged = table_capacity is not None
+    if paged and args["actual_seq_lengths_kv"] is None:
+        raise ValueError("actual_seq_lengths_kv is required with block_table (torch_npu's "
+                         "page attention): the kv length of each batch")
+    if packed:
+        q_lens, q_starts = _cumulative(args["actual_seq_lengths"], "actual_seq_lengths", q.shape[2])
+        if paged:
+            kv_lens = _per_batch(args["actual_seq_lengths_kv"], "actual_seq_lengths_kv",
+                                 q_lens.numel(), s_kv, exact=True, extent=table_capacity)
+            return q_lens, q_starts, kv_lens, _zero_starts(q_lens.numel())
+        kv_lens, kv_starts = _cumulative(args["actual_seq_lengths_kv"], "actual_seq_lengths_kv",
+                                         s_kv)
+        if kv_lens.numel() != q_lens.numel():
+            raise ValueError(f"actual_seq_lengths_kv has {kv_lens.numel()} entries but "
+                             f"actual_seq_lengths has {q_lens.numel()} (packed layouts take the "
+                             f"batch from their length)")
+        return q_lens, q_starts, kv_lens, kv_starts
+    batch = q.shape[0]
+    zeros = _zero_starts(batch)
+    # decode (S1 = 1, not packed): FIA documents actual_seq_lengths as having no effect
+    q_given = args["actual_seq_lengths"] if q.shape[2] != 1 else None
+    return (_per_batch(q_given, "actual_seq_lengths", batch, q.shape[2]), zeros,
+            _per_batch(args["actual_seq_lengths_kv"], "actual_seq_lengths_kv", batch, s_kv,
+                       extent=table_capacity or "the sequence length of the tensor"),
+            zeros)
+
+
+def int_list(value, name: str) -> list[int]:
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 1 or value.dtype.is_floating_point or value.dtype == torch.bool:
+            raise TypeError(f"{name} must be a list of ints or a 1-D integer tensor, got "
+                            f"{describe(value)}")
+        return [int(x) for x in value.tolist()]
+    if type(value) in (list, tuple) and all(type(x) is int for x in value):
+        return list(value)  # the common case, without ABC checks (a decode step's lengths)
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in value):
+        raise TypeError(f"{name} must be a list of ints, got {describe(value)}")
+    return [int(x) for x in value]
+
+
+@functools.lru_cache(maxsize=256)
+def _full_lengths(batch: int, full: int) -> torch.Tensor:
+    """Shared, never written: every batch at the tensor's full length."""
+    return torch.full((batch,), full, dtype=torch.int64)
+
+
+@functools.lru_cache(maxsize=256)
+def _zero_starts(batch: int) -> torch.Tensor:
+    return torch.zeros(batch, dtype=torch.int64)
+
+
+def _per_batch(value, name: str, batch: int, full: int, exact: bool = False,
+               extent: str = "the sequence length of the tensor") -> torch.Tensor:
+    """Per-batch lengths in [0, full] (``extent`` says what ``full`` is): 1 entry for every
+    batch, or the first ``batch`` of at least as many (``exact``: exactly ``batch`` entries,
+    the batch of a packed layout)."""
+    if value is None:
+        return _full_lengths(batch, full)
+    lens = int_list(value, name)
+    if exact and len(lens) != batch:
+        raise ValueError(f"{name} must have one entry per batch ({batch}, the entries of "
+                         f"actual_seq_lengths) with block_table, got {len(lens)}")
+    if len(lens) == 1:
+        lens = lens * batch
+    elif len(lens) >= batch:
+        lens = lens[:batch]
+    else:
+        raise ValueError(f"{name} must have 1 or at least batch={batch} entries, got {len(lens)}")
+    for b, n in enumerate(lens):
+        if not 0 <= n <= full:
+            raise ValueError(f"{name}[{b}] = {n} is outside [0, {full}] ({extent})")
+    return torch.tensor(lens, dtype=torch.int64)
+
+
+def _cumulative(value, name: str, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if value is None:
+        raise ValueError(f"{name} is required with packed layouts (TND, NTD): the cumulative "
+                         f"sequence lengths, one per batch")
+    ends = int_list(value, name)
+    if not ends:
+        raise ValueError(f"{name} must not be empty with packed layouts")
+    prev = 0
+    for b, e in enumerate(ends):
+        if e < prev:
+            raise ValueError(f"{name} must be non-decreasing cumulative lengths starting at >= 0; "
+                             f"entry {b} is {e} after {prev}")
+        prev = e
+    if ends[-1] > total:
+        raise ValueError(f"{name} ends at {ends[-1]} but the tensor holds only T={total} tokens")
+    ends_t = torch.tensor(ends, dtype=torch.int64)
+    starts = torch.cat([torch.zeros(1, dtype=torch.int64), ends_t[:-1]])
+    return ends_t - starts, starts
