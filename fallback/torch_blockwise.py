@@ -235,22 +235,23 @@ def _tile_shape(state: _State, block: int):
     return (*state.m.shape[:-1], block)
 
 
-def _row_max(s: torch.Tensor, vis: torch.Tensor, problem: AttentionProblem, rnd) -> torch.Tensor:
-    """Row maximum over visible entries, with the rounding guard when enabled."""
+def _row_max(s: torch.Tensor, vis: torch.Tensor, problem: AttentionProblem, rnd):
+    """(row maximum over visible entries with the rounding guard when enabled, the same
+    maximum unguarded)."""
     masked = s.masked_fill(~vis, NEG_INF)
     rm = masked.amax(-1, keepdim=True)
     if not problem.rounding_guard:
-        return rm
+        return rm, rm
     repeated = ((masked == rm) & vis).sum(-1, keepdim=True) > 1
     offset = torch.where(rm > 0, (numerics.GUARD_FACTOR - 1.0) * rm, -rm)
     offset = offset.clamp(numerics.GUARD_MIN_OFFSET, numerics.GUARD_MAX_OFFSET)
-    return torch.where(repeated & torch.isfinite(rm), rnd(rm + offset), rm)
+    return torch.where(repeated & torch.isfinite(rm), rnd(rm + offset), rm), rm
 
 
-def _peak(state: _State, s: torch.Tensor, vis: torch.Tensor) -> torch.Tensor:
-    """``state.peak`` with this block's |row maximum of the shifted scores s| taken in
-    (unguarded: the resolution check's quantity, :data:`pasa_npu.numerics.RESOLUTION_LIMIT`)."""
-    rm = s.masked_fill(~vis, NEG_INF).amax(-1, keepdim=True)
+def _peak(state: _State, rm: torch.Tensor) -> torch.Tensor:
+    """``state.peak`` with this block's |unguarded row maximum of the shifted scores| ``rm``
+    taken in (the resolution check's quantity, :data:`pasa_npu.numerics.RESOLUTION_LIMIT`;
+    -inf: no visible key)."""
     return torch.maximum(state.peak, torch.where(torch.isfinite(rm), rm.abs(), 0.0))
 
 
@@ -266,19 +267,18 @@ def _step_fa(problem, state, q_tile, keys, v_blk, j, vis, has_any, low):
     if alloc.low_statistics:
         r = lambda x: _round(x, low)  # noqa: E731
         s = r(s * problem.scale)
-        m_new = torch.maximum(state.m, _row_max(s, vis, problem, r))
+        m_new = torch.maximum(state.m, _row_max(s, vis, problem, r)[0])
         a = r(torch.exp(r(state.m - m_new)))
         p = torch.where(vis, r(torch.exp(r(s - m_new))), 0.0)
         l_new = r(r(a * state.l) + r(p.sum(-1, keepdim=True)))
     else:
         s = s * problem.scale
-        rm = _row_max(s, vis, problem, lambda x: x)
+        rm, unguarded = _row_max(s, vis, problem, lambda x: x)
         m_new = torch.maximum(state.m, rm)
         a = torch.exp(state.m - m_new)
         p = torch.where(vis, torch.exp(s - m_new), 0.0)
         if problem.rounding_guard:  # a guarded row's l sums the weights P.V uses
-            guarded = rm != s.masked_fill(~vis, NEG_INF).amax(-1, keepdim=True)
-            p = torch.where(guarded, _round(p, low), p)
+            p = torch.where(rm != unguarded, _round(p, low), p)
         l_new = a * state.l + p.sum(-1, keepdim=True)
     if alloc.low_accumulator:
         o_new = _round(_round(a * state.o, low) + _round(_pv(p, v_blk), low), low)
@@ -303,7 +303,7 @@ def _step_pseudo_average(problem, state, q_tile, keys, v_blk, j, vis, has_any, l
         factor = factor.view(-1, 1, 1, 1, 1)
         s_mean = torch.where(torch.isfinite(factor), s.sum(-1, keepdim=True) * factor, s_mean)
     s_mean = r(s_mean)
-    m_loc = _row_max(s, vis, problem, r)
+    m_loc, rm = _row_max(s, vis, problem, r)
     p = torch.where(vis, r(torch.exp(r(s - m_loc))), 0.0)
     l_loc = r(p.sum(-1, keepdim=True))
 
@@ -320,7 +320,7 @@ def _step_pseudo_average(problem, state, q_tile, keys, v_blk, j, vis, has_any, l
         o_new = r16(r16(a * state.o) + r16(b * r16(_pv(p, v_blk))))
     else:
         o_new = a * state.o + b * _pv(_round(p, torch.float16), v_blk)
-    state.update(has_any, m=m_new, l=l_new, o=o_new, f=f_new, n=n, peak=_peak(state, s, vis))
+    state.update(has_any, m=m_new, l=l_new, o=o_new, f=f_new, n=n, peak=_peak(state, rm))
 
 
 def _step_exact(problem, state, q_tile, keys, v_blk, j, vis, has_any, low):
@@ -336,12 +336,13 @@ def _step_exact(problem, state, q_tile, keys, v_blk, j, vis, has_any, low):
     shape = _tile_shape(state, v_blk.shape[-2])
     s = r16(_scores(q_tile, keys.blocks[:, :, j], shape))
     c = torch.matmul(q_tile, keys.mean16[:, :, j].unsqueeze(-1)).view(*shape[:-1], 1) * problem.scale
-    m_new = torch.maximum(state.m, _row_max(s, vis, problem, lambda x: x) + c)
+    guarded, rm = _row_max(s, vis, problem, lambda x: x)
+    m_new = torch.maximum(state.m, guarded + c)
     a = torch.exp(state.m - m_new)
     p = torch.where(vis, r16(torch.exp(s - (m_new - c))), 0.0)  # fp32 argument, fp16 P'
     l_new = a * state.l + p.sum(-1, keepdim=True)
     o_new = a * state.o + r16(_pv(p, v_blk))
-    state.update(has_any, m=m_new, l=l_new, o=o_new, n=state.n + 1.0, peak=_peak(state, s, vis))
+    state.update(has_any, m=m_new, l=l_new, o=o_new, n=state.n + 1.0, peak=_peak(state, rm))
 
 
 def _step_for(allocation: numerics.Allocation):

@@ -24,7 +24,7 @@ import torch
 from .numerics import RESOLUTION_LIMIT
 # the check's contract with the backends lives in problem.py; re-exported here
 from .problem import (ROW_FLAGGED, ROW_NONFINITE, ROW_OK, ROW_REPAIRED,  # noqa: F401
-                      OverflowCheck, fp32_problem)
+                      AttentionProblem, OverflowCheck, fp32_problem)
 
 class OverflowRepairWarning(RuntimeWarning):
     """Some query rows of a PASA call overflowed fp16, or lost the resolution of their

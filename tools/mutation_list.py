@@ -63,7 +63,7 @@ MUTATIONS = [
              "return default_beta(tiling.kv_block, scale)",
              "return default_beta(tiling.kv_block, 1.0)",
              ("tests/test_beta.py", "-k", "default_beta")),
-    Mutation("actual_seq_lengths with more than B entries: the last B taken", ARGUMENTS,
+    Mutation("actual_seq_lengths with more than B entries: the last B taken", "pasa_npu/lengths.py",
              "lens = lens[:batch]", "lens = lens[-batch:]",
              ("tests/test_argument_forms.py::test_length_forms[torch]",)),
     Mutation("beta0 instead of the optimal beta", "pasa_npu/beta.py",
