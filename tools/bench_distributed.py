@@ -106,7 +106,9 @@ def _local_work(name: str, local: str, q, k, v, scale: float, causal: bool, worl
 
 def _time_ms(fn, runs: int, device) -> float:
     """Median milliseconds of ``fn`` over ``runs`` calls after a warm-up (which compiles), the
-    ranks lined up by a barrier before each; CUDA events on a GPU, the wall clock on a CPU."""
+    ranks lined up by a barrier before each; CUDA events on a GPU, the wall clock on a CPU.
+    Each call's time is the slowest rank's: a rank with less work (rank 0 of a causal ring)
+    finishes early."""
     fn()
     times = []
     for _ in range(runs):
@@ -123,7 +125,10 @@ def _time_ms(fn, runs: int, device) -> float:
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    slowest = torch.tensor(times, dtype=torch.float64,
+                           device=device if device.type == "cuda" else "cpu")
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return statistics.median(slowest.tolist())
 
 
 def _worker(rank: int, world: int, args: dict, init_file: str, out_file: str) -> None:
@@ -153,8 +158,7 @@ def _worker(rank: int, world: int, args: dict, init_file: str, out_file: str) ->
                     for causal in (False, True):
                         t = _time_ms(lambda: call(lq, lk, lv, causal), args["runs"], device)
                         work = _local_work(name, local, lq, lk, lv, scale, causal, world, rank)
-                        t_local = torch.tensor(_time_ms(work, args["runs"], device), device=device)
-                        dist.all_reduce(t_local, op=dist.ReduceOp.MAX)
+                        t_local = _time_ms(work, args["runs"], device)
                         row = dict(engine=name, local=local, seq=seq, causal=causal, gpus=world,
                                    ms=t, local_ms=float(t_local),
                                    tflops_per_gpu=4 * nq * seq * seq * d * (0.5 if causal else 1)
