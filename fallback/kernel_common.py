@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Optional
 
 import torch
 import triton
@@ -231,10 +232,16 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     are Triton's; only the lookup is ours. A call whose arguments Triton binds otherwise
     than we would (defaults, a Triton without these internals) always goes through
     ``kernel[grid]``, as does the interpreter."""
+    _launch(kernel, grid, args, kwargs)
+
+
+def _launch(kernel, grid: tuple, args: tuple, kwargs: dict):
+    """:func:`launch`; returns (compiled kernel, the parameter names after the positional
+    ones) where the launch can be repeated directly, else None."""
     if (not DIRECT_LAUNCH or knobs is None or INTERPRET.value
             or getattr(kernel, "pre_run_hooks", True)):
         kernel[grid](*args, **kwargs)
-        return
+        return None
     device = driver.active.get_current_device()
     try:
         key = (kernel, device, knobs.runtime.debug, knobs.compilation.instrumentation_mode,
@@ -246,15 +253,70 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
         compiled = kernel[grid](*args, **kwargs)
         if key is not None:
             _remember(key, kernel, compiled, device, args, kwargs)
-        return
+            return _LAUNCHES.get(key)
+        return None
     compiled, names = hit
-    values = (*args, *[kwargs[name] for name in names])
+    _run_compiled(compiled, grid, (*args, *[kwargs[name] for name in names]), device)
+    FAST_LAUNCHES[0] += 1
+    return hit
+
+
+def _run_compiled(compiled, grid: tuple, values: tuple, device) -> None:
+    """Triton's launcher of ``compiled`` on the current stream, ``values`` in the kernel's
+    parameter order."""
     stream = driver.active.get_current_stream(device)
     grid = (*grid, 1, 1)
     compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata,
                  compiled.launch_metadata(grid[:3], stream, *values),
                  knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *values)
-    FAST_LAUNCHES[0] += 1
+
+
+class PreparedLaunch:
+    """A launch bound once: Triton's compiled kernel, the grid and every argument value in
+    the kernel's parameter order, with the call's own tensors (``roles``) at known
+    positions. :meth:`__call__` launches the same compiled kernel on another call's tensors
+    of the same roles, provided each has the strides and 16-byte alignment its predecessor
+    had (what else could change the compiled kernel or its integer arguments is fixed by the
+    plan the launch belongs to). No argument binding, key or lookup."""
+
+    __slots__ = ("compiled", "grid", "values", "slots", "layout", "device")
+
+    def __init__(self, compiled, grid, values, slots, layout, device):
+        self.compiled, self.grid, self.values = compiled, grid, values
+        self.slots, self.layout, self.device = slots, layout, device
+
+    @classmethod
+    def launch(cls, kernel, grid: tuple, args: tuple, kwargs: dict,
+               roles: dict) -> Optional["PreparedLaunch"]:
+        """:func:`launch` ``kernel`` on ``args``/``kwargs``; returns the launch bound for
+        repeats, or None where it cannot be (the interpreter, a Triton without the
+        internals :func:`launch` reuses, a tensor that holds two roles)."""
+        hit = _launch(kernel, grid, args, kwargs)
+        if hit is None or len({id(t) for t in roles.values()}) != len(roles):
+            return None
+        compiled, names = hit
+        values = [*args, *[kwargs[name] for name in names]]
+        by_id = {id(t): role for role, t in roles.items()}
+        slots = tuple((i, by_id[id(x)]) for i, x in enumerate(values)
+                      if isinstance(x, torch.Tensor) and id(x) in by_id)
+        return cls(compiled, grid, values, slots, _tensor_layout(roles),
+                   driver.active.get_current_device())
+
+    def __call__(self, roles: dict) -> bool:
+        """Launch on ``roles`` (role -> tensor); False, launching nothing, where a tensor's
+        strides or alignment differ from the bound call's."""
+        if _tensor_layout(roles) != self.layout:
+            return False
+        values = self.values.copy()
+        for i, role in self.slots:
+            values[i] = roles[role]
+        _run_compiled(self.compiled, self.grid, values, self.device)
+        FAST_LAUNCHES[0] += 1
+        return True
+
+
+def _tensor_layout(roles: dict) -> tuple:
+    return tuple((t.stride(), t.data_ptr() % 16 == 0) for t in roles.values())
 
 
 def _remember(key, kernel, compiled, device, args, kwargs) -> None:

@@ -56,12 +56,18 @@ class Shared(NamedTuple):
 
 
 def run(problem: AttentionProblem) -> None:
-    """Compute ``problem`` with the Triton kernels, writing its output and LSE views."""
+    """Compute ``problem`` with the Triton kernels, writing its output and LSE views. Decode
+    keeps its launches, bound, in the plan's state (``problem.plan_state``): a later call
+    of the plan launches them on its own tensors directly (:func:`_run_prepared`)."""
     tuning = triton_tuning.active()
+    if _run_prepared(problem, tuning):
+        return
     shared = _shared(problem)
     if (problem.max_q_len == 1 and problem.band is None
             and (problem.mask is None or problem.mask.shape[1] == 1)):
-        triton_decode.run(problem, shared)
+        prepared = triton_decode.run(problem, shared)
+        if prepared is not None and problem.plan_state is not None and not _capturing(problem):
+            problem.plan_state[_PREPARED] = (_prepared_key(problem, tuning), prepared)
     elif _gluon_prefill(problem, tuning):
         k_used, means, k_pages = problem.key, None, problem.block_table
         if problem.allocation.shifts_keys:
@@ -82,6 +88,37 @@ def run(problem: AttentionProblem) -> None:
                 f"(a kv block inside one cache block); got kv_block "
                 f"{shared.constexprs['BLOCK_N']} and block_size {problem.block_size}")
         triton_prefill.run(problem, tuning, shared)
+
+
+_PREPARED = "triton decode"  # the plan state's entry: (its key, the bound launches)
+
+
+def _run_prepared(problem: AttentionProblem, tuning: triton_tuning.Tuning) -> bool:
+    """Launch the decode kernels a previous call of ``problem``'s plan bound, if any, on
+    this call's tensors; False where there are none, or where this call differs from that
+    one in what they fixed (the tuning, the kinds of tensors present, the stream, the
+    tensors' strides or alignment) or a CUDA graph is being captured."""
+    entry = problem.plan_state.get(_PREPARED) if problem.plan_state else None
+    if entry is None or entry[0] != _prepared_key(problem, tuning) or _capturing(problem):
+        return False
+    sink = problem.sink
+    if sink is not None:
+        sink = sink.to(problem.query.device, torch.float32)
+    return entry[1](problem, sink)
+
+
+def _prepared_key(problem: AttentionProblem, tuning: triton_tuning.Tuning) -> tuple:
+    """What a call of one plan may differ in that bound launches depend on: the tuning,
+    which optional tensors it has, their shapes, and the stream (the lengths' copy was
+    queued on the first call's stream, which this one then follows)."""
+    dev = problem.query.device
+    return (tuning, problem.lse is None, problem.overflow is None, problem.sink is None,
+            problem.paged, problem.query.shape, problem.key.shape, problem.value.shape,
+            problem.out.shape, torch._C._cuda_getCurrentRawStream(dev.index))
+
+
+def _capturing(problem: AttentionProblem) -> bool:
+    return torch.cuda.is_current_stream_capturing()
 
 
 def _shared(problem: AttentionProblem) -> Shared:

@@ -15,8 +15,8 @@ import torch
 from . import arguments, compiled, plans
 from .masks import compressed_causal_mask
 
-__all__ = ["fused_attention", "fused_attention_v2", "reference_attention", "reference_attention_v2",
-           "compressed_causal_mask"]
+__all__ = ["fused_attention", "fused_attention_v2", "plan", "plan_v2", "reference_attention",
+           "reference_attention_v2", "compressed_causal_mask", "AttentionPlan"]
 
 
 def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -57,13 +57,30 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     ``torch.ops.pasa_npu.fused_attention``, that runs this eager call: the compiler
     neither traces into the backends nor fuses away the allocation's roundings.
     """
-    args = arguments.bind("fused_attention", query, key, value, keywords)
+    call = arguments.bind("fused_attention", query, key, value, keywords)
     if torch.compiler.is_compiling():
-        return compiled.traced_call(args)
-    return plans.attention(args, golden=False)
+        return compiled.traced_call(call)
+    return plans.attention(call, golden=False)
 
 
 fused_attention.__signature__ = arguments.SIGNATURE
+
+
+def plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+         **keywords) -> AttentionPlan:
+    """Validate a :func:`fused_attention` call once, for many runs (the plan of a plan/run
+    split). Takes :func:`fused_attention`'s arguments; of ``query``, ``key`` and ``value``
+    only the shapes, strides, dtypes and devices are read. Returns an
+    :class:`~pasa_npu.AttentionPlan` whose ``run(query, key, value)`` (or call)
+    returns ``fused_attention(query, key, value, **keywords)`` without validating the
+    arguments again: e.g. a plan per decode step, a run per layer."""
+    return AttentionPlan(arguments.bind("plan", query, key, value, keywords))
+
+
+def plan_v2(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+            **keywords) -> AttentionPlan:
+    """:func:`plan` for a :func:`fused_attention_v2` call (v2's names and defaults)."""
+    return AttentionPlan(arguments.bind_v2("plan_v2", query, key, value, keywords))
 
 
 def reference_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -76,8 +93,8 @@ def reference_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     own = sorted(set(keywords) & set(arguments.OWN_KEYWORDS))
     if own:
         raise TypeError(f"reference_attention takes torch_npu's arguments only; got {own}")
-    args = arguments.bind("reference_attention", query, key, value, keywords)
-    return plans.attention(args, golden=True)
+    call = arguments.bind("reference_attention", query, key, value, keywords)
+    return plans.attention(call, golden=True)
 
 
 def fused_attention_v2(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -101,14 +118,14 @@ def fused_attention_v2(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     unimplemented keywords are. Our keywords (``algorithm``, ``backend``, ...) as
     :func:`fused_attention`'s.
     """
-    args = arguments.bind_v2("fused_attention_v2", query, key, value, keywords)
+    call = arguments.bind_v2("fused_attention_v2", query, key, value, keywords)
     if torch.compiler.is_compiling():
         for name, default in (("learnable_sink", None), ("out_dtype", None)):
-            if args[name] is not default:
+            if getattr(call, name) is not default:
                 raise NotImplementedError(f"{name} under torch.compile is not implemented by "
                                           f"pasa_npu yet")
-        return compiled.traced_call(args)
-    return plans.attention(args, golden=False)
+        return compiled.traced_call(call)
+    return plans.attention(call, golden=False)
 
 
 fused_attention_v2.__signature__ = arguments.V2_SIGNATURE
@@ -121,5 +138,42 @@ def reference_attention_v2(query: torch.Tensor, key: torch.Tensor, value: torch.
     own = sorted(set(keywords) & set(arguments.OWN_KEYWORDS))
     if own:
         raise TypeError(f"reference_attention_v2 takes torch_npu's arguments only; got {own}")
-    args = arguments.bind_v2("reference_attention_v2", query, key, value, keywords)
-    return plans.attention(args, golden=True)
+    call = arguments.bind_v2("reference_attention_v2", query, key, value, keywords)
+    return plans.attention(call, golden=True)
+
+
+class AttentionPlan:
+    """A validated call of :func:`pasa_npu.fused_attention` without its tensors' data: the
+    plan half of a plan/run split (:func:`plan`). :meth:`run` computes the call on new
+    query, key and value tensors; each is checked against the planned one by shape, strides,
+    dtype and device only. Every other argument is the plan's: the block table and the sinks
+    are read at every run, the lengths and the mask as they were planned (plan again when
+    they change, e.g. once per decode step)."""
+
+    __slots__ = ("_call", "_plan", "_layouts", "_others")
+
+    def __init__(self, call: arguments.Call):
+        self._call = call
+        self._others = tuple(getattr(call, name) for name in arguments.CALL_FIELDS[3:])
+        self._plan = plans.plan_for(call, golden=False)
+        self._layouts = tuple(_tensor_layout(t) for t in (call.query, call.key, call.value))
+
+    def run(self, query: torch.Tensor, key: torch.Tensor,
+            value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(out, lse) of the planned call on ``query``, ``key`` and ``value``. Tensors of other
+        shapes, strides, dtypes or devices than planned run as a new call with the plan's
+        other arguments, validated in full (and planned, cached) again."""
+        call = arguments.Call(query, key, value, *self._others)
+        if torch.compiler.is_compiling():
+            return compiled.traced_call(call)
+        if (_tensor_layout(query), _tensor_layout(key), _tensor_layout(value)) != self._layouts:
+            return plans.attention(call, golden=False)
+        return plans.execute(self._plan, call, golden=False)
+
+    __call__ = run
+
+
+def _tensor_layout(t) -> tuple:
+    if not isinstance(t, torch.Tensor):
+        return (type(t),)
+    return t.shape, t.stride(), t.dtype, t.device

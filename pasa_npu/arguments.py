@@ -3,8 +3,8 @@
 :data:`TORCH_NPU_ARGUMENTS` and :data:`OWN_ARGUMENTS` are the one table of the keyword
 arguments of :func:`pasa_npu.fused_attention` (name, default, type, and what this package
 does with it). The public signature (:data:`SIGNATURE`), the keywords refused as not
-implemented, the compiled operator's schema (:mod:`pasa_npu.compiled`) and the argument
-dict every call builds (:func:`bind`) derive from it. The checks below turn the values into
+implemented and the compiled operator's schema (:mod:`pasa_npu.compiled`) derive from it;
+:class:`Call`, the typed arguments every call binds (:func:`bind`), holds its fields. The checks below turn the values into
 what a plan holds, with errors that name the argument, what was expected and what came.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import inspect
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 
@@ -138,7 +138,6 @@ UNIMPLEMENTED_KEYWORDS = {a.name: a.default for a in TORCH_NPU_ARGUMENTS
                           if a.kind == "unimplemented"}
 OWN_KEYWORDS = tuple(a.name for a in OWN_ARGUMENTS)
 _DEFAULTS = {a.name: a.default for a in KEYWORD_ARGUMENTS}
-_EXTENSION_DEFAULTS = {a.name: a.default for a in V2_EXTENSIONS}
 
 
 def _v2_row(name: str) -> Argument:
@@ -174,44 +173,85 @@ V2_SIGNATURE = inspect.Signature(
     return_annotation=tuple[torch.Tensor, torch.Tensor])
 
 
-def bind(function: str, query, key, value, keywords: dict) -> dict:
-    """Every argument of a call by name, in :data:`SIGNATURE`'s order, defaults filled in;
-    an unknown keyword is a TypeError, as Python's own binding makes it."""
+@dataclass(slots=True)
+class Call:
+    """One call's arguments by name, as given, defaults filled in: the implemented arguments
+    of :func:`pasa_npu.fused_attention` and of ``fused_attention_v2`` (under v1's names).
+    Unvalidated: the plan (:mod:`pasa_npu.plans`) validates and resolves them, once per
+    distinct set. The fields and defaults are the argument table's
+    (``tests/test_layers.py`` holds them equal)."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    atten_mask: Optional[torch.Tensor] = None
+    actual_seq_lengths: Union[Sequence[int], torch.Tensor, None] = None
+    actual_seq_lengths_kv: Union[Sequence[int], torch.Tensor, None] = None
+    block_table: Optional[torch.Tensor] = None
+    num_heads: int = 1
+    scale: float = 1.0
+    pre_tokens: int = INT_MAX
+    next_tokens: int = INT_MAX
+    input_layout: str = "BSH"
+    num_key_value_heads: int = 0
+    sparse_mode: int = 0
+    inner_precise: int = 0
+    block_size: int = 0
+    softmax_lse_flag: bool = False
+    algorithm: Optional[str] = None
+    beta: Optional[float] = None
+    backend: str = "auto"
+    rounding_guard: bool = False
+    q_block: Optional[int] = None
+    kv_block: Optional[int] = None
+    repair_overflow: bool = True
+    learnable_sink: Optional[torch.Tensor] = None
+    out_dtype: Union[int, torch.dtype, None] = None
+
+
+#: the :class:`Call` fields, in order
+CALL_FIELDS = tuple(f.name for f in dataclasses.fields(Call))
+
+
+def bind(function: str, query, key, value, keywords: dict) -> Call:
+    """A v1 call's :class:`Call`; an unknown keyword is a TypeError, as Python's own binding
+    makes it, and an unimplemented one away from its default a NotImplementedError."""
     for name in keywords:
         if name not in _DEFAULTS:
             raise TypeError(f"{function}() got an unexpected keyword argument {name!r}")
-    args = {"query": query, "key": key, "value": value}
-    args.update(_DEFAULTS)
-    args.update(_EXTENSION_DEFAULTS)
-    args.update(keywords)
-    return args
+    given = {}
+    for name, value_ in keywords.items():
+        if name in UNIMPLEMENTED_KEYWORDS:
+            _refuse_unimplemented(name, value_, UNIMPLEMENTED_KEYWORDS[name])
+        else:
+            given[name] = value_
+    return Call(query, key, value, **given)
 
 
-def bind_v2(function: str, query, key, value, keywords: dict) -> dict:
-    """A v2 call's arguments as the argument dict every call builds (v1's names, the v2
-    extensions): v2's renamed keywords under v1's names; v2's own unimplemented keywords
-    refused unless at their defaults, as :func:`check_implemented` refuses v1's."""
+def bind_v2(function: str, query, key, value, keywords: dict) -> Call:
+    """A v2 call's :class:`Call` (v1's names, the v2 extensions): v2's renamed keywords under
+    v1's names; unimplemented keywords refused unless at their defaults, as :func:`bind`
+    refuses v1's."""
     for name in keywords:
         if name not in _V2_DEFAULTS:
             raise TypeError(f"{function}() got an unexpected keyword argument {name!r}")
     given = {}
     for name, value_ in keywords.items():
-        if name in V2_UNIMPLEMENTED_KEYWORDS and name not in UNIMPLEMENTED_KEYWORDS:
-            unused = V2_UNIMPLEMENTED_KEYWORDS[name]
-            if not is_default(value_, unused):
-                raise NotImplementedError(
-                    f"{name}={describe(value_)} is not implemented by pasa_npu yet "
-                    f"(only the default {unused!r} is accepted)")
+        if name in V2_UNIMPLEMENTED_KEYWORDS:
+            _refuse_unimplemented(name, value_, V2_UNIMPLEMENTED_KEYWORDS[name])
             continue
         given[V2_RENAMES.get(name, name)] = value_
     if given.get("sparse_mode") == 9:
         raise NotImplementedError("sparse_mode=9 (v2's tree mask, MLA only) is not implemented "
                                   "by pasa_npu yet")
-    args = {"query": query, "key": key, "value": value}
-    args.update(_DEFAULTS)
-    args.update(_EXTENSION_DEFAULTS)
-    args.update(given)
-    return args
+    return Call(query, key, value, **given)
+
+
+def _refuse_unimplemented(name: str, value, unused) -> None:
+    if not is_default(value, unused):
+        raise NotImplementedError(
+            f"{name}={describe(value)} is not implemented by pasa_npu yet "
+            f"(only the default {unused!r} is accepted)")
 
 
 #: torch's ScalarType codes of the output dtypes ``out_dtype`` may name without quantising
@@ -262,14 +302,6 @@ def check_sink(sink, num_heads: int, input_layout: str, head_dim_v: int, device)
     if head_dim_v > SINK_MAX_HEAD_DIM_V:
         raise ValueError(f"learnable_sink takes a value head dim of at most "
                          f"{SINK_MAX_HEAD_DIM_V} (torch_npu's limit), got {head_dim_v}")
-
-
-def check_implemented(args: dict) -> None:
-    for name, unused in UNIMPLEMENTED_KEYWORDS.items():
-        if not is_default(args[name], unused):
-            raise NotImplementedError(
-                f"{name}={describe(args[name])} is not implemented by pasa_npu yet "
-                f"(only the default {unused!r} is accepted)")
 
 
 def describe(value) -> str:

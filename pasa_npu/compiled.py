@@ -25,8 +25,8 @@ from typing import Optional
 import torch
 
 from . import overflow, paging, plans
-from .arguments import (KEYWORD_ARGUMENTS, PACKED, TENSOR_NAMES, bind, canonical_views,
-                        check_implemented, check_tensors, describe, parse_layout, to_canonical)
+from .arguments import (KEYWORD_ARGUMENTS, PACKED, TENSOR_NAMES, Call, bind, canonical_views,
+                        check_tensors, describe, parse_layout, to_canonical)
 from .lengths import int_list
 from .masks import check_mask
 from .outputs import allocate_lse, allocate_output, lse_placeholder
@@ -85,21 +85,21 @@ def _run(*op_args, **op_kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
 
 def _fake(*op_args, **op_kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The outputs' shapes, strides and dtypes, as the eager call allocates them."""
-    args = _eager_arguments(op_args, op_kwargs)
-    query = args["query"]
-    in_layout, out_layout = parse_layout(args["input_layout"])
-    num_kv_heads = args["num_key_value_heads"] or args["num_heads"]
-    if args["block_table"] is not None:  # K/V are paged caches
-        q = to_canonical(query, "query", in_layout, args["num_heads"])
-        _, v = paging.cache_views(args["key"], args["value"], in_layout, num_kv_heads,
-                                  args["block_size"])
+    call = _eager_arguments(op_args, op_kwargs)
+    query = call.query
+    in_layout, out_layout = parse_layout(call.input_layout)
+    num_kv_heads = call.num_key_value_heads or call.num_heads
+    if call.block_table is not None:  # K/V are paged caches
+        q = to_canonical(query, "query", in_layout, call.num_heads)
+        _, v = paging.cache_views(call.key, call.value, in_layout, num_kv_heads,
+                                  call.block_size)
     else:
-        q, _, v = canonical_views(query, args["key"], args["value"], in_layout,
-                                  args["num_heads"], num_kv_heads)
+        q, _, v = canonical_views(query, call.key, call.value, in_layout,
+                                  call.num_heads, num_kv_heads)
     out, out_view = allocate_output(q, v, out_layout, query.dtype, zero=False)
-    flags = query.new_empty(out_view.shape[:3] if plans.checks_overflow(args) else (0,),
+    flags = query.new_empty(out_view.shape[:3] if plans.checks_overflow(call) else (0,),
                             dtype=torch.uint8)
-    if args["softmax_lse_flag"]:
+    if call.softmax_lse_flag:
         return out, allocate_lse(q, in_layout in PACKED, torch.float32)[0], flags
     return out, lse_placeholder(query.device), flags
 
@@ -109,24 +109,22 @@ fused_attention_op = torch.library.custom_op("pasa_npu::fused_attention", mutate
 fused_attention_op.register_fake(_fake)
 
 
-def traced_call(args: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`pasa_npu.fused_attention` under torch.compile (``args``: every argument by
-    name): one call of the opaque operator. Arguments its schema cannot carry are refused
+def traced_call(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`pasa_npu.fused_attention` under torch.compile (``call``: its arguments): one call of the opaque operator. Arguments its schema cannot carry are refused
     here with the eager call's errors."""
-    check_implemented(args)
-    check_tensors(args["query"], args["key"], args["value"])
-    check_mask(args["atten_mask"], args["query"].device)
-    op_args = {name: args[name] for name in (*TENSOR_NAMES, *_TENSORS)}
+    check_tensors(call.query, call.key, call.value)
+    check_mask(call.atten_mask, call.query.device)
+    op_args = {name: getattr(call, name) for name in (*TENSOR_NAMES, *_TENSORS)}
     for name in _LENGTHS:
-        value = args[name]
+        value = getattr(call, name)
         tensor = isinstance(value, torch.Tensor)
         op_args[name] = None if value is None or tensor else int_list(value, name)
         op_args[name + "_tensor"] = value if tensor else None
     for name, (kind, optional) in OP_SCALARS.items():
-        op_args[name] = _schema_value(args[name], name, kind, optional)
+        op_args[name] = _schema_value(getattr(call, name), name, kind, optional)
     out, lse, row_flags = fused_attention_op(**op_args)
     report = {name: op_args[name] for name in _REPORT_ARGUMENTS}
-    report["dtype"] = args["query"].dtype  # bf16 takes no inner_precise bit 0
+    report["dtype"] = call.query.dtype  # bf16 takes no inner_precise bit 0
     overflow.record_compiled(row_flags, report)
     return out, lse
 

@@ -13,22 +13,22 @@ import torch
 from .arguments import describe
 
 
-def sequence_lengths(args, q, s_kv: int, packed: bool, table_capacity: Optional[str] = None):
+def sequence_lengths(call, q, s_kv: int, packed: bool, table_capacity: Optional[str] = None):
     """(q_lens, q_starts, kv_lens, kv_starts) as int64 CPU tensors of length B. ``s_kv``: the
     kv axis' length. ``table_capacity``: with a block table, the words for ``s_kv`` (the
     table's capacity); paged kv lengths are per batch, also for packed layouts, as torch_npu
     takes them with a block table, and required."""
     paged = table_capacity is not None
-    if paged and args["actual_seq_lengths_kv"] is None:
+    if paged and call.actual_seq_lengths_kv is None:
         raise ValueError("actual_seq_lengths_kv is required with block_table (torch_npu's "
                          "page attention): the kv length of each batch")
     if packed:
-        q_lens, q_starts = _cumulative(args["actual_seq_lengths"], "actual_seq_lengths", q.shape[2])
+        q_lens, q_starts = _cumulative(call.actual_seq_lengths, "actual_seq_lengths", q.shape[2])
         if paged:
-            kv_lens = _per_batch(args["actual_seq_lengths_kv"], "actual_seq_lengths_kv",
+            kv_lens = _per_batch(call.actual_seq_lengths_kv, "actual_seq_lengths_kv",
                                  q_lens.numel(), s_kv, exact=True, extent=table_capacity)
             return q_lens, q_starts, kv_lens, _zero_starts(q_lens.numel())
-        kv_lens, kv_starts = _cumulative(args["actual_seq_lengths_kv"], "actual_seq_lengths_kv",
+        kv_lens, kv_starts = _cumulative(call.actual_seq_lengths_kv, "actual_seq_lengths_kv",
                                          s_kv)
         if kv_lens.numel() != q_lens.numel():
             raise ValueError(f"actual_seq_lengths_kv has {kv_lens.numel()} entries but "
@@ -38,9 +38,9 @@ def sequence_lengths(args, q, s_kv: int, packed: bool, table_capacity: Optional[
     batch = q.shape[0]
     zeros = _zero_starts(batch)
     # decode (S1 = 1, not packed): FIA documents actual_seq_lengths as having no effect
-    q_given = args["actual_seq_lengths"] if q.shape[2] != 1 else None
+    q_given = call.actual_seq_lengths if q.shape[2] != 1 else None
     return (_per_batch(q_given, "actual_seq_lengths", batch, q.shape[2]), zeros,
-            _per_batch(args["actual_seq_lengths_kv"], "actual_seq_lengths_kv", batch, s_kv,
+            _per_batch(call.actual_seq_lengths_kv, "actual_seq_lengths_kv", batch, s_kv,
                        extent=table_capacity or "the sequence length of the tensor"),
             zeros)
 

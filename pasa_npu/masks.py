@@ -21,17 +21,17 @@ def compressed_causal_mask(device: torch.device | str | None = None) -> torch.Te
     return torch.triu(ones, diagonal=1)
 
 
-def mask_and_band(args, batch, s_q, s_kv, packed, q_lens, kv_lens, device):
+def mask_and_band(call, batch, s_q, s_kv, packed, q_lens, kv_lens, device):
     """(mask (Bm, S1, S2) bool or None, band (pre, next) per batch in top-left
     coordinates or None) for torch_npu's sparse_mode semantics."""
-    sparse_mode = int_arg(args["sparse_mode"], "sparse_mode", minimum=0)
+    sparse_mode = int_arg(call.sparse_mode, "sparse_mode", minimum=0)
     if sparse_mode > 4:
         raise ValueError(f"sparse_mode must be 0-4 (torch_npu's fused_infer_attention_score "
                          f"supports no other), got {sparse_mode}")
-    pre = int_arg(args["pre_tokens"], "pre_tokens", minimum=-(2 ** 63))
-    nxt = int_arg(args["next_tokens"], "next_tokens", minimum=-(2 ** 63))
+    pre = int_arg(call.pre_tokens, "pre_tokens", minimum=-(2 ** 63))
+    nxt = int_arg(call.next_tokens, "next_tokens", minimum=-(2 ** 63))
     tokens_given = (pre, nxt) != (INT_MAX, INT_MAX)
-    mask = args["atten_mask"]
+    mask = call.atten_mask
     check_mask(mask, device)
 
     if sparse_mode in (2, 3, 4):

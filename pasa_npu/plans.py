@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import copy
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 
 from . import backends, overflow, paged_kv, paging
-from .arguments import (PACKED, canonical_views, check_implemented, check_scale, check_shapes,
+from .arguments import (CALL_FIELDS, PACKED, Call, canonical_views, check_scale, check_shapes,
                         check_sink, check_tensors, describe, int_arg, parse_layout,
                         resolve_allocation, resolve_beta, resolve_out_dtype, resolve_tiling,
                         to_canonical, to_fp16_checked)
@@ -59,6 +59,9 @@ class Plan:
     validated_mask: Optional[torch.Tensor] = None  # sparse modes 2-4: kept alive for the key
     block_size: int = 0   # paged KV: the cache's block size (0: not paged)
     backward: bool = True  # the outputs carry autograd; else inputs that require grad raise
+    # the backend's state for this plan (AttentionProblem.plan_state); a copy made for other
+    # lengths gets its own
+    backend_state: dict = field(default_factory=dict, compare=False)
 
 
 
@@ -74,19 +77,25 @@ def clear() -> None:
     PLANS.clear()
 
 
-def attention(args: dict, golden: bool, traced: bool = False):
+def attention(call: Call, golden: bool, traced: bool = False):
     """(out, lse) of one call; ``traced`` (the torch.compile operator's body): (out, lse,
-    row flags), the flags zero-filled and returned, not recorded (:func:`_execute`)."""
-    keys = None if golden else _plan_key(args)
+    row flags), the flags zero-filled and returned, not recorded (:func:`execute`)."""
+    return execute(plan_for(call, golden), call, golden, traced)
+
+
+def plan_for(call: Call, golden: bool) -> Plan:
+    """The plan of a call with ``call``: the cached one, or one made (and cached where the
+    call is cacheable, :func:`_plan_key`); its warnings are the caller's."""
+    keys = None if golden else _plan_key(call)
     plans = PLANS.get(keys[0]) if keys is not None else None
     plan = plans.get(keys[1]) if plans else None
     if plan is None:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             if plans:  # the same arguments with other lengths: only the lengths are new
-                plan = _with_lengths(next(iter(plans.values())), args)
+                plan = _with_lengths(next(iter(plans.values())), call)
             else:
-                plan = _make_plan(args, golden)
+                plan = _make_plan(call, golden)
         for w in caught:  # re-issued as the caller's; a call that warns is never cached
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         if keys is not None and not caught:
@@ -97,19 +106,19 @@ def attention(args: dict, golden: bool, traced: bool = False):
             elif len(plans) >= _LENGTHS_PER_PLAN:
                 plans.clear()
             plans[keys[1]] = plan
-    return _execute(plan, args, golden, traced)
+    return plan
 
 
-def checks_overflow(args: dict) -> bool:
-    """Whether a (non-golden) call with ``args`` is checked for overflow: a PASA allocation
+def checks_overflow(call: Call) -> bool:
+    """Whether a (non-golden) call with ``call`` is checked for overflow: a PASA allocation
     and ``repair_overflow``."""
-    inner_precise = args["inner_precise"] if isinstance(args["inner_precise"], int) else 0
-    dtype = getattr(args["query"], "dtype", None)
-    return (args["repair_overflow"] is True
-            and resolve_allocation(args["algorithm"], inner_precise, dtype).shifts_keys)
+    inner_precise = call.inner_precise if isinstance(call.inner_precise, int) else 0
+    dtype = getattr(call.query, "dtype", None)
+    return (call.repair_overflow is True
+            and resolve_allocation(call.algorithm, inner_precise, dtype).shifts_keys)
 
 
-def _plan_key(args: dict):
+def _plan_key(call: Call):
     """(arguments key, lengths key): a hashable fingerprint of everything
     :func:`_make_plan` reads, or None where a call is not cacheable (explicit masks,
     whose contents the plan holds; device length tensors). The values of the actual
@@ -119,14 +128,15 @@ def _plan_key(args: dict):
     key = []
     lengths = []
     append = key.append
-    for name, value in args.items():
+    for name in CALL_FIELDS:
+        value = getattr(call, name)
         kind = type(value)
         if value is None or kind in _SCALAR_TYPES:
             append((kind, value))
         elif isinstance(value, torch.Tensor):
             if name in ("query", "key", "value"):
                 append((value.shape, value.stride(), value.dtype, value.device))
-            elif name == "atten_mask" and args["sparse_mode"] in (2, 3, 4):
+            elif name == "atten_mask" and call.sparse_mode in (2, 3, 4):
                 # only validated there: this very tensor, unchanged since (the plan keeps
                 # it alive, so its id is not reused while cached)
                 append(tensor_identity(value))
@@ -154,35 +164,34 @@ def _plan_key(args: dict):
     return keys
 
 
-def _make_plan(args: dict, golden: bool) -> Plan:
-    check_implemented(args)
-    query, key, value = args["query"], args["key"], args["value"]
+def _make_plan(call: Call, golden: bool) -> Plan:
+    query, key, value = call.query, call.key, call.value
     check_tensors(query, key, value)
-    in_layout, out_layout = parse_layout(args["input_layout"])
-    num_heads = int_arg(args["num_heads"], "num_heads", minimum=1)
-    num_kv_heads = int_arg(args["num_key_value_heads"], "num_key_value_heads", minimum=0)
+    in_layout, out_layout = parse_layout(call.input_layout)
+    num_heads = int_arg(call.num_heads, "num_heads", minimum=1)
+    num_kv_heads = int_arg(call.num_key_value_heads, "num_key_value_heads", minimum=0)
     num_kv_heads = num_kv_heads or num_heads
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_key_value_heads "
                          f"({num_kv_heads})")
     _check_fia_limits(num_heads, num_kv_heads)
-    block_size = (paging.check_arguments(args["block_table"], args["block_size"], query.device)
-                  if args["block_table"] is not None or args["block_size"] != 0 else 0)
-    q, k, v = _canonical(args, in_layout, num_heads, num_kv_heads, block_size)
+    block_size = (paging.check_arguments(call.block_table, call.block_size, query.device)
+                  if call.block_table is not None or call.block_size != 0 else 0)
+    q, k, v = _canonical(call, in_layout, num_heads, num_kv_heads, block_size)
     packed = in_layout in PACKED
-    q_lens, q_starts, kv_lens, kv_starts = _lengths(args, q, k, packed, block_size)
-    scale = check_scale(args["scale"])
-    inner_precise = int_arg(args["inner_precise"], "inner_precise", minimum=0)
+    q_lens, q_starts, kv_lens, kv_starts = _lengths(call, q, k, packed, block_size)
+    scale = check_scale(call.scale)
+    inner_precise = int_arg(call.inner_precise, "inner_precise", minimum=0)
     if inner_precise > 3:
         raise ValueError(f"inner_precise must be 0, 1, 2 or 3, got {inner_precise}")
-    _check_fia_shapes(args, q, v, packed, inner_precise)
-    check_sink(args["learnable_sink"], num_heads, args["input_layout"], v.shape[3], query.device)
-    resolved_out_dtype = resolve_out_dtype(args["out_dtype"], query.dtype)
-    if not isinstance(args["softmax_lse_flag"], bool):
+    _check_fia_shapes(call, q, v, packed, inner_precise)
+    check_sink(call.learnable_sink, num_heads, call.input_layout, v.shape[3], query.device)
+    resolved_out_dtype = resolve_out_dtype(call.out_dtype, query.dtype)
+    if not isinstance(call.softmax_lse_flag, bool):
         raise TypeError(f"softmax_lse_flag must be a bool, got "
-                        f"{describe(args['softmax_lse_flag'])}")
-    mask, band = mask_and_band(args, q_lens.numel(), q.shape[2],
-                               _kv_extent(args, k, block_size), packed, q_lens, kv_lens,
+                        f"{describe(call.softmax_lse_flag)}")
+    mask, band = mask_and_band(call, q_lens.numel(), q.shape[2],
+                               _kv_extent(call, k, block_size), packed, q_lens, kv_lens,
                                query.device)
 
     if golden:
@@ -191,34 +200,34 @@ def _make_plan(args: dict, golden: bool) -> Plan:
         out_dtype, lse_dtype, low = torch.float64, torch.float64, torch.float64
         extra = {}
     else:
-        allocation = resolve_allocation(args["algorithm"], inner_precise, query.dtype)
-        tiling = resolve_tiling(args["q_block"], args["kv_block"])
-        beta = resolve_beta(args["beta"], allocation, tiling, scale)
-        guard = args["rounding_guard"]
+        allocation = resolve_allocation(call.algorithm, inner_precise, query.dtype)
+        tiling = resolve_tiling(call.q_block, call.kv_block)
+        beta = resolve_beta(call.beta, allocation, tiling, scale)
+        guard = call.rounding_guard
         if not isinstance(guard, bool):
             raise TypeError(f"rounding_guard must be a bool, got {describe(guard)}")
-        if not isinstance(args["backend"], str):
-            raise TypeError(f"backend must be a str, got {describe(args['backend'])}")
-        if not isinstance(args["repair_overflow"], bool):
+        if not isinstance(call.backend, str):
+            raise TypeError(f"backend must be a str, got {describe(call.backend)}")
+        if not isinstance(call.repair_overflow, bool):
             raise TypeError(f"repair_overflow must be a bool, got "
-                            f"{describe(args['repair_overflow'])}")
-        backend = backends.resolve(args["backend"], query.device)
-        if args["learnable_sink"] is not None and not backend.sinks:
+                            f"{describe(call.repair_overflow)}")
+        backend = backends.resolve(call.backend, query.device)
+        if call.learnable_sink is not None and not backend.sinks:
             raise NotImplementedError(f"learnable_sink is not implemented by backend "
                                       f"{backend.name!r} yet (use backend='torch')")
         runner = backend.runner()
         out_dtype, lse_dtype = resolved_out_dtype, torch.float32
         low = compute_dtype(allocation, query.dtype)
-        extra = dict(backend=backend.name, overflow_check=checks_overflow(args),
+        extra = dict(backend=backend.name, overflow_check=checks_overflow(call),
                      backward=backend.backward)
     return Plan(
         in_layout=in_layout, out_layout=out_layout, num_heads=num_heads,
         num_kv_heads=num_kv_heads, packed=packed, q_lens=q_lens, q_starts=q_starts,
         kv_lens=kv_lens, kv_starts=kv_starts, mask=mask, band=band, scale=scale,
-        inner_precise=inner_precise, want_lse=args["softmax_lse_flag"], allocation=allocation,
+        inner_precise=inner_precise, want_lse=call.softmax_lse_flag, allocation=allocation,
         beta=beta, tiling=tiling, guard=guard, runner=runner, out_dtype=out_dtype,
         lse_dtype=lse_dtype, low=low,
-        validated_mask=args["atten_mask"] if args["sparse_mode"] in (2, 3, 4) else None,
+        validated_mask=call.atten_mask if call.sparse_mode in (2, 3, 4) else None,
         block_size=block_size, **extra,
         **_row_flags(q_lens, kv_lens, mask, band, packed, q.shape[2]))
 
@@ -241,14 +250,14 @@ def _check_fia_limits(num_heads: int, num_kv_heads: int) -> None:
                          f"{num_heads // num_kv_heads}")
 
 
-def _check_fia_shapes(args: dict, q, v, packed: bool, inner_precise: int) -> None:
+def _check_fia_shapes(call: Call, q, v, packed: bool, inner_precise: int) -> None:
     """FIA's refusals that depend on shapes: a head dim over 512; BNSD_NBSD with a query
     longer than 16; inner_precise 2 or 3 (row-invalid handling) in decode."""
     if not packed and q.shape[0] > MAX_BATCH:
         raise ValueError(f"the batch must be at most {MAX_BATCH} (torch_npu's limit), got "
                          f"{q.shape[0]}")
-    if packed and args["actual_seq_lengths"] is not None:
-        count = len(int_list(args["actual_seq_lengths"], "actual_seq_lengths"))
+    if packed and call.actual_seq_lengths is not None:
+        count = len(int_list(call.actual_seq_lengths, "actual_seq_lengths"))
         if count > MAX_PACKED_BATCH:
             raise ValueError(f"actual_seq_lengths must have at most {MAX_PACKED_BATCH} entries "
                              f"with packed layouts (torch_npu's limit), got {count}")
@@ -256,7 +265,7 @@ def _check_fia_shapes(args: dict, q, v, packed: bool, inner_precise: int) -> Non
         if d > MAX_HEAD_DIM:
             raise ValueError(f"{name}'s head dim must be at most {MAX_HEAD_DIM} (torch_npu's "
                              f"limit), got {d}")
-    if args["input_layout"] == "BNSD_NBSD" and q.shape[2] > MAX_NBSD_QUERY_LEN:
+    if call.input_layout == "BNSD_NBSD" and q.shape[2] > MAX_NBSD_QUERY_LEN:
         raise ValueError(f"input_layout BNSD_NBSD takes a query length of at most "
                          f"{MAX_NBSD_QUERY_LEN} (torch_npu's limit), got {q.shape[2]}")
     if not packed and q.shape[2] == 1 and inner_precise > 1:
@@ -264,10 +273,10 @@ def _check_fia_shapes(args: dict, q, v, packed: bool, inner_precise: int) -> Non
                          f"torch_npu requires; got {inner_precise}")
 
 
-def _canonical(args: dict, layout: str, num_heads: int, num_kv_heads: int, block_size: int):
+def _canonical(call: Call, layout: str, num_heads: int, num_kv_heads: int, block_size: int):
     """(q, k, v) as the problem takes them: (B, N, S, D) views, K and V as views of the
     (num_blocks, N_kv, block_size, D) caches when paged; shapes checked."""
-    query, key, value = args["query"], args["key"], args["value"]
+    query, key, value = call.query, call.key, call.value
     if not block_size:
         q, k, v = canonical_views(query, key, value, layout, num_heads, num_kv_heads)
         check_shapes(q, k, v, layout)
@@ -279,35 +288,35 @@ def _canonical(args: dict, layout: str, num_heads: int, num_kv_heads: int, block
     return q, k, v
 
 
-def _kv_extent(args: dict, k: torch.Tensor, block_size: int) -> int:
+def _kv_extent(call: Call, k: torch.Tensor, block_size: int) -> int:
     """The kv axis' length: K's S, or the block table's capacity when paged."""
-    return args["block_table"].shape[1] * block_size if block_size else k.shape[2]
+    return call.block_table.shape[1] * block_size if block_size else k.shape[2]
 
 
-def _lengths(args: dict, q, k, packed: bool, block_size: int):
+def _lengths(call: Call, q, k, packed: bool, block_size: int):
     """(q_lens, q_starts, kv_lens, kv_starts), and torch_npu's block_size rule for them."""
     if not block_size:
-        return sequence_lengths(args, q, k.shape[2], packed)
-    columns = args["block_table"].shape[1]
-    lengths = sequence_lengths(args, q, columns * block_size, packed,
+        return sequence_lengths(call, q, k.shape[2], packed)
+    columns = call.block_table.shape[1]
+    lengths = sequence_lengths(call, q, columns * block_size, packed,
                                f"block_table's {columns} blocks of block_size {block_size}")
     decode = (max(lengths[0].tolist(), default=0) if packed else q.shape[2]) <= 1
     paging.check_block_size(block_size, decode)
     return lengths
 
 
-def _with_lengths(plan: Plan, args: dict) -> Plan:
+def _with_lengths(plan: Plan, call: Call) -> Plan:
     """``plan`` (made for the same arguments but other actual sequence lengths) for the
-    lengths in ``args``: the lengths, the band they set and the row flags are redone."""
-    q, k, _ = _canonical(args, plan.in_layout, plan.num_heads, plan.num_kv_heads,
+    lengths in ``call``: the lengths, the band they set and the row flags are redone."""
+    q, k, _ = _canonical(call, plan.in_layout, plan.num_heads, plan.num_kv_heads,
                          plan.block_size)
-    q_lens, q_starts, kv_lens, kv_starts = _lengths(args, q, k, plan.packed, plan.block_size)
-    mask, band = mask_and_band(args, q_lens.numel(), q.shape[2],
-                               _kv_extent(args, k, plan.block_size), plan.packed, q_lens,
-                               kv_lens, args["query"].device)
+    q_lens, q_starts, kv_lens, kv_starts = _lengths(call, q, k, plan.packed, plan.block_size)
+    mask, band = mask_and_band(call, q_lens.numel(), q.shape[2],
+                               _kv_extent(call, k, plan.block_size), plan.packed, q_lens,
+                               kv_lens, call.query.device)
     plan = copy.copy(plan)  # dataclasses.replace would cost a third of this function
     plan.__dict__.update(q_lens=q_lens, q_starts=q_starts, kv_lens=kv_lens, kv_starts=kv_starts,
-                         mask=mask, band=band, **_row_flags(q_lens, kv_lens, mask, band,
+                         mask=mask, band=band, backend_state={}, **_row_flags(q_lens, kv_lens, mask, band,
                                                             plan.packed, q.shape[2]))
     return plan
 
@@ -322,30 +331,30 @@ def _row_flags(q_lens, kv_lens, mask, band, packed: bool, s_q: int) -> dict:
                                                                         band))
 
 
-def _execute(plan: Plan, args: dict, golden: bool, traced: bool = False):
+def execute(plan: Plan, call: Call, golden: bool, traced: bool = False):
     """The per-call part: canonical views, the block table's entries, outputs, the backend,
     torch_npu's row rules. ``traced``: the row flags are zero-filled (rows no kernel
     writes read 0) and returned after out and LSE (an empty tensor where the call is not
     checked) for the compiled operator to hand on (:mod:`pasa_npu.compiled`); this
     function keeps no reference to them, as a CUDA graph's memory pool requires."""
-    query = args["query"]
+    query = call.query
     if not plan.backward and torch.is_grad_enabled():
         for role in ("query", "key", "value"):
-            if args[role].requires_grad:
+            if getattr(call, role).requires_grad:
                 raise NotImplementedError(
                     f"backend {plan.backend!r} has no backward pass, and {role} requires grad: "
                     f"use backend='torch', or call under torch.no_grad() or on detached inputs")
     if plan.block_size:
         q = to_canonical(query, "query", plan.in_layout, plan.num_heads)
-        k, v = paging.cache_views(args["key"], args["value"], plan.in_layout,
+        k, v = paging.cache_views(call.key, call.value, plan.in_layout,
                                   plan.num_kv_heads, plan.block_size)
     else:
-        q, k, v = canonical_views(query, args["key"], args["value"], plan.in_layout,
+        q, k, v = canonical_views(query, call.key, call.value, plan.in_layout,
                                   plan.num_heads, plan.num_kv_heads)
     convert = plan.low != query.dtype and not golden
     table, kv_starts = None, plan.kv_starts
     if plan.block_size:
-        table = paging.table_for_call(args["block_table"], plan.kv_lens, k.shape[0],
+        table = paging.table_for_call(call.block_table, plan.kv_lens, k.shape[0],
                                       plan.block_size, query.device)
         if convert:  # bf16 PASA computes in fp16: the used rows, as one converted copy
             k, v, kv_starts = paged_kv.contiguous(k, v, table, plan.kv_lens, plan.block_size,
@@ -382,7 +391,8 @@ def _execute(plan: Plan, args: dict, golden: bool, traced: bool = False):
         allocation=plan.allocation, beta=plan.beta, compute_dtype=plan.low,
         rounding_guard=plan.guard, tiling=plan.tiling, block_table=table,
         block_size=plan.block_size if table is not None else 0, overflow=check,
-        sink=None if args["learnable_sink"] is None else args["learnable_sink"].to(torch.float32))
+        sink=None if call.learnable_sink is None else call.learnable_sink.to(torch.float32),
+        plan_state=None if convert or golden else plan.backend_state)
     plan.runner(problem)
     if not golden and not traced:
         overflow.record(problem, plan.backend)

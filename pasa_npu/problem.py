@@ -110,6 +110,10 @@ class AttentionProblem:
     #: joins the softmax denominator of every row that sees a key (and its LSE), with a zero
     #: value; None: no sink. Only backends whose ``sinks`` flag is set receive one.
     sink: Optional[torch.Tensor] = None
+    #: a dict that lives as long as the call's plan (every call with the same arguments but
+    #: the tensors' data): a backend may keep there what it derived from the problem's
+    #: shapes, strides, lengths and options, for the plan's later calls; None: nothing kept
+    plan_state: Optional[dict] = None
 
     @property
     def paged(self) -> bool:
@@ -222,4 +226,4 @@ def fp32_problem(problem: AttentionProblem) -> AttentionProblem:
     """``problem`` computed by fa-fp32 (on its compute-dtype inputs, P rounded to that
     dtype for the P.V matmul), unchecked: the repair of flagged rows."""
     return dataclasses.replace(problem, allocation=ALLOCATIONS["fa-fp32"], beta=0.0,
-                               overflow=None)
+                               overflow=None, plan_state=None)

@@ -16,14 +16,16 @@ def test_every_form_runs_with_a_no_op_kernel(tmp_path, monkeypatch):
     monkeypatch.setattr(torch_blockwise, "run", kernel)
     with bench_host.no_op_kernel():
         for call, peer in bench_host.forms().values():
-            call()
+            bench_host.eager(call)()
+            bench_host.planned(call)()
             peer()
     assert computed == []  # the no-op ran, not the kernel in place before
     assert torch_blockwise.run is kernel  # and that kernel is back
     assert bench.main(["--host", "--calls", "3", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "host.json").read_text())
     assert [r["form"] for r in rows] == list(bench_host.forms())
-    assert all(r["fused_attention_us"] > 0 and r["sdpa_us"] > 0 for r in rows)
+    assert all(r["fused_attention_us"] > 0 and r["plan_run_us"] > 0 and r["sdpa_us"] > 0
+               for r in rows)
     assert (tmp_path / "host.md").read_text().count("\n") == 2 + len(rows)
 
 

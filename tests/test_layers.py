@@ -85,3 +85,18 @@ def test_the_rule_catches_an_upward_import(tmp_path):
     assert _imported(source) == {"plans", "overflow"}
     with pytest.raises(AssertionError, match="imports overflow"):
         test_imports_go_down_the_layers("problem", source)
+
+
+def test_the_call_object_has_the_argument_tables_fields_and_defaults():
+    """arguments.Call names every implemented argument as a field, with the table's
+    default: the table (torch_npu's, ours, v2's extensions) and the class are one list."""
+    import dataclasses
+
+    from pasa_npu import arguments
+
+    table = [a for a in arguments.KEYWORD_ARGUMENTS + arguments.V2_EXTENSIONS
+             if a.kind != "unimplemented"]
+    fields = dataclasses.fields(arguments.Call)
+    assert [f.name for f in fields] == [*arguments.TENSOR_NAMES, *(a.name for a in table)]
+    defaults = {f.name: f.default for f in fields[3:]}
+    assert defaults == {a.name: a.default for a in table}

@@ -2,7 +2,9 @@
 actual_seq_lengths_kv grow by one token each never wait for the GPU, a copy of new
 lengths is safe on every stream, and a CUDA graph captured on lengths never seen
 before replays them correctly. A repeated call launches its kernels without Triton's
-per-call argument binding, and computes the same."""
+per-call argument binding, and computes the same; a decode plan keeps its launches bound and
+runs them on a later call's tensors, bit for bit as unbound. With host lengths, every
+argument form runs without a synchronisation once its plan exists."""
 from __future__ import annotations
 
 import pytest
@@ -158,7 +160,101 @@ def test_repeated_calls_launch_the_same_kernels_directly(case, algorithm):
     fast = call(q, k, v)
     assert kernel_common.FAST_LAUNCHES[0] > before, "no launch skipped Triton's binding"
     kernel_common._LAUNCHES.clear()  # every launch through kernel[grid] again
+    pasa_npu.plans.clear()  # and no launch bound in a plan
     before = kernel_common.FAST_LAUNCHES[0]
     bound = call(q, k, v)
     assert kernel_common.FAST_LAUNCHES[0] == before
     assert all(torch.equal(a, b) for a, b in zip(fast, bound))
+
+
+def _decode_forms(device):
+    """name -> (query shape, key/value shape, keywords, v2) of decode calls: contiguous,
+    paged, packed with sinks (a v2 call); with and without the LSE."""
+    gen = torch.Generator(device=device).manual_seed(11)
+    rand = lambda *shape: torch.randn(*shape, device=device, generator=gen).half()  # noqa: E731
+    base = dict(num_heads=HEADS, num_key_value_heads=KV_HEADS, scale=D ** -0.5)
+    table = torch.randperm(8, generator=torch.Generator().manual_seed(1)).view(2, 4)
+    return {
+        "BNSD": ((2, HEADS, 1, D), (2, KV_HEADS, 700, D), dict(base, input_layout="BNSD"),
+                 False),
+        "BSH lengths, LSE": ((2, 1, HEADS * D), (2, 700, KV_HEADS * D), dict(
+            base, input_layout="BSH", actual_seq_lengths_kv=[700, 333],
+            softmax_lse_flag=True), False),
+        "paged BSH": ((2, 1, HEADS * D), (8, 128, KV_HEADS * D), dict(
+            base, input_layout="BSH", block_table=table.to(torch.int32).to(device),
+            block_size=128, actual_seq_lengths_kv=[500, 300]), False),
+        "v2 TND sinks": ((2, HEADS, D), (900, KV_HEADS, D), dict(
+            num_query_heads=HEADS, num_key_value_heads=KV_HEADS, softmax_scale=D ** -0.5,
+            input_layout="TND", actual_seq_qlen=[1, 2], actual_seq_kvlen=[600, 900],
+            learnable_sink=torch.randn(HEADS, device=device, generator=gen)), True),
+    }, rand
+
+
+def _entries(v2: bool):
+    """(the call, its plan) of v1 or v2."""
+    if v2:
+        return pasa_npu.fused_attention_v2, pasa_npu.plan_v2
+    return pasa_npu.fused_attention, pasa_npu.plan
+
+
+@needs_gpu
+@pytest.mark.parametrize("form", ["BNSD", "BSH lengths, LSE", "paged BSH", "v2 TND sinks"])
+@pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
+def test_decode_plan_runs_its_bound_launches_on_new_tensors(form, algorithm):
+    from pasa_npu.fallback import kernel_common
+    forms, rand = _decode_forms("cuda")
+    q_shape, kv_shape, keywords, v2 = forms[form]
+    call, plan = _entries(v2)
+    keywords = dict(keywords, algorithm=algorithm, backend="triton")
+    call(rand(*q_shape), rand(*kv_shape), rand(*kv_shape), **keywords)
+    q, k, v = rand(*q_shape), rand(*kv_shape), rand(*kv_shape)
+    before = kernel_common.FAST_LAUNCHES[0]
+    bound = call(q, k, v, **keywords)
+    assert kernel_common.FAST_LAUNCHES[0] == before + 2, "the plan's two launches did not run"
+    planned = plan(q, k, v, **keywords)
+    runs = [planned.run(q, k, v) for _ in range(2)]
+    pasa_npu.plans.clear()
+    kernel_common._LAUNCHES.clear()
+    unbound = call(q, k, v, **keywords)
+    for got in (bound, *runs):
+        assert all(torch.equal(a, b) for a, b in zip(got, unbound))
+    side = torch.cuda.Stream()  # another stream: launched unbound there, the same results
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        other = call(q, k, v, **keywords)
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(other, unbound))
+
+
+@needs_gpu
+@pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
+def test_calls_with_host_lengths_never_synchronise(algorithm):
+    """Every decode form above, and causal and dense prefill, under
+    ``torch.cuda.set_sync_debug_mode("error")`` once planned (a device block table is
+    checked with one read-back when first seen)."""
+    forms, rand = _decode_forms("cuda")
+    mask = pasa_npu.compressed_causal_mask("cuda")
+    forms["prefill causal"] = ((1, HEADS, 300, D), (1, KV_HEADS, 300, D), dict(
+        num_heads=HEADS, num_key_value_heads=KV_HEADS, input_layout="BNSD", scale=D ** -0.5,
+        sparse_mode=3, atten_mask=mask), False)
+    forms["prefill BSND"] = ((2, 200, HEADS, D), (2, 250, KV_HEADS, D), dict(
+        num_heads=HEADS, num_key_value_heads=KV_HEADS, input_layout="BSND", scale=D ** -0.5),
+        False)
+    calls = []
+    for name, (q_shape, kv_shape, keywords, v2) in forms.items():
+        keywords = dict(keywords, algorithm=algorithm, backend="triton")
+        tensors = (rand(*q_shape), rand(*kv_shape), rand(*kv_shape))
+        _entries(v2)[0](*tensors, **keywords)
+        calls.append((name, tensors, keywords, v2))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for name, tensors, keywords, v2 in calls:
+            call, plan = _entries(v2)
+            try:
+                call(*tensors, **keywords)
+                plan(*tensors, **keywords).run(*tensors)
+            except RuntimeError as err:
+                raise AssertionError(f"{name}: {err}") from err
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -6,7 +6,8 @@ tensors with the backend's kernel replaced by a no-op, so that what is timed is 
 Python work around the kernel: validation, normalisation, the plan, output allocation and
 the overflow check's bookkeeping. Median microseconds per call over ``--calls`` calls,
 beside a peer measured in the same run: a torch SDPA decode call on the same K/V (one
-query row, fp32; its host work and a computation of a few microseconds). Writes ``host.json`` and ``host.md`` to ``--out``.
+query row, fp32; its host work and a computation of a few microseconds). Each form is
+timed called whole (``fused_attention``) and planned once, then run (``pasa_npu.plan``). Writes ``host.json`` and ``host.md`` to ``--out``.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import json
 import pathlib
 import statistics
 import time
+from typing import Callable
 
 import torch
 
@@ -37,7 +39,7 @@ def no_op_kernel():
 
 
 def forms() -> dict:
-    """name -> (callable of no arguments, its SDPA peer)."""
+    """name -> (the call as (entry point, query, key, value, keywords), its SDPA peer)."""
     gen = torch.Generator().manual_seed(0)
     rand = lambda *shape: torch.randn(*shape, generator=gen).half()  # noqa: E731
     q, k, v = rand(B, NQ, S, D), rand(B, NKV, S, D), rand(B, NKV, S, D)
@@ -49,30 +51,44 @@ def forms() -> dict:
     mask = pasa_npu.compressed_causal_mask()
     base = dict(num_heads=NQ, num_key_value_heads=NKV, scale=D ** -0.5, backend="torch",
                 algorithm="fa-fp32")
-    fa = pasa_npu.fused_attention
+    v1_call = "v1"
     calls = {
-        "prefill BNSD": lambda: fa(q, k, v, input_layout="BNSD", **base),
-        "prefill BNSD causal": lambda: fa(q, k, v, input_layout="BNSD", sparse_mode=3,
-                                          atten_mask=mask, **base),
-        "prefill BNSD, pasa checked": lambda: fa(q, k, v, input_layout="BNSD",
-                                                 **dict(base, algorithm="pasa")),
-        "decode BSH, kv lengths": lambda: fa(q1, k1, v1, input_layout="BSH",
-                                             actual_seq_lengths_kv=[S, S // 2], **base),
-        "paged decode BSH": lambda: fa(q1, cache_k, cache_v, input_layout="BSH",
-                                       block_table=table, block_size=128,
-                                       actual_seq_lengths_kv=[200, 150], **base),
-        "prefill TND causal": lambda: fa(qt, kt, vt, input_layout="TND", sparse_mode=3,
-                                         atten_mask=mask, actual_seq_lengths=[S, 2 * S],
-                                         actual_seq_lengths_kv=[S, 2 * S], **base),
-        "v2 TND with sinks": lambda: pasa_npu.fused_attention_v2(
-            qt, kt, vt, num_query_heads=NQ, num_key_value_heads=NKV, input_layout="TND",
+        "prefill BNSD": (v1_call, q, k, v, dict(input_layout="BNSD", **base)),
+        "prefill BNSD causal": (v1_call, q, k, v, dict(input_layout="BNSD", sparse_mode=3,
+                                                       atten_mask=mask, **base)),
+        "prefill BNSD, pasa checked": (v1_call, q, k, v,
+                                       dict(input_layout="BNSD", **dict(base, algorithm="pasa"))),
+        "decode BSH, kv lengths": (v1_call, q1, k1, v1, dict(
+            input_layout="BSH", actual_seq_lengths_kv=[S, S // 2], **base)),
+        "paged decode BSH": (v1_call, q1, cache_k, cache_v, dict(
+            input_layout="BSH", block_table=table, block_size=128,
+            actual_seq_lengths_kv=[200, 150], **base)),
+        "prefill TND causal": (v1_call, qt, kt, vt, dict(
+            input_layout="TND", sparse_mode=3, atten_mask=mask, actual_seq_lengths=[S, 2 * S],
+            actual_seq_lengths_kv=[S, 2 * S], **base)),
+        "v2 TND with sinks": ("v2", qt, kt, vt, dict(
+            num_query_heads=NQ, num_key_value_heads=NKV, input_layout="TND",
             softmax_scale=D ** -0.5, actual_seq_qlen=[S, 2 * S], actual_seq_kvlen=[S, 2 * S],
-            learnable_sink=torch.zeros(NQ), backend="torch", algorithm="fa-fp32"),
+            learnable_sink=torch.zeros(NQ), backend="torch", algorithm="fa-fp32")),
     }
     sdpa = torch.nn.functional.scaled_dot_product_attention
     q32, k32, v32 = q[:, :, :1].float(), k.float(), v.float()
     peer = lambda: sdpa(q32, k32, v32, enable_gqa=True)  # noqa: E731
     return {name: (call, peer) for name, call in calls.items()}
+
+
+def eager(call) -> Callable[[], object]:
+    """The form's ``fused_attention`` (or ``_v2``) call, arguments validated every time."""
+    version, q, k, v, keywords = call
+    entry = pasa_npu.fused_attention if version == "v1" else pasa_npu.fused_attention_v2
+    return lambda: entry(q, k, v, **keywords)
+
+
+def planned(call) -> Callable[[], object]:
+    """The form planned once (``pasa_npu.plan``), then run on its tensors."""
+    version, q, k, v, keywords = call
+    plan = (pasa_npu.plan if version == "v1" else pasa_npu.plan_v2)(q, k, v, **keywords)
+    return lambda: plan.run(q, k, v)
 
 
 def _median_us(fn, calls: int) -> float:
@@ -100,7 +116,8 @@ def run(argv=None) -> int:
     torch.set_num_threads(1)  # host work is one thread's; no intra-op pool to wake
     with no_op_kernel():
         for name, (call, peer) in forms().items():
-            rows.append(dict(form=name, fused_attention_us=_median_us(call, args.calls),
+            rows.append(dict(form=name, fused_attention_us=_median_us(eager(call), args.calls),
+                             plan_run_us=_median_us(planned(call), args.calls),
                              sdpa_us=_median_us(peer, args.calls)))
     torch.set_num_threads(threads)
     out = pathlib.Path(args.out)
@@ -113,9 +130,10 @@ def run(argv=None) -> int:
 
 
 def markdown(rows: list) -> str:
-    lines = ["| argument form | fused_attention, no-op kernel (µs) | SDPA decode call (µs) | "
-             "ratio |", "| --- | --- | --- | --- |"]
+    lines = ["| argument form | fused_attention (µs) | plan, then run (µs) | SDPA decode call (µs) "
+             "| ratios to SDPA |", "| --- | --- | --- | --- | --- |"]
     for r in rows:
-        lines.append(f"| {r['form']} | {r['fused_attention_us']:.0f} | {r['sdpa_us']:.0f} | "
-                     f"{r['fused_attention_us'] / r['sdpa_us']:.1f} |")
+        lines.append(f"| {r['form']} | {r['fused_attention_us']:.0f} | {r['plan_run_us']:.0f} | "
+                     f"{r['sdpa_us']:.0f} | {r['fused_attention_us'] / r['sdpa_us']:.1f} / "
+                     f"{r['plan_run_us'] / r['sdpa_us']:.1f} |")
     return "\n".join(lines) + "\n"
