@@ -299,6 +299,8 @@ class PreparedLaunch:
         by_id = {id(t): role for role, t in roles.items()}
         slots = tuple((i, by_id[id(x)]) for i, x in enumerate(values)
                       if isinstance(x, torch.Tensor) and id(x) in by_id)
+        for i, _ in slots:  # keep no reference to this call's tensors
+            values[i] = None
         return cls(compiled, grid, values, slots, _tensor_layout(roles),
                    driver.active.get_current_device())
 

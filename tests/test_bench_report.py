@@ -198,3 +198,15 @@ def test_check_comparison_options_are_refused_where_they_mean_nothing(argv, mess
     with pytest.raises(SystemExit) as exit_info:
         bench.main(argv)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_host_table_shows_microseconds_ratio_to_flash_and_eager_minus_graph():
+    result = _result()
+    result["rows"][0]["pasa-exact"].update(host_us=60.0)
+    result["rows"][0]["sdpa-flash"].update(host_us=20.0)
+    result["rows"][2]["pasa-exact"].update(host_us=45.0, ms=0.150, graph_ms=0.110)
+    result["rows"][2]["sdpa-flash"].update(host_us=30.0, ms=0.100, graph_ms=0.095)
+    text = bench.markdown(result)
+    assert "| d=128 S=4096 none | 60 (3.0) | 20 (1.0) | - |" in text
+    assert "| decode d=128 S2=8192 GQA 4:1 | 45 (1.5) / 40 | 30 (1.0) / 5 | - |" in text
+    assert "d=128 S=16384" not in text.split("Host time")[1]  # no host times in that row

@@ -258,3 +258,37 @@ def test_calls_with_host_lengths_never_synchronise(algorithm):
                 raise AssertionError(f"{name}: {err}") from err
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_a_bound_launch_swaps_in_each_calls_tensors_and_keeps_none(monkeypatch):
+    """PreparedLaunch's bookkeeping, with Triton's launcher replaced by a recorder: the
+    roles' positions get the new call's tensors, everything else stays as bound, no
+    reference to the binding call's tensors is kept, and a tensor of other strides or
+    alignment launches nothing."""
+    import weakref
+
+    from pasa_npu.fallback import kernel_common
+
+    launched = []
+    monkeypatch.setattr(kernel_common, "_launch", lambda kernel, grid, args, kwargs: (
+        "compiled", ["FLAG"]))
+    monkeypatch.setattr(kernel_common, "_run_compiled",
+                        lambda compiled, grid, values, device: launched.append(list(values)))
+    monkeypatch.setattr(kernel_common, "driver", type("D", (), {"active": type(
+        "A", (), {"get_current_device": staticmethod(lambda: 0)})}))
+    q, out, table = torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(2, dtype=torch.int32)
+    bound = kernel_common.PreparedLaunch.launch(
+        "kernel", (3,), (q, table, out, 7, q.stride(0)), dict(FLAG=True), {"q": q, "out": out})
+    assert bound.values == [None, table, None, 7, 8, True]
+    alive = weakref.ref(q)
+    del q
+    assert alive() is None, "the bound launch keeps the binding call's query alive"
+    q2, out2 = torch.ones(4, 8), torch.ones(4, 8)
+    assert bound({"q": q2, "out": out2})
+    assert launched[-1][0] is q2 and launched[-1][2] is out2 and launched[-1][1] is table
+    assert not bound({"q": torch.ones(8, 4).t(), "out": out2})  # other strides
+    assert not bound({"q": torch.ones(33)[1:].view(4, 8), "out": out2})  # misaligned
+    assert len(launched) == 1
+    two_roles = torch.zeros(3)
+    assert kernel_common.PreparedLaunch.launch(
+        "kernel", (1,), (two_roles,), {}, {"key": two_roles, "value": two_roles}) is None

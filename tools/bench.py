@@ -28,6 +28,7 @@ import math
 import pathlib
 import statistics
 import sys
+import time
 
 import torch
 
@@ -151,7 +152,7 @@ def _timed(call, flops: float, kv_bytes) -> dict:
         ms = _time_ms(call)
     except Exception as err:
         return {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"}
-    entry = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12}
+    entry = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "host_us": host_us(call)}
     if kv_bytes is not None:
         entry["eager_gbs"] = kv_bytes / (ms * 1e-3) / 1e9
         try:
@@ -160,6 +161,22 @@ def _timed(call, flops: float, kv_bytes) -> dict:
         except Exception as err:
             entry["graph_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
     return entry
+
+
+def host_us(call, calls: int = 50) -> float:
+    """Median microseconds of host time per call of ``call``, measured while the GPU is kept
+    busy by work queued ahead of the calls (so that no call waits for it, and each call's
+    time is its Python and launch work alone)."""
+    call()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1 << 28)  # about 0.1 s of GPU work ahead of the timed calls
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return statistics.median(times) * 1e6
 
 
 def _add_graph_tflops(entry: dict, call, flops: float) -> None:
@@ -249,8 +266,39 @@ def markdown(result) -> str:
             cells.append(f"{e['gbs']:.0f} ({e['gbs'] / bw:.0%}){eager}" if "gbs" in e
                          else "error" + eager)
         lines.append(f"| {row['s']} | {row['ratio']}:1 | " + " | ".join(cells) + " |")
+    lines += _host_markdown(result)
     lines += bench_paged.markdown(result)
     return "\n".join(lines) + "\n"
+
+
+def _host_markdown(result) -> list:
+    """The host time table: µs per call with the GPU kept busy (:func:`host_us`), ratio to
+    SDPA-flash's; for decode, after a slash, eager minus graph-replay time."""
+    rows = [row for row in result["rows"]
+            if any("host_us" in v for v in row.values() if isinstance(v, dict))]
+    if not rows:
+        return []
+    names = list(dict.fromkeys(list(result["algorithms"]) + list(result.get(
+        "decode_algorithms", [])))) + ["sdpa-flash", "sdpa-cudnn"]
+    lines = ["", "Host time per call, µs, with the GPU kept busy (ratio to SDPA-flash's); "
+             "decode: / eager minus graph replay, µs:", "",
+             "| case | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+    for row in rows:
+        flash = row.get("sdpa-flash", {}).get("host_us")
+        cells = []
+        for name in names:
+            e = row.get(name, {})
+            if "host_us" not in e:
+                cells.append("-")
+                continue
+            text = f"{e['host_us']:.0f}"
+            if flash:
+                text += f" ({e['host_us'] / flash:.1f})"
+            if "graph_ms" in e:
+                text += f" / {(e['ms'] - e['graph_ms']) * 1e3:.0f}"
+            cells.append(text)
+        lines.append(f"| {_case_text(row)} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _case_text(row) -> str:
