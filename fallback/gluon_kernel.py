@@ -1,4 +1,4 @@
-"""The warp-specialised Gluon prefill kernel, ``_prefill_ws`` (:mod:`gluon_prefill` says
+"""The warp-specialised Gluon prefill kernel, ``prefill_ws_kernel`` (:mod:`gluon_prefill` says
 what it computes and launches it): a loader warp and two or three consumer warp groups, the
 state they share grouped in the aggregates of :mod:`gluon_parts`. Needs Gluon.
 """
@@ -11,13 +11,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from pasa_npu.fallback import gluon_config
 from pasa_npu.fallback.gluon_parts import (MEAN_ROWS_C, ROWS, THIN_LAYOUT, Blocks, Operands,
                                            Output, Pages, Queries, Ring, Schedule, Sizes,
-                                           Variant, _column, _paged_rows,
-                                           _key_visible, _release_blocks, _row_sees_block,
-                                           _row_sum_read, _row_sum_start, _scores_pasa,
-                                           _softmax_exact, _softmax_fa, _statistics_pasa,
-                                           _tile, _tile_publish, _tile_read)
-from pasa_npu.fallback.kernel_common import _fp16, _rl, _tile_kv_blocks
-from pasa_npu.fallback.triton_softmax import _lost_resolution
+                                           Variant, thin_column, paged_kv_rows,
+                                           key_visible, release_blocks, row_sees_block,
+                                           row_sum_read, row_sum_start, scores_pasa,
+                                           softmax_exact, softmax_fa, statistics_pasa,
+                                           query_tile, publish_tile, read_tile)
+from pasa_npu.fallback.kernel_common import to_fp16_paired, round_low, tile_kv_blocks
+from pasa_npu.fallback.triton_softmax import lost_resolution
 
 _CONSUMER_REGS_2 = gl.constexpr(gluon_config.CONSUMER_REGS[2])
 _CONSUMER_REGS_3 = gl.constexpr(gluon_config.CONSUMER_REGS[3])
@@ -50,8 +50,8 @@ def _loader(q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, page
     n = 0  # tiles so far
     t = gl.program_id(0)
     while t < total:
-        b, h, hk, m0 = _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, q_len, BLOCK_M)
-        lo, hi, full_lo, full_hi, pre, nxt = _tile_kv_blocks(
+        b, h, hk, m0 = query_tile(t, n_tiles, n_pairs, tile_group, n_heads, group, q_len, BLOCK_M)
+        lo, hi, full_lo, full_hi, pre, nxt = tile_kv_blocks(
             m0, q_len, kv_len, band_pre, band_next, b, HAS_BAND, BLOCK_M, BLOCK_N)
         for w in gl.static_range(BLOCK_M // ROWS):
             mbarrier.wait(q_empty.index(w), (n & 1) ^ 1, pred=n > 0)
@@ -60,13 +60,13 @@ def _loader(q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, page
             tma.async_copy_global_to_shared(q_desc, [b, h, gl.maximum(m0 + w * ROWS, 0), 0],
                                             q_bar.index(w), q_smem.index(w))
         # every group is past tile n-1's Q, so each has read ids n-1 and n-2
-        _tile_publish(tile_ids, tile_ready, t, n)
+        publish_tile(tile_ids, tile_ready, t, n)
         mean_row0 = (b * (n_heads // group) + hk) * n_blocks
         for blk in range(lo, hi):
             stage = it % STAGES
             k_block, v_block, row = b, b, blk * BLOCK_N
             if PAGED:  # read before the wait below, which hides the table's latency
-                k_block, v_block, row = _paged_rows(pages, b, blk * BLOCK_N)
+                k_block, v_block, row = paged_kv_rows(pages, b, blk * BLOCK_N)
             # the first pass over the ring finds every stage free
             mbarrier.wait(kv_empty.index(stage), ((it // STAGES) & 1) ^ 1,
                           pred=it >= STAGES)
@@ -85,7 +85,7 @@ def _loader(q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, page
         t = gl.num_programs(0) + gl.atomic_add(next_tile, 1)
     for w in gl.static_range(BLOCK_M // ROWS):
         mbarrier.wait(q_empty.index(w), (n & 1) ^ 1, pred=n > 0)
-    _tile_publish(tile_ids, tile_ready, t, n)
+    publish_tile(tile_ids, tile_ready, t, n)
 
 
 @gluon.jit
@@ -122,14 +122,14 @@ def _consumer(queries, ring, schedule, sizes, output, ones, W: gl.constexpr, var
     o_zero = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
     it = 0  # kv blocks consumed by this program so far, over all its tiles
     n = 0  # tiles so far
-    t = _tile_read(tile_ids, tile_ready, n)
+    t = read_tile(tile_ids, tile_ready, n)
     while t < n_tiles * n_pairs:
-        b, h, hk, m0 = _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, q_len, BLOCK_M)
-        lo, hi, _, _, _, _ = _tile_kv_blocks(m0, q_len, kv_len, band_pre, band_next, b,
+        b, h, hk, m0 = query_tile(t, n_tiles, n_pairs, tile_group, n_heads, group, q_len, BLOCK_M)
+        lo, hi, _, _, _, _ = tile_kv_blocks(m0, q_len, kv_len, band_pre, band_next, b,
                                              HAS_BAND, BLOCK_M, BLOCK_N)
         # the blocks this group's rows see, a part of the tile's (with three groups,
         # a causal tile's first rows see fewer)
-        g_lo, g_hi, full_lo, full_hi, pre, nxt = _tile_kv_blocks(
+        g_lo, g_hi, full_lo, full_hi, pre, nxt = tile_kv_blocks(
             m0 + W * ROWS, q_len, kv_len, band_pre, band_next, b, HAS_BAND, ROWS, BLOCK_N)
         if (m0 + W * ROWS < 0) | (m0 + W * ROWS >= q_len):  # a group without rows
             g_hi = g_lo
@@ -142,7 +142,7 @@ def _consumer(queries, ring, schedule, sizes, output, ones, W: gl.constexpr, var
                             PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, DETECT,
                             PART_FILLED, BLOCK_N, HEAD_DIM, STAGES)
         n += 1
-        t = _tile_read(tile_ids, tile_ready, n)
+        t = read_tile(tile_ids, tile_ready, n)
 
 
 @gluon.jit
@@ -155,10 +155,10 @@ def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, c
     and the fold into the state (acc, m, l, f, count; pasa-exact's row constants c8 of
     :data:`MEAN_ROWS` blocks). MASK: 0 for a block every row sees whole; 1 for a
     leading masked block (a band's lower edge), 2 for a trailing one (the diagonal, the
-    last block past kv_len), whose keys are tested one by one (:func:`_key_visible`).
+    last block past kv_len), whose keys are tested one by one (:func:`key_visible`).
     PART_FILLED (pasa): the last kv block holds fewer than BLOCK_N keys, and a masked
     block's row mean takes its own key count. DETECT: a row whose block maximum of S' lost
-    resolution (triton_softmax._lost_resolution) gets NaN statistics (pasa: from its block
+    resolution (triton_softmax.lost_resolution) gets NaN statistics (pasa: from its block
     mean, whose select keeps the fp16 roundings paired; pasa-exact: l), which the tile's row
     test flags. Returns the new count and state."""
     # one body for the three allocations: they share the wait for the stage, QKᵀ, the
@@ -185,42 +185,42 @@ def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, c
             c8 = warpgroup_mma(q, mean_smem.index(stage).permute((1, 0)), c_zero,
                                use_acc=False, is_async=True)
             c8 = warpgroup_mma_wait(0, deps=(c8,)) * scale
-        c = gl.convert_layout(_column(c8, blk % MEAN_ROWS_C), row_s)
+        c = gl.convert_layout(thin_column(c8, blk % MEAN_ROWS_C), row_s)
     qk = warpgroup_mma_wait(0, deps=(qk,))
     if blk == g_hi - 1:  # the group's last use of Q: the loader may fetch the next
         mbarrier.arrive(q_free)
 
     if PSEUDO_AVERAGE_SHIFT:  # P'V rounded to fp16; the statistics and the fold in fp16 steps
         if MASKED:
-            vis = _key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND, MASK,
+            vis = key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND, MASK,
                                BLOCK_N)
-            score_sums, m_loc, p16 = _scores_pasa(qk, vis, ones, True)
+            score_sums, m_loc, p16 = scores_pasa(qk, vis, ones, True)
         else:
-            score_sums, m_loc, p16 = _scores_pasa(qk, None, ones, False)
+            score_sums, m_loc, p16 = scores_pasa(qk, None, ones, False)
         # the block sum and P'V start now; the statistics run while they do
-        p_sums = _row_sum_start(p16, ones)
+        p_sums = row_sum_start(p16, ones)
         pv = warpgroup_mma(gl.convert_layout(p16, p_layout), v, o_zero, use_acc=False,
                            is_async=True)
         if MASKED and PART_FILLED:  # the part-filled last block: its keys' mean
             factor = gl.where(blk == sizes.tail_block, sizes.tail_factor, 1.0 / BLOCK_N)
-            s_mean = _rl(_row_sum_read(score_sums, m_i) * factor, gl.float16)
+            s_mean = round_low(row_sum_read(score_sums, m_i) * factor, gl.float16)
         else:
-            s_mean = _rl(_row_sum_read(score_sums, m_i) / BLOCK_N, gl.float16)
+            s_mean = round_low(row_sum_read(score_sums, m_i) / BLOCK_N, gl.float16)
         if DETECT:  # the statistics, l and O of a row that lost resolution become NaN
-            s_mean = gl.where(_lost_resolution(m_loc), float("nan"), s_mean)
-        m_new, f_new, cnt_new, alpha, beta_w = _statistics_pasa(m_i, f_i, cnt_i, m_loc,
+            s_mean = gl.where(lost_resolution(m_loc), float("nan"), s_mean)
+        m_new, f_new, cnt_new, alpha, beta_w = statistics_pasa(m_i, f_i, cnt_i, m_loc,
                                                                 s_mean, gamma)
         p_sums = warpgroup_mma_wait(1, deps=(p_sums,))
-        l_loc = _rl(_row_sum_read(p_sums, m_i), gl.float16)
-        l_new = _rl(_rl(alpha * l_i, gl.float16) + _rl(beta_w * l_loc, gl.float16),
+        l_loc = round_low(row_sum_read(p_sums, m_i), gl.float16)
+        l_new = round_low(round_low(alpha * l_i, gl.float16) + round_low(beta_w * l_loc, gl.float16),
                     gl.float16)
         pv = warpgroup_mma_wait(0, deps=(pv,))
         mbarrier.arrive(kv_empty.index(stage))
         alpha16 = gl.convert_layout(alpha.to(gl.float16), row_o)
         beta16 = gl.convert_layout(beta_w.to(gl.float16), row_o)
-        acc_new = acc * alpha16[:, None] + _fp16(pv) * beta16[:, None]
+        acc_new = acc * alpha16[:, None] + to_fp16_paired(pv) * beta16[:, None]
         if MASKED:  # rows that see no key of the block keep their state
-            row_any = _row_sees_block(rows, blk, q_len, kv_len, pre, nxt, HAS_BAND, MASK,
+            row_any = row_sees_block(rows, blk, q_len, kv_len, pre, nxt, HAS_BAND, MASK,
                                       BLOCK_N)
             acc_new = gl.where(gl.convert_layout(row_any, row_o)[:, None], acc_new, acc)
             m_new = gl.where(row_any, m_new, m_i)
@@ -231,34 +231,34 @@ def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, c
     else:
         if EXACT_SHIFT:
             if MASKED:
-                vis = _key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND,
+                vis = key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND,
                                    MASK, BLOCK_N)
-                m_new, alpha, p16, m_blk = _softmax_exact(qk, vis, m_i, c, True)
+                m_new, alpha, p16, m_blk = softmax_exact(qk, vis, m_i, c, True)
             else:
-                m_new, alpha, p16, m_blk = _softmax_exact(qk, None, m_i, c, False)
+                m_new, alpha, p16, m_blk = softmax_exact(qk, None, m_i, c, False)
             # P'V in its own fp32 tile, rounded to fp16, then added; alongside, the
             # block's P' summed on the tensor cores (for l)
-            p_sums = _row_sum_start(p16, ones)
+            p_sums = row_sum_start(p16, ones)
             pv = warpgroup_mma(gl.convert_layout(p16, p_layout), v, o_zero,
                                use_acc=False, is_async=True)
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
             p_sums = warpgroup_mma_wait(1, deps=(p_sums,))
-            l_new = alpha * l_i + _row_sum_read(p_sums, m_i)
+            l_new = alpha * l_i + row_sum_read(p_sums, m_i)
             if DETECT:
-                lost = _lost_resolution(m_blk)
+                lost = lost_resolution(m_blk)
                 if MASKED:  # a row without a key of the block (maximum -inf) keeps its l
                     lost = lost & (m_blk > float("-inf"))
                 l_new = gl.where(lost, float("nan"), l_new)
             pv = warpgroup_mma_wait(0, deps=(pv,))
             mbarrier.arrive(kv_empty.index(stage))
-            acc = acc + _fp16(pv).to(gl.float32)
+            acc = acc + to_fp16_paired(pv).to(gl.float32)
         else:  # fa-fp32: accumulated in place
             if MASKED:
-                vis = _key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND,
+                vis = key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND,
                                    MASK, BLOCK_N)
-                m_new, l_new, alpha, p16 = _softmax_fa(qk, vis, m_i, l_i, scale, True)
+                m_new, l_new, alpha, p16 = softmax_fa(qk, vis, m_i, l_i, scale, True)
             else:
-                m_new, l_new, alpha, p16 = _softmax_fa(qk, None, m_i, l_i, scale, False)
+                m_new, l_new, alpha, p16 = softmax_fa(qk, None, m_i, l_i, scale, False)
             p16 = gl.convert_layout(p16, p_layout)
             alpha = gl.convert_layout(alpha, row_o)
             acc = acc * alpha[:, None]
@@ -305,7 +305,7 @@ def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m
         acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
     mbarrier.wait(q_ready, n & 1)
 
-    it = _release_blocks(kv_ready, kv_empty, lo, g_lo, it, STAGES)
+    it = release_blocks(kv_ready, kv_empty, lo, g_lo, it, STAGES)
     # three loops, so that what the masked blocks need is not held across the interior
     # ones (one loop with both kinds of block spills at three groups under a causal
     # mask): leading masked blocks (a band's lower edge), interior, trailing masked
@@ -328,9 +328,9 @@ def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m
             BLOCK_N, HEAD_DIM, STAGES)
     if g_hi <= g_lo:  # a group that sees no kv block never used Q
         mbarrier.arrive(q_free)
-    it = _release_blocks(kv_ready, kv_empty, gl.maximum(g_hi, g_lo), hi, it, STAGES)
+    it = release_blocks(kv_ready, kv_empty, gl.maximum(g_hi, g_lo), hi, it, STAGES)
 
-    # rows that saw no key: output 0, LSE -inf (as the Triton kernel's _finish). A row that
+    # rows that saw no key: output 0, LSE -inf (as the Triton kernel's finish_rows). A row that
     # saw one has l >= 1 (its maximum's exp(0)), or NaN from a NaN input, which must stay
     # NaN: the GPU's maximum drops NaN, so m alone would call such a row unseen
     seen = l_i != 0.0
@@ -354,14 +354,14 @@ def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m
                  + rows.to(gl.int64) * output.stride_ls, lse,
                  mask=rows.to(gl.uint32, bitcast=True) < q_len)
     if DETECT:
-        # a row's output values through their sum (triton_softmax._nonfinite_rows), and
+        # a row's output values through their sum (triton_softmax.nonfinite_row_mask), and
         # its statistics, finite where its LSE is, whose log a call without LSE skips. The
         # sum: at d = 64 of the fp16 output on the tensor cores (a thin matmul by ones),
         # at d = 128 of the fp32 output on the CUDA cores, each the one that costs its
         # kernel less (docs/design.md, "Overflow detection and repair")
         if HEAD_DIM < BLOCK_N:
-            sums = _row_sum_start(o16, ops.ones.slice(0, HEAD_DIM, 1))
-            o_sum = _row_sum_read(warpgroup_mma_wait(0, deps=(sums,)), l_i)
+            sums = row_sum_start(o16, ops.ones.slice(0, HEAD_DIM, 1))
+            o_sum = row_sum_read(warpgroup_mma_wait(0, deps=(sums,)), l_i)
         else:
             o_sum = gl.convert_layout(gl.sum(o, 1), row_s)
         in_rows = rows.to(gl.uint32, bitcast=True) < q_len
@@ -375,7 +375,7 @@ def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m
 
 
 @gluon.jit
-def _prefill_ws(q_desc, k_desc, v_desc, m_desc, O, LSE, FLAGS, OVERFLOW_WORD, next_tile,
+def prefill_ws_kernel(q_desc, k_desc, v_desc, m_desc, O, LSE, FLAGS, OVERFLOW_WORD, next_tile,
                 band_pre, band_next, K_PAGES, V_PAGES,
                 stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
                 stride_kpb, stride_vpb, page_size,
@@ -386,7 +386,7 @@ def _prefill_ws(q_desc, k_desc, v_desc, m_desc, O, LSE, FLAGS, OVERFLOW_WORD, ne
                 DETECT: gl.constexpr, PART_FILLED: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                 STAGES: gl.constexpr):
-    """Persistent, one program per SM: each takes tiles of :func:`_tile`'s order until
+    """Persistent, one program per SM: each takes tiles of :func:`query_tile`'s order until
     none is left (``next_tile``: a zeroed counter; :func:`_loader`), so that its loader
     fetches a tile's Q, K and V while its consumers finish the one before. (A fixed
     stride over the tiles, heaviest first within groups of pairs, left the programs'

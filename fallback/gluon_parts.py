@@ -14,7 +14,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, warpgrou
 from triton.language.core import _aggregate as aggregate
 
 from pasa_npu.fallback import gluon_config
-from pasa_npu.fallback.kernel_common import _fp16, _rl
+from pasa_npu.fallback.kernel_common import to_fp16_paired, round_low
 
 LOG2E = gl.constexpr(1.4426950408889634)
 ROWS = gl.constexpr(gluon_config.GROUP_ROWS)
@@ -174,7 +174,7 @@ class Pages:
 
 
 @gluon.jit
-def _paged_rows(pages, b, n0):
+def paged_kv_rows(pages, b, n0):
     """Paged KV: the physical blocks of K and of V that hold batch ``b``'s keys n0 ..
     n0 + BLOCK_N - 1, and the row of key n0 in them."""
     entry = n0 // pages.size
@@ -227,7 +227,7 @@ class Operands:
 
 
 @gluon.jit
-def _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, q_len, BLOCK_M: gl.constexpr):
+def query_tile(t, n_tiles, n_pairs, tile_group, n_heads, group, q_len, BLOCK_M: gl.constexpr):
     """Query tile ``t`` of the launch order: (batch, head, kv head, first row). Tiles go
     by groups of ``tile_group`` (batch, head) pairs (TILE_GROUP_BYTES); within a group
     the heaviest query tiles of all its pairs first (under causal and band masks the
@@ -246,7 +246,7 @@ def _tile(t, n_tiles, n_pairs, tile_group, n_heads, group, q_len, BLOCK_M: gl.co
 
 
 @gluon.jit
-def _tile_publish(tile_ids, tile_ready, t, n):
+def publish_tile(tile_ids, tile_ready, t, n):
     """Loader: publish tile ``t`` as this program's ``n``-th, in slot n % 2."""
     tile_ids.index(n % 2).store(gl.full([1], t, gl.int32, gl.BlockedLayout([1], [32], [1],
                                                                             [0])))
@@ -255,14 +255,14 @@ def _tile_publish(tile_ids, tile_ready, t, n):
 
 
 @gluon.jit
-def _tile_read(tile_ids, tile_ready, n):
+def read_tile(tile_ids, tile_ready, n):
     """Consumer: this program's ``n``-th tile, once the loader has published it."""
     mbarrier.wait(tile_ready.index(n % 2), (n // 2) & 1)
     return gl.max(tile_ids.index(n % 2).load(gl.BlockedLayout([1], [32], [4], [0])), 0)
 
 
 @gluon.jit
-def _release_blocks(kv_ready, kv_empty, start, end, it, STAGES: gl.constexpr):
+def release_blocks(kv_ready, kv_empty, start, end, it, STAGES: gl.constexpr):
     """Consumer: pass over kv blocks start .. end-1 of the ring unread, releasing each
     once it has arrived (a release before the load would count towards the stage's
     previous use). Returns the new count of blocks."""
@@ -275,10 +275,10 @@ def _release_blocks(kv_ready, kv_empty, start, end, it, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _row_sum_start(x16, ones):
+def row_sum_start(x16, ones):
     """Start the sums over axis 1 of the fp16 tile x16 (64 rows) on the tensor cores:
     x16 times a tile of ones, fp32 accumulation, asynchronous (warpgroup_mma_wait, then
-    :func:`_row_sum_read`)."""
+    :func:`row_sum_read`)."""
     a = gl.convert_layout(x16, gl.DotOperandLayout(operand_index=0, parent=THIN_LAYOUT,
                                                    k_width=2))
     return warpgroup_mma(a, ones.permute((1, 0)),
@@ -296,7 +296,7 @@ def _own_column(a, b):
 
 
 @gluon.jit
-def _column(x, j):
+def thin_column(x, j):
     """Column j of a thin matmul's 64 x MEAN_ROWS tile x (THIN_LAYOUT) as a row vector.
     A thread holds two adjacent columns of its rows, the four lanes of a quad all 8,
     so it takes the one of j's parity and a shuffle within the quad fetches column j
@@ -313,8 +313,8 @@ def _column(x, j):
 
 
 @gluon.jit
-def _row_sum_read(sums, like):
-    """The row sums of a finished :func:`_row_sum_start` (its 8 columns are equal),
+def row_sum_read(sums, like):
+    """The row sums of a finished :func:`row_sum_start` (its 8 columns are equal),
     laid out as ``like``."""
     return gl.convert_layout(gl.reduce(sums, 1, _own_column), like.type.layout)
 
@@ -344,7 +344,7 @@ def _last_visible_col(rows, blk, q_len, kv_len, pre, nxt, HAS_BAND: gl.constexpr
 
 
 @gluon.jit
-def _key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND: gl.constexpr,
+def key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND: gl.constexpr,
                  MASK: gl.constexpr, BLOCK_N: gl.constexpr):
     """Whether key blk * BLOCK_N + cols is visible to each row: 0 <= key - key_lo <
     key_count, one unsigned compare per element; under a band, in a trailing block (MASK
@@ -362,10 +362,10 @@ def _key_visible(rows, cols, blk, q_len, kv_len, pre, nxt, HAS_BAND: gl.constexp
 
 
 @gluon.jit
-def _row_sees_block(rows, blk, q_len, kv_len, pre, nxt, HAS_BAND: gl.constexpr,
+def row_sees_block(rows, blk, q_len, kv_len, pre, nxt, HAS_BAND: gl.constexpr,
                     MASK: gl.constexpr, BLOCK_N: gl.constexpr):
     """Whether each row sees any key of masked block ``blk``, in the form of
-    :func:`_key_visible` for the same MASK."""
+    :func:`key_visible` for the same MASK."""
     if HAS_BAND and MASK == 2:
         return _last_visible_col(rows, blk, q_len, kv_len, pre, nxt, HAS_BAND, BLOCK_N) >= 0
     key_lo, key_hi, key_count = _visible_keys(rows, q_len, kv_len, pre, nxt, HAS_BAND)
@@ -396,7 +396,7 @@ def _row_max_f16(x16):
 
 
 @gluon.jit
-def _softmax_fa(qk, vis, m_i, l_i, scale, MASKED: gl.constexpr):
+def softmax_fa(qk, vis, m_i, l_i, scale, MASKED: gl.constexpr):
     """fa-fp32: fp32 scores and statistics. Returns (m, l, alpha, P in fp16)."""
     s = qk * scale
     if MASKED:
@@ -406,17 +406,17 @@ def _softmax_fa(qk, vis, m_i, l_i, scale, MASKED: gl.constexpr):
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2((m_i - m_use) * LOG2E)
     p = gl.exp2(s * LOG2E - (m_use * LOG2E)[:, None])
-    return m_new, alpha * l_i + gl.sum(p, 1), alpha, _fp16(p)
+    return m_new, alpha * l_i + gl.sum(p, 1), alpha, to_fp16_paired(p)
 
 
 @gluon.jit
-def _softmax_exact(qk, vis, m_i, c, MASKED: gl.constexpr):
+def softmax_exact(qk, vis, m_i, c, MASKED: gl.constexpr):
     """pasa-exact: S' rounded to fp16, the row constant c carried in fp32, P' rounded to
     fp16 (the caller sums it in fp32 on the tensor cores). Returns (m, alpha, P' in
     fp16, the block's row max of S')."""
     if MASKED:  # masked in fp32, where a select is one instruction (fp16(-inf) = -inf)
         qk = gl.where(vis, qk, float("-inf"))
-    sp16 = _fp16(qk)
+    sp16 = to_fp16_paired(qk)
     sp = sp16.to(gl.float32)
     if MASKED:  # the packed max here makes the third group's diagonal loop spill
         m_blk = gl.max(sp, 1)
@@ -425,22 +425,22 @@ def _softmax_exact(qk, vis, m_i, c, MASKED: gl.constexpr):
     m_new = gl.maximum(m_i, m_blk + c)
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2((m_i - m_use) * LOG2E)
-    p16 = _fp16(gl.exp2(sp * LOG2E - ((m_use - c) * LOG2E)[:, None]))
+    p16 = to_fp16_paired(gl.exp2(sp * LOG2E - ((m_use - c) * LOG2E)[:, None]))
     return m_new, alpha, p16, m_blk
 
 
 @gluon.jit
-def _scores_pasa(qk, vis, ones, MASKED: gl.constexpr):
+def scores_pasa(qk, vis, ones, MASKED: gl.constexpr):
     """pasa, the block's tile: S' in fp16, its row sums on the tensor cores (every
     column, masked or not: the block mean), its row max (an fp16 max: the max of fp16
     values) and P' = e^(S' - max) in fp16, each an fp16 step. Returns (the sums, the
     max, P'). The sums are waited for here: left in flight past the exponentials, ptxas
     serialised every matmul of the kernel."""
     low: gl.constexpr = gl.float16
-    sp16 = _fp16(qk)
-    score_sums = warpgroup_mma_wait(0, deps=(_row_sum_start(sp16, ones),))
+    sp16 = to_fp16_paired(qk)
+    score_sums = warpgroup_mma_wait(0, deps=(row_sum_start(sp16, ones),))
     if MASKED:  # masked in fp32, where a select is one instruction (fp16(-inf) = -inf)
-        sp16 = _fp16(gl.where(vis, qk, float("-inf")))
+        sp16 = to_fp16_paired(gl.where(vis, qk, float("-inf")))
     # ptxas packs most of this max already: the halvings of _row_max_f16 gain little here
     m_loc = gl.max(sp16, 1).to(gl.float32)
     # a masked key: exp2(-inf) = 0 (a row with no key of the block gets NaN here, and
@@ -450,16 +450,16 @@ def _scores_pasa(qk, vis, ones, MASKED: gl.constexpr):
 
 
 @gluon.jit
-def _statistics_pasa(m_i, f_i, cnt_i, m_loc, s_mean, gamma):
+def statistics_pasa(m_i, f_i, cnt_i, m_loc, s_mean, gamma):
     """pasa: the statistics, every one an fp16 step (the online pseudo-average f over
     the blocks seen, its count, the invariance gamma). Returns (m, f, count, alpha and
     the block's weight beta); l follows once the block's P' sums are in."""
     low: gl.constexpr = gl.float16
     cnt1 = cnt_i + 1.0
-    f_new = _rl(_rl(_rl((cnt1 - 1.0) * f_i, low) + s_mean, low) / cnt1, low)
-    x = _rl(m_i + _rl(gamma * _rl(f_i - f_new, low), low), low)
-    y = _rl(m_loc + _rl(gamma * _rl(s_mean - f_new, low), low), low)
+    f_new = round_low(round_low(round_low((cnt1 - 1.0) * f_i, low) + s_mean, low) / cnt1, low)
+    x = round_low(m_i + round_low(gamma * round_low(f_i - f_new, low), low), low)
+    y = round_low(m_loc + round_low(gamma * round_low(s_mean - f_new, low), low), low)
     m_new = gl.maximum(x, y)
-    alpha = _rl(gl.exp2(_rl(x - m_new, low) * LOG2E), low)
-    beta_w = _rl(gl.exp2(_rl(y - m_new, low) * LOG2E), low)
+    alpha = round_low(gl.exp2(round_low(x - m_new, low) * LOG2E), low)
+    beta_w = round_low(gl.exp2(round_low(y - m_new, low) * LOG2E), low)
     return m_new, f_new, cnt1, alpha, beta_w

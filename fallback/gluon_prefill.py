@@ -1,6 +1,6 @@
 """Warp-specialised prefill for Hopper (sm_90), written in Gluon: pasa-exact, pasa, fa-fp32.
 
-The same computation as :func:`pasa_npu.fallback.triton_prefill._attention_fwd` for
+The same computation as :func:`pasa_npu.fallback.triton_prefill.prefill_kernel` for
 these allocations, organised so that the tensor cores and the softmax overlap:
 
 * persistent: one program per SM takes (query tile, batch, query head) tiles until none
@@ -41,7 +41,7 @@ Scope (:func:`supported`): fp16 inputs; head dim 64 or 128 (Q, K and V alike); k
 128; every batch at the full lengths (no ragged or packed varlen input); no explicit mask
 (causal and band modes are computed in the kernel); no rounding guard; no learnable sink
 (torch_npu takes sinks with packed layouts only, which this kernel does not read; a sink
-joins on the Triton kernel, :func:`triton_softmax._finish`); layouts TMA can
+joins on the Triton kernel, :func:`triton_softmax.finish_rows`); layouts TMA can
 address; fewer than 2**31 query rows over all batches and heads (the row flags' offsets
 are 32-bit). Paged KV too, where the block size is a multiple of 128 and every batch has the
 same kv length, a multiple of 128 (the loader reads whole kv blocks of the caches: rows
@@ -60,7 +60,7 @@ try:  # Gluon ships with Triton >= 3.5
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from pasa_npu.fallback.gluon_kernel import _prefill_ws
+    from pasa_npu.fallback.gluon_kernel import prefill_ws_kernel
     AVAILABLE = True
 except ImportError:  # pragma: no cover - older Triton
     AVAILABLE = False
@@ -199,7 +199,7 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
     grid = (min(n_tiles * n_pairs, sm_count(q.device.index)),)
     counters = torch.zeros(2, dtype=torch.int32, device=q.device)  # next tile, overflow word
     launch(
-        _prefill_ws, grid,
+        prefill_ws_kernel, grid,
         _descriptor(q, GROUP_ROWS), _descriptor(k_used, BLOCK_N), _descriptor(v, BLOCK_N),
         m_desc, out, lse_arg, flags, counters[1:], counters, band_pre,
         band_next, k_pages, v_pages, out.stride(0), out.stride(1), out.stride(2),

@@ -43,7 +43,7 @@ def _page_rows(pages, n0, cols, kv_len, page_size, WHOLE_PAGE: tl.constexpr):
 
 
 @triton.jit
-def _kv_rows(pages, n0, cols, kv_len, page_size, stride_kb, stride_ks, stride_vb, stride_vs,
+def kv_row_offsets(pages, n0, cols, kv_len, page_size, stride_kb, stride_ks, stride_vb, stride_vs,
              PAGED: tl.constexpr, WHOLE_PAGE: tl.constexpr):
     """The int64 offsets, in K and in V, of keys n0 + cols from the (batch, kv head)'s
     base: through the batch's row ``pages`` of the block table (:func:`_page_rows`) where
@@ -60,13 +60,13 @@ def _kv_rows(pages, n0, cols, kv_len, page_size, stride_kb, stride_ks, stride_vb
 
 
 @triton.jit
-def _rl(x, low: tl.constexpr):
+def round_low(x, low: tl.constexpr):
     """One rounding to the compute dtype ``low``, kept in fp32 (a low-precision step)."""
     return x.to(low).to(tl.float32)
 
 
 @triton.jit
-def _fp16(x):
+def to_fp16_paired(x):
     """fp32 -> fp16, round to nearest even, two elements per instruction. The compiler
     converts a tile that stays in registers one element at a time (and then packs pairs
     for the fp16 arithmetic); ``cvt.rn.f16x2.f32`` halves that. Same values."""
@@ -78,7 +78,7 @@ def _fp16(x):
 
 
 @triton.jit
-def _tile_kv_blocks(m0, q_len, kv_len, band_pre, band_next, b, HAS_BAND: tl.constexpr,
+def tile_kv_blocks(m0, q_len, kv_len, band_pre, band_next, b, HAS_BAND: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The kv blocks [lo, hi) the query tile of rows m0 .. m0+BLOCK_M-1 can see, the
     interior ones [full_lo, full_hi) every valid row sees whole, and the band limits

@@ -1,13 +1,13 @@
-"""The Triton decode kernels (query length 1): ``_decode_split`` + ``_decode_combine``.
+"""The Triton decode kernels (query length 1): ``decode_split_kernel`` + ``decode_combine_kernel``.
 
 One program per (kv split, batch, kv head) stacks the query heads of its group as rows,
 so that K/V are read once per group and a single query row still fills the GPU (the
 splits make one wave of resident programs, :func:`triton_launch.decode_splits`); the
 partial results are merged by their log-sum-exp in fp32, one program per query head (as
 FlashDecoding). For PASA each split starts its own pseudo-average, and K' is computed
-there from each raw K block (:func:`triton_shift._shift_in_kernel`). Where the call is
+there from each raw K block (:func:`triton_shift.shift_keys_in_kernel`). Where the call is
 checked for overflow (DETECT), the combine program that finds its merged row not finite
-recomputes it by fa-fp32 (:func:`triton_repair._fp32_tile`) and flags it repaired
+recomputes it by fa-fp32 (:func:`triton_repair.fp32_tile`) and flags it repaired
 (or still not finite, from a NaN or inf input): no launch of its own."""
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ import triton
 import triton.language as tl
 
 from pasa_npu.fallback import triton_launch as heuristics
-from pasa_npu.fallback.kernel_common import (PreparedLaunch, _kv_rows, cdiv, placeholder, pow2,
+from pasa_npu.fallback.kernel_common import (PreparedLaunch, kv_row_offsets, cdiv, placeholder, pow2,
                                              sm_count)
-from pasa_npu.fallback.triton_repair import ROW_NONFINITE_C, ROW_REPAIRED_C, _fp32_tile
-from pasa_npu.fallback.triton_shift import _shift_in_kernel
-from pasa_npu.fallback.triton_softmax import (_block_update, _finish, _initial_state,
-                                              _nonfinite_rows, _row_constant)
+from pasa_npu.fallback.triton_repair import ROW_NONFINITE_C, ROW_REPAIRED_C, fp32_tile
+from pasa_npu.fallback.triton_shift import shift_keys_in_kernel
+from pasa_npu.fallback.triton_softmax import (block_update, finish_rows, initial_state,
+                                              nonfinite_row_mask, block_row_constant)
 from pasa_npu.problem import AttentionProblem
 
 REPAIR_ROWS = tl.constexpr(16)  # decode's repair tile: one row, padded to a matmul's least
@@ -32,7 +32,7 @@ REPAIR_ROWS = tl.constexpr(16)  # decode's repair tile: one row, padded to a mat
 # Over 80 lines: one kv loop holds the contiguous and the paged addressing, the fused key
 # shift and the mask, each a few lines that read the loop's state.
 @triton.jit
-def _decode_split(
+def decode_split_kernel(
     Q, K, V, MASK, SHIFT, PART_O, PART_LSE, PAGES,
     q_starts, kv_starts, kv_lens,
     stride_qb, stride_qh, stride_qs, stride_qd,
@@ -84,7 +84,7 @@ def _decode_split(
         v_base = (V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
                   + kv_start * stride_vs)
 
-    m, l, acc, f, cnt, c = _initial_state(BLOCK_G, HEAD_DIM_V, LOW_ACCUMULATOR, q.dtype)
+    m, l, acc, f, cnt, c = initial_state(BLOCK_G, HEAD_DIM_V, LOW_ACCUMULATOR, q.dtype)
     n_blocks = (kv_len + BLOCK_N - 1) // BLOCK_N
     n_whole = kv_len // BLOCK_N  # blocks all of whose keys are valid
     first = split * blocks_per_split
@@ -102,7 +102,7 @@ def _decode_split(
         # the part-filled block is not pipelined: it is one block at most
         for blk in tl.range(lo, hi, num_stages=1 if part == 1 else None):
             n = blk * BLOCK_N + cols
-            k_rows, v_rows = _kv_rows(pages, blk * BLOCK_N, cols, kv_len, page_size,
+            k_rows, v_rows = kv_row_offsets(pages, blk * BLOCK_N, cols, kv_len, page_size,
                                       stride_kb, stride_ks, stride_vb, stride_vs, PAGED,
                                       WHOLE_PAGE)
             vis = g[:, None] < group
@@ -118,10 +118,10 @@ def _decode_split(
             v = tl.load(v_base + v_rows[:, None] + dims_v[None, :] * stride_vd, mask=v_mask,
                         other=0.0)
             if PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT:
-                k, mean = _shift_in_kernel(k, SHIFT, scale, kv_len - blk * BLOCK_N,
+                k, mean = shift_keys_in_kernel(k, SHIFT, scale, kv_len - blk * BLOCK_N,
                                            EXACT_SHIFT, part == 1, BLOCK_N)
                 if EXACT_SHIFT:
-                    c = _row_constant(q, mean, scale)
+                    c = block_row_constant(q, mean, scale)
             if PSEUDO_AVERAGE_SHIFT and part == 1:  # the mean over the block's own keys
                 mean_factor = tl.load(SHIFT + (kv_len - blk * BLOCK_N) * 4 + 2)
             elif PSEUDO_AVERAGE_SHIFT:
@@ -133,19 +133,19 @@ def _decode_split(
                                  mask=n < kv_len, other=1)
                 vis = vis & (masked == 0)[None, :]
             row_any = tl.max(vis.to(tl.int32), 1) > 0
-            m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt,
+            m, l, acc, f, cnt = block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt,
                                               scale, gamma, mean_factor, PSEUDO_AVERAGE_SHIFT,
                                               EXACT_SHIFT, LOW_SCORES, LOW_STATISTICS, True,
                                               GUARD, BLOCK_N, DETECT)
     # a split's partial result: the sink joins once, in the merge
-    o, lse = _finish(m, l, acc.to(tl.float32), f, cnt, gamma, 0.0, PSEUDO_AVERAGE_SHIFT, False)
+    o, lse = finish_rows(m, l, acc.to(tl.float32), f, cnt, gamma, 0.0, PSEUDO_AVERAGE_SHIFT, False)
     rows = (bh * n_splits + split).to(tl.int64) * group_rows + g
     tl.store(PART_O + rows[:, None] * HEAD_DIM_V + dims_v[None, :], o)
     tl.store(PART_LSE + rows, lse)
 
 
 @triton.jit
-def _decode_combine(PART_O, PART_LSE, O, LSE, FLAGS, SINK, q_starts, q_lens,
+def decode_combine_kernel(PART_O, PART_LSE, O, LSE, FLAGS, SINK, q_starts, q_lens,
                     stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh, stride_ls,
                     stride_fb, stride_fh, n_heads, group, head_dim_v, n_splits, group_rows,
                     Q, K, V, MASK, PAGES, kv_starts, kv_lens,
@@ -161,7 +161,7 @@ def _decode_combine(PART_O, PART_LSE, O, LSE, FLAGS, SINK, q_starts, q_lens,
     per load: one program per query head, so that this latency-bound pass has many
     programs in flight. DETECT: the merged row's flag; a row whose output or LSE is not
     finite, or with a split's LSE NaN or +inf (which would read as a split that saw no
-    key), is recomputed here from Q, K and V by fa-fp32 (:func:`triton_repair._fp32_tile`,
+    key), is recomputed here from Q, K and V by fa-fp32 (:func:`triton_repair.fp32_tile`,
     BLOCK_N keys a step, one stage: a small footprint on a path that rarely runs; the
     arguments after ``group_rows`` are for it alone) and flagged repaired, or still not
     finite where an input was. HAS_SINK: the head's learnable sink joins the merged row
@@ -195,7 +195,7 @@ def _decode_combine(PART_O, PART_LSE, O, LSE, FLAGS, SINK, q_starts, q_lens,
     # split's LSE is NaN (a NaN or inf in the keys or values it saw): that row is NaN
     seen = total != 0
     sink = 0.0
-    if HAS_SINK:  # as triton_softmax._finish, with the splits' merged sum as l
+    if HAS_SINK:  # as triton_softmax.finish_rows, with the splits' merged sum as l
         sink = tl.load(SINK + h)
         joined = tl.where(seen, tl.maximum(top_safe, sink), top_safe)
         rebase = tl.exp(top_safe - joined)
@@ -206,12 +206,12 @@ def _decode_combine(PART_O, PART_LSE, O, LSE, FLAGS, SINK, q_starts, q_lens,
     lse = tl.where(seen, top_safe + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
     if DETECT:
         split_bad = tl.sum(((lse_s != lse_s) | (lse_s == float("inf"))).to(tl.int32), 0) > 0
-        # the row's sum test of triton_softmax._nonfinite_rows
+        # the row's sum test of triton_softmax.nonfinite_row_mask
         row_sum = tl.sum(o, 0) + tl.where(lse == float("-inf"), 0.0, lse)
         flag = (~(tl.abs(row_sum) < float("inf")) | split_bad).to(tl.uint8)
         if flag != 0:  # the row by fa-fp32, as row 0 of a REPAIR_ROWS tile
             first = tl.arange(0, REPAIR_ROWS) == 0
-            o_t, lse_t = _fp32_tile(Q, K, V, MASK, PAGES, b, h, h // group, 0, q_start, 1,
+            o_t, lse_t = fp32_tile(Q, K, V, MASK, PAGES, b, h, h // group, 0, q_start, 1,
                                     tl.load(kv_starts + b), tl.load(kv_lens + b), q_lens,
                                     q_lens, stride_qb, stride_qh, stride_qs, stride_qd,
                                     stride_kb, stride_kh, stride_ks, stride_kd, stride_vb,
@@ -223,7 +223,7 @@ def _decode_combine(PART_O, PART_LSE, O, LSE, FLAGS, SINK, q_starts, q_lens,
             # no key (output 0, LSE -inf), never non-finite
             o = tl.sum(tl.where(first[:, None], o_t, 0.0), 0)
             lse = tl.sum(tl.where(first, lse_t, 0.0), 0)
-            still = tl.max(_nonfinite_rows(o_t, lse_t).to(tl.int32), 0) > 0
+            still = tl.max(nonfinite_row_mask(o_t, lse_t).to(tl.int32), 0) > 0
             flag = tl.where(still, ROW_NONFINITE_C, ROW_REPAIRED_C).to(tl.uint8)
         tl.store(FLAGS + b.to(tl.int64) * stride_fb + h.to(tl.int64) * stride_fh + q_start,
                  flag)
@@ -266,7 +266,7 @@ def run(problem: AttentionProblem, shared) -> Optional["PreparedDecode"]:
     whole_page = problem.block_size % shared.constexprs["BLOCK_N"] == 0
     roles = _roles(problem, shared.sink if problem.sink is not None else None, part_o, part_lse)
     split = PreparedLaunch.launch(
-        _decode_split, (n_chunks * n_splits * batch * n_kv,),
+        decode_split_kernel, (n_chunks * n_splits * batch * n_kv,),
         (q, k, v, shared.mask, shared.shift if shared.shift is not None else part_lse, part_o,
          part_lse, pages, q_starts, kv_starts, kv_lens,
          *shared.strides(q), *shared.kv_strides(k), *shared.kv_strides(v),
@@ -281,7 +281,7 @@ def run(problem: AttentionProblem, shared) -> Optional["PreparedDecode"]:
     lse_arg = shared.lse_arg
     repair_keys = heuristics.DECODE_REPAIR_KEYS
     combine = PreparedLaunch.launch(
-        _decode_combine, (batch * n_heads,),
+        decode_combine_kernel, (batch * n_heads,),
         (part_o, part_lse, out, lse_arg, flags, shared.sink, q_starts, q_lens,
          *shared.strides(out),
          (shared.batch_stride(lse_arg) if has_lse else 0), lse_arg.stride(1), lse_arg.stride(2),

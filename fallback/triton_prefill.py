@@ -1,4 +1,4 @@
-"""The Triton prefill kernel, ``_attention_fwd``: one program per (query tile, batch, query
+"""The Triton prefill kernel, ``prefill_kernel``: one program per (query tile, batch, query
 head). The kv blocks a tile can see are walked in ascending order in three loops: masked
 edge blocks, then branch-free interior blocks (read through TMA tensor descriptors where
 the layout allows), then masked edge blocks; the loops a problem can never enter are
@@ -19,11 +19,11 @@ import triton.language as tl
 
 from pasa_npu.fallback import triton_launch as heuristics
 from pasa_npu.fallback import triton_repair
-from pasa_npu.fallback.kernel_common import (_tile_kv_blocks, cdiv, device_capability,
+from pasa_npu.fallback.kernel_common import (tile_kv_blocks, cdiv, device_capability,
                                              interpreting, launch, placeholder, tma_strides)
-from pasa_npu.fallback.triton_shift import _shift_in_kernel, prepare_keys
-from pasa_npu.fallback.triton_softmax import (_block_update, _finish, _initial_state,
-                                              _nonfinite_rows, _row_constant)
+from pasa_npu.fallback.triton_shift import shift_keys_in_kernel, prepare_keys
+from pasa_npu.fallback.triton_softmax import (block_update, finish_rows, initial_state,
+                                              nonfinite_row_mask, block_row_constant)
 from pasa_npu.fallback.triton_tuning import Tuning
 from pasa_npu.problem import AttentionProblem
 
@@ -46,7 +46,7 @@ def _tile_row_constants(q, mean_base, c_base, rows, q_len, dims, lo, hi, stride_
 
 
 @triton.jit
-def _attention_fwd(
+def prefill_kernel(
     Q, K, V, O, LSE, C, MEANS, MASK, SHIFT, FLAGS, OVERFLOW_WORD, K_DESC, V_DESC, K_PAGES,
     V_PAGES, SINK,
     q_starts, q_lens, kv_starts, kv_lens, band_pre, band_next,
@@ -100,7 +100,7 @@ def _attention_fwd(
                 mask=(rows[:, None] < q_len) & (dims[None, :] < head_dim), other=0.0)
 
     # the kv range this tile can see, and the interior blocks every valid row sees whole
-    lo, hi, full_lo, full_hi, pre, nxt = _tile_kv_blocks(m0, q_len, kv_len, band_pre, band_next,
+    lo, hi, full_lo, full_hi, pre, nxt = tile_kv_blocks(m0, q_len, kv_len, band_pre, band_next,
                                                          b, HAS_BAND, BLOCK_M, BLOCK_N)
     if HAS_MASK:  # an explicit mask: every block goes through the masked loop
         full_lo = hi
@@ -134,7 +134,7 @@ def _attention_fwd(
         tail_blk = (kv_len - 1) // BLOCK_N
         tail_factor = tl.load(SHIFT + (kv_len - tail_blk * BLOCK_N) * 4 + 2)
 
-    m, l, acc, f, cnt, c = _initial_state(BLOCK_M, HEAD_DIM_V, LOW_ACCUMULATOR, q.dtype)
+    m, l, acc, f, cnt, c = initial_state(BLOCK_M, HEAD_DIM_V, LOW_ACCUMULATOR, q.dtype)
 
     for stage in tl.static_range(3):
         if (LOOPS >> stage) & 1:  # a loop that can never run is compiled out
@@ -160,7 +160,7 @@ def _attention_fwd(
                 if EXACT_SHIFT and not FUSED_SHIFT:
                     if C_PER_BLOCK:
                         mean = tl.load(mean_base + tl.cast(blk, tl.int64) * stride_mblk + dims)
-                        c = _row_constant(q, mean.to(tl.float32), scale)
+                        c = block_row_constant(q, mean.to(tl.float32), scale)
                     else:
                         c = tl.load(c_base + tl.cast(blk, tl.int64) * stride_cblk + rows,
                                     mask=rows < q_len, other=0.0)
@@ -221,15 +221,15 @@ def _attention_fwd(
                         vis = vis & (masked == 0)
                         row_any = tl.max(vis.to(tl.int32), 1) > 0
                 if FUSED_SHIFT:
-                    k, mean = _shift_in_kernel(k, SHIFT, scale, kv_len - n0, EXACT_SHIFT,
+                    k, mean = shift_keys_in_kernel(k, SHIFT, scale, kv_len - n0, EXACT_SHIFT,
                                                True, BLOCK_N)
                     if EXACT_SHIFT:
-                        c = _row_constant(q, mean, scale)
+                        c = block_row_constant(q, mean, scale)
                 if PSEUDO_AVERAGE_SHIFT and PART_FILLED and stage != 1:
                     mean_factor = tl.where(blk == tail_blk, tail_factor, 1.0 / BLOCK_N)
                 else:
                     mean_factor = 1.0 / BLOCK_N
-                m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt,
+                m, l, acc, f, cnt = block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt,
                                                   scale, gamma, mean_factor, PSEUDO_AVERAGE_SHIFT,
                                                   EXACT_SHIFT, LOW_SCORES, LOW_STATISTICS,
                                                   stage != 1, GUARD, BLOCK_N, DETECT)
@@ -237,7 +237,7 @@ def _attention_fwd(
     sink = 0.0
     if HAS_SINK:
         sink = tl.load(SINK + h)
-    o, lse = _finish(m, l, acc.to(tl.float32), f, cnt, gamma, sink, PSEUDO_AVERAGE_SHIFT,
+    o, lse = finish_rows(m, l, acc.to(tl.float32), f, cnt, gamma, sink, PSEUDO_AVERAGE_SHIFT,
                      HAS_SINK)
     row_ok = rows < q_len
     tl.store(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
@@ -247,14 +247,14 @@ def _attention_fwd(
         tl.store(LSE + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh
                  + (q_start + rows).to(tl.int64) * stride_ls, lse, mask=row_ok)
     if DETECT:  # no reduction across the program: each flagged row marks the call itself
-        bad = _nonfinite_rows(o, lse) & row_ok
+        bad = nonfinite_row_mask(o, lse) & row_ok
         tl.store(FLAGS + b.to(tl.int64) * stride_fb + h.to(tl.int64) * stride_fh
                  + (q_start + rows).to(tl.int64), bad.to(tl.uint8), mask=row_ok)
         tl.store(OVERFLOW_WORD + rows * 0, 1, mask=bad)
 
 
 def run(problem: AttentionProblem, tuning: Tuning, shared) -> None:
-    """Launch ``_attention_fwd`` for ``problem`` (:class:`triton_attention.Shared` holds
+    """Launch ``prefill_kernel`` for ``problem`` (:class:`triton_attention.Shared` holds
     the arguments the launches share), with the key shift as ``tuning`` says."""
     q, k, v, out, lse = problem.query, problem.key, problem.value, problem.out, problem.lse
     alloc, dev = problem.allocation, q.device
@@ -300,7 +300,7 @@ def run(problem: AttentionProblem, tuning: Tuning, shared) -> None:
     grid = (n_tiles * pairs,) if grid_1d else (n_tiles, pairs)
     strides = shared.strides
     launch(
-        _attention_fwd, grid,
+        prefill_kernel, grid,
         q, k_used, v, out, shared.lse_arg, constants, means, shared.mask,
         shared.shift if shared.shift is not None else constants, flags,
         overflow_word if detect else shared.lengths[1], k_desc if use_tma else k_used,

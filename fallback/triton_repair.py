@@ -3,13 +3,13 @@
 The PASA kernels flag each query row whose output or LSE is not finite in the call's row
 flags (:class:`pasa_npu.problem.OverflowCheck`). Prefill: a flagged row sets the call's
 overflow word (an int32 on the device, zeroed by the launch before the attention kernel),
-and the repair launch (:func:`run`, the ``_repair`` kernel) recomputes flagged rows by
+and the repair launch (:func:`run`, the ``repair_kernel`` kernel) recomputes flagged rows by
 fa-fp32 (the raw K, fp32 scores and statistics; a paged cache read through the block
 table, as the attention kernels read it) and marks them repaired. It reads the word first
 and returns at once where it is zero, so a call that does not overflow costs one small
 launch and no host synchronisation, and a CUDA graph replays it as it is. Decode: the
 combine program that finds its merged row not finite recomputes it in place by the same
-fa-fp32 tile (:func:`_fp32_tile`), so a checked decode step adds no launch.
+fa-fp32 tile (:func:`fp32_tile`), so a checked decode step adds no launch.
 """
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ import torch
 import triton
 import triton.language as tl
 
-from pasa_npu.fallback.kernel_common import (_kv_rows, _tile_kv_blocks, cdiv, launch,
+from pasa_npu.fallback.kernel_common import (kv_row_offsets, tile_kv_blocks, cdiv, launch,
                                             resident_programs)
-from pasa_npu.fallback.triton_softmax import (_block_update, _finish, _initial_state,
-                                              _nonfinite_rows)
+from pasa_npu.fallback.triton_softmax import (block_update, finish_rows, initial_state,
+                                              nonfinite_row_mask)
 from pasa_npu.problem import ROW_FLAGGED, ROW_NONFINITE, ROW_REPAIRED, AttentionProblem
 
 ROW_REPAIRED_C = tl.constexpr(ROW_REPAIRED)
@@ -29,7 +29,7 @@ ROW_FLAGGED_C = tl.constexpr(ROW_FLAGGED)
 
 
 @triton.jit
-def _repair(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, PAGES, SINK, q_starts, q_lens, kv_starts,
+def repair_kernel(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, PAGES, SINK, q_starts, q_lens, kv_starts,
             kv_lens, band_pre, band_next, stride_qb, stride_qh, stride_qs, stride_qd,
             stride_kb, stride_kh, stride_ks, stride_kd,
             stride_vb, stride_vh, stride_vs, stride_vd,
@@ -43,7 +43,7 @@ def _repair(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, PAGES, SINK, q_starts, 
             HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr):
     """The repair: nothing where the overflow word is zero; else the programs take the
     ``total`` (query tile, batch, query head) tiles in turn and recompute by fa-fp32
-    (:func:`_fp32_tile`) each tile that holds a flagged row, writing the output, LSE and
+    (:func:`fp32_tile`) each tile that holds a flagged row, writing the output, LSE and
     flag (repaired, or still non-finite) of its flagged rows and leaving the others."""
     if tl.load(OVERFLOW_WORD) == 0:
         return
@@ -62,7 +62,7 @@ def _repair(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, PAGES, SINK, q_starts, 
             sink = 0.0
             if HAS_SINK:
                 sink = tl.load(SINK + h)
-            o, lse = _fp32_tile(Q, K, V, MASK, PAGES, b, h, h // group, m0, q_start, q_len,
+            o, lse = fp32_tile(Q, K, V, MASK, PAGES, b, h, h // group, m0, q_start, q_len,
                                 tl.load(kv_starts + b), tl.load(kv_lens + b), band_pre,
                                 band_next, stride_qb, stride_qh, stride_qs, stride_qd,
                                 stride_kb, stride_kh, stride_ks, stride_kd, stride_vb,
@@ -70,7 +70,7 @@ def _repair(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, PAGES, SINK, q_starts, 
                                 stride_xk, stride_pb, page_size, scale, head_dim, head_dim_v,
                                 HAS_MASK, HAS_BAND, GUARD, PAGED, WHOLE_PAGE, BLOCK_M,
                                 BLOCK_N, HEAD_DIM, HEAD_DIM_V, None, sink, HAS_SINK)
-            still = _nonfinite_rows(o, lse)
+            still = nonfinite_row_mask(o, lse)
             pos = (q_start + rows).to(tl.int64)
             dims_v = tl.arange(0, HEAD_DIM_V)
             tl.store(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
@@ -85,7 +85,7 @@ def _repair(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, PAGES, SINK, q_starts, 
 
 
 @triton.jit
-def _fp32_tile(Q, K, V, MASK, PAGES, b, h, hk, m0, q_start, q_len, kv_start, kv_len,
+def fp32_tile(Q, K, V, MASK, PAGES, b, h, hk, m0, q_start, q_len, kv_start, kv_len,
                band_pre, band_next, stride_qb, stride_qh, stride_qs, stride_qd,
                stride_kb, stride_kh, stride_ks, stride_kd,
                stride_vb, stride_vh, stride_vs, stride_vd,
@@ -99,7 +99,7 @@ def _fp32_tile(Q, K, V, MASK, PAGES, b, h, hk, m0, q_start, q_len, kv_start, kv_
     K, fp32 scores and statistics, every kv block through the masked update (this being
     the rare path), ``STAGES`` deep (None: the launch's). PAGED: K and V are the caches
     (num_blocks, N_kv, page_size, D), read through the block table ``PAGES``
-    (:func:`kernel_common._kv_rows`). HAS_SINK: the head's learnable sink ``sink`` joins
+    (:func:`kernel_common.kv_row_offsets`). HAS_SINK: the head's learnable sink ``sink`` joins
     each row. Returns the tile's output (fp32) and LSE."""
     dims = tl.arange(0, HEAD_DIM)
     dims_v = tl.arange(0, HEAD_DIM_V)
@@ -109,18 +109,18 @@ def _fp32_tile(Q, K, V, MASK, PAGES, b, h, hk, m0, q_start, q_len, kv_start, kv_
                 + (q_start + rows)[:, None].to(tl.int64) * stride_qs
                 + dims[None, :] * stride_qd,
                 mask=(rows[:, None] < q_len) & (dims[None, :] < head_dim), other=0.0)
-    lo, hi, _, _, pre, nxt = _tile_kv_blocks(m0, q_len, kv_len, band_pre, band_next, b,
+    lo, hi, _, _, pre, nxt = tile_kv_blocks(m0, q_len, kv_len, band_pre, band_next, b,
                                              HAS_BAND, BLOCK_M, BLOCK_N)
     k_base = K + hk.to(tl.int64) * stride_kh
     v_base = V + hk.to(tl.int64) * stride_vh
     if not PAGED:
         k_base += b.to(tl.int64) * stride_kb + kv_start.to(tl.int64) * stride_ks
         v_base += b.to(tl.int64) * stride_vb + kv_start.to(tl.int64) * stride_vs
-    m, l, acc, f, cnt, c = _initial_state(BLOCK_M, HEAD_DIM_V, False, q.dtype)
+    m, l, acc, f, cnt, c = initial_state(BLOCK_M, HEAD_DIM_V, False, q.dtype)
     for blk in tl.range(lo, hi, num_stages=STAGES):
         n = blk * BLOCK_N + cols
         in_kv = n < kv_len
-        k_rows, v_rows = _kv_rows(PAGES + b.to(tl.int64) * stride_pb, blk * BLOCK_N, cols,
+        k_rows, v_rows = kv_row_offsets(PAGES + b.to(tl.int64) * stride_pb, blk * BLOCK_N, cols,
                                   kv_len, page_size, stride_kb, stride_ks, stride_vb,
                                   stride_vs, PAGED, WHOLE_PAGE)
         k = tl.load(k_base + k_rows[:, None] + dims[None, :] * stride_kd,
@@ -136,10 +136,10 @@ def _fp32_tile(Q, K, V, MASK, PAGES, b, h, hk, m0, q_start, q_len, kv_start, kv_
                              mask=(rows[:, None] < q_len) & in_kv[None, :], other=1)
             vis = vis & (masked == 0)
         row_any = tl.max(vis.to(tl.int32), 1) > 0
-        m, l, acc, f, cnt = _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale,
+        m, l, acc, f, cnt = block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale,
                                           0.0, scale, False, False, False, False, True, GUARD,
                                           BLOCK_N, False)
-    return _finish(m, l, acc, f, cnt, 0.0, sink, False, HAS_SINK)
+    return finish_rows(m, l, acc, f, cnt, 0.0, sink, False, HAS_SINK)
 
 
 def run(problem: AttentionProblem, shared, overflow_word: torch.Tensor) -> None:
@@ -172,8 +172,8 @@ def run(problem: AttentionProblem, shared, overflow_word: torch.Tensor) -> None:
     # one wave: every program reads the overflow word at once, and a call without overflow
     # pays for one wave of programs that return, not for several in turn
     programs = (2 if shared.interpret
-                else resident_programs(_repair, q.device.index or 0, args, constexprs))
-    launch(_repair, (min(total, programs),), *args, **constexprs)
+                else resident_programs(repair_kernel, q.device.index or 0, args, constexprs))
+    launch(repair_kernel, (min(total, programs),), *args, **constexprs)
 
 
 def repair_stages(head_dim: int) -> int:

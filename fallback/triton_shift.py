@@ -1,6 +1,6 @@
 """PASA's key shift on the GPU: K' per kv block, in a separate pass over K
 (:func:`prepare_keys`, the ``_shift_keys`` kernel) or inside an attention kernel
-(:func:`_shift_in_kernel`, the one definition both use).
+(:func:`shift_keys_in_kernel`, the one definition both use).
 
 ``pasa`` / ``pasa-mixed``: K' = M^T K per kv block (the stored shifting matrix, scale
 folded), evaluated element-wise from M's two distinct entries: in fp32, rounded once, as a
@@ -41,7 +41,7 @@ def _shift_keys(K, KS, MEAN, SHIFT, OVERFLOW_WORD, kv_starts, kv_lens, PAGES, SL
                 EXACT_SHIFT: tl.constexpr, PAGED: tl.constexpr,
                 ZERO_OVERFLOW_WORD: tl.constexpr,
                 BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """K' for one kv block of one (batch, kv head) (:func:`_shift_in_kernel`, the one
+    """K' for one kv block of one (batch, kv head) (:func:`shift_keys_in_kernel`, the one
     definition decode uses too); rows past the valid length are zero. PAGED: K is the cache
     (num_blocks, N_kv, page_size, D) read through the block table ``PAGES``; K' and the
     means go to the slot ``SLOTS[b, j]`` of the block's table entry j (SLOTS is contiguous,
@@ -79,7 +79,7 @@ def _shift_keys(K, KS, MEAN, SHIFT, OVERFLOW_WORD, kv_starts, kv_lens, PAGES, SL
         out_rows = rows
         mean_blk = blk
     k = tl.load(k_ptrs, mask=(rows[:, None] < kv_len) & (dims[None, :] < head_dim), other=0.0)
-    shifted, mean = _shift_in_kernel(k, SHIFT, scale, kv_len - blk * BLOCK_N, EXACT_SHIFT,
+    shifted, mean = shift_keys_in_kernel(k, SHIFT, scale, kv_len - blk * BLOCK_N, EXACT_SHIFT,
                                      True, BLOCK_N)
     if EXACT_SHIFT:
         tl.store(MEAN + out_b * stride_mb + h * stride_mh + mean_blk * stride_mblk + dims,
@@ -89,7 +89,7 @@ def _shift_keys(K, KS, MEAN, SHIFT, OVERFLOW_WORD, kv_starts, kv_lens, PAGES, SL
 
 
 @triton.jit
-def _shift_in_kernel(k, SHIFT, scale, valid, EXACT_SHIFT: tl.constexpr,
+def shift_keys_in_kernel(k, SHIFT, scale, valid, EXACT_SHIFT: tl.constexpr,
                      PART_FILLED: tl.constexpr, BLOCK_N: tl.constexpr):
     """K' of one zero-padded raw K tile whose first ``valid`` rows are keys (all of them
     where ``valid >= BLOCK_N``): in the preprocessing pass (``_shift_keys``) and inside the

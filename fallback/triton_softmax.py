@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from pasa_npu import numerics
-from pasa_npu.fallback.kernel_common import _fp16, _rl
+from pasa_npu.fallback.kernel_common import to_fp16_paired, round_low
 
 GUARD_FACTOR = tl.constexpr(numerics.GUARD_FACTOR)
 GUARD_MIN = tl.constexpr(numerics.GUARD_MIN_OFFSET)
@@ -45,13 +45,13 @@ def _guarded_max(s, rm, vis, MASKED: tl.constexpr, GUARD: tl.constexpr, ROUND: t
         offset = tl.minimum(tl.maximum(offset, GUARD_MIN), GUARD_MAX)
         guarded = rm + offset
         if ROUND:
-            guarded = _rl(guarded, low)
+            guarded = round_low(guarded, low)
         rm = tl.where((ties > 1) & (rm > float("-inf")), guarded, rm)
     return rm
 
 
 @triton.jit
-def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mean_factor,
+def block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mean_factor,
                   PSEUDO_AVERAGE_SHIFT: tl.constexpr, EXACT_SHIFT: tl.constexpr,
                   LOW_SCORES: tl.constexpr, LOW_STATISTICS: tl.constexpr,
                   MASKED: tl.constexpr, GUARD: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -67,7 +67,7 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mea
     statistics (fa-fp16, pasa) ``acc`` is fp16 too and the steps run as native fp16
     operations: each rounds once, as the CPU backend's fp32-then-round steps do (the
     kernels are launched without FMA contraction). CHECK (a checked shifted allocation):
-    a row whose block maximum of S' lost resolution (:func:`_lost_resolution`) gets a NaN
+    a row whose block maximum of S' lost resolution (:func:`lost_resolution`) gets a NaN
     running sum, which the overflow check's row test flags. Returns the new state."""
     # one body for every allocation: split into a helper per allocation, the same
     # operations compile to other sm_90 SASS (register allocation and schedule), and the
@@ -76,7 +76,7 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mea
     low: tl.constexpr = q.dtype  # fp16, or bf16 for fa-* on bf16 inputs
     if not (PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT or LOW_STATISTICS):  # fa-fp32, fa-fp16s
         if LOW_SCORES:
-            qk = _rl(qk, low)  # fp16 unscaled scores: overflow happens here
+            qk = round_low(qk, low)  # fp16 unscaled scores: overflow happens here
         s = qk * scale
         if MASKED:
             s = tl.where(vis, s, float("-inf"))
@@ -90,19 +90,19 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mea
         acc_new = acc * alpha[:, None] + tl.dot(p.to(low), v)
         f_new = f
     elif not (PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT):  # fa-fp16: every step fp16
-        s = _rl(_rl(qk, low) * scale, low)
+        s = round_low(round_low(qk, low) * scale, low)
         if MASKED:
             s = tl.where(vis, s, float("-inf"))
         rm = _guarded_max(s, tl.max(s, 1), vis, MASKED, GUARD, True, low)
         m_new = tl.maximum(m, rm)
-        alpha = _rl(_exp(_rl(m - m_new, low)), low)
-        p = _rl(_exp(_rl(s - m_new[:, None], low)), low)
-        l_new = _rl(_rl(alpha * l, low) + _rl(tl.sum(p, 1), low), low)
+        alpha = round_low(_exp(round_low(m - m_new, low)), low)
+        p = round_low(_exp(round_low(s - m_new[:, None], low)), low)
+        l_new = round_low(round_low(alpha * l, low) + round_low(tl.sum(p, 1), low), low)
         pv = tl.dot(p.to(low), v).to(low)
         acc_new = acc * alpha.to(low)[:, None] + pv
         f_new = f
     elif PSEUDO_AVERAGE_SHIFT:  # pasa (fp16 statistics), pasa-mixed (fp32 statistics)
-        sp16 = _fp16(qk)
+        sp16 = to_fp16_paired(qk)
         sp = sp16.to(tl.float32)
         # the block's keys' mean, masked or not (a part-filled block's padded columns are 0)
         if MASKED:
@@ -110,7 +110,7 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mea
         else:
             s_mean = tl.sum(sp16.to(tl.float32), 1) / BLOCK_N
         if LOW_STATISTICS:
-            s_mean = _rl(s_mean, low)
+            s_mean = round_low(s_mean, low)
         if MASKED:
             sp = tl.where(vis, sp, float("-inf"))
             sp16 = tl.where(vis, sp16, float("-inf"))
@@ -122,15 +122,15 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mea
             p16 = _exp((sp16 - m_loc.to(low)[:, None]).to(tl.float32)).to(low)
             if MASKED:
                 p16 = tl.where(vis, p16, 0.0)
-            l_loc = _rl(tl.sum(p16.to(tl.float32), 1), low)
-            f_new = _rl(_rl(_rl((cnt1 - 1.0) * f, low) + s_mean, low) / cnt1, low)
-            x = _rl(m + _rl(gamma * _rl(f - f_new, low), low), low)
-            y = _rl(m_loc + _rl(gamma * _rl(s_mean - f_new, low), low), low)
+            l_loc = round_low(tl.sum(p16.to(tl.float32), 1), low)
+            f_new = round_low(round_low(round_low((cnt1 - 1.0) * f, low) + s_mean, low) / cnt1, low)
+            x = round_low(m + round_low(gamma * round_low(f - f_new, low), low), low)
+            y = round_low(m_loc + round_low(gamma * round_low(s_mean - f_new, low), low), low)
             m_new = tl.maximum(x, y)
-            alpha = _rl(_exp(_rl(x - m_new, low)), low)
-            beta_w = _rl(_exp(_rl(y - m_new, low)), low)
-            l_new = _rl(_rl(alpha * l, low) + _rl(beta_w * l_loc, low), low)
-            pv = _fp16(tl.dot(p16, v))
+            alpha = round_low(_exp(round_low(x - m_new, low)), low)
+            beta_w = round_low(_exp(round_low(y - m_new, low)), low)
+            l_new = round_low(round_low(alpha * l, low) + round_low(beta_w * l_loc, low), low)
+            pv = to_fp16_paired(tl.dot(p16, v))
             acc_new = acc * alpha.to(low)[:, None] + pv * beta_w.to(low)[:, None]
         else:
             p = _exp(sp - m_loc[:, None])
@@ -144,7 +144,7 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mea
             l_new = alpha * l + beta_w * l_loc
             acc_new = acc * alpha[:, None] + tl.dot(p.to(low), v) * beta_w[:, None]
     else:  # pasa-exact: per-row constant c carried in fp32, FA-2 update
-        sp16 = _fp16(qk)
+        sp16 = to_fp16_paired(qk)
         if MASKED:
             sp16 = tl.where(vis, sp16, float("-inf"))
         rm = tl.max(sp16, 1).to(tl.float32)  # the max of fp16 values is an fp16 value
@@ -153,10 +153,10 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mea
         alpha = tl.exp2((m - m_new) * 1.4426950408889634)
         p16 = tl.exp2(sp * 1.4426950408889634 - ((m_new - c) * 1.4426950408889634)[:, None]).to(low)
         l_new = alpha * l + tl.sum(p16.to(tl.float32), 1)
-        acc_new = acc * alpha[:, None] + _fp16(tl.dot(p16, v)).to(tl.float32)
+        acc_new = acc * alpha[:, None] + to_fp16_paired(tl.dot(p16, v)).to(tl.float32)
         f_new = f
     if CHECK:
-        l_new = tl.where(_lost_resolution(rm), float("nan"), l_new)
+        l_new = tl.where(lost_resolution(rm), float("nan"), l_new)
     cnt_new = cnt + 1.0
     if MASKED:
         m_new = tl.where(row_any, m_new, m)
@@ -168,7 +168,7 @@ def _block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mea
 
 
 @triton.jit
-def _lost_resolution(rm):
+def lost_resolution(rm):
     """Per row: its block maximum of S' ``rm`` reached RESOLUTION_LIMIT in magnitude, where
     fp16 cannot resolve the softmax (:data:`pasa_npu.numerics.RESOLUTION_LIMIT`). One
     compare: a row that saw no key of the block (``rm`` -inf) is true here, and its caller
@@ -177,7 +177,7 @@ def _lost_resolution(rm):
 
 
 @triton.jit
-def _initial_state(ROWS: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+def initial_state(ROWS: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                    LOW_ACCUMULATOR: tl.constexpr, low: tl.constexpr):
     """Empty online-softmax state (m, l, acc, f, cnt) and pasa-exact's row constant c;
     a low-precision accumulator is kept in ``low``."""
@@ -191,7 +191,7 @@ def _initial_state(ROWS: tl.constexpr, HEAD_DIM_V: tl.constexpr,
 
 
 @triton.jit
-def _finish(m, l, acc, f, cnt, gamma, sink, PSEUDO_AVERAGE_SHIFT: tl.constexpr,
+def finish_rows(m, l, acc, f, cnt, gamma, sink, PSEUDO_AVERAGE_SHIFT: tl.constexpr,
             HAS_SINK: tl.constexpr):
     """Normalised output and LSE; 0 and -inf for rows that saw no key. HAS_SINK: the rows'
     learnable sink ``sink`` joins in fp32 in the true frame, after the recovery, as one
@@ -213,7 +213,7 @@ def _finish(m, l, acc, f, cnt, gamma, sink, PSEUDO_AVERAGE_SHIFT: tl.constexpr,
 
 
 @triton.jit
-def _nonfinite_rows(o, lse):
+def nonfinite_row_mask(o, lse):
     """Per row: its output or LSE is NaN or infinite (the overflow check; a row that saw
     no key has output 0 and LSE -inf, and is not flagged). One fp32 sum per row of its
     output values and its LSE (-inf taken as 0: a row that saw keys and has LSE -inf has a
@@ -223,7 +223,7 @@ def _nonfinite_rows(o, lse):
 
 
 @triton.jit
-def _row_constant(q, mean, scale):
+def block_row_constant(q, mean, scale):
     """pasa-exact's c = scale * (Q . mean16) for one block: a thin extra matmul column with
     fp32 accumulation; the other 15 columns are zero, so the row sum is column 0 exactly."""
     col = tl.arange(0, 16)

@@ -101,13 +101,13 @@ def test_per_call_device_us_sums_each_kernel_over_the_calls():
     from pasa_npu.tools import ablate
 
     events = [SimpleNamespace(key="_shift_keys", self_device_time_total=86.0),
-              SimpleNamespace(key="_attention_fwd", self_device_time_total=2000.0),
-              SimpleNamespace(key="_attention_fwd", self_device_time_total=650.0),
+              SimpleNamespace(key="prefill_kernel", self_device_time_total=2000.0),
+              SimpleNamespace(key="prefill_kernel", self_device_time_total=650.0),
               SimpleNamespace(key="cudaLaunchKernel", self_device_time_total=0.0),
               SimpleNamespace(key="void at::native::fill_kernel<4, float>(int, float)",
                               self_device_time_total=3.0)]
     assert ablate.per_call_device_us(events, 2) == {
-        "_shift_keys": 43.0, "_attention_fwd": 1325.0, "at::native::fill_kernel": 1.5}
+        "_shift_keys": 43.0, "prefill_kernel": 1325.0, "at::native::fill_kernel": 1.5}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: the profiler split "
@@ -118,13 +118,13 @@ def test_gpu_kernel_split_names_the_key_shift_pass_and_the_attention_kernel():
     q, k, v = on_device("triton", *_inputs())  # cuda here
     call = lambda: ablate.ours("pasa-exact", q, k, v, False)  # noqa: E731
     times = ablate.kernel_times_us(call, calls=3)
-    assert {"_shift_keys", "_attention_fwd"} <= set(times)
+    assert {"_shift_keys", "prefill_kernel"} <= set(times)
     # per call: profiling twice as many calls gives each kernel about the same time
     doubled = ablate.kernel_times_us(call, calls=6)
     assert set(doubled) == set(times)
     assert all(0.67 < doubled[name] / us < 1.5 for name, us in times.items()), (times, doubled)
     plain = ablate.kernel_times_us(lambda: ablate.ours("fa-fp32", q, k, v, False), calls=3)
-    assert "_attention_fwd" in plain and "_shift_keys" not in plain  # no shift without PASA
+    assert "prefill_kernel" in plain and "_shift_keys" not in plain  # no shift without PASA
 
 
 def test_kernel_cost_lines_compare_each_kernel_and_the_sum():
@@ -132,9 +132,9 @@ def test_kernel_cost_lines_compare_each_kernel_and_the_sum():
     counts its whole time as the change; the last line sums both sides."""
     from pasa_npu.tools import ablate
 
-    lines = ablate.kernel_cost_lines(on={"_prefill_ws": 670.0, "_repair": 3.0, "fill": 1.0},
-                                     off={"_prefill_ws": 660.0, "fill": 1.0})
-    assert [line.split()[0] for line in lines] == ["_prefill_ws", "_repair", "fill", "all"]
+    lines = ablate.kernel_cost_lines(on={"prefill_ws_kernel": 670.0, "repair_kernel": 3.0, "fill": 1.0},
+                                     off={"prefill_ws_kernel": 660.0, "fill": 1.0})
+    assert [line.split()[0] for line in lines] == ["prefill_ws_kernel", "repair_kernel", "fill", "all"]
     assert lines[0].split()[-2:] == ["+10.0", "us"]
     assert lines[1].split()[1:6] == ["off", "-", "us", "on", "3.0"]
     assert lines[1].split()[-2:] == ["+3.0", "us"]
@@ -149,7 +149,7 @@ def test_check_kernels_prints_each_case_and_allocation_off_then_on(monkeypatch, 
 
     from pasa_npu.tools import ablate
 
-    splits = iter([{"_prefill_ws": 100.0}, {"_prefill_ws": 101.0, "_repair": 2.0}] * 4)
+    splits = iter([{"prefill_ws_kernel": 100.0}, {"prefill_ws_kernel": 101.0, "repair_kernel": 2.0}] * 4)
     inputs = _inputs()
     monkeypatch.setattr(ablate.torch, "Generator",
                         lambda device: SimpleNamespace(manual_seed=lambda seed: None))
@@ -159,7 +159,7 @@ def test_check_kernels_prints_each_case_and_allocation_off_then_on(monkeypatch, 
     out = capsys.readouterr().out
     # S = 4k and 16k (ablate.SHAPES at d = 128), each for pasa and pasa-exact
     assert out.count("prefill d=128 S=") == 4 and out.count("pasa-exact:") == 2
-    assert out.count("+3.0 us (+3.00%)") == 4 and out.count("_repair") == 4
+    assert out.count("+3.0 us (+3.00%)") == 4 and out.count("repair_kernel") == 4
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: the profiler split "
@@ -169,11 +169,11 @@ def test_gpu_only_the_checked_call_launches_the_repair():
 
     q, k, v = on_device("triton", *_inputs())  # cuda here
     times = {check: ablate.kernel_times_us(
-        lambda check=check: bench._ours("pasa", None, repair_overflow=check)(q, k, v, False,
+        lambda check=check: bench.ours_call("pasa", None, repair_overflow=check)(q, k, v, False,
                                                                                False),
         calls=3) for check in (False, True)}
-    assert "_repair" in times[True] and "_repair" not in times[False]
-    assert set(times[True]) - {"_repair"} == set(times[False])  # no other launch added
+    assert "repair_kernel" in times[True] and "repair_kernel" not in times[False]
+    assert set(times[True]) - {"repair_kernel"} == set(times[False])  # no other launch added
 
 
 def test_ncu_instructions_sums_each_kernels_launches():
@@ -189,9 +189,9 @@ def test_ncu_instructions_sums_each_kernels_launches():
     report = "\n".join([
         "==PROF== Connected to process 7", header,
         row(0, "_key_shift", ablate.INSTRUCTIONS, "1,024"),
-        row(1, "_prefill_ws", ablate.INSTRUCTIONS, "343,374,534"),
-        row(2, "_prefill_ws", "gpu__time_duration.sum", "9,999"),
-        row(3, "_prefill_ws", ablate.INSTRUCTIONS, "6"),
+        row(1, "prefill_ws_kernel", ablate.INSTRUCTIONS, "343,374,534"),
+        row(2, "prefill_ws_kernel", "gpu__time_duration.sum", "9,999"),
+        row(3, "prefill_ws_kernel", ablate.INSTRUCTIONS, "6"),
         "==PROF== Disconnected from process 7"])
-    assert ablate.ncu_instructions(report) == {"_key_shift": 1024, "_prefill_ws": 343374540}
+    assert ablate.ncu_instructions(report) == {"_key_shift": 1024, "prefill_ws_kernel": 343374540}
     assert ablate.ncu_instructions("==PROF== Connected to process 7\n") == {}

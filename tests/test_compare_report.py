@@ -37,7 +37,7 @@ def _inside(inner, outer) -> bool:
 
 
 def test_head_plot_legend_shows_every_candidate_whole(comparison):
-    plt = plots._pyplot()
+    plt = plots.pyplot_module()
     for width_items in (1, 2):   # one panel (narrow figure) and two side by side
         comp = comparison
         if width_items == 2:
@@ -58,7 +58,7 @@ def test_head_plot_legend_shows_every_candidate_whole(comparison):
 def test_head_plot_nan_marks_do_not_overlap(comparison):
     """One mark per (head, overflowing candidate), in the band above every line, no two
     covering each other."""
-    plt = plots._pyplot()
+    plt = plots.pyplot_module()
     fig = plots.head_figure(comparison, plt)
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()

@@ -5,7 +5,7 @@ Times ``pasa-exact`` (``fa-fp32`` and ``pasa`` too for the load paths) through
 
 * the backend's default (on an H100 the warp-specialised Gluon prefill for pasa-exact and
   fa-fp32) and the Triton kernel (``prefill=triton``); every row below times the Triton
-  kernel, ``_attention_fwd``;
+  kernel, ``prefill_kernel``;
 * the Triton backend's other tuning switches (``loads``, ``row_constant``);
 * every kv-block loop compiled in (fa-fp32 too), against only those a problem can enter;
 * other launch configurations (BLOCK_M, warps, stages), for ``pasa`` too;
@@ -119,7 +119,7 @@ def _causal_mask(device: torch.device) -> torch.Tensor:
 
 def ours(algorithm, q, k, v, causal):
     """``algorithm`` through ``pasa_npu.fused_attention``, called as pasa-bench calls it."""
-    return bench._ours(algorithm, _causal_mask(q.device))(q, k, v, causal, False)
+    return bench.ours_call(algorithm, _causal_mask(q.device))(q, k, v, causal, False)
 
 
 def _time_ms(fn):
@@ -397,7 +397,7 @@ CHECKED_ALGORITHMS = ("pasa", "pasa-exact")
 def _case_call(algorithm, check: bool, q, k, v, causal):
     """One case's call with ``repair_overflow=check``, as pasa-bench makes it (``causal``
     None for decode)."""
-    return functools.partial(bench._ours(algorithm, _causal_mask(q.device),
+    return functools.partial(bench.ours_call(algorithm, _causal_mask(q.device),
                                          repair_overflow=check),
                              q, k, v, bool(causal), False)
 
@@ -498,7 +498,7 @@ def _check_cost(args) -> None:
         for run in range(args.reps):
             sides = ("on", "off", "off again")
             order = sides[run % 3:] + sides[:run % 3]
-            ms = {side: bench._graph_ms(calls[side == "on"]) for side in order}
+            ms = {side: bench.graph_replay_ms(calls[side == "on"]) for side in order}
             ratios["on/off"].append(ms["on"] / ms["off"])
             ratios["off/off"].append(ms["off again"] / ms["off"])
         line = "; ".join(f"{name} {statistics.median(r):.3f} [{min(r):.3f}, {max(r):.3f}]"

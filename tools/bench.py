@@ -54,7 +54,7 @@ def _sdpa(backend_name):
     return call
 
 
-def _ours(algorithm, mask, **options):
+def ours_call(algorithm, mask, **options):
     """``fused_attention`` with ``algorithm`` on the triton backend as the benchmark calls
     it (``options``: further keyword arguments, e.g. ``repair_overflow``)."""
     def call(q, k, v, causal, gqa):
@@ -71,7 +71,7 @@ def _time_ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=100, rep=400, return_mode="median")
 
 
-def _graph_ms(fn) -> float:
+def graph_replay_ms(fn) -> float:
     import triton.testing
     return triton.testing.do_bench_cudagraph(fn, rep=400, return_mode="median")
 
@@ -121,7 +121,7 @@ def run_case(case, algorithms, mask, progress=print, paged_cache=None,
     causal = case.get("causal", False)
     gqa = hkv != h
     kv_bytes = 2 * k.numel() * k.element_size() if case["kind"] == "decode" else None
-    candidates = {name: _ours(name, mask, repair_overflow=overflow_check)
+    candidates = {name: ours_call(name, mask, repair_overflow=overflow_check)
                   for name in algorithms}
     for name in ("sdpa-flash", "sdpa-cudnn"):
         candidates[name] = _sdpa(name)
@@ -156,7 +156,7 @@ def _timed(call, flops: float, kv_bytes) -> dict:
     if kv_bytes is not None:
         entry["eager_gbs"] = kv_bytes / (ms * 1e-3) / 1e9
         try:
-            entry["graph_ms"] = _graph_ms(call)
+            entry["graph_ms"] = graph_replay_ms(call)
             entry["gbs"] = kv_bytes / (entry["graph_ms"] * 1e-3) / 1e9
         except Exception as err:
             entry["graph_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
@@ -184,7 +184,7 @@ def _add_graph_tflops(entry: dict, call, flops: float) -> None:
     if "error" in entry:
         return
     try:
-        entry["graph_tflops"] = flops / (_graph_ms(call) * 1e-3) / 1e12
+        entry["graph_tflops"] = flops / (graph_replay_ms(call) * 1e-3) / 1e12
     except Exception as err:
         entry["graph_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
 
@@ -201,14 +201,14 @@ def _throughput_key(row) -> str:
     return "tflops" if row["kind"] == "prefill" else "gbs"
 
 
-def _mask_text(row) -> str:
+def mask_text(row) -> str:
     """A prefill row's mask as every table and progress line names it."""
     return "causal" if row["causal"] else "none"
 
 
 def _row_text(row, algorithms) -> str:
     if row["kind"] == "prefill":
-        head = f"d={row['d']:<4} S={row['s']:<6} {_mask_text(row):<6}"
+        head = f"d={row['d']:<4} S={row['s']:<6} {mask_text(row):<6}"
     else:
         head = f"decode d={row['d']} S2={row['s']} GQA {row['ratio']}:1"
     cells = []
@@ -247,7 +247,7 @@ def markdown(result) -> str:
                          f"{e['tflops']:.0f}")
         peers = [f"{row[n]['tflops']:.0f}" if "tflops" in row.get(n, {}) else "error"
                  for n in ("sdpa-flash", "sdpa-cudnn")]
-        lines.append(f"| {row['d']} | {row['s']} | {_mask_text(row)} | "
+        lines.append(f"| {row['d']} | {row['s']} | {mask_text(row)} | "
                      + " | ".join(cells + peers) + " |")
     if decode:
         lines += ["", "Decode (query length 1), fp16, d=128, 32 query heads, batch 8: GB/s of "
@@ -303,7 +303,7 @@ def _host_markdown(result) -> list:
 
 def _case_text(row) -> str:
     if row["kind"] == "prefill":
-        return f"d={row['d']} S={row['s']} {_mask_text(row)}"
+        return f"d={row['d']} S={row['s']} {mask_text(row)}"
     return f"decode d={row['d']} S2={row['s']} GQA {row['ratio']}:1"
 
 

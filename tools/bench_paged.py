@@ -56,7 +56,7 @@ def markdown(result) -> list:
     """The paged table's lines: for each case with paged cells, each paged candidate's
     figure and its ratio to the same candidate on contiguous K/V (decode: GB/s of K+V as a
     share of copy bandwidth, graph replay; prefill: TFLOP/s)."""
-    from pasa_npu.tools.bench import _mask_text  # here: bench imports this module
+    from pasa_npu.tools.bench import mask_text  # here: bench imports this module
 
     rows = [r for r in result["rows"] if any(k.endswith(" paged") for k in r)]
     if not rows:
@@ -71,7 +71,7 @@ def markdown(result) -> list:
     for row in rows:
         unit = "gbs" if row["kind"] == "decode" else "tflops"
         case = (f"decode S2={row['s']} GQA {row['ratio']}:1" if row["kind"] == "decode" else
-                f"prefill d={row['d']} S={row['s']} {_mask_text(row)}")
+                f"prefill d={row['d']} S={row['s']} {mask_text(row)}")
         cells = []
         for name in names:
             paged, plain = row.get(f"{name} paged", {}), row.get(name, {})

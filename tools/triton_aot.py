@@ -37,28 +37,28 @@ from pasa_npu.fallback.kernel_common import allocation_flags
 from pasa_npu.fallback.triton_tuning import DEFAULT_TUNING
 from pasa_npu.numerics import ALLOCATIONS
 
-KERNELS = {"_attention_fwd": triton_prefill._attention_fwd,
-           "_decode_split": triton_decode._decode_split,
-           "_decode_combine": triton_decode._decode_combine,
-           "_repair": triton_repair._repair}
+KERNELS = {"prefill_kernel": triton_prefill.prefill_kernel,
+           "decode_split_kernel": triton_decode.decode_split_kernel,
+           "decode_combine_kernel": triton_decode.decode_combine_kernel,
+           "repair_kernel": triton_repair.repair_kernel}
 SHARED_LIMIT = 232448  # bytes per block on sm_90
 SM_SHARED = 233472  # bytes per SM on sm_90, of which the driver reserves 1 KiB per block
 SM_REGISTERS = 65536
 SM_WARPS = 64
 POINTERS = {
-    "_attention_fwd": dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", C="*fp32",
+    "prefill_kernel": dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", C="*fp32",
                            MEANS="*fp16", MASK="*u8", SHIFT="*fp32", FLAGS="*u8",
                            OVERFLOW_WORD="*i32",
                            K_PAGES="*i32", V_PAGES="*i32", SINK="*fp32", q_starts="*i32", q_lens="*i32",
                            kv_starts="*i32", kv_lens="*i32", band_pre="*i32", band_next="*i32"),
-    "_decode_split": dict(Q="*fp16", K="*fp16", V="*fp16", MASK="*u8", SHIFT="*fp32",
+    "decode_split_kernel": dict(Q="*fp16", K="*fp16", V="*fp16", MASK="*u8", SHIFT="*fp32",
                           PART_O="*fp32", PART_LSE="*fp32", PAGES="*i32", q_starts="*i32",
                           kv_starts="*i32", kv_lens="*i32"),
-    "_decode_combine": dict(PART_O="*fp32", PART_LSE="*fp32", O="*fp16", LSE="*fp32",
+    "decode_combine_kernel": dict(PART_O="*fp32", PART_LSE="*fp32", O="*fp16", LSE="*fp32",
                             FLAGS="*u8", SINK="*fp32", q_starts="*i32", q_lens="*i32", Q="*fp16", K="*fp16",
                             V="*fp16", MASK="*u8", PAGES="*i32", kv_starts="*i32",
                             kv_lens="*i32"),
-    "_repair": dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", FLAGS="*u8",
+    "repair_kernel": dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", FLAGS="*u8",
                     OVERFLOW_WORD="*i32", MASK="*u8", PAGES="*i32", SINK="*fp32",
                     q_starts="*i32",
                     q_lens="*i32", kv_starts="*i32", kv_lens="*i32", band_pre="*i32",
@@ -111,7 +111,7 @@ def compile_gluon(consts: dict, fp_fusion: bool = True, arch: int = 90):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn, d = gp._prefill_ws, consts["HEAD_DIM"]
+    fn, d = gp.prefill_ws_kernel, consts["HEAD_DIM"]
 
     def descriptor(block):
         layout = gl.NVMMASharedLayout.get_default_for(block, gl.float16)
@@ -294,10 +294,10 @@ def variants(head_dim: int = 128):
                 block_m, warps, stages = triton_launch.launch_config(
                     head_dim, alg, False, c_per_block or fused, loops, mode == "mask")
                 label = f"{alg}{tag} {mode} d={head_dim}"
-                yield ("_attention_fwd", label, dict(consts, BLOCK_M=block_m), warps, stages,
+                yield ("prefill_kernel", label, dict(consts, BLOCK_M=block_m), warps, stages,
                        fp_fusion)
                 if paged and mode == "causal" and not tag:
-                    yield ("_attention_fwd", f"{alg} paged causal d={head_dim}",
+                    yield ("prefill_kernel", f"{alg} paged causal d={head_dim}",
                            dict(consts, BLOCK_M=block_m, PAGED=True), warps,
                            triton_launch.paged_stages(stages), fp_fusion)
         # every number of query heads per program the launch can pick (GQA 2:1 up to MQA)
@@ -307,13 +307,13 @@ def variants(head_dim: int = 128):
             consts = dict(**allocation_flags(allocation), HAS_MASK=False, GUARD=False,
                           PAGED=False, WHOLE_PAGE=True, BLOCK_G=block_g,
                           BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
-            yield ("_decode_split", f"{alg} decode g={block_g} d={head_dim}", consts, 4,
+            yield ("decode_split_kernel", f"{alg} decode g={block_g} d={head_dim}", consts, 4,
                    stages, fp_fusion)
         block_g = triton_launch.decode_block_g(4, head_dim)
         for whole, tag in ((True, ""), (False, " per key")) if paged else ():
             if whole or alg == "fa-fp32":
                 consts = dict(consts, PAGED=True, WHOLE_PAGE=whole, BLOCK_G=block_g)
-                yield ("_decode_split", f"{alg} paged{tag} decode g={block_g} d={head_dim}",
+                yield ("decode_split_kernel", f"{alg} paged{tag} decode g={block_g} d={head_dim}",
                        consts, 4, triton_launch.paged_stages(stages), fp_fusion)
     # decode's merge of 32 splits, unchecked and checked (with the repair of its row)
     for detect, paged in ((False, False), (True, False), (True, True)):
@@ -322,16 +322,16 @@ def variants(head_dim: int = 128):
                       PAGED=paged, WHOLE_PAGE=True, BLOCK_N=triton_launch.DECODE_REPAIR_KEYS,
                       HEAD_DIM=head_dim)
         label = f"decode combine{' checked' * detect}{' paged' * paged} d={head_dim}"
-        yield ("_decode_combine", label, consts, 4, 3, True)
+        yield ("decode_combine_kernel", label, consts, 4, 3, True)
     # the overflow repair after a checked PASA prefill
     for paged in (False, True):
         consts = dict(HAS_MASK=False, HAS_BAND=True, HAS_LSE=True, HAS_SINK=False, GUARD=False,
                       PAGED=paged,
                       WHOLE_PAGE=True, BLOCK_M=64, BLOCK_N=128, HEAD_DIM=head_dim,
                       HEAD_DIM_V=head_dim)
-        yield ("_repair", f"repair {'paged ' * paged}prefill d={head_dim}", consts, 4,
+        yield ("repair_kernel", f"repair {'paged ' * paged}prefill d={head_dim}", consts, 4,
                triton_repair.repair_stages(head_dim), True)
-    # the warp-specialised Gluon prefill that replaces _attention_fwd where it applies
+    # the warp-specialised Gluon prefill that replaces prefill_kernel where it applies
     for alg in gp.ALGORITHMS if gp.AVAILABLE and head_dim in gp.HEAD_DIMS else ():
         allocation = ALLOCATIONS[alg]
         forms = [(False, False), (True, False)] + [(True, True)] * (head_dim == 128)
@@ -373,7 +373,7 @@ def main(argv=None) -> int:
             smem = compiled.metadata.shared
             flag = "  OVER SHARED LIMIT" if smem > SHARED_LIMIT else ""
             resident = ""
-            if kernel == "_decode_split" and "REG" in use:
+            if kernel == "decode_split_kernel" and "REG" in use:
                 # the decode launch sizes its splits to one wave of resident programs
                 n = resident_per_sm(smem, use["REG"], warps)
                 assumed = triton_launch.decode_resident(ALLOCATIONS[label.split()[0]], d,

@@ -215,8 +215,8 @@ def write(rows: list[BiasRow], setup: BiasSetup, folder: str, plot: bool = True)
 
 
 def _plot(rows, setup, path) -> str:
-    from .plots import _pyplot
-    plt = _pyplot()
+    from .plots import pyplot_module
+    plt = pyplot_module()
     cfgs = pairs(rows)
     dtypes = list(dict.fromkeys(off.dtype for off, _ in cfgs))
     allocs = list(dict.fromkeys(off.allocation for off, _ in cfgs))

@@ -20,7 +20,7 @@ from .report import table4_rows
 MAX_HEAD_PANELS = 8
 
 
-def _pyplot():
+def pyplot_module():
     try:
         import matplotlib
     except ImportError as err:
@@ -89,7 +89,7 @@ def _panel(ax, comp: Comparison, xs, names, xlabel, styles):
 
 
 def sweep_figures(comp: Comparison, folder: str, shape) -> list[str]:
-    plt = _pyplot()
+    plt = pyplot_module()
     styles = _styles(comp.labels)
     names = {(it["meta"].get("kind"), it["meta"].get("x0"), it["meta"].get("amplitude")): it["name"]
              for it in comp.items}
@@ -130,7 +130,7 @@ def sweep_figures(comp: Comparison, folder: str, shape) -> list[str]:
 
 
 def _table_image(header, rows, path, title) -> str:
-    plt = _pyplot()
+    plt = pyplot_module()
     width = max(6.0, 1.05 * len(header))
     fig, ax = plt.subplots(figsize=(width, 0.5 + 0.32 * (len(rows) + 1)))
     ax.axis("off")
@@ -154,7 +154,7 @@ def _table_image(header, rows, path, title) -> str:
 
 def item_figures(comp: Comparison, folder: str) -> list[str]:
     """Per-head panels (at most MAX_HEAD_PANELS items) and, with several items, a per-item plot."""
-    plt = _pyplot()
+    plt = pyplot_module()
     styles = _styles(comp.labels)
     fig = head_figure(comp, plt, styles)
     path = os.path.join(folder, "rmse_by_head.png")
@@ -179,7 +179,7 @@ def item_figures(comp: Comparison, folder: str) -> list[str]:
 def head_figure(comp: Comparison, plt=None, styles=None):
     """The figure of ``rmse_by_head.png``: one panel per item (the first MAX_HEAD_PANELS),
     relative RMSE per head, NaN/Inf heads marked in a band at the top of the panel."""
-    plt = plt or _pyplot()
+    plt = plt or pyplot_module()
     styles = styles or _styles(comp.labels)
     shown = comp.items[:MAX_HEAD_PANELS]
     cols = min(len(shown), 2)
