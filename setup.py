@@ -18,8 +18,10 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
-#: modules of tools/ that are run from a checkout and never installed (the mutation check)
-DEV_MODULES = {("pasa_npu.tools", "mutation_check"), ("pasa_npu.tools", "mutation_list")}
+#: modules of tools/ that are run from a checkout and never installed: the mutation check,
+#: the kernel ablations and the ahead-of-time compiler of the Triton kernels
+DEV_MODULES = {("pasa_npu.tools", name) for name in (
+    "mutation_check", "mutation_list", "ablate", "triton_aot")}
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

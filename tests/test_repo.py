@@ -33,7 +33,8 @@ def test_only_pasa_npu_is_installed():
 
 def test_development_tools_are_not_installed(tmp_path, monkeypatch):
     """setup.py's build_py, which lays out what a wheel installs, copies tools/ without the
-    mutation check (run from a checkout: python tools/mutation_check.py)."""
+    development tools (run from a checkout: python tools/mutation_check.py, python -m
+    pasa_npu.tools.ablate in an editable install), and nothing installed imports them."""
     import sys
     import types
 
@@ -55,4 +56,15 @@ def test_development_tools_are_not_installed(tmp_path, monkeypatch):
     tools = tmp_path / "pasa_npu" / "tools"
     assert (tools / "beta.py").is_file() and (tmp_path / "pasa_npu" / "fallback").is_dir()
     assert (ROOT / "tools" / "mutation_check.py").is_file()
-    assert not (tools / "mutation_check.py").exists() and not (tools / "mutation_list.py").exists()
+    for name in ("mutation_check", "mutation_list", "ablate", "triton_aot"):
+        assert (ROOT / "tools" / f"{name}.py").is_file()
+        assert not (tools / f"{name}.py").exists(), name
+    installed = {f.stem for f in tools.glob("*.py")}
+    for f in tools.rglob("*.py"):  # what is installed imports no development module
+        for line in f.read_text().splitlines():
+            words = line.replace(",", " ").split()
+            if words[:1] in (["import"], ["from"]):
+                dev = [w for w in words if w.split(".")[-1] in
+                       {"mutation_check", "mutation_list", "ablate", "triton_aot"}]
+                assert not dev, f"{f.name} imports {dev}, which is not installed"
+    assert {"bench", "beta", "npu_model", "npu_extrapolate"} <= installed
