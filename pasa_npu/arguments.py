@@ -254,6 +254,94 @@ def _refuse_unimplemented(name: str, value, unused) -> None:
             f"(only the default {unused!r} is accepted)")
 
 
+@dataclass(frozen=True)
+class Options:
+    """A call's arguments other than its tensors, lengths, mask and block table, validated
+    and resolved once (the plan holds them): layouts, heads, scale, ``inner_precise``, the
+    outputs asked for, and (for a call that is not the golden) the allocation, tiling,
+    rounding guard and whether the overflow check runs. β, which the allocation and tiling
+    decide, is :func:`resolve_beta`'s."""
+
+    in_layout: str
+    out_layout: str
+    packed: bool
+    num_heads: int
+    num_kv_heads: int
+    scale: float
+    inner_precise: int
+    want_lse: bool
+    out_dtype: torch.dtype
+    allocation: Allocation
+    tiling: Tiling
+    rounding_guard: bool
+    overflow_check: bool
+
+
+def resolve_options(call: Call, golden: bool) -> Options:
+    """``call``'s :class:`Options`, or the first error among them, naming the argument.
+    ``golden``: the fp64 reference, which takes torch_npu's arguments only (fa-fp32's
+    order of operations, no tiling choice, no check)."""
+    query = call.query
+    check_tensors(query, call.key, call.value)
+    in_layout, out_layout = parse_layout(call.input_layout)
+    num_heads = int_arg(call.num_heads, "num_heads", minimum=1)
+    num_kv_heads = int_arg(call.num_key_value_heads, "num_key_value_heads", minimum=0)
+    num_kv_heads = num_kv_heads or num_heads
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_key_value_heads "
+                         f"({num_kv_heads})")
+    check_fia_limits(num_heads, num_kv_heads)
+    scale = check_scale(call.scale)
+    inner_precise = int_arg(call.inner_precise, "inner_precise", minimum=0)
+    if inner_precise > 3:
+        raise ValueError(f"inner_precise must be 0, 1, 2 or 3, got {inner_precise}")
+    out_dtype = resolve_out_dtype(call.out_dtype, query.dtype)
+    if not isinstance(call.softmax_lse_flag, bool):
+        raise TypeError(f"softmax_lse_flag must be a bool, got "
+                        f"{describe(call.softmax_lse_flag)}")
+    common = dict(in_layout=in_layout, out_layout=out_layout, packed=in_layout in PACKED,
+                  num_heads=num_heads, num_kv_heads=num_kv_heads, scale=scale,
+                  inner_precise=inner_precise, want_lse=call.softmax_lse_flag)
+    if golden:
+        return Options(**common, out_dtype=torch.float64, allocation=ALLOCATIONS["fa-fp32"],
+                       tiling=DEFAULT_TILING, rounding_guard=False,
+                       overflow_check=False)
+    allocation = resolve_allocation(call.algorithm, inner_precise, query.dtype)
+    tiling = resolve_tiling(call.q_block, call.kv_block)
+    for name in ("rounding_guard", "repair_overflow"):
+        if not isinstance(getattr(call, name), bool):
+            raise TypeError(f"{name} must be a bool, got {describe(getattr(call, name))}")
+    if not isinstance(call.backend, str):
+        raise TypeError(f"backend must be a str, got {describe(call.backend)}")
+    return Options(**common, out_dtype=out_dtype, allocation=allocation, tiling=tiling,
+                   rounding_guard=call.rounding_guard,
+                   overflow_check=overflow_checked(call.repair_overflow, allocation))
+
+
+def overflow_checked(repair_overflow: bool, allocation: Allocation) -> bool:
+    """Whether a call's results are checked for overflow and loss of resolution: a PASA
+    allocation, unless ``repair_overflow=False``."""
+    return repair_overflow is True and allocation.shifts_keys
+
+
+#: FIA's limits (docs/fia-conformance.md): heads per axis, query heads per kv head, head dim
+MAX_HEADS, MAX_GROUP, MAX_HEAD_DIM, MAX_NBSD_QUERY_LEN = 256, 64, 512, 16
+#: FIA's batch limits: B, and the sequences of a packed (TND) call
+MAX_BATCH, MAX_PACKED_BATCH = 65536, 4096
+
+
+def check_fia_limits(num_heads: int, num_kv_heads: int) -> None:
+    """The head counts FIA refuses: over 256 on either axis, over 64 query heads per kv
+    head (op-plugin's FIA documentation; the aclnn document)."""
+    for name, n in (("num_heads", num_heads), ("num_key_value_heads", num_kv_heads)):
+        if n > MAX_HEADS:
+            raise ValueError(f"{name} must be at most {MAX_HEADS} (torch_npu's limit), got {n}")
+    if num_heads // num_kv_heads > MAX_GROUP:
+        raise ValueError(f"num_heads / num_key_value_heads must be at most {MAX_GROUP} "
+                         f"(torch_npu's limit), got {num_heads} / {num_kv_heads} = "
+                         f"{num_heads // num_kv_heads}")
+
+
 #: torch's ScalarType codes of the output dtypes ``out_dtype`` may name without quantising
 _OUT_DTYPE_CODES = {5: torch.float16, 15: torch.bfloat16}
 

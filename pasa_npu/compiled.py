@@ -25,8 +25,9 @@ from typing import Optional
 import torch
 
 from . import overflow, paging, plans
-from .arguments import (KEYWORD_ARGUMENTS, PACKED, TENSOR_NAMES, Call, bind, canonical_views,
-                        check_tensors, describe, parse_layout, to_canonical)
+from .arguments import (KEYWORD_ARGUMENTS, LAYOUTS, PACKED, TENSOR_NAMES, Call, bind,
+                        canonical_views, describe, overflow_checked, resolve_allocation,
+                        resolve_options, to_canonical)
 from .lengths import int_list
 from .masks import check_mask
 from .outputs import allocate_lse, allocate_output, lse_placeholder
@@ -87,17 +88,21 @@ def _fake(*op_args, **op_kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     """The outputs' shapes, strides and dtypes, as the eager call allocates them."""
     call = _eager_arguments(op_args, op_kwargs)
     query = call.query
-    in_layout, out_layout = parse_layout(call.input_layout)
+    # the arguments were validated by traced_call; here ints may be symbolic
+    in_layout, out_layout = LAYOUTS[call.input_layout]
     num_kv_heads = call.num_key_value_heads or call.num_heads
     if call.block_table is not None:  # K/V are paged caches
         q = to_canonical(query, "query", in_layout, call.num_heads)
         _, v = paging.cache_views(call.key, call.value, in_layout, num_kv_heads,
                                   call.block_size)
     else:
-        q, _, v = canonical_views(query, call.key, call.value, in_layout,
-                                  call.num_heads, num_kv_heads)
+        q, _, v = canonical_views(query, call.key, call.value, in_layout, call.num_heads,
+                                  num_kv_heads)
     out, out_view = allocate_output(q, v, out_layout, query.dtype, zero=False)
-    flags = query.new_empty(out_view.shape[:3] if plans.checks_overflow(call) else (0,),
+    inner_precise = call.inner_precise if isinstance(call.inner_precise, int) else 0
+    allocation = resolve_allocation(call.algorithm, inner_precise, query.dtype)
+    flags = query.new_empty(out_view.shape[:3] if overflow_checked(call.repair_overflow,
+                                                                  allocation) else (0,),
                             dtype=torch.uint8)
     if call.softmax_lse_flag:
         return out, allocate_lse(q, in_layout in PACKED, torch.float32)[0], flags
@@ -112,7 +117,7 @@ fused_attention_op.register_fake(_fake)
 def traced_call(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`pasa_npu.fused_attention` under torch.compile (``call``: its arguments): one call of the opaque operator. Arguments its schema cannot carry are refused
     here with the eager call's errors."""
-    check_tensors(call.query, call.key, call.value)
+    resolve_options(call, golden=False)  # the operator's fake kernel reads them resolved
     check_mask(call.atten_mask, call.query.device)
     op_args = {name: getattr(call, name) for name in (*TENSOR_NAMES, *_TENSORS)}
     for name in _LENGTHS:

@@ -11,13 +11,12 @@ from typing import Callable, Optional
 import torch
 
 from . import backends, overflow, paged_kv, paging
-from .arguments import (CALL_FIELDS, PACKED, Call, canonical_views, check_scale, check_shapes,
-                        check_sink, check_tensors, describe, int_arg, parse_layout,
-                        resolve_allocation, resolve_beta, resolve_out_dtype, resolve_tiling,
-                        to_canonical, to_fp16_checked)
+from .arguments import (CALL_FIELDS, MAX_BATCH, MAX_HEAD_DIM, MAX_NBSD_QUERY_LEN,
+                        MAX_PACKED_BATCH, Call, canonical_views, check_shapes, check_sink,
+                        resolve_beta, resolve_options, to_canonical, to_fp16_checked)
 from .lengths import int_list, sequence_lengths
 from .masks import mask_and_band, tensor_identity
-from .numerics import ALLOCATIONS, DEFAULT_TILING, Allocation, Tiling, compute_dtype
+from .numerics import Allocation, Tiling, compute_dtype
 from .outputs import (allocate_lse, allocate_output, fix_rows, lse_placeholder,
                       may_have_empty_rows)
 from .problem import AttentionProblem
@@ -109,15 +108,6 @@ def plan_for(call: Call, golden: bool) -> Plan:
     return plan
 
 
-def checks_overflow(call: Call) -> bool:
-    """Whether a (non-golden) call with ``call`` is checked for overflow: a PASA allocation
-    and ``repair_overflow``."""
-    inner_precise = call.inner_precise if isinstance(call.inner_precise, int) else 0
-    dtype = getattr(call.query, "dtype", None)
-    return (call.repair_overflow is True
-            and resolve_allocation(call.algorithm, inner_precise, dtype).shifts_keys)
-
-
 def _plan_key(call: Call):
     """(arguments key, lengths key): a hashable fingerprint of everything
     :func:`_make_plan` reads, or None where a call is not cacheable (explicit masks,
@@ -165,89 +155,47 @@ def _plan_key(call: Call):
 
 
 def _make_plan(call: Call, golden: bool) -> Plan:
-    query, key, value = call.query, call.key, call.value
-    check_tensors(query, key, value)
-    in_layout, out_layout = parse_layout(call.input_layout)
-    num_heads = int_arg(call.num_heads, "num_heads", minimum=1)
-    num_kv_heads = int_arg(call.num_key_value_heads, "num_key_value_heads", minimum=0)
-    num_kv_heads = num_kv_heads or num_heads
-    if num_heads % num_kv_heads:
-        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_key_value_heads "
-                         f"({num_kv_heads})")
-    _check_fia_limits(num_heads, num_kv_heads)
+    query = call.query
+    options = resolve_options(call, golden)
     block_size = (paging.check_arguments(call.block_table, call.block_size, query.device)
                   if call.block_table is not None or call.block_size != 0 else 0)
-    q, k, v = _canonical(call, in_layout, num_heads, num_kv_heads, block_size)
-    packed = in_layout in PACKED
+    q, k, v = _canonical(call, options.in_layout, options.num_heads, options.num_kv_heads,
+                         block_size)
+    packed = options.packed
     q_lens, q_starts, kv_lens, kv_starts = _lengths(call, q, k, packed, block_size)
-    scale = check_scale(call.scale)
-    inner_precise = int_arg(call.inner_precise, "inner_precise", minimum=0)
-    if inner_precise > 3:
-        raise ValueError(f"inner_precise must be 0, 1, 2 or 3, got {inner_precise}")
-    _check_fia_shapes(call, q, v, packed, inner_precise)
-    check_sink(call.learnable_sink, num_heads, call.input_layout, v.shape[3], query.device)
-    resolved_out_dtype = resolve_out_dtype(call.out_dtype, query.dtype)
-    if not isinstance(call.softmax_lse_flag, bool):
-        raise TypeError(f"softmax_lse_flag must be a bool, got "
-                        f"{describe(call.softmax_lse_flag)}")
+    _check_fia_shapes(call, q, v, packed, options.inner_precise)
+    check_sink(call.learnable_sink, options.num_heads, call.input_layout, v.shape[3],
+               query.device)
     mask, band = mask_and_band(call, q_lens.numel(), q.shape[2],
                                _kv_extent(call, k, block_size), packed, q_lens, kv_lens,
                                query.device)
-
+    beta = 0.0 if golden else resolve_beta(call.beta, options.allocation, options.tiling,
+                                           options.scale)
     if golden:
-        allocation, beta, tiling, guard = ALLOCATIONS["fa-fp32"], 0.0, DEFAULT_TILING, False
         runner = backends.run_golden
         out_dtype, lse_dtype, low = torch.float64, torch.float64, torch.float64
         extra = {}
     else:
-        allocation = resolve_allocation(call.algorithm, inner_precise, query.dtype)
-        tiling = resolve_tiling(call.q_block, call.kv_block)
-        beta = resolve_beta(call.beta, allocation, tiling, scale)
-        guard = call.rounding_guard
-        if not isinstance(guard, bool):
-            raise TypeError(f"rounding_guard must be a bool, got {describe(guard)}")
-        if not isinstance(call.backend, str):
-            raise TypeError(f"backend must be a str, got {describe(call.backend)}")
-        if not isinstance(call.repair_overflow, bool):
-            raise TypeError(f"repair_overflow must be a bool, got "
-                            f"{describe(call.repair_overflow)}")
         backend = backends.resolve(call.backend, query.device)
         if call.learnable_sink is not None and not backend.sinks:
             raise NotImplementedError(f"learnable_sink is not implemented by backend "
                                       f"{backend.name!r} yet (use backend='torch')")
         runner = backend.runner()
-        out_dtype, lse_dtype = resolved_out_dtype, torch.float32
-        low = compute_dtype(allocation, query.dtype)
-        extra = dict(backend=backend.name, overflow_check=checks_overflow(call),
+        out_dtype, lse_dtype = options.out_dtype, torch.float32
+        low = compute_dtype(options.allocation, query.dtype)
+        extra = dict(backend=backend.name, overflow_check=options.overflow_check,
                      backward=backend.backward)
     return Plan(
-        in_layout=in_layout, out_layout=out_layout, num_heads=num_heads,
-        num_kv_heads=num_kv_heads, packed=packed, q_lens=q_lens, q_starts=q_starts,
-        kv_lens=kv_lens, kv_starts=kv_starts, mask=mask, band=band, scale=scale,
-        inner_precise=inner_precise, want_lse=call.softmax_lse_flag, allocation=allocation,
-        beta=beta, tiling=tiling, guard=guard, runner=runner, out_dtype=out_dtype,
-        lse_dtype=lse_dtype, low=low,
+        in_layout=options.in_layout, out_layout=options.out_layout,
+        num_heads=options.num_heads, num_kv_heads=options.num_kv_heads, packed=packed,
+        q_lens=q_lens, q_starts=q_starts, kv_lens=kv_lens, kv_starts=kv_starts, mask=mask,
+        band=band, scale=options.scale, inner_precise=options.inner_precise,
+        want_lse=options.want_lse, allocation=options.allocation, beta=beta,
+        tiling=options.tiling, guard=options.rounding_guard, runner=runner,
+        out_dtype=out_dtype, lse_dtype=lse_dtype, low=low,
         validated_mask=call.atten_mask if call.sparse_mode in (2, 3, 4) else None,
         block_size=block_size, **extra,
         **_row_flags(q_lens, kv_lens, mask, band, packed, q.shape[2]))
-
-
-#: FIA's limits (docs/fia-conformance.md): heads per axis, query heads per kv head, head dim
-MAX_HEADS, MAX_GROUP, MAX_HEAD_DIM, MAX_NBSD_QUERY_LEN = 256, 64, 512, 16
-#: FIA's batch limits: B, and the sequences of a packed (TND) call
-MAX_BATCH, MAX_PACKED_BATCH = 65536, 4096
-
-
-def _check_fia_limits(num_heads: int, num_kv_heads: int) -> None:
-    """The head counts FIA refuses: over 256 on either axis, over 64 query heads per kv
-    head (op-plugin's FIA documentation; the aclnn document)."""
-    for name, n in (("num_heads", num_heads), ("num_key_value_heads", num_kv_heads)):
-        if n > MAX_HEADS:
-            raise ValueError(f"{name} must be at most {MAX_HEADS} (torch_npu's limit), got {n}")
-    if num_heads // num_kv_heads > MAX_GROUP:
-        raise ValueError(f"num_heads / num_key_value_heads must be at most {MAX_GROUP} "
-                         f"(torch_npu's limit), got {num_heads} / {num_kv_heads} = "
-                         f"{num_heads // num_kv_heads}")
 
 
 def _check_fia_shapes(call: Call, q, v, packed: bool, inner_precise: int) -> None:
