@@ -48,9 +48,10 @@ def last_run_stats() -> Optional[dict]:
     "attention": {...}, "merge": {...} or None, "repair": {...} or None (a checked call's
     fa-fp32 repair launch), "tiling": {...}, "runtime_calls": [...]}``. Each launch holds bytes
     per path, cube and vector work, and the model's ``cycles``, ``time_us``,
-    ``pipe_busy_cycles`` (busiest core's pipe), ``binding`` (the pipe, or ``"L2"``/``"HBM"``
-    bandwidth, with the most busy cycles); ``runtime_calls`` lists the shared launcher's
-    calls of the emulated runtime."""
+    ``pipe_busy_cycles`` (busiest core's pipe), ``binding`` (the pipe, an AI Core's GM port
+    ``"RD"``/``"WR"`` or the ``"L2"``/``"HBM"`` bandwidth with the most busy cycles, or ``"path"``
+    when none comes near the AI Core's cycles: ``binding_resource``); ``runtime_calls`` lists
+    the shared launcher's calls of the emulated runtime."""
     return _last_stats
 
 
@@ -73,14 +74,28 @@ def using_model_parameters(params: dict) -> Iterator[None]:
         _model = saved
 
 
+#: a resource binds when its busy cycles reach this share of the slowest AI Core's cycles;
+#: below it the AI Core's dependency chain (its critical path) is what binds
+BINDING_SHARE = 0.9
+
+
+def binding_resource(busy: dict, core_cycles: float) -> str:
+    """The resource of ``busy`` (pipes, ``RD``/``WR`` ports, ``L2``/``HBM`` bounds) with the most
+    cycles, or ``"path"`` when none reaches BINDING_SHARE of ``core_cycles``."""
+    binding = max(busy, key=busy.get)
+    return binding if busy[binding] >= BINDING_SHARE * core_cycles else "path"
+
+
 def annotate_launch(stats: dict, params: dict) -> dict:
     """Add ``time_us`` and ``binding`` (and its busy cycles) to one launch's emulation stats."""
     busy = dict(stats["pipe_busy_cycles"])
+    busy["RD"] = stats["core_read_bound_cycles"]
+    busy["WR"] = stats["core_write_bound_cycles"]
     busy["L2"] = stats["l2_bound_cycles"]
     busy["HBM"] = stats["hbm_bound_cycles"]
-    binding = max(busy, key=busy.get)
+    binding = binding_resource(busy, stats["core_cycles"])
     stats.update(time_us=stats["cycles"] / params["clock_mhz"], binding=binding,
-                 binding_cycles=busy[binding])
+                 binding_cycles=busy.get(binding, stats["core_cycles"]))
     return stats
 
 

@@ -17,11 +17,16 @@ Source keys (read in the public documents named; cited here in our own words):
 * ``L2DOC``: asc-devkit guide, "L2 Cache切分" (an example that assumes about 7 TB/s of mixed
   L2 bandwidth and about 1.6 TB/s to GM).
 * ``HWC``: Ascend C programming guide, hardware constraints (instruction queue depth).
-* ``GEMM``: CANN's matmul cache-tiling cost model constants (L2/HBM latencies and rates).
+* ``GEMM``: CANN's matmul cache-tiling cost model constants (L2/HBM latencies and rates;
+  aggregate L2 2550 B/cycle, per-core L2 128 B/cycle).
 * ``FAFIT``: a cycle model of a hand-written FlashAttention kernel for A2 fitted to simulator
   and board traces (``kernels/manual/common/flash_atten/scripts/fa_cost_model.py`` of the
   PTO-ISA mirror): launch overhead and cross-core hand-off costs.
 * ``ADD``: asc-devkit's high-performance Add example (measured on a 910B1): scalar loop cost.
+
+An entry whose source reads "no public source" is an assumption through and through; its
+range is our guess at what is plausible, and ``pasa-npu-model --sensitivity`` shows what each
+end does to the result.
 """
 from __future__ import annotations
 
@@ -31,7 +36,8 @@ from typing import Optional
 
 @dataclass(frozen=True)
 class Param:
-    """One entry: ``value`` in ``unit``; ``low``/``high`` bound an assumption (None: sourced).
+    """One entry: ``value`` in ``unit``; ``low``/``high`` bound an uncertain value (no public
+    source, or sources that disagree; None: one source gives it).
     ``faster``: which end of the range makes the model faster ("high" for rates)."""
 
     name: str
@@ -66,48 +72,51 @@ TIMING = (
     _rate("cube_macs_per_cycle", 4096, "fp16 MAC/cycle per AIC",
           "CUBE table 1: half Mmad 16 x 16 x 16 per cycle; INI cube_m/n/k_size=16"),
     _cost("mmad_head_cycles", 20, "cycles per Mmad",
-          "assumption: CUBE gives the formula's fixed term (Δt) without a value", 8, 64),
+          "no public source: CUBE gives the formula's fixed term (Δt) without a value", 8, 64),
     _rate("mte1_l0a_bytes_per_cycle", 256, "B/cycle", "CUBE table 3: LoadData 2D, L1 -> L0A"),
     _rate("mte1_l0b_bytes_per_cycle", 128, "B/cycle", "CUBE table 3: LoadData 2D, L1 -> L0B"),
     _cost("mte1_head_cycles", 16, "cycles per LoadData/Fill",
-          "assumption: CUBE gives the transfer's fixed term (ΔT) without a value", 8, 48),
-    _rate("mte2_bytes_per_cycle", 110, "B/cycle per engine",
-          "INI l2_read_rate=110 (L2-resident data; per AI Core in the file, applied here to each "
-          "engine: assumption)", 55, 128),
-    _cost("mte2_head_cycles", 16, "cycles per GM read", "assumption", 8, 64),
+          "no public source: CUBE gives the transfer's fixed term (ΔT) without a value", 8, 48),
+    _rate("mte2_bytes_per_cycle", 110, "B/cycle per AI Core (its 3 MTE2 engines share it)",
+          "INI l2_read_rate=110 per AI Core (L2-resident data; unit not stated in the file, read as "
+          "B/cycle); GEMM: 128 per core from L2; range: half the file's rate to GEMM's", 55, 128),
+    _cost("mte2_head_cycles", 16, "cycles per GM read", "no public source", 8, 64),
     _cost("gm_read_latency_cycles", 236, "cycles", "GEMM: L2 read latency 236 (HBM 347)", 150, 347),
     _rate("mte3_bytes_per_cycle", 64, "B/cycle per engine",
-          "INI ub_to_l2_rate=64 (per engine: assumption; INI l2_write_rate=86)", 64, 86),
-    _cost("mte3_head_cycles", 16, "cycles per GM write", "assumption", 8, 64),
+          "INI ub_to_l2_rate=64 (per AI Core in the file, here one engine alone); range: half to all "
+          "of the AI Core's write rate (assumption)", 43, 86),
+    _rate("core_write_bytes_per_cycle", 86, "B/cycle per AI Core (MTE3 x 2 and Fixpipe share it)",
+          "INI l2_write_rate=86 per AI Core; range: half the file's rate to its read rate", 43, 110),
+    _cost("mte3_head_cycles", 16, "cycles per GM write", "no public source", 8, 64),
     _cost("gm_write_latency_cycles", 96, "cycles", "GEMM: L2 write latency 96 (HBM 203)", 96, 203),
     _rate("fix_bytes_per_cycle", 128, "output B/cycle",
-          "assumption: CUBE table 7 gives 64 elements (128 B)/cycle for L0C -> L1 with F322F16; "
-          "L0C -> GM is not published", 64, 128),
-    _cost("fix_head_cycles", 16, "cycles per Fixpipe", "assumption", 8, 64),
+          "no public source for L0C -> GM; CUBE table 7 gives 64 elements (128 B)/cycle for "
+          "L0C -> L1 with F322F16", 64, 128),
+    _cost("fix_head_cycles", 16, "cycles per Fixpipe", "no public source", 8, 64),
     _cost("vec_head_cycles", 12, "cycles per vector instruction",
-          "assumption: fixed start-up of an instruction whose result the next one reads "
-          "(not published)", 4, 32),
-    _cost("scalar_issue_cycles", 1, "scalar cycles per dispatched instruction", "assumption", 1, 4),
+          "no public source: fixed start-up of an instruction whose result the next one reads "
+          "(VEC gives rates only)", 4, 32),
+    _cost("scalar_issue_cycles", 1, "scalar cycles per dispatched instruction", "no public source", 1, 4),
     _cost("scalar_ub_access_cycles", 10, "cycles per GetValue/SetValue on UB",
-          "assumption from ADD case 0: about 34 cycles per element for a loop of two scalar reads, "
+          "ADD case 0 (an estimate from it): about 34 cycles per element for a loop of two scalar reads, "
           "one write and the arithmetic", 5, 20),
     _cost("vs_sync_cycles", 30, "cycles per vector -> scalar synchronisation",
-          "assumption (not published)", 20, 50),
+          "no public source", 20, 50),
     _cost("scalar_gm_access_cycles", 20, "cycles per scalar GM access",
-          "assumption: a data-cache hit; misses cost an L2 latency", 5, 100),
+          "no public source: a data-cache hit; misses cost an L2 latency", 5, 100),
     Param("queue_depth", 32, "instructions", "HWC: the MTE1 and MMAD instruction queues hold 32 "
           "(the other pipes assumed alike)"),
     _cost("cross_core_latency_cycles", 200, "cycles from CrossCoreSetFlag to the wait",
-          "assumption; FAFIT's whole hand-off (Fixpipe, flag, MTE2) fits 220 (simulator) to 1000 "
+          "no public source for the flag alone; FAFIT's whole hand-off (Fixpipe, flag, MTE2) fits 220 (simulator) to 1000 "
           "(board) cycles per tile", 100, 1000),
-    _rate("l2_aggregate_bytes_per_cycle", 3784, "B/cycle, all cores",
-          "L2DOC: about 7 TB/s mixed read/write (7e12 / 1.85e9); GEMM: 2550; 8 TB/s quoted "
-          "elsewhere", 2550, 4324),
+    _rate("l2_aggregate_bytes_per_cycle", 2550, "B/cycle, all cores",
+          "GEMM: L2_RO=2550 (CANN's matmul cost model); range up to L2DOC's assumed 7 TB/s "
+          "(3784) and a third-party 8 TB/s profiler roofline (4324)", 2550, 4324),
     _rate("hbm_aggregate_bytes_per_cycle", 865, "B/cycle, all cores",
           "L2DOC: about 1.6 TB/s (1.6e12 / 1.85e9); GEMM: 850; 1.27 TB/s measured copy, "
           "1.8 TB/s roofline", 686, 973),
     _cost("launch_overhead_cycles", 10905, "cycles per launch",
-          "FAFIT: fitted launch overhead 10905 cycles", 5000, 20000),
+          "FAFIT: fitted launch overhead 10905 cycles; range: assumption", 5000, 20000),
 )
 
 ALL = PLATFORM + TIMING

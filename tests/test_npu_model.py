@@ -1,14 +1,18 @@
 """pasa-npu-model: the extrapolation from small emulated problems reproduces a direct
-emulation, the parameter table in the docs is the one in pasa_npu/npu_params.py, and the
-tool's report says it is a model."""
+emulation, the parameter table in the docs is the one in pasa_npu/npu_params.py, the tool's
+report says it is a model, the calibration against measured figures runs, and the sensitivity
+search finds the worst corner."""
 from __future__ import annotations
 
+import itertools
+import re
 import pathlib
 
 import pytest
 
 pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu extension is not built")
-from pasa_npu.tools import npu_extrapolate, npu_model  # noqa: E402
+from pasa_npu import npu_params  # noqa: E402
+from pasa_npu.tools import npu_calibrate, npu_extrapolate, npu_model  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -28,7 +32,7 @@ def test_report_is_labelled_a_model(tmp_path):
     assert text.startswith("**Modelled**") and "not measured on an NPU" in text
     cell = result["rows"][0]["pasa"]
     assert cell["band"][0] <= cell["tflops"] <= cell["band"][1]
-    assert cell["binding"] in ("S", "V", "M", "MTE1", "MTE2", "MTE3", "FIX", "L2", "HBM")
+    assert cell["binding"] in ("S", "V", "M", "MTE1", "MTE2", "MTE3", "FIX", "RD", "WR", "L2", "HBM", "path")
 
 
 def test_every_timed_run_is_checked_against_the_golden(monkeypatch):
@@ -70,3 +74,68 @@ def test_cli_shows_defaults_and_says_where_it_wrote(tmp_path, monkeypatch, capsy
     assert npu_model.main(["--out", str(out), "--quiet"]) == 0
     assert capsys.readouterr().out.endswith(f"wrote npu_model.md, npu_model.json to {out}\n")
     assert sorted(p.name for p in out.iterdir()) == ["npu_model.json", "npu_model.md"]
+
+
+def test_calibration_compares_with_the_measured_figures(tmp_path):
+    """--calibrate writes both comparisons: PTO FA's stage fit per 256-key tile (QK + PV =
+    2487 + 1617 = 4104 on the cube, softmax + update = 2489 + 834 = 3323 on the vector cores)
+    and the 910B2 timings from 1k to 32k (torch_npu 150.8 and PTO 168.5 TFLOP/s at 32k), next
+    to the model's figures, labelled as such."""
+    assert npu_model.main(["--calibrate", "--quiet", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "npu_calibrate.md").read_text()
+    assert "| 4104 |" in text and "| 3323 |" in text and "(5104 on the board)" in text
+    assert "| 32k | 150.8 | 168.5 |" in text and "| 1k | 9.2 | 25.6 |" in text
+    assert text.count("**modelled**") == 2 and "measured" in text
+    # 640 KiB per tile (S fp32, P fp16, P.V fp32 out and back; K, V in) at 168.5 TFLOP/s on
+    # 24 cores at 1800 MHz: a tile is 4 * 128 * 256 * 128 = 16 777 216 FLOP on one core, and
+    # 24 such tiles take 16 777 216 * 24 / 168.5e12 s = 4301 cycles
+    assert npu_calibrate.PTO_TILE_GM_BYTES == 640 * 1024
+    assert npu_calibrate.implied_l2_bytes_per_cycle(168.5) == pytest.approx(640 * 1024 * 24 / 4301, rel=1e-3)
+
+
+def _ratio(shape, params):
+    """pasa / fa-fp32 modelled TFLOP/s of ``shape`` under ``params``."""
+    t = {a: npu_extrapolate.extrapolate(shape, npu_extrapolate.calibrate(shape.config(a), params), params)["tflops"]
+         for a in ("fa-fp32", "pasa")}
+    return t["pasa"] / t["fa-fp32"]
+
+
+def test_sensitivity_finds_the_worst_corner():
+    """With two parameters varied, the search's worst corner is the lowest ratio of the 3 x 3
+    grid of their low, nominal and high values, each corner evaluated on its own; the one-at-a-
+    time rows are the grid's edges through the nominal point."""
+    shape = npu_extrapolate.Shape("tiny", 1, 2, 2, 512, 512, 64)
+    names = ("vec_head_cycles", "l2_aggregate_bytes_per_cycle")
+    got = npu_model.sensitivity([shape], lambda *a: None, names=names)
+    by_name = {p.name: p for p in npu_params.ALL}
+    grid = {}
+    for a, b in itertools.product(*[(by_name[n].low, by_name[n].value, by_name[n].high) for n in names]):
+        grid[(a, b)] = _ratio(shape, npu_params.values(**dict(zip(names, (a, b)))))
+    worst = got["worst"]["tiny"]
+    assert worst["result"]["ratio"] == pytest.approx(min(grid.values()), rel=1e-9)
+    assert grid[tuple(worst["corner"][n] for n in names)] == pytest.approx(min(grid.values()), rel=1e-9)
+    nominal = (by_name[names[0]].value, by_name[names[1]].value)
+    assert got["nominal"]["tiny"]["ratio"] == pytest.approx(grid[nominal], rel=1e-9)
+    vec_high = got["alone"][names[0]]["high"]["tiny"]["ratio"]
+    assert vec_high == pytest.approx(grid[(by_name[names[0]].high, nominal[1])], rel=1e-9)
+    text = npu_model.sensitivity_markdown(got)
+    assert text.startswith("**Modelled**") and "Worst independent corner" in text
+    assert f"| tiny | {got['nominal']['tiny']['ratio']:.2f} | {min(grid.values()):.2f} |" in text
+
+
+def test_docs_show_calibration_sensitivity_and_worst_corner():
+    """TIMING_MODEL.md carries the output of --calibrate and --sensitivity; the README's NPU
+    table gives each row's pasa / fa-fp32 ratio at nominal and at its worst corner, and quotes
+    the paper's claim as it is (1.2-1.65x CANN's FlashAttention, up to 170 TFLOP/s)."""
+    doc = (ROOT / "ascend_kernels" / "TIMING_MODEL.md").read_text()
+    assert "`pasa-npu-model --calibrate`" in doc and "**Per call on a 910B2**" in doc
+    assert "`pasa-npu-model --sensitivity`" in doc and "Worst independent corner per shape" in doc
+    readme = (ROOT / "README.md").read_text()
+    npu = readme[readme.index("**Atlas A2: a model, not a measurement**"):readme.index("**NVIDIA H100")]
+    rows = [line for line in npu.splitlines() if line.startswith("| ") and not line.startswith("| shape")]
+    assert len(rows) >= 5
+    for row in rows:
+        assert re.search(r"\| \d\.\d\d \(\d\.\d\d\) \|", row), row
+    assert "causal" in next(r for r in rows if "Qwen2" in r)
+    assert "path" in next(r for r in rows if r.startswith("| decode")).split("|")[3]
+    assert "1.2-1.65×" in npu and "170 TFLOP/s" in npu

@@ -21,6 +21,7 @@ ROUND = dict(
     scalar_issue_cycles=1, scalar_ub_access_cycles=10, vs_sync_cycles=30,
     scalar_gm_access_cycles=5, queue_depth=32, cross_core_latency_cycles=200,
     l2_aggregate_bytes_per_cycle=1e6, hbm_aggregate_bytes_per_cycle=1e6, launch_overhead_cycles=0,
+    core_write_bytes_per_cycle=1e6,
     cube_macs_per_cycle=4096, mte1_l0a_bytes_per_cycle=256, mte1_l0b_bytes_per_cycle=128)
 
 
@@ -101,6 +102,41 @@ def test_aggregate_bandwidth_bounds_the_launch():
     assert annotate_launch(st, npu_params.values())["binding"] == "L2"
 
 
+def test_ai_core_write_port_bounds_the_core():
+    """cross_core_handoff writes 512 B (AIV0's MTE3) and its timelines end at 394 (see
+    test_cross_core_flag_is_an_edge). At 0.25 B/cycle for the whole AI Core's writes the port
+    takes 2048 cycles: the AI Core cannot finish earlier, and the port is what binds."""
+    from pasa_npu.ascendc_emu import annotate_launch
+    st = timed("cross_core_handoff", core_write_bytes_per_cycle=0.25)
+    assert st["timeline_cycles"] == 394 and st["core_write_bound_cycles"] == 2048
+    assert st["core_cycles"] == 2048 and st["cycles"] == 2048
+    assert annotate_launch(st, npu_params.values())["binding"] == "WR"
+    assert timed("cross_core_handoff")["core_cycles"] == 394  # the port at 1e6 B/cycle: no bound
+
+
+def test_ai_core_read_port_is_shared_by_its_three_engines():
+    """A one-core fa-fp32 call: the AIC (Q, K, V, P) and both AIVs (S, P V) read GM. The read
+    port bound is all their bytes over the AI Core's rate; at 16 B/cycle it is later than every
+    timeline (each engine alone at 16 B/cycle) and binds."""
+    import torch
+
+    import pasa_npu
+    from pasa_npu import ascendc_emu
+    q, k, v = (torch.randn(1, 1, n, 64, generator=torch.Generator().manual_seed(i)).half()
+               for i, n in enumerate((128, 512, 512)))
+    for rate in (110.0, 16.0):
+        params = dict(npu_params.values(mte2_bytes_per_cycle=rate), core_num=1)
+        with ascendc_emu.using_model_parameters(params):
+            pasa_npu.fused_attention(q, k, v, num_heads=1, input_layout="BNSD", scale=0.125,
+                                     algorithm="fa-fp32", backend="ascendc-emu")
+        st = ascendc_emu.last_run_stats()["attention"]
+        reads = st["gm_to_l1_bytes"] + st["gm_to_ub_bytes"]
+        assert st["core_read_bound_cycles"] == pytest.approx(reads / rate)
+        assert st["core_cycles"] == max(st["timeline_cycles"], st["core_read_bound_cycles"],
+                                         st["core_write_bound_cycles"])
+    assert st["core_read_bound_cycles"] > st["timeline_cycles"] and st["binding"] == "RD"
+
+
 def test_parameter_table_is_complete_and_sourced():
     """Every timing field the emulation takes is in the table once, with a unit and a source;
     every assumption has a range containing its value."""
@@ -108,11 +144,22 @@ def test_parameter_table_is_complete_and_sourced():
     emu.run_selftest("vector_scale", table)  # all of them accepted, none missing
     with pytest.raises(ValueError, match="needed"):
         emu.run_selftest("vector_scale", {k: v for k, v in table.items() if k != "vec_head_cycles"})
+    keys = ("INI", "CUBE", "VEC", "L2DOC", "HWC", "GEMM", "FAFIT", "ADD")
     for p in npu_params.ALL:
         assert p.unit and p.source
-        if p.assumption:
+        named = [key for key in keys if key in p.source]
+        if p.assumption:  # a range: no public source (said so), or sources that disagree
             assert p.low <= p.value <= p.high, p.name
-            assert "assumption" in p.source or p.source.split(":")[0] in ("GEMM", "FAFIT", "L2DOC", "INI")
+            assert "no public source" in p.source or named, p.name
+        else:  # one value: a named public source gives it
+            assert named and "no public source" not in p.source, p.name
+    by_name = {p.name: p for p in npu_params.ALL}
+    mte2 = by_name["mte2_bytes_per_cycle"]  # per AI Core, as the platform file gives it
+    assert mte2.value == 110 and "per AI Core" in mte2.unit and "INI" in mte2.source
+    l2 = by_name["l2_aggregate_bytes_per_cycle"]  # CANN's matmul cost model
+    assert l2.value == 2550 and l2.source.startswith("GEMM")
+    vec = by_name["vec_head_cycles"]  # unpublished: a range, and said so
+    assert vec.assumption and vec.low < vec.value < vec.high and "no public source" in vec.source
     fast, slow = npu_params.corner("fast"), npu_params.corner("slow")
     assert fast["vec_head_cycles"] < slow["vec_head_cycles"]
     assert fast["mte2_bytes_per_cycle"] > slow["mte2_bytes_per_cycle"]

@@ -6,12 +6,14 @@ model is applied in two steps:
 1. **Calibration.** Small problems of the same allocation, head dim, group size, mask and
    query kind run under the emulation on one AI Core (``core_num=1``): one task of 8 kv
    blocks, one of 16, two of 8 and, with a causal mask, a 512 x 512 causal problem. Each
-   quantity Q (the core's modelled cycles, each pipe's busy cycles, the GM bytes, the
-   cube <-> vector bytes, the vector instructions and scalar UB accesses) is fitted exactly
+   quantity Q (the core's modelled cycles, each pipe's busy cycles, the AI Core's GM read and
+   write port bounds, the GM bytes, the cube <-> vector bytes, the vector instructions and
+   scalar UB accesses) is fitted exactly
    by ``Q = c0 + a * tasks + b * blocks + m * masked_blocks`` (least squares over the runs).
 2. **Extrapolation.** The kernel's own task iterator deals the full problem's tasks to the 24
    AI Cores (``_ascendc_emu.attention_tasks``: rows, kv blocks, fully visible blocks per task);
-   each core's cycles are the fit summed over its tasks, the launch takes
+   each AI Core's cycles are the largest of its fitted timeline and GM port bounds summed
+   over its tasks, the launch takes
    ``overhead + max(slowest core, GM bytes / L2 bandwidth, I/O bytes / HBM bandwidth)`` as the
    emulation itself does, and the key preprocessing launch (pasa, pasa-exact) adds its own
    fit over the kv blocks of the busiest core (bounded the same way, K read once from HBM).
@@ -38,8 +40,10 @@ from pasa_npu import ascendc_emu, npu_params
 
 KV_BLOCK = 128
 Q_TILE = 128
-QUANTITIES = ("core_cycles", "gm_bytes", "exchange_bytes", "vector_instructions",
-              "scalar_ub_accesses") + tuple(f"busy_{p}" for p in ascendc_emu.PIPES)
+#: the AI Core's port bounds: its GM reads and writes over its read and write rates
+PORTS = ("RD", "WR")
+QUANTITIES = ("core_cycles", "timeline_cycles", "gm_bytes", "exchange_bytes", "vector_instructions",
+              "scalar_ub_accesses") + tuple(f"busy_{p}" for p in ascendc_emu.PIPES + PORTS)
 
 
 @dataclass(frozen=True)
@@ -147,13 +151,14 @@ def tasks(algorithm, b, h, hkv, sq, skv, d, causal, params) -> list:
 
 
 def _quantities(att: dict) -> dict:
-    out = dict(core_cycles=att["core_cycles"],
+    out = dict(core_cycles=att["core_cycles"], timeline_cycles=att["timeline_cycles"],
                gm_bytes=att["gm_to_l1_bytes"] + att["gm_to_ub_bytes"] + att["ub_to_gm_bytes"]
                + att["l0c_to_gm_bytes"],
                exchange_bytes=att["l0c_to_gm_bytes"] + att["ub_to_gm_bytes"],
                vector_instructions=att["vector_instructions"],
                scalar_ub_accesses=att["scalar_ub_accesses"])
     out.update({f"busy_{p}": att["pipe_busy_cycles"][p] for p in ascendc_emu.PIPES})
+    out.update(busy_RD=att["core_read_bound_cycles"], busy_WR=att["core_write_bound_cycles"])
     return out
 
 
@@ -213,6 +218,13 @@ def _sum_fit(coef, task_list) -> float:
     return c0 + sum(a + b * t[1] + m * (t[1] - t[2]) for t in task_list)
 
 
+def _core_cycles(fit: Fit, task_list) -> float:
+    """One AI Core's cycles over ``task_list``: its timelines, or its GM read or write port
+    bound where that is later (each fitted on its own, so the fit holds where the binding one
+    changes between the calibration sizes and the full shape)."""
+    return max(_sum_fit(fit.coef[q], task_list) for q in ("timeline_cycles", "busy_RD", "busy_WR"))
+
+
 @dataclass
 class Shape:
     """One full-size call: batch, query heads, kv heads, query length, kv length, head dim."""
@@ -250,9 +262,9 @@ def extrapolate(shape: Shape, fit: Fit, params: dict) -> dict:
     per_core = tasks(fit.config.algorithm, shape.b, shape.h, shape.hkv, shape.sq, shape.skv,
                      shape.d, shape.causal, params)
     per_core = [t for t in per_core if t]
-    core = max(_sum_fit(fit.coef["core_cycles"], t) for t in per_core)
-    busiest = max(per_core, key=lambda t: _sum_fit(fit.coef["core_cycles"], t))
-    busy = {p: _sum_fit(fit.coef[f"busy_{p}"], busiest) for p in ascendc_emu.PIPES}
+    core = max(_core_cycles(fit, t) for t in per_core)
+    busiest = max(per_core, key=lambda t: _core_cycles(fit, t))
+    busy = {p: _sum_fit(fit.coef[f"busy_{p}"], busiest) for p in ascendc_emu.PIPES + PORTS}
     gm = sum(_sum_fit(fit.coef["gm_bytes"], t) for t in per_core)
     busy["L2"] = gm / params["l2_aggregate_bytes_per_cycle"]
     busy["HBM"] = shape.io_bytes / params["hbm_aggregate_bytes_per_cycle"]
@@ -272,12 +284,12 @@ def extrapolate(shape: Shape, fit: Fit, params: dict) -> dict:
     if fit.repair:
         repair = overhead + fit.repair[0] + fit.repair[1] * max(len(t) for t in per_core)
     cycles = attention + prep + repair
-    binding = max(busy, key=busy.get)
+    binding = ascendc_emu.binding_resource(busy, core)
     us = cycles / params["clock_mhz"]
     return dict(cycles=cycles, attention_cycles=attention, preprocess_cycles=prep,
                 repair_cycles=repair, time_us=us,
                 tflops=shape.flops / (us * 1e-6) / 1e12, binding=binding,
-                binding_share=busy[binding] / (attention - overhead), busy=busy,
+                binding_share=busy.get(binding, core) / (attention - overhead), busy=busy,
                 kv_gbs=2 * shape.b * shape.hkv * shape.skv * shape.d * 2 / (us * 1e-6) / 1e9)
 
 

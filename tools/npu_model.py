@@ -10,7 +10,10 @@ the fast and at the slow end of its range. Every emulated run is checked against
 and no figure is reported from a wrong one. Nothing here was timed on an NPU.
 
 Writes ``npu_model.md`` and ``npu_model.json`` into ``--out``; ``--params`` prints the
-parameter table as Markdown.
+parameter table as Markdown; ``--calibrate`` compares the model with the public figures
+measured on Atlas A2 hardware (``tools/npu_calibrate.py``); ``--sensitivity`` moves each
+parameter with a range alone to both ends and reports the pasa / fa-fp32 ratio's worst
+independent corner.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import sys
 
 from pasa_npu import npu_params
 from pasa_npu.tools.compare.progress import ProgressBar
+from pasa_npu.tools import npu_calibrate
 from pasa_npu.tools.npu_extrapolate import Shape, WrongRunError, calibrate, extrapolate
 
 ALGORITHMS = ("fa-fp32", "pasa", "pasa-exact")
@@ -31,7 +35,7 @@ def shapes(sets) -> list:
     out = []
     if "paper" in sets:
         out += [Shape("paper 1x16x1280x128", 1, 16, 16, 1280, 1280, 128),
-                Shape("Qwen2-7B-like 1x28x5676x128 GQA 28:4", 1, 28, 4, 5676, 5676, 128, causal=True),
+                Shape("Qwen2-7B-like 1x28x5676x128 GQA 28:4 causal", 1, 28, 4, 5676, 5676, 128, causal=True),
                 Shape("SVD-like 50x5x9216x64", 50, 5, 5, 9216, 9216, 64)]
     if "sweep" in sets:
         for d in (64, 128):
@@ -42,11 +46,17 @@ def shapes(sets) -> list:
     if "decode" in sets:
         for skv in (4096, 16384):
             out.append(Shape(f"decode 16x28(4)x1x{skv}x128", 16, 28, 4, 1, skv, 128))
+    if "readme" in sets:
+        out += [Shape("paper 1x16x1280x128", 1, 16, 16, 1280, 1280, 128),
+                Shape("Qwen2-7B-like 1x28x5676x128 GQA 28:4 causal", 1, 28, 4, 5676, 5676, 128, causal=True),
+                Shape("d=128 S=4096 causal", 4, 16, 16, 4096, 4096, 128, causal=True),
+                Shape("d=128 S=16384 none", 1, 16, 16, 16384, 16384, 128),
+                Shape("decode 16x28(4)x1x16384x128", 16, 28, 4, 1, 16384, 128)]
     return out
 
 
 def params_markdown() -> str:
-    lines = ["| parameter | value | unit | range (assumptions) | source |", "|---|---|---|---|---|"]
+    lines = ["| parameter | value | unit | range | source |", "|---|---|---|---|---|"]
     for p in npu_params.ALL:
         rng = f"{p.low:g} - {p.high:g}" if p.assumption else "-"
         lines.append(f"| `{p.name}` | {p.value:g} | {p.unit} | {rng} | {p.source} |")
@@ -99,17 +109,20 @@ def _per_block(fit, shape: Shape, params: dict) -> dict:
     rows = 128 if not shape.decode else shape.h // shape.hkv
     ideal = 2 * rows * 128 * shape.d / params["cube_macs_per_cycle"]  # QK^T and PV on a perfect cube
     l2 = fit.per_block("gm_bytes") * params["core_num"] / params["l2_aggregate_bytes_per_cycle"]
-    return dict(cycles=fit.per_block("core_cycles"), v=fit.per_block("busy_V"), m=fit.per_block("busy_M"),
+    cycles = max(fit.per_block(q) for q in ("timeline_cycles", "busy_RD", "busy_WR"))
+    return dict(cycles=cycles, v=fit.per_block("busy_V"), m=fit.per_block("busy_M"),
                 l2=l2, l2_ceiling=ideal / l2)
 
 
 def markdown(result) -> str:
     algos = result["algorithms"]
     lines = ["**Modelled** (pipe-level timing model of an Atlas A2 / 910B1, parameters in "
-             "`pasa_npu/npu_params.py`; not measured on an NPU). TFLOP/s with the band over the "
-             f"assumed parameters in brackets; cube peak {result['cube_peak_tflops']:.0f} TFLOP/s. "
+             "`pasa_npu/npu_params.py`; not measured on an NPU). TFLOP/s with, in brackets, the band: "
+             f"every parameter with a range at its slow and at its fast end; cube peak {result['cube_peak_tflops']:.0f} TFLOP/s. "
              "Each figure is fitted from emulated runs whose outputs were checked against the fp64 "
-             "golden; `rmse` is the largest relative RMSE among them.", "",
+             "golden; `rmse` is the largest relative RMSE among them. Binding: a pipe, `RD`/`WR` (an AI "
+             "Core's GM read/write port), `L2`/`HBM` (the chip's bandwidth), or `path` (the AI Core's "
+             "dependency chain: no resource reaches 90% of its cycles).", "",
              "| shape | " + " | ".join(f"{a} TFLOP/s [band] (binding, % peak, rmse)" for a in algos)
              + (" | pasa / fa-fp32 | pasa-exact / fa-fp32 |" if "fa-fp32" in algos else " |"),
              "|---|" + "---|" * len(algos) + ("---|---|" if "fa-fp32" in algos else "")]
@@ -146,33 +159,154 @@ def markdown(result) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: parameters that enter only the launch total, not the one-core calibration fits
+_LAUNCH_ONLY = ("l2_aggregate_bytes_per_cycle", "hbm_aggregate_bytes_per_cycle", "launch_overhead_cycles")
+
+
+#: passes of the coordinate search for a shape's worst corner
+WORST_CORNER_PASSES = 3
+
+
+def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None) -> dict:
+    """The pasa / fa-fp32 ratio per shape at the nominal parameters, with each parameter that
+    has a range alone at its low and at its high end, and at each shape's worst independent
+    corner. Each parameter with a range takes its low end, its nominal value or its high end,
+    independently of the others; the search starts with every parameter at the end that
+    lowered the ratio alone (nominal where neither did) and moves one parameter at a time
+    while that lowers the ratio further, up to WORST_CORNER_PASSES passes: a local minimum
+    over the 3^n corners, every one evaluated as a whole. ``names``: the parameters to vary
+    (default: every one with a range)."""
+    ranged = [p for p in npu_params.ALL if p.assumption and (names is None or p.name in names)]
+    fits = {}
+
+    def evaluate(params, only=None):
+        key = tuple(sorted((k, v) for k, v in npu_params.timing_only(params).items() if k not in _LAUNCH_ONLY))
+        out = {}
+        for shape in shape_list if only is None else [only]:
+            cell = {}
+            for a in algorithms:
+                config = shape.config(a)
+                if (config, key) not in fits:
+                    fits[(config, key)] = calibrate(config, params)
+                cell[a] = extrapolate(shape, fits[(config, key)], params)
+                cell[a]["golden_rmse"] = fits[(config, key)].golden_rmse
+            cell["ratio"] = cell["pasa"]["tflops"] / cell["fa-fp32"]["tflops"]
+            out[shape.name] = cell
+        return out
+
+    total = 1 + 2 * len(ranged) + len(shape_list) * WORST_CORNER_PASSES
+    progress(0, total, "nominal")
+    nominal = evaluate(npu_params.values())
+    alone, done = {}, 1
+    for p in ranged:
+        alone[p.name] = {}
+        for end in ("low", "high"):
+            progress(done, total, f"{p.name} {end}")
+            alone[p.name][end] = evaluate(npu_params.values(**{p.name: getattr(p, end)}))
+            done += 1
+    worst = {}
+    for shape in shape_list:
+        corner = {}
+        for p in ranged:
+            ends = {getattr(p, end): alone[p.name][end][shape.name]["ratio"] for end in ("low", "high")}
+            lowest = min(ends, key=ends.get)
+            corner[p.name] = lowest if ends[lowest] < nominal[shape.name]["ratio"] else p.value
+        best = evaluate(npu_params.values(**corner), shape)[shape.name]
+        for n in range(WORST_CORNER_PASSES):
+            progress(done, total, f"worst corner {shape.name[:12]} pass {n + 1}")
+            done += 1
+            moved = False
+            for p in ranged:
+                for value in {p.low, p.value, p.high} - {corner[p.name]}:
+                    trial = dict(corner, **{p.name: value})
+                    got = evaluate(npu_params.values(**trial), shape)[shape.name]
+                    if got["ratio"] < best["ratio"] - 1e-9:
+                        corner, best, moved = trial, got, True
+            if not moved:
+                done += WORST_CORNER_PASSES - n - 1
+                break
+        worst[shape.name] = dict(corner=corner, result=best)
+    progress(total, total, "done")
+    evaluated = [nominal] + [r for ends in alone.values() for r in ends.values()] \
+        + [{n: w["result"]} for n, w in worst.items()]
+    rmse = max(cell[a]["golden_rmse"] for r in evaluated for cell in r.values() for a in algorithms)
+    return dict(shapes=[s.name for s in shape_list], nominal=nominal, alone=alone, worst=worst,
+                ranged=[dict(name=p.name, value=p.value, low=p.low, high=p.high, source=p.source) for p in ranged],
+                golden_rmse=rmse)
+
+
+def sensitivity_markdown(result) -> str:
+    names = result["shapes"]
+    lines = ["**Modelled** (pipe-level timing model of an Atlas A2 / 910B1, parameters and their sources "
+             "in `pasa_npu/npu_params.py`; not measured on an NPU). pasa / fa-fp32 TFLOP/s ratio with each "
+             "parameter that has a range alone at its low / high end, the others nominal. Every figure is "
+             "fitted from emulated runs checked against the fp64 golden (largest relative RMSE "
+             f"{result['golden_rmse']:.1e}).", "",
+             "| parameter (nominal, range) | " + " | ".join(names) + " |", "|---|" + "---|" * len(names),
+             "| nominal | " + " | ".join(f"{result['nominal'][n]['ratio']:.2f}" for n in names) + " |"]
+    for p in result["ranged"]:
+        ends = result["alone"][p["name"]]
+        cells = [f"{ends['low'][n]['ratio']:.2f} / {ends['high'][n]['ratio']:.2f}" for n in names]
+        lines.append(f"| `{p['name']}` ({p['value']:g}, {p['low']:g} - {p['high']:g}) | " + " | ".join(cells) + " |")
+    lines += ["", "Worst independent corner per shape: each parameter with a range at its low end, its "
+              "nominal value or its high end, independently of the others; found by a coordinate search "
+              "that starts from the ends that lowered the ratio alone (a local minimum over the "
+              f"3^{len(result['ranged'])} corners, each evaluated whole). TFLOP/s and binding resource "
+              "at that corner:", "",
+              "| shape | nominal ratio | worst-corner ratio | fa-fp32 there | pasa there "
+              "| the corner (parameters not at their nominal value) |",
+              "|---|---|---|---|---|---|"]
+    for n in names:
+        w = result["worst"][n]
+        r = w["result"]
+        nominal_values = npu_params.values()
+        lows = ", ".join(f"`{k}`={v:g}" for k, v in w["corner"].items() if v != nominal_values[k])
+        lines.append(f"| {n} | {result['nominal'][n]['ratio']:.2f} | {r['ratio']:.2f} | "
+                     f"{r['fa-fp32']['tflops']:.1f} ({r['fa-fp32']['binding']}) | {r['pasa']['tflops']:.1f} "
+                     f"({r['pasa']['binding']}) | {lows} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="pasa-npu-model", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--out", default="npu-model-out", help="folder for npu_model.md/.json")
-    parser.add_argument("--sets", nargs="+", default=["paper", "sweep", "decode"],
-                        choices=["paper", "sweep", "decode"], help="shape sets to model")
+    parser.add_argument("--out", default="npu-model-out",
+                        help="folder for npu_model.md/.json (npu_calibrate.md, npu_sensitivity.md/.json)")
+    parser.add_argument("--sets", nargs="+", choices=["paper", "sweep", "decode", "readme"],
+                        help="shape sets to model (default: paper sweep decode; with --sensitivity: readme)")
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS,
                         help="allocations to model")
     parser.add_argument("--no-band", action="store_true", help="nominal parameters only")
     parser.add_argument("--params", action="store_true", help="print the parameter table and exit")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="compare the model with the public figures measured on Atlas A2 hardware")
+    parser.add_argument("--sensitivity", action="store_true",
+                        help="each parameter with a range alone at both ends; the ratio's worst corner")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     if args.params:
         print(params_markdown(), end="")
         return 0
+    progress = ProgressBar(not args.quiet)
+    out = pathlib.Path(args.out)
     try:
-        result = run(shapes(args.sets), args.algorithms, not args.no_band, ProgressBar(not args.quiet))
+        if args.calibrate:
+            text, data, names = npu_calibrate.markdown(npu_params.values(), progress), None, ["npu_calibrate.md"]
+        elif args.sensitivity:
+            data = sensitivity(shapes(args.sets or ["readme"]), progress)
+            text, names = sensitivity_markdown(data), ["npu_sensitivity.md", "npu_sensitivity.json"]
+        else:
+            data = run(shapes(args.sets or ["paper", "sweep", "decode"]), args.algorithms, not args.no_band, progress)
+            text, names = markdown(data), ["npu_model.md", "npu_model.json"]
     except WrongRunError as exc:
         print(f"pasa-npu-model: {exc}", file=sys.stderr)
         return 1
-    out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    text = markdown(result)
-    (out / "npu_model.md").write_text(text)
-    (out / "npu_model.json").write_text(json.dumps(result, indent=1, default=str))
+    (out / names[0]).write_text(text)
+    if data is not None:
+        (out / names[1]).write_text(json.dumps(data, indent=1, default=str))
     print(text, end="")
-    print(f"\nwrote npu_model.md, npu_model.json to {out}")
+    print(f"\nwrote {', '.join(names)} to {out}")
     return 0
 
 

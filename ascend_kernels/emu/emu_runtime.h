@@ -185,7 +185,10 @@ struct Stats {
     uint64_t blocks = 0, cores = 0;
     // timing model (per launch; not summed by Add)
     double cycles = 0;             // modelled cycles of the launch
-    double core_cycles = 0;        // the slowest AI Core's timeline
+    double core_cycles = 0;        // the slowest AI Core: its latest completion, or its port bounds if later
+    double timeline_cycles = 0;          // the latest completion on any core's timelines
+    double core_read_bound_cycles = 0;   // the largest AI Core's GM read bytes over mte2_bytes_per_cycle
+    double core_write_bound_cycles = 0;  // the largest AI Core's GM write bytes over core_write_bytes_per_cycle
     double l2_bound_cycles = 0;    // all GM bytes over the aggregate L2 bandwidth
     double hbm_bound_cycles = 0;   // bytes first touched in GM over the aggregate HBM bandwidth
     uint64_t hbm_bytes = 0;
@@ -890,17 +893,36 @@ inline void RunAiCore(const LaunchOptions& opt, Group& group, std::vector<std::u
     CheckFlagsDrained(group, block);
 }
 
-// A core's counters and timelines into the launch's totals.
+// A core's counters and timelines into the launch's totals (core_cycles: see AddAiCore).
 inline void AddCore(Stats& total, const CoreCtx& c)
 {
     total.Add(c.stats);
-    total.core_cycles = std::max(total.core_cycles, c.tm.End());
     for (int p = 0; p < kPipes; ++p) {
         const double busy = p == P_S ? c.tm.scalarBusy : c.tm.pipe[p].busy;
         total.pipe_busy[p] = std::max(total.pipe_busy[p], busy);
         total.pipe_busy_total[p] += busy;
         total.pipe_instructions[p] += c.tm.pipe[p].count;
     }
+}
+
+// One AI Core's time into the launch's: the latest completion on its cores, but no earlier than
+// its GM reads (the AIC's and both AIVs' MTE2) at the AI Core's read rate, nor its GM writes
+// (both AIVs' MTE3 and the AIC's Fixpipe) at its write rate: the engines share the AI Core's
+// ports, a bound rather than a timeline (who waits for whom is not modelled).
+inline void AddAiCore(Stats& total, const std::vector<std::unique_ptr<CoreCtx>>& cores, const TimingParams& tp)
+{
+    double end = 0, reads = 0, writes = 0;
+    for (const auto& c : cores) {
+        end = std::max(end, c->tm.End());
+        reads += static_cast<double>(c->stats.gm_to_l1 + c->stats.gm_to_ub);
+        writes += static_cast<double>(c->stats.ub_to_gm + c->stats.l0c_to_gm);
+    }
+    const double readBound = reads / tp.mte2_bytes_per_cycle;
+    const double writeBound = writes / tp.core_write_bytes_per_cycle;
+    total.timeline_cycles = std::max(total.timeline_cycles, end);
+    total.core_read_bound_cycles = std::max(total.core_read_bound_cycles, readBound);
+    total.core_write_bound_cycles = std::max(total.core_write_bound_cycles, writeBound);
+    total.core_cycles = std::max(total.core_cycles, std::max(end, std::max(readBound, writeBound)));
 }
 
 // Run `kernel` (called with no arguments on every core) over options.blockDim AI Cores.
@@ -914,6 +936,7 @@ inline Stats Launch(const LaunchOptions& opt, GmRegistry& gm, const std::functio
         throw EmuError("launch: the emulation runs KERNEL_TYPE_AIC_ONLY, KERNEL_TYPE_AIV_ONLY and KERNEL_TYPE_MIX_AIC_1_2");
     }
     if (!(opt.timing.cube_macs_per_cycle > 0 && opt.timing.mte2_bytes_per_cycle > 0 &&
+          opt.timing.core_write_bytes_per_cycle > 0 &&
           opt.timing.l2_aggregate_bytes_per_cycle > 0 && opt.timing.hbm_aggregate_bytes_per_cycle > 0)) {
         throw EmuError("launch: the timing model's parameters are not set (pasa_npu.npu_params supplies them)");
     }
@@ -927,6 +950,7 @@ inline Stats Launch(const LaunchOptions& opt, GmRegistry& gm, const std::functio
         std::vector<std::unique_ptr<CoreCtx>> cores = MakeCores(opt, gm, group, block);
         RunAiCore(opt, group, cores, kernel, block);
         for (auto& c : cores) AddCore(total, *c);
+        AddAiCore(total, cores, opt.timing);
         total.blocks += 1;
         total.cores += cores.size();
     }

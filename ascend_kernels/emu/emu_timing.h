@@ -20,18 +20,20 @@ namespace AscendC {
 namespace emu {
 
 // ------------------------------------------------------------------ the parameters
-// One field per tunable entry of pasa_npu/npu_params.py (same names). Rates are per engine of
-// one core unless the name says "aggregate".
+// One field per tunable entry of pasa_npu/npu_params.py (same names). A rate is per engine of
+// one core unless its comment says per AI Core or the name says "aggregate".
 struct TimingParams {
     double cube_macs_per_cycle = 0;        // fp16 MACs per cycle of one cube (16 x 16 x 16)
     double mmad_head_cycles = 0;           // fixed cycles per Mmad
     double mte1_l0a_bytes_per_cycle = 0;   // LoadData L1 -> L0A (and Fill of L1/L0)
     double mte1_l0b_bytes_per_cycle = 0;   // LoadData L1 -> L0B
     double mte1_head_cycles = 0;
-    double mte2_bytes_per_cycle = 0;       // GM -> L1 / UB of one engine
+    double mte2_bytes_per_cycle = 0;       // GM -> L1 / UB per AI Core: one engine alone runs at this rate,
+                                           // the AIC's and both AIVs' reads share it (Launch bounds the AI Core)
     double mte2_head_cycles = 0;
     double gm_read_latency_cycles = 0;     // until a GM read lands (flags wait for it)
     double mte3_bytes_per_cycle = 0;       // UB -> GM of one engine
+    double core_write_bytes_per_cycle = 0; // GM writes per AI Core: both AIVs' MTE3 and the AIC's Fixpipe share it
     double mte3_head_cycles = 0;
     double gm_write_latency_cycles = 0;    // until a GM write is visible (flags wait for it)
     double fix_bytes_per_cycle = 0;        // Fixpipe L0C -> GM, output bytes
@@ -60,6 +62,7 @@ struct TimingParams {
             {"gm_read_latency_cycles", &TimingParams::gm_read_latency_cycles},
             {"mte3_bytes_per_cycle", &TimingParams::mte3_bytes_per_cycle},
             {"mte3_head_cycles", &TimingParams::mte3_head_cycles},
+            {"core_write_bytes_per_cycle", &TimingParams::core_write_bytes_per_cycle},
             {"gm_write_latency_cycles", &TimingParams::gm_write_latency_cycles},
             {"fix_bytes_per_cycle", &TimingParams::fix_bytes_per_cycle},
             {"fix_head_cycles", &TimingParams::fix_head_cycles},
@@ -79,7 +82,7 @@ struct TimingParams {
         this->*(it->second) = value;
         return true;
     }
-    static std::size_t Count() { return 23; }
+    static std::size_t Count() { return 24; }
 };
 
 // ------------------------------------------------------------------ published vector rates

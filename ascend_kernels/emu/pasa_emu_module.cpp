@@ -50,6 +50,9 @@ py::dict StatsDict(const Stats& s)
     d["cores"] = s.cores;
     d["cycles"] = s.cycles;
     d["core_cycles"] = s.core_cycles;
+    d["timeline_cycles"] = s.timeline_cycles;
+    d["core_read_bound_cycles"] = s.core_read_bound_cycles;
+    d["core_write_bound_cycles"] = s.core_write_bound_cycles;
     d["l2_bound_cycles"] = s.l2_bound_cycles;
     d["hbm_bound_cycles"] = s.hbm_bound_cycles;
     d["hbm_bytes"] = s.hbm_bytes;
