@@ -1,0 +1,202 @@
+// One PASA attention call on the instruction-level simulator: the kernel sources compiled in the
+// CPU-debug configuration against the asc-devkit headers (Huawei's implementation of every
+// AscendC API they call), the shared host launcher (tiling, parameter buffer, launches) driving
+// them through a runtime whose GM is the simulator's shared memory.
+//
+//   pasa_sim_attention DIR
+//
+// DIR holds params.txt ("name value" lines: the fields of pasa_emu_module.cpp's ProblemFrom),
+// the tensors as raw bytes (query.bin key.bin value.bin out.bin lse.bin; optional mask.bin
+// block_table.bin key_slots.bin sink.bin row_flags.bin) and the int32 lengths (q_lens.bin
+// kv_lens.bin; optional next_tokens.bin pre_tokens.bin q_starts.bin kv_starts.bin). The call
+// overwrites out.bin, lse.bin and row_flags.bin. Exit status 0 on success; else the error on
+// stderr.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernel_operator.h"
+#include "../host/pasa_tiling.h"
+#include "../host/pasa_tiling.cpp"
+#include "../host/pasa_launcher.cpp"
+#include "../kernels/pasa_prepare_keys.cpp"
+#include "../kernels/pasa_attention.cpp"
+#include "sim_globals.h"
+#include "sim_launch.h"
+
+static_assert(AscendC::AIV == AscendC::AIV_TYPE && AscendC::AIC == AscendC::AIC_TYPE, "core type values");
+
+namespace {
+
+struct File {
+    void* data = nullptr;
+    size_t bytes = 0;
+};
+
+// A file's bytes in shared GM (null when absent and optional).
+File Load(const std::string& path, bool required)
+{
+    std::ifstream f(path, std::ios::binary | std::ios::ate);
+    if (!f) {
+        if (required) throw std::runtime_error("missing " + path);
+        return {};
+    }
+    File r;
+    r.bytes = static_cast<size_t>(f.tellg());
+    r.data = pasa_sim::SharedAlloc(r.bytes ? r.bytes : 1);
+    f.seekg(0);
+    f.read(static_cast<char*>(r.data), static_cast<std::streamsize>(r.bytes));
+    return r;
+}
+
+void Store(const std::string& path, const File& file)
+{
+    if (file.data == nullptr) return;
+    std::ofstream f(path, std::ios::binary);
+    f.write(static_cast<const char*>(file.data), static_cast<std::streamsize>(file.bytes));
+}
+
+class SimRuntime final : public pasa::LaunchRuntime {
+public:
+    void* Allocate(size_t bytes, pasa::BufferRole) override
+    {
+        void* p = pasa_sim::SharedAlloc(bytes ? bytes : 1);
+        std::memset(p, 0xFF, bytes);  // fresh device memory is not zero
+        return p;
+    }
+
+    void Upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+
+    void Launch(pasa::PasaKernel kernel, uint32_t blockDim, const pasa::KernelArgs& a) override
+    {
+        auto gm = [](void* p) { return reinterpret_cast<GM_ADDR>(p); };
+        switch (kernel) {
+        case pasa::PasaKernel::kShiftKeys:
+            return pasa_sim::Launch(blockDim, pasa_sim::kMix, [&]() {
+                pasa_shift_keys(gm(a.key), gm(a.blockTable), gm(a.keySlots), gm(a.workspace), gm(a.tiling));
+            });
+        case pasa::PasaKernel::kCenterKeys:
+            return pasa_sim::Launch(blockDim, pasa_sim::kMix, [&]() {
+                pasa_center_keys(gm(a.key), gm(a.blockTable), gm(a.keySlots), gm(a.workspace), gm(a.tiling));
+            });
+        case pasa::PasaKernel::kAttention:
+            return pasa_sim::Launch(blockDim, pasa_sim::kMix, [&]() {
+                pasa_attention(gm(a.query), gm(a.key), gm(a.value), gm(a.mask), gm(a.blockTable), gm(a.keySlots),
+                               gm(a.sink), gm(a.out), gm(a.lse), gm(a.rowFlags), gm(a.workspace), gm(a.tiling));
+            });
+        case pasa::PasaKernel::kMerge:
+            return pasa_sim::Launch(blockDim, pasa_sim::kAiv, [&]() {
+                pasa_merge_splits(gm(a.sink), gm(a.out), gm(a.lse), gm(a.rowFlags), gm(a.workspace), gm(a.tiling));
+            });
+        }
+        throw std::runtime_error("unknown kernel");
+    }
+};
+
+pasa::PasaProblem ProblemFrom(const std::map<std::string, double>& p)
+{
+    auto get = [&](const char* name, double fallback) {
+        auto it = p.find(name);
+        return it == p.end() ? fallback : it->second;
+    };
+    auto need = [&](const char* name) {
+        auto it = p.find(name);
+        if (it == p.end()) throw std::runtime_error(std::string("params.txt lacks ") + name);
+        return it->second;
+    };
+    pasa::PasaProblem d;
+    d.tilingKey = static_cast<uint32_t>(need("tiling_key"));
+    d.batch = static_cast<uint32_t>(need("batch"));
+    d.numHeads = static_cast<uint32_t>(need("num_heads"));
+    d.numKvHeads = static_cast<uint32_t>(need("num_kv_heads"));
+    d.seqQ = static_cast<uint32_t>(need("seq_q"));
+    d.seqKv = static_cast<uint32_t>(need("seq_kv"));
+    d.headDim = static_cast<uint32_t>(need("head_dim"));
+    d.headDimV = static_cast<uint32_t>(need("head_dim_v"));
+    d.qLayout = static_cast<uint32_t>(need("q_layout"));
+    d.kvLayout = static_cast<uint32_t>(need("kv_layout"));
+    d.outLayout = static_cast<uint32_t>(need("out_layout"));
+    d.outDtype = static_cast<uint32_t>(need("out_dtype"));
+    d.inDtype = static_cast<uint32_t>(get("in_dtype", PASA_IN_FP16));
+    d.maskMode = static_cast<uint32_t>(need("mask_mode"));
+    d.packed = get("packed", 0) != 0;
+    d.hasMask = get("has_mask", 0) != 0;
+    d.checkRows = get("check_rows", 0) != 0;
+    d.hasSink = get("has_sink", 0) != 0;
+    d.resolutionLimit = get("resolution_limit", 0.0);
+    d.maskRowStride = static_cast<uint32_t>(get("mask_row_stride", 0));
+    d.maskBatchStride = static_cast<uint64_t>(get("mask_batch_stride", 0));
+    d.paged = get("paged", 0) != 0;
+    d.blockSize = static_cast<uint32_t>(get("block_size", 0));
+    d.tableStride = static_cast<uint32_t>(get("table_stride", 0));
+    d.numBlocks = static_cast<uint32_t>(get("num_blocks", 0));
+    d.kvSplits = static_cast<uint32_t>(get("kv_splits", 0));
+    d.scale = need("scale");
+    d.beta = need("beta");
+    d.qTile = static_cast<uint32_t>(need("q_tile"));
+    d.kvBlock = static_cast<uint32_t>(need("kv_block"));
+    d.coreNum = static_cast<uint32_t>(need("core_num"));
+    return d;
+}
+
+}  // namespace
+
+int main(int argc, char** argv)
+{
+    if (argc != 2) {
+        std::cerr << "usage: pasa_sim_attention DIR\n";
+        return 2;
+    }
+    const std::string dir = argv[1];
+    try {
+        std::map<std::string, double> params;
+        std::ifstream pf(dir + "/params.txt");
+        if (!pf) throw std::runtime_error("missing params.txt");
+        std::string name;
+        double value;
+        while (pf >> name >> value) params[name] = value;
+        const pasa::PasaProblem prob = ProblemFrom(params);
+        pasa::AttentionTensors t;
+        File query = Load(dir + "/query.bin", true), key = Load(dir + "/key.bin", true);
+        File val = Load(dir + "/value.bin", true), out = Load(dir + "/out.bin", true), lse = Load(dir + "/lse.bin", true);
+        File mask = Load(dir + "/mask.bin", false), table = Load(dir + "/block_table.bin", false);
+        File slots = Load(dir + "/key_slots.bin", false), sink = Load(dir + "/sink.bin", false);
+        File flags = Load(dir + "/row_flags.bin", false);
+        t.query = query.data;
+        t.key = key.data;
+        t.value = val.data;
+        t.out = out.data;
+        t.lse = lse.data;
+        t.mask = mask.data;
+        t.blockTable = table.data;
+        t.keySlots = slots.data;
+        t.sink = sink.data;
+        t.rowFlags = flags.data;
+        std::vector<File> lengthFiles;
+        pasa::BatchLengths lengths;
+        auto len = [&](const char* n, const int32_t** dst) {
+            File f = Load(dir + "/" + n + ".bin", false);
+            if (f.data) *dst = static_cast<const int32_t*>(f.data);
+        };
+        len("q_lens", &lengths.qLens);
+        len("kv_lens", &lengths.kvLens);
+        len("next_tokens", &lengths.nextTokens);
+        len("pre_tokens", &lengths.preTokens);
+        len("q_starts", &lengths.qStarts);
+        len("kv_starts", &lengths.kvStarts);
+        SimRuntime runtime;
+        const PasaTilingData tiling = pasa::LaunchAttention(prob, t, lengths, runtime);
+        Store(dir + "/out.bin", out);
+        Store(dir + "/lse.bin", lse);
+        Store(dir + "/row_flags.bin", flags);
+        std::cout << "block_dim " << tiling.blockDim << "\n";
+    } catch (const std::exception& e) {
+        std::cerr << "pasa-sim: " << e.what() << "\n";
+        return 1;
+    }
+    return 0;
+}
