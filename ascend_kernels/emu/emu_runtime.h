@@ -312,6 +312,9 @@ struct CoreCtx {
     bool eventIdUsed[static_cast<int>(HardEvent::MAX)][kEventIds] = {};
 
     bool pipeAlive = false;  // a TPipe exists
+    // lanes a level-0 call left enabled in the vector mask register (0: the full mask, as
+    // ResetMask sets it); instructions that read the register instead of setting it see them
+    uint64_t partialMask = 0;
     Stats stats;
     CoreTiming tm;           // the timing model's timelines of this core
 

@@ -116,6 +116,7 @@ void BinaryStrided(const LocalTensor<T>& dst, const LocalTensor<T>& s0, const Lo
     constexpr uint32_t lanes = 256 / sizeof(T), perBlock = 32 / sizeof(T);
     if (mask == 0 || mask > lanes) Fail("%s: mask %llu outside [1, %u] (continuous mode)", op, (unsigned long long)mask, lanes);
     if (p.dstBlkStride == 0) Fail("%s: dstBlkStride 0 is undefined on hardware", op);
+    Core().partialMask = mask < lanes ? mask : 0;  // the API sets the register and leaves it set
     if (repeat == 0) return;
     const uint32_t blocks = static_cast<uint32_t>((mask + perBlock - 1) / perBlock);
     CheckStridedOperand(dst, repeat, blocks, p.dstBlkStride, p.dstRepStride, op, "dst");
@@ -255,6 +256,7 @@ void ReduceDataBlock(const LocalTensor<T>& dst, const LocalTensor<U>& src, const
     if (repeatTime < 0 || repeatTime > 255) emu::Fail("%s: repeatTime %d outside [0, 255]", op, repeatTime);
     if (!emu::UbPosition(dst.GetPosition())) emu::Fail("%s: dst must be in UB", op);
     if (dst.ByteOffset() % (sizeof(T) == 2 ? 16 : 32) != 0) emu::Fail("%s: dst must be %d-byte aligned", op, sizeof(T) == 2 ? 16 : 32);
+    emu::Core().partialMask = mask < lanes ? static_cast<uint64_t>(mask) : 0;
     if (repeatTime == 0) return;
     const uint32_t blocks = static_cast<uint32_t>(mask / perBlock);
     emu::CheckStridedOperand(src, repeatTime, blocks, srcBlkStride, srcRepStride, op, "src");
@@ -291,6 +293,9 @@ void ReduceDataBlock(const LocalTensor<T>& dst, const LocalTensor<U>& src, const
     emu::CountVector(static_cast<uint64_t>(repeatTime) * mask);
 }
 
+// ResetMask (kernel_common.h): every lane of the vector mask enabled again.
+inline void ResetMask() { emu::Core().partialMask = 0; }
+
 // ------------------------------------------------------------------ Compares / Select (kernel_operator_vec_cmpsel_intf.h)
 // Compares (count mode): bit i of dst (little-endian bytes) is src0[i] <cmpMode> src1Scalar;
 // count elements must fill whole 256-byte repeats ("Compares" page: the tail is ignored).
@@ -305,6 +310,11 @@ void Compares(const LocalTensor<U>& dst, const LocalTensor<T>& src0, const T src
     if ((count * sizeof(T)) % 256 != 0) {
         emu::Fail("%s: count %u x %zu bytes is not a whole number of 256-byte repeats; the hardware ignores the tail",
                   op, count, sizeof(T));
+    }
+    if (emu::Core().partialMask != 0) {
+        emu::Fail("%s: the vector mask holds the %llu lanes a level-0 call left; Compares (count mode) compares "
+                  "only those lanes of each repeat (Huawei's implementation leaves the mask as it finds it): "
+                  "ResetMask() first", op, static_cast<unsigned long long>(emu::Core().partialMask));
     }
     if (count == 0) return;
     emu::CheckOverlap(dst, src0, count / 8, count * sizeof(T), op, false);

@@ -52,6 +52,7 @@ __aicore__ inline void SubtractFromEachRow(const LocalTensor<float>& rows, const
         Sub(rows[c], rows[c], vec[c], d - c < 64 ? d - c : 64, static_cast<uint8_t>(count),
             BinaryRepeatParams(1, 1, 1, rowBlocks, rowBlocks, 0));
     }
+    ResetMask();  // leave the full mask: Compares reads the register
 }
 
 // Copy the tiling struct from GM word by word (scalar loads through a GlobalTensor).

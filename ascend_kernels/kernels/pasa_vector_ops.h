@@ -1,7 +1,9 @@
 // Whole-tile vector helpers of the PASA attention kernel: row reductions, per-row broadcasts
 // and element-wise operations on tiles of `rows` rows (a multiple of 8) by `cols` columns
 // (a power of two), row-major in UB. Each helper is a fixed handful of instructions with repeats
-// and strides, whatever the number of rows; none reads UB from the scalar unit.
+// and strides, whatever the number of rows; none reads UB from the scalar unit. Each leaves the
+// vector mask full (ResetMask): a level-0 call leaves its mask in the register, and the
+// count-mode Compares runs under whatever mask the register holds.
 #ifndef PASA_VECTOR_OPS_H
 #define PASA_VECTOR_OPS_H
 
@@ -43,6 +45,7 @@ __aicore__ inline void PairBlocks(const AscendC::LocalTensor<T>& dst, const Asce
         Level0<op>(dst[full * 8 * perBlock], src[full * 16 * perBlock], src[full * 16 * perBlock + perBlock],
                    rest * perBlock, 1, p);
     }
+    AscendC::ResetMask();  // leave the full mask: Compares reads the register
 }
 
 // dst[r] = sum or max of row r of src (rows x cols). Pairs of blocks are combined until a row is
@@ -72,6 +75,7 @@ __aicore__ inline void RowReduce(const AscendC::LocalTensor<T>& dst, const Ascen
         cur = out;
     }
     AscendC::ReduceDataBlock<rt>(dst, cur, 8 * perBlock, static_cast<int32_t>(rows / 8), 1, 1, 8);
+    AscendC::ResetMask();  // leave the full mask: Compares reads the register
 }
 
 // brc: one 32-byte block per row, filled with vec[r] (Brcb, 8 rows a repeat).
@@ -98,6 +102,7 @@ __aicore__ inline void RowBroadcast(const AscendC::LocalTensor<T>& dst, const As
         const uint32_t mask = cols - c < lanes ? cols - c : lanes;
         Level0<op>(dst[c], src[c], brc, mask, static_cast<uint8_t>(rows), p);
     }
+    AscendC::ResetMask();  // leave the full mask: Compares reads the register
 }
 
 // dst[i] = op(a[i], b[i mod n]) for i < 2n: the two halves of a packed pair of statistics
@@ -109,6 +114,7 @@ __aicore__ inline void PairOp(const AscendC::LocalTensor<T>& dst, const AscendC:
     constexpr uint32_t perBlock = 32 / sizeof(T);
     const uint8_t step = static_cast<uint8_t>(n / perBlock);
     Level0<op>(dst, a, b, n, 2, AscendC::BinaryRepeatParams(1, 1, 1, step, step, 0));
+    AscendC::ResetMask();  // leave the full mask: Compares reads the register
 }
 
 // dst[k n + i] = src[i] for k < 8, i < n: eight copies of a vector of n elements (a multiple of
@@ -123,6 +129,7 @@ __aicore__ inline void Replicate8(const AscendC::LocalTensor<T>& dst, const Asce
     for (uint32_t c = 0; c < n; c += lanes) {
         Level0<VecOp::ADD>(dst[c], src[c], zero, n - c < lanes ? n - c : lanes, 8, p);
     }
+    AscendC::ResetMask();  // leave the full mask: Compares reads the register
 }
 
 // dst[r] = 0 where row r of x (rows x cols fp32, rows a multiple of 8, cols a multiple of 8 up to
@@ -149,6 +156,7 @@ __aicore__ inline void RowNonFinite(const AscendC::LocalTensor<float>& dst, cons
         AscendC::ReduceDataBlock<AscendC::ReduceType::SUM>(dst[r0], band, 64, static_cast<int32_t>(n / 8), 1,
                                                            static_cast<int32_t>(rowBlocks), 8 * rowBlocks);
     }
+    AscendC::ResetMask();  // leave the full mask: Compares reads the register
 }
 
 }  // namespace pasa

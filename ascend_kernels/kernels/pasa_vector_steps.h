@@ -116,6 +116,7 @@ __aicore__ inline bool AttentionVector<OutT, InT>::MaskBlock(uint32_t j, const L
             Add(tile[c], ColumnRow()[c], Zeros16(), n - c < 128 ? n - c : 128, static_cast<uint8_t>(R_),
                 BinaryRepeatParams(1, 1, 0, static_cast<uint8_t>(n / kC0), 0, 0));
         }
+        ResetMask();  // the Add's mask stays in the register, which Compares reads
         Compares(Bits(have > 0 ? 1 : 0), tile, clamp(info.kvLen - 1 - start), CMPMODE::LE, cells);
         combine();
     }
