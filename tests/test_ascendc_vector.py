@@ -222,3 +222,15 @@ def test_vector_compares_then_select(dtype):
     a[100:110] = s  # ties with the scalar
     assert np.array_equal(_vector("SelectLE", dtype, a, b, scalar=s), np.where(a <= s, a, b))
     assert np.array_equal(_vector("SelectGE", dtype, a, b, scalar=s), np.where(a >= s, b, -2.5))
+
+
+@pytest.mark.parametrize("dtype", ["half", "float"])
+def test_vector_compares_refuses_the_stale_mask_of_a_level0_call(dtype):
+    """A level-0 Add with a partial mask leaves it in the register; the count-mode Compares
+    after it would compare only those lanes of each repeat on the hardware (Huawei's
+    implementation sets no mask): the emulation refuses it, and runs it after ResetMask."""
+    a, b = _operands(dtype, n=1024, seed=3), _operands(dtype, n=1024, seed=4)
+    with pytest.raises(RuntimeError, match="ResetMask"):
+        _vector("ComparesAfterPartialMask", dtype, a, b, scalar=0.0)
+    got = _vector("ComparesAfterResetMask", dtype, a, b, scalar=0.0)
+    assert np.array_equal(got, np.where(a <= 0.0, a, b))

@@ -298,6 +298,12 @@ MUTATIONS = [
     Mutation("triton: the decode splits unchecked", TRITON_DECODE,
              "GUARD, BLOCK_N, DETECT)", "GUARD, BLOCK_N, False)",
              ("tests/test_resolution_check.py", "-k", "triton and decode")),
+    Mutation("kernels: the ragged block's level-0 Add leaves its mask for Compares", KERNEL_STEPS,
+             "        ResetMask();  // the Add's mask stays in the register, which Compares reads\n",
+             "\n", ("tests/test_ascendc_emu.py", "-k", "tiling-32x64")),
+    Mutation("emulation: Compares ignores the mask a level-0 call left", EMU_STRIDED,
+             "    if (emu::Core().partialMask != 0) {", "    if (false) {",
+             ("tests/test_ascendc_vector.py", "-k", "stale_mask")),
     Mutation("emulated Fixpipe to half: through bfloat16", EMU,
              "row[j] = static_cast<T>(c[(j / 16) * static_cast<uint64_t>(p.srcStride) * 16 "
              "+ i * 16 + j % 16]);",

@@ -122,6 +122,11 @@ inline void StridedKernel(const std::string& op, GM_ADDR a, GM_ADDR b, GM_ADDR o
     } else if (op == "SelectGE") {
         Compares(bits, x, static_cast<T>(scalar), CMPMODE::GE, n);
         Select(z, bits, y, static_cast<T>(-2.5f), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+    } else if (op == "ComparesAfterPartialMask" || op == "ComparesAfterResetMask") {
+        Add(z, x, y, lanes / 2, 1, BinaryRepeatParams(1, 1, 1, 8, 8, 8));  // leaves half the lanes
+        if (op == "ComparesAfterResetMask") ResetMask();
+        Compares(bits, x, static_cast<T>(scalar), CMPMODE::LE, n);
+        Select(z, bits, x, y, SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
     } else {
         throw std::invalid_argument("no emulated strided vector instruction '" + op + "'");
     }
@@ -133,7 +138,7 @@ inline void StridedKernel(const std::string& op, GM_ADDR a, GM_ADDR b, GM_ADDR o
 inline bool Strided(const std::string& op)
 {
     return op.rfind("Pair", 0) == 0 || op.rfind("ReduceDataBlock", 0) == 0 || op == "Brcb" ||
-           op.rfind("Select", 0) == 0;
+           op.rfind("Select", 0) == 0 || op.rfind("ComparesAfter", 0) == 0;
 }
 
 template <typename T, typename U = T>
