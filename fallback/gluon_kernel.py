@@ -98,7 +98,7 @@ def _consumer(queries, ring, schedule, sizes, output, ones, W: gl.constexpr, var
     EXACT_SHIFT: gl.constexpr = variant.EXACT_SHIFT
     HAS_BAND: gl.constexpr = variant.HAS_BAND
     HAS_LSE: gl.constexpr = variant.HAS_LSE
-    DETECT: gl.constexpr = variant.DETECT
+    CHECK: gl.constexpr = variant.CHECK
     PART_FILLED: gl.constexpr = variant.PART_FILLED
     BLOCK_M: gl.constexpr = variant.BLOCK_M
     BLOCK_N: gl.constexpr = variant.BLOCK_N
@@ -139,7 +139,7 @@ def _consumer(queries, ring, schedule, sizes, output, ones, W: gl.constexpr, var
         blocks = Blocks(lo, hi, g_lo, g_hi, full_lo, full_hi, pre, nxt)
         it = _consumer_tile(q, queries.ready.index(W), queries.free.index(W), ring, output,
                             sizes, ops, blocks, b, h, m0, it, n, n_heads, W,
-                            PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, DETECT,
+                            PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, CHECK,
                             PART_FILLED, BLOCK_N, HEAD_DIM, STAGES)
         n += 1
         t = read_tile(tile_ids, tile_ready, n)
@@ -149,7 +149,7 @@ def _consumer(queries, ring, schedule, sizes, output, ones, W: gl.constexpr, var
 def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, cnt_i, c8, rows,
              PSEUDO_AVERAGE_SHIFT: gl.constexpr, EXACT_SHIFT: gl.constexpr,
              HAS_BAND: gl.constexpr, PART_FILLED: gl.constexpr, MASK: gl.constexpr,
-             DETECT: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+             CHECK: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
              STAGES: gl.constexpr):
     """Consumer group: kv block ``blk`` (the program's ``it``-th), QKᵀ, the softmax, P'V
     and the fold into the state (acc, m, l, f, count; pasa-exact's row constants c8 of
@@ -157,7 +157,7 @@ def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, c
     leading masked block (a band's lower edge), 2 for a trailing one (the diagonal, the
     last block past kv_len), whose keys are tested one by one (:func:`key_visible`).
     PART_FILLED (pasa): the last kv block holds fewer than BLOCK_N keys, and a masked
-    block's row mean takes its own key count. DETECT: a row whose block maximum of S' lost
+    block's row mean takes its own key count. CHECK: a row whose block maximum of S' lost
     resolution (triton_softmax.lost_resolution) gets NaN statistics (pasa: from its block
     mean, whose select keeps the fp16 roundings paired; pasa-exact: l), which the tile's row
     test flags. Returns the new count and state."""
@@ -206,7 +206,7 @@ def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, c
             s_mean = round_low(row_sum_read(score_sums, m_i) * factor, gl.float16)
         else:
             s_mean = round_low(row_sum_read(score_sums, m_i) / BLOCK_N, gl.float16)
-        if DETECT:  # the statistics, l and O of a row that lost resolution become NaN
+        if CHECK:  # the statistics, l and O of a row that lost resolution become NaN
             s_mean = gl.where(lost_resolution(m_loc), float("nan"), s_mean)
         m_new, f_new, cnt_new, alpha, beta_w = statistics_pasa(m_i, f_i, cnt_i, m_loc,
                                                                 s_mean, gamma)
@@ -244,7 +244,7 @@ def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, c
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
             p_sums = warpgroup_mma_wait(1, deps=(p_sums,))
             l_new = alpha * l_i + row_sum_read(p_sums, m_i)
-            if DETECT:
+            if CHECK:
                 lost = lost_resolution(m_blk)
                 if MASKED:  # a row without a key of the block (maximum -inf) keeps its l
                     lost = lost & (m_blk > float("-inf"))
@@ -273,11 +273,11 @@ def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, c
 def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m0, it, n,
                    n_heads, W: gl.constexpr, PSEUDO_AVERAGE_SHIFT: gl.constexpr,
                    EXACT_SHIFT: gl.constexpr, HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr,
-                   DETECT: gl.constexpr, PART_FILLED: gl.constexpr, BLOCK_N: gl.constexpr,
+                   CHECK: gl.constexpr, PART_FILLED: gl.constexpr, BLOCK_N: gl.constexpr,
                    HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
     """One tile's 64 rows of consumer group W (the ``n``-th tile of this program; ``it``
     kv blocks before it): the kv loop over the group's blocks [g_lo, g_hi), releasing
-    the rest of the tile's [lo, hi) unread, then O and LSE, and with DETECT the rows'
+    the rest of the tile's [lo, hi) unread, then O and LSE, and with CHECK the rows'
     overflow flags (a row whose output or LSE is not finite, a lost resolution included),
     a flagged row also setting
     the call's overflow word (no reduction across the group).
@@ -314,17 +314,17 @@ def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m
         for blk in range(g_lo, full_lo):
             it, acc, m_i, l_i, f_i, cnt_i, c8 = _kv_step(
                 q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, cnt_i, c8,
-                rows, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, PART_FILLED, 1, DETECT,
+                rows, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, PART_FILLED, 1, CHECK,
                 BLOCK_N, HEAD_DIM, STAGES)
     for blk in range(full_lo, full_hi):
         it, acc, m_i, l_i, f_i, cnt_i, c8 = _kv_step(
             q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, cnt_i, c8,
-            rows, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, PART_FILLED, 0, DETECT,
+            rows, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, PART_FILLED, 0, CHECK,
             BLOCK_N, HEAD_DIM, STAGES)
     for blk in range(full_hi, g_hi):
         it, acc, m_i, l_i, f_i, cnt_i, c8 = _kv_step(
             q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, cnt_i, c8,
-            rows, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, PART_FILLED, 2, DETECT,
+            rows, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, PART_FILLED, 2, CHECK,
             BLOCK_N, HEAD_DIM, STAGES)
     if g_hi <= g_lo:  # a group that sees no kv block never used Q
         mbarrier.arrive(q_free)
@@ -353,7 +353,7 @@ def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m
         gl.store(LSE + b.to(gl.int64) * output.stride_lb + h.to(gl.int64) * output.stride_lh
                  + rows.to(gl.int64) * output.stride_ls, lse,
                  mask=rows.to(gl.uint32, bitcast=True) < q_len)
-    if DETECT:
+    if CHECK:
         # a row's output values through their sum (triton_softmax.nonfinite_row_mask), and
         # its statistics, finite where its LSE is, whose log a call without LSE skips. The
         # sum: at d = 64 of the fp16 output on the tensor cores (a thin matmul by ones),
@@ -383,7 +383,7 @@ def prefill_ws_kernel(q_desc, k_desc, v_desc, m_desc, O, LSE, FLAGS, OVERFLOW_WO
                 tail_block, tail_factor, n_tiles, n_pairs,
                 tile_group, PSEUDO_AVERAGE_SHIFT: gl.constexpr, EXACT_SHIFT: gl.constexpr,
                 HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr, PAGED: gl.constexpr,
-                DETECT: gl.constexpr, PART_FILLED: gl.constexpr,
+                CHECK: gl.constexpr, PART_FILLED: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                 STAGES: gl.constexpr):
     """Persistent, one program per SM: each takes tiles of :func:`query_tile`'s order until
@@ -430,7 +430,7 @@ def prefill_ws_kernel(q_desc, k_desc, v_desc, m_desc, O, LSE, FLAGS, OVERFLOW_WO
     output = Output(O, LSE, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
                     FLAGS, OVERFLOW_WORD)
     pages = Pages(K_PAGES, V_PAGES, stride_kpb, stride_vpb, page_size)
-    variant = Variant(PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, DETECT,
+    variant = Variant(PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, CHECK,
                       PART_FILLED, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)
     if GROUPS == 3:
         gl.warp_specialize([

@@ -187,14 +187,14 @@ def paged_kv_rows(pages, b, n0):
 class Variant:
     """The compiled variant, as constexprs: the allocation (pasa: PSEUDO_AVERAGE_SHIFT,
     pasa-exact: EXACT_SHIFT, fa-fp32: neither), the mask (HAS_BAND), the LSE output, the
-    overflow check (DETECT), pasa's part-filled last kv block (PART_FILLED), the tile
+    overflow check (CHECK), pasa's part-filled last kv block (PART_FILLED), the tile
     (BLOCK_M query rows, BLOCK_N keys, HEAD_DIM) and the ring's depth."""
 
     PSEUDO_AVERAGE_SHIFT: gl.constexpr
     EXACT_SHIFT: gl.constexpr
     HAS_BAND: gl.constexpr
     HAS_LSE: gl.constexpr
-    DETECT: gl.constexpr
+    CHECK: gl.constexpr
     PART_FILLED: gl.constexpr
     BLOCK_M: gl.constexpr
     BLOCK_N: gl.constexpr
@@ -202,10 +202,10 @@ class Variant:
     STAGES: gl.constexpr
 
     @constexpr_function
-    def __init__(self, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, DETECT,
+    def __init__(self, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, CHECK,
                  PART_FILLED, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES):
         _fill(self, PSEUDO_AVERAGE_SHIFT=PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT=EXACT_SHIFT,
-              HAS_BAND=HAS_BAND, HAS_LSE=HAS_LSE, DETECT=DETECT, PART_FILLED=PART_FILLED,
+              HAS_BAND=HAS_BAND, HAS_LSE=HAS_LSE, CHECK=CHECK, PART_FILLED=PART_FILLED,
               BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, STAGES=STAGES)
 
 

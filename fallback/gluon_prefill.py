@@ -209,7 +209,7 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
         n_blocks, problem.scale, gamma, tail_block, tail_factor, n_tiles, n_pairs, tile_group,
         PSEUDO_AVERAGE_SHIFT=problem.allocation.pseudo_average_shift,
         EXACT_SHIFT=problem.allocation.exact_shift, HAS_BAND=problem.band is not None,
-        HAS_LSE=lse is not None, PAGED=problem.paged, DETECT=detect,
+        HAS_LSE=lse is not None, PAGED=problem.paged, CHECK=detect,
         PART_FILLED=tail_block >= 0,
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, STAGES=_stages(head_dim),
         num_warps=4, enable_fp_fusion=not problem.allocation.low_statistics)

@@ -6,7 +6,7 @@ splits make one wave of resident programs, :func:`triton_launch.decode_splits`);
 partial results are merged by their log-sum-exp in fp32, one program per query head (as
 FlashDecoding). For PASA each split starts its own pseudo-average, and K' is computed
 there from each raw K block (:func:`triton_shift.shift_keys_in_kernel`). Where the call is
-checked for overflow (DETECT), the combine program that finds its merged row not finite
+checked for overflow (CHECK), the combine program that finds its merged row not finite
 recomputes it by fa-fp32 (:func:`triton_repair.fp32_tile`) and flags it repaired
 (or still not finite, from a NaN or inf input): no launch of its own."""
 from __future__ import annotations
@@ -44,7 +44,7 @@ def decode_split_kernel(
     PSEUDO_AVERAGE_SHIFT: tl.constexpr, EXACT_SHIFT: tl.constexpr, LOW_SCORES: tl.constexpr,
     LOW_STATISTICS: tl.constexpr, LOW_ACCUMULATOR: tl.constexpr,
     HAS_MASK: tl.constexpr, GUARD: tl.constexpr, PAGED: tl.constexpr, WHOLE_PAGE: tl.constexpr,
-    DETECT: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    CHECK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
 ):
     """One split of the kv blocks for BLOCK_G query heads of one kv head's group (a group
@@ -53,7 +53,7 @@ def decode_split_kernel(
     is done here on each zero-padded raw K block (fused). PAGED: K and V are the caches
     (num_blocks, N_kv, page_size, D), read through the block table ``PAGES`` (a row of
     ``stride_pb`` per batch), whose strides ``stride_kb``/``stride_vb`` step blocks.
-    DETECT: a row that lost resolution here leaves a NaN partial LSE, which the combine
+    CHECK: a row that lost resolution here leaves a NaN partial LSE, which the combine
     flags as a bad split."""
     # a 1-D grid, chunks of a group fastest (they read the same K/V blocks): CUDA caps
     # the grid's other axes at 65535
@@ -136,7 +136,7 @@ def decode_split_kernel(
             m, l, acc, f, cnt = block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt,
                                               scale, gamma, mean_factor, PSEUDO_AVERAGE_SHIFT,
                                               EXACT_SHIFT, LOW_SCORES, LOW_STATISTICS, True,
-                                              GUARD, BLOCK_N, DETECT)
+                                              GUARD, BLOCK_N, CHECK)
     # a split's partial result: the sink joins once, in the merge
     o, lse = finish_rows(m, l, acc.to(tl.float32), f, cnt, gamma, 0.0, PSEUDO_AVERAGE_SHIFT, False)
     rows = (bh * n_splits + split).to(tl.int64) * group_rows + g
@@ -154,12 +154,12 @@ def decode_combine_kernel(PART_O, PART_LSE, O, LSE, FLAGS, SINK, q_starts, q_len
                     stride_vb, stride_vh, stride_vs, stride_vd,
                     stride_xb, stride_xk, stride_pb, page_size, scale, head_dim,
                     HAS_LSE: tl.constexpr, HAS_SINK: tl.constexpr, SPLITS: tl.constexpr,
-                    CHUNK: tl.constexpr, HEAD_DIM_V: tl.constexpr, DETECT: tl.constexpr,
+                    CHUNK: tl.constexpr, HEAD_DIM_V: tl.constexpr, CHECK: tl.constexpr,
                     HAS_MASK: tl.constexpr, GUARD: tl.constexpr, PAGED: tl.constexpr,
                     WHOLE_PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Merge the splits of one (batch, query head) by log-sum-exp, in fp32, CHUNK splits
     per load: one program per query head, so that this latency-bound pass has many
-    programs in flight. DETECT: the merged row's flag; a row whose output or LSE is not
+    programs in flight. CHECK: the merged row's flag; a row whose output or LSE is not
     finite, or with a split's LSE NaN or +inf (which would read as a split that saw no
     key), is recomputed here from Q, K and V by fa-fp32 (:func:`triton_repair.fp32_tile`,
     BLOCK_N keys a step, one stage: a small footprint on a path that rarely runs; the
@@ -204,7 +204,7 @@ def decode_combine_kernel(PART_O, PART_LSE, O, LSE, FLAGS, SINK, q_starts, q_len
         top_safe = joined
     o = tl.where(seen, o / tl.where(seen, total, 1.0), 0.0)
     lse = tl.where(seen, top_safe + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
-    if DETECT:
+    if CHECK:
         split_bad = tl.sum(((lse_s != lse_s) | (lse_s == float("inf"))).to(tl.int32), 0) > 0
         # the row's sum test of triton_softmax.nonfinite_row_mask
         row_sum = tl.sum(o, 0) + tl.where(lse == float("-inf"), 0.0, lse)
@@ -273,7 +273,7 @@ def run(problem: AttentionProblem, shared) -> Optional["PreparedDecode"]:
          shared.mask_strides[0], shared.mask_strides[2], pages.stride(0), problem.block_size,
          n_kv, group, problem.scale, shared.gamma, q.shape[3], v.shape[3], blocks_per_split,
          n_splits, n_chunks, group_rows),
-        dict(PAGED=problem.paged, WHOLE_PAGE=whole_page, DETECT=detect, BLOCK_G=block_g,
+        dict(PAGED=problem.paged, WHOLE_PAGE=whole_page, CHECK=detect, BLOCK_G=block_g,
              num_warps=warps, num_stages=stages, **shared.constexprs,
              **heuristics.fp_options(problem.allocation)),
         roles)
@@ -293,7 +293,7 @@ def run(problem: AttentionProblem, shared) -> Optional["PreparedDecode"]:
          problem.scale, q.shape[3]),
         dict(HAS_LSE=has_lse, HAS_SINK=problem.sink is not None, SPLITS=pow2(n_splits, 1),
              CHUNK=min(pow2(n_splits, 1), heuristics.COMBINE_CHUNK),
-             HEAD_DIM_V=head_dim_vp, DETECT=detect, HAS_MASK=problem.mask is not None,
+             HEAD_DIM_V=head_dim_vp, CHECK=detect, HAS_MASK=problem.mask is not None,
              GUARD=problem.rounding_guard, PAGED=problem.paged,
              WHOLE_PAGE=problem.block_size % repair_keys == 0, BLOCK_N=repair_keys,
              HEAD_DIM=head_dim_p, num_warps=warps),

@@ -5,7 +5,7 @@ the layout allows), then masked edge blocks; the loops a problem can never enter
 compiled out (:func:`pasa_npu.fallback.triton_launch.block_loops`). Causal and band limits
 are computed from the per-batch band; no S1 x S2 mask is ever built for sparse modes 2-4.
 pasa-exact's row constants come from the block means (:mod:`triton_shift`), precomputed
-per tile or per block in the loop (``Tuning.row_constant``). With DETECT (the PASA
+per tile or per block in the loop (``Tuning.row_constant``). With CHECK (the PASA
 allocations, checked) each program flags its rows whose output or LSE is not finite, and
 a flagged row sets the call's overflow word; :mod:`triton_repair` recomputes them.
 PART_FILLED (pasa, pasa-mixed: some kv length is not a whole number of blocks): the last
@@ -65,7 +65,7 @@ def prefill_kernel(
     GRID_1D: tl.constexpr,
     GUARD: tl.constexpr, K_PADDED: tl.constexpr, FUSED_SHIFT: tl.constexpr,
     USE_TMA: tl.constexpr, C_PER_BLOCK: tl.constexpr, LOOPS: tl.constexpr, PAGED: tl.constexpr,
-    DETECT: tl.constexpr, PART_FILLED: tl.constexpr, HAS_SINK: tl.constexpr,
+    CHECK: tl.constexpr, PART_FILLED: tl.constexpr, HAS_SINK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
 ):
     # one kernel body: the three kv-block loops share its set-up and its state, and
@@ -232,7 +232,7 @@ def prefill_kernel(
                 m, l, acc, f, cnt = block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt,
                                                   scale, gamma, mean_factor, PSEUDO_AVERAGE_SHIFT,
                                                   EXACT_SHIFT, LOW_SCORES, LOW_STATISTICS,
-                                                  stage != 1, GUARD, BLOCK_N, DETECT)
+                                                  stage != 1, GUARD, BLOCK_N, CHECK)
 
     sink = 0.0
     if HAS_SINK:
@@ -246,7 +246,7 @@ def prefill_kernel(
     if HAS_LSE:
         tl.store(LSE + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh
                  + (q_start + rows).to(tl.int64) * stride_ls, lse, mask=row_ok)
-    if DETECT:  # no reduction across the program: each flagged row marks the call itself
+    if CHECK:  # no reduction across the program: each flagged row marks the call itself
         bad = nonfinite_row_mask(o, lse) & row_ok
         tl.store(FLAGS + b.to(tl.int64) * stride_fb + h.to(tl.int64) * stride_fh
                  + (q_start + rows).to(tl.int64), bad.to(tl.uint8), mask=row_ok)
@@ -315,7 +315,7 @@ def run(problem: AttentionProblem, tuning: Tuning, shared) -> None:
         q.shape[3], v.shape[3], HAS_BAND=problem.band is not None, HAS_LSE=lse is not None,
         K_PADDED=alloc.shifts_keys and not fused, FUSED_SHIFT=fused, USE_TMA=use_tma,
         C_PER_BLOCK=c_per_block, LOOPS=loops, GRID_1D=grid_1d, PAGED=problem.paged,
-        DETECT=detect, PART_FILLED=heuristics.part_filled(problem, block_n),
+        CHECK=detect, PART_FILLED=heuristics.part_filled(problem, block_n),
         HAS_SINK=problem.sink is not None,
         BLOCK_M=block_m, num_warps=warps, num_stages=stages, **shared.constexprs,
         **heuristics.fp_options(alloc))

@@ -296,7 +296,7 @@ MUTATIONS = [
              "if False:",
              ("tests/test_plan_run.py", "-k", "another_layout")),
     Mutation("triton: the decode splits unchecked", TRITON_DECODE,
-             "GUARD, BLOCK_N, DETECT)", "GUARD, BLOCK_N, False)",
+             "GUARD, BLOCK_N, CHECK)", "GUARD, BLOCK_N, False)",
              ("tests/test_resolution_check.py", "-k", "triton and decode")),
     Mutation("kernels: the ragged block's level-0 Add leaves its mask for Compares", KERNEL_STEPS,
              "        ResetMask();  // the Add's mask stays in the register, which Compares reads\n",

@@ -289,7 +289,7 @@ def variants(head_dim: int = 128):
                               HAS_BAND=mode == "causal", HAS_LSE=False, GUARD=False,
                               K_PADDED=pasa and not fused, FUSED_SHIFT=fused, USE_TMA=DEFAULT_TUNING.loads == "tma",
                               C_PER_BLOCK=c_per_block, LOOPS=loops, GRID_1D=False, PAGED=False,
-                              DETECT=pasa, PART_FILLED=False, HAS_SINK=False,
+                              CHECK=pasa, PART_FILLED=False, HAS_SINK=False,
                               BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
                 block_m, warps, stages = triton_launch.launch_config(
                     head_dim, alg, False, c_per_block or fused, loops, mode == "mask")
@@ -318,7 +318,7 @@ def variants(head_dim: int = 128):
     # decode's merge of 32 splits, unchecked and checked (with the repair of its row)
     for detect, paged in ((False, False), (True, False), (True, True)):
         consts = dict(HAS_LSE=False, HAS_SINK=False, SPLITS=32, CHUNK=triton_launch.COMBINE_CHUNK,
-                      HEAD_DIM_V=head_dim, DETECT=detect, HAS_MASK=False, GUARD=False,
+                      HEAD_DIM_V=head_dim, CHECK=detect, HAS_MASK=False, GUARD=False,
                       PAGED=paged, WHOLE_PAGE=True, BLOCK_N=triton_launch.DECODE_REPAIR_KEYS,
                       HEAD_DIM=head_dim)
         label = f"decode combine{' checked' * detect}{' paged' * paged} d={head_dim}"
@@ -338,7 +338,7 @@ def variants(head_dim: int = 128):
         for causal, paged in forms:
             consts = dict(PSEUDO_AVERAGE_SHIFT=allocation.pseudo_average_shift,
                           EXACT_SHIFT=allocation.exact_shift, HAS_BAND=causal, HAS_LSE=False,
-                          PAGED=paged, DETECT=allocation.shifts_keys, PART_FILLED=False,
+                          PAGED=paged, CHECK=allocation.shifts_keys, PART_FILLED=False,
                           BLOCK_M=gp.GROUP_ROWS * gp.consumer_groups(head_dim),
                           BLOCK_N=gp.BLOCK_N, HEAD_DIM=head_dim, STAGES=gp._stages(head_dim))
             mode = ("paged " if paged else "") + ("causal" if causal else "full")
@@ -385,7 +385,7 @@ def main(argv=None) -> int:
                   f"stack {use.get('STACK', '?'):>4}  local {use.get('LOCAL', '?'):>4}"
                   f"{resident}{flag}")
             failed += bool(flag)
-            check_loops = args.check_loops and consts.get("DETECT")
+            check_loops = args.check_loops and consts.get("CHECK")
             text = sass(compiled) if args.sass or check_loops else None
             for first, last, count, opcodes in sass_loops(compiled, text) if args.sass else []:
                 top = ", ".join(f"{op} {n}" for op, n in opcodes.most_common(8))
@@ -394,7 +394,7 @@ def main(argv=None) -> int:
                 spilled = f", {opcodes['STL']} STL + {opcodes['LDL']} LDL" if spills else ""
                 print(f"    loop {first:#06x}-{last:#06x}: {count} instructions ({top}){spilled}")
             if check_loops:
-                unchecked = compile_any(kernel, dict(consts, DETECT=False), warps, stages,
+                unchecked = compile_any(kernel, dict(consts, CHECK=False), warps, stages,
                                         fusion)
                 unchecked_text = sass(unchecked)
                 checked_loops = kv_loop_schedules(compiled, text)
