@@ -148,7 +148,7 @@ def run(problem: AttentionProblem) -> None:
         kv_layout=call.kv_layout, out_layout=call.out_layout,
         out_dtype=0 if call.out.dtype == torch.float16 else 1,
         in_dtype=0 if call.query.dtype == torch.float16 else 1, mask_mode=call.mask_mode,
-        packed=int(problem.packed), check_rows=int(flags is not None), has_sink=int(call.sink is not None),
+        packed=int(problem.packed), overflow_check=int(flags is not None), has_sink=int(call.sink is not None),
         resolution_limit=RESOLUTION_LIMIT,  # checked pasa / pasa-exact rows: the resolution check too
         **mask_params(call.mask),
         **paged_params(call),

@@ -109,7 +109,7 @@ def test_the_limit_reaches_the_kernels_through_the_tiling():
                   core_num=24, resolution_limit=RESOLUTION_LIMIT)
     for key, checked, want in [("pasa", 1, RESOLUTION_LIMIT), ("pasa-exact", 1, RESOLUTION_LIMIT),
                                ("pasa", 0, 0.0), ("fa-fp32", 1, 0.0)]:
-        tiling = emu.tiling(dict(params, tiling_key=TILING_KEYS[key], check_rows=checked))
+        tiling = emu.tiling(dict(params, tiling_key=TILING_KEYS[key], overflow_check=checked))
         assert tiling["resolution_limit"] == want, (key, checked)
 
 

@@ -47,7 +47,7 @@ def _npu_attention_on_cpu(query, key, value, out, lse, mask, block_table, key_sl
                   kv_layout=_layout(key), out_layout=_layout(out),
                   out_dtype=int(out.dtype != torch.float16), in_dtype=int(query.dtype != torch.float16),
                   mask_mode=mask_mode, packed=int(len(q_starts) > 0), scale=scale, beta=beta, q_tile=q_tile,
-                  kv_block=kv_block, core_num=24, check_rows=int(row_flags is not None),
+                  kv_block=kv_block, core_num=24, overflow_check=int(row_flags is not None),
                   has_sink=int(learnable_sink is not None), resolution_limit=resolution_limit,
                   timing=npu_params.timing_only(npu_params.values()))
     mask_bytes = None

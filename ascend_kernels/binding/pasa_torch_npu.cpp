@@ -262,7 +262,7 @@ void NpuAttention(const at::Tensor& query, const at::Tensor& key, const at::Tens
                               rowFlags->sizes() == at::IntArrayRef({query.size(0), query.size(1), query.size(2)}),
                           "pasa_npu: row_flags must be a contiguous uint8 (B, Nq, Sq) tensor, got ", rowFlags->scalar_type(),
                           " of sizes ", rowFlags->sizes(), " and strides ", rowFlags->strides());
-        p.checkRows = true;
+        p.overflowCheck = true;
         p.resolutionLimit = resolutionLimit;
     }
     const int64_t batch = p.batch;

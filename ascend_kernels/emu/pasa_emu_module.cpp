@@ -121,7 +121,7 @@ pasa::PasaProblem ProblemFrom(const py::dict& p)
     auto get = [&](const char* name, uint64_t fallback) { return p.contains(name) ? p[name].cast<uint64_t>() : fallback; };
     d.packed = get("packed", 0) != 0;
     d.hasMask = get("has_mask", 0) != 0;
-    d.checkRows = get("check_rows", 0) != 0;
+    d.overflowCheck = get("overflow_check", 0) != 0;
     d.hasSink = get("has_sink", 0) != 0;
     d.resolutionLimit = p.contains("resolution_limit") ? p["resolution_limit"].cast<double>() : 0.0;
     d.maskRowStride = static_cast<uint32_t>(get("mask_row_stride", 0));
@@ -229,7 +229,7 @@ py::list CallList(const std::vector<pasa_emu::RuntimeCall>& calls)
 // Arrays: query/key/value fp16 bits in their layouts (key/value: the caches when paged), out fp16
 // or bf16 bits, lse float32 (query batch x heads x seq_q); lengths: int32 per batch (LengthsFrom);
 // mask: the bytes of the bool mask from its first element; block_table and key_slots int32; sink
-// float32, num_heads (params['has_sink']); row_flags uint8 laid out as lse (params['check_rows']:
+// float32, num_heads (params['has_sink']); row_flags uint8 laid out as lse (params['overflow_check']:
 // the kernels write them).
 py::dict RunAttention(py::array query, py::array key, py::array value, py::array out, py::array lse,
                       const py::dict& lengths, const py::dict& params, py::object mask, py::object blockTable,

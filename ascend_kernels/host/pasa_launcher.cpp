@@ -113,11 +113,11 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
     CheckLengths(problem, lengths);
     if (problem.hasMask && tensors.mask == nullptr) Refuse("hasMask needs the mask tensor");
     if (problem.paged && tensors.blockTable == nullptr) Refuse("paged KV needs the block table");
-    if (problem.checkRows && tensors.rowFlags == nullptr) Refuse("checkRows needs the row flags tensor");
+    if (problem.overflowCheck && tensors.rowFlags == nullptr) Refuse("overflowCheck needs the row flags tensor");
     if (problem.hasSink && tensors.sink == nullptr) Refuse("hasSink needs the sink tensor");
     PasaTilingData t = ComputeTiling(problem, &lengths);
     PasaTilingData repair{};
-    if (problem.checkRows) ShareTaskFlags(problem, lengths, t, repair);
+    if (problem.overflowCheck) ShareTaskFlags(problem, lengths, t, repair);
     // pasa with fuseShift: the attention kernel shifts the full blocks, the preprocessing the part-filled ones
     const bool prepare = t.tilingKey == PASA_KEY_PASA_EXACT || (t.tilingKey == PASA_KEY_PASA && (!t.fuseShift || t.partFilled));
     if (problem.paged && prepare && !t.fuseShift && tensors.keySlots == nullptr) {
@@ -134,10 +134,10 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
 
     auto* params = static_cast<uint8_t*>(runtime.Allocate(at.bytes, BufferRole::kParameters));
     uint8_t* repairParams = nullptr;
-    if (problem.checkRows) repairParams = static_cast<uint8_t*>(runtime.Allocate(at.bytes, BufferRole::kParameters));
+    if (problem.overflowCheck) repairParams = static_cast<uint8_t*>(runtime.Allocate(at.bytes, BufferRole::kParameters));
     auto* workspace = static_cast<uint8_t*>(runtime.Allocate(t.workspaceBytes, BufferRole::kWorkspace));
     runtime.Upload(params, parameters.data(), parameters.size());
-    if (problem.checkRows) {
+    if (problem.overflowCheck) {
         const std::vector<uint8_t> second = ParameterBytes(problem, repair, lengths);
         runtime.Upload(repairParams, second.data(), second.size());
     }
@@ -155,13 +155,13 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
     args.sink = problem.hasSink ? tensors.sink : nullptr;
     args.out = tensors.out;
     args.lse = tensors.lse;
-    args.rowFlags = problem.checkRows ? tensors.rowFlags : nullptr;
+    args.rowFlags = problem.overflowCheck ? tensors.rowFlags : nullptr;
     args.workspace = workspace;
     args.tiling = params + at.tiling;
     if (prepare) runtime.Launch(t.tilingKey == PASA_KEY_PASA ? PasaKernel::kShiftKeys : PasaKernel::kCenterKeys, t.prepDim, args);
     runtime.Launch(PasaKernel::kAttention, t.blockDim, args);
     if (t.kvSplits > 1) runtime.Launch(PasaKernel::kMerge, t.mergeDim, args);
-    if (problem.checkRows) {  // its cores return at once where no task byte is set
+    if (problem.overflowCheck) {  // its cores return at once where no task byte is set
         args.keySlots = nullptr;
         args.tiling = repairParams + at.tiling;
         runtime.Launch(PasaKernel::kAttention, repair.blockDim, args);

@@ -66,7 +66,7 @@ public:
 // the mask (bool, when PasaProblem::hasMask), the block table (int32 batch x tableStride, when
 // paged), the K' slot table (int32, the same shape: when paged with pasa or pasa-exact), the
 // learnable sinks (float32, numHeads: when PasaProblem::hasSink) and the row flags (uint8, laid
-// out as lse: when PasaProblem::checkRows).
+// out as lse: when PasaProblem::overflowCheck).
 struct AttentionTensors {
     void* query = nullptr;
     void* key = nullptr;

@@ -147,7 +147,7 @@ void FillProblem(const PasaProblem& p, PasaTilingData& t)
     t.maskMode = p.maskMode;
     t.packed = p.packed ? 1 : 0;
     t.hasMask = p.hasMask ? 1 : 0;
-    t.checkRows = p.checkRows ? 1 : 0;
+    t.overflowCheck = p.overflowCheck ? 1 : 0;
     t.repair = p.repair ? 1 : 0;
     t.hasSink = p.hasSink ? 1 : 0;
     t.maskRowStride = p.maskRowStride;
@@ -160,7 +160,7 @@ void FillProblem(const PasaProblem& p, PasaTilingData& t)
     t.invKvBlock = 1.0f / static_cast<float>(p.kvBlock);
     // the resolution check runs only where rows are checked, and only in the shifted allocations
     const bool shifted = p.tilingKey == PASA_KEY_PASA || p.tilingKey == PASA_KEY_PASA_EXACT;
-    t.resolutionLimit = p.checkRows && shifted && p.resolutionLimit > 0.0 ? static_cast<float>(p.resolutionLimit) : 0.0f;
+    t.resolutionLimit = p.overflowCheck && shifted && p.resolutionLimit > 0.0 ? static_cast<float>(p.resolutionLimit) : 0.0f;
     if (p.tilingKey == PASA_KEY_PASA) {
         const double beta = p.beta < 0.0 ? OptimalBeta(kDefaultBeta0, p.kvBlock, p.scale) : p.beta;
         if (!(beta >= 0.0 && beta < 1.0)) Reject("beta must lie in [0, 1) for pasa");
@@ -389,8 +389,8 @@ void PlanWorkspace(const PasaProblem& p, PasaTilingData& t)
     t.partialOffset = off;
     t.partialSlotBytes = t.kvSplits > 1 ? Align64(rows * dv * 4 + 2ull * t.vecRowsPad * 4, 512) : 0;
     off += static_cast<uint64_t>(t.numTasks) * t.kvSplits * t.partialSlotBytes;
-    t.taskFlagsOffset = t.checkRows ? Align64(off, 512) : 0;
-    if (t.checkRows) off = t.taskFlagsOffset + static_cast<uint64_t>(t.numTasks) * 2 * PASA_TASK_FLAG_BYTES;
+    t.taskFlagsOffset = t.overflowCheck ? Align64(off, 512) : 0;
+    if (t.overflowCheck) off = t.taskFlagsOffset + static_cast<uint64_t>(t.numTasks) * 2 * PASA_TASK_FLAG_BYTES;
     t.workspaceBytes = off;
 }
 

@@ -41,10 +41,10 @@ struct PasaProblem {
     uint64_t maskBatchStride = 0;    // elements between its batches; 0: one mask for every batch
     bool paged = false;
     uint32_t blockSize = 0, tableStride = 0, numBlocks = 0;
-    bool checkRows = false;          // write the row flags (docs/design.md, "Overflow detection and repair")
-    bool repair = false;             // the repair launch of a checked call (fa-fp32, kvSplits 1, checkRows)
+    bool overflowCheck = false;          // write the row flags (docs/design.md, "Overflow detection and repair")
+    bool repair = false;             // the repair launch of a checked call (fa-fp32, kvSplits 1, overflowCheck)
     bool hasSink = false;            // learnable sinks: one fp32 logit per query head (AttentionTensors::sink)
-    double resolutionLimit = 0.0;    // checkRows: also flag the rows of pasa / pasa-exact whose shifted scores reach
+    double resolutionLimit = 0.0;    // overflowCheck: also flag the rows of pasa / pasa-exact whose shifted scores reach
                                      // this magnitude (PasaTilingData::resolutionLimit); 0: overflow check only
     double scale = 1.0;
     double beta = -1.0;      // pasa only; negative: the optimal beta from kDefaultBeta0

@@ -22,7 +22,7 @@
 // row's softmax once, in fp32, where the row is normalised: the vector cores' end of a task
 // (AttentionVector::Finish), or with split kv the merge (the splits' partials leave it out).
 //
-// Row flags (tiling.checkRows): whichever kernel writes a row's output also writes its byte in
+// Row flags (tiling.overflowCheck): whichever kernel writes a row's output also writes its byte in
 // rowFlags (uint8, laid out as the LSE): 1 where the output or the LSE is NaN or +inf, else 0
 // (docs/design.md, "Overflow detection and repair").
 #include "pasa_attention_cube.h"

@@ -27,7 +27,7 @@
 // Split kv: a task's split writes its rows' O / l and LSE (finite, -3e38 for a row that saw
 // nothing) to its partial slot; the merge kernel (pasa_merge.h) combines the splits.
 //
-// The resolution check (checkRows, pasa and pasa-exact, tiling.resolutionLimit > 0; docs/design.md,
+// The resolution check (overflowCheck, pasa and pasa-exact, tiling.resolutionLimit > 0; docs/design.md,
 // "Overflow detection and repair"): fp16 S' of large magnitude cannot resolve the softmax even when
 // nothing overflows, so a row is also flagged when, in some kv block it sees, |its block row maximum
 // of S'| (the shifted frame's maximum over its visible keys, before pasa-exact's c or pasa's
@@ -100,10 +100,10 @@ public:
         lse_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(lse));
         if (t.hasMask) mask_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(mask));
         if (t.hasSink) sink_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(sink), t.numHeads);
-        flags_.on = t.checkRows != 0 && t.kvSplits == 1;  // with split kv the merge writes the flags
+        flags_.on = t.overflowCheck != 0 && t.kvSplits == 1;  // with split kv the merge writes the flags
         flags_.repair = t.repair != 0;
         // the resolution check: checked rows of the shifted allocations (the host sets the limit only then)
-        resolution_ = t.checkRows != 0 && t.resolutionLimit > 0.0f && (key_ == PASA_KEY_PASA || key_ == PASA_KEY_PASA_EXACT);
+        resolution_ = t.overflowCheck != 0 && t.resolutionLimit > 0.0f && (key_ == PASA_KEY_PASA || key_ == PASA_KEY_PASA_EXACT);
         if (flags_.on) {
             flags_.out.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(rowFlags));
             flags_.tasks.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(workspace + t.taskFlagsOffset));

@@ -9,7 +9,7 @@
 // per row, as one more term with LSE_sink = sink[head] and a zero output: m = max(max_s LSE_s,
 // sink), LSE = m + log(sum_s exp(LSE_s - m) + exp(sink - m)). A row that no split saw ignores it.
 //
-// Row flags (tiling.checkRows): a merged row whose output or LSE is not finite is flagged. This also
+// Row flags (tiling.overflowCheck): a merged row whose output or LSE is not finite is flagged. This also
 // carries the attention kernel's resolution check: a split in which a row lost resolution wrote
 // that row's partial LSE as NaN (AttentionVector::Finish), which makes the merged LSE and O NaN.
 #ifndef PASA_MERGE_H
@@ -40,7 +40,7 @@ public:
         pipe_.InitBuffer(tree_, 32 * R_ + R_ * dv * sizeof(OutT));
         pipe_.InitBuffer(stat_, kSlots * R_ * sizeof(float));
         Duplicate(Stat(ZERO), 0.0f, static_cast<int32_t>(R_));
-        flags_.on = t.checkRows != 0;
+        flags_.on = t.overflowCheck != 0;
         if (flags_.on) {
             flags_.out.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(rowFlags));
             flags_.tasks.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(workspace + t.taskFlagsOffset));

@@ -41,7 +41,7 @@ constexpr uint16_t PASA_FLAG_PV_READY = 3;   // AIC -> AIV: the P'V tile is in t
 constexpr uint16_t PASA_FLAG_SUM_READY = 4;  // preprocessing, AIC -> AIV: a block's column sums
 constexpr uint16_t PASA_FLAG_SUM_FREE = 5;   // preprocessing, AIV -> AIC: the column-sum slot may be reused
 
-// Row flags (checkRows): the byte of one (task, vector core half) in the workspace.
+// Row flags (overflowCheck): the byte of one (task, vector core half) in the workspace.
 constexpr uint32_t PASA_TASK_FLAG_BYTES = 32;  // one task flag slot (PasaTilingData::taskFlagsOffset)
 
 // Decode with split kv: each task's kv blocks are cut into kvSplits ranges of at least
@@ -93,7 +93,7 @@ struct PasaTilingData {
     uint32_t subBlocks;      // paged, K' in the workspace: blockSize / kvBlock
     uint32_t fuseShift;      // pasa: the attention kernel shifts each full K block itself
     uint32_t partFilled;     // some batch's kv length is not a multiple of kvBlock: its last block is part-filled
-    uint32_t checkRows;      // 1: the kernels write a flag byte per output row, 1 where its output or LSE is not finite
+    uint32_t overflowCheck;  // 1: the kernels write a flag byte per output row, 1 where its output or LSE is not finite
     uint32_t repair;         // 1: the repair launch (fa-fp32): only the tasks whose flag bytes are set, only flagged rows
     uint32_t hasSink;        // 1: learnable sinks: the sink buffer holds one fp32 logit per query head, joined to
                              // each row's softmax at its end (the vector cores' end of a task, or the merge)
@@ -102,7 +102,7 @@ struct PasaTilingData {
     float gamma;             // pasa: gamma = beta/(1-beta) rounded to fp32 then to fp16, held exactly
     float invKvBlock;        // 1 / kvBlock (exact: kvBlock is a power of two)
     float shiftOff;          // pasa: the fp16 value of shiftOffBits, held exactly
-    float resolutionLimit;   // checkRows, pasa and pasa-exact: a row is also flagged when |its block row maximum
+    float resolutionLimit;   // overflowCheck, pasa and pasa-exact: a row is also flagged when |its block row maximum
                              // of S'| reaches this in some kv block it sees (pasa_npu.numerics.RESOLUTION_LIMIT,
                              // passed by the host); 0 or negative: no resolution check
     uint16_t shiftDiagBits;  // pasa: fp16 bits of scale * (1 - beta/n), the diagonal of M
@@ -150,7 +150,7 @@ struct PasaTilingData {
     uint64_t tailSlotBytes;    // pasa preprocessing: a part-filled block's M^T K (kvBlock x headDim fp32), then its
                                // column sums (headDim fp32) (2 slots)
     uint64_t shiftMatrixOffset;  // pasa: M^T, kvBlock x kvBlock fp16
-    uint64_t taskFlagsOffset;  // checkRows: a 32-byte slot per (task, vector core half): its byte is 1 if a row is flagged
+    uint64_t taskFlagsOffset;  // overflowCheck: a 32-byte slot per (task, vector core half): its byte is 1 if a row is flagged
     uint64_t workspaceBytes;   // total
 };
 

@@ -125,7 +125,7 @@ pasa::PasaProblem ProblemFrom(const std::map<std::string, double>& p)
     d.maskMode = static_cast<uint32_t>(need("mask_mode"));
     d.packed = get("packed", 0) != 0;
     d.hasMask = get("has_mask", 0) != 0;
-    d.checkRows = get("check_rows", 0) != 0;
+    d.overflowCheck = get("overflow_check", 0) != 0;
     d.hasSink = get("has_sink", 0) != 0;
     d.resolutionLimit = get("resolution_limit", 0.0);
     d.maskRowStride = static_cast<uint32_t>(get("mask_row_stride", 0));
