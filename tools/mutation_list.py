@@ -31,7 +31,8 @@ EMU = "ascend_kernels/emu/emu_ops.h"
 EMU_STRIDED = "ascend_kernels/emu/emu_vec_strided.h"  # the level-0 forms of whole tiles
 KERNEL_VECTOR = "ascend_kernels/kernels/pasa_attention_vector.h"
 KERNEL_CUBE = "ascend_kernels/kernels/pasa_attention_cube.h"
-KERNEL_COMMON = "ascend_kernels/kernels/pasa_kernel_common.h"
+KERNEL_TASKS = "ascend_kernels/kernels/pasa_tasks.h"
+KERNEL_WORKSPACE = "ascend_kernels/kernels/pasa_workspace.h"
 KERNEL_STORE = "ascend_kernels/kernels/pasa_store.h"
 KERNEL_STEPS = "ascend_kernels/kernels/pasa_vector_steps.h"
 KERNEL_MERGE = "ascend_kernels/kernels/pasa_merge.h"
@@ -250,10 +251,10 @@ MUTATIONS = [
              "if (key_ == PASA_KEY_PASA_EXACT && i % PASA_CONST_BLOCKS == 0) ++constCount_;",
              "if (key_ == PASA_KEY_PASA_EXACT && rows_ > 0 && i % PASA_CONST_BLOCKS == 0) ++constCount_;",
              FEW_CORES),
-    Mutation("kernel: a task's last kv block dropped", KERNEL_COMMON,
+    Mutation("kernel: a task's last kv block dropped", KERNEL_TASKS,
              "task.numBlocks = to - from;", "task.numBlocks = to - from > 1 ? to - from - 1 : to - from;",
              FEW_CORES),
-    Mutation("kernel: two AI Cores share one exchange area", KERNEL_COMMON,
+    Mutation("kernel: two AI Cores share one exchange area", KERNEL_WORKSPACE,
              "score = workspace + t.coreAreaOffset + static_cast<uint64_t>(core) * t.coreAreaBytes;",
              "score = workspace + t.coreAreaOffset + static_cast<uint64_t>(core % 2) * t.coreAreaBytes;",
              FEW_CORES),

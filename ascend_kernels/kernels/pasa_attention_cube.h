@@ -26,7 +26,7 @@
 #ifndef PASA_ATTENTION_CUBE_H
 #define PASA_ATTENTION_CUBE_H
 
-#include "pasa_kernel_common.h"
+#include "pasa_workspace.h"
 
 namespace pasa {
 

@@ -19,7 +19,7 @@
 //
 // A ragged last block (kv_len not a multiple of the block) is zero-filled in L1. With paged KV
 // each physical block is preprocessed once, by the table entry that owns it (KeyBlockIter).
-#include "pasa_kernel_common.h"
+#include "pasa_workspace.h"
 
 using namespace AscendC;
 

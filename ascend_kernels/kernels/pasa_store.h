@@ -4,7 +4,7 @@
 #ifndef PASA_STORE_H
 #define PASA_STORE_H
 
-#include "pasa_kernel_common.h"
+#include "pasa_workspace.h"
 
 namespace pasa {
 
