@@ -301,13 +301,13 @@ class PreparedLaunch:
                       if isinstance(x, torch.Tensor) and id(x) in by_id)
         for i, _ in slots:  # keep no reference to this call's tensors
             values[i] = None
-        return cls(compiled, grid, values, slots, _tensor_layout(roles),
+        return cls(compiled, grid, values, slots, _role_layout(roles),
                    driver.active.get_current_device())
 
     def __call__(self, roles: dict) -> bool:
         """Launch on ``roles`` (role -> tensor); False, launching nothing, where a tensor's
         strides or alignment differ from the bound call's."""
-        if _tensor_layout(roles) != self.layout:
+        if _role_layout(roles) != self.layout:
             return False
         values = self.values.copy()
         for i, role in self.slots:
@@ -317,7 +317,7 @@ class PreparedLaunch:
         return True
 
 
-def _tensor_layout(roles: dict) -> tuple:
+def _role_layout(roles: dict) -> tuple:
     return tuple((t.stride(), t.data_ptr() % 16 == 0) for t in roles.values())
 
 

@@ -66,7 +66,8 @@ def run(problem: AttentionProblem) -> None:
     if (problem.max_q_len == 1 and problem.band is None
             and (problem.mask is None or problem.mask.shape[1] == 1)):
         prepared = triton_decode.run(problem, shared)
-        if prepared is not None and problem.plan_state is not None and not _capturing(problem):
+        if (prepared is not None and problem.plan_state is not None
+                and not torch.cuda.is_current_stream_capturing()):
             problem.plan_state[_PREPARED] = (_prepared_key(problem, tuning), prepared)
     elif _gluon_prefill(problem, tuning):
         k_used, means, k_pages = problem.key, None, problem.block_table
@@ -99,7 +100,8 @@ def _run_prepared(problem: AttentionProblem, tuning: triton_tuning.Tuning) -> bo
     one in what they fixed (the tuning, the kinds of tensors present, the stream, the
     tensors' strides or alignment) or a CUDA graph is being captured."""
     entry = problem.plan_state.get(_PREPARED) if problem.plan_state else None
-    if entry is None or entry[0] != _prepared_key(problem, tuning) or _capturing(problem):
+    if (entry is None or entry[0] != _prepared_key(problem, tuning)
+            or torch.cuda.is_current_stream_capturing()):
         return False
     sink = problem.sink
     if sink is not None:
@@ -115,10 +117,6 @@ def _prepared_key(problem: AttentionProblem, tuning: triton_tuning.Tuning) -> tu
     return (tuning, problem.lse is None, problem.overflow is None, problem.sink is None,
             problem.paged, problem.query.shape, problem.key.shape, problem.value.shape,
             problem.out.shape, torch._C._cuda_getCurrentRawStream(dev.index))
-
-
-def _capturing(problem: AttentionProblem) -> bool:
-    return torch.cuda.is_current_stream_capturing()
 
 
 def _shared(problem: AttentionProblem) -> Shared:

@@ -19,19 +19,13 @@ def _fresh(call):
     return version, *new, keywords
 
 
-def _entries(version):
-    if version == "v1":
-        return pasa_npu.fused_attention, pasa_npu.plan
-    return pasa_npu.fused_attention_v2, pasa_npu.plan_v2
-
-
 @pytest.mark.parametrize("form", list(bench_host.forms()))
 @pytest.mark.parametrize("algorithm", ["pasa", "fa-fp32"])
 def test_a_run_computes_the_eager_call_on_its_tensors(form, algorithm):
     call, _ = bench_host.forms()[form]
     version, q, k, v, keywords = call
     keywords = dict(keywords, algorithm=algorithm)
-    eager, plan = _entries(version)
+    eager, plan = bench_host.entries(version)
     planned = plan(q, k, v, **keywords)
     _, q2, k2, v2, _ = _fresh(call)
     for tensors in ((q, k, v), (q2, k2, v2)):

@@ -51,19 +51,18 @@ def forms() -> dict:
     mask = pasa_npu.compressed_causal_mask()
     base = dict(num_heads=NQ, num_key_value_heads=NKV, scale=D ** -0.5, backend="torch",
                 algorithm="fa-fp32")
-    v1_call = "v1"
     calls = {
-        "prefill BNSD": (v1_call, q, k, v, dict(input_layout="BNSD", **base)),
-        "prefill BNSD causal": (v1_call, q, k, v, dict(input_layout="BNSD", sparse_mode=3,
+        "prefill BNSD": ("v1", q, k, v, dict(input_layout="BNSD", **base)),
+        "prefill BNSD causal": ("v1", q, k, v, dict(input_layout="BNSD", sparse_mode=3,
                                                        atten_mask=mask, **base)),
-        "prefill BNSD, pasa checked": (v1_call, q, k, v,
+        "prefill BNSD, pasa checked": ("v1", q, k, v,
                                        dict(input_layout="BNSD", **dict(base, algorithm="pasa"))),
-        "decode BSH, kv lengths": (v1_call, q1, k1, v1, dict(
+        "decode BSH, kv lengths": ("v1", q1, k1, v1, dict(
             input_layout="BSH", actual_seq_lengths_kv=[S, S // 2], **base)),
-        "paged decode BSH": (v1_call, q1, cache_k, cache_v, dict(
+        "paged decode BSH": ("v1", q1, cache_k, cache_v, dict(
             input_layout="BSH", block_table=table, block_size=128,
             actual_seq_lengths_kv=[200, 150], **base)),
-        "prefill TND causal": (v1_call, qt, kt, vt, dict(
+        "prefill TND causal": ("v1", qt, kt, vt, dict(
             input_layout="TND", sparse_mode=3, atten_mask=mask, actual_seq_lengths=[S, 2 * S],
             actual_seq_lengths_kv=[S, 2 * S], **base)),
         "v2 TND with sinks": ("v2", qt, kt, vt, dict(
@@ -77,17 +76,24 @@ def forms() -> dict:
     return {name: (call, peer) for name, call in calls.items()}
 
 
+def entries(version: str) -> tuple[Callable, Callable]:
+    """(the call, its plan) of ``version``, "v1" or "v2"."""
+    if version == "v1":
+        return pasa_npu.fused_attention, pasa_npu.plan
+    return pasa_npu.fused_attention_v2, pasa_npu.plan_v2
+
+
 def eager(call) -> Callable[[], object]:
     """The form's ``fused_attention`` (or ``_v2``) call, arguments validated every time."""
     version, q, k, v, keywords = call
-    entry = pasa_npu.fused_attention if version == "v1" else pasa_npu.fused_attention_v2
+    entry = entries(version)[0]
     return lambda: entry(q, k, v, **keywords)
 
 
 def planned(call) -> Callable[[], object]:
     """The form planned once (``pasa_npu.plan``), then run on its tensors."""
     version, q, k, v, keywords = call
-    plan = (pasa_npu.plan if version == "v1" else pasa_npu.plan_v2)(q, k, v, **keywords)
+    plan = entries(version)[1](q, k, v, **keywords)
     return lambda: plan.run(q, k, v)
 
 

@@ -15,6 +15,7 @@
 
 #include "kernel_operator.h"
 #include "../host/pasa_tiling.h"
+#include "../host/pasa_problem_params.h"
 #include "../host/pasa_tiling.cpp"
 #include "../host/pasa_launcher.cpp"
 #include "../kernels/pasa_prepare_keys.cpp"
@@ -101,43 +102,16 @@ uint8_t* Buffer(py::array& a, const char* name, size_t itemsize, size_t count, b
     return static_cast<uint8_t*>(a.mutable_data());
 }
 
-pasa::PasaProblem ProblemFrom(const py::dict& p)
-{
-    pasa::PasaProblem d;
-    d.tilingKey = p["tiling_key"].cast<uint32_t>();
-    d.batch = p["batch"].cast<uint32_t>();
-    d.numHeads = p["num_heads"].cast<uint32_t>();
-    d.numKvHeads = p["num_kv_heads"].cast<uint32_t>();
-    d.seqQ = p["seq_q"].cast<uint32_t>();
-    d.seqKv = p["seq_kv"].cast<uint32_t>();
-    d.headDim = p["head_dim"].cast<uint32_t>();
-    d.headDimV = p["head_dim_v"].cast<uint32_t>();
-    d.qLayout = p["q_layout"].cast<uint32_t>();
-    d.kvLayout = p["kv_layout"].cast<uint32_t>();
-    d.outLayout = p["out_layout"].cast<uint32_t>();
-    d.outDtype = p["out_dtype"].cast<uint32_t>();
-    d.inDtype = p.contains("in_dtype") ? p["in_dtype"].cast<uint32_t>() : PASA_IN_FP16;
-    d.maskMode = p["mask_mode"].cast<uint32_t>();
-    auto get = [&](const char* name, uint64_t fallback) { return p.contains(name) ? p[name].cast<uint64_t>() : fallback; };
-    d.packed = get("packed", 0) != 0;
-    d.hasMask = get("has_mask", 0) != 0;
-    d.overflowCheck = get("overflow_check", 0) != 0;
-    d.hasSink = get("has_sink", 0) != 0;
-    d.resolutionLimit = p.contains("resolution_limit") ? p["resolution_limit"].cast<double>() : 0.0;
-    d.maskRowStride = static_cast<uint32_t>(get("mask_row_stride", 0));
-    d.maskBatchStride = get("mask_batch_stride", 0);
-    d.paged = get("paged", 0) != 0;
-    d.blockSize = static_cast<uint32_t>(get("block_size", 0));
-    d.tableStride = static_cast<uint32_t>(get("table_stride", 0));
-    d.numBlocks = static_cast<uint32_t>(get("num_blocks", 0));
-    d.kvSplits = static_cast<uint32_t>(get("kv_splits", 0));
-    d.scale = p["scale"].cast<double>();
-    d.beta = p["beta"].cast<double>();
-    d.qTile = p["q_tile"].cast<uint32_t>();
-    d.kvBlock = p["kv_block"].cast<uint32_t>();
-    d.coreNum = p["core_num"].cast<uint32_t>();
-    return d;
-}
+// The named parameters of a Python dict, as pasa::ProblemFromParams reads them.
+struct DictParams {
+    const py::dict& p;
+    template <typename T>
+    T need(const char* name) const { return p[name].cast<T>(); }
+    template <typename T>
+    T get(const char* name, T fallback) const { return p.contains(name) ? p[name].cast<T>() : fallback; }
+};
+
+pasa::PasaProblem ProblemFrom(const py::dict& p) { return pasa::ProblemFromParams(DictParams{p}); }
 
 py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
 {

@@ -21,6 +21,7 @@
 
 #include "kernel_operator.h"
 #include "../host/pasa_tiling.h"
+#include "../host/pasa_problem_params.h"
 #include "../host/pasa_tiling.cpp"
 #include "../host/pasa_launcher.cpp"
 #include "../kernels/pasa_prepare_keys.cpp"
@@ -97,51 +98,25 @@ public:
     }
 };
 
-pasa::PasaProblem ProblemFrom(const std::map<std::string, double>& p)
-{
-    auto get = [&](const char* name, double fallback) {
-        auto it = p.find(name);
-        return it == p.end() ? fallback : it->second;
-    };
-    auto need = [&](const char* name) {
+// The parameters of params.txt (numbers by name), as pasa::ProblemFromParams reads them.
+struct FileParams {
+    const std::map<std::string, double>& p;
+    template <typename T>
+    T need(const char* name) const
+    {
         auto it = p.find(name);
         if (it == p.end()) throw std::runtime_error(std::string("params.txt lacks ") + name);
-        return it->second;
-    };
-    pasa::PasaProblem d;
-    d.tilingKey = static_cast<uint32_t>(need("tiling_key"));
-    d.batch = static_cast<uint32_t>(need("batch"));
-    d.numHeads = static_cast<uint32_t>(need("num_heads"));
-    d.numKvHeads = static_cast<uint32_t>(need("num_kv_heads"));
-    d.seqQ = static_cast<uint32_t>(need("seq_q"));
-    d.seqKv = static_cast<uint32_t>(need("seq_kv"));
-    d.headDim = static_cast<uint32_t>(need("head_dim"));
-    d.headDimV = static_cast<uint32_t>(need("head_dim_v"));
-    d.qLayout = static_cast<uint32_t>(need("q_layout"));
-    d.kvLayout = static_cast<uint32_t>(need("kv_layout"));
-    d.outLayout = static_cast<uint32_t>(need("out_layout"));
-    d.outDtype = static_cast<uint32_t>(need("out_dtype"));
-    d.inDtype = static_cast<uint32_t>(get("in_dtype", PASA_IN_FP16));
-    d.maskMode = static_cast<uint32_t>(need("mask_mode"));
-    d.packed = get("packed", 0) != 0;
-    d.hasMask = get("has_mask", 0) != 0;
-    d.overflowCheck = get("overflow_check", 0) != 0;
-    d.hasSink = get("has_sink", 0) != 0;
-    d.resolutionLimit = get("resolution_limit", 0.0);
-    d.maskRowStride = static_cast<uint32_t>(get("mask_row_stride", 0));
-    d.maskBatchStride = static_cast<uint64_t>(get("mask_batch_stride", 0));
-    d.paged = get("paged", 0) != 0;
-    d.blockSize = static_cast<uint32_t>(get("block_size", 0));
-    d.tableStride = static_cast<uint32_t>(get("table_stride", 0));
-    d.numBlocks = static_cast<uint32_t>(get("num_blocks", 0));
-    d.kvSplits = static_cast<uint32_t>(get("kv_splits", 0));
-    d.scale = need("scale");
-    d.beta = need("beta");
-    d.qTile = static_cast<uint32_t>(need("q_tile"));
-    d.kvBlock = static_cast<uint32_t>(need("kv_block"));
-    d.coreNum = static_cast<uint32_t>(need("core_num"));
-    return d;
-}
+        return static_cast<T>(it->second);
+    }
+    template <typename T>
+    T get(const char* name, T fallback) const
+    {
+        auto it = p.find(name);
+        return it == p.end() ? fallback : static_cast<T>(it->second);
+    }
+};
+
+pasa::PasaProblem ProblemFrom(const std::map<std::string, double>& p) { return pasa::ProblemFromParams(FileParams{p}); }
 
 }  // namespace
 
