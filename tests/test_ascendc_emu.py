@@ -256,10 +256,11 @@ def _small(d=32, s=40, dtype=torch.float16):
      "explicit atten_mask needs kv_block >= 32"),
     (dict(algorithm="pasa-exact", rounding_guard=True), "rounding_guard"),
     (dict(algorithm="pasa", kv_block=48), "kvBlock must be a power of two"),
-    (dict(algorithm="pasa-exact", q_block=1024), "L1 needs"),
+    (dict(algorithm="pasa-exact", q_block=1024), "L0A needs"),
+    (dict(algorithm="pasa-exact", q_block=2048), "L1 needs"),
 ])
 def test_unsupported_features_are_refused(kwargs, feature):
-    q, k, v = _small(s=1100 if kwargs.get("q_block") else 40)
+    q, k, v = _small(s=kwargs["q_block"] + 52 if kwargs.get("q_block") else 40)
     with pytest.raises(NotImplementedError, match=feature):
         pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD", backend="ascendc-emu",
                                  **kwargs)
@@ -420,6 +421,7 @@ REJECTED = {
     "cross_core_flag_never_waited": "more time",
     "cross_core_counter_overflow": "would exceed 15",
     "cross_core_wrong_pipe": "pipe hazard: DataCopy\\(GM->L1, Nd2Nz\\) on PIPE_MTE2",
+    "queue_event_ids_exhausted": "all 8 event IDs of HardEvent::MTE1_MTE2 are held",
     "partial_overlap": "partially overlaps",
     "mmad_misaligned": "not 512-byte aligned",
     "fixpipe_without_quant": "needs quantPre F322F16",

@@ -19,6 +19,7 @@ struct BufferSlot {
     uint32_t bytes = 0;
     enum State { FREE, ALLOCATED, ENQUEUED, DEQUEUED } state = FREE;
     bool everUsed = false;
+    int8_t heldEvent = -1;  // the TPipe event ID it holds (EnQue..DeQue, FreeTensor..AllocTensor)
     Clock freed{};     // snapshot of the consumer pipe at FreeTensor
     Clock enqueued{};  // snapshot of the producer pipe at EnQue
     double freedAt = 0, enqueuedAt = 0;  // the same events in the timing model
@@ -36,6 +37,53 @@ inline void QueuePipes(TPosition pos, int& producer, int& consumer)
         case TPosition::CO1: producer = P_M; consumer = P_FIX; return;
         default: producer = consumer = -1; return;
     }
+}
+
+// The hardware events of a queue position: forward (EnQue -> DeQue) and backward (FreeTensor ->
+// the next AllocTensor), as GetQueEvt of kernel_event.h names them; MAX where the position has none.
+inline void QueueEvents(TPosition pos, HardEvent& forward, HardEvent& backward)
+{
+    switch (pos) {
+        case TPosition::VECIN: forward = HardEvent::MTE2_V; backward = HardEvent::V_MTE2; return;
+        case TPosition::VECOUT: forward = HardEvent::V_MTE3; backward = HardEvent::MTE3_V; return;
+        case TPosition::A1: case TPosition::B1: forward = HardEvent::MTE2_MTE1; backward = HardEvent::MTE1_MTE2; return;
+        case TPosition::A2: case TPosition::B2: forward = HardEvent::MTE1_M; backward = HardEvent::M_MTE1; return;
+        case TPosition::CO1: forward = HardEvent::M_FIX; backward = HardEvent::FIX_M; return;
+        default: forward = backward = HardEvent::MAX; return;
+    }
+}
+
+inline const char* HardEventName(HardEvent evt)
+{
+    static const char* const names[] = {
+        "MTE2_MTE1", "MTE1_MTE2", "MTE1_M", "M_MTE1", "MTE2_V", "V_MTE2", "MTE3_V", "V_MTE3", "M_V", "V_M", "V_V",
+        "MTE3_MTE1", "MTE1_MTE3", "MTE1_V", "MTE2_M", "M_MTE2", "V_MTE1", "M_FIX", "FIX_M", "MTE3_MTE2", "MTE2_MTE3",
+        "S_V", "V_S", "S_MTE2", "MTE2_S", "S_MTE3", "MTE3_S", "MTE2_FIX", "FIX_MTE2", "FIX_S", "M_S", "FIX_MTE3",
+        "MTE1_FIX", "FIX_MTE1", "FIX_FIX"};
+    static_assert(sizeof(names) / sizeof(names[0]) == static_cast<int>(HardEvent::MAX), "one name per HardEvent");
+    return evt < HardEvent::MAX ? names[static_cast<int>(evt)] : "MAX";
+}
+
+// TPipe's event-ID pool: 8 IDs per HardEvent on this core (QUE_MAX_EVENT), shared by
+// TPipe::AllocEventID and the queues, which hold one per buffer between EnQue and DeQue and
+// between FreeTensor and the buffer's next AllocTensor (kernel_tquebind_impl.h).
+inline int8_t TakeEventId(HardEvent evt, const char* what)
+{
+    bool* used = Core().eventIdUsed[static_cast<int>(evt)];
+    for (int id = 0; id < kEventIds; ++id) {
+        if (!used[id]) {
+            used[id] = true;
+            return static_cast<int8_t>(id);
+        }
+    }
+    Fail("%s: all 8 event IDs of HardEvent::%s are held (TPipe allows 8 per HardEvent; each queue buffer holds one "
+         "from EnQue to DeQue and from FreeTensor to its next AllocTensor)", what, HardEventName(evt));
+}
+inline void GiveEventId(HardEvent evt, int8_t id, const char* what)
+{
+    bool* used = Core().eventIdUsed[static_cast<int>(evt)];
+    if (id < 0 || id >= kEventIds || !used[id]) Fail("%s: event ID %d of HardEvent::%s is not held", what, id, HardEventName(evt));
+    used[id] = false;
 }
 
 struct PipeState {
@@ -234,6 +282,12 @@ public:
             if (s.state != emu::BufferSlot::FREE) continue;
             int producer, consumer;
             emu::QueuePipes(pos, producer, consumer);
+            HardEvent forward, backward;
+            emu::QueueEvents(pos, forward, backward);
+            if (s.heldEvent >= 0) {
+                emu::GiveEventId(backward, s.heldEvent, "TQue::AllocTensor");
+                s.heldEvent = -1;
+            }
             // The framework waits for the consumer's FreeTensor before reusing a buffer.
             if (s.everUsed) {
                 emu::Join(emu::Core().seen[producer], s.freed);
@@ -260,6 +314,9 @@ public:
         }
         int producer, consumer;
         emu::QueuePipes(pos, producer, consumer);
+        HardEvent forward, backward;
+        emu::QueueEvents(pos, forward, backward);
+        if (forward != HardEvent::MAX) s->heldEvent = emu::TakeEventId(forward, "TQue::EnQue");
         s->enqueued = emu::PipeSnapshot(producer);
         if (producer != consumer) s->enqueuedAt = emu::FlagRaise(producer);
         s->state = emu::BufferSlot::ENQUEUED;
@@ -278,6 +335,12 @@ public:
         fifo_.pop_front();
         int producer, consumer;
         emu::QueuePipes(pos, producer, consumer);
+        HardEvent forward, backward;
+        emu::QueueEvents(pos, forward, backward);
+        if (s->heldEvent >= 0) {
+            emu::GiveEventId(forward, s->heldEvent, "TQue::DeQue");
+            s->heldEvent = -1;
+        }
         emu::Join(emu::Core().seen[consumer], s->enqueued);
         if (producer != consumer) emu::FlagWait(consumer, s->enqueuedAt);
         s->state = emu::BufferSlot::DEQUEUED;
@@ -293,6 +356,9 @@ public:
         }
         int producer, consumer;
         emu::QueuePipes(pos, producer, consumer);
+        HardEvent forward, backward;
+        emu::QueueEvents(pos, forward, backward);
+        if (backward != HardEvent::MAX) s->heldEvent = emu::TakeEventId(backward, "TQue::FreeTensor");
         const int releasing = s->state == emu::BufferSlot::DEQUEUED ? consumer : producer;
         s->freed = emu::PipeSnapshot(releasing);
         if (producer != consumer) s->freedAt = emu::FlagRaise(releasing);
@@ -401,23 +467,12 @@ public:
     template <HardEvent evt>
     TEventID AllocEventID()
     {
-        emu::CoreCtx& c = emu::Core();
-        for (int id = 0; id < emu::kEventIds; ++id) {
-            if (!c.eventIdUsed[static_cast<int>(evt)][id]) {
-                c.eventIdUsed[static_cast<int>(evt)][id] = true;
-                return static_cast<TEventID>(id);
-            }
-        }
-        emu::Fail("TPipe::AllocEventID: all 8 event IDs of this HardEvent are allocated");
+        return static_cast<TEventID>(emu::TakeEventId(evt, "TPipe::AllocEventID"));
     }
     template <HardEvent evt>
     void ReleaseEventID(TEventID id)
     {
-        emu::CoreCtx& c = emu::Core();
-        if (id < 0 || id >= emu::kEventIds || !c.eventIdUsed[static_cast<int>(evt)][id]) {
-            emu::Fail("TPipe::ReleaseEventID(%d) of an event ID that was not allocated", id);
-        }
-        c.eventIdUsed[static_cast<int>(evt)][id] = false;
+        emu::GiveEventId(evt, static_cast<int8_t>(id), "TPipe::ReleaseEventID");
     }
 
     void Destroy() {}

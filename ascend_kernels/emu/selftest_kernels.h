@@ -333,6 +333,21 @@ inline void AddRejectedSyncCases(std::map<std::string, Case>& c)
     }, true};
     c["cross_core_wrong_pipe"] = {KERNEL_TYPE_MIX_AIC_1_2, 16, 256,
                                   [](Gm& g) { CrossCoreHandoff<PIPE_V>(g.Out()); }, true};
+    c["queue_event_ids_exhausted"] = {KERNEL_TYPE_AIC_ONLY, 16, 16, [](Gm&) {
+        TPipe pipe;
+        TQue<TPosition::A1, 1> a1;
+        TQue<TPosition::B1, 1> b1;
+        pipe.InitBuffer(a1, 4, 512);
+        pipe.InitBuffer(b1, 5, 512);  // A1 and B1 share MTE1_MTE2: nine freed buffers need nine IDs
+        for (int i = 0; i < 4; ++i) {
+            LocalTensor<half> t = a1.AllocTensor<half>();
+            a1.FreeTensor(t);
+        }
+        for (int i = 0; i < 5; ++i) {
+            LocalTensor<half> t = b1.AllocTensor<half>();
+            b1.FreeTensor(t);
+        }
+    }, true};
     c["partial_overlap"] = {KERNEL_TYPE_AIV_ONLY, 16, 16, [](Gm&) {
         TPipe pipe;
         TBuf<TPosition::VECCALC> buf;

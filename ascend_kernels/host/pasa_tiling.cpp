@@ -263,7 +263,7 @@ void SetPrepDim(const PasaProblem& p, uint32_t partFilled, PasaTilingData& t)
     t.prepDim = static_cast<uint32_t>(std::min<uint64_t>(p.coreNum, std::max<uint64_t>(1, keyBlocks * p.numKvHeads)));
 }
 
-// AIC buffers: Q (2), K' (2), V (a ring), P' (2) in L1; two L0A, two L0B and two L0C buffers.
+// AIC buffers: Q, K', V, P' and the means in L1 (PASA_*_BUFFERS each); two L0A, two L0B and two L0C buffers.
 void PlanCube(PasaTilingData& t, PasaBudget& b)
 {
     const bool exact = t.tilingKey == PASA_KEY_PASA_EXACT;
@@ -274,8 +274,9 @@ void PlanCube(PasaTilingData& t, PasaBudget& b)
     t.l1ValueBytes = n * dv * 2;
     t.l1ProbBytes = mp * n * 2;
     t.l1MeanBytes = exact ? meanRows * d * 2 : 0;
-    b.l1 = 2ull * t.l1QueryBytes + 2ull * t.l1KeyBytes + static_cast<uint64_t>(PASA_VALUE_BUFFERS) * t.l1ValueBytes +
-           2ull * t.l1ProbBytes + t.l1MeanBytes;
+    b.l1 = static_cast<uint64_t>(PASA_QUERY_BUFFERS) * t.l1QueryBytes + static_cast<uint64_t>(PASA_KEY_BUFFERS) * t.l1KeyBytes +
+           static_cast<uint64_t>(PASA_VALUE_BUFFERS) * t.l1ValueBytes + static_cast<uint64_t>(PASA_PROB_BUFFERS) * t.l1ProbBytes +
+           static_cast<uint64_t>(PASA_MEAN_BUFFERS) * t.l1MeanBytes;
     if (t.fuseShift) {  // M^T staged once, and two K' buffers the Fixpipe writes
         t.shiftL0aBytes = Align(n * n * 2, 512);
         t.shiftL0cBytes = Align(n * d * 4, 1024);

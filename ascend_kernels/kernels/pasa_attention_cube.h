@@ -5,10 +5,10 @@
 // of block g and then, once L = PASA_LOOKAHEAD score tiles are ahead, P'V of block g - L: it
 // runs L score tiles ahead of the P' it waits for, across task boundaries, so the vector cores
 // always have tiles queued. Each task's Q is loaded into L1 while the previous task is being
-// scored; K'_j (two buffers) and V_j (a ring of L + 1) are copied one after the other before
-// either is enqueued, so one wait for the data to land covers both. L0A, L0B and L0C are
-// ping-pong pairs: the next operand loads while the current Mmad runs, and a Fixpipe drains one
-// L0C tile while the next Mmad fills the other.
+// scored; V_j is copied into L1 when its P'V comes up, before the wait for P'_j, so it lands
+// while the vector cores finish. The L1 buffer counts (PASA_*_BUFFERS) stay within TPipe's 8
+// MTE1_MTE2 event IDs. L0A, L0B and L0C are ping-pong pairs: the next operand loads while the
+// current Mmad runs, and a Fixpipe drains one L0C tile while the next Mmad fills the other.
 //
 // Keys and values come from the dense tensors (at the batch's start when packed) or, paged,
 // through the block table: a kv block is copied in runs that each stay inside one physical block.
@@ -51,11 +51,11 @@ public:
         TaskWindow win(t, batches_, static_cast<uint32_t>(GetBlockIdx()), workspace);
         if (t.repair && !win.Has(0)) return;  // the repair launch: no flagged task on this core
 
-        pipe_.InitBuffer(queryL1_, 2, t.l1QueryBytes);
-        pipe_.InitBuffer(keyL1_, 2, t.l1KeyBytes);
+        pipe_.InitBuffer(queryL1_, PASA_QUERY_BUFFERS, t.l1QueryBytes);
+        pipe_.InitBuffer(keyL1_, PASA_KEY_BUFFERS, t.l1KeyBytes);
         pipe_.InitBuffer(valueL1_, PASA_VALUE_BUFFERS, t.l1ValueBytes);
-        pipe_.InitBuffer(probL1_, 2, t.l1ProbBytes);
-        if (key_ == PASA_KEY_PASA_EXACT) pipe_.InitBuffer(meanL1_, 1, t.l1MeanBytes);
+        pipe_.InitBuffer(probL1_, PASA_PROB_BUFFERS, t.l1ProbBytes);
+        if (key_ == PASA_KEY_PASA_EXACT) pipe_.InitBuffer(meanL1_, PASA_MEAN_BUFFERS, t.l1MeanBytes);
         pipe_.InitBuffer(l0a_, 2, t.l0aBytes);
         pipe_.InitBuffer(l0b_, 2, t.l0bBytes);
         pipe_.InitBuffer(l0c_, 2, t.l0cBytes);
@@ -103,7 +103,7 @@ private:
                 break;
             }
             NextBlock(win, pv, pv.task + kTaskWindow);
-            Pv(win.Get(pv.task));
+            Pv(win.Get(pv.task), pv.block);
             win.Advance(pv);
             --ahead;
         }
@@ -254,7 +254,7 @@ private:
                                                       static_cast<uint16_t>(valid), T(0.0f)));
     }
 
-    // S'_j = Q K'_j^T (fa-fp32: Q K_j^T) to score slot s; V_j into the L1 ring for later.
+    // S'_j = Q K'_j^T (fa-fp32: Q K_j^T) to score slot s.
     __aicore__ inline void Scores(const AttentionTask& task, const LocalTensor<T>& q1, uint32_t j)
     {
         const PasaTilingData& t = *t_;
@@ -269,10 +269,7 @@ private:
                      Nd2NzParams(1, static_cast<uint16_t>(n), static_cast<uint16_t>(d), 0, static_cast<uint16_t>(d),
                                  static_cast<uint16_t>(n), 1, 0));
         }
-        LocalTensor<T> v1 = valueL1_.AllocTensor<T>();
-        LoadValue(v1, task, j, valid);
         keyL1_.EnQue(k1);
-        valueL1_.EnQue(v1);
         k1 = keyL1_.DeQue<T>();
         LocalTensor<T> kp = k1;
         if (shift) {
@@ -301,13 +298,13 @@ private:
     {
         const PasaTilingData& t = *t_;
         const uint32_t n = t.kvBlock;
-        pipe_.InitBuffer(shiftL1_, 1, n * n * sizeof(T));
+        pipe_.InitBuffer(shiftL1_, n * n * sizeof(T));
         pipe_.InitBuffer(shiftL0a_, t.shiftL0aBytes);
         pipe_.InitBuffer(shiftL0c_, 1, t.shiftL0cBytes);
         pipe_.InitBuffer(primeL1_, 2 * t.l1KeyBytes);
         GlobalTensor<T> shift;
         shift.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(workspace + t.shiftMatrixOffset), n * n);
-        LoadShiftMatrix(pipe_, shiftL1_, shiftL0a_.Get<T>(), shift, n);
+        LoadShiftMatrix(pipe_, shiftL1_.Get<T>(), shiftL0a_.Get<T>(), shift, n);
         for (uint32_t i = 0; i < 2; ++i) {
             primeFree_[i] = pipe_.AllocEventID<HardEvent::MTE1_FIX>();
             primeReady_[i] = pipe_.AllocEventID<HardEvent::FIX_MTE1>();
@@ -380,11 +377,14 @@ private:
         CopyRows(v1, value_, task, j, valid, dv, valueZz_);
     }
 
-    // P'_j V_j to a P'V slot, once both AIVs wrote P'_j.
-    __aicore__ inline void Pv(const AttentionTask& task)
+    // P'_j V_j (block `block` of the task) to a P'V slot, once both AIVs wrote P'_j.
+    __aicore__ inline void Pv(const AttentionTask& task, uint32_t block)
     {
         const PasaTilingData& t = *t_;
-        const uint32_t n = t.kvBlock, dv = t.headDimV, mp = Rows16(task);
+        const uint32_t n = t.kvBlock, dv = t.headDimV, mp = Rows16(task), j = task.blockBegin + block;
+        LocalTensor<T> v1 = valueL1_.AllocTensor<T>();
+        LoadValue(v1, task, j, ValidKeys(task, j));
+        valueL1_.EnQue(v1);
         CrossCoreWaitFlag(PASA_FLAG_P_READY);
         // P' (row-major in its slot) -> L1 in Zz order: one 16-row block after the other
         LocalTensor<T> p1 = probL1_.AllocTensor<T>();
@@ -399,7 +399,7 @@ private:
         LoadData(a2, p1, LoadData2DParams(0, static_cast<uint8_t>((mp / kC0) * (n / kC0)), 1, 0, 0, false, 0));
         l0a_.EnQue(a2);
         probL1_.FreeTensor(p1);
-        LocalTensor<T> v1 = valueL1_.DeQue<T>();
+        v1 = valueL1_.DeQue<T>();
         LocalTensor<T> b2 = l0b_.AllocTensor<T>();
         if (valueZz_) {
             LoadData(b2, v1, LoadData2DParams(0, static_cast<uint8_t>((n / kC0) * (dv / kC0)), 1, 0, 0, true, 0));
@@ -424,9 +424,9 @@ private:
     uint32_t scoreCount_ = 0, probCount_ = 0, pvCount_ = 0, constCount_ = 0, primeCount_ = 0;  // rings, across tasks
     TEventID primeFree_[2] = {0, 0}, primeReady_[2] = {0, 0};
     TPipe pipe_;
-    TQue<TPosition::A1, 1> queryL1_, probL1_, meanL1_, shiftL1_;
-    TQue<TPosition::B1, 1> keyL1_;
-    TQue<TPosition::B1, PASA_VALUE_BUFFERS> valueL1_;
+    TQue<TPosition::A1, 1> queryL1_, probL1_, meanL1_;
+    TQue<TPosition::B1, 1> keyL1_, valueL1_;
+    TBuf<TPosition::A1> shiftL1_;
     TBuf<TPosition::B1> primeL1_;
     TQue<TPosition::A2, 1> l0a_;
     TBuf<TPosition::A2> shiftL0a_;

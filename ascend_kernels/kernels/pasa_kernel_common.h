@@ -21,22 +21,23 @@ __aicore__ inline uint32_t Min(uint32_t a, uint32_t b) { return a < b ? a : b; }
 __aicore__ inline int64_t Max64(int64_t a, int64_t b) { return a > b ? a : b; }
 __aicore__ inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-// M^T (n x n, row-major in GM) -> L1 (NZ) -> L0A (Zz), where it stays for every kv block;
-// returns once the cube may read it.
+// M^T (n x n, row-major in GM) -> L1 (NZ, a TBuf written once) -> L0A (Zz), where it stays for
+// every kv block; returns once the cube may read it. Explicit flags rather than a queue: a freed
+// queue buffer would hold one of the 8 MTE1_MTE2 event IDs for the rest of the launch.
 template <typename T>
-__aicore__ inline void LoadShiftMatrix(TPipe& pipe, TQue<TPosition::A1, 1>& l1, const LocalTensor<T>& l0a,
+__aicore__ inline void LoadShiftMatrix(TPipe& pipe, const LocalTensor<T>& m1, const LocalTensor<T>& l0a,
                                        const GlobalTensor<T>& shift, uint32_t n)
 {
-    LocalTensor<T> m1 = l1.template AllocTensor<T>();
     DataCopy(m1, shift, Nd2NzParams(1, static_cast<uint16_t>(n), static_cast<uint16_t>(n), 0, static_cast<uint16_t>(n),
                                     static_cast<uint16_t>(n), 1, 0));
-    l1.EnQue(m1);
-    m1 = l1.template DeQue<T>();
+    const TEventID landed = pipe.AllocEventID<HardEvent::MTE2_MTE1>();
+    SetFlag<HardEvent::MTE2_MTE1>(landed);
+    WaitFlag<HardEvent::MTE2_MTE1>(landed);
+    pipe.ReleaseEventID<HardEvent::MTE2_MTE1>(landed);
     for (uint32_t mb = 0; mb < n / kC0; ++mb) {
         LoadData(l0a[mb * (n / kC0) * kFractal], m1[mb * kFractal],
                  LoadData2DParams(0, static_cast<uint8_t>(n / kC0), static_cast<uint16_t>(n / kC0), 0, 0, false, 0));
     }
-    l1.FreeTensor(m1);
     const TEventID loaded = pipe.AllocEventID<HardEvent::MTE1_M>();
     SetFlag<HardEvent::MTE1_M>(loaded);
     WaitFlag<HardEvent::MTE1_M>(loaded);

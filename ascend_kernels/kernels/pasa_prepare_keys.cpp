@@ -112,7 +112,7 @@ public:
         batches_.Init(tiling, t);
         pages_.Init(blockTable, keySlots, t);
 
-        pipe_.InitBuffer(shiftL1_, 1, n * n * sizeof(half));
+        pipe_.InitBuffer(shiftL1_, n * n * sizeof(half));
         pipe_.InitBuffer(onesL1_, 1, kC0 * n * sizeof(half));
         pipe_.InitBuffer(shiftL0a_, n * n * sizeof(half));
         pipe_.InitBuffer(onesL0a_, kC0 * n * sizeof(half));
@@ -121,7 +121,7 @@ public:
         pipe_.InitBuffer(outL0c_, 2, n * d * sizeof(float));
 
         LocalTensor<half> m2 = shiftL0a_.Get<half>();
-        LoadShiftMatrix(pipe_, shiftL1_, m2, shift_, n);
+        LoadShiftMatrix(pipe_, shiftL1_.Get<half>(), m2, shift_, n);
         if (t.partFilled) LoadOnesRow(pipe_, onesL1_, onesL0a_.Get<half>(), n);
 
         const uint32_t core = static_cast<uint32_t>(GetBlockIdx());
@@ -167,7 +167,8 @@ public:
 
 private:
     TPipe pipe_;
-    TQue<TPosition::A1, 1> shiftL1_, onesL1_;
+    TQue<TPosition::A1, 1> onesL1_;
+    TBuf<TPosition::A1> shiftL1_;
     TBuf<TPosition::A2> shiftL0a_, onesL0a_;
     TQue<TPosition::B1, 2> keyL1_;
     TQue<TPosition::B2, 2> keyL0b_;

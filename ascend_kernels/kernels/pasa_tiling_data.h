@@ -57,9 +57,20 @@ constexpr uint32_t PASA_PV_DELAY = 3;
 constexpr uint32_t PASA_SCORE_SLOTS = PASA_LOOKAHEAD + 1;
 constexpr uint32_t PASA_PROB_SLOTS = PASA_PV_DELAY + 1;
 constexpr uint32_t PASA_PV_SLOTS = PASA_PV_DELAY + 1;
-constexpr uint32_t PASA_VALUE_BUFFERS = PASA_LOOKAHEAD + 1;  // V_j is loaded with K'_j, used L blocks later
 constexpr uint32_t PASA_CONST_BLOCKS = 128;                  // pasa-exact: row constants per cube pass
 constexpr uint32_t PASA_CONST_SLOTS = PASA_LOOKAHEAD + 1;    // pasa-exact: passes the vector cores may still read
+
+// The cube's L1 queue buffers. TPipe hands out 8 event IDs per HardEvent, and a freed queue
+// buffer keeps its MTE1_MTE2 ID until it is allocated again, so all of them together hold at most 8.
+constexpr uint32_t PASA_EVENT_IDS = 8;
+constexpr uint32_t PASA_QUERY_BUFFERS = 2;  // the next task's Q lands while this one is scored
+constexpr uint32_t PASA_KEY_BUFFERS = 2;
+constexpr uint32_t PASA_VALUE_BUFFERS = 2;  // V_j lands while the vector cores finish P'_j
+constexpr uint32_t PASA_PROB_BUFFERS = 1;
+constexpr uint32_t PASA_MEAN_BUFFERS = 1;   // pasa-exact
+static_assert(PASA_QUERY_BUFFERS + PASA_KEY_BUFFERS + PASA_VALUE_BUFFERS + PASA_PROB_BUFFERS + PASA_MEAN_BUFFERS <=
+                  PASA_EVENT_IDS,
+              "the cube's L1 queue buffers need more MTE1_MTE2 event IDs than TPipe has");
 
 // Statistics one AIV keeps in UB, in units of vecRowsPad elements of fp32 (see pasa_attention_vector.h).
 constexpr uint32_t PASA_VEC_STAT_UNITS = 37;
