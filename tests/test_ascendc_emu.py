@@ -422,6 +422,7 @@ REJECTED = {
     "cross_core_counter_overflow": "would exceed 15",
     "cross_core_wrong_pipe": "pipe hazard: DataCopy\\(GM->L1, Nd2Nz\\) on PIPE_MTE2",
     "queue_event_ids_exhausted": "all 8 event IDs of HardEvent::MTE1_MTE2 are held",
+    "fixed_event_id_under_queue": "a queue holds this event ID with its own flag set",
     "partial_overlap": "partially overlaps",
     "mmad_misaligned": "not 512-byte aligned",
     "fixpipe_without_quant": "needs quantPre F322F16",

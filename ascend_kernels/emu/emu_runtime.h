@@ -310,6 +310,7 @@ struct CoreCtx {
     bool flagSet[static_cast<int>(HardEvent::MAX)][kEventIds] = {};
     Clock flagClock[static_cast<int>(HardEvent::MAX)][kEventIds];
     bool eventIdUsed[static_cast<int>(HardEvent::MAX)][kEventIds] = {};
+    bool queueFlag[static_cast<int>(HardEvent::MAX)][kEventIds] = {};  // held by a queue, its flag set
 
     bool pipeAlive = false;  // a TPipe exists
     // lanes a level-0 call left enabled in the vector mask register (0: the full mask, as
@@ -620,6 +621,11 @@ inline void SetFlagImpl(HardEvent evt, int32_t id)
     if (!EventValidOn(c, src, dst)) Fail("SetFlag<%s_%s>: this event does not exist on an %s core", PipeShort(src), PipeShort(dst), c.type == AIC ? "AIC" : "AIV");
     if (id < 0 || id >= kEventIds) Fail("SetFlag: eventID %d outside [0, 7]", id);
     const int e = static_cast<int>(evt);
+    if (c.queueFlag[e][id]) {
+        Fail("SetFlag<%s_%s>(%d): a queue holds this event ID with its own flag set (FreeTensor until the next "
+             "AllocTensor, EnQue until DeQue); a fixed ID collides with the queues', take one from TPipe::AllocEventID",
+             PipeShort(src), PipeShort(dst), id);
+    }
     if (c.flagSet[e][id]) {
         Fail("SetFlag<%s_%s>(%d) twice without a WaitFlag in between: undefined behaviour on hardware "
              "(a later PipeBarrier<PIPE_ALL> hangs)", PipeShort(src), PipeShort(dst), id);
@@ -639,6 +645,10 @@ inline void WaitFlagImpl(HardEvent evt, int32_t id)
     if (!EventValidOn(c, src, dst)) Fail("WaitFlag<%s_%s>: this event does not exist on an %s core", PipeShort(src), PipeShort(dst), c.type == AIC ? "AIC" : "AIV");
     if (id < 0 || id >= kEventIds) Fail("WaitFlag: eventID %d outside [0, 7]", id);
     const int e = static_cast<int>(evt);
+    if (c.queueFlag[e][id]) {
+        Fail("WaitFlag<%s_%s>(%d): a queue holds this event ID with its own flag set, and the wait would take it; "
+             "take an ID from TPipe::AllocEventID", PipeShort(src), PipeShort(dst), id);
+    }
     if (!c.flagSet[e][id]) {
         Fail("WaitFlag<%s_%s>(%d) with no matching SetFlag before it: pipe %s would block forever (timeout on "
              "hardware)", PipeShort(src), PipeShort(dst), id, PipeName(dst));

@@ -67,12 +67,16 @@ inline const char* HardEventName(HardEvent evt)
 // TPipe's event-ID pool: 8 IDs per HardEvent on this core (QUE_MAX_EVENT), shared by
 // TPipe::AllocEventID and the queues, which hold one per buffer between EnQue and DeQue and
 // between FreeTensor and the buffer's next AllocTensor (kernel_tquebind_impl.h).
-inline int8_t TakeEventId(HardEvent evt, const char* what)
+// byQueue: a queue takes the ID and sets its flag (kept in CoreCtx::queueFlag, which explicit
+// SetFlag/WaitFlag on that ID refuse).
+inline int8_t TakeEventId(HardEvent evt, const char* what, bool byQueue = false)
 {
-    bool* used = Core().eventIdUsed[static_cast<int>(evt)];
+    CoreCtx& c = Core();
+    bool* used = c.eventIdUsed[static_cast<int>(evt)];
     for (int id = 0; id < kEventIds; ++id) {
         if (!used[id]) {
             used[id] = true;
+            c.queueFlag[static_cast<int>(evt)][id] = byQueue;
             return static_cast<int8_t>(id);
         }
     }
@@ -81,9 +85,11 @@ inline int8_t TakeEventId(HardEvent evt, const char* what)
 }
 inline void GiveEventId(HardEvent evt, int8_t id, const char* what)
 {
-    bool* used = Core().eventIdUsed[static_cast<int>(evt)];
+    CoreCtx& c = Core();
+    bool* used = c.eventIdUsed[static_cast<int>(evt)];
     if (id < 0 || id >= kEventIds || !used[id]) Fail("%s: event ID %d of HardEvent::%s is not held", what, id, HardEventName(evt));
     used[id] = false;
+    c.queueFlag[static_cast<int>(evt)][id] = false;
 }
 
 struct PipeState {
@@ -316,7 +322,7 @@ public:
         emu::QueuePipes(pos, producer, consumer);
         HardEvent forward, backward;
         emu::QueueEvents(pos, forward, backward);
-        if (forward != HardEvent::MAX) s->heldEvent = emu::TakeEventId(forward, "TQue::EnQue");
+        if (forward != HardEvent::MAX) s->heldEvent = emu::TakeEventId(forward, "TQue::EnQue", true);
         s->enqueued = emu::PipeSnapshot(producer);
         if (producer != consumer) s->enqueuedAt = emu::FlagRaise(producer);
         s->state = emu::BufferSlot::ENQUEUED;
@@ -358,7 +364,7 @@ public:
         emu::QueuePipes(pos, producer, consumer);
         HardEvent forward, backward;
         emu::QueueEvents(pos, forward, backward);
-        if (backward != HardEvent::MAX) s->heldEvent = emu::TakeEventId(backward, "TQue::FreeTensor");
+        if (backward != HardEvent::MAX) s->heldEvent = emu::TakeEventId(backward, "TQue::FreeTensor", true);
         const int releasing = s->state == emu::BufferSlot::DEQUEUED ? consumer : producer;
         s->freed = emu::PipeSnapshot(releasing);
         if (producer != consumer) s->freedAt = emu::FlagRaise(releasing);
@@ -420,6 +426,11 @@ public:
     emu::BufferSlot slot_;
 };
 
+class TPipe;
+namespace emu {
+inline thread_local TPipe* tls_tpipe = nullptr;
+}
+
 class TPipe {
 public:
     TPipe()
@@ -428,11 +439,13 @@ public:
         if (c.pipeAlive) emu::Fail("a second TPipe on the same core; a kernel creates one TPipe");
         c.pipeAlive = true;
         emu::tls_pipe = &state_;
+        emu::tls_tpipe = this;
     }
     ~TPipe()
     {
         if (emu::tls_core != nullptr) emu::tls_core->pipeAlive = false;
         emu::tls_pipe = nullptr;
+        emu::tls_tpipe = nullptr;
     }
     TPipe(const TPipe&) = delete;
     TPipe& operator=(const TPipe&) = delete;
@@ -481,6 +494,13 @@ public:
 private:
     emu::PipeState state_;
 };
+
+// The core's TPipe (kernel_tpipe.h).
+inline TPipe* GetTPipePtr()
+{
+    if (emu::tls_tpipe == nullptr) emu::Fail("GetTPipePtr: no TPipe exists on this core");
+    return emu::tls_tpipe;
+}
 
 // ------------------------------------------------------------------ system queries
 inline int64_t GetBlockNum() { return emu::Core().blockDim; }

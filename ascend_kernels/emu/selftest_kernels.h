@@ -348,6 +348,15 @@ inline void AddRejectedSyncCases(std::map<std::string, Case>& c)
             b1.FreeTensor(t);
         }
     }, true};
+    c["fixed_event_id_under_queue"] = {KERNEL_TYPE_AIV_ONLY, 16, 16, [](Gm&) {
+        TPipe pipe;
+        TQue<TPosition::VECOUT, 1> out;
+        pipe.InitBuffer(out, 1, 512);
+        LocalTensor<half> t = out.AllocTensor<half>();
+        out.FreeTensor(t);                     // the queue sets MTE3_V on the first free ID, 0
+        SetFlag<HardEvent::MTE3_V>(EVENT_ID0);  // the wait below would take the queue's flag
+        WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    }, true};
     c["partial_overlap"] = {KERNEL_TYPE_AIV_ONLY, 16, 16, [](Gm&) {
         TPipe pipe;
         TBuf<TPosition::VECCALC> buf;

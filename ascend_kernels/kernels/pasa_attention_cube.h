@@ -304,7 +304,7 @@ private:
         pipe_.InitBuffer(primeL1_, 2 * t.l1KeyBytes);
         GlobalTensor<T> shift;
         shift.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(workspace + t.shiftMatrixOffset), n * n);
-        LoadShiftMatrix(pipe_, shiftL1_.Get<T>(), shiftL0a_.Get<T>(), shift, n);
+        LoadShiftMatrix(shiftL1_.Get<T>(), shiftL0a_.Get<T>(), shift, n);
         for (uint32_t i = 0; i < 2; ++i) {
             primeFree_[i] = pipe_.AllocEventID<HardEvent::MTE1_FIX>();
             primeReady_[i] = pipe_.AllocEventID<HardEvent::FIX_MTE1>();

@@ -21,27 +21,34 @@ __aicore__ inline uint32_t Min(uint32_t a, uint32_t b) { return a < b ? a : b; }
 __aicore__ inline int64_t Max64(int64_t a, int64_t b) { return a > b ? a : b; }
 __aicore__ inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+// Everything the source pipe of `evt` issued so far completes before the destination pipe's
+// next instruction. The ID comes from the pipe's pool: a fixed one may be an ID a queue holds with
+// its own flag set (from FreeTensor to the next AllocTensor), and the wait would take that flag.
+template <HardEvent evt>
+__aicore__ inline void OrderPipes()
+{
+    TPipe* pipe = GetTPipePtr();
+    const TEventID id = pipe->AllocEventID<evt>();
+    SetFlag<evt>(id);
+    WaitFlag<evt>(id);
+    pipe->ReleaseEventID<evt>(id);
+}
+
 // M^T (n x n, row-major in GM) -> L1 (NZ, a TBuf written once) -> L0A (Zz), where it stays for
-// every kv block; returns once the cube may read it. Explicit flags rather than a queue: a freed
-// queue buffer would hold one of the 8 MTE1_MTE2 event IDs for the rest of the launch.
+// every kv block; returns once the cube may read it. A TBuf rather than a queue: a freed queue
+// buffer would hold one of the 8 MTE1_MTE2 event IDs for the rest of the launch.
 template <typename T>
-__aicore__ inline void LoadShiftMatrix(TPipe& pipe, const LocalTensor<T>& m1, const LocalTensor<T>& l0a,
-                                       const GlobalTensor<T>& shift, uint32_t n)
+__aicore__ inline void LoadShiftMatrix(const LocalTensor<T>& m1, const LocalTensor<T>& l0a, const GlobalTensor<T>& shift,
+                                       uint32_t n)
 {
     DataCopy(m1, shift, Nd2NzParams(1, static_cast<uint16_t>(n), static_cast<uint16_t>(n), 0, static_cast<uint16_t>(n),
                                     static_cast<uint16_t>(n), 1, 0));
-    const TEventID landed = pipe.AllocEventID<HardEvent::MTE2_MTE1>();
-    SetFlag<HardEvent::MTE2_MTE1>(landed);
-    WaitFlag<HardEvent::MTE2_MTE1>(landed);
-    pipe.ReleaseEventID<HardEvent::MTE2_MTE1>(landed);
+    OrderPipes<HardEvent::MTE2_MTE1>();
     for (uint32_t mb = 0; mb < n / kC0; ++mb) {
         LoadData(l0a[mb * (n / kC0) * kFractal], m1[mb * kFractal],
                  LoadData2DParams(0, static_cast<uint8_t>(n / kC0), static_cast<uint16_t>(n / kC0), 0, 0, false, 0));
     }
-    const TEventID loaded = pipe.AllocEventID<HardEvent::MTE1_M>();
-    SetFlag<HardEvent::MTE1_M>(loaded);
-    WaitFlag<HardEvent::MTE1_M>(loaded);
-    pipe.ReleaseEventID<HardEvent::MTE1_M>(loaded);
+    OrderPipes<HardEvent::MTE1_M>();
 }
 
 // Each of `count` rows of `d` floats minus the same d-vector `vec`: whole-tile Sub, 64 columns a

@@ -77,7 +77,7 @@ __aicore__ inline LocalTensor<half> StageKeyBlock(L1Queue& l1, L0bQueue& l0b, co
 // A = 16 x n with row 0 all ones, rows 1..15 zero (NZ: one 16-row block per column block) -> L0A,
 // ready for the cube: the column sums of a key block are the first row of A K.
 template <typename L1Queue>
-__aicore__ inline void LoadOnesRow(TPipe& pipe, L1Queue& onesL1, const LocalTensor<half>& l0a, uint32_t n)
+__aicore__ inline void LoadOnesRow(L1Queue& onesL1, const LocalTensor<half>& l0a, uint32_t n)
 {
     LocalTensor<half> o1 = onesL1.template AllocTensor<half>();
     Fill(o1, InitConstValueParams<half>(static_cast<uint16_t>(n / kC0), 1, 15, half(1.0f)));
@@ -86,10 +86,7 @@ __aicore__ inline void LoadOnesRow(TPipe& pipe, L1Queue& onesL1, const LocalTens
     o1 = onesL1.template DeQue<half>();
     LoadData(l0a, o1, LoadData2DParams(0, static_cast<uint8_t>(n / kC0), 1, 0, 0, false, 0));
     onesL1.FreeTensor(o1);
-    const TEventID loaded = pipe.AllocEventID<HardEvent::MTE1_M>();
-    SetFlag<HardEvent::MTE1_M>(loaded);
-    WaitFlag<HardEvent::MTE1_M>(loaded);
-    pipe.ReleaseEventID<HardEvent::MTE1_M>(loaded);
+    OrderPipes<HardEvent::MTE1_M>();
 }
 
 // One preprocessing core's exchange slot (two of them) for a part-filled pasa block: M^T K (fp32,
@@ -121,8 +118,8 @@ public:
         pipe_.InitBuffer(outL0c_, 2, n * d * sizeof(float));
 
         LocalTensor<half> m2 = shiftL0a_.Get<half>();
-        LoadShiftMatrix(pipe_, shiftL1_.Get<half>(), m2, shift_, n);
-        if (t.partFilled) LoadOnesRow(pipe_, onesL1_, onesL0a_.Get<half>(), n);
+        LoadShiftMatrix(shiftL1_.Get<half>(), m2, shift_, n);
+        if (t.partFilled) LoadOnesRow(onesL1_, onesL0a_.Get<half>(), n);
 
         const uint32_t core = static_cast<uint32_t>(GetBlockIdx());
         KeyBlockIter it(t, batches_, pages_, core);
@@ -266,7 +263,7 @@ public:
         pipe_.InitBuffer(sumL0c_, 2, kC0 * d * sizeof(float));
 
         LocalTensor<half> o2 = onesL0a_.Get<half>();
-        LoadOnesRow(pipe_, onesL1_, o2, n);
+        LoadOnesRow(onesL1_, o2, n);
 
         KeyBlockIter it(t, batches_, pages_, static_cast<uint32_t>(GetBlockIdx()));
         KeyBlockTask task;

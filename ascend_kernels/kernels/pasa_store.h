@@ -52,8 +52,7 @@ __aicore__ inline void StoreRows(const PasaTilingData& t, const AttentionTask& t
 {
     const uint32_t dv = t.headDimV, stride = RowStride(t.outLayout, t.numHeads, dv), p = task.pitch;
     const uint32_t first = static_cast<uint32_t>(task.info.qStart) + task.q0, bt = TensorBatch(t, task.b);
-    SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
-    WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    OrderPipes<HardEvent::V_MTE3>();
     for (uint32_t row = rowBase; row < rowBase + rows;) {
         const uint32_t head = row / p, pos = row % p;
         uint32_t end = Min(Min(rowBase + rows, (head + 1) * p), head * p + task.positions);
@@ -77,8 +76,7 @@ __aicore__ inline void StoreRows(const PasaTilingData& t, const AttentionTask& t
                                                static_cast<uint16_t>((stride - dv) * sizeof(OutT) / 32)));
         LocalTensor<float> src = lse[local];
         if (local % 8 != 0) {  // an unaligned run (stacked heads): move it to an aligned place first
-            SetFlag<HardEvent::MTE3_S>(EVENT_ID0);
-            WaitFlag<HardEvent::MTE3_S>(EVENT_ID0);
+            OrderPipes<HardEvent::MTE3_S>();
             for (uint32_t i = 0; i < k; ++i) aligned.SetValue(i, lse.GetValue(local + i));
             src = aligned;
         }
@@ -86,8 +84,7 @@ __aicore__ inline void StoreRows(const PasaTilingData& t, const AttentionTask& t
         if (flags.on) {
             LocalTensor<uint8_t> bytes = flags.bytes[local];
             if (local % 32 != 0) {  // as the LSE run above
-                SetFlag<HardEvent::MTE3_S>(EVENT_ID0);
-                WaitFlag<HardEvent::MTE3_S>(EVENT_ID0);
+                OrderPipes<HardEvent::MTE3_S>();
                 for (uint32_t i = 0; i < k; ++i) flags.aligned.SetValue(i, flags.bytes.GetValue(local + i));
                 bytes = flags.aligned;
             }
@@ -98,8 +95,7 @@ __aicore__ inline void StoreRows(const PasaTilingData& t, const AttentionTask& t
     if (flags.on && !flags.repair) {
         DataCopyPad(flags.tasks[TaskFlagSlot(t, task, rowBase)], flags.task, DataCopyExtParams(1, 1, 0, 0, 0));
     }
-    SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
-    WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    OrderPipes<HardEvent::MTE3_V>();
 }
 
 // Learnable sinks (tiling.hasSink): `dst[r]` (fp32, `count` elements) = the sink logit of row
@@ -131,12 +127,10 @@ __aicore__ inline void StorePartial(GM_ADDR workspace, const PasaTilingData& t, 
     GlobalTensor<float> po, pl;
     po.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(PartialOut(workspace, t, unit)));
     pl.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(PartialLse(workspace, t, unit)));
-    SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
-    WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    OrderPipes<HardEvent::V_MTE3>();
     DataCopy(po[static_cast<uint64_t>(rowBase) * t.headDimV], o, rows * t.headDimV);
     DataCopyPad(pl[PartialLseRow(t, rowBase)], lse, DataCopyExtParams(1, rows * sizeof(float), 0, 0, 0));
-    SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
-    WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    OrderPipes<HardEvent::MTE3_V>();
 }
 
 }  // namespace pasa
