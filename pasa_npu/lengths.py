@@ -4,6 +4,7 @@ for the padded layouts (1 entry for all, or at least B), cumulative for the pack
 (TND, NTD), per batch with a block table."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import numbers
 from typing import Optional
@@ -11,6 +12,31 @@ from typing import Optional
 import torch
 
 from .arguments import describe
+from .problem import host_memory
+
+#: the length arguments, under v1's names (v2's ``actual_seq_qlen`` and ``actual_seq_kvlen``)
+LENGTH_ARGUMENTS = ("actual_seq_lengths", "actual_seq_lengths_kv")
+
+
+def device_lengths(call) -> tuple[str, ...]:
+    """The length arguments of ``call`` given as tensors outside the host's memory."""
+    return tuple(name for name in LENGTH_ARGUMENTS
+                 if isinstance(getattr(call, name), torch.Tensor)
+                 and not host_memory(getattr(call, name).device))
+
+
+def read_device_lengths(call, names: tuple[str, ...]):
+    """``call`` with its length arguments ``names`` (device tensors) as host lists, read in
+    one transfer: the one wait for the device that lengths given on it cost (the plan
+    validates them and derives the launches from them)."""
+    for name in names:
+        _check_integer_tensor(getattr(call, name), name)
+    tensors = [getattr(call, name) for name in names]
+    flat = torch.cat([t.to(torch.int64) for t in tensors]).tolist()
+    given, start = {}, 0
+    for name, t in zip(names, tensors):
+        given[name], start = flat[start:start + t.numel()], start + t.numel()
+    return dataclasses.replace(call, **given)
 
 
 def sequence_lengths(call, q, s_kv: int, packed: bool, table_capacity: Optional[str] = None):
@@ -46,10 +72,9 @@ def sequence_lengths(call, q, s_kv: int, packed: bool, table_capacity: Optional[
 
 
 def int_list(value, name: str) -> list[int]:
+    """``value``, a list of ints or a 1-D integer host tensor, as a list of ints."""
     if isinstance(value, torch.Tensor):
-        if value.dim() != 1 or value.dtype.is_floating_point or value.dtype == torch.bool:
-            raise TypeError(f"{name} must be a list of ints or a 1-D integer tensor, got "
-                            f"{describe(value)}")
+        _check_integer_tensor(value, name)
         return [int(x) for x in value.tolist()]
     if type(value) in (list, tuple) and all(type(x) is int for x in value):
         return list(value)  # the common case, without ABC checks (a decode step's lengths)
@@ -57,6 +82,12 @@ def int_list(value, name: str) -> list[int]:
             isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in value):
         raise TypeError(f"{name} must be a list of ints, got {describe(value)}")
     return [int(x) for x in value]
+
+
+def _check_integer_tensor(value: torch.Tensor, name: str) -> None:
+    if value.dim() != 1 or value.dtype.is_floating_point or value.dtype == torch.bool:
+        raise TypeError(f"{name} must be a list of ints or a 1-D integer tensor, got "
+                        f"{describe(value)}")
 
 
 @functools.lru_cache(maxsize=256)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .paged_kv import to_device
 from .problem import AttentionProblem
 
 
@@ -61,13 +62,29 @@ def fix_rows(problem: AttentionProblem, value: torch.Tensor, plan) -> None:
     mask empties, without bit 1: the mean of V over the valid keys, LSE float32's lowest."""
     if problem.lse is not None and plan.lse_rows_past:
         past = torch.arange(problem.lse.shape[2]) >= problem.q_lens[:, None]
-        problem.lse.masked_fill_(past[:, None].to(problem.lse.device), 0.0)
+        problem.lse.masked_fill_(to_device(past[:, None], problem.lse.device), 0.0)
     if not plan.may_have_empty:
         return
-    empty, by_band = _rows_without_keys(problem)
+    if problem.mask is not None:
+        _fix_masked_rows(problem, value, plan.inner_precise, plan.mask_source)
+        return
+    # the band and the lengths alone: every row's fate is known on the host
+    empty = _valid_rows_and_by_band(problem)[1]
+    if bool(empty.any()):
+        _set_rows(problem, empty, 0.0, float("inf"))
+
+
+def _fix_masked_rows(problem: AttentionProblem, value: torch.Tensor, inner_precise: int,
+                     source: torch.Tensor) -> None:
+    """:func:`fix_rows` where an explicit mask (the caller's ``source``) may empty rows (never
+    packed). Which rows it empties is read back once per version of the mask's contents and
+    of the lengths (:func:`_rows_seeing_keys`); a call whose mask empties none does nothing
+    more."""
+    valid, by_band = _valid_rows_and_by_band(problem)
+    empty = valid & ~_rows_seeing_keys(problem, source)
     if not bool(empty.any()):
         return
-    invalid = empty if plan.inner_precise & 2 else empty & by_band
+    invalid = empty if inner_precise & 2 else empty & by_band
     _set_rows(problem, invalid, 0.0, float("inf"))
     masked = empty & ~invalid
     if not bool(masked.any()):
@@ -81,9 +98,34 @@ def fix_rows(problem: AttentionProblem, value: torch.Tensor, plan) -> None:
     means = means.repeat_interleave(problem.group, dim=1)  # kv heads -> query heads
     tb, pos = _positions(problem, b_idx, rows)
     dev = problem.out.device
-    problem.out[tb.to(dev), :, pos.to(dev)] = means[b_idx.to(means.device)].to(
+    problem.out[to_device(tb, dev), :, to_device(pos, dev)] = means[to_device(b_idx, means.device)].to(
         problem.out.dtype).to(dev)
     _set_rows(problem, masked, None, LSE_MASKED_ROW)
+
+
+_ROWS_SEEING_KEYS: dict = {}  # by the mask's storage and version and the row facts
+
+
+def _rows_seeing_keys(problem: AttentionProblem, source: torch.Tensor) -> torch.Tensor:
+    """Bool (B, S1) on the host: the rows that see a key, the explicit mask included. Read
+    back from the mask's device once per version of the caller's mask ``source`` and of the
+    lengths and band; later calls on the same mask read nothing. The key is the mask's
+    storage rather than its identity (a caller may view it anew); the entry keeps the storage
+    alive, so its address is not reused while cached, and an in-place write changes the
+    version."""
+    m = source
+    band = None if problem.band is None else tuple(tuple(t.tolist()) for t in problem.band)
+    key = (m.data_ptr(), m._version, tuple(m.shape), m.stride(), m.dtype, m.device,
+           tuple(problem.q_lens.tolist()), tuple(problem.kv_lens.tolist()), band,
+           problem.kv_extent, problem.query.shape[2])
+    hit = _ROWS_SEEING_KEYS.get(key)
+    if hit is not None:
+        return hit[1]
+    has = _rows_with_keys(problem).cpu()
+    if len(_ROWS_SEEING_KEYS) > 64:
+        _ROWS_SEEING_KEYS.clear()
+    _ROWS_SEEING_KEYS[key] = (m, has)
+    return has
 
 
 def _positions(problem: AttentionProblem, b_idx: torch.Tensor, rows: torch.Tensor):
@@ -99,12 +141,11 @@ def _set_rows(problem: AttentionProblem, which: torch.Tensor, out_value, lse_val
         return
     b_idx, rows = which.nonzero(as_tuple=True)
     tb, pos = _positions(problem, b_idx, rows)
-    if out_value is not None:
-        dev = problem.out.device
-        problem.out[tb.to(dev), :, pos.to(dev)] = out_value
-    if problem.lse is not None:
-        dev = problem.lse.device
-        problem.lse[tb.to(dev), :, pos.to(dev)] = lse_value
+    # the value as a device tensor: a Python scalar would be copied from pageable host memory
+    for t, value in ((problem.out, out_value), (problem.lse, lse_value)):
+        if t is not None and value is not None:
+            dev = t.device
+            t[to_device(tb, dev), :, to_device(pos, dev)] = torch.full((), value, dtype=t.dtype, device=dev)
 
 
 def may_have_empty_rows(q_lens: list, kv_lens: list, band) -> bool:
@@ -118,10 +159,11 @@ def may_have_empty_rows(q_lens: list, kv_lens: list, band) -> bool:
     return False
 
 
-def _rows_without_keys(problem: AttentionProblem) -> tuple[torch.Tensor, torch.Tensor]:
-    """Bool (B, max S1) on CPU, twice: the rows inside the query length that see no key,
-    and those that the band and the lengths alone leave without one (FIA's operator knows
-    these from its arguments and handles them as invalid rows itself)."""
+def _valid_rows_and_by_band(problem: AttentionProblem) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bool (B, max S1) on the host, twice, from the lengths and the band: the rows inside
+    the query length, and those of them that the band and the lengths alone leave without
+    a key (FIA's operator knows these from its arguments and handles them as invalid rows
+    itself)."""
     s_q = problem.query.shape[2] if not problem.packed else problem.max_q_len
     i = torch.arange(s_q)[None, :]
     valid = i < problem.q_lens[:, None]
@@ -131,13 +173,18 @@ def _rows_without_keys(problem: AttentionProblem) -> tuple[torch.Tensor, torch.T
         pre, nxt = problem.band
         lo = torch.maximum(lo, i - pre[:, None])
         hi = torch.minimum(hi, i + nxt[:, None])
-    by_band = valid & (lo > hi)
-    if problem.mask is None:
-        return by_band, by_band
-    cols = torch.arange(problem.kv_extent, device=problem.mask.device)
-    has = torch.zeros(problem.batch, s_q, dtype=torch.bool)
+    return valid, valid & (lo > hi)
+
+
+def _rows_with_keys(problem: AttentionProblem) -> torch.Tensor:
+    """Bool (B, S1) on the mask's device: the rows that see a key, the explicit mask
+    included."""
+    s_q = problem.query.shape[2]
+    device = problem.mask.device
+    cols = torch.arange(problem.kv_extent, device=device)
+    has = torch.zeros(problem.batch, s_q, dtype=torch.bool, device=device)
     chunk = max(1, (1 << 22) // max(1, cols.numel()))
     for r0 in range(0, s_q, chunk):
-        rows = torch.arange(r0, min(r0 + chunk, s_q), device=problem.mask.device)
-        has[:, r0:r0 + rows.numel()] = problem.visible(rows, cols).any(-1).cpu()
-    return valid & ~has, by_band
+        rows = torch.arange(r0, min(r0 + chunk, s_q), device=device)
+        has[:, r0:r0 + rows.numel()] = problem.visible(rows, cols).any(-1)
+    return has

@@ -24,7 +24,7 @@ import torch
 from .numerics import RESOLUTION_LIMIT
 # the check's contract with the backends lives in problem.py; re-exported here
 from .problem import (ROW_FLAGGED, ROW_NONFINITE, ROW_OK, ROW_REPAIRED,  # noqa: F401
-                      AttentionProblem, OverflowCheck, fp32_problem)
+                      AttentionProblem, OverflowCheck, fp32_problem, host_memory)
 
 class OverflowRepairWarning(RuntimeWarning):
     """Some query rows of a PASA call overflowed fp16, or lost the resolution of their
@@ -148,7 +148,7 @@ def record(problem: AttentionProblem, backend: str) -> None:
     check = problem.overflow
     layout = (problem.q_starts, problem.q_lens, problem.packed, problem.tiling.q_block)
     _LAST = OverflowReport(problem.allocation.name, backend, check is not None, check, layout)
-    if check is not None and check.row_flags.device.type == "cpu":
+    if check is not None and host_memory(check.row_flags.device):
         _LAST._read()
 
 

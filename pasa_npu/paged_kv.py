@@ -14,14 +14,14 @@ def gather(cache: torch.Tensor, table: torch.Tensor, kv_lens: torch.Tensor,
     width = int(kv_lens.max()) if kv_lens.numel() else 0
     n_blocks = -(-width // block_size)
     rows = torch.arange(n_blocks * block_size, device=cache.device)
-    valid = rows[None, :] < _on_device(kv_lens, cache.device)[:, None]  # (B, n_blocks*size)
+    valid = rows[None, :] < to_device(kv_lens, cache.device)[:, None]  # (B, n_blocks*size)
     used = valid[:, ::block_size]                                   # (B, n_blocks)
     ids = torch.where(used, table[:, :n_blocks].to(cache.device).long(), 0)
     dense = cache[ids].permute(0, 2, 1, 3, 4).flatten(2, 3)         # (B, N, n_blocks*size, D)
     return torch.where(valid[:, None, :, None], dense, 0)[:, :, :width]
 
 
-def _on_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``t`` on ``device``; a host tensor goes to a CUDA device from pinned memory without
     blocking (a pageable copy would wait for the work queued on the stream)."""
     if t.device == device:

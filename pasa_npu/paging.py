@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from .arguments import describe, int_arg
+from .problem import host_memory
 
 #: block_size when S1 > 1: a multiple of PREFILL_BLOCK_ALIGN up to MAX_BLOCK_SIZE
 PREFILL_BLOCK_ALIGN = 128
@@ -109,11 +110,11 @@ def table_for_call(table: torch.Tensor, kv_lens: torch.Tensor, num_blocks: int,
     if table.shape[0] != kv_lens.numel():
         raise ValueError(f"block_table has {table.shape[0]} rows but the batch is "
                          f"{kv_lens.numel()} (one row per batch)")
-    if table.device.type == "cpu":
+    if host_memory(table.device):
         _check_entries(table, kv_lens, num_blocks, block_size, _host_prefix(table, num_blocks))
         if table.shape[1] > 1 and table.stride(1) != 1:
             table = table.contiguous()
-        if device.type == "cpu":
+        if host_memory(device):
             return table
         source = table.pin_memory() if device.type == "cuda" else table
         return source.to(device, non_blocking=True)

@@ -14,12 +14,12 @@ from . import backends, overflow, paged_kv, paging
 from .arguments import (CALL_FIELDS, MAX_BATCH, MAX_HEAD_DIM, MAX_NBSD_QUERY_LEN,
                         MAX_PACKED_BATCH, Call, canonical_views, check_shapes, check_sink,
                         resolve_beta, resolve_options, to_canonical, to_fp16_checked)
-from .lengths import int_list, sequence_lengths
+from .lengths import device_lengths, int_list, read_device_lengths, sequence_lengths
 from .masks import mask_and_band, tensor_identity
 from .numerics import Allocation, Tiling, compute_dtype
 from .outputs import (allocate_lse, allocate_output, fix_rows, lse_placeholder,
                       may_have_empty_rows)
-from .problem import AttentionProblem
+from .problem import AttentionProblem, host_memory
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,7 @@ class Plan:
     # PASA's results checked for non-finite rows, which the backend repairs (pasa_npu.overflow)
     overflow_check: bool = False
     validated_mask: Optional[torch.Tensor] = None  # sparse modes 2-4: kept alive for the key
+    mask_source: Optional[torch.Tensor] = None  # the caller's atten_mask (outputs.fix_rows)
     block_size: int = 0   # paged KV: the cache's block size (0: not paged)
     backward: bool = True  # the outputs carry autograd; else inputs that require grad raise
     # the backend's state for this plan (AttentionProblem.plan_state); a copy made for other
@@ -84,7 +85,11 @@ def attention(call: Call, golden: bool, traced: bool = False):
 
 def plan_for(call: Call, golden: bool) -> Plan:
     """The plan of a call with ``call``: the cached one, or one made (and cached where the
-    call is cacheable, :func:`_plan_key`); its warnings are the caller's."""
+    call is cacheable, :func:`_plan_key`); its warnings are the caller's. Lengths given on
+    the device are read first (:func:`_host_lengths`); the plan holds their values."""
+    given = device_lengths(call)
+    if given:
+        call = _host_lengths(call, given, golden)
     keys = None if golden else _plan_key(call)
     plans = PLANS.get(keys[0]) if keys is not None else None
     plan = plans.get(keys[1]) if plans else None
@@ -106,6 +111,20 @@ def plan_for(call: Call, golden: bool) -> Plan:
                 plans.clear()
             plans[keys[1]] = plan
     return plan
+
+
+def _host_lengths(call: Call, names: tuple[str, ...], golden: bool) -> Call:
+    """``call`` with its device-tensor lengths ``names`` read to the host, once (one wait for
+    the device: validating them and deriving the launches need their values). Backend
+    ``npu`` refuses them instead: it never reads a device tensor, and its operator takes
+    host lists, as torch_npu's does."""
+    if (not golden and isinstance(call.query, torch.Tensor)
+            and backends.resolve(call.backend, call.query.device).name == "npu"):
+        name = names[0]
+        raise ValueError(f"{name} is a tensor on {getattr(call, name).device}, and backend "
+                         f"'npu' takes lengths from the host, as torch_npu's operator does: "
+                         f"pass {name} as a list of ints (or a CPU tensor)")
+    return read_device_lengths(call, names)
 
 
 def _plan_key(call: Call):
@@ -132,7 +151,7 @@ def _plan_key(call: Call):
                 append(tensor_identity(value))
             elif name in ("learnable_sink", "block_table"):  # read (checked) on every call
                 append((value.shape, value.dtype, value.device))
-            elif name.startswith("actual_seq_lengths") and value.device.type == "cpu":
+            elif name.startswith("actual_seq_lengths") and host_memory(value.device):
                 append((value.dtype, value.shape))
                 lengths.append(tuple(value.tolist()))
             else:
@@ -194,7 +213,7 @@ def _make_plan(call: Call, golden: bool) -> Plan:
         tiling=options.tiling, guard=options.rounding_guard, runner=runner,
         out_dtype=out_dtype, lse_dtype=lse_dtype, low=low,
         validated_mask=call.atten_mask if call.sparse_mode in (2, 3, 4) else None,
-        block_size=block_size, **extra,
+        mask_source=call.atten_mask, block_size=block_size, **extra,
         **_row_flags(q_lens, kv_lens, mask, band, packed, q.shape[2]))
 
 
@@ -321,7 +340,7 @@ def execute(plan: Plan, call: Call, golden: bool, traced: bool = False):
     if plan.overflow_check:
         # zero-filled where rows no kernel writes are read: by the compiled operator's
         # caller, and on the CPU, where the report counts the flags at the call
-        zeroed = traced or out_view.device.type == "cpu"
+        zeroed = traced or host_memory(out_view.device)
         check = overflow.OverflowCheck((torch.zeros if zeroed else torch.empty)(
             out_view.shape[:3], dtype=torch.uint8, device=out_view.device))
     lse_out = lse if plan.want_lse else lse_placeholder(query.device)

@@ -63,6 +63,13 @@ ROW_REPAIRED = 2
 ROW_NONFINITE = 3
 
 
+def host_memory(device: torch.device) -> bool:
+    """Whether tensors on ``device`` are the host's memory, read without waiting for a device
+    (the CPU). The package's one test of it: a tensor on any other device is never read on
+    the host where a call can avoid it (docs/design.md, "No host synchronisation")."""
+    return device.type == "cpu"
+
+
 @dataclass(frozen=True)
 class OverflowCheck:
     """The check of one call: ``row_flags`` (uint8, laid out as the canonical output's

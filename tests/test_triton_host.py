@@ -229,14 +229,24 @@ def test_decode_plan_runs_its_bound_launches_on_new_tensors(form, algorithm):
 @needs_gpu
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
 def test_calls_with_host_lengths_never_synchronise(algorithm):
-    """Every decode form above, and causal and dense prefill, under
-    ``torch.cuda.set_sync_debug_mode("error")`` once planned (a device block table is
-    checked with one read-back when first seen)."""
+    """Every decode form above, causal and dense prefill, and explicit masks that may empty
+    rows (prefill and decode), under ``torch.cuda.set_sync_debug_mode("error")`` once
+    planned (a device block table is checked with one read-back when first seen)."""
     forms, rand = _decode_forms("cuda")
     mask = pasa_npu.compressed_causal_mask("cuda")
     forms["prefill causal"] = ((1, HEADS, 300, D), (1, KV_HEADS, 300, D), dict(
         num_heads=HEADS, num_key_value_heads=KV_HEADS, input_layout="BNSD", scale=D ** -0.5,
         sparse_mode=3, atten_mask=mask), False)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    explicit = torch.rand(2, 1, 200, 250, device="cuda", generator=gen) < 0.5
+    explicit[:, :, ::9] = True  # rows the mask empties: the mean of V, on the device
+    forms["prefill explicit mask"] = ((2, HEADS, 200, D), (2, KV_HEADS, 250, D), dict(
+        num_heads=HEADS, num_key_value_heads=KV_HEADS, input_layout="BNSD", scale=D ** -0.5,
+        atten_mask=explicit, actual_seq_lengths=[200, 120], softmax_lse_flag=True), False)
+    forms["decode explicit mask"] = ((2, HEADS, 1, D), (2, KV_HEADS, 700, D), dict(
+        num_heads=HEADS, num_key_value_heads=KV_HEADS, input_layout="BNSD", scale=D ** -0.5,
+        atten_mask=torch.rand(2, 700, device="cuda", generator=gen) < 0.5,
+        actual_seq_lengths_kv=[700, 333]), False)
     forms["prefill BSND"] = ((2, 200, HEADS, D), (2, 250, KV_HEADS, D), dict(
         num_heads=HEADS, num_key_value_heads=KV_HEADS, input_layout="BSND", scale=D ** -0.5),
         False)
@@ -258,6 +268,34 @@ def test_calls_with_host_lengths_never_synchronise(algorithm):
                 raise AssertionError(f"{name}: {err}") from err
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@needs_gpu
+def test_device_lengths_are_read_once_per_call():
+    """Lengths given as CUDA tensors are read once when a call is planned, in one transfer
+    (docs/design.md, "No host synchronisation"): one synchronisation per call and per plan,
+    none per run."""
+    import warnings
+
+    _, rand = _decode_forms("cuda")
+    q, k, v = rand(2, HEADS, 1, D), rand(2, KV_HEADS, CAPACITY, D), rand(2, KV_HEADS, CAPACITY, D)
+    keywords = dict(_keywords(torch.tensor([700, 333], device="cuda")), backend="triton",
+                    actual_seq_lengths=torch.tensor([1, 1], device="cuda"))
+    pasa_npu.fused_attention(q, k, v, **keywords)
+    torch.cuda.synchronize()
+    syncs = lambda caught: [str(w.message) for w in caught  # noqa: E731
+                            if "synchroniz" in str(w.message)]
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pasa_npu.fused_attention(q, k, v, **keywords)
+            planned = pasa_npu.plan(q, k, v, **keywords)
+            planning = syncs(caught)
+            planned.run(q, k, v)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(planning) == 2 and syncs(caught) == planning, syncs(caught)
 
 
 def test_a_bound_launch_swaps_in_each_calls_tensors_and_keeps_none(monkeypatch):
