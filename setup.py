@@ -19,11 +19,10 @@ from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 #: modules of tools/ that are run from a checkout and never installed: the mutation check,
-#: the kernel ablations, the ahead-of-time compiler of the Triton kernels and the build and
-#: drivers of the instruction-level simulator (ascend_kernels/sim)
+#: the kernel ablations, the ahead-of-time compiler of the Triton kernels and the API
+#: self-test of the instruction-level simulator (ascend_kernels/sim)
 DEV_MODULES = {("pasa_npu.tools", name) for name in (
-    "mutation_check", "mutation_list", "ablate", "triton_aot",
-    "sim_build", "sim_selftest", "sim_attention")}
+    "mutation_check", "mutation_list", "ablate", "triton_aot", "sim_selftest")}
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -39,8 +39,8 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
       over bit 0.
     * ``beta``: PASA's shift fraction (``pasa``, ``pasa-mixed``); None solves the
       optimal accuracy condition for the stored shifting matrix.
-    * ``backend``: ``auto``, ``torch``; ``triton``, ``ascendc-emu``, ``npu``
-      where built.
+    * ``backend``: ``auto``, ``torch``; ``triton``, ``ascendc-emu``, ``ascendc-sim``,
+      ``npu`` where built.
     * ``rounding_guard``: the dynamic maximum for rows with a repeated maximum
       (docs/design.md, "The rounding guard").
     * ``q_block``, ``kv_block``: the tiling (default 128 x 128).
@@ -108,8 +108,8 @@ def fused_attention_v2(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
       denominator of every row of its head as an extra column with a zero value (gpt-oss's
       attention sinks); the LSE includes it. torch_npu takes it with TND and NTD_TND only
       and a value head dim up to 128. Computed by the ``torch`` backend (every allocation),
-      the AscendC kernels (``ascendc-emu``, ``npu``: their allocations) and the golden; a
-      backend without sinks refuses it (NotImplementedError).
+      the AscendC kernels (``ascendc-emu``, ``ascendc-sim``, ``npu``: their allocations) and
+      the golden; a backend without sinks refuses it (NotImplementedError).
     * ``out_dtype``: float16 or bfloat16 outputs from either input dtype (a torch dtype or
       its ScalarType code, 5 or 15); quantised outputs are not implemented.
 

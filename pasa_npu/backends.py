@@ -24,7 +24,9 @@ class Backend:
     backend flags and repairs the non-finite rows of a PASA allocation itself
     (:mod:`pasa_npu.overflow`). ``backward``: its outputs carry autograd (PyTorch operations
     throughout); a backend without refuses inputs that require grad. ``sinks``: it computes
-    learnable sinks; the others refuse ``learnable_sink``."""
+    learnable sinks; the others refuse ``learnable_sink``. ``requires``: a module whose
+    ``why_not()`` names what the backend needs and does not find here (None when it finds
+    everything)."""
 
     name: str
     module: str
@@ -34,6 +36,7 @@ class Backend:
     emulator_switch: Optional[str] = None
     backward: bool = False
     sinks: bool = False  # computes learnable sinks (AttentionProblem.sink)
+    requires: Optional[str] = None
 
     def unavailable_reason(self, device: torch.device) -> Optional[str]:
         """None when this backend can run on ``device``, else a sentence why not."""
@@ -46,6 +49,10 @@ class Backend:
             return (f"backend {self.name!r} runs on {', '.join(native)} tensors, and on "
                     f"{device.type} tensors only through its emulator: set "
                     f"{self.emulator_switch}=1 before importing it")
+        if self.requires:
+            missing = importlib.import_module(self.requires).why_not()
+            if missing:
+                return f"backend {self.name!r} cannot run here: {missing}"
         return None
 
     def runner(self) -> Callable[[AttentionProblem], None]:
@@ -64,6 +71,10 @@ BACKENDS: dict[str, Backend] = {
         Backend("ascendc-emu", "pasa_npu.ascendc_emu", ("cpu",),
                 "the AscendC kernels of ascend_kernels/ run on CPU against the emulated AscendC API",
                 emulated_on=("cpu",), sinks=True),
+        Backend("ascendc-sim", "pasa_npu.ascendc_sim", ("cpu",),
+                "the AscendC kernels of ascend_kernels/ run on CPU against Huawei's AscendC "
+                "implementation (the asc-devkit headers) on an instruction-level simulator",
+                emulated_on=("cpu",), sinks=True, requires="pasa_npu.sim_build"),
         Backend("npu", "pasa_npu.npu", ("npu",),
                 "the AscendC kernels of ascend_kernels/ on an Ascend NPU through torch_npu",
                 sinks=True),
@@ -98,8 +109,8 @@ def available_backends(device: str = "cpu", emulated: bool = False) -> list[str]
     """Names of the backends that can run on ``device`` in this environment.
 
     ``emulated``: also those that run here only through an emulator (Triton's CPU
-    interpreter, the AscendC emulation): correct but slow, for tests and explicit
-    requests; never picked by default.
+    interpreter, the AscendC emulation and simulator): correct but slow, for tests and
+    explicit requests; never picked by default.
     """
     try:
         dev = torch.device(device)

@@ -1,6 +1,6 @@
 """What the AscendC kernels of ``ascend_kernels/`` compute, and a problem's tensors in the
-form they read them, for the two backends that run those kernels: ``ascendc-emu`` (the CPU
-emulation) and ``npu`` (an Ascend NPU through torch_npu).
+form they read them, for the backends that run those kernels: ``ascendc-emu`` (the CPU
+emulation), ``ascendc-sim`` (the CPU simulator) and ``npu`` (an Ascend NPU through torch_npu).
 
 The kernels implement ``fa-fp32``, ``pasa`` and ``pasa-exact`` for BNSD and BSND (BSH)
 tensors and packed batches (TND/NTD: mixed decode and prefill rows, kv lengths past the
@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from .paged_kv import to_device
 from .problem import AttentionProblem
 
 #: the allocations the kernels implement, each with its tiling key (the attention kernel's
@@ -127,8 +128,8 @@ def kernel_call(problem: AttentionProblem) -> KernelCall:
     table = slots = None
     if problem.paged:
         table = problem.block_table.to(torch.int32).contiguous()
-        slots = key_slots(table.cpu(), problem.kv_lens.cpu(), problem.block_size,
-                          problem.tiling.kv_block).to(table.device)
+        slots = key_slots(table, problem.kv_lens, problem.block_size, problem.tiling.kv_block,
+                          problem.key.shape[0])
     return KernelCall(query=q, key=k, value=v, out=out, lse=lse, q_layout=q_layout,
                       kv_layout=kv_layout, out_layout=out_layout,
                       tiling_key=TILING_KEYS[problem.allocation.name],
@@ -137,26 +138,33 @@ def kernel_call(problem: AttentionProblem) -> KernelCall:
                       sink=None if problem.sink is None else problem.sink.to(torch.float32).contiguous())
 
 
-def key_slots(table: torch.Tensor, kv_lens: torch.Tensor, block_size: int,
-              kv_block: int) -> torch.Tensor:
+def key_slots(table: torch.Tensor, kv_lens: torch.Tensor, block_size: int, kv_block: int,
+              num_blocks: int) -> torch.Tensor:
     """Paged KV: for each table entry, the entry (flat index b * max_blocks + e) that owns its
     physical block, whose preprocessing writes the block's K' (and pasa-exact's block means)
     once for every sequence sharing it: of the entries naming the block, the one whose
     sequence fills the most whole kv blocks of it (the first on a tie). Each sequence's ragged
-    last kv block is preprocessed into its own entry (the kernels' KvPages::KeySlot)."""
+    last kv block is preprocessed into its own entry (the kernels' KvPages::KeySlot); entries
+    past a sequence's blocks own themselves. ``table`` int32 (B, max_blocks) on its device,
+    whose used entries lie in [0, num_blocks); ``kv_lens`` on the host. Computed where the
+    table is, without reading it back: each entry's rank comes from the lengths, and each
+    physical block keeps its best-ranked entry."""
     batch, width = table.shape
-    slots = torch.arange(batch * width, dtype=torch.int32).view(batch, width)
-    best: dict = {}  # physical block -> (whole kv blocks, owner entry)
-    for b, n in enumerate(kv_lens.tolist()):
-        for e in range(-(-n // block_size)):
-            whole = min(block_size, n - e * block_size) // kv_block
-            block, entry = int(table[b, e]), b * width + e
-            if block not in best or whole > best[block][0]:
-                best[block] = (whole, entry)
-    for b, n in enumerate(kv_lens.tolist()):
-        for e in range(-(-n // block_size)):
-            slots[b, e] = best[int(table[b, e])][1]
-    return slots
+    count = batch * width
+    entries = torch.arange(count, dtype=torch.int64).view(batch, width)
+    first = torch.arange(width, dtype=torch.int64)[None, :] * block_size
+    lens = kv_lens.to(torch.int64)[:, None]
+    whole = (lens - first).clamp(0, block_size) // kv_block
+    # more whole kv blocks first, then the lower entry; -1: not a used entry
+    rank = to_device(torch.where(first < lens, whole * count + (count - 1 - entries), -1),
+                     table.device)
+    used = rank >= 0
+    blocks = torch.where(used, table.to(torch.int64), num_blocks)  # unused: a spare bucket
+    best = torch.full((num_blocks + 1,), -1, dtype=torch.int64, device=table.device)
+    best.scatter_reduce_(0, blocks.flatten(), rank.flatten(), "amax")
+    owner = (count - 1 - best % count)[blocks]
+    own = entries.to(table.device)
+    return torch.where(used, owner, own).to(torch.int32)
 
 
 def band_lengths(problem: AttentionProblem) -> tuple[int, dict]:

@@ -35,10 +35,56 @@ def npu_absent_reason() -> str | None:
     return None if "npu" in available_backends("npu") else "the npu backend is not built"
 
 
+# ascendc-sim runs the kernels as ascendc-emu does, through Huawei's implementation of the
+# AscendC API on an instruction-level simulator, a few times slower: the suite runs it on the
+# golden matrix (test_golden.py), on real shapes whose calls it runs in a few seconds
+# (test_ascendc_emu_shapes.py) and against the emulation bit for bit
+# (test_ascendc_sim_kernels.py), not in every test of the backends here.
+SIM = "ascendc-sim"
+#: the AI Cores the simulator models on the golden matrix: every core walks several tasks of
+#: its small cases, the schedule of real shapes
+SIM_CORES = 2
+
+
+def _sim_absent() -> str | None:
+    """Why the ascendc-sim backend cannot run here (None when it can)."""
+    from pasa_npu.backends import BACKENDS as REGISTRY
+
+    backend = REGISTRY[SIM]
+    reason = backend.unavailable_reason(torch.device("cpu"))
+    if reason is None:
+        try:
+            backend.runner()
+        except ImportError as exc:
+            reason = f"backend {SIM!r} does not import ({exc})"
+    return reason
+
+
+SIM_ABSENT = _sim_absent()
+
+
+def sim_param(*values):
+    """A parametrisation entry that runs ascendc-sim, skipped saying why where it cannot run."""
+    return pytest.param(*values, marks=pytest.mark.skipif(SIM_ABSENT is not None, reason=str(SIM_ABSENT)))
+
+
+@contextlib.contextmanager
+def sim_cores(backend: str, cores: int = SIM_CORES):
+    """For ascendc-sim, the model's AI Cores cut to ``cores`` inside; nothing for other backends."""
+    if backend != SIM:
+        yield
+        return
+    from pasa_npu import ascendc_cpu
+
+    with ascendc_cpu.using_model_parameters(dict(ascendc_cpu.model_parameters(), core_num=cores)):
+        yield
+
+
 def _backend_devices() -> list[tuple[str, str]]:
-    """(backend, device) pairs to test here: CPU backends on CPU; Triton on the GPU when
-    there is one, else through the interpreter on CPU; the npu backend on an NPU."""
-    pairs = [(name, "cpu") for name in available_backends("cpu", emulated=True)]
+    """(backend, device) pairs to test here: CPU backends on CPU (but ascendc-sim, see above);
+    Triton on the GPU when there is one, else through the interpreter on CPU; the npu backend
+    on an NPU."""
+    pairs = [(name, "cpu") for name in available_backends("cpu", emulated=True) if name != SIM]
     if torch.cuda.is_available():
         pairs = [(n, d) for n, d in pairs if n != "triton"]
         pairs += [(name, "cuda") for name in available_backends("cuda") if name != "torch"]
@@ -175,7 +221,7 @@ def triton_tuning(**switches):
 
 #: Backends that implement a subset of the features and raise NotImplementedError (naming
 #: the feature) for the rest; tests skip them for exactly those cases.
-PARTIAL_BACKENDS = ("ascendc-emu", "npu")
+PARTIAL_BACKENDS = ("ascendc-emu", SIM, "npu")
 
 
 @contextlib.contextmanager

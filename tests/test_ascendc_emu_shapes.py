@@ -1,7 +1,10 @@
 """The AscendC kernels at shapes people run, on the model's AI Cores (backend "ascendc-emu"):
 more tasks than cores, many kv blocks per task, ragged and packed batches, paged KV, decode
 split across cores. Each against the torch backend's same allocation at test_ascendc_emu's
-bounds, and against the fp64 golden; the tiling is checked to reach the schedule named."""
+bounds, and against the fp64 golden; the tiling is checked to reach the schedule named.
+Backend "ascendc-sim" runs the shapes it computes in seconds (SIM_SHAPES and the few-core
+tests: the schedules above, part-filled last kv blocks included); a prefill shape here takes
+it 15-30 s per allocation."""
 from __future__ import annotations
 
 import random
@@ -12,7 +15,8 @@ import torch
 import pasa_npu
 
 emu = pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu extension is not built")
-from pasa_npu import ascendc_emu  # noqa: E402
+from pasa_npu import ascendc_emu, ascendc_sim  # noqa: E402
+from _support import SIM, sim_param  # noqa: E402
 from test_ascendc_emu import KERNEL_ALGORITHMS, assert_matches_torch, kv_blocks  # noqa: E402
 from _real_shapes import PREFILL_SHAPES  # noqa: E402
 from test_golden import make_case  # noqa: E402
@@ -26,6 +30,17 @@ SHAPES = {
     "decode-split-kv": dict(layout="BSH", B=2, Nq=32, Nkv=4, S1=1, S2=8192, D=128,
                             kv_lens=[8192, 5000]),
 }
+#: the shapes ascendc-sim runs too: more tasks than cores with part-filled last kv blocks, and
+#: kv split across cores
+SIM_SHAPES = ("decode-batch-gqa", "decode-split-kv")
+MODULES = {"ascendc-emu": ascendc_emu, SIM: ascendc_sim}
+BOTH = ["ascendc-emu", sim_param(SIM)]
+
+
+def run_kernels(q, k, v, backend: str, **kw):
+    """``fused_attention`` on ``backend`` and the host's tiling of the call."""
+    out, lse = pasa_npu.fused_attention(q, k, v, backend=backend, **kw)
+    return out, lse, MODULES[backend].last_run_stats()["tiling"]
 
 
 def check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, split: bool, blocks: int):
@@ -49,12 +64,12 @@ def check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, split: bool
 
 
 @pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
-@pytest.mark.parametrize("name", list(SHAPES))
-def test_real_shape_matches_torch_and_golden(name, algorithm):
+@pytest.mark.parametrize("name,backend", [(name, "ascendc-emu") for name in SHAPES]
+                         + [sim_param(name, SIM) for name in SIM_SHAPES])
+def test_real_shape_matches_torch_and_golden(name, backend, algorithm):
     q, k, v, kw = make_case(SHAPES[name], torch.float16)
     kw["repair_overflow"] = False
-    out, lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
-    tiling = ascendc_emu.last_run_stats()["tiling"]
+    out, lse, tiling = run_kernels(q, k, v, backend, algorithm=algorithm, **kw)
     assert tiling["block_dim"] == ascendc_emu.model_parameters()["core_num"]
     split = name == "decode-split-kv"
     if split:
@@ -83,21 +98,22 @@ def test_paged_batch_at_real_shape(algorithm):
     assert_matches_torch(paged.out, paged.lse, reference.out, reference.lse, algorithm, torch.float16, 12)
 
 
+@pytest.mark.parametrize("backend", BOTH)
 @pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
-def test_decode_split_with_several_units_per_core(algorithm):
+def test_decode_split_with_several_units_per_core(algorithm, backend):
     """Split kv where the (task, split) units outnumber the cores: 2 tasks of 24 kv blocks in 3
     ranges each on 3 emulated AI Cores, two units a core, merged by their LSE."""
     from test_ascendc_emu import emulated_cores
     q, k, v, kw = make_case(dict(layout="BSH", B=1, Nq=16, Nkv=2, S1=1, S2=3072, D=128), torch.float16)
     with emulated_cores(3):
-        out, lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
-    tiling = ascendc_emu.last_run_stats()["tiling"]
+        out, lse, tiling = run_kernels(q, k, v, backend, algorithm=algorithm, **kw)
     assert tiling["kv_splits"] > 1 and tiling["num_tasks"] * tiling["kv_splits"] > tiling["block_dim"], tiling
     check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, split=True, blocks=24)
 
 
+@pytest.mark.parametrize("backend", BOTH)
 @pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
-def test_more_tasks_without_keys_in_a_row_than_the_task_window(algorithm):
+def test_more_tasks_without_keys_in_a_row_than_the_task_window(algorithm, backend):
     """Causal (bottom right) with query lengths far above the kv lengths: most query tiles see no
     key, so a core's stream of 56 tasks holds runs of consecutive tasks without keys longer
     than its window of tasks in flight. The cube skips them without fetching past that window
@@ -108,8 +124,8 @@ def test_more_tasks_without_keys_in_a_row_than_the_task_window(algorithm):
     q, k, v, kw = make_case(case, torch.float16)
     kw["repair_overflow"] = False
     with emulated_cores(3):
-        out, lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
-    assert ascendc_emu.last_run_stats()["tiling"]["num_tasks"] > 3 * 8
+        out, lse, tiling = run_kernels(q, k, v, backend, algorithm=algorithm, **kw)
+    assert tiling["num_tasks"] > 3 * 8
     ref, ref_lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="torch", **kw)
     assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16, kv_blocks(case))
 

@@ -1,6 +1,7 @@
 """Every allocation, on every backend here, against the fp64 golden over the feature matrix:
 layouts and output variants, GQA/MQA, masks and sparse modes, ragged and packed lengths,
-decode, sequence lengths that are not block multiples, fp16 and bf16."""
+decode, sequence lengths that are not block multiples, fp16 and bf16. ascendc-sim runs the
+matrix on SIM_CORES AI Cores (tests/_support.py), so that every core walks several tasks."""
 from __future__ import annotations
 
 import math
@@ -9,10 +10,10 @@ import pytest
 import torch
 
 import pasa_npu
-from _support import (BACKENDS, FLOORS, MEASURED, assert_measured, assert_triton_matches_cpu,
+from _support import (BACKENDS, FLOORS, MEASURED, SIM, assert_measured, assert_triton_matches_cpu,
                       device_kind, dtype_name, interpreted, interpreter_skip, lse_bound,
                       lse_scale, lse_scale_ulps, lse_unit, on_device, rel_rmse, score_scale,
-                      shift_gain, skip_unsupported)
+                      shift_gain, sim_cores, sim_param, skip_unsupported)
 from pasa_npu.beta import default_beta
 
 INT_MAX = 2147483647
@@ -186,7 +187,7 @@ def _golden(cache, name, dtype, small):
     return cache[key]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [*BACKENDS, sim_param(SIM)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("algorithm", pasa_npu.ALGORITHM_NAMES)
 @pytest.mark.parametrize("name", list(CASES))
@@ -198,7 +199,7 @@ def test_matches_golden(name, algorithm, dtype, backend, golden_cache):
     kw_dev = dict(kw)
     if "atten_mask" in kw:
         kw_dev["atten_mask"] = on_device(backend, kw["atten_mask"])[0]
-    with skip_unsupported(backend):
+    with skip_unsupported(backend), sim_cores(backend):
         out, lse = pasa_npu.fused_attention(*on_device(backend, q, k, v), algorithm=algorithm,
                                             backend=backend, **kw_dev)
     out, lse = out.cpu(), lse.cpu()

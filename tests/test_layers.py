@@ -15,7 +15,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 LAYERS = {
     "core": (0, {"numerics", "npu_params", "beta", "install_record"}),
     "contract": (1, {"problem", "outputs", "paged_kv"}),
-    "backends": (2, {"backends", "kernel_inputs", "ascendc_emu", "npu", "fallback"}),
+    "backends": (2, {"backends", "kernel_inputs", "ascendc_cpu", "ascendc_emu", "ascendc_sim",
+                     "sim_build", "npu", "fallback"}),
     "arguments": (2, {"arguments", "lengths", "masks", "paging"}),
     "plan": (3, {"plans", "overflow"}),
     "api": (4, {"api", "compiled", "distributed", "torch_npu_patch", "integrations",

@@ -168,11 +168,15 @@ def _features(task_list) -> list:
             float(sum(t[1] - t[2] for t in flat))]
 
 
-def _runs(c: Config):
+#: kv blocks of the calibration's one-task problem (the others: twice as many, and two tasks)
+CALIBRATION_BLOCKS = 8
+
+
+def calibration_runs(c: Config, blocks: int = CALIBRATION_BLOCKS):
     """The calibration problems: (b, h, hkv, sq, skv, causal) on one AI Core."""
     sq = 1 if c.decode else max(1, Q_TILE // c.group) if c.group > 1 else Q_TILE
-    runs = [(1, c.group, 1, sq, 8 * KV_BLOCK, False), (1, c.group, 1, sq, 16 * KV_BLOCK, False),
-            (2, c.group, 1, sq, 8 * KV_BLOCK, False)]
+    runs = [(1, c.group, 1, sq, blocks * KV_BLOCK, False), (1, c.group, 1, sq, 2 * blocks * KV_BLOCK, False),
+            (2, c.group, 1, sq, blocks * KV_BLOCK, False)]
     if c.causal and not c.decode:
         runs.append((1, c.group, 1, 4 * KV_BLOCK, 4 * KV_BLOCK, True))
     return runs
@@ -181,21 +185,29 @@ def _runs(c: Config):
 def calibrate(c: Config, params: dict, progress=None) -> Fit:
     """Fit every quantity of ``c`` under ``params`` (core_num forced to 1)."""
     one = dict(params, core_num=1)
-    rows, values, prep_rows, prep_values, repair_values = [], [], [], [], []
-    golden = 0.0
-    for i, (b, h, hkv, sq, skv, causal) in enumerate(_runs(c)):
+    runs, stats = calibration_runs(c), []
+    for i, (b, h, hkv, sq, skv, causal) in enumerate(runs):
         if progress:
             progress(i)
-        stats = emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one)
-        golden = max(golden, stats["golden_rmse"])
-        rows.append(_features(tasks(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one)))
-        values.append(_quantities(stats["attention"]))
-        if stats["preprocess"] is not None:
-            pre = stats["preprocess"]
+        stats.append(emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one))
+    return fit_runs(c, runs, stats, one)
+
+
+def fit_runs(c: Config, runs, stats, params: dict) -> Fit:
+    """The fit of ``c`` from the last_run_stats()-shaped ``stats`` of the calibration ``runs``
+    (with ``golden_rmse``), the tasks dealt under ``params`` (one AI Core)."""
+    rows, values, prep_rows, prep_values, repair_values = [], [], [], [], []
+    golden = 0.0
+    for (b, h, hkv, sq, skv, causal), st in zip(runs, stats):
+        golden = max(golden, st["golden_rmse"])
+        rows.append(_features(tasks(c.algorithm, b, h, hkv, sq, skv, c.d, causal, params)))
+        values.append(_quantities(st["attention"]))
+        if st["preprocess"] is not None:
+            pre = st["preprocess"]
             prep_rows.append([1.0, float(b * hkv * -(-skv // KV_BLOCK))])
             prep_values.append([pre["core_cycles"], _quantities(pre)["gm_bytes"]])
-        if stats["repair"] is not None:
-            repair_values.append(stats["repair"]["core_cycles"])
+        if st["repair"] is not None:
+            repair_values.append(st["repair"]["core_cycles"])
     a = np.array(rows)
     if not c.causal or c.decode:
         a = a[:, :3]

@@ -13,7 +13,8 @@ Writes ``npu_model.md`` and ``npu_model.json`` into ``--out``; ``--params`` prin
 parameter table as Markdown; ``--calibrate`` compares the model with the public figures
 measured on Atlas A2 hardware (``tools/npu_calibrate.py``); ``--sensitivity`` moves each
 parameter with a range alone to both ends and reports the pasa / fa-fp32 ratio's worst
-independent corner.
+independent corner; ``--sim`` reports the instruction-level model of the simulator
+(``tools/npu_sim.py``) beside this one on the calibration problems of a few shapes.
 """
 from __future__ import annotations
 
@@ -282,6 +283,8 @@ def main(argv=None) -> int:
                         help="compare the model with the public figures measured on Atlas A2 hardware")
     parser.add_argument("--sensitivity", action="store_true",
                         help="each parameter with a range alone at both ends; the ratio's worst corner")
+    parser.add_argument("--sim", action="store_true",
+                        help="the instruction-level model (the simulator, ascend_kernels/sim) beside this one")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     if args.params:
@@ -292,6 +295,14 @@ def main(argv=None) -> int:
     try:
         if args.calibrate:
             text, data, names = npu_calibrate.markdown(npu_params.values(), progress), None, ["npu_calibrate.md"]
+        elif args.sim:
+            from pasa_npu.tools import npu_sim
+            try:
+                data = npu_sim.compare(npu_sim.SHAPES, args.algorithms, npu_params.values(), progress=progress)
+            except npu_sim.SimUnavailable as exc:
+                print(f"pasa-npu-model: {exc}", file=sys.stderr)
+                return 2
+            text, names = npu_sim.markdown(data), ["npu_sim.md", "npu_sim.json"]
         elif args.sensitivity:
             data = sensitivity(shapes(args.sets or ["readme"]), progress)
             text, names = sensitivity_markdown(data), ["npu_sensitivity.md", "npu_sensitivity.json"]

@@ -7,8 +7,9 @@
 // Numerics modelled (not measured on hardware; see ascend_kernels/README.md, "The emulation"):
 // * Mmad: products of fp16/bf16 operands are exact in fp32; they are accumulated into
 //   the fp32 L0C value one k at a time, in increasing k, with one rounding per step.
-// * Vector arithmetic on half: computed in fp32 and rounded once to fp16 (RNE); Exp/Ln
-//   on half: expf/logf of the fp32 value, rounded once.
+// * Vector arithmetic on half: computed in fp32 and rounded once to fp16 (RNE). Exp/Ln: the
+//   exact function of the fp32 value rounded to fp32 (then to fp16 for half), as the
+//   simulator chooses; the hardware's results to the bit are not documented.
 // * ReduceSum (count mode, Atlas A2): a binary tree of adjacent pairs inside each
 //   256-byte repeat, repeats added in order (documented "方式一").
 // * Casts and Fixpipe F322F16/F322BF16: round to nearest even, overflow to inf
@@ -587,12 +588,14 @@ void Muls(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& scalarV
 template <typename T>
 void Exp(const LocalTensor<T>& dst, const LocalTensor<T>& src, const int32_t& count)
 {
-    emu::Unary(dst, src, count, "Exp", [](float x) { return std::exp(x); }, emu::VecKind::Transcendental);
+    emu::Unary(dst, src, count, "Exp", [](float x) { return static_cast<float>(std::exp(static_cast<long double>(x))); },
+               emu::VecKind::Transcendental);
 }
 template <typename T>
 void Ln(const LocalTensor<T>& dst, const LocalTensor<T>& src, const int32_t& count)
 {
-    emu::Unary(dst, src, count, "Ln", [](float x) { return std::log(x); }, emu::VecKind::Transcendental);
+    emu::Unary(dst, src, count, "Ln", [](float x) { return static_cast<float>(std::log(static_cast<long double>(x))); },
+               emu::VecKind::Transcendental);
 }
 // Abs (vabs, impl/basic_api/dav_c220/kernel_operator_vec_unary_impl.h: half / float): clears the
 // sign, exact in either type (NaN stays NaN); costed as the simple arithmetic.

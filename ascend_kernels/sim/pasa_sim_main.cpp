@@ -8,13 +8,18 @@
 // DIR holds params.txt ("name value" lines: the fields of pasa_emu_module.cpp's ProblemFrom),
 // the tensors as raw bytes (query.bin key.bin value.bin out.bin lse.bin; optional mask.bin
 // block_table.bin key_slots.bin sink.bin row_flags.bin) and the int32 lengths (q_lens.bin
-// kv_lens.bin; optional next_tokens.bin pre_tokens.bin q_starts.bin kv_starts.bin). The call
-// overwrites out.bin, lse.bin and row_flags.bin. Exit status 0 on success; else the error on
-// stderr.
+// kv_lens.bin; optional next_tokens.bin pre_tokens.bin q_starts.bin kv_starts.bin). Lines
+// "timing.NAME value" of params.txt set the timing model's parameters (emu::TimingParams names).
+// The call overwrites out.bin, lse.bin and row_flags.bin and writes timing.jsonl: one JSON
+// object a launch, {"kernel", "block_dim", "cores": [{"slot", "cycles", "busy": {pipe: cycles},
+// "instructions": {pipe: count}, "gm_read": {pipe: bytes}, "gm_write": {pipe: bytes}, "hazards",
+// "first_hazard"}]} (the instruction-level model, sim_timing.h; hazards are counted under
+// PASA_SIM_HAZARDS=report, sim_hazards.h). Exit status 0 on success; else the error on stderr.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -61,8 +66,39 @@ void Store(const std::string& path, const File& file)
     f.write(static_cast<const char*>(file.data), static_cast<std::streamsize>(file.bytes));
 }
 
+// One launch's per-core reports as a JSON line.
+std::string LaunchJson(const char* kernel, uint32_t blockDim)
+{
+    std::ostringstream o;
+    o.precision(17);
+    auto perPipe = [&](const char* key, auto values) {
+        o << ", \"" << key << "\": {";
+        for (int s = 0; s < pasa_sim::kSlots; ++s) o << (s ? ", " : "") << "\"" << pasa_sim::SlotName(s) << "\": " << values(s);
+        o << "}";
+    };
+    o << "{\"kernel\": \"" << kernel << "\", \"block_dim\": " << blockDim << ", \"cores\": [";
+    bool first = true;
+    const std::vector<pasa_sim::CoreReport>& reports = pasa_sim::LastReports();
+    for (size_t slot = 0; slot < reports.size(); ++slot) {
+        const pasa_sim::CoreReport& r = reports[slot];
+        if (!r.ran) continue;
+        o << (first ? "" : ", ") << "{\"slot\": " << slot << ", \"cycles\": " << r.cycles;
+        perPipe("busy", [&](int s) { return r.busy[s]; });
+        perPipe("instructions", [&](int s) { return r.count[s]; });
+        perPipe("gm_read", [&](int s) { return r.gmRead[s]; });
+        perPipe("gm_write", [&](int s) { return r.gmWrite[s]; });
+        o << ", \"hazards\": " << r.hazards << ", \"first_hazard\": \"" << r.firstHazard << "\"";
+        o << "}";
+        first = false;
+    }
+    o << "]}";
+    return o.str();
+}
+
 class SimRuntime final : public pasa::LaunchRuntime {
 public:
+    std::vector<std::string> launches;  // timing.jsonl's lines
+
     void* Allocate(size_t bytes, pasa::BufferRole) override
     {
         void* p = pasa_sim::SharedAlloc(bytes ? bytes : 1);
@@ -75,6 +111,15 @@ public:
     void Launch(pasa::PasaKernel kernel, uint32_t blockDim, const pasa::KernelArgs& a) override
     {
         auto gm = [](void* p) { return reinterpret_cast<GM_ADDR>(p); };
+        static const char* names[] = {"shift_keys", "center_keys", "attention", "merge"};
+        Run(kernel, blockDim, a, gm);
+        launches.push_back(LaunchJson(names[static_cast<int>(kernel)], blockDim));
+    }
+
+private:
+    template <typename G>
+    void Run(pasa::PasaKernel kernel, uint32_t blockDim, const pasa::KernelArgs& a, G gm)
+    {
         switch (kernel) {
         case pasa::PasaKernel::kShiftKeys:
             return pasa_sim::Launch(blockDim, pasa_sim::kMix, [&]() {
@@ -133,7 +178,13 @@ int main(int argc, char** argv)
         if (!pf) throw std::runtime_error("missing params.txt");
         std::string name;
         double value;
-        while (pf >> name >> value) params[name] = value;
+        while (pf >> name >> value) {
+            if (name.rfind("timing.", 0) == 0) {
+                if (!pasa_sim::Params().Set(name.substr(7), value)) throw std::runtime_error("unknown timing parameter " + name);
+            } else {
+                params[name] = value;
+            }
+        }
         const pasa::PasaProblem prob = ProblemFrom(params);
         pasa::AttentionTensors t;
         File query = Load(dir + "/query.bin", true), key = Load(dir + "/key.bin", true);
@@ -168,6 +219,8 @@ int main(int argc, char** argv)
         Store(dir + "/out.bin", out);
         Store(dir + "/lse.bin", lse);
         Store(dir + "/row_flags.bin", flags);
+        std::ofstream tf(dir + "/timing.jsonl");
+        for (const std::string& line : runtime.launches) tf << line << "\n";
         std::cout << "block_dim " << tiling.blockDim << "\n";
     } catch (const std::exception& e) {
         std::cerr << "pasa-sim: " << e.what() << "\n";

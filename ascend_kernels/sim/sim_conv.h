@@ -5,20 +5,28 @@
 // o to odd (sim_float.h); no suffix: to nearest even for a narrowing float conversion, exact
 // for a widening one. Float to integer saturates to the integer's range, NaN to 0. A float
 // result overflows to inf in inf/nan mode (CTRL[48] = 1, the simulator's start) and saturates
-// to the largest finite value in saturation mode.
+// to the largest finite value in saturation mode. Each conversion reports PIPE_V, the blocks of
+// both operands that hold an active lane, and its repeats (sim_pipes.h).
 #ifndef PASA_SIM_CONV_H
 #define PASA_SIM_CONV_H
 
 #include <limits>
 
 #include "sim_core.h"
+#include "sim_pipes.h"
 
 namespace pasa_sim {
 
 template <typename To, typename From, typename F>
-inline void Convert(To* dst, From* src, uint64_t repeat, uint64_t dB, uint64_t sB, uint64_t dR, uint64_t sR, F op)
+inline void Convert(const char* name, To* dst, From* src, uint64_t repeat, uint64_t dB, uint64_t sB, uint64_t dR,
+                    uint64_t sR, F op)
 {
     constexpr uint32_t widest = sizeof(To) > sizeof(From) ? sizeof(To) : sizeof(From);
+    Begin(name, PIPE_V);
+    VecOperand(src, sizeof(From), 256 / widest, repeat, sB, sR, false);
+    VecOperand(dst, sizeof(To), 256 / widest, repeat, dB, dR, true);
+    VecCost(AscendC::emu::VecKind::Simple, widest, repeat);
+    Issue();
     VecIter(widest, repeat).Run([&](uint64_t r, uint32_t i) { *Lane(dst, r, i, dB, dR) = op(*Lane(src, r, i, sB, sR)); });
 }
 
@@ -50,7 +58,8 @@ inline To FloatTo(double v, Round mode)
                      uint64_t srcRep)                                                                                 \
     {                                                                                                                 \
         using namespace pasa_sim;                                                                                     \
-        Convert(reinterpret_cast<To*>(dst), reinterpret_cast<From*>(src), repeat, dstBlk, srcBlk, dstRep, srcRep,     \
+        Convert(#name, reinterpret_cast<To*>(dst), reinterpret_cast<From*>(src), repeat, dstBlk, srcBlk, dstRep,      \
+                srcRep,                                                                                               \
                 [](const From& v) -> To { return FloatTo<To>(Value(v), mode); });                                     \
     }
 #define PASA_SIM_VCONV_ALL(name, From, To, plain)                                                                     \
@@ -90,7 +99,8 @@ PASA_SIM_VCONV(vconv_s642s32, int64_t, int32_t, Round::kRint)
                      uint64_t srcRep)                                                                                 \
     {                                                                                                                 \
         using namespace pasa_sim;                                                                                     \
-        Convert(reinterpret_cast<float*>(dst), reinterpret_cast<float*>(src), repeat, dstBlk, srcBlk, dstRep, srcRep, \
+        Convert(#name, reinterpret_cast<float*>(dst), reinterpret_cast<float*>(src), repeat, dstBlk, srcBlk, dstRep,  \
+                srcRep,                                                                                               \
                 [](const float& v) -> float { return F32ToIntegral(v, mode); });                                      \
     }
 PASA_SIM_VCONV_INTEGRAL(vconv_f322f32r, Round::kRint)

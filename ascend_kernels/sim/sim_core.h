@@ -82,7 +82,13 @@ inline CoreState& State()
     return s;
 }
 
-inline void ResetState() { State() = CoreState(); }
+inline void ResetPipes();  // sim_issue.h: the hazard checker's and the timing model's state
+
+inline void ResetState()
+{
+    State() = CoreState();
+    ResetPipes();
+}
 
 inline bool CounterMode() { return (State().ctrl >> kCtrlCounterBit) & 1u; }
 inline bool Saturating() { return !((State().ctrl >> kCtrlInfNanBit) & 1u); }

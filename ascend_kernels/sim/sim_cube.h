@@ -1,5 +1,7 @@
 // The cube path: GM <-> L1 moves (bursts, ND -> NZ), L1 -> L0A/L0B fractal loads, constant
-// fills, mad, and the fixpipe out of L0C.
+// fills, mad, and the fixpipe out of L0C. Each instruction reports its pipe (MTE2: GM -> L1 and
+// L1 fills; MTE1: L1 -> L0A/L0B and L0 fills; M: mad; FIX: the fixpipe; MTE3: L1 -> GM), the
+// ranges it reads and writes and the quantities its cost depends on (sim_pipes.h).
 //
 // Layouts (16-bit operands; a fractal is 16 x 16 elements, 512 bytes; C0 = 32 bytes):
 // * L1 "NZ" as Nd2Nz writes it: element (r, c) of an ND matrix at
@@ -38,6 +40,8 @@
 #include <cstring>
 
 #include "sim_core.h"
+#include "sim_move.h"
+#include "sim_pipes.h"
 
 namespace pasa_sim {
 
@@ -65,6 +69,15 @@ inline void Nd2Nz(T* dst, const T* src, uint64_t ndNum, uint64_t nValue, uint64_
         }
     }
     const uint64_t dPad = (dValue + c0 - 1) / c0 * c0;
+    Begin("copy_gm_to_cbuf_multi_nd2nz", PIPE_MTE2);
+    for (uint64_t i = 0; i < ndNum; ++i) {
+        for (uint64_t r = 0; r < nValue; ++r) {
+            Read(src + i * srcNdStride + r * srcDValue, dValue * sizeof(T));
+            for (uint64_t c = 0; c < dPad; c += c0) Write(dst + i * dstNdStride + (c / c0) * c0Stride * c0 + r * nStride * c0, 32);
+        }
+    }
+    Cost(Work::kGmRead, static_cast<double>(ndNum * nValue * dPad * sizeof(T)));
+    Issue();
     for (uint64_t i = 0; i < ndNum; ++i) {
         for (uint64_t r = 0; r < nValue; ++r) {
             for (uint64_t c = 0; c < dPad; ++c) {
@@ -79,10 +92,15 @@ inline void Nd2Nz(T* dst, const T* src, uint64_t ndNum, uint64_t nValue, uint64_
     }
 }
 
-inline void LoadFractals(void* dst, const void* src, uint64_t elemBytes, uint64_t start, uint64_t repeat,
-                         uint64_t srcStride, uint64_t dstGap, bool transpose)
+inline void LoadFractals(const char* name, bool toL0B, void* dst, const void* src, uint64_t elemBytes, uint64_t start,
+                         uint64_t repeat, uint64_t srcStride, uint64_t dstGap, bool transpose)
 {
     ++State().instructions;
+    Begin(name, PIPE_MTE1);
+    TouchBursts(static_cast<const uint8_t*>(src) + start * 512, repeat, 512, srcStride * 512, false);
+    TouchBursts(dst, repeat, 512, (1 + dstGap) * 512, true);
+    Cost(toL0B ? Work::kToL0B : Work::kToL0A, static_cast<double>(repeat * 512));
+    Issue();
     Trace("load2d dst=%p src=%p start=%llu repeat=%llu srcStride=%llu dstGap=%llu transpose=%d", dst, src,
           (unsigned long long)start, (unsigned long long)repeat, (unsigned long long)srcStride,
           (unsigned long long)dstGap, (int)transpose);
@@ -104,11 +122,15 @@ inline void LoadFractals(void* dst, const void* src, uint64_t elemBytes, uint64_
 }
 
 template <typename T, typename V>
-inline void FillBlocks(T* dst, uint64_t config, V value, uint64_t blockBytes)
+inline void FillBlocks(const char* name, int pipe, Work work, T* dst, uint64_t config, V value, uint64_t blockBytes)
 {
     ++State().instructions;
     Trace("fill dst=%p config=%llx unit=%llu", (void*)dst, (unsigned long long)config, (unsigned long long)blockBytes);
     const uint64_t repeat = config & 0xffff, blocks = (config >> 16) & 0xffff, gap = (config >> 32) & 0xffff;
+    Begin(name, pipe);
+    TouchBursts(dst, repeat, blocks * blockBytes, (blocks + gap) * blockBytes, true);
+    Cost(work, static_cast<double>(repeat * blocks * blockBytes));
+    Issue();
     const T v = static_cast<T>(value);
     const uint64_t per = blockBytes / sizeof(T);
     for (uint64_t r = 0; r < repeat; ++r) {
@@ -126,6 +148,13 @@ inline void Mad(float* c, const A* a, const A* b, uint64_t m, uint64_t k, uint64
     Trace("mad c=%p a=%p b=%p m=%llu k=%llu n=%llu init=%d", (void*)c, (const void*)a, (const void*)b,
           (unsigned long long)m, (unsigned long long)k, (unsigned long long)n, (int)initZero);
     const uint64_t M = Up16(m), K = Up16(k), N = Up16(n);
+    Begin("mad", PIPE_M);
+    Read(a, M * K * sizeof(A));
+    Read(b, K * N * sizeof(A));
+    if (!initZero) Read(c, M * N * sizeof(float));
+    Write(c, M * N * sizeof(float));
+    Cost(Work::kMad, static_cast<double>((M / 16) * (K / 16) * (N / 16)));
+    Issue();
     for (uint64_t i = 0; i < M; ++i) {
         for (uint64_t j = 0; j < N; ++j) {
             float& out = c[((j / 16) * (M / 16) + i / 16) * 256 + (i % 16) * 16 + j % 16];
@@ -161,7 +190,7 @@ inline T FixConvert(float v, uint64_t quant, bool relu)
 }
 
 template <typename T>
-inline void Fixpipe(T* dst, const float* src, uint64_t nSize, uint64_t mSize, uint64_t dstStride, uint64_t srcStride,
+inline void Fixpipe(const char* name, T* dst, const float* src, uint64_t nSize, uint64_t mSize, uint64_t dstStride, uint64_t srcStride,
                     uint64_t quant, uint64_t relu, bool channelSplit, bool nz2nd)
 {
     ++State().instructions;
@@ -177,6 +206,20 @@ inline void Fixpipe(T* dst, const float* src, uint64_t nSize, uint64_t mSize, ui
         srcNd = (para >> 16) & 0xffff;
         dstNd = (para >> 32) & 0xffff;
     }
+    Begin(name, PIPE_FIX);
+    for (uint64_t nd = 0; nd < ndNum; ++nd) {
+        const uint8_t* s = reinterpret_cast<const uint8_t*>(src) + nd * srcNd * 1024;
+        for (uint64_t j = 0; j < (nSize + 15) / 16; ++j) Read(s + j * srcStride * 64, mSize * 64);
+        if (nz2nd) {
+            for (uint64_t m = 0; m < mSize; ++m) Write(dst + nd * dstNd + m * dstStride, nSize * sizeof(T));
+        } else {
+            for (uint64_t j = 0; j < (nSize + 15) / 16; ++j) {
+                Write(reinterpret_cast<uint8_t*>(dst) + j * dstStride * 32, mSize * 16 * sizeof(T));
+            }
+        }
+    }
+    Cost(Work::kFix, static_cast<double>(ndNum * mSize * nSize * sizeof(T)));
+    Issue();
     for (uint64_t nd = 0; nd < ndNum; ++nd) {
         const float* s = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(src) + nd * srcNd * 1024);
         for (uint64_t m = 0; m < mSize; ++m) {
@@ -224,39 +267,39 @@ template <typename D, typename S, typename P>
 inline void copy_gm_to_cbuf(D* dst, S* src, uint64_t, uint64_t nBurst, uint64_t lenBurst, uint64_t srcGap,
                             uint64_t dstGap, P)
 {
-    pasa_sim::Bursts(dst, src, nBurst, lenBurst, srcGap, dstGap);
+    pasa_sim::Bursts("copy_gm_to_cbuf", PIPE_MTE2, dst, src, nBurst, lenBurst, srcGap, dstGap);
 }
 
 template <typename D, typename S>
 inline void copy_cbuf_to_gm(D* dst, S* src, uint64_t, uint64_t nBurst, uint64_t lenBurst, uint64_t srcGap,
                             uint64_t dstGap)
 {
-    pasa_sim::Bursts(dst, src, nBurst, lenBurst, srcGap, dstGap);
+    pasa_sim::Bursts("copy_cbuf_to_gm", PIPE_MTE3, dst, src, nBurst, lenBurst, srcGap, dstGap);
 }
 
-#define PASA_SIM_LOAD2D(name)                                                                                          \
+#define PASA_SIM_LOAD2D(name, toL0B)                                                                                   \
     template <typename D, typename S, typename M>                                                                    \
     inline void name(D* dst, S* src, uint64_t start, uint64_t repeat, uint64_t srcStride, uint64_t dstGap, uint64_t, \
                      uint64_t transpose, M)                                                                           \
     {                                                                                                                 \
-        pasa_sim::LoadFractals(dst, src, sizeof(S), start, repeat, srcStride, dstGap, transpose != 0);                \
+        pasa_sim::LoadFractals(#name, toL0B, dst, src, sizeof(S), start, repeat, srcStride, dstGap, transpose != 0);  \
     }
-PASA_SIM_LOAD2D(load_cbuf_to_ca)
-PASA_SIM_LOAD2D(load_cbuf_to_cb)
+PASA_SIM_LOAD2D(load_cbuf_to_ca, false)
+PASA_SIM_LOAD2D(load_cbuf_to_cb, true)
 #undef PASA_SIM_LOAD2D
 
-#define PASA_SIM_CREATE(name, blockBytes)                                                                             \
+#define PASA_SIM_CREATE(name, blockBytes, pipe, work)                                                                 \
     template <typename T, typename V>                                                                                 \
     inline void name(T* dst, int64_t config, V value)                                                                 \
     {                                                                                                                 \
-        pasa_sim::FillBlocks(dst, static_cast<uint64_t>(config), value, blockBytes);                                  \
+        pasa_sim::FillBlocks(#name, pipe, work, dst, static_cast<uint64_t>(config), value, blockBytes);               \
     }
-PASA_SIM_CREATE(create_cbuf_matrix, 32)
-PASA_SIM_CREATE(create_cbuf_matrix_bf16, 32)
-PASA_SIM_CREATE(create_ca_matrix, 512)
-PASA_SIM_CREATE(create_ca_matrix_bf16, 512)
-PASA_SIM_CREATE(create_cb_matrix, 512)
-PASA_SIM_CREATE(create_cb_matrix_bf16, 512)
+PASA_SIM_CREATE(create_cbuf_matrix, 32, PIPE_MTE2, pasa_sim::Work::kFillL1)
+PASA_SIM_CREATE(create_cbuf_matrix_bf16, 32, PIPE_MTE2, pasa_sim::Work::kFillL1)
+PASA_SIM_CREATE(create_ca_matrix, 512, PIPE_MTE1, pasa_sim::Work::kToL0A)
+PASA_SIM_CREATE(create_ca_matrix_bf16, 512, PIPE_MTE1, pasa_sim::Work::kToL0A)
+PASA_SIM_CREATE(create_cb_matrix, 512, PIPE_MTE1, pasa_sim::Work::kToL0B)
+PASA_SIM_CREATE(create_cb_matrix_bf16, 512, PIPE_MTE1, pasa_sim::Work::kToL0B)
 #undef PASA_SIM_CREATE
 
 template <typename A>
@@ -270,7 +313,7 @@ inline void mad(float* c, A* a, A* b, uint64_t m, uint64_t k, uint64_t n, uint64
     inline void name(T* dst, float* src, uint64_t, uint64_t nSize, uint64_t mSize, uint64_t dstStride,                \
                      uint64_t srcStride, uint64_t, Q quant, uint64_t relu, bool channelSplit, bool nz2nd)             \
     {                                                                                                                 \
-        pasa_sim::Fixpipe(dst, src, nSize, mSize, dstStride, srcStride, static_cast<uint64_t>(quant), relu,          \
+        pasa_sim::Fixpipe(#name, dst, src, nSize, mSize, dstStride, srcStride, static_cast<uint64_t>(quant), relu,          \
                           channelSplit, nz2nd);                                                                       \
     }
 PASA_SIM_FIXPIPE(copy_matrix_cc_to_gm)

@@ -1,7 +1,8 @@
 // Definitions the CPU-debug runtime (the closed tikicpulib library) provides: the launch
 // globals, AscendC::g_isAtomic, the process lock, and the parameter checkers
 // AscendC::check::*Impl (generated from their declarations by tools/sim_build.py; each
-// accepts). Include in exactly one translation unit, after "kernel_operator.h".
+// accepts); and pasa_sim::LocalMemories (sim_pipes.h), which needs the asc-devkit's buffers.
+// Include in exactly one translation unit, after "kernel_operator.h".
 #ifndef PASA_SIM_GLOBALS_H
 #define PASA_SIM_GLOBALS_H
 
@@ -29,5 +30,17 @@ void ProcessLock::UnInit() {}
 }  // namespace AscendC
 
 #include "sim_checks_gen.h"
+
+void pasa_sim::LocalMemories(uint8_t* base[kMems], uint64_t size[kMems])
+{
+    using AscendC::Hardware;
+    AscendC::ConstDefiner& d = AscendC::ConstDefiner::Instance();
+    const std::pair<int, Hardware> mems[] = {{kUB, Hardware::UB}, {kL1, Hardware::L1}, {kL0A, Hardware::L0A},
+                                             {kL0B, Hardware::L0B}, {kL0C, Hardware::L0C}};
+    for (const auto& [mem, hw] : mems) {
+        base[mem] = d.hardwareCpuBufferMap.at(hw);
+        size[mem] = d.bufferInitLen.at(hw);
+    }
+}
 
 #endif

@@ -13,6 +13,10 @@
 //   core of the caller's type counts once all of them have set; mode 1: both AIVs of an AI Core
 //   count once both have set; mode 2: an AIC's set counts for both AIVs of its AI Core, the AIC
 //   counts once both AIVs have set.
+// * Each count carries the time the set fired on the setting core's timeline (the later of the
+//   sets it stands for); the wait hands it to the waiting core's timing (sim_issue.h).
+// * LastReports(): per core of the last launch (slot 3 b + 0 AIC, 1 AIV0, 2 AIV1), its timing
+//   report (CoreReport::ran 0 for a core that did not run).
 #ifndef PASA_SIM_LAUNCH_H
 #define PASA_SIM_LAUNCH_H
 
@@ -24,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -31,11 +36,13 @@
 
 #include "include/stub_def.h"
 #include "sim_core.h"
+#include "sim_issue.h"
 
 namespace pasa_sim {
 
 constexpr uint32_t kMaxBlocks = 64;
 constexpr uint32_t kFlags = 16;
+constexpr uint32_t kRing = 32;  // sets of one flag a core may hold before waiting on them
 enum Cores : int { kMix = 0, kAiv = 1, kAic = 2 };
 
 struct CrossCore {
@@ -49,6 +56,12 @@ struct CrossCore {
     uint32_t pairDone[kMaxBlocks][kFlags];
     uint32_t allSets[2][kFlags];                   // mode 0, per core type
     uint32_t allDone[2][kFlags];
+    uint32_t posted[kMaxBlocks * 3][kFlags];       // counts ever posted to each core
+    double times[kMaxBlocks * 3][kFlags][kRing];   // the time each posted count fired
+    double aivSetTimes[kMaxBlocks][kFlags][2][kRing];
+    double pairSetTimes[kMaxBlocks][kFlags][2][kRing];
+    double allLatest[2][kFlags];                   // mode 0: the latest set of the group under way
+    CoreReport report[kMaxBlocks * 3];
 };
 
 struct LaunchContext {
@@ -89,7 +102,16 @@ inline double Now()
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-inline void CrossSet(uint32_t mode, uint32_t flag)
+// One count of `flag` for core `slot`, fired at `at`.
+inline void Post(CrossCore& x, uint32_t slot, uint32_t flag, double at)
+{
+    if (x.counter[slot][flag] >= kRing) Fail("core %u holds %u unconsumed sets of cross-core flag %u", slot, kRing, flag);
+    x.times[slot][flag][x.posted[slot][flag] % kRing] = at;
+    x.posted[slot][flag]++;
+    x.counter[slot][flag]++;
+}
+
+inline void CrossSet(uint32_t mode, uint32_t flag, double at)
 {
     LaunchContext& c = Context();
     if (c.cross == nullptr || c.slot < 0) Fail("cross-core set outside a launch");
@@ -98,37 +120,44 @@ inline void CrossSet(uint32_t mode, uint32_t flag)
     flag &= kFlags - 1;
     Trace("cross-set mode=%u flag=%u core=%d", mode, flag, c.slot);
     pthread_mutex_lock(&x.lock);
+    // Both AIVs' k-th sets stand for one count: it fires with the later of them.
+    auto pair = [&](uint32_t* sets, double (*times)[kRing], uint32_t* done, auto&& post) {
+        if (sets[sub - 1] - *done >= kRing) Fail("an AIV ran %u cross-core sets of flag %u ahead of its pair", kRing, flag);
+        times[sub - 1][sets[sub - 1] % kRing] = at;
+        sets[sub - 1]++;
+        while (sets[0] > *done && sets[1] > *done) {
+            const uint32_t k = *done % kRing;
+            post(std::max(times[0][k], times[1][k]));
+            (*done)++;
+        }
+    };
     if (mode == 2) {
         if (sub == 0) {
-            x.counter[3 * block + 1][flag]++;
-            x.counter[3 * block + 2][flag]++;
+            Post(x, 3 * block + 1, flag, at);
+            Post(x, 3 * block + 2, flag, at);
         } else {
-            uint32_t* s = x.aivSets[block][flag];
-            s[sub - 1]++;
-            while (s[0] > x.aivToAic[block][flag] && s[1] > x.aivToAic[block][flag]) {
-                x.aivToAic[block][flag]++;
-                x.counter[3 * block][flag]++;
-            }
+            pair(x.aivSets[block][flag], x.aivSetTimes[block][flag], &x.aivToAic[block][flag],
+                 [&](double t) { Post(x, 3 * block, flag, t); });
         }
     } else if (mode == 1) {
         if (sub == 0) Fail("cross-core mode 1 set on an AIC");
-        uint32_t* s = x.pairSets[block][flag];
-        s[sub - 1]++;
-        while (s[0] > x.pairDone[block][flag] && s[1] > x.pairDone[block][flag]) {
-            x.pairDone[block][flag]++;
-            x.counter[3 * block + 1][flag]++;
-            x.counter[3 * block + 2][flag]++;
-        }
+        pair(x.pairSets[block][flag], x.pairSetTimes[block][flag], &x.pairDone[block][flag], [&](double t) {
+            Post(x, 3 * block + 1, flag, t);
+            Post(x, 3 * block + 2, flag, t);
+        });
     } else if (mode == 0) {
         const uint32_t type = sub == 0 ? 0 : 1;
         const uint32_t cores = type == 0 ? x.blockDim : (x.cores == kMix ? 2 * x.blockDim : x.blockDim);
         x.allSets[type][flag]++;
+        x.allLatest[type][flag] = std::max(x.allLatest[type][flag], at);
         while (x.allSets[type][flag] >= (x.allDone[type][flag] + 1) * cores) {
             x.allDone[type][flag]++;
+            const double t = x.allLatest[type][flag];
+            x.allLatest[type][flag] = 0;
             for (uint32_t b = 0; b < x.blockDim; ++b) {
-                if (type == 0) x.counter[3 * b][flag]++;
-                else if (x.cores == kMix) { x.counter[3 * b + 1][flag]++; x.counter[3 * b + 2][flag]++; }
-                else x.counter[3 * b + 1][flag]++;
+                if (type == 0) Post(x, 3 * b, flag, t);
+                else if (x.cores == kMix) { Post(x, 3 * b + 1, flag, t); Post(x, 3 * b + 2, flag, t); }
+                else Post(x, 3 * b + 1, flag, t);
             }
         }
     } else {
@@ -148,9 +177,11 @@ inline void CrossWait(uint32_t flag)
         pthread_mutex_lock(&x.lock);
         uint32_t& n = x.counter[c.slot][flag];
         if (n > 0) {
+            const double at = x.times[c.slot][flag][(x.posted[c.slot][flag] - n) % kRing];
             --n;
             Trace("cross-wait flag=%u core=%d", flag, c.slot);
             pthread_mutex_unlock(&x.lock);
+            PipesCrossWait(at);
             return;
         }
         pthread_mutex_unlock(&x.lock);
@@ -165,6 +196,12 @@ inline void CrossWait(uint32_t flag)
                  c.slot % 3 == 0 ? "AIC" : (c.slot % 3 == 1 ? "AIV0" : "AIV1"), c.timeoutSeconds, flag);
         }
     }
+}
+
+inline std::vector<CoreReport>& LastReports()
+{
+    static std::vector<CoreReport> r;
+    return r;
 }
 
 // fn() on every core of `blockDim` AI Cores, each in a process of its own (see the contract).
@@ -197,6 +234,7 @@ inline void Launch(uint32_t blockDim, int cores, const std::function<void()>& fn
                 g_taskRation = cores == kMix ? 2 : 1;
                 ResetState();
                 fn();
+                cross->report[3 * b + sub] = Report();
                 std::fflush(nullptr);
                 _exit(0);
             }
@@ -219,15 +257,16 @@ inline void Launch(uint32_t blockDim, int cores, const std::function<void()>& fn
         }
     }
     if (!failure.empty()) throw std::runtime_error(failure);
+    LastReports().assign(cross->report, cross->report + 3 * blockDim);
 }
 
 }  // namespace pasa_sim
 
 template <typename P, typename C>
-inline void ffts_cross_core_sync(P, C config)
+inline void ffts_cross_core_sync(P pipe, C config)
 {
     const uint64_t v = static_cast<uint64_t>(config);
-    pasa_sim::CrossSet((v >> 4) & 3, (v >> 8) & 0xf);
+    pasa_sim::CrossSet((v >> 4) & 3, (v >> 8) & 0xf, pasa_sim::PipesCrossSet(static_cast<int>(pipe)));
 }
 
 template <typename F>

@@ -1,4 +1,5 @@
-// Data movement between GM and UB (MTE2 / MTE3) and inside UB.
+// Data movement between GM and UB (MTE2 / MTE3), GM and L1 (bursts), and inside UB (on V).
+// Each move reports its pipe, the bursts it reads and writes and its bytes (sim_pipes.h).
 //
 // Contract.
 // * copy_gm_to_ubuf / copy_ubuf_to_gm / copy_ubuf_to_ubuf(dst, src, sid, nBurst, lenBurst,
@@ -20,12 +21,21 @@
 #include <cstring>
 
 #include "sim_core.h"
+#include "sim_pipes.h"
 
 namespace pasa_sim {
 
-inline void Bursts(void* dst, const void* src, uint64_t nBurst, uint64_t lenBurst, uint64_t srcGap, uint64_t dstGap)
+inline void Bursts(const char* name, int pipe, void* dst, const void* src, uint64_t nBurst, uint64_t lenBurst,
+                   uint64_t srcGap, uint64_t dstGap)
 {
     ++State().instructions;
+    Begin(name, pipe);
+    TouchBursts(src, nBurst, lenBurst * 32, (lenBurst + srcGap) * 32, false);
+    TouchBursts(dst, nBurst, lenBurst * 32, (lenBurst + dstGap) * 32, true);
+    const double bytes = static_cast<double>(nBurst * lenBurst * 32);
+    if (pipe == PIPE_V) Cost(Work::kVec, std::ceil(bytes / 256));
+    else Cost(pipe == PIPE_MTE2 ? Work::kGmRead : Work::kGmWrite, bytes);
+    Issue();
     Trace("bursts dst=%p src=%p n=%llu len=%llu srcGap=%llu dstGap=%llu", dst, src, (unsigned long long)nBurst,
           (unsigned long long)lenBurst, (unsigned long long)srcGap, (unsigned long long)dstGap);
     for (uint64_t k = 0; k < nBurst; ++k) {
@@ -40,6 +50,11 @@ inline void PaddedIn(void* dst, const void* src, uint64_t nBurst, uint64_t len, 
 {
     ++State().instructions;
     const uint64_t row = (left * Size + len + right * Size + 31) / 32 * 32;
+    Begin("copy_gm_to_ubuf_align", PIPE_MTE2);
+    TouchBursts(src, nBurst, len, len + srcGap, false);
+    TouchBursts(dst, nBurst, row, row + dstGap * 32, true);
+    Cost(Work::kGmRead, static_cast<double>(nBurst * row));
+    Issue();
     const uint64_t pad = State().movPadVal;
     for (uint64_t k = 0; k < nBurst; ++k) {
         uint8_t* d = static_cast<uint8_t*>(dst) + k * (row + dstGap * 32);
@@ -55,6 +70,11 @@ inline void PaddedOut(void* dst, const void* src, uint64_t nBurst, uint64_t len,
 {
     ++State().instructions;
     const uint64_t row = (len + 31) / 32 * 32;
+    Begin("copy_ubuf_to_gm_align", PIPE_MTE3);
+    TouchBursts(src, nBurst, len, row + srcGap * 32, false);
+    TouchBursts(dst, nBurst, len, len + dstGap, true);
+    Cost(Work::kGmWrite, static_cast<double>(nBurst * row));
+    Issue();
     for (uint64_t k = 0; k < nBurst; ++k) {
         std::memmove(static_cast<uint8_t*>(dst) + k * (len + dstGap),
                      static_cast<const uint8_t*>(src) + k * (row + srcGap * 32), len);
@@ -63,15 +83,15 @@ inline void PaddedOut(void* dst, const void* src, uint64_t nBurst, uint64_t len,
 
 }  // namespace pasa_sim
 
-#define PASA_SIM_BURSTS(name)                                                                                         \
+#define PASA_SIM_BURSTS(name, pipe)                                                                                   \
     template <typename D, typename S>                                                                                 \
     inline void name(D* dst, S* src, uint64_t, uint64_t nBurst, uint64_t lenBurst, uint64_t srcGap, uint64_t dstGap)  \
     {                                                                                                                 \
-        pasa_sim::Bursts(dst, src, nBurst, lenBurst, srcGap, dstGap);                                                 \
+        pasa_sim::Bursts(#name, pipe, dst, src, nBurst, lenBurst, srcGap, dstGap);                                    \
     }
-PASA_SIM_BURSTS(copy_gm_to_ubuf)
-PASA_SIM_BURSTS(copy_ubuf_to_gm)
-PASA_SIM_BURSTS(copy_ubuf_to_ubuf)
+PASA_SIM_BURSTS(copy_gm_to_ubuf, PIPE_MTE2)
+PASA_SIM_BURSTS(copy_ubuf_to_gm, PIPE_MTE3)
+PASA_SIM_BURSTS(copy_ubuf_to_ubuf, PIPE_V)
 #undef PASA_SIM_BURSTS
 
 #define PASA_SIM_PAD_IN(name, size)                                                                                   \
@@ -99,6 +119,10 @@ PASA_SIM_PAD_OUT(copy_ubuf_to_gm_align_b32)
 #undef PASA_SIM_PAD_OUT
 
 template <typename V>
-inline void set_mov_pad_val(V v) { pasa_sim::State().movPadVal = static_cast<uint64_t>(v); }
+inline void set_mov_pad_val(V v)
+{
+    pasa_sim::ScalarOp("set_mov_pad_val");
+    pasa_sim::State().movPadVal = static_cast<uint64_t>(v);
+}
 
 #endif

@@ -19,12 +19,17 @@
 // * vcpadd: lane pair (2k, 2k + 1) summed into dst[r * dstRep * lanes / 2 + k].
 // * vbrcb(dst, src, dstBlk, dstRep, repeat): src[8 r + j] fills block j of repeat r of dst, at
 //   (r * dstRep + j * dstBlk) * 32 bytes; the mask plays no part.
+// * Each reports PIPE_V, the source blocks holding an active lane, the destination elements
+//   from the first result to the last, and its repeats (sim_pipes.h): vcadd / vcmax / vcmin at
+//   the published whole-repeat reduction rate, vcg* at the per-block one, vcpadd and vbrcb one
+//   repeat a cycle.
 #ifndef PASA_SIM_REDUCE_H
 #define PASA_SIM_REDUCE_H
 
 #include <vector>
 
 #include "sim_core.h"
+#include "sim_pipes.h"
 
 namespace pasa_sim {
 
@@ -39,6 +44,20 @@ inline T TreeSum(std::vector<T> v)
         v.swap(next);
     }
     return v[0];
+}
+
+// The record of a reduction: `resultElems` results of `perResult` elements, result r at
+// dst + r * pitch elements.
+template <typename T>
+inline void ReduceRecord(const char* name, AscendC::emu::VecKind kind, const T* dst, uint64_t pitch, uint64_t perResult,
+                         const T* src, uint64_t repeat, uint64_t srcBlk, uint64_t srcRep)
+{
+    const uint64_t n = VecIter(sizeof(T), repeat).Repeats();
+    Begin(name, PIPE_V);
+    VecOperand(src, sizeof(T), 256 / sizeof(T), repeat, srcBlk, srcRep, false);
+    if (n > 0) Write(dst, ((n - 1) * pitch + perResult) * sizeof(T));
+    VecCost(kind, sizeof(T), repeat);
+    Issue();
 }
 
 // The active lanes of each repeat, gathered: f(r, values, laneIndices).
@@ -85,6 +104,8 @@ inline void Extreme(T* dst, T* src, uint64_t repeat, uint64_t dstRep, uint64_t s
                     bool isMax)
 {
     const bool pair = order == Order_t::VALUE_INDEX || order == Order_t::INDEX_VALUE;
+    ReduceRecord(isMax ? "vcmax" : "vcmin", AscendC::emu::VecKind::ReduceRepeat, dst, dstRep * (pair ? 2 : 1),
+                 pair ? 2 : 1, src, repeat, srcBlk, srcRep);
     Gather(src, repeat, srcBlk, srcRep, [&](uint64_t r, const std::vector<T>& v, const std::vector<uint32_t>& idx) {
         if (v.empty()) return;
         size_t best = 0;
@@ -108,6 +129,8 @@ template <typename T>
 inline void BlockReduce(T* dst, T* src, uint64_t repeat, uint64_t dstRep, uint64_t srcBlk, uint64_t srcRep, int kind)
 {
     constexpr uint32_t perBlock = 32 / sizeof(T);
+    static const char* names[] = {"vcgadd", "vcgmax", "vcgmin"};
+    ReduceRecord(names[kind], AscendC::emu::VecKind::ReduceDataBlock, dst, dstRep * 8, 8, src, repeat, srcBlk, srcRep);
     Gather(src, repeat, srcBlk, srcRep, [&](uint64_t r, const std::vector<T>& v, const std::vector<uint32_t>& idx) {
         for (uint32_t b = 0; b < 8; ++b) {
             std::vector<T> part;
@@ -138,6 +161,7 @@ inline void vcadd(T* dst, T* src, uint64_t repeat, uint64_t dstRep, uint64_t src
     using namespace pasa_sim;
     bool first = true;
     T total = Store<T>(0.0);
+    ReduceRecord("vcadd", AscendC::emu::VecKind::ReduceRepeat, dst, acc ? 0 : dstRep, 1, src, repeat, srcBlk, srcRep);
     Gather(src, repeat, srcBlk, srcRep, [&](uint64_t r, const std::vector<T>& v, const std::vector<uint32_t>&) {
         const T s = TreeSum(v);
         if (!acc) {
@@ -188,6 +212,7 @@ inline void vcpadd(T* dst, T* src, uint64_t repeat, uint64_t dstRep, uint64_t sr
 {
     using namespace pasa_sim;
     const uint32_t half_lanes = 128 / sizeof(T);
+    ReduceRecord("vcpadd", AscendC::emu::VecKind::Simple, dst, dstRep * half_lanes, half_lanes, src, repeat, srcBlk, srcRep);
     Gather(src, repeat, srcBlk, srcRep, [&](uint64_t r, const std::vector<T>& v, const std::vector<uint32_t>& idx) {
         for (size_t k = 0; k < v.size(); ++k) {
             const uint32_t p = idx[k] / 2;
@@ -203,6 +228,13 @@ inline void vbrcb(T* dst, T* src, uint64_t dstBlk, uint64_t dstRep, uint64_t rep
 {
     constexpr uint32_t perBlock = 32 / sizeof(T);
     ++pasa_sim::State().instructions;
+    pasa_sim::Begin("vbrcb", PIPE_V);
+    pasa_sim::Read(src, repeat * 8 * sizeof(T));
+    for (uint64_t r = 0; r < repeat; ++r) {
+        for (uint32_t j = 0; j < 8; ++j) pasa_sim::Write(reinterpret_cast<uint8_t*>(dst) + (r * dstRep + j * dstBlk) * 32, 32);
+    }
+    pasa_sim::Cost(pasa_sim::Work::kVec, static_cast<double>(repeat));
+    pasa_sim::Issue();
     for (uint64_t r = 0; r < repeat; ++r) {
         for (uint32_t j = 0; j < 8; ++j) {
             T* block = reinterpret_cast<T*>(reinterpret_cast<uint8_t*>(dst) + (r * dstRep + j * dstBlk) * 32);

@@ -5,19 +5,22 @@
 // set_vector_mask(high, low) sets the 128-bit mask; sbitset0/1(x, i) clear / set bit i of x;
 // sff0/sff1(x) the index of the lowest 0 / 1 bit (-1 where none); bcnt0/bcnt1 the number of
 // 0 / 1 bits; clz the leading zero bits. get_block_idx / get_block_num / get_subblockid /
-// get_subblockdim read the launch globals.
+// get_subblockdim read the launch globals. The register-setting instructions are scalar
+// instructions of the per-instruction record (PIPE_S, no memory: sim_pipes.h).
 #ifndef PASA_SIM_SCALAR_H
 #define PASA_SIM_SCALAR_H
 
 #include "sim_core.h"
+#include "sim_pipes.h"
 
 template <typename... A> inline int64_t get_ctrl(A...) { return static_cast<int64_t>(pasa_sim::State().ctrl); }
-template <typename V> inline void set_ctrl(V v) { pasa_sim::State().ctrl = static_cast<uint64_t>(v); }
-template <typename... A> inline void set_mask_count(A...) { pasa_sim::State().ctrl |= uint64_t(1) << pasa_sim::kCtrlCounterBit; }
-template <typename... A> inline void set_mask_norm(A...) { pasa_sim::State().ctrl &= ~(uint64_t(1) << pasa_sim::kCtrlCounterBit); }
+template <typename V> inline void set_ctrl(V v) { pasa_sim::ScalarOp("set_ctrl"); pasa_sim::State().ctrl = static_cast<uint64_t>(v); }
+template <typename... A> inline void set_mask_count(A...) { pasa_sim::ScalarOp("set_mask_count"); pasa_sim::State().ctrl |= uint64_t(1) << pasa_sim::kCtrlCounterBit; }
+template <typename... A> inline void set_mask_norm(A...) { pasa_sim::ScalarOp("set_mask_norm"); pasa_sim::State().ctrl &= ~(uint64_t(1) << pasa_sim::kCtrlCounterBit); }
 template <typename H, typename L>
 inline void set_vector_mask(H high, L low)
 {
+    pasa_sim::ScalarOp("set_vector_mask");
     pasa_sim::State().maskHigh = static_cast<uint64_t>(high);
     pasa_sim::State().maskLow = static_cast<uint64_t>(low);
 }
@@ -41,11 +44,11 @@ template <typename... A> inline int64_t get_pc(A...) { return 0; }
 template <typename... A> inline int64_t get_rsvd_cnt(A...) { return 0; }
 template <typename... A> inline int64_t get_status(A...) { return 0; }
 
-template <typename V> inline void set_padding(V v) { pasa_sim::State().padding = static_cast<uint64_t>(v); }
-template <typename V> inline void set_nd_para(V v) { pasa_sim::State().ndPara = static_cast<uint64_t>(v); }
-template <typename V> inline void set_quant_pre(V v) { pasa_sim::State().quantPre = static_cast<uint64_t>(v); }
-template <typename V> inline void set_l1_3d_size(V v) { pasa_sim::State().l1_3dSize = static_cast<uint64_t>(v); }
-template <typename... A> inline void set_atomic_none(A...) { pasa_sim::State().atomic = 0; }
+template <typename V> inline void set_padding(V v) { pasa_sim::ScalarOp("set_padding"); pasa_sim::State().padding = static_cast<uint64_t>(v); }
+template <typename V> inline void set_nd_para(V v) { pasa_sim::ScalarOp("set_nd_para"); pasa_sim::State().ndPara = static_cast<uint64_t>(v); }
+template <typename V> inline void set_quant_pre(V v) { pasa_sim::ScalarOp("set_quant_pre"); pasa_sim::State().quantPre = static_cast<uint64_t>(v); }
+template <typename V> inline void set_l1_3d_size(V v) { pasa_sim::ScalarOp("set_l1_3d_size"); pasa_sim::State().l1_3dSize = static_cast<uint64_t>(v); }
+template <typename... A> inline void set_atomic_none(A...) { pasa_sim::ScalarOp("set_atomic_none"); pasa_sim::State().atomic = 0; }
 template <typename... A> inline void asc_prof_start(A...) {}
 template <typename... A> inline void asc_prof_stop(A...) {}
 template <typename... A> inline void trap(A...) { pasa_sim::Fail("trap"); }

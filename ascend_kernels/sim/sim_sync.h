@@ -1,14 +1,17 @@
 // Synchronisation instructions. The simulator executes each instruction when it is issued, in
-// program order, so no pipe runs ahead of another; the flags are checked, not waited on.
+// program order, so no pipe runs ahead of another; the flags are counted and checked here, and
+// their ordering and timing are handed to the hazard checker and the timing model (sim_issue.h).
 //
 // Contract: set_flag(src, dst, event) records one signal from pipe src to pipe dst;
 // wait_flag(src, dst, event) consumes one and fails (the hardware would hang) when none was
-// recorded; an event outside EVENT_ID0..7 fails. pipe_barrier, dsb and dcci have no effect. The
-// cross-core flags are in sim_launch.h.
+// recorded; an event outside EVENT_ID0..7 fails. pipe_barrier(pipe) orders (PIPE_ALL: every
+// pipe before everything issued later) and times; dsb and dcci have no effect. The cross-core
+// flags are in sim_launch.h.
 #ifndef PASA_SIM_SYNC_H
 #define PASA_SIM_SYNC_H
 
 #include "sim_core.h"
+#include "sim_issue.h"
 #include "sim_launch.h"
 
 namespace pasa_sim {
@@ -25,6 +28,7 @@ template <typename P, typename Q, typename E>
 inline void set_flag(P src, Q dst, E event)
 {
     pasa_sim::Flag(static_cast<int>(src), static_cast<int>(dst), static_cast<int>(event))++;
+    pasa_sim::PipesSetFlag(static_cast<int>(src), static_cast<int>(dst), static_cast<int>(event));
 }
 
 template <typename P, typename Q, typename E>
@@ -36,11 +40,12 @@ inline void wait_flag(P src, Q dst, E event)
                        static_cast<int>(src), static_cast<int>(dst), static_cast<int>(event));
     }
     --n;
+    pasa_sim::PipesWaitFlag(static_cast<int>(src), static_cast<int>(dst), static_cast<int>(event));
 }
 
 template <typename... A> inline void hset_flag(A...) {}
 template <typename... A> inline void hwait_flag(A...) {}
-template <typename... A> inline void pipe_barrier(A...) {}
+template <typename P> inline void pipe_barrier(P pipe) { pasa_sim::PipesBarrier(static_cast<int>(pipe)); }
 template <typename... A> inline void set_ffts_base_addr(A...) {}
 template <typename... A> inline void dsb(A...) {}
 template <typename... A> inline void dcci(A...) {}

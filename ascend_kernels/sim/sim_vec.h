@@ -6,13 +6,16 @@
 // binary16/bfloat16). vexp and vln: the exact function rounded once to the element type (the
 // hardware's approximation is not documented to the bit). vmax/vmin: a NaN operand gives NaN.
 // Inactive lanes are left unchanged. Operands are read before the result is written, lane by
-// lane in order, so in-place operation is safe.
+// lane in order, so in-place operation is safe. Each instruction reports PIPE_V, the blocks of
+// its operands that hold an active lane, and its repeats (sim_pipes.h); vdiv, vexp, vln, vsqrt
+// and vrec are costed at the published transcendental rate, the rest at one repeat a cycle.
 #ifndef PASA_SIM_VEC_H
 #define PASA_SIM_VEC_H
 
 #include <cmath>
 
 #include "sim_core.h"
+#include "sim_pipes.h"
 
 namespace pasa_sim {
 
@@ -37,11 +40,26 @@ struct VecTrace {
     }
 };
 
+inline AscendC::emu::VecKind KindOf(const char* name)
+{
+    for (const char* t : {"vdiv", "vexp", "vln", "vsqrt", "vrec"}) {
+        if (std::strcmp(name, t) == 0) return AscendC::emu::VecKind::Transcendental;
+    }
+    return AscendC::emu::VecKind::Simple;
+}
+
 template <typename T, typename F>
 inline void Binary(T* dst, T* s0, T* s1, uint64_t repeat, uint64_t dB, uint64_t s0B, uint64_t s1B, uint64_t dR,
                    uint64_t s0R, uint64_t s1R, F op, const char* name = "binary")
 {
     VecTrace t{name};
+    constexpr uint32_t lanes = 256 / sizeof(T);
+    Begin(name, PIPE_V);
+    VecOperand(s0, sizeof(T), lanes, repeat, s0B, s0R, false);
+    VecOperand(s1, sizeof(T), lanes, repeat, s1B, s1R, false);
+    VecOperand(dst, sizeof(T), lanes, repeat, dB, dR, true);
+    VecCost(KindOf(name), sizeof(T), repeat);
+    Issue();
     VecIter(sizeof(T), repeat).Run([&](uint64_t r, uint32_t i) {
         const T a = *Lane(s0, r, i, s0B, s0R), b = *Lane(s1, r, i, s1B, s1R);
         const T v = op(a, b);
@@ -56,6 +74,12 @@ inline void Unary(T* dst, T* src, uint64_t repeat, uint64_t dB, uint64_t sB, uin
                   const char* name = "unary")
 {
     VecTrace t{name};
+    constexpr uint32_t lanes = 256 / sizeof(T);
+    Begin(name, PIPE_V);
+    VecOperand(src, sizeof(T), lanes, repeat, sB, sR, false);
+    VecOperand(dst, sizeof(T), lanes, repeat, dB, dR, true);
+    VecCost(KindOf(name), sizeof(T), repeat);
+    Issue();
     VecIter(sizeof(T), repeat).Run([&](uint64_t r, uint32_t i) {
         const T v = op(*Lane(src, r, i, sB, sR));
         *Lane(dst, r, i, dB, dR) = v;
@@ -140,7 +164,7 @@ inline void vnot(T* dst, T* src, uint64_t repeat, uint64_t dstBlk, uint64_t srcB
         uint8_t* p = reinterpret_cast<uint8_t*>(&r);
         for (size_t k = 0; k < sizeof(T); ++k) p[k] = static_cast<uint8_t>(~p[k]);
         return r;
-    });
+    }, "vnot");
 }
 
 #define PASA_SIM_SCALAR(name, expr)                                                                                   \
@@ -165,6 +189,10 @@ template <typename T, typename S>
 inline void vector_dup(T* dst, S scalar, uint64_t repeat, uint64_t dstBlk, uint64_t, uint64_t dstRep, uint64_t)
 {
     const T v = static_cast<T>(scalar);
+    pasa_sim::Begin("vector_dup", PIPE_V);
+    pasa_sim::VecOperand(dst, sizeof(T), 256 / sizeof(T), repeat, dstBlk, dstRep, true);
+    pasa_sim::VecCost(AscendC::emu::VecKind::Simple, sizeof(T), repeat);
+    pasa_sim::Issue();
     pasa_sim::VecIter(sizeof(T), repeat).Run([&](uint64_t r, uint32_t i) { *pasa_sim::Lane(dst, r, i, dstBlk, dstRep) = v; });
 }
 

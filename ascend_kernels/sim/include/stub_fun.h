@@ -7,6 +7,7 @@
 #include "stub_def.h"
 
 #include "../sim_core.h"
+#include "../sim_issue.h"
 #include "../sim_scalar.h"
 #include "../sim_sync.h"
 #include "../sim_hooks.h"

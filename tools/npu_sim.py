@@ -1,0 +1,240 @@
+"""``pasa-npu-model --sim``: the instruction-level timing model beside the emulation's.
+
+The simulator (``ascend_kernels/sim``) runs the kernels compiled against Huawei's asc-devkit
+headers, so it executes the instructions Huawei's implementation of each AscendC API issues;
+its timing model (``sim_timing.h``) charges each of them on its pipe with the parameters of
+``pasa_npu/npu_params.py``, by the rules of the emulation's model, which charges the API calls
+instead (``ascend_kernels/TIMING_MODEL.md``, "The instruction-level model"). Both time the
+same calibration problems of ``tools/npu_extrapolate.py``: each call runs on the emulation and
+on the simulator, the simulator's output is checked against the fp64 golden (``emulate``), and
+each model's quantities are fitted and extrapolated alike. A model, not a measurement.
+
+Needs a checkout, the asc-devkit headers and g++ (``pasa_npu.sim_build.why_not``).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+
+import numpy as np
+
+from pasa_npu import ascendc_emu
+from pasa_npu.tools.npu_extrapolate import (CALIBRATION_BLOCKS, Config, Shape, calibration_runs, emulate,
+                                            extrapolate, fit_runs)
+
+PIPES = ascendc_emu.PIPES
+
+
+class SimUnavailable(RuntimeError):
+    """The simulator cannot be built here (no checkout, headers or compiler)."""
+
+
+def program() -> str:
+    """The simulator's attention program for the sources as they are (built once per state of
+    the kernel, host and simulator sources and of the timing table they share with the
+    emulation)."""
+    import fcntl
+
+    from pasa_npu import sim_build
+
+    reason = sim_build.why_not()
+    if reason:
+        raise SimUnavailable(f"--sim needs the instruction-level simulator: {reason}")
+    root = os.path.join(sim_build.ROOT, "ascend_kernels")
+    h = hashlib.sha256()
+    paths = [os.path.join(root, "emu", "emu_timing.h"), sim_build.__file__]
+    for folder in ("kernels", "host", "sim"):
+        for base, dirs, files in os.walk(os.path.join(root, folder)):
+            dirs.sort()
+            paths += [os.path.join(base, f) for f in sorted(files) if f.endswith((".h", ".cpp"))]
+    for path in paths:
+        h.update(path.encode())
+        with open(path, "rb") as f:
+            h.update(f.read())
+    where = os.path.join(tempfile.gettempdir(), f"pasa-npu-sim-{h.hexdigest()[:16]}")
+    os.makedirs(where, exist_ok=True)
+    with open(os.path.join(where, "lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return sim_build.build(os.path.join(sim_build.SIM, "pasa_sim_main.cpp"),
+                               os.path.join(where, "pasa_sim_attention"))
+
+
+class Both:
+    """A stand-in for the emulation's engine (``ascendc_emu._ascendc_emu``): each call runs on
+    the emulation (whose stats the caller gets) and on the simulator, whose out, lse and row
+    flags the caller gets; ``launches`` holds the simulator's reports of the last call and
+    ``identical`` whether the two wrote the same bytes."""
+
+    def __init__(self, emu, program_path: str):
+        self._emu = emu
+        self._program = program_path
+        self.launches: list = []
+        self.identical = None
+
+    def __getattr__(self, name):
+        return getattr(self._emu, name)
+
+    def run_attention(self, query, key, value, out, lse, lengths, params, mask=None, block_table=None,
+                      key_slots=None, row_flags=None, sink=None):
+        from pasa_npu import ascendc_sim
+
+        copies = [None if a is None else np.array(a, copy=True) for a in (out, lse, row_flags)]
+        stats = self._emu.run_attention(query, key, value, copies[0], copies[1], lengths, params, mask=mask,
+                                        block_table=block_table, key_slots=key_slots, row_flags=copies[2],
+                                        sink=sink)
+        self.launches = []
+        ascendc_sim.run_attention(self._program, query, key, value, out, lse, lengths, params, mask=mask,
+                                  block_table=block_table, key_slots=key_slots, row_flags=row_flags, sink=sink,
+                                  launches=self.launches)
+        self.identical = all(c is None or c.tobytes() == np.asarray(a).tobytes()
+                             for c, a in zip(copies, (out, lse, row_flags)))
+        return stats
+
+
+def launch_stats(launch: dict, params: dict) -> dict:
+    """One simulated launch in the shape of the emulation's per-launch stats (the keys the
+    calibration fits read): per AI Core its cores' latest completion and its GM read and write
+    port bounds, the busiest core's busy cycles per pipe, bytes per path, V instructions."""
+    cores = launch["cores"]
+    blocks = sorted({c["slot"] // 3 for c in cores})
+    timeline = read_bound = write_bound = core = 0.0
+    for b in blocks:
+        mine = [c for c in cores if c["slot"] // 3 == b]
+        t = max(c["cycles"] for c in mine)
+        rd = sum(sum(c["gm_read"].values()) for c in mine) / params["mte2_bytes_per_cycle"]
+        wr = sum(sum(c["gm_write"].values()) for c in mine) / params["core_write_bytes_per_cycle"]
+        timeline, read_bound, write_bound = max(timeline, t), max(read_bound, rd), max(write_bound, wr)
+        core = max(core, t, rd, wr)
+    aic = [c for c in cores if c["slot"] % 3 == 0]
+    aiv = [c for c in cores if c["slot"] % 3 != 0]
+    return dict(
+        core_cycles=core, timeline_cycles=timeline, core_read_bound_cycles=read_bound,
+        core_write_bound_cycles=write_bound,
+        pipe_busy_cycles={p: max(c["busy"][p] for c in cores) for p in PIPES},
+        pipe_instructions={p: sum(c["instructions"][p] for c in cores) for p in PIPES},
+        gm_to_l1_bytes=sum(c["gm_read"]["MTE2"] for c in aic),
+        gm_to_ub_bytes=sum(c["gm_read"]["MTE2"] for c in aiv),
+        ub_to_gm_bytes=sum(c["gm_write"]["MTE3"] for c in aiv),
+        l0c_to_gm_bytes=sum(c["gm_write"]["FIX"] + c["gm_write"]["MTE3"] for c in aic),
+        vector_instructions=sum(c["instructions"]["V"] for c in aiv),
+        scalar_ub_accesses=0,  # the scalar unit's loads and stores are not seen by the simulator
+        hazards=sum(c.get("hazards", 0) for c in cores),
+        first_hazard=next((c["first_hazard"] for c in cores if c.get("first_hazard")), ""))
+
+
+def sim_run_stats(launches: list, params: dict) -> dict:
+    """A call's simulated launches named as the emulation names them: the key preprocessing
+    (shift_keys / center_keys), the attention launch, a split call's merge, and a second
+    attention launch (the checked call's repair)."""
+    out = dict(preprocess=None, attention=None, merge=None, repair=None)
+    for launch in launches:
+        kernel = launch["kernel"]
+        name = ("preprocess" if kernel in ("shift_keys", "center_keys") else "merge" if kernel == "merge"
+                else "attention" if out["attention"] is None else "repair")
+        out[name] = launch_stats(launch, params)
+    return out
+
+
+def calibrate_both(c: Config, params: dict, blocks: int = CALIBRATION_BLOCKS, progress=None):
+    """The calibration problems of ``c`` (``calibration_runs(c, blocks)``) run once each on the
+    emulation and the simulator; returns (the emulation's fit, the instruction-level model's
+    fit, a dict: ``identical`` whether every run wrote the same bytes on both, ``hazards`` the
+    pipe hazards the simulator found and ``first_hazard`` the first one's message). The
+    simulator reports hazards and goes on (PASA_SIM_HAZARDS=report), so that a kernel's missing
+    synchronisation shows in the table rather than stopping it. Raises WrongRunError when the
+    simulator's output misses the golden."""
+    one = dict(params, core_num=1)
+    proxy = Both(ascendc_emu._ascendc_emu, program())
+    runs = calibration_runs(c, blocks)
+    emu_stats, sim_stats = [], []
+    checks = dict(identical=True, hazards=0, first_hazard="")
+    saved, ascendc_emu._ascendc_emu = ascendc_emu._ascendc_emu, proxy
+    saved_env = os.environ.get("PASA_SIM_HAZARDS")
+    os.environ["PASA_SIM_HAZARDS"] = "report"
+    try:
+        for i, (b, h, hkv, sq, skv, causal) in enumerate(runs):
+            if progress:
+                progress(i)
+            st = emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one)
+            emu_stats.append(st)
+            sim = sim_run_stats(proxy.launches, one)
+            sim.update(golden_rmse=st["golden_rmse"], torch_rmse=st["torch_rmse"])
+            sim_stats.append(sim)
+            checks["identical"] = checks["identical"] and bool(proxy.identical)
+            for launch in (x for x in sim.values() if isinstance(x, dict)):
+                checks["hazards"] += launch["hazards"]
+                checks["first_hazard"] = checks["first_hazard"] or launch["first_hazard"]
+    finally:
+        ascendc_emu._ascendc_emu = saved
+        if saved_env is None:
+            os.environ.pop("PASA_SIM_HAZARDS", None)
+        else:
+            os.environ["PASA_SIM_HAZARDS"] = saved_env
+    return fit_runs(c, runs, emu_stats, one), fit_runs(c, runs, sim_stats, one), checks
+
+
+#: shapes of ``--sim``: one per calibration configuration the README's figures rest on
+SHAPES = (Shape("paper 1x16x1280x128", 1, 16, 16, 1280, 1280, 128),
+          Shape("d=64 S=4096 none", 4, 32, 32, 4096, 4096, 64),
+          Shape("decode 16x28(4)x1x16384x128", 16, 28, 4, 1, 16384, 128))
+
+
+def _block(fit) -> dict:
+    cycles = max(fit.per_block(q) for q in ("timeline_cycles", "busy_RD", "busy_WR"))
+    busy = {p: fit.per_block(f"busy_{p}") for p in PIPES + ("RD", "WR")}
+    binding = max(busy, key=busy.get)
+    return dict(cycles=cycles, busy=busy, binding=binding if busy[binding] >= 0.9 * cycles else "path",
+                vector_instructions=fit.per_block("vector_instructions") / 2)
+
+
+def compare(shapes, algorithms, params: dict, blocks: int = CALIBRATION_BLOCKS, progress=None) -> dict:
+    """Per shape and allocation: both models' per-block cycles, busy pipes, binding resource
+    and extrapolated TFLOP/s."""
+    rows, fits = [], {}
+    total, done = len(shapes) * len(algorithms), 0
+    for shape in shapes:
+        for algorithm in algorithms:
+            if progress:
+                progress(done, total, f"--sim {shape.name[:20]} {algorithm}")
+            config = shape.config(algorithm)
+            if config not in fits:
+                fits[config] = calibrate_both(config, params, blocks)
+            emu_fit, sim_fit, checks = fits[config]
+            row = dict(shape=shape.name, algorithm=algorithm, golden_rmse=max(emu_fit.golden_rmse, sim_fit.golden_rmse),
+                       **checks)
+            for name, fit in (("emu", emu_fit), ("sim", sim_fit)):
+                result = extrapolate(shape, fit, params)
+                row[name] = dict(_block(fit), tflops=result["tflops"], call_binding=result["binding"])
+            rows.append(row)
+            done += 1
+    if progress:
+        progress(total, total, "done")
+    return dict(rows=rows, blocks=blocks)
+
+
+def markdown(result) -> str:
+    lines = ["**Modelled** (not measured on an NPU). Per kv block on one AI Core, from the calibration fits "
+             f"(runs of {result['blocks']} and {2 * result['blocks']} kv blocks): the emulation's model, which "
+             "charges the AscendC API calls (`emu`), and the instruction-level model, which charges the "
+             "instructions Huawei's implementation issues on the simulator (`sim`), with the same parameters. "
+             "Cycles per block (binding), V / M / FIX / MTE2 busy per block, V instructions per block and "
+             "vector core, and the extrapolated call's TFLOP/s. The runs' outputs on the simulator were "
+             "checked against the fp64 golden (largest relative RMSE in the last column; `same` where both "
+             "wrote the same bytes).", "",
+             "| shape | allocation | emu cycles (binding) | sim cycles (binding) | V emu / sim | M emu / sim "
+             "| FIX emu / sim | MTE2 emu / sim | V instr emu / sim | TFLOP/s emu / sim | rmse | hazards |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        e, s = r["emu"], r["sim"]
+        pair = lambda p: f"{e['busy'][p]:.0f} / {s['busy'][p]:.0f}"  # noqa: E731
+        lines.append(f"| {r['shape']} | {r['algorithm']} | {e['cycles']:.0f} ({e['binding']}) | "
+                     f"{s['cycles']:.0f} ({s['binding']}) | {pair('V')} | {pair('M')} | {pair('FIX')} | "
+                     f"{pair('MTE2')} | {e['vector_instructions']:.1f} / {s['vector_instructions']:.1f} | "
+                     f"{e['tflops']:.1f} / {s['tflops']:.1f} | {r['golden_rmse']:.1e}"
+                     f"{' same' if r['identical'] else ''} | {r['hazards']} |")
+    first = next((r["first_hazard"] for r in result["rows"] if r["hazards"]), "")
+    if first:
+        lines += ["", f"The simulator found pipe hazards in these runs (timed as issued); the first: {first}"]
+    lines += ["", "Why they differ: ascend_kernels/TIMING_MODEL.md, \"The instruction-level model\"."]
+    return "\n".join(lines) + "\n"
