@@ -11,7 +11,7 @@ eager call's errors.
 
 The operator returns the call's overflow row flags after out and LSE (an empty tensor
 where the call is not checked): the compiled code hands them to
-:func:`pasa_npu.overflow.record_compiled` with the arguments the report needs, so that
+:func:`pasa_npu.overflow.record_compiled` with the resolved facts the report needs, so that
 they are an output of the compiled graph, which a CUDA graph's memory pool tracks
 (``mode="reduce-overhead"``), and every replay records its own.
 """
@@ -61,11 +61,6 @@ OP_SIGNATURE = inspect.Signature(
     + [_parameter(name, a) for name, a in ((a.name, a.annotation) for a in KEYWORD_ARGUMENTS
                                             if a.kind == "scalar")],
     return_annotation=tuple[torch.Tensor, torch.Tensor, torch.Tensor])
-
-#: the operator's arguments :func:`pasa_npu.overflow.record_compiled` reads
-_REPORT_ARGUMENTS = ("algorithm", "inner_precise", "backend", "input_layout", "q_block",
-                     "kv_block", "actual_seq_lengths", "actual_seq_lengths_tensor")
-
 
 def _eager_arguments(op_args: tuple, op_kwargs: dict) -> dict:
     """The operator's arguments as the eager call's (each length from its list or tensor)."""
@@ -117,7 +112,7 @@ fused_attention_op.register_fake(_fake)
 def traced_call(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`pasa_npu.fused_attention` under torch.compile (``call``: its arguments): one call of the opaque operator. Arguments its schema cannot carry are refused
     here with the eager call's errors."""
-    resolve_options(call, golden=False)  # the operator's fake kernel reads them resolved
+    options = resolve_options(call, golden=False)  # the operator's fake kernel reads them resolved
     check_mask(call.atten_mask, call.query.device)
     op_args = {name: getattr(call, name) for name in (*TENSOR_NAMES, *_TENSORS)}
     for name in _LENGTHS:
@@ -128,9 +123,10 @@ def traced_call(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     for name, (kind, optional) in OP_SCALARS.items():
         op_args[name] = _schema_value(getattr(call, name), name, kind, optional)
     out, lse, row_flags = fused_attention_op(**op_args)
-    report = {name: op_args[name] for name in _REPORT_ARGUMENTS}
-    report["dtype"] = call.query.dtype  # bf16 takes no inner_precise bit 0
-    overflow.record_compiled(row_flags, report)
+    lengths = op_args["actual_seq_lengths_tensor"]
+    overflow.record_compiled(row_flags, overflow.CompiledCall(
+        options.allocation.name, call.backend, options.packed, options.tiling.q_block,
+        op_args["actual_seq_lengths"] if lengths is None else lengths))
     return out, lse
 
 

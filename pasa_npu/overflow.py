@@ -17,7 +17,7 @@ import dataclasses
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -103,41 +103,45 @@ def overflow_report() -> OverflowReport:
     return _LAST
 
 
-def record_compiled(row_flags: torch.Tensor, arguments: dict) -> None:
+class CompiledCall(NamedTuple):
+    """What the report of a call under torch.compile needs, resolved at trace time:
+    the allocation's name, the ``backend`` argument, whether the layout is packed, the
+    query tile and the cumulative query lengths as given (a list, a tensor or None)."""
+
+    algorithm: str
+    backend: str
+    packed: bool
+    q_block: int
+    q_ends: object
+
+
+def record_compiled(row_flags: torch.Tensor, call: CompiledCall) -> None:
     """Under torch.compile: the call that just ran is the latest; ``row_flags`` are its
     operator's (zero where no row was flagged or computed, empty where the call was not
-    checked), ``arguments`` the operator's :data:`pasa_npu.compiled._REPORT_ARGUMENTS`.
-    Traced into the compiled code: it only keeps them, and the report is made from them
-    when asked for."""
-    _COMPILED[0] = (row_flags, arguments)
+    checked). Traced into the compiled code: it only keeps them, and the report is made
+    from them when asked for."""
+    _COMPILED[0] = (row_flags, call)
 
 
-def _compiled_report(row_flags: torch.Tensor, arguments: dict) -> OverflowReport:
-    """The report of a compiled call from its operator's row flags and arguments. Rows of
-    no sequence read 0, so the layout is the flags' own: every row of each batch, or for
-    a packed layout the sequences its cumulative query lengths delimit."""
-    from .arguments import PACKED, parse_layout, resolve_allocation, resolve_tiling
+def _compiled_report(row_flags: torch.Tensor, call: CompiledCall) -> OverflowReport:
+    """The report of a compiled call from its operator's row flags. Rows of no sequence
+    read 0, so the layout is the flags' own: every row of each batch, or for a packed
+    layout the sequences its cumulative query lengths delimit (a tensor of them is read
+    here, when the report is asked for)."""
     from .backends import resolve
 
-    algorithm = resolve_allocation(arguments["algorithm"], arguments["inner_precise"],
-                                   arguments.get("dtype")).name
-    backend = resolve(arguments["backend"], row_flags.device).name
+    backend = resolve(call.backend, row_flags.device).name
     if row_flags.numel() == 0:
-        return OverflowReport(algorithm, backend, False)
-    packed = parse_layout(arguments["input_layout"])[0] in PACKED
+        return OverflowReport(call.algorithm, backend, False)
     batches, rows = row_flags.shape[0], row_flags.shape[2]
     ends = [rows] * batches
-    if packed:
-        given = arguments["actual_seq_lengths_tensor"]
-        given = arguments["actual_seq_lengths"] if given is None else given.tolist()
+    if call.packed:
+        given = call.q_ends.tolist() if isinstance(call.q_ends, torch.Tensor) else call.q_ends
         ends = list(given) if given is not None else [rows]
-    starts = [0] * len(ends)
-    if packed:
-        starts = [0, *ends[:-1]]
-    q_block = resolve_tiling(arguments["q_block"], arguments["kv_block"]).q_block
+    starts = [0, *ends[:-1]] if call.packed else [0] * len(ends)
     layout = (torch.tensor(starts), torch.tensor([e - s for s, e in zip(starts, ends)]),
-              packed, q_block)
-    return OverflowReport(algorithm, backend, True, OverflowCheck(row_flags), layout)
+              call.packed, call.q_block)
+    return OverflowReport(call.algorithm, backend, True, OverflowCheck(row_flags), layout)
 
 
 def record(problem: AttentionProblem, backend: str) -> None:
