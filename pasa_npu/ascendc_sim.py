@@ -30,7 +30,7 @@ from pasa_npu import _ascendc_emu  # the host's tiling; ImportError when the ext
 from pasa_npu import ascendc_cpu, sim_build
 from pasa_npu.problem import AttentionProblem
 
-__all__ = ["last_run_stats", "program", "run_attention", "unsupported_reason", "run"]
+__all__ = ["Both", "last_run_stats", "program", "run_attention", "unsupported_reason", "run"]
 
 SOURCE = os.path.join(sim_build.SIM, "pasa_sim_main.cpp")
 LENGTHS = ("q_lens", "kv_lens", "next_tokens", "pre_tokens", "q_starts", "kv_starts")
@@ -114,6 +114,40 @@ def run_attention(program_path, query, key, value, out, lse, lengths, params, ma
         if launches is not None:
             with open(os.path.join(d, "timing.jsonl")) as f:
                 launches.extend(json.loads(line) for line in f if line.strip())
+
+
+class Both:
+    """A stand-in for the emulation's engine (``ascendc_emu._ascendc_emu``): each
+    ``run_attention`` runs the emulation and the simulator on the same inputs; the caller gets
+    the emulation's stats and the results (out, lse, row flags) of ``caller_gets`` ("emu" or
+    "sim"). ``calls`` holds, per call, its params, both results as bytes and the simulator's
+    per-launch reports."""
+
+    def __init__(self, emu, program_path: str, caller_gets: str = "emu"):
+        if caller_gets not in ("emu", "sim"):
+            raise ValueError(f"caller_gets must be 'emu' or 'sim', got {caller_gets!r}")
+        self._emu = emu
+        self._program = program_path
+        self._caller_gets = caller_gets
+        self.calls: list = []
+
+    def __getattr__(self, name):
+        return getattr(self._emu, name)
+
+    def run_attention(self, query, key, value, out, lse, lengths, params, mask=None, block_table=None,
+                      key_slots=None, row_flags=None, sink=None):
+        given = (out, lse, row_flags)
+        copies = tuple(None if a is None else np.array(a, copy=True) for a in given)
+        emu, sim = (given, copies) if self._caller_gets == "emu" else (copies, given)
+        inputs = dict(mask=mask, block_table=block_table, key_slots=key_slots, sink=sink)
+        stats = self._emu.run_attention(query, key, value, emu[0], emu[1], lengths, params, row_flags=emu[2],
+                                        **inputs)
+        launches: list = []
+        run_attention(self._program, query, key, value, sim[0], sim[1], lengths, params, row_flags=sim[2],
+                      launches=launches, **inputs)
+        as_bytes = lambda arrays: [None if a is None else np.asarray(a).tobytes() for a in arrays]  # noqa: E731
+        self.calls.append(dict(params=dict(params), emu=as_bytes(emu), sim=as_bytes(sim), launches=launches))
+        return stats
 
 
 class _Simulator:

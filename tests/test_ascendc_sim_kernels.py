@@ -5,7 +5,6 @@ against the torch backend by test_ascendc_emu.py) and on the simulator, and the 
 be the same bytes: out, LSE and the row flags."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -22,37 +21,9 @@ from test_ascendc_emu import kernels_support  # noqa: E402
 ALGORITHMS = ("fa-fp32", "pasa", "pasa-exact")
 
 
-class Both:
-    """A stand-in for the ``_ascendc_emu`` module: ``run_attention`` runs the emulation (whose
-    results the caller gets) and the simulator on copies of the same arrays; ``calls`` holds, per
-    call, the params and the two results (out, lse, row_flags) as bytes."""
-
-    def __init__(self, emu_module, program):
-        self._emu = emu_module
-        self._program = program
-        self.calls = []
-
-    def __getattr__(self, name):
-        return getattr(self._emu, name)
-
-    def run_attention(self, query, key, value, out, lse, lengths, params, mask=None, block_table=None,
-                      key_slots=None, row_flags=None, sink=None):
-        copies = [np.array(a, copy=True) if a is not None else None for a in (out, lse, row_flags)]
-        stats = self._emu.run_attention(query, key, value, out, lse, lengths, params, mask=mask,
-                                        block_table=block_table, key_slots=key_slots, row_flags=row_flags,
-                                        sink=sink)
-        ascendc_sim.run_attention(self._program, query, key, value, copies[0], copies[1], lengths, params,
-                                  mask=mask, block_table=block_table, key_slots=key_slots, row_flags=copies[2],
-                                  sink=sink)
-        emu = [None if a is None else np.array(a).tobytes() for a in (out, lse, row_flags)]
-        sim = [None if a is None else a.tobytes() for a in copies]
-        self.calls.append(dict(params=dict(params), emu=emu, sim=sim))
-        return stats
-
-
 @pytest.fixture
 def both(monkeypatch):
-    proxy = Both(ascendc_emu._ascendc_emu, ascendc_sim.program())
+    proxy = ascendc_sim.Both(ascendc_emu._ascendc_emu, ascendc_sim.program())
     monkeypatch.setattr(ascendc_emu, "_ascendc_emu", proxy)
     with sim_cores(SIM):  # every AI Core walks several tasks, as at real shapes
         yield proxy

@@ -35,19 +35,22 @@ def test_one_call_reports_per_core_cycles_busy_pipes_and_gm_bytes():
     config = Shape("tiny", 1, 1, 1, 128, 128, 64).config("pasa")
     params = npu_params.values()
     _, _, checks = npu_sim.calibrate_both(config, params, blocks=1)
-    proxy = npu_sim.Both(npu_sim.ascendc_emu._ascendc_emu, npu_sim.program())
+    from pasa_npu.ascendc_sim import Both
+
+    proxy = Both(npu_sim.ascendc_emu._ascendc_emu, npu_sim.program(), caller_gets="sim")
     saved, npu_sim.ascendc_emu._ascendc_emu = npu_sim.ascendc_emu._ascendc_emu, proxy
     try:
         npu_sim.emulate("pasa", 1, 1, 1, 128, 128, 64, False, dict(params, core_num=1))
     finally:
         npu_sim.ascendc_emu._ascendc_emu = saved
-    kernels = [launch["kernel"] for launch in proxy.launches]
+    launches = proxy.calls[-1]["launches"]
+    kernels = [launch["kernel"] for launch in launches]
     assert kernels[:2] == ["shift_keys", "attention"], kernels
-    for launch in proxy.launches:
+    for launch in launches:
         for core in launch["cores"]:
             assert core["cycles"] > 0
             assert all(0 <= core["busy"][p] <= core["cycles"] for p in npu_sim.PIPES), core
-    attention = npu_sim.launch_stats(proxy.launches[1], dict(params, core_num=1))
+    attention = npu_sim.launch_stats(launches[1], dict(params, core_num=1))
     assert attention["gm_to_l1_bytes"] > 0 and attention["l0c_to_gm_bytes"] > 0
     assert attention["gm_to_ub_bytes"] > 0 and attention["ub_to_gm_bytes"] > 0
     assert attention["pipe_instructions"]["M"] > 0 and attention["vector_instructions"] > 0

@@ -13,11 +13,8 @@ Needs a checkout, the asc-devkit headers and g++ (``pasa_npu.sim_build.why_not``
 """
 from __future__ import annotations
 
-import hashlib
 import os
-import tempfile
 
-import numpy as np
 
 from pasa_npu import ascendc_emu
 from pasa_npu.tools.npu_extrapolate import (CALIBRATION_BLOCKS, Config, Shape, calibration_runs, emulate,
@@ -31,65 +28,14 @@ class SimUnavailable(RuntimeError):
 
 
 def program() -> str:
-    """The simulator's attention program for the sources as they are (built once per state of
-    the kernel, host and simulator sources and of the timing table they share with the
-    emulation)."""
-    import fcntl
-
-    from pasa_npu import sim_build
+    """The simulator's attention program for the sources as they are
+    (:func:`pasa_npu.ascendc_sim.program`); SimUnavailable where it cannot be built here."""
+    from pasa_npu import ascendc_sim, sim_build
 
     reason = sim_build.why_not()
     if reason:
         raise SimUnavailable(f"--sim needs the instruction-level simulator: {reason}")
-    root = os.path.join(sim_build.ROOT, "ascend_kernels")
-    h = hashlib.sha256()
-    paths = [os.path.join(root, "emu", "emu_timing.h"), sim_build.__file__]
-    for folder in ("kernels", "host", "sim"):
-        for base, dirs, files in os.walk(os.path.join(root, folder)):
-            dirs.sort()
-            paths += [os.path.join(base, f) for f in sorted(files) if f.endswith((".h", ".cpp"))]
-    for path in paths:
-        h.update(path.encode())
-        with open(path, "rb") as f:
-            h.update(f.read())
-    where = os.path.join(tempfile.gettempdir(), f"pasa-npu-sim-{h.hexdigest()[:16]}")
-    os.makedirs(where, exist_ok=True)
-    with open(os.path.join(where, "lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return sim_build.build(os.path.join(sim_build.SIM, "pasa_sim_main.cpp"),
-                               os.path.join(where, "pasa_sim_attention"))
-
-
-class Both:
-    """A stand-in for the emulation's engine (``ascendc_emu._ascendc_emu``): each call runs on
-    the emulation (whose stats the caller gets) and on the simulator, whose out, lse and row
-    flags the caller gets; ``launches`` holds the simulator's reports of the last call and
-    ``identical`` whether the two wrote the same bytes."""
-
-    def __init__(self, emu, program_path: str):
-        self._emu = emu
-        self._program = program_path
-        self.launches: list = []
-        self.identical = None
-
-    def __getattr__(self, name):
-        return getattr(self._emu, name)
-
-    def run_attention(self, query, key, value, out, lse, lengths, params, mask=None, block_table=None,
-                      key_slots=None, row_flags=None, sink=None):
-        from pasa_npu import ascendc_sim
-
-        copies = [None if a is None else np.array(a, copy=True) for a in (out, lse, row_flags)]
-        stats = self._emu.run_attention(query, key, value, copies[0], copies[1], lengths, params, mask=mask,
-                                        block_table=block_table, key_slots=key_slots, row_flags=copies[2],
-                                        sink=sink)
-        self.launches = []
-        ascendc_sim.run_attention(self._program, query, key, value, out, lse, lengths, params, mask=mask,
-                                  block_table=block_table, key_slots=key_slots, row_flags=row_flags, sink=sink,
-                                  launches=self.launches)
-        self.identical = all(c is None or c.tobytes() == np.asarray(a).tobytes()
-                             for c, a in zip(copies, (out, lse, row_flags)))
-        return stats
+    return ascendc_sim.program()
 
 
 def launch_stats(launch: dict, params: dict) -> dict:
@@ -145,7 +91,9 @@ def calibrate_both(c: Config, params: dict, blocks: int = CALIBRATION_BLOCKS, pr
     synchronisation shows in the table rather than stopping it. Raises WrongRunError when the
     simulator's output misses the golden."""
     one = dict(params, core_num=1)
-    proxy = Both(ascendc_emu._ascendc_emu, program())
+    from pasa_npu.ascendc_sim import Both
+
+    proxy = Both(ascendc_emu._ascendc_emu, program(), caller_gets="sim")
     runs = calibration_runs(c, blocks)
     emu_stats, sim_stats = [], []
     checks = dict(identical=True, hazards=0, first_hazard="")
@@ -158,10 +106,11 @@ def calibrate_both(c: Config, params: dict, blocks: int = CALIBRATION_BLOCKS, pr
                 progress(i)
             st = emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one)
             emu_stats.append(st)
-            sim = sim_run_stats(proxy.launches, one)
+            call = proxy.calls[-1]
+            sim = sim_run_stats(call["launches"], one)
             sim.update(golden_rmse=st["golden_rmse"], torch_rmse=st["torch_rmse"])
             sim_stats.append(sim)
-            checks["identical"] = checks["identical"] and bool(proxy.identical)
+            checks["identical"] = checks["identical"] and call["emu"] == call["sim"]
             for launch in (x for x in sim.values() if isinstance(x, dict)):
                 checks["hazards"] += launch["hazards"]
                 checks["first_hazard"] = checks["first_hazard"] or launch["first_hazard"]
