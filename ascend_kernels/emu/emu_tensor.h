@@ -39,29 +39,35 @@ inline void QueuePipes(TPosition pos, int& producer, int& consumer)
     }
 }
 
-// The hardware events of a queue position: forward (EnQue -> DeQue) and backward (FreeTensor ->
-// the next AllocTensor), as GetQueEvt of kernel_event.h names them; MAX where the position has none.
-inline void QueueEvents(TPosition pos, HardEvent& forward, HardEvent& backward)
+// The hardware event from pipe `src` to pipe `dst` (EventPipes's inverse; MAX where none).
+inline HardEvent EventBetween(int src, int dst)
 {
-    switch (pos) {
-        case TPosition::VECIN: forward = HardEvent::MTE2_V; backward = HardEvent::V_MTE2; return;
-        case TPosition::VECOUT: forward = HardEvent::V_MTE3; backward = HardEvent::MTE3_V; return;
-        case TPosition::A1: case TPosition::B1: forward = HardEvent::MTE2_MTE1; backward = HardEvent::MTE1_MTE2; return;
-        case TPosition::A2: case TPosition::B2: forward = HardEvent::MTE1_M; backward = HardEvent::M_MTE1; return;
-        case TPosition::CO1: forward = HardEvent::M_FIX; backward = HardEvent::FIX_M; return;
-        default: forward = backward = HardEvent::MAX; return;
+    for (int e = 0; e < static_cast<int>(HardEvent::MAX); ++e) {
+        int s, d;
+        EventPipes(static_cast<HardEvent>(e), s, d);
+        if (s == src && d == dst) return static_cast<HardEvent>(e);
     }
+    return HardEvent::MAX;
 }
 
-inline const char* HardEventName(HardEvent evt)
+// The hardware events of a queue position (between its QueuePipes): forward (EnQue -> DeQue)
+// and backward (FreeTensor -> the next AllocTensor), as GetQueEvt of kernel_event.h names them;
+// MAX where the producer is the consumer.
+inline void QueueEvents(TPosition pos, HardEvent& forward, HardEvent& backward)
 {
-    static const char* const names[] = {
-        "MTE2_MTE1", "MTE1_MTE2", "MTE1_M", "M_MTE1", "MTE2_V", "V_MTE2", "MTE3_V", "V_MTE3", "M_V", "V_M", "V_V",
-        "MTE3_MTE1", "MTE1_MTE3", "MTE1_V", "MTE2_M", "M_MTE2", "V_MTE1", "M_FIX", "FIX_M", "MTE3_MTE2", "MTE2_MTE3",
-        "S_V", "V_S", "S_MTE2", "MTE2_S", "S_MTE3", "MTE3_S", "MTE2_FIX", "FIX_MTE2", "FIX_S", "M_S", "FIX_MTE3",
-        "MTE1_FIX", "FIX_MTE1", "FIX_FIX"};
-    static_assert(sizeof(names) / sizeof(names[0]) == static_cast<int>(HardEvent::MAX), "one name per HardEvent");
-    return evt < HardEvent::MAX ? names[static_cast<int>(evt)] : "MAX";
+    int producer, consumer;
+    QueuePipes(pos, producer, consumer);
+    const bool none = producer < 0 || producer == consumer;
+    forward = none ? HardEvent::MAX : EventBetween(producer, consumer);
+    backward = none ? HardEvent::MAX : EventBetween(consumer, producer);
+}
+
+// "MTE1_MTE2" for HardEvent::MTE1_MTE2, as the flag errors name events.
+inline std::string EventName(HardEvent evt)
+{
+    int src, dst;
+    EventPipes(evt, src, dst);
+    return std::string(PipeShort(src)) + "_" + PipeShort(dst);
 }
 
 // TPipe's event-ID pool: 8 IDs per HardEvent on this core (QUE_MAX_EVENT), shared by
@@ -81,13 +87,13 @@ inline int8_t TakeEventId(HardEvent evt, const char* what, bool byQueue = false)
         }
     }
     Fail("%s: all 8 event IDs of HardEvent::%s are held (TPipe allows 8 per HardEvent; each queue buffer holds one "
-         "from EnQue to DeQue and from FreeTensor to its next AllocTensor)", what, HardEventName(evt));
+         "from EnQue to DeQue and from FreeTensor to its next AllocTensor)", what, EventName(evt).c_str());
 }
 inline void GiveEventId(HardEvent evt, int8_t id, const char* what)
 {
     CoreCtx& c = Core();
     bool* used = c.eventIdUsed[static_cast<int>(evt)];
-    if (id < 0 || id >= kEventIds || !used[id]) Fail("%s: event ID %d of HardEvent::%s is not held", what, id, HardEventName(evt));
+    if (id < 0 || id >= kEventIds || !used[id]) Fail("%s: event ID %d of HardEvent::%s is not held", what, id, EventName(evt).c_str());
     used[id] = false;
     c.queueFlag[static_cast<int>(evt)][id] = false;
 }

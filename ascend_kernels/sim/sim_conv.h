@@ -51,17 +51,18 @@ inline To FloatTo(double v, Round mode)
 
 }  // namespace pasa_sim
 
-// vconv_<name><suffix>: From -> To under `mode`.
-#define PASA_SIM_VCONV(name, From, To, mode)                                                                          \
+// vconv_<name>: each element of From converted to To by the expression `convert` of `v`.
+#define PASA_SIM_VCONV_BY(name, From, To, convert)                                                                    \
     template <typename D, typename S>                                                                                 \
     inline void name(D* dst, S* src, uint64_t repeat, uint64_t dstBlk, uint64_t srcBlk, uint64_t dstRep,              \
                      uint64_t srcRep)                                                                                 \
     {                                                                                                                 \
         using namespace pasa_sim;                                                                                     \
         Convert(#name, reinterpret_cast<To*>(dst), reinterpret_cast<From*>(src), repeat, dstBlk, srcBlk, dstRep,      \
-                srcRep,                                                                                               \
-                [](const From& v) -> To { return FloatTo<To>(Value(v), mode); });                                     \
+                srcRep, [](const From& v) -> To { return convert; });                                                 \
     }
+// vconv_<name><suffix>: From -> To under `mode`.
+#define PASA_SIM_VCONV(name, From, To, mode) PASA_SIM_VCONV_BY(name, From, To, (FloatTo<To>(Value(v), mode)))
 #define PASA_SIM_VCONV_ALL(name, From, To, plain)                                                                     \
     PASA_SIM_VCONV(name, From, To, plain)                                                                             \
     PASA_SIM_VCONV(name##r, From, To, Round::kRint)                                                                   \
@@ -93,16 +94,7 @@ PASA_SIM_VCONV(vconv_s322s16, int32_t, int16_t, Round::kRint)
 PASA_SIM_VCONV(vconv_s322s64, int32_t, int64_t, Round::kRint)
 PASA_SIM_VCONV(vconv_s642s32, int64_t, int32_t, Round::kRint)
 // float -> float rounded to an integral value
-#define PASA_SIM_VCONV_INTEGRAL(name, mode)                                                                           \
-    template <typename D, typename S>                                                                                 \
-    inline void name(D* dst, S* src, uint64_t repeat, uint64_t dstBlk, uint64_t srcBlk, uint64_t dstRep,              \
-                     uint64_t srcRep)                                                                                 \
-    {                                                                                                                 \
-        using namespace pasa_sim;                                                                                     \
-        Convert(#name, reinterpret_cast<float*>(dst), reinterpret_cast<float*>(src), repeat, dstBlk, srcBlk, dstRep,  \
-                srcRep,                                                                                               \
-                [](const float& v) -> float { return F32ToIntegral(v, mode); });                                      \
-    }
+#define PASA_SIM_VCONV_INTEGRAL(name, mode) PASA_SIM_VCONV_BY(name, float, float, (F32ToIntegral(v, mode)))
 PASA_SIM_VCONV_INTEGRAL(vconv_f322f32r, Round::kRint)
 PASA_SIM_VCONV_INTEGRAL(vconv_f322f32a, Round::kAway)
 PASA_SIM_VCONV_INTEGRAL(vconv_f322f32f, Round::kFloor)
@@ -111,5 +103,6 @@ PASA_SIM_VCONV_INTEGRAL(vconv_f322f32z, Round::kTrunc)
 #undef PASA_SIM_VCONV_INTEGRAL
 #undef PASA_SIM_VCONV_ALL
 #undef PASA_SIM_VCONV
+#undef PASA_SIM_VCONV_BY
 
 #endif
