@@ -1,12 +1,13 @@
 """Build of pasa_npu. ``fallback/`` and ``tools/`` install as ``pasa_npu.fallback`` and
 ``pasa_npu.tools``; nothing else lands in site-packages, and of ``tools/`` not the
-development tools (DEV_MODULES).
+development tools (``tools/dev/`` and DEV_MODULES).
 
 The extension ``pasa_npu._ascendc_emu`` compiles the AscendC kernel sources of
 ``ascend_kernels/`` against the project's CPU emulation of the AscendC API (g++ and pybind11,
-any machine). The NPU part (the kernels built by CANN's CMake, and the torch_npu binding
-``pasa_npu._npu``) is built when ``tools/npu_build.py`` says the environment has what it
-needs; otherwise the build says in one line why it skipped it."""
+any machine); the emulation's self-tests are no part of it (the tests build them:
+tests/_emu_selftest.py). The NPU part (the kernels built by CANN's CMake, and the torch_npu
+binding ``pasa_npu._npu``) is built when ``tools/npu_build.py`` says the environment has what
+it needs; otherwise the build says in one line why it skipped it."""
 import glob
 import importlib.util
 import os
@@ -18,11 +19,11 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
-#: modules of tools/ that are run from a checkout and never installed: the mutation check,
-#: the kernel ablations, the ahead-of-time compiler of the Triton kernels and the API
-#: self-test of the instruction-level simulator (ascend_kernels/sim)
-DEV_MODULES = {("pasa_npu.tools", name) for name in (
-    "mutation_check", "mutation_list", "ablate", "triton_aot", "sim_selftest")}
+#: the development tools, run from a checkout and never installed: the package tools/dev
+#: (pasa_npu.tools.dev, with everything under it) and, still beside the user commands, the
+#: API self-test of the instruction-level simulator (ascend_kernels/sim)
+DEV_PACKAGE = "pasa_npu.tools.dev"
+DEV_MODULES = {("pasa_npu.tools", "sim_selftest")}
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -56,8 +57,8 @@ def _emulation_extension():
                        + glob.glob("ascend_kernels/kernels/*.cpp")
                        + glob.glob("ascend_kernels/host/*.cpp")),
         language="c++",
-        # no FMA contraction: the emulated vector steps round exactly where the kernel rounds
-        extra_compile_args=["-std=c++17", "-O2", "-ffp-contract=off", "-fvisibility=hidden"],
+        # the emulation's flags, shared with the tests' build of its self-tests
+        extra_compile_args=_load_by_path("_pasa_npu_sim_build", "pasa_npu", "sim_build.py").EMU_FLAGS,
         extra_link_args=["-pthread"],
     )
 
@@ -114,9 +115,11 @@ class BuildExt(build_ext):
 
 
 class BuildPy(build_py):
-    """build_py without DEV_MODULES."""
+    """build_py without DEV_PACKAGE (nor its subpackages) and DEV_MODULES."""
 
     def find_package_modules(self, package, package_dir):
+        if package == DEV_PACKAGE or package.startswith(DEV_PACKAGE + "."):
+            return []
         return [m for m in super().find_package_modules(package, package_dir)
                 if m[:2] not in DEV_MODULES]
 

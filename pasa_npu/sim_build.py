@@ -12,6 +12,10 @@ Building needs a checkout (ascend_kernels/sim beside this package), the headers
 ($PASA_ASC_DEVKIT, else ../shared/ascendc-check/asc-devkit beside the checkout) and a C++
 compiler ($CXX, else g++). ``why_not()`` says which of them is missing; callers skip or refuse
 then.
+
+``compile_cached`` is the compile step of every on-first-use build of the checkout (these
+programs, the emulation's self-test module of the tests); ``EMU_FLAGS`` are the emulation's
+compiler flags, which setup.py's extension and that module share.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIM = os.path.join(ROOT, "ascend_kernels", "sim")
+EMU = os.path.join(ROOT, "ascend_kernels", "emu")
 # include and impl subdirectories the headers expect on the include path
 INCLUDE_DIRS = ["", "include", "include/basic_api", "include/utils", "include/adv_api", "include/c_api",
                 "include/simt_api", "include/aicpu_api", "impl", "impl/basic_api", "impl/utils",
@@ -32,6 +37,9 @@ INCLUDE_DIRS = ["", "include", "include/basic_api", "include/utils", "include/ad
 DEFINES = ["-DASCENDC_CPU_DEBUG=1", "-DASCENDC_DEBUG=1", "-D__NPU_ARCH__=2201", "-DASCENDC_DUMP=0",
            "-D_GLIBCXX_USE_CXX11_ABI=0"]
 CHECK_DECL = re.compile(r"\bbool\s+(Check\w*Impl\w*)\s*\(([^;{]*?)\)\s*;", re.S)
+#: the AscendC emulation's flags (ascend_kernels/emu): no FMA contraction, so that the emulated
+#: vector steps round exactly where the kernel rounds
+EMU_FLAGS = ["-std=c++17", "-O2", "-ffp-contract=off", "-fvisibility=hidden"]
 
 
 def _devkit_path() -> str:
@@ -52,6 +60,13 @@ def compiler() -> str | None:
     return cxx if shutil.which(cxx) else None
 
 
+def compiler_missing() -> str | None:
+    """That there is no C++ compiler here, in a sentence (None when there is one)."""
+    if compiler() is None:
+        return f"no C++ compiler: expected {os.environ.get('CXX', 'g++')!r} ($CXX, else g++) on PATH, found none"
+    return None
+
+
 def why_not() -> str | None:
     """What building needs and does not find here, in a sentence (None when it finds all)."""
     if not os.path.isfile(os.path.join(SIM, "include", "stub_def.h")):
@@ -62,10 +77,7 @@ def why_not() -> str | None:
                   else "../shared/ascendc-check/asc-devkit beside the checkout, or $PASA_ASC_DEVKIT")
         return (f"the asc-devkit headers are absent: expected include/kernel_operator.h under "
                 f"{source}, found none at {os.path.abspath(_devkit_path())}")
-    if compiler() is None:
-        return (f"no C++ compiler: expected {os.environ.get('CXX', 'g++')!r} ($CXX, else g++) "
-                f"on PATH, found none")
-    return None
+    return compiler_missing()
 
 
 def _generated_header(kit: str) -> str:
@@ -113,27 +125,48 @@ def build(source: str, output: str, includes=(), defines=()) -> str:
     if not os.path.isfile(path) or open(path).read() != header:
         with open(path, "w") as f:
             f.write(header)
-    cmd = [compiler(), *flags(kit, gen_dir, includes, defines), source, "-o", output, "-pthread"]
-    digest = _digest(cmd, [source, *_sim_headers()])
+    cmd = [compiler(), *flags(kit, gen_dir, includes, defines), source, "-pthread"]
+    return compile_cached(cmd, [source, *_sim_headers()], output)
+
+
+def compile_cached(cmd, inputs, output: str) -> str:
+    """Run the compiler command ``cmd`` with ``-o output``, unless ``output`` was built by the
+    same command from the same ``inputs`` (files). One process at a time (a lock beside
+    ``output``), the others then reuse its build; the build replaces ``output`` whole, so a
+    process that loaded the former one keeps it. RuntimeError with the compiler's messages on
+    failure."""
+    import fcntl  # POSIX, as is the simulator
+
+    key = digest(cmd, inputs)
     stamp = output + ".sim-build"
-    if os.path.isfile(output) and os.path.isfile(stamp) and open(stamp).read() == digest:
-        return output
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"sim build of {source} failed:\n{proc.stderr[-8000:]}")
-    with open(stamp, "w") as f:
-        f.write(digest)
+    with open(output + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.isfile(output) and os.path.isfile(stamp) and open(stamp).read() == key:
+            return output
+        partial = f"{output}.{os.getpid()}.partial"
+        proc = subprocess.run([*cmd, "-o", partial], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"build of {output} failed:\n{proc.stderr[-8000:]}")
+        os.replace(partial, output)
+        with open(stamp, "w") as f:
+            f.write(key)
     return output
 
 
-def _sim_headers():
-    for base, _, files in os.walk(SIM):
+def sources(folder: str):
+    """The C++ sources (.h, .cpp) under ``folder``."""
+    for base, _, files in os.walk(folder):
         for f in files:
             if f.endswith((".h", ".cpp")):
                 yield os.path.join(base, f)
 
 
-def _digest(cmd, files) -> str:
+def _sim_headers():
+    return sources(SIM)
+
+
+def digest(cmd, files) -> str:
+    """A hash of a build: its command and its input files (names and contents)."""
     h = hashlib.sha256(" ".join(cmd).encode())
     for f in sorted(files):
         h.update(f.encode())

@@ -1,4 +1,4 @@
-"""``tools/ablate.py`` measures what it says: every candidate is a valid tuning of the
+"""``tools/dev/ablate.py`` measures what it says: every candidate is a valid tuning of the
 Triton backend and runs, and the plain FA2 baseline kernel computes attention."""
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_every_candidate_is_a_tuning_of_the_triton_kernel():
     """Every row but the default and the plain baseline times the Triton prefill kernel
     under its own Tuning (validated when made)."""
     from pasa_npu.fallback import triton_tuning
-    from pasa_npu.tools import ablate
+    from pasa_npu.tools.dev import ablate
 
     rows = ablate.candidates()
     tuned = [tuning for label, tuning, _ in rows if tuning is not None]
@@ -41,7 +41,7 @@ def test_every_candidate_is_a_tuning_of_the_triton_kernel():
 
 def test_a_candidate_runs_with_its_tuning():
     from pasa_npu.fallback import triton_tuning
-    from pasa_npu.tools import ablate
+    from pasa_npu.tools.dev import ablate
 
     q, k, v = on_device("triton", *_inputs())
     label, tuning, call = next(row for row in ablate.candidates()
@@ -59,7 +59,7 @@ def test_a_candidate_runs_with_its_tuning():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_plain_fa2_baseline_is_attention(causal):
-    from pasa_npu.tools import ablate
+    from pasa_npu.tools.dev import ablate
 
     q, k, v = _inputs(seq=32, d=16)
     out = ablate.plain(*on_device("triton", q, k, v), causal, block_m=16, block_n=16, warps=1,
@@ -76,7 +76,7 @@ def test_plain_fa2_baseline_is_attention(causal):
 
 
 def test_host_time_mode_runs_on_any_machine(capsys):
-    from pasa_npu.tools import ablate
+    from pasa_npu.tools.dev import ablate
 
     assert ablate.main(["--host-time"]) == 0
     assert "API host time per call" in capsys.readouterr().out
@@ -86,7 +86,7 @@ def test_host_time_mode_runs_on_any_machine(capsys):
 def test_causal_timing_reuses_one_argument_plan():
     """The timed causal call passes one mask object, so every call after the first finds
     its plan: the timing is of the kernels, not of validating a new mask each call."""
-    from pasa_npu.tools import ablate
+    from pasa_npu.tools.dev import ablate
 
     q, k, v = on_device("triton", *_inputs())
     pasa_npu.plans.clear()
@@ -98,7 +98,7 @@ def test_causal_timing_reuses_one_argument_plan():
 def test_per_call_device_us_sums_each_kernel_over_the_calls():
     from types import SimpleNamespace
 
-    from pasa_npu.tools import ablate
+    from pasa_npu.tools.dev import ablate
 
     events = [SimpleNamespace(key="_shift_keys", self_device_time_total=86.0),
               SimpleNamespace(key="prefill_kernel", self_device_time_total=2000.0),
@@ -113,7 +113,7 @@ def test_per_call_device_us_sums_each_kernel_over_the_calls():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: the profiler split "
                     "times device kernels")
 def test_gpu_kernel_split_names_the_key_shift_pass_and_the_attention_kernel():
-    from pasa_npu.tools import ablate
+    from pasa_npu.tools.dev import ablate
 
     q, k, v = on_device("triton", *_inputs())  # cuda here
     call = lambda: ablate.ours("pasa-exact", q, k, v, False)  # noqa: E731
@@ -130,7 +130,7 @@ def test_gpu_kernel_split_names_the_key_shift_pass_and_the_attention_kernel():
 def test_kernel_cost_lines_compare_each_kernel_and_the_sum():
     """``--check-kernels``' table: a kernel of one side only reads "-" on the other and
     counts its whole time as the change; the last line sums both sides."""
-    from pasa_npu.tools import ablate
+    from pasa_npu.tools.dev import ablate
 
     lines = ablate.kernel_cost_lines(on={"prefill_ws_kernel": 670.0, "repair_kernel": 3.0, "fill": 1.0},
                                      off={"prefill_ws_kernel": 660.0, "fill": 1.0})
@@ -147,7 +147,7 @@ def test_check_kernels_prints_each_case_and_allocation_off_then_on(monkeypatch, 
     split of each case and allocation is the unchecked call's."""
     from types import SimpleNamespace
 
-    from pasa_npu.tools import ablate
+    from pasa_npu.tools.dev import ablate
 
     splits = iter([{"prefill_ws_kernel": 100.0}, {"prefill_ws_kernel": 101.0, "repair_kernel": 2.0}] * 4)
     inputs = _inputs()
@@ -165,7 +165,8 @@ def test_check_kernels_prints_each_case_and_allocation_off_then_on(monkeypatch, 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: the profiler split "
                     "times device kernels")
 def test_gpu_only_the_checked_call_launches_the_repair():
-    from pasa_npu.tools import ablate, bench
+    from pasa_npu.tools import bench
+    from pasa_npu.tools.dev import ablate
 
     q, k, v = on_device("triton", *_inputs())  # cuda here
     times = {check: ablate.kernel_times_us(
@@ -179,7 +180,7 @@ def test_gpu_only_the_checked_call_launches_the_repair():
 def test_ncu_instructions_sums_each_kernels_launches():
     """``--check-instructions`` reads ncu's CSV: instructions per kernel name, its launches
     summed, thousands separators dropped, ncu's own messages skipped."""
-    from pasa_npu.tools import ablate
+    from pasa_npu.tools.dev import ablate
 
     header = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
               '"Section Name","Metric Name","Metric Unit","Metric Value"')

@@ -18,6 +18,7 @@ from pasa_npu import ascendc_emu  # noqa: E402
 from pasa_npu.tools.inputs import Case  # noqa: E402
 from test_golden import CASES, make_case  # noqa: E402
 from _paged import PAGED_CASES, paged_case  # noqa: E402
+from _emu_selftest import selftest_module  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 KERNEL_ALGORITHMS = ("fa-fp32", "pasa", "pasa-exact")
@@ -434,11 +435,11 @@ TIMING = npu_params.timing_only(npu_params.values())
 
 
 def selftest(name, timeout_s=5.0):
-    return emu.run_selftest(name, TIMING, timeout_s=timeout_s)["values"]
+    return selftest_module().run_selftest(name, TIMING, timeout_s=timeout_s)["values"]
 
 
 def test_every_selftest_is_covered():
-    names = set(emu.selftest_names())
+    names = set(selftest_module().selftest_names())
     timing = {n for n in names if n.startswith("timing_")}  # tests/test_npu_timing.py
     assert set(REJECTED) | {"vector_scale", "cube_matmul", "synced_tbuf", "cross_core_handoff"} | timing == names
 

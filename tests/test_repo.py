@@ -33,8 +33,9 @@ def test_only_pasa_npu_is_installed():
 
 def test_development_tools_are_not_installed(tmp_path, monkeypatch):
     """setup.py's build_py, which lays out what a wheel installs, copies tools/ without the
-    development tools (run from a checkout: python tools/mutation_check.py, python -m
-    pasa_npu.tools.ablate in an editable install), and nothing installed imports them."""
+    development tools of tools/dev/ (run from a checkout: python tools/dev/mutation_check.py,
+    python -m pasa_npu.tools.dev.ablate in an editable install) and without the simulator's
+    self-test, and nothing installed imports them."""
     import sys
     import types
 
@@ -47,6 +48,8 @@ def test_development_tools_are_not_installed(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pybind11", types.SimpleNamespace(get_include=lambda: ""))
     exec(compile((ROOT / "setup.py").read_text(), str(ROOT / "setup.py"), "exec"),
          {"__name__": "setup_under_test", "__file__": str(ROOT / "setup.py")})
+    # the package named too, as a package list found by discovery would: still left out
+    captured["packages"] = [*captured["packages"], "pasa_npu.tools.dev"]
     dist = Distribution(captured)
     dist.script_name = str(ROOT / "setup.py")
     build = dist.get_command_obj("build_py")
@@ -55,16 +58,34 @@ def test_development_tools_are_not_installed(tmp_path, monkeypatch):
     build.run()
     tools = tmp_path / "pasa_npu" / "tools"
     assert (tools / "beta.py").is_file() and (tmp_path / "pasa_npu" / "fallback").is_dir()
-    assert (ROOT / "tools" / "mutation_check.py").is_file()
-    for name in ("mutation_check", "mutation_list", "ablate", "triton_aot"):
-        assert (ROOT / "tools" / f"{name}.py").is_file()
-        assert not (tools / f"{name}.py").exists(), name
-    installed = {f.stem for f in tools.glob("*.py")}
+    dev = {f.stem for f in (ROOT / "tools" / "dev").glob("*.py")} - {"__init__"}
+    assert {"mutation_check", "mutation_list", "ablate", "triton_aot"} <= dev
+    assert not (tools / "dev").exists()
+    assert not (tools / "sim_selftest.py").exists()
+    installed = {f.stem for f in tools.rglob("*.py")}
+    assert not installed & dev, installed & dev
     for f in tools.rglob("*.py"):  # what is installed imports no development module
         for line in f.read_text().splitlines():
             words = line.replace(",", " ").split()
             if words[:1] in (["import"], ["from"]):
-                dev = [w for w in words if w.split(".")[-1] in
-                       {"mutation_check", "mutation_list", "ablate", "triton_aot"}]
-                assert not dev, f"{f.name} imports {dev}, which is not installed"
-    assert {"bench", "beta", "npu_model", "npu_extrapolate"} <= installed
+                imported = [w for w in words if w.split(".")[-1] in dev | {"sim_selftest"}
+                            or "dev" in w.split(".")]
+                assert not imported, f"{f.name} imports {imported}, which is not installed"
+    assert {"bench", "beta", "compare", "npu_model", "npu_extrapolate", "npu_calibrate"} <= \
+        installed | {d.name for d in tools.iterdir() if d.is_dir()}
+
+
+def test_development_tools_run_from_the_checkout():
+    """The dev tools import as pasa_npu.tools.dev (an editable install maps pasa_npu.tools to
+    this checkout's tools/, the GPU suite links it there) and the mutation check, run as a
+    script, finds its list beside it."""
+    import subprocess
+    import sys
+
+    from pasa_npu.tools.dev import mutation_list
+
+    assert mutation_list.MUTATIONS
+    listed = subprocess.run([sys.executable, str(ROOT / "tools" / "dev" / "mutation_check.py"),
+                             "--list"], capture_output=True, text=True, cwd=ROOT)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert mutation_list.MUTATIONS[0].name in listed.stdout

@@ -1,5 +1,5 @@
 """Every Triton kernel variant compiles for the H100 (sm_90) and fits its shared memory,
-checked without a GPU through Triton's own compiler and ptxas (tools/triton_aot.py).
+checked without a GPU through Triton's own compiler and ptxas (tools/dev/triton_aot.py).
 Runs in a subprocess: the tests' Triton interpreter would replace the compiler here."""
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from pasa_npu.fallback import gluon_prefill  # noqa: E402
 
 
 def _triton_aot(*args: str) -> str:
-    """stdout of ``python -m pasa_npu.tools.triton_aot ARGS``, which must exit 0 (it fails
+    """stdout of ``python -m pasa_npu.tools.dev.triton_aot ARGS``, which must exit 0 (it fails
     a variant over the shared-memory limit, or whose decode launch assumes another count
     of resident programs than the compiled kernel allows)."""
-    run = subprocess.run([sys.executable, "-m", "pasa_npu.tools.triton_aot", *args],
+    run = subprocess.run([sys.executable, "-m", "pasa_npu.tools.dev.triton_aot", *args],
                          capture_output=True, text=True, env=dict(os.environ, TRITON_INTERPRET="0"),
                          timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr[-2000:]
@@ -34,7 +34,7 @@ def _compiled_loops(labels: list) -> dict:
     and its HGMMA instructions, all of them and those that wait for their group (gsb0)."""
     script = (
         "import json, sys\n"
-        "from pasa_npu.tools import triton_aot as aot\n"
+        "from pasa_npu.tools.dev import triton_aot as aot\n"
         "out = {}\n"
         "for d in (64, 128):\n"
         "    for kernel, label, consts, warps, stages, fusion in aot.variants(d):\n"
@@ -183,7 +183,7 @@ def test_gluon_prefill_compiles_at_d64(aot_d64):
     compiles and fits its shared memory (the test above compiles d = 128 and 256)."""
     if not gluon_prefill.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
-    from pasa_npu.tools import triton_aot
+    from pasa_npu.tools.dev import triton_aot
 
     tiles = {consts["BLOCK_M"] for kernel, _, consts, *_ in triton_aot.variants(64)
              if kernel == "gluon"}
@@ -246,7 +246,7 @@ def test_kv_loop_schedules_compare_order_not_registers():
     loop that issues a matrix instruction, with registers and branch labels abstracted,
     so that the same schedule on other registers compares equal and a reordering does
     not."""
-    from pasa_npu.tools import triton_aot as aot
+    from pasa_npu.tools.dev import triton_aot as aot
 
     def sass(first, second, reg):
         return "\n".join([
@@ -274,7 +274,7 @@ def test_partition_registers_read_every_setmaxnreg():
     """``triton_aot --check-loops`` reports the register counts a warp-specialised kernel's
     partitions ask for, so that a checked worker taking registers from the default
     partition shows: the distinct counts of every USETMAXREG, whichever its form."""
-    from pasa_npu.tools import triton_aot as aot
+    from pasa_npu.tools.dev import triton_aot as aot
 
     def sass(loader: int) -> str:
         return "\n".join([

@@ -10,7 +10,7 @@ import torch
 import pasa_npu
 
 BLOCK_SIZE = 128
-#: allocations with compiled paged variants (tools/triton_aot.py)
+#: allocations with compiled paged variants (tools/dev/triton_aot.py)
 PAGED_ALGORITHMS = ("pasa-exact", "pasa", "fa-fp32")
 #: torch_npu's two cache shapes: (num_blocks, N_kv, block_size, D) and
 #: (num_blocks, block_size, N_kv * D)

@@ -22,7 +22,7 @@ import numpy as np
 from pasa_npu import sim_build
 
 SOURCE = os.path.join(sim_build.SIM, "selftest", "api_selftest.cpp")
-EMU = os.path.join(sim_build.ROOT, "ascend_kernels", "emu")
+EMU = sim_build.EMU
 DTYPES = {"half": np.float16, "float": np.float32, "bfloat16": np.uint16, "uint8": np.uint8,
           "uint16": np.uint16, "int16": np.int16, "int32": np.int32}
 # RoundMode values (impl/basic_api/common_types.h)
@@ -64,13 +64,9 @@ def build_sim(out_dir: str) -> str:
 
 
 def build_emu(out_dir: str) -> str:
-    out = os.path.join(out_dir, "api_emu")
     cmd = [sim_build.compiler() or "g++", "-std=c++17", "-O1", "-w", "-ffp-contract=off", "-DPASA_SELFTEST_EMU",
-           f"-I{EMU}", SOURCE, "-o", out, "-pthread"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"emu build failed:\n{proc.stderr[-8000:]}")
-    return out
+           f"-I{EMU}", SOURCE, "-pthread"]
+    return sim_build.compile_cached(cmd, [SOURCE, *sim_build.sources(EMU)], os.path.join(out_dir, "api_emu"))
 
 
 def case_line(case: Case, k: int, work: str) -> str:

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <algorithm>
 #include <array>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -21,70 +20,14 @@
 #include "../kernels/pasa_prepare_keys.cpp"
 #include "../kernels/pasa_attention.cpp"
 #include "emu_launch_runtime.h"
-#include "selftest_kernels.h"
-#include "selftest_vector.h"
+#include "emu_pybind.h"
 
 namespace py = pybind11;
 using AscendC::emu::GmRegistry;
-using AscendC::emu::Stats;
+using pasa_emu::StatsDict;
+using pasa_emu::TimingFrom;
 
 namespace {
-
-py::dict StatsDict(const Stats& s)
-{
-    py::dict d;
-    d["gm_to_l1_bytes"] = s.gm_to_l1;
-    d["l1_fill_bytes"] = s.l1_fill;
-    d["l1_to_l0a_bytes"] = s.l1_to_l0a;
-    d["l1_to_l0b_bytes"] = s.l1_to_l0b;
-    d["l0c_to_gm_bytes"] = s.l0c_to_gm;
-    d["gm_to_ub_bytes"] = s.gm_to_ub;
-    d["ub_to_gm_bytes"] = s.ub_to_gm;
-    d["mmad_calls"] = s.mmad_calls;
-    d["cube_macs"] = s.cube_macs;
-    d["vector_instructions"] = s.vector_instructions;
-    d["vector_elements"] = s.vector_elements;
-    d["scalar_ub_accesses"] = s.scalar_ub_accesses;
-    d["cross_core_sets"] = s.cross_core_sets;
-    d["cross_core_waits"] = s.cross_core_waits;
-    d["ai_cores"] = s.blocks;
-    d["cores"] = s.cores;
-    d["cycles"] = s.cycles;
-    d["core_cycles"] = s.core_cycles;
-    d["timeline_cycles"] = s.timeline_cycles;
-    d["core_read_bound_cycles"] = s.core_read_bound_cycles;
-    d["core_write_bound_cycles"] = s.core_write_bound_cycles;
-    d["l2_bound_cycles"] = s.l2_bound_cycles;
-    d["hbm_bound_cycles"] = s.hbm_bound_cycles;
-    d["hbm_bytes"] = s.hbm_bytes;
-    py::dict busy, busyTotal, count;
-    for (int p = 0; p < AscendC::emu::kPipes; ++p) {
-        busy[AscendC::emu::PipeShort(p)] = s.pipe_busy[p];
-        busyTotal[AscendC::emu::PipeShort(p)] = s.pipe_busy_total[p];
-        count[AscendC::emu::PipeShort(p)] = s.pipe_instructions[p];
-    }
-    d["pipe_busy_cycles"] = busy;
-    d["pipe_busy_total_cycles"] = busyTotal;
-    d["pipe_instructions"] = count;
-    return d;
-}
-
-// The timing model's parameters from pasa_npu.npu_params (every one of them, nothing else).
-AscendC::emu::TimingParams TimingFrom(const py::dict& d)
-{
-    AscendC::emu::TimingParams t;
-    std::set<std::string> seen;
-    for (auto item : d) {
-        const std::string name = item.first.cast<std::string>();
-        if (!t.Set(name, item.second.cast<double>())) throw py::value_error("unknown timing parameter '" + name + "'");
-        seen.insert(name);
-    }
-    if (seen.size() != AscendC::emu::TimingParams::Count()) {
-        throw py::value_error("timing parameters: " + std::to_string(seen.size()) + " given, " +
-                              std::to_string(AscendC::emu::TimingParams::Count()) + " needed");
-    }
-    return t;
-}
 
 // A C-contiguous array of the given element size and count, or a ValueError naming it.
 uint8_t* Buffer(py::array& a, const char* name, size_t itemsize, size_t count, bool writable)
@@ -334,24 +277,6 @@ PYBIND11_MODULE(_ascendc_emu, m)
           py::arg("lse"), py::arg("lengths"), py::arg("params"), py::arg("mask") = py::none(),
           py::arg("block_table") = py::none(), py::arg("key_slots") = py::none(), py::arg("row_flags") = py::none(),
           py::arg("sink") = py::none());
-    m.def("run_selftest", [](const std::string& name, const py::dict& timing, double timeoutSeconds) {
-              Stats stats;
-              std::vector<float> values = pasa_selftest::Run(name, TimingFrom(timing), timeoutSeconds, stats);
-              py::dict r;
-              r["values"] = values;
-              r["stats"] = StatsDict(stats);
-              return r;
-          }, py::arg("name"), py::arg("timing"), py::arg("timeout_s") = 5.0,
-          "Run one emulation self-test kernel: {'values': its output, 'stats': the launch's counters and timing}; "
-          "RuntimeError if the emulation rejects it");
-    m.def("selftest_names", &pasa_selftest::Names);
-    m.def("run_vector_instruction",
-          [](const std::string& op, const std::string& dtype, const std::vector<float>& a, const std::vector<float>& b,
-             float scalar, const py::dict& timing) {
-              return pasa_selftest::RunVectorInstruction(op, dtype, a, b, scalar, TimingFrom(timing));
-          },
-          py::arg("op"), py::arg("dtype"), py::arg("a"), py::arg("b"), py::arg("scalar"), py::arg("timing"),
-          "Run one emulated vector instruction on the given operands in an AIV core; returns its result");
     m.def("attention_tasks", &AttentionTasks, py::arg("params"), py::arg("lengths"),
           "The attention kernel's tasks per AI Core, as its task iterator deals them: [(rows, numBlocks, fullBlocks)]");
 }

@@ -2,7 +2,7 @@
 // run (and produce known values) or must be rejected the way the hardware would fail
 // (over-capacity buffers, misaligned copies, broken queue order, missing or unpaired
 // synchronisation, a cross-core wait that can never be satisfied). tests/test_ascendc_emu.py
-// runs each by name through pasa_npu._ascendc_emu.run_selftest.
+// runs each by name through the development module _ascendc_emu_selftest (run_selftest).
 #pragma once
 
 #include <map>

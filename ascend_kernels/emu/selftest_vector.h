@@ -1,7 +1,7 @@
 // One vector instruction of the AscendC CPU emulation on operands given from Python, run in
-// an AIV core (GM -> UB, the instruction, UB -> GM): tests/test_ascendc_emu.py checks each
+// an AIV core (GM -> UB, the instruction, UB -> GM): tests/test_ascendc_vector.py checks each
 // instruction the kernels use against an independent model of its documented rounding and
-// order through pasa_npu._ascendc_emu.run_vector_instruction.
+// order through the development module _ascendc_emu_selftest (run_vector_instruction).
 #pragma once
 
 #include <stdexcept>

@@ -1,6 +1,6 @@
 """Compile the Triton kernels ahead of time for a CUDA target, without a GPU.
 
-``python -m pasa_npu.tools.triton_aot`` compiles every prefill and decode variant (and
+``python -m pasa_npu.tools.dev.triton_aot`` compiles every prefill and decode variant (and
 the warp-specialised Gluon prefill) for sm_90 (H100) with Triton's bundled ptxas and
 prints, per variant, shared memory, registers, spill stores and local memory (from the
 bundled cuobjdump). It catches compile errors and shared-memory overflows on machines
@@ -301,11 +301,13 @@ def variants(head_dim: int = 128):
                            dict(consts, BLOCK_M=block_m, PAGED=True), warps,
                            triton_launch.paged_stages(stages), fp_fusion)
         # every number of query heads per program the launch can pick (GQA 2:1 up to MQA)
-        stages = triton_launch.decode_stages(allocation, head_dim)
+        stages_keys = allocation.shifts_keys and DEFAULT_TUNING.decode_shift == "keys"
+        stages = triton_launch.decode_stages(stages_keys, head_dim)
         for block_g in sorted({triton_launch.decode_block_g(g, head_dim)
                                for g in (1, 32, 64, 1024)}):
             consts = dict(**allocation_flags(allocation), HAS_MASK=False, GUARD=False,
                           PAGED=False, WHOLE_PAGE=True, BLOCK_G=block_g,
+                          SHIFT_SCORES=DEFAULT_TUNING.decode_shift == "scores",
                           BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
             yield ("decode_split_kernel", f"{alg} decode g={block_g} d={head_dim}", consts, 4,
                    stages, fp_fusion)
@@ -376,8 +378,9 @@ def main(argv=None) -> int:
             if kernel == "decode_split_kernel" and "REG" in use:
                 # the decode launch sizes its splits to one wave of resident programs
                 n = resident_per_sm(smem, use["REG"], warps)
-                assumed = triton_launch.decode_resident(ALLOCATIONS[label.split()[0]], d,
-                                                        consts["BLOCK_G"])
+                shifted = ALLOCATIONS[label.split()[0]].shifts_keys
+                assumed = triton_launch.decode_resident(
+                    shifted and DEFAULT_TUNING.decode_shift == "keys", d, consts["BLOCK_G"])
                 resident = f"  resident {n}"
                 if n != assumed:
                     flag += f"  LAUNCH ASSUMES {assumed} RESIDENT"

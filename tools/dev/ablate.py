@@ -1,4 +1,4 @@
-"""``python -m pasa_npu.tools.ablate``: what each part of the Triton prefill costs, on a CUDA GPU.
+"""``python -m pasa_npu.tools.dev.ablate``: what each part of the Triton prefill costs, on a CUDA GPU.
 
 Times ``pasa-exact`` (``fa-fp32`` and ``pasa`` too for the load paths) through
 ``pasa_npu.fused_attention`` at the benchmark's shapes, in one process, against:
@@ -469,7 +469,7 @@ def _check_instructions(args) -> int:
             for check in ("off", "on"):
                 # the child imports pasa_npu as this process did (-P: not from the cwd)
                 child = [sys.executable, *(["-P"] if sys.flags.safe_path else []), "-m",
-                         "pasa_npu.tools.ablate", "--one-call", *map(str, case[:5]), mode,
+                         "pasa_npu.tools.dev.ablate", "--one-call", *map(str, case[:5]), mode,
                          f"{algorithm}:{check}"]
                 done = subprocess.run([ncu, "--profile-from-start", "off", "--metrics",
                                        INSTRUCTIONS, "--csv", *child],

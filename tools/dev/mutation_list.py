@@ -1,4 +1,4 @@
-"""The mutations tools/mutation_check.py applies (a development list; not installed).
+"""The mutations tools/dev/mutation_check.py applies (a development list; not installed).
 
 Each is a small bug of the kind the suite claims to catch: a rounding of an allocation
 dropped, added or moved, in the CPU backend (the reference) and in the Triton kernels; β's

@@ -1,6 +1,6 @@
 """Mutation check of the test suite (a development tool; not installed with the package).
 
-    python tools/mutation_check.py [--only NAME ...] [--jobs N] [--list] [--no-baseline]
+    python tools/dev/mutation_check.py [--only NAME ...] [--jobs N] [--list] [--no-baseline]
 
 Each mutation is a small deliberate bug: a file, a snippet of it that must occur there
 exactly once (so that code which moved is noticed, not silently skipped) and its
@@ -31,9 +31,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT / "tools") not in sys.path:
-    sys.path.insert(0, str(ROOT / "tools"))
+ROOT = Path(__file__).resolve().parents[2]
+if str(Path(__file__).resolve().parent) not in sys.path:  # run as a script or with -m
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mutation_list import MUTATIONS, Mutation  # noqa: E402
 
