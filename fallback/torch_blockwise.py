@@ -15,8 +15,11 @@ the blocks the row actually used. Learnable sinks join at the end of the row
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
@@ -27,6 +30,20 @@ from pasa_npu.problem import ROW_NONFINITE, ROW_REPAIRED, AttentionProblem, fp32
 
 F32 = torch.float32
 NEG_INF = float("-inf")
+_SHIFT_SCORES = contextvars.ContextVar("pasa_npu_torch_shift_scores", default=False)
+
+
+@contextlib.contextmanager
+def shifting_scores() -> Iterator[None]:
+    """Within the block, the PASA allocations apply their shift to each block's fp32 scores
+    instead of forming K' (the numerics of the Triton decode kernel's default,
+    ``Tuning.decode_shift == "scores"``; :func:`_shift_scores`), in the current thread or
+    task only: the backend the tests hold that kernel against."""
+    token = _SHIFT_SCORES.set(True)
+    try:
+        yield
+    finally:
+        _SHIFT_SCORES.reset(token)
 
 
 def run(problem: AttentionProblem) -> None:
@@ -136,6 +153,10 @@ class _Keys:
     # (B, nblk): 1/valid, the factor that turns a part-filled block's sum of S' into its row
     # mean (pseudo-average shift; NaN for a full or empty block, whose mean is the plain one)
     mean_factor: torch.Tensor | None = None
+    # shifting the scores (shifting_scores): blocks holds K, and per (B, nblk) the valid keys
+    # and pasa's fp32 (diag + off, off) for that many keys
+    valid: torch.Tensor | None = None
+    score_map: torch.Tensor | None = None
 
 
 def _pad_blocks(x: torch.Tensor, lens: torch.Tensor, n_blocks: int, block: int) -> torch.Tensor:
@@ -168,6 +189,16 @@ def _prepare_keys(problem: AttentionProblem, inputs: _Inputs) -> _Keys:
         return _Keys(kb, None)
     valid = (problem.kv_lens.to(kb.device)[:, None]
              - torch.arange(inputs.n_blocks, device=kb.device)[None, :] * block).clamp(0, block)
+    if _SHIFT_SCORES.get():
+        score_map = torch.zeros(*valid.shape, 2, dtype=F32, device=kb.device)
+        if alloc.pseudo_average_shift:
+            for n in set(valid.flatten().tolist()) - {0}:
+                diag, off = (torch.tensor(x, dtype=F32) for x in partial_block_shift(
+                    problem.beta, n, block, torch.float16, problem.scale)[:2])
+                score_map[valid == n] = torch.stack([diag + off, off]).to(kb.device)
+        part_filled = (valid > 0) & (valid < block)
+        factor = torch.where(part_filled, 1.0 / valid.double().clamp(min=1), float("nan"))
+        return _Keys(kb, None, factor.to(F32), valid, score_map)
     if alloc.pseudo_average_shift:
         m = shift_matrix(problem.beta, block, torch.float16, problem.scale, kb.device).to(F32)
         product = torch.matmul(m.T, kb)  # fp32, accumulated in key order like the cube's
@@ -223,6 +254,25 @@ class _State:
 def _scores(q_tile: torch.Tensor, keys: torch.Tensor, shape) -> torch.Tensor:
     """fp32-accumulated Q K^T of one tile, shaped (B, Nkv, G, s1, s2)."""
     return torch.matmul(q_tile, keys.transpose(-1, -2)).view(shape)
+
+
+def _shift_scores(problem: AttentionProblem, q_tile: torch.Tensor, keys: _Keys, j: int, shape):
+    """S' of kv block ``j`` from its fp32 scores Q K^T, as triton_shift.shift_scores forms
+    it: pasa / pasa-mixed (diag + off) S - off * rowsum(S) over the block's keys; pasa-exact
+    scale * S - c with c = scale * rowsum(S) / valid, returned too (zeros otherwise). The
+    columns past the valid keys are 0."""
+    raw = _scores(q_tile, keys.blocks[:, :, j], shape)
+    row_sum = raw.sum(-1, keepdim=True)
+    view = (-1, 1, 1, 1, 1)
+    if problem.allocation.exact_shift:
+        count = keys.valid[:, j].clamp(min=1).to(F32).view(view)
+        c = row_sum / count * problem.scale
+        shifted = raw * problem.scale - c
+    else:
+        a, off = (keys.score_map[:, j, i].view(view) for i in (0, 1))
+        shifted, c = a * raw - off * row_sum, torch.zeros_like(row_sum)
+    in_block = torch.arange(shape[-1], device=raw.device) < keys.valid[:, j].view(view)
+    return torch.where(in_block, shifted, 0.0), c
 
 
 def _pv(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -295,10 +345,13 @@ def _step_pseudo_average(problem, state, q_tile, keys, v_blk, j, vis, has_any, l
     gamma = ideal_invariance(problem.beta)
     gamma = _round(torch.tensor(gamma), torch.float16).item() if fp16_stats else gamma
 
-    s = _round(_scores(q_tile, keys.blocks[:, :, j], _tile_shape(state, v_blk.shape[-2])),
-               torch.float16)
-    s_mean = s.mean(-1, keepdim=True)  # over the block's keys, masked or not
+    shape = _tile_shape(state, v_blk.shape[-2])
+    if keys.score_map is not None:
+        s = _round(_shift_scores(problem, q_tile, keys, j, shape)[0], torch.float16)
+    else:
+        s = _round(_scores(q_tile, keys.blocks[:, :, j], shape), torch.float16)
     factor = keys.mean_factor[:, j]
+    s_mean = s.mean(-1, keepdim=True)  # over the block's keys, masked or not
     if bool(torch.isfinite(factor).any()):  # a part-filled block: the mean over its keys
         factor = factor.view(-1, 1, 1, 1, 1)
         s_mean = torch.where(torch.isfinite(factor), s.sum(-1, keepdim=True) * factor, s_mean)
@@ -334,8 +387,12 @@ def _step_exact(problem, state, q_tile, keys, v_blk, j, vis, has_any, low):
     fa-fp16s)."""
     r16 = lambda x: _round(x, torch.float16)  # noqa: E731
     shape = _tile_shape(state, v_blk.shape[-2])
-    s = r16(_scores(q_tile, keys.blocks[:, :, j], shape))
-    c = torch.matmul(q_tile, keys.mean16[:, :, j].unsqueeze(-1)).view(*shape[:-1], 1) * problem.scale
+    if keys.score_map is not None:
+        s, c = _shift_scores(problem, q_tile, keys, j, shape)
+        s = r16(s)
+    else:
+        s = r16(_scores(q_tile, keys.blocks[:, :, j], shape))
+        c = torch.matmul(q_tile, keys.mean16[:, :, j].unsqueeze(-1)).view(*shape[:-1], 1) * problem.scale
     guarded, rm = _row_max(s, vis, problem, lambda x: x)
     m_new = torch.maximum(state.m, guarded + c)
     a = torch.exp(state.m - m_new)

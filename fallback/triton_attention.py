@@ -65,7 +65,7 @@ def run(problem: AttentionProblem) -> None:
     shared = _shared(problem)
     if (problem.max_q_len == 1 and problem.band is None
             and (problem.mask is None or problem.mask.shape[1] == 1)):
-        prepared = triton_decode.run(problem, shared)
+        prepared = triton_decode.run(problem, tuning, shared)
         if (prepared is not None and problem.plan_state is not None
                 and not torch.cuda.is_current_stream_capturing()):
             problem.plan_state[_PREPARED] = (_prepared_key(problem, tuning), prepared)

@@ -4,8 +4,8 @@ One program per (kv split, batch, kv head) stacks the query heads of its group a
 so that K/V are read once per group and a single query row still fills the GPU (the
 splits make one wave of resident programs, :func:`triton_launch.decode_splits`); the
 partial results are merged by their log-sum-exp in fp32, one program per query head (as
-FlashDecoding). For PASA each split starts its own pseudo-average, and K' is computed
-there from each raw K block (:func:`triton_shift.shift_keys_in_kernel`). Where the call is
+FlashDecoding). For PASA each split starts its own pseudo-average, and the shift is
+applied there to each raw K block's scores or keys (``Tuning.decode_shift``). Where the call is
 checked for overflow (CHECK), the combine program that finds its merged row not finite
 recomputes it by fa-fp32 (:func:`triton_repair.fp32_tile`) and flags it repaired
 (or still not finite, from a NaN or inf input): no launch of its own."""
@@ -21,7 +21,8 @@ from pasa_npu.fallback import triton_launch as heuristics
 from pasa_npu.fallback.kernel_common import (PreparedLaunch, kv_row_offsets, cdiv, placeholder, pow2,
                                              sm_count)
 from pasa_npu.fallback.triton_repair import ROW_NONFINITE_C, ROW_REPAIRED_C, fp32_tile
-from pasa_npu.fallback.triton_shift import shift_keys_in_kernel
+from pasa_npu.fallback.triton_tuning import Tuning
+from pasa_npu.fallback.triton_shift import shift_keys_in_kernel, shift_scores
 from pasa_npu.fallback.triton_softmax import (block_update, finish_rows, initial_state,
                                               nonfinite_row_mask, block_row_constant)
 from pasa_npu.problem import AttentionProblem
@@ -44,13 +45,14 @@ def decode_split_kernel(
     PSEUDO_AVERAGE_SHIFT: tl.constexpr, EXACT_SHIFT: tl.constexpr, LOW_SCORES: tl.constexpr,
     LOW_STATISTICS: tl.constexpr, LOW_ACCUMULATOR: tl.constexpr,
     HAS_MASK: tl.constexpr, GUARD: tl.constexpr, PAGED: tl.constexpr, WHOLE_PAGE: tl.constexpr,
-    CHECK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    CHECK: tl.constexpr, SHIFT_SCORES: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
 ):
     """One split of the kv blocks for BLOCK_G query heads of one kv head's group (a group
     larger than BLOCK_G is cut into ``n_chunks``), query length 1. Writes the partial
-    results to rows ``chunk * BLOCK_G + g`` of the group's ``group_rows``. PASA's key shift
-    is done here on each zero-padded raw K block (fused). PAGED: K and V are the caches
+    results to rows ``chunk * BLOCK_G + g`` of the group's ``group_rows``. PASA's shift is
+    done here on each zero-padded raw K block: on its scores (SHIFT_SCORES,
+    :func:`triton_shift.shift_scores`) or on the keys (:func:`triton_shift.shift_keys_in_kernel`). PAGED: K and V are the caches
     (num_blocks, N_kv, page_size, D), read through the block table ``PAGES`` (a row of
     ``stride_pb`` per batch), whose strides ``stride_kb``/``stride_vb`` step blocks.
     CHECK: a row that lost resolution here leaves a NaN partial LSE, which the combine
@@ -99,6 +101,16 @@ def decode_split_kernel(
         else:
             lo = tl.maximum(first, n_whole)
             hi = last
+        # pasa's shift entries for this part's blocks, loaded once, out of the pipelined loop
+        entry_diag = 0.0
+        entry_off = 0.0
+        if PSEUDO_AVERAGE_SHIFT and SHIFT_SCORES:
+            if part == 0:
+                keys_in_block = BLOCK_N
+            else:
+                keys_in_block = tl.maximum(kv_len - n_whole * BLOCK_N, 1)
+            entry_diag = tl.load(SHIFT + keys_in_block * 4)
+            entry_off = tl.load(SHIFT + keys_in_block * 4 + 1)
         # the part-filled block is not pipelined: it is one block at most
         for blk in tl.range(lo, hi, num_stages=1 if part == 1 else None):
             n = blk * BLOCK_N + cols
@@ -117,11 +129,15 @@ def decode_split_kernel(
                         other=0.0)
             v = tl.load(v_base + v_rows[:, None] + dims_v[None, :] * stride_vd, mask=v_mask,
                         other=0.0)
-            if PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT:
+            if (PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT) and not SHIFT_SCORES:
                 k, mean = shift_keys_in_kernel(k, SHIFT, scale, kv_len - blk * BLOCK_N,
                                            EXACT_SHIFT, part == 1, BLOCK_N)
                 if EXACT_SHIFT:
                     c = block_row_constant(q, mean, scale)
+            qk = tl.dot(q, tl.trans(k))  # fp32 accumulation
+            if (PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT) and SHIFT_SCORES:
+                qk, c = shift_scores(qk, entry_diag, entry_off, scale, kv_len - blk * BLOCK_N,
+                                     EXACT_SHIFT, part == 1, BLOCK_N)
             if PSEUDO_AVERAGE_SHIFT and part == 1:  # the mean over the block's own keys
                 mean_factor = tl.load(SHIFT + (kv_len - blk * BLOCK_N) * 4 + 2)
             elif PSEUDO_AVERAGE_SHIFT:
@@ -133,7 +149,7 @@ def decode_split_kernel(
                                  mask=n < kv_len, other=1)
                 vis = vis & (masked == 0)[None, :]
             row_any = tl.max(vis.to(tl.int32), 1) > 0
-            m, l, acc, f, cnt = block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt,
+            m, l, acc, f, cnt = block_update(qk, v, c, vis, row_any, m, l, acc, f, cnt,
                                               scale, gamma, mean_factor, PSEUDO_AVERAGE_SHIFT,
                                               EXACT_SHIFT, LOW_SCORES, LOW_STATISTICS, True,
                                               GUARD, BLOCK_N, CHECK)
@@ -234,7 +250,7 @@ def decode_combine_kernel(PART_O, PART_LSE, O, LSE, FLAGS, SINK, q_starts, q_len
                  + q_start * stride_ls, lse)
 
 
-def run(problem: AttentionProblem, shared) -> Optional["PreparedDecode"]:
+def run(problem: AttentionProblem, tuning: Tuning, shared) -> Optional["PreparedDecode"]:
     """Launch the decode kernels for ``problem`` (query length 1;
     :class:`triton_attention.Shared` holds the arguments the launches share). Returns the
     two launches bound for the plan's later calls (:class:`PreparedDecode`), or None where
@@ -249,7 +265,9 @@ def run(problem: AttentionProblem, shared) -> Optional["PreparedDecode"]:
     group_rows = n_chunks * block_g
     n_blocks = max(1, cdiv(problem.max_kv_len, shared.constexprs["BLOCK_N"]))
     sms = 132 if shared.interpret else sm_count(q.device.index or 0)
-    resident = heuristics.decode_resident(problem.allocation, head_dim_p, block_g)
+    shift_scores = tuning.decode_shift == "scores"
+    stages_keys = problem.allocation.shifts_keys and not shift_scores
+    resident = heuristics.decode_resident(stages_keys, head_dim_p, block_g)
     n_splits = heuristics.decode_splits(n_blocks, batch * n_kv * n_chunks, sms, resident)
     blocks_per_split = cdiv(n_blocks, n_splits)
     n_splits = cdiv(n_blocks, blocks_per_split)
@@ -257,7 +275,7 @@ def run(problem: AttentionProblem, shared) -> Optional["PreparedDecode"]:
              batch * n_kv * n_splits * group_rows)
     part_o, part_lse = _partials(q, sizes)
     warps = 1 if shared.interpret else 4
-    stages = 1 if shared.interpret else heuristics.decode_stages(problem.allocation, head_dim_p)
+    stages = 1 if shared.interpret else heuristics.decode_stages(stages_keys, head_dim_p)
     if problem.paged:
         stages = heuristics.paged_stages(stages)
     pages = problem.block_table if problem.paged else q_starts
@@ -273,7 +291,8 @@ def run(problem: AttentionProblem, shared) -> Optional["PreparedDecode"]:
          shared.mask_strides[0], shared.mask_strides[2], pages.stride(0), problem.block_size,
          n_kv, group, problem.scale, shared.gamma, q.shape[3], v.shape[3], blocks_per_split,
          n_splits, n_chunks, group_rows),
-        dict(PAGED=problem.paged, WHOLE_PAGE=whole_page, CHECK=detect, BLOCK_G=block_g,
+        dict(PAGED=problem.paged, WHOLE_PAGE=whole_page, CHECK=detect,
+             SHIFT_SCORES=shift_scores, BLOCK_G=block_g,
              num_warps=warps, num_stages=stages, **shared.constexprs,
              **heuristics.fp_options(problem.allocation)),
         roles)

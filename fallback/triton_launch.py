@@ -1,7 +1,7 @@
 """Launch heuristics of the Triton kernels: tile sizes, warps and pipeline stages, the
 kv-block loops a prefill problem can enter, pasa-exact's row-constant form, the decode
 kernel's rows per program and kv splits. Each choice was measured fastest on an H100
-(``pasa-bench``, ``tools/ablate.py``); ``tools/triton_aot.py`` checks the resources a
+(``pasa-bench``, ``tools/dev/ablate.py``); ``tools/dev/triton_aot.py`` checks the resources a
 choice assumes against the compiled kernels."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pasa_npu.problem import AttentionProblem
 
 COMBINE_CHUNK = 32  # decode splits merged per load
 # keys per step of decode's in-combine overflow repair: few, so that the combine kernel's
-# registers and shared memory stay small (tools/triton_aot.py compiles it)
+# registers and shared memory stay small (tools/dev/triton_aot.py compiles it)
 DECODE_REPAIR_KEYS = 16
 GRID_AXIS_MAX = 65535  # CUDA's limit on a grid's second and third axes
 
@@ -90,9 +90,10 @@ def fp_options(allocation: Allocation) -> dict:
     return {"enable_fp_fusion": False} if allocation.low_statistics else {}
 
 
-def decode_stages(allocation: Allocation, head_dim: int) -> int:
-    """Pipeline depth of the decode kernel that fits shared memory (PASA also stages K')."""
-    stages = 2 if allocation.shifts_keys else 3
+def decode_stages(stages_keys: bool, head_dim: int) -> int:
+    """Pipeline depth of the decode kernel that fits shared memory (``stages_keys``: PASA
+    shifting the keys in the kernel stages K' too)."""
+    stages = 2 if stages_keys else 3
     return stages - 1 if head_dim > 128 else stages
 
 
@@ -100,7 +101,7 @@ def paged_stages(stages: int) -> int:
     """num_stages for a kv loop that reads K/V through the block table: Triton's pipeliner
     gives the table's load a stage of its own in front of the K/V loads it addresses and
     splits the stages between the two, so 2s - 1 stages keep the K/V loads s - 1 ahead,
-    as s stages keep them without a table (``tools/triton_aot.py``: the same shared memory
+    as s stages keep them without a table (``tools/dev/triton_aot.py``: the same shared memory
     and residency)."""
     return 2 * stages - 1
 
@@ -114,15 +115,15 @@ def decode_block_g(group: int, head_dim: int) -> int:
     return min(pow2(group), cap)
 
 
-def decode_resident(allocation: Allocation, head_dim: int, block_g: int) -> int:
+def decode_resident(stages_keys: bool, head_dim: int, block_g: int) -> int:
     """Programs of the decode kernel one H100 SM holds at once (4 warps), as its shared
-    memory and registers allow: ``tools/triton_aot.py`` reports this for every variant
+    memory and registers allow: ``tools/dev/triton_aot.py`` reports this for every variant
     the launch can pick (:func:`decode_block_g`) and fails where it differs from this
     table."""
     if head_dim > 128:
         return 1
-    if head_dim > 64:  # fa-*: three stages of K and V tiles; PASA: two, and K' besides
-        return 2 if allocation.shifts_keys else 1
+    if head_dim > 64:  # three stages of K and V tiles; shifting the keys: two, and K' besides
+        return 2 if stages_keys else 1
     return 3 if block_g <= 16 else 2
 
 

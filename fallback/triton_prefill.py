@@ -229,7 +229,7 @@ def prefill_kernel(
                     mean_factor = tl.where(blk == tail_blk, tail_factor, 1.0 / BLOCK_N)
                 else:
                     mean_factor = 1.0 / BLOCK_N
-                m, l, acc, f, cnt = block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt,
+                m, l, acc, f, cnt = block_update(tl.dot(q, tl.trans(k)), v, c, vis, row_any, m, l, acc, f, cnt,
                                                   scale, gamma, mean_factor, PSEUDO_AVERAGE_SHIFT,
                                                   EXACT_SHIFT, LOW_SCORES, LOW_STATISTICS,
                                                   stage != 1, GUARD, BLOCK_N, CHECK)

@@ -136,7 +136,7 @@ def fp32_tile(Q, K, V, MASK, PAGES, b, h, hk, m0, q_start, q_len, kv_start, kv_l
                              mask=(rows[:, None] < q_len) & in_kv[None, :], other=1)
             vis = vis & (masked == 0)
         row_any = tl.max(vis.to(tl.int32), 1) > 0
-        m, l, acc, f, cnt = block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale,
+        m, l, acc, f, cnt = block_update(tl.dot(q, tl.trans(k)), v, c, vis, row_any, m, l, acc, f, cnt, scale,
                                           0.0, scale, False, False, False, False, True, GUARD,
                                           BLOCK_N, False)
     return finish_rows(m, l, acc, f, cnt, 0.0, sink, False, HAS_SINK)
@@ -178,5 +178,5 @@ def run(problem: AttentionProblem, shared, overflow_word: torch.Tensor) -> None:
 
 def repair_stages(head_dim: int) -> int:
     """Pipeline depth of the repair's kv loop that fits an H100's shared memory: its K and
-    V tiles are 128 x D (``tools/triton_aot.py`` compiles each)."""
+    V tiles are 128 x D (``tools/dev/triton_aot.py`` compiles each)."""
     return 1 if head_dim > 128 else 2

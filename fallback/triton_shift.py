@@ -1,6 +1,7 @@
 """PASA's key shift on the GPU: K' per kv block, in a separate pass over K
 (:func:`prepare_keys`, the ``_shift_keys`` kernel) or inside an attention kernel
-(:func:`shift_keys_in_kernel`, the one definition both use).
+(:func:`shift_keys_in_kernel`, the one definition both use); or the same shift applied to
+a block's scores (:func:`shift_scores`, decode).
 
 ``pasa`` / ``pasa-mixed``: K' = M^T K per kv block (the stored shifting matrix, scale
 folded), evaluated element-wise from M's two distinct entries: in fp32, rounded once, as a
@@ -123,6 +124,38 @@ def shift_keys_in_kernel(k, SHIFT, scale, valid, EXACT_SHIFT: tl.constexpr,
     if PART_FILLED:
         shifted = tl.where((tl.arange(0, BLOCK_N) < n)[:, None], shifted, 0.0)
     return shifted, mean
+
+
+@triton.jit
+def shift_scores(qk, diag, off, scale, valid, EXACT_SHIFT: tl.constexpr,
+                 PART_FILLED: tl.constexpr, BLOCK_N: tl.constexpr):
+    """S' of one block from its raw scores ``qk`` = Q K^T (fp32 accumulation, zero in the
+    columns past the first ``valid`` keys): the shift applied to the scores instead of the
+    keys, for a kernel that reads each K block once (decode). ``pasa`` / ``pasa-mixed``:
+    row i of S' is the map M^T makes of K, diag * S_ij - off * (sum_k S_ik - S_ij), with
+    the entries for the block's keys (the row of :func:`cached_shift_table` for that many).
+    ``pasa-exact``: S' = scale * S - c with c = scale * (the row's mean score), which is
+    Q . mean(K) of the block. Both in fp32 and equal to Q K'^T in exact arithmetic; they
+    skip K''s rounding to fp16 and carry fp32's cancellation in the scores instead, which
+    is fa-fp32's (docs/design.md, "Shifting the scores in decode"). Returns S' (zero past
+    the valid keys) and c (pasa-exact; zeros otherwise)."""
+    if PART_FILLED:
+        n = tl.maximum(tl.minimum(valid, BLOCK_N), 1)
+    else:
+        n = BLOCK_N
+    row_sum = tl.sum(qk, 1)
+    if EXACT_SHIFT:
+        if PART_FILLED:
+            c = tl.math.div_rn(row_sum, n.to(tl.float32)) * scale
+        else:
+            c = row_sum * (1.0 / BLOCK_N) * scale
+        shifted = qk * scale - c[:, None]
+    else:
+        shifted = (diag + off) * qk - off * row_sum[:, None]
+        c = tl.zeros([qk.shape[0]], tl.float32)
+    if PART_FILLED:
+        shifted = tl.where((tl.arange(0, BLOCK_N) < n)[None, :], shifted, 0.0)
+    return shifted, c
 
 
 @functools.lru_cache(maxsize=64)

@@ -51,15 +51,16 @@ def _guarded_max(s, rm, vis, MASKED: tl.constexpr, GUARD: tl.constexpr, ROUND: t
 
 
 @triton.jit
-def block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mean_factor,
+def block_update(qk, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mean_factor,
                   PSEUDO_AVERAGE_SHIFT: tl.constexpr, EXACT_SHIFT: tl.constexpr,
                   LOW_SCORES: tl.constexpr, LOW_STATISTICS: tl.constexpr,
                   MASKED: tl.constexpr, GUARD: tl.constexpr, BLOCK_N: tl.constexpr,
                   CHECK: tl.constexpr):
     """One kv block of online softmax for the allocation the flags name
-    (:func:`pasa_npu.fallback.kernel_common.allocation_flags`). Rows that see no key of
-    the block (MASKED only: ``row_any`` False) keep their state. ``c``: pasa-exact's
-    per-row constant scale * (Q . mean16) of this block (fp32). ``mean_factor``: (MASKED
+    (:func:`pasa_npu.fallback.kernel_common.allocation_flags`), from the block's scores
+    ``qk``: Q K^T, or S' for the PASA allocations (fp32). Rows that see no key of the
+    block (MASKED only: ``row_any`` False) keep their state. ``c``: pasa-exact's per-row
+    constant of this block, the shift S' took off (fp32). ``mean_factor``: (MASKED
     pasa and pasa-mixed) the factor that turns the block's sum of S' into its row mean,
     1/BLOCK_N for a full block, other for a part-filled one
     (:func:`pasa_npu.fallback.triton_shift.cached_shift_table`); an interior block divides
@@ -72,8 +73,7 @@ def block_update(q, k, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mean
     # one body for every allocation: split into a helper per allocation, the same
     # operations compile to other sm_90 SASS (register allocation and schedule), and the
     # kernels are kept as they were measured
-    qk = tl.dot(q, tl.trans(k))  # fp32 accumulation
-    low: tl.constexpr = q.dtype  # fp16, or bf16 for fa-* on bf16 inputs
+    low: tl.constexpr = v.dtype  # fp16, or bf16 for fa-* on bf16 inputs
     if not (PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT or LOW_STATISTICS):  # fa-fp32, fa-fp16s
         if LOW_SCORES:
             qk = round_low(qk, low)  # fp16 unscaled scores: overflow happens here

@@ -3,7 +3,7 @@
 :class:`Tuning` names every switch the backend has; the defaults are the faster choices
 on an H100 (``pasa-bench``). The backend entry reads the active options once per call
 (:func:`active`) and passes them down; :func:`using` makes other options active for a
-block of code (``pasa-bench --tuning``, ``tools/ablate.py``, the tests), in the current
+block of code (``pasa-bench --tuning``, ``tools/dev/ablate.py``, the tests), in the current
 thread or task only.
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Iterator, Optional
 CHOICES = {
     "prefill": ("auto", "warp-specialised", "triton"),
     "shift": ("separate", "fused"),
+    "decode_shift": ("scores", "keys"),
     "loads": ("tma", "pointers"),
     "row_constant": ("auto", "precomputed", "in-kernel"),
 }
@@ -37,8 +38,11 @@ class Tuning:
     shifts K in a separate pass, loads through TMA and computes pasa-exact's row constants
     in its kv loop).
     ``shift``: how prefill shifts K for PASA, "separate" (one preprocessing pass over K) or
-    "fused" (recomputed inside every query tile). Decode always fuses: each K block is
-    read by one program there.
+    "fused" (recomputed inside every query tile).
+    ``decode_shift``: how decode shifts for PASA, inside its one pass over K (each K block
+    is read by one program there): "scores" (the shift applied to the block's fp32 scores,
+    :func:`triton_shift.shift_scores`; K' is never formed, so K' is not rounded to fp16)
+    or "keys" (K' formed from each loaded block, as the separate pass forms it).
     ``loads``: how the prefill kernel reads its interior kv blocks, "tma" (tensor
     descriptors, Hopper and newer; pointers where a layout is not TMA-addressable) or
     "pointers" (masked pointer loads).
@@ -56,6 +60,7 @@ class Tuning:
 
     prefill: str = "auto"
     shift: str = "separate"
+    decode_shift: str = "scores"
     loads: str = "tma"
     row_constant: str = "auto"
     launch: Optional[tuple[int, int, int]] = None

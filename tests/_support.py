@@ -419,6 +419,17 @@ def lse_scale_ulps(lse: torch.Tensor, ref_lse: torch.Tensor, unit: torch.dtype) 
     return float(diff / ulp(torch.tensor(lse_scale(ref_lse)), unit))
 
 
+def triton_numerics(path: str):
+    """The context in which the CPU backend computes what a Triton result of ``path``
+    ("prefill", "decode") is held against: decode shifting PASA's scores, as the Triton
+    decode kernel does under the active ``Tuning.decode_shift`` "scores" (the default),
+    shifts them in the CPU backend too (:func:`torch_blockwise.shifting_scores`)."""
+    from pasa_npu.fallback import torch_blockwise, triton_tuning
+    if path == "decode" and triton_tuning.active().decode_shift == "scores":
+        return torch_blockwise.shifting_scores()
+    return contextlib.nullcontext()
+
+
 def assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm: str, case: str,
                               path: str = "prefill", kernel: str = "triton", what: str = "",
                               *, call: tuple, kv_lens, kv_block: int = 128) -> None:

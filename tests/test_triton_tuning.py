@@ -4,7 +4,7 @@ loads, pasa-exact's row constant precomputed vs in the kernel, PASA's key shift 
 separate pass vs fused. Each is checked against the CPU backend on a case with GQA, a
 causal band, ragged lengths and a packed layout (whose TMA descriptors address the batch
 axis differently); the prefill switch without the ragged lengths in BNSD, which the Gluon
-kernel does not cover."""
+kernel does not cover. Decode's shift on the scores vs on the keys on a decode case."""
 from __future__ import annotations
 
 import pytest
@@ -12,13 +12,14 @@ import torch
 
 import pasa_npu
 from _support import (BACKENDS, assert_triton_matches_cpu, interpreted, on_device,
-                      triton_tuning)
+                      triton_numerics, triton_tuning)
 
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not installed")
 
 SWITCHES = [("prefill", "warp-specialised"), ("prefill", "triton"), ("loads", "pointers"),
             ("loads", "tma"), ("row_constant", "precomputed"), ("row_constant", "in-kernel"),
             ("shift", "fused"), ("shift", "separate")]
+DECODE_SWITCHES = [("decode_shift", "scores"), ("decode_shift", "keys")]
 
 
 def _case(layout: str, ragged: bool = True):
@@ -55,6 +56,28 @@ def test_tuning_alternatives_agree_with_cpu_backend(switch, value, algorithm, la
             else [b - a for a, b in zip([0, *cum], cum)])
     assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"{layout}-{switch}={value}",
                               call=(q, k, v, kw), kv_lens=lens, kv_block=kw["kv_block"])
+
+
+@pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "pasa-mixed"])
+@pytest.mark.parametrize("switch,value", DECODE_SWITCHES)
+def test_decode_tuning_alternatives_agree_with_cpu_backend(switch, value, algorithm):
+    """Decode (query length 1, GQA 4:1, several kv blocks and a part-filled last one, two
+    lengths): each shift against the CPU backend computing the same shift."""
+    gen = torch.Generator().manual_seed(12)
+    s2, d, block = (72, 64, 16) if interpreted("triton") else (1000, 128, 128)
+    q = torch.randn(2, 8, 1, d, generator=gen).half()
+    k, v = (torch.randn(2, 2, s2, d, generator=gen).half() + 3.0 for _ in range(2))
+    kw = dict(num_heads=8, num_key_value_heads=2, input_layout="BNSD", scale=d ** -0.5,
+              kv_block=block, actual_seq_lengths_kv=[s2, s2 // 2 + 3], softmax_lse_flag=True,
+              algorithm=algorithm)
+    with triton_tuning(**{switch: value}):
+        with triton_numerics("decode"):
+            ref, ref_lse = pasa_npu.fused_attention(q, k, v, backend="torch", **kw)
+        out, lse = pasa_npu.fused_attention(*on_device("triton", q, k, v), backend="triton",
+                                            **kw)
+    assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"decode-{switch}={value}",
+                              path="decode", call=(q, k, v, kw),
+                              kv_lens=kw["actual_seq_lengths_kv"], kv_block=block)
 
 
 LOOP_CASES = {  # name: (extra arguments, kv length, expected kv-block loops)
@@ -112,13 +135,14 @@ def test_every_tuning_choice_is_tested_and_bad_ones_are_refused(capsys):
     assert all(getattr(default, key) == values[0] for key, values in choices.items())
     tested = {(key, value) for key, values in choices.items() for value in values
               if value != "auto"}
-    assert tested == set(SWITCHES)
+    assert tested == set(SWITCHES) | set(DECODE_SWITCHES)
     # every other switch belongs to the Triton kernel: set away from its default, it sends
     # an "auto" prefill there (tests/test_gluon_prefill.py checks that on a Hopper GPU)
     assert not default.triton_kernel_only()
     for key, values in choices.items():
         for value in values[1:]:
-            assert default.replace(**{key: value}).triton_kernel_only() == (key != "prefill")
+            assert default.replace(**{key: value}).triton_kernel_only() == (
+                key not in ("prefill", "decode_shift"))
     assert default.replace(loops=7).triton_kernel_only()
     assert default.replace(launch=(64, 4, 2)).triton_kernel_only()
     with pytest.raises(ValueError, match="Tuning.shift must be one of"):
