@@ -1,6 +1,6 @@
 """Build of pasa_npu. ``fallback/`` and ``tools/`` install as ``pasa_npu.fallback`` and
 ``pasa_npu.tools``; nothing else lands in site-packages, and of ``tools/`` not the
-development tools (``tools/dev/`` and DEV_MODULES).
+development tools (``tools/dev/``).
 
 The extension ``pasa_npu._ascendc_emu`` compiles the AscendC kernel sources of
 ``ascend_kernels/`` against the project's CPU emulation of the AscendC API (g++ and pybind11,
@@ -20,10 +20,8 @@ from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 #: the development tools, run from a checkout and never installed: the package tools/dev
-#: (pasa_npu.tools.dev, with everything under it) and, still beside the user commands, the
-#: API self-test of the instruction-level simulator (ascend_kernels/sim)
+#: (pasa_npu.tools.dev, with everything under it)
 DEV_PACKAGE = "pasa_npu.tools.dev"
-DEV_MODULES = {("pasa_npu.tools", "sim_selftest")}
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -115,13 +113,12 @@ class BuildExt(build_ext):
 
 
 class BuildPy(build_py):
-    """build_py without DEV_PACKAGE (nor its subpackages) and DEV_MODULES."""
+    """build_py without DEV_PACKAGE (nor its subpackages)."""
 
     def find_package_modules(self, package, package_dir):
         if package == DEV_PACKAGE or package.startswith(DEV_PACKAGE + "."):
             return []
-        return [m for m in super().find_package_modules(package, package_dir)
-                if m[:2] not in DEV_MODULES]
+        return super().find_package_modules(package, package_dir)
 
 
 def _binding_extension(build):
@@ -158,7 +155,8 @@ setup(
     description="PASA: overflow-free fp16 flash attention for Ascend NPUs, with Triton and "
                 "PyTorch fallbacks",
     python_requires=">=3.10",
-    packages=["pasa_npu", "pasa_npu.fallback", "pasa_npu.integrations", "pasa_npu.tools",
+    packages=["pasa_npu", "pasa_npu.fallback", "pasa_npu.fallback.torch", "pasa_npu.fallback.triton",
+              "pasa_npu.fallback.gluon", "pasa_npu.integrations", "pasa_npu.tools",
               "pasa_npu.tools.compare"],
     package_dir={"pasa_npu": "pasa_npu", "pasa_npu.fallback": "fallback",
                  "pasa_npu.tools": "tools"},

@@ -1,1 +1,3 @@
-"""Fallback backends: blockwise PyTorch (CPU), the fp64 golden, and Triton (GPU)."""
+"""Fallback backends, one subpackage per family: ``torch`` (blockwise PyTorch, any device),
+``triton`` (Triton, CUDA GPUs) and ``gluon`` (its warp-specialised Gluon prefill);
+``kernel_common`` holds what the Triton and Gluon launches share."""

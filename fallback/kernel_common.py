@@ -1,5 +1,5 @@
-"""Pieces the GPU kernels share, the Triton kernels (``triton_prefill``, ``triton_decode``,
-``triton_shift``) and the warp-specialised Gluon kernel (``gluon_prefill``): the kv blocks
+"""Pieces the GPU kernels share, the Triton kernels (``triton.prefill``, ``triton.decode``,
+``triton.shift``) and the warp-specialised Gluon kernel (``gluon.prefill``): the kv blocks
 a query tile visits, the fp16 roundings, the allocation's flags as constexprs, the strides
 a TMA descriptor takes, small host helpers and the direct launch. Gluon kernels call these
 ``triton.jit`` helpers as they are (scalar and element-wise code has no layout of its own)."""

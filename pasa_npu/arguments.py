@@ -1,37 +1,22 @@
-"""torch_npu's argument list, written once, and its validation and normalisation.
+"""torch_npu's argument list, written once, and the binding of a call to it.
 
 :data:`TORCH_NPU_ARGUMENTS` and :data:`OWN_ARGUMENTS` are the one table of the keyword
 arguments of :func:`pasa_npu.fused_attention` (name, default, type, and what this package
 does with it). The public signature (:data:`SIGNATURE`), the keywords refused as not
 implemented and the compiled operator's schema (:mod:`pasa_npu.compiled`) derive from it;
-:class:`Call`, the typed arguments every call binds (:func:`bind`), holds its fields. The checks below turn the values into
-what a plan holds, with errors that name the argument, what was expected and what came.
+:class:`Call`, the typed arguments every call binds (:func:`bind`), holds its fields.
+:mod:`pasa_npu.options` checks the values and turns them into what a plan holds.
 """
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
-import numbers
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
 import torch
 
-from .beta import default_beta
-from .numerics import (ALGORITHM_NAMES, ALLOCATIONS, DEFAULT_ALGORITHM_BY_PRECISE_BIT,
-                       DEFAULT_TILING, FP16_MAX, Allocation, Tiling)
-
 INT_MAX = 2147483647
-
-#: input_layout -> (query/key/value layout, output layout)
-LAYOUTS = {
-    "BSH": ("BSH", "BSH"), "BSND": ("BSND", "BSND"), "BNSD": ("BNSD", "BNSD"),
-    "TND": ("TND", "TND"), "BNSD_BSND": ("BNSD", "BSND"), "BSH_NBSD": ("BSH", "NBSD"),
-    "BSND_NBSD": ("BSND", "NBSD"), "BNSD_NBSD": ("BNSD", "NBSD"), "TND_NTD": ("TND", "NTD"),
-    "NTD_TND": ("NTD", "TND"),
-}
-PACKED = ("TND", "NTD")
 
 
 @dataclass(frozen=True)
@@ -254,144 +239,6 @@ def _refuse_unimplemented(name: str, value, unused) -> None:
             f"(only the default {unused!r} is accepted)")
 
 
-@dataclass(frozen=True)
-class Options:
-    """A call's arguments other than its tensors, lengths, mask and block table, validated
-    and resolved once (the plan holds them): layouts, heads, scale, ``inner_precise``, the
-    outputs asked for, and (for a call that is not the golden) the allocation, tiling,
-    rounding guard and whether the overflow check runs. β, which the allocation and tiling
-    decide, is :func:`resolve_beta`'s."""
-
-    in_layout: str
-    out_layout: str
-    packed: bool
-    num_heads: int
-    num_kv_heads: int
-    scale: float
-    inner_precise: int
-    want_lse: bool
-    out_dtype: torch.dtype
-    allocation: Allocation
-    tiling: Tiling
-    rounding_guard: bool
-    overflow_check: bool
-
-
-def resolve_options(call: Call, golden: bool) -> Options:
-    """``call``'s :class:`Options`, or the first error among them, naming the argument.
-    ``golden``: the fp64 reference, which takes torch_npu's arguments only (fa-fp32's
-    order of operations, no tiling choice, no check)."""
-    query = call.query
-    check_tensors(query, call.key, call.value)
-    in_layout, out_layout = parse_layout(call.input_layout)
-    num_heads = int_arg(call.num_heads, "num_heads", minimum=1)
-    num_kv_heads = int_arg(call.num_key_value_heads, "num_key_value_heads", minimum=0)
-    num_kv_heads = num_kv_heads or num_heads
-    if num_heads % num_kv_heads:
-        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_key_value_heads "
-                         f"({num_kv_heads})")
-    check_fia_limits(num_heads, num_kv_heads)
-    scale = check_scale(call.scale)
-    inner_precise = int_arg(call.inner_precise, "inner_precise", minimum=0)
-    if inner_precise > 3:
-        raise ValueError(f"inner_precise must be 0, 1, 2 or 3, got {inner_precise}")
-    out_dtype = resolve_out_dtype(call.out_dtype, query.dtype)
-    if not isinstance(call.softmax_lse_flag, bool):
-        raise TypeError(f"softmax_lse_flag must be a bool, got "
-                        f"{describe(call.softmax_lse_flag)}")
-    common = dict(in_layout=in_layout, out_layout=out_layout, packed=in_layout in PACKED,
-                  num_heads=num_heads, num_kv_heads=num_kv_heads, scale=scale,
-                  inner_precise=inner_precise, want_lse=call.softmax_lse_flag)
-    if golden:
-        return Options(**common, out_dtype=torch.float64, allocation=ALLOCATIONS["fa-fp32"],
-                       tiling=DEFAULT_TILING, rounding_guard=False,
-                       overflow_check=False)
-    allocation = resolve_allocation(call.algorithm, inner_precise, query.dtype)
-    tiling = resolve_tiling(call.q_block, call.kv_block)
-    for name in ("rounding_guard", "repair_overflow"):
-        if not isinstance(getattr(call, name), bool):
-            raise TypeError(f"{name} must be a bool, got {describe(getattr(call, name))}")
-    if not isinstance(call.backend, str):
-        raise TypeError(f"backend must be a str, got {describe(call.backend)}")
-    return Options(**common, out_dtype=out_dtype, allocation=allocation, tiling=tiling,
-                   rounding_guard=call.rounding_guard,
-                   overflow_check=overflow_checked(call.repair_overflow, allocation))
-
-
-def overflow_checked(repair_overflow: bool, allocation: Allocation) -> bool:
-    """Whether a call's results are checked for overflow and loss of resolution: a PASA
-    allocation, unless ``repair_overflow=False``."""
-    return repair_overflow is True and allocation.shifts_keys
-
-
-#: FIA's limits (docs/fia-conformance.md): heads per axis, query heads per kv head, head dim
-MAX_HEADS, MAX_GROUP, MAX_HEAD_DIM, MAX_NBSD_QUERY_LEN = 256, 64, 512, 16
-#: FIA's batch limits: B, and the sequences of a packed (TND) call
-MAX_BATCH, MAX_PACKED_BATCH = 65536, 4096
-
-
-def check_fia_limits(num_heads: int, num_kv_heads: int) -> None:
-    """The head counts FIA refuses: over 256 on either axis, over 64 query heads per kv
-    head (op-plugin's FIA documentation; the aclnn document)."""
-    for name, n in (("num_heads", num_heads), ("num_key_value_heads", num_kv_heads)):
-        if n > MAX_HEADS:
-            raise ValueError(f"{name} must be at most {MAX_HEADS} (torch_npu's limit), got {n}")
-    if num_heads // num_kv_heads > MAX_GROUP:
-        raise ValueError(f"num_heads / num_key_value_heads must be at most {MAX_GROUP} "
-                         f"(torch_npu's limit), got {num_heads} / {num_kv_heads} = "
-                         f"{num_heads // num_kv_heads}")
-
-
-#: torch's ScalarType codes of the output dtypes ``out_dtype`` may name without quantising
-_OUT_DTYPE_CODES = {5: torch.float16, 15: torch.bfloat16}
-
-
-def resolve_out_dtype(out_dtype, query_dtype: torch.dtype) -> torch.dtype:
-    """The output dtype of a call: the query's (None), or float16 / bfloat16 given as a
-    torch dtype or its ScalarType code (5, 15). Other outputs (int8, fp8) quantise the
-    output: not implemented."""
-    if out_dtype is None:
-        return query_dtype
-    if isinstance(out_dtype, torch.dtype):
-        dtype = out_dtype
-    elif isinstance(out_dtype, numbers.Integral) and not isinstance(out_dtype, bool):
-        dtype = _OUT_DTYPE_CODES.get(int(out_dtype))
-    else:
-        raise TypeError(f"out_dtype must be an int (a ScalarType code) or a torch.dtype, got "
-                        f"{describe(out_dtype)}")
-    if dtype not in (torch.float16, torch.bfloat16):
-        raise NotImplementedError(
-            f"out_dtype={out_dtype!r} is not implemented by pasa_npu yet (float16 or bfloat16 "
-            f"outputs only: quantised outputs are not)")
-    return dtype
-
-
-#: learnable_sink: the layouts and the largest value head dim torch_npu takes it with
-SINK_LAYOUTS, SINK_MAX_HEAD_DIM_V = ("TND", "NTD_TND"), 128
-
-
-def check_sink(sink, num_heads: int, input_layout: str, head_dim_v: int, device) -> None:
-    """``learnable_sink``: a float (Nq,) tensor on the query's device, one logit per query
-    head; with torch_npu's limits (TND or NTD_TND, value head dim at most 128)."""
-    if sink is None:
-        return
-    if not isinstance(sink, torch.Tensor) or sink.dtype not in (
-            torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(f"learnable_sink must be a float16, bfloat16 or float32 tensor, got "
-                        f"{describe(sink)}")
-    if tuple(sink.shape) != (num_heads,):
-        raise ValueError(f"learnable_sink must have shape ({num_heads},), one logit per query "
-                         f"head, got {tuple(sink.shape)}")
-    if sink.device != device:
-        raise ValueError(f"learnable_sink is on {sink.device} but query is on {device}")
-    if input_layout not in SINK_LAYOUTS:
-        raise ValueError(f"learnable_sink takes input_layout {' or '.join(SINK_LAYOUTS)} "
-                         f"(torch_npu's limit), got {input_layout!r}")
-    if head_dim_v > SINK_MAX_HEAD_DIM_V:
-        raise ValueError(f"learnable_sink takes a value head dim of at most "
-                         f"{SINK_MAX_HEAD_DIM_V} (torch_npu's limit), got {head_dim_v}")
-
-
 def describe(value) -> str:
     """A short description of an argument for an error message: tensors and arrays by
     type, shape and dtype; other values by repr, cut at 80 characters."""
@@ -407,142 +254,3 @@ def is_default(value, default) -> bool:
     if default is None:
         return value is None
     return not isinstance(value, torch.Tensor) and value == default
-
-
-def int_arg(value, name: str, minimum: int) -> int:
-    if type(value) is int and value >= minimum:  # the common case, without ABC checks
-        return value
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {describe(value)}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def check_tensors(query, key, value) -> None:
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {describe(t)}")
-        if t.dtype not in (torch.float16, torch.bfloat16):
-            raise TypeError(f"{name} must be float16 or bfloat16, got {t.dtype}")
-    for name, t in (("key", key), ("value", value)):
-        if t.dtype != query.dtype:
-            raise TypeError(f"{name} dtype {t.dtype} differs from query dtype {query.dtype}")
-        if t.device != query.device:
-            raise ValueError(f"{name} is on {t.device} but query is on {query.device}")
-
-
-def parse_layout(input_layout) -> tuple[str, str]:
-    if not isinstance(input_layout, str):
-        raise TypeError(f"input_layout must be a str, got {describe(input_layout)}")
-    if input_layout not in LAYOUTS:
-        raise ValueError(f"input_layout must be one of {sorted(LAYOUTS)}, got {input_layout!r}")
-    return LAYOUTS[input_layout]
-
-
-def to_canonical(t: torch.Tensor, name: str, layout: str, heads: int) -> torch.Tensor:
-    """A (B, N, S, D) view of ``t`` given in ``layout`` (packed: B = 1, S = T)."""
-    dims = 3 if layout in ("BSH", "TND", "NTD") else 4
-    if t.dim() != dims:
-        raise ValueError(f"{name} must be {dims}-D for input_layout {layout}, got shape "
-                         f"{tuple(t.shape)}")
-    if layout == "BSH":
-        if t.shape[2] % heads:
-            raise ValueError(f"{name}'s hidden size {t.shape[2]} is not divisible by its head "
-                             f"count {heads} (input_layout BSH)")
-        return t.unflatten(2, (heads, t.shape[2] // heads)).permute(0, 2, 1, 3)
-    head_axis = {"BSND": 2, "BNSD": 1, "TND": 1, "NTD": 0}[layout]
-    if t.shape[head_axis] != heads:
-        what = "num_heads" if name == "query" else "num_key_value_heads (or num_heads)"
-        raise ValueError(f"{name} has {t.shape[head_axis]} heads on its N axis (input_layout "
-                         f"{layout}) but {what} is {heads}")
-    if layout == "BSND":
-        return t.permute(0, 2, 1, 3)
-    if layout == "BNSD":
-        return t
-    if layout == "TND":
-        return t.permute(1, 0, 2).unsqueeze(0)
-    return t.unsqueeze(0)
-
-
-def canonical_views(query, key, value, layout: str, num_heads: int, num_kv_heads: int):
-    """(q, k, v) as (B, N, S, D) views, each checked against its head count."""
-    return (to_canonical(query, "query", layout, num_heads),
-            to_canonical(key, "key", layout, num_kv_heads),
-            to_canonical(value, "value", layout, num_kv_heads))
-
-
-def check_shapes(q, k, v, layout) -> None:
-    if k.shape[0] != q.shape[0]:
-        raise ValueError(f"key batch {k.shape[0]} differs from query batch {q.shape[0]} "
-                         f"(input_layout {layout})")
-    if k.shape[3] != q.shape[3]:
-        raise ValueError(f"key head dim {k.shape[3]} differs from query head dim {q.shape[3]}")
-    if v.shape[:3] != k.shape[:3]:
-        raise ValueError(f"value (batch, heads, seq) {tuple(v.shape[:3])} differs from key's "
-                         f"{tuple(k.shape[:3])} (canonical BNSD order)")
-
-
-def check_scale(scale) -> float:
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale must be a float, got {describe(scale)}")
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be finite and positive, got {scale}")
-    return float(scale)
-
-
-def resolve_allocation(algorithm, inner_precise: int, dtype=None) -> Allocation:
-    """The allocation a call runs: ``algorithm``, or by inner_precise bit 0 (0: high
-    precision, 1: high performance); bf16 inputs do not distinguish the two (FIA's rule),
-    they take bit 0 = 0's."""
-    if algorithm is None:
-        bit0 = 0 if dtype == torch.bfloat16 else inner_precise & 1
-        return ALLOCATIONS[DEFAULT_ALGORITHM_BY_PRECISE_BIT[bit0]]
-    if algorithm not in ALLOCATIONS:
-        raise ValueError(f"algorithm must be one of {ALGORITHM_NAMES} or None, got {algorithm!r}")
-    return ALLOCATIONS[algorithm]
-
-
-def resolve_tiling(q_block, kv_block) -> Tiling:
-    q_block = DEFAULT_TILING.q_block if q_block is None else int_arg(q_block, "q_block", 1)
-    kv_block = DEFAULT_TILING.kv_block if kv_block is None else int_arg(kv_block, "kv_block", 2)
-    return Tiling(q_block=q_block, kv_block=kv_block)
-
-
-def resolve_beta(beta, allocation: Allocation, tiling: Tiling, scale: float) -> float:
-    if not allocation.shifts_keys:
-        if beta is not None:
-            raise ValueError(f"beta applies to pasa and pasa-mixed; algorithm "
-                             f"{allocation.name!r} takes beta=None, got {beta!r}")
-        return 0.0
-    if allocation.exact_shift:
-        if beta is not None:
-            raise ValueError(f"pasa-exact always shifts fully (beta = 1); pass beta=None, got "
-                             f"{beta!r}")
-        return 1.0
-    if beta is None:
-        return default_beta(tiling.kv_block, scale)
-    if isinstance(beta, bool) or not isinstance(beta, numbers.Real):
-        raise TypeError(f"beta must be a float, got {describe(beta)}")
-    if not 0.0 <= beta < 1.0:
-        raise ValueError(f"beta must lie in [0, 1) (1 would make the shifting matrix singular), "
-                         f"got {beta}")
-    return float(beta)
-
-
-def to_fp16_checked(tensors, names) -> tuple:
-    """bf16 -> fp16 for PASA, refusing values fp16 cannot hold instead of making inf. The
-    tensors' peak magnitudes come to the host together: one wait for the device, not one
-    per tensor (each peak from one read of its tensor, without an |x| temporary; a NaN
-    propagates to the peak and is refused too)."""
-    filled = [(t, name) for t, name in zip(tensors, names) if t.numel()]
-    if filled:
-        ranges = torch.stack([torch.stack(torch.aminmax(t)) for t, _ in filled]).float()
-        for (_, name), (low, high) in zip(filled, ranges.tolist()):
-            peak = max(-low, high)
-            if not peak <= FP16_MAX:
-                raise ValueError(
-                    f"{name} holds values up to {peak:.6g} in magnitude, beyond fp16's "
-                    f"{FP16_MAX:.0f}; PASA computes bf16 inputs in fp16. Use "
-                    f"algorithm='fa-fp32' for this input.")
-    return tuple(t.to(torch.float16) for t in tensors)

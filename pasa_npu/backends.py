@@ -62,10 +62,10 @@ class Backend:
 BACKENDS: dict[str, Backend] = {
     b.name: b
     for b in (
-        Backend("torch", "pasa_npu.fallback.torch_blockwise", ("cpu", "cuda"),
+        Backend("torch", "pasa_npu.fallback.torch.blockwise", ("cpu", "cuda"),
                 "blockwise PyTorch emulation of every allocation (CPU reference backend)",
                 backward=True, sinks=True),
-        Backend("triton", "pasa_npu.fallback.triton_attention", ("cuda", "cpu"),
+        Backend("triton", "pasa_npu.fallback.triton.attention", ("cuda", "cpu"),
                 "Triton kernels for CUDA GPUs; on CPU tensors under TRITON_INTERPRET=1",
                 emulated_on=("cpu",), emulator_switch="TRITON_INTERPRET", sinks=True),
         Backend("ascendc-emu", "pasa_npu.ascendc_emu", ("cpu",),
@@ -131,4 +131,4 @@ def available_backends(device: str = "cpu", emulated: bool = False) -> list[str]
 
 
 def run_golden(problem: AttentionProblem) -> None:
-    importlib.import_module("pasa_npu.fallback.golden").run(problem)
+    importlib.import_module("pasa_npu.reference").run(problem)

@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 
 from .api import fused_attention
-from .arguments import to_canonical
 from .masks import compressed_causal_mask
+from .options import to_canonical
 
 __all__ = ["ring_attention", "merge_partial"]
 

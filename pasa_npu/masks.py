@@ -7,7 +7,8 @@ import warnings
 
 import torch
 
-from .arguments import INT_MAX, describe, int_arg
+from .arguments import INT_MAX, describe
+from .options import int_arg
 
 OPTIMIZED_MASK_SIZE = 2048
 

@@ -16,7 +16,8 @@ from typing import Optional
 
 import torch
 
-from .arguments import describe, int_arg
+from .arguments import describe
+from .options import int_arg
 from .problem import host_memory
 
 #: block_size when S1 > 1: a multiple of PREFILL_BLOCK_ALIGN up to MAX_BLOCK_SIZE

@@ -11,12 +11,13 @@ from typing import Callable, Optional
 import torch
 
 from . import backends, overflow, paged_kv, paging
-from .arguments import (CALL_FIELDS, MAX_BATCH, MAX_HEAD_DIM, MAX_NBSD_QUERY_LEN,
-                        MAX_PACKED_BATCH, Call, canonical_views, check_shapes, check_sink,
-                        resolve_beta, resolve_options, to_canonical, to_fp16_checked)
+from .arguments import CALL_FIELDS, Call
 from .lengths import device_lengths, int_list, read_device_lengths, sequence_lengths
 from .masks import mask_and_band, tensor_identity
 from .numerics import Allocation, Tiling, compute_dtype
+from .options import (MAX_BATCH, MAX_HEAD_DIM, MAX_NBSD_QUERY_LEN, MAX_PACKED_BATCH,
+                      canonical_views, check_shapes, check_sink, resolve_beta, resolve_options,
+                      to_canonical, to_fp16_checked)
 from .outputs import (allocate_lse, allocate_output, fix_rows, lse_placeholder,
                       may_have_empty_rows)
 from .problem import AttentionProblem, host_memory

@@ -213,7 +213,7 @@ def assert_same_in_fp64(actual: torch.Tensor, expected: torch.Tensor, what: str 
 def triton_tuning(**switches):
     """The Triton backend's active Tuning with ``switches`` changed, active for the block
     (nested blocks add their switches to the outer ones')."""
-    from pasa_npu.fallback import triton_tuning as tuning
+    from pasa_npu.fallback.triton import tuning
 
     with tuning.using(tuning.active().replace(**switches)) as chosen:
         yield chosen
@@ -423,8 +423,10 @@ def triton_numerics(path: str):
     """The context in which the CPU backend computes what a Triton result of ``path``
     ("prefill", "decode") is held against: decode shifting PASA's scores, as the Triton
     decode kernel does under the active ``Tuning.decode_shift`` "scores" (the default),
-    shifts them in the CPU backend too (:func:`torch_blockwise.shifting_scores`)."""
-    from pasa_npu.fallback import torch_blockwise, triton_tuning
+    shifts them in the CPU backend too
+    (:func:`pasa_npu.fallback.torch.blockwise.shifting_scores`)."""
+    from pasa_npu.fallback.torch import blockwise as torch_blockwise
+    from pasa_npu.fallback.triton import tuning as triton_tuning
     if path == "decode" and triton_tuning.active().decode_shift == "scores":
         return torch_blockwise.shifting_scores()
     return contextlib.nullcontext()

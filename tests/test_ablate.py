@@ -27,7 +27,7 @@ def _inputs(seq=48, heads=2, d=32):
 def test_every_candidate_is_a_tuning_of_the_triton_kernel():
     """Every row but the default and the plain baseline times the Triton prefill kernel
     under its own Tuning (validated when made)."""
-    from pasa_npu.fallback import triton_tuning
+    from pasa_npu.fallback.triton import tuning as triton_tuning
     from pasa_npu.tools.dev import ablate
 
     rows = ablate.candidates()
@@ -40,7 +40,7 @@ def test_every_candidate_is_a_tuning_of_the_triton_kernel():
 
 
 def test_a_candidate_runs_with_its_tuning():
-    from pasa_npu.fallback import triton_tuning
+    from pasa_npu.fallback.triton import tuning as triton_tuning
     from pasa_npu.tools.dev import ablate
 
     q, k, v = on_device("triton", *_inputs())

@@ -184,7 +184,7 @@ def test_strided_inputs(backend):
 def test_every_documented_layout_has_a_golden_case():
     """The README's input_layout row lists exactly the layouts the API accepts, and the
     golden matrix runs each of them."""
-    from pasa_npu.arguments import LAYOUTS
+    from pasa_npu.options import LAYOUTS
     from test_golden import CASES
 
     readme = (ROOT / "README.md").read_text()

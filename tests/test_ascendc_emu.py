@@ -306,7 +306,7 @@ def test_pasa_tiling_rounds_the_shift_matrix_like_the_torch_backend():
     bits = m.view(torch.int16)
     assert t["shift_diag_bits"] == int(bits[0, 0]) & 0xFFFF
     assert t["shift_off_bits"] == int((-m).view(torch.int16)[0, 1]) & 0xFFFF
-    gamma = torch.tensor(beta / (1 - beta)).to(torch.float16).item()  # fp32 then fp16, as torch_blockwise
+    gamma = torch.tensor(beta / (1 - beta)).to(torch.float16).item()  # fp32 then fp16, as the torch backend
     assert t["gamma"] == gamma
 
 

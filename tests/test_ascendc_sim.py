@@ -8,16 +8,13 @@ import fcntl
 import hashlib
 import os
 import subprocess
-import sys
 import tempfile
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tools/ of the checkout
-
-from pasa_npu import sim_build  # noqa: E402
-from tools import sim_selftest as st  # noqa: E402
+from pasa_npu import sim_build
+from pasa_npu.tools.dev import sim_selftest as st
 
 REASON = sim_build.why_not()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"ascendc-sim: {REASON}")
@@ -52,7 +49,7 @@ def _build_dir():
 
 @pytest.fixture(scope="session")
 def outputs():
-    """Every case of tools/sim_selftest.py through both builds: (cases, sim, emu) by name."""
+    """Every case of tools/dev/sim_selftest.py through both builds: (cases, sim, emu) by name."""
     where = _build_dir()
     os.makedirs(where, exist_ok=True)
     with open(os.path.join(where, "lock"), "w") as lock:

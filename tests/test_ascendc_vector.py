@@ -14,7 +14,7 @@ from _emu_selftest import selftest_module
 TIMING = npu_params.timing_only(npu_params.values())
 
 # Each emulated vector instruction the kernels use, on operands given here, against an
-# independent model of its documented numerics (ascend_kernels/emu/emu_ops.h): arithmetic on
+# independent model of its documented numerics (ascend_kernels/emu/emu_ops_move.h): arithmetic on
 # half computed in fp32 and rounded once to half (to nearest, ties to even), on float the
 # IEEE fp32 operation; Exp and Ln the fp32 functions; casts to 16 bits to nearest even;
 # ReduceSum a binary tree of adjacent pairs in each 256-byte repeat, the repeats added in

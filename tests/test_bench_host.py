@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pasa_npu.fallback import torch_blockwise
+from pasa_npu.fallback.torch import blockwise as torch_blockwise
 from pasa_npu.tools import bench, bench_host
 
 

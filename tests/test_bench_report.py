@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pasa_npu.tools import bench
+from pasa_npu.tools import bench, bench_check, bench_report
 
 pytest.importorskip("matplotlib", reason="matplotlib is not installed")
 
@@ -30,7 +30,7 @@ def _result():
 
 
 def test_markdown_ratios_and_errors():
-    text = bench.markdown(_result())
+    text = bench_report.markdown(_result())
     assert "| 128 | 4096 | none | 300 (1.20 / 0.60) | 250 | 500 |" in text
     assert "| 128 | 16384 | none | error | 250 | 500 |" in text
     assert "| 8192 | 4:1 | 2400 (80%) [1200 (40%)] | 2700 (90%) [2500 (83%)] | error " \
@@ -39,16 +39,16 @@ def test_markdown_ratios_and_errors():
 
 def test_progress_line_names_the_mask_as_the_tables_do():
     row = _result()["rows"][0]
-    assert bench._row_text(row, ["pasa-exact"]).startswith("d=128  S=4096   none ")
-    assert bench._case_text(row) == "d=128 S=4096 none"
-    assert bench._row_text(dict(row, causal=True), ["pasa-exact"]).split()[2] == "causal"
+    assert bench_report.row_text(row, ["pasa-exact"]).startswith("d=128  S=4096   none ")
+    assert bench_report.case_text(row) == "d=128 S=4096 none"
+    assert bench_report.row_text(dict(row, causal=True), ["pasa-exact"]).split()[2] == "causal"
 
 
 @pytest.mark.parametrize("kinds", [("prefill",), ("decode",)])
 def test_markdown_of_a_run_with_one_kind_has_only_its_table(kinds):
     result = _result()
     result["rows"] = [row for row in result["rows"] if row["kind"] in kinds]
-    text = bench.markdown(result)
+    text = bench_report.markdown(result)
     assert ("Prefill, fp16" in text) == ("prefill" in kinds)
     assert ("Decode (query length 1)" in text) == ("decode" in kinds)
 
@@ -60,7 +60,7 @@ def test_plot_has_a_panel_per_mask_and_one_for_decode(kinds, tmp_path):
     result = _result()
     result["rows"] = [r for r in result["rows"] if r["kind"] in kinds]
     path = tmp_path / "bench.png"
-    assert bench.plot(result, path)
+    assert bench_report.plot(result, path)
     height, width = matplotlib.image.imread(path).shape[:2]
     # 4.2 inches per panel at 120 dpi (at least 6, for the title): one prefill panel
     # (d=128, no mask) and one decode
@@ -75,7 +75,7 @@ def test_plot_of_a_saved_run_and_its_errors(tmp_path, capsys):
     assert bench.main(["--plot", str(tmp_path / "missing.json"), "--out", str(tmp_path)]) == 2
     assert "cannot read" in capsys.readouterr().err
     empty = dict(_result(), rows=[])
-    assert not bench.plot(empty, tmp_path / "none.png")
+    assert not bench_report.plot(empty, tmp_path / "none.png")
     assert "no prefill or decode rows" in capsys.readouterr().err
 
 
@@ -86,7 +86,7 @@ def test_paged_table_shows_share_of_copy_and_ratio_to_contiguous():
     result["rows"][0]["pasa-exact paged"] = {"tflops": 285.0}
     result["rows"][1]["pasa-exact paged"] = {"error": "RuntimeError: x"}
     result["paged_cache"] = "3d"
-    text = bench.markdown(result)
+    text = bench_report.markdown(result)
     assert "Paged KV (3d cache, block_size 128" in text
     assert "| decode S2=8192 GQA 4:1 | 2160 (72%); 0.90 |" in text
     assert "| prefill d=128 S=4096 none | 285; 0.95 |" in text
@@ -131,14 +131,14 @@ def test_check_comparison_within_the_unchecked_runs_spread():
     off = _check_runs({"pasa": [300.0, 310.0, 305.0], "sdpa-flash": [270.0, 280.0, 275.0]})
     on = _check_runs({"pasa": [299.0, 296.0, 298.0], "sdpa-flash": [281.0, 270.0, 276.0]})
     on[1][0]["fa-fp32"] = {"error": "RuntimeError: out of resources"}  # not in every run
-    rows = {row["name"]: row for row in bench.check_comparison(off, on)}
+    rows = {row["name"]: row for row in bench_check.check_comparison(off, on)}
     assert set(rows) == {"pasa", "sdpa-flash"}
     # checked median 298 below the unchecked runs' smallest, 300
     assert not rows["pasa"]["within"] and rows["pasa"]["ratio"] == pytest.approx(298 / 305)
     assert rows["sdpa-flash"]["within"] and rows["sdpa-flash"]["ratio"] == pytest.approx(276 / 275)
     result = {"device": "test GPU", "torch": "x", "triton": "y", "runs": 3,
-              "comparison": bench.check_comparison(off, on)}
-    text = bench.check_markdown(result)
+              "comparison": bench_check.check_comparison(off, on)}
+    text = bench_check.check_markdown(result)
     assert ("| d=64 S=4096 causal | pasa | TFLOP/s | 305 [300, 310] | 298 [296, 299] | 0.977 "
             "| no |") in text
     assert "| d=64 S=4096 causal | sdpa-flash | TFLOP/s | 275 [270, 280] | 276 [270, 281] " \
@@ -162,14 +162,14 @@ def test_chance_outside_counts_every_order_of_the_runs(runs):
         unchecked = sorted(set(range(2 * runs)) - set(checked))
         median = sorted(checked)[runs // 2]
         outside += not unchecked[0] <= median <= unchecked[-1]
-    assert bench.chance_outside(runs) == pytest.approx(outside / len(orders), rel=1e-12)
+    assert bench_check.chance_outside(runs) == pytest.approx(outside / len(orders), rel=1e-12)
 
 
 @pytest.mark.parametrize("runs", [2, 4, 1])
 def test_chance_outside_needs_a_middle_run(runs):
     with pytest.raises(ValueError, match="odd number of at least 3, so that the checked "
                                          f"median is one run, got {runs}"):
-        bench.chance_outside(runs)
+        bench_check.chance_outside(runs)
 
 
 def test_check_summary_tells_a_real_cost_from_chance():
@@ -178,13 +178,13 @@ def test_check_summary_tells_a_real_cost_from_chance():
     def rows(outside, ratio, name):
         return [dict(name=name, ratio=ratio, within=i >= outside) for i in range(8)]
     comparison = rows(4, 0.98, "pasa") + rows(1, 1.0, "sdpa-flash")
-    ours, peers = bench.check_summary(comparison, 9)
+    ours, peers = bench_check.check_summary(comparison, 9)
     assert (ours["group"], ours["cells"], ours["outside"]) == ("ours", 8, 4)
-    assert ours["expected"] == pytest.approx(8 * bench.chance_outside(9))
+    assert ours["expected"] == pytest.approx(8 * bench_check.chance_outside(9))
     assert ours["p_value"] < 1e-4 and not ours["consistent"]
     assert ours["ratio"] == pytest.approx(0.98)
     assert peers["outside"] == 1 and peers["consistent"]
-    p = bench.chance_outside(9)
+    p = bench_check.chance_outside(9)
     assert peers["p_value"] == pytest.approx(1 - (1 - p) ** 8)
 
 
@@ -206,7 +206,7 @@ def test_host_table_shows_microseconds_ratio_to_flash_and_eager_minus_graph():
     result["rows"][0]["sdpa-flash"].update(host_us=20.0)
     result["rows"][2]["pasa-exact"].update(host_us=45.0, ms=0.150, graph_ms=0.110)
     result["rows"][2]["sdpa-flash"].update(host_us=30.0, ms=0.100, graph_ms=0.095)
-    text = bench.markdown(result)
+    text = bench_report.markdown(result)
     assert "| d=128 S=4096 none | 60 (3.0) | 20 (1.0) | - |" in text
     assert "| decode d=128 S2=8192 GQA 4:1 | 45 (1.5) / 40 | 30 (1.0) / 5 | - |" in text
     assert "d=128 S=16384" not in text.split("Host time")[1]  # no host times in that row

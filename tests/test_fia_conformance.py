@@ -13,7 +13,7 @@ import torch
 import pasa_npu
 from _support import (BACKENDS, INT_MAX, interpreted, interpreter_skip, naive_attention,
                       npu_visible, on_device, rel_rmse, skip_unsupported)
-from pasa_npu.arguments import resolve_allocation
+from pasa_npu.options import resolve_allocation
 
 OPT = pasa_npu.compressed_causal_mask()
 F32_LOWEST = torch.finfo(torch.float32).min

@@ -1,4 +1,4 @@
-"""The warp-specialised Gluon prefill (fallback/gluon_prefill.py) on an H100: it runs
+"""The warp-specialised Gluon prefill (fallback/gluon/prefill.py) on an H100: it runs
 where it applies, computes what the Triton kernel computes for the same allocation (bit
 for bit for fa-fp32; pasa and pasa-exact sum on the tensor cores, in another order),
 agrees with the CPU backend, and stays out of the cases it does not cover.
@@ -37,7 +37,7 @@ MODES = {"no mask": dict(), "causal (2)": dict(sparse_mode=2), "causal (3)": dic
 @pytest.fixture
 def gluon_launches(monkeypatch):
     """The number of Gluon prefill launches while the test runs."""
-    from pasa_npu.fallback import gluon_prefill
+    from pasa_npu.fallback.gluon import prefill as gluon_prefill
 
     launches = []
     run = gluon_prefill.run

@@ -234,7 +234,7 @@ def test_one_shifted_score_flip_attains_the_shift_gain(keys, algorithm, monkeypa
     moves the LSE by its share of the row's mass: all of it at worst.) Flips are rare on
     CPUs, which sum in nearly the same order, so the measured values do not show this
     term; a GPU does."""
-    from pasa_npu.fallback import torch_blockwise
+    from pasa_npu.fallback.torch import blockwise as torch_blockwise
 
     gen = torch.Generator().manual_seed(keys)
     q = torch.randn(2, 2, 16, 64, generator=gen).half()

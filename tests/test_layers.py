@@ -10,14 +10,14 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-#: rank and modules of each layer, lowest first; a module of ``fallback/`` or
-#: ``pasa_npu/integrations/`` belongs to its folder's layer
+#: rank and modules of each layer, lowest first; a module of ``fallback/`` (its subfolders
+#: too) or ``pasa_npu/integrations/`` belongs to its folder's layer
 LAYERS = {
     "core": (0, {"numerics", "npu_params", "beta", "install_record"}),
     "contract": (1, {"problem", "outputs", "paged_kv"}),
     "backends": (2, {"backends", "kernel_inputs", "ascendc_cpu", "ascendc_emu", "ascendc_sim",
-                     "sim_build", "npu", "fallback"}),
-    "arguments": (2, {"arguments", "lengths", "masks", "paging"}),
+                     "sim_build", "npu", "reference", "fallback"}),
+    "arguments": (2, {"arguments", "options", "lengths", "masks", "paging"}),
     "plan": (3, {"plans", "overflow"}),
     "api": (4, {"api", "compiled", "distributed", "torch_npu_patch", "integrations",
                 "__init__"}),
@@ -35,19 +35,32 @@ def _sources():
     for path in sorted((ROOT / "pasa_npu").glob("*.py")):
         yield path.stem, path
     for folder in ("fallback", "pasa_npu/integrations"):
-        for path in sorted((ROOT / folder).glob("*.py")):
+        for path in sorted((ROOT / folder).rglob("*.py")):
             yield pathlib.Path(folder).name, path
+
+
+def _folders(path: pathlib.Path) -> tuple[str, ...]:
+    """The folders of ``path`` below the package: () in pasa_npu/, ("fallback", "triton")
+    in fallback/triton/ (installed as pasa_npu.fallback.triton)."""
+    folders = []
+    parent = path.parent
+    while parent.name not in ("pasa_npu", "fallback") and parent != parent.parent:
+        folders.append(parent.name)
+        parent = parent.parent
+    if parent.name == "fallback":
+        folders.append("fallback")
+    return tuple(reversed(folders))
 
 
 def _imported(path: pathlib.Path) -> set[str]:
     """The package modules ``path`` imports: the first name below ``pasa_npu``."""
     found = set()
-    package_level = path.parent.name == "pasa_npu"
+    folders = _folders(path)
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             names = [a.name for a in node.names]
-            if node.level == 1 and not package_level:  # a sibling in fallback/, integrations/
-                found.add(path.parent.name)
+            if 0 < node.level <= len(folders):  # a module inside fallback/, integrations/
+                found.add(folders[0])
             elif node.level:
                 base = (node.module or "").split(".")[0]
                 found.update([base] if base else names)

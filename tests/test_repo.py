@@ -34,7 +34,7 @@ def test_only_pasa_npu_is_installed():
 def test_development_tools_are_not_installed(tmp_path, monkeypatch):
     """setup.py's build_py, which lays out what a wheel installs, copies tools/ without the
     development tools of tools/dev/ (run from a checkout: python tools/dev/mutation_check.py,
-    python -m pasa_npu.tools.dev.ablate in an editable install) and without the simulator's
+    python -m pasa_npu.tools.dev.ablate in an editable install), among them the simulator's
     self-test, and nothing installed imports them."""
     import sys
     import types
@@ -57,19 +57,23 @@ def test_development_tools_are_not_installed(tmp_path, monkeypatch):
     build.ensure_finalized()
     build.run()
     tools = tmp_path / "pasa_npu" / "tools"
-    assert (tools / "beta.py").is_file() and (tmp_path / "pasa_npu" / "fallback").is_dir()
+    assert (tools / "beta.py").is_file() and (tmp_path / "pasa_npu" / "reference.py").is_file()
+    # every backend family of fallback/ (a subpackage each) is installed
+    families = {p.parent.name for p in (ROOT / "fallback").glob("*/__init__.py")}
+    assert {"torch", "triton", "gluon"} <= families
+    fallback = tmp_path / "pasa_npu" / "fallback"
+    assert (fallback / "kernel_common.py").is_file()
+    assert {p.parent.name for p in fallback.glob("*/__init__.py")} == families
     dev = {f.stem for f in (ROOT / "tools" / "dev").glob("*.py")} - {"__init__"}
-    assert {"mutation_check", "mutation_list", "ablate", "triton_aot"} <= dev
+    assert {"mutation_check", "mutation_list", "ablate", "triton_aot", "sim_selftest"} <= dev
     assert not (tools / "dev").exists()
-    assert not (tools / "sim_selftest.py").exists()
     installed = {f.stem for f in tools.rglob("*.py")}
     assert not installed & dev, installed & dev
     for f in tools.rglob("*.py"):  # what is installed imports no development module
         for line in f.read_text().splitlines():
             words = line.replace(",", " ").split()
             if words[:1] in (["import"], ["from"]):
-                imported = [w for w in words if w.split(".")[-1] in dev | {"sim_selftest"}
-                            or "dev" in w.split(".")]
+                imported = [w for w in words if w.split(".")[-1] in dev or "dev" in w.split(".")]
                 assert not imported, f"{f.name} imports {imported}, which is not installed"
     assert {"bench", "beta", "compare", "npu_model", "npu_extrapolate", "npu_calibrate"} <= \
         installed | {d.name for d in tools.iterdir() if d.is_dir()}

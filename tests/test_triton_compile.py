@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("triton", reason="triton is not installed")
 
-from pasa_npu.fallback import gluon_prefill  # noqa: E402
+from pasa_npu.fallback.gluon import prefill as gluon_prefill  # noqa: E402
 
 
 def _triton_aot(*args: str) -> str:
@@ -93,7 +93,7 @@ def test_every_kernel_variant_compiles_for_sm90(aot_report):
 def test_paged_kv_loops_keep_the_pipeline_depth(aot_report):
     """A paged kv loop loads the block table's entry, then K and V from the block it names:
     Triton's pipeliner gives that load a stage of its own and splits the others with it
-    (``triton_launch.paged_stages``). With 2s - 1 stages, K and V stay as many blocks ahead
+    (``pasa_npu.fallback.triton.launch.paged_stages``). With 2s - 1 stages, K and V stay as many blocks ahead
     as without a table: the same shared memory (the table's entries add bytes, not tiles)
     and, for decode, the same resident programs."""
     smem = {}

@@ -41,7 +41,7 @@ def _step(q, k, v, lens, algorithm, backend="triton"):
 def _metadata(q_lens, kv_lens, band=None):
     from types import SimpleNamespace
 
-    from pasa_npu.fallback import triton_metadata
+    from pasa_npu.fallback.triton import metadata as triton_metadata
 
     dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     t = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
@@ -52,7 +52,7 @@ def _metadata(q_lens, kv_lens, band=None):
 
 
 def test_device_metadata_is_one_copy_cached_by_value():
-    from pasa_npu.fallback.triton_metadata import INT_BIG
+    from pasa_npu.fallback.triton.metadata import INT_BIG
 
     first = _metadata([1, 1], [3, 4])
     assert [r.tolist() for r in first] == [[0, 0], [1, 1], [0, 0], [3, 4], [1, 1], [1, 1]]

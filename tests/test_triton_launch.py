@@ -20,7 +20,7 @@ def test_decode_split_counts_agree_with_cpu_backend(splits, algorithm, monkeypat
     split count gives the CPU backend's result: one split, the launch heuristic's count,
     and more splits than the merge loads at once (its loop over chunks), with a short
     batch whose later splits see no key at all."""
-    from pasa_npu.fallback import triton_launch
+    from pasa_npu.fallback.triton import launch as triton_launch
 
     block = 16 if interpreted("triton") else 128
     n_blocks = 2 * triton_launch.COMBINE_CHUNK + 3
@@ -52,7 +52,7 @@ def test_decode_fills_one_wave_of_programs():
     """The split count keeps every group's kv blocks covered and launches no more programs
     than the GPU holds at once (more splits than blocks, or a second partial wave, are
     slower on an H100)."""
-    from pasa_npu.fallback.triton_launch import decode_splits
+    from pasa_npu.fallback.triton.launch import decode_splits
 
     for n_blocks in (1, 7, 64, 1024):
         for groups in (1, 4, 32, 64, 128, 500):
@@ -70,7 +70,7 @@ def test_decode_cuts_large_query_groups_into_chunks(head_dim, group, algorithm, 
     (64 rows at d = 256 overflow an H100's shared memory for fa-*) run as several
     programs over the same K/V blocks, each merged into its own rows. (FIA refuses groups
     above 64, so 64 at d = 256 is the largest group a call can bring.)"""
-    from pasa_npu.fallback import triton_launch
+    from pasa_npu.fallback.triton import launch as triton_launch
 
     gen = torch.Generator().manual_seed(8)
     s2 = 100 if interpreted("triton") else 1000
@@ -100,7 +100,7 @@ def test_more_batch_heads_than_a_grid_axis_holds(query_len, algorithm, monkeypat
     puts them on the first. On a GPU 4097 batches x 16 heads (as many kv heads, for the
     key shift and decode); under the interpreter, which has no such limit and would run
     65k programs one by one, the limit is lowered to 3 for 2 x 4 pairs."""
-    from pasa_npu.fallback import triton_launch
+    from pasa_npu.fallback.triton import launch as triton_launch
 
     batch, heads = 4097, 16
     if interpreted("triton"):

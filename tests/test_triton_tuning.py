@@ -94,7 +94,7 @@ LOOP_CASES = {  # name: (extra arguments, kv length, expected kv-block loops)
 def test_block_loops_compiled_out_only_where_empty(case, monkeypatch):
     """The prefill kernel compiles out the kv-block loops a problem can never enter. The
     output with only those loops must equal, bit for bit, the output with all three."""
-    from pasa_npu.fallback import triton_launch
+    from pasa_npu.fallback.triton import launch as triton_launch
 
     extra, s2, expected = LOOP_CASES[case]
     gen = torch.Generator().manual_seed(5)
@@ -127,7 +127,7 @@ def test_every_tuning_choice_is_tested_and_bad_ones_are_refused(capsys):
     """Each switch's choices are the ones the tests above run (``auto`` picks one of the
     others); Tuning and pasa-bench refuse a key or value the backend does not know, instead
     of running the default under a wrong label."""
-    from pasa_npu.fallback import triton_tuning as tuning_module
+    from pasa_npu.fallback.triton import tuning as tuning_module
     from pasa_npu.tools import bench
 
     choices = tuning_module.CHOICES
@@ -158,7 +158,7 @@ def test_every_tuning_choice_is_tested_and_bad_ones_are_refused(capsys):
 
 
 def test_tuning_is_active_in_its_block_only():
-    from pasa_npu.fallback import triton_tuning as tuning_module
+    from pasa_npu.fallback.triton import tuning as tuning_module
 
     assert tuning_module.active() is tuning_module.DEFAULT_TUNING
     with triton_tuning(shift="fused"):

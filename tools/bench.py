@@ -17,14 +17,13 @@ each call, which at tens of microseconds per step can exceed the kernels).
 redraws the plot from a saved run. ``--overflow-check compare`` instead times every case
 ``--runs`` times with the check off and on (alternating which comes first) and writes
 ``check.json`` and ``check.md``: whether each checked cell lies within the spread between
-the unchecked runs (:func:`check_comparison`), and how many cells fall outside against what
-chance alone gives (:func:`check_summary`).
+the unchecked runs, and how many cells fall outside against what chance alone gives
+(:mod:`bench_check`). The tables and the plot are :mod:`bench_report`'s.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import pathlib
 import statistics
 import sys
@@ -33,8 +32,10 @@ import time
 import torch
 
 import pasa_npu
-from pasa_npu.fallback import triton_tuning
+from pasa_npu.fallback.triton import tuning as triton_tuning
 from pasa_npu.tools import bench_paged
+from pasa_npu.tools.bench_check import chance_outside, check_comparison, check_markdown
+from pasa_npu.tools.bench_report import markdown, plot, row_text
 
 PREFILL_ALGORITHMS = ("pasa-exact", "pasa", "pasa-mixed", "fa-fp32", "fa-fp16s", "fa-fp16")
 DECODE_ALGORITHMS = ("pasa-exact", "pasa", "fa-fp32")
@@ -140,7 +141,7 @@ def run_case(case, algorithms, mask, progress=print, paged_cache=None,
                 _add_graph_tflops(row[name], lambda: plain(q, k, v, causal, gqa), flops)
                 _add_graph_tflops(row[f"{name} paged"], paged_call, flops)
         del k_cache, v_cache
-    progress(_row_text(row, algorithms))
+    progress(row_text(row, algorithms))
     return row
 
 
@@ -189,284 +190,6 @@ def _add_graph_tflops(entry: dict, call, flops: float) -> None:
         entry["graph_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
 
 
-def _ratio(row, a, b, key="tflops"):
-    if key in row.get(a, {}) and key in row.get(b, {}):
-        return row[a][key] / row[b][key]
-    return None
-
-
-def _throughput_key(row) -> str:
-    """The throughput pasa-bench reports for a row: prefill TFLOP/s (called eagerly),
-    decode GB/s (replayed from a CUDA graph)."""
-    return "tflops" if row["kind"] == "prefill" else "gbs"
-
-
-def mask_text(row) -> str:
-    """A prefill row's mask as every table and progress line names it."""
-    return "causal" if row["causal"] else "none"
-
-
-def _row_text(row, algorithms) -> str:
-    if row["kind"] == "prefill":
-        head = f"d={row['d']:<4} S={row['s']:<6} {mask_text(row):<6}"
-    else:
-        head = f"decode d={row['d']} S2={row['s']} GQA {row['ratio']}:1"
-    cells = []
-    unit = _throughput_key(row)
-    names = list(algorithms) + ["sdpa-flash", "sdpa-cudnn"]
-    names += [n for n in row if isinstance(n, str) and n.endswith(" paged")]
-    for name in names:
-        e = row.get(name, {})
-        cells.append(f"{name}={e[unit]:.0f}" if unit in e else f"{name}=ERR")
-    errors = {row[n]["error"] for n in names if "error" in row.get(n, {})}
-    return head + "  " + " ".join(cells) + "".join(f"\n    error: {e}" for e in errors)
-
-
-def markdown(result) -> str:
-    """The run as Markdown: a prefill table and a decode table, each only where the run
-    has rows of that kind."""
-    algos = result["algorithms"]
-    lines = [f"Device: {result['device']}; torch {result['torch']}, triton {result['triton']}; "
-             f"copy bandwidth {result['copy_gbs']:.0f} GB/s (read + write); overflow check "
-             f"{result.get('overflow_check', 'on')}."]
-    prefill = [row for row in result["rows"] if row["kind"] == "prefill"]
-    decode = [row for row in result["rows"] if row["kind"] == "decode"]
-    if prefill:
-        lines += ["", "Prefill, fp16, TFLOP/s (ratio to SDPA-flash / SDPA-cuDNN):", "",
-                  "| d | S | mask | " + " | ".join(algos) + " | sdpa-flash | sdpa-cudnn |",
-                  "|" + "---|" * (len(algos) + 5)]
-    for row in prefill:
-        cells = []
-        for name in algos:
-            e = row.get(name, {})
-            if "tflops" not in e:
-                cells.append("error")
-                continue
-            rf, rc = _ratio(row, name, "sdpa-flash"), _ratio(row, name, "sdpa-cudnn")
-            cells.append(f"{e['tflops']:.0f} ({rf:.2f} / {rc:.2f})" if rf and rc else
-                         f"{e['tflops']:.0f}")
-        peers = [f"{row[n]['tflops']:.0f}" if "tflops" in row.get(n, {}) else "error"
-                 for n in ("sdpa-flash", "sdpa-cudnn")]
-        lines.append(f"| {row['d']} | {row['s']} | {mask_text(row)} | "
-                     + " | ".join(cells + peers) + " |")
-    if decode:
-        lines += ["", "Decode (query length 1), fp16, d=128, 32 query heads, batch 8: GB/s of "
-                  "K+V read (share of copy bandwidth), replayed from a CUDA graph; in brackets "
-                  "after it, called eagerly (host time included):", "",
-                  "| S2 | GQA | " + " | ".join(result["decode_algorithms"])
-                  + " | sdpa-flash | sdpa-cudnn |",
-                  "|" + "---|" * (len(result["decode_algorithms"]) + 4)]
-    for row in decode:
-        cells = []
-        for name in list(result["decode_algorithms"]) + ["sdpa-flash", "sdpa-cudnn"]:
-            e = row.get(name, {})
-            bw = result["copy_gbs"]
-            eager = (f" [{e['eager_gbs']:.0f} ({e['eager_gbs'] / bw:.0%})]" if "eager_gbs" in e
-                     else "")
-            cells.append(f"{e['gbs']:.0f} ({e['gbs'] / bw:.0%}){eager}" if "gbs" in e
-                         else "error" + eager)
-        lines.append(f"| {row['s']} | {row['ratio']}:1 | " + " | ".join(cells) + " |")
-    lines += _host_markdown(result)
-    lines += bench_paged.markdown(result)
-    return "\n".join(lines) + "\n"
-
-
-def _host_markdown(result) -> list:
-    """The host time table: µs per call with the GPU kept busy (:func:`host_us`), ratio to
-    SDPA-flash's; for decode, after a slash, eager minus graph-replay time."""
-    rows = [row for row in result["rows"]
-            if any("host_us" in v for v in row.values() if isinstance(v, dict))]
-    if not rows:
-        return []
-    names = list(dict.fromkeys(list(result["algorithms"]) + list(result.get(
-        "decode_algorithms", [])))) + ["sdpa-flash", "sdpa-cudnn"]
-    lines = ["", "Host time per call, µs, with the GPU kept busy (ratio to SDPA-flash's); "
-             "decode: / eager minus graph replay, µs:", "",
-             "| case | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
-    for row in rows:
-        flash = row.get("sdpa-flash", {}).get("host_us")
-        cells = []
-        for name in names:
-            e = row.get(name, {})
-            if "host_us" not in e:
-                cells.append("-")
-                continue
-            text = f"{e['host_us']:.0f}"
-            if flash:
-                text += f" ({e['host_us'] / flash:.1f})"
-            if "graph_ms" in e:
-                text += f" / {(e['ms'] - e['graph_ms']) * 1e3:.0f}"
-            cells.append(text)
-        lines.append(f"| {_case_text(row)} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def _case_text(row) -> str:
-    if row["kind"] == "prefill":
-        return f"d={row['d']} S={row['s']} {mask_text(row)}"
-    return f"decode d={row['d']} S2={row['s']} GQA {row['ratio']}:1"
-
-
-def check_comparison(off_runs: list, on_runs: list) -> list:
-    """The overflow check against the spread between runs. ``off_runs`` and ``on_runs``:
-    runs with the check off and on, each the rows of one pass over the same cases in the
-    same order. For each case and candidate timed in every run: the unchecked runs'
-    throughputs (``off``), the checked runs' (``on``), ``ratio`` = median on / median off,
-    and ``within``: the checked median lies between the smallest and largest unchecked
-    run. The SDPA peers run the same code both ways, so their rows show the spread of
-    unchanged kernels."""
-    rows = []
-    for i, first in enumerate(off_runs[0]):
-        key = _throughput_key(first)
-        names = [n for n, e in first.items() if isinstance(e, dict) and key in e]
-        for name in names:
-            cells = {}
-            for check, runs in (("off", off_runs), ("on", on_runs)):
-                cells[check] = [run[i].get(name, {}).get(key) for run in runs]
-            if any(v is None for v in cells["off"] + cells["on"]):
-                continue  # failed in some run: no spread to compare
-            off_median, on_median = (statistics.median(cells[c]) for c in ("off", "on"))
-            rows.append(dict(case=_case_text(first), name=name, unit=key, **cells,
-                             ratio=on_median / off_median,
-                             within=min(cells["off"]) <= on_median <= max(cells["off"])))
-    return rows
-
-
-def chance_outside(runs: int) -> float:
-    """The probability that a cell falls outside the spread (:func:`check_comparison`) when
-    the check changes nothing: its ``runs`` checked and ``runs`` unchecked throughputs
-    then come from one distribution, every order of the 2 ``runs`` values is equally
-    likely, and the checked median (the middle run, ``runs`` odd) lies below the smallest
-    unchecked run exactly where the (``runs`` + 1) / 2 smallest values are all checked
-    runs; above the largest likewise."""
-    if runs < 3 or runs % 2 == 0:
-        raise ValueError(f"runs: an odd number of at least 3, so that the checked median "
-                         f"is one run, got {runs}")
-    first = (runs + 1) // 2
-    return 2 * math.comb(2 * runs - first, runs) / math.comb(2 * runs, runs)
-
-
-def check_summary(comparison: list, runs: int) -> list:
-    """The cells outside the spread, counted for our candidates and for the SDPA peers
-    (the control) against what chance alone gives (:func:`chance_outside`, the cells
-    taken as independent): per group, ``cells``, ``outside``, ``expected`` outside,
-    ``p_value`` = the chance of at least ``outside`` cells outside, ``consistent`` (that
-    chance is 5% or more) and ``ratio`` (the geometric mean of checked / unchecked)."""
-    p = chance_outside(runs)
-    groups = []
-    for group, peer in (("ours", False), ("SDPA peers", True)):
-        rows = [row for row in comparison if row["name"].startswith("sdpa") == peer]
-        if not rows:
-            continue
-        n, k = len(rows), sum(not row["within"] for row in rows)
-        p_value = sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(k, n + 1))
-        groups.append(dict(group=group, cells=n, outside=k, expected=n * p,
-                           p_value=p_value, consistent=p_value >= 0.05,
-                           ratio=math.exp(statistics.fmean(math.log(row["ratio"])
-                                                           for row in rows))))
-    return groups
-
-
-def check_markdown(result) -> str:
-    """:func:`check_comparison`'s rows as a Markdown table, after :func:`check_summary`."""
-    def spread(values):
-        return (f"{statistics.median(values):.0f} [{min(values):.0f}, {max(values):.0f}]")
-    units = {"tflops": "TFLOP/s", "gbs": "GB/s (graph)"}
-    runs = result["runs"]
-    lines = [f"Device: {result['device']}; torch {result['torch']}, triton {result['triton']}. "
-             f"Overflow check off and on, {runs} runs each (each run times every "
-             "case once; the runs alternate which setting comes first). Throughput: "
-             "median [smallest, largest run]; within: the checked median lies in the "
-             "unchecked runs' range, which a cell whose check costs nothing misses with "
-             f"probability {chance_outside(runs):.1%}. The SDPA peers run the same code both "
-             "ways.", ""]
-    for group in check_summary(result["comparison"], runs):
-        verdict = ("as many as chance gives" if group["consistent"]
-                   else "more than chance gives")
-        lines.append(f"- {group['group']}: {group['outside']} of {group['cells']} cells "
-                     f"outside the spread, chance alone {group['expected']:.1f} "
-                     f"(at least {group['outside']} with probability "
-                     f"{group['p_value']:.0%}: {verdict}); checked / unchecked "
-                     f"{group['ratio']:.4f} (geometric mean)")
-    lines += ["", "| case | candidate | unit | unchecked | checked | checked / unchecked "
-              "| within |", "|---|---|---|---|---|---|---|"]
-    for row in result["comparison"]:
-        lines.append(f"| {row['case']} | {row['name']} | {units[row['unit']]} | "
-                     f"{spread(row['off'])} | {spread(row['on'])} | {row['ratio']:.3f} | "
-                     f"{'yes' if row['within'] else 'no'} |")
-    return "\n".join(lines) + "\n"
-
-
-def plot(result, path) -> bool:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("pasa-bench: matplotlib is not installed; no plot written (use --plot FILE.json "
-              "where it is)", file=sys.stderr)
-        return False
-    rows = [r for r in result["rows"] if r["kind"] == "prefill"]
-    decode = [r for r in result["rows"] if r["kind"] == "decode"]
-    combos = sorted({(r["d"], r["causal"]) for r in rows})
-    if not combos and not decode:
-        print("pasa-bench: no prefill or decode rows; no plot written", file=sys.stderr)
-        return False
-    panels = len(combos) + bool(decode)
-    # one panel alone still leaves the title its width
-    fig, axes = plt.subplots(1, panels, figsize=(max(6.0, 4.2 * panels), 3.8), squeeze=False)
-    axes = list(axes[0])
-    names = list(result["algorithms"]) + ["sdpa-flash", "sdpa-cudnn"]
-    colors = {name: f"C{i}" for i, name in enumerate(names)}
-    for i, (ax, (d, causal)) in enumerate(zip(axes, combos)):
-        sub = sorted((r for r in rows if r["d"] == d and r["causal"] == causal),
-                     key=lambda r: r["s"])
-        xs = [r["s"] for r in sub]
-        for name in names:
-            ys = [r.get(name, {}).get("tflops", math.nan) for r in sub]
-            style = "--" if name.startswith("sdpa") else "-"
-            ax.plot(xs, ys, style, marker="o", label=name, color=colors[name])
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"d={d}, {'causal' if causal else 'no mask'}")
-        ax.set_xlabel("sequence length")
-        ax.grid(alpha=0.3)
-        if i:
-            ax.tick_params(labelleft=False)
-    if combos:  # one TFLOP/s scale for the prefill panels
-        low = min(ax.get_ylim()[0] for ax in axes[:len(combos)])
-        high = max(ax.get_ylim()[1] for ax in axes[:len(combos)])
-        for ax in axes[:len(combos)]:
-            ax.set_ylim(low, high)
-        axes[0].set_ylabel("TFLOP/s (fp16 forward)")
-        axes[len(combos) - 1].legend(fontsize=7, loc="lower right")
-    if decode:
-        _decode_panel(axes[-1], decode, list(result["decode_algorithms"])
-                      + ["sdpa-flash", "sdpa-cudnn"], result["copy_gbs"], colors)
-    fig.suptitle(f"pasa-npu Triton vs torch SDPA on {result['device']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return True
-
-
-def _decode_panel(ax, rows, names, copy_gbs, colors) -> None:
-    """Grouped bars: each decode case's share of copy bandwidth per candidate, replayed
-    from a CUDA graph (missing where a candidate failed)."""
-    width = 0.8 / len(names)
-    for j, name in enumerate(names):
-        shares = [100 * r.get(name, {}).get("gbs", math.nan) / copy_gbs for r in rows]
-        ax.bar([i + (j - (len(names) - 1) / 2) * width for i in range(len(rows))], shares,
-               width, label=name, color=colors.get(name), hatch="//" if name.startswith("sdpa")
-               else None, edgecolor="white" if name.startswith("sdpa") else None)
-    ax.set_xticks(range(len(rows)), [f"{r['s'] // 1024}k, {r['ratio']}:1" for r in rows])
-    ax.set_title(f"decode, d={rows[0]['d']}, batch {rows[0]['b']} (graph replay)")
-    ax.set_xlabel("keys, GQA")
-    ax.set_ylabel("K+V read, % of copy bandwidth")
-    ax.set_ylim(0, 135)  # room above the bars for the legend
-    ax.set_yticks(range(0, 101, 20))
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=6, loc="upper center", ncol=3)
-
-
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--distributed" in argv:  # sequence parallel over the host's GPUs: its own options
@@ -495,7 +218,7 @@ def main(argv=None) -> int:
                              "table from a paged cache of this shape (decode, prefill at "
                              "d=128); none: skip")
     parser.add_argument("--tuning", nargs="+", default=[], metavar="KEY=VALUE",
-                        help="Triton backend switches (fallback/triton_tuning.py Tuning), "
+                        help="Triton backend switches (fallback/triton/tuning.py Tuning), "
                              "e.g. shift=fused row_constant=in-kernel")
     parser.add_argument("--algorithms", nargs="+", default=list(PREFILL_ALGORITHMS),
                         choices=pasa_npu.ALGORITHM_NAMES)

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 import pasa_npu
-from pasa_npu.fallback import torch_blockwise
+from pasa_npu.fallback.torch import blockwise as torch_blockwise
 
 B, NQ, NKV, S, D = 2, 8, 2, 128, 64
 

@@ -56,7 +56,7 @@ def markdown(result) -> list:
     """The paged table's lines: for each case with paged cells, each paged candidate's
     figure and its ratio to the same candidate on contiguous K/V (decode: GB/s of K+V as a
     share of copy bandwidth, graph replay; prefill: TFLOP/s)."""
-    from pasa_npu.tools.bench import mask_text  # here: bench imports this module
+    from pasa_npu.tools.bench_report import mask_text  # here: bench_report imports this module
 
     rows = [r for r in result["rows"] if any(k.endswith(" paged") for k in r)]
     if not rows:

@@ -14,7 +14,7 @@
 
 #include <set>
 
-#include "emu_ops.h"
+#include "emu_ops_vector.h"
 
 namespace AscendC {
 

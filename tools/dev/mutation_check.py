@@ -96,7 +96,7 @@ def _rebuild(tree: Path) -> None:
 
 def _check_imports(tree: Path) -> None:
     """A test process in ``tree`` must import the copy's code, not the installed one."""
-    probe = ("import pasa_npu, pasa_npu._ascendc_emu as e, pasa_npu.fallback.torch_blockwise as t;"
+    probe = ("import pasa_npu, pasa_npu._ascendc_emu as e, pasa_npu.fallback.torch.blockwise as t;"
              "print(pasa_npu.__file__); print(e.__file__); print(t.__file__)")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tree, capture_output=True,
                          text=True, check=True).stdout.split()

@@ -21,13 +21,14 @@ class Mutation:
     tests: tuple[str, ...]
 
 
-TORCH = "fallback/torch_blockwise.py"
-TRITON_SOFTMAX = "fallback/triton_softmax.py"  # the block update both Triton kernels share
-TRITON_PREFILL = "fallback/triton_prefill.py"
-TRITON_DECODE = "fallback/triton_decode.py"
-TRITON_REPAIR = "fallback/triton_repair.py"
-ARGUMENTS = "pasa_npu/arguments.py"
-EMU = "ascend_kernels/emu/emu_ops.h"
+TORCH = "fallback/torch/blockwise.py"
+TRITON_SOFTMAX = "fallback/triton/softmax.py"  # the block update both Triton kernels share
+TRITON_PREFILL = "fallback/triton/prefill.py"
+TRITON_DECODE = "fallback/triton/decode.py"
+TRITON_REPAIR = "fallback/triton/repair.py"
+OPTIONS = "pasa_npu/options.py"
+EMU = "ascend_kernels/emu/emu_ops_vector.h"
+EMU_CUBE = "ascend_kernels/emu/emu_ops_cube.h"
 EMU_STRIDED = "ascend_kernels/emu/emu_vec_strided.h"  # the level-0 forms of whole tiles
 KERNEL_VECTOR = "ascend_kernels/kernels/pasa_attention_vector.h"
 KERNEL_CUBE = "ascend_kernels/kernels/pasa_attention_cube.h"
@@ -60,7 +61,7 @@ MUTATIONS = [
              "l_new = round_low(round_low(alpha * l, low) + round_low(tl.sum(p, 1), low), low)",
              "l_new = round_low(alpha * l + tl.sum(p, 1), low)",
              ("tests/test_triton_exact_inputs.py", "-k", "fa_fp16")),
-    Mutation("beta solved without the folded scale", ARGUMENTS,
+    Mutation("beta solved without the folded scale", OPTIONS,
              "return default_beta(tiling.kv_block, scale)",
              "return default_beta(tiling.kv_block, 1.0)",
              ("tests/test_beta.py", "-k", "default_beta")),
@@ -305,7 +306,7 @@ MUTATIONS = [
     Mutation("emulation: Compares ignores the mask a level-0 call left", EMU_STRIDED,
              "    if (emu::Core().partialMask != 0) {", "    if (false) {",
              ("tests/test_ascendc_vector.py", "-k", "stale_mask")),
-    Mutation("emulated Fixpipe to half: through bfloat16", EMU,
+    Mutation("emulated Fixpipe to half: through bfloat16", EMU_CUBE,
              "row[j] = static_cast<T>(c[(j / 16) * static_cast<uint64_t>(p.srcStride) * 16 "
              "+ i * 16 + j % 16]);",
              "row[j] = static_cast<T>(static_cast<float>(bfloat16_t(c[(j / 16) * "

@@ -31,10 +31,11 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from pasa_npu.fallback import gluon_prefill as gp
-from pasa_npu.fallback import triton_decode, triton_launch, triton_prefill, triton_repair
+from pasa_npu.fallback.gluon import prefill as gp
+from pasa_npu.fallback.triton import decode as triton_decode, launch as triton_launch
+from pasa_npu.fallback.triton import prefill as triton_prefill, repair as triton_repair
 from pasa_npu.fallback.kernel_common import allocation_flags
-from pasa_npu.fallback.triton_tuning import DEFAULT_TUNING
+from pasa_npu.fallback.triton.tuning import DEFAULT_TUNING
 from pasa_npu.numerics import ALLOCATIONS
 
 KERNELS = {"prefill_kernel": triton_prefill.prefill_kernel,
@@ -105,7 +106,7 @@ def compile_variant(kernel: str, consts: dict, num_warps: int, num_stages: int,
 
 
 def compile_gluon(consts: dict, fp_fusion: bool = True, arch: int = 90):
-    """The warp-specialised Gluon prefill (fallback/gluon_prefill.py) with ``consts``,
+    """The warp-specialised Gluon prefill (fallback/gluon/prefill.py) with ``consts``,
     specialised as the JIT specialises contiguous fp16 inputs (16-divisible pointers and
     strides)."""
     from triton.experimental.gluon import language as gl
@@ -271,52 +272,71 @@ def variants(head_dim: int = 128):
     fa-fp32, straddling them, the Gluon prefill causal) of pasa-exact, pasa and fa-fp32;
     decode's merge, unchecked and checked; the overflow repair's launch after prefill."""
     for alg, allocation in ALLOCATIONS.items():
-        pasa = allocation.shifts_keys
-        paged = head_dim == 128 and alg in PAGED_ALGORITHMS
-        fp_fusion = triton_launch.fp_options(allocation) == {}
-        forms = [("", False, False)]
-        if alg == "pasa-exact":
-            forms.append((" (c in kernel)", True, False))
-        if pasa:
-            forms.append((" (fused shift)", False, True))
-        # no mask (interior loop), causal (interior + diagonal), an explicit mask (every
-        # block through the masked loop, the mask tile staged with K and V; above d = 128
-        # the launch has one stage, mask or not, and it is left out to save compile time)
-        modes = [("full", 2), ("causal", 6)] + ([("mask", 1)] if head_dim <= 128 else [])
-        for mode, loops in modes:
-            for tag, c_per_block, fused in forms:
-                consts = dict(**allocation_flags(allocation), HAS_MASK=mode == "mask",
-                              HAS_BAND=mode == "causal", HAS_LSE=False, GUARD=False,
-                              K_PADDED=pasa and not fused, FUSED_SHIFT=fused, USE_TMA=DEFAULT_TUNING.loads == "tma",
-                              C_PER_BLOCK=c_per_block, LOOPS=loops, GRID_1D=False, PAGED=False,
-                              CHECK=pasa, PART_FILLED=False, HAS_SINK=False,
-                              BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
-                block_m, warps, stages = triton_launch.launch_config(
-                    head_dim, alg, False, c_per_block or fused, loops, mode == "mask")
-                label = f"{alg}{tag} {mode} d={head_dim}"
-                yield ("prefill_kernel", label, dict(consts, BLOCK_M=block_m), warps, stages,
-                       fp_fusion)
-                if paged and mode == "causal" and not tag:
-                    yield ("prefill_kernel", f"{alg} paged causal d={head_dim}",
-                           dict(consts, BLOCK_M=block_m, PAGED=True), warps,
-                           triton_launch.paged_stages(stages), fp_fusion)
-        # every number of query heads per program the launch can pick (GQA 2:1 up to MQA)
-        stages_keys = allocation.shifts_keys and DEFAULT_TUNING.decode_shift == "keys"
-        stages = triton_launch.decode_stages(stages_keys, head_dim)
-        for block_g in sorted({triton_launch.decode_block_g(g, head_dim)
-                               for g in (1, 32, 64, 1024)}):
-            consts = dict(**allocation_flags(allocation), HAS_MASK=False, GUARD=False,
-                          PAGED=False, WHOLE_PAGE=True, BLOCK_G=block_g,
-                          SHIFT_SCORES=DEFAULT_TUNING.decode_shift == "scores",
+        yield from _prefill_variants(alg, allocation, head_dim)
+        yield from _decode_variants(alg, allocation, head_dim)
+    yield from _combine_variants(head_dim)
+    yield from _repair_variants(head_dim)
+    yield from _gluon_variants(head_dim)
+
+
+def _prefill_variants(alg: str, allocation, head_dim: int):
+    """prefill_kernel's variants of one allocation (:func:`variants`)."""
+    pasa = allocation.shifts_keys
+    paged = head_dim == 128 and alg in PAGED_ALGORITHMS
+    fp_fusion = triton_launch.fp_options(allocation) == {}
+    forms = [("", False, False)]
+    if alg == "pasa-exact":
+        forms.append((" (c in kernel)", True, False))
+    if pasa:
+        forms.append((" (fused shift)", False, True))
+    # no mask (interior loop), causal (interior + diagonal), an explicit mask (every
+    # block through the masked loop, the mask tile staged with K and V; above d = 128
+    # the launch has one stage, mask or not, and it is left out to save compile time)
+    modes = [("full", 2), ("causal", 6)] + ([("mask", 1)] if head_dim <= 128 else [])
+    for mode, loops in modes:
+        for tag, c_per_block, fused in forms:
+            consts = dict(**allocation_flags(allocation), HAS_MASK=mode == "mask",
+                          HAS_BAND=mode == "causal", HAS_LSE=False, GUARD=False,
+                          K_PADDED=pasa and not fused, FUSED_SHIFT=fused, USE_TMA=DEFAULT_TUNING.loads == "tma",
+                          C_PER_BLOCK=c_per_block, LOOPS=loops, GRID_1D=False, PAGED=False,
+                          CHECK=pasa, PART_FILLED=False, HAS_SINK=False,
                           BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
-            yield ("decode_split_kernel", f"{alg} decode g={block_g} d={head_dim}", consts, 4,
-                   stages, fp_fusion)
-        block_g = triton_launch.decode_block_g(4, head_dim)
-        for whole, tag in ((True, ""), (False, " per key")) if paged else ():
-            if whole or alg == "fa-fp32":
-                consts = dict(consts, PAGED=True, WHOLE_PAGE=whole, BLOCK_G=block_g)
-                yield ("decode_split_kernel", f"{alg} paged{tag} decode g={block_g} d={head_dim}",
-                       consts, 4, triton_launch.paged_stages(stages), fp_fusion)
+            block_m, warps, stages = triton_launch.launch_config(
+                head_dim, alg, False, c_per_block or fused, loops, mode == "mask")
+            label = f"{alg}{tag} {mode} d={head_dim}"
+            yield ("prefill_kernel", label, dict(consts, BLOCK_M=block_m), warps, stages,
+                   fp_fusion)
+            if paged and mode == "causal" and not tag:
+                yield ("prefill_kernel", f"{alg} paged causal d={head_dim}",
+                       dict(consts, BLOCK_M=block_m, PAGED=True), warps,
+                       triton_launch.paged_stages(stages), fp_fusion)
+
+
+def _decode_variants(alg: str, allocation, head_dim: int):
+    """decode_split_kernel's variants of one allocation (:func:`variants`)."""
+    paged = head_dim == 128 and alg in PAGED_ALGORITHMS
+    fp_fusion = triton_launch.fp_options(allocation) == {}
+    # every number of query heads per program the launch can pick (GQA 2:1 up to MQA)
+    stages_keys = allocation.shifts_keys and DEFAULT_TUNING.decode_shift == "keys"
+    stages = triton_launch.decode_stages(stages_keys, head_dim)
+    for block_g in sorted({triton_launch.decode_block_g(g, head_dim)
+                           for g in (1, 32, 64, 1024)}):
+        consts = dict(**allocation_flags(allocation), HAS_MASK=False, GUARD=False,
+                      PAGED=False, WHOLE_PAGE=True, BLOCK_G=block_g,
+                      SHIFT_SCORES=DEFAULT_TUNING.decode_shift == "scores",
+                      BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
+        yield ("decode_split_kernel", f"{alg} decode g={block_g} d={head_dim}", consts, 4,
+               stages, fp_fusion)
+    block_g = triton_launch.decode_block_g(4, head_dim)
+    for whole, tag in ((True, ""), (False, " per key")) if paged else ():
+        if whole or alg == "fa-fp32":
+            consts = dict(consts, PAGED=True, WHOLE_PAGE=whole, BLOCK_G=block_g)
+            yield ("decode_split_kernel", f"{alg} paged{tag} decode g={block_g} d={head_dim}",
+                   consts, 4, triton_launch.paged_stages(stages), fp_fusion)
+
+
+def _combine_variants(head_dim: int):
+    """decode_combine_kernel's variants (:func:`variants`)."""
     # decode's merge of 32 splits, unchecked and checked (with the repair of its row)
     for detect, paged in ((False, False), (True, False), (True, True)):
         consts = dict(HAS_LSE=False, HAS_SINK=False, SPLITS=32, CHUNK=triton_launch.COMBINE_CHUNK,
@@ -325,6 +345,10 @@ def variants(head_dim: int = 128):
                       HEAD_DIM=head_dim)
         label = f"decode combine{' checked' * detect}{' paged' * paged} d={head_dim}"
         yield ("decode_combine_kernel", label, consts, 4, 3, True)
+
+
+def _repair_variants(head_dim: int):
+    """repair_kernel's variants (:func:`variants`)."""
     # the overflow repair after a checked PASA prefill
     for paged in (False, True):
         consts = dict(HAS_MASK=False, HAS_BAND=True, HAS_LSE=True, HAS_SINK=False, GUARD=False,
@@ -333,6 +357,10 @@ def variants(head_dim: int = 128):
                       HEAD_DIM_V=head_dim)
         yield ("repair_kernel", f"repair {'paged ' * paged}prefill d={head_dim}", consts, 4,
                triton_repair.repair_stages(head_dim), True)
+
+
+def _gluon_variants(head_dim: int):
+    """The Gluon prefill's variants (:func:`variants`)."""
     # the warp-specialised Gluon prefill that replaces prefill_kernel where it applies
     for alg in gp.ALGORITHMS if gp.AVAILABLE and head_dim in gp.HEAD_DIMS else ():
         allocation = ALLOCATIONS[alg]

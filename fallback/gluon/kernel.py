@@ -1,6 +1,6 @@
-"""The warp-specialised Gluon prefill kernel, ``prefill_ws_kernel`` (:mod:`gluon_prefill` says
+"""The warp-specialised Gluon prefill kernel, ``prefill_ws_kernel`` (:mod:`prefill` says
 what it computes and launches it): a loader warp and two or three consumer warp groups, the
-state they share grouped in the aggregates of :mod:`gluon_parts`. Needs Gluon.
+state they share grouped in the aggregates of :mod:`parts`. Needs Gluon.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -8,8 +8,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from pasa_npu.fallback import gluon_config
-from pasa_npu.fallback.gluon_parts import (MEAN_ROWS_C, ROWS, THIN_LAYOUT, Blocks, Operands,
+from pasa_npu.fallback.gluon import config
+from pasa_npu.fallback.gluon.parts import (MEAN_ROWS_C, ROWS, THIN_LAYOUT, Blocks, Operands,
                                            Output, Pages, Queries, Ring, Schedule, Sizes,
                                            Variant, thin_column, paged_kv_rows,
                                            key_visible, release_blocks, row_sees_block,
@@ -17,11 +17,11 @@ from pasa_npu.fallback.gluon_parts import (MEAN_ROWS_C, ROWS, THIN_LAYOUT, Block
                                            softmax_exact, softmax_fa, statistics_pasa,
                                            query_tile, publish_tile, read_tile)
 from pasa_npu.fallback.kernel_common import to_fp16_paired, round_low, tile_kv_blocks
-from pasa_npu.fallback.triton_softmax import lost_resolution
+from pasa_npu.fallback.triton.softmax import lost_resolution
 
-_CONSUMER_REGS_2 = gl.constexpr(gluon_config.CONSUMER_REGS[2])
-_CONSUMER_REGS_3 = gl.constexpr(gluon_config.CONSUMER_REGS[3])
-_LOADER_REGS = gl.constexpr(gluon_config.LOADER_REGS)
+_CONSUMER_REGS_2 = gl.constexpr(config.CONSUMER_REGS[2])
+_CONSUMER_REGS_3 = gl.constexpr(config.CONSUMER_REGS[3])
+_LOADER_REGS = gl.constexpr(config.LOADER_REGS)
 
 
 @gluon.jit
@@ -145,6 +145,8 @@ def _consumer(queries, ring, schedule, sizes, output, ones, W: gl.constexpr, var
         t = read_tile(tile_ids, tile_ready, n)
 
 
+# Over 80 lines: one body for the three allocations, which share the stage's wait, QKᵀ and
+# the releases; split, each would take the state and the ring through another call.
 @gluon.jit
 def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, cnt_i, c8, rows,
              PSEUDO_AVERAGE_SHIFT: gl.constexpr, EXACT_SHIFT: gl.constexpr,
@@ -158,7 +160,7 @@ def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, c
     last block past kv_len), whose keys are tested one by one (:func:`key_visible`).
     PART_FILLED (pasa): the last kv block holds fewer than BLOCK_N keys, and a masked
     block's row mean takes its own key count. CHECK: a row whose block maximum of S' lost
-    resolution (triton_softmax.lost_resolution) gets NaN statistics (pasa: from its block
+    resolution (triton.softmax.lost_resolution) gets NaN statistics (pasa: from its block
     mean, whose select keeps the fp16 roundings paired; pasa-exact: l), which the tile's row
     test flags. Returns the new count and state."""
     # one body for the three allocations: they share the wait for the stage, QKᵀ, the
@@ -269,6 +271,8 @@ def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, c
     return it + 1, acc, m_i, l_i, f_i, cnt_i, c8
 
 
+# Over 80 lines: a tile's state set-up, its three kv loops (kept apart to save registers)
+# and the epilogue (O, LSE, the overflow flags) share the tile's row state.
 @gluon.jit
 def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m0, it, n,
                    n_heads, W: gl.constexpr, PSEUDO_AVERAGE_SHIFT: gl.constexpr,
@@ -354,7 +358,7 @@ def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m
                  + rows.to(gl.int64) * output.stride_ls, lse,
                  mask=rows.to(gl.uint32, bitcast=True) < q_len)
     if CHECK:
-        # a row's output values through their sum (triton_softmax.nonfinite_row_mask), and
+        # a row's output values through their sum (triton.softmax.nonfinite_row_mask), and
         # its statistics, finite where its LSE is, whose log a call without LSE skips. The
         # sum: at d = 64 of the fp16 output on the tensor cores (a thin matmul by ones),
         # at d = 128 of the fp32 output on the CUDA cores, each the one that costs its
@@ -366,7 +370,7 @@ def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m
             o_sum = gl.convert_layout(gl.sum(o, 1), row_s)
         in_rows = rows.to(gl.uint32, bitcast=True) < q_len
         bad = ~(gl.abs(o_sum + gl.where(seen, true_max + l_i, 0.0)) < float("inf")) & in_rows
-        # the flags are contiguous (B, N, q_len), fewer than 2**31 (gluon_prefill.supported);
+        # the flags are contiguous (B, N, q_len), fewer than 2**31 (prefill.supported);
         # a 64-bit offset, hoisted above the kv loops, would spill registers at d = 128
         gl.store(output.flags + ((b * n_heads + h) * q_len + rows), bad.to(gl.uint8),
                  mask=in_rows)

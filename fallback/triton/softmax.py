@@ -1,6 +1,6 @@
 """The online softmax of one kv block, shared by the Triton prefill and decode kernels.
 
-Numerics mirror :mod:`pasa_npu.fallback.torch_blockwise` allocation by allocation: fp16
+Numerics mirror :mod:`pasa_npu.fallback.torch.blockwise` allocation by allocation: fp16
 operands, fp32 accumulation in the tensor cores, rounding to fp16 exactly where the
 allocation says. An "fp16 step" of the CPU backend (fp32 arithmetic, one rounding) is
 computed here in native fp16 where that gives the same correctly rounded result (+ - * /
@@ -50,6 +50,8 @@ def _guarded_max(s, rm, vis, MASKED: tl.constexpr, GUARD: tl.constexpr, ROUND: t
     return rm
 
 
+# Over 80 lines: one body for every allocation; split per allocation, the same operations
+# compile to other sm_90 SASS than the kernels were measured with (see its body).
 @triton.jit
 def block_update(qk, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mean_factor,
                   PSEUDO_AVERAGE_SHIFT: tl.constexpr, EXACT_SHIFT: tl.constexpr,
@@ -63,7 +65,7 @@ def block_update(qk, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mean_f
     constant of this block, the shift S' took off (fp32). ``mean_factor``: (MASKED
     pasa and pasa-mixed) the factor that turns the block's sum of S' into its row mean,
     1/BLOCK_N for a full block, other for a part-filled one
-    (:func:`pasa_npu.fallback.triton_shift.cached_shift_table`); an interior block divides
+    (:func:`pasa_npu.fallback.triton.shift.cached_shift_table`); an interior block divides
     by BLOCK_N. With low-precision
     statistics (fa-fp16, pasa) ``acc`` is fp16 too and the steps run as native fp16
     operations: each rounds once, as the CPU backend's fp32-then-round steps do (the

@@ -1,7 +1,7 @@
-"""Building blocks of the warp-specialised Gluon prefill (:mod:`gluon_kernel`): the
+"""Building blocks of the warp-specialised Gluon prefill (:mod:`kernel`): the
 aggregates its partitions share, the tile schedule, the row sums on the tensor cores, the
 visibility of keys under a band, and each allocation's softmax of one block. Needs Gluon
-(Triton 3.5 and later); :mod:`gluon_prefill` imports it only where Gluon exists.
+(Triton 3.5 and later); :mod:`prefill` imports it only where Gluon exists.
 
 No ``from __future__ import annotations`` here: an aggregate's field annotations must be
 the Gluon types themselves.
@@ -13,12 +13,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, warpgrou
                                                                warpgroup_mma_wait)
 from triton.language.core import _aggregate as aggregate
 
-from pasa_npu.fallback import gluon_config
+from pasa_npu.fallback.gluon import config
 from pasa_npu.fallback.kernel_common import to_fp16_paired, round_low
 
 LOG2E = gl.constexpr(1.4426950408889634)
-ROWS = gl.constexpr(gluon_config.GROUP_ROWS)
-MEAN_ROWS_C = gl.constexpr(gluon_config.MEAN_ROWS)
+ROWS = gl.constexpr(config.GROUP_ROWS)
+MEAN_ROWS_C = gl.constexpr(config.MEAN_ROWS)
 #: a thin matmul's 64 x 8 fp32 result (the row sums on the tensor cores, pasa-exact's
 #: row constants): wgmma's narrowest N
 THIN_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from pasa_npu.fallback.kernel_common import (kv_row_offsets, tile_kv_blocks, cdiv, launch,
                                             resident_programs)
-from pasa_npu.fallback.triton_softmax import (block_update, finish_rows, initial_state,
+from pasa_npu.fallback.triton.softmax import (block_update, finish_rows, initial_state,
                                               nonfinite_row_mask)
 from pasa_npu.problem import ROW_FLAGGED, ROW_NONFINITE, ROW_REPAIRED, AttentionProblem
 
@@ -144,7 +144,7 @@ def fp32_tile(Q, K, V, MASK, PAGES, b, h, hk, m0, q_start, q_len, kv_start, kv_l
 
 def run(problem: AttentionProblem, shared, overflow_word: torch.Tensor) -> None:
     """Launch the repair after the prefill kernels (``overflow_word``: the call's overflow
-    word on the device, nonzero once a row is flagged; :class:`triton_attention.Shared`
+    word on the device, nonzero once a row is flagged; :class:`attention.Shared`
     holds the rest)."""
     q, k, v, out = problem.query, problem.key, problem.value, problem.out
     flags = problem.overflow.row_flags

@@ -2,12 +2,12 @@
 head). The kv blocks a tile can see are walked in ascending order in three loops: masked
 edge blocks, then branch-free interior blocks (read through TMA tensor descriptors where
 the layout allows), then masked edge blocks; the loops a problem can never enter are
-compiled out (:func:`pasa_npu.fallback.triton_launch.block_loops`). Causal and band limits
+compiled out (:func:`pasa_npu.fallback.triton.launch.block_loops`). Causal and band limits
 are computed from the per-batch band; no S1 x S2 mask is ever built for sparse modes 2-4.
-pasa-exact's row constants come from the block means (:mod:`triton_shift`), precomputed
+pasa-exact's row constants come from the block means (:mod:`shift`), precomputed
 per tile or per block in the loop (``Tuning.row_constant``). With CHECK (the PASA
 allocations, checked) each program flags its rows whose output or LSE is not finite, and
-a flagged row sets the call's overflow word; :mod:`triton_repair` recomputes them.
+a flagged row sets the call's overflow word; :mod:`repair` recomputes them.
 PART_FILLED (pasa, pasa-mixed: some kv length is not a whole number of blocks): the last
 block's row mean takes its keys' count, read once per program; without it every block
 divides by BLOCK_N."""
@@ -17,14 +17,14 @@ import torch
 import triton
 import triton.language as tl
 
-from pasa_npu.fallback import triton_launch as heuristics
-from pasa_npu.fallback import triton_repair
+from pasa_npu.fallback.triton import launch as heuristics
+from pasa_npu.fallback.triton import repair
 from pasa_npu.fallback.kernel_common import (tile_kv_blocks, cdiv, device_capability,
                                              interpreting, launch, placeholder, tma_strides)
-from pasa_npu.fallback.triton_shift import shift_keys_in_kernel, prepare_keys
-from pasa_npu.fallback.triton_softmax import (block_update, finish_rows, initial_state,
+from pasa_npu.fallback.triton.shift import shift_keys_in_kernel, prepare_keys
+from pasa_npu.fallback.triton.softmax import (block_update, finish_rows, initial_state,
                                               nonfinite_row_mask, block_row_constant)
-from pasa_npu.fallback.triton_tuning import Tuning
+from pasa_npu.fallback.triton.tuning import Tuning
 from pasa_npu.problem import AttentionProblem
 
 
@@ -45,6 +45,8 @@ def _tile_row_constants(q, mean_base, c_base, rows, q_len, dims, lo, hi, stride_
     tl.debug_barrier()  # the loop reads constants other threads of the program wrote
 
 
+# Over 80 lines: one kernel body, whose three kv-block loops share its set-up and state;
+# helpers would pass that state through every call (see the comment in its body).
 @triton.jit
 def prefill_kernel(
     Q, K, V, O, LSE, C, MEANS, MASK, SHIFT, FLAGS, OVERFLOW_WORD, K_DESC, V_DESC, K_PAGES,
@@ -254,7 +256,7 @@ def prefill_kernel(
 
 
 def run(problem: AttentionProblem, tuning: Tuning, shared) -> None:
-    """Launch ``prefill_kernel`` for ``problem`` (:class:`triton_attention.Shared` holds
+    """Launch ``prefill_kernel`` for ``problem`` (:class:`attention.Shared` holds
     the arguments the launches share), with the key shift as ``tuning`` says."""
     q, k, v, out, lse = problem.query, problem.key, problem.value, problem.out, problem.lse
     alloc, dev = problem.allocation, q.device
@@ -320,7 +322,7 @@ def run(problem: AttentionProblem, tuning: Tuning, shared) -> None:
         BLOCK_M=block_m, num_warps=warps, num_stages=stages, **shared.constexprs,
         **heuristics.fp_options(alloc))
     if detect:
-        triton_repair.run(problem, shared, overflow_word)
+        repair.run(problem, shared, overflow_word)
 
 
 def _tma_capable(dev: torch.device) -> bool:

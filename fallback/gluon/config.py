@@ -1,5 +1,5 @@
 """The warp-specialised Gluon prefill's fixed sizes (plain numbers: the host code reads them
-without Gluon; :mod:`gluon_parts` and :mod:`gluon_kernel` make them constexprs)."""
+without Gluon; :mod:`parts` and :mod:`kernel` make them constexprs)."""
 
 GROUP_ROWS = 64  # query rows per consumer warp group (a query tile: 2 or 3 groups)
 BLOCK_N = 128  # kv_block: pasa-exact's block means are over exactly these keys

@@ -257,7 +257,7 @@ def _scores(q_tile: torch.Tensor, keys: torch.Tensor, shape) -> torch.Tensor:
 
 
 def _shift_scores(problem: AttentionProblem, q_tile: torch.Tensor, keys: _Keys, j: int, shape):
-    """S' of kv block ``j`` from its fp32 scores Q K^T, as triton_shift.shift_scores forms
+    """S' of kv block ``j`` from its fp32 scores Q K^T, as triton.shift.shift_scores forms
     it: pasa / pasa-mixed (diag + off) S - off * rowsum(S) over the block's keys; pasa-exact
     scale * S - c with c = scale * rowsum(S) / valid, returned too (zeros otherwise). The
     columns past the valid keys are 0."""

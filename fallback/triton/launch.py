@@ -6,8 +6,8 @@ choice assumes against the compiled kernels."""
 from __future__ import annotations
 
 from pasa_npu.fallback.kernel_common import cdiv, pow2
-from pasa_npu.fallback.triton_metadata import host_ints
-from pasa_npu.fallback.triton_tuning import Tuning
+from pasa_npu.fallback.triton.metadata import host_ints
+from pasa_npu.fallback.triton.tuning import Tuning
 from pasa_npu.numerics import Allocation
 from pasa_npu.problem import AttentionProblem
 

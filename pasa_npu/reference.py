@@ -1,4 +1,5 @@
-"""fp64 golden attention: dense softmax(scale * Q K^T) V on the canonical problem.
+"""fp64 golden attention (:func:`pasa_npu.reference_attention`): dense softmax(scale * Q K^T) V
+on the canonical problem.
 
 No blocking, no shifting, no low-precision step: the reference every backend and
 allocation is measured against. Learnable sinks join each row's softmax as one more

@@ -3,15 +3,15 @@
 :func:`run` is the backend entry (``pasa_npu.backends``). It prepares what every launch
 shares (:class:`Shared`) and picks the kernels:
 
-* decode (query length 1): :mod:`triton_decode`;
-* prefill: on Hopper the warp-specialised Gluon kernel of :mod:`gluon_prefill` where it
-  applies, else the Triton kernel of :mod:`triton_prefill`; PASA's keys shifted in a
-  separate pass (:mod:`triton_shift`) or inside the prefill kernel; where the call is
-  checked for overflow, the repair launch of :mod:`triton_repair` after it.
+* decode (query length 1): :mod:`decode`;
+* prefill: on Hopper the warp-specialised Gluon kernel of :mod:`gluon.prefill` where it
+  applies, else the Triton kernel of :mod:`prefill`; PASA's keys shifted in a
+  separate pass (:mod:`shift`) or inside the prefill kernel; where the call is
+  checked for overflow, the repair launch of :mod:`repair` after it.
 
-The choices are :class:`triton_tuning.Tuning`'s, read once per call; the launch heuristics
-are :mod:`triton_launch`'s, the per-batch metadata :mod:`triton_metadata`'s. The numerics
-are those of :mod:`triton_softmax`, allocation by allocation the CPU backend's.
+The choices are :class:`tuning.Tuning`'s, read once per call; the launch heuristics
+are :mod:`launch`'s, the per-batch metadata :mod:`metadata`'s. The numerics
+are those of :mod:`softmax`, allocation by allocation the CPU backend's.
 """
 from __future__ import annotations
 
@@ -20,12 +20,13 @@ from typing import Callable, NamedTuple, Optional
 import torch
 
 from pasa_npu.beta import ideal_invariance
-from pasa_npu.fallback import (gluon_prefill, triton_decode, triton_prefill, triton_repair,
-                               triton_tuning)
+from pasa_npu.fallback.gluon import prefill as gluon_prefill
+from pasa_npu.fallback.triton import decode, prefill, repair
+from pasa_npu.fallback.triton.tuning import Tuning, active as active_tuning
 from pasa_npu.fallback.kernel_common import (allocation_flags, interpreting, mask_argument,
                                              placeholder, pow2)
-from pasa_npu.fallback.triton_metadata import device_metadata, host_ints
-from pasa_npu.fallback.triton_shift import cached_shift_table, prepare_keys
+from pasa_npu.fallback.triton.metadata import device_metadata, host_ints
+from pasa_npu.fallback.triton.shift import cached_shift_table, prepare_keys
 from pasa_npu.problem import AttentionProblem
 
 
@@ -37,7 +38,7 @@ class Shared(NamedTuple):
     band_next: torch.Tensor
     mask: torch.Tensor       # the explicit mask as uint8, or a placeholder
     mask_strides: tuple
-    shift: Optional[torch.Tensor]  # the pseudo-average shift's table (triton_shift)
+    shift: Optional[torch.Tensor]  # the pseudo-average shift's table (shift)
     lse_arg: torch.Tensor    # the LSE view, or a placeholder
     sink: torch.Tensor       # the learnable sinks (Nq,) fp32, or a placeholder
     gamma: float             # PASA's invariance (fp16-rounded with fp16 statistics), or 0
@@ -59,13 +60,13 @@ def run(problem: AttentionProblem) -> None:
     """Compute ``problem`` with the Triton kernels, writing its output and LSE views. Decode
     keeps its launches, bound, in the plan's state (``problem.plan_state``): a later call
     of the plan launches them on its own tensors directly (:func:`_run_prepared`)."""
-    tuning = triton_tuning.active()
+    tuning = active_tuning()
     if _run_prepared(problem, tuning):
         return
     shared = _shared(problem)
     if (problem.max_q_len == 1 and problem.band is None
             and (problem.mask is None or problem.mask.shape[1] == 1)):
-        prepared = triton_decode.run(problem, tuning, shared)
+        prepared = decode.run(problem, tuning, shared)
         if (prepared is not None and problem.plan_state is not None
                 and not torch.cuda.is_current_stream_capturing()):
             problem.plan_state[_PREPARED] = (_prepared_key(problem, tuning), prepared)
@@ -81,20 +82,20 @@ def run(problem: AttentionProblem) -> None:
                                           shared.band_pre, shared.band_next, shared.lse_arg,
                                           shared.shift, k_pages)
         if overflow_word is not None:
-            triton_repair.run(problem, shared, overflow_word)
+            repair.run(problem, shared, overflow_word)
     else:
         if problem.paged and problem.block_size % shared.constexprs["BLOCK_N"]:
             raise NotImplementedError(
                 f"the Triton backend's paged prefill needs kv_block to divide block_size "
                 f"(a kv block inside one cache block); got kv_block "
                 f"{shared.constexprs['BLOCK_N']} and block_size {problem.block_size}")
-        triton_prefill.run(problem, tuning, shared)
+        prefill.run(problem, tuning, shared)
 
 
 _PREPARED = "triton decode"  # the plan state's entry: (its key, the bound launches)
 
 
-def _run_prepared(problem: AttentionProblem, tuning: triton_tuning.Tuning) -> bool:
+def _run_prepared(problem: AttentionProblem, tuning: Tuning) -> bool:
     """Launch the decode kernels a previous call of ``problem``'s plan bound, if any, on
     this call's tensors; False where there are none, or where this call differs from that
     one in what they fixed (the tuning, the kinds of tensors present, the stream, the
@@ -109,7 +110,7 @@ def _run_prepared(problem: AttentionProblem, tuning: triton_tuning.Tuning) -> bo
     return entry[1](problem, sink)
 
 
-def _prepared_key(problem: AttentionProblem, tuning: triton_tuning.Tuning) -> tuple:
+def _prepared_key(problem: AttentionProblem, tuning: Tuning) -> tuple:
     """What a call of one plan may differ in that bound launches depend on: the tuning,
     which optional tensors it has, their shapes, and the stream (the lengths' copy was
     queued on the first call's stream, which this one then follows)."""
@@ -161,7 +162,7 @@ def _no_stride(t: torch.Tensor) -> int:
     return 0  # packed layouts: one batch entry, never stepped
 
 
-def _gluon_prefill(problem: AttentionProblem, tuning: triton_tuning.Tuning) -> bool:
+def _gluon_prefill(problem: AttentionProblem, tuning: Tuning) -> bool:
     """Whether prefill runs on the warp-specialised Gluon kernel (``tuning.prefill``)."""
     if tuning.prefill == "triton" or (tuning.prefill == "auto" and tuning.triton_kernel_only()):
         return False  # a Triton-kernel switch was asked for: measure that kernel

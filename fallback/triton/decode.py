@@ -2,12 +2,12 @@
 
 One program per (kv split, batch, kv head) stacks the query heads of its group as rows,
 so that K/V are read once per group and a single query row still fills the GPU (the
-splits make one wave of resident programs, :func:`triton_launch.decode_splits`); the
+splits make one wave of resident programs, :func:`launch.decode_splits`); the
 partial results are merged by their log-sum-exp in fp32, one program per query head (as
 FlashDecoding). For PASA each split starts its own pseudo-average, and the shift is
 applied there to each raw K block's scores or keys (``Tuning.decode_shift``). Where the call is
 checked for overflow (CHECK), the combine program that finds its merged row not finite
-recomputes it by fa-fp32 (:func:`triton_repair.fp32_tile`) and flags it repaired
+recomputes it by fa-fp32 (:func:`repair.fp32_tile`) and flags it repaired
 (or still not finite, from a NaN or inf input): no launch of its own."""
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ import torch
 import triton
 import triton.language as tl
 
-from pasa_npu.fallback import triton_launch as heuristics
+from pasa_npu.fallback.triton import launch as heuristics
 from pasa_npu.fallback.kernel_common import (PreparedLaunch, kv_row_offsets, cdiv, placeholder, pow2,
                                              sm_count)
-from pasa_npu.fallback.triton_repair import ROW_NONFINITE_C, ROW_REPAIRED_C, fp32_tile
-from pasa_npu.fallback.triton_tuning import Tuning
-from pasa_npu.fallback.triton_shift import shift_keys_in_kernel, shift_scores
-from pasa_npu.fallback.triton_softmax import (block_update, finish_rows, initial_state,
+from pasa_npu.fallback.triton.repair import ROW_NONFINITE_C, ROW_REPAIRED_C, fp32_tile
+from pasa_npu.fallback.triton.tuning import Tuning
+from pasa_npu.fallback.triton.shift import shift_keys_in_kernel, shift_scores
+from pasa_npu.fallback.triton.softmax import (block_update, finish_rows, initial_state,
                                               nonfinite_row_mask, block_row_constant)
 from pasa_npu.problem import AttentionProblem
 
@@ -52,7 +52,7 @@ def decode_split_kernel(
     larger than BLOCK_G is cut into ``n_chunks``), query length 1. Writes the partial
     results to rows ``chunk * BLOCK_G + g`` of the group's ``group_rows``. PASA's shift is
     done here on each zero-padded raw K block: on its scores (SHIFT_SCORES,
-    :func:`triton_shift.shift_scores`) or on the keys (:func:`triton_shift.shift_keys_in_kernel`). PAGED: K and V are the caches
+    :func:`shift.shift_scores`) or on the keys (:func:`shift.shift_keys_in_kernel`). PAGED: K and V are the caches
     (num_blocks, N_kv, page_size, D), read through the block table ``PAGES`` (a row of
     ``stride_pb`` per batch), whose strides ``stride_kb``/``stride_vb`` step blocks.
     CHECK: a row that lost resolution here leaves a NaN partial LSE, which the combine
@@ -160,6 +160,8 @@ def decode_split_kernel(
     tl.store(PART_LSE + rows, lse)
 
 
+# Over 80 lines: the log-sum-exp merge, the sink and the checked rows' fa-fp32 repair
+# share one program's loaded splits and row state, a few lines each.
 @triton.jit
 def decode_combine_kernel(PART_O, PART_LSE, O, LSE, FLAGS, SINK, q_starts, q_lens,
                     stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh, stride_ls,
@@ -177,7 +179,7 @@ def decode_combine_kernel(PART_O, PART_LSE, O, LSE, FLAGS, SINK, q_starts, q_len
     per load: one program per query head, so that this latency-bound pass has many
     programs in flight. CHECK: the merged row's flag; a row whose output or LSE is not
     finite, or with a split's LSE NaN or +inf (which would read as a split that saw no
-    key), is recomputed here from Q, K and V by fa-fp32 (:func:`triton_repair.fp32_tile`,
+    key), is recomputed here from Q, K and V by fa-fp32 (:func:`repair.fp32_tile`,
     BLOCK_N keys a step, one stage: a small footprint on a path that rarely runs; the
     arguments after ``group_rows`` are for it alone) and flagged repaired, or still not
     finite where an input was. HAS_SINK: the head's learnable sink joins the merged row
@@ -211,7 +213,7 @@ def decode_combine_kernel(PART_O, PART_LSE, O, LSE, FLAGS, SINK, q_starts, q_len
     # split's LSE is NaN (a NaN or inf in the keys or values it saw): that row is NaN
     seen = total != 0
     sink = 0.0
-    if HAS_SINK:  # as triton_softmax.finish_rows, with the splits' merged sum as l
+    if HAS_SINK:  # as softmax.finish_rows, with the splits' merged sum as l
         sink = tl.load(SINK + h)
         joined = tl.where(seen, tl.maximum(top_safe, sink), top_safe)
         rebase = tl.exp(top_safe - joined)
@@ -222,7 +224,7 @@ def decode_combine_kernel(PART_O, PART_LSE, O, LSE, FLAGS, SINK, q_starts, q_len
     lse = tl.where(seen, top_safe + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
     if CHECK:
         split_bad = tl.sum(((lse_s != lse_s) | (lse_s == float("inf"))).to(tl.int32), 0) > 0
-        # the row's sum test of triton_softmax.nonfinite_row_mask
+        # the row's sum test of softmax.nonfinite_row_mask
         row_sum = tl.sum(o, 0) + tl.where(lse == float("-inf"), 0.0, lse)
         flag = (~(tl.abs(row_sum) < float("inf")) | split_bad).to(tl.uint8)
         if flag != 0:  # the row by fa-fp32, as row 0 of a REPAIR_ROWS tile
@@ -252,7 +254,7 @@ def decode_combine_kernel(PART_O, PART_LSE, O, LSE, FLAGS, SINK, q_starts, q_len
 
 def run(problem: AttentionProblem, tuning: Tuning, shared) -> Optional["PreparedDecode"]:
     """Launch the decode kernels for ``problem`` (query length 1;
-    :class:`triton_attention.Shared` holds the arguments the launches share). Returns the
+    :class:`attention.Shared` holds the arguments the launches share). Returns the
     two launches bound for the plan's later calls (:class:`PreparedDecode`), or None where
     they cannot be bound."""
     q, k, v, out = problem.query, problem.key, problem.value, problem.out

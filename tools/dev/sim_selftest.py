@@ -1,6 +1,6 @@
 """The AscendC API calls our kernels make, run through both emulations and compared bit for bit.
 
-    python tools/sim_selftest.py [--keep DIR]
+    python tools/dev/sim_selftest.py [--keep DIR]
 
 ascend_kernels/sim/selftest/api_selftest.cpp is built twice: against the asc-devkit headers and
 the instruction-level simulator (Huawei's implementation of each API, down to the simulated
@@ -148,82 +148,136 @@ def _init(dtype, count):
 
 
 def cases() -> list[Case]:
+    """Every case, in a fixed order: the vector calls for half then float, then the pipe
+    hazard, the casts, the 16-bit And, the cube's matmuls and the data movement."""
     out = []
     for dt in ("half", "float"):
-        lanes = 128 if dt == "half" else 64
-        for n in (4096, 1000, 77):
-            a, b = _operands(dt, n, 1), _operands(dt, n, 2)
-            b[:64] = 2.0 ** -11
-            if n > 70:
-                a[65] = b[64] = np.nan
-            init = _init(dt, n + 64)
-            for op in ("Add", "Sub", "Mul", "Div", "Max"):
-                out.append(Case(f"{op} {dt} n={n}", op, dt, n, a, b, init=init))
-            for op, s in (("Adds", 2.0 ** -11), ("Muls", 0.1)):
-                out.append(Case(f"{op} {dt} n={n}", op, dt, n, a, init=init, scalar=s))
-            out.append(Case(f"Abs {dt} n={n}", "Abs", dt, n, a, init=init))
-            out.append(Case(f"Duplicate {dt} n={n}", "Duplicate", dt, n, a, init=init, scalar=-2.5))
-            e = np.clip(a, -11, 11).astype(a.dtype)
-            out.append(Case(f"Exp {dt} n={n}", "Exp", dt, n, e, init=init))
-            out.append(Case(f"Ln {dt} n={n}", "Ln", dt, n, np.abs(a) + a.dtype.type(0.5), init=init))
-            r = _operands(dt, n, 3, -1.0, 1.0)
-            out.append(Case(f"ReduceSum {dt} n={n}", "ReduceSum", dt, n, r, init=_init(dt, 32)))
-            out.append(Case(f"ReduceMax {dt} n={n}", "ReduceMax", dt, n, r, init=_init(dt, 32)))
-        # level 0 with a partial mask and strides; the kernels' pair form
-        n = 8 * lanes
-        a, b = _operands(dt, n, 4), _operands(dt, n, 5)
-        out.append(Case(f"AddL0 {dt} mask {lanes // 2 + 3}", "AddL0", dt, n, a, b, init=_init(dt, n),
-                        ints=(lanes // 2 + 3, 3, 1, 1, 1, 8, 8, 8)))
-        out.append(Case(f"AddL0 {dt} strided", "AddL0", dt, n, a, b, init=_init(dt, n),
-                        ints=(lanes, 2, 2, 1, 2, 16, 8, 16)))
-        out.append(Case(f"MaxL0 {dt} strided", "MaxL0", dt, n, a, b, init=_init(dt, n),
-                        ints=(lanes, 4, 1, 2, 1, 8, 16, 8)))
-        # the kernels' row broadcasts: dst row r = op(src row r, the broadcast block r), rows of
-        # `cols` elements (mask cols), src1 block stride 0 and repeat stride 1
-        per = 32 // (2 if dt == "half" else 4)
-        for op in ("MulL0", "DivL0", "SubL0"):
-            for cols in (32, 48):
-                out.append(Case(f"{op} {dt} row broadcast cols={cols}", op, dt, n, a, b, init=_init(dt, n),
-                                ints=(cols, 64 if cols * 64 <= n else n // cols, 1, 1, 0, cols // per, cols // per, 1)))
-        out.append(Case(f"PairAdd {dt}", "PairAdd", dt, n, a, init=_init(dt, n)))
-        out.append(Case(f"PairMax {dt}", "PairMax", dt, n, a, init=_init(dt, n)))
-        out.append(Case(f"ReduceDataBlockSum {dt}", "ReduceDataBlockSum", dt, n, a, init=_init(dt, n),
-                        ints=(lanes, 8, 1, 1, 8)))
-        out.append(Case(f"ReduceDataBlockMax {dt}", "ReduceDataBlockMax", dt, n, a, init=_init(dt, n),
-                        ints=(lanes, 8, 1, 1, 8)))
-        out.append(Case(f"Brcb {dt}", "Brcb", dt, 64, a[:64], init=_init(dt, 64 * 32 // (2 if dt == 'half' else 4)),
-                        ints=(8, 1, 8)))
-        # Compares and Select (bits in b)
-        x = _operands(dt, n, 6)
-        for mode, name in ((LT, "LT"), (GT, "GT"), (EQ, "EQ"), (LE, "LE"), (GE, "GE"), (NE, "NE")):
-            y = x.copy()
-            y[::7] = 3.0
-            y[5] = np.nan
-            out.append(Case(f"Compares {dt} {name}", "Compares", dt, n, y, init=_init(dt, n), scalar=3.0,
-                            ints=(mode,)))
-        out.append(Case(f"ComparesAfterL0 {dt} NE", "ComparesAfterL0", dt, n, x, init=_init(dt, n), scalar=0.0,
-                        ints=(NE, lanes // 2)))
+        out += (_elementwise_cases(dt) + _level0_cases(dt) + _compare_cases(dt)
+                + _reduce_edge_cases(dt) + _select_cases(dt))
+    return (out + _hazard_cases() + _cast_cases() + _and_cases() + _matmul_cases()
+            + _data_movement_cases())
+
+
+def _elementwise_cases(dt) -> list[Case]:
+    """Element-wise and reduction calls on ``dt`` at three lengths (full and partial repeats)."""
+    out = []
+    for n in (4096, 1000, 77):
+        a, b = _operands(dt, n, 1), _operands(dt, n, 2)
+        b[:64] = 2.0 ** -11
+        if n > 70:
+            a[65] = b[64] = np.nan
+        init = _init(dt, n + 64)
+        for op in ("Add", "Sub", "Mul", "Div", "Max"):
+            out.append(Case(f"{op} {dt} n={n}", op, dt, n, a, b, init=init))
+        for op, s in (("Adds", 2.0 ** -11), ("Muls", 0.1)):
+            out.append(Case(f"{op} {dt} n={n}", op, dt, n, a, init=init, scalar=s))
+        out.append(Case(f"Abs {dt} n={n}", "Abs", dt, n, a, init=init))
+        out.append(Case(f"Duplicate {dt} n={n}", "Duplicate", dt, n, a, init=init, scalar=-2.5))
+        e = np.clip(a, -11, 11).astype(a.dtype)
+        out.append(Case(f"Exp {dt} n={n}", "Exp", dt, n, e, init=init))
+        out.append(Case(f"Ln {dt} n={n}", "Ln", dt, n, np.abs(a) + a.dtype.type(0.5), init=init))
+        r = _operands(dt, n, 3, -1.0, 1.0)
+        out.append(Case(f"ReduceSum {dt} n={n}", "ReduceSum", dt, n, r, init=_init(dt, 32)))
+        out.append(Case(f"ReduceMax {dt} n={n}", "ReduceMax", dt, n, r, init=_init(dt, 32)))
+    return out
+
+
+def _level0_cases(dt) -> list[Case]:
+    """Level-0 calls on ``dt``: partial masks, strides, the kernels' row broadcasts and pair forms."""
+    out = []
+    lanes = 128 if dt == "half" else 64
+    # level 0 with a partial mask and strides; the kernels' pair form
+    n = 8 * lanes
+    a, b = _operands(dt, n, 4), _operands(dt, n, 5)
+    out.append(Case(f"AddL0 {dt} mask {lanes // 2 + 3}", "AddL0", dt, n, a, b, init=_init(dt, n),
+                    ints=(lanes // 2 + 3, 3, 1, 1, 1, 8, 8, 8)))
+    out.append(Case(f"AddL0 {dt} strided", "AddL0", dt, n, a, b, init=_init(dt, n),
+                    ints=(lanes, 2, 2, 1, 2, 16, 8, 16)))
+    out.append(Case(f"MaxL0 {dt} strided", "MaxL0", dt, n, a, b, init=_init(dt, n),
+                    ints=(lanes, 4, 1, 2, 1, 8, 16, 8)))
+    # the kernels' row broadcasts: dst row r = op(src row r, the broadcast block r), rows of
+    # `cols` elements (mask cols), src1 block stride 0 and repeat stride 1
+    per = 32 // (2 if dt == "half" else 4)
+    for op in ("MulL0", "DivL0", "SubL0"):
+        for cols in (32, 48):
+            out.append(Case(f"{op} {dt} row broadcast cols={cols}", op, dt, n, a, b, init=_init(dt, n),
+                            ints=(cols, 64 if cols * 64 <= n else n // cols, 1, 1, 0, cols // per, cols // per, 1)))
+    out.append(Case(f"PairAdd {dt}", "PairAdd", dt, n, a, init=_init(dt, n)))
+    out.append(Case(f"PairMax {dt}", "PairMax", dt, n, a, init=_init(dt, n)))
+    out.append(Case(f"ReduceDataBlockSum {dt}", "ReduceDataBlockSum", dt, n, a, init=_init(dt, n),
+                    ints=(lanes, 8, 1, 1, 8)))
+    out.append(Case(f"ReduceDataBlockMax {dt}", "ReduceDataBlockMax", dt, n, a, init=_init(dt, n),
+                    ints=(lanes, 8, 1, 1, 8)))
+    out.append(Case(f"Brcb {dt}", "Brcb", dt, 64, a[:64], init=_init(dt, 64 * 32 // (2 if dt == 'half' else 4)),
+                    ints=(8, 1, 8)))
+    return out
+
+
+def _compare_cases(dt) -> list[Case]:
+    """Compares on ``dt`` in every mode, after a level-0 call, and with a partial repeat."""
+    out = []
+    lanes = 128 if dt == "half" else 64
+    n = 8 * lanes
+    # Compares and Select (bits in b)
+    x = _operands(dt, n, 6)
+    for mode, name in ((LT, "LT"), (GT, "GT"), (EQ, "EQ"), (LE, "LE"), (GE, "GE"), (NE, "NE")):
         y = x.copy()
-        y[::5] = 3.0
-        out.append(Case(f"Compares {dt} GE partial repeat", "Compares", dt, n - lanes // 2, y, init=_init(dt, n),
-                        scalar=3.0, ints=(GE,)))
-        r = _operands(dt, n, 12, -1.0, 1.0)
-        r[[7, 300]] = r.max() + 1            # a tie for the maximum
-        out.append(Case(f"ReduceMax {dt} tie", "ReduceMax", dt, n - 5, r, init=_init(dt, 32)))
-        r = r.copy()
-        r[[40, 301]] = np.nan
-        out.append(Case(f"ReduceMax {dt} NaN", "ReduceMax", dt, n - 5, r, init=_init(dt, 32)))
-        out.append(Case(f"ReduceSum {dt} NaN", "ReduceSum", dt, n - 5, r, init=_init(dt, 32)))
-        neg = -np.abs(_operands(dt, n, 13)) - 1
-        out.append(Case(f"ReduceMax {dt} negative", "ReduceMax", dt, n, neg, init=_init(dt, 32)))
-        bits = np.random.default_rng(7).integers(0, 256, n // 8 + 32).astype(np.uint8)
-        out.append(Case(f"SelectTS {dt}", "SelectTS", dt, n - lanes // 2, x, bits, init=_init(dt, n), scalar=-2.5))
-        out.append(Case(f"SelectTT {dt}", "SelectTT", dt, n - lanes // 2, x, bits, _operands(dt, n, 8),
-                        init=_init(dt, n)))
+        y[::7] = 3.0
+        y[5] = np.nan
+        out.append(Case(f"Compares {dt} {name}", "Compares", dt, n, y, init=_init(dt, n), scalar=3.0,
+                        ints=(mode,)))
+    out.append(Case(f"ComparesAfterL0 {dt} NE", "ComparesAfterL0", dt, n, x, init=_init(dt, n), scalar=0.0,
+                    ints=(NE, lanes // 2)))
+    y = x.copy()
+    y[::5] = 3.0
+    out.append(Case(f"Compares {dt} GE partial repeat", "Compares", dt, n - lanes // 2, y, init=_init(dt, n),
+                    scalar=3.0, ints=(GE,)))
+    return out
+
+
+def _reduce_edge_cases(dt) -> list[Case]:
+    """ReduceMax and ReduceSum on ``dt`` with a tie, NaNs, and only negative values."""
+    out = []
+    lanes = 128 if dt == "half" else 64
+    n = 8 * lanes
+    r = _operands(dt, n, 12, -1.0, 1.0)
+    r[[7, 300]] = r.max() + 1            # a tie for the maximum
+    out.append(Case(f"ReduceMax {dt} tie", "ReduceMax", dt, n - 5, r, init=_init(dt, 32)))
+    r = r.copy()
+    r[[40, 301]] = np.nan
+    out.append(Case(f"ReduceMax {dt} NaN", "ReduceMax", dt, n - 5, r, init=_init(dt, 32)))
+    out.append(Case(f"ReduceSum {dt} NaN", "ReduceSum", dt, n - 5, r, init=_init(dt, 32)))
+    neg = -np.abs(_operands(dt, n, 13)) - 1
+    out.append(Case(f"ReduceMax {dt} negative", "ReduceMax", dt, n, neg, init=_init(dt, 32)))
+    return out
+
+
+def _select_cases(dt) -> list[Case]:
+    """Select on ``dt``, the choice bits in b."""
+    out = []
+    lanes = 128 if dt == "half" else 64
+    n = 8 * lanes
+    x = _operands(dt, n, 6)
+    bits = np.random.default_rng(7).integers(0, 256, n // 8 + 32).astype(np.uint8)
+    out.append(Case(f"SelectTS {dt}", "SelectTS", dt, n - lanes // 2, x, bits, init=_init(dt, n), scalar=-2.5))
+    out.append(Case(f"SelectTT {dt}", "SelectTT", dt, n - lanes // 2, x, bits, _operands(dt, n, 8),
+                    init=_init(dt, n)))
+    return out
+
+
+def _hazard_cases() -> list[Case]:
+    """A call the emulations must reject as a pipe hazard."""
+    out = []
     # the load's WaitFlag<MTE2_V> left out: Add reads UB that MTE2 may still be writing (both
     # emulations reject the call as a pipe hazard)
     a, b = _operands("half", 1000, 1), _operands("half", 1000, 2)
     out.append(Case("AddNoWait half missing WaitFlag", "AddNoWait", "half", 1000, a, b, init=_init("half", 1064)))
+    return out
+
+
+def _cast_cases() -> list[Case]:
+    """The casts the kernels make, in each rounding mode they name."""
+    out = []
     # casts the kernels make
     f = (np.random.default_rng(9).standard_normal(2048) * 1e3).astype(np.float32)
     f[:4] = [1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 70000.0, np.nan]
@@ -246,10 +300,22 @@ def cases() -> list[Case]:
     u8 = (np.arange(512) % 256).astype(np.uint8)
     out.append(Case("Cast uint8>half NONE", "Cast", "uint8>half", 512, u8, init=_init("half", 512),
                     ints=(CAST_NONE,)))
+    return out
+
+
+def _and_cases() -> list[Case]:
+    """And on 16-bit words."""
+    out = []
     # And on 16-bit words (the kernels' mask arithmetic)
     w = np.random.default_rng(10).integers(0, 65536, 512).astype(np.uint16)
     v = np.random.default_rng(11).integers(0, 65536, 512).astype(np.uint16)
     out.append(Case("And uint16", "And", "uint16", 500, w, v, init=_init("uint16", 512)))
+    return out
+
+
+def _matmul_cases() -> list[Case]:
+    """The cube's matmuls."""
+    out = []
     # cube: Nd2Nz, LoadData (plain and transposed), Mmad, Fixpipe row-major
     rng = np.random.default_rng(14)
     for op, types, (m, k, n), fill in (("MatmulBT", "half>half", (16, 64, 32), 0),
@@ -271,6 +337,12 @@ def cases() -> list[Case]:
             a, b = (a.view(np.uint32) >> 16).astype(np.uint16), (b.view(np.uint32) >> 16).astype(np.uint16)
         out.append(Case(f"{op} {types} {m}x{k}x{n}{f' fill{fill}' if fill else ''}", op, types, 0, a, b,
                         init=_init("uint16" if dst == "bfloat16" else dst, m * n + 64), ints=(m, k, n, fill)))
+    return out
+
+
+def _data_movement_cases() -> list[Case]:
+    """DataCopy forms: counted, strided, padded in and out."""
+    out = []
     # data movement
     src = np.arange(4096, dtype=np.float32)
     out.append(Case("DataCopyCount float", "DataCopyCount", "float", 1024, src, init=_init("float", 1024)))

@@ -30,7 +30,7 @@ class Tuning:
     allocation).
 
     ``prefill``: the prefill kernel. "warp-specialised": the Gluon kernel
-    (:mod:`gluon_prefill`: Hopper only, pasa-exact, pasa and fa-fp32 at d = 64 and 128
+    (:mod:`gluon.prefill`: Hopper only, pasa-exact, pasa and fa-fp32 at d = 64 and 128
     without ragged lengths or an explicit mask; the same results bit for bit but for pasa's
     and pasa-exact's block sums, which it adds on the tensor cores); "triton": the Triton
     kernel (every problem); "auto": the Gluon kernel where it applies, unless a switch
@@ -41,7 +41,7 @@ class Tuning:
     "fused" (recomputed inside every query tile).
     ``decode_shift``: how decode shifts for PASA, inside its one pass over K (each K block
     is read by one program there): "scores" (the shift applied to the block's fp32 scores,
-    :func:`triton_shift.shift_scores`; K' is never formed, so K' is not rounded to fp16)
+    :func:`shift.shift_scores`; K' is never formed, so K' is not rounded to fp16)
     or "keys" (K' formed from each loaded block, as the separate pass forms it).
     ``loads``: how the prefill kernel reads its interior kv blocks, "tma" (tensor
     descriptors, Hopper and newer; pointers where a layout is not TMA-addressable) or
@@ -53,7 +53,7 @@ class Tuning:
     precomputed while that workspace is no larger than Q, K and V together, in-kernel
     beyond, where it would grow as S1 * S2.
     ``launch``, ``loops``: for measurements only, a fixed (BLOCK_M, num_warps, num_stages)
-    and a fixed set of kv-block loops (the bits of ``triton_launch.block_loops``; 7 compiles
+    and a fixed set of kv-block loops (the bits of ``launch.block_loops``; 7 compiles
     all three in) for the Triton prefill kernel, in place of the heuristics; None: the
     heuristics'.
     """

@@ -1,6 +1,6 @@
 """Warp-specialised prefill for Hopper (sm_90), written in Gluon: pasa-exact, pasa, fa-fp32.
 
-The same computation as :func:`pasa_npu.fallback.triton_prefill.prefill_kernel` for
+The same computation as :func:`pasa_npu.fallback.triton.prefill.prefill_kernel` for
 these allocations, organised so that the tensor cores and the softmax overlap:
 
 * persistent: one program per SM takes (query tile, batch, query head) tiles until none
@@ -32,7 +32,7 @@ cores' order, so a few outputs in 10^4 differ from the Triton kernel's by roundi
 Overflow check (where the call is checked): each consumer group flags its rows whose
 output or LSE is not finite (the LSE through the row's statistics, whose log a call
 without LSE never takes), a flagged row setting the call's overflow word (the word
-after the tile counter, zeroed with it); the Triton repair launch (:mod:`triton_repair`)
+after the tile counter, zeroed with it); the Triton repair launch (:mod:`triton.repair`)
 recomputes them. pasa's part-filled last kv block (kv_len not a multiple of 128) takes
 its keys' mean (:func:`pasa_npu.beta.partial_block_shift`), as the Triton kernel does
 (PART_FILLED: compiled in only where the problem has one).
@@ -41,7 +41,7 @@ Scope (:func:`supported`): fp16 inputs; head dim 64 or 128 (Q, K and V alike); k
 128; every batch at the full lengths (no ragged or packed varlen input); no explicit mask
 (causal and band modes are computed in the kernel); no rounding guard; no learnable sink
 (torch_npu takes sinks with packed layouts only, which this kernel does not read; a sink
-joins on the Triton kernel, :func:`triton_softmax.finish_rows`); layouts TMA can
+joins on the Triton kernel, :func:`triton.softmax.finish_rows`); layouts TMA can
 address; fewer than 2**31 query rows over all batches and heads (the row flags' offsets
 are 32-bit). Paged KV too, where the block size is a multiple of 128 and every batch has the
 same kv length, a multiple of 128 (the loader reads whole kv blocks of the caches: rows
@@ -60,13 +60,13 @@ try:  # Gluon ships with Triton >= 3.5
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from pasa_npu.fallback.gluon_kernel import prefill_ws_kernel
+    from pasa_npu.fallback.gluon.kernel import prefill_ws_kernel
     AVAILABLE = True
 except ImportError:  # pragma: no cover - older Triton
     AVAILABLE = False
 
 from pasa_npu.beta import partial_block_shift
-from pasa_npu.fallback.gluon_config import BLOCK_N, GROUP_ROWS, MEAN_ROWS
+from pasa_npu.fallback.gluon.config import BLOCK_N, GROUP_ROWS, MEAN_ROWS
 from pasa_npu.fallback.kernel_common import (INTERPRET, device_capability, launch, sm_count,
                                              tma_strides)
 from pasa_npu.problem import AttentionProblem
@@ -160,7 +160,7 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
     invariance as the Triton kernel takes it; ``k_used``: K'
     (B, Nkv, blocks*128, D) for PASA (and pasa-exact's block means, (B, Nkv, blocks, D)),
     K and None for fa-fp32; ``band_*``: the per-batch band limits on the device (read only
-    under a band); ``shift_table``: pasa's (:func:`triton_shift.cached_shift_table`) or
+    under a band); ``shift_table``: pasa's (:func:`triton.shift.cached_shift_table`) or
     None. Paged: ``k_used`` is the key cache, or K's slots for PASA, and ``k_pages`` the
     table that maps each batch's kv blocks into it. Where the call is checked for
     overflow (the flags are ``problem.overflow``'s), returns its overflow word on the

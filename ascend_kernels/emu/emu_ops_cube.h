@@ -1,0 +1,154 @@
+// Mmad and Fixpipe of the AscendC CPU emulation (emu_ops_move.h states the conventions and
+// the numerics modelled).
+#pragma once
+
+#include "emu_ops_move.h"
+
+namespace AscendC {
+
+// ================================================================== Mmad
+// A (m x k) in L0A as Zz fractals, B (k x n) in L0B as Zn fractals, C (m x n) in L0C as Nz.
+template <typename T, typename U, typename S>
+void Mmad(const LocalTensor<T>& dst, const LocalTensor<U>& fm, const LocalTensor<S>& filter, const MmadParams& p)
+{
+    const char* op = "Mmad";
+    static_assert(std::is_same<T, float>::value, "the emulated Mmad accumulates into float (L0C)");
+    static_assert(std::is_same<U, S>::value, "Mmad: fm and filter must have the same type");
+    static_assert(std::is_same<U, half>::value || std::is_same<U, bfloat16_t>::value,
+                  "the emulated Mmad takes half or bfloat16_t operands");
+    emu::CheckPosition(dst, {TPosition::CO1}, op, "dst");
+    emu::CheckPosition(fm, {TPosition::A2}, op, "fm");
+    emu::CheckPosition(filter, {TPosition::B2}, op, "filter");
+    emu::CheckAligned(dst, 1024, op, "dst");
+    emu::CheckAligned(fm, 512, op, "fm");
+    emu::CheckAligned(filter, 512, op, "filter");
+    if (p.m > 4095 || p.n > 4095 || p.k > 4095) emu::Fail("%s: m, n, k must lie in [0, 4095]", op);
+    if (p.isBias || p.cmatrixSource) emu::Fail("%s: bias / C from BT buffer is not emulated", op);
+    if (p.unitFlag != 0) emu::Fail("%s: unitFlag is not emulated", op);
+    if (p.m == 0 || p.n == 0 || p.k == 0) return;
+    const uint32_t m16 = (p.m + 15) / 16, n16 = (p.n + 15) / 16, k16 = (p.k + 15) / 16;
+    emu::CheckExtent(fm, static_cast<uint64_t>(m16) * k16 * 256 * sizeof(U), op, "fm");
+    emu::CheckExtent(filter, static_cast<uint64_t>(k16) * n16 * 256 * sizeof(U), op, "filter");
+    emu::CheckExtent(dst, static_cast<uint64_t>(m16) * n16 * 256 * sizeof(float), op, "dst");
+    const uint32_t seq = emu::Issue(emu::P_M);
+    emu::Dispatch(emu::P_M, emu::Timing().mmad_head_cycles +
+                                static_cast<double>(m16) * n16 * k16 * 4096.0 / emu::Timing().cube_macs_per_cycle);
+    emu::TouchLocal(emu::P_M, seq, Hardware::L0A, fm.ByteOffset(), static_cast<uint64_t>(m16) * k16 * 256 * sizeof(U), false, op);
+    emu::TouchLocal(emu::P_M, seq, Hardware::L0B, filter.ByteOffset(), static_cast<uint64_t>(k16) * n16 * 256 * sizeof(U), false, op);
+    emu::TouchLocal(emu::P_M, seq, Hardware::L0C, dst.ByteOffset(), static_cast<uint64_t>(m16) * n16 * 256 * sizeof(float), true, op);
+    // Operands converted once: A row-major (m x k), B column-major (n x k). Every product of two
+    // fp16/bf16 values is exact in fp32, so acc + a * b rounds once, like the documented
+    // accumulation one k at a time.
+    const U* a = fm.Data();
+    const U* b = filter.Data();
+    float* c = dst.Data();
+    std::vector<float> am(static_cast<size_t>(p.m) * p.k), bn(static_cast<size_t>(p.n) * p.k);
+    for (uint32_t i = 0; i < p.m; ++i) {
+        for (uint32_t kk = 0; kk < p.k; ++kk) am[i * p.k + kk] = static_cast<float>(a[((i / 16) * k16 + kk / 16) * 256 + (i % 16) * 16 + kk % 16]);
+    }
+    for (uint32_t j = 0; j < p.n; ++j) {
+        for (uint32_t kk = 0; kk < p.k; ++kk) bn[j * p.k + kk] = static_cast<float>(b[((kk / 16) * n16 + j / 16) * 256 + (j % 16) * 16 + kk % 16]);
+    }
+    for (uint32_t i = 0; i < p.m; ++i) {
+        const float* arow = &am[i * p.k];
+        for (uint32_t j = 0; j < p.n; ++j) {
+            const float* bcol = &bn[j * p.k];
+            float& acc = c[((j / 16) * m16 + i / 16) * 256 + (i % 16) * 16 + j % 16];
+            float sum = p.cmatrixInitVal ? 0.0f : acc;
+            for (uint32_t kk = 0; kk < p.k; ++kk) sum += arow[kk] * bcol[kk];
+            acc = sum;
+        }
+    }
+    auto& st = emu::Core().stats;
+    st.mmad_calls++;
+    st.cube_macs += static_cast<uint64_t>(p.m) * p.n * p.k;
+}
+
+// ================================================================== Fixpipe (L0C -> GM, NZ -> ND)
+template <typename T, typename U, const FixpipeConfig& config = CFG_ROW_MAJOR>
+void Fixpipe(const GlobalTensor<T>& dst, const LocalTensor<U>& src, const FixpipeParamsV220& p)
+{
+    const char* op = "Fixpipe(L0C->GM)";
+    static_assert(std::is_same<U, float>::value, "the emulated Fixpipe reads float from L0C");
+    static_assert(config.format == CO2Layout::ROW_MAJOR, "the emulated Fixpipe writes ND (CFG_ROW_MAJOR)");
+    emu::CheckPosition(src, {TPosition::CO1}, op, "src");
+    emu::CheckAligned(src, 64, op, "src");
+    if (p.nSize == 0 || p.mSize == 0 || p.ndNum == 0) return;
+    if (p.nSize % 16 != 0) emu::Fail("%s: nSize %u must be a multiple of 16", op, p.nSize);
+    if (p.nSize > 4095 || p.mSize > 8192) emu::Fail("%s: nSize <= 4095 and mSize <= 8192 (NZ2ND)", op);
+    if (p.ndNum != 1) emu::Fail("%s: ndNum > 1 is not emulated", op);
+    if (p.srcStride < (p.mSize + 15) / 16 * 16) {
+        emu::Fail("%s: srcStride %u must be mSize rounded up to 16 (%u) or more", op, p.srcStride, (p.mSize + 15) / 16 * 16);
+    }
+    if (p.dstStride < p.nSize) emu::Fail("%s: dstStride %u (ND row length) is smaller than nSize %u", op, p.dstStride, p.nSize);
+    if (p.reluEn || p.isChannelSplit || p.unitFlag) emu::Fail("%s: relu / channel split / unitFlag are not emulated", op);
+    constexpr bool toF32 = std::is_same<T, float>::value;
+    constexpr bool toF16 = std::is_same<T, half>::value;
+    constexpr bool toBf16 = std::is_same<T, bfloat16_t>::value;
+    if (toF32 && p.quantPre != QuantMode_t::NoQuant) emu::Fail("%s: float output needs quantPre NoQuant", op);
+    if (toF16 && p.quantPre != QuantMode_t::F322F16) emu::Fail("%s: half output needs quantPre F322F16 (it is not inferred)", op);
+    if (toBf16 && p.quantPre != QuantMode_t::F322BF16) emu::Fail("%s: bfloat16_t output needs quantPre F322BF16", op);
+    static_assert(toF32 || toF16 || toBf16, "Fixpipe: output type must be float, half or bfloat16_t");
+    const uint64_t srcSpan = ((p.nSize / 16 - 1ull) * p.srcStride * 16 + p.mSize * 16ull) * sizeof(float);
+    emu::CheckExtent(src, srcSpan, op, "src");
+    const uint32_t seq = emu::Issue(emu::P_FIX);
+    emu::Dispatch(emu::P_FIX, emu::Timing().fix_head_cycles +
+                                  static_cast<double>(p.mSize) * p.nSize * sizeof(T) / emu::Timing().fix_bytes_per_cycle,
+                  emu::Timing().gm_write_latency_cycles);
+    emu::TouchLocal(emu::P_FIX, seq, Hardware::L0C, src.ByteOffset(), srcSpan, false, op);
+    const float* c = src.Data();
+    for (uint32_t i = 0; i < p.mSize; ++i) {
+        T* row = dst.address_ + static_cast<uint64_t>(i) * p.dstStride;
+        emu::TouchGm(emu::P_FIX, seq, row, p.nSize * sizeof(T), true, op);
+        for (uint32_t j = 0; j < p.nSize; ++j) row[j] = static_cast<T>(c[(j / 16) * static_cast<uint64_t>(p.srcStride) * 16 + i * 16 + j % 16]);
+    }
+    emu::Core().stats.l0c_to_gm += static_cast<uint64_t>(p.mSize) * p.nSize * sizeof(T);
+}
+
+// ================================================================== Fixpipe (L0C -> L1, NZ)
+// The NZ tile stays NZ: column block cb (16 columns) of the mSize rows goes to dst + cb * dstStride
+// 32-byte blocks, row i of it at 32 bytes a row ("Fixpipe", L0C Buffer(CO1) to L1 Buffer(A1/B1):
+// CFG_NZ only, float to half / bfloat16_t / int8 only on Atlas A2, dstStride in 32-byte units).
+template <typename T, typename U, const FixpipeConfig& config = CFG_ROW_MAJOR>
+void Fixpipe(const LocalTensor<T>& dst, const LocalTensor<U>& src, const FixpipeParamsV220& p)
+{
+    const char* op = "Fixpipe(L0C->L1)";
+    static_assert(std::is_same<U, float>::value, "the emulated Fixpipe reads float from L0C");
+    static_assert(std::is_same<T, half>::value || std::is_same<T, bfloat16_t>::value,
+                  "Fixpipe to L1: the emulation writes half or bfloat16_t (float -> float is not supported on Atlas A2)");
+    if (config.format != CO2Layout::NZ) emu::Fail("%s: the format must be NZ (CFG_NZ) when the destination is L1", op);
+    emu::CheckPosition(src, {TPosition::CO1}, op, "src");
+    emu::CheckPosition(dst, {TPosition::A1, TPosition::B1}, op, "dst");
+    emu::CheckAligned(src, 64, op, "src");
+    emu::CheckAligned(dst, 32, op, "dst");
+    if (p.nSize == 0 || p.mSize == 0) return;
+    if (p.nSize % 16 != 0) emu::Fail("%s: nSize %u must be a multiple of 16", op, p.nSize);
+    if (p.srcStride < (p.mSize + 15) / 16 * 16) {
+        emu::Fail("%s: srcStride %u must be mSize rounded up to 16 (%u) or more", op, p.srcStride, (p.mSize + 15) / 16 * 16);
+    }
+    if (p.dstStride < p.mSize) emu::Fail("%s: dstStride %u (32-byte rows between column blocks) is below mSize %u", op, p.dstStride, p.mSize);
+    if (p.reluEn || p.isChannelSplit || p.unitFlag) emu::Fail("%s: relu / channel split / unitFlag are not emulated", op);
+    constexpr bool toF16 = std::is_same<T, half>::value;
+    if (toF16 && p.quantPre != QuantMode_t::F322F16) emu::Fail("%s: half output needs quantPre F322F16 (it is not inferred)", op);
+    if (!toF16 && p.quantPre != QuantMode_t::F322BF16) emu::Fail("%s: bfloat16_t output needs quantPre F322BF16", op);
+    const uint32_t blocks = p.nSize / 16;
+    const uint64_t srcSpan = ((blocks - 1ull) * p.srcStride * 16 + p.mSize * 16ull) * sizeof(float);
+    const uint64_t dstSpan = ((blocks - 1ull) * p.dstStride + p.mSize) * 32ull;
+    emu::CheckExtent(src, srcSpan, op, "src");
+    emu::CheckExtent(dst, dstSpan, op, "dst");
+    const uint32_t seq = emu::Issue(emu::P_FIX);
+    emu::Dispatch(emu::P_FIX, emu::Timing().fix_head_cycles +
+                                  static_cast<double>(p.mSize) * p.nSize * sizeof(T) / emu::Timing().fix_bytes_per_cycle);
+    emu::TouchLocal(emu::P_FIX, seq, Hardware::L0C, src.ByteOffset(), srcSpan, false, op);
+    const float* c = src.Data();
+    T* out = dst.Data();
+    for (uint32_t cb = 0; cb < blocks; ++cb) {
+        const uint64_t at = cb * static_cast<uint64_t>(p.dstStride) * 32 / sizeof(T);
+        emu::TouchLocal(emu::P_FIX, seq, Hardware::L1, dst.ByteOffset() + at * sizeof(T), p.mSize * 32ull, true, op);
+        for (uint32_t i = 0; i < p.mSize; ++i) {
+            for (uint32_t k = 0; k < 16; ++k) out[at + i * 16 + k] = static_cast<T>(c[cb * static_cast<uint64_t>(p.srcStride) * 16 + i * 16 + k]);
+        }
+    }
+}
+
+}  // namespace AscendC

@@ -1,0 +1,1 @@
+"""The warp-specialised Gluon prefill of the Triton backend (Hopper)."""

@@ -1,0 +1,1 @@
+"""The Triton backend (CUDA GPUs, or the CPU under TRITON_INTERPRET=1)."""
