@@ -164,7 +164,7 @@ class Call:
     of :func:`pasa_npu.fused_attention` and of ``fused_attention_v2`` (under v1's names).
     Unvalidated: the plan (:mod:`pasa_npu.plans`) validates and resolves them, once per
     distinct set. The fields and defaults are the argument table's
-    (``tests/test_layers.py`` holds them equal)."""
+    (``tests/api/test_layers.py`` holds them equal)."""
 
     query: torch.Tensor
     key: torch.Tensor

@@ -312,7 +312,7 @@ def row_scale_ulps(actual: torch.Tensor, ref: torch.Tensor) -> float:
 # one flipped statistic (a row's m, a block's l) moves a whole row, one flipped K' every row
 # that reads the key, and a log an ulp apart every LSE. They are recorded as information. So
 # a rounding dropped from a kernel, which moves values by no more than a flip of it does, is
-# not caught by these bounds: tests/test_triton_exact_inputs.py catches such a drop on inputs
+# not caught by these bounds: tests/fallback/triton/test_triton_exact_inputs.py catches such a drop on inputs
 # where nothing can flip, and the kernels must equal the torch backend bit for bit.
 #
 # tests/measured.json keeps what the tests measured (triton-out-ulps, triton-lse) and the

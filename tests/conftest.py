@@ -20,7 +20,18 @@ if _workers > 1:
 
 from hypothesis import settings  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(__file__))
+# The tests are laid out like the source (api/, fallback/triton/, ascend_kernels/, tools/...)
+# and import the shared helpers of this folder (_support, _oracle, ...) and, some, what another
+# test module defines (test_golden's cases, test_ascendc_emu's bounds) as top-level modules:
+# this folder and every folder of tests go on the path, whichever files pytest was given.
+# Test modules are not packages, so their basenames stay unique across the folders.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _folder in sorted(dirpath for dirpath, _, files in os.walk(_HERE)
+                      if any(f.startswith("test_") and f.endswith(".py") for f in files)
+                      and dirpath != _HERE):
+    if _folder not in sys.path:
+        sys.path.insert(0, _folder)
+sys.path.insert(0, _HERE)
 
 settings.register_profile("ci", deadline=None, max_examples=30, derandomize=True,
                           print_blob=True)

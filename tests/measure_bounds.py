@@ -33,13 +33,16 @@ import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
 TABLE = HERE / "measured.json"
-MEASURING = ["test_golden.py", "test_paper_cases.py", "test_properties.py", "test_semantics.py",
-             "test_argument_forms.py", "test_triton_tuning.py", "test_triton_launch.py",
-             "test_triton_host.py", "test_gluon_prefill.py", "test_ablate.py",
-             "test_compare_file.py", "test_compare_capture.py", "test_paged.py",
-             "test_overflow.py", "test_ascendc_emu.py", "test_ascendc_emu_serving.py",
-             "test_integration_attention.py", "test_integration_diffusers.py",
-             "test_integration_transformers.py"]
+MEASURING = ["test_golden.py", "test_paper_cases.py", "api/test_properties.py",
+             "api/test_semantics.py", "api/test_argument_forms.py",
+             "fallback/triton/test_triton_tuning.py", "fallback/triton/test_triton_launch.py",
+             "fallback/triton/test_triton_host.py", "fallback/gluon/test_gluon_prefill.py",
+             "tools/test_ablate.py", "tools/test_compare_file.py",
+             "tools/test_compare_capture.py", "test_paged.py", "api/test_overflow.py",
+             "ascend_kernels/test_ascendc_emu.py", "ascend_kernels/test_ascendc_emu_serving.py",
+             "integrations/test_integration_attention.py",
+             "integrations/test_integration_diffusers.py",
+             "integrations/test_integration_transformers.py"]
 
 def _round_up(value: float) -> float:
     if value <= 0 or not math.isfinite(value):

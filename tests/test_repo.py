@@ -93,3 +93,26 @@ def test_development_tools_run_from_the_checkout():
                              "--list"], capture_output=True, text=True, cwd=ROOT)
     assert listed.returncode == 0, listed.stderr[-2000:]
     assert mutation_list.MUTATIONS[0].name in listed.stdout
+
+
+def test_test_files_named_elsewhere_exist():
+    """The tests are laid out like the source (tests/api/, tests/fallback/triton/, ...): every
+    test file the CI scripts, the development tools and the docs name is where they say, and
+    no two test modules share a basename (they are imported as top-level modules,
+    tests/conftest.py)."""
+    named = {}
+    sources = [ROOT / ".ci" / "run", ROOT / ".ci" / "gpu-suite", ROOT / "README.md",
+               ROOT / "tools" / "dev" / "mutation_list.py", *(ROOT / "docs").rglob("*.md"),
+               *(ROOT / "ascend_kernels").rglob("*.md")]
+    for source in sources:
+        for path in re.findall(r"\btests/[\w/]*test_\w+\.py", source.read_text()):
+            named.setdefault(path, source.relative_to(ROOT))
+    measure = (ROOT / "tests" / "measure_bounds.py").read_text()
+    listed = re.search(r"MEASURING = \[(.*?)\]", measure, flags=re.S).group(1)
+    for name in re.findall(r'"([\w/]+\.py)"', listed):
+        named.setdefault(f"tests/{name}", "tests/measure_bounds.py")
+    assert len(named) > 40
+    missing = {path: where for path, where in named.items() if not (ROOT / path).is_file()}
+    assert not missing, missing
+    modules = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert len(modules) == len(set(modules)), sorted(m for m in modules if modules.count(m) > 1)

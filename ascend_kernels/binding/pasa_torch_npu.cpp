@@ -25,7 +25,7 @@
 //  * nothing synchronises the stream or the host, so the call can be captured in an NPU graph;
 //  * blockDim comes from the device's AI Core count (aclrtGetDeviceInfo), not a constant.
 // Built by setup.py with torch_npu's NpuExtension when a CANN toolkit and torch_npu are present;
-// tests/test_npu_host.py compiles it against the headers of the torch_npu wheel.
+// tests/ascend_kernels/test_npu_host.py compiles it against the headers of the torch_npu wheel.
 #include <Python.h>
 
 #include <cstdint>

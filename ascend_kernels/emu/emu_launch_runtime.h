@@ -1,7 +1,7 @@
 // The emulation's implementation of the shared host launcher's runtime (../host/pasa_launcher.h):
 // device memory is host memory registered with the emulated GM, an upload is a copy, a launch
 // runs the kernel through AscendC::emu::Launch. It records every call, as the ACL runtime's
-// calls are recorded in tests/test_npu_host.py, so that the two can be compared.
+// calls are recorded in tests/ascend_kernels/test_npu_host.py, so that the two can be compared.
 // Include after the kernel sources: it calls pasa_shift_keys, pasa_center_keys, pasa_attention,
 // pasa_merge_splits.
 #ifndef PASA_EMU_LAUNCH_RUNTIME_H

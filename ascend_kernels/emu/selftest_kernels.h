@@ -1,7 +1,7 @@
 // Self-test kernels of the AscendC CPU emulation: small AscendC programs that either must
 // run (and produce known values) or must be rejected the way the hardware would fail
 // (over-capacity buffers, misaligned copies, broken queue order, missing or unpaired
-// synchronisation, a cross-core wait that can never be satisfied). tests/test_ascendc_emu.py
+// synchronisation, a cross-core wait that can never be satisfied). tests/ascend_kernels/test_ascendc_emu.py
 // runs each by name through the development module _ascendc_emu_selftest (run_selftest).
 #pragma once
 
@@ -185,7 +185,7 @@ inline void AddRunCases(std::map<std::string, Case>& c)
     }, true};
 }
 
-// Small programs whose timelines tests/test_npu_timing.py derives by hand.
+// Small programs whose timelines tests/ascend_kernels/test_npu_timing.py derives by hand.
 inline void AddTimingCases(std::map<std::string, Case>& c)
 {
     c["timing_copy_scale"] = {KERNEL_TYPE_AIV_ONLY, 256, 256, [](Gm& g) {

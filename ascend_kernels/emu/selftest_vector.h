@@ -1,5 +1,5 @@
 // One vector instruction of the AscendC CPU emulation on operands given from Python, run in
-// an AIV core (GM -> UB, the instruction, UB -> GM): tests/test_ascendc_vector.py checks each
+// an AIV core (GM -> UB, the instruction, UB -> GM): tests/ascend_kernels/test_ascendc_vector.py checks each
 // instruction the kernels use against an independent model of its documented rounding and
 // order through the development module _ascendc_emu_selftest (run_vector_instruction).
 #pragma once

@@ -27,7 +27,7 @@ sums its block's fp16 P' (for l), and pasa its fp16 scores (for the block mean) 
 fp16 P', on the tensor cores, a thin matmul with a tile of ones, instead of converting
 and adding 64 elements per thread: the same fp16 values summed in fp32, in the tensor
 cores' order, so a few outputs in 10^4 differ from the Triton kernel's by rounding
-(tests/test_gluon_prefill.py).
+(tests/fallback/gluon/test_gluon_prefill.py).
 
 Overflow check (where the call is checked): each consumer group flags its rows whose
 output or LSE is not finite (the LSE through the row's statistics, whose log a call

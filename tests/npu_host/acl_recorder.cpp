@@ -2,7 +2,7 @@
 // (ascend_kernels/host/pasa_acl_runtime.cpp: aclrtMemcpyAsync, aclrtGetDeviceInfo and the
 // aclrtlaunch_* stubs CANN generates), and a driver that runs one call through
 // pasa::LaunchAttention with pasa::AclLaunchRuntime, then prints what reached ACL, one line a
-// call, for tests/test_npu_host.py to compare with the emulated runtime's calls:
+// call, for tests/ascend_kernels/test_npu_host.py to compare with the emulated runtime's calls:
 //   allocate <bytes>
 //   upload <buffer> <offset> <bytes as hex>
 //   launch <kernel> <blockDim> <buffer>:<offset> ...   (the kernel's arguments in order)

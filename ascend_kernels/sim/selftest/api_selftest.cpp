@@ -2,7 +2,7 @@
 // from this one source: against the asc-devkit headers and the simulator (tools/sim_build.py:
 // the call runs Huawei's implementation down to the simulated instructions), and with
 // -DPASA_SELFTEST_EMU against ascend_kernels/emu (the project's emulation of the same API).
-// tests/test_ascendc_sim.py runs both on the same cases and compares the outputs bit for bit.
+// tests/ascend_kernels/test_ascendc_sim.py runs both on the same cases and compares the outputs bit for bit.
 //
 // Input: one case per line on stdin,
 //   OP TYPE N SCALAR A B C INIT OUT [I0 .. I7]

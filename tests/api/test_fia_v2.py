@@ -2,7 +2,7 @@
 its signature (v1's table renamed, plus v2's additions), the same results as v1 bit for bit on
 every backend here, out_dtype, the refusals, and learnable sinks against an fp64 dense
 softmax with an extra column written here, within each allocation's golden bounds, on the
-torch backend, the Triton kernels (tests/test_triton_sinks.py holds them to the torch
+torch backend, the Triton kernels (tests/fallback/triton/test_triton_sinks.py holds them to the torch
 backend) and the AscendC kernels (ascendc-emu: also against the torch backend, on few AI
 Cores, with split kv, rows without keys and the overflow repair)."""
 from __future__ import annotations
@@ -281,9 +281,9 @@ def test_golden_with_sinks_matches_the_dense_softmax(name, sink_golden):
 
 def _assert_matches_torch_backend(out, lse, q, k, v, sink, kw, algorithm, dtype, name, gold, gold_lse):
     """ascendc-emu against the torch backend's same allocation with the same sinks, at the
-    derived bounds of tests/test_ascendc_emu.py. pasa with split kv restarts its fp16
+    derived bounds of tests/ascend_kernels/test_ascendc_emu.py. pasa with split kv restarts its fp16
     statistics per kv range (and joins the sink in the merge), so there, as in
-    tests/test_ascendc_emu_shapes.py, it is held against the fp64 golden instead: relative
+    tests/ascend_kernels/test_ascendc_emu_shapes.py, it is held against the fp64 golden instead: relative
     RMSE and largest LSE error each within 1.1x the torch backend's."""
     from pasa_npu import ascendc_emu
     from test_ascendc_emu import assert_matches_torch
@@ -323,7 +323,7 @@ def test_sinks_within_each_allocations_golden_bounds(name, algorithm, dtype, bac
     finite = torch.isfinite(gold_lse)
     assert torch.equal(torch.isfinite(lse), finite)
     lse_err = float((lse.double() - gold_lse)[finite].abs().max())
-    # Triton's interpreter computes what the torch backend does (tests/test_triton_sinks.py),
+    # Triton's interpreter computes what the torch backend does (tests/fallback/triton/test_triton_sinks.py),
     # at these full sizes; its own measured golden errors are of test_golden's shrunk cases
     where = "cpu" if interpreted(backend) else device_kind(backend)
     key = f"{where}/{dtype_name(dtype)}/{algorithm}/{family}"
@@ -343,7 +343,7 @@ def test_sinks_within_each_allocations_golden_bounds(name, algorithm, dtype, bac
 def test_ascendc_sinks_on_few_ai_cores(name, algorithm, sink_golden):
     """The kernels with 2 emulated AI Cores, each walking several tasks (decode-split: 4, each
     walking several kv ranges of the split tasks, merged with the sink joined once): the torch
-    backend's result at tests/test_ascendc_emu.py's bounds (pasa split: the golden's, as
+    backend's result at tests/ascend_kernels/test_ascendc_emu.py's bounds (pasa split: the golden's, as
     above)."""
     from pasa_npu import ascendc_emu
     from test_ascendc_emu import emulated_cores
@@ -385,7 +385,7 @@ EMPTY_ROW_CASES = {"causal": None, "causal-few-cores": 2, "decode-split": None}
 def test_ascendc_rows_without_keys_ignore_the_sink(case, algorithm, sink_golden):
     """The backends' own results (before the API layer's rules for empty rows, which overwrite
     them): rows that see no key ignore the sink, 0 and LSE -inf, on the kernels as on the torch
-    backend; the other rows take it, the torch backend's result at tests/test_ascendc_emu.py's
+    backend; the other rows take it, the torch backend's result at tests/ascend_kernels/test_ascendc_emu.py's
     bounds (pasa split: their non-finite pattern only, see above)."""
     from pasa_npu import ascendc_emu
     from test_ascendc_emu import assert_matches_torch, emulated_cores
@@ -459,7 +459,7 @@ def test_pasa_shift_never_moves_the_sink(case, algorithm, backend):
 @pytest.mark.skipif("ascendc-emu" not in BACKENDS, reason="the ascendc-emu backend is not here")
 @pytest.mark.parametrize("algorithm", ("pasa", "pasa-exact"))
 def test_ascendc_overflow_repair_keeps_the_sink(algorithm):
-    """Rows whose scores overflow fp16 (tests/test_overflow.py's inputs, as TND) are flagged and
+    """Rows whose scores overflow fp16 (tests/api/test_overflow.py's inputs, as TND) are flagged and
     recomputed by the kernels' fa-fp32 repair launch, which joins the sink as the first launch
     does: those rows are bit for bit the fa-fp32 call's with the same sinks. The sinks sit at
     those rows' LSE, so that they take a share of the mass there."""

@@ -3,7 +3,7 @@ where it applies, computes what the Triton kernel computes for the same allocati
 for bit for fa-fp32; pasa and pasa-exact sum on the tensor cores, in another order),
 agrees with the CPU backend, and stays out of the cases it does not cover.
 Gluon has no interpreter: on a CPU-only machine these tests skip, and
-tests/test_triton_compile.py compiles the kernel for sm_90 instead."""
+tests/fallback/triton/test_triton_compile.py compiles the kernel for sm_90 instead."""
 from __future__ import annotations
 
 import pytest
@@ -322,7 +322,7 @@ def test_gpu_gluon_prefill_flags_overflow_for_the_repair(gluon_launches):
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_gpu_gluon_prefill_flags_output_overflow(head_dim, gluon_launches):
     """V = 5000 |N(0, 1)|, 520 keys: P'V beyond fp16 on most rows while the statistics stay
-    finite (tests/test_overflow.py, test_output_overflow_is_repaired): the Gluon kernel's
+    finite (tests/api/test_overflow.py, test_output_overflow_is_repaired): the Gluon kernel's
     test of the output (its row sums on the tensor cores at d = 64, on the CUDA cores at
     d = 128) flags those rows, the repair recomputes them (fa-fp32's values, to an fp16
     rounding), and the other rows are bit for bit the unchecked result."""

@@ -322,7 +322,7 @@ def test_example_ring_attention_overflow():
     import subprocess
     import sys
     from pathlib import Path
-    script = Path(__file__).resolve().parents[1] / "examples" / "ring_attention.py"
+    script = Path(__file__).resolve().parents[2] / "examples" / "ring_attention.py"
     proc = subprocess.Popen([sys.executable, str(script), "--seq", "600", "--world", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)

@@ -2,7 +2,7 @@
 whose kv is split and merged by LSE, and the overflow repair (rows recomputed by fa-fp32),
 each against the torch backend's same allocation within the derived bounds
 (tests/_support.py); the torch backend with sinks is held to an independent fp64 softmax in
-tests/test_fia_v2.py."""
+tests/api/test_fia_v2.py."""
 from __future__ import annotations
 
 import warnings
@@ -84,7 +84,7 @@ def test_sinks_match_the_cpu_backend(name, algorithm):
 
 @pytest.mark.parametrize("algorithm", ["pasa", "pasa-exact"])
 def test_sinks_join_the_repaired_rows(algorithm):
-    """Rows whose fp16 scores overflow are recomputed by fa-fp32 (tests/test_overflow.py's
+    """Rows whose fp16 scores overflow are recomputed by fa-fp32 (tests/api/test_overflow.py's
     inputs), the sink joining them there as it does on the rows that did not overflow:
     each row equals the same call's row without the sink, folded with it in fp64
     (O exp(LSE - LSE'), LSE' = log(exp(LSE) + exp(sink))), to its final rounding (fa-fp32

@@ -14,7 +14,7 @@ pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu extension i
 from pasa_npu import npu_params  # noqa: E402
 from pasa_npu.tools import npu_calibrate, npu_extrapolate, npu_model  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("algorithm,causal", [("pasa", True), ("fa-fp32", False)])

@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 #: rank and modules of each layer, lowest first; a module of ``fallback/`` (its subfolders
 #: too) or ``pasa_npu/integrations/`` belongs to its folder's layer

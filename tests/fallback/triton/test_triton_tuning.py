@@ -137,7 +137,7 @@ def test_every_tuning_choice_is_tested_and_bad_ones_are_refused(capsys):
               if value != "auto"}
     assert tested == set(SWITCHES) | set(DECODE_SWITCHES)
     # every other switch belongs to the Triton kernel: set away from its default, it sends
-    # an "auto" prefill there (tests/test_gluon_prefill.py checks that on a Hopper GPU)
+    # an "auto" prefill there (tests/fallback/gluon/test_gluon_prefill.py checks that on a Hopper GPU)
     assert not default.triton_kernel_only()
     for key, values in choices.items():
         for value in values[1:]:

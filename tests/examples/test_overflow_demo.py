@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 

@@ -6,7 +6,7 @@ no memory is the host's (``problem.host_memory``) and takes its device paths thr
 
 Every argument form of the golden matrix (tests/test_golden.py), the paged cases
 (tests/_paged.py) and v2 with learnable sinks run through backend ``npu`` (its operator a CPU
-stand-in, tests/test_npu_backend.py) and, under Triton's interpreter, ``triton`` (its kernel
+stand-in, tests/ascend_kernels/test_npu_backend.py) and, under Triton's interpreter, ``triton`` (its kernel
 launches are the device's side). Each call runs once to make its plan (a block table and an
 optimized mask are checked once, with a read, when first seen), then under the checker.
 Lengths go as Python lists, and as tensors: ``npu`` refuses lengths on the device, as

@@ -116,7 +116,7 @@ def test_npu_backend_calls_its_operator_as_declared(npu_backend_on_cpu, algorith
 
 
 def test_npu_backend_repairs_overflow_in_its_kernels(npu_backend_on_cpu):
-    """Scores whose spread exceeds fp16 (tests/test_overflow.py's generator): the operator
+    """Scores whose spread exceeds fp16 (tests/api/test_overflow.py's generator): the operator
     gets the row flags, and the kernels' flags and repair give what backend ascendc-emu
     gives, with no check after the call."""
     q, k, v, scale = spread_inputs("first-tile")

@@ -16,7 +16,7 @@ import pasa_npu
 from _support import (BACKENDS, assert_same_in_fp64, naive_attention, npu_visible, on_device,
                       skip_unsupported)
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 B, NQ, NKV, S1, S2, D = 2, 4, 2, 12, 40, 16
 SCALE = 0.3
 

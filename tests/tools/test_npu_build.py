@@ -14,7 +14,7 @@ import pytest
 from pasa_npu import install_record
 from pasa_npu.tools import npu_build
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PIECES = ("compiler/ccec_compiler/bin/bisheng", "compiler/tikcpp/ascendc_kernel_cmake/ascendc.cmake",
           "include/acl/acl.h", "lib64/libascendcl.so")
 
