@@ -1,8 +1,8 @@
 """Test support: the backends and devices to test, an independent dense attention and
 torch_npu's mask rules written out by hand (so that the package's own visibility logic is
-checked, not reused), and the suite's error bounds: against the golden, a factor times a
-measured error (tests/measured.json); between two implementations of one allocation, derived
-from what may round differently ("derived bounds")."""
+checked, not reused), and the suite's bounds against the golden: a factor times a measured
+error (tests/measured.json). Bounds between two implementations of one allocation, derived
+from what may round differently, are in tests/_bounds.py ("derived bounds")."""
 from __future__ import annotations
 
 import contextlib
@@ -15,9 +15,7 @@ import pytest
 import torch
 
 import pasa_npu
-from pasa_npu.arguments import OWN_KEYWORDS
 from pasa_npu.backends import available_backends
-from pasa_npu.beta import default_beta, ideal_invariance
 
 INT_MAX = 2147483647
 #: the measured errors (tests/measure_bounds.py writes them): kind -> key -> value
@@ -157,7 +155,7 @@ def record(kind: str, key: str, value: float) -> float:
 # and its exp is the approximate ex2 (2 ulp). Against the golden those are small next to
 # the allocations' own roundings (the GPU's paper-case errors are within 1.5x the CPU's,
 # tests/test_paper_cases.py). Against the CPU backend in ulps, where they are the whole
-# difference, the bounds are derived instead ("derived bounds" below).
+# difference, the bounds are derived instead (tests/_bounds.py).
 GPU_STAND_IN = {  # kind: (where its stand-in was measured, margin, floor)
     "golden-rmse": ("cpu", 1.5, 0.0),
     "golden-lse": ("cpu", 1.5, 0.0),
@@ -237,239 +235,6 @@ def skip_unsupported(backend: str):
 def rel_rmse(actual: torch.Tensor, golden: torch.Tensor) -> float:
     a, g = actual.double(), golden.double()
     return float((a - g).norm() / g.norm().clamp_min(1e-300))
-
-
-def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Spacing of ``dtype`` at |x| (float64)."""
-    mant = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}[dtype]
-    tiny = 2.0 ** -14 if dtype == torch.float16 else 2.0 ** -126   # the smallest normal
-    return torch.exp2(torch.floor(torch.log2(x.double().abs().clamp_min(tiny))) - mant)
-
-
-def row_scale_ulps(actual: torch.Tensor, ref: torch.Tensor) -> float:
-    """The largest difference, in units in the last place (of ``ref``'s dtype) of the
-    largest magnitude of its row (the last axis): a row is rescaled as a whole, so a
-    difference in one statistic moves all of its elements by a share of that scale."""
-    scale = ref.double().abs().amax(-1, keepdim=True)
-    diff = (actual.double() - ref.double()).abs() / ulp(scale, ref.dtype)
-    return float(diff[torch.isfinite(diff)].max()) if diff.numel() else 0.0
-
-
-# --------------------------------------------------------------------------- derived bounds
-#
-# Triton (the interpreter or a GPU) against the torch backend, the same allocation. Both take
-# the same roundings in the same order (pasa_npu/numerics.py); what may differ is
-#  (a) fp32 sums in another order (QK^T, PV, K's block means, the row sums: numpy, tensor
-#      cores, torch's CPU kernels), exp and log by an ulp (numpy's, the GPU's ex2.approx,
-#      SLEEF, glibc) and decode's fp32 merge of splits: fp32 values a few fp32 ulps apart;
-#  (b) so any rounding of such a value to the compute dtype (fp16/bf16) can go the other way
-#      ("flip"): by one ulp of the rounded value, as the two values straddle one midpoint.
-# Which CPU runs them decides which roundings flip, so a bound must allow every rounding
-# that can flip its own ulp. N is the number of kv blocks a row walks (max over the case).
-#
-# Output, in ulps of the output dtype at each row's largest magnitude (row_scale_ulps):
-#   E + rho * (2 T + 3 sqrt(N) R)
-#   E: the final rounding to the output dtype: 1 (a few fp32 ulps apart: one ulp of the
-#      element at most, at most one of its row's scale); 2 for bf16 under Triton's
-#      interpreter, whose conversion to bf16 truncates (numpy has no bf16) where torch rounds
-#      to nearest;
-#   T: the kinds of tile the allocation rounds to the compute dtype (scores S or S', P or P',
-#      PASA's shifted keys K', pasa-exact's P'V tile). A flip moves one key's (one block's)
-#      weight by an ulp; the weights are normalised by l, so the flips of one kind across a
-#      row move its output by at most one ulp of |v - o| <= 2 max|v|: 2 ulps of the row's
-#      scale per kind, for V of the row's scale (the suite's inputs);
-#   R: 1 where the running output and l are fp16 (fa-fp16, pasa): per block their 3
-#      roundings (a O, the new tile, their sum) can flip, one ulp each, and persist. Worst
-#      case 3 N; the roundings of different blocks are independent and unbiased, so they add
-#      like sqrt(N) (Higham and Mary's probabilistic bound, lambda sqrt(N) u): 3 sqrt(N);
-#   rho: the compute dtype's ulp in the output dtype's (1/8 for PASA with bf16 inputs, which
-#      computes in fp16 and rounds to bf16 once at the end; else 1).
-# LSE, in ulps of its scale L = max(1, largest finite |LSE| of the case) (log l's errors are
-# absolute, hence at least 1):
-#   fa-fp32 (fp32 scores and statistics): 4 fp32 ulps: QK^T summed in another order (an ulp
-#     of the scores, each way) and exp, the row sums and log (an ulp each way);
-#   else ulps of the compute dtype, A + B / 2^floor(log2 L), counting the roundings that feed
-#     the LSE, the tiles once per kind as for the outputs. A: roundings of a score-sized value
-#     (a score, a shifted key, the final m, PASA's final F with gamma F within L), each moving
-#     the LSE by at most an ulp of L (a score by its share of the row's weight times its ulp);
-#     B: relative roundings of a weight (P, P', exp's argument, l), each moving log l by at
-#     most 2 u = 2^-floor(log2 L) ulps of L. fa-fp16s: S (1, 0); pasa-mixed: K', S' (2, 0);
-#     pasa-exact: S', P' (1, 1) (its K block means flip the shift, which the exact fp32 row
-#     constant undoes); fa-fp16: S (m is one of them), exp's argument, P, l (1, 3); pasa: K',
-#     S', m, F, P', l (4, 2). An earlier block's flip of m, F or l moves the next block's
-#     re-basing factors a, b with it, so it reaches the LSE through the final values only:
-#     the LSE bound does not grow with N.
-#   pasa, pasa-mixed also recover the shift: LSE = m + gamma F + log l, F the mean of the
-#     blocks' shifted-score means. A flip of one shifted score s'_j (or of a K' entry under
-#     it) by its ulp moves its block's mean by 1/n of that, n the keys the block holds, and
-#     the LSE by gamma / n times it: in a part-filled block (few keys) that outweighs the
-#     rest. Those two kinds add 2 gamma / n ulps of the block's shifted scores, the largest
-#     over the case's block sizes n. Those scores are centred on the block's keys:
-#     s'_j = s_j - mean s + (1 - beta) mean s, so |s'_j| <= 2 S (n - 1) / n + (1 - beta) S,
-#     S the largest |score| of the case, taken as max(|LSE(Q)|, |LSE(-Q)|) of the fp64
-#     golden (max s <= LSE <= max s + log keys).
-# "Share" metrics (the fraction of outputs, of LSE values, that differ at all) have no bound:
-# one flipped statistic (a row's m, a block's l) moves a whole row, one flipped K' every row
-# that reads the key, and a log an ulp apart every LSE. They are recorded as information. So
-# a rounding dropped from a kernel, which moves values by no more than a flip of it does, is
-# not caught by these bounds: tests/fallback/triton/test_triton_exact_inputs.py catches such a drop on inputs
-# where nothing can flip, and the kernels must equal the torch backend bit for bit.
-#
-# tests/measured.json keeps what the tests measured (triton-out-ulps, triton-lse) and the
-# bounds they were held to (triton-out-bound, triton-lse-bound, with its shift term
-# triton-lse-shift-gain). test_golden.py checks that one flip attains the shift term, and
-# that no derived bound less that term exceeds 10 x the largest measured in its family
-# (kernel, path, dtype, allocation), or 10 x a floor where nothing flipped: 1 ulp for outputs (the final rounding), 1/4 unit for LSEs in
-# compute-dtype ulps (a flip of a value with a quarter of its row's weight), 1 fp32 ulp for
-# fa-fp32's LSE.
-
-OUT_TILE_KINDS = {"fa-fp32": 0, "fa-fp16s": 2, "fa-fp16": 2, "pasa": 3, "pasa-mixed": 3,
-                  "pasa-exact": 3}
-LSE_ROUNDINGS = {"fa-fp32": (4, 0), "fa-fp16s": (1, 0), "fa-fp16": (1, 3), "pasa": (4, 2),
-                 "pasa-mixed": (2, 0), "pasa-exact": (1, 1)}  # (A, B)
-FLOORS = {"triton-out-ulps": 1.0, "triton-lse": 0.25, "triton-lse/fa-fp32": 1.0}
-
-
-def lse_unit(algorithm: str, dtype: torch.dtype) -> torch.dtype:
-    """The dtype in whose ulps an allocation's LSE is bounded: fp32 where scores and
-    statistics are fp32 (fa-fp32), else the compute dtype."""
-    if algorithm == "fa-fp32":
-        return torch.float32
-    return pasa_npu.numerics.compute_dtype(pasa_npu.ALLOCATIONS[algorithm], dtype)
-
-
-def out_bound(algorithm: str, dtype: torch.dtype, kv_blocks: int,
-              interpreter: bool = False) -> float:
-    """Derived bound on row_scale_ulps(triton, torch) for ``algorithm`` (comment above);
-    ``interpreter``: Triton ran under its CPU interpreter."""
-    alloc = pasa_npu.ALLOCATIONS[algorithm]
-    rho = float(ulp(torch.tensor(1.0), pasa_npu.numerics.compute_dtype(alloc, dtype))
-                / ulp(torch.tensor(1.0), dtype))
-    running = 3 * math.sqrt(kv_blocks) if alloc.low_accumulator else 0.0
-    final = 2 if interpreter and dtype == torch.bfloat16 else 1
-    return final + rho * (2 * OUT_TILE_KINDS[algorithm] + running)
-
-
-def lse_bound(algorithm: str, scale: float, shift_gain: float = 0.0) -> float:
-    """Derived bound on lse_scale_ulps(triton, torch) at LSE scale ``scale`` (lse_scale), in
-    lse_unit's ulps (comment above); ``shift_gain``: the pseudo-average shift's term
-    (shift_gain), 0 for the other allocations."""
-    a, b = LSE_ROUNDINGS[algorithm]
-    return a + b / 2.0 ** math.floor(math.log2(scale)) + shift_gain
-
-
-def block_key_counts(kv_lens, kv_block: int) -> set:
-    """How many keys the kv blocks of rows of ``kv_lens`` keys hold (a part-filled last
-    block holds the remainder)."""
-    counts = {n % kv_block or kv_block for n in kv_lens if n > 0}
-    return counts | ({kv_block} if any(n > kv_block for n in kv_lens) else set())
-
-
-def score_scale(q, k, v, keywords: dict) -> float:
-    """S = max(|LSE(Q)|, |LSE(-Q)|) of the fp64 golden for a fused_attention call: at least
-    the largest |score| of the case (and at most it plus log keys)."""
-    torch_npu_keywords = {name: value for name, value in keywords.items()
-                          if name not in OWN_KEYWORDS}
-    torch_npu_keywords["softmax_lse_flag"] = True
-    largest = 1.0
-    for sign in (1, -1):
-        lse = pasa_npu.reference_attention(sign * q.cpu(), k.cpu(), v.cpu(),
-                                           **{n: (t.cpu() if torch.is_tensor(t) else t)
-                                              for n, t in torch_npu_keywords.items()})[1]
-        rows = _lse_rows(lse)
-        if rows.any():
-            largest = max(largest, float(lse[rows].abs().max()))
-    return largest
-
-
-def shift_gain(algorithm: str, dtype: torch.dtype, lse_scale_: float, scores: float,
-               block_keys: set, beta: float) -> float:
-    """The pseudo-average shift's LSE term (comment above), in lse_unit's ulps at the LSE
-    scale: the largest over the block sizes n of 2 gamma / n ulps of the block's shifted
-    scores; 0 for allocations without that shift."""
-    if not pasa_npu.ALLOCATIONS[algorithm].pseudo_average_shift:
-        return 0.0
-    unit = lse_unit(algorithm, dtype)
-    gamma = ideal_invariance(beta)
-    unit_at_l = ulp(torch.tensor(lse_scale_), unit)
-
-    def gain(n):
-        shifted = 2 * scores * (n - 1) / n + (1 - beta) * scores
-        return 2 * gamma / n * float(ulp(torch.tensor(shifted), unit) / unit_at_l)
-    return max(gain(n) for n in block_keys)
-
-
-def _lse_rows(ref_lse: torch.Tensor) -> torch.Tensor:
-    """The LSE entries that are values (rows past a length may hold fp32's largest)."""
-    return torch.isfinite(ref_lse) & (ref_lse.abs() < torch.finfo(torch.float32).max)
-
-
-def lse_scale(ref_lse: torch.Tensor) -> float:
-    """L = max(1, the largest |LSE| of a case)."""
-    rows = _lse_rows(ref_lse)
-    return max(1.0, float(ref_lse[rows].double().abs().max())) if rows.any() else 1.0
-
-
-def lse_scale_ulps(lse: torch.Tensor, ref_lse: torch.Tensor, unit: torch.dtype) -> float:
-    """The largest LSE difference in ulps of ``unit`` at L = lse_scale(ref_lse)."""
-    rows = _lse_rows(ref_lse)
-    if not rows.any():
-        return 0.0
-    diff = (lse - ref_lse)[rows].double().abs().max()
-    return float(diff / ulp(torch.tensor(lse_scale(ref_lse)), unit))
-
-
-def triton_numerics(path: str):
-    """The context in which the CPU backend computes what a Triton result of ``path``
-    ("prefill", "decode") is held against: decode shifting PASA's scores, as the Triton
-    decode kernel does under the active ``Tuning.decode_shift`` "scores" (the default),
-    shifts them in the CPU backend too
-    (:func:`pasa_npu.fallback.torch.blockwise.shifting_scores`)."""
-    from pasa_npu.fallback.torch import blockwise as torch_blockwise
-    from pasa_npu.fallback.triton import tuning as triton_tuning
-    if path == "decode" and triton_tuning.active().decode_shift == "scores":
-        return torch_blockwise.shifting_scores()
-    return contextlib.nullcontext()
-
-
-def assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm: str, case: str,
-                              path: str = "prefill", kernel: str = "triton", what: str = "",
-                              *, call: tuple, kv_lens, kv_block: int = 128) -> None:
-    """A Triton result against the CPU backend's same allocation: the same NaN and -inf
-    patterns, the output and the LSE within their derived bounds (comment above) for rows
-    of ``kv_lens`` keys in kv blocks of ``kv_block``; ``call``: (q, k, v, keywords) of the
-    fused_attention call, for the case's score scale. Each value measured and each bound is
-    recorded under ``case`` (a name for the inputs and the call), ``path`` ("prefill",
-    "decode") and ``kernel`` ("triton", "gluon")."""
-    kv_lens = [int(n) for n in kv_lens]
-    kv_blocks = -(-max(kv_lens) // kv_block)
-    kind = "interpreter" if out.device.type == "cpu" else "cuda"
-    key = f"{kind}/{kernel}/{path}/{dtype_name(ref.dtype)}/{algorithm}/{case}"
-    out, lse = out.cpu(), lse.cpu()
-    assert torch.equal(torch.isnan(out), torch.isnan(ref)), f"{what}: NaN pattern differs"
-    assert torch.equal(torch.isfinite(lse), torch.isfinite(ref_lse)), f"{what}: LSE -inf pattern"
-    finite = torch.isfinite(ref_lse)
-    record("triton-out-share", key, ((out != ref) & ~torch.isnan(ref)).double().mean().item())
-    record("triton-lse-share", key, float(((lse != ref_lse) & finite).sum()
-                                          / finite.sum().clamp_min(1)))
-    out_ulps = record("triton-out-ulps", key, row_scale_ulps(out, ref))
-    unit = lse_unit(algorithm, ref.dtype)
-    lse_err = record("triton-lse", key, lse_scale_ulps(lse, ref_lse, unit))
-    scale = record("triton-lse-scale", key, lse_scale(ref_lse))
-    bound = record("triton-out-bound", key,
-                   out_bound(algorithm, ref.dtype, kv_blocks, interpreter=kind == "interpreter"))
-    assert out_ulps <= bound, (f"{what} {key}: output {out_ulps:.4g} ulps of its row's scale "
-                               f"exceed the derived {bound:.3g}")
-    gain = 0.0
-    if pasa_npu.ALLOCATIONS[algorithm].pseudo_average_shift:
-        q, k, v, keywords = call
-        beta = keywords.get("beta") or default_beta(kv_block, keywords.get("scale", 1.0))
-        gain = shift_gain(algorithm, ref.dtype, scale, score_scale(q, k, v, keywords),
-                          block_key_counts(kv_lens, kv_block), beta)
-    record("triton-lse-shift-gain", key, gain)
-    bound = record("triton-lse-bound", key, lse_bound(algorithm, scale, gain))
-    assert lse_err <= bound, (f"{what} {key}: LSE {lse_err:.4g} {dtype_name(unit)} ulps of its "
-                              f"scale exceed the derived {bound:.3g}")
 
 
 def npu_visible(s1: int, s2: int, sparse_mode: int, pre: int = INT_MAX, nxt: int = INT_MAX,

@@ -17,7 +17,7 @@ tests``), and only raises entries. pytest-xdist's ``-n auto`` is used where inst
 
 The file maps kind -> key -> the largest value recorded. Bounds against the golden are a
 stated factor times one of these; the bounds between two implementations of one allocation
-(triton-*, ablate) are derived (tests/_support.py), and their values are information. Keys
+(triton-*, ablate) are derived (tests/_bounds.py), and their values are information. Keys
 start with where the computation ran (cpu, interpreter, cuda), then what the test names.
 """
 from __future__ import annotations
@@ -34,6 +34,7 @@ import tempfile
 HERE = pathlib.Path(__file__).resolve().parent
 TABLE = HERE / "measured.json"
 MEASURING = ["test_golden.py", "test_paper_cases.py", "api/test_properties.py",
+             "api/test_fia_v2_sinks.py", "tools/test_compare_report.py",
              "api/test_semantics.py", "api/test_argument_forms.py",
              "fallback/triton/test_triton_tuning.py", "fallback/triton/test_triton_launch.py",
              "fallback/triton/test_triton_host.py", "fallback/gluon/test_gluon_prefill.py",

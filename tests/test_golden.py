@@ -10,10 +10,11 @@ import pytest
 import torch
 
 import pasa_npu
-from _support import (BACKENDS, FLOORS, MEASURED, SIM, assert_measured, assert_triton_matches_cpu, triton_numerics,
-                      device_kind, dtype_name, interpreted, interpreter_skip, lse_bound,
-                      lse_scale, lse_scale_ulps, lse_unit, on_device, rel_rmse, score_scale,
-                      shift_gain, sim_cores, sim_param, skip_unsupported)
+from _support import (BACKENDS, MEASURED, SIM, assert_measured, device_kind, dtype_name,
+                      interpreted, interpreter_skip, on_device, rel_rmse, sim_cores, sim_param,
+                      skip_unsupported)
+from _bounds import (FLOORS, assert_triton_matches_cpu, lse_bound, lse_scale, lse_scale_ulps,
+                     lse_unit, score_scale, shift_gain, triton_numerics)
 from pasa_npu.beta import default_beta
 
 INT_MAX = 2147483647
@@ -212,7 +213,7 @@ def test_matches_golden(name, algorithm, dtype, backend, golden_cache):
     key = f"{device_kind(backend)}/{dtype_name(dtype)}/{algorithm}/{FAMILY_OF[name]}"
     assert_measured(rel_rmse(out, gold), "golden-rmse", key, GOLDEN_FACTOR, name)
     assert_measured(lse_err, "golden-lse", key, GOLDEN_FACTOR, name)
-    if backend == "triton":  # and against the CPU backend, in ulps (tests/_support.py)
+    if backend == "triton":  # and against the CPU backend, in ulps (tests/_bounds.py)
         path = "decode" if CASES[name].get("S1") == 1 else "prefill"
         with triton_numerics(path):
             ref, ref_lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm,
@@ -226,7 +227,7 @@ def test_matches_golden(name, algorithm, dtype, backend, golden_cache):
 @pytest.mark.parametrize("algorithm", ["pasa", "pasa-mixed"])
 @pytest.mark.parametrize("keys", [2, 5, 37, 100])
 def test_one_shifted_score_flip_attains_the_shift_gain(keys, algorithm, monkeypatch):
-    """The pseudo-average shift's LSE term of the derived bounds (tests/_support.py,
+    """The pseudo-average shift's LSE term of the derived bounds (tests/_bounds.py,
     shift_gain) is attained: one shifted score of a row's only block, of ``keys`` keys,
     taken one fp16 ulp up (the largest |s'| of each row, what a flip of its rounding
     does), moves the LSE by no more than that term plus the allocation's own roundings,
@@ -259,7 +260,7 @@ def test_one_shifted_score_flip_attains_the_shift_gain(keys, algorithm, monkeypa
 
 
 def test_derived_triton_bounds_are_not_loose():
-    """Each derived bound of Triton against the torch backend (tests/_support.py), as the
+    """Each derived bound of Triton against the torch backend (tests/_bounds.py), as the
     tests recorded it and less the LSE's shift term (attained: the test above), within 10x
     the largest value measured in its family (kernel, path,
     allocation and the dtype of the bound's units: the input's for outputs, the compute

@@ -1,8 +1,9 @@
 // Self-test kernels of the AscendC CPU emulation: small AscendC programs that either must
 // run (and produce known values) or must be rejected the way the hardware would fail
 // (over-capacity buffers, misaligned copies, broken queue order, missing or unpaired
-// synchronisation, a cross-core wait that can never be satisfied). tests/ascend_kernels/test_ascendc_emu.py
-// runs each by name through the development module _ascendc_emu_selftest (run_selftest).
+// synchronisation, a cross-core wait that can never be satisfied).
+// tests/ascend_kernels/test_ascendc_emu_internals.py runs each by name through the development
+// module _ascendc_emu_selftest (run_selftest).
 #pragma once
 
 #include <map>

@@ -8,8 +8,8 @@ import torch
 
 import pasa_npu
 from _support import (BACKENDS, INT_MAX, assert_measured, assert_same_in_fp64, device_kind,
-                      naive_attention, npu_visible, on_device, rel_rmse, row_scale_ulps,
-                      skip_unsupported)
+                      naive_attention, npu_visible, on_device, rel_rmse, skip_unsupported)
+from _bounds import row_scale_ulps
 
 # The accuracy checks here hold each error within SEMANTICS_FACTOR x its measured value
 # (tests/measured.json, "semantics"); they guard the rules, which the exact comparisons

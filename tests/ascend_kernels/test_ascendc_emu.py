@@ -1,26 +1,22 @@
 """The AscendC kernels of ascend_kernels/ run under the CPU emulation (backend "ascendc-emu"):
 against the torch backend's same allocation at the same tiling, on the paper's overflow cases,
-and the emulation's own checks (what the hardware rejects, the emulation rejects)."""
+and what they refuse. Their host tiling, cost counters and the emulation's own checks:
+test_ascendc_emu_internals.py."""
 from __future__ import annotations
 
 import math
-import pathlib
-import re
 
 import pytest
 import torch
 
 import pasa_npu
-from pasa_npu import npu_params
 
-emu = pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu extension is not built")
+pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu extension is not built")
 from pasa_npu import ascendc_emu  # noqa: E402
 from pasa_npu.tools.inputs import Case  # noqa: E402
 from test_golden import CASES, make_case  # noqa: E402
 from _paged import PAGED_CASES, paged_case  # noqa: E402
-from _emu_selftest import selftest_module  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 KERNEL_ALGORITHMS = ("fa-fp32", "pasa", "pasa-exact")
 
 
@@ -271,229 +267,6 @@ def test_refuses_head_dim():
     q, k, v = _small(d=40)
     with pytest.raises(NotImplementedError, match="multiples of 16"):
         pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD", backend="ascendc-emu")
-
-
-# --------------------------------------------------------------------------- tiling and counters
-
-
-def _params(**over):
-    p = dict(tiling_key=2, batch=1, num_heads=1, num_kv_heads=1, seq_q=256, seq_kv=256, head_dim=128,
-             head_dim_v=128, q_layout=0, kv_layout=0, out_layout=0, out_dtype=0, mask_mode=0,
-             scale=128 ** -0.5, beta=0.0, q_tile=128, kv_block=128, core_num=24)
-    p.update(over)
-    return p
-
-
-def test_tiling_fits_the_atlas_a2_budgets():
-    caps = dict(l1=512 << 10, l0a=64 << 10, l0b=64 << 10, l0c=128 << 10, ub=192 << 10)
-    for key in (0, 1, 2):
-        use = emu.tiling(_params(tiling_key=key, beta=0.9 if key == 1 else 0.0))["bytes_per_core"]
-        for mem, cap in caps.items():
-            assert 0 < use[mem] <= cap, (key, mem)
-            assert use["prep_" + mem] <= cap
-    with pytest.raises(ValueError, match="attention L0A needs"):
-        emu.tiling(_params(q_tile=256))
-    with pytest.raises(ValueError, match="headDim must be a positive multiple of 16"):
-        emu.tiling(_params(head_dim=72))
-
-
-def test_pasa_tiling_rounds_the_shift_matrix_like_the_torch_backend():
-    """The host builds M = scale (I - beta/n J) in fp16 and gamma from fp32 as the torch backend does."""
-    from pasa_npu.beta import shift_matrix
-    beta, n, scale = pasa_npu.beta.default_beta(64, 0.125), 64, 0.125
-    t = emu.tiling(_params(tiling_key=1, kv_block=n, scale=scale, beta=beta))
-    m = shift_matrix(beta, n, torch.float16, scale)
-    bits = m.view(torch.int16)
-    assert t["shift_diag_bits"] == int(bits[0, 0]) & 0xFFFF
-    assert t["shift_off_bits"] == int((-m).view(torch.int16)[0, 1]) & 0xFFFF
-    gamma = torch.tensor(beta / (1 - beta)).to(torch.float16).item()  # fp32 then fp16, as the torch backend
-    assert t["gamma"] == gamma
-
-
-@pytest.mark.parametrize("n,scale", [(128, 1.0), (128, 128 ** -0.5), (64, 0.125), (32, 0.2)])
-def test_host_beta_solver_equals_the_python_solver(n, scale):
-    from pasa_npu.beta import optimal_beta
-    for beta0 in (1 - 2 ** -4, 1 - 2 ** -5, 1 - 2 ** -6):
-        assert emu.optimal_beta(beta0, n, scale) == optimal_beta(beta0, n, torch.float16, scale)
-    # beta < 0 asks the host tiling for the default: the same gamma and matrix entries
-    auto = emu.tiling(_params(tiling_key=1, kv_block=n, scale=scale, beta=-1.0))
-    given = emu.tiling(_params(tiling_key=1, kv_block=n, scale=scale,
-                               beta=pasa_npu.beta.default_beta(n, scale)))
-    assert (auto["gamma"], auto["shift_diag_bits"]) == (given["gamma"], given["shift_diag_bits"])
-
-
-def test_cost_counters_per_path():
-    """Bytes per path and cube work of one call, against the counts the tiling implies: one
-    head, 256 x 256, D = 64, 128 x 128 tiles: 2 query tiles x 2 kv blocks."""
-    gen = torch.Generator().manual_seed(2)
-    q, k, v = (torch.randn(1, 1, 256, 64, generator=gen).half() for _ in range(3))
-    kw = dict(num_heads=1, input_layout="BNSD", scale=0.125)
-    stats = {}
-    for algorithm in ("fa-fp32", "pasa", "pasa-exact"):
-        pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
-        stats[algorithm] = ascendc_emu.last_run_stats()
-    tasks, tiles = 2, 2 * 2
-    for algorithm in ("fa-fp32", "pasa", "pasa-exact"):
-        att = stats[algorithm]["attention"]
-        # pasa-exact: one more Mmad per task, the row constants (blocks x rows x D)
-        extra_calls, extra_macs = (tasks, tasks * 2 * 128 * 64) if algorithm == "pasa-exact" else (0, 0)
-        assert att["mmad_calls"] == 2 * tiles + extra_calls
-        assert att["cube_macs"] == tiles * (128 * 128 * 64 + 128 * 64 * 128) + extra_macs
-        assert att["cross_core_sets"] == 4 * tiles   # S and PV by the AIC, P by each AIV
-        assert att["cross_core_waits"] == 5 * tiles  # P by the AIC, S and PV by each AIV
-    assert stats["fa-fp32"]["preprocess"] is None
-    assert stats["pasa"]["preprocess"]["cube_macs"] == 2 * 128 * 64 * 128          # M^T K per block
-    assert stats["pasa-exact"]["preprocess"]["cube_macs"] == 2 * 1 * 64 * 128      # ones^T K per block
-    # fp16 S' and P'V halve what crosses from cube to vector, against fa-fp32's fp32 tiles
-    per_tile = 128 * 128 + 128 * 64  # S elements + P V elements
-    assert stats["fa-fp32"]["attention"]["l0c_to_gm_bytes"] == tiles * per_tile * 4
-    assert stats["pasa"]["attention"]["l0c_to_gm_bytes"] == tiles * per_tile * 2
-    assert stats["pasa-exact"]["attention"]["l0c_to_gm_bytes"] == tiles * per_tile * 2 + tasks * 2 * 128 * 4
-    assert stats["pasa"]["attention"]["gm_to_ub_bytes"] * 2 == stats["fa-fp32"]["attention"]["gm_to_ub_bytes"]
-
-
-@pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
-def test_vector_work_per_block_is_whole_tile(algorithm):
-    """Issue 29's budget at 128 x 128 blocks, d = 128: per kv block and per vector core at most
-    64 vector instructions and 4 scalar UB accesses, in the steady state (the difference
-    between a 12-block and a 4-block task, one tile on one AI Core) and on a causal diagonal
-    block (a 1-block causal tile: every instruction of its task counted)."""
-    def counts(s_kv, causal=False, masked=None):
-        gen = torch.Generator().manual_seed(3)
-        q = torch.randn(1, 1, 128, 128, generator=gen).half()
-        k, v = (torch.randn(1, 1, s_kv, 128, generator=gen).half() for _ in range(2))
-        kw = dict(num_heads=1, input_layout="BNSD", algorithm=algorithm, backend="ascendc-emu")
-        if causal:
-            kw.update(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())
-        if masked == "explicit":  # every block carries mask bytes
-            kw.update(atten_mask=torch.rand(128, s_kv, generator=gen) < 0.3)
-        with ascendc_emu.using_model_parameters(dict(ascendc_emu.model_parameters(), core_num=1)):
-            pasa_npu.fused_attention(q, k, v, **kw)
-        att = ascendc_emu.last_run_stats()["attention"]
-        return att["vector_instructions"] / 2, att["scalar_ub_accesses"] / 2  # per AIV
-    (v4, s4), (v12, s12) = counts(4 * 128), counts(12 * 128)
-    per_block, scalar_per_block = (v12 - v4) / 8, (s12 - s4) / 8
-    assert per_block <= 64 and scalar_per_block <= 4, (per_block, scalar_per_block)
-    diagonal, _ = counts(128, causal=True)  # one masked block plus the task's start and end
-    one, _ = counts(128)
-    assert diagonal - one <= 64 - per_block, "the mask of a diagonal block exceeds the budget"
-    # masked steady state: an explicit mask on every block (measured per block and AIV:
-    # fa-fp32 25, pasa 46, pasa-exact 30 vector instructions, no scalar UB access)
-    (m4, ms4), (m12, ms12) = counts(4 * 128, masked="explicit"), counts(12 * 128, masked="explicit")
-    assert (m12 - m4) / 8 <= 64 and (ms12 - ms4) / 8 <= 4, ((m12 - m4) / 8, (ms12 - ms4) / 8)
-
-
-@pytest.mark.parametrize("algorithm", ("pasa", "pasa-exact"))
-def test_part_filled_block_adds_whole_tile_vector_work(algorithm):
-    """The key preprocessing of a part-filled last block (500 keys: 116 in the last of 4 blocks)
-    costs the vector cores a few whole-tile instructions and no scalar UB access over the
-    same call with whole blocks (measured per AIV: pasa 4.5, where whole blocks give its vector
-    cores nothing; pasa-exact 2)."""
-    def counts(s_kv):
-        gen = torch.Generator().manual_seed(3)
-        q = torch.randn(1, 1, 128, 128, generator=gen).half()
-        k, v = (torch.randn(1, 1, s_kv, 128, generator=gen).half() for _ in range(2))
-        with ascendc_emu.using_model_parameters(dict(ascendc_emu.model_parameters(), core_num=1)):
-            pasa_npu.fused_attention(q, k, v, num_heads=1, input_layout="BNSD", algorithm=algorithm,
-                                     backend="ascendc-emu")
-        prep = ascendc_emu.last_run_stats()["preprocess"]
-        return prep["vector_instructions"] / 2, prep["scalar_ub_accesses"] / 2
-    (whole, whole_scalar), (part, part_scalar) = counts(512), counts(500)
-    if algorithm == "pasa":
-        assert whole == 0
-    assert 0 < part - whole <= 8 and part_scalar == whole_scalar == 0, (whole, part)
-
-
-# --------------------------------------------------------------------------- the emulation itself
-
-
-REJECTED = {
-    "ub_over_capacity": "UB over capacity",
-    "l0a_over_capacity": "L0A over capacity",
-    "misaligned_ub_copy": "not 32-byte aligned",
-    "unaligned_copy_length": "not a multiple of 32",
-    "dequeue_before_enqueue": "DeQue on an empty queue",
-    "alloc_without_free": "all 1 buffers are in use",
-    "missing_pipe_sync": "pipe hazard: Muls on PIPE_V",
-    "wait_without_set": "no matching SetFlag",
-    "set_twice": "twice without a WaitFlag",
-    "set_never_waited": "never waited for",
-    "missing_cross_core_flag": "deadlock",
-    "cross_core_flag_never_waited": "more time",
-    "cross_core_counter_overflow": "would exceed 15",
-    "cross_core_wrong_pipe": "pipe hazard: DataCopy\\(GM->L1, Nd2Nz\\) on PIPE_MTE2",
-    "queue_event_ids_exhausted": "all 8 event IDs of HardEvent::MTE1_MTE2 are held",
-    "fixed_event_id_under_queue": "a queue holds this event ID with its own flag set",
-    "partial_overlap": "partially overlaps",
-    "mmad_misaligned": "not 512-byte aligned",
-    "fixpipe_without_quant": "needs quantPre F322F16",
-    "select_over_api_scratch": "TMP_UB_OFFSET",
-}
-
-
-TIMING = npu_params.timing_only(npu_params.values())
-
-
-def selftest(name, timeout_s=5.0):
-    return selftest_module().run_selftest(name, TIMING, timeout_s=timeout_s)["values"]
-
-
-def test_every_selftest_is_covered():
-    names = set(selftest_module().selftest_names())
-    timing = {n for n in names if n.startswith("timing_")}  # tests/ascend_kernels/test_npu_timing.py
-    assert set(REJECTED) | {"vector_scale", "cube_matmul", "synced_tbuf", "cross_core_handoff"} | timing == names
-
-
-@pytest.mark.parametrize("name", sorted(REJECTED))
-def test_emulation_rejects_what_the_hardware_rejects(name):
-    with pytest.raises(RuntimeError, match=REJECTED[name]):
-        selftest(name)
-
-
-def test_deadlock_is_reported_not_hung():
-    """A wait nobody can satisfy ends at once with an error (the cores' states are known), well
-    before the timeout."""
-    import time
-    selftest_module()  # built on first use: not part of the time
-    start = time.monotonic()
-    with pytest.raises(RuntimeError, match="AIV0 waits CrossCoreWaitFlag\\(3\\)"):
-        selftest("missing_cross_core_flag", timeout_s=30.0)
-    assert time.monotonic() - start < 5.0
-
-
-def _inputs(n):
-    return torch.tensor([float(i % 61) - 30.0 for i in range(n)], dtype=torch.float64)
-
-
-def test_correct_programs_run():
-    x = _inputs(256)
-    assert selftest("vector_scale") == (2 * x).tolist()
-    assert selftest("synced_tbuf") == (-_inputs(128)).tolist()
-    assert selftest("cross_core_handoff") == [3.0] * 256
-
-
-def test_cube_formats_and_accumulation():
-    """GM -> L1 (ND->NZ) -> L0A (Zz) / L0B (Zn, transposed fractals) -> Mmad -> Fixpipe (NZ->ND)
-    computes A B, accumulating each output in fp32 in k order (the emulation's documented model)."""
-    x = _inputs(20 * 32 + 32 * 48)
-    a, b = x[:640].view(20, 32), x[640:].view(32, 48)
-    got = torch.tensor(selftest("cube_matmul"), dtype=torch.float32).view(20, 48)
-    acc = torch.zeros(20, 48, dtype=torch.float32)
-    for kk in range(32):  # sequential fp32 accumulation; every product is exact in fp32 here
-        acc = (acc.double() + a[:, kk:kk + 1] * b[kk:kk + 1, :]).float()
-    assert torch.equal(got, acc)
-    assert torch.equal(got.double(), a @ b)  # and here the sum is exact too
-
-
-def test_kernel_sources_use_only_the_ascendc_api():
-    """The kernels include kernel_operator.h and their own headers, nothing of the emulation:
-    building them for an NPU changes only the include path."""
-    for path in sorted((ROOT / "ascend_kernels" / "kernels").glob("*")):
-        text = path.read_text()
-        includes = re.findall(r'#include\s+[<"]([^>"]+)[>"]', text)
-        own = {p.name for p in (ROOT / "ascend_kernels" / "kernels").glob("*.h")}
-        assert set(includes) <= {"kernel_operator.h", "cstdint"} | own, path
-        assert "emu::" not in text and "emu_" not in text, path
 
 
 def measured_maxima() -> dict:

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 import pasa_npu
-from _support import BACKENDS, device_kind, on_device, out_bound, record, row_scale_ulps, ulp
+from _support import BACKENDS, device_kind, on_device, record
+from _bounds import out_bound, row_scale_ulps, ulp
 
-# Derived bounds (tests/_support.py, "derived bounds"); what they measure is recorded under
+# Derived bounds (tests/_bounds.py, "derived bounds"); what they measure is recorded under
 # "ablate" as information. A candidate against the torch backend's pasa-exact: the same
 # allocation, so the output bound of Triton against the torch backend, in ulps of each
 # row's scale. The plain FA2 kernel against fp64 softmax attention: its fp32 scores and

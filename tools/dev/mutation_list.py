@@ -274,10 +274,10 @@ MUTATIONS = [
     # learnable sinks in the kernels: joined once per row, at its end or in the merge
     Mutation("kernel: the vector cores' end of a task drops the learnable sink", KERNEL_STEPS,
              "    if (t.hasSink && !split) JoinSink(m, l, x);\n", "",
-             ("tests/api/test_fia_v2.py", "-k", "ascendc_sinks_on_few_ai_cores and not split")),
+             ("tests/api/test_fia_v2_sinks.py", "-k", "ascendc_sinks_on_few_ai_cores and not split")),
     Mutation("kernel: the merge of split kv drops the learnable sink", KERNEL_MERGE,
              "            Add(Stat(TOTAL), Stat(TOTAL), Stat(SINK), r);\n", "",
-             ("tests/api/test_fia_v2.py", "-k", "ascendc_sinks_on_few_ai_cores and split")),
+             ("tests/api/test_fia_v2_sinks.py", "-k", "ascendc_sinks_on_few_ai_cores and split")),
     # the resolution check: rows whose shifted scores reach the limit are recomputed
     Mutation("torch: the resolution check dropped", TORCH,
              "bad = nonfinite_rows(out, lse) | (peak >= numerics.RESOLUTION_LIMIT)",

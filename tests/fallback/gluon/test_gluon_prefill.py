@@ -10,11 +10,12 @@ import pytest
 import torch
 
 import pasa_npu
-from _support import (assert_triton_matches_cpu, lse_bound, lse_scale, lse_scale_ulps,
-                      lse_unit, out_bound, record, row_scale_ulps, triton_tuning)
+from _support import record, triton_tuning
+from _bounds import (assert_triton_matches_cpu, lse_bound, lse_scale, lse_scale_ulps, lse_unit,
+                     out_bound, row_scale_ulps)
 
 # The Gluon kernel against the Triton kernel, one allocation: the derived bounds of two
-# implementations of it (tests/_support.py, "derived bounds"), at the most kv blocks a row
+# implementations of it (tests/_bounds.py, "derived bounds"), at the most kv blocks a row
 # walks in this file (2000 keys in blocks of 128; the bounds grow with them). The share of
 # outputs and LSE values that differ is recorded as information: a flip moves whole rows.
 MAX_KV_BLOCKS = 16

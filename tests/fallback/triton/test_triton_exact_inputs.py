@@ -1,7 +1,7 @@
 """Inputs on which every intermediate of an allocation is exact, in fp32 and in fp16, except
 the roundings the allocation prescribes: no sum order, exp or log can differ between two
 implementations, so the Triton kernels must equal the torch backend bit for bit, on any CPU
-and on a GPU. The derived bounds (tests/_support.py) must allow a rounding that flips; here
+and on a GPU. The derived bounds (tests/_bounds.py) must allow a rounding that flips; here
 nothing can flip, so a rounding dropped from a kernel shows.
 
 The construction: Q has one nonzero component, so every score is one product; in each kv

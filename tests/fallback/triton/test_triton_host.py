@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import pasa_npu
-from _support import BACKENDS, assert_triton_matches_cpu, triton_numerics
+from _support import BACKENDS
+from _bounds import assert_triton_matches_cpu, triton_numerics
 
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not installed")
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),

@@ -1,8 +1,8 @@
 """Learnable sinks on the Triton kernels: packed prefill with part-filled kv blocks, decode
 whose kv is split and merged by LSE, and the overflow repair (rows recomputed by fa-fp32),
 each against the torch backend's same allocation within the derived bounds
-(tests/_support.py); the torch backend with sinks is held to an independent fp64 softmax in
-tests/api/test_fia_v2.py."""
+(tests/_bounds.py); the torch backend with sinks is held to an independent fp64 softmax in
+tests/api/test_fia_v2_sinks.py."""
 from __future__ import annotations
 
 import warnings
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import pasa_npu
-from _support import (BACKENDS, assert_triton_matches_cpu, on_device, row_scale_ulps,
-                      triton_numerics, ulp)
+from _support import BACKENDS, on_device
+from _bounds import assert_triton_matches_cpu, row_scale_ulps, triton_numerics, ulp
 from test_overflow import spread_inputs
 
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not installed")
@@ -55,7 +55,7 @@ def _on_triton(q, k, v, kw, algorithm):
 
 
 def _v1_keywords(kw):
-    """The v1 call of the same problem, for the bound's score scale (tests/_support.py)."""
+    """The v1 call of the same problem, for the bound's score scale (tests/_bounds.py)."""
     return dict(num_heads=kw["num_query_heads"], num_key_value_heads=kw["num_key_value_heads"],
                 input_layout="TND", scale=kw["softmax_scale"],
                 actual_seq_lengths=kw["actual_seq_qlen"],

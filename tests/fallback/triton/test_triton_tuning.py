@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import pasa_npu
-from _support import (BACKENDS, assert_triton_matches_cpu, interpreted, on_device,
-                      triton_numerics, triton_tuning)
+from _support import BACKENDS, interpreted, on_device, triton_tuning
+from _bounds import assert_triton_matches_cpu, triton_numerics
 
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not installed")
 
