@@ -1,7 +1,7 @@
 """The Triton backend's tuning: a frozen options object, chosen per call scope.
 
 :class:`Tuning` names every switch the backend has; the defaults are the faster choices
-on an H100 (``pasa-bench``). The backend entry reads the active options once per call
+on an H100 and H200 (``pasa-bench``). The backend entry reads the active options once per call
 (:func:`active`) and passes them down; :func:`using` makes other options active for a
 block of code (``pasa-bench --tuning``, ``tools/dev/ablate.py``, the tests), in the current
 thread or task only.
@@ -27,7 +27,7 @@ CHOICES = {
 @dataclass(frozen=True)
 class Tuning:
     """How the Triton backend computes; never what (every choice computes the same
-    allocation).
+    allocation: its roundings, but for the differences each switch names).
 
     ``prefill``: the prefill kernel. "warp-specialised": the Gluon kernel
     (:mod:`gluon.prefill`: Hopper only, pasa-exact, pasa and fa-fp32 at d = 64 and 128
@@ -41,8 +41,10 @@ class Tuning:
     "fused" (recomputed inside every query tile).
     ``decode_shift``: how decode shifts for PASA, inside its one pass over K (each K block
     is read by one program there): "scores" (the shift applied to the block's fp32 scores,
-    :func:`shift.shift_scores`; K' is never formed, so K' is not rounded to fp16)
-    or "keys" (K' formed from each loaded block, as the separate pass forms it).
+    :func:`shift.shift_scores`; K' is never formed, so K' is not rounded to fp16, and the
+    scores carry fa-fp32's error, a few fp32 ulps of the unshifted score) or "keys" (K'
+    formed from each loaded block, as the separate pass forms it: more accurate where the
+    keys share a large bias, slower; docs/design.md, "Shifting the scores in decode").
     ``loads``: how the prefill kernel reads its interior kv blocks, "tma" (tensor
     descriptors, Hopper and newer; pointers where a layout is not TMA-addressable) or
     "pointers" (masked pointer loads).
