@@ -51,8 +51,9 @@ def decode_split_kernel(
     """One split of the kv blocks for BLOCK_G query heads of one kv head's group (a group
     larger than BLOCK_G is cut into ``n_chunks``), query length 1. Writes the partial
     results to rows ``chunk * BLOCK_G + g`` of the group's ``group_rows``. PASA's shift is
-    done here on each zero-padded raw K block: on its scores (SHIFT_SCORES,
-    :func:`shift.shift_scores`) or on the keys (:func:`shift.shift_keys_in_kernel`). PAGED: K and V are the caches
+    done here on each zero-padded raw K block: on its scores (SHIFT_SCORES, set for the
+    shifted allocations only: :func:`shift.shift_scores`) or on the keys
+    (:func:`shift.shift_keys_in_kernel`). PAGED: K and V are the caches
     (num_blocks, N_kv, page_size, D), read through the block table ``PAGES`` (a row of
     ``stride_pb`` per batch), whose strides ``stride_kb``/``stride_vb`` step blocks.
     CHECK: a row that lost resolution here leaves a NaN partial LSE, which the combine
@@ -135,7 +136,7 @@ def decode_split_kernel(
                 if EXACT_SHIFT:
                     c = block_row_constant(q, mean, scale)
             qk = tl.dot(q, tl.trans(k))  # fp32 accumulation
-            if (PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT) and SHIFT_SCORES:
+            if SHIFT_SCORES:
                 qk, c = shift_scores(qk, entry_diag, entry_off, scale, kv_len - blk * BLOCK_N,
                                      EXACT_SHIFT, part == 1, BLOCK_N)
             if PSEUDO_AVERAGE_SHIFT and part == 1:  # the mean over the block's own keys
@@ -267,9 +268,8 @@ def run(problem: AttentionProblem, tuning: Tuning, shared) -> Optional["Prepared
     group_rows = n_chunks * block_g
     n_blocks = max(1, cdiv(problem.max_kv_len, shared.constexprs["BLOCK_N"]))
     sms = 132 if shared.interpret else sm_count(q.device.index or 0)
-    shift_scores = tuning.decode_shift == "scores"
-    stages_keys = problem.allocation.shifts_keys and not shift_scores
-    resident = heuristics.decode_resident(stages_keys, head_dim_p, block_g)
+    shift_site = heuristics.decode_shift_site(problem.allocation, tuning)
+    resident = heuristics.decode_resident(shift_site, head_dim_p, block_g)
     n_splits = heuristics.decode_splits(n_blocks, batch * n_kv * n_chunks, sms, resident)
     blocks_per_split = cdiv(n_blocks, n_splits)
     n_splits = cdiv(n_blocks, blocks_per_split)
@@ -277,7 +277,7 @@ def run(problem: AttentionProblem, tuning: Tuning, shared) -> Optional["Prepared
              batch * n_kv * n_splits * group_rows)
     part_o, part_lse = _partials(q, sizes)
     warps = 1 if shared.interpret else 4
-    stages = 1 if shared.interpret else heuristics.decode_stages(stages_keys, head_dim_p)
+    stages = 1 if shared.interpret else heuristics.decode_stages(shift_site, head_dim_p)
     if problem.paged:
         stages = heuristics.paged_stages(stages)
     pages = problem.block_table if problem.paged else q_starts
@@ -294,7 +294,7 @@ def run(problem: AttentionProblem, tuning: Tuning, shared) -> Optional["Prepared
          n_kv, group, problem.scale, shared.gamma, q.shape[3], v.shape[3], blocks_per_split,
          n_splits, n_chunks, group_rows),
         dict(PAGED=problem.paged, WHOLE_PAGE=whole_page, CHECK=detect,
-             SHIFT_SCORES=shift_scores, BLOCK_G=block_g,
+             SHIFT_SCORES=shift_site == "scores", BLOCK_G=block_g,
              num_warps=warps, num_stages=stages, **shared.constexprs,
              **heuristics.fp_options(problem.allocation)),
         roles)

@@ -90,10 +90,16 @@ def fp_options(allocation: Allocation) -> dict:
     return {"enable_fp_fusion": False} if allocation.low_statistics else {}
 
 
-def decode_stages(stages_keys: bool, head_dim: int) -> int:
-    """Pipeline depth of the decode kernel that fits shared memory (``stages_keys``: PASA
-    shifting the keys in the kernel stages K' too)."""
-    stages = 2 if stages_keys else 3
+def decode_shift_site(allocation: Allocation, tuning: Tuning) -> str:
+    """Where the decode kernel applies ``allocation``'s shift under ``tuning``: "scores",
+    "keys" (K' formed, and staged, in the kernel) or "none" (an unshifted allocation)."""
+    return tuning.decode_shift if allocation.shifts_keys else "none"
+
+
+def decode_stages(shift_site: str, head_dim: int) -> int:
+    """Pipeline depth of the decode kernel that fits shared memory (:func:`decode_shift_site`:
+    shifting the keys stages K' too)."""
+    stages = 2 if shift_site == "keys" else 3
     return stages - 1 if head_dim > 128 else stages
 
 
@@ -115,7 +121,7 @@ def decode_block_g(group: int, head_dim: int) -> int:
     return min(pow2(group), cap)
 
 
-def decode_resident(stages_keys: bool, head_dim: int, block_g: int) -> int:
+def decode_resident(shift_site: str, head_dim: int, block_g: int) -> int:
     """Programs of the decode kernel one H100 SM holds at once (4 warps), as its shared
     memory and registers allow: ``tools/dev/triton_aot.py`` reports this for every variant
     the launch can pick (:func:`decode_block_g`) and fails where it differs from this
@@ -123,7 +129,7 @@ def decode_resident(stages_keys: bool, head_dim: int, block_g: int) -> int:
     if head_dim > 128:
         return 1
     if head_dim > 64:  # three stages of K and V tiles; shifting the keys: two, and K' besides
-        return 2 if stages_keys else 1
+        return 2 if shift_site == "keys" else 1
     return 3 if block_g <= 16 else 2
 
 

@@ -26,7 +26,7 @@ HOST_TIME_MODES = ("cached", "rebuilt", "growing")
 def host_time_us(mode: str, calls: int = 2000) -> float:
     """Microseconds per ``fused_attention`` call spent outside the backend's computation,
     on a decode-shaped CPU call whose backend computes nothing (``HOST_TIME_MODES``)."""
-    from pasa_npu.fallback.torch import blockwise as torch_blockwise
+    from pasa_npu.tools.bench_host import no_op_kernel
 
     b, h, h_kv, s2, d = 8, 32, 4, 8192, 128
     q = torch.zeros(b, h, 1, d, dtype=torch.float16)
@@ -34,20 +34,18 @@ def host_time_us(mode: str, calls: int = 2000) -> float:
     kw = dict(num_heads=h, num_key_value_heads=h_kv, input_layout="BNSD", scale=d ** -0.5,
               algorithm="pasa-exact", backend="torch")
     lengths = (lambda i: [1000 + i] * b) if mode == "growing" else (lambda i: None)  # noqa: E731
-    saved = torch_blockwise.run
-    torch_blockwise.run = lambda problem: None
     plans.clear()
     try:
-        for i in range(50):
-            pasa_npu.fused_attention(q, k, v, actual_seq_lengths_kv=lengths(calls + i), **kw)
-        start = time.perf_counter()
-        for i in range(calls):
-            if mode == "rebuilt":
-                plans.clear()
-            pasa_npu.fused_attention(q, k, v, actual_seq_lengths_kv=lengths(i), **kw)
-        return (time.perf_counter() - start) / calls * 1e6
+        with no_op_kernel():
+            for i in range(50):
+                pasa_npu.fused_attention(q, k, v, actual_seq_lengths_kv=lengths(calls + i), **kw)
+            start = time.perf_counter()
+            for i in range(calls):
+                if mode == "rebuilt":
+                    plans.clear()
+                pasa_npu.fused_attention(q, k, v, actual_seq_lengths_kv=lengths(i), **kw)
+            return (time.perf_counter() - start) / calls * 1e6
     finally:
-        torch_blockwise.run = saved
         plans.clear()
 
 

@@ -317,13 +317,13 @@ def _decode_variants(alg: str, allocation, head_dim: int):
     paged = head_dim == 128 and alg in PAGED_ALGORITHMS
     fp_fusion = triton_launch.fp_options(allocation) == {}
     # every number of query heads per program the launch can pick (GQA 2:1 up to MQA)
-    stages_keys = allocation.shifts_keys and DEFAULT_TUNING.decode_shift == "keys"
-    stages = triton_launch.decode_stages(stages_keys, head_dim)
+    shift_site = triton_launch.decode_shift_site(allocation, DEFAULT_TUNING)
+    stages = triton_launch.decode_stages(shift_site, head_dim)
     for block_g in sorted({triton_launch.decode_block_g(g, head_dim)
                            for g in (1, 32, 64, 1024)}):
         consts = dict(**allocation_flags(allocation), HAS_MASK=False, GUARD=False,
                       PAGED=False, WHOLE_PAGE=True, BLOCK_G=block_g,
-                      SHIFT_SCORES=DEFAULT_TUNING.decode_shift == "scores",
+                      SHIFT_SCORES=shift_site == "scores",
                       BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
         yield ("decode_split_kernel", f"{alg} decode g={block_g} d={head_dim}", consts, 4,
                stages, fp_fusion)
@@ -406,9 +406,8 @@ def main(argv=None) -> int:
             if kernel == "decode_split_kernel" and "REG" in use:
                 # the decode launch sizes its splits to one wave of resident programs
                 n = resident_per_sm(smem, use["REG"], warps)
-                shifted = ALLOCATIONS[label.split()[0]].shifts_keys
-                assumed = triton_launch.decode_resident(
-                    shifted and DEFAULT_TUNING.decode_shift == "keys", d, consts["BLOCK_G"])
+                site = triton_launch.decode_shift_site(ALLOCATIONS[label.split()[0]], DEFAULT_TUNING)
+                assumed = triton_launch.decode_resident(site, d, consts["BLOCK_G"])
                 resident = f"  resident {n}"
                 if n != assumed:
                     flag += f"  LAUNCH ASSUMES {assumed} RESIDENT"
