@@ -196,6 +196,61 @@ class Call:
 
 #: the :class:`Call` fields, in order
 CALL_FIELDS = tuple(f.name for f in dataclasses.fields(Call))
+#: the length arguments, under v1's names (v2's ``actual_seq_qlen`` and ``actual_seq_kvlen``)
+LENGTH_ARGUMENTS = ("actual_seq_lengths", "actual_seq_lengths_kv")
+_SCALAR_TYPES = frozenset((int, float, str, bool))
+
+
+def call_key(call: Call):
+    """(arguments key, lengths key): a hashable fingerprint of everything a plan reads of
+    ``call`` (:func:`pasa_npu.planner.make_plan`), or None where a call is not cacheable
+    (explicit masks, whose contents the plan holds; lengths on a device). The values of the
+    actual sequence lengths go in the second key, so that the calls of a decode loop, whose
+    lengths grow every step, share the validation of everything else. Types are part of the
+    keys, so that ``True`` never hits ``1``."""
+    key = []
+    lengths = []
+    append = key.append
+    for name in CALL_FIELDS:
+        value = getattr(call, name)
+        kind = type(value)
+        if value is None or kind in _SCALAR_TYPES:
+            append((kind, value))
+        elif isinstance(value, torch.Tensor):
+            if name in ("query", "key", "value"):
+                append((value.shape, value.stride(), value.dtype, value.device))
+            elif name == "atten_mask" and call.sparse_mode in (2, 3, 4):
+                # only validated there: this very tensor, unchanged since (the plan keeps
+                # it alive, so its id is not reused while cached)
+                append(tensor_identity(value))
+            elif name in ("learnable_sink", "block_table"):  # read (checked) on every call
+                append((value.shape, value.dtype, value.device))
+            elif name in LENGTH_ARGUMENTS:  # the host's (plan_for reads a device's first)
+                append((value.dtype, value.shape))
+                lengths.append(tuple(value.tolist()))
+            else:
+                return None
+        elif kind in (list, tuple):
+            entries = tuple((type(x), x) for x in value)
+            if name in LENGTH_ARGUMENTS:
+                append((kind, len(value)))
+                lengths.append(entries)
+            else:
+                append((kind, entries))
+        else:
+            append((kind, value))
+    keys = (tuple(key), tuple(lengths))
+    try:
+        hash(keys)
+    except TypeError:
+        return None
+    return keys
+
+
+def tensor_identity(t: torch.Tensor) -> tuple:
+    """This very tensor, unchanged since: its id (the caller keeps it alive while the key is
+    held, so the id is not reused), storage, in-place version and metadata."""
+    return (id(t), t.data_ptr(), t._version, t.shape, t.stride(), t.dtype, t.device)
 
 
 def bind(function: str, query, key, value, keywords: dict) -> Call:

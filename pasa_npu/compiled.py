@@ -28,8 +28,8 @@ from . import overflow, paging, plans
 from .arguments import KEYWORD_ARGUMENTS, TENSOR_NAMES, Call, bind, describe
 from .lengths import int_list
 from .masks import check_mask
-from .options import (LAYOUTS, PACKED, canonical_views, overflow_checked, resolve_allocation,
-                      resolve_options, to_canonical)
+from .options import LAYOUTS, PACKED, overflow_checked, resolve_allocation, resolve_options
+from .views import canonical_views, to_canonical
 from .outputs import allocate_lse, allocate_output, lse_placeholder
 
 _TENSORS = [a.name for a in KEYWORD_ARGUMENTS if a.kind == "tensor"]

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from .api import fused_attention
 from .masks import compressed_causal_mask
-from .options import to_canonical
+from .views import to_canonical
 
 __all__ = ["ring_attention", "merge_partial"]
 

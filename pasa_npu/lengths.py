@@ -11,18 +11,12 @@ from typing import Optional
 
 import torch
 
-from .arguments import describe
-from .problem import host_memory
+from .arguments import LENGTH_ARGUMENTS, describe
+from .options import MAX_PACKED_BATCH
+from .paging import DECODE_BLOCK_ALIGN, MAX_BLOCK_SIZE, PREFILL_BLOCK_ALIGN
 
-#: the length arguments, under v1's names (v2's ``actual_seq_qlen`` and ``actual_seq_kvlen``)
-LENGTH_ARGUMENTS = ("actual_seq_lengths", "actual_seq_lengths_kv")
-
-
-def device_lengths(call) -> tuple[str, ...]:
-    """The length arguments of ``call`` given as tensors outside the host's memory."""
-    return tuple(name for name in LENGTH_ARGUMENTS
-                 if isinstance(getattr(call, name), torch.Tensor)
-                 and not host_memory(getattr(call, name).device))
+__all__ = ["LENGTH_ARGUMENTS", "read_device_lengths", "sequence_lengths", "check_block_size",
+           "int_list"]
 
 
 def read_device_lengths(call, names: tuple[str, ...]):
@@ -39,11 +33,38 @@ def read_device_lengths(call, names: tuple[str, ...]):
     return dataclasses.replace(call, **given)
 
 
-def sequence_lengths(call, q, s_kv: int, packed: bool, table_capacity: Optional[str] = None):
-    """(q_lens, q_starts, kv_lens, kv_starts) as int64 CPU tensors of length B. ``s_kv``: the
-    kv axis' length. ``table_capacity``: with a block table, the words for ``s_kv`` (the
-    table's capacity); paged kv lengths are per batch, also for packed layouts, as torch_npu
-    takes them with a block table, and required."""
+def sequence_lengths(call, q, s_kv: int, packed: bool, block_size: int = 0):
+    """(q_lens, q_starts, kv_lens, kv_starts) as int64 CPU tensors of length B, from
+    ``call``'s length arguments (on the host: :func:`read_device_lengths`). ``s_kv``: the kv axis' length, with a block table
+    (``block_size`` > 0) the table's capacity; paged kv lengths are per batch, also for
+    packed layouts, as torch_npu takes them with a block table, and required; and the
+    block size follows torch_npu's rule for the query length (:func:`check_block_size`)."""
+    if packed and call.actual_seq_lengths is not None:
+        count = len(int_list(call.actual_seq_lengths, "actual_seq_lengths"))
+        if count > MAX_PACKED_BATCH:
+            raise ValueError(f"actual_seq_lengths must have at most {MAX_PACKED_BATCH} entries "
+                             f"with packed layouts (torch_npu's limit), got {count}")
+    if not block_size:
+        return _sequence_lengths(call, q, s_kv, packed)
+    lengths = _sequence_lengths(call, q, s_kv, packed, f"block_table's {s_kv // block_size} "
+                                f"blocks of block_size {block_size}")
+    check_block_size(block_size, (max(lengths[0].tolist(), default=0) if packed
+                                  else q.shape[2]) <= 1)
+    return lengths
+
+
+def check_block_size(block_size: int, decode: bool) -> None:
+    """torch_npu's block_size rule for the query length (``decode``: S1 = 1)."""
+    align = DECODE_BLOCK_ALIGN if decode else PREFILL_BLOCK_ALIGN
+    if block_size % align or block_size > MAX_BLOCK_SIZE:
+        case = "in decode (S1 = 1)" if decode else "when S1 > 1"
+        raise ValueError(f"block_size must be a multiple of {align} up to {MAX_BLOCK_SIZE} "
+                         f"{case}, as torch_npu requires; got {block_size}")
+
+
+def _sequence_lengths(call, q, s_kv: int, packed: bool, table_capacity: Optional[str] = None):
+    """:func:`sequence_lengths` of host lengths; ``table_capacity``: with a block table, the
+    words for ``s_kv``."""
     paged = table_capacity is not None
     if paged and call.actual_seq_lengths_kv is None:
         raise ValueError("actual_seq_lengths_kv is required with block_table (torch_npu's "

@@ -7,8 +7,7 @@ import warnings
 
 import torch
 
-from .arguments import INT_MAX, describe
-from .options import int_arg
+from .arguments import INT_MAX, describe, tensor_identity
 
 OPTIMIZED_MASK_SIZE = 2048
 
@@ -22,17 +21,13 @@ def compressed_causal_mask(device: torch.device | str | None = None) -> torch.Te
     return torch.triu(ones, diagonal=1)
 
 
-def mask_and_band(call, batch, s_q, s_kv, packed, q_lens, kv_lens, device):
+def mask_and_band(mask, sparse_mode: int, pre: int, nxt: int, batch, s_q, s_kv, packed, q_lens,
+                  kv_lens, device):
     """(mask (Bm, S1, S2) bool or None, band (pre, next) per batch in top-left
-    coordinates or None) for torch_npu's sparse_mode semantics."""
-    sparse_mode = int_arg(call.sparse_mode, "sparse_mode", minimum=0)
-    if sparse_mode > 4:
-        raise ValueError(f"sparse_mode must be 0-4 (torch_npu's fused_infer_attention_score "
-                         f"supports no other), got {sparse_mode}")
-    pre = int_arg(call.pre_tokens, "pre_tokens", minimum=-(2 ** 63))
-    nxt = int_arg(call.next_tokens, "next_tokens", minimum=-(2 ** 63))
+    coordinates or None) for torch_npu's sparse_mode semantics: ``mask`` the call's
+    ``atten_mask``, ``sparse_mode``, ``pre`` and ``nxt`` its checked ints
+    (:class:`~pasa_npu.options.Options`)."""
     tokens_given = (pre, nxt) != (INT_MAX, INT_MAX)
-    mask = call.atten_mask
     check_mask(mask, device)
 
     if sparse_mode in (2, 3, 4):
@@ -112,12 +107,6 @@ def _check_token_lengths(sparse_mode: int, pre: int, nxt: int, q_lens, kv_lens) 
                                  f"length of batch {b} ({length}), as torch_npu requires")
 
 
-def tensor_identity(t: torch.Tensor) -> tuple:
-    """This very tensor, unchanged since: its id (the caller keeps it alive while the key is
-    held, so the id is not reused), storage, in-place version and metadata."""
-    return (id(t), t.data_ptr(), t._version, t.shape, t.stride(), t.dtype, t.device)
-
-
 def _check_optimized_mask(mask, sparse_mode: int) -> None:
     n = OPTIMIZED_MASK_SIZE
     if mask is None:
@@ -159,3 +148,28 @@ def _dense_mask(mask: torch.Tensor, batch: int, s_q: int, s_kv: int) -> torch.Te
                          f"S2={s_kv}: expected {expected} with S1, S2 at least the query and key "
                          f"lengths")
     return m[:, :s_q, :s_kv].bool()
+
+
+def row_facts(q_lens: torch.Tensor, kv_lens: torch.Tensor, mask, band, packed: bool,
+              s_q: int) -> dict:
+    """The plan's facts about rows, from the lengths, mask and band (as Python ints: a
+    decode step's worth of tensor operations would cost more than the rest of the
+    lengths): ``covered`` (every output row is a backend's), ``lse_rows_past`` (some LSE row
+    lies past its query length), ``may_have_empty`` (some row inside its query length may
+    see no key)."""
+    lens = q_lens.tolist()
+    return dict(covered=not packed and all(n == s_q for n in lens),
+                lse_rows_past=not packed and any(n < s_q for n in lens),
+                may_have_empty=mask is not None or may_have_empty_rows(lens, kv_lens.tolist(),
+                                                                        band))
+
+
+def may_have_empty_rows(q_lens: list, kv_lens: list, band) -> bool:
+    """Can a row inside its query length see no key (band and lengths only)? O(B) in
+    Python ints: a few per batch, cheaper than tensor operations on a decode step. Row i
+    sees [max(0, i - pre), min(kv_len - 1, i + next)]."""
+    pres, nxts = (t.tolist() for t in band) if band is not None else ((), ())
+    for b, (q, kv) in enumerate(zip(q_lens, kv_lens)):
+        if q > 0 and (kv == 0 or (band is not None and (nxts[b] < 0 or q - 1 - pres[b] > kv - 1))):
+            return True
+    return False

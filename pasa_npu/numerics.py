@@ -144,3 +144,21 @@ GUARD_MAX_OFFSET = 8.0
 #: so rounding alone moves a score by up to 0.25 and a softmax weight by up to
 #: e^0.25 - 1 = 28%; the pseudo-average shift also recovers its block offsets from such scores.
 RESOLUTION_LIMIT = 512.0
+
+
+def to_fp16_checked(tensors, names) -> tuple:
+    """bf16 -> fp16 for PASA, refusing values fp16 cannot hold instead of making inf. The
+    tensors' peak magnitudes come to the host together: one wait for the device, not one
+    per tensor (each peak from one read of its tensor, without an |x| temporary; a NaN
+    propagates to the peak and is refused too)."""
+    filled = [(t, name) for t, name in zip(tensors, names) if t.numel()]
+    if filled:
+        ranges = torch.stack([torch.stack(torch.aminmax(t)) for t, _ in filled]).float()
+        for (_, name), (low, high) in zip(filled, ranges.tolist()):
+            peak = max(-low, high)
+            if not peak <= FP16_MAX:
+                raise ValueError(
+                    f"{name} holds values up to {peak:.6g} in magnitude, beyond fp16's "
+                    f"{FP16_MAX:.0f}; PASA computes bf16 inputs in fp16. Use "
+                    f"algorithm='fa-fp32' for this input.")
+    return tuple(t.to(torch.float16) for t in tensors)

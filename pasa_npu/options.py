@@ -1,6 +1,6 @@
-"""A call's arguments checked and normalised: :class:`Options` (:func:`resolve_options`),
-the layouts and their canonical views, β, the tiling and the fp16 conversion, with errors
-that name the argument, what was expected and what came. The arguments themselves, as
+"""A call's scalar arguments checked and normalised into :class:`Options`
+(:func:`resolve_options`): the layouts, β, the tiling, the sparse mode and the sinks, with
+errors that name the argument, what was expected and what came. The arguments themselves, as
 given, are :class:`pasa_npu.arguments.Call`'s.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from .arguments import Call, describe
 from .beta import default_beta
 from .numerics import (ALGORITHM_NAMES, ALLOCATIONS, DEFAULT_ALGORITHM_BY_PRECISE_BIT,
-                       DEFAULT_TILING, FP16_MAX, Allocation, Tiling)
+                       DEFAULT_TILING, Allocation, Tiling)
 
 #: input_layout -> (query/key/value layout, output layout)
 LAYOUTS = {
@@ -28,11 +28,11 @@ PACKED = ("TND", "NTD")
 
 @dataclass(frozen=True)
 class Options:
-    """A call's arguments other than its tensors, lengths, mask and block table, validated
-    and resolved once (the plan holds them): layouts, heads, scale, ``inner_precise``, the
-    outputs asked for, and (for a call that is not the golden) the allocation, tiling,
-    rounding guard and whether the overflow check runs. β, which the allocation and tiling
-    decide, is :func:`resolve_beta`'s."""
+    """A call's scalar arguments, validated and resolved once (the plan holds them):
+    layouts, heads, scale, ``inner_precise``, the outputs asked for, the sparse mode and its
+    token counts, the paged cache's block size, and (for a call that is not the golden) the
+    allocation, tiling, rounding guard and whether the overflow check runs. β, which the
+    allocation and tiling decide, is :func:`resolve_beta`'s."""
 
     in_layout: str
     out_layout: str
@@ -47,6 +47,10 @@ class Options:
     tiling: Tiling
     rounding_guard: bool
     overflow_check: bool
+    sparse_mode: int
+    pre_tokens: int
+    next_tokens: int
+    block_size: int
 
 
 def resolve_options(call: Call, golden: bool) -> Options:
@@ -71,9 +75,17 @@ def resolve_options(call: Call, golden: bool) -> Options:
     if not isinstance(call.softmax_lse_flag, bool):
         raise TypeError(f"softmax_lse_flag must be a bool, got "
                         f"{describe(call.softmax_lse_flag)}")
+    sparse_mode = int_arg(call.sparse_mode, "sparse_mode", minimum=0)
+    if sparse_mode > 4:
+        raise ValueError(f"sparse_mode must be 0-4 (torch_npu's fused_infer_attention_score "
+                         f"supports no other), got {sparse_mode}")
     common = dict(in_layout=in_layout, out_layout=out_layout, packed=in_layout in PACKED,
                   num_heads=num_heads, num_kv_heads=num_kv_heads, scale=scale,
-                  inner_precise=inner_precise, want_lse=call.softmax_lse_flag)
+                  inner_precise=inner_precise, want_lse=call.softmax_lse_flag,
+                  sparse_mode=sparse_mode,
+                  pre_tokens=int_arg(call.pre_tokens, "pre_tokens", minimum=-(2 ** 63)),
+                  next_tokens=int_arg(call.next_tokens, "next_tokens", minimum=-(2 ** 63)),
+                  block_size=int_arg(call.block_size, "block_size", minimum=0))
     if golden:
         return Options(**common, out_dtype=torch.float64, allocation=ALLOCATIONS["fa-fp32"],
                        tiling=DEFAULT_TILING, rounding_guard=False,
@@ -195,49 +207,6 @@ def parse_layout(input_layout) -> tuple[str, str]:
     return LAYOUTS[input_layout]
 
 
-def to_canonical(t: torch.Tensor, name: str, layout: str, heads: int) -> torch.Tensor:
-    """A (B, N, S, D) view of ``t`` given in ``layout`` (packed: B = 1, S = T)."""
-    dims = 3 if layout in ("BSH", "TND", "NTD") else 4
-    if t.dim() != dims:
-        raise ValueError(f"{name} must be {dims}-D for input_layout {layout}, got shape "
-                         f"{tuple(t.shape)}")
-    if layout == "BSH":
-        if t.shape[2] % heads:
-            raise ValueError(f"{name}'s hidden size {t.shape[2]} is not divisible by its head "
-                             f"count {heads} (input_layout BSH)")
-        return t.unflatten(2, (heads, t.shape[2] // heads)).permute(0, 2, 1, 3)
-    head_axis = {"BSND": 2, "BNSD": 1, "TND": 1, "NTD": 0}[layout]
-    if t.shape[head_axis] != heads:
-        what = "num_heads" if name == "query" else "num_key_value_heads (or num_heads)"
-        raise ValueError(f"{name} has {t.shape[head_axis]} heads on its N axis (input_layout "
-                         f"{layout}) but {what} is {heads}")
-    if layout == "BSND":
-        return t.permute(0, 2, 1, 3)
-    if layout == "BNSD":
-        return t
-    if layout == "TND":
-        return t.permute(1, 0, 2).unsqueeze(0)
-    return t.unsqueeze(0)
-
-
-def canonical_views(query, key, value, layout: str, num_heads: int, num_kv_heads: int):
-    """(q, k, v) as (B, N, S, D) views, each checked against its head count."""
-    return (to_canonical(query, "query", layout, num_heads),
-            to_canonical(key, "key", layout, num_kv_heads),
-            to_canonical(value, "value", layout, num_kv_heads))
-
-
-def check_shapes(q, k, v, layout) -> None:
-    if k.shape[0] != q.shape[0]:
-        raise ValueError(f"key batch {k.shape[0]} differs from query batch {q.shape[0]} "
-                         f"(input_layout {layout})")
-    if k.shape[3] != q.shape[3]:
-        raise ValueError(f"key head dim {k.shape[3]} differs from query head dim {q.shape[3]}")
-    if v.shape[:3] != k.shape[:3]:
-        raise ValueError(f"value (batch, heads, seq) {tuple(v.shape[:3])} differs from key's "
-                         f"{tuple(k.shape[:3])} (canonical BNSD order)")
-
-
 def check_scale(scale) -> float:
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a float, got {describe(scale)}")
@@ -283,21 +252,3 @@ def resolve_beta(beta, allocation: Allocation, tiling: Tiling, scale: float) -> 
         raise ValueError(f"beta must lie in [0, 1) (1 would make the shifting matrix singular), "
                          f"got {beta}")
     return float(beta)
-
-
-def to_fp16_checked(tensors, names) -> tuple:
-    """bf16 -> fp16 for PASA, refusing values fp16 cannot hold instead of making inf. The
-    tensors' peak magnitudes come to the host together: one wait for the device, not one
-    per tensor (each peak from one read of its tensor, without an |x| temporary; a NaN
-    propagates to the peak and is refused too)."""
-    filled = [(t, name) for t, name in zip(tensors, names) if t.numel()]
-    if filled:
-        ranges = torch.stack([torch.stack(torch.aminmax(t)) for t, _ in filled]).float()
-        for (_, name), (low, high) in zip(filled, ranges.tolist()):
-            peak = max(-low, high)
-            if not peak <= FP16_MAX:
-                raise ValueError(
-                    f"{name} holds values up to {peak:.6g} in magnitude, beyond fp16's "
-                    f"{FP16_MAX:.0f}; PASA computes bf16 inputs in fp16. Use "
-                    f"algorithm='fa-fp32' for this input.")
-    return tuple(t.to(torch.float16) for t in tensors)

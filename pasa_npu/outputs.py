@@ -66,7 +66,7 @@ def fix_rows(problem: AttentionProblem, value: torch.Tensor, plan) -> None:
     if not plan.may_have_empty:
         return
     if problem.mask is not None:
-        _fix_masked_rows(problem, value, plan.inner_precise, plan.mask_source)
+        _fix_masked_rows(problem, value, plan.options.inner_precise, plan.mask_source)
         return
     # the band and the lengths alone: every row's fate is known on the host
     empty = _valid_rows_and_by_band(problem)[1]
@@ -146,17 +146,6 @@ def _set_rows(problem: AttentionProblem, which: torch.Tensor, out_value, lse_val
         if t is not None and value is not None:
             dev = t.device
             t[to_device(tb, dev), :, to_device(pos, dev)] = torch.full((), value, dtype=t.dtype, device=dev)
-
-
-def may_have_empty_rows(q_lens: list, kv_lens: list, band) -> bool:
-    """Can a row inside its query length see no key (band and lengths only)? O(B) in
-    Python ints: a few per batch, cheaper than tensor operations on a decode step. Row i
-    sees [max(0, i - pre), min(kv_len - 1, i + next)]."""
-    pres, nxts = (t.tolist() for t in band) if band is not None else ((), ())
-    for b, (q, kv) in enumerate(zip(q_lens, kv_lens)):
-        if q > 0 and (kv == 0 or (band is not None and (nxts[b] < 0 or q - 1 - pres[b] > kv - 1))):
-            return True
-    return False
 
 
 def _valid_rows_and_by_band(problem: AttentionProblem) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,8 +17,6 @@ from typing import Optional
 import torch
 
 from .arguments import describe
-from .options import int_arg
-from .problem import host_memory
 
 #: block_size when S1 > 1: a multiple of PREFILL_BLOCK_ALIGN up to MAX_BLOCK_SIZE
 PREFILL_BLOCK_ALIGN = 128
@@ -29,11 +27,10 @@ MAX_BLOCK_SIZE = 512
 FOUR_DIM_CACHE_LAYOUTS = ("BNSD", "TND", "NTD")
 
 
-def check_arguments(block_table, block_size, device: torch.device) -> int:
-    """``block_size`` as an int > 0, after checking that the two arguments come together
-    and ``block_table``'s type, dtype, rank and device (its shape against the batch and
-    its entries are checked per call: :func:`table_for_call`)."""
-    block_size = int_arg(block_size, "block_size", minimum=0)
+def check_arguments(block_table, block_size: int, device: torch.device) -> None:
+    """Check that ``block_table`` and ``block_size`` (an int >= 0) come together, and
+    ``block_table``'s type, dtype, rank and device (its shape against the batch and its
+    entries are checked per call: :func:`table_for_call`)."""
     if block_table is None:
         raise ValueError(f"block_size={block_size} needs a block_table (paged KV), got None")
     if not block_size:
@@ -47,16 +44,6 @@ def check_arguments(block_table, block_size, device: torch.device) -> int:
     if block_table.device not in (device, torch.device("cpu")):
         raise ValueError(f"block_table is on {block_table.device}; it must be on the query's "
                          f"device ({device}) or on the host")
-    return block_size
-
-
-def check_block_size(block_size: int, decode: bool) -> None:
-    """torch_npu's block_size rule for the query length (``decode``: S1 = 1)."""
-    align = DECODE_BLOCK_ALIGN if decode else PREFILL_BLOCK_ALIGN
-    if block_size % align or block_size > MAX_BLOCK_SIZE:
-        case = "in decode (S1 = 1)" if decode else "when S1 > 1"
-        raise ValueError(f"block_size must be a multiple of {align} up to {MAX_BLOCK_SIZE} "
-                         f"{case}, as torch_npu requires; got {block_size}")
 
 
 def cache_views(key, value, layout: str, num_kv_heads: int, block_size: int):
@@ -93,8 +80,11 @@ def cache_views(key, value, layout: str, num_kv_heads: int, block_size: int):
 
 
 def table_for_call(table: torch.Tensor, kv_lens: torch.Tensor, num_blocks: int,
-                   block_size: int, device: torch.device) -> torch.Tensor:
-    """``table`` checked and on ``device`` with unit column stride: every entry of a key
+                   block_size: int, device: torch.device, table_on_host: bool,
+                   on_host: bool) -> torch.Tensor:
+    """``table`` checked and on ``device`` with unit column stride (``table_on_host``,
+    ``on_host``: whether the table and ``device`` are the host's memory,
+    :func:`~pasa_npu.problem.host_memory`): every entry of a key
     below its batch's kv length in [0, num_blocks), or a ``ValueError`` naming the first
     entry that is not. Never a wait for the device on a checked table:
 
@@ -111,11 +101,11 @@ def table_for_call(table: torch.Tensor, kv_lens: torch.Tensor, num_blocks: int,
     if table.shape[0] != kv_lens.numel():
         raise ValueError(f"block_table has {table.shape[0]} rows but the batch is "
                          f"{kv_lens.numel()} (one row per batch)")
-    if host_memory(table.device):
+    if table_on_host:
         _check_entries(table, kv_lens, num_blocks, block_size, _host_prefix(table, num_blocks))
         if table.shape[1] > 1 and table.stride(1) != 1:
             table = table.contiguous()
-        if host_memory(device):
+        if on_host:
             return table
         source = table.pin_memory() if device.type == "cuda" else table
         return source.to(device, non_blocking=True)

@@ -95,6 +95,17 @@ def test_development_tools_run_from_the_checkout():
     assert mutation_list.MUTATIONS[0].name in listed.stdout
 
 
+def test_every_mutation_finds_its_snippet_once():
+    """A mutation whose code moved would plant nothing: each snippet stands exactly once in
+    its file."""
+    from pasa_npu.tools.dev import mutation_list
+
+    stale = [(m.name, m.path, (ROOT / m.path).read_text().count(m.snippet))
+             for m in mutation_list.MUTATIONS
+             if (ROOT / m.path).read_text().count(m.snippet) != 1]
+    assert not stale, stale
+
+
 def test_test_files_named_elsewhere_exist():
     """The tests are laid out like the source (tests/api/, tests/fallback/triton/, ...): every
     test file the CI scripts, the development tools and the docs name is where they say, and

@@ -28,7 +28,7 @@ from test_golden import CASES, make_case, shrink
 #: host reads the contract documents (docs/design.md, "No host synchronisation"): lengths
 #: given on the device are read once per call where a backend takes them (not npu); bf16
 #: inputs of a PASA allocation have their range checked
-DOCUMENTED = ("pasa_npu.lengths.read_device_lengths", "pasa_npu.options.to_fp16_checked")
+DOCUMENTED = ("pasa_npu.lengths.read_device_lengths", "pasa_npu.numerics.to_fp16_checked")
 LENGTHS = ("actual_seq_lengths", "actual_seq_lengths_kv")
 
 

@@ -17,8 +17,8 @@ LAYERS = {
     "contract": (1, {"problem", "outputs", "paged_kv"}),
     "backends": (2, {"backends", "kernel_inputs", "ascendc_cpu", "ascendc_emu", "ascendc_sim",
                      "sim_build", "npu", "reference", "fallback"}),
-    "arguments": (2, {"arguments", "options", "lengths", "masks", "paging"}),
-    "plan": (3, {"plans", "overflow"}),
+    "arguments": (2, {"arguments", "options", "views", "lengths", "masks", "paging"}),
+    "plan": (3, {"planner", "plans", "overflow"}),
     "api": (4, {"api", "compiled", "distributed", "torch_npu_patch", "integrations",
                 "__init__"}),
 }

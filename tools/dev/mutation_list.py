@@ -208,9 +208,11 @@ MUTATIONS = [
              "emu::Unary(dst, src, count, \"Muls\", [s](float x) { return x * s; });",
              "emu::Unary(dst, src, count, \"Muls\", [s](float x) "
              "{ return x * static_cast<float>(half(s)); });", EMU_VECTOR),
-    Mutation("emulated Exp: through exp2", EMU, "return std::exp(x);",
+    Mutation("emulated Exp: through exp2 in fp32", EMU,
+             "return static_cast<float>(std::exp(static_cast<long double>(x)));",
              "return std::exp2(x * static_cast<float>(M_LOG2E));", EMU_VECTOR),
-    Mutation("emulated Ln: through log2", EMU, "return std::log(x);",
+    Mutation("emulated Ln: through log2 in fp32", EMU,
+             "return static_cast<float>(std::log(static_cast<long double>(x)));",
              "return std::log2(x) * static_cast<float>(M_LN2);", EMU_VECTOR),
     Mutation("emulated Duplicate: the last element left out", EMU,
              "for (int32_t i = 0; i < count; ++i) z[i] = scalarValue;",

@@ -1,0 +1,96 @@
+"""A call's plan: everything it derives from its arguments but not from tensor contents
+(:class:`Plan`), validated by :func:`make_plan` in one pass over the argument layer: the
+scalar options, the backend, the tensors' views, the lengths, the mask and band."""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from . import backends
+from .arguments import Call
+from .lengths import sequence_lengths
+from .masks import mask_and_band, row_facts
+from .numerics import compute_dtype
+from .options import Options, resolve_beta, resolve_options
+from .problem import AttentionProblem
+from .views import plan_views
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a call derives from its arguments but not from tensor contents, validated
+    once per distinct argument set (:func:`pasa_npu.plans.plan_for`): the resolved
+    ``options``, the lengths and starts (int64 CPU tensors), mask and band, the backend and
+    the facts about rows and memory that each call's run reads."""
+
+    options: Options
+    beta: float           # PASA's shift fraction (options.resolve_beta; 0 where none shifts)
+    q_lens: torch.Tensor
+    q_starts: torch.Tensor
+    kv_lens: torch.Tensor
+    kv_starts: torch.Tensor
+    mask: Optional[torch.Tensor]
+    band: Optional[tuple[torch.Tensor, torch.Tensor]]
+    runner: Callable[[AttentionProblem], None]
+    lse_dtype: torch.dtype
+    low: torch.dtype      # the compute dtype of the inputs (pasa_npu.numerics.compute_dtype)
+    covered: bool         # every output row is written by the backend: no zero fill
+    lse_rows_past: bool   # some LSE row lies past its query length
+    may_have_empty: bool  # some row inside its query length may see no key
+    on_host: bool         # the query's device is the host's memory (problem.host_memory)
+    table_on_host: bool   # so is the block table's
+    backend: str = "golden"
+    validated_mask: Optional[torch.Tensor] = None  # sparse modes 2-4: kept alive for the key
+    mask_source: Optional[torch.Tensor] = None  # the caller's atten_mask (outputs.fix_rows)
+    backward: bool = True  # the outputs carry autograd; else inputs that require grad raise
+    # the backend's state for this plan (AttentionProblem.plan_state); a copy made for other
+    # lengths gets its own
+    backend_state: dict = field(default_factory=dict, compare=False)
+
+
+def make_plan(call: Call, golden: bool, base: Optional[Plan], on_host: bool,
+              table_on_host: bool) -> Plan:
+    """The plan of ``call``, or the first error among its arguments, naming the argument.
+    ``base``: a plan of the same arguments with other lengths, whose options and backend
+    hold (only the lengths, the band they set and the row facts are made anew); None: a
+    plan validated in full. The lengths are the host's (:func:`pasa_npu.plans.plan_for`
+    reads those given on a device). ``on_host``, ``table_on_host``: the
+    query's and the block table's memory (:func:`~pasa_npu.problem.host_memory`)."""
+    query = call.query
+    if base is not None:
+        options, extra = base.options, {}
+    else:
+        options = resolve_options(call, golden)
+        extra = dict(beta=0.0 if golden else resolve_beta(call.beta, options.allocation,
+                                                          options.tiling, options.scale))
+    if golden and base is None:
+        extra.update(runner=backends.run_golden, lse_dtype=torch.float64, low=torch.float64)
+    elif base is None:
+        backend = backends.resolve(call.backend, query.device)
+        if call.learnable_sink is not None and not backend.sinks:
+            raise NotImplementedError(f"learnable_sink is not implemented by backend "
+                                      f"{backend.name!r} yet (use backend='torch')")
+        extra.update(runner=backend.runner(), lse_dtype=torch.float32, backend=backend.name,
+                     low=compute_dtype(options.allocation, query.dtype),
+                     backward=backend.backward)
+    q, k, _ = plan_views(call, options)
+    block_size = options.block_size
+    s_kv = call.block_table.shape[1] * block_size if block_size else k.shape[2]
+    q_lens, q_starts, kv_lens, kv_starts = sequence_lengths(call, q, s_kv, options.packed,
+                                                            block_size)
+    mask, band = mask_and_band(call.atten_mask, options.sparse_mode, options.pre_tokens,
+                               options.next_tokens, q_lens.numel(), q.shape[2], s_kv,
+                               options.packed, q_lens, kv_lens, query.device)
+    lengths = dict(q_lens=q_lens, q_starts=q_starts, kv_lens=kv_lens, kv_starts=kv_starts,
+                   mask=mask, band=band,
+                   **row_facts(q_lens, kv_lens, mask, band, options.packed, q.shape[2]))
+    if base is not None:
+        plan = copy.copy(base)  # dataclasses.replace would cost a third of this function
+        plan.__dict__.update(backend_state={}, **lengths)
+        return plan
+    return Plan(options=options, on_host=on_host, table_on_host=table_on_host,
+                validated_mask=call.atten_mask if options.sparse_mode in (2, 3, 4) else None,
+                mask_source=call.atten_mask, **lengths, **extra)
