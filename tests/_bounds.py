@@ -207,6 +207,16 @@ def triton_numerics(path: str):
     return contextlib.nullcontext()
 
 
+def ascendc_numerics(tiling: dict):
+    """The context in which the CPU backend computes what an AscendC kernel result is held
+    against, from the host's ``tiling`` of that call (``last_run_stats()["tiling"]``): where it
+    shifts the scores (``shift_scores``: pasa and pasa-exact in decode, where every query length
+    is 1 and every kv block is read by one task), the CPU backend shifts them too
+    (:func:`pasa_npu.fallback.torch.blockwise.shifting_scores`)."""
+    from pasa_npu.fallback.torch import blockwise as torch_blockwise
+    return torch_blockwise.shifting_scores() if tiling.get("shift_scores") else contextlib.nullcontext()
+
+
 def assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm: str, case: str,
                               path: str = "prefill", kernel: str = "triton", what: str = "",
                               *, call: tuple, kv_lens, kv_block: int = 128) -> None:

@@ -66,7 +66,7 @@ py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
     d["q_tile_rows"] = t.qTile;
     d["num_tasks"] = t.numTasks;
     d["kv_splits"] = t.kvSplits;
-    d["fuse_shift"] = t.fuseShift;
+    d["shift_scores"] = t.shiftScores;
     d["prep_dim"] = t.prepDim;
     d["merge_dim"] = t.mergeDim;
     d["ub_score_buffers"] = t.ubScoreBuffers;

@@ -118,16 +118,20 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
     PasaTilingData t = ComputeTiling(problem, &lengths);
     PasaTilingData repair{};
     if (problem.overflowCheck) ShareTaskFlags(problem, lengths, t, repair);
-    // pasa with fuseShift: the attention kernel shifts the full blocks, the preprocessing the part-filled ones
-    const bool prepare = t.tilingKey == PASA_KEY_PASA_EXACT || (t.tilingKey == PASA_KEY_PASA && (!t.fuseShift || t.partFilled));
-    if (problem.paged && prepare && !t.fuseShift && tensors.keySlots == nullptr) {
+    // shiftScores: the attention kernel shifts the scores, no key is preprocessed
+    const bool prepare = t.tilingKey != PASA_KEY_FA_FP32 && !t.shiftScores;
+    if (problem.paged && prepare && tensors.keySlots == nullptr) {
         Refuse("paged KV with pasa or pasa-exact needs the K' slot table (the owner entry of each table entry)");
     }
     const ParameterLayout at = ParameterLayoutFor(t.batch);
     if (at.batches != t.batchParamsOffset) Refuse("the parameter layout disagrees with the tiling");
     const std::vector<uint8_t> parameters = ParameterBytes(problem, t, lengths);
     std::vector<uint16_t> shiftMatrix;
-    if (t.tilingKey == PASA_KEY_PASA) {
+    std::vector<float> scoreMap;
+    if (t.tilingKey == PASA_KEY_PASA && t.shiftScores) {
+        scoreMap.resize(ScoreMapBytes(t) / sizeof(float));
+        FillScoreMap(t, scoreMap.data());
+    } else if (t.tilingKey == PASA_KEY_PASA) {
         shiftMatrix.resize(static_cast<size_t>(t.kvBlock) * t.kvBlock);
         FillShiftMatrix(t, shiftMatrix.data());
     }
@@ -144,6 +148,7 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
     if (!shiftMatrix.empty()) {
         runtime.Upload(workspace + t.shiftMatrixOffset, shiftMatrix.data(), shiftMatrix.size() * sizeof(uint16_t));
     }
+    if (!scoreMap.empty()) runtime.Upload(workspace + t.shiftMatrixOffset, scoreMap.data(), scoreMap.size() * sizeof(float));
 
     KernelArgs args;
     args.query = tensors.query;
@@ -151,7 +156,7 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
     args.value = tensors.value;
     args.mask = problem.hasMask ? tensors.mask : nullptr;
     args.blockTable = problem.paged ? tensors.blockTable : nullptr;
-    args.keySlots = problem.paged && prepare && !t.fuseShift ? tensors.keySlots : nullptr;
+    args.keySlots = problem.paged && prepare ? tensors.keySlots : nullptr;
     args.sink = problem.hasSink ? tensors.sink : nullptr;
     args.out = tensors.out;
     args.lse = tensors.lse;

@@ -91,9 +91,10 @@ ParameterLayout ParameterLayoutFor(uint32_t batch);
 std::vector<uint8_t> ParameterBytes(const PasaProblem& problem, const PasaTilingData& t, const BatchLengths& lengths);
 
 // Tile `problem`, then through `runtime`: allocate the parameter buffer and the workspace,
-// upload the parameters (and, for pasa, the shifting matrix into the workspace), launch the
-// preprocessing kernel (pasa unless the attention kernel shifts the keys itself, pasa-exact), the
-// attention kernel and, with split kv, the merge. Returns the tiling.
+// upload the parameters (and, for pasa, the shifting matrix or, with shiftScores, its score map into the
+// workspace), launch the preprocessing kernel (pasa and pasa-exact unless the attention kernel shifts
+// the scores: PasaTilingData::shiftScores), the attention kernel and, with split kv, the merge.
+// Returns the tiling.
 // Throws std::invalid_argument for a problem or lengths the kernels cannot run (naming the
 // parameter) before any runtime call; runtime failures propagate as the runtime throws them.
 PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensors& tensors,

@@ -82,6 +82,22 @@ void FillShiftMatrix(const PasaTilingData& t, uint16_t* dst)
     }
 }
 
+uint64_t ScoreMapBytes(const PasaTilingData& t) { return (static_cast<uint64_t>(t.kvBlock) + 1) * 2 * sizeof(float); }
+
+void FillScoreMap(const PasaTilingData& t, float* dst)
+{
+    // pasa_npu.beta.partial_block_shift: diag_v = diag + off - off_v and off_v = off n / v in double, each
+    // rounded to fp32; a_v = diag_v + off_v in fp32 (the Triton table and the torch backend's score map)
+    const double diag = HalfBitsToDouble(t.shiftDiagBits), off = HalfBitsToDouble(t.shiftOffBits);
+    dst[0] = dst[1] = 0.0f;
+    for (uint32_t v = 1; v <= t.kvBlock; ++v) {
+        const double offV = off * t.kvBlock / v;
+        const float diagV = static_cast<float>(diag + off - offV), offV32 = static_cast<float>(offV);
+        dst[2 * v] = diagV + offV32;
+        dst[2 * v + 1] = offV32;
+    }
+}
+
 namespace {
 
 void Validate(const PasaProblem& p)
@@ -207,7 +223,7 @@ uint32_t LengthOf(const int32_t* lens, uint32_t b, uint32_t full)
     return lens == nullptr ? full : static_cast<uint32_t>(std::max<int32_t>(0, lens[b]));
 }
 
-void SetPrepDim(const PasaProblem& p, uint32_t partFilled, PasaTilingData& t);
+void SetPrepDim(const PasaProblem& p, PasaTilingData& t);
 
 // Tiles: a batch whose query is shorter than q_block stacks the heads of a kv group into its tiles
 // (TileShape in pasa_kernel_common.h). The buffers take the largest tile of the call.
@@ -220,7 +236,7 @@ void PlanBlocking(const PasaProblem& p, const BatchLengths* lengths, PasaTilingD
     const uint32_t fullKv = p.paged ? p.tableStride * p.blockSize : p.seqKv;
     uint32_t rows = 1, tiles = 1, maxKvBlocks = 1, partFilled = 0;
     uint64_t tasks = 0;
-    bool oneTaskPerHead = true;
+    bool oneTaskPerHead = true, decode = true;
     for (uint32_t b = 0; b < p.batch; ++b) {
         const uint32_t qLen = LengthOf(lengths ? lengths->qLens : nullptr, b, p.seqQ);
         const uint32_t kvLen = LengthOf(lengths ? lengths->kvLens : nullptr, b, fullKv);
@@ -233,6 +249,7 @@ void PlanBlocking(const PasaProblem& p, const BatchLengths* lengths, PasaTilingD
         partFilled += kvLen % n != 0 ? 1 : 0;
         tasks += static_cast<uint64_t>(p.numKvHeads) * chunks * qTiles;
         oneTaskPerHead = oneTaskPerHead && chunks * qTiles <= 1;
+        decode = decode && qLen <= 1;
     }
     t.qTile = rows;
     t.qTilePad = Align(t.qTile, 16);
@@ -241,8 +258,10 @@ void PlanBlocking(const PasaProblem& p, const BatchLengths* lengths, PasaTilingD
     t.numQTiles = tiles;
     t.numTasks = static_cast<uint32_t>(std::max<uint64_t>(1, tasks));
     t.numKvBlocks = p.paged ? (fullKv + n - 1) / n : std::max<uint32_t>(1, (p.seqKv + n - 1) / n);
-    // every kv block is read by one task: pasa shifts it where it is read, no preprocessing launch
-    t.fuseShift = p.tilingKey == PASA_KEY_PASA && oneTaskPerHead ? 1 : 0;
+    // decode, every kv block read by one task: its scores are shifted where they are formed, with no
+    // preprocessing launch (a tile of a few rows shifts its scores for less than a pass over K costs;
+    // a tile of a longer query keeps K', whose scores cross in fp16)
+    t.shiftScores = p.tilingKey != PASA_KEY_FA_FP32 && oneTaskPerHead && decode ? 1 : 0;
     t.partFilled = partFilled > 0 ? 1 : 0;
     t.kvSplits = 1;
     if (oneTaskPerHead) t.kvSplits = p.kvSplits > 0 ? p.kvSplits : ChooseSplits(t.numTasks, maxKvBlocks, p.coreNum);
@@ -250,23 +269,23 @@ void PlanBlocking(const PasaProblem& p, const BatchLengths* lengths, PasaTilingD
     const uint64_t units = static_cast<uint64_t>(t.numTasks) * t.kvSplits;
     t.blockDim = static_cast<uint32_t>(std::min<uint64_t>(p.coreNum, units));
     t.mergeDim = static_cast<uint32_t>(std::min<uint64_t>(2ull * p.coreNum, 2ull * t.numTasks));
-    SetPrepDim(p, partFilled, t);
+    SetPrepDim(p, t);
 }
 
-// The preprocessing launch's cores: every key block, or with fuseShift only the part-filled last
-// blocks (the attention kernel shifts the full ones).
-void SetPrepDim(const PasaProblem& p, uint32_t partFilled, PasaTilingData& t)
+// The preprocessing launch's cores: a task per key block; none where no preprocessing runs (fa-fp32,
+// shiftScores).
+void SetPrepDim(const PasaProblem& p, PasaTilingData& t)
 {
-    const uint64_t keyBlocks = t.fuseShift ? partFilled
-                               : p.paged   ? static_cast<uint64_t>(p.batch) * p.tableStride * std::max<uint32_t>(1, t.subBlocks)
-                                           : static_cast<uint64_t>(p.batch) * t.numKvBlocks;
-    t.prepDim = static_cast<uint32_t>(std::min<uint64_t>(p.coreNum, std::max<uint64_t>(1, keyBlocks * p.numKvHeads)));
+    const uint64_t keyBlocks = p.paged ? static_cast<uint64_t>(p.batch) * p.tableStride * std::max<uint32_t>(1, t.subBlocks)
+                                       : static_cast<uint64_t>(p.batch) * t.numKvBlocks;
+    const bool prepare = p.tilingKey != PASA_KEY_FA_FP32 && !t.shiftScores;
+    t.prepDim = prepare ? static_cast<uint32_t>(std::min<uint64_t>(p.coreNum, std::max<uint64_t>(1, keyBlocks * p.numKvHeads))) : 0;
 }
 
-// AIC buffers: Q, K', V, P' and the means in L1 (PASA_*_BUFFERS each); two L0A, two L0B and two L0C buffers.
+// AIC buffers: Q, K' (or K), V, P' and the means in L1 (PASA_*_BUFFERS each); two L0A, two L0B and two L0C buffers.
 void PlanCube(PasaTilingData& t, PasaBudget& b)
 {
-    const bool exact = t.tilingKey == PASA_KEY_PASA_EXACT;
+    const bool exact = t.tilingKey == PASA_KEY_PASA_EXACT && !t.shiftScores;  // the row constants' Mmad
     const uint32_t n = t.kvBlock, d = t.headDim, dv = t.headDimV, mp = t.qTilePad;
     const uint32_t meanRows = Align(std::min(t.numKvBlocks, PASA_CONST_BLOCKS), 16);
     t.l1QueryBytes = mp * d * 2;
@@ -277,17 +296,12 @@ void PlanCube(PasaTilingData& t, PasaBudget& b)
     b.l1 = static_cast<uint64_t>(PASA_QUERY_BUFFERS) * t.l1QueryBytes + static_cast<uint64_t>(PASA_KEY_BUFFERS) * t.l1KeyBytes +
            static_cast<uint64_t>(PASA_VALUE_BUFFERS) * t.l1ValueBytes + static_cast<uint64_t>(PASA_PROB_BUFFERS) * t.l1ProbBytes +
            static_cast<uint64_t>(PASA_MEAN_BUFFERS) * t.l1MeanBytes;
-    if (t.fuseShift) {  // M^T staged once, and two K' buffers the Fixpipe writes
-        t.shiftL0aBytes = Align(n * n * 2, 512);
-        t.shiftL0cBytes = Align(n * d * 4, 1024);
-        b.l1 += static_cast<uint64_t>(n) * n * 2 + 2ull * t.l1KeyBytes;
-    }
     t.l0aBytes = Align(std::max({mp * d, mp * n, exact ? meanRows * d : 0u}) * 2, 512);
     t.l0bBytes = Align(std::max({n * d, n * dv, exact ? mp * d : 0u}) * 2, 512);
     t.l0cBytes = Align(std::max({mp * n, mp * dv, exact ? meanRows * mp : 0u}) * 4, 1024);
-    b.l0a = 2ull * t.l0aBytes + t.shiftL0aBytes;
+    b.l0a = 2ull * t.l0aBytes;
     b.l0b = 2ull * t.l0bBytes;
-    b.l0c = 2ull * t.l0cBytes + t.shiftL0cBytes;
+    b.l0c = 2ull * t.l0cBytes;
 }
 
 // AIV buffers (per vector core, vecRowsPad rows): score, P' and P'V tiles (double-buffered when
@@ -297,7 +311,7 @@ void PlanVector(PasaTilingData& t, PasaBudget& b)
 {
     const uint32_t r = t.vecRowsPad, n = t.kvBlock, dv = t.headDimV;
     const bool fa = t.tilingKey == PASA_KEY_FA_FP32, pasa = t.tilingKey == PASA_KEY_PASA;
-    t.ubScoreBytes = r * n * (fa ? 4 : 2);
+    t.ubScoreBytes = r * n * (fa || t.shiftScores ? 4 : 2);  // fp32 scores, shifted in place to fp16 S'
     t.ubProbBytes = r * n * 2;
     t.ubPvBytes = r * dv * (fa ? 4 : 2);
     t.ubAccBytes = r * dv * (pasa ? 2 : 4);
@@ -324,7 +338,8 @@ void PlanVector(PasaTilingData& t, PasaBudget& b)
 void PlanPreprocessing(const PasaTilingData& t, PasaBudget& b)
 {
     const uint64_t n = t.kvBlock, d = t.headDim;
-    if (t.tilingKey == PASA_KEY_PASA && (!t.fuseShift || t.partFilled)) {
+    if (t.shiftScores) return;  // no preprocessing launch
+    if (t.tilingKey == PASA_KEY_PASA) {
         // M^T and the row of ones (part-filled blocks' column sums); the vector cores correct those blocks
         b.prepL1 = n * n * 2 + 16 * n * 2 + 2 * n * d * 2;
         b.prepL0a = n * n * 2 + 16 * n * 2;
@@ -361,27 +376,27 @@ void CheckBudgets(const PasaProblem& p, const PasaBudget& b)
 
 void PlanWorkspace(const PasaProblem& p, PasaTilingData& t)
 {
-    const bool exact = p.tilingKey == PASA_KEY_PASA_EXACT;
-    const bool keyPrime = p.tilingKey != PASA_KEY_FA_FP32 && !t.fuseShift;
-    const bool tailPrime = t.fuseShift && t.partFilled;  // fuseShift: K' of the part-filled blocks only
+    const bool exact = p.tilingKey == PASA_KEY_PASA_EXACT && !t.shiftScores;  // block means and row constants
+    const bool keyPrime = p.tilingKey != PASA_KEY_FA_FP32 && !t.shiftScores;
+    const bool pasa = p.tilingKey == PASA_KEY_PASA;
     const uint64_t n = t.kvBlock, d = t.headDim, dv = t.headDimV, rows = t.qTilePad;
     // K' block slots: per (batch, kv head, block), or per (table entry, sub-block, kv head) paged
     const uint64_t kvBlocksTotal = p.paged ? static_cast<uint64_t>(p.batch) * p.tableStride * t.subBlocks * p.numKvHeads
                                            : static_cast<uint64_t>(p.batch) * p.numKvHeads * t.numKvBlocks;
     uint64_t off = 0;
     t.shiftMatrixOffset = off;
-    off += Align64(p.tilingKey == PASA_KEY_PASA ? n * n * 2 : 0, 512);
+    off += Align64(!pasa ? 0 : t.shiftScores ? ScoreMapBytes(t) : n * n * 2, 512);
     t.keyPrimeOffset = off;
-    off += Align64(keyPrime ? kvBlocksTotal * n * d * 2 : tailPrime ? static_cast<uint64_t>(p.batch) * p.numKvHeads * n * d * 2 : 0, 512);
+    off += Align64(keyPrime ? kvBlocksTotal * n * d * 2 : 0, 512);
     t.keyMeanOffset = off;
     off += Align64(exact ? kvBlocksTotal * d * 2 : 0, 512);
     const uint64_t elem = p.tilingKey == PASA_KEY_FA_FP32 ? 4 : 2;
-    t.scoreSlotBytes = Align64(rows * n * elem, 512);
+    t.scoreSlotBytes = Align64(rows * n * (t.shiftScores ? 4 : elem), 512);
     t.probSlotBytes = Align64(rows * n * 2, 512);
     t.pvSlotBytes = Align64(rows * dv * elem, 512);
     t.constSlotBytes = exact ? Align64(static_cast<uint64_t>(PASA_CONST_BLOCKS) * rows * 4, 512) : 0;
     t.colSumSlotBytes = Align64(d * 4, 512);
-    t.tailSlotBytes = p.tilingKey == PASA_KEY_PASA ? Align64(n * d * 4 + d * 4, 512) : 0;
+    t.tailSlotBytes = keyPrime && pasa ? Align64(n * d * 4 + d * 4, 512) : 0;
     t.coreAreaOffset = off;
     t.coreAreaBytes = std::max<uint64_t>(PASA_SCORE_SLOTS * t.scoreSlotBytes + PASA_PROB_SLOTS * t.probSlotBytes +
                                          PASA_PV_SLOTS * t.pvSlotBytes + PASA_CONST_SLOTS * t.constSlotBytes,
@@ -406,14 +421,7 @@ PasaTilingData ComputeTiling(const PasaProblem& p, const BatchLengths* lengths, 
     PlanBlocking(p, lengths, t);
     PasaBudget b;
     PlanCube(t, b);
-    if (t.fuseShift && (b.l1 > kL1Bytes || b.l0a > kL0ABytes || b.l0c > kL0CBytes)) {
-        // M^T and the K' product do not fit next to the tiles (tall tiles): shift in preprocessing
-        t.fuseShift = 0;
-        t.shiftL0aBytes = t.shiftL0cBytes = 0;
-        b = PasaBudget();
-        PlanCube(t, b);
-    }
-    if (p.paged && p.tilingKey != PASA_KEY_FA_FP32 && !t.fuseShift && t.subBlocks == 0) {
+    if (p.paged && p.tilingKey != PASA_KEY_FA_FP32 && !t.shiftScores && t.subBlocks == 0) {
         Reject("paged KV with " + std::string(p.tilingKey == PASA_KEY_PASA ? "pasa" : "pasa-exact") +
                " keeps K' per physical block: kvBlock (" + std::to_string(p.kvBlock) + ") must divide blockSize (" +
                std::to_string(p.blockSize) + ")");

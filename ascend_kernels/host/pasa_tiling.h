@@ -89,6 +89,12 @@ PasaTilingData ComputeTiling(const PasaProblem& problem, const BatchLengths* len
 // reads it from workspace + shiftMatrixOffset: scale (1 - beta/n) on the diagonal, -scale beta/n off it.
 void FillShiftMatrix(const PasaTilingData& t, uint16_t* dst);
 
+// With shiftScores, pasa's score map in place of M^T (at workspace + shiftMatrixOffset, ScoreMapBytes): for a
+// block of v = 1 .. kvBlock keys the fp32 pair [a_v, off_v] at dst[2 v], with which the vector cores shift its
+// fp32 scores T: S' = a_v T - off_v rowsum(T), the map M^T makes of the keys (pasa_npu.beta.partial_block_shift).
+uint64_t ScoreMapBytes(const PasaTilingData& t);
+void FillScoreMap(const PasaTilingData& t, float* dst);
+
 // fp16 bits of a double, rounded once to nearest even (no intermediate fp32 rounding).
 uint16_t DoubleToHalfBits(double value);
 // fp16 bits of a float, rounded to nearest even.

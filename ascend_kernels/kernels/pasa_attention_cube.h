@@ -13,14 +13,14 @@
 // Keys and values come from the dense tensors (at the batch's start when packed) or, paged,
 // through the block table: a kv block is copied in runs that each stay inside one physical block.
 //
-// pasa with fuseShift (every kv block read by one task, e.g. decode): K'_j = M^T K_j is formed
-// here, as the preprocessing kernel forms it (M^T resident in L0A, fp32 accumulation), and the
-// Fixpipe rounds it to fp16 straight into L1 (NZ), where it is the score product's operand: K is
-// read from GM once and K' never goes to GM. A part-filled last block is shifted by the
-// preprocessing launch (its K' needs the vector cores) and read from the workspace.
+// shiftScores (pasa and pasa-exact in decode: query length 1, every kv block read by one task):
+// the score tile is Q K_j^T of the raw keys, drained in fp32 as fa-fp32's is, and the vector cores
+// apply the shift to it (docs/design.md, "Shifting the scores in decode"): no K', no block means,
+// no row constants. The rows of a part-filled block past its keys are zero in L1, so that the
+// block's score row sums run over its keys.
 //
-// pasa-exact: the row constants c_j = Q . mean16_j of up to PASA_CONST_BLOCKS blocks come from
-// one Mmad per chunk (C^T = Means Q^T, rows = blocks) into a per-core slot (a ring of
+// pasa-exact with K': the row constants c_j = Q . mean16_j of up to PASA_CONST_BLOCKS blocks come
+// from one Mmad per chunk (C^T = Means Q^T, rows = blocks) into a per-core slot (a ring of
 // PASA_CONST_SLOTS: the cube may score that many chunks ahead), before the chunk's first score
 // tile; the vector cores read row j of it.
 #ifndef PASA_ATTENTION_CUBE_H
@@ -39,7 +39,8 @@ public:
     {
         t_ = &t;
         key_ = t.tilingKey;
-        rawKeys_ = key_ == PASA_KEY_FA_FP32 || t.fuseShift;
+        rawKeys_ = key_ == PASA_KEY_FA_FP32 || t.shiftScores;
+        constants_ = key_ == PASA_KEY_PASA_EXACT && !t.shiftScores;
         query_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(query));
         value_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(value));
         keys_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(rawKeys_ ? key : workspace + t.keyPrimeOffset));
@@ -55,15 +56,13 @@ public:
         pipe_.InitBuffer(keyL1_, PASA_KEY_BUFFERS, t.l1KeyBytes);
         pipe_.InitBuffer(valueL1_, PASA_VALUE_BUFFERS, t.l1ValueBytes);
         pipe_.InitBuffer(probL1_, PASA_PROB_BUFFERS, t.l1ProbBytes);
-        if (key_ == PASA_KEY_PASA_EXACT) pipe_.InitBuffer(meanL1_, PASA_MEAN_BUFFERS, t.l1MeanBytes);
+        if (constants_) pipe_.InitBuffer(meanL1_, PASA_MEAN_BUFFERS, t.l1MeanBytes);
         pipe_.InitBuffer(l0a_, 2, t.l0aBytes);
         pipe_.InitBuffer(l0b_, 2, t.l0bBytes);
         pipe_.InitBuffer(l0c_, 2, t.l0cBytes);
         valueZz_ = 16ull * RowStride(t.kvLayout, t.numKvHeads, t.headDimV) <= 65535;
-        if (t.fuseShift) BeginShift(workspace);
 
         Stream(win);
-        if (t.fuseShift) EndShift();
     }
 
 private:
@@ -94,7 +93,7 @@ private:
                     queryQueued = NextBlock(win, next, pv.task + kTaskWindow);
                     if (queryQueued) LoadQuery(win.Get(next.task));  // the next task's Q, while this one runs
                 }
-                if (key_ == PASA_KEY_PASA_EXACT && score.block % PASA_CONST_BLOCKS == 0) RowConstants(task, q1, score.block);
+                if (constants_ && score.block % PASA_CONST_BLOCKS == 0) RowConstants(task, q1, score.block);
                 Scores(task, q1, task.blockBegin + score.block);
                 if (score.block + 1 == task.numBlocks) queryL1_.FreeTensor(q1);
                 win.Advance(score);
@@ -149,8 +148,8 @@ private:
         LoadData(b2, l1, LoadData2DParams(0, static_cast<uint8_t>(fractals), 1, 0, 0, false, 0));
     }
 
-    // An L0C tile (rows x cols, rows padded to mp) to a GM slot, row-major: fp32 for fa-fp32 and
-    // the row constants, rounded to fp16 by the Fixpipe otherwise.
+    // An L0C tile (rows x cols, rows padded to mp) to a GM slot, row-major: fp32 for fa-fp32, the
+    // row constants and (shiftScores) the raw score tiles, rounded to fp16 by the Fixpipe otherwise.
     template <typename Out>
     __aicore__ inline void Drain(GM_ADDR dst, const LocalTensor<float>& c, uint32_t cols, uint32_t rows, uint32_t mp,
                                  QuantMode_t quant)
@@ -160,9 +159,11 @@ private:
         Fixpipe<Out, float, CFG_ROW_MAJOR>(g, c, FixpipeParamsV220(static_cast<uint16_t>(cols), static_cast<uint16_t>(rows),
             static_cast<uint16_t>(mp), cols, false, quant, 0, 1, 0, 0, 0));
     }
-    __aicore__ inline void DrainTile(GM_ADDR dst, const LocalTensor<float>& c, uint32_t cols, uint32_t rows, uint32_t mp)
+    // A score tile, or (pv) a P'V tile.
+    __aicore__ inline void DrainTile(GM_ADDR dst, const LocalTensor<float>& c, uint32_t cols, uint32_t rows, uint32_t mp,
+                                     bool pv = false)
     {
-        if (key_ == PASA_KEY_FA_FP32) {
+        if (key_ == PASA_KEY_FA_FP32 || (t_->shiftScores && !pv)) {
             Drain<float>(dst, c, cols, rows, mp, QuantMode_t::NoQuant);
         } else {
             Drain<half>(dst, c, cols, rows, mp, QuantMode_t::F322F16);
@@ -254,15 +255,15 @@ private:
                                                       static_cast<uint16_t>(valid), T(0.0f)));
     }
 
-    // S'_j = Q K'_j^T (fa-fp32: Q K_j^T) to score slot s.
+    // S'_j = Q K'_j^T to score slot s; fa-fp32 and shiftScores: Q K_j^T of the raw keys (fp32).
     __aicore__ inline void Scores(const AttentionTask& task, const LocalTensor<T>& q1, uint32_t j)
     {
         const PasaTilingData& t = *t_;
         const uint32_t n = t.kvBlock, d = t.headDim, mp = Rows16(task), valid = ValidKeys(task, j);
-        const bool shift = t.fuseShift && valid == n;  // fuseShift: K' of a full block formed here
         LocalTensor<T> k1 = keyL1_.AllocTensor<T>();
-        if (key_ == PASA_KEY_FA_FP32 || shift) {
-            // fa-fp32: rows past kv_len stay stale (their scores are masked)
+        if (rawKeys_) {
+            // fa-fp32: rows past kv_len stay stale (their scores are masked); shiftScores: zero (the row sums)
+            if (t.shiftScores) ZeroRowsNz(k1, valid, d);
             CopyRows(k1, keys_, task, j, valid, d, false);
         } else {
             DataCopy(k1, primes_[KeyPrimeOffset(t, KeyPrimeSlot(t, pages_, task.b, task.kvHead, j, task.info.kvLen))],
@@ -271,84 +272,16 @@ private:
         }
         keyL1_.EnQue(k1);
         k1 = keyL1_.DeQue<T>();
-        LocalTensor<T> kp = k1;
-        if (shift) {
-            kp = ShiftKeys(k1);
-            keyL1_.FreeTensor(k1);
-        }
         LocalTensor<T> a2 = ToL0a(q1, mp / kC0, d / kC0, t.qTilePad);
         LocalTensor<T> b2 = l0b_.AllocTensor<T>();
-        ToL0bRows(b2, kp, (d / kC0) * (n / kC0));
+        ToL0bRows(b2, k1, (d / kC0) * (n / kC0));
         l0b_.EnQue(b2);
-        if (shift) {
-            SetFlag<HardEvent::MTE1_FIX>(primeFree_[primeCount_++ % 2]);
-        } else {
-            keyL1_.FreeTensor(k1);
-        }
+        keyL1_.FreeTensor(k1);
         Multiply(a2, b2, task.rows, n, d);
         LocalTensor<float> c = l0c_.DeQue<float>();
         DrainTile(slots_.score + (scoreCount_++ % PASA_SCORE_SLOTS) * t.scoreSlotBytes, c, n, task.rows, mp);
         l0c_.FreeTensor(c);
         CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_S_READY);
-    }
-
-    // fuseShift: M^T (built by the host in the workspace) -> L1 -> L0A, resident for the launch;
-    // the ping-pong K' buffers in L1 start free.
-    __aicore__ inline void BeginShift(GM_ADDR workspace)
-    {
-        const PasaTilingData& t = *t_;
-        const uint32_t n = t.kvBlock;
-        pipe_.InitBuffer(shiftL1_, n * n * sizeof(T));
-        pipe_.InitBuffer(shiftL0a_, t.shiftL0aBytes);
-        pipe_.InitBuffer(shiftL0c_, 1, t.shiftL0cBytes);
-        pipe_.InitBuffer(primeL1_, 2 * t.l1KeyBytes);
-        GlobalTensor<T> shift;
-        shift.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(workspace + t.shiftMatrixOffset), n * n);
-        LoadShiftMatrix(shiftL1_.Get<T>(), shiftL0a_.Get<T>(), shift, n);
-        for (uint32_t i = 0; i < 2; ++i) {
-            primeFree_[i] = pipe_.AllocEventID<HardEvent::MTE1_FIX>();
-            primeReady_[i] = pipe_.AllocEventID<HardEvent::FIX_MTE1>();
-            SetFlag<HardEvent::MTE1_FIX>(primeFree_[i]);
-        }
-    }
-    __aicore__ inline void EndShift()
-    {
-        for (uint32_t i = 0; i < 2; ++i) {
-            WaitFlag<HardEvent::MTE1_FIX>(primeFree_[i]);
-            pipe_.ReleaseEventID<HardEvent::MTE1_FIX>(primeFree_[i]);
-            pipe_.ReleaseEventID<HardEvent::FIX_MTE1>(primeReady_[i]);
-        }
-    }
-
-    // fuseShift: K'_j = fp16(M^T K_j) from the raw block in L1 (NZ, rows past kv_len zero) into the
-    // next K' buffer (NZ, C0 stride kvBlock), ready for MTE1 when this returns. The caller sets
-    // MTE1_FIX on the buffer once it has loaded it.
-    __aicore__ inline LocalTensor<T> ShiftKeys(const LocalTensor<T>& k1)
-    {
-        const PasaTilingData& t = *t_;
-        const uint32_t n = t.kvBlock, d = t.headDim, kBlocks = n / kC0, nBlocks = d / kC0;
-        LocalTensor<T> kb = l0b_.AllocTensor<T>();
-        for (uint32_t kb0 = 0; kb0 < kBlocks; ++kb0) {  // each fractal transposed: the Zn operand of a k = n GEMM
-            LoadData(kb[kb0 * nBlocks * kFractal], k1[kb0 * kFractal],
-                     LoadData2DParams(0, static_cast<uint8_t>(nBlocks), static_cast<uint16_t>(kBlocks), 0, 0, true, 0));
-        }
-        l0b_.EnQue(kb);
-        kb = l0b_.DeQue<T>();
-        LocalTensor<float> c = shiftL0c_.AllocTensor<float>();
-        Mmad(c, shiftL0a_.Get<T>(), kb, MmadParams(static_cast<uint16_t>(n), static_cast<uint16_t>(d), static_cast<uint16_t>(n),
-                                                   0, false, true));
-        l0b_.FreeTensor(kb);
-        shiftL0c_.EnQue(c);
-        c = shiftL0c_.DeQue<float>();
-        const uint32_t buffer = primeCount_ % 2;
-        LocalTensor<T> kp = primeL1_.Get<T>()[buffer * (t.l1KeyBytes / sizeof(T))];
-        WaitFlag<HardEvent::MTE1_FIX>(primeFree_[buffer]);
-        Fixpipe<T, float, CFG_NZ>(kp, c, FixpipeParamsV220(static_cast<uint16_t>(d), static_cast<uint16_t>(n),
-                                                            static_cast<uint16_t>(n), n, false, QuantMode_t::F322F16, 0, 1, 0, 0, 0));
-        shiftL0c_.FreeTensor(c);
-        SetFlag<HardEvent::FIX_MTE1>(primeReady_[buffer]);
-        WaitFlag<HardEvent::FIX_MTE1>(primeReady_[buffer]);
-        return kp;
     }
 
     // V_j (valid rows; the rest zero: their P' entries are 0, but 0 * stale could be NaN) -> L1,
@@ -413,25 +346,21 @@ private:
         valueL1_.FreeTensor(v1);
         Multiply(a2, b2, task.rows, dv, n);
         LocalTensor<float> c = l0c_.DeQue<float>();
-        DrainTile(slots_.pv + (pvCount_++ % PASA_PV_SLOTS) * t.pvSlotBytes, c, dv, task.rows, mp);
+        DrainTile(slots_.pv + (pvCount_++ % PASA_PV_SLOTS) * t.pvSlotBytes, c, dv, task.rows, mp, true);
         l0c_.FreeTensor(c);
         CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_PV_READY);
     }
 
     const PasaTilingData* t_ = nullptr;
     uint32_t key_ = 0;
-    bool valueZz_ = true, rawKeys_ = false;
-    uint32_t scoreCount_ = 0, probCount_ = 0, pvCount_ = 0, constCount_ = 0, primeCount_ = 0;  // rings, across tasks
-    TEventID primeFree_[2] = {0, 0}, primeReady_[2] = {0, 0};
+    bool valueZz_ = true, rawKeys_ = false, constants_ = false;
+    uint32_t scoreCount_ = 0, probCount_ = 0, pvCount_ = 0, constCount_ = 0;  // rings, across tasks
     TPipe pipe_;
     TQue<TPosition::A1, 1> queryL1_, probL1_, meanL1_;
     TQue<TPosition::B1, 1> keyL1_, valueL1_;
-    TBuf<TPosition::A1> shiftL1_;
-    TBuf<TPosition::B1> primeL1_;
     TQue<TPosition::A2, 1> l0a_;
-    TBuf<TPosition::A2> shiftL0a_;
     TQue<TPosition::B2, 1> l0b_;
-    TQue<TPosition::CO1, 1> l0c_, shiftL0c_;
+    TQue<TPosition::CO1, 1> l0c_;
     GlobalTensor<T> query_, keys_, primes_, value_, keyMean_;
     CoreSlots slots_;
     BatchTable batches_;

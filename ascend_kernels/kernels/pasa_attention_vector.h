@@ -3,7 +3,8 @@
 // instruction covers all of the AIV's rows (vecRowsPad, padding rows computed and never
 // stored), no loop runs over rows and the scalar unit reads no UB in the per-block steps.
 //
-// Per kv block j: wait S'_j, copy it in (ping-pong), mask it if the block is not fully visible,
+// Per kv block j: wait S'_j, copy it in (ping-pong; with shiftScores the raw fp32 scores, shifted
+// here into S': ShiftScores in pasa_vector_steps.h), mask it if the block is not fully visible,
 // form P'_j and the block's statistics (pasa_vector_steps.h), copy P'_j out and raise P_READY;
 // PASA_PV_DELAY blocks later fold P'_j V_j into the accumulator with the rescale factors kept
 // for block j. Like the cube, the AIV walks its tasks as one stream of blocks: the first blocks
@@ -112,6 +113,11 @@ public:
         batches_.Init(tiling, t);
         TaskWindow win(t, batches_, static_cast<uint32_t>(GetBlockIdx()) / 2, workspace);
         if (t.repair && !win.Has(0)) return;  // the repair launch: no flagged task on this core
+        if (t.shiftScores && key_ == PASA_KEY_PASA) {  // the score map; a whole block's entries kept
+            scoreMap_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + t.shiftMatrixOffset), 2 * (t.kvBlock + 1));
+            mapA_ = scoreMap_.GetValue(2 * t.kvBlock);
+            mapOff_ = scoreMap_.GetValue(2 * t.kvBlock + 1);
+        }
         pipe_.InitBuffer(scoreIn_, t.ubScoreBuffers, t.ubScoreBytes);
         pipe_.InitBuffer(probOut_, t.ubProbBuffers, t.ubProbBytes);
         pipe_.InitBuffer(pvIn_, t.ubPvBuffers, t.ubPvBytes);
@@ -188,6 +194,7 @@ private:
     __aicore__ inline void LoadMaskTile(uint32_t j);
     __aicore__ inline void InitState();
     __aicore__ inline bool MaskBlock(uint32_t j, const LocalTensor<uint8_t>& maskTile, bool& rowsWithoutKeys);
+    __aicore__ inline void ShiftScores(uint32_t j, const LocalTensor<float>& s);
     // The steps take P' from probOut_ just before they write it (its previous copy out may still run).
     __aicore__ inline void Step(uint32_t i, uint32_t j, const LocalTensor<float>& s, const LocalTensor<float>& c,
                                 const LocalTensor<uint8_t>& maskTile, LocalTensor<half>& p);
@@ -240,13 +247,13 @@ private:
         const uint32_t slot = scoreCount_++ % PASA_SCORE_SLOTS;
         ringSlot_ = RingSlot(softmaxCount_++);
         LocalTensor<float> s = scoreIn_.AllocTensor<float>();
-        LoadSlotRows(s, slots_.score + slot * t.scoreSlotBytes, n);
+        LoadSlotRows(s, slots_.score + slot * t.scoreSlotBytes, n, t.shiftScores != 0);
         scoreIn_.EnQue(s);
         LocalTensor<float> c = constIn_.AllocTensor<float>();
         // the cube drains one row-constant slot per chunk of every task: count it on both AIVs,
         // rows or none, so that the ring stays in step with the cube's
         if (key_ == PASA_KEY_PASA_EXACT && i % PASA_CONST_BLOCKS == 0) ++constCount_;
-        if (key_ == PASA_KEY_PASA_EXACT && rows_ > 0) {
+        if (key_ == PASA_KEY_PASA_EXACT && !t.shiftScores && rows_ > 0) {  // shiftScores: no row constants
             GlobalTensor<float> g;
             g.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(slots_.rowConst + ((constCount_ - 1) % PASA_CONST_SLOTS) * t.constSlotBytes));
             DataCopyPad(c, g[(i % PASA_CONST_BLOCKS) * t.qTilePad + rowBase_], DataCopyExtParams(1, rows_ * 4, 0, 0, 0),
@@ -258,7 +265,8 @@ private:
         LocalTensor<uint8_t> m;
         if (maskTile) m = maskIn_.DeQue<uint8_t>();
         LocalTensor<InT> p;
-        Step(i, j, s, c, m, p);
+        if (t.shiftScores) ShiftScores(j, s);  // pasa-exact: Stat(T2) then takes the place of Q . mean16
+        Step(i, j, s, t.shiftScores ? Stat(T2) : c, m, p);
         scoreIn_.FreeTensor(s);
         constIn_.FreeTensor(c);
         if (maskTile) maskIn_.FreeTensor(m);
@@ -276,11 +284,12 @@ private:
     }
 
     // This vector core's rows of a cube->vector slot (``width`` elements each) into ``dst``'s
-    // bytes: fp32 for fa-fp32, fp16 for the allocations whose cube output is fp16.
-    __aicore__ inline void LoadSlotRows(const LocalTensor<float>& dst, GM_ADDR slot, uint32_t width)
+    // bytes: fp32 for fa-fp32 and where ``fp32`` says so (shiftScores' raw scores), fp16 for the
+    // allocations whose cube output is fp16.
+    __aicore__ inline void LoadSlotRows(const LocalTensor<float>& dst, GM_ADDR slot, uint32_t width, bool fp32 = false)
     {
         if (rows_ == 0) return;
-        if (key_ == PASA_KEY_FA_FP32) {
+        if (fp32 || key_ == PASA_KEY_FA_FP32) {
             GlobalTensor<float> g;
             g.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(slot));
             DataCopy(dst, g[rowBase_ * width], rows_ * width);
@@ -313,6 +322,7 @@ private:
     uint32_t scoreCount_ = 0, probCount_ = 0, pvCount_ = 0, constCount_ = 0;  // slot rings, continued across tasks
     uint32_t softmaxCount_ = 0, foldCount_ = 0, ringSlot_ = RING;  // blocks of the stream; the step's RING slot
     bool resolution_ = false;  // the resolution check runs (see the top of this file)
+    float mapA_ = 0.0f, mapOff_ = 0.0f;  // shiftScores, pasa: the score map's [a, off] of a whole block
     __aicore__ inline static uint32_t RingSlot(uint32_t block) { return RING + block % (PASA_PV_DELAY + 1); }
     GM_ADDR workspace_ = nullptr;
     TPipe pipe_;
@@ -323,6 +333,7 @@ private:
     GlobalTensor<float> lse_;
     GlobalTensor<uint8_t> mask_;
     GlobalTensor<float> sink_;
+    GlobalTensor<float> scoreMap_;
     CoreSlots slots_;
     BatchTable batches_;
     RowFlags flags_;

@@ -7,8 +7,7 @@
 //   is shifted as if its missing rows were the mean of its keys: the cube drains M^T K_j and the
 //   column sum 1^T K_j (a second Mmad with a row of ones) in fp32, and the vector cores form
 //   K'_i = fp16(M^T K_j - c colsum) for i < v, with c = off (n - v) / v (off: M's stored
-//   off-diagonal magnitude), and K'_i = 0 for i >= v. With fuseShift the attention kernel shifts
-//   the full blocks and this launch sees only the part-filled ones.
+//   off-diagonal magnitude), and K'_i = 0 for i >= v.
 //
 // pasa_center_keys (MIX 1:2, tiling key PASA_EXACT):  mean16 = fp16(colsum(K_j) / v) over the
 //   block's v keys, K'_j = fp16((K_j - mean16) * scale), zero past v.  The column sums run on the
@@ -19,6 +18,7 @@
 //
 // A ragged last block (kv_len not a multiple of the block) is zero-filled in L1. With paged KV
 // each physical block is preprocessed once, by the table entry that owns it (KeyBlockIter).
+// Neither launch runs where the attention kernel shifts the scores instead (tiling.shiftScores).
 #include "pasa_workspace.h"
 
 using namespace AscendC;
@@ -26,8 +26,7 @@ using namespace AscendC;
 namespace pasa {
 
 // Load a block of keys (validRows x D, rest zero) into L1 in NZ layout with C0 stride kvBlock, one
-// copy per run of rows inside one physical block (paged: one run where kvBlock divides blockSize;
-// with fuseShift a part-filled block may span several).
+// copy per run of rows inside one physical block (paged: one run, kvBlock divides blockSize).
 __aicore__ inline void LoadKeyBlockNz(const LocalTensor<half>& l1, const GlobalTensor<half>& key, const PasaTilingData& t,
                                       const KvPages& pages, const KeyBlockTask& task)
 {

@@ -102,7 +102,8 @@ struct PasaTilingData {
     uint32_t blockSize;      // paged: keys per physical block
     uint32_t tableStride;    // paged: entries per row of the block table
     uint32_t subBlocks;      // paged, K' in the workspace: blockSize / kvBlock
-    uint32_t fuseShift;      // pasa: the attention kernel shifts each full K block itself
+    uint32_t shiftScores;    // pasa, pasa-exact in decode (query length 1, every kv block read by one task): the cube
+                             // scores the raw keys in fp32 and the vector cores shift the scores (no preprocessing)
     uint32_t partFilled;     // some batch's kv length is not a multiple of kvBlock: its last block is part-filled
     uint32_t overflowCheck;  // 1: the kernels write a flag byte per output row, 1 where its output or LSE is not finite
     uint32_t repair;         // 1: the repair launch (fa-fp32): only the tasks whose flag bytes are set, only flagged rows
@@ -140,14 +141,12 @@ struct PasaTilingData {
     // ---- buffer plan (bytes per buffer and buffer counts)
     uint32_t l1QueryBytes, l1KeyBytes, l1ValueBytes, l1ProbBytes, l1MeanBytes;
     uint32_t l0aBytes, l0bBytes, l0cBytes;
-    uint32_t shiftL0aBytes, shiftL0cBytes;  // fuseShift: M^T resident in L0A, the K' product in L0C
     uint32_t ubScoreBytes, ubProbBytes, ubPvBytes, ubAccBytes, ubWorkBytes, ubTreeBytes, ubMaskBytes, ubStatBytes;
     uint32_t ubMaskTileBytes;  // hasMask: the mask bytes of a block's rows
     uint32_t ubScoreBuffers, ubProbBuffers, ubPvBuffers;
 
     // ---- GM workspace (byte offsets from the workspace base)
-    uint64_t keyPrimeOffset;   // K' blocks: [b][hkv][block][kvBlock][headDim] fp16; paged: [slot][hkv][kvBlock][headDim];
-                               // fuseShift: the part-filled last blocks only, [b][hkv][kvBlock][headDim]
+    uint64_t keyPrimeOffset;   // K' blocks: [b][hkv][block][kvBlock][headDim] fp16; paged: [slot][hkv][kvBlock][headDim]
     uint64_t keyMeanOffset;    // pasa-exact: mean16 per block: [b][hkv][block][headDim] fp16; paged: [slot][hkv][headDim]
     uint64_t partialOffset;    // split kv: per (task, split) the rows' O / l (fp32) and LSE
     uint64_t partialSlotBytes; // bytes of one (task, split): qTilePad x headDimV fp32, then 2 vecRowsPad fp32
@@ -160,7 +159,8 @@ struct PasaTilingData {
     uint64_t colSumSlotBytes;  // preprocessing: column sums of one block (2 slots), headDim fp32
     uint64_t tailSlotBytes;    // pasa preprocessing: a part-filled block's M^T K (kvBlock x headDim fp32), then its
                                // column sums (headDim fp32) (2 slots)
-    uint64_t shiftMatrixOffset;  // pasa: M^T, kvBlock x kvBlock fp16
+    uint64_t shiftMatrixOffset;  // pasa: M^T, kvBlock x kvBlock fp16; with shiftScores the score map instead: for
+                                 // v = 0 .. kvBlock keys, fp32 [a_v, off_v] (pasa::FillScoreMap)
     uint64_t taskFlagsOffset;  // overflowCheck: a 32-byte slot per (task, vector core half): its byte is 1 if a row is flagged
     uint64_t workspaceBytes;   // total
 };

@@ -130,6 +130,44 @@ __aicore__ inline bool AttentionVector<OutT, InT>::MaskBlock(uint32_t j, const L
     return true;
 }
 
+// shiftScores: S' of kv block j from its raw fp32 scores s = Q K^T (docs/design.md, "Shifting the
+// scores in decode"), in fp32, then rounded to fp16 into the first half of s's buffer, where the
+// allocation's step reads S'. The cube zeroed the keys past the block's v keys, so each row sum
+// runs over them and s is 0 past v. pasa: S' = a_v s - off_v rowsum(s) (the score map's entries
+// for v keys); pasa-exact: S' = scale s - c, c = scale (rowsum(s) / v), and Stat(T2) =
+// rowsum(s) / v, which the step scales into c as it scales Q . mean16. Both subtract over the v
+// columns only, so S' stays 0 past v (pasa's block mean sums every column). As
+// fallback/torch/blockwise.py's _shift_scores, rounding for rounding.
+template <typename OutT, typename InT>
+__aicore__ inline void AttentionVector<OutT, InT>::ShiftScores(uint32_t j, const LocalTensor<float>& s)
+{
+    const PasaTilingData& t = *t_;
+    const uint32_t n = t.kvBlock;
+    const int32_t r = static_cast<int32_t>(R_), cells = static_cast<int32_t>(R_ * n);
+    const int64_t keys = task_->info.kvLen - static_cast<int64_t>(j) * n;
+    const bool part = keys < n;
+    LocalTensor<float> x = work_.Get<float>(), tree = tree_.Get<float>(), sum = Stat(T2), sub = Stat(T3);
+    RowReduce<ReduceType::SUM>(sum, s, tree, R_, n);
+    if (key_ == PASA_KEY_PASA_EXACT) {
+        if (part) {
+            Duplicate(sub, static_cast<float>(keys), r);
+            Div(sum, sum, sub, r);                                                // rowsum / v
+        } else {
+            Muls(sum, sum, t.invKvBlock, r);                                      // rowsum / n (exact)
+        }
+        Muls(sub, sum, t.scale, r);                                               // c
+        Muls(x, s, t.scale, cells);
+    } else {
+        const float a = part ? scoreMap_.GetValue(2 * keys) : mapA_;
+        const float off = part ? scoreMap_.GetValue(2 * keys + 1) : mapOff_;
+        Muls(sub, sum, off, r);                                                   // off_v rowsum
+        Muls(x, s, a, cells);
+    }
+    BroadcastRows(tree, sub, R_);
+    RowBroadcast<VecOp::SUB>(x, x, tree, R_, part ? static_cast<uint32_t>(keys) : n, n, n);  // the v columns
+    Cast(s.template ReinterpretCast<half>(), x, RoundMode::CAST_RINT, cells);    // fp16 S'
+}
+
 template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::Step(uint32_t i, uint32_t j, const LocalTensor<float>& s,
                                                         const LocalTensor<float>& c, const LocalTensor<uint8_t>& maskTile,
@@ -194,7 +232,8 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepPasa(uint32_t i, uint32_t
     LocalTensor<half> cur = PasaSet(i % 2, 0), nxt = PasaSet((i + 1) % 2, 0);
     LocalTensor<half> ab = Stat16(ringSlot_);
     // the mean runs over the block's keys, masked or not: all n columns, or the v keys of a
-    // part-filled last block (its K' is zero past v, so the sum over n columns is theirs)
+    // part-filled last block (its K', or with shiftScores its S', is zero past v, so the sum over n
+    // columns is theirs)
     Cast(x, s, RoundMode::CAST_NONE, cells);
     RowReduce<ReduceType::SUM>(Stat(ROWSUM), x, tree, R_, n);
     bool noKeys = false;

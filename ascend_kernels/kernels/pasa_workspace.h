@@ -10,12 +10,10 @@ namespace pasa {
 
 // The K' (and pasa-exact mean16) workspace holds kv blocks of one kv head, kvBlock x headDim
 // fp16 each (mean16: headDim), at a block slot: (b, kv head, block) in order, or with paged KV
-// the K' slot of the block's table entry (KvPages::KeySlot) times the kv heads plus the head. With
-// fuseShift only part-filled last blocks are there, one per (b, kv head).
+// the K' slot of the block's table entry (KvPages::KeySlot) times the kv heads plus the head.
 __aicore__ inline uint64_t KeyPrimeSlot(const PasaTilingData& t, const KvPages& pages, uint32_t b, uint32_t kvHead,
                                         uint32_t block, int64_t kvLen)
 {
-    if (t.fuseShift) return static_cast<uint64_t>(b) * t.numKvHeads + kvHead;
     if (t.paged) return pages.KeySlot(b, block, kvLen) * t.numKvHeads + kvHead;
     return (static_cast<uint64_t>(b) * t.numKvHeads + kvHead) * t.numKvBlocks + block;
 }
@@ -33,8 +31,7 @@ struct KeyBlockTask {
 // Walks the preprocessing tasks of AI Core `core`, round robin. Dense K: every kv block of every
 // kv head. Paged K: each physical block once, by the table entry that owns it (the entry whose
 // sequence has the most full kv blocks in it), its full kv blocks; and each batch's ragged last
-// kv block, zero-padded past the batch's length, into the batch's own entry. With fuseShift (the
-// attention kernel shifts the full blocks) only each batch's part-filled last block.
+// kv block, zero-padded past the batch's length, into the batch's own entry.
 class KeyBlockIter {
 public:
     __aicore__ inline KeyBlockIter(const PasaTilingData& t, const BatchTable& batches, const KvPages& pages, uint32_t core)
@@ -71,10 +68,6 @@ private:
         units_ = 0;
         const uint32_t n = t_.kvBlock;
         blocks_ = kvLen_ > 0 ? CeilDiv(static_cast<uint32_t>(kvLen_), n) : 0;
-        if (t_.fuseShift) {
-            units_ = kvLen_ % n != 0 ? t_.numKvHeads : 0;
-            return;
-        }
         if (!t_.paged) {
             units_ = blocks_ * t_.numKvHeads;
             return;
@@ -87,7 +80,7 @@ private:
     // Paged: the next table entry of batch b_ with work (false when none is left).
     __aicore__ inline bool NextEntry()
     {
-        if (!t_.paged || t_.fuseShift) return false;
+        if (!t_.paged) return false;
         const uint32_t n = t_.kvBlock, subs = t_.subBlocks;
         while (++entry_ < entries_) {
             const uint64_t flat = static_cast<uint64_t>(b_) * t_.tableStride + entry_;
@@ -109,10 +102,7 @@ private:
         const uint32_t n = t_.kvBlock;
         task.b = b_;
         task.kvHead = u % t_.numKvHeads;
-        if (t_.fuseShift) {
-            task.block = blocks_ - 1;
-            task.slot = static_cast<uint64_t>(b_) * t_.numKvHeads + task.kvHead;
-        } else if (!t_.paged) {
+        if (!t_.paged) {
             task.block = u / t_.numKvHeads;
             task.slot = (static_cast<uint64_t>(b_) * t_.numKvHeads + task.kvHead) * t_.numKvBlocks + task.block;
         } else {

@@ -11,7 +11,8 @@ import pasa_npu
 
 emu = pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu extension is not built")
 from pasa_npu import ascendc_emu  # noqa: E402
-from test_ascendc_emu import KERNEL_ALGORITHMS, assert_matches_torch  # noqa: E402
+from test_ascendc_emu import KERNEL_ALGORITHMS, assert_matches_torch, torch_reference  # noqa: E402
+from _bounds import ascendc_numerics  # noqa: E402
 from test_golden import make_case  # noqa: E402
 
 # --------------------------------------------------------------------------- paged KV
@@ -48,7 +49,9 @@ def test_paged_kv_matches_torch_backend(name, algorithm, cache_shape):
     dense = dense_problem(q, k, v, algorithm=algorithm, **kw)
     paged, reference = paged_problem(dense, block_size, cache_shape, shared_prefix=shared)
     ascendc_emu.run(paged)
-    backends.BACKENDS["torch"].runner()(reference)
+    tiling = ascendc_emu.last_run_stats()["tiling"]
+    with ascendc_numerics(tiling):
+        backends.BACKENDS["torch"].runner()(reference)
     assert_matches_torch(paged.out, paged.lse, reference.out, reference.lse, algorithm,
                          torch.float16)
 
@@ -86,7 +89,7 @@ def test_decode_splits_long_contexts_across_cores(algorithm):
     out, lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
     stats = ascendc_emu.last_run_stats()
     assert stats["tiling"]["kv_splits"] > 1 and stats["merge"] is not None
-    ref, ref_lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="torch", **kw)
+    ref, ref_lse = torch_reference(q, k, v, stats["tiling"], algorithm=algorithm, **kw)
     if algorithm != "pasa":
         assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16)
         return

@@ -17,8 +17,9 @@ import pasa_npu
 emu = pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu extension is not built")
 from pasa_npu import ascendc_emu, ascendc_sim  # noqa: E402
 from _support import SIM, sim_param  # noqa: E402
-from test_ascendc_emu import KERNEL_ALGORITHMS, assert_matches_torch, kv_blocks  # noqa: E402
+from test_ascendc_emu import KERNEL_ALGORITHMS, assert_matches_torch, kv_blocks, torch_reference  # noqa: E402
 from _real_shapes import PREFILL_SHAPES  # noqa: E402
+from _bounds import ascendc_numerics  # noqa: E402
 from test_golden import make_case  # noqa: E402
 
 SHAPES = {
@@ -43,12 +44,14 @@ def run_kernels(q, k, v, backend: str, **kw):
     return out, lse, MODULES[backend].last_run_stats()["tiling"]
 
 
-def check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, split: bool, blocks: int):
-    """The torch backend's bounds (test_ascendc_emu.assert_matches_torch); pasa with split kv
+def check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling: dict, blocks: int):
+    """The torch backend's bounds (test_ascendc_emu.assert_matches_torch), in the numerics of the
+    call's ``tiling`` (test_ascendc_emu.torch_reference); pasa with split kv
     restarts its fp16 statistics per range, so there it is held against the fp64 golden
     instead: relative RMSE and largest LSE error each within 1.1x the torch backend's. Every
     allocation's relative RMSE against the golden stays within 1.1x the torch backend's."""
-    ref, ref_lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="torch", **kw)
+    split = tiling["kv_splits"] > 1
+    ref, ref_lse = torch_reference(q, k, v, tiling, algorithm=algorithm, **kw)
     golden_kw = {n: a for n, a in kw.items() if n != "repair_overflow"}
     gold, gold_lse = pasa_npu.reference_attention(q, k, v, **golden_kw)
     err = float((out.double() - gold).norm() / gold.norm())
@@ -77,7 +80,7 @@ def test_real_shape_matches_torch_and_golden(name, backend, algorithm):
     else:
         assert tiling["num_tasks"] > tiling["block_dim"], tiling
     assert tiling["num_kv_blocks"] > 4, tiling
-    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, split, kv_blocks(SHAPES[name]))
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(SHAPES[name]))
 
 
 @pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
@@ -94,7 +97,8 @@ def test_paged_batch_at_real_shape(algorithm):
     ascendc_emu.run(paged)
     tiling = ascendc_emu.last_run_stats()["tiling"]
     assert tiling["num_tasks"] > tiling["block_dim"], tiling
-    backends.BACKENDS["torch"].runner()(reference)
+    with ascendc_numerics(tiling):
+        backends.BACKENDS["torch"].runner()(reference)
     assert_matches_torch(paged.out, paged.lse, reference.out, reference.lse, algorithm, torch.float16, 12)
 
 
@@ -108,7 +112,7 @@ def test_decode_split_with_several_units_per_core(algorithm, backend):
     with emulated_cores(3):
         out, lse, tiling = run_kernels(q, k, v, backend, algorithm=algorithm, **kw)
     assert tiling["kv_splits"] > 1 and tiling["num_tasks"] * tiling["kv_splits"] > tiling["block_dim"], tiling
-    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, split=True, blocks=24)
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, blocks=24)
 
 
 @pytest.mark.parametrize("backend", BOTH)
@@ -126,7 +130,7 @@ def test_more_tasks_without_keys_in_a_row_than_the_task_window(algorithm, backen
     with emulated_cores(3):
         out, lse, tiling = run_kernels(q, k, v, backend, algorithm=algorithm, **kw)
     assert tiling["num_tasks"] > 3 * 8
-    ref, ref_lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="torch", **kw)
+    ref, ref_lse = torch_reference(q, k, v, tiling, algorithm=algorithm, **kw)
     assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16, kv_blocks(case))
 
 
@@ -155,5 +159,5 @@ def test_random_shapes_on_random_core_counts(seed):
     for algorithm in KERNEL_ALGORITHMS:
         with emulated_cores(cores):
             out, lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
-        split = ascendc_emu.last_run_stats()["tiling"]["kv_splits"] > 1
-        check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, split, kv_blocks(case))
+        tiling = ascendc_emu.last_run_stats()["tiling"]
+        check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(case))

@@ -168,10 +168,16 @@ CALLS = {
     "fa-fp32-bf16": (_problem(tiling_key=0, beta=0.0, in_dtype=1, out_dtype=1, out_layout=1,
                               batch=1, core_num=20),
                      dict(q_lens=[40], kv_lens=[64], next_tokens=[0])),
-    # paged KV: pasa-exact preprocesses each physical block, decode with stacked GQA heads
+    # paged KV: pasa-exact preprocesses each physical block (prefill); in decode with stacked GQA
+    # heads it shifts the scores instead (no preprocessing, no K' slot table), as pasa does, whose
+    # score map is uploaded in place of the shifting matrix
+    "pasa-exact-paged-prefill": (_problem(tiling_key=2, beta=1.0, seq_kv=64, mask_mode=0, paged=1,
+                                          block_size=64, table_stride=3, num_blocks=6, kv_block=32),
+                                 dict(q_lens=[40, 17], kv_lens=[150, 64], next_tokens=[0, 0])),
     "pasa-exact-paged-decode": (_problem(tiling_key=2, beta=1.0, seq_q=1, seq_kv=64, mask_mode=0, paged=1,
                                          block_size=64, table_stride=3, num_blocks=6, kv_block=32),
                                 dict(q_lens=[1, 1], kv_lens=[150, 64], next_tokens=[0, 0])),
+    "pasa-decode-score-map": (_problem(seq_q=1, mask_mode=0), dict(q_lens=[1, 1], kv_lens=[70, 33])),
     # an explicit mask per batch and a band with both bounds (sparse mode 4)
     "pasa-mask-band": (_problem(mask_mode=2, has_mask=1, mask_row_stride=70, mask_batch_stride=40 * 70),
                        dict(q_lens=[40, 17], kv_lens=[70, 33], next_tokens=[30, 16], pre_tokens=[20, 5])),
@@ -191,6 +197,8 @@ def test_acl_runtime_makes_the_emulated_runtimes_calls(name, recorder):
         assert a == e
     launches = [line.split()[:3] for line in acl if line.startswith("launch")]
     expected_prep = {0: [], 1: ["pasa_shift_keys"], 2: ["pasa_center_keys"]}[params["tiling_key"]]
+    if params["seq_q"] == 1:  # decode: the attention kernel shifts the scores
+        expected_prep = []
     assert [kernel for _, kernel, _ in launches] == expected_prep + ["pasa_attention"]
     # a task: one query tile of a batch, of one head or of the heads of a kv group stacked
     group, tasks = params["num_heads"] // params["num_kv_heads"], 0
