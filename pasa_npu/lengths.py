@@ -35,15 +35,11 @@ def read_device_lengths(call, names: tuple[str, ...]):
 
 def sequence_lengths(call, q, s_kv: int, packed: bool, block_size: int = 0):
     """(q_lens, q_starts, kv_lens, kv_starts) as int64 CPU tensors of length B, from
-    ``call``'s length arguments (on the host: :func:`read_device_lengths`). ``s_kv``: the kv axis' length, with a block table
-    (``block_size`` > 0) the table's capacity; paged kv lengths are per batch, also for
-    packed layouts, as torch_npu takes them with a block table, and required; and the
-    block size follows torch_npu's rule for the query length (:func:`check_block_size`)."""
-    if packed and call.actual_seq_lengths is not None:
-        count = len(int_list(call.actual_seq_lengths, "actual_seq_lengths"))
-        if count > MAX_PACKED_BATCH:
-            raise ValueError(f"actual_seq_lengths must have at most {MAX_PACKED_BATCH} entries "
-                             f"with packed layouts (torch_npu's limit), got {count}")
+    ``call``'s length arguments (on the host: :func:`read_device_lengths`). ``s_kv``: the
+    kv axis' length, with a block table (``block_size`` > 0) the table's capacity; paged kv
+    lengths are per batch, also for packed layouts, as torch_npu takes them with a block
+    table, and required; and the block size follows torch_npu's rule for the query length
+    (:func:`check_block_size`)."""
     if not block_size:
         return _sequence_lengths(call, q, s_kv, packed)
     lengths = _sequence_lengths(call, q, s_kv, packed, f"block_table's {s_kv // block_size} "
@@ -71,6 +67,9 @@ def _sequence_lengths(call, q, s_kv: int, packed: bool, table_capacity: Optional
                          "page attention): the kv length of each batch")
     if packed:
         q_lens, q_starts = _cumulative(call.actual_seq_lengths, "actual_seq_lengths", q.shape[2])
+        if q_lens.numel() > MAX_PACKED_BATCH:
+            raise ValueError(f"actual_seq_lengths must have at most {MAX_PACKED_BATCH} entries "
+                             f"with packed layouts (torch_npu's limit), got {q_lens.numel()}")
         if paged:
             kv_lens = _per_batch(call.actual_seq_lengths_kv, "actual_seq_lengths_kv",
                                  q_lens.numel(), s_kv, exact=True, extent=table_capacity)

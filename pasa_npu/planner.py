@@ -57,25 +57,25 @@ def make_plan(call: Call, golden: bool, base: Optional[Plan], on_host: bool,
     ``base``: a plan of the same arguments with other lengths, whose options and backend
     hold (only the lengths, the band they set and the row facts are made anew); None: a
     plan validated in full. The lengths are the host's (:func:`pasa_npu.plans.plan_for`
-    reads those given on a device). ``on_host``, ``table_on_host``: the
-    query's and the block table's memory (:func:`~pasa_npu.problem.host_memory`)."""
+    reads those given on a device). ``on_host``, ``table_on_host``: the query's and the
+    block table's memory (:func:`~pasa_npu.problem.host_memory`)."""
     query = call.query
     if base is not None:
         options, extra = base.options, {}
     else:
         options = resolve_options(call, golden)
-        extra = dict(beta=0.0 if golden else resolve_beta(call.beta, options.allocation,
-                                                          options.tiling, options.scale))
-    if golden and base is None:
-        extra.update(runner=backends.run_golden, lse_dtype=torch.float64, low=torch.float64)
-    elif base is None:
-        backend = backends.resolve(call.backend, query.device)
-        if call.learnable_sink is not None and not backend.sinks:
-            raise NotImplementedError(f"learnable_sink is not implemented by backend "
-                                      f"{backend.name!r} yet (use backend='torch')")
-        extra.update(runner=backend.runner(), lse_dtype=torch.float32, backend=backend.name,
-                     low=compute_dtype(options.allocation, query.dtype),
-                     backward=backend.backward)
+        if golden:
+            extra = dict(beta=0.0, runner=backends.run_golden, lse_dtype=torch.float64,
+                         low=torch.float64)
+        else:
+            beta = resolve_beta(call.beta, options.allocation, options.tiling, options.scale)
+            backend = backends.resolve(call.backend, query.device)
+            if call.learnable_sink is not None and not backend.sinks:
+                raise NotImplementedError(f"learnable_sink is not implemented by backend "
+                                          f"{backend.name!r} yet (use backend='torch')")
+            extra = dict(beta=beta, runner=backend.runner(), lse_dtype=torch.float32,
+                         backend=backend.name, backward=backend.backward,
+                         low=compute_dtype(options.allocation, query.dtype))
     q, k, _ = plan_views(call, options)
     block_size = options.block_size
     s_kv = call.block_table.shape[1] * block_size if block_size else k.shape[2]
