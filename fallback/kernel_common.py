@@ -1,13 +1,13 @@
 """Pieces the GPU kernels share, the Triton kernels (``triton.prefill``, ``triton.decode``,
 ``triton.shift``) and the warp-specialised Gluon kernel (``gluon.prefill``): the kv blocks
 a query tile visits, the fp16 roundings, the allocation's flags as constexprs, the strides
-a TMA descriptor takes, small host helpers and the direct launch. Gluon kernels call these
-``triton.jit`` helpers as they are (scalar and element-wise code has no layout of its own)."""
+a TMA descriptor takes, small host helpers, the direct launch and the recorded call that a
+plan repeats. Gluon kernels call these ``triton.jit`` helpers as they are (scalar and element-wise code has no layout of its own)."""
 from __future__ import annotations
 
 import functools
 import os
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -273,52 +273,168 @@ def _run_compiled(compiled, grid: tuple, values: tuple, device) -> None:
 
 class PreparedLaunch:
     """A launch bound once: Triton's compiled kernel, the grid and every argument value in
-    the kernel's parameter order, with the call's own tensors (``roles``) at known
-    positions. :meth:`__call__` launches the same compiled kernel on another call's tensors
-    of the same roles, provided each has the strides and 16-byte alignment its predecessor
-    had (what else could change the compiled kernel or its integer arguments is fixed by the
-    plan the launch belongs to). No argument binding, key or lookup."""
+    the kernel's parameter order, with the call's own tensors and workspaces (``roles``) at
+    known positions. :meth:`run` launches the same compiled kernel on another call's
+    objects of the same roles (:class:`PreparedCall` checks their layout first). No
+    argument binding, key or lookup."""
 
-    __slots__ = ("compiled", "grid", "values", "slots", "layout", "device")
+    __slots__ = ("compiled", "grid", "values", "slots", "device")
 
-    def __init__(self, compiled, grid, values, slots, layout, device):
+    def __init__(self, compiled, grid, values, slots, device):
         self.compiled, self.grid, self.values = compiled, grid, values
-        self.slots, self.layout, self.device = slots, layout, device
+        self.slots, self.device = slots, device
 
     @classmethod
     def launch(cls, kernel, grid: tuple, args: tuple, kwargs: dict,
                roles: dict) -> Optional["PreparedLaunch"]:
         """:func:`launch` ``kernel`` on ``args``/``kwargs``; returns the launch bound for
         repeats, or None where it cannot be (the interpreter, a Triton without the
-        internals :func:`launch` reuses, a tensor that holds two roles)."""
+        internals :func:`launch` reuses, an object that holds two roles)."""
         hit = _launch(kernel, grid, args, kwargs)
         if hit is None or len({id(t) for t in roles.values()}) != len(roles):
             return None
         compiled, names = hit
         values = [*args, *[kwargs[name] for name in names]]
         by_id = {id(t): role for role, t in roles.items()}
-        slots = tuple((i, by_id[id(x)]) for i, x in enumerate(values)
-                      if isinstance(x, torch.Tensor) and id(x) in by_id)
+        slots = tuple((i, by_id[id(x)]) for i, x in enumerate(values) if id(x) in by_id)
         for i, _ in slots:  # keep no reference to this call's tensors
             values[i] = None
-        return cls(compiled, grid, values, slots, _role_layout(roles),
-                   driver.active.get_current_device())
+        return cls(compiled, grid, values, slots, driver.active.get_current_device())
 
-    def __call__(self, roles: dict) -> bool:
-        """Launch on ``roles`` (role -> tensor); False, launching nothing, where a tensor's
-        strides or alignment differ from the bound call's."""
-        if _role_layout(roles) != self.layout:
-            return False
+    def run(self, roles: dict) -> None:
+        """Launch on ``roles`` (role -> tensor or descriptor)."""
         values = self.values.copy()
         for i, role in self.slots:
             values[i] = roles[role]
         _run_compiled(self.compiled, self.grid, values, self.device)
         FAST_LAUNCHES[0] += 1
+
+
+class Binding:
+    """Every launch and workspace of one call, in order, recorded while the call runs them
+    (the first call of a plan) so that the plan's later calls repeat them on their own
+    tensors (:meth:`prepared`). ``roles``: the call's own tensors by role; None records
+    nothing and only launches. Workspaces, and what is made from a role's tensor (a
+    view, a TMA descriptor, a gather), are made through :meth:`empty` and :meth:`derive`,
+    which record how to make them again, in their place among the launches."""
+
+    def __init__(self, roles: Optional[dict]):
+        self.roles = roles
+        self.layout = _role_layout(roles) if roles is not None else None
+        self.actions: list = []  # in call order: steps (callables on roles), launches
+        self.complete = roles is not None
+
+    def empty(self, name: str, shape, dtype, device, fill=None) -> torch.Tensor:
+        """A new tensor of ``shape`` (filled with ``fill`` unless None), role ``name``."""
+        if self.roles is None:
+            return _make_workspace(name, tuple(shape), dtype, device, fill, {})
+        return self._record(name, functools.partial(_make_workspace, name, tuple(shape),
+                                                    dtype, device, fill))
+
+    def derive(self, name: str, source, make, *more):
+        """``make(source, *more)``; where one of those is a role's tensor, recorded as role
+        ``name``, made again from each call's tensors of those roles (the others are the
+        plan's, kept)."""
+        sources = (source, *more)
+        if self.roles is None:
+            return make(*sources)
+        by_id = {id(t): role for role, t in self.roles.items()}
+        refs = tuple((by_id[id(t)], None) if id(t) in by_id else (None, t) for t in sources)
+        if all(role is None for role, _ in refs):
+            return make(*sources)
+        return self._record(name, functools.partial(_derive, name, refs, make))
+
+    def _record(self, name: str, step):
+        if name in self.roles:
+            raise ValueError(f"role {name!r} is recorded twice")
+        made = step(self.roles)
+        if made is None:  # nothing made (no descriptor for this layout): no role
+            del self.roles[name]
+        else:
+            self.actions.append(step)
+        return made
+
+    def launch(self, kernel, grid: tuple, *args, **kwargs) -> None:
+        """:func:`launch`, recorded."""
+        if not self.complete:
+            launch(kernel, grid, *args, **kwargs)
+            return
+        bound = PreparedLaunch.launch(kernel, grid, args, kwargs, self.roles)
+        if bound is None:
+            self.complete = False
+        else:
+            self.actions.append(bound)
+
+    def prepared(self) -> Optional["PreparedCall"]:
+        """The recorded call, or None where it cannot be repeated."""
+        if not self.complete or not any(isinstance(a, PreparedLaunch) for a in self.actions):
+            return None
+        return PreparedCall(tuple(self.actions), self.layout)
+
+
+def _make_workspace(name, shape, dtype, device, fill, roles):
+    made = roles[name] = (torch.empty(shape, dtype=dtype, device=device) if fill is None
+                          else torch.full(shape, fill, dtype=dtype, device=device))
+    return made
+
+
+def _derive(name, refs, make, roles):
+    made = roles[name] = make(*[roles[role] if role is not None else t for role, t in refs])
+    return made
+
+
+class PreparedCall(NamedTuple):
+    """A call's launches and workspaces, recorded (:class:`Binding`): :meth:`__call__`
+    repeats them, in order, on another call's tensors."""
+
+    actions: tuple
+    layout: tuple  # the strides and 16-byte alignment of the binding call's own tensors
+
+    def __call__(self, roles: dict) -> bool:
+        """Repeat the call on ``roles`` (the call's own tensors); False, launching
+        nothing, where a tensor's strides or alignment differ from the binding call's
+        (workspaces, and what is derived from the tensors, then follow as they did)."""
+        if _role_layout(roles) != self.layout:
+            return False
+        for action in self.actions:
+            if type(action) is PreparedLaunch:
+                action.run(roles)
+            else:
+                action(roles)
         return True
 
 
 def _role_layout(roles: dict) -> tuple:
     return tuple((t.stride(), t.data_ptr() % 16 == 0) for t in roles.values())
+
+
+def descriptor_over(t: torch.Tensor, make, **options):
+    """``make(t, **options)``, a TMA descriptor over ``t`` (or None), built once per
+    ``make``, ``options`` and dtype, shape, strides and alignment of ``t`` (the constructors'
+    checks cost host time on every call) and copied over each later tensor
+    (:func:`rebase`)."""
+    key = (make, t.dtype, tuple(t.shape), t.stride(), t.data_ptr() % 16 == 0,
+           *options.items())
+    template = _DESCRIPTORS.get(key, _DESCRIPTORS)
+    if template is _DESCRIPTORS:
+        if len(_DESCRIPTORS) > 256:
+            _DESCRIPTORS.clear()
+        template = make(t, **options)
+        template = _DESCRIPTORS[key] = None if template is None else rebase(template, None)
+    return None if template is None else rebase(template, t)
+
+
+_DESCRIPTORS: dict = {}
+
+
+def rebase(descriptor, base):
+    """A copy of the TMA descriptor ``descriptor`` over ``base``, a tensor of its base's
+    dtype, shape, strides and 16-byte alignment (so that the checks its constructor made
+    hold, and are not made again)."""
+    twin = object.__new__(type(descriptor))
+    twin.__dict__.update(descriptor.__dict__)
+    twin.base = base
+    return twin
 
 
 def _remember(key, kernel, compiled, device, args, kwargs) -> None:

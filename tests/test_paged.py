@@ -218,12 +218,13 @@ def _slots_by_loop(table, kv_lens, block_size, entries):
 def test_page_slots_share_whole_blocks():
     """Shared whole blocks map to their first whole reference; ragged last blocks, entries
     past the kv length and padding keep their own slot (the Triton backend's K' slots)."""
+    from pasa_npu.fallback.kernel_common import Binding
     from pasa_npu.fallback.triton.shift import page_slots
     dev = DEVICE_OF["triton"]
     table = torch.tensor([[5, 2, 7, 0, -1], [2, 5, 3, 7, 4], [7, 2, 2, 6, 1]], dtype=torch.int32)
     kv_lens = [48, 64, 33]  # block_size 16: 3, 4 and 2 whole blocks
     got = page_slots(table.to(dev), torch.tensor(kv_lens, dtype=torch.int32, device=dev), 16,
-                     4, 8)
+                     4, 8, Binding(None))
     want = _slots_by_loop(table, kv_lens, 16, 4)
     assert want[4 + 0] == 1 and want[8 + 0] == 2  # sharing happens in this case
     assert got.dtype == torch.int32 and got.shape == (3, 4)

@@ -67,8 +67,8 @@ except ImportError:  # pragma: no cover - older Triton
 
 from pasa_npu.beta import partial_block_shift
 from pasa_npu.fallback.gluon.config import BLOCK_N, GROUP_ROWS, MEAN_ROWS
-from pasa_npu.fallback.kernel_common import (INTERPRET, device_capability, launch, sm_count,
-                                             tma_strides)
+from pasa_npu.fallback.kernel_common import (INTERPRET, Binding, descriptor_over, device_capability,
+                                             sm_count, tma_strides)
 from pasa_npu.problem import AttentionProblem
 
 ALGORITHMS = ("pasa-exact", "pasa", "fa-fp32")
@@ -143,8 +143,23 @@ def _smem_layout(block: tuple):
 def _descriptor(t: torch.Tensor, rows: int):
     """A TMA descriptor loading (rows, D) tiles of one (batch, head) of the (B, N, S, D)
     view ``t``; rows past S read as zero."""
+    return descriptor_over(t, _new_descriptor, rows=rows)
+
+
+def _new_descriptor(t: torch.Tensor, rows: int):
     block = (1, 1, rows, t.shape[3])
     return TensorDescriptor(t, list(t.shape), _tma_strides(t), list(block), _smem_layout(block))
+
+
+def _means_descriptor(means_2d: torch.Tensor):
+    """A TMA descriptor loading MEAN_ROWS block means at a time from (rows, D) ``means_2d``."""
+    return descriptor_over(means_2d, _new_means_descriptor)
+
+
+def _new_means_descriptor(means_2d: torch.Tensor):
+    head_dim = means_2d.shape[1]
+    return TensorDescriptor(means_2d, list(means_2d.shape), list(means_2d.stride()),
+                            [MEAN_ROWS, head_dim], _smem_layout((MEAN_ROWS, head_dim)))
 
 
 @functools.lru_cache(maxsize=8)
@@ -154,15 +169,16 @@ def _no_means(device: torch.device, head_dim: int) -> torch.Tensor:
 
 
 def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
-        band_pre, band_next, lse_arg: torch.Tensor, shift_table,
-        k_pages=None) -> Optional[torch.Tensor]:
+        band_pre, band_next, lse_arg: torch.Tensor, shift_table, k_pages,
+        binding: Binding) -> Optional[torch.Tensor]:
     """Launch the kernel for a :func:`supported` problem. ``gamma``: PASA's
     invariance as the Triton kernel takes it; ``k_used``: K'
     (B, Nkv, blocks*128, D) for PASA (and pasa-exact's block means, (B, Nkv, blocks, D)),
     K and None for fa-fp32; ``band_*``: the per-batch band limits on the device (read only
     under a band); ``shift_table``: pasa's (:func:`triton.shift.cached_shift_table`) or
     None. Paged: ``k_used`` is the key cache, or K's slots for PASA, and ``k_pages`` the
-    table that maps each batch's kv blocks into it. Where the call is checked for
+    table that maps each batch's kv blocks into it. ``binding`` makes the workspaces and
+    descriptors and launches, recording them. Where the call is checked for
     overflow (the flags are ``problem.overflow``'s), returns its overflow word on the
     device: nonzero once a row is flagged (zeroed with the kernel's tile counter, which it
     follows in one buffer)."""
@@ -183,9 +199,8 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
     n_blocks = means.shape[2] if means is not None else 0
     if means is None:
         means = _no_means(q.device, head_dim)
-    means_2d = means.reshape(-1, head_dim)
-    m_desc = TensorDescriptor(means_2d, list(means_2d.shape), list(means_2d.stride()),
-                              [MEAN_ROWS, head_dim], _smem_layout((MEAN_ROWS, head_dim)))
+    means_2d = binding.derive("means_2d", means, _rows_of_means)
+    m_desc = binding.derive("means_descriptor", means_2d, _means_descriptor)
     block_m = GROUP_ROWS * consumer_groups(head_dim)
     n_tiles = -(-problem.max_q_len // block_m)
     n_pairs = problem.batch * q.shape[1]
@@ -197,11 +212,15 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
     if problem.band is not None:
         tile_group = max(1, min(n_pairs, TILE_GROUP_BYTES // kv_bytes))
     grid = (min(n_tiles * n_pairs, sm_count(q.device.index)),)
-    counters = torch.zeros(2, dtype=torch.int32, device=q.device)  # next tile, overflow word
-    launch(
-        prefill_ws_kernel, grid,
-        _descriptor(q, GROUP_ROWS), _descriptor(k_used, BLOCK_N), _descriptor(v, BLOCK_N),
-        m_desc, out, lse_arg, flags, counters[1:], counters, band_pre,
+    counters = binding.empty("counters", (2,), torch.int32, q.device, 0)  # tile, overflow
+    overflow_word = binding.derive("overflow_word", counters, _second)
+    descriptors = [binding.derive(f"{name}_descriptor", t,
+                                  functools.partial(_descriptor, rows=rows))
+                   for name, t, rows in (("query", q, GROUP_ROWS), ("key", k_used, BLOCK_N),
+                                         ("value", v, BLOCK_N))]
+    binding.launch(
+        prefill_ws_kernel, grid, *descriptors,
+        m_desc, out, lse_arg, flags, overflow_word, counters, band_pre,
         band_next, k_pages, v_pages, out.stride(0), out.stride(1), out.stride(2),
         lse_arg.stride(0) if lse is not None else 0, lse_arg.stride(1), lse_arg.stride(2),
         k_pages.stride(0), v_pages.stride(0),
@@ -213,4 +232,12 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
         PART_FILLED=tail_block >= 0,
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, STAGES=_stages(head_dim),
         num_warps=4, enable_fp_fusion=not problem.allocation.low_statistics)
-    return counters[1:] if detect else None
+    return overflow_word if detect else None
+
+
+def _rows_of_means(means: torch.Tensor) -> torch.Tensor:
+    return means.reshape(-1, means.shape[-1])
+
+
+def _second(counters: torch.Tensor) -> torch.Tensor:
+    return counters[1:]

@@ -23,7 +23,7 @@ from pasa_npu.beta import ideal_invariance
 from pasa_npu.fallback.gluon import prefill as gluon_prefill
 from pasa_npu.fallback.triton import decode, prefill, repair
 from pasa_npu.fallback.triton.tuning import Tuning, active as active_tuning
-from pasa_npu.fallback.kernel_common import (allocation_flags, interpreting, mask_argument,
+from pasa_npu.fallback.kernel_common import (Binding, allocation_flags, interpreting, mask_argument,
                                              placeholder, pow2)
 from pasa_npu.fallback.triton.metadata import device_metadata, host_ints
 from pasa_npu.fallback.triton.shift import cached_shift_table, prepare_keys
@@ -57,61 +57,78 @@ class Shared(NamedTuple):
 
 
 def run(problem: AttentionProblem) -> None:
-    """Compute ``problem`` with the Triton kernels, writing its output and LSE views. Decode
-    keeps its launches, bound, in the plan's state (``problem.plan_state``): a later call
-    of the plan launches them on its own tensors directly (:func:`_run_prepared`)."""
+    """Compute ``problem`` with the Triton kernels, writing its output and LSE views. The
+    first call of a plan records its launches and workspaces (:class:`Binding`) in the
+    plan's state (``problem.plan_state``); a later call of the plan repeats them on its
+    own tensors (:func:`_run_prepared`)."""
     tuning = active_tuning()
     if _run_prepared(problem, tuning):
         return
-    shared = _shared(problem)
+    roles = _roles(problem)
+    record = (problem.plan_state is not None and problem.query.is_cuda
+              and not torch.cuda.is_current_stream_capturing())
+    binding = Binding(roles if record else None)
+    shared = _shared(problem, roles.get("sink"))
     if (problem.max_q_len == 1 and problem.band is None
             and (problem.mask is None or problem.mask.shape[1] == 1)):
-        prepared = decode.run(problem, tuning, shared)
-        if (prepared is not None and problem.plan_state is not None
-                and not torch.cuda.is_current_stream_capturing()):
-            problem.plan_state[_PREPARED] = (_prepared_key(problem, tuning), prepared)
+        decode.run(problem, tuning, shared, binding)
     elif _gluon_prefill(problem, tuning):
         k_used, means, k_pages = problem.key, None, problem.block_table
         if problem.allocation.shifts_keys:
             k_used, means, shifted_pages = prepare_keys(
                 problem, problem.key, shared.lengths[2], shared.lengths[3],
-                shared.constexprs["BLOCK_N"], shared.constexprs["HEAD_DIM"])
+                shared.constexprs["BLOCK_N"], shared.constexprs["HEAD_DIM"], binding)
             k_pages = shifted_pages if problem.paged else None
         overflow_word = gluon_prefill.run(problem, shared.gamma, k_used,
                                           means if problem.allocation.exact_shift else None,
                                           shared.band_pre, shared.band_next, shared.lse_arg,
-                                          shared.shift, k_pages)
+                                          shared.shift, k_pages, binding)
         if overflow_word is not None:
-            repair.run(problem, shared, overflow_word)
+            repair.run(problem, shared, overflow_word, binding)
     else:
         if problem.paged and problem.block_size % shared.constexprs["BLOCK_N"]:
             raise NotImplementedError(
                 f"the Triton backend's paged prefill needs kv_block to divide block_size "
                 f"(a kv block inside one cache block); got kv_block "
                 f"{shared.constexprs['BLOCK_N']} and block_size {problem.block_size}")
-        prefill.run(problem, tuning, shared)
+        prefill.run(problem, tuning, shared, binding)
+    prepared = binding.prepared()
+    if prepared is not None:
+        problem.plan_state[_PREPARED] = (_prepared_key(problem, tuning), prepared)
 
 
-_PREPARED = "triton decode"  # the plan state's entry: (its key, the bound launches)
+_PREPARED = "triton"  # the plan state's entry: (its key, the recorded call)
+
+
+def _roles(problem: AttentionProblem) -> dict:
+    """The tensors of one call that the launches take, by role, as the kernels take them
+    (everything else they take is the plan's, or a workspace the call makes)."""
+    roles = dict(query=problem.query, key=problem.key, value=problem.value, out=problem.out)
+    if problem.lse is not None:
+        roles["lse"] = problem.lse
+    if problem.overflow is not None:
+        roles["row_flags"] = problem.overflow.row_flags
+    if problem.sink is not None:
+        roles["sink"] = problem.sink.to(problem.query.device, torch.float32)
+    if problem.paged:
+        roles["block_table"] = problem.block_table
+    return roles
 
 
 def _run_prepared(problem: AttentionProblem, tuning: Tuning) -> bool:
-    """Launch the decode kernels a previous call of ``problem``'s plan bound, if any, on
-    this call's tensors; False where there are none, or where this call differs from that
+    """Repeat the launches a previous call of ``problem``'s plan recorded, if any, on this
+    call's tensors; False where there are none, or where this call differs from that
     one in what they fixed (the tuning, the kinds of tensors present, the stream, the
     tensors' strides or alignment) or a CUDA graph is being captured."""
     entry = problem.plan_state.get(_PREPARED) if problem.plan_state else None
     if (entry is None or entry[0] != _prepared_key(problem, tuning)
             or torch.cuda.is_current_stream_capturing()):
         return False
-    sink = problem.sink
-    if sink is not None:
-        sink = sink.to(problem.query.device, torch.float32)
-    return entry[1](problem, sink)
+    return entry[1](_roles(problem))
 
 
 def _prepared_key(problem: AttentionProblem, tuning: Tuning) -> tuple:
-    """What a call of one plan may differ in that bound launches depend on: the tuning,
+    """What a call of one plan may differ in that recorded launches depend on: the tuning,
     which optional tensors it has, their shapes, and the stream (the lengths' copy was
     queued on the first call's stream, which this one then follows)."""
     dev = problem.query.device
@@ -120,9 +137,9 @@ def _prepared_key(problem: AttentionProblem, tuning: Tuning) -> tuple:
             problem.out.shape, torch._C._cuda_getCurrentRawStream(dev.index))
 
 
-def _shared(problem: AttentionProblem) -> Shared:
+def _shared(problem: AttentionProblem, sink: Optional[torch.Tensor]) -> Shared:
     """Check that the kernels cover ``problem``'s tiling and head dims, and prepare what
-    every launch takes."""
+    every launch takes (``sink``: the sinks as the kernels take them, or None)."""
     q, v = problem.query, problem.value
     block_n = problem.tiling.kv_block
     if block_n < 16 or block_n & (block_n - 1):
@@ -141,8 +158,8 @@ def _shared(problem: AttentionProblem) -> Shared:
         gamma = torch.tensor(gamma).half().item()  # the kernel's fp16 scalar
     mask, mask_strides = mask_argument(problem.mask, dev)
     lse_arg = problem.lse if problem.lse is not None else placeholder(dev, torch.float32)
-    sink = (problem.sink.to(dev, torch.float32) if problem.sink is not None
-            else placeholder(dev, torch.float32))
+    if sink is None:
+        sink = placeholder(dev, torch.float32)
     shift = (cached_shift_table(problem.beta, block_n, problem.scale, dev)
              if alloc.pseudo_average_shift else None)
     constexprs = dict(**allocation_flags(alloc), HAS_MASK=problem.mask is not None,

@@ -11,14 +11,12 @@ recomputes it by fa-fp32 (:func:`repair.fp32_tile`) and flags it repaired
 (or still not finite, from a NaN or inf input): no launch of its own."""
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
-
 import torch
 import triton
 import triton.language as tl
 
 from pasa_npu.fallback.triton import launch as heuristics
-from pasa_npu.fallback.kernel_common import (PreparedLaunch, kv_row_offsets, cdiv, placeholder, pow2,
+from pasa_npu.fallback.kernel_common import (Binding, kv_row_offsets, cdiv, placeholder, pow2,
                                              sm_count)
 from pasa_npu.fallback.triton.repair import ROW_NONFINITE_C, ROW_REPAIRED_C, fp32_tile
 from pasa_npu.fallback.triton.tuning import Tuning
@@ -253,11 +251,10 @@ def decode_combine_kernel(PART_O, PART_LSE, O, LSE, FLAGS, SINK, q_starts, q_len
                  + q_start * stride_ls, lse)
 
 
-def run(problem: AttentionProblem, tuning: Tuning, shared) -> Optional["PreparedDecode"]:
+def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> None:
     """Launch the decode kernels for ``problem`` (query length 1;
-    :class:`attention.Shared` holds the arguments the launches share). Returns the
-    two launches bound for the plan's later calls (:class:`PreparedDecode`), or None where
-    they cannot be bound."""
+    :class:`attention.Shared` holds the arguments the launches share) through
+    ``binding``, which records them."""
     q, k, v, out = problem.query, problem.key, problem.value, problem.out
     q_starts, q_lens, kv_starts, kv_lens = shared.lengths
     batch, n_heads, n_kv = problem.batch, q.shape[1], k.shape[1]
@@ -275,7 +272,8 @@ def run(problem: AttentionProblem, tuning: Tuning, shared) -> Optional["Prepared
     n_splits = cdiv(n_blocks, blocks_per_split)
     sizes = (batch * n_kv * n_splits * group_rows * head_dim_vp,
              batch * n_kv * n_splits * group_rows)
-    part_o, part_lse = _partials(q, sizes)
+    part_o = binding.empty("part_o", (sizes[0],), torch.float32, q.device)
+    part_lse = binding.empty("part_lse", (sizes[1],), torch.float32, q.device)
     warps = 1 if shared.interpret else 4
     stages = 1 if shared.interpret else heuristics.decode_stages(shift_site, head_dim_p)
     if problem.paged:
@@ -284,81 +282,35 @@ def run(problem: AttentionProblem, tuning: Tuning, shared) -> Optional["Prepared
     detect = problem.overflow is not None
     flags = problem.overflow.row_flags if detect else placeholder(q.device, torch.uint8)
     whole_page = problem.block_size % shared.constexprs["BLOCK_N"] == 0
-    roles = _roles(problem, shared.sink if problem.sink is not None else None, part_o, part_lse)
-    split = PreparedLaunch.launch(
+    binding.launch(
         decode_split_kernel, (n_chunks * n_splits * batch * n_kv,),
-        (q, k, v, shared.mask, shared.shift if shared.shift is not None else part_lse, part_o,
-         part_lse, pages, q_starts, kv_starts, kv_lens,
-         *shared.strides(q), *shared.kv_strides(k), *shared.kv_strides(v),
-         shared.mask_strides[0], shared.mask_strides[2], pages.stride(0), problem.block_size,
-         n_kv, group, problem.scale, shared.gamma, q.shape[3], v.shape[3], blocks_per_split,
-         n_splits, n_chunks, group_rows),
-        dict(PAGED=problem.paged, WHOLE_PAGE=whole_page, CHECK=detect,
-             SHIFT_SCORES=shift_site == "scores", BLOCK_G=block_g,
-             num_warps=warps, num_stages=stages, **shared.constexprs,
-             **heuristics.fp_options(problem.allocation)),
-        roles)
+        q, k, v, shared.mask, shared.shift if shared.shift is not None else part_lse, part_o,
+        part_lse, pages, q_starts, kv_starts, kv_lens,
+        *shared.strides(q), *shared.kv_strides(k), *shared.kv_strides(v),
+        shared.mask_strides[0], shared.mask_strides[2], pages.stride(0), problem.block_size,
+        n_kv, group, problem.scale, shared.gamma, q.shape[3], v.shape[3], blocks_per_split,
+        n_splits, n_chunks, group_rows,
+        PAGED=problem.paged, WHOLE_PAGE=whole_page, CHECK=detect,
+        SHIFT_SCORES=shift_site == "scores", BLOCK_G=block_g,
+        num_warps=warps, num_stages=stages, **shared.constexprs,
+        **heuristics.fp_options(problem.allocation))
     has_lse = problem.lse is not None
     lse_arg = shared.lse_arg
     repair_keys = heuristics.DECODE_REPAIR_KEYS
-    combine = PreparedLaunch.launch(
+    binding.launch(
         decode_combine_kernel, (batch * n_heads,),
-        (part_o, part_lse, out, lse_arg, flags, shared.sink, q_starts, q_lens,
-         *shared.strides(out),
-         (shared.batch_stride(lse_arg) if has_lse else 0), lse_arg.stride(1), lse_arg.stride(2),
-         shared.batch_stride(flags) if detect else 0, flags.stride(1),
-         n_heads, group, v.shape[3], n_splits, group_rows,
-         q, k, v, shared.mask, pages, kv_starts, kv_lens,
-         *shared.strides(q), *shared.kv_strides(k), *shared.kv_strides(v),
-         shared.mask_strides[0], shared.mask_strides[2], pages.stride(0), problem.block_size,
-         problem.scale, q.shape[3]),
-        dict(HAS_LSE=has_lse, HAS_SINK=problem.sink is not None, SPLITS=pow2(n_splits, 1),
-             CHUNK=min(pow2(n_splits, 1), heuristics.COMBINE_CHUNK),
-             HEAD_DIM_V=head_dim_vp, CHECK=detect, HAS_MASK=problem.mask is not None,
-             GUARD=problem.rounding_guard, PAGED=problem.paged,
-             WHOLE_PAGE=problem.block_size % repair_keys == 0, BLOCK_N=repair_keys,
-             HEAD_DIM=head_dim_p, num_warps=warps),
-        roles)
-    if split is None or combine is None:
-        return None
-    return PreparedDecode(split, combine, sizes)
-
-
-def _partials(q: torch.Tensor, sizes: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-    """The splits' partial outputs and LSEs (fp32 workspaces of one call)."""
-    return (q.new_empty(sizes[0], dtype=torch.float32),
-            q.new_empty(sizes[1], dtype=torch.float32))
-
-
-def _roles(problem: AttentionProblem, sink: Optional[torch.Tensor], part_o: torch.Tensor,
-           part_lse: torch.Tensor) -> dict:
-    """The tensors of one call that the decode launches take: the problem's own, the sinks
-    as the kernels take them, and the call's workspaces (everything else the launches take
-    is the plan's)."""
-    roles = dict(query=problem.query, key=problem.key, value=problem.value, out=problem.out,
-                 part_o=part_o, part_lse=part_lse)
-    if problem.lse is not None:
-        roles["lse"] = problem.lse
-    if problem.overflow is not None:
-        roles["row_flags"] = problem.overflow.row_flags
-    if sink is not None:
-        roles["sink"] = sink
-    if problem.paged:
-        roles["block_table"] = problem.block_table
-    return roles
-
-
-class PreparedDecode(NamedTuple):
-    """Both decode launches of a plan, bound: a later call of the plan allocates its
-    workspaces and launches the same compiled kernels on its own tensors."""
-
-    split: PreparedLaunch
-    combine: PreparedLaunch
-    sizes: tuple  # the workspaces' sizes
-
-    def __call__(self, problem: AttentionProblem, sink: Optional[torch.Tensor]) -> bool:
-        """Launch on ``problem``'s tensors (``sink``: the sinks as the kernels take them);
-        False, launching nothing, where a tensor's strides or alignment differ."""
-        part_o, part_lse = _partials(problem.query, self.sizes)
-        roles = _roles(problem, sink, part_o, part_lse)
-        return self.split(roles) and self.combine(roles)
+        part_o, part_lse, out, lse_arg, flags, shared.sink, q_starts, q_lens,
+        *shared.strides(out),
+        (shared.batch_stride(lse_arg) if has_lse else 0), lse_arg.stride(1), lse_arg.stride(2),
+        shared.batch_stride(flags) if detect else 0, flags.stride(1),
+        n_heads, group, v.shape[3], n_splits, group_rows,
+        q, k, v, shared.mask, pages, kv_starts, kv_lens,
+        *shared.strides(q), *shared.kv_strides(k), *shared.kv_strides(v),
+        shared.mask_strides[0], shared.mask_strides[2], pages.stride(0), problem.block_size,
+        problem.scale, q.shape[3],
+        HAS_LSE=has_lse, HAS_SINK=problem.sink is not None, SPLITS=pow2(n_splits, 1),
+        CHUNK=min(pow2(n_splits, 1), heuristics.COMBINE_CHUNK),
+        HEAD_DIM_V=head_dim_vp, CHECK=detect, HAS_MASK=problem.mask is not None,
+        GUARD=problem.rounding_guard, PAGED=problem.paged,
+        WHOLE_PAGE=problem.block_size % repair_keys == 0, BLOCK_N=repair_keys,
+        HEAD_DIM=head_dim_p, num_warps=warps)

@@ -13,14 +13,17 @@ block's row mean takes its keys' count, read once per program; without it every 
 divides by BLOCK_N."""
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from pasa_npu.fallback.triton import launch as heuristics
 from pasa_npu.fallback.triton import repair
-from pasa_npu.fallback.kernel_common import (tile_kv_blocks, cdiv, device_capability,
-                                             interpreting, launch, placeholder, tma_strides)
+from pasa_npu.fallback.kernel_common import (Binding, tile_kv_blocks, cdiv, descriptor_over,
+                                             device_capability, interpreting, placeholder,
+                                             tma_strides)
 from pasa_npu.fallback.triton.shift import shift_keys_in_kernel, prepare_keys
 from pasa_npu.fallback.triton.softmax import (block_update, finish_rows, initial_state,
                                               nonfinite_row_mask, block_row_constant)
@@ -255,9 +258,10 @@ def prefill_kernel(
         tl.store(OVERFLOW_WORD + rows * 0, 1, mask=bad)
 
 
-def run(problem: AttentionProblem, tuning: Tuning, shared) -> None:
+def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> None:
     """Launch ``prefill_kernel`` for ``problem`` (:class:`attention.Shared` holds
-    the arguments the launches share), with the key shift as ``tuning`` says."""
+    the arguments the launches share), with the key shift as ``tuning`` says, through
+    ``binding``."""
     q, k, v, out, lse = problem.query, problem.key, problem.value, problem.out, problem.lse
     alloc, dev = problem.allocation, q.device
     block_n, head_dim_p = shared.constexprs["BLOCK_N"], shared.constexprs["HEAD_DIM"]
@@ -276,32 +280,35 @@ def run(problem: AttentionProblem, tuning: Tuning, shared) -> None:
     flags = problem.overflow.row_flags if detect else placeholder(dev, torch.uint8)
     overflow_word = None
     if detect:  # the overflow word (nonzero once a row is flagged), zeroed by the key shift
-        overflow_word = (torch.empty if alloc.shifts_keys and not fused else torch.zeros)(
-            1, dtype=torch.int32, device=dev)
+        overflow_word = binding.empty("overflow_word", (1,), torch.int32, dev,
+                                      None if alloc.shifts_keys and not fused else 0)
     if alloc.shifts_keys and not fused:
         k_used, means, shifted_pages = prepare_keys(problem, k, shared.lengths[2],
                                                     shared.lengths[3], block_n, head_dim_p,
-                                                    overflow_word)
+                                                    binding, overflow_word)
         k_pages = shifted_pages if problem.paged else k_pages
         k_strides = tuple(k_used.stride())
         if alloc.exact_shift and not c_per_block:  # the kernel fills it
-            constants = torch.empty(problem.batch, q.shape[1], means.shape[2],
-                                    max(1, problem.max_q_len), dtype=torch.float32, device=dev)
+            constants = binding.empty("constants", (problem.batch, q.shape[1], means.shape[2],
+                                                    max(1, problem.max_q_len)),
+                                      torch.float32, dev)
     else:
         k_used = k
         k_strides = shared.kv_strides(k)
     k_desc = v_desc = None
     if tuning.loads == "tma" and _tma_capable(dev):
-        k_desc = _descriptor(k_used, k_strides[0], block_n, head_dim_p)
-        v_desc = _descriptor(v, shared.kv_strides(v)[0], block_n,
-                             shared.constexprs["HEAD_DIM_V"])
+        k_desc = binding.derive("key_descriptor", k_used, functools.partial(
+            _descriptor, batch_stride=k_strides[0], rows=block_n, cols=head_dim_p))
+        v_desc = binding.derive("value_descriptor", v, functools.partial(
+            _descriptor, batch_stride=shared.kv_strides(v)[0], rows=block_n,
+            cols=shared.constexprs["HEAD_DIM_V"]))
     use_tma = k_desc is not None and v_desc is not None
     n_tiles = cdiv(problem.max_q_len, block_m)
     pairs = problem.batch * q.shape[1]
     grid_1d = pairs > heuristics.GRID_AXIS_MAX
     grid = (n_tiles * pairs,) if grid_1d else (n_tiles, pairs)
     strides = shared.strides
-    launch(
+    binding.launch(
         prefill_kernel, grid,
         q, k_used, v, out, shared.lse_arg, constants, means, shared.mask,
         shared.shift if shared.shift is not None else constants, flags,
@@ -322,7 +329,7 @@ def run(problem: AttentionProblem, tuning: Tuning, shared) -> None:
         BLOCK_M=block_m, num_warps=warps, num_stages=stages, **shared.constexprs,
         **heuristics.fp_options(alloc))
     if detect:
-        repair.run(problem, shared, overflow_word)
+        repair.run(problem, shared, overflow_word, binding)
 
 
 def _tma_capable(dev: torch.device) -> bool:
@@ -337,6 +344,10 @@ def _descriptor(t: torch.Tensor, batch_stride: int, rows: int, cols: int):
     """A TMA descriptor over the (B, N, S, D) view ``t`` loading (rows, cols) tiles, or None
     where TMA cannot address it (a strided last dim, strides or base not 16-byte aligned).
     Columns past D read as zero, as the masked loads do."""
+    return descriptor_over(t, _new_descriptor, batch_stride=batch_stride, rows=rows, cols=cols)
+
+
+def _new_descriptor(t: torch.Tensor, batch_stride: int, rows: int, cols: int):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     strides = tma_strides(t, batch_stride)

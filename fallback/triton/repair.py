@@ -17,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from pasa_npu.fallback.kernel_common import (kv_row_offsets, tile_kv_blocks, cdiv, launch,
-                                            resident_programs)
+from pasa_npu.fallback.kernel_common import (Binding, kv_row_offsets, tile_kv_blocks, cdiv,
+                                             resident_programs)
 from pasa_npu.fallback.triton.softmax import (block_update, finish_rows, initial_state,
                                               nonfinite_row_mask)
 from pasa_npu.problem import ROW_FLAGGED, ROW_NONFINITE, ROW_REPAIRED, AttentionProblem
@@ -142,10 +142,11 @@ def fp32_tile(Q, K, V, MASK, PAGES, b, h, hk, m0, q_start, q_len, kv_start, kv_l
     return finish_rows(m, l, acc, f, cnt, 0.0, sink, False, HAS_SINK)
 
 
-def run(problem: AttentionProblem, shared, overflow_word: torch.Tensor) -> None:
+def run(problem: AttentionProblem, shared, overflow_word: torch.Tensor,
+        binding: Binding) -> None:
     """Launch the repair after the prefill kernels (``overflow_word``: the call's overflow
     word on the device, nonzero once a row is flagged; :class:`attention.Shared`
-    holds the rest)."""
+    holds the rest), through ``binding``."""
     q, k, v, out = problem.query, problem.key, problem.value, problem.out
     flags = problem.overflow.row_flags
     block_m = 16 if shared.interpret else 64
@@ -173,7 +174,7 @@ def run(problem: AttentionProblem, shared, overflow_word: torch.Tensor) -> None:
     # pays for one wave of programs that return, not for several in turn
     programs = (2 if shared.interpret
                 else resident_programs(repair_kernel, q.device.index or 0, args, constexprs))
-    launch(repair_kernel, (min(total, programs),), *args, **constexprs)
+    binding.launch(repair_kernel, (min(total, programs),), *args, **constexprs)
 
 
 def repair_stages(head_dim: int) -> int:

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from pasa_npu.beta import partial_block_shift
-from pasa_npu.fallback.kernel_common import cdiv, interpreting, launch
+from pasa_npu.fallback.kernel_common import Binding, cdiv, interpreting
 from pasa_npu.problem import AttentionProblem
 
 
@@ -183,28 +183,29 @@ class ShiftedKeys(NamedTuple):
 
 
 def prepare_keys(problem: AttentionProblem, k: torch.Tensor, kv_starts: torch.Tensor,
-                 kv_lens: torch.Tensor, block_n: int, head_dim_p: int,
+                 kv_lens: torch.Tensor, block_n: int, head_dim_p: int, binding: Binding,
                  overflow_word=None) -> ShiftedKeys:
     """The separate preprocessing pass over ``k`` (the problem's K, or its cache when
-    paged): K' padded to whole blocks and the block means (written for pasa-exact only).
-    ``overflow_word``: the call's overflow word, zeroed by this launch."""
+    paged): K' padded to whole blocks and the block means (written for pasa-exact only),
+    workspaces and launches through ``binding``. ``overflow_word``: the call's overflow
+    word, zeroed by this launch."""
     dev = k.device
     batch, n_kv = problem.batch, k.shape[1]
     exact = problem.allocation.exact_shift
     if problem.paged:
         size = problem.block_size
         entries = max(1, cdiv(problem.max_kv_len, size))
-        slots = page_slots(problem.block_table, kv_lens, size, entries, k.shape[0])
+        slots = page_slots(problem.block_table, kv_lens, size, entries, k.shape[0], binding)
         rows, n_blocks, out_batch = size, entries * (size // block_n), batch * entries
     else:
         n_blocks = max(1, cdiv(problem.max_kv_len, block_n))
         rows, out_batch, slots = n_blocks * block_n, batch, None
-    k_shift = torch.empty(out_batch, n_kv, rows, head_dim_p, dtype=torch.float16, device=dev)
-    means = torch.empty(out_batch, n_kv, rows // block_n, head_dim_p, dtype=torch.float16,
-                        device=dev)
+    k_shift = binding.empty("k_shift", (out_batch, n_kv, rows, head_dim_p), torch.float16, dev)
+    means = binding.empty("means", (out_batch, n_kv, rows // block_n, head_dim_p),
+                          torch.float16, dev)
     shift = means if exact else cached_shift_table(problem.beta, block_n, problem.scale, dev)
     pages = problem.block_table if problem.paged else kv_lens
-    launch(
+    binding.launch(
         _shift_keys, (n_blocks * batch * n_kv,),
         k, k_shift, means, shift, overflow_word if overflow_word is not None else kv_lens,
         kv_starts, kv_lens,
@@ -218,12 +219,16 @@ def prepare_keys(problem: AttentionProblem, k: torch.Tensor, kv_starts: torch.Te
         BLOCK_N=block_n, HEAD_DIM=head_dim_p,
         num_warps=1 if interpreting() else 4)
     if slots is not None and exact:  # each batch's means in its blocks' order
-        means = (means[slots.long()].transpose(1, 2).flatten(2, 3))
+        means = binding.derive("means_by_batch", means, _means_by_batch, slots)
     return ShiftedKeys(k_shift, means, slots)
 
 
+def _means_by_batch(means: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    return means[slots.long()].transpose(1, 2).flatten(2, 3)
+
+
 def page_slots(table: torch.Tensor, kv_lens: torch.Tensor, block_size: int, entries: int,
-               num_blocks: int) -> torch.Tensor:
+               num_blocks: int, binding: Binding) -> torch.Tensor:
     """int32 (B, entries): the K' slot of each batch's table entry, slot ``b * entries + j``
     being entry j of batch b's own. A physical block wholly below the kv length of a batch
     that references it (shareable: no zero padding of its own) maps to the slot of its first
@@ -231,11 +236,11 @@ def page_slots(table: torch.Tensor, kv_lens: torch.Tensor, block_size: int, entr
     the device in three launches (a fill and two passes of ``_page_slots``), without a host
     synchronisation; ``table`` has unit column stride, ``kv_lens`` is int32 on its device."""
     n_entries = table.shape[0] * entries
-    first = torch.full((num_blocks,), n_entries, dtype=torch.int32, device=table.device)
-    slots = torch.empty(table.shape[0], entries, dtype=torch.int32, device=table.device)
+    first = binding.empty("first_slot", (num_blocks,), torch.int32, table.device, n_entries)
+    slots = binding.empty("slots", (table.shape[0], entries), torch.int32, table.device)
     grid = (max(1, cdiv(n_entries, _SLOTS_PER_PROGRAM)),)
     for claim in (True, False):
-        launch(_page_slots, grid, table, kv_lens, first, slots, table.stride(0), entries,
+        binding.launch(_page_slots, grid, table, kv_lens, first, slots, table.stride(0), entries,
                n_entries, block_size, num_blocks, CLAIM=claim, BLOCK=_SLOTS_PER_PROGRAM,
                num_warps=1 if interpreting() else 4)
     return slots

@@ -37,12 +37,22 @@ MODES = {"no mask": dict(), "causal (2)": dict(sparse_mode=2), "causal (3)": dic
 
 @pytest.fixture
 def gluon_launches(monkeypatch):
-    """The number of Gluon prefill launches while the test runs."""
+    """The number of Gluon prefill launches while the test runs: a plan's first call
+    through :func:`gluon_prefill.run`, a later one repeating the launch it recorded."""
+    from pasa_npu.fallback import kernel_common
     from pasa_npu.fallback.gluon import prefill as gluon_prefill
 
     launches = []
     run = gluon_prefill.run
     monkeypatch.setattr(gluon_prefill, "run", lambda *a: launches.append(1) or run(*a))
+    repeat = kernel_common.PreparedLaunch.run
+
+    def counted(bound, roles):
+        if bound.compiled.name == "prefill_ws_kernel":
+            launches.append(1)
+        repeat(bound, roles)
+
+    monkeypatch.setattr(kernel_common.PreparedLaunch, "run", counted)
     return launches
 
 

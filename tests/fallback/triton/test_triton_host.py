@@ -2,9 +2,10 @@
 actual_seq_lengths_kv grow by one token each never wait for the GPU, a copy of new
 lengths is safe on every stream, and a CUDA graph captured on lengths never seen
 before replays them correctly. A repeated call launches its kernels without Triton's
-per-call argument binding, and computes the same; a decode plan keeps its launches bound and
-runs them on a later call's tensors, bit for bit as unbound. With host lengths, every
-argument form runs without a synchronisation once its plan exists."""
+per-call argument binding, and computes the same; a plan's later calls repeat the launches
+its first call recorded (decode and prefill) on their own tensors, bit for bit as unbound.
+With host lengths, every argument form runs without a synchronisation once its plan
+exists."""
 from __future__ import annotations
 
 import pytest
@@ -199,22 +200,58 @@ def _entries(v2: bool):
     return pasa_npu.fused_attention, pasa_npu.plan
 
 
+def _prefill_forms(device):
+    """name -> (query shape, key/value shape, keywords, v2) of prefill calls: on the
+    Gluon kernel (full lengths, causal; paged), and on the Triton kernel (a band with
+    ragged lengths; TND with sinks). (A call with an explicit mask makes its plan anew.)"""
+    gen = torch.Generator(device=device).manual_seed(13)
+    base = dict(num_heads=HEADS, num_key_value_heads=KV_HEADS, scale=D ** -0.5)
+    table = torch.randperm(8, generator=torch.Generator().manual_seed(2)).view(2, 4)
+    return {
+        "prefill causal": ((2, HEADS, 300, D), (2, KV_HEADS, 300, D), dict(
+            base, input_layout="BNSD", sparse_mode=3,
+            atten_mask=pasa_npu.compressed_causal_mask(device)), False),
+        "prefill paged": ((2, HEADS, 256, D), (8, 128, KV_HEADS * D), dict(
+            base, input_layout="BNSD", block_table=table.to(torch.int32).to(device),
+            block_size=128, actual_seq_lengths_kv=[512, 512]), False),
+        "prefill ragged band": ((2, HEADS, 200, D), (2, KV_HEADS, 250, D), dict(
+            base, input_layout="BNSD", actual_seq_lengths=[200, 120], softmax_lse_flag=True,
+            sparse_mode=4, pre_tokens=64, next_tokens=0,
+            atten_mask=pasa_npu.compressed_causal_mask(device)), False),
+        "prefill v2 TND sinks": ((300, HEADS, D), (500, KV_HEADS, D), dict(
+            num_query_heads=HEADS, num_key_value_heads=KV_HEADS, softmax_scale=D ** -0.5,
+            input_layout="TND", actual_seq_qlen=[100, 300], actual_seq_kvlen=[200, 500],
+            learnable_sink=torch.randn(HEADS, device=device, generator=gen)), True),
+    }
+
+
 @needs_gpu
-@pytest.mark.parametrize("form", ["BNSD", "BSH lengths, LSE", "paged BSH", "v2 TND sinks"])
+@pytest.mark.parametrize("form", ["BNSD", "BSH lengths, LSE", "paged BSH", "v2 TND sinks",
+                                  "prefill causal", "prefill paged", "prefill ragged band",
+                                  "prefill v2 TND sinks"])
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
-def test_decode_plan_runs_its_bound_launches_on_new_tensors(form, algorithm):
+def test_plan_repeats_its_recorded_launches_on_new_tensors(form, algorithm, monkeypatch):
+    """A call of a plan after its first launches what the first recorded (workspaces made
+    again, no launch through Triton's binding or our launch key), bit for bit as a call
+    launched unbound, on the plan's stream and on another."""
     from pasa_npu.fallback import kernel_common
     forms, rand = _decode_forms("cuda")
+    forms.update(_prefill_forms("cuda"))
     q_shape, kv_shape, keywords, v2 = forms[form]
     call, plan = _entries(v2)
     keywords = dict(keywords, algorithm=algorithm, backend="triton")
     call(rand(*q_shape), rand(*kv_shape), rand(*kv_shape), **keywords)
     q, k, v = rand(*q_shape), rand(*kv_shape), rand(*kv_shape)
+    keyed = []
+    launch = kernel_common._launch
+    monkeypatch.setattr(kernel_common, "_launch", lambda *a: keyed.append(a) or launch(*a))
     before = kernel_common.FAST_LAUNCHES[0]
     bound = call(q, k, v, **keywords)
-    assert kernel_common.FAST_LAUNCHES[0] == before + 2, "the plan's two launches did not run"
+    assert kernel_common.FAST_LAUNCHES[0] > before and not keyed, \
+        "the plan's recorded launches did not run"
     planned = plan(q, k, v, **keywords)
     runs = [planned.run(q, k, v) for _ in range(2)]
+    monkeypatch.setattr(kernel_common, "_launch", launch)
     pasa_npu.plans.clear()
     kernel_common._LAUNCHES.clear()
     unbound = call(q, k, v, **keywords)
@@ -300,9 +337,10 @@ def test_device_lengths_are_read_once_per_call():
     assert len(planning) == 2 and syncs(caught) == planning, syncs(caught)
 
 
-def test_a_bound_launch_swaps_in_each_calls_tensors_and_keeps_none(monkeypatch):
-    """PreparedLaunch's bookkeeping, with Triton's launcher replaced by a recorder: the
-    roles' positions get the new call's tensors, everything else stays as bound, no
+def test_a_recorded_call_swaps_in_each_calls_tensors_and_keeps_none(monkeypatch):
+    """Binding and PreparedCall's bookkeeping, with Triton's launcher replaced by a
+    recorder: a repeat makes its own workspaces and what is derived from its tensors, the
+    roles' positions get the new call's objects, everything else stays as bound, no
     reference to the binding call's tensors is kept, and a tensor of other strides or
     alignment launches nothing."""
     import weakref
@@ -317,18 +355,30 @@ def test_a_bound_launch_swaps_in_each_calls_tensors_and_keeps_none(monkeypatch):
     monkeypatch.setattr(kernel_common, "driver", type("D", (), {"active": type(
         "A", (), {"get_current_device": staticmethod(lambda: 0)})}))
     q, out, table = torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(2, dtype=torch.int32)
-    bound = kernel_common.PreparedLaunch.launch(
-        "kernel", (3,), (q, table, out, 7, q.stride(0)), dict(FLAG=True), {"q": q, "out": out})
-    assert bound.values == [None, table, None, 7, 8, True]
+    binding = kernel_common.Binding({"q": q, "out": out})
+    counters = binding.empty("counters", (2,), torch.int32, "cpu", 0)
+    word = binding.derive("word", counters, lambda t: t[1:])
+    rows = binding.derive("rows", q, lambda t: t[:2])
+    assert binding.derive("constant", table, lambda t: t[:1]).shape == (1,)  # not a role
+    binding.launch("kernel", (3,), q, table, out, word, rows, 7, q.stride(0), FLAG=True)
+    recorded = binding.prepared()
+    bound = [a for a in recorded.actions if isinstance(a, kernel_common.PreparedLaunch)]
+    assert len(recorded.actions) == 4 and len(bound) == 1  # counters, word, rows; launch
+    assert bound[0].values == [None, table, None, None, None, 7, 8, True]
+    assert not launched  # the first launch is Triton's own (the stand-in records repeats)
     alive = weakref.ref(q)
-    del q
-    assert alive() is None, "the bound launch keeps the binding call's query alive"
+    del q, binding, rows
+    assert alive() is None, "the recorded call keeps the binding call's query alive"
     q2, out2 = torch.ones(4, 8), torch.ones(4, 8)
-    assert bound({"q": q2, "out": out2})
-    assert launched[-1][0] is q2 and launched[-1][2] is out2 and launched[-1][1] is table
-    assert not bound({"q": torch.ones(8, 4).t(), "out": out2})  # other strides
-    assert not bound({"q": torch.ones(33)[1:].view(4, 8), "out": out2})  # misaligned
+    assert recorded({"q": q2, "out": out2})
+    again = launched[-1]
+    assert again[0] is q2 and again[2] is out2 and again[1] is table
+    assert again[3].shape == (1,) and again[3].item() == 0 and again[3] is not word
+    assert again[4].data_ptr() == q2.data_ptr() and again[4].shape == (2, 8)
+    assert not recorded({"q": torch.ones(8, 4).t(), "out": out2})  # other strides
+    assert not recorded({"q": torch.ones(33)[1:].view(4, 8), "out": out2})  # misaligned
     assert len(launched) == 1
     two_roles = torch.zeros(3)
-    assert kernel_common.PreparedLaunch.launch(
-        "kernel", (1,), (two_roles,), {}, {"key": two_roles, "value": two_roles}) is None
+    binding = kernel_common.Binding({"key": two_roles, "value": two_roles})
+    binding.launch("kernel", (1,), two_roles)
+    assert binding.prepared() is None
