@@ -2,7 +2,8 @@
 ``triton.shift``) and the warp-specialised Gluon kernel (``gluon.prefill``): the kv blocks
 a query tile visits, the fp16 roundings, the allocation's flags as constexprs, the strides
 a TMA descriptor takes, small host helpers, the direct launch and the recorded call that a
-plan repeats. Gluon kernels call these ``triton.jit`` helpers as they are (scalar and element-wise code has no layout of its own)."""
+plan repeats. Gluon kernels call these ``triton.jit`` helpers as they are (scalar and
+element-wise code has no layout of its own)."""
 from __future__ import annotations
 
 import functools
