@@ -95,7 +95,7 @@ class KernelCall:
     lengths: dict  # name -> int32 CPU tensor of B entries (BatchLengths of pasa_tiling.h)
     mask: Optional[torch.Tensor]  # uint8 (B|1, S1, S2), last dim contiguous, nonzero = masked
     block_table: Optional[torch.Tensor]  # paged: int32 (B, max_blocks), contiguous
-    key_slots: Optional[torch.Tensor]  # paged: int32 (B, max_blocks), see key_slots()
+    key_slots: Optional[torch.Tensor]  # paged PASA: int32 (B, max_blocks), see key_slots()
     sink: Optional[torch.Tensor] = None  # learnable sinks: float32 (Nq,), contiguous
 
     def finish(self, problem: AttentionProblem) -> None:
@@ -128,8 +128,9 @@ def kernel_call(problem: AttentionProblem) -> KernelCall:
     table = slots = None
     if problem.paged:
         table = problem.block_table.to(torch.int32).contiguous()
-        slots = key_slots(table, problem.kv_lens, problem.block_size, problem.tiling.kv_block,
-                          problem.key.shape[0])
+        if problem.allocation.shifts_keys:  # fa-fp32 reads no K'
+            slots = key_slots(table, problem.kv_lens, problem.block_size,
+                              problem.tiling.kv_block, problem.key.shape[0])
     return KernelCall(query=q, key=k, value=v, out=out, lse=lse, q_layout=q_layout,
                       kv_layout=kv_layout, out_layout=out_layout,
                       tiling_key=TILING_KEYS[problem.allocation.name],

@@ -23,8 +23,8 @@ from pasa_npu.beta import ideal_invariance
 from pasa_npu.fallback.gluon import prefill as gluon_prefill
 from pasa_npu.fallback.triton import decode, prefill, repair
 from pasa_npu.fallback.triton.tuning import Tuning, active as active_tuning
-from pasa_npu.fallback.kernel_common import (Binding, allocation_flags, interpreting, mask_argument,
-                                             placeholder, pow2)
+from pasa_npu.fallback.kernel_common import (Binding, allocation_flags, interpreting,
+                                             mask_argument, placeholder, pow2)
 from pasa_npu.fallback.triton.metadata import device_metadata, host_ints
 from pasa_npu.fallback.triton.shift import cached_shift_table, prepare_keys
 from pasa_npu.problem import AttentionProblem
