@@ -17,9 +17,9 @@ model is applied in two steps:
    ``overhead + max(slowest core, GM bytes / L2 bandwidth, I/O bytes / HBM bandwidth)`` as the
    emulation itself does, and the key preprocessing launch (pasa, pasa-exact) adds its own
    fit over the kv blocks of the busiest core (bounded the same way, K read once from HBM).
-   A checked call (the PASA allocations) also launches the overflow repair; with no row
-   flagged its cores read their tasks' flag bytes and return, fitted per task of the busiest
-   core.
+   A checked call's overflow repair (the PASA allocations) is a pass of the attention launch
+   (no split kv): with no row flagged its cores read their tasks' flag bytes, which the
+   attention fits include.
 
 Every emulated run is checked against the fp64 golden (``emulate``): a run whose output is
 wrong raises WrongRunError, and no figure is reported from it.
@@ -61,13 +61,11 @@ class Config:
 @dataclass
 class Fit:
     """Per quantity: coefficients (c0, per task, per block, per masked block); preprocessing:
-    (c0, per kv block) of its launch cycles and GM bytes; the repair launch with no row
-    flagged: (c0, per task) of its core cycles (empty for fa-*, which is not checked)."""
+    (c0, per kv block) of its launch cycles and GM bytes."""
 
     config: Config
     coef: dict = field(default_factory=dict)
     prep: dict = field(default_factory=dict)
-    repair: tuple = ()
     golden_rmse: float = 0.0  # the largest relative RMSE against the fp64 golden of the runs fitted
 
     def per_block(self, quantity: str) -> float:
@@ -196,7 +194,7 @@ def calibrate(c: Config, params: dict, progress=None) -> Fit:
 def fit_runs(c: Config, runs, stats, params: dict) -> Fit:
     """The fit of ``c`` from the last_run_stats()-shaped ``stats`` of the calibration ``runs``
     (with ``golden_rmse``), the tasks dealt under ``params`` (one AI Core)."""
-    rows, values, prep_rows, prep_values, repair_values = [], [], [], [], []
+    rows, values, prep_rows, prep_values = [], [], [], []
     golden = 0.0
     for (b, h, hkv, sq, skv, causal), st in zip(runs, stats):
         golden = max(golden, st["golden_rmse"])
@@ -206,8 +204,9 @@ def fit_runs(c: Config, runs, stats, params: dict) -> Fit:
             pre = st["preprocess"]
             prep_rows.append([1.0, float(b * hkv * -(-skv // KV_BLOCK))])
             prep_values.append([pre["core_cycles"], _quantities(pre)["gm_bytes"]])
-        if st["repair"] is not None:
-            repair_values.append(st["repair"]["core_cycles"])
+        if st["repair"] is not None:  # a launch of its own only after split kv's merge
+            raise ValueError(f"{c}: a calibration run split its kv; the model has no merge or "
+                             f"repair launch")
     a = np.array(rows)
     if not c.causal or c.decode:
         a = a[:, :3]
@@ -219,9 +218,6 @@ def fit_runs(c: Config, runs, stats, params: dict) -> Fit:
     if prep_rows:
         sol = np.linalg.lstsq(np.array(prep_rows), np.array(prep_values), rcond=None)[0]
         fit.prep = dict(core_cycles=tuple(sol[:, 0]), gm_bytes=tuple(sol[:, 1]))
-    if repair_values:
-        sol = np.linalg.lstsq(a[:, :2], np.array(repair_values), rcond=None)[0]
-        fit.repair = tuple(float(x) for x in sol)
     return fit
 
 
@@ -292,14 +288,10 @@ def extrapolate(shape: Shape, fit: Fit, params: dict) -> dict:
         keys = 2.0 * shape.b * shape.hkv * shape.skv * shape.d  # read from HBM once
         prep = overhead + max(c0 + per * -(-blocks // cores), prep_gm / params["l2_aggregate_bytes_per_cycle"],
                               keys / params["hbm_aggregate_bytes_per_cycle"])
-    repair = 0.0
-    if fit.repair:
-        repair = overhead + fit.repair[0] + fit.repair[1] * max(len(t) for t in per_core)
-    cycles = attention + prep + repair
+    cycles = attention + prep
     binding = ascendc_emu.binding_resource(busy, core)
     us = cycles / params["clock_mhz"]
-    return dict(cycles=cycles, attention_cycles=attention, preprocess_cycles=prep,
-                repair_cycles=repair, time_us=us,
+    return dict(cycles=cycles, attention_cycles=attention, preprocess_cycles=prep, time_us=us,
                 tflops=shape.flops / (us * 1e-6) / 1e12, binding=binding,
                 binding_share=busy.get(binding, core) / (attention - overhead), busy=busy,
                 kv_gbs=2 * shape.b * shape.hkv * shape.skv * shape.d * 2 / (us * 1e-6) / 1e9)

@@ -72,7 +72,7 @@ def launch_stats(launch: dict, params: dict) -> dict:
 def sim_run_stats(launches: list, params: dict) -> dict:
     """A call's simulated launches named as the emulation names them: the key preprocessing
     (shift_keys / center_keys), the attention launch, a split call's merge, and a second
-    attention launch (the checked call's repair)."""
+    attention launch (a checked call's repair, after split kv's merge)."""
     out = dict(preprocess=None, attention=None, merge=None, repair=None)
     for launch in launches:
         kernel = launch["kernel"]

@@ -3,7 +3,10 @@
 // bodies add the checks the hardware implies (capacity, queue discipline, the event IDs).
 #pragma once
 
+#include "emu_sync.h"
 #include "emu_tensor.h"
+
+#include <exception>
 
 namespace AscendC {
 
@@ -179,9 +182,21 @@ public:
         emu::tls_pipe = &state_;
         emu::tls_tpipe = this;
     }
+    // TPipe::Destroy (impl/basic_api/kernel_tpipe_impl.h): each free buffer's pending event is
+    // waited for and its ID given back, then every pipe drains (PIPE_ALL), so that a later
+    // TPipe of the kernel starts with every event ID free.
     ~TPipe()
     {
-        if (emu::tls_core != nullptr) emu::tls_core->pipeAlive = false;
+        if (emu::tls_core != nullptr) {
+            emu::CoreCtx& c = *emu::tls_core;
+            for (int e = 0; e < static_cast<int>(HardEvent::MAX); ++e) {
+                for (int id = 0; id < emu::kEventIds; ++id) {
+                    if (c.queueFlag[e][id]) c.eventIdUsed[e][id] = c.queueFlag[e][id] = false;
+                }
+            }
+            if (std::uncaught_exceptions() == 0) emu::BarrierAll();
+            c.pipeAlive = false;
+        }
         emu::tls_pipe = nullptr;
         emu::tls_tpipe = nullptr;
     }

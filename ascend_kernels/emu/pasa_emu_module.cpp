@@ -67,6 +67,7 @@ py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
     d["num_tasks"] = t.numTasks;
     d["kv_splits"] = t.kvSplits;
     d["shift_scores"] = t.shiftScores;
+    d["repair_in_launch"] = t.repairTilingOffset != 0;
     d["prep_dim"] = t.prepDim;
     d["merge_dim"] = t.mergeDim;
     d["ub_score_buffers"] = t.ubScoreBuffers;

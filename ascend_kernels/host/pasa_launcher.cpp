@@ -43,7 +43,7 @@ void CheckLengths(const PasaProblem& p, const BatchLengths& l)
     }
 }
 
-// A checked call's repair launch: the fa-fp32 tiling of `problem` without split kv, on the same
+// A checked call's repair pass: the fa-fp32 tiling of `problem` without split kv, on the same
 // tasks as `t`; both tilings' task flags at one workspace offset, after either's own workspace.
 void ShareTaskFlags(const PasaProblem& problem, const BatchLengths& lengths, PasaTilingData& t, PasaTilingData& repair)
 {
@@ -118,14 +118,25 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
     PasaTilingData t = ComputeTiling(problem, &lengths);
     PasaTilingData repair{};
     if (problem.overflowCheck) ShareTaskFlags(problem, lengths, t, repair);
+    const ParameterLayout at = ParameterLayoutFor(t.batch);
+    // without split kv the attention launch writes the row flags and repairs them itself
+    const bool repairInLaunch = problem.overflowCheck && t.kvSplits == 1 && repair.blockDim == t.blockDim;
+    if (repairInLaunch) {
+        repair.coreAreaOffset = AlignUp(t.workspaceBytes, 512);
+        t.workspaceBytes = repair.workspaceBytes = repair.coreAreaOffset + repair.coreAreaBytes * repair.blockDim;
+        t.repairTilingOffset = static_cast<uint32_t>(at.bytes);
+    }
     // shiftScores: the attention kernel shifts the scores, no key is preprocessed
     const bool prepare = t.tilingKey != PASA_KEY_FA_FP32 && !t.shiftScores;
     if (problem.paged && prepare && tensors.keySlots == nullptr) {
         Refuse("paged KV with pasa or pasa-exact needs the K' slot table (the owner entry of each table entry)");
     }
-    const ParameterLayout at = ParameterLayoutFor(t.batch);
     if (at.batches != t.batchParamsOffset) Refuse("the parameter layout disagrees with the tiling");
-    const std::vector<uint8_t> parameters = ParameterBytes(problem, t, lengths);
+    std::vector<uint8_t> parameters = ParameterBytes(problem, t, lengths);
+    if (repairInLaunch) {  // the repair pass's tiling and batch records follow the call's
+        const std::vector<uint8_t> second = ParameterBytes(problem, repair, lengths);
+        parameters.insert(parameters.end(), second.begin(), second.end());
+    }
     std::vector<uint16_t> shiftMatrix;
     std::vector<float> scoreMap;
     if (t.tilingKey == PASA_KEY_PASA && t.shiftScores) {
@@ -136,12 +147,13 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
         FillShiftMatrix(t, shiftMatrix.data());
     }
 
-    auto* params = static_cast<uint8_t*>(runtime.Allocate(at.bytes, BufferRole::kParameters));
+    auto* params = static_cast<uint8_t*>(runtime.Allocate(parameters.size(), BufferRole::kParameters));
+    const bool repairLaunch = problem.overflowCheck && !repairInLaunch;
     uint8_t* repairParams = nullptr;
-    if (problem.overflowCheck) repairParams = static_cast<uint8_t*>(runtime.Allocate(at.bytes, BufferRole::kParameters));
+    if (repairLaunch) repairParams = static_cast<uint8_t*>(runtime.Allocate(at.bytes, BufferRole::kParameters));
     auto* workspace = static_cast<uint8_t*>(runtime.Allocate(t.workspaceBytes, BufferRole::kWorkspace));
     runtime.Upload(params, parameters.data(), parameters.size());
-    if (problem.overflowCheck) {
+    if (repairLaunch) {
         const std::vector<uint8_t> second = ParameterBytes(problem, repair, lengths);
         runtime.Upload(repairParams, second.data(), second.size());
     }
@@ -166,7 +178,7 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
     if (prepare) runtime.Launch(t.tilingKey == PASA_KEY_PASA ? PasaKernel::kShiftKeys : PasaKernel::kCenterKeys, t.prepDim, args);
     runtime.Launch(PasaKernel::kAttention, t.blockDim, args);
     if (t.kvSplits > 1) runtime.Launch(PasaKernel::kMerge, t.mergeDim, args);
-    if (problem.overflowCheck) {  // its cores return at once where no task byte is set
+    if (repairLaunch) {  // split kv: after the merge, which writes the flags; its cores return at once where no task byte is set
         args.keySlots = nullptr;
         args.tiling = repairParams + at.tiling;
         runtime.Launch(PasaKernel::kAttention, repair.blockDim, args);

@@ -31,6 +31,42 @@
 
 using namespace AscendC;
 
+namespace {
+
+__aicore__ inline void CubePass(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR blockTable, GM_ADDR keySlots,
+                                GM_ADDR workspace, GM_ADDR tiling, const PasaTilingData& t)
+{
+    if (t.inDtype == PASA_IN_BF16) {
+        pasa::AttentionCube<bfloat16_t> op;
+        op.Run(query, key, value, blockTable, keySlots, workspace, tiling, t);
+    } else {
+        pasa::AttentionCube<half> op;
+        op.Run(query, key, value, blockTable, keySlots, workspace, tiling, t);
+    }
+}
+
+__aicore__ inline void VectorPass(GM_ADDR mask, GM_ADDR sink, GM_ADDR out, GM_ADDR lse, GM_ADDR rowFlags,
+                                  GM_ADDR workspace, GM_ADDR tiling, const PasaTilingData& t)
+{
+    if (t.inDtype == PASA_IN_BF16) {
+        pasa::AttentionVector<bfloat16_t, bfloat16_t> op;
+        op.Run(mask, sink, out, lse, rowFlags, workspace, tiling, t);
+    } else if (t.outDtype == PASA_OUT_BF16) {
+        pasa::AttentionVector<bfloat16_t, half> op;
+        op.Run(mask, sink, out, lse, rowFlags, workspace, tiling, t);
+    } else {
+        pasa::AttentionVector<half, half> op;
+        op.Run(mask, sink, out, lse, rowFlags, workspace, tiling, t);
+    }
+}
+
+}  // namespace
+
+// A checked call without split kv repairs in the same launch (tiling.repairTilingOffset): once
+// both vector cores of an AI Core have stored their task flags, that core's cube and vector
+// cores run the repair pass (fa-fp32, the raw K) over its own flagged tasks, if it has any; the
+// pass's exchange slots lie past the first pass's workspace, so that a core still in its first
+// pass keeps its own.
 extern "C" __global__ __aicore__ void pasa_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR mask,
                                                      GM_ADDR blockTable, GM_ADDR keySlots, GM_ADDR sink, GM_ADDR out,
                                                      GM_ADDR lse, GM_ADDR rowFlags, GM_ADDR workspace, GM_ADDR tiling)
@@ -38,25 +74,30 @@ extern "C" __global__ __aicore__ void pasa_attention(GM_ADDR query, GM_ADDR key,
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
     PasaTilingData t;
     pasa::LoadTiling(tiling, t);
+    GM_ADDR repairTiling = t.repairTilingOffset != 0 ? tiling + t.repairTilingOffset : nullptr;
     if ASCEND_IS_AIC {
-        if (t.inDtype == PASA_IN_BF16) {
-            pasa::AttentionCube<bfloat16_t> op;
-            op.Run(query, key, value, blockTable, keySlots, workspace, tiling, t);
-        } else {
-            pasa::AttentionCube<half> op;
-            op.Run(query, key, value, blockTable, keySlots, workspace, tiling, t);
+        CubePass(query, key, value, blockTable, keySlots, workspace, tiling, t);
+        if (repairTiling != nullptr) {
+            CrossCoreWaitFlag(PASA_FLAG_FLAGS_READY);
+            CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_FLAGS_SEEN);
+            if (pasa::HasFlaggedTask(tiling, t, workspace, static_cast<uint32_t>(GetBlockIdx()))) {
+                PasaTilingData r;
+                pasa::LoadTiling(repairTiling, r);
+                CubePass(query, key, value, blockTable, nullptr, workspace, repairTiling, r);
+            }
         }
     }
     if ASCEND_IS_AIV {
-        if (t.inDtype == PASA_IN_BF16) {
-            pasa::AttentionVector<bfloat16_t, bfloat16_t> op;
-            op.Run(mask, sink, out, lse, rowFlags, workspace, tiling, t);
-        } else if (t.outDtype == PASA_OUT_BF16) {
-            pasa::AttentionVector<bfloat16_t, half> op;
-            op.Run(mask, sink, out, lse, rowFlags, workspace, tiling, t);
-        } else {
-            pasa::AttentionVector<half, half> op;
-            op.Run(mask, sink, out, lse, rowFlags, workspace, tiling, t);
+        VectorPass(mask, sink, out, lse, rowFlags, workspace, tiling, t);
+        if (repairTiling != nullptr) {
+            PipeBarrier<PIPE_ALL>();  // this core's task and row flags stored
+            CrossCoreSetFlag<2, PIPE_MTE3>(PASA_FLAG_FLAGS_READY);
+            CrossCoreWaitFlag(PASA_FLAG_FLAGS_SEEN);
+            if (pasa::HasFlaggedTask(tiling, t, workspace, static_cast<uint32_t>(GetBlockIdx()) / 2)) {
+                PasaTilingData r;
+                pasa::LoadTiling(repairTiling, r);
+                VectorPass(mask, sink, out, lse, rowFlags, workspace, repairTiling, r);
+            }
         }
     }
 }

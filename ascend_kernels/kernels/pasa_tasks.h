@@ -241,6 +241,18 @@ private:
     bool done_ = false;
 };
 
+// Whether AI Core `core` has a task whose flag bytes are set (work for the repair pass), of the
+// tasks `t` deals it (the repair pass's tiling deals the same ones).
+__aicore__ inline bool HasFlaggedTask(GM_ADDR tiling, const PasaTilingData& t, GM_ADDR workspace, uint32_t core)
+{
+    BatchTable batches;
+    batches.Init(tiling, t);
+    AttentionTaskIter it(t, batches, core, t.blockDim, t.kvSplits);
+    it.OnlyFlagged(workspace);
+    AttentionTask task;
+    return it.Next(task);
+}
+
 }  // namespace pasa
 
 #endif  // PASA_TASKS_H

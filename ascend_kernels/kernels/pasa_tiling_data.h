@@ -40,6 +40,8 @@ constexpr uint16_t PASA_FLAG_P_READY = 2;    // AIV -> AIC: both halves of P' ar
 constexpr uint16_t PASA_FLAG_PV_READY = 3;   // AIC -> AIV: the P'V tile is in the workspace
 constexpr uint16_t PASA_FLAG_SUM_READY = 4;  // preprocessing, AIC -> AIV: a block's column sums
 constexpr uint16_t PASA_FLAG_SUM_FREE = 5;   // preprocessing, AIV -> AIC: the column-sum slot may be reused
+constexpr uint16_t PASA_FLAG_FLAGS_READY = 6;  // AIV -> AIC: a vector core's task flags are in the workspace
+constexpr uint16_t PASA_FLAG_FLAGS_SEEN = 7;   // AIC -> AIV: both vector cores' task flags are
 
 // Row flags (overflowCheck): the byte of one (task, vector core half) in the workspace.
 constexpr uint32_t PASA_TASK_FLAG_BYTES = 32;  // one task flag slot (PasaTilingData::taskFlagsOffset)
@@ -106,7 +108,9 @@ struct PasaTilingData {
                              // scores the raw keys in fp32 and the vector cores shift the scores (no preprocessing)
     uint32_t partFilled;     // some batch's kv length is not a multiple of kvBlock: its last block is part-filled
     uint32_t overflowCheck;  // 1: the kernels write a flag byte per output row, 1 where its output or LSE is not finite
-    uint32_t repair;         // 1: the repair launch (fa-fp32): only the tasks whose flag bytes are set, only flagged rows
+    uint32_t repair;         // 1: the repair pass (fa-fp32): only the tasks whose flag bytes are set, only flagged rows
+    uint32_t repairTilingOffset;  // overflowCheck without split kv: bytes from this tiling struct to the repair
+                                  // pass's, which the attention launch runs after its own (0: none in this launch)
     uint32_t hasSink;        // 1: learnable sinks: the sink buffer holds one fp32 logit per query head, joined to
                              // each row's softmax at its end (the vector cores' end of a task, or the merge)
     uint32_t batchParamsOffset;  // bytes from the tiling struct to the per-batch records

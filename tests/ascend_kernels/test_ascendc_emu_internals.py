@@ -87,8 +87,12 @@ def test_cost_counters_per_path():
         extra_calls, extra_macs = (tasks, tasks * 2 * 128 * 64) if algorithm == "pasa-exact" else (0, 0)
         assert att["mmad_calls"] == 2 * tiles + extra_calls
         assert att["cube_macs"] == tiles * (128 * 128 * 64 + 128 * 64 * 128) + extra_macs
-        assert att["cross_core_sets"] == 4 * tiles   # S and PV by the AIC, P by each AIV
-        assert att["cross_core_waits"] == 5 * tiles  # P by the AIC, S and PV by each AIV
+        # the checked allocations' repair pass: per AI Core, FLAGS_READY by each AIV and
+        # FLAGS_SEEN by the AIC, waited for by the AIC and by each AIV
+        repair_pass = 3 * stats[algorithm]["tiling"]["block_dim"] if algorithm != "fa-fp32" else 0
+        assert stats[algorithm]["tiling"]["repair_in_launch"] == (algorithm != "fa-fp32")
+        assert att["cross_core_sets"] == 4 * tiles + repair_pass   # S and PV by the AIC, P by each AIV
+        assert att["cross_core_waits"] == 5 * tiles + repair_pass  # P by the AIC, S and PV by each AIV
     assert stats["fa-fp32"]["preprocess"] is None
     assert stats["pasa"]["preprocess"]["cube_macs"] == 2 * 128 * 64 * 128          # M^T K per block
     assert stats["pasa-exact"]["preprocess"]["cube_macs"] == 2 * 1 * 64 * 128      # ones^T K per block
