@@ -305,4 +305,14 @@ void LoadData(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LoadDa
     (dst.HardwareKind() == Hardware::L0A ? st.l1_to_l0a : st.l1_to_l0b) += static_cast<uint64_t>(p.repeatTimes) * frac;
 }
 
+// The scalar unit's data cache (impl/basic_api/kernel_reg.h): the emulation's scalar GM
+// accesses read and write memory directly, so cleaning and invalidating it has nothing to do.
+enum class CacheLine : uint64_t { SINGLE_CACHE_LINE = 0, ENTIRE_DATA_CACHE };
+enum class DcciDst : uint64_t { CACHELINE_ALL = 0, CACHELINE_UB, CACHELINE_OUT, CACHELINE_ATOMIC };
+
+template <typename T, CacheLine entireType, DcciDst dcciDst>
+void DataCacheCleanAndInvalid(const GlobalTensor<T>&)
+{
+}
+
 }  // namespace AscendC

@@ -242,9 +242,14 @@ private:
 };
 
 // Whether AI Core `core` has a task whose flag bytes are set (work for the repair pass), of the
-// tasks `t` deals it (the repair pass's tiling deals the same ones).
+// tasks `t` deals it (the repair pass's tiling deals the same ones). The vector cores wrote the
+// bytes (and the row flags) through MTE3: the scalar data cache drops what it holds first, so
+// that the scalar reads here and in the pass see them.
 __aicore__ inline bool HasFlaggedTask(GM_ADDR tiling, const PasaTilingData& t, GM_ADDR workspace, uint32_t core)
 {
+    GlobalTensor<uint8_t> flags;
+    flags.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(workspace + t.taskFlagsOffset));
+    DataCacheCleanAndInvalid<uint8_t, CacheLine::ENTIRE_DATA_CACHE, DcciDst::CACHELINE_OUT>(flags);
     BatchTable batches;
     batches.Init(tiling, t);
     AttentionTaskIter it(t, batches, core, t.blockDim, t.kvSplits);
