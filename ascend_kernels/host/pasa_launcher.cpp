@@ -126,16 +126,16 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
         t.workspaceBytes = repair.workspaceBytes = repair.coreAreaOffset + repair.coreAreaBytes * repair.blockDim;
         t.repairTilingOffset = static_cast<uint32_t>(at.bytes);
     }
-    // shiftScores: the attention kernel shifts the scores, no key is preprocessed
-    const bool prepare = t.tilingKey != PASA_KEY_FA_FP32 && !t.shiftScores;
+    const bool prepare = t.prepDim != 0;  // the key preprocessing launch (not fa-fp32, not shiftScores)
     if (problem.paged && prepare && tensors.keySlots == nullptr) {
         Refuse("paged KV with pasa or pasa-exact needs the K' slot table (the owner entry of each table entry)");
     }
     if (at.batches != t.batchParamsOffset) Refuse("the parameter layout disagrees with the tiling");
     std::vector<uint8_t> parameters = ParameterBytes(problem, t, lengths);
+    std::vector<uint8_t> repairParameters;
+    if (problem.overflowCheck) repairParameters = ParameterBytes(problem, repair, lengths);
     if (repairInLaunch) {  // the repair pass's tiling and batch records follow the call's
-        const std::vector<uint8_t> second = ParameterBytes(problem, repair, lengths);
-        parameters.insert(parameters.end(), second.begin(), second.end());
+        parameters.insert(parameters.end(), repairParameters.begin(), repairParameters.end());
     }
     std::vector<uint16_t> shiftMatrix;
     std::vector<float> scoreMap;
@@ -153,10 +153,7 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
     if (repairLaunch) repairParams = static_cast<uint8_t*>(runtime.Allocate(at.bytes, BufferRole::kParameters));
     auto* workspace = static_cast<uint8_t*>(runtime.Allocate(t.workspaceBytes, BufferRole::kWorkspace));
     runtime.Upload(params, parameters.data(), parameters.size());
-    if (repairLaunch) {
-        const std::vector<uint8_t> second = ParameterBytes(problem, repair, lengths);
-        runtime.Upload(repairParams, second.data(), second.size());
-    }
+    if (repairLaunch) runtime.Upload(repairParams, repairParameters.data(), repairParameters.size());
     if (!shiftMatrix.empty()) {
         runtime.Upload(workspace + t.shiftMatrixOffset, shiftMatrix.data(), shiftMatrix.size() * sizeof(uint16_t));
     }

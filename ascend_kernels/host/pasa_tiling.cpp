@@ -338,7 +338,7 @@ void PlanVector(PasaTilingData& t, PasaBudget& b)
 void PlanPreprocessing(const PasaTilingData& t, PasaBudget& b)
 {
     const uint64_t n = t.kvBlock, d = t.headDim;
-    if (t.shiftScores) return;  // no preprocessing launch
+    if (t.prepDim == 0) return;  // no preprocessing launch
     if (t.tilingKey == PASA_KEY_PASA) {
         // M^T and the row of ones (part-filled blocks' column sums); the vector cores correct those blocks
         b.prepL1 = n * n * 2 + 16 * n * 2 + 2 * n * d * 2;
@@ -377,7 +377,7 @@ void CheckBudgets(const PasaProblem& p, const PasaBudget& b)
 void PlanWorkspace(const PasaProblem& p, PasaTilingData& t)
 {
     const bool exact = p.tilingKey == PASA_KEY_PASA_EXACT && !t.shiftScores;  // block means and row constants
-    const bool keyPrime = p.tilingKey != PASA_KEY_FA_FP32 && !t.shiftScores;
+    const bool keyPrime = t.prepDim != 0;  // the preprocessing launch writes K'
     const bool pasa = p.tilingKey == PASA_KEY_PASA;
     const uint64_t n = t.kvBlock, d = t.headDim, dv = t.headDimV, rows = t.qTilePad;
     // K' block slots: per (batch, kv head, block), or per (table entry, sub-block, kv head) paged
@@ -421,7 +421,7 @@ PasaTilingData ComputeTiling(const PasaProblem& p, const BatchLengths* lengths, 
     PlanBlocking(p, lengths, t);
     PasaBudget b;
     PlanCube(t, b);
-    if (p.paged && p.tilingKey != PASA_KEY_FA_FP32 && !t.shiftScores && t.subBlocks == 0) {
+    if (p.paged && t.prepDim != 0 && t.subBlocks == 0) {  // K' per physical block
         Reject("paged KV with " + std::string(p.tilingKey == PASA_KEY_PASA ? "pasa" : "pasa-exact") +
                " keeps K' per physical block: kvBlock (" + std::to_string(p.kvBlock) + ") must divide blockSize (" +
                std::to_string(p.blockSize) + ")");

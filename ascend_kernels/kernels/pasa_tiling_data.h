@@ -136,7 +136,7 @@ struct PasaTilingData {
 
     // ---- core split
     uint32_t blockDim;       // AI Cores of the attention launch
-    uint32_t prepDim;        // AI Cores of the preprocessing launch
+    uint32_t prepDim;        // AI Cores of the preprocessing launch (0: none runs)
     uint32_t numQTiles;      // query tiles of the batch with the most
     uint32_t numTasks;       // attention tasks of the call (before splitting)
     uint32_t kvSplits;       // kv ranges per task (1: no split, no merge launch)

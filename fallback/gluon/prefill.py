@@ -67,8 +67,8 @@ except ImportError:  # pragma: no cover - older Triton
 
 from pasa_npu.beta import partial_block_shift
 from pasa_npu.fallback.gluon.config import BLOCK_N, GROUP_ROWS, MEAN_ROWS
-from pasa_npu.fallback.kernel_common import (INTERPRET, Binding, descriptor_over, device_capability,
-                                             sm_count, tma_strides)
+from pasa_npu.fallback.kernel_common import (INTERPRET, Binding, descriptor_over,
+                                             device_capability, sm_count, tma_strides)
 from pasa_npu.problem import AttentionProblem
 
 ALGORITHMS = ("pasa-exact", "pasa", "fa-fp32")

@@ -240,9 +240,9 @@ def page_slots(table: torch.Tensor, kv_lens: torch.Tensor, block_size: int, entr
     slots = binding.empty("slots", (table.shape[0], entries), torch.int32, table.device)
     grid = (max(1, cdiv(n_entries, _SLOTS_PER_PROGRAM)),)
     for claim in (True, False):
-        binding.launch(_page_slots, grid, table, kv_lens, first, slots, table.stride(0), entries,
-               n_entries, block_size, num_blocks, CLAIM=claim, BLOCK=_SLOTS_PER_PROGRAM,
-               num_warps=1 if interpreting() else 4)
+        binding.launch(_page_slots, grid, table, kv_lens, first, slots, table.stride(0),
+                       entries, n_entries, block_size, num_blocks, CLAIM=claim,
+                       BLOCK=_SLOTS_PER_PROGRAM, num_warps=1 if interpreting() else 4)
     return slots
 
 
