@@ -273,24 +273,26 @@ def _run_compiled(compiled, grid: tuple, values: tuple, device) -> None:
 
 
 class PreparedLaunch:
-    """A launch bound once: Triton's compiled kernel, the grid and every argument value in
-    the kernel's parameter order, with the call's own tensors and workspaces (``roles``) at
-    known positions. :meth:`run` launches the same compiled kernel on another call's
-    objects of the same roles (:class:`PreparedCall` checks their layout first). No
-    argument binding, key or lookup."""
+    """A launch bound once: Triton's compiled kernel, the grid, the stream and every argument
+    value in the kernel's parameter order, with the call's own tensors and workspaces
+    (``roles``) at known positions. :meth:`run` launches the same compiled kernel on another
+    call's objects of the same roles (:class:`PreparedCall` checks their layout first). No
+    argument binding, key or lookup; where it can (:func:`_direct_send`), straight into
+    Triton's C launcher."""
 
-    __slots__ = ("compiled", "grid", "values", "slots", "device")
+    __slots__ = ("name", "send", "values", "slots", "addresses", "keep")
 
-    def __init__(self, compiled, grid, values, slots, device):
-        self.compiled, self.grid, self.values = compiled, grid, values
-        self.slots, self.device = slots, device
+    def __init__(self, name: str, send, values, slots, addresses=(), keep=()):
+        self.name, self.send, self.values, self.slots = name, send, values, slots
+        self.addresses, self.keep = addresses, keep
 
     @classmethod
     def launch(cls, kernel, grid: tuple, args: tuple, kwargs: dict,
                roles: dict) -> Optional["PreparedLaunch"]:
         """:func:`launch` ``kernel`` on ``args``/``kwargs``; returns the launch bound for
-        repeats, or None where it cannot be (the interpreter, a Triton without the
-        internals :func:`launch` reuses, an object that holds two roles)."""
+        repeats on the current stream, or None where it cannot be (the interpreter, a
+        Triton without the internals :func:`launch` reuses, an object that holds two
+        roles)."""
         hit = _launch(kernel, grid, args, kwargs)
         if hit is None or len({id(t) for t in roles.values()}) != len(roles):
             return None
@@ -300,15 +302,105 @@ class PreparedLaunch:
         slots = tuple((i, by_id[id(x)]) for i, x in enumerate(values) if id(x) in by_id)
         for i, _ in slots:  # keep no reference to this call's tensors
             values[i] = None
-        return cls(compiled, grid, values, slots, driver.active.get_current_device())
+        device = driver.active.get_current_device()
+        name = getattr(compiled, "name", str(compiled))
+        direct = _direct_send(compiled, grid, device)
+        if direct is None:
+            return cls(name, functools.partial(_send_through_triton, compiled, grid, device),
+                       values, slots)
+        send, pointers = direct
+        # pointer parameters go to the C launcher as addresses: the plan's tensors once here
+        # (kept alive), the call's own on each run; Triton would ask each tensor for its
+        # address and the driver to check it, on every launch
+        keep = tuple(values[i] for i in pointers if isinstance(values[i], torch.Tensor))
+        for i in pointers:
+            if isinstance(values[i], torch.Tensor):
+                values[i] = values[i].data_ptr()
+        addresses = tuple((i, role) for i, role in slots if i in pointers)
+        slots = tuple((i, role) for i, role in slots if i not in pointers)
+        return cls(name, send, values, slots, addresses, keep)
 
     def run(self, roles: dict) -> None:
         """Launch on ``roles`` (role -> tensor or descriptor)."""
         values = self.values.copy()
         for i, role in self.slots:
             values[i] = roles[role]
-        _run_compiled(self.compiled, self.grid, values, self.device)
+        for i, role in self.addresses:
+            values[i] = roles[role].data_ptr()
+        self.send(values)
         FAST_LAUNCHES[0] += 1
+
+
+def _send_through_triton(compiled, grid, device, values) -> None:
+    _run_compiled(compiled, grid, values, device)
+
+
+def _direct_send(compiled, grid: tuple, device):
+    """(send, the positions of its pointer parameters): ``send`` launches ``compiled`` on a
+    list of argument values (addresses for the pointers, or tensors) by calling
+    Triton's C launcher itself, with the launch's fixed head (grid, the current stream,
+    the function, its metadata) built once, and each TMA descriptor's CUtensorMap filled
+    once per base address (Triton fills one per descriptor on every launch; the map
+    depends on nothing else, the descriptor's geometry being the recorded call's). None
+    where this Triton's launcher is not the one read here, the kernel needs a scratch
+    allocation, or launch hooks are set; each launch still goes through Triton's own
+    path while hooks are set."""
+    try:
+        from triton.backends.nvidia import driver as nvidia
+
+        run = compiled.run
+        if (type(run) is not nvidia.CudaLauncher or run.global_scratch_size
+                or run.profile_scratch_size or _hooked()):
+            return None
+        c_launch = run.launch
+        kinds = list(compiled.src.signature.values())
+        described = [i for i, kind in enumerate(kinds)
+                     if isinstance(kind, str) and kind.startswith("tensordesc")]
+        metas = list(getattr(compiled.metadata, "tensordesc_meta", None)
+                     or [None] * len(described))
+        if described:  # Triton wraps its C launcher to expand descriptors: unwrap it
+            cells = dict(zip(c_launch.__code__.co_freevars,
+                             (c.cell_contents for c in c_launch.__closure__)))
+            c_launch = cells["launcher"]
+        if len(metas) != len(described) or not callable(c_launch):
+            return None
+        expand = nvidia.make_tensordesc_arg
+        pointers = frozenset(i for i, kind in enumerate(kinds)
+                             if isinstance(kind, str) and kind.startswith("*"))
+    except Exception:  # noqa: BLE001 - another Triton: its own launch path
+        return None
+    grid = (*grid, 1, 1)
+    head = (grid[0], grid[1], grid[2], driver.active.get_current_stream(device),
+            compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+            compiled.packed_metadata, None, None, None)
+    filled: dict = {}
+
+    def send(values: list) -> None:
+        if _hooked():
+            _run_compiled(compiled, grid[:3], values, device)
+            return
+        for i, meta in zip(reversed(described), reversed(metas)):
+            descriptor = values[i]
+            if meta is None:
+                values[i:i + 1] = expand(descriptor, None)
+                continue
+            key = (i, descriptor.base.data_ptr())
+            parts = filled.get(key)
+            if parts is None:
+                if len(filled) > 64:
+                    filled.clear()
+                parts = filled[key] = expand(descriptor, meta)
+            values[i:i + 1] = parts
+        c_launch(*head, *values)
+
+    return send, pointers
+
+
+def _hooked() -> bool:
+    """Whether a launch hook is set (Triton's default is an empty chain of hooks, which
+    still costs it a metadata dictionary per launch)."""
+    return any(hook is not None and getattr(hook, "calls", True)
+               for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
 
 
 class Binding:

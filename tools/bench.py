@@ -127,20 +127,24 @@ def run_case(case, algorithms, mask, progress=print, paged_cache=None,
     for name in ("sdpa-flash", "sdpa-cudnn"):
         candidates[name] = _sdpa(name)
     row = dict(case)
+    calls = {}
     for name, fn in candidates.items():
-        row[name] = _timed(lambda: fn(q, k, v, causal, gqa), flops, kv_bytes)
+        calls[name] = lambda fn=fn: fn(q, k, v, causal, gqa)
+        row[name] = _timed(calls[name], flops, kv_bytes)
     paged = [a for a in bench_paged.PAGED_ALGORITHMS if a in algorithms]
     if paged_cache and paged and (case["kind"] == "decode" or d == 128):
         k_cache, v_cache, table = bench_paged.paged_kv(k, v, gen, paged_cache)
         for name in paged:
             fn = bench_paged.paged_call(name, mask, table, repair_overflow=overflow_check)
-            paged_call = lambda: fn(q, k_cache, v_cache, causal, gqa)  # noqa: E731
+            paged_call = lambda fn=fn: fn(q, k_cache, v_cache, causal, gqa)  # noqa: E731
             row[f"{name} paged"] = _timed(paged_call, flops, kv_bytes)
+            calls[f"{name} paged"] = paged_call
             if case["kind"] == "prefill":  # the kernels alone, without the host's time
                 plain = candidates[name]
                 _add_graph_tflops(row[name], lambda: plain(q, k, v, causal, gqa), flops)
                 _add_graph_tflops(row[f"{name} paged"], paged_call, flops)
-        del k_cache, v_cache
+    for name, us in host_us({n: fn for n, fn in calls.items() if "error" not in row[n]}).items():
+        row[name]["host_us"] = us
     progress(row_text(row, algorithms))
     return row
 
@@ -153,7 +157,7 @@ def _timed(call, flops: float, kv_bytes) -> dict:
         ms = _time_ms(call)
     except Exception as err:
         return {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"}
-    entry = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "host_us": host_us(call)}
+    entry = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12}
     if kv_bytes is not None:
         entry["eager_gbs"] = kv_bytes / (ms * 1e-3) / 1e9
         try:
@@ -164,20 +168,25 @@ def _timed(call, flops: float, kv_bytes) -> dict:
     return entry
 
 
-def host_us(call, calls: int = 50) -> float:
-    """Median microseconds of host time per call of ``call``, measured while the GPU is kept
-    busy by work queued ahead of the calls (so that no call waits for it, and each call's
-    time is its Python and launch work alone)."""
-    call()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(1 << 28)  # about 0.1 s of GPU work ahead of the timed calls
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
+def host_us(calls: dict, rounds: int = 10, per_round: int = 5) -> dict:
+    """name -> median microseconds of host time per call of ``calls[name]``, measured while
+    the GPU is kept busy by work queued ahead of the calls (so that no call waits for it,
+    and each call's time is its Python and launch work alone). The candidates take turns,
+    ``per_round`` calls each per round, so that a drift of the host's speed during the
+    cell falls on all of them alike."""
+    for call in calls.values():
         call()
-        times.append(time.perf_counter() - t0)
     torch.cuda.synchronize()
-    return statistics.median(times) * 1e6
+    times: dict = {name: [] for name in calls}
+    for _ in range(rounds):
+        torch.cuda._sleep(1 << 27)  # about 70 ms of GPU work ahead of the round's calls
+        for name, call in calls.items():
+            for _ in range(per_round):
+                t0 = time.perf_counter()
+                call()
+                times[name].append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+    return {name: statistics.median(t) * 1e6 for name, t in times.items()}
 
 
 def _add_graph_tflops(entry: dict, call, flops: float) -> None:

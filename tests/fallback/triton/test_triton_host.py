@@ -337,6 +337,46 @@ def test_device_lengths_are_read_once_per_call():
     assert len(planning) == 2 and syncs(caught) == planning, syncs(caught)
 
 
+@needs_gpu
+@pytest.mark.parametrize("form", ["BNSD", "prefill causal"])
+def test_recorded_launches_reach_tritons_c_launcher_and_honour_launch_hooks(form, monkeypatch):
+    """A plan's repeated launches call Triton's C launcher without its Python launch path,
+    on other tensors and back (the TMA maps filled per base address); with a launch hook
+    set they take that path, and the hook sees each launch. Results bit for bit."""
+    from triton import knobs
+
+    from pasa_npu.fallback import kernel_common
+    forms, rand = _decode_forms("cuda")
+    forms.update(_prefill_forms("cuda"))
+    q_shape, kv_shape, keywords, v2 = forms[form]
+    call = _entries(v2)[0]
+    keywords = dict(keywords, algorithm="pasa", backend="triton")
+    inputs = [(rand(*q_shape), rand(*kv_shape), rand(*kv_shape)) for _ in range(2)]
+    first = [call(*qkv, **keywords) for qkv in inputs]
+    through = []
+    run_compiled = kernel_common._run_compiled
+    monkeypatch.setattr(kernel_common, "_run_compiled",
+                        lambda *a: through.append(a) or run_compiled(*a))
+    before = kernel_common.FAST_LAUNCHES[0]
+    again = [call(*inputs[i], **keywords) for i in (1, 0, 1)]
+    assert kernel_common.FAST_LAUNCHES[0] > before and not through
+    seen = []
+    hook = seen.append
+    chain = knobs.runtime.launch_enter_hook
+    if hasattr(chain, "add"):  # a chain of hooks (Triton 3.5 and later)
+        chain.add(hook)
+    else:
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", hook)
+    try:
+        hooked = call(*inputs[0], **keywords)
+    finally:
+        if hasattr(chain, "remove"):
+            chain.remove(hook)
+    assert through and len(seen) == len(through)
+    for got, want in zip((*again, hooked), (first[1], first[0], first[1], first[0])):
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
 def test_a_recorded_call_swaps_in_each_calls_tensors_and_keeps_none(monkeypatch):
     """Binding and PreparedCall's bookkeeping, with Triton's launcher replaced by a
     recorder: a repeat makes its own workspaces and what is derived from its tensors, the
