@@ -424,6 +424,12 @@ class Binding:
         return self._record(name, functools.partial(_make_workspace, name, tuple(shape),
                                                     dtype, device, fill))
 
+    def zeroed(self, shape, dtype, device) -> torch.Tensor:
+        """A zero-filled buffer that the call's kernels leave zeroed when they finish
+        (counters each resets after its last use): not a role, so a recorded call keeps
+        it and its repeats launch no fill."""
+        return torch.zeros(shape, dtype=dtype, device=device)
+
     def derive(self, name: str, source, make, *more):
         """``make(source, *more)``; where one of those is a role's tensor, recorded as role
         ``name``, made again from each call's tensors of those roles (the others are the
@@ -436,6 +442,16 @@ class Binding:
         if all(role is None for role, _ in refs):
             return make(*sources)
         return self._record(name, functools.partial(_derive, name, refs, make))
+
+    def descriptor(self, name: str, t: torch.Tensor, make, **options):
+        """:func:`descriptor_over` ``t`` (or None where ``make`` builds none); where ``t``
+        is a role's tensor, recorded as role ``name``, made for each later call by
+        copying this descriptor over that call's tensor (its layout is the record's), with
+        no lookup."""
+        made = descriptor_over(t, make, **options)
+        if made is None:
+            return None
+        return self.derive(name, t, functools.partial(rebase, rebase(made, None)))
 
     def _record(self, name: str, step):
         if name in self.roles:

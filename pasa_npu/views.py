@@ -89,7 +89,7 @@ def to_canonical(t: torch.Tensor, name: str, layout: str, heads: int) -> torch.T
         if t.shape[2] % heads:
             raise ValueError(f"{name}'s hidden size {t.shape[2]} is not divisible by its head "
                              f"count {heads} (input_layout BSH)")
-        return t.unflatten(2, (heads, t.shape[2] // heads)).permute(0, 2, 1, 3)
+        return t.view(t.shape[0], t.shape[1], heads, t.shape[2] // heads).permute(0, 2, 1, 3)
     head_axis = {"BSND": 2, "BNSD": 1, "TND": 1, "NTD": 0}[layout]
     if t.shape[head_axis] != heads:
         what = "num_heads" if name == "query" else "num_key_value_heads (or num_heads)"

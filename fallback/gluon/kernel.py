@@ -83,6 +83,11 @@ def _loader(q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, page
             it += 1
         n += 1
         t = gl.num_programs(0) + gl.atomic_add(next_tile, 1)
+    # every program fetches until it draws an index past the tiles, so the fetches number
+    # ``total`` (one per tile not taken first, one past the end per program): the one
+    # that drew the last leaves the counter zeroed for the next launch
+    if t == gl.num_programs(0) + total - 1:
+        gl.atomic_xchg(next_tile, 0)
     for w in gl.static_range(BLOCK_M // ROWS):
         mbarrier.wait(q_empty.index(w), (n & 1) ^ 1, pred=n > 0)
     publish_tile(tile_ids, tile_ready, t, n)
@@ -391,7 +396,8 @@ def prefill_ws_kernel(q_desc, k_desc, v_desc, m_desc, O, LSE, FLAGS, OVERFLOW_WO
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                 STAGES: gl.constexpr):
     """Persistent, one program per SM: each takes tiles of :func:`query_tile`'s order until
-    none is left (``next_tile``: a zeroed counter; :func:`_loader`), so that its loader
+    none is left (``next_tile``: a zeroed counter, which it leaves zeroed; :func:`_loader`),
+    so that its loader
     fetches a tile's Q, K and V while its consumers finish the one before. (A fixed
     stride over the tiles, heaviest first within groups of pairs, left the programs'
     work unbalanced under a causal mask.)"""

@@ -32,7 +32,7 @@ cores' order, so a few outputs in 10^4 differ from the Triton kernel's by roundi
 Overflow check (where the call is checked): each consumer group flags its rows whose
 output or LSE is not finite (the LSE through the row's statistics, whose log a call
 without LSE never takes), a flagged row setting the call's overflow word (the word
-after the tile counter, zeroed with it); the Triton repair launch (:mod:`triton.repair`)
+after the tile counter, in a buffer the kernels leave zeroed); the Triton repair launch (:mod:`triton.repair`)
 recomputes them. pasa's part-filled last kv block (kv_len not a multiple of 128) takes
 its keys' mean (:func:`pasa_npu.beta.partial_block_shift`), as the Triton kernel does
 (PART_FILLED: compiled in only where the problem has one).
@@ -67,8 +67,8 @@ except ImportError:  # pragma: no cover - older Triton
 
 from pasa_npu.beta import partial_block_shift
 from pasa_npu.fallback.gluon.config import BLOCK_N, GROUP_ROWS, MEAN_ROWS
-from pasa_npu.fallback.kernel_common import (INTERPRET, Binding, descriptor_over,
-                                             device_capability, sm_count, tma_strides)
+from pasa_npu.fallback.kernel_common import (INTERPRET, Binding, device_capability, sm_count,
+                                             tma_strides)
 from pasa_npu.problem import AttentionProblem
 
 ALGORITHMS = ("pasa-exact", "pasa", "fa-fp32")
@@ -140,23 +140,15 @@ def _smem_layout(block: tuple):
     return gl.NVMMASharedLayout.get_default_for(list(block), gl.float16)
 
 
-def _descriptor(t: torch.Tensor, rows: int):
+def _new_descriptor(t: torch.Tensor, rows: int):
     """A TMA descriptor loading (rows, D) tiles of one (batch, head) of the (B, N, S, D)
     view ``t``; rows past S read as zero."""
-    return descriptor_over(t, _new_descriptor, rows=rows)
-
-
-def _new_descriptor(t: torch.Tensor, rows: int):
     block = (1, 1, rows, t.shape[3])
     return TensorDescriptor(t, list(t.shape), _tma_strides(t), list(block), _smem_layout(block))
 
 
-def _means_descriptor(means_2d: torch.Tensor):
-    """A TMA descriptor loading MEAN_ROWS block means at a time from (rows, D) ``means_2d``."""
-    return descriptor_over(means_2d, _new_means_descriptor)
-
-
 def _new_means_descriptor(means_2d: torch.Tensor):
+    """A TMA descriptor loading MEAN_ROWS block means at a time from (rows, D) ``means_2d``."""
     head_dim = means_2d.shape[1]
     return TensorDescriptor(means_2d, list(means_2d.shape), list(means_2d.stride()),
                             [MEAN_ROWS, head_dim], _smem_layout((MEAN_ROWS, head_dim)))
@@ -180,8 +172,8 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
     table that maps each batch's kv blocks into it. ``binding`` makes the workspaces and
     descriptors and launches, recording them. Where the call is checked for
     overflow (the flags are ``problem.overflow``'s), returns its overflow word on the
-    device: nonzero once a row is flagged (zeroed with the kernel's tile counter, which it
-    follows in one buffer)."""
+    device: nonzero once a row is flagged, followed by the repair's arrival count (both
+    after the kernel's tile counter, in a buffer the kernels leave zeroed)."""
     q, v, out, lse = problem.query, problem.value, problem.out, problem.lse
     head_dim = q.shape[3]
     detect = problem.overflow is not None
@@ -200,7 +192,7 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
     if means is None:
         means = _no_means(q.device, head_dim)
     means_2d = binding.derive("means_2d", means, _rows_of_means)
-    m_desc = binding.derive("means_descriptor", means_2d, _means_descriptor)
+    m_desc = binding.descriptor("means_descriptor", means_2d, _new_means_descriptor)
     block_m = GROUP_ROWS * consumer_groups(head_dim)
     n_tiles = -(-problem.max_q_len // block_m)
     n_pairs = problem.batch * q.shape[1]
@@ -212,10 +204,11 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
     if problem.band is not None:
         tile_group = max(1, min(n_pairs, TILE_GROUP_BYTES // kv_bytes))
     grid = (min(n_tiles * n_pairs, sm_count(q.device.index)),)
-    counters = binding.empty("counters", (2,), torch.int32, q.device, 0)  # tile, overflow
-    overflow_word = binding.derive("overflow_word", counters, _second)
-    descriptors = [binding.derive(f"{name}_descriptor", t,
-                                  functools.partial(_descriptor, rows=rows))
+    # the tile counter, the overflow word and the repair's arrivals, left zeroed by the
+    # kernels (the loader's last fetch, the repair's last program)
+    counters = binding.zeroed((3,), torch.int32, q.device)
+    overflow_word = counters[1:]
+    descriptors = [binding.descriptor(f"{name}_descriptor", t, _new_descriptor, rows=rows)
                    for name, t, rows in (("query", q, GROUP_ROWS), ("key", k_used, BLOCK_N),
                                          ("value", v, BLOCK_N))]
     binding.launch(
@@ -238,6 +231,3 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
 def _rows_of_means(means: torch.Tensor) -> torch.Tensor:
     return means.reshape(-1, means.shape[-1])
 
-
-def _second(counters: torch.Tensor) -> torch.Tensor:
-    return counters[1:]

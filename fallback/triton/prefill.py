@@ -13,7 +13,6 @@ block's row mean takes its keys' count, read once per program; without it every 
 divides by BLOCK_N."""
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
@@ -21,7 +20,7 @@ import triton.language as tl
 
 from pasa_npu.fallback.triton import launch as heuristics
 from pasa_npu.fallback.triton import repair
-from pasa_npu.fallback.kernel_common import (Binding, tile_kv_blocks, cdiv, descriptor_over,
+from pasa_npu.fallback.kernel_common import (Binding, tile_kv_blocks, cdiv,
                                              device_capability, interpreting, placeholder,
                                              tma_strides)
 from pasa_npu.fallback.triton.shift import shift_keys_in_kernel, prepare_keys
@@ -279,13 +278,12 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
     detect = problem.overflow is not None
     flags = problem.overflow.row_flags if detect else placeholder(dev, torch.uint8)
     overflow_word = None
-    if detect:  # the overflow word (nonzero once a row is flagged), zeroed by the key shift
-        overflow_word = binding.empty("overflow_word", (1,), torch.int32, dev,
-                                      None if alloc.shifts_keys and not fused else 0)
+    if detect:  # the overflow word (nonzero once a row is flagged) and the repair's arrivals
+        overflow_word = binding.zeroed((2,), torch.int32, dev)
     if alloc.shifts_keys and not fused:
         k_used, means, shifted_pages = prepare_keys(problem, k, shared.lengths[2],
                                                     shared.lengths[3], block_n, head_dim_p,
-                                                    binding, overflow_word)
+                                                    binding)
         k_pages = shifted_pages if problem.paged else k_pages
         k_strides = tuple(k_used.stride())
         if alloc.exact_shift and not c_per_block:  # the kernel fills it
@@ -297,11 +295,11 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
         k_strides = shared.kv_strides(k)
     k_desc = v_desc = None
     if tuning.loads == "tma" and _tma_capable(dev):
-        k_desc = binding.derive("key_descriptor", k_used, functools.partial(
-            _descriptor, batch_stride=k_strides[0], rows=block_n, cols=head_dim_p))
-        v_desc = binding.derive("value_descriptor", v, functools.partial(
-            _descriptor, batch_stride=shared.kv_strides(v)[0], rows=block_n,
-            cols=shared.constexprs["HEAD_DIM_V"]))
+        k_desc = binding.descriptor("key_descriptor", k_used, _new_descriptor,
+                                    batch_stride=k_strides[0], rows=block_n, cols=head_dim_p)
+        v_desc = binding.descriptor("value_descriptor", v, _new_descriptor,
+                                    batch_stride=shared.kv_strides(v)[0], rows=block_n,
+                                    cols=shared.constexprs["HEAD_DIM_V"])
     use_tma = k_desc is not None and v_desc is not None
     n_tiles = cdiv(problem.max_q_len, block_m)
     pairs = problem.batch * q.shape[1]
@@ -340,14 +338,10 @@ def _tma_capable(dev: torch.device) -> bool:
                              else torch.cuda.current_device())[0] >= 9
 
 
-def _descriptor(t: torch.Tensor, batch_stride: int, rows: int, cols: int):
+def _new_descriptor(t: torch.Tensor, batch_stride: int, rows: int, cols: int):
     """A TMA descriptor over the (B, N, S, D) view ``t`` loading (rows, cols) tiles, or None
     where TMA cannot address it (a strided last dim, strides or base not 16-byte aligned).
     Columns past D read as zero, as the masked loads do."""
-    return descriptor_over(t, _new_descriptor, batch_stride=batch_stride, rows=rows, cols=cols)
-
-
-def _new_descriptor(t: torch.Tensor, batch_stride: int, rows: int, cols: int):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     strides = tma_strides(t, batch_stride)

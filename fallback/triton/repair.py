@@ -2,12 +2,14 @@
 
 The PASA kernels flag each query row whose output or LSE is not finite in the call's row
 flags (:class:`pasa_npu.problem.OverflowCheck`). Prefill: a flagged row sets the call's
-overflow word (an int32 on the device, zeroed by the launch before the attention kernel),
-and the repair launch (:func:`run`, the ``repair_kernel`` kernel) recomputes flagged rows by
-fa-fp32 (the raw K, fp32 scores and statistics; a paged cache read through the block
-table, as the attention kernels read it) and marks them repaired. It reads the word first
-and returns at once where it is zero, so a call that does not overflow costs one small
-launch and no host synchronisation, and a CUDA graph replays it as it is. Decode: the
+overflow word (an int32 on the device, followed by the repair's arrival count, both zero
+before the attention kernel), and the repair launch (:func:`run`, the ``repair_kernel``
+kernel) recomputes flagged rows by fa-fp32 (the raw K, fp32 scores and statistics; a paged
+cache read through the block table, as the attention kernels read it) and marks them
+repaired. It reads the word first and returns at once where it is zero, so a call that
+does not overflow costs one small launch and no host synchronisation, and a CUDA graph
+replays it as it is; where it is not, the last of its programs to finish zeroes the word
+and the count again, so that a plan's next call reuses them without a fill. Decode: the
 combine program that finds its merged row not finite recomputes it in place by the same
 fa-fp32 tile (:func:`fp32_tile`), so a checked decode step adds no launch.
 """
@@ -44,7 +46,9 @@ def repair_kernel(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, PAGES, SINK, q_st
     """The repair: nothing where the overflow word is zero; else the programs take the
     ``total`` (query tile, batch, query head) tiles in turn and recompute by fa-fp32
     (:func:`fp32_tile`) each tile that holds a flagged row, writing the output, LSE and
-    flag (repaired, or still non-finite) of its flagged rows and leaving the others."""
+    flag (repaired, or still non-finite) of its flagged rows and leaving the others. The
+    last program to finish zeroes the word and its arrival count (``OVERFLOW_WORD + 1``):
+    every program read the word before it arrived."""
     if tl.load(OVERFLOW_WORD) == 0:
         return
     for t in range(tl.program_id(0), total, tl.num_programs(0)):
@@ -82,6 +86,9 @@ def repair_kernel(Q, K, V, O, LSE, FLAGS, OVERFLOW_WORD, MASK, PAGES, SINK, q_st
                          + pos * stride_ls, lse, mask=redo)
             tl.store(FLAGS + b.to(tl.int64) * stride_fb + h.to(tl.int64) * stride_fh + pos,
                      tl.where(still, ROW_NONFINITE_C, ROW_REPAIRED_C).to(tl.uint8), mask=redo)
+    if tl.atomic_add(OVERFLOW_WORD + 1, 1) == tl.num_programs(0) - 1:
+        tl.store(OVERFLOW_WORD, 0)
+        tl.store(OVERFLOW_WORD + 1, 0)
 
 
 @triton.jit
@@ -145,8 +152,9 @@ def fp32_tile(Q, K, V, MASK, PAGES, b, h, hk, m0, q_start, q_len, kv_start, kv_l
 def run(problem: AttentionProblem, shared, overflow_word: torch.Tensor,
         binding: Binding) -> None:
     """Launch the repair after the prefill kernels (``overflow_word``: the call's overflow
-    word on the device, nonzero once a row is flagged; :class:`attention.Shared`
-    holds the rest), through ``binding``."""
+    word on the device, nonzero once a row is flagged, and the repair's arrival count after
+    it, both zero before the prefill kernels; :class:`attention.Shared` holds the rest),
+    through ``binding``."""
     q, k, v, out = problem.query, problem.key, problem.value, problem.out
     flags = problem.overflow.row_flags
     block_m = 16 if shared.interpret else 64

@@ -33,25 +33,20 @@ from pasa_npu.problem import AttentionProblem
 
 
 @triton.jit
-def _shift_keys(K, KS, MEAN, SHIFT, OVERFLOW_WORD, kv_starts, kv_lens, PAGES, SLOTS,
+def _shift_keys(K, KS, MEAN, SHIFT, kv_starts, kv_lens, PAGES, SLOTS,
                 stride_kb, stride_kh, stride_ks, stride_kd,
                 stride_sb, stride_sh, stride_ss,
                 stride_mb, stride_mh, stride_mblk,
                 stride_pb, slots_per_batch, page_size,
                 n_kv_heads, n_blocks, scale, head_dim,
                 EXACT_SHIFT: tl.constexpr, PAGED: tl.constexpr,
-                ZERO_OVERFLOW_WORD: tl.constexpr,
                 BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
     """K' for one kv block of one (batch, kv head) (:func:`shift_keys_in_kernel`, the one
     definition decode uses too); rows past the valid length are zero. PAGED: K is the cache
     (num_blocks, N_kv, page_size, D) read through the block table ``PAGES``; K' and the
     means go to the slot ``SLOTS[b, j]`` of the block's table entry j (SLOTS is contiguous,
     ``slots_per_batch`` per batch), by the one program that owns the slot
-    (:func:`page_slots`). ZERO_OVERFLOW_WORD: the first program also zeroes the call's
-    overflow word (the attention kernel, launched after this one, sets it)."""
-    if ZERO_OVERFLOW_WORD:
-        if tl.program_id(0) == 0:
-            tl.store(OVERFLOW_WORD, 0)
+    (:func:`page_slots`)."""
     blk = tl.program_id(0) % n_blocks  # a 1-D grid: CUDA caps the other axes at 65535
     bh = tl.program_id(0) // n_blocks
     b = bh // n_kv_heads
@@ -183,12 +178,11 @@ class ShiftedKeys(NamedTuple):
 
 
 def prepare_keys(problem: AttentionProblem, k: torch.Tensor, kv_starts: torch.Tensor,
-                 kv_lens: torch.Tensor, block_n: int, head_dim_p: int, binding: Binding,
-                 overflow_word=None) -> ShiftedKeys:
+                 kv_lens: torch.Tensor, block_n: int, head_dim_p: int,
+                 binding: Binding) -> ShiftedKeys:
     """The separate preprocessing pass over ``k`` (the problem's K, or its cache when
     paged): K' padded to whole blocks and the block means (written for pasa-exact only),
-    workspaces and launches through ``binding``. ``overflow_word``: the call's overflow
-    word, zeroed by this launch."""
+    workspaces and launches through ``binding``."""
     dev = k.device
     batch, n_kv = problem.batch, k.shape[1]
     exact = problem.allocation.exact_shift
@@ -207,16 +201,14 @@ def prepare_keys(problem: AttentionProblem, k: torch.Tensor, kv_starts: torch.Te
     pages = problem.block_table if problem.paged else kv_lens
     binding.launch(
         _shift_keys, (n_blocks * batch * n_kv,),
-        k, k_shift, means, shift, overflow_word if overflow_word is not None else kv_lens,
-        kv_starts, kv_lens,
+        k, k_shift, means, shift, kv_starts, kv_lens,
         pages, slots if slots is not None else pages,
         0 if problem.packed and not problem.paged else k.stride(0), k.stride(1), k.stride(2),
         k.stride(3), k_shift.stride(0), k_shift.stride(1), k_shift.stride(2),
         means.stride(0), means.stride(1), means.stride(2),
         pages.stride(0), slots.shape[1] if slots is not None else 0, problem.block_size,
         n_kv, n_blocks, problem.scale, k.shape[3],
-        EXACT_SHIFT=exact, PAGED=problem.paged, ZERO_OVERFLOW_WORD=overflow_word is not None,
-        BLOCK_N=block_n, HEAD_DIM=head_dim_p,
+        EXACT_SHIFT=exact, PAGED=problem.paged, BLOCK_N=block_n, HEAD_DIM=head_dim_p,
         num_warps=1 if interpreting() else 4)
     if slots is not None and exact:  # each batch's means in its blocks' order
         means = binding.derive("means_by_batch", means, _means_by_batch, slots)

@@ -377,6 +377,42 @@ def test_recorded_launches_reach_tritons_c_launcher_and_honour_launch_hooks(form
         assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
+@pytest.mark.parametrize("algorithm", ["pasa", "pasa-exact"])
+def test_the_kernels_leave_the_counters_a_plan_reuses_zeroed(algorithm, monkeypatch):
+    """The prefill's tile counter, overflow word and repair arrivals (``Binding.zeroed``),
+    which a recorded call keeps and reuses, are zero again after every call, one whose
+    scores overflow (rows repaired) and one whose do not; the plan's later calls repeat
+    its results bit for bit. On a GPU the Gluon kernel's tile counter with more tiles
+    than programs; under the interpreter the Triton kernel and repair."""
+    from pasa_npu.fallback import kernel_common
+    made = []
+    zeroed = kernel_common.Binding.zeroed
+    monkeypatch.setattr(kernel_common.Binding, "zeroed",
+                        lambda self, *a: made.append(zeroed(self, *a)) or made[-1])
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    b, n, s, d = (2, 16, 1024, 64) if dev == "cuda" else (1, 2, 160, 32)
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(b, n, s, d, generator=gen) for _ in range(3))
+    calm = (q.half().to(dev), k.half().to(dev), v.half().to(dev))
+    sign = torch.randint(0, 2, (b, n, s), generator=gen) * 2.0 - 1.0
+    k[..., 0] = sign * 3.5  # scores of +-1.05e5 (beyond fp16) on the rows below
+    q[:, :, :48, 0] = 3e4
+    spread = (q.half().to(dev), k.half().to(dev), v.half().to(dev))
+    keywords = dict(num_heads=n, input_layout="BNSD", scale=1.0, algorithm=algorithm,
+                    backend="triton")
+    firsts = {}
+    for name in ("spread", "calm", "spread", "calm", "spread"):
+        out, _ = pasa_npu.fused_attention(*(spread if name == "spread" else calm), **keywords)
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        report = pasa_npu.overflow_report()
+        assert (report.rows > 0) == (name == "spread"), report
+        assert made and all(int(t.abs().sum()) == 0 for t in made), made
+        assert torch.equal(out, firsts.setdefault(name, out))
+    if dev == "cuda":
+        assert len(made) == 1, "the recorded call made its counters again"
+
+
 def test_a_recorded_call_swaps_in_each_calls_tensors_and_keeps_none(monkeypatch):
     """Binding and PreparedCall's bookkeeping, with Triton's launcher replaced by a
     recorder: a repeat makes its own workspaces and what is derived from its tensors, the
