@@ -204,7 +204,8 @@ _SCALAR_TYPES = frozenset((int, float, str, bool))
 def call_key(call: Call):
     """(arguments key, lengths key): a hashable fingerprint of everything a plan reads of
     ``call`` (:func:`pasa_npu.planner.make_plan`), or None where a call is not cacheable
-    (explicit masks, whose contents the plan holds; lengths on a device). The values of the
+    (an int8 or uint8 mask of sparse modes 0/1, whose converted contents the plan would
+    hold; lengths on a device). The values of the
     actual sequence lengths go in the second key, so that the calls of a decode loop, whose
     lengths grow every step, share the validation of everything else. Types are part of the
     keys, so that ``True`` never hits ``1``."""
@@ -219,9 +220,12 @@ def call_key(call: Call):
         elif isinstance(value, torch.Tensor):
             if name in ("query", "key", "value"):
                 append((value.shape, value.stride(), value.dtype, value.device))
-            elif name == "atten_mask" and call.sparse_mode in (2, 3, 4):
-                # only validated there: this very tensor, unchanged since (the plan keeps
-                # it alive, so its id is not reused while cached)
+            elif name == "atten_mask" and (call.sparse_mode in (2, 3, 4)
+                                           or value.dtype == torch.bool):
+                # this very tensor, unchanged since (the plan keeps it alive, so its id is
+                # not reused while cached): modes 2-4 only validate it; a bool mask of modes
+                # 0/1 the plan holds as a view, reading its contents at each call (another
+                # dtype it holds converted: those calls are not cached)
                 append(tensor_identity(value))
             elif name in ("learnable_sink", "block_table"):  # read (checked) on every call
                 append((value.shape, value.dtype, value.device))

@@ -3,6 +3,7 @@
 reused), and :func:`execute` runs a call through its plan; :func:`attention` does both."""
 from __future__ import annotations
 
+import collections
 import warnings
 
 import torch
@@ -23,11 +24,16 @@ __all__ = ["Plan", "PLANS", "clear", "attention", "plan_for", "execute"]
 PLANS: dict = {}
 _PLAN_CACHE_SIZE = 256      # argument sets
 _LENGTHS_PER_PLAN = 64      # actual-length sets per argument set
+#: argument keys whose plans hold a caller's full mask (sparse modes 0/1), oldest first: at
+#: most _FULL_MASK_PLANS of them stay cached, so that the cache holds few S1 x S2 masks alive
+_FULL_MASK_KEYS: collections.deque = collections.deque()
+_FULL_MASK_PLANS = 8
 
 
 def clear() -> None:
     """Forget every cached plan (plans hold the backend they resolved)."""
     PLANS.clear()
+    _FULL_MASK_KEYS.clear()
 
 
 def attention(call: Call, golden: bool, traced: bool = False):
@@ -73,8 +79,12 @@ def plan_for(call: Call, golden: bool) -> Plan:
     if keys is not None and not caught:
         if plans is None:
             if len(PLANS) >= _PLAN_CACHE_SIZE:
-                PLANS.clear()
+                clear()
             plans = PLANS[keys[0]] = {}
+            if call.atten_mask is not None and plan.options.sparse_mode in (0, 1):
+                _FULL_MASK_KEYS.append(keys[0])
+                if len(_FULL_MASK_KEYS) > _FULL_MASK_PLANS:
+                    PLANS.pop(_FULL_MASK_KEYS.popleft(), None)
         elif len(plans) >= _LENGTHS_PER_PLAN:
             plans.clear()
         plans[keys[1]] = plan

@@ -220,6 +220,43 @@ def test_cached_plan_revalidates_a_mask_changed_in_place():
         _call(q, k, v, sparse_mode=3, atten_mask=other)
 
 
+def test_a_full_bool_mask_is_cached_by_identity_and_version():
+    """sparse_mode 0/1 with a bool mask: the same tensor unchanged reuses its plan, whose
+    results are the golden's; written in place (a new version) or another tensor, a new
+    plan with the new contents. An int8 mask (held converted) is never cached, and at most
+    a few full masks stay cached."""
+    from pasa_npu import plans
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 12, 16, generator=g).half() for _ in range(3))
+    mask = torch.rand(2, 12, 12, generator=g) < 0.3
+    mask[..., 0] = False  # every row sees a key
+    plans.clear()
+
+    def check(m, sparse_mode=0):
+        kw = dict(num_heads=2, input_layout="BNSD", sparse_mode=sparse_mode, atten_mask=m,
+                  softmax_lse_flag=True)
+        call = pasa_npu.arguments.bind("fused_attention", q, k, v, kw)
+        plan = plans.plan_for(call, golden=False)
+        got = pasa_npu.fused_attention(q, k, v, **kw)
+        want = pasa_npu.reference_attention(q, k, v, **kw)
+        torch.testing.assert_close(got[0].double(), want[0], atol=2e-3, rtol=0)
+        return plan
+
+    first = check(mask)
+    assert check(mask) is first
+    assert check(mask, sparse_mode=1) is not first
+    mask[1, 3, 5:] = True  # in place: a new version, a new plan that reads it
+    assert check(mask) is not first
+    assert check(mask.clone()) is not check(mask)
+    as_int8 = mask.to(torch.int8)
+    assert check(as_int8) is not check(as_int8)
+    masks = [mask.clone() for _ in range(plans._FULL_MASK_PLANS + 1)]
+    kept = [check(m) for m in masks]
+    assert check(masks[-1]) is kept[-1] and check(masks[0]) is not kept[0]
+    assert len(plans._FULL_MASK_KEYS) == plans._FULL_MASK_PLANS
+
+
 def test_cached_plan_warns_on_every_call():
     q, k, v = _small()
     for _ in range(2):

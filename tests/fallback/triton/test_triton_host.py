@@ -203,7 +203,7 @@ def _entries(v2: bool):
 def _prefill_forms(device):
     """name -> (query shape, key/value shape, keywords, v2) of prefill calls: on the
     Gluon kernel (full lengths, causal; paged), and on the Triton kernel (a band with
-    ragged lengths; TND with sinks). (A call with an explicit mask makes its plan anew.)"""
+    ragged lengths; TND with sinks). (A call with an int8 or uint8 full mask makes its plan anew.)"""
     gen = torch.Generator(device=device).manual_seed(13)
     base = dict(num_heads=HEADS, num_key_value_heads=KV_HEADS, scale=D ** -0.5)
     table = torch.randperm(8, generator=torch.Generator().manual_seed(2)).view(2, 4)
