@@ -413,6 +413,64 @@ def test_the_kernels_leave_the_counters_a_plan_reuses_zeroed(algorithm, monkeypa
         assert len(made) == 1, "the recorded call made its counters again"
 
 
+def test_a_direct_launch_passes_what_tritons_launcher_would(monkeypatch):
+    """``kernel_common._direct_send`` with Triton's C launcher replaced by a recorder: the
+    head (grid, stream, function, metadata, no hooks), the plan's pointers as addresses
+    bound once and the call's on each launch, each TMA descriptor expanded as Triton
+    expands it, its map filled once per base address; a launch hook sends the launch
+    through Triton's own path instead."""
+    pytest.importorskip("triton.backends.nvidia.driver")
+    from types import SimpleNamespace
+
+    from triton.backends.nvidia import driver as nvidia
+
+    from pasa_npu.fallback import kernel_common
+
+    sent, fills, through = [], [], []
+    launcher = lambda *args: sent.append(args)  # noqa: E731
+
+    def wrapped(*args):  # as Triton wraps its C launcher for a kernel with descriptors
+        return launcher(*args)
+
+    run = object.__new__(nvidia.CudaLauncher)
+    run.__dict__.update(launch=wrapped, global_scratch_size=0, profile_scratch_size=0,
+                        launch_cooperative_grid=False, launch_pdl=False)
+    signature = {"Q": "*fp16", "D": "tensordesc<fp16[16, 16]>", "T": "*i32", "n": "i32",
+                 "FLAG": "constexpr"}
+    compiled = SimpleNamespace(run=run, src=SimpleNamespace(signature=signature),
+                               metadata=SimpleNamespace(tensordesc_meta=[{"m": 1}]),
+                               function="fn", packed_metadata=(4, 1, 0), name="kernel")
+
+    def expand(descriptor, meta):
+        fills.append(descriptor.base.data_ptr())
+        return [f"map@{descriptor.base.data_ptr()}", 16, 1]
+
+    monkeypatch.setattr(nvidia, "make_tensordesc_arg", expand)
+    monkeypatch.setattr(kernel_common, "_launch", lambda *a: (compiled, ["FLAG"]))
+    monkeypatch.setattr(kernel_common, "_run_compiled",
+                        lambda compiled_, grid, values, device: through.append(list(values)))
+    monkeypatch.setattr(kernel_common, "driver", SimpleNamespace(active=SimpleNamespace(
+        get_current_device=lambda: 0, get_current_stream=lambda device: 77)))
+    q, table = torch.zeros(4, 8), torch.zeros(2, dtype=torch.int32)
+    descriptor = SimpleNamespace(base=q)
+    bound = kernel_common.PreparedLaunch.launch("k", (3,), (q, descriptor, table, 5),
+                                                {"FLAG": True}, {"q": q, "desc": descriptor})
+    assert bound.values == [None, None, table.data_ptr(), 5, True] and bound.keep == (table,)
+    q2 = torch.ones(4, 8)
+    for tensor in (q2, q2, q):
+        bound.run({"q": tensor, "desc": SimpleNamespace(base=tensor)})
+    head = (3, 1, 1, 77, "fn", False, False, None, None, (4, 1, 0), None, None, None)
+    assert [args[:13] for args in sent] == [head] * 3
+    assert [args[13:] for args in sent] == [
+        (t.data_ptr(), f"map@{t.data_ptr()}", 16, 1, table.data_ptr(), 5, True)
+        for t in (q2, q2, q)]
+    assert fills == [q2.data_ptr(), q.data_ptr()]  # one fill per base address
+    hook = lambda metadata: None  # noqa: E731
+    monkeypatch.setattr(kernel_common.knobs.runtime, "launch_enter_hook", hook)
+    bound.run({"q": q2, "desc": descriptor})
+    assert len(sent) == 3 and through[0][0] == q2.data_ptr() and through[0][1] is descriptor
+
+
 def test_a_recorded_call_swaps_in_each_calls_tensors_and_keeps_none(monkeypatch):
     """Binding and PreparedCall's bookkeeping, with Triton's launcher replaced by a
     recorder: a repeat makes its own workspaces and what is derived from its tensors, the
