@@ -306,19 +306,20 @@ class PreparedLaunch:
         name = getattr(compiled, "name", str(compiled))
         direct = _direct_send(compiled, grid, device)
         if direct is None:
-            return cls(name, functools.partial(_send_through_triton, compiled, grid, device),
+            return cls(name, functools.partial(_run_compiled, compiled, grid, device=device),
                        values, slots)
         send, pointers = direct
         # pointer parameters go to the C launcher as addresses: the plan's tensors once here
         # (kept alive), the call's own on each run; Triton would ask each tensor for its
         # address and the driver to check it, on every launch
-        keep = tuple(values[i] for i in pointers if isinstance(values[i], torch.Tensor))
+        keep = []
         for i in pointers:
             if isinstance(values[i], torch.Tensor):
+                keep.append(values[i])
                 values[i] = values[i].data_ptr()
         addresses = tuple((i, role) for i, role in slots if i in pointers)
         slots = tuple((i, role) for i, role in slots if i not in pointers)
-        return cls(name, send, values, slots, addresses, keep)
+        return cls(name, send, values, slots, addresses, tuple(keep))
 
     def run(self, roles: dict) -> None:
         """Launch on ``roles`` (role -> tensor or descriptor)."""
@@ -329,10 +330,6 @@ class PreparedLaunch:
             values[i] = roles[role].data_ptr()
         self.send(values)
         FAST_LAUNCHES[0] += 1
-
-
-def _send_through_triton(compiled, grid, device, values) -> None:
-    _run_compiled(compiled, grid, values, device)
 
 
 def _direct_send(compiled, grid: tuple, device):
@@ -444,14 +441,14 @@ class Binding:
         return self._record(name, functools.partial(_derive, name, refs, make))
 
     def descriptor(self, name: str, t: torch.Tensor, make, **options):
-        """:func:`descriptor_over` ``t`` (or None where ``make`` builds none); where ``t``
-        is a role's tensor, recorded as role ``name``, made for each later call by
-        copying this descriptor over that call's tensor (its layout is the record's), with
-        no lookup."""
-        made = descriptor_over(t, make, **options)
-        if made is None:
+        """A TMA descriptor over ``t`` (:func:`descriptor_template`; None where ``make``
+        builds none); where ``t`` is a role's tensor, recorded as role ``name``, made for
+        each later call by copying the template over that call's tensor (its layout is
+        the record's), with no lookup."""
+        template = descriptor_template(t, make, **options)
+        if template is None:
             return None
-        return self.derive(name, t, functools.partial(rebase, rebase(made, None)))
+        return self.derive(name, t, functools.partial(rebase, template))
 
     def _record(self, name: str, step):
         if name in self.roles:
@@ -517,11 +514,11 @@ def _role_layout(roles: dict) -> tuple:
     return tuple((t.stride(), t.data_ptr() % 16 == 0) for t in roles.values())
 
 
-def descriptor_over(t: torch.Tensor, make, **options):
-    """``make(t, **options)``, a TMA descriptor over ``t`` (or None), built once per
-    ``make``, ``options`` and dtype, shape, strides and alignment of ``t`` (the constructors'
-    checks cost host time on every call) and copied over each later tensor
-    (:func:`rebase`)."""
+def descriptor_template(t: torch.Tensor, make, **options):
+    """``make(t, **options)``, a TMA descriptor for ``t`` without its base (or None), built
+    once per ``make``, ``options`` and dtype, shape, strides and alignment of ``t`` (the
+    constructors' checks cost host time on every call), to copy over each tensor of that
+    layout (:func:`rebase`)."""
     key = (make, t.dtype, tuple(t.shape), t.stride(), t.data_ptr() % 16 == 0,
            *options.items())
     template = _DESCRIPTORS.get(key, _DESCRIPTORS)
@@ -530,7 +527,7 @@ def descriptor_over(t: torch.Tensor, make, **options):
             _DESCRIPTORS.clear()
         template = make(t, **options)
         template = _DESCRIPTORS[key] = None if template is None else rebase(template, None)
-    return None if template is None else rebase(template, t)
+    return template
 
 
 _DESCRIPTORS: dict = {}

@@ -205,9 +205,9 @@ def call_key(call: Call):
     """(arguments key, lengths key): a hashable fingerprint of everything a plan reads of
     ``call`` (:func:`pasa_npu.planner.make_plan`), or None where a call is not cacheable
     (an int8 or uint8 mask of sparse modes 0/1, whose converted contents the plan would
-    hold; lengths on a device). The values of the
-    actual sequence lengths go in the second key, so that the calls of a decode loop, whose
-    lengths grow every step, share the validation of everything else. Types are part of the
+    hold; lengths on a device). The values of the actual sequence lengths go in the second
+    key, so that the calls of a decode loop, whose lengths grow every step, share the
+    validation of everything else. Types are part of the
     keys, so that ``True`` never hits ``1``."""
     key = []
     lengths = []

@@ -32,10 +32,10 @@ cores' order, so a few outputs in 10^4 differ from the Triton kernel's by roundi
 Overflow check (where the call is checked): each consumer group flags its rows whose
 output or LSE is not finite (the LSE through the row's statistics, whose log a call
 without LSE never takes), a flagged row setting the call's overflow word (the word
-after the tile counter, in a buffer the kernels leave zeroed); the Triton repair launch (:mod:`triton.repair`)
-recomputes them. pasa's part-filled last kv block (kv_len not a multiple of 128) takes
-its keys' mean (:func:`pasa_npu.beta.partial_block_shift`), as the Triton kernel does
-(PART_FILLED: compiled in only where the problem has one).
+after the tile counter, in a buffer the kernels leave zeroed); the Triton repair launch
+(:mod:`triton.repair`) recomputes them. pasa's part-filled last kv block (kv_len not a
+multiple of 128) takes its keys' mean (:func:`pasa_npu.beta.partial_block_shift`), as the
+Triton kernel does (PART_FILLED: compiled in only where the problem has one).
 
 Scope (:func:`supported`): fp16 inputs; head dim 64 or 128 (Q, K and V alike); kv_block
 128; every batch at the full lengths (no ragged or packed varlen input); no explicit mask
@@ -230,4 +230,3 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
 
 def _rows_of_means(means: torch.Tensor) -> torch.Tensor:
     return means.reshape(-1, means.shape[-1])
-

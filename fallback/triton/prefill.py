@@ -13,7 +13,6 @@ block's row mean takes its keys' count, read once per program; without it every 
 divides by BLOCK_N."""
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl
