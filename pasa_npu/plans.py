@@ -142,7 +142,9 @@ def execute(plan: Plan, call: Call, golden: bool, traced: bool = False):
         rounding_guard=options.rounding_guard, tiling=options.tiling, block_table=table,
         block_size=options.block_size if table is not None else 0, overflow=check,
         sink=None if call.learnable_sink is None else call.learnable_sink.to(torch.float32),
-        plan_state=None if convert or golden else plan.backend_state)
+        # a compiled call keeps nothing: under mode="reduce-overhead" what it made lives in
+        # a CUDA graph's memory pool, which must hold only the graph's outputs
+        plan_state=None if convert or golden or traced else plan.backend_state)
     plan.runner(problem)
     if not golden and not traced:
         overflow.record(problem, plan.backend)

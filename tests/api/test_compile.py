@@ -231,6 +231,26 @@ def test_operator_keeps_none_of_its_tensors_alive():
     assert all(ref() is None for ref in refs)
 
 
+def test_operator_gives_its_backend_no_plan_state(monkeypatch):
+    """The operator's call hands its backend no plan state, where a backend records what
+    it would keep for the plan's later calls (the Triton launches and their workspaces);
+    the eager call of the same plan hands it one."""
+    from pasa_npu.fallback.torch import blockwise
+
+    seen = []
+    run = blockwise.run
+    monkeypatch.setattr(blockwise, "run", lambda problem: seen.append(problem.plan_state)
+                        or run(problem))
+    q, k, v, kw = _case("BSH GQA, LSE")
+    kw = dict(kw, backend="torch")
+    defaults = {name: p.default for name, p in
+                inspect.signature(pasa_npu.fused_attention).parameters.items()
+                if name in compiled.OP_SCALARS}
+    OP(q, k, v, None, None, None, None, None, None, **dict(defaults, **kw))
+    pasa_npu.fused_attention(q, k, v, **kw)
+    assert seen[0] is None and isinstance(seen[1], dict)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
 @pytest.mark.parametrize("s_q", [1, 300])
 def test_reduce_overhead_replays_cuda_graphs_on_gpu(s_q):
