@@ -266,7 +266,8 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
     n_blocks = max(1, cdiv(problem.max_kv_len, shared.constexprs["BLOCK_N"]))
     sms = 132 if shared.interpret else sm_count(q.device.index or 0)
     shift_site = heuristics.decode_shift_site(problem.allocation, tuning)
-    resident = heuristics.decode_resident(shift_site, head_dim_p, block_g)
+    shallow = heuristics.shallow_decode(problem.allocation, problem.paged)
+    resident = heuristics.decode_resident(shift_site, head_dim_p, block_g, shallow)
     n_splits = heuristics.decode_splits(n_blocks, batch * n_kv * n_chunks, sms, resident)
     blocks_per_split = cdiv(n_blocks, n_splits)
     n_splits = cdiv(n_blocks, blocks_per_split)
@@ -275,7 +276,7 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
     part_o = binding.empty("part_o", (sizes[0],), torch.float32, q.device)
     part_lse = binding.empty("part_lse", (sizes[1],), torch.float32, q.device)
     warps = 1 if shared.interpret else 4
-    stages = 1 if shared.interpret else heuristics.decode_stages(shift_site, head_dim_p)
+    stages = 1 if shared.interpret else heuristics.decode_stages(shift_site, head_dim_p, shallow)
     if problem.paged:
         stages = heuristics.paged_stages(stages)
     pages = problem.block_table if problem.paged else q_starts

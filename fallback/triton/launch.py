@@ -96,11 +96,21 @@ def decode_shift_site(allocation: Allocation, tuning: Tuning) -> str:
     return tuning.decode_shift if allocation.shifts_keys else "none"
 
 
-def decode_stages(shift_site: str, head_dim: int) -> int:
+def decode_stages(shift_site: str, head_dim: int, shallow: bool = False) -> int:
     """Pipeline depth of the decode kernel that fits shared memory (:func:`decode_shift_site`:
-    shifting the keys stages K' too)."""
-    stages = 2 if shift_site == "keys" else 3
+    shifting the keys stages K' too). ``shallow`` (:func:`shallow_decode`): two stages at
+    d <= 128, so that two programs share an SM."""
+    stages = 2 if shift_site == "keys" or shallow else 3
     return stages - 1 if head_dim > 128 else stages
+
+
+def shallow_decode(allocation: Allocation, paged: bool) -> bool:
+    """Whether decode runs two shallow programs per SM rather than one deep one: pasa's
+    (and pasa-mixed's) table shift read through a block table, which reached 75-83% of the
+    copy bandwidth with one program of three stages per SM on an H200 and 86-99% with two
+    of two (``pasa-bench --paged 4d``, GQA 4:1); the other allocations lose a few points
+    that way."""
+    return paged and allocation.pseudo_average_shift
 
 
 def paged_stages(stages: int) -> int:
@@ -121,15 +131,15 @@ def decode_block_g(group: int, head_dim: int) -> int:
     return min(pow2(group), cap)
 
 
-def decode_resident(shift_site: str, head_dim: int, block_g: int) -> int:
+def decode_resident(shift_site: str, head_dim: int, block_g: int, shallow: bool = False) -> int:
     """Programs of the decode kernel one H100 SM holds at once (4 warps), as its shared
-    memory and registers allow: ``tools/dev/triton_aot.py`` reports this for every variant
-    the launch can pick (:func:`decode_block_g`) and fails where it differs from this
-    table."""
+    memory and registers allow (``shallow``: :func:`shallow_decode`):
+    ``tools/dev/triton_aot.py`` reports this for every variant the launch can pick
+    (:func:`decode_block_g`) and fails where it differs from this table."""
     if head_dim > 128:
         return 1
     if head_dim > 64:  # three stages of K and V tiles; shifting the keys: two, and K' besides
-        return 2 if shift_site == "keys" else 1
+        return 2 if shift_site == "keys" or shallow else 1
     return 3 if block_g <= 16 else 2
 
 

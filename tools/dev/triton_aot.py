@@ -328,11 +328,13 @@ def _decode_variants(alg: str, allocation, head_dim: int):
         yield ("decode_split_kernel", f"{alg} decode g={block_g} d={head_dim}", consts, 4,
                stages, fp_fusion)
     block_g = triton_launch.decode_block_g(4, head_dim)
+    shallow = triton_launch.shallow_decode(allocation, True)
+    stages = triton_launch.paged_stages(triton_launch.decode_stages(shift_site, head_dim, shallow))
     for whole, tag in ((True, ""), (False, " per key")) if paged else ():
         if whole or alg == "fa-fp32":
             consts = dict(consts, PAGED=True, WHOLE_PAGE=whole, BLOCK_G=block_g)
             yield ("decode_split_kernel", f"{alg} paged{tag} decode g={block_g} d={head_dim}",
-                   consts, 4, triton_launch.paged_stages(stages), fp_fusion)
+                   consts, 4, stages, fp_fusion)
 
 
 def _combine_variants(head_dim: int):
@@ -406,8 +408,10 @@ def main(argv=None) -> int:
             if kernel == "decode_split_kernel" and "REG" in use:
                 # the decode launch sizes its splits to one wave of resident programs
                 n = resident_per_sm(smem, use["REG"], warps)
-                site = triton_launch.decode_shift_site(ALLOCATIONS[label.split()[0]], DEFAULT_TUNING)
-                assumed = triton_launch.decode_resident(site, d, consts["BLOCK_G"])
+                allocation = ALLOCATIONS[label.split()[0]]
+                site = triton_launch.decode_shift_site(allocation, DEFAULT_TUNING)
+                shallow = triton_launch.shallow_decode(allocation, consts["PAGED"])
+                assumed = triton_launch.decode_resident(site, d, consts["BLOCK_G"], shallow)
                 resident = f"  resident {n}"
                 if n != assumed:
                     flag += f"  LAUNCH ASSUMES {assumed} RESIDENT"
