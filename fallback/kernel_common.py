@@ -291,14 +291,13 @@ class PreparedLaunch:
                roles: dict) -> Optional["PreparedLaunch"]:
         """:func:`launch` ``kernel`` on ``args``/``kwargs``; returns the launch bound for
         repeats on the current stream, or None where it cannot be (the interpreter, a
-        Triton without the internals :func:`launch` reuses, an object that holds two
-        roles)."""
+        Triton without the internals :func:`launch` reuses)."""
         hit = _launch(kernel, grid, args, kwargs)
-        if hit is None or len({id(t) for t in roles.values()}) != len(roles):
+        if hit is None:
             return None
         compiled, names = hit
         values = [*args, *[kwargs[name] for name in names]]
-        by_id = {id(t): role for role, t in roles.items()}
+        by_id = _first_roles(roles)
         slots = tuple((i, by_id[id(x)]) for i, x in enumerate(values) if id(x) in by_id)
         for i, _ in slots:  # keep no reference to this call's tensors
             values[i] = None
@@ -434,7 +433,7 @@ class Binding:
         sources = (source, *more)
         if self.roles is None:
             return make(*sources)
-        by_id = {id(t): role for role, t in self.roles.items()}
+        by_id = _first_roles(self.roles)
         refs = tuple((by_id[id(t)], None) if id(t) in by_id else (None, t) for t in sources)
         if all(role is None for role, _ in refs):
             return make(*sources)
@@ -510,8 +509,24 @@ class PreparedCall(NamedTuple):
         return True
 
 
+def _first_roles(roles: dict) -> dict:
+    """id of each role's tensor -> the first role that holds it (:func:`_role_layout`)."""
+    by_id: dict = {}
+    for role, t in roles.items():
+        by_id.setdefault(id(t), role)
+    return by_id
+
+
 def _role_layout(roles: dict) -> tuple:
-    return tuple((t.stride(), t.data_ptr() % 16 == 0) for t in roles.values())
+    """The strides and 16-byte alignment of each role's tensor, and, where roles share one
+    tensor (a key that is the value), which: a recorded launch fills a shared tensor's
+    positions from its first role, so it repeats only on calls that share the same way."""
+    tensors = roles.values()
+    layout = tuple((t.stride(), t.data_ptr() % 16 == 0) for t in tensors)
+    ids = [id(t) for t in tensors]
+    if len(set(ids)) == len(ids):
+        return layout
+    return (*layout, tuple(ids.index(i) for i in ids))
 
 
 def descriptor_template(t: torch.Tensor, make, **options):

@@ -266,6 +266,34 @@ def test_plan_repeats_its_recorded_launches_on_new_tensors(form, algorithm, monk
 
 
 @needs_gpu
+@pytest.mark.parametrize("form", ["BNSD", "prefill causal"])
+def test_a_call_whose_key_is_its_value_repeats_its_recorded_launches(form, monkeypatch):
+    """K and V one tensor: the plan's later calls of that kind repeat the recorded launches,
+    bit for bit as unrecorded; a call of the same plan with K and V apart takes the full
+    path."""
+    from pasa_npu.fallback import kernel_common
+    forms, rand = _decode_forms("cuda")
+    forms.update(_prefill_forms("cuda"))
+    q_shape, kv_shape, keywords, _ = forms[form]
+    keywords = dict(keywords, algorithm="pasa", backend="triton")
+    kv = rand(*kv_shape)
+    pasa_npu.fused_attention(rand(*q_shape), kv, kv, **keywords)
+    q, kv, v = rand(*q_shape), rand(*kv_shape), rand(*kv_shape)
+    keyed = []
+    launch = kernel_common._launch
+    monkeypatch.setattr(kernel_common, "_launch", lambda *a: keyed.append(a) or launch(*a))
+    shared = pasa_npu.fused_attention(q, kv, kv, **keywords)
+    assert not keyed, "the recorded launches did not run"
+    apart = pasa_npu.fused_attention(q, kv, v, **keywords)
+    assert keyed, "a call with K and V apart repeated launches recorded with one tensor"
+    monkeypatch.setattr(kernel_common, "_launch", launch)
+    pasa_npu.plans.clear()
+    expected = [pasa_npu.fused_attention(q, kv, value, **keywords) for value in (kv, v)]
+    for got, want in zip((shared, apart), expected):
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@needs_gpu
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
 def test_calls_with_host_lengths_never_synchronise(algorithm):
     """Every decode form above, causal and dense prefill, and explicit masks that may empty
@@ -476,7 +504,8 @@ def test_a_recorded_call_swaps_in_each_calls_tensors_and_keeps_none(monkeypatch)
     recorder: a repeat makes its own workspaces and what is derived from its tensors, the
     roles' positions get the new call's objects, everything else stays as bound, no
     reference to the binding call's tensors is kept, and a tensor of other strides or
-    alignment launches nothing."""
+    alignment, or with roles shared otherwise (a key that is the value), launches
+    nothing."""
     import weakref
 
     from pasa_npu.fallback import kernel_common
@@ -512,7 +541,16 @@ def test_a_recorded_call_swaps_in_each_calls_tensors_and_keeps_none(monkeypatch)
     assert not recorded({"q": torch.ones(8, 4).t(), "out": out2})  # other strides
     assert not recorded({"q": torch.ones(33)[1:].view(4, 8), "out": out2})  # misaligned
     assert len(launched) == 1
-    two_roles = torch.zeros(3)
-    binding = kernel_common.Binding({"key": two_roles, "value": two_roles})
-    binding.launch("kernel", (1,), two_roles)
-    assert binding.prepared() is None
+    # a key that is the value: repeated only on calls whose key is their value
+    kv = torch.zeros(3)
+    binding = kernel_common.Binding({"key": kv, "value": kv})
+    binding.launch("kernel", (1,), kv, kv, FLAG=True)
+    recorded = binding.prepared()
+    kv2, other = torch.ones(3), torch.full((3,), 2.0)
+    assert recorded({"key": kv2, "value": kv2})
+    assert launched[-1][0] is kv2 and launched[-1][1] is kv2
+    assert not recorded({"key": kv2, "value": other})
+    assert len(launched) == 2
+    binding = kernel_common.Binding({"key": kv2, "value": other})  # and the other way round
+    binding.launch("kernel", (1,), kv2, other, FLAG=True)
+    assert not binding.prepared()({"key": kv, "value": kv})
