@@ -173,14 +173,16 @@ def host_us(calls: dict, rounds: int = 10, per_round: int = 5) -> dict:
     the GPU is kept busy by work queued ahead of the calls (so that no call waits for it,
     and each call's time is its Python and launch work alone). The candidates take turns,
     ``per_round`` calls each per round, so that a drift of the host's speed during the
-    cell falls on all of them alike."""
+    cell falls on all of them alike; the order of the turns rotates from round to round, so
+    that no candidate always goes first after the GPU was idle."""
     for call in calls.values():
         call()
     torch.cuda.synchronize()
     times: dict = {name: [] for name in calls}
-    for _ in range(rounds):
+    order = list(calls.items())
+    for turn in range(rounds):
         torch.cuda._sleep(1 << 27)  # about 70 ms of GPU work ahead of the round's calls
-        for name, call in calls.items():
+        for name, call in order[turn % len(order):] + order[:turn % len(order)]:
             for _ in range(per_round):
                 t0 = time.perf_counter()
                 call()

@@ -147,10 +147,13 @@ def _new_descriptor(t: torch.Tensor, rows: int):
     return TensorDescriptor(t, list(t.shape), _tma_strides(t), list(block), _smem_layout(block))
 
 
-def _new_means_descriptor(means_2d: torch.Tensor):
-    """A TMA descriptor loading MEAN_ROWS block means at a time from (rows, D) ``means_2d``."""
-    head_dim = means_2d.shape[1]
-    return TensorDescriptor(means_2d, list(means_2d.shape), list(means_2d.stride()),
+def _new_means_descriptor(means: torch.Tensor):
+    """A TMA descriptor loading MEAN_ROWS block means at a time from the contiguous
+    ``means`` (..., D), read as its rows (a view would cost a step per call)."""
+    if not means.is_contiguous():
+        raise ValueError(f"the block means must be contiguous, got strides {means.stride()}")
+    head_dim = means.shape[-1]
+    return TensorDescriptor(means, [means.numel() // head_dim, head_dim], [head_dim, 1],
                             [MEAN_ROWS, head_dim], _smem_layout((MEAN_ROWS, head_dim)))
 
 
@@ -191,8 +194,7 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
     n_blocks = means.shape[2] if means is not None else 0
     if means is None:
         means = _no_means(q.device, head_dim)
-    means_2d = binding.derive("means_2d", means, _rows_of_means)
-    m_desc = binding.descriptor("means_descriptor", means_2d, _new_means_descriptor)
+    m_desc = binding.descriptor("means_descriptor", means, _new_means_descriptor)
     block_m = GROUP_ROWS * consumer_groups(head_dim)
     n_tiles = -(-problem.max_q_len // block_m)
     n_pairs = problem.batch * q.shape[1]
@@ -226,7 +228,3 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, STAGES=_stages(head_dim),
         num_warps=4, enable_fp_fusion=not problem.allocation.low_statistics)
     return overflow_word if detect else None
-
-
-def _rows_of_means(means: torch.Tensor) -> torch.Tensor:
-    return means.reshape(-1, means.shape[-1])

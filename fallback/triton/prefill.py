@@ -280,11 +280,12 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
     if detect:  # the overflow word (nonzero once a row is flagged) and the repair's arrivals
         overflow_word = binding.zeroed((2,), torch.int32, dev)
     if alloc.shifts_keys and not fused:
-        k_used, means, shifted_pages = prepare_keys(problem, k, shared.lengths[2],
-                                                    shared.lengths[3], block_n, head_dim_p,
-                                                    binding)
+        k_used, exact_means, shifted_pages = prepare_keys(problem, k, shared.lengths[2],
+                                                          shared.lengths[3], block_n,
+                                                          head_dim_p, binding)
         k_pages = shifted_pages if problem.paged else k_pages
         k_strides = tuple(k_used.stride())
+        means = means if exact_means is None else exact_means
         if alloc.exact_shift and not c_per_block:  # the kernel fills it
             constants = binding.empty("constants", (problem.batch, q.shape[1], means.shape[2],
                                                     max(1, problem.max_q_len)),

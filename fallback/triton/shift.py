@@ -169,11 +169,11 @@ def cached_shift_table(beta: float, n: int, scale: float, device: torch.device) 
 class ShiftedKeys(NamedTuple):
     """The separate pass's output. ``keys``: K' (B, Nkv, blocks*block_n, head_dim_p), or
     paged the slots (slots, Nkv, block_size, head_dim_p) that ``pages`` (int32 (B, entries),
-    None when not paged) maps each table entry to; ``means``: the block means
-    (B, Nkv, blocks, head_dim_p) per batch either way (pasa-exact only)."""
+    None when not paged) maps each table entry to; ``means``: pasa-exact's block means
+    (B, Nkv, blocks, head_dim_p), contiguous, per batch either way (None for pasa)."""
 
     keys: torch.Tensor
-    means: torch.Tensor
+    means: Optional[torch.Tensor]
     pages: Optional[torch.Tensor]
 
 
@@ -195,17 +195,22 @@ def prepare_keys(problem: AttentionProblem, k: torch.Tensor, kv_starts: torch.Te
         n_blocks = max(1, cdiv(problem.max_kv_len, block_n))
         rows, out_batch, slots = n_blocks * block_n, batch, None
     k_shift = binding.empty("k_shift", (out_batch, n_kv, rows, head_dim_p), torch.float16, dev)
-    means = binding.empty("means", (out_batch, n_kv, rows // block_n, head_dim_p),
-                          torch.float16, dev)
-    shift = means if exact else cached_shift_table(problem.beta, block_n, problem.scale, dev)
+    if exact:
+        means = binding.empty("means", (out_batch, n_kv, rows // block_n, head_dim_p),
+                              torch.float16, dev)
+        shift = means
+    else:  # no means to write: K' stands in for them, never written through MEAN
+        means = None
+        shift = cached_shift_table(problem.beta, block_n, problem.scale, dev)
+    mean_arg = means if exact else k_shift
     pages = problem.block_table if problem.paged else kv_lens
     binding.launch(
         _shift_keys, (n_blocks * batch * n_kv,),
-        k, k_shift, means, shift, kv_starts, kv_lens,
+        k, k_shift, mean_arg, shift, kv_starts, kv_lens,
         pages, slots if slots is not None else pages,
         0 if problem.packed and not problem.paged else k.stride(0), k.stride(1), k.stride(2),
         k.stride(3), k_shift.stride(0), k_shift.stride(1), k_shift.stride(2),
-        means.stride(0), means.stride(1), means.stride(2),
+        mean_arg.stride(0), mean_arg.stride(1), mean_arg.stride(2),
         pages.stride(0), slots.shape[1] if slots is not None else 0, problem.block_size,
         n_kv, n_blocks, problem.scale, k.shape[3],
         EXACT_SHIFT=exact, PAGED=problem.paged, BLOCK_N=block_n, HEAD_DIM=head_dim_p,
@@ -216,7 +221,7 @@ def prepare_keys(problem: AttentionProblem, k: torch.Tensor, kv_starts: torch.Te
 
 
 def _means_by_batch(means: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    return means[slots.long()].transpose(1, 2).flatten(2, 3)
+    return means[slots.long()].transpose(1, 2).flatten(2, 3).contiguous()
 
 
 def page_slots(table: torch.Tensor, kv_lens: torch.Tensor, block_size: int, entries: int,
