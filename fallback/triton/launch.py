@@ -105,11 +105,10 @@ def decode_stages(shift_site: str, head_dim: int, shallow: bool = False) -> int:
 
 
 def shallow_decode(allocation: Allocation, paged: bool) -> bool:
-    """Whether decode runs two shallow programs per SM rather than one deep one: pasa's
-    (and pasa-mixed's) table shift read through a block table, which reached 75-83% of the
-    copy bandwidth with one program of three stages per SM on an H200 and 86-99% with two
-    of two (``pasa-bench --paged 4d``, GQA 4:1); the other allocations lose a few points
-    that way."""
+    """Whether decode runs two shallow programs per SM rather than one deep one: for pasa's
+    (and pasa-mixed's) table shift read through a block table. One deep program per SM
+    left that kernel well short of its contiguous speed on an H200; two shallow ones match
+    it (``pasa-bench``, docs/bench/h200/decode). The other allocations are no faster so."""
     return paged and allocation.pseudo_average_shift
 
 
