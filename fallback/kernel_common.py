@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pasa_npu.problem import keeps_device_tensors
+
 #: the kernels run in the interpreter (decided at import, as triton.jit decides it)
 INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
@@ -120,9 +122,17 @@ def interpreting() -> bool:
     return INTERPRET.value
 
 
-@functools.lru_cache(maxsize=16)
 def placeholder(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """A never-read stand-in for an absent tensor argument (no mask, no LSE, ...)."""
+    """A never-read stand-in for an absent tensor argument (no mask, no LSE, ...): one per
+    device and dtype, or a new one where the call keeps nothing
+    (:func:`~pasa_npu.problem.keeping_nothing`)."""
+    if keeps_device_tensors():
+        return _kept_placeholder(device, dtype)
+    return torch.zeros(1, 1, 1, dtype=dtype, device=device)
+
+
+@functools.lru_cache(maxsize=16)
+def _kept_placeholder(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(1, 1, 1, dtype=dtype, device=device)
 
 

@@ -8,6 +8,7 @@ import warnings
 import torch
 
 from .arguments import INT_MAX, describe, tensor_identity
+from .problem import keeps_device_tensors
 
 OPTIMIZED_MASK_SIZE = 2048
 
@@ -120,7 +121,9 @@ def _check_optimized_mask(mask, sparse_mode: int) -> None:
         return
     expected = _MASK_CACHE.get(mask.device)
     if expected is None:
-        expected = _MASK_CACHE[mask.device] = compressed_causal_mask(mask.device)
+        expected = compressed_causal_mask(mask.device)
+        if keeps_device_tensors():
+            _MASK_CACHE[mask.device] = expected
     if not torch.equal(mask.reshape(n, n).bool(), expected):
         raise ValueError(f"sparse_mode={sparse_mode} needs the optimized mask to be the strict "
                          f"upper triangle (True above the diagonal), as torch_npu documents")

@@ -14,7 +14,7 @@ from .lengths import read_device_lengths
 from .numerics import to_fp16_checked
 from .outputs import allocate_lse, allocate_output, fix_rows, lse_placeholder
 from .planner import Plan, make_plan
-from .problem import AttentionProblem, OverflowCheck, host_memory
+from .problem import AttentionProblem, OverflowCheck, host_memory, keeping_nothing
 from .views import call_inputs
 
 __all__ = ["Plan", "PLANS", "clear", "attention", "plan_for", "execute"]
@@ -38,7 +38,11 @@ def clear() -> None:
 
 def attention(call: Call, golden: bool, traced: bool = False):
     """(out, lse) of one call; ``traced`` (the torch.compile operator's body): (out, lse,
-    row flags), the flags zero-filled and returned, not recorded (:func:`execute`)."""
+    row flags), the flags zero-filled and returned, not recorded (:func:`execute`), and no
+    device tensor the call makes kept past it (:func:`~pasa_npu.problem.keeping_nothing`)."""
+    if traced:
+        with keeping_nothing():
+            return execute(plan_for(call, golden), call, golden, traced)
     return execute(plan_for(call, golden), call, golden, traced)
 
 

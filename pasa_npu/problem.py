@@ -42,6 +42,8 @@ a part-filled last block's taken over its own keys.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 from dataclasses import dataclass
@@ -61,6 +63,27 @@ ROW_FLAGGED = 1
 ROW_REPAIRED = 2
 #: recomputed by fa-fp32 and still not finite: its inputs hold NaN or inf
 ROW_NONFINITE = 3
+
+
+_KEEPING_NOTHING = contextvars.ContextVar("pasa_npu_keeping_nothing", default=False)
+
+
+@contextlib.contextmanager
+def keeping_nothing():
+    """A scope whose calls keep no device tensor they make past the call, not even in the
+    package's caches (a compiled call: under mode="reduce-overhead" what it makes lives in a
+    CUDA graph's memory pool, which must hold only the graph's outputs)."""
+    token = _KEEPING_NOTHING.set(True)
+    try:
+        yield
+    finally:
+        _KEEPING_NOTHING.reset(token)
+
+
+def keeps_device_tensors() -> bool:
+    """Whether a call may keep device tensors it makes (in a cache) past itself:
+    :func:`keeping_nothing`."""
+    return not _KEEPING_NOTHING.get()
 
 
 def host_memory(device: torch.device) -> bool:

@@ -7,13 +7,14 @@ from typing import NamedTuple
 
 import torch
 
-from pasa_npu.problem import AttentionProblem
+from pasa_npu.problem import AttentionProblem, keeps_device_tensors
 
 INT_BIG = 1 << 30  # stands for "no band limit" (index math is int32)
 
 _HOST_INTS: dict = {}
 _DEVICE_METADATA: dict = {}
 _CAPTURED_METADATA: dict = {}  # read by captured CUDA graphs: never freed
+_CAPTURED_SOURCES: dict = {}  # pinned sources of the copies captured in calls that keep nothing
 
 
 def host_ints(values: torch.Tensor) -> tuple[int, ...]:
@@ -40,7 +41,8 @@ def device_metadata(problem: AttentionProblem, device: torch.device) -> tuple:
     for the work queued on the stream, as a pageable copy would make it. Another stream
     that reuses the copy waits for it on the GPU. While a CUDA graph is being captured the
     copy is captured; an entry a graph reads, and the pinned source of a captured copy, are
-    kept for good."""
+    kept for good. A call that keeps nothing (:func:`~pasa_npu.problem.keeping_nothing`)
+    gets a copy of its own, from a pinned source kept for good where it is captured."""
     rows = [host_ints(t) for t in (problem.q_starts, problem.q_lens, problem.kv_starts,
                                     problem.kv_lens)]
     if problem.band is not None:
@@ -55,11 +57,17 @@ def device_metadata(problem: AttentionProblem, device: torch.device) -> tuple:
     capturing = cuda and torch.cuda.is_current_stream_capturing()
     # the raw handle Triton launches on: a cheap query, unlike torch.cuda.current_stream
     stream = torch._C._cuda_getCurrentRawStream(device.index) if cuda else None
+    if not keeps_device_tensors():
+        source = _CAPTURED_SOURCES.get(key)
+        if source is None:
+            _check_int32(rows)
+            source = torch.tensor(rows, dtype=torch.int32, pin_memory=cuda)
+            if capturing:
+                _CAPTURED_SOURCES[key] = source
+        return source.to(device, non_blocking=True).unbind(0)
     entry = _DEVICE_METADATA.get(key) or _CAPTURED_METADATA.get(key)
     if entry is None:
-        if max((max(row, default=0) for row in rows[:4]), default=0) > INT_BIG:  # all >= 0
-            raise NotImplementedError(f"the Triton backend indexes in int32; got lengths "
-                                      f"{[list(r) for r in rows[:4]]}")
+        _check_int32(rows)
         if len(_DEVICE_METADATA) > 512:
             _DEVICE_METADATA.clear()
         host = torch.tensor(rows, dtype=torch.int32, pin_memory=cuda)
@@ -79,6 +87,12 @@ def device_metadata(problem: AttentionProblem, device: torch.device) -> tuple:
     if capturing:
         _CAPTURED_METADATA[key] = entry
     return entry.rows
+
+
+def _check_int32(rows: list) -> None:
+    if max((max(row, default=0) for row in rows[:4]), default=0) > INT_BIG:  # all >= 0
+        raise NotImplementedError(f"the Triton backend indexes in int32; got lengths "
+                                  f"{[list(r) for r in rows[:4]]}")
 
 
 class _Metadata(NamedTuple):

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from pasa_npu.beta import partial_block_shift
 from pasa_npu.fallback.kernel_common import Binding, cdiv, interpreting
-from pasa_npu.problem import AttentionProblem
+from pasa_npu.problem import AttentionProblem, keeps_device_tensors
 
 
 @triton.jit
@@ -153,17 +153,31 @@ def shift_scores(qk, diag, off, scale, valid, EXACT_SHIFT: tl.constexpr,
     return shifted, c
 
 
-@functools.lru_cache(maxsize=64)
 def cached_shift_table(beta: float, n: int, scale: float, device: torch.device) -> torch.Tensor:
     """The pseudo-average shift of a block holding v keys, for v = 1 .. n, on ``device``:
     row v of an (n + 1, 4) fp32 table holds the stored shifting matrix's diagonal and
     off-diagonal magnitude (fp16 values) and the factor that turns the block's sum of S'
-    into its row mean (:func:`pasa_npu.beta.partial_block_shift`; 1/n for a full block)."""
+    into its row mean (:func:`pasa_npu.beta.partial_block_shift`; 1/n for a full block).
+    Cached on the device, but where the call keeps nothing
+    (:func:`~pasa_npu.problem.keeping_nothing`): then copied for the call from the host's
+    cached copy (pinned, so that a CUDA graph that captures the copy reads it for good)."""
+    if keeps_device_tensors():
+        return _kept_shift_table(beta, n, scale, device)
+    return _shift_table(beta, n, scale, device.type == "cuda").to(device, non_blocking=True)
+
+
+@functools.lru_cache(maxsize=64)
+def _kept_shift_table(beta: float, n: int, scale: float, device: torch.device) -> torch.Tensor:
+    return _shift_table(beta, n, scale, False).to(device)
+
+
+@functools.lru_cache(maxsize=64)
+def _shift_table(beta: float, n: int, scale: float, pinned: bool) -> torch.Tensor:
     table = torch.zeros(n + 1, 4, dtype=torch.float64)
     for valid in range(1, n + 1):
         table[valid, :3] = torch.tensor(partial_block_shift(beta, valid, n, torch.float16,
                                                             scale), dtype=torch.float64)
-    return table.to(torch.float32).to(device)
+    return table.to(torch.float32).pin_memory() if pinned else table.to(torch.float32)
 
 
 class ShiftedKeys(NamedTuple):

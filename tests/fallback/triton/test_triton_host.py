@@ -53,6 +53,48 @@ def _metadata(q_lens, kv_lens, band=None):
     return triton_metadata.device_metadata(problem, dev)
 
 
+def test_a_compiled_call_keeps_no_device_tensor_in_the_caches():
+    """The compiled operator's call (``keeping_nothing``) makes the Triton backend's cached
+    device tensors (placeholders, pasa's shift table, the per-batch metadata, the optimized
+    mask's reference) for itself and keeps none: under mode="reduce-overhead" they would
+    sit in a CUDA graph's memory pool, which must hold only the graph's outputs. The same
+    call made eagerly fills the caches, and computes the same."""
+    import inspect
+
+    from pasa_npu import compiled, masks
+    from pasa_npu.fallback import kernel_common
+    from pasa_npu.fallback.triton import metadata, shift
+
+    def cached():
+        return (kernel_common._kept_placeholder.cache_info().currsize,
+                shift._kept_shift_table.cache_info().currsize,
+                len(metadata._DEVICE_METADATA), len(masks._MASK_CACHE))
+
+    kernel_common._kept_placeholder.cache_clear()
+    shift._kept_shift_table.cache_clear()
+    metadata._DEVICE_METADATA.clear()
+    masks._MASK_CACHE.clear()
+    masks._VALIDATED_MASKS.clear()
+    pasa_npu.plans.clear()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 40, 32, generator=gen).half().to(dev) for _ in range(3))
+    defaults = {name: p.default for name, p in
+                inspect.signature(pasa_npu.fused_attention).parameters.items()
+                if name in compiled.OP_SCALARS}
+    kw = dict(num_heads=2, input_layout="BNSD", scale=32 ** -0.5, algorithm="pasa",
+              backend="triton", sparse_mode=3)
+    mask = pasa_npu.compressed_causal_mask(dev)
+    op = torch.ops.pasa_npu.fused_attention.default
+    traced = op(q, k, v, mask, None, None, None, None, None, **dict(defaults, **kw))
+    assert cached() == (0, 0, 0, 0)
+    masks._VALIDATED_MASKS.clear()
+    pasa_npu.plans.clear()  # the eager call makes its plan too, validating the mask
+    eager = pasa_npu.fused_attention(q, k, v, atten_mask=mask, **kw)
+    assert all(n > 0 for n in cached()), cached()
+    assert torch.equal(traced[0], eager[0])
+
+
 def test_device_metadata_is_one_copy_cached_by_value():
     from pasa_npu.fallback.triton.metadata import INT_BIG
 
