@@ -98,18 +98,20 @@ def decode_shift_site(allocation: Allocation, tuning: Tuning) -> str:
 
 def decode_stages(shift_site: str, head_dim: int, shallow: bool = False) -> int:
     """Pipeline depth of the decode kernel that fits shared memory (:func:`decode_shift_site`:
-    shifting the keys stages K' too). ``shallow`` (:func:`shallow_decode`): two stages at
-    d <= 128, so that two programs share an SM."""
+    shifting the keys stages K' too). ``shallow`` (:func:`shallow_decode`): two stages, so
+    that two programs share an SM."""
     stages = 2 if shift_site == "keys" or shallow else 3
     return stages - 1 if head_dim > 128 else stages
 
 
-def shallow_decode(allocation: Allocation, paged: bool) -> bool:
+def shallow_decode(allocation: Allocation, paged: bool, head_dim: int) -> bool:
     """Whether decode runs two shallow programs per SM rather than one deep one: for pasa's
-    (and pasa-mixed's) table shift read through a block table. One deep program per SM
-    left that kernel well short of its contiguous speed on an H200; two shallow ones match
-    it (``pasa-bench``, docs/bench/h200/decode). The other allocations are no faster so."""
-    return paged and allocation.pseudo_average_shift
+    (and pasa-mixed's) table shift read through a block table at 64 < d <= 128, where one
+    program of three stages fills an SM. That program left the kernel well short of its
+    contiguous speed on an H200; two shallow ones match it (``pasa-bench``,
+    docs/bench/h200/decode). The other allocations are no faster so; other head dims were
+    not measured."""
+    return paged and allocation.pseudo_average_shift and 64 < head_dim <= 128
 
 
 def paged_stages(stages: int) -> int:

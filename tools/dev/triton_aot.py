@@ -328,7 +328,7 @@ def _decode_variants(alg: str, allocation, head_dim: int):
         yield ("decode_split_kernel", f"{alg} decode g={block_g} d={head_dim}", consts, 4,
                stages, fp_fusion)
     block_g = triton_launch.decode_block_g(4, head_dim)
-    shallow = triton_launch.shallow_decode(allocation, True)
+    shallow = triton_launch.shallow_decode(allocation, True, head_dim)
     stages = triton_launch.paged_stages(triton_launch.decode_stages(shift_site, head_dim, shallow))
     for whole, tag in ((True, ""), (False, " per key")) if paged else ():
         if whole or alg == "fa-fp32":
@@ -410,7 +410,7 @@ def main(argv=None) -> int:
                 n = resident_per_sm(smem, use["REG"], warps)
                 allocation = ALLOCATIONS[label.split()[0]]
                 site = triton_launch.decode_shift_site(allocation, DEFAULT_TUNING)
-                shallow = triton_launch.shallow_decode(allocation, consts["PAGED"])
+                shallow = triton_launch.shallow_decode(allocation, consts["PAGED"], d)
                 assumed = triton_launch.decode_resident(site, d, consts["BLOCK_G"], shallow)
                 resident = f"  resident {n}"
                 if n != assumed:
