@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pasa_npu.problem import keeps_device_tensors
+from pasa_npu.problem import device_cached
 
 #: the kernels run in the interpreter (decided at import, as triton.jit decides it)
 INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
@@ -122,17 +122,9 @@ def interpreting() -> bool:
     return INTERPRET.value
 
 
+@device_cached(maxsize=16)
 def placeholder(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """A never-read stand-in for an absent tensor argument (no mask, no LSE, ...): one per
-    device and dtype, or a new one where the call keeps nothing
-    (:func:`~pasa_npu.problem.keeping_nothing`)."""
-    if keeps_device_tensors():
-        return _kept_placeholder(device, dtype)
-    return torch.zeros(1, 1, 1, dtype=dtype, device=device)
-
-
-@functools.lru_cache(maxsize=16)
-def _kept_placeholder(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A never-read stand-in for an absent tensor argument (no mask, no LSE, ...)."""
     return torch.zeros(1, 1, 1, dtype=dtype, device=device)
 
 

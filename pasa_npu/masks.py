@@ -8,11 +8,10 @@ import warnings
 import torch
 
 from .arguments import INT_MAX, describe, tensor_identity
-from .problem import keeps_device_tensors
+from .problem import device_cached
 
 OPTIMIZED_MASK_SIZE = 2048
 
-_MASK_CACHE: dict = {}
 _VALIDATED_MASKS: dict = {}  # masks already checked, by identity and version: no device sync
 
 
@@ -20,6 +19,12 @@ def compressed_causal_mask(device: torch.device | str | None = None) -> torch.Te
     """The 2048 x 2048 "optimized" mask torch_npu expects with ``sparse_mode`` 2, 3 and 4."""
     ones = torch.ones(OPTIMIZED_MASK_SIZE, OPTIMIZED_MASK_SIZE, dtype=torch.bool, device=device)
     return torch.triu(ones, diagonal=1)
+
+
+@device_cached(maxsize=None)
+def _reference_mask(device: torch.device) -> torch.Tensor:
+    """:func:`compressed_causal_mask` on ``device``, what an optimized mask is checked against."""
+    return compressed_causal_mask(device)
 
 
 def mask_and_band(mask, sparse_mode: int, pre: int, nxt: int, batch, s_q, s_kv, packed, q_lens,
@@ -119,12 +124,7 @@ def _check_optimized_mask(mask, sparse_mode: int) -> None:
     key = tensor_identity(mask)
     if key in _VALIDATED_MASKS:
         return
-    expected = _MASK_CACHE.get(mask.device)
-    if expected is None:
-        expected = compressed_causal_mask(mask.device)
-        if keeps_device_tensors():
-            _MASK_CACHE[mask.device] = expected
-    if not torch.equal(mask.reshape(n, n).bool(), expected):
+    if not torch.equal(mask.reshape(n, n).bool(), _reference_mask(mask.device)):
         raise ValueError(f"sparse_mode={sparse_mode} needs the optimized mask to be the strict "
                          f"upper triangle (True above the diagonal), as torch_npu documents")
     if len(_VALIDATED_MASKS) > 64:

@@ -4,6 +4,7 @@ reused), and :func:`execute` runs a call through its plan; :func:`attention` doe
 from __future__ import annotations
 
 import collections
+import contextlib
 import warnings
 
 import torch
@@ -14,7 +15,8 @@ from .lengths import read_device_lengths
 from .numerics import to_fp16_checked
 from .outputs import allocate_lse, allocate_output, fix_rows, lse_placeholder
 from .planner import Plan, make_plan
-from .problem import AttentionProblem, OverflowCheck, host_memory, keeping_nothing
+from .problem import (AttentionProblem, OverflowCheck, host_memory, keeping_nothing,
+                      keeps_device_tensors)
 from .views import call_inputs
 
 __all__ = ["Plan", "PLANS", "clear", "attention", "plan_for", "execute"]
@@ -40,10 +42,8 @@ def attention(call: Call, golden: bool, traced: bool = False):
     """(out, lse) of one call; ``traced`` (the torch.compile operator's body): (out, lse,
     row flags), the flags zero-filled and returned, not recorded (:func:`execute`), and no
     device tensor the call makes kept past it (:func:`~pasa_npu.problem.keeping_nothing`)."""
-    if traced:
-        with keeping_nothing():
-            return execute(plan_for(call, golden), call, golden, traced)
-    return execute(plan_for(call, golden), call, golden, traced)
+    with keeping_nothing() if traced else contextlib.nullcontext():
+        return execute(plan_for(call, golden), call, golden, traced)
 
 
 def plan_for(call: Call, golden: bool) -> Plan:
@@ -146,9 +146,9 @@ def execute(plan: Plan, call: Call, golden: bool, traced: bool = False):
         rounding_guard=options.rounding_guard, tiling=options.tiling, block_table=table,
         block_size=options.block_size if table is not None else 0, overflow=check,
         sink=None if call.learnable_sink is None else call.learnable_sink.to(torch.float32),
-        # a compiled call keeps nothing: under mode="reduce-overhead" what it made lives in
-        # a CUDA graph's memory pool, which must hold only the graph's outputs
-        plan_state=None if convert or golden or traced else plan.backend_state)
+        # a call that keeps nothing records nothing for the plan's later calls either
+        plan_state=(plan.backend_state if not (convert or golden) and keeps_device_tensors()
+                    else None))
     plan.runner(problem)
     if not golden and not traced:
         overflow.record(problem, plan.backend)

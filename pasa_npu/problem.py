@@ -86,6 +86,22 @@ def keeps_device_tensors() -> bool:
     return not _KEEPING_NOTHING.get()
 
 
+def device_cached(maxsize: Optional[int]):
+    """Decorator: the device tensor a function makes from its (hashable) arguments, cached
+    by them (:func:`functools.lru_cache`, whose ``cache_info`` and ``cache_clear`` it
+    keeps), but made anew for a call that keeps nothing (:func:`keeping_nothing`)."""
+    def wrap(make):
+        cached = functools.lru_cache(maxsize=maxsize)(make)
+
+        @functools.wraps(make)
+        def get(*args):
+            return cached(*args) if keeps_device_tensors() else make(*args)
+
+        get.cache_info, get.cache_clear = cached.cache_info, cached.cache_clear
+        return get
+    return wrap
+
+
 def host_memory(device: torch.device) -> bool:
     """Whether tensors on ``device`` are the host's memory, read without waiting for a device
     (the CPU). The package's one test of it: a tensor on any other device is never read on

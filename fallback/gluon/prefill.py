@@ -69,7 +69,7 @@ from pasa_npu.beta import partial_block_shift
 from pasa_npu.fallback.gluon.config import BLOCK_N, GROUP_ROWS, MEAN_ROWS
 from pasa_npu.fallback.kernel_common import (INTERPRET, Binding, device_capability, sm_count,
                                              tma_strides)
-from pasa_npu.problem import AttentionProblem, keeps_device_tensors
+from pasa_npu.problem import AttentionProblem, device_cached
 
 ALGORITHMS = ("pasa-exact", "pasa", "fa-fp32")
 HEAD_DIMS = (64, 128)
@@ -157,17 +157,9 @@ def _new_means_descriptor(means: torch.Tensor):
                             [MEAN_ROWS, head_dim], _smem_layout((MEAN_ROWS, head_dim)))
 
 
+@device_cached(maxsize=8)
 def _no_means(device: torch.device, head_dim: int) -> torch.Tensor:
-    """fa-fp32 has no block means: a never-read stand-in the descriptor can point at (one
-    per device and head dim, or a new one where the call keeps nothing,
-    :func:`~pasa_npu.problem.keeping_nothing`)."""
-    if keeps_device_tensors():
-        return _kept_no_means(device, head_dim)
-    return torch.zeros(MEAN_ROWS, head_dim, dtype=torch.float16, device=device)
-
-
-@functools.lru_cache(maxsize=8)
-def _kept_no_means(device: torch.device, head_dim: int) -> torch.Tensor:
+    """fa-fp32 has no block means: a never-read stand-in the descriptor can point at."""
     return torch.zeros(MEAN_ROWS, head_dim, dtype=torch.float16, device=device)
 
 

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from pasa_npu.beta import partial_block_shift
 from pasa_npu.fallback.kernel_common import Binding, cdiv, interpreting
-from pasa_npu.problem import AttentionProblem, keeps_device_tensors
+from pasa_npu.problem import AttentionProblem, device_cached, keeps_device_tensors
 
 
 @triton.jit
@@ -153,22 +153,17 @@ def shift_scores(qk, diag, off, scale, valid, EXACT_SHIFT: tl.constexpr,
     return shifted, c
 
 
+@device_cached(maxsize=64)
 def cached_shift_table(beta: float, n: int, scale: float, device: torch.device) -> torch.Tensor:
     """The pseudo-average shift of a block holding v keys, for v = 1 .. n, on ``device``:
     row v of an (n + 1, 4) fp32 table holds the stored shifting matrix's diagonal and
     off-diagonal magnitude (fp16 values) and the factor that turns the block's sum of S'
     into its row mean (:func:`pasa_npu.beta.partial_block_shift`; 1/n for a full block).
-    Cached on the device, but where the call keeps nothing
-    (:func:`~pasa_npu.problem.keeping_nothing`): then copied for the call from the host's
-    cached copy (pinned, so that a CUDA graph that captures the copy reads it for good)."""
-    if keeps_device_tensors():
-        return _kept_shift_table(beta, n, scale, device)
-    return _shift_table(beta, n, scale, device.type == "cuda").to(device, non_blocking=True)
-
-
-@functools.lru_cache(maxsize=64)
-def _kept_shift_table(beta: float, n: int, scale: float, device: torch.device) -> torch.Tensor:
-    return _shift_table(beta, n, scale, False).to(device)
+    Copied from the host's table, pinned on a CUDA device, so that where a call keeps
+    nothing (:func:`~pasa_npu.problem.keeping_nothing`) the copy needs no wait, and a CUDA
+    graph that captures it reads a source kept for good."""
+    host = _shift_table(beta, n, scale, device.type == "cuda")
+    return host.to(device, non_blocking=not keeps_device_tensors())
 
 
 @functools.lru_cache(maxsize=64)

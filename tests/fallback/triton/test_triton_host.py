@@ -66,14 +66,14 @@ def test_a_compiled_call_keeps_no_device_tensor_in_the_caches():
     from pasa_npu.fallback.triton import metadata, shift
 
     def cached():
-        return (kernel_common._kept_placeholder.cache_info().currsize,
-                shift._kept_shift_table.cache_info().currsize,
-                len(metadata._DEVICE_METADATA), len(masks._MASK_CACHE))
+        return (kernel_common.placeholder.cache_info().currsize,
+                shift.cached_shift_table.cache_info().currsize,
+                len(metadata._DEVICE_METADATA), masks._reference_mask.cache_info().currsize)
 
-    kernel_common._kept_placeholder.cache_clear()
-    shift._kept_shift_table.cache_clear()
+    kernel_common.placeholder.cache_clear()
+    shift.cached_shift_table.cache_clear()
     metadata._DEVICE_METADATA.clear()
-    masks._MASK_CACHE.clear()
+    masks._reference_mask.cache_clear()
     masks._VALIDATED_MASKS.clear()
     pasa_npu.plans.clear()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
