@@ -6,6 +6,7 @@ from what may round differently, are in tests/_bounds.py ("derived bounds")."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import math
 import os
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 import pasa_npu
+from pasa_npu import compiled
 from pasa_npu.backends import available_backends
 
 INT_MAX = 2147483647
@@ -220,6 +222,15 @@ def triton_tuning(**switches):
 #: Backends that implement a subset of the features and raise NotImplementedError (naming
 #: the feature) for the rest; tests skip them for exactly those cases.
 PARTIAL_BACKENDS = ("ascendc-emu", SIM, "npu")
+
+
+def op_defaults() -> dict:
+    """The defaults of the compiled operator's scalar arguments (``compiled.OP_SCALARS``),
+    as :func:`pasa_npu.fused_attention` declares them: a direct call of the operator takes
+    every one."""
+    return {name: p.default for name, p in
+            inspect.signature(pasa_npu.fused_attention).parameters.items()
+            if name in compiled.OP_SCALARS}
 
 
 @contextlib.contextmanager

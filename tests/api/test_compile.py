@@ -10,7 +10,7 @@ import torch
 
 import pasa_npu
 from pasa_npu import arguments, compiled
-from _support import BACKEND_DEVICES, on_device, skip_unsupported
+from _support import BACKEND_DEVICES, on_device, op_defaults, skip_unsupported
 
 OP = torch.ops.pasa_npu.fused_attention.default
 
@@ -150,9 +150,7 @@ def test_operator_registration(case):
         value = kw.pop(name, None)
         lengths[name] = value if isinstance(value, list) else None
         lengths[name + "_tensor"] = value if isinstance(value, torch.Tensor) else None
-    defaults = {name: p.default for name, p in
-                inspect.signature(pasa_npu.fused_attention).parameters.items()
-                if name in compiled.OP_SCALARS}
+    defaults = op_defaults()
     mask, table = kw.pop("atten_mask", None), kw.pop("block_table", None)
     torch.library.opcheck(OP, (q, k, v, mask, table), dict(lengths, **dict(defaults, **kw)))
 
@@ -216,9 +214,7 @@ def test_operator_keeps_none_of_its_tensors_alive():
     from pasa_npu.tools.inputs import spread
 
     q, k, v = spread((1, 2, 40, 32))
-    defaults = {name: p.default for name, p in
-                inspect.signature(pasa_npu.fused_attention).parameters.items()
-                if name in compiled.OP_SCALARS}
+    defaults = op_defaults()
     kw = dict(defaults, num_heads=2, input_layout="BNSD", backend="torch", algorithm="pasa")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", pasa_npu.OverflowRepairWarning)
@@ -244,9 +240,7 @@ def test_operator_gives_its_backend_no_plan_state(monkeypatch):
     pasa_npu.plans.clear()  # a cached plan holds the backend's run it resolved
     q, k, v, kw = _case("BSH GQA, LSE")
     kw = dict(kw, backend="torch")
-    defaults = {name: p.default for name, p in
-                inspect.signature(pasa_npu.fused_attention).parameters.items()
-                if name in compiled.OP_SCALARS}
+    defaults = op_defaults()
     OP(q, k, v, None, None, None, None, None, None, **dict(defaults, **kw))
     pasa_npu.fused_attention(q, k, v, **kw)
     assert seen[0] is None and isinstance(seen[1], dict)

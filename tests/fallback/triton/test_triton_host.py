@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import pasa_npu
-from _support import BACKENDS
+from _support import BACKENDS, op_defaults
 from _bounds import assert_triton_matches_cpu, triton_numerics
 
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not installed")
@@ -59,9 +59,7 @@ def test_a_compiled_call_keeps_no_device_tensor_in_the_caches():
     mask's reference) for itself and keeps none: under mode="reduce-overhead" they would
     sit in a CUDA graph's memory pool, which must hold only the graph's outputs. The same
     call made eagerly fills the caches, and computes the same."""
-    import inspect
-
-    from pasa_npu import compiled, masks
+    from pasa_npu import masks
     from pasa_npu.fallback import kernel_common
     from pasa_npu.fallback.triton import metadata, shift
 
@@ -79,9 +77,7 @@ def test_a_compiled_call_keeps_no_device_tensor_in_the_caches():
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 2, 40, 32, generator=gen).half().to(dev) for _ in range(3))
-    defaults = {name: p.default for name, p in
-                inspect.signature(pasa_npu.fused_attention).parameters.items()
-                if name in compiled.OP_SCALARS}
+    defaults = op_defaults()
     kw = dict(num_heads=2, input_layout="BNSD", scale=32 ** -0.5, algorithm="pasa",
               backend="triton", sparse_mode=3)
     mask = pasa_npu.compressed_causal_mask(dev)
