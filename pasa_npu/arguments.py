@@ -16,6 +16,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from .problem import host_memory
+
 INT_MAX = 2147483647
 
 
@@ -205,7 +207,7 @@ def call_key(call: Call):
     """(arguments key, lengths key): a hashable fingerprint of everything a plan reads of
     ``call`` (:func:`pasa_npu.planner.make_plan`), or None where a call is not cacheable
     (an int8 or uint8 mask of sparse modes 0/1, whose converted contents the plan would
-    hold; lengths on a device). The values of the actual sequence lengths go in the second
+    hold). The values of the actual sequence lengths go in the second
     key, so that the calls of a decode loop, whose lengths grow every step, share the
     validation of everything else. Types are part of the
     keys, so that ``True`` never hits ``1``."""
@@ -229,9 +231,11 @@ def call_key(call: Call):
                 append(tensor_identity(value))
             elif name in ("learnable_sink", "block_table"):  # read (checked) on every call
                 append((value.shape, value.dtype, value.device))
-            elif name in LENGTH_ARGUMENTS:  # the host's (plan_for reads a device's first)
-                append((value.dtype, value.shape))
-                lengths.append(tuple(value.tolist()))
+            elif name in LENGTH_ARGUMENTS:
+                append((value.dtype, value.shape, value.device))
+                # a device's stay there (plan_for reads those it does not keep first)
+                lengths.append(tuple(value.tolist()) if host_memory(value.device)
+                               else "on the device")
             else:
                 return None
         elif kind in (list, tuple):

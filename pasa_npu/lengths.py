@@ -16,7 +16,7 @@ from .options import MAX_PACKED_BATCH
 from .paging import DECODE_BLOCK_ALIGN, MAX_BLOCK_SIZE, PREFILL_BLOCK_ALIGN
 
 __all__ = ["LENGTH_ARGUMENTS", "read_device_lengths", "sequence_lengths", "check_block_size",
-           "int_list"]
+           "check_device_lengths", "int_list"]
 
 
 def read_device_lengths(call, names: tuple[str, ...]):
@@ -31,6 +31,17 @@ def read_device_lengths(call, names: tuple[str, ...]):
     for name, t in zip(names, tensors):
         given[name], start = flat[start:start + t.numel()], start + t.numel()
     return dataclasses.replace(call, **given)
+
+
+def check_device_lengths(call, names: tuple[str, ...], batch: int) -> None:
+    """The length arguments ``names``, left on the device, checked as far as the host can
+    without reading them: 1-D integer tensors of 1 entry or at least ``batch``."""
+    for name in names:
+        value = getattr(call, name)
+        _check_integer_tensor(value, name)
+        if value.numel() != 1 and value.numel() < batch:
+            raise ValueError(f"{name} must have 1 or at least batch={batch} entries, got "
+                             f"{value.numel()}")
 
 
 def sequence_lengths(call, q, s_kv: int, packed: bool, block_size: int = 0):

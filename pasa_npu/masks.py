@@ -44,14 +44,10 @@ def mask_and_band(mask, sparse_mode: int, pre: int, nxt: int, batch, s_q, s_kv, 
                               f"1 (torch_npu ignores it in decode); every valid key is attended",
                               stacklevel=4)
             return None, None
-        if sparse_mode == 2:
-            return None, (torch.full((batch,), INT_MAX, dtype=torch.int64),
-                          torch.zeros(batch, dtype=torch.int64))
-        if sparse_mode == 3:
-            return None, (torch.full((batch,), INT_MAX, dtype=torch.int64), kv_lens - q_lens)
-        _check_tokens(pre, nxt)
-        _check_token_lengths(4, pre, nxt, q_lens, kv_lens)
-        return None, (pre - kv_lens + q_lens, nxt + kv_lens - q_lens)
+        if sparse_mode == 4:
+            _check_tokens(pre, nxt)
+            _check_token_lengths(4, pre, nxt, q_lens, kv_lens)
+        return None, band_of_lengths(sparse_mode, pre, nxt, q_lens, kv_lens)
 
     if mask is None:
         if sparse_mode == 1:
@@ -75,8 +71,36 @@ def mask_and_band(mask, sparse_mode: int, pre: int, nxt: int, batch, s_q, s_kv, 
         return dense, None
     _check_tokens(pre, nxt)
     _check_token_lengths(0, pre, nxt, q_lens, kv_lens)
-    return dense, (torch.full((batch,), pre, dtype=torch.int64),
-                   torch.full((batch,), nxt, dtype=torch.int64))
+    return dense, band_of_lengths(0, pre, nxt, q_lens, kv_lens)
+
+
+def band_of_lengths(sparse_mode: int, pre: int, nxt: int, q_lens: torch.Tensor,
+                    kv_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The band (pre, next) per batch in top-left coordinates, on the lengths' device, of
+    ``sparse_mode`` 0 with tokens (a band beside the mask), 2 (top-left causal), 3
+    (bottom-right causal) or 4 (``pre``/``nxt`` tokens about the bottom-right diagonal)."""
+    if sparse_mode == 0:
+        return torch.full_like(q_lens, pre), torch.full_like(q_lens, nxt)
+    if sparse_mode == 2:
+        return torch.full_like(q_lens, INT_MAX), torch.zeros_like(q_lens)
+    if sparse_mode == 3:
+        return torch.full_like(q_lens, INT_MAX), kv_lens - q_lens
+    return pre - kv_lens + q_lens, nxt + kv_lens - q_lens
+
+
+def token_lengths_refused(sparse_mode: int, pre: int, nxt: int, q_lens: torch.Tensor,
+                          kv_lens: torch.Tensor) -> torch.Tensor:
+    """Bool per batch: FIA's prompt tiling refuses the batch's lengths with these tokens
+    (ops-transformer prompt_flash_attention_tiling.cpp): a negative token count whose
+    magnitude reaches a length; sparse_mode=0 with a mask bounds next_tokens by the query
+    length and pre_tokens by the kv length, sparse_mode=4, whose band sits at the bottom
+    right, the other way round (other modes: none refused)."""
+    limits = {0: (nxt, q_lens, pre, kv_lens), 4: (nxt, kv_lens, pre, q_lens)}.get(sparse_mode)
+    if limits is None:
+        return torch.zeros_like(q_lens, dtype=torch.bool)
+    next_limit, next_len, pre_limit, pre_len = limits
+    return (((next_limit < 0) & (-next_limit >= next_len))
+            | ((pre_limit < 0) & (-pre_limit >= pre_len)))
 
 
 def check_mask(mask, device) -> None:
@@ -99,18 +123,19 @@ def _check_tokens(pre: int, nxt: int) -> None:
 
 
 def _check_token_lengths(sparse_mode: int, pre: int, nxt: int, q_lens, kv_lens) -> None:
-    """FIA's prompt tiling refuses a negative token count whose magnitude reaches a batch's
-    length (ops-transformer prompt_flash_attention_tiling.cpp): sparse_mode=0 with a mask
-    bounds next_tokens by the query length and pre_tokens by the kv length; sparse_mode=4,
-    whose band sits at the bottom right, the other way round."""
-    for b, (q, kv) in enumerate(zip(q_lens.tolist(), kv_lens.tolist())):
-        limits = {0: (("next_tokens", nxt, q, "query"), ("pre_tokens", pre, kv, "kv")),
-                  4: (("next_tokens", nxt, kv, "kv"), ("pre_tokens", pre, q, "query"))}
-        for name, value, length, what in limits[sparse_mode]:
-            if value < 0 and -value >= length:
-                raise ValueError(f"{name} ({value}) must be > -{length} with sparse_mode="
-                                 f"{sparse_mode}: its magnitude must stay below the {what} "
-                                 f"length of batch {b} ({length}), as torch_npu requires")
+    """Raise for the first batch whose host lengths :func:`token_lengths_refused` refuses."""
+    refused = token_lengths_refused(sparse_mode, pre, nxt, q_lens, kv_lens).nonzero()
+    if not refused.numel():
+        return
+    b = int(refused[0, 0])
+    q, kv = int(q_lens[b]), int(kv_lens[b])
+    limits = {0: (("next_tokens", nxt, q, "query"), ("pre_tokens", pre, kv, "kv")),
+              4: (("next_tokens", nxt, kv, "kv"), ("pre_tokens", pre, q, "query"))}
+    for name, value, length, what in limits[sparse_mode]:
+        if value < 0 and -value >= length:
+            raise ValueError(f"{name} ({value}) must be > -{length} with sparse_mode="
+                             f"{sparse_mode}: its magnitude must stay below the {what} "
+                             f"length of batch {b} ({length}), as torch_npu requires")
 
 
 def _check_optimized_mask(mask, sparse_mode: int) -> None:

@@ -60,6 +60,8 @@ def fix_rows(problem: AttentionProblem, value: torch.Tensor, plan) -> None:
     output 0 and LSE +inf, when inner_precise bit 1 is set or when the band or the lengths
     alone leave them empty (FIA switches it on itself there). Rows that only the explicit
     mask empties, without bit 1: the mean of V over the valid keys, LSE float32's lowest."""
+    if problem.device_lengths is not None:
+        return  # the backend applied them (problem.DeviceLengths)
     if problem.lse is not None and plan.lse_rows_past:
         past = torch.arange(problem.lse.shape[2]) >= problem.q_lens[:, None]
         problem.lse.masked_fill_(to_device(past[:, None], problem.lse.device), 0.0)

@@ -81,7 +81,7 @@ def cache_views(key, value, layout: str, num_kv_heads: int, block_size: int):
 
 def table_for_call(table: torch.Tensor, kv_lens: torch.Tensor, num_blocks: int,
                    block_size: int, device: torch.device, table_on_host: bool,
-                   on_host: bool) -> torch.Tensor:
+                   on_host: bool, device_lengths: bool = False) -> torch.Tensor:
     """``table`` checked and on ``device`` with unit column stride (``table_on_host``,
     ``on_host``: whether the table and ``device`` are the host's memory,
     :func:`~pasa_npu.problem.host_memory`): every entry of a key
@@ -97,19 +97,25 @@ def table_for_call(table: torch.Tensor, kv_lens: torch.Tensor, num_blocks: int,
       PyTorch's version counter (a custom kernel, ``.data``, DLPack) are not seen, and an
       inference tensor has no version: it is checked on every call. While a CUDA graph is
       being captured a table not checked before is trusted (as torch_npu trusts them
-      always)."""
+      always);
+    * with ``device_lengths`` (the call's kv lengths stay on the device, ``kv_lens`` are the
+      capacities) nothing is read: the backend holds each kv length against the keys of
+      its row's leading entries in [0, num_blocks) on the device
+      (:class:`~pasa_npu.problem.DeviceLengths`)."""
     if table.shape[0] != kv_lens.numel():
         raise ValueError(f"block_table has {table.shape[0]} rows but the batch is "
                          f"{kv_lens.numel()} (one row per batch)")
     if table_on_host:
-        _check_entries(table, kv_lens, num_blocks, block_size, _host_prefix(table, num_blocks))
+        if not device_lengths:
+            _check_entries(table, kv_lens, num_blocks, block_size,
+                           _host_prefix(table, num_blocks))
         if table.shape[1] > 1 and table.stride(1) != 1:
             table = table.contiguous()
         if on_host:
             return table
         source = table.pin_memory() if device.type == "cuda" else table
         return source.to(device, non_blocking=True)
-    prefix = _CHECKED.prefix(table, num_blocks)
+    prefix = None if device_lengths else _CHECKED.prefix(table, num_blocks)
     if prefix is not None:
         _check_entries(table, kv_lens, num_blocks, block_size, prefix)
     if table.shape[1] > 1 and table.stride(1) != 1:

@@ -4,6 +4,7 @@ scalar options, the backend, the tensors' views, the lengths, the mask and band.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -11,7 +12,7 @@ import torch
 
 from . import backends
 from .arguments import Call
-from .lengths import sequence_lengths
+from .lengths import check_device_lengths, sequence_lengths
 from .masks import mask_and_band, row_facts
 from .numerics import compute_dtype
 from .options import Options, resolve_beta, resolve_options
@@ -46,19 +47,26 @@ class Plan:
     validated_mask: Optional[torch.Tensor] = None  # sparse modes 2-4: kept alive for the key
     mask_source: Optional[torch.Tensor] = None  # the caller's atten_mask (outputs.fix_rows)
     backward: bool = True  # the outputs carry autograd; else inputs that require grad raise
+    #: the length arguments each call gives on the query's device, left there: the plan's
+    #: lengths are then the capacities, and each call's are made on the device by the
+    #: backend (:class:`~pasa_npu.problem.DeviceLengths`), with the band of ``band_rule``
+    device_lengths: tuple = ()
+    band_rule: Optional[tuple] = None  # (sparse_mode, pre_tokens, next_tokens) of the band
     # the backend's state for this plan (AttentionProblem.plan_state); a copy made for other
     # lengths gets its own
     backend_state: dict = field(default_factory=dict, compare=False)
 
 
 def make_plan(call: Call, golden: bool, base: Optional[Plan], on_host: bool,
-              table_on_host: bool) -> Plan:
+              table_on_host: bool, device_lengths: tuple = ()) -> Plan:
     """The plan of ``call``, or the first error among its arguments, naming the argument.
     ``base``: a plan of the same arguments with other lengths, whose options and backend
     hold (only the lengths, the band they set and the row facts are made anew); None: a
     plan validated in full. The lengths are the host's (:func:`pasa_npu.plans.plan_for`
     reads those given on a device). ``on_host``, ``table_on_host``: the query's and the
-    block table's memory (:func:`~pasa_npu.problem.host_memory`)."""
+    block table's memory (:func:`~pasa_npu.problem.host_memory`). ``device_lengths``: the
+    length arguments left on the device (:attr:`Plan.device_lengths`), planned at their
+    capacities: the query's S1, the kv axis or the block table's."""
     query = call.query
     if base is not None:
         options, extra = base.options, {}
@@ -79,14 +87,26 @@ def make_plan(call: Call, golden: bool, base: Optional[Plan], on_host: bool,
     q, k, _ = plan_views(call, options)
     block_size = options.block_size
     s_kv = call.block_table.shape[1] * block_size if block_size else k.shape[2]
-    q_lens, q_starts, kv_lens, kv_starts = sequence_lengths(call, q, s_kv, options.packed,
+    sizing = call
+    if q.shape[2] == 1:  # decode ignores actual_seq_lengths
+        device_lengths = tuple(n for n in device_lengths if n != "actual_seq_lengths")
+    if device_lengths:
+        check_device_lengths(call, device_lengths, q.shape[0])
+        capacity = dict(actual_seq_lengths=[q.shape[2]], actual_seq_lengths_kv=[s_kv])
+        sizing = dataclasses.replace(call, **{n: capacity[n] for n in device_lengths})
+    q_lens, q_starts, kv_lens, kv_starts = sequence_lengths(sizing, q, s_kv, options.packed,
                                                             block_size)
     mask, band = mask_and_band(call.atten_mask, options.sparse_mode, options.pre_tokens,
                                options.next_tokens, q_lens.numel(), q.shape[2], s_kv,
                                options.packed, q_lens, kv_lens, query.device)
+    facts = row_facts(q_lens, kv_lens, mask, band, options.packed, q.shape[2])
+    if device_lengths:  # the backend writes every row, and applies the row rules
+        facts = dict(covered=True, lse_rows_past=False, may_have_empty=False)
     lengths = dict(q_lens=q_lens, q_starts=q_starts, kv_lens=kv_lens, kv_starts=kv_starts,
-                   mask=mask, band=band,
-                   **row_facts(q_lens, kv_lens, mask, band, options.packed, q.shape[2]))
+                   mask=mask, band=band, device_lengths=device_lengths,
+                   band_rule=((options.sparse_mode, options.pre_tokens, options.next_tokens)
+                              if device_lengths and band is not None else None),
+                   **facts)
     if base is not None:
         plan = copy.copy(base)  # dataclasses.replace would cost a third of this function
         plan.__dict__.update(backend_state={}, **lengths)

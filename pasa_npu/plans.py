@@ -13,10 +13,11 @@ from . import backends, overflow
 from .arguments import LENGTH_ARGUMENTS, Call, call_key
 from .lengths import read_device_lengths
 from .numerics import to_fp16_checked
+from .options import PACKED
 from .outputs import allocate_lse, allocate_output, fix_rows, lse_placeholder
 from .planner import Plan, make_plan
-from .problem import (AttentionProblem, OverflowCheck, host_memory, keeping_nothing,
-                      keeps_device_tensors)
+from .problem import (AttentionProblem, DeviceLengths, OverflowCheck, host_memory,
+                      keeping_nothing, keeps_device_tensors)
 from .views import call_inputs
 
 __all__ = ["Plan", "PLANS", "clear", "attention", "plan_for", "execute"]
@@ -58,13 +59,16 @@ def plan_for(call: Call, golden: bool) -> Plan:
                       if isinstance(getattr(call, name), torch.Tensor)
                       and not host_memory(getattr(call, name).device))
     if on_device:
-        if (not golden and isinstance(query, torch.Tensor)
-                and backends.resolve(call.backend, query.device).name == "npu"):
+        backend = (backends.resolve(call.backend, query.device).name
+                   if not golden and isinstance(query, torch.Tensor) else None)
+        if backend == "npu":
             name = on_device[0]
             raise ValueError(f"{name} is a tensor on {getattr(call, name).device}, and backend "
                              f"'npu' takes lengths from the host, as torch_npu's operator "
                              f"does: pass {name} as a list of ints (or a CPU tensor)")
-        call = read_device_lengths(call, on_device)
+        if not lengths_stay_on_device(call, backend):
+            call = read_device_lengths(call, on_device)
+            on_device = ()
     keys = None if golden else call_key(call)
     plans = PLANS.get(keys[0]) if keys is not None else None
     plan = plans.get(keys[1]) if plans else None
@@ -77,7 +81,7 @@ def plan_for(call: Call, golden: bool) -> Plan:
         warnings.simplefilter("always")
         # the same arguments with other lengths: only the lengths are new
         plan = make_plan(call, golden, next(iter(plans.values())) if plans else None,
-                         on_host, table_on_host)
+                         on_host, table_on_host, on_device)
     for w in caught:  # re-issued as the caller's; a call that warns is never cached
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if keys is not None and not caught:
@@ -93,6 +97,25 @@ def plan_for(call: Call, golden: bool) -> Plan:
             plans.clear()
         plans[keys[1]] = plan
     return plan
+
+
+def lengths_stay_on_device(call: Call, backend) -> bool:
+    """Whether a call's length arguments given on its device stay there, unread on the host
+    (:attr:`~pasa_npu.planner.Plan.device_lengths`): on the Triton backend (``backend``,
+    resolved), with a padded layout (a packed one's starts are the cumulative lengths),
+    no explicit mask (which rows it empties is read back), no paged rows to copy (bf16
+    PASA) and no length argument on the host. Other calls read them once (:func:`~pasa_npu.lengths.read_device_lengths`)."""
+    if backend != "triton" or not isinstance(call.input_layout, str):
+        return False
+    if call.input_layout.split("_")[0] in PACKED:
+        return False
+    if call.atten_mask is not None and call.sparse_mode not in (2, 3, 4):
+        return False
+    if any(isinstance(value, (list, tuple)) or host_memory(value.device)
+           for value in (getattr(call, name) for name in LENGTH_ARGUMENTS)
+           if value is not None):
+        return False  # one of them on the host: all are read there
+    return call.block_table is None or call.query.dtype == torch.float16
 
 
 def execute(plan: Plan, call: Call, golden: bool, traced: bool = False):
@@ -113,7 +136,7 @@ def execute(plan: Plan, call: Call, golden: bool, traced: bool = False):
     q, k, v, table, kv_starts = call_inputs(
         call, options.in_layout, options.num_heads, options.num_kv_heads, options.block_size,
         plan.kv_lens, plan.kv_starts, options.packed, convert, plan.table_on_host,
-        plan.on_host)
+        plan.on_host, bool(plan.device_lengths))
     v_input = v
     if convert:
         q, k, v = to_fp16_checked((q, k, v), ("query", "key", "value"))
@@ -146,6 +169,9 @@ def execute(plan: Plan, call: Call, golden: bool, traced: bool = False):
         rounding_guard=options.rounding_guard, tiling=options.tiling, block_table=table,
         block_size=options.block_size if table is not None else 0, overflow=check,
         sink=None if call.learnable_sink is None else call.learnable_sink.to(torch.float32),
+        device_lengths=(DeviceLengths(*[getattr(call, name) if name in plan.device_lengths
+                                        else None for name in LENGTH_ARGUMENTS], plan.band_rule)
+                        if plan.device_lengths else None),
         # a call that keeps nothing records nothing for the plan's later calls either
         plan_state=(plan.backend_state if not (convert or golden) and keeps_device_tensors()
                     else None))
@@ -157,3 +183,4 @@ def execute(plan: Plan, call: Call, golden: bool, traced: bool = False):
         return out, lse_out
     return out, lse_out, (check.row_flags if check is not None
                           else torch.empty(0, dtype=torch.uint8, device=query.device))
+

@@ -47,7 +47,7 @@ import contextvars
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -63,6 +63,10 @@ ROW_FLAGGED = 1
 ROW_REPAIRED = 2
 #: recomputed by fa-fp32 and still not finite: its inputs hold NaN or inf
 ROW_NONFINITE = 3
+
+
+#: band limits as the kernels take them, int32: this stands for "no limit"
+BAND_LIMIT = 1 << 30
 
 
 _KEEPING_NOTHING = contextvars.ContextVar("pasa_npu_keeping_nothing", default=False)
@@ -107,6 +111,29 @@ def host_memory(device: torch.device) -> bool:
     (the CPU). The package's one test of it: a tensor on any other device is never read on
     the host where a call can avoid it (docs/design.md, "No host synchronisation")."""
     return device.type == "cpu"
+
+
+class DeviceLengths(NamedTuple):
+    """Length arguments a call gave on the query's device, which the host never reads:
+    the caller's 1-D integer tensors (1 entry for every batch, or at least B), None where
+    not given; ``band_rule``: (sparse_mode, pre_tokens, next_tokens) of a band whose limits
+    follow the lengths (:func:`pasa_npu.masks.band_of_lengths`), or None.
+
+    The problem's ``q_lens`` and ``kv_lens`` then hold the capacities (S1; the kv axis, or
+    the block table's columns times ``block_size``) and ``band`` that of the capacities. The
+    backend makes each batch's lengths on the device, each given one clamped to [0, its
+    capacity] and a kv length also to the keys its table row's leading entries in
+    [0, num_blocks) hold (paged); the band of ``band_rule``; and a batch whose given length
+    lies outside that range, or whose lengths FIA's token rules refuse
+    (:func:`pasa_npu.masks.token_lengths_refused`), is refused. It then applies the row
+    rules itself (the API layer cannot, without the lengths), on every row of the outputs:
+    rows past a query length output 0, LSE 0 and row flag 0 (``ROW_OK``); rows the band
+    and the lengths leave without a key output 0 and LSE +inf; every row of a refused batch
+    NaN in both."""
+
+    q_lens: Optional[torch.Tensor]
+    kv_lens: Optional[torch.Tensor]
+    band_rule: Optional[tuple]
 
 
 @dataclass(frozen=True)
@@ -160,6 +187,9 @@ class AttentionProblem:
     #: the tensors' data): a backend may keep there what it derived from the problem's
     #: shapes, strides, lengths and options, for the plan's later calls; None: nothing kept
     plan_state: Optional[dict] = None
+    #: length arguments the call gave on the query's device, never read on the host
+    #: (:class:`DeviceLengths`), or None. Only the Triton backend receives them.
+    device_lengths: Optional["DeviceLengths"] = None
 
     @property
     def paged(self) -> bool:

@@ -41,11 +41,12 @@ def plan_views(call, options: Options):
 
 def call_inputs(call, layout: str, num_heads: int, num_kv_heads: int, block_size: int,
                 kv_lens: torch.Tensor, kv_starts: torch.Tensor, packed: bool, gather: bool,
-                table_on_host: bool, on_host: bool):
+                table_on_host: bool, on_host: bool, device_lengths: bool = False):
     """(q, k, v, block_table, kv_starts) of one call of a plan: the views of
     :func:`plan_views`, unchecked (the plan checked tensors of these shapes), and with a
     block table its entries checked (:func:`~pasa_npu.paging.table_for_call`; the table on
-    the host or not: ``table_on_host``; the query: ``on_host``). ``gather``: the paged
+    the host or not: ``table_on_host``; the query: ``on_host``; by the backend, on the device,
+    where the lengths stay there: ``device_lengths``). ``gather``: the paged
     rows in use as one contiguous copy (:func:`~pasa_npu.paged_kv.contiguous`), the table
     None and ``kv_starts`` theirs."""
     if not block_size:
@@ -54,7 +55,7 @@ def call_inputs(call, layout: str, num_heads: int, num_kv_heads: int, block_size
     q = to_canonical(call.query, "query", layout, num_heads)
     k, v = cache_views(call.key, call.value, layout, num_kv_heads, block_size)
     table = table_for_call(call.block_table, kv_lens, k.shape[0], block_size, call.query.device,
-                           table_on_host, on_host)
+                           table_on_host, on_host, device_lengths)
     if gather:
         k, v, kv_starts = contiguous(k, v, table, kv_lens, block_size, packed)
         table = None

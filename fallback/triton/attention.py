@@ -25,7 +25,8 @@ from pasa_npu.fallback.triton import decode, prefill, repair
 from pasa_npu.fallback.triton.tuning import Tuning, active as active_tuning
 from pasa_npu.fallback.kernel_common import (Binding, allocation_flags, interpreting,
                                              mask_argument, placeholder, pow2)
-from pasa_npu.fallback.triton.metadata import device_metadata, host_ints
+from pasa_npu.fallback.triton.metadata import (apply_row_rules, device_lengths,
+                                               device_metadata, host_ints)
 from pasa_npu.fallback.triton.shift import cached_shift_table, prepare_keys
 from pasa_npu.problem import AttentionProblem
 
@@ -46,6 +47,7 @@ class Shared(NamedTuple):
     interpret: bool
     batch_stride: Callable   # a tensor's batch stride as the kernels take it (0: packed)
     paged: bool              # K and V are caches read through the block table
+    refused: Optional[torch.Tensor]  # lengths given on the device: each batch's refusal
 
     def strides(self, t: torch.Tensor) -> tuple:
         """The four (B, N, S, D) strides of ``t`` as the kernels take them."""
@@ -68,7 +70,7 @@ def run(problem: AttentionProblem) -> None:
     record = (problem.plan_state is not None and problem.query.is_cuda
               and not torch.cuda.is_current_stream_capturing())
     binding = Binding(roles if record else None)
-    shared = _shared(problem, roles.get("sink"))
+    shared = _shared(problem, roles.get("sink"), binding)
     if (problem.max_q_len == 1 and problem.band is None
             and (problem.mask is None or problem.mask.shape[1] == 1)):
         decode.run(problem, tuning, shared, binding)
@@ -92,6 +94,9 @@ def run(problem: AttentionProblem) -> None:
                 f"(a kv block inside one cache block); got kv_block "
                 f"{shared.constexprs['BLOCK_N']} and block_size {problem.block_size}")
         prefill.run(problem, tuning, shared, binding)
+    if shared.refused is not None:
+        apply_row_rules(problem, (*shared.lengths, shared.band_pre, shared.band_next,
+                                  shared.refused), binding)
     prepared = binding.prepared()
     if prepared is not None:
         problem.plan_state[_PREPARED] = (_prepared_key(problem, tuning), prepared)
@@ -112,6 +117,10 @@ def _roles(problem: AttentionProblem) -> dict:
         roles["sink"] = problem.sink.to(problem.query.device, torch.float32)
     if problem.paged:
         roles["block_table"] = problem.block_table
+    if problem.device_lengths is not None:  # the call's own, read by the lengths kernel
+        for role, given in zip(("q_lens_given", "kv_lens_given"), problem.device_lengths[:2]):
+            if given is not None:
+                roles[role] = given
     return roles
 
 
@@ -129,17 +138,22 @@ def _run_prepared(problem: AttentionProblem, tuning: Tuning) -> bool:
 
 def _prepared_key(problem: AttentionProblem, tuning: Tuning) -> tuple:
     """What a call of one plan may differ in that recorded launches depend on: the tuning,
-    which optional tensors it has, their shapes, and the stream (the lengths' copy was
+    which optional tensors it has, their shapes, the dtype and form of lengths given on the
+    device, and the stream (the lengths' copy was
     queued on the first call's stream, which this one then follows)."""
     dev = problem.query.device
+    given = (() if problem.device_lengths is None else
+             tuple(None if t is None else (t.dtype, t.numel() == 1)
+                   for t in problem.device_lengths[:2]))
     return (tuning, problem.lse is None, problem.overflow is None, problem.sink is None,
             problem.paged, problem.query.shape, problem.key.shape, problem.value.shape,
-            problem.out.shape, torch._C._cuda_getCurrentRawStream(dev.index))
+            problem.out.shape, given, torch._C._cuda_getCurrentRawStream(dev.index))
 
 
-def _shared(problem: AttentionProblem, sink: Optional[torch.Tensor]) -> Shared:
+def _shared(problem: AttentionProblem, sink: Optional[torch.Tensor], binding: Binding) -> Shared:
     """Check that the kernels cover ``problem``'s tiling and head dims, and prepare what
-    every launch takes (``sink``: the sinks as the kernels take them, or None)."""
+    every launch takes (``sink``: the sinks as the kernels take them, or None; lengths
+    given on the device made there through ``binding``)."""
     q, v = problem.query, problem.value
     block_n = problem.tiling.kv_block
     if block_n < 16 or block_n & (block_n - 1):
@@ -151,7 +165,11 @@ def _shared(problem: AttentionProblem, sink: Optional[torch.Tensor]) -> Shared:
         raise NotImplementedError(f"the Triton backend supports head dims up to 256, got "
                                   f"{head_dim}/{head_dim_v}")
     dev = q.device
-    *lengths, band_pre, band_next = device_metadata(problem, dev)
+    refused = None
+    if problem.device_lengths is not None:
+        *lengths, band_pre, band_next, refused = device_lengths(problem, dev, binding)
+    else:
+        *lengths, band_pre, band_next = device_metadata(problem, dev)
     alloc = problem.allocation
     gamma = ideal_invariance(problem.beta) if alloc.pseudo_average_shift else 0.0
     if alloc.low_statistics:
@@ -168,7 +186,7 @@ def _shared(problem: AttentionProblem, sink: Optional[torch.Tensor]) -> Shared:
     batch_stride = _no_stride if problem.packed else _batch_stride
     return Shared(tuple(lengths), band_pre, band_next, mask, mask_strides, shift, lse_arg, sink,
                   gamma,
-                  constexprs, interpreting(), batch_stride, problem.paged)
+                  constexprs, interpreting(), batch_stride, problem.paged, refused)
 
 
 def _batch_stride(t: torch.Tensor) -> int:
@@ -183,6 +201,8 @@ def _gluon_prefill(problem: AttentionProblem, tuning: Tuning) -> bool:
     """Whether prefill runs on the warp-specialised Gluon kernel (``tuning.prefill``)."""
     if tuning.prefill == "triton" or (tuning.prefill == "auto" and tuning.triton_kernel_only()):
         return False  # a Triton-kernel switch was asked for: measure that kernel
+    if problem.device_lengths is not None:
+        return False  # it takes whole lengths the host knows
     return gluon_prefill.supported(
         problem, [host_ints(t) for t in (problem.q_starts, problem.q_lens, problem.kv_starts,
                                          problem.kv_lens)])

@@ -55,6 +55,8 @@ def block_loops(problem: AttentionProblem, block_n: int) -> int:
     loops = 2
     if part_filled(problem, block_n):
         loops |= 4  # a ragged last block
+    if problem.band is not None and problem.device_lengths is not None:
+        return 7  # a band of lengths the host does not know
     if problem.band is not None:
         pre, nxt = (host_ints(t) for t in problem.band)
         if min(pre, default=0) < problem.max_q_len:
@@ -66,7 +68,9 @@ def block_loops(problem: AttentionProblem, block_n: int) -> int:
 
 def part_filled(problem: AttentionProblem, block_n: int) -> bool:
     """Whether some batch's last kv block holds fewer than ``block_n`` keys (PASA takes
-    that block's row mean over its keys)."""
+    that block's row mean over its keys); lengths on the device: maybe."""
+    if problem.device_lengths is not None:
+        return True
     return any(n % block_n for n in host_ints(problem.kv_lens))
 
 

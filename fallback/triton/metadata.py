@@ -1,15 +1,21 @@
 """The Triton kernels' per-batch metadata on the device: lengths and band limits as int32
 rows of one tensor, copied once per distinct set of values (:func:`device_metadata`), and
-the host ints they come from (:func:`host_ints`)."""
+the host ints they come from (:func:`host_ints`); or, for lengths the call gave on the
+device (:class:`~pasa_npu.problem.DeviceLengths`), made there by a kernel
+(:func:`device_lengths`), with the row rules they imply applied after the attention
+kernels (:func:`apply_row_rules`)."""
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
+import triton
+import triton.language as tl
 
+from pasa_npu.fallback.kernel_common import Binding, cdiv, interpreting, placeholder
+from pasa_npu.problem import BAND_LIMIT  # "no band limit" (index math is int32)
 from pasa_npu.problem import AttentionProblem, keeps_device_tensors
-
-INT_BIG = 1 << 30  # stands for "no band limit" (index math is int32)
 
 _HOST_INTS: dict = {}
 _DEVICE_METADATA: dict = {}
@@ -34,7 +40,7 @@ def host_ints(values: torch.Tensor) -> tuple[int, ...]:
 def device_metadata(problem: AttentionProblem, device: torch.device) -> tuple:
     """(q_starts, q_lens, kv_starts, kv_lens, band_pre, band_next) as int32 rows of one
     tensor on ``device`` (the band rows repeat q_lens when there is no band; band limits
-    are clamped to +-INT_BIG).
+    are clamped to +-BAND_LIMIT).
 
     Cached by value: a repeated call copies nothing. New values (a decode step whose
     lengths grew) are copied from pinned memory without blocking, so the host never waits
@@ -46,7 +52,7 @@ def device_metadata(problem: AttentionProblem, device: torch.device) -> tuple:
     rows = [host_ints(t) for t in (problem.q_starts, problem.q_lens, problem.kv_starts,
                                     problem.kv_lens)]
     if problem.band is not None:
-        rows += [tuple(max(-INT_BIG, min(INT_BIG, x)) for x in host_ints(t))
+        rows += [tuple(max(-BAND_LIMIT, min(BAND_LIMIT, x)) for x in host_ints(t))
                  for t in problem.band]
     else:
         rows += [rows[1], rows[1]]
@@ -90,7 +96,7 @@ def device_metadata(problem: AttentionProblem, device: torch.device) -> tuple:
 
 
 def _check_int32(rows: list) -> None:
-    if max((max(row, default=0) for row in rows[:4]), default=0) > INT_BIG:  # all >= 0
+    if max((max(row, default=0) for row in rows[:4]), default=0) > BAND_LIMIT:  # all >= 0
         raise NotImplementedError(f"the Triton backend indexes in int32; got lengths "
                                   f"{[list(r) for r in rows[:4]]}")
 
@@ -101,3 +107,161 @@ class _Metadata(NamedTuple):
     stream: object         # the raw handle of the stream the copy was issued on
     copied: object         # an event after the copy (None where there is no CUDA stream)
     pinned_source: object  # the host tensor a captured copy reads on every replay
+
+
+#: batches per program of the lengths kernel
+_LENGTHS_BLOCK = 128
+#: rows per program of the row rules kernel
+_RULES_BLOCK = 64
+#: the band tokens as the lengths kernel takes them: beyond any length, within int64
+_TOKEN_LIMIT = 1 << 40
+
+
+def device_lengths(problem: AttentionProblem, device: torch.device, binding: Binding) -> tuple:
+    """(q_starts, q_lens, kv_starts, kv_lens, band_pre, band_next, refused): the rows of
+    :func:`device_metadata` and each batch's refusal (int32, 1: refused), made on
+    ``device`` from ``problem.device_lengths`` by one launch, through ``binding``
+    (:class:`~pasa_npu.problem.DeviceLengths` says what they are)."""
+    given = problem.device_lengths
+    batch = problem.batch
+    rows = binding.empty("length_rows", (7, batch), torch.int32, device)
+    absent = placeholder(device, torch.int32)
+    q_given = given.q_lens if given.q_lens is not None else absent
+    kv_given = given.kv_lens if given.kv_lens is not None else absent
+    table = problem.block_table if problem.paged else absent
+    mode, pre, nxt = given.band_rule or (0, 0, 0)
+    binding.launch(
+        _lengths_kernel, (cdiv(batch, _LENGTHS_BLOCK),), q_given, kv_given, table, rows,
+        batch, _step(given.q_lens), _step(given.kv_lens), table.stride(0) if problem.paged else 0,
+        table.shape[1] if problem.paged else 0, problem.key.shape[0], problem.block_size,
+        problem.query.shape[2], problem.kv_extent,
+        max(-_TOKEN_LIMIT, min(_TOKEN_LIMIT, pre)), max(-_TOKEN_LIMIT, min(_TOKEN_LIMIT, nxt)),
+        HAS_Q=given.q_lens is not None, HAS_KV=given.kv_lens is not None, PAGED=problem.paged,
+        SPARSE_MODE=mode, BAND_LIMIT=BAND_LIMIT, BLOCK=_LENGTHS_BLOCK,
+        num_warps=1 if interpreting() else 4)
+    return tuple(binding.derive(f"length_row_{i}", rows, functools.partial(_row, i))
+                 for i in range(7))
+
+
+def _row(i: int, rows: torch.Tensor) -> torch.Tensor:
+    return rows[i]
+
+
+def _step(given) -> int:
+    """A given length tensor's step between batches: 0 for one entry for every batch."""
+    return 0 if given is None or given.numel() == 1 else given.stride(0)
+
+
+@triton.jit
+def _lengths_kernel(Q_GIVEN, KV_GIVEN, TABLE, ROWS, batch, step_q, step_kv, stride_tb, n_entries,
+                    num_blocks, block_size, q_capacity, kv_capacity, pre, nxt,
+                    HAS_Q: tl.constexpr, HAS_KV: tl.constexpr, PAGED: tl.constexpr,
+                    SPARSE_MODE: tl.constexpr, BAND_LIMIT: tl.constexpr, BLOCK: tl.constexpr):
+    """ROWS (7, batch): :func:`device_lengths` for BLOCK batches. The band is that of
+    ``pasa_npu.masks.band_of_lengths`` (SPARSE_MODE 2-4; 0: no band, its rows q_lens), and
+    mode 4's refusals those of ``pasa_npu.masks.token_lengths_refused``."""
+    b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = b < batch
+    zero = tl.zeros([BLOCK], tl.int64)
+    refused = zero != 0
+    q_len = zero + q_capacity
+    if HAS_Q:
+        given = tl.load(Q_GIVEN + b * step_q, mask=live, other=0).to(tl.int64)
+        refused = refused | (given < 0) | (given > q_capacity)
+        q_len = tl.minimum(tl.maximum(given, 0), q_capacity)
+    kv_limit = zero + kv_capacity
+    if PAGED:  # the keys the row's leading entries in [0, num_blocks) hold
+        leading = live
+        held = zero
+        for j in range(0, n_entries):
+            entry = tl.load(TABLE + b.to(tl.int64) * stride_tb + j, mask=leading, other=-1)
+            leading = leading & (entry >= 0) & (entry < num_blocks)
+            held += leading.to(tl.int64)
+        kv_limit = tl.minimum(held * block_size, kv_limit)
+    kv_len = kv_limit
+    if HAS_KV:
+        given = tl.load(KV_GIVEN + b * step_kv, mask=live, other=0).to(tl.int64)
+        refused = refused | (given < 0) | (given > kv_limit)
+        kv_len = tl.minimum(tl.maximum(given, 0), kv_limit)
+    band_pre = q_len
+    band_next = q_len
+    if SPARSE_MODE == 2:
+        band_pre = zero + BAND_LIMIT
+        band_next = zero
+    if SPARSE_MODE == 3:
+        band_pre = zero + BAND_LIMIT
+        band_next = kv_len - q_len
+    if SPARSE_MODE == 4:
+        band_pre = pre - kv_len + q_len
+        band_next = nxt + kv_len - q_len
+        refused = refused | ((nxt < 0) & (-nxt >= kv_len)) | ((pre < 0) & (-pre >= q_len))
+    band_pre = tl.minimum(tl.maximum(band_pre, -BAND_LIMIT), BAND_LIMIT)
+    band_next = tl.minimum(tl.maximum(band_next, -BAND_LIMIT), BAND_LIMIT)
+    tl.store(ROWS + b, zero.to(tl.int32), mask=live)
+    tl.store(ROWS + batch + b, q_len.to(tl.int32), mask=live)
+    tl.store(ROWS + 2 * batch + b, zero.to(tl.int32), mask=live)
+    tl.store(ROWS + 3 * batch + b, kv_len.to(tl.int32), mask=live)
+    tl.store(ROWS + 4 * batch + b, band_pre.to(tl.int32), mask=live)
+    tl.store(ROWS + 5 * batch + b, band_next.to(tl.int32), mask=live)
+    tl.store(ROWS + 6 * batch + b, refused.to(tl.int32), mask=live)
+
+
+def apply_row_rules(problem: AttentionProblem, lengths: tuple, binding: Binding) -> None:
+    """The row rules of :class:`~pasa_npu.problem.DeviceLengths` on every row of the
+    problem's outputs (and row flags), after the attention kernels, by one launch through
+    ``binding``; ``lengths``: the rows of :func:`device_lengths`."""
+    out, lse = problem.out, problem.lse
+    batch, heads, s_q, head_dim = out.shape
+    lse_arg = lse if lse is not None else placeholder(out.device, torch.float32)
+    flags = (problem.overflow.row_flags if problem.overflow is not None
+             else placeholder(out.device, torch.uint8))
+    _, q_lens, _, kv_lens, band_pre, band_next, refused = lengths
+    binding.launch(
+        _row_rules_kernel, (batch * heads, cdiv(s_q, _RULES_BLOCK)), q_lens, kv_lens,
+        band_pre, band_next, refused, out, lse_arg, flags, heads, s_q, *out.stride(),
+        *(lse_arg.stride() if lse is not None else (0, 0, 0)),
+        *(flags.stride() if problem.overflow is not None else (0, 0, 0)), head_dim,
+        HAS_LSE=lse is not None, HAS_FLAGS=problem.overflow is not None,
+        HAS_BAND=problem.band is not None, BLOCK_R=_RULES_BLOCK,
+        HEAD_DIM=max(16, triton.next_power_of_2(head_dim)), num_warps=1 if interpreting() else 4)
+
+
+@triton.jit
+def _row_rules_kernel(Q_LENS, KV_LENS, BAND_PRE, BAND_NEXT, REFUSED, O, LSE, FLAGS, n_heads,
+                      s_q, stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh,
+                      stride_ls, stride_fb, stride_fh, stride_fs, head_dim,
+                      HAS_LSE: tl.constexpr, HAS_FLAGS: tl.constexpr, HAS_BAND: tl.constexpr,
+                      BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """:func:`apply_row_rules` for BLOCK_R rows of one (batch, head): a row past the query
+    length gets output 0, LSE 0 and flag 0; a row the band and the lengths leave without a
+    key output 0 and LSE +inf; every row of a refused batch NaN in both."""
+    b = tl.program_id(0) // n_heads
+    h = tl.program_id(0) % n_heads
+    q_len = tl.load(Q_LENS + b)
+    kv_len = tl.load(KV_LENS + b)
+    refused = tl.load(REFUSED + b) != 0
+    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    lo = tl.zeros([BLOCK_R], tl.int32)
+    hi = lo + kv_len - 1
+    if HAS_BAND:
+        lo = tl.maximum(rows - tl.load(BAND_PRE + b), 0)
+        hi = tl.minimum(hi, rows + tl.load(BAND_NEXT + b))
+    past = rows >= q_len
+    empty = (lo > hi) & ~past
+    fixed = (past | empty | refused) & (rows < s_q)
+    if tl.max(fixed.to(tl.int32), 0) == 0:
+        return
+    dims = tl.arange(0, HEAD_DIM)
+    o_ptrs = (O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+              + rows[:, None].to(tl.int64) * stride_os + dims[None, :] * stride_od)
+    out_value = tl.where(refused, float("nan"), 0.0)
+    tl.store(o_ptrs, (tl.zeros([BLOCK_R, HEAD_DIM], tl.float32) + out_value).to(O.dtype.element_ty),
+             mask=fixed[:, None] & (dims[None, :] < head_dim))
+    if HAS_LSE:
+        lse_value = tl.where(refused, float("nan"), tl.where(past, 0.0, float("inf")))
+        tl.store(LSE + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh
+                 + rows.to(tl.int64) * stride_ls, lse_value, mask=fixed)
+    if HAS_FLAGS:
+        tl.store(FLAGS + b.to(tl.int64) * stride_fb + h.to(tl.int64) * stride_fh
+                 + rows.to(tl.int64) * stride_fs, tl.zeros([BLOCK_R], tl.uint8),
+                 mask=past & (rows < s_q))

@@ -92,7 +92,7 @@ def test_a_compiled_call_keeps_no_device_tensor_in_the_caches():
 
 
 def test_device_metadata_is_one_copy_cached_by_value():
-    from pasa_npu.fallback.triton.metadata import INT_BIG
+    from pasa_npu.fallback.triton.metadata import BAND_LIMIT
 
     first = _metadata([1, 1], [3, 4])
     assert [r.tolist() for r in first] == [[0, 0], [1, 1], [0, 0], [3, 4], [1, 1], [1, 1]]
@@ -103,7 +103,7 @@ def test_device_metadata_is_one_copy_cached_by_value():
     grown = _metadata([1, 1], [4, 5])
     assert grown[3].tolist() == [4, 5] and first[3].tolist() == [3, 4]
     banded = _metadata([2, 2], [4, 5], band=([2 ** 40, 0], [-(2 ** 40), 1]))
-    assert banded[4].tolist() == [INT_BIG, 0] and banded[5].tolist() == [-INT_BIG, 1]
+    assert banded[4].tolist() == [BAND_LIMIT, 0] and banded[5].tolist() == [-BAND_LIMIT, 1]
     with pytest.raises(NotImplementedError, match="indexes in int32"):
         _metadata([1], [2 ** 31])
 
@@ -375,32 +375,66 @@ def test_calls_with_host_lengths_never_synchronise(algorithm):
         torch.cuda.set_sync_debug_mode("default")
 
 
-@needs_gpu
-def test_device_lengths_are_read_once_per_call():
-    """Lengths given as CUDA tensors are read once when a call is planned, in one transfer
-    (docs/design.md, "No host synchronisation"): one synchronisation per call and per plan,
-    none per run."""
-    import warnings
+#: forms of _decode_forms and _prefill_forms whose lengths stay on the device (padded, no
+#: explicit mask), with ragged lengths, so that the host lists' calls run the same kernels
+DEVICE_LENGTH_FORMS = {"BSH lengths, LSE": {}, "paged BSH": {}, "paged BSH, host table": {},
+                       "prefill paged": dict(actual_seq_lengths_kv=[512, 300]),
+                       "prefill ragged band": {}}
 
-    _, rand = _decode_forms("cuda")
-    q, k, v = rand(2, HEADS, 1, D), rand(2, KV_HEADS, CAPACITY, D), rand(2, KV_HEADS, CAPACITY, D)
-    keywords = dict(_keywords(torch.tensor([700, 333], device="cuda")), backend="triton",
-                    actual_seq_lengths=torch.tensor([1, 1], device="cuda"))
-    pasa_npu.fused_attention(q, k, v, **keywords)
+
+@needs_gpu
+@pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
+def test_calls_with_device_lengths_never_synchronise(algorithm):
+    """Lengths given as CUDA tensors stay on the device (docs/design.md, "No host
+    synchronisation"): decode, paged decode, ragged paged causal prefill and a ragged band,
+    each as a call and a plan's run under ``torch.cuda.set_sync_debug_mode("error")``,
+    with the block table on the device or the host, give the results of the same lengths
+    as host lists bit for bit; a CUDA graph captured with them replays the lengths written
+    into them after the capture."""
+    forms, rand = _decode_forms("cuda")
+    forms.update(_prefill_forms("cuda"))
+    cases = []
+    for name, changes in DEVICE_LENGTH_FORMS.items():
+        q_shape, kv_shape, keywords, _ = forms[name.removesuffix(", host table")]
+        keywords = dict(keywords, **changes, algorithm=algorithm, backend="triton")
+        if name.endswith("host table"):
+            keywords["block_table"] = keywords["block_table"].cpu()
+        if name.startswith("prefill"):
+            keywords["sparse_mode"] = keywords.get("sparse_mode", 3)
+            keywords["atten_mask"] = pasa_npu.compressed_causal_mask("cuda")
+        on_device = {key: torch.tensor(value, device="cuda") if key.startswith("actual")
+                     else value for key, value in keywords.items()}
+        tensors = (rand(*q_shape), rand(*kv_shape), rand(*kv_shape))
+        want = pasa_npu.fused_attention(*tensors, **keywords)
+        pasa_npu.fused_attention(*tensors, **on_device)  # compiles
+        cases.append((name, tensors, on_device, want))
     torch.cuda.synchronize()
-    syncs = lambda caught: [str(w.message) for w in caught  # noqa: E731
-                            if "synchroniz" in str(w.message)]
-    torch.cuda.set_sync_debug_mode("warn")
+    torch.cuda.set_sync_debug_mode("error")
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            pasa_npu.fused_attention(q, k, v, **keywords)
-            planned = pasa_npu.plan(q, k, v, **keywords)
-            planning = syncs(caught)
-            planned.run(q, k, v)
+        got = [(pasa_npu.fused_attention(*tensors, **on_device),
+                pasa_npu.plan(*tensors, **on_device).run(*tensors))
+               for _, tensors, on_device, _ in cases]
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert len(planning) == 2 and syncs(caught) == planning, syncs(caught)
+    for (name, _, _, want), results in zip(cases, got):
+        for result in results:
+            for a, b in zip(result, want):
+                assert torch.equal(a, b), name
+
+    name, tensors, on_device, _ = cases[0]  # decode: a graph replayed on new lengths
+    lengths = on_device["actual_seq_lengths_kv"]
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        pasa_npu.fused_attention(*tensors, **on_device)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = pasa_npu.fused_attention(*tensors, **on_device)
+    for new in ([500, 650], [0, 700]):
+        lengths.copy_(torch.tensor(new))
+        graph.replay()
+        want = pasa_npu.fused_attention(*tensors, **dict(on_device, actual_seq_lengths_kv=new))
+        assert torch.equal(out, want[0]) and torch.equal(lse, want[1]), new
 
 
 @needs_gpu
