@@ -16,7 +16,7 @@ from .options import MAX_PACKED_BATCH
 from .paging import DECODE_BLOCK_ALIGN, MAX_BLOCK_SIZE, PREFILL_BLOCK_ALIGN
 
 __all__ = ["LENGTH_ARGUMENTS", "read_device_lengths", "sequence_lengths", "check_block_size",
-           "check_device_lengths", "int_list"]
+           "capacity_lengths", "int_list"]
 
 
 def read_device_lengths(call, names: tuple[str, ...]):
@@ -33,15 +33,42 @@ def read_device_lengths(call, names: tuple[str, ...]):
     return dataclasses.replace(call, **given)
 
 
-def check_device_lengths(call, names: tuple[str, ...], batch: int) -> None:
-    """The length arguments ``names``, left on the device, checked as far as the host can
-    without reading them: 1-D integer tensors of 1 entry or at least ``batch``."""
+def capacity_lengths(call, q, s_kv: int, packed: bool, names: tuple[str, ...],
+                     block_size: int = 0):
+    """:func:`sequence_lengths` of a call whose length arguments ``names`` stay on the device
+    (the others None): every batch at its capacity, the query's S1 (T when packed) and
+    ``s_kv``, starting at 0; those arguments checked as far as the host can without reading
+    them: 1-D integer tensors of 1 entry or at least B (padded layouts), of one entry per
+    sequence (packed: as many for the kv lengths as the query's, which are required). The
+    block size follows torch_npu's rule for prefill when packed (the query lengths are
+    unknown)."""
     for name in names:
-        value = getattr(call, name)
-        _check_integer_tensor(value, name)
-        if value.numel() != 1 and value.numel() < batch:
-            raise ValueError(f"{name} must have 1 or at least batch={batch} entries, got "
-                             f"{value.numel()}")
+        _check_integer_tensor(getattr(call, name), name)
+    if packed:
+        q_given, kv_given = call.actual_seq_lengths, call.actual_seq_lengths_kv
+        for name, given in zip(LENGTH_ARGUMENTS, (q_given, kv_given)):
+            if given is None:
+                raise ValueError(f"{name} is required with packed layouts (TND, NTD): the "
+                                 f"cumulative sequence lengths, one per batch")
+        batch = q_given.numel()
+        if not 0 < batch <= MAX_PACKED_BATCH:
+            raise ValueError(f"actual_seq_lengths must have 1 to {MAX_PACKED_BATCH} entries "
+                             f"with packed layouts (torch_npu's limit), got {batch}")
+        if kv_given.numel() != batch:
+            raise ValueError(f"actual_seq_lengths_kv has {kv_given.numel()} entries but "
+                             f"actual_seq_lengths has {batch} (packed layouts take the batch "
+                             f"from their length)")
+    else:
+        batch = q.shape[0]
+        for name in names:
+            count = getattr(call, name).numel()
+            if count != 1 and count < batch:
+                raise ValueError(f"{name} must have 1 or at least batch={batch} entries, got "
+                                 f"{count}")
+    if block_size:
+        check_block_size(block_size, not packed and q.shape[2] <= 1)
+    zeros = _zero_starts(batch)
+    return _full_lengths(batch, q.shape[2]), zeros, _full_lengths(batch, s_kv), zeros
 
 
 def sequence_lengths(call, q, s_kv: int, packed: bool, block_size: int = 0):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .paged_kv import to_device
-from .problem import AttentionProblem
+from .problem import LSE_MASKED_ROW, AttentionProblem
 
 
 def allocate_output(q, v, out_layout, dtype, zero: bool):
@@ -49,9 +49,6 @@ def lse_placeholder(device) -> torch.Tensor:
     return torch.empty(0, dtype=torch.float32, device=device)
 
 
-#: the LSE of a row that sees no key, without row-invalid handling: the kernel's softmax
-#: over scores all at the mask's fill value, float32's lowest (log of the count vanishes)
-LSE_MASKED_ROW = torch.finfo(torch.float32).min
 
 
 def fix_rows(problem: AttentionProblem, value: torch.Tensor, plan) -> None:

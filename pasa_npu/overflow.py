@@ -134,13 +134,11 @@ def _compiled_report(row_flags: torch.Tensor, call: CompiledCall) -> OverflowRep
     if row_flags.numel() == 0:
         return OverflowReport(call.algorithm, backend, False)
     batches, rows = row_flags.shape[0], row_flags.shape[2]
-    ends = [rows] * batches
     if call.packed:
-        given = call.q_ends.tolist() if isinstance(call.q_ends, torch.Tensor) else call.q_ends
-        ends = list(given) if given is not None else [rows]
-    starts = [0, *ends[:-1]] if call.packed else [0] * len(ends)
-    layout = (torch.tensor(starts), torch.tensor([e - s for s, e in zip(starts, ends)]),
-              call.packed, call.q_block)
+        layout = (None, call.q_ends if call.q_ends is not None else [rows], True, call.q_block)
+    else:
+        layout = (torch.zeros(batches, dtype=torch.int64), torch.full((batches,), rows),
+                  False, call.q_block)
     return OverflowReport(call.algorithm, backend, True, OverflowCheck(row_flags), layout)
 
 
@@ -151,6 +149,8 @@ def record(problem: AttentionProblem, backend: str) -> None:
     _COMPILED[0] = None
     check = problem.overflow
     layout = (problem.q_starts, problem.q_lens, problem.packed, problem.tiling.q_block)
+    if problem.packed and problem.device_lengths is not None:
+        layout = (None, problem.device_lengths.q_lens, True, problem.tiling.q_block)
     _LAST = OverflowReport(problem.allocation.name, backend, check is not None, check, layout)
     if check is not None and host_memory(check.row_flags.device):
         _LAST._read()
@@ -165,11 +165,18 @@ def record_unchecked(algorithm: str, backend: str) -> None:
 def _count(flags: torch.Tensor, q_starts, q_lens, packed: bool,
            q_block: int) -> tuple[int, int, int]:
     """(repaired rows, tiles holding them, rows still non-finite) over the rows inside
-    the query lengths. One reduction where no flag anywhere reads repaired (the common
-    case: CPU flags are zero-filled, so rows outside the lengths read 0 there)."""
+    the query lengths (``q_starts`` None: ``q_lens`` are a packed call's cumulative query
+    lengths as given, a list or a tensor, read here). One reduction where no flag anywhere
+    reads repaired (the common case: CPU flags are zero-filled, so rows outside the
+    lengths read 0 there)."""
     flags = flags.cpu()
     if flags.numel() == 0 or int(flags.max()) < ROW_REPAIRED:
         return 0, 0, 0
+    if q_starts is None:
+        ends = q_lens.tolist() if isinstance(q_lens, torch.Tensor) else list(q_lens)
+        starts = [0, *ends[:-1]]
+        q_starts = torch.tensor(starts)
+        q_lens = torch.tensor([max(0, e - s) for s, e in zip(starts, ends)])
     rows = tiles = nonfinite = 0
     for b, (start, n) in enumerate(zip(q_starts.tolist(), q_lens.tolist())):
         seg = flags[0 if packed else b, :, start:start + n]  # (Nq, n)

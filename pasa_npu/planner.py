@@ -4,7 +4,6 @@ scalar options, the backend, the tensors' views, the lengths, the mask and band.
 from __future__ import annotations
 
 import copy
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -12,7 +11,7 @@ import torch
 
 from . import backends
 from .arguments import Call
-from .lengths import check_device_lengths, sequence_lengths
+from .lengths import capacity_lengths, sequence_lengths
 from .masks import mask_and_band, row_facts
 from .numerics import compute_dtype
 from .options import Options, resolve_beta, resolve_options
@@ -87,21 +86,20 @@ def make_plan(call: Call, golden: bool, base: Optional[Plan], on_host: bool,
     q, k, _ = plan_views(call, options)
     block_size = options.block_size
     s_kv = call.block_table.shape[1] * block_size if block_size else k.shape[2]
-    sizing = call
-    if q.shape[2] == 1:  # decode ignores actual_seq_lengths
+    if q.shape[2] == 1 and not options.packed:  # decode ignores actual_seq_lengths
         device_lengths = tuple(n for n in device_lengths if n != "actual_seq_lengths")
     if device_lengths:
-        check_device_lengths(call, device_lengths, q.shape[0])
-        capacity = dict(actual_seq_lengths=[q.shape[2]], actual_seq_lengths_kv=[s_kv])
-        sizing = dataclasses.replace(call, **{n: capacity[n] for n in device_lengths})
-    q_lens, q_starts, kv_lens, kv_starts = sequence_lengths(sizing, q, s_kv, options.packed,
-                                                            block_size)
+        q_lens, q_starts, kv_lens, kv_starts = capacity_lengths(
+            call, q, s_kv, options.packed, device_lengths, block_size)
+    else:
+        q_lens, q_starts, kv_lens, kv_starts = sequence_lengths(call, q, s_kv, options.packed,
+                                                                block_size)
     mask, band = mask_and_band(call.atten_mask, options.sparse_mode, options.pre_tokens,
                                options.next_tokens, q_lens.numel(), q.shape[2], s_kv,
                                options.packed, q_lens, kv_lens, query.device)
     facts = row_facts(q_lens, kv_lens, mask, band, options.packed, q.shape[2])
-    if device_lengths:  # the backend writes every row, and applies the row rules
-        facts = dict(covered=True, lse_rows_past=False, may_have_empty=False)
+    if device_lengths:  # the backend applies the row rules (and writes every padded row)
+        facts = dict(covered=not options.packed, lse_rows_past=False, may_have_empty=False)
     lengths = dict(q_lens=q_lens, q_starts=q_starts, kv_lens=kv_lens, kv_starts=kv_starts,
                    mask=mask, band=band, device_lengths=device_lengths,
                    band_rule=((options.sparse_mode, options.pre_tokens, options.next_tokens)

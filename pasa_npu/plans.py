@@ -14,6 +14,7 @@ from .arguments import LENGTH_ARGUMENTS, Call, call_key
 from .lengths import read_device_lengths
 from .numerics import to_fp16_checked
 from .options import PACKED
+from .paging import PREFILL_BLOCK_ALIGN
 from .outputs import allocate_lse, allocate_output, fix_rows, lse_placeholder
 from .planner import Plan, make_plan
 from .problem import (AttentionProblem, DeviceLengths, OverflowCheck, host_memory,
@@ -102,15 +103,20 @@ def plan_for(call: Call, golden: bool) -> Plan:
 def lengths_stay_on_device(call: Call, backend) -> bool:
     """Whether a call's length arguments given on its device stay there, unread on the host
     (:attr:`~pasa_npu.planner.Plan.device_lengths`): on the Triton backend (``backend``,
-    resolved), with a padded layout (a packed one's starts are the cumulative lengths),
-    no explicit mask (which rows it empties is read back), no paged rows to copy (bf16
-    PASA) and no length argument on the host. Other calls read them once (:func:`~pasa_npu.lengths.read_device_lengths`)."""
+    resolved), with no explicit mask where the rows it empties would take the mean of V
+    from a paged cache or a bf16 input, no paged rows to copy (bf16 PASA), no length
+    argument on the host, and, packed with a block table, a block size that torch_npu
+    takes whatever the query lengths. Other calls read them once
+    (:func:`~pasa_npu.lengths.read_device_lengths`)."""
     if backend != "triton" or not isinstance(call.input_layout, str):
         return False
-    if call.input_layout.split("_")[0] in PACKED:
-        return False
-    if call.atten_mask is not None and call.sparse_mode not in (2, 3, 4):
-        return False
+    packed = call.input_layout.split("_")[0] in PACKED
+    if packed and call.block_table is not None and not (
+            isinstance(call.block_size, int) and call.block_size % PREFILL_BLOCK_ALIGN == 0):
+        return False  # which block sizes torch_npu takes depends on the query lengths
+    if call.atten_mask is not None and call.sparse_mode not in (2, 3, 4) and (
+            call.block_table is not None or call.query.dtype != torch.float16):
+        return False  # the rows the mask empties take the mean of the input V
     if any(isinstance(value, (list, tuple)) or host_memory(value.device)
            for value in (getattr(call, name) for name in LENGTH_ARGUMENTS)
            if value is not None):
@@ -158,8 +164,10 @@ def execute(plan: Plan, call: Call, golden: bool, traced: bool = False):
     check = None
     if options.overflow_check:
         # zero-filled where rows no kernel writes are read: by the compiled operator's
-        # caller, and on the CPU, where the report counts the flags at the call
-        check = OverflowCheck((torch.zeros if traced or plan.on_host else torch.empty)(
+        # caller, on the CPU, where the report counts the flags at the call, and where some
+        # rows lie outside every sequence
+        check = OverflowCheck((torch.zeros if traced or plan.on_host or not plan.covered
+                               else torch.empty)(
             out_view.shape[:3], dtype=torch.uint8, device=out_view.device))
     problem = AttentionProblem(
         query=q, key=k, value=v, out=out_view, lse=lse_view, q_lens=plan.q_lens,
@@ -170,7 +178,8 @@ def execute(plan: Plan, call: Call, golden: bool, traced: bool = False):
         block_size=options.block_size if table is not None else 0, overflow=check,
         sink=None if call.learnable_sink is None else call.learnable_sink.to(torch.float32),
         device_lengths=(DeviceLengths(*[getattr(call, name) if name in plan.device_lengths
-                                        else None for name in LENGTH_ARGUMENTS], plan.band_rule)
+                                        else None for name in LENGTH_ARGUMENTS],
+                                      plan.band_rule, bool(options.inner_precise & 2))
                         if plan.device_lengths else None),
         # a call that keeps nothing records nothing for the plan's later calls either
         plan_state=(plan.backend_state if not (convert or golden) and keeps_device_tensors()

@@ -67,6 +67,9 @@ ROW_NONFINITE = 3
 
 #: band limits as the kernels take them, int32: this stands for "no limit"
 BAND_LIMIT = 1 << 30
+#: the LSE of a row that sees no key, without row-invalid handling: the kernel's softmax
+#: over scores all at the mask's fill value, float32's lowest (log of the count vanishes)
+LSE_MASKED_ROW = torch.finfo(torch.float32).min
 
 
 _KEEPING_NOTHING = contextvars.ContextVar("pasa_npu_keeping_nothing", default=False)
@@ -117,7 +120,8 @@ class DeviceLengths(NamedTuple):
     """Length arguments a call gave on the query's device, which the host never reads:
     the caller's 1-D integer tensors (1 entry for every batch, or at least B), None where
     not given; ``band_rule``: (sparse_mode, pre_tokens, next_tokens) of a band whose limits
-    follow the lengths (:func:`pasa_npu.masks.band_of_lengths`), or None.
+    follow the lengths (:func:`pasa_npu.masks.band_of_lengths`), or None; ``row_invalid``:
+    ``inner_precise`` bit 1, row-invalid handling of the rows an explicit mask empties.
 
     The problem's ``q_lens`` and ``kv_lens`` then hold the capacities (S1; the kv axis, or
     the block table's columns times ``block_size``) and ``band`` that of the capacities. The
@@ -128,12 +132,15 @@ class DeviceLengths(NamedTuple):
     (:func:`pasa_npu.masks.token_lengths_refused`), is refused. It then applies the row
     rules itself (the API layer cannot, without the lengths), on every row of the outputs:
     rows past a query length output 0, LSE 0 and row flag 0 (``ROW_OK``); rows the band
-    and the lengths leave without a key output 0 and LSE +inf; every row of a refused batch
-    NaN in both."""
+    and the lengths leave without a key output 0 and LSE +inf; rows that only the explicit
+    mask leaves without one the same with ``row_invalid``, else the mean of V over the
+    batch's keys and LSE float32's lowest (the API layer's rules, ``outputs.fix_rows``);
+    every row of a refused batch NaN in both."""
 
     q_lens: Optional[torch.Tensor]
     kv_lens: Optional[torch.Tensor]
     band_rule: Optional[tuple]
+    row_invalid: bool = False
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,10 @@ import torch
 import triton
 import triton.language as tl
 
-from pasa_npu.fallback.kernel_common import Binding, cdiv, interpreting, placeholder
+from pasa_npu.fallback.kernel_common import (Binding, cdiv, interpreting, mask_argument,
+                                             placeholder)
 from pasa_npu.problem import BAND_LIMIT  # "no band limit" (index math is int32)
+from pasa_npu.problem import LSE_MASKED_ROW
 from pasa_npu.problem import AttentionProblem, keeps_device_tensors
 
 _HOST_INTS: dict = {}
@@ -111,8 +113,9 @@ class _Metadata(NamedTuple):
 
 #: batches per program of the lengths kernel
 _LENGTHS_BLOCK = 128
-#: rows per program of the row rules kernel
+#: rows (and keys) per program (and step) of the row rules kernel
 _RULES_BLOCK = 64
+_LSE_MASKED_ROW = tl.constexpr(LSE_MASKED_ROW)
 #: the band tokens as the lengths kernel takes them: beyond any length, within int64
 _TOKEN_LIMIT = 1 << 40
 
@@ -129,7 +132,7 @@ def device_lengths(problem: AttentionProblem, device: torch.device, binding: Bin
     q_given = given.q_lens if given.q_lens is not None else absent
     kv_given = given.kv_lens if given.kv_lens is not None else absent
     table = problem.block_table if problem.paged else absent
-    mode, pre, nxt = given.band_rule or (0, 0, 0)
+    mode, pre, nxt = given.band_rule or (-1, 0, 0)
     binding.launch(
         _lengths_kernel, (cdiv(batch, _LENGTHS_BLOCK),), q_given, kv_given, table, rows,
         batch, _step(given.q_lens), _step(given.kv_lens), table.stride(0) if problem.paged else 0,
@@ -137,6 +140,7 @@ def device_lengths(problem: AttentionProblem, device: torch.device, binding: Bin
         problem.query.shape[2], problem.kv_extent,
         max(-_TOKEN_LIMIT, min(_TOKEN_LIMIT, pre)), max(-_TOKEN_LIMIT, min(_TOKEN_LIMIT, nxt)),
         HAS_Q=given.q_lens is not None, HAS_KV=given.kv_lens is not None, PAGED=problem.paged,
+        PACKED_Q=problem.packed, PACKED_KV=problem.packed and not problem.paged,
         SPARSE_MODE=mode, BAND_LIMIT=BAND_LIMIT, BLOCK=_LENGTHS_BLOCK,
         num_warps=1 if interpreting() else 4)
     return tuple(binding.derive(f"length_row_{i}", rows, functools.partial(_row, i))
@@ -156,19 +160,21 @@ def _step(given) -> int:
 def _lengths_kernel(Q_GIVEN, KV_GIVEN, TABLE, ROWS, batch, step_q, step_kv, stride_tb, n_entries,
                     num_blocks, block_size, q_capacity, kv_capacity, pre, nxt,
                     HAS_Q: tl.constexpr, HAS_KV: tl.constexpr, PAGED: tl.constexpr,
-                    SPARSE_MODE: tl.constexpr, BAND_LIMIT: tl.constexpr, BLOCK: tl.constexpr):
-    """ROWS (7, batch): :func:`device_lengths` for BLOCK batches. The band is that of
-    ``pasa_npu.masks.band_of_lengths`` (SPARSE_MODE 2-4; 0: no band, its rows q_lens), and
-    mode 4's refusals those of ``pasa_npu.masks.token_lengths_refused``."""
+                    PACKED_Q: tl.constexpr, PACKED_KV: tl.constexpr, SPARSE_MODE: tl.constexpr,
+                    BAND_LIMIT: tl.constexpr, BLOCK: tl.constexpr):
+    """ROWS (7, batch): :func:`device_lengths` for BLOCK batches; PACKED_Q, PACKED_KV: the
+    given lengths are cumulative (:func:`_sequence`). The band is that of
+    ``pasa_npu.masks.band_of_lengths`` (SPARSE_MODE 0, 2-4; -1: no band, its rows q_lens),
+    and modes 0 and 4 refuse the lengths ``pasa_npu.masks.token_lengths_refused`` does."""
     b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = b < batch
     zero = tl.zeros([BLOCK], tl.int64)
     refused = zero != 0
+    q_start = zero
     q_len = zero + q_capacity
     if HAS_Q:
-        given = tl.load(Q_GIVEN + b * step_q, mask=live, other=0).to(tl.int64)
-        refused = refused | (given < 0) | (given > q_capacity)
-        q_len = tl.minimum(tl.maximum(given, 0), q_capacity)
+        q_start, q_len, wrong = _sequence(Q_GIVEN, b, live, step_q, q_capacity, PACKED_Q)
+        refused = refused | wrong
     kv_limit = zero + kv_capacity
     if PAGED:  # the keys the row's leading entries in [0, num_blocks) hold
         leading = live
@@ -178,13 +184,17 @@ def _lengths_kernel(Q_GIVEN, KV_GIVEN, TABLE, ROWS, batch, step_q, step_kv, stri
             leading = leading & (entry >= 0) & (entry < num_blocks)
             held += leading.to(tl.int64)
         kv_limit = tl.minimum(held * block_size, kv_limit)
+    kv_start = zero
     kv_len = kv_limit
     if HAS_KV:
-        given = tl.load(KV_GIVEN + b * step_kv, mask=live, other=0).to(tl.int64)
-        refused = refused | (given < 0) | (given > kv_limit)
-        kv_len = tl.minimum(tl.maximum(given, 0), kv_limit)
+        kv_start, kv_len, wrong = _sequence(KV_GIVEN, b, live, step_kv, kv_limit, PACKED_KV)
+        refused = refused | wrong
     band_pre = q_len
     band_next = q_len
+    if SPARSE_MODE == 0:
+        band_pre = zero + pre
+        band_next = zero + nxt
+        refused = refused | ((nxt < 0) & (-nxt >= q_len)) | ((pre < 0) & (-pre >= kv_len))
     if SPARSE_MODE == 2:
         band_pre = zero + BAND_LIMIT
         band_next = zero
@@ -197,13 +207,27 @@ def _lengths_kernel(Q_GIVEN, KV_GIVEN, TABLE, ROWS, batch, step_q, step_kv, stri
         refused = refused | ((nxt < 0) & (-nxt >= kv_len)) | ((pre < 0) & (-pre >= q_len))
     band_pre = tl.minimum(tl.maximum(band_pre, -BAND_LIMIT), BAND_LIMIT)
     band_next = tl.minimum(tl.maximum(band_next, -BAND_LIMIT), BAND_LIMIT)
-    tl.store(ROWS + b, zero.to(tl.int32), mask=live)
+    tl.store(ROWS + b, q_start.to(tl.int32), mask=live)
     tl.store(ROWS + batch + b, q_len.to(tl.int32), mask=live)
-    tl.store(ROWS + 2 * batch + b, zero.to(tl.int32), mask=live)
+    tl.store(ROWS + 2 * batch + b, kv_start.to(tl.int32), mask=live)
     tl.store(ROWS + 3 * batch + b, kv_len.to(tl.int32), mask=live)
     tl.store(ROWS + 4 * batch + b, band_pre.to(tl.int32), mask=live)
     tl.store(ROWS + 5 * batch + b, band_next.to(tl.int32), mask=live)
     tl.store(ROWS + 6 * batch + b, refused.to(tl.int32), mask=live)
+
+
+@triton.jit
+def _sequence(GIVEN, b, live, step, limit, CUMULATIVE: tl.constexpr):
+    """(start, length, refused) of batches ``b`` from their given lengths: per batch, or
+    CUMULATIVE ends (a sequence starts where the one before it ends); a length clamped into
+    [0, limit] from its start (0 where per batch), refused where it lay outside."""
+    given = tl.load(GIVEN + b * step, mask=live, other=0).to(tl.int64)
+    if CUMULATIVE:
+        start = tl.load(GIVEN + (b - 1) * step, mask=live & (b > 0), other=0).to(tl.int64)
+        refused = (start < 0) | (given < start) | (given > limit)
+        start = tl.minimum(tl.maximum(start, 0), limit)
+        return start, tl.minimum(tl.maximum(given, start), limit) - start, refused
+    return given * 0, tl.minimum(tl.maximum(given, 0), limit), (given < 0) | (given > limit)
 
 
 def apply_row_rules(problem: AttentionProblem, lengths: tuple, binding: Binding) -> None:
@@ -211,30 +235,51 @@ def apply_row_rules(problem: AttentionProblem, lengths: tuple, binding: Binding)
     problem's outputs (and row flags), after the attention kernels, by one launch through
     ``binding``; ``lengths``: the rows of :func:`device_lengths`."""
     out, lse = problem.out, problem.lse
-    batch, heads, s_q, head_dim = out.shape
+    _, heads, s_q, head_dim = out.shape
+    batch = problem.batch
     lse_arg = lse if lse is not None else placeholder(out.device, torch.float32)
     flags = (problem.overflow.row_flags if problem.overflow is not None
              else placeholder(out.device, torch.uint8))
-    _, q_lens, _, kv_lens, band_pre, band_next, refused = lengths
+    q_starts, q_lens, _, kv_lens, band_pre, band_next, refused = lengths
+    mask, mask_strides = mask_argument(problem.mask, out.device)
+    value = problem.value
     binding.launch(
-        _row_rules_kernel, (batch * heads, cdiv(s_q, _RULES_BLOCK)), q_lens, kv_lens,
-        band_pre, band_next, refused, out, lse_arg, flags, heads, s_q, *out.stride(),
-        *(lse_arg.stride() if lse is not None else (0, 0, 0)),
-        *(flags.stride() if problem.overflow is not None else (0, 0, 0)), head_dim,
+        _row_rules_kernel, (batch * heads, cdiv(s_q, _RULES_BLOCK)), q_starts, q_lens, kv_lens,
+        band_pre, band_next, refused, out, lse_arg, flags, mask, value, heads, s_q,
+        *_batch_strides(out, problem.packed), *_batch_strides(lse, problem.packed, 3),
+        *_batch_strides(problem.overflow and problem.overflow.row_flags, problem.packed, 3),
+        *mask_strides, *value.stride(), problem.group, head_dim,
         HAS_LSE=lse is not None, HAS_FLAGS=problem.overflow is not None,
-        HAS_BAND=problem.band is not None, BLOCK_R=_RULES_BLOCK,
+        HAS_BAND=problem.band is not None, HAS_MASK=problem.mask is not None,
+        ROW_INVALID=problem.device_lengths.row_invalid, PACKED=problem.packed,
+        BLOCK_R=_RULES_BLOCK, BLOCK_K=_RULES_BLOCK,
         HEAD_DIM=max(16, triton.next_power_of_2(head_dim)), num_warps=1 if interpreting() else 4)
 
 
+def _batch_strides(t, packed: bool, dims: int = 4) -> tuple:
+    """``t``'s strides as a per-batch kernel steps them: none for the one batch entry of a
+    packed layout; zeros where there is no ``t``."""
+    if t is None:
+        return (0,) * dims
+    return (0 if packed else t.stride(0), *t.stride()[1:])
+
+
 @triton.jit
-def _row_rules_kernel(Q_LENS, KV_LENS, BAND_PRE, BAND_NEXT, REFUSED, O, LSE, FLAGS, n_heads,
-                      s_q, stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh,
-                      stride_ls, stride_fb, stride_fh, stride_fs, head_dim,
-                      HAS_LSE: tl.constexpr, HAS_FLAGS: tl.constexpr, HAS_BAND: tl.constexpr,
-                      BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _row_rules_kernel(Q_STARTS, Q_LENS, KV_LENS, BAND_PRE, BAND_NEXT, REFUSED, O, LSE, FLAGS,
+                      MASK, V, n_heads, s_q, stride_ob, stride_oh, stride_os, stride_od,
+                      stride_lb, stride_lh, stride_ls, stride_fb, stride_fh, stride_fs,
+                      stride_xb, stride_xs, stride_xk, stride_vb, stride_vh, stride_vs,
+                      stride_vd, group, head_dim, HAS_LSE: tl.constexpr,
+                      HAS_FLAGS: tl.constexpr, HAS_BAND: tl.constexpr, HAS_MASK: tl.constexpr,
+                      ROW_INVALID: tl.constexpr, PACKED: tl.constexpr, BLOCK_R: tl.constexpr,
+                      BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr):
     """:func:`apply_row_rules` for BLOCK_R rows of one (batch, head): a row past the query
-    length gets output 0, LSE 0 and flag 0; a row the band and the lengths leave without a
-    key output 0 and LSE +inf; every row of a refused batch NaN in both."""
+    length gets output 0, LSE 0 and flag 0 (padded layouts; packed, those rows are other
+    sequences', or none's, left zero-filled); a row the band and the lengths leave without a
+    key output 0 and LSE +inf; a row only the explicit MASK (padded, unpaged) leaves
+    without one the same where ROW_INVALID, else the mean of V over the batch's keys (in
+    fp64, as the API layer takes it) and LSE float32's lowest; every row of a refused
+    batch NaN in both."""
     b = tl.program_id(0) // n_heads
     h = tl.program_id(0) % n_heads
     q_len = tl.load(Q_LENS + b)
@@ -246,22 +291,72 @@ def _row_rules_kernel(Q_LENS, KV_LENS, BAND_PRE, BAND_NEXT, REFUSED, O, LSE, FLA
     if HAS_BAND:
         lo = tl.maximum(rows - tl.load(BAND_PRE + b), 0)
         hi = tl.minimum(hi, rows + tl.load(BAND_NEXT + b))
-    past = rows >= q_len
-    empty = (lo > hi) & ~past
-    fixed = (past | empty | refused) & (rows < s_q)
+    in_seq = rows < q_len
+    empty = (lo > hi) & in_seq
+    by_mask = rows < 0  # none
+    if HAS_MASK:  # rows the band and lengths give keys, but the mask none of them
+        seen = by_mask
+        for n0 in range(0, kv_len, BLOCK_K):
+            n = n0 + tl.arange(0, BLOCK_K)
+            vis = in_seq[:, None] & (n[None, :] >= lo[:, None]) & (n[None, :] <= hi[:, None])
+            masked = tl.load(MASK + b.to(tl.int64) * stride_xb + rows[:, None].to(tl.int64)
+                             * stride_xs + n[None, :] * stride_xk, mask=vis, other=1)
+            seen = seen | (tl.max((vis & (masked == 0)).to(tl.int32), 1) > 0)
+        by_mask = in_seq & ~empty & ~seen
+        if ROW_INVALID:
+            empty = empty | by_mask
+            by_mask = rows < 0
+    if PACKED:
+        past = rows < 0  # none
+        fixed = (empty | refused) & in_seq
+    else:
+        past = ~in_seq & (rows < s_q)
+        fixed = (past | empty | refused) & (rows < s_q)
+    if HAS_MASK and not ROW_INVALID:
+        if tl.max((by_mask & ~refused).to(tl.int32), 0) > 0:
+            _mean_value_rows(O, LSE, V, b, h, rows, by_mask & ~refused, kv_len, group,
+                             stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh,
+                             stride_ls, stride_vb, stride_vh, stride_vs, stride_vd, head_dim,
+                             HAS_LSE, BLOCK_K, HEAD_DIM)
     if tl.max(fixed.to(tl.int32), 0) == 0:
         return
+    at = rows.to(tl.int64) + tl.load(Q_STARTS + b)
     dims = tl.arange(0, HEAD_DIM)
     o_ptrs = (O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-              + rows[:, None].to(tl.int64) * stride_os + dims[None, :] * stride_od)
+              + at[:, None] * stride_os + dims[None, :] * stride_od)
     out_value = tl.where(refused, float("nan"), 0.0)
     tl.store(o_ptrs, (tl.zeros([BLOCK_R, HEAD_DIM], tl.float32) + out_value).to(O.dtype.element_ty),
              mask=fixed[:, None] & (dims[None, :] < head_dim))
     if HAS_LSE:
         lse_value = tl.where(refused, float("nan"), tl.where(past, 0.0, float("inf")))
         tl.store(LSE + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh
-                 + rows.to(tl.int64) * stride_ls, lse_value, mask=fixed)
+                 + at * stride_ls, lse_value, mask=fixed)
     if HAS_FLAGS:
         tl.store(FLAGS + b.to(tl.int64) * stride_fb + h.to(tl.int64) * stride_fh
-                 + rows.to(tl.int64) * stride_fs, tl.zeros([BLOCK_R], tl.uint8),
-                 mask=past & (rows < s_q))
+                 + at * stride_fs, tl.zeros([BLOCK_R], tl.uint8), mask=past)
+
+
+@triton.jit
+def _mean_value_rows(O, LSE, V, b, h, rows, which, kv_len, group, stride_ob, stride_oh,
+                     stride_os, stride_od, stride_lb, stride_lh, stride_ls, stride_vb,
+                     stride_vh, stride_vs, stride_vd, head_dim, HAS_LSE: tl.constexpr,
+                     BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Rows ``which`` of head ``h``: output the mean of V over the batch's ``kv_len`` keys
+    (fp64 sum, rounded once to the output's dtype; 0 without keys), LSE float32's lowest."""
+    dims = tl.arange(0, HEAD_DIM)
+    v_base = V + b.to(tl.int64) * stride_vb + (h // group).to(tl.int64) * stride_vh
+    total = tl.zeros([HEAD_DIM], tl.float64)
+    for n0 in range(0, kv_len, BLOCK_K):
+        n = n0 + tl.arange(0, BLOCK_K)
+        v = tl.load(v_base + n[:, None].to(tl.int64) * stride_vs + dims[None, :] * stride_vd,
+                    mask=(n[:, None] < kv_len) & (dims[None, :] < head_dim), other=0.0)
+        total += tl.sum(v.to(tl.float64), 0)
+    mean = total / tl.maximum(kv_len, 1).to(tl.float64)
+    o_ptrs = (O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+              + rows[:, None].to(tl.int64) * stride_os + dims[None, :] * stride_od)
+    tl.store(o_ptrs, (tl.zeros([rows.shape[0], HEAD_DIM], tl.float64) + mean[None, :])
+             .to(O.dtype.element_ty), mask=which[:, None] & (dims[None, :] < head_dim))
+    if HAS_LSE:
+        tl.store(LSE + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh
+                 + rows.to(tl.int64) * stride_ls,
+                 tl.zeros([rows.shape[0]], tl.float32) + _LSE_MASKED_ROW, mask=which)

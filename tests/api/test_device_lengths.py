@@ -7,6 +7,8 @@ lists, which the golden matrix checks; a length out of its range, or past the bl
 valid entries, gives NaN rows of its batch alone, and no read out of bounds."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -19,10 +21,24 @@ from test_host_reads import _with_tensor_lengths, no_host_memory  # noqa: F401 (
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS or not interpreted("triton"),
                                 reason="needs Triton's interpreter on the CPU")
 
-#: padded forms with lengths: decode, causal and band prefill (bottom-right, whose band
-#: follows the lengths), ragged dense prefill, paged decode and paged causal prefill
-FORMS = ("decode-ragged", "right-down-ragged", "band-negative-next", "ragged-dense",
-         "paged decode-bsh-3d", "paged prefill-bnsd-4d-causal")
+#: forms with lengths and no explicit mask: decode, causal and band prefill (bottom-right,
+#: whose band follows the lengths), ragged dense prefill, packed (TND, NTD) with and without
+#: a band, paged decode and prefill, paged packed
+FORMS = ("decode-ragged", "right-down-ragged", "band-negative-next", "ragged-dense", "tnd",
+         "ntd_tnd", "tnd-mixed-band", "paged decode-bsh-3d", "paged prefill-bnsd-4d-causal",
+         "paged tnd-mixed-3d-causal", "paged tnd-mixed-4d-band", "decode-mask",
+         "mask4d-empty-rows", "mask4d-mean-rows", "mask-band-mode0")
+#: lengths for the explicit-mask forms, which have none, from their (S1, S2): ragged, so
+#: that the mask's empty rows fall inside and outside them
+MASK_LENGTHS = {
+    "decode-mask": lambda s1, s2: dict(actual_seq_lengths_kv=[s2, s2 // 2]),
+    "mask4d-empty-rows": lambda s1, s2: dict(actual_seq_lengths=[s1 - 20, s1],
+                                             actual_seq_lengths_kv=[s2, s2 - 30]),
+    "mask4d-mean-rows": lambda s1, s2: dict(actual_seq_lengths=[s1, s1 - 20],
+                                            actual_seq_lengths_kv=[s2 - 30, s2]),
+    "mask-band-mode0": lambda s1, s2: dict(actual_seq_lengths=[s1 - 10],
+                                           actual_seq_lengths_kv=[s2 - 40]),
+}
 
 
 def _form(name: str):
@@ -31,7 +47,11 @@ def _form(name: str):
         if q.shape[2 if kw["input_layout"] == "BNSD" else 1] == 1:
             kw.pop("actual_seq_lengths", None)  # decode ignores them
         return q, k, v, kw
-    return make_case(shrink(CASES[name]), torch.float16)
+    case = shrink(CASES[name])
+    q, k, v, kw = make_case(case, torch.float16)
+    if name in MASK_LENGTHS:
+        kw.update(MASK_LENGTHS[name](case["S1"], case["S2"]))
+    return q, k, v, kw
 
 
 def _same(got, want):
@@ -57,6 +77,8 @@ def test_lengths_on_the_device_give_the_host_lengths_results(no_host_memory, for
     ("decode-ragged", "actual_seq_lengths_kv", "negative"),
     ("right-down-ragged", "actual_seq_lengths", "past the query"),
     ("paged decode-bsh-3d", "actual_seq_lengths_kv", "past the table's entries"),
+    ("tnd", "actual_seq_lengths", "past the tokens"),
+    ("tnd", "actual_seq_lengths_kv", "before the previous end"),
 ])
 def test_a_length_out_of_range_gives_nan_rows_of_its_batch_alone(no_host_memory, form, name,
                                                                  bad):
@@ -68,14 +90,42 @@ def test_a_length_out_of_range_gives_nan_rows_of_its_batch_alone(no_host_memory,
         lengths[last] = -1
     elif bad == "past the table's entries":  # the entry after the last batch's blocks is -1
         lengths[last] = lengths[last] + kw["block_size"]
+    elif bad == "before the previous end":
+        lengths[last] = lengths[last - 1] - 1
+    elif bad == "past the tokens":
+        lengths[last] = q.shape[0] + 1
     else:
         lengths[last] = (q.shape[2] if name == "actual_seq_lengths" else k.shape[2]) + 1
     on_device, _ = _with_tensor_lengths(dict(kw, **{name: lengths}))
     out, lse = pasa_npu.fused_attention(q, k, v, **on_device)
     want, want_lse = pasa_npu.fused_attention(q, k, v, **kw)
-    layout = kw["input_layout"]
-    batch_axis = 0
-    assert layout in ("BNSD", "BSH", "BSND"), layout
-    assert out.select(batch_axis, last).isnan().all() and lse[last].isnan().all()
-    others = slice(0, last)
+    if kw["input_layout"] == "TND":  # the last sequence's rows, to the end of the tokens
+        start = kw["actual_seq_lengths"][last - 1]
+        rows, others = slice(start, None), slice(0, start)
+    else:
+        rows = others = None
+    if rows is None:
+        assert out[last].isnan().all() and lse[last].isnan().all()
+        others = slice(0, last)
+    else:
+        assert out[rows].isnan().all() and lse[rows].isnan().all()
     _same((out[others], lse[others]), (want[others], want_lse[others]))
+
+
+@pytest.mark.parametrize("form", ["tnd", "ragged-dense"])
+def test_the_overflow_report_of_device_lengths_counts_the_host_lengths_rows(no_host_memory,
+                                                                            form):
+    """A call whose scores overflow fp16 (a query scaled up) and are repaired: the report of
+    the call with device lengths, read when asked for, counts what the host lists' does."""
+    q, k, v, kw = _form(form)
+    q = q * 300
+    kw = dict(kw, algorithm="pasa", backend="triton")
+    on_device, _ = _with_tensor_lengths(kw)
+    counts = []
+    for keywords in (kw, on_device):
+        with warnings.catch_warnings():  # the repair's warning: shown once per process
+            warnings.simplefilter("ignore", pasa_npu.OverflowRepairWarning)
+            pasa_npu.fused_attention(q, k, v, **keywords)
+            report = pasa_npu.overflow_report()
+            counts.append((report.rows, report.tiles, report.nonfinite_rows))
+    assert counts[0][0] > 0 and counts[1] == counts[0], counts

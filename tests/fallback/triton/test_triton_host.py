@@ -231,6 +231,28 @@ def _decode_forms(device):
     }, rand
 
 
+def _mask_forms(device):
+    """name -> (query shape, key/value shape, keywords, v2) of calls with explicit masks that
+    empty rows (the mean of V, or 0 and +inf with ``inner_precise`` bit 1), prefill and
+    decode, with ragged lengths."""
+    gen = torch.Generator(device=device).manual_seed(7)
+    explicit = torch.rand(2, 1, 200, 250, device=device, generator=gen) < 0.5
+    explicit[:, :, ::9] = True  # rows the mask empties
+    base = dict(num_heads=HEADS, num_key_value_heads=KV_HEADS, input_layout="BNSD",
+                scale=D ** -0.5)
+    return {
+        "prefill explicit mask": ((2, HEADS, 200, D), (2, KV_HEADS, 250, D), dict(
+            base, atten_mask=explicit, actual_seq_lengths=[200, 120], softmax_lse_flag=True),
+            False),
+        "prefill explicit mask, row-invalid": ((2, HEADS, 200, D), (2, KV_HEADS, 250, D), dict(
+            base, atten_mask=explicit, actual_seq_lengths=[200, 120],
+            actual_seq_lengths_kv=[250, 199], softmax_lse_flag=True, inner_precise=2), False),
+        "decode explicit mask": ((2, HEADS, 1, D), (2, KV_HEADS, 700, D), dict(
+            base, atten_mask=torch.rand(2, 700, device=device, generator=gen) < 0.5,
+            actual_seq_lengths_kv=[700, 333]), False),
+    }
+
+
 def _entries(v2: bool):
     """(the call, its plan) of v1 or v2."""
     if v2:
@@ -342,16 +364,7 @@ def test_calls_with_host_lengths_never_synchronise(algorithm):
     forms["prefill causal"] = ((1, HEADS, 300, D), (1, KV_HEADS, 300, D), dict(
         num_heads=HEADS, num_key_value_heads=KV_HEADS, input_layout="BNSD", scale=D ** -0.5,
         sparse_mode=3, atten_mask=mask), False)
-    gen = torch.Generator(device="cuda").manual_seed(7)
-    explicit = torch.rand(2, 1, 200, 250, device="cuda", generator=gen) < 0.5
-    explicit[:, :, ::9] = True  # rows the mask empties: the mean of V, on the device
-    forms["prefill explicit mask"] = ((2, HEADS, 200, D), (2, KV_HEADS, 250, D), dict(
-        num_heads=HEADS, num_key_value_heads=KV_HEADS, input_layout="BNSD", scale=D ** -0.5,
-        atten_mask=explicit, actual_seq_lengths=[200, 120], softmax_lse_flag=True), False)
-    forms["decode explicit mask"] = ((2, HEADS, 1, D), (2, KV_HEADS, 700, D), dict(
-        num_heads=HEADS, num_key_value_heads=KV_HEADS, input_layout="BNSD", scale=D ** -0.5,
-        atten_mask=torch.rand(2, 700, device="cuda", generator=gen) < 0.5,
-        actual_seq_lengths_kv=[700, 333]), False)
+    forms.update(_mask_forms("cuda"))
     forms["prefill BSND"] = ((2, 200, HEADS, D), (2, 250, KV_HEADS, D), dict(
         num_heads=HEADS, num_key_value_heads=KV_HEADS, input_layout="BSND", scale=D ** -0.5),
         False)
@@ -375,53 +388,59 @@ def test_calls_with_host_lengths_never_synchronise(algorithm):
         torch.cuda.set_sync_debug_mode("default")
 
 
-#: forms of _decode_forms and _prefill_forms whose lengths stay on the device (padded, no
-#: explicit mask), with ragged lengths, so that the host lists' calls run the same kernels
+#: forms of _decode_forms, _prefill_forms and _mask_forms, with ragged lengths, so that the
+#: host lists' calls run the same kernels (packed, the prefill kernel: the host does not
+#: know that every query length is 1)
 DEVICE_LENGTH_FORMS = {"BSH lengths, LSE": {}, "paged BSH": {}, "paged BSH, host table": {},
+                       "v2 TND sinks": dict(actual_seq_qlen=[0, 2]),
                        "prefill paged": dict(actual_seq_lengths_kv=[512, 300]),
-                       "prefill ragged band": {}}
+                       "prefill ragged band": {}, "prefill v2 TND sinks": {},
+                       "prefill explicit mask": {}, "prefill explicit mask, row-invalid": {},
+                       "decode explicit mask": {}}
 
 
 @needs_gpu
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
 def test_calls_with_device_lengths_never_synchronise(algorithm):
     """Lengths given as CUDA tensors stay on the device (docs/design.md, "No host
-    synchronisation"): decode, paged decode, ragged paged causal prefill and a ragged band,
-    each as a call and a plan's run under ``torch.cuda.set_sync_debug_mode("error")``,
-    with the block table on the device or the host, give the results of the same lengths
-    as host lists bit for bit; a CUDA graph captured with them replays the lengths written
-    into them after the capture."""
+    synchronisation"): decode, paged decode, packed prefill (v2, with sinks; one empty),
+    ragged paged causal prefill, a ragged band, and explicit masks that empty rows, each as
+    a call and a plan's run under ``torch.cuda.set_sync_debug_mode("error")``, with the
+    block table on the device or the host, give the results of the same lengths as host
+    lists bit for bit; a CUDA graph captured with them replays the lengths written into
+    them after the capture."""
     forms, rand = _decode_forms("cuda")
     forms.update(_prefill_forms("cuda"))
+    forms.update(_mask_forms("cuda"))
     cases = []
     for name, changes in DEVICE_LENGTH_FORMS.items():
-        q_shape, kv_shape, keywords, _ = forms[name.removesuffix(", host table")]
+        q_shape, kv_shape, keywords, v2 = forms[name.removesuffix(", host table")]
         keywords = dict(keywords, **changes, algorithm=algorithm, backend="triton")
         if name.endswith("host table"):
             keywords["block_table"] = keywords["block_table"].cpu()
-        if name.startswith("prefill"):
+        if name.startswith("prefill") and "atten_mask" not in keywords:
             keywords["sparse_mode"] = keywords.get("sparse_mode", 3)
             keywords["atten_mask"] = pasa_npu.compressed_causal_mask("cuda")
         on_device = {key: torch.tensor(value, device="cuda") if key.startswith("actual")
                      else value for key, value in keywords.items()}
         tensors = (rand(*q_shape), rand(*kv_shape), rand(*kv_shape))
-        want = pasa_npu.fused_attention(*tensors, **keywords)
-        pasa_npu.fused_attention(*tensors, **on_device)  # compiles
-        cases.append((name, tensors, on_device, want))
+        call, plan = _entries(v2)
+        want = call(*tensors, **keywords)
+        call(*tensors, **on_device)  # compiles
+        cases.append((name, tensors, on_device, want, call, plan))
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        got = [(pasa_npu.fused_attention(*tensors, **on_device),
-                pasa_npu.plan(*tensors, **on_device).run(*tensors))
-               for _, tensors, on_device, _ in cases]
+        got = [(call(*tensors, **on_device), plan(*tensors, **on_device).run(*tensors))
+               for _, tensors, on_device, _, call, plan in cases]
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    for (name, _, _, want), results in zip(cases, got):
+    for (name, *_, want, _, _), results in zip(cases, got):
         for result in results:
             for a, b in zip(result, want):
                 assert torch.equal(a, b), name
 
-    name, tensors, on_device, _ = cases[0]  # decode: a graph replayed on new lengths
+    name, tensors, on_device, *_ = cases[0]  # decode: a graph replayed on new lengths
     lengths = on_device["actual_seq_lengths_kv"]
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
