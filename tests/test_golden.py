@@ -70,6 +70,18 @@ CASES = {
     "head-dim-80": dict(layout="BSND", B=1, Nq=2, Nkv=2, S1=70, S2=333, D=80),
 }
 
+#: lengths for the explicit-mask forms, which have none, from their (S1, S2): ragged, so
+#: that the mask's empty rows fall inside and outside them
+MASK_LENGTHS = {
+    "decode-mask": lambda s1, s2: dict(actual_seq_lengths_kv=[s2, s2 // 2]),
+    "mask4d-empty-rows": lambda s1, s2: dict(actual_seq_lengths=[s1 - 20, s1],
+                                             actual_seq_lengths_kv=[s2, s2 - 30]),
+    "mask4d-mean-rows": lambda s1, s2: dict(actual_seq_lengths=[s1, s1 - 20],
+                                            actual_seq_lengths_kv=[s2 - 30, s2]),
+    "mask-band-mode0": lambda s1, s2: dict(actual_seq_lengths=[s1 - 10],
+                                           actual_seq_lengths_kv=[s2 - 40]),
+}
+
 #: The families the golden bounds are measured and held per: cases whose errors come from
 #: the same mechanisms (full rows, packed segments, single-query rows, explicit masks with
 #: empty rows, causal and band limits, ragged lengths).

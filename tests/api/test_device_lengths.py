@@ -15,7 +15,7 @@ import torch
 import pasa_npu
 from _paged import PAGED_CASES, paged_case
 from _support import BACKENDS, interpreted
-from test_golden import CASES, make_case, shrink
+from test_golden import CASES, MASK_LENGTHS, make_case, shrink
 from test_host_reads import _with_tensor_lengths, no_host_memory  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS or not interpreted("triton"),
@@ -28,17 +28,6 @@ FORMS = ("decode-ragged", "right-down-ragged", "band-negative-next", "ragged-den
          "ntd_tnd", "tnd-mixed-band", "paged decode-bsh-3d", "paged prefill-bnsd-4d-causal",
          "paged tnd-mixed-3d-causal", "paged tnd-mixed-4d-band", "decode-mask",
          "mask4d-empty-rows", "mask4d-mean-rows", "mask-band-mode0")
-#: lengths for the explicit-mask forms, which have none, from their (S1, S2): ragged, so
-#: that the mask's empty rows fall inside and outside them
-MASK_LENGTHS = {
-    "decode-mask": lambda s1, s2: dict(actual_seq_lengths_kv=[s2, s2 // 2]),
-    "mask4d-empty-rows": lambda s1, s2: dict(actual_seq_lengths=[s1 - 20, s1],
-                                             actual_seq_lengths_kv=[s2, s2 - 30]),
-    "mask4d-mean-rows": lambda s1, s2: dict(actual_seq_lengths=[s1, s1 - 20],
-                                            actual_seq_lengths_kv=[s2 - 30, s2]),
-    "mask-band-mode0": lambda s1, s2: dict(actual_seq_lengths=[s1 - 10],
-                                           actual_seq_lengths_kv=[s2 - 40]),
-}
 
 
 def _form(name: str):

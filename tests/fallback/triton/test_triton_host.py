@@ -645,3 +645,53 @@ def test_a_recorded_call_swaps_in_each_calls_tensors_and_keeps_none(monkeypatch)
     binding = kernel_common.Binding({"key": kv2, "value": other})  # and the other way round
     binding.launch("kernel", (1,), kv2, other, FLAG=True)
     assert not binding.prepared()({"key": kv, "value": kv})
+
+
+@needs_gpu
+@pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
+def test_every_golden_form_with_device_lengths_never_synchronises(algorithm):
+    """Every argument form of the golden matrix (tests/test_golden.py) and the paged cases
+    (tests/_paged.py), fp16, with its lengths as CUDA tensors (the explicit-mask forms,
+    which have none, with ragged ones: tests/api/test_device_lengths.py), planned once,
+    then called and run from its plan under ``torch.cuda.set_sync_debug_mode("error")``:
+    no host synchronisation, and the results of the first call."""
+    from _paged import PAGED_CASES, paged_case
+    from test_golden import CASES, MASK_LENGTHS, make_case
+
+    cases = []
+    for name, case in {**CASES, **{f"paged {n}": c for n, c in PAGED_CASES.items()}}.items():
+        if name.startswith("paged "):
+            q, k, v, kw, _ = paged_case(case, torch.float16)
+        else:
+            q, k, v, kw = make_case(case, torch.float16)
+            if name in MASK_LENGTHS:
+                kw.update(MASK_LENGTHS[name](case["S1"], case["S2"]))
+        kw = {key: (value.cuda() if isinstance(value, torch.Tensor) else
+                    torch.tensor(value, device="cuda") if key.startswith("actual") else value)
+              for key, value in kw.items()}
+        kw.update(algorithm=algorithm, backend="triton")
+        tensors = tuple(t.cuda() for t in (q, k, v))
+        try:
+            want = pasa_npu.fused_attention(*tensors, **kw)
+        except NotImplementedError:  # a form the Triton backend refuses, with its reason
+            continue
+        cases.append((name, tensors, kw, want))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    got, synchronised = [], []
+    try:
+        for name, tensors, kw, _ in cases:
+            try:
+                got.append((pasa_npu.fused_attention(*tensors, **kw),
+                            pasa_npu.plan(*tensors, **kw).run(*tensors)))
+            except RuntimeError as err:
+                synchronised.append(f"{name}: {err}")
+                got.append(())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert not synchronised, synchronised
+    differ = [name for (name, *_, want), results in zip(cases, got) for result in results
+              if not all(torch.equal(a.nan_to_num(), b.nan_to_num())
+                         and torch.equal(a.isnan(), b.isnan()) for a, b in zip(result, want))]
+    assert not differ, differ
+    assert len(cases) > len(CASES), [name for name, *_ in cases]
