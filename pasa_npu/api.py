@@ -148,7 +148,8 @@ class AttentionPlan:
     query, key and value tensors; each is checked against the planned one by shape, strides,
     dtype and device only. Every other argument is the plan's: the block table and the sinks
     are read at every run, the lengths and the mask as they were planned (plan again when
-    they change, e.g. once per decode step)."""
+    they change, e.g. once per decode step), except lengths given as device tensors that
+    stay there (``triton``), which every run reads as they are then."""
 
     __slots__ = ("_call", "_plan", "_layouts", "_others")
 

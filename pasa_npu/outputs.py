@@ -49,8 +49,6 @@ def lse_placeholder(device) -> torch.Tensor:
     return torch.empty(0, dtype=torch.float32, device=device)
 
 
-
-
 def fix_rows(problem: AttentionProblem, value: torch.Tensor, plan) -> None:
     """torch_npu's row rules (docs/fia-conformance.md, "Rows with nothing to attend").
     Rows past the query length: 0, LSE 0. Rows that see no key get row-invalid handling,

@@ -139,8 +139,8 @@ def _run_prepared(problem: AttentionProblem, tuning: Tuning) -> bool:
 def _prepared_key(problem: AttentionProblem, tuning: Tuning) -> tuple:
     """What a call of one plan may differ in that recorded launches depend on: the tuning,
     which optional tensors it has, their shapes, the dtype and form of lengths given on the
-    device, and the stream (the lengths' copy was
-    queued on the first call's stream, which this one then follows)."""
+    device, and the stream (the lengths' copy was queued on the first call's stream, which
+    this one then follows)."""
     dev = problem.query.device
     given = (() if problem.device_lengths is None else
              tuple(None if t is None else (t.dtype, t.numel() == 1)

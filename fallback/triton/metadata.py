@@ -15,9 +15,8 @@ import triton.language as tl
 
 from pasa_npu.fallback.kernel_common import (Binding, cdiv, interpreting, mask_argument,
                                              placeholder)
-from pasa_npu.problem import BAND_LIMIT  # "no band limit" (index math is int32)
-from pasa_npu.problem import LSE_MASKED_ROW
-from pasa_npu.problem import AttentionProblem, keeps_device_tensors
+from pasa_npu.problem import (BAND_LIMIT, LSE_MASKED_ROW, AttentionProblem,
+                              keeps_device_tensors)
 
 _HOST_INTS: dict = {}
 _DEVICE_METADATA: dict = {}

@@ -118,3 +118,21 @@ def test_the_overflow_report_of_device_lengths_counts_the_host_lengths_rows(no_h
             report = pasa_npu.overflow_report()
             counts.append((report.rows, report.tiles, report.nonfinite_rows))
     assert counts[0][0] > 0 and counts[1] == counts[0], counts
+
+
+@pytest.mark.parametrize("form", ["decode-ragged", "tnd"])
+def test_a_plan_reads_device_lengths_written_after_it_was_made(no_host_memory, form):
+    """The lengths tensors a plan (or a repeated call) holds are read at every run: values
+    written into them in place give that run the new lengths' results."""
+    q, k, v, kw = _form(form)
+    kw = dict(kw, algorithm="pasa", backend="triton")
+    on_device, names = _with_tensor_lengths(kw)
+    plan = pasa_npu.plan(q, k, v, **on_device)
+    plan.run(q, k, v)
+    name = names[-1]
+    new = list(kw[name])
+    new[0] = new[0] // 2 if form != "tnd" else new[0] - 3
+    on_device[name].copy_(torch.tensor(new))
+    want = pasa_npu.fused_attention(q, k, v, **dict(kw, **{name: new}))
+    _same(plan.run(q, k, v), want)
+    _same(pasa_npu.fused_attention(q, k, v, **on_device), want)
