@@ -51,14 +51,21 @@ def attention(call: Call, golden: bool, traced: bool = False):
 def plan_for(call: Call, golden: bool) -> Plan:
     """The plan of a call with ``call``: the cached one, or one made (and cached where the
     call is cacheable, :func:`~pasa_npu.arguments.call_key`); its warnings are the
-    caller's. Lengths given on the device are read first, in one transfer (the one wait for
-    the device that they cost: the plan validates them and derives the launches from them),
-    except by backend ``npu``, which refuses them: it never reads a device tensor, and its
-    operator takes host lists, as torch_npu's does."""
+    caller's. Lengths given on the device stay there where :func:`lengths_stay_on_device`
+    says so (a cached plan under their key is one that keeps them there); else they are
+    read first, in one transfer (the one wait for the device that they cost: the plan
+    validates them and derives the launches from them), except by backend ``npu``, which
+    refuses them: it never reads a device tensor, and its operator takes host lists, as
+    torch_npu's does."""
     query = call.query
     on_device = tuple(name for name in LENGTH_ARGUMENTS
                       if isinstance(getattr(call, name), torch.Tensor)
                       and not host_memory(getattr(call, name).device))
+    keys = None if golden else call_key(call)
+    plans = PLANS.get(keys[0]) if keys is not None else None
+    plan = plans.get(keys[1]) if plans else None
+    if plan is not None:
+        return plan
     if on_device:
         backend = (backends.resolve(call.backend, query.device).name
                    if not golden and isinstance(query, torch.Tensor) else None)
@@ -70,11 +77,11 @@ def plan_for(call: Call, golden: bool) -> Plan:
         if not lengths_stay_on_device(call, backend):
             call = read_device_lengths(call, on_device)
             on_device = ()
-    keys = None if golden else call_key(call)
-    plans = PLANS.get(keys[0]) if keys is not None else None
-    plan = plans.get(keys[1]) if plans else None
-    if plan is not None:
-        return plan
+            keys = None if golden else call_key(call)
+            plans = PLANS.get(keys[0]) if keys is not None else None
+            plan = plans.get(keys[1]) if plans else None
+            if plan is not None:
+                return plan
     table = call.block_table
     on_host = not isinstance(query, torch.Tensor) or host_memory(query.device)
     table_on_host = not isinstance(table, torch.Tensor) or host_memory(table.device)

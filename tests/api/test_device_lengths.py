@@ -136,3 +136,21 @@ def test_a_plan_reads_device_lengths_written_after_it_was_made(no_host_memory, f
     want = pasa_npu.fused_attention(q, k, v, **dict(kw, **{name: new}))
     _same(plan.run(q, k, v), want)
     _same(pasa_npu.fused_attention(q, k, v, **on_device), want)
+
+
+@pytest.mark.parametrize("given", ["int32", "one entry", "more than B", "B over a program"])
+def test_the_forms_of_length_tensors(no_host_memory, given):
+    """Lengths as int32, one entry for every batch, more entries than batches (the first B
+    count), and more batches than one program of the lengths kernel takes."""
+    batch = 130 if given == "B over a program" else 3
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(batch, 2, 1, 16, generator=gen).half()
+    k, v = (torch.randn(batch, 1, 40, 16, generator=gen).half() for _ in range(2))
+    lengths = {"int32": [40, 7, 0], "one entry": [23], "more than B": [9, 40, 1, 33, 2],
+               "B over a program": [(7 * b) % 41 for b in range(batch)]}[given]
+    kw = dict(num_heads=2, num_key_value_heads=1, input_layout="BNSD", scale=0.25,
+              softmax_lse_flag=True, algorithm="pasa", backend="triton",
+              actual_seq_lengths_kv=lengths)
+    dtype = torch.int32 if given == "int32" else torch.int64
+    on_device = dict(kw, actual_seq_lengths_kv=torch.tensor(lengths, dtype=dtype))
+    _same(pasa_npu.fused_attention(q, k, v, **on_device), pasa_npu.fused_attention(q, k, v, **kw))
