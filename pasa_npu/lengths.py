@@ -38,33 +38,28 @@ def capacity_lengths(call, q, s_kv: int, packed: bool, names: tuple[str, ...],
     """:func:`sequence_lengths` of a call whose length arguments ``names`` stay on the device
     (the others None): every batch at its capacity, the query's S1 (T when packed) and
     ``s_kv``, starting at 0; those arguments checked as far as the host can without reading
-    them: 1-D integer tensors of 1 entry or at least B (padded layouts), of one entry per
-    sequence (packed: as many for the kv lengths as the query's, which are required). The
-    block size follows torch_npu's rule for prefill when packed (the query lengths are
-    unknown)."""
+    them, with the host lengths' rules and messages (their type, which are required, how
+    many entries). The block size follows torch_npu's rule for prefill when packed (the
+    query lengths are unknown)."""
     for name in names:
         _check_integer_tensor(getattr(call, name), name)
+    _require_table_lengths(call, block_size > 0)
+    q_given, kv_given = call.actual_seq_lengths, call.actual_seq_lengths_kv
     if packed:
-        q_given, kv_given = call.actual_seq_lengths, call.actual_seq_lengths_kv
-        for name, given in zip(LENGTH_ARGUMENTS, (q_given, kv_given)):
-            if given is None:
-                raise ValueError(f"{name} is required with packed layouts (TND, NTD): the "
-                                 f"cumulative sequence lengths, one per batch")
+        _require_cumulative(q_given, "actual_seq_lengths")
         batch = q_given.numel()
-        if not 0 < batch <= MAX_PACKED_BATCH:
-            raise ValueError(f"actual_seq_lengths must have 1 to {MAX_PACKED_BATCH} entries "
-                             f"with packed layouts (torch_npu's limit), got {batch}")
-        if kv_given.numel() != batch:
-            raise ValueError(f"actual_seq_lengths_kv has {kv_given.numel()} entries but "
-                             f"actual_seq_lengths has {batch} (packed layouts take the batch "
-                             f"from their length)")
+        if not batch:
+            raise ValueError(_EMPTY.format("actual_seq_lengths"))
+        if block_size:
+            _check_packed_counts(batch, None)
+            _check_count("actual_seq_lengths_kv", kv_given.numel(), batch, exact=True)
+        else:
+            _require_cumulative(kv_given, "actual_seq_lengths_kv")
+            _check_packed_counts(batch, kv_given.numel())
     else:
         batch = q.shape[0]
         for name in names:
-            count = getattr(call, name).numel()
-            if count != 1 and count < batch:
-                raise ValueError(f"{name} must have 1 or at least batch={batch} entries, got "
-                                 f"{count}")
+            _check_count(name, getattr(call, name).numel(), batch)
     if block_size:
         check_block_size(block_size, not packed and q.shape[2] <= 1)
     zeros = _zero_starts(batch)
@@ -100,24 +95,17 @@ def _sequence_lengths(call, q, s_kv: int, packed: bool, table_capacity: Optional
     """:func:`sequence_lengths` of host lengths; ``table_capacity``: with a block table, the
     words for ``s_kv``."""
     paged = table_capacity is not None
-    if paged and call.actual_seq_lengths_kv is None:
-        raise ValueError("actual_seq_lengths_kv is required with block_table (torch_npu's "
-                         "page attention): the kv length of each batch")
+    _require_table_lengths(call, paged)
     if packed:
         q_lens, q_starts = _cumulative(call.actual_seq_lengths, "actual_seq_lengths", q.shape[2])
-        if q_lens.numel() > MAX_PACKED_BATCH:
-            raise ValueError(f"actual_seq_lengths must have at most {MAX_PACKED_BATCH} entries "
-                             f"with packed layouts (torch_npu's limit), got {q_lens.numel()}")
         if paged:
+            _check_packed_counts(q_lens.numel(), None)
             kv_lens = _per_batch(call.actual_seq_lengths_kv, "actual_seq_lengths_kv",
                                  q_lens.numel(), s_kv, exact=True, extent=table_capacity)
             return q_lens, q_starts, kv_lens, _zero_starts(q_lens.numel())
         kv_lens, kv_starts = _cumulative(call.actual_seq_lengths_kv, "actual_seq_lengths_kv",
                                          s_kv)
-        if kv_lens.numel() != q_lens.numel():
-            raise ValueError(f"actual_seq_lengths_kv has {kv_lens.numel()} entries but "
-                             f"actual_seq_lengths has {q_lens.numel()} (packed layouts take the "
-                             f"batch from their length)")
+        _check_packed_counts(q_lens.numel(), kv_lens.numel())
         return q_lens, q_starts, kv_lens, kv_starts
     batch = q.shape[0]
     zeros = _zero_starts(batch)
@@ -167,28 +155,57 @@ def _per_batch(value, name: str, batch: int, full: int, exact: bool = False,
     if value is None:
         return _full_lengths(batch, full)
     lens = int_list(value, name)
-    if exact and len(lens) != batch:
-        raise ValueError(f"{name} must have one entry per batch ({batch}, the entries of "
-                         f"actual_seq_lengths) with block_table, got {len(lens)}")
-    if len(lens) == 1:
-        lens = lens * batch
-    elif len(lens) >= batch:
-        lens = lens[:batch]
-    else:
-        raise ValueError(f"{name} must have 1 or at least batch={batch} entries, got {len(lens)}")
+    _check_count(name, len(lens), batch, exact)
+    lens = lens * batch if len(lens) == 1 else lens[:batch]
     for b, n in enumerate(lens):
         if not 0 <= n <= full:
             raise ValueError(f"{name}[{b}] = {n} is outside [0, {full}] ({extent})")
     return torch.tensor(lens, dtype=torch.int64)
 
 
-def _cumulative(value, name: str, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _check_count(name: str, count: int, batch: int, exact: bool = False) -> None:
+    """A per-batch length argument of ``count`` entries: 1 for every batch, or at least
+    ``batch`` (``exact``: exactly ``batch``, the sequences of a packed layout)."""
+    if exact and count != batch:
+        raise ValueError(f"{name} must have one entry per batch ({batch}, the entries of "
+                         f"actual_seq_lengths) with block_table, got {count}")
+    if count != 1 and count < batch:
+        raise ValueError(f"{name} must have 1 or at least batch={batch} entries, got {count}")
+
+
+def _check_packed_counts(batch: int, kv_count: Optional[int]) -> None:
+    """A packed layout's ``batch`` sequences (actual_seq_lengths' entries) within
+    torch_npu's limit, and as many cumulative kv lengths (``kv_count``; None: per batch,
+    with a block table, :func:`_check_count`)."""
+    if batch > MAX_PACKED_BATCH:
+        raise ValueError(f"actual_seq_lengths must have at most {MAX_PACKED_BATCH} entries "
+                         f"with packed layouts (torch_npu's limit), got {batch}")
+    if kv_count is not None and kv_count != batch:
+        raise ValueError(f"actual_seq_lengths_kv has {kv_count} entries but "
+                         f"actual_seq_lengths has {batch} (packed layouts take the batch "
+                         f"from their length)")
+
+
+def _require_table_lengths(call, paged: bool) -> None:
+    if paged and call.actual_seq_lengths_kv is None:
+        raise ValueError("actual_seq_lengths_kv is required with block_table (torch_npu's "
+                         "page attention): the kv length of each batch")
+
+
+def _require_cumulative(value, name: str) -> None:
     if value is None:
         raise ValueError(f"{name} is required with packed layouts (TND, NTD): the cumulative "
                          f"sequence lengths, one per batch")
+
+
+_EMPTY = "{} must not be empty with packed layouts"
+
+
+def _cumulative(value, name: str, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    _require_cumulative(value, name)
     ends = int_list(value, name)
     if not ends:
-        raise ValueError(f"{name} must not be empty with packed layouts")
+        raise ValueError(_EMPTY.format(name))
     prev = 0
     for b, e in enumerate(ends):
         if e < prev:

@@ -154,3 +154,26 @@ def test_the_forms_of_length_tensors(no_host_memory, given):
     dtype = torch.int32 if given == "int32" else torch.int64
     on_device = dict(kw, actual_seq_lengths_kv=torch.tensor(lengths, dtype=dtype))
     _same(pasa_npu.fused_attention(q, k, v, **on_device), pasa_npu.fused_attention(q, k, v, **kw))
+
+
+def test_device_lengths_are_checked_as_host_lengths_are(no_host_memory):
+    """What the host can check without reading the values, it checks with the host
+    lengths' messages: a block table without kv lengths, too few entries, a packed call's
+    kv lengths not one per sequence."""
+    q, k, v, kw = _form("paged decode-bsh-3d")
+    q = q.expand(q.shape[0], 2, q.shape[2]).contiguous()  # a prefill query (S1 = 2)
+    kw = dict(kw, algorithm="pasa", backend="triton", actual_seq_lengths=torch.tensor([2]))
+    kw.pop("actual_seq_lengths_kv")
+    with pytest.raises(ValueError, match="actual_seq_lengths_kv is required with block_table"):
+        pasa_npu.fused_attention(q, k, v, **kw)
+    q, k, v, kw = _form("decode-ragged")
+    kw = dict(kw, algorithm="pasa", backend="triton",
+              actual_seq_lengths_kv=torch.tensor([5, 6, 7])[:0])
+    with pytest.raises(ValueError, match="must have 1 or at least batch=2 entries, got 0"):
+        pasa_npu.fused_attention(q, k, v, **kw)
+    q, k, v, kw = _form("tnd")
+    kw, _ = _with_tensor_lengths(dict(kw, algorithm="pasa", backend="triton"))
+    kw["actual_seq_lengths_kv"] = kw["actual_seq_lengths_kv"][:-1]
+    with pytest.raises(ValueError, match="actual_seq_lengths_kv has 2 entries but "
+                                         "actual_seq_lengths has 3"):
+        pasa_npu.fused_attention(q, k, v, **kw)
