@@ -97,9 +97,10 @@ def make_plan(call: Call, golden: bool, base: Optional[Plan], on_host: bool,
     mask, band = mask_and_band(call.atten_mask, options.sparse_mode, options.pre_tokens,
                                options.next_tokens, q_lens.numel(), q.shape[2], s_kv,
                                options.packed, q_lens, kv_lens, query.device)
-    facts = row_facts(q_lens, kv_lens, mask, band, options.packed, q.shape[2])
     if device_lengths:  # the backend applies the row rules (and writes every padded row)
         facts = dict(covered=not options.packed, lse_rows_past=False, may_have_empty=False)
+    else:
+        facts = row_facts(q_lens, kv_lens, mask, band, options.packed, q.shape[2])
     lengths = dict(q_lens=q_lens, q_starts=q_starts, kv_lens=kv_lens, kv_starts=kv_starts,
                    mask=mask, band=band, device_lengths=device_lengths,
                    band_rule=((options.sparse_mode, options.pre_tokens, options.next_tokens)

@@ -61,9 +61,7 @@ def plan_for(call: Call, golden: bool) -> Plan:
     on_device = tuple(name for name in LENGTH_ARGUMENTS
                       if isinstance(getattr(call, name), torch.Tensor)
                       and not host_memory(getattr(call, name).device))
-    keys = None if golden else call_key(call)
-    plans = PLANS.get(keys[0]) if keys is not None else None
-    plan = plans.get(keys[1]) if plans else None
+    keys, plans, plan = _cached(call, golden)
     if plan is not None:
         return plan
     if on_device:
@@ -77,9 +75,7 @@ def plan_for(call: Call, golden: bool) -> Plan:
         if not lengths_stay_on_device(call, backend):
             call = read_device_lengths(call, on_device)
             on_device = ()
-            keys = None if golden else call_key(call)
-            plans = PLANS.get(keys[0]) if keys is not None else None
-            plan = plans.get(keys[1]) if plans else None
+            keys, plans, plan = _cached(call, golden)
             if plan is not None:
                 return plan
     table = call.block_table
@@ -105,6 +101,14 @@ def plan_for(call: Call, golden: bool) -> Plan:
             plans.clear()
         plans[keys[1]] = plan
     return plan
+
+
+def _cached(call: Call, golden: bool) -> tuple:
+    """(the call's keys, the plans cached under its arguments key, the plan for its lengths
+    key), each None where there is none (:func:`~pasa_npu.arguments.call_key`)."""
+    keys = None if golden else call_key(call)
+    plans = PLANS.get(keys[0]) if keys is not None else None
+    return keys, plans, plans.get(keys[1]) if plans else None
 
 
 def lengths_stay_on_device(call: Call, backend) -> bool:
@@ -199,4 +203,3 @@ def execute(plan: Plan, call: Call, golden: bool, traced: bool = False):
         return out, lse_out
     return out, lse_out, (check.row_flags if check is not None
                           else torch.empty(0, dtype=torch.uint8, device=query.device))
-

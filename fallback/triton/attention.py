@@ -25,7 +25,7 @@ from pasa_npu.fallback.triton import decode, prefill, repair
 from pasa_npu.fallback.triton.tuning import Tuning, active as active_tuning
 from pasa_npu.fallback.kernel_common import (Binding, allocation_flags, interpreting,
                                              mask_argument, placeholder, pow2)
-from pasa_npu.fallback.triton.metadata import (apply_row_rules, device_lengths,
+from pasa_npu.fallback.triton.metadata import (apply_row_rules, device_length_rows,
                                                device_metadata, host_ints)
 from pasa_npu.fallback.triton.shift import cached_shift_table, prepare_keys
 from pasa_npu.problem import AttentionProblem
@@ -167,7 +167,7 @@ def _shared(problem: AttentionProblem, sink: Optional[torch.Tensor], binding: Bi
     dev = q.device
     refused = None
     if problem.device_lengths is not None:
-        *lengths, band_pre, band_next, refused = device_lengths(problem, dev, binding)
+        *lengths, band_pre, band_next, refused = device_length_rows(problem, dev, binding)
     else:
         *lengths, band_pre, band_next = device_metadata(problem, dev)
     alloc = problem.allocation

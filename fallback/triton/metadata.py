@@ -2,7 +2,7 @@
 rows of one tensor, copied once per distinct set of values (:func:`device_metadata`), and
 the host ints they come from (:func:`host_ints`); or, for lengths the call gave on the
 device (:class:`~pasa_npu.problem.DeviceLengths`), made there by a kernel
-(:func:`device_lengths`), with the row rules they imply applied after the attention
+(:func:`device_length_rows`), with the row rules they imply applied after the attention
 kernels (:func:`apply_row_rules`)."""
 from __future__ import annotations
 
@@ -119,7 +119,8 @@ _LSE_MASKED_ROW = tl.constexpr(LSE_MASKED_ROW)
 _TOKEN_LIMIT = 1 << 40
 
 
-def device_lengths(problem: AttentionProblem, device: torch.device, binding: Binding) -> tuple:
+def device_length_rows(problem: AttentionProblem, device: torch.device,
+                       binding: Binding) -> tuple:
     """(q_starts, q_lens, kv_starts, kv_lens, band_pre, band_next, refused): the rows of
     :func:`device_metadata` and each batch's refusal (int32, 1: refused), made on
     ``device`` from ``problem.device_lengths`` by one launch, through ``binding``
@@ -161,7 +162,7 @@ def _lengths_kernel(Q_GIVEN, KV_GIVEN, TABLE, ROWS, batch, step_q, step_kv, stri
                     HAS_Q: tl.constexpr, HAS_KV: tl.constexpr, PAGED: tl.constexpr,
                     PACKED_Q: tl.constexpr, PACKED_KV: tl.constexpr, SPARSE_MODE: tl.constexpr,
                     BAND_LIMIT: tl.constexpr, BLOCK: tl.constexpr):
-    """ROWS (7, batch): :func:`device_lengths` for BLOCK batches; PACKED_Q, PACKED_KV: the
+    """ROWS (7, batch): :func:`device_length_rows` for BLOCK batches; PACKED_Q, PACKED_KV: the
     given lengths are cumulative (:func:`_sequence`). The band is that of
     ``pasa_npu.masks.band_of_lengths`` (SPARSE_MODE 0, 2-4; -1: no band, its rows q_lens),
     and modes 0 and 4 refuse the lengths ``pasa_npu.masks.token_lengths_refused`` does."""
@@ -232,7 +233,7 @@ def _sequence(GIVEN, b, live, step, limit, CUMULATIVE: tl.constexpr):
 def apply_row_rules(problem: AttentionProblem, lengths: tuple, binding: Binding) -> None:
     """The row rules of :class:`~pasa_npu.problem.DeviceLengths` on every row of the
     problem's outputs (and row flags), after the attention kernels, by one launch through
-    ``binding``; ``lengths``: the rows of :func:`device_lengths`."""
+    ``binding``; ``lengths``: the rows of :func:`device_length_rows`."""
     out, lse = problem.out, problem.lse
     _, heads, s_q, head_dim = out.shape
     batch = problem.batch
