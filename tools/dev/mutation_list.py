@@ -66,7 +66,7 @@ MUTATIONS = [
              "return default_beta(tiling.kv_block, 1.0)",
              ("tests/api/test_beta.py", "-k", "default_beta")),
     Mutation("actual_seq_lengths with more than B entries: the last B taken", "pasa_npu/lengths.py",
-             "lens = lens[:batch]", "lens = lens[-batch:]",
+             "else lens[:batch]", "else lens[-batch:]",
              ("tests/api/test_argument_forms.py::test_length_forms[torch]",)),
     Mutation("beta0 instead of the optimal beta", "pasa_npu/beta.py",
              "return optimal_beta(DEFAULT_BETA0, n, dtype, scale)", "return DEFAULT_BETA0",
