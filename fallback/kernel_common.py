@@ -7,7 +7,10 @@ element-wise code has no layout of its own)."""
 from __future__ import annotations
 
 import functools
+import math
 import os
+import threading
+import weakref
 from typing import NamedTuple, Optional
 
 import torch
@@ -282,18 +285,22 @@ class PreparedLaunch:
     argument binding, key or lookup; where it can (:func:`_direct_send`), straight into
     Triton's C launcher."""
 
-    __slots__ = ("name", "send", "values", "slots", "addresses", "keep")
+    __slots__ = ("name", "send", "values", "slots", "addresses", "keep", "described", "direct")
 
-    def __init__(self, name: str, send, values, slots, addresses=(), keep=()):
+    def __init__(self, name: str, send, values, slots, addresses=(), keep=(), described=(),
+                 direct=False):
         self.name, self.send, self.values, self.slots = name, send, values, slots
         self.addresses, self.keep = addresses, keep
+        self.described, self.direct = described, direct
 
     @classmethod
-    def launch(cls, kernel, grid: tuple, args: tuple, kwargs: dict,
-               roles: dict) -> Optional["PreparedLaunch"]:
+    def launch(cls, kernel, grid: tuple, args: tuple, kwargs: dict, roles: dict,
+               described: Optional[dict] = None) -> Optional["PreparedLaunch"]:
         """:func:`launch` ``kernel`` on ``args``/``kwargs``; returns the launch bound for
         repeats on the current stream, or None where it cannot be (the interpreter, a
-        Triton without the internals :func:`launch` reuses)."""
+        Triton without the internals :func:`launch` reuses). ``described``: the TMA
+        descriptors over a role's tensor (by id: the role and the descriptor's template,
+        :meth:`Binding.descriptor`), made again on a repeat only for a new address."""
         hit = _launch(kernel, grid, args, kwargs)
         if hit is None:
             return None
@@ -301,14 +308,16 @@ class PreparedLaunch:
         values = [*args, *[kwargs[name] for name in names]]
         by_id = _first_roles(roles)
         slots = tuple((i, by_id[id(x)]) for i, x in enumerate(values) if id(x) in by_id)
-        for i, _ in slots:  # keep no reference to this call's tensors
-            values[i] = None
+        described = described or {}
+        lazy = tuple((i, *described[id(x)]) for i, x in enumerate(values) if id(x) in described)
+        for i in (*(i for i, _ in slots), *(i for i, _, _ in lazy)):
+            values[i] = None  # keep no reference to this call's tensors
         device = driver.active.get_current_device()
         name = getattr(compiled, "name", str(compiled))
         direct = _direct_send(compiled, grid, device)
         if direct is None:
             return cls(name, functools.partial(_run_compiled, compiled, grid, device=device),
-                       values, slots)
+                       values, slots, described=lazy)
         send, pointers = direct
         # pointer parameters go to the C launcher as addresses: the plan's tensors once here
         # (kept alive), the call's own on each run; Triton would ask each tensor for its
@@ -320,7 +329,7 @@ class PreparedLaunch:
                 values[i] = values[i].data_ptr()
         addresses = tuple((i, role) for i, role in slots if i in pointers)
         slots = tuple((i, role) for i, role in slots if i not in pointers)
-        return cls(name, send, values, slots, addresses, tuple(keep))
+        return cls(name, send, values, slots, addresses, tuple(keep), lazy, True)
 
     def run(self, roles: dict) -> None:
         """Launch on ``roles`` (role -> tensor or descriptor)."""
@@ -329,6 +338,10 @@ class PreparedLaunch:
             values[i] = roles[role]
         for i, role in self.addresses:
             values[i] = roles[role].data_ptr()
+        for i, role, template in self.described:
+            # the direct send makes the descriptor only for an address it has not filled
+            values[i] = ((roles[role], template) if self.direct
+                         else rebase(template, roles[role]))
         self.send(values)
         FAST_LAUNCHES[0] += 1
 
@@ -375,23 +388,32 @@ def _direct_send(compiled, grid: tuple, device):
 
     def send(values: list) -> None:
         if _hooked():
+            for i in described:
+                values[i] = _descriptor(values[i])
             _run_compiled(compiled, grid[:3], values, device)
             return
         for i, meta in zip(reversed(described), reversed(metas)):
             descriptor = values[i]
             if meta is None:
-                values[i:i + 1] = expand(descriptor, None)
+                values[i:i + 1] = expand(_descriptor(descriptor), None)
                 continue
-            key = (i, descriptor.base.data_ptr())
+            base = descriptor[0] if type(descriptor) is tuple else descriptor.base
+            key = (i, base.data_ptr())
             parts = filled.get(key)
             if parts is None:
                 if len(filled) > 64:
                     filled.clear()
-                parts = filled[key] = expand(descriptor, meta)
+                parts = filled[key] = expand(_descriptor(descriptor), meta)
             values[i:i + 1] = parts
         c_launch(*head, *values)
 
     return send, pointers
+
+
+def _descriptor(value):
+    """A descriptor argument as :meth:`PreparedLaunch.run` passes it: the descriptor, or
+    (the call's tensor, the template to copy over it)."""
+    return rebase(value[1], value[0]) if type(value) is tuple else value
 
 
 def _hooked() -> bool:
@@ -407,20 +429,31 @@ class Binding:
     tensors (:meth:`prepared`). ``roles``: the call's own tensors by role; None records
     nothing and only launches. Workspaces, and what is made from a role's tensor (a
     view, a TMA descriptor, a gather), are made through :meth:`empty` and :meth:`derive`,
-    which record how to make them again, in their place among the launches."""
+    which record how to make them again, in their place among the launches. A recording
+    keeps its workspaces for its repeats, within :data:`KEPT_WORKSPACE_BYTES` per device
+    (:func:`kept_workspace`)."""
 
     def __init__(self, roles: Optional[dict]):
         self.roles = roles
         self.layout = _role_layout(roles) if roles is not None else None
         self.actions: list = []  # in call order: steps (callables on roles), launches
         self.complete = roles is not None
+        self.kept: set = set()  # ids of the workspaces the recording keeps
+        self.described: dict = {}  # id of a descriptor over a role -> (role, template)
 
     def empty(self, name: str, shape, dtype, device, fill=None) -> torch.Tensor:
-        """A new tensor of ``shape`` (filled with ``fill`` unless None), role ``name``."""
+        """A new tensor of ``shape`` (filled with ``fill`` unless None), role ``name``;
+        where the call is recorded and ``fill`` is None, one the recording keeps and its
+        repeats reuse, where the budget allows."""
+        shape = tuple(shape)
         if self.roles is None:
-            return _make_workspace(name, tuple(shape), dtype, device, fill, {})
-        return self._record(name, functools.partial(_make_workspace, name, tuple(shape),
-                                                    dtype, device, fill))
+            return _make_workspace(name, shape, dtype, device, fill, {})
+        kept = kept_workspace(shape, dtype, device) if fill is None else None
+        if kept is not None:
+            self.kept.add(id(kept))
+            return self._record(name, functools.partial(_reuse_workspace, name, kept))
+        return self._record(name, functools.partial(_make_workspace, name, shape, dtype,
+                                                    device, fill))
 
     def zeroed(self, shape, dtype, device) -> torch.Tensor:
         """A zero-filled buffer that the call's kernels leave zeroed when they finish
@@ -428,28 +461,35 @@ class Binding:
         it and its repeats launch no fill."""
         return torch.zeros(shape, dtype=dtype, device=device)
 
-    def derive(self, name: str, source, make, *more):
+    def derive(self, name: str, source, make, *more, reads_contents: bool = True):
         """``make(source, *more)``; where one of those is a role's tensor, recorded as role
         ``name``, made again from each call's tensors of those roles (the others are the
-        plan's, kept)."""
+        plan's, kept). ``reads_contents`` False (a view, a descriptor): ``make`` reads only
+        where its sources lie, so a kept workspace counts as the plan's."""
         sources = (source, *more)
         if self.roles is None:
             return make(*sources)
         by_id = _first_roles(self.roles)
-        refs = tuple((by_id[id(t)], None) if id(t) in by_id else (None, t) for t in sources)
+        refs = tuple((by_id[id(t)], None)
+                     if id(t) in by_id and (reads_contents or id(t) not in self.kept)
+                     else (None, t) for t in sources)
         if all(role is None for role, _ in refs):
             return make(*sources)
         return self._record(name, functools.partial(_derive, name, refs, make))
 
-    def descriptor(self, name: str, t: torch.Tensor, make, **options):
+    def descriptor(self, t: torch.Tensor, make, **options):
         """A TMA descriptor over ``t`` (:func:`descriptor_template`; None where ``make``
-        builds none); where ``t`` is a role's tensor, recorded as role ``name``, made for
-        each later call by copying the template over that call's tensor (its layout is
-        the record's), with no lookup."""
+        builds none). Where ``t`` is a role's tensor, a repeat's launch makes it anew,
+        by copying the template over that call's tensor (its layout is the record's), and
+        only for an address it has not met (:meth:`PreparedLaunch.run`)."""
         template = descriptor_template(t, make, **options)
         if template is None:
             return None
-        return self.derive(name, t, functools.partial(rebase, template))
+        made = rebase(template, t)
+        role = _first_roles(self.roles).get(id(t)) if self.roles is not None else None
+        if role is not None and id(t) not in self.kept:
+            self.described[id(made)] = (role, template)
+        return made
 
     def _record(self, name: str, step):
         if name in self.roles:
@@ -466,7 +506,7 @@ class Binding:
         if not self.complete:
             launch(kernel, grid, *args, **kwargs)
             return
-        bound = PreparedLaunch.launch(kernel, grid, args, kwargs, self.roles)
+        bound = PreparedLaunch.launch(kernel, grid, args, kwargs, self.roles, self.described)
         if bound is None:
             self.complete = False
         else:
@@ -479,10 +519,61 @@ class Binding:
         return PreparedCall(tuple(self.actions), self.layout)
 
 
+def _env_mib(name: str, default: int) -> int:
+    text = os.environ.get(name, str(default))
+    try:
+        mib = int(text)
+    except ValueError:
+        mib = -1
+    if mib < 0:
+        raise ValueError(f"{name} must be a whole number of MiB >= 0, got {text!r}")
+    return mib
+
+
+#: bytes of workspace (the splits' partial results, K' and its block means, the length
+#: rows) that recorded calls keep from call to call, per device: a repeat then allocates
+#: nothing. Past it a recording allocates its workspaces on every repeat, as an unrecorded
+#: call does. ``PASA_NPU_KEPT_WORKSPACE_MIB`` sets it; the memory is returned when the
+#: plans holding it go (``pasa_npu.plans.clear()``).
+KEPT_WORKSPACE_BYTES = _env_mib("PASA_NPU_KEPT_WORKSPACE_MIB", 512) << 20
+_KEPT_BYTES: dict = {}  # device -> bytes the recordings keep
+_KEPT_LOCK = threading.Lock()
+
+
+def kept_workspace(shape: tuple, dtype, device) -> Optional[torch.Tensor]:
+    """A new tensor that a recording keeps, counted against :data:`KEPT_WORKSPACE_BYTES`
+    until it is freed; None where the device's budget is spent."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    device = torch.device(device)
+    with _KEPT_LOCK:
+        used = _KEPT_BYTES.get(device, 0)
+        if used + nbytes > KEPT_WORKSPACE_BYTES:
+            return None
+        _KEPT_BYTES[device] = used + nbytes
+    t = torch.empty(shape, dtype=dtype, device=device)
+    weakref.finalize(t, _release_kept, device, nbytes)
+    return t
+
+
+def kept_workspace_bytes(device) -> int:
+    """Bytes of workspace the recordings keep on ``device`` now."""
+    return _KEPT_BYTES.get(torch.device(device), 0)
+
+
+def _release_kept(device, nbytes: int) -> None:
+    with _KEPT_LOCK:
+        _KEPT_BYTES[device] -= nbytes
+
+
 def _make_workspace(name, shape, dtype, device, fill, roles):
     made = roles[name] = (torch.empty(shape, dtype=dtype, device=device) if fill is None
                           else torch.full(shape, fill, dtype=dtype, device=device))
     return made
+
+
+def _reuse_workspace(name, kept, roles):
+    roles[name] = kept
+    return kept
 
 
 def _derive(name, refs, make, roles):
@@ -503,12 +594,18 @@ class PreparedCall(NamedTuple):
         (workspaces, and what is derived from the tensors, then follow as they did)."""
         if _role_layout(roles) != self.layout:
             return False
-        for action in self.actions:
-            if type(action) is PreparedLaunch:
-                action.run(roles)
-            else:
-                action(roles)
+        # one repeat at a time: a recording's kept workspaces serve one call, so two
+        # threads on one stream must not interleave their launches
+        with _REPEAT_LOCK:
+            for action in self.actions:
+                if type(action) is PreparedLaunch:
+                    action.run(roles)
+                else:
+                    action(roles)
         return True
+
+
+_REPEAT_LOCK = threading.Lock()
 
 
 def _first_roles(roles: dict) -> dict:

@@ -89,17 +89,19 @@ class OverflowReport:
 
 _LAST = OverflowReport()
 _WARNED = [False]
-#: the row flags and report arguments of a compiled call newer than ``_LAST``, or None
-_COMPILED: list = [None]
+#: how to make the report of a call newer than ``_LAST`` (a function and its arguments),
+#: made when asked for, so that a call that nobody asks about pays for no report; or None
+_NEWER: list = [None]
 
 
 def overflow_report() -> OverflowReport:
     """The :class:`OverflowReport` of the last :func:`pasa_npu.fused_attention` call in this
     process."""
     global _LAST
-    if _COMPILED[0] is not None:
-        _LAST = _compiled_report(*_COMPILED[0])
-        _COMPILED[0] = None
+    if _NEWER[0] is not None:
+        make, arguments = _NEWER[0]
+        _LAST = make(*arguments)
+        _NEWER[0] = None
     return _LAST
 
 
@@ -120,7 +122,7 @@ def record_compiled(row_flags: torch.Tensor, call: CompiledCall) -> None:
     operator's (zero where no row was flagged or computed, empty where the call was not
     checked). Traced into the compiled code: it only keeps them, and the report is made
     from them when asked for."""
-    _COMPILED[0] = (row_flags, call)
+    _NEWER[0] = (_compiled_report, (row_flags, call))
 
 
 def _compiled_report(row_flags: torch.Tensor, call: CompiledCall) -> OverflowReport:
@@ -145,21 +147,18 @@ def _compiled_report(row_flags: torch.Tensor, call: CompiledCall) -> OverflowRep
 def record(problem: AttentionProblem, backend: str) -> None:
     """Make the report of the call that just ran ``problem`` on ``backend`` the latest;
     where its flags are on the CPU, count them now (and warn, once)."""
-    global _LAST
-    _COMPILED[0] = None
     check = problem.overflow
     layout = (problem.q_starts, problem.q_lens, problem.packed, problem.tiling.q_block)
     if problem.packed and problem.device_lengths is not None:
         layout = (None, problem.device_lengths.q_lens, True, problem.tiling.q_block)
-    _LAST = OverflowReport(problem.allocation.name, backend, check is not None, check, layout)
+    _NEWER[0] = (OverflowReport, (problem.allocation.name, backend, check is not None, check,
+                                  layout))
     if check is not None and host_memory(check.row_flags.device):
-        _LAST._read()
+        overflow_report()._read()
 
 
 def record_unchecked(algorithm: str, backend: str) -> None:
-    global _LAST
-    _COMPILED[0] = None
-    _LAST = OverflowReport(algorithm, backend, False)
+    _NEWER[0] = (OverflowReport, (algorithm, backend, False))
 
 
 def _count(flags: torch.Tensor, q_starts, q_lens, packed: bool,

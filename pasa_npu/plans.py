@@ -57,13 +57,13 @@ def plan_for(call: Call, golden: bool) -> Plan:
     validates them and derives the launches from them), except by backend ``npu``, which
     refuses them: it never reads a device tensor, and its operator takes host lists, as
     torch_npu's does."""
+    keys, plans, plan = _cached(call, golden)
+    if plan is not None:
+        return plan
     query = call.query
     on_device = tuple(name for name in LENGTH_ARGUMENTS
                       if isinstance(getattr(call, name), torch.Tensor)
                       and not host_memory(getattr(call, name).device))
-    keys, plans, plan = _cached(call, golden)
-    if plan is not None:
-        return plan
     if on_device:
         backend = (backends.resolve(call.backend, query.device).name
                    if not golden and isinstance(query, torch.Tensor) else None)

@@ -152,9 +152,9 @@ class OverflowCheck:
     row_flags: torch.Tensor
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: a frozen dataclass costs microseconds per call to construct
 class AttentionProblem:
-    """One forward call, normalised.
+    """One forward call, normalised; the backends read it and never assign its fields.
 
     query (Bt, Nq, Sq, D), key (Bt, Nkv, Skv, D), value (Bt, Nkv, Skv, Dv), out
     (Bt, Nq, Sq, Dv), lse (Bt, Nq, Sq) float32 or None. ``packed``: Bt == 1 and the
@@ -212,7 +212,7 @@ class AttentionProblem:
     def group(self) -> int:
         return self.query.shape[1] // self.key.shape[1]
 
-    @functools.cached_property  # frozen dataclass: cached_property writes __dict__ directly
+    @functools.cached_property
     def max_q_len(self) -> int:
         return int(self.q_lens.max()) if self.batch else 0
 

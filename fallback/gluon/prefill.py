@@ -194,7 +194,7 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
     n_blocks = means.shape[2] if means is not None else 0
     if means is None:
         means = _no_means(q.device, head_dim)
-    m_desc = binding.descriptor("means_descriptor", means, _new_means_descriptor)
+    m_desc = binding.descriptor(means, _new_means_descriptor)
     block_m = GROUP_ROWS * consumer_groups(head_dim)
     n_tiles = -(-problem.max_q_len // block_m)
     n_pairs = problem.batch * q.shape[1]
@@ -210,9 +210,8 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
     # kernels (the loader's last fetch, the repair's last program)
     counters = binding.zeroed((3,), torch.int32, q.device)
     overflow_word = counters[1:]
-    descriptors = [binding.descriptor(f"{name}_descriptor", t, _new_descriptor, rows=rows)
-                   for name, t, rows in (("query", q, GROUP_ROWS), ("key", k_used, BLOCK_N),
-                                         ("value", v, BLOCK_N))]
+    descriptors = [binding.descriptor(t, _new_descriptor, rows=rows)
+                   for t, rows in ((q, GROUP_ROWS), (k_used, BLOCK_N), (v, BLOCK_N))]
     binding.launch(
         prefill_ws_kernel, grid, *descriptors,
         m_desc, out, lse_arg, flags, overflow_word, counters, band_pre,

@@ -1,14 +1,16 @@
-"""The Triton decode kernels (query length 1): ``decode_split_kernel`` + ``decode_combine_kernel``.
+"""The Triton decode kernel (query length 1): ``decode_split_kernel``, one launch.
 
 One program per (kv split, batch, kv head) stacks the query heads of its group as rows,
 so that K/V are read once per group and a single query row still fills the GPU (the
-splits make one wave of resident programs, :func:`launch.decode_splits`); the
-partial results are merged by their log-sum-exp in fp32, one program per query head (as
-FlashDecoding). For PASA each split starts its own pseudo-average, and the shift is
-applied there to each raw K block's scores or keys (``Tuning.decode_shift``). Where the call is
-checked for overflow (CHECK), the combine program that finds its merged row not finite
-recomputes it by fa-fp32 (:func:`repair.fp32_tile`) and flags it repaired
-(or still not finite, from a NaN or inf input): no launch of its own."""
+splits make one wave of resident programs, :func:`launch.decode_splits`). Each split
+writes its partial result; the last split of a group to finish (an arrival count on the
+device, which it resets) merges the group's splits by their log-sum-exp in fp32, as
+FlashDecoding does in a second launch (:func:`merge_splits`). For PASA each split starts
+its own pseudo-average, and the shift is applied there to each raw K block's scores or
+keys (``Tuning.decode_shift``). Where the call is checked for overflow (CHECK), the
+merging program recomputes each merged row that is not finite by fa-fp32
+(:func:`repair.fp32_tile`) and flags it repaired (or still not finite, from a NaN or
+inf input): no launch of its own."""
 from __future__ import annotations
 
 import torch
@@ -16,7 +18,7 @@ import triton
 import triton.language as tl
 
 from pasa_npu.fallback.triton import launch as heuristics
-from pasa_npu.fallback.kernel_common import (Binding, kv_row_offsets, cdiv, placeholder, pow2,
+from pasa_npu.fallback.kernel_common import (Binding, kv_row_offsets, cdiv, placeholder,
                                              sm_count)
 from pasa_npu.fallback.triton.repair import ROW_NONFINITE_C, ROW_REPAIRED_C, fp32_tile
 from pasa_npu.fallback.triton.tuning import Tuning
@@ -40,11 +42,15 @@ def decode_split_kernel(
     stride_xb, stride_xk, stride_pb, page_size,
     n_kv_heads, group, scale, gamma, head_dim, head_dim_v, blocks_per_split, n_splits,
     n_chunks, group_rows,
+    ARRIVALS, O, LSE, FLAGS, SINK, q_lens,
+    stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh, stride_ls,
+    stride_fb, stride_fh,
     PSEUDO_AVERAGE_SHIFT: tl.constexpr, EXACT_SHIFT: tl.constexpr, LOW_SCORES: tl.constexpr,
     LOW_STATISTICS: tl.constexpr, LOW_ACCUMULATOR: tl.constexpr,
     HAS_MASK: tl.constexpr, GUARD: tl.constexpr, PAGED: tl.constexpr, WHOLE_PAGE: tl.constexpr,
     CHECK: tl.constexpr, SHIFT_SCORES: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr, HAS_LSE: tl.constexpr, HAS_SINK: tl.constexpr,
+    REPAIR_KEYS: tl.constexpr, REPAIR_WHOLE_PAGE: tl.constexpr,
 ):
     """One split of the kv blocks for BLOCK_G query heads of one kv head's group (a group
     larger than BLOCK_G is cut into ``n_chunks``), query length 1. Writes the partial
@@ -54,8 +60,11 @@ def decode_split_kernel(
     (:func:`shift.shift_keys_in_kernel`). PAGED: K and V are the caches
     (num_blocks, N_kv, page_size, D), read through the block table ``PAGES`` (a row of
     ``stride_pb`` per batch), whose strides ``stride_kb``/``stride_vb`` step blocks.
-    CHECK: a row that lost resolution here leaves a NaN partial LSE, which the combine
-    flags as a bad split."""
+    The last split of the group to arrive (``ARRIVALS``, one count per (batch, kv head,
+    chunk), which it resets to 0) merges the group's splits (:func:`merge_splits`) and
+    writes the rows of O, LSE and the row flags (:func:`write_merged_rows`); rows of a
+    batch whose query length is 0 are left as they are. CHECK: a row that lost resolution
+    here leaves a NaN partial LSE, which the merge flags as a bad split."""
     # a 1-D grid, chunks of a group fastest (they read the same K/V blocks): CUDA caps
     # the grid's other axes at 65535
     pid = tl.program_id(0)
@@ -154,105 +163,140 @@ def decode_split_kernel(
                                               GUARD, BLOCK_N, CHECK)
     # a split's partial result: the sink joins once, in the merge
     o, lse = finish_rows(m, l, acc.to(tl.float32), f, cnt, gamma, 0.0, PSEUDO_AVERAGE_SHIFT, False)
-    rows = (bh * n_splits + split).to(tl.int64) * group_rows + g
+    part_rows = (bh * n_splits).to(tl.int64) * group_rows + g  # split 0's rows
+    rows = part_rows + split * group_rows
     tl.store(PART_O + rows[:, None] * HEAD_DIM_V + dims_v[None, :], o)
     tl.store(PART_LSE + rows, lse)
+    tl.debug_barrier()  # every thread's stores before the arrival that publishes them
+    arrival = ARRIVALS + bh * n_chunks + chunk
+    if tl.atomic_add(arrival, 1, sem="acq_rel") == n_splits - 1:
+        tl.store(arrival, 0)  # the count left zeroed for the next call
+        live = (g < group) & (tl.load(q_lens + b) > 0)
+        o, lse, split_bad = merge_splits(PART_O, PART_LSE, SINK, part_rows, group_rows,
+                                         n_splits, heads, live, HAS_SINK, BLOCK_G, HEAD_DIM_V)
+        write_merged_rows(o, lse, split_bad, O, LSE, FLAGS, SINK, b, heads, live, q_start,
+                          stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh,
+                          stride_ls, stride_fb, stride_fh, group,
+                          Q, K, V, MASK, PAGES, q_lens, kv_start, kv_len,
+                          stride_qb, stride_qh, stride_qs, stride_qd,
+                          stride_kb, stride_kh, stride_ks, stride_kd,
+                          stride_vb, stride_vh, stride_vs, stride_vd,
+                          stride_xb, stride_xk, stride_pb, page_size, scale, head_dim,
+                          head_dim_v, HAS_LSE, HAS_SINK, CHECK, HAS_MASK, GUARD, PAGED,
+                          REPAIR_WHOLE_PAGE, REPAIR_KEYS, BLOCK_G, HEAD_DIM, HEAD_DIM_V)
 
 
-# Over 80 lines: the log-sum-exp merge, the sink and the checked rows' fa-fp32 repair
-# share one program's loaded splits and row state, a few lines each.
 @triton.jit
-def decode_combine_kernel(PART_O, PART_LSE, O, LSE, FLAGS, SINK, q_starts, q_lens,
-                    stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh, stride_ls,
-                    stride_fb, stride_fh, n_heads, group, head_dim_v, n_splits, group_rows,
-                    Q, K, V, MASK, PAGES, kv_starts, kv_lens,
-                    stride_qb, stride_qh, stride_qs, stride_qd,
-                    stride_kb, stride_kh, stride_ks, stride_kd,
-                    stride_vb, stride_vh, stride_vs, stride_vd,
-                    stride_xb, stride_xk, stride_pb, page_size, scale, head_dim,
-                    HAS_LSE: tl.constexpr, HAS_SINK: tl.constexpr, SPLITS: tl.constexpr,
-                    CHUNK: tl.constexpr, HEAD_DIM_V: tl.constexpr, CHECK: tl.constexpr,
-                    HAS_MASK: tl.constexpr, GUARD: tl.constexpr, PAGED: tl.constexpr,
-                    WHOLE_PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Merge the splits of one (batch, query head) by log-sum-exp, in fp32, CHUNK splits
-    per load: one program per query head, so that this latency-bound pass has many
-    programs in flight. CHECK: the merged row's flag; a row whose output or LSE is not
-    finite, or with a split's LSE NaN or +inf (which would read as a split that saw no
-    key), is recomputed here from Q, K and V by fa-fp32 (:func:`repair.fp32_tile`,
-    BLOCK_N keys a step, one stage: a small footprint on a path that rarely runs; the
-    arguments after ``group_rows`` are for it alone) and flagged repaired, or still not
-    finite where an input was. HAS_SINK: the head's learnable sink joins the merged row
-    (docs/design.md, "Learnable sinks")."""
-    pid = tl.program_id(0)
-    b = pid // n_heads
-    h = pid % n_heads
-    if tl.load(q_lens + b) == 0:
-        return
-    q_start = tl.load(q_starts + b).to(tl.int64)
+def merge_splits(PART_O, PART_LSE, SINK, part_rows, group_rows, n_splits, heads, live,
+                 HAS_SINK: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM_V: tl.constexpr):
+    """The merged output (fp32) and LSE of the BLOCK_G rows whose split-0 partial results
+    are at ``part_rows`` (split s: ``s * group_rows`` further), by log-sum-exp in fp32,
+    split after split; and per row whether a split's LSE is NaN or +inf (a NaN or inf in
+    the keys or values it saw, or a row that lost resolution there). HAS_SINK: each head's
+    learnable sink joins the merged row (docs/design.md, "Learnable sinks")."""
     dims_v = tl.arange(0, HEAD_DIM_V)
-    # the partial results of kv head h // group sit in row h % group of its group's rows
-    first_row = (b * (n_heads // group) + h // group).to(tl.int64) * n_splits * group_rows \
-        + h % group
-    sp = tl.arange(0, SPLITS)
-    lse_s = tl.load(PART_LSE + first_row + sp * group_rows, mask=sp < n_splits,
-                    other=float("-inf"))
-    top = tl.max(lse_s, 0)
+    top = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    split_bad = tl.zeros([BLOCK_G], tl.int1)
+    for s in range(n_splits):  # written by other programs: read past L1
+        lse_s = tl.load(PART_LSE + part_rows + s * group_rows, cache_modifier=".cg")
+        top = tl.maximum(top, lse_s)
+        split_bad = split_bad | (lse_s != lse_s) | (lse_s == float("inf"))
     top_safe = tl.where(top > float("-inf"), top, 0.0)
-    total = tl.sum(tl.exp(lse_s - top_safe), 0)
-    chunk = tl.arange(0, CHUNK)
-    o = tl.zeros([HEAD_DIM_V], tl.float32)
-    for s0 in range(0, n_splits, CHUNK):
-        valid = s0 + chunk < n_splits
-        rows = first_row + (s0 + chunk) * group_rows
-        w = tl.exp(tl.load(PART_LSE + rows, mask=valid, other=float("-inf")) - top_safe)
-        part = tl.load(PART_O + rows[:, None] * HEAD_DIM_V + dims_v[None, :],
-                       mask=valid[:, None], other=0.0)
-        o += tl.sum(part * w[:, None], 0)
+    total = tl.zeros([BLOCK_G], tl.float32)
+    o = tl.zeros([BLOCK_G, HEAD_DIM_V], tl.float32)
+    for s in range(n_splits):
+        rows = part_rows + s * group_rows
+        w = tl.exp(tl.load(PART_LSE + rows, cache_modifier=".cg") - top_safe)
+        total += w
+        o += tl.load(PART_O + rows[:, None] * HEAD_DIM_V + dims_v[None, :],
+                     cache_modifier=".cg") * w[:, None]
     # total is 0 where no split saw a key, at least 1 where one did, and NaN where a
-    # split's LSE is NaN (a NaN or inf in the keys or values it saw): that row is NaN
+    # split's LSE is NaN: that row is NaN
     seen = total != 0
-    sink = 0.0
     if HAS_SINK:  # as softmax.finish_rows, with the splits' merged sum as l
-        sink = tl.load(SINK + h)
+        sink = tl.load(SINK + heads, mask=live, other=0.0)
         joined = tl.where(seen, tl.maximum(top_safe, sink), top_safe)
         rebase = tl.exp(top_safe - joined)
         total = rebase * total + tl.where(seen, tl.exp(sink - joined), 0.0)
-        o = o * rebase
+        o = o * rebase[:, None]
         top_safe = joined
-    o = tl.where(seen, o / tl.where(seen, total, 1.0), 0.0)
+    o = tl.where(seen[:, None], o / tl.where(seen, total, 1.0)[:, None], 0.0)
     lse = tl.where(seen, top_safe + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
-    if CHECK:
-        split_bad = tl.sum(((lse_s != lse_s) | (lse_s == float("inf"))).to(tl.int32), 0) > 0
-        # the row's sum test of softmax.nonfinite_row_mask
-        row_sum = tl.sum(o, 0) + tl.where(lse == float("-inf"), 0.0, lse)
-        flag = (~(tl.abs(row_sum) < float("inf")) | split_bad).to(tl.uint8)
-        if flag != 0:  # the row by fa-fp32, as row 0 of a REPAIR_ROWS tile
-            first = tl.arange(0, REPAIR_ROWS) == 0
-            o_t, lse_t = fp32_tile(Q, K, V, MASK, PAGES, b, h, h // group, 0, q_start, 1,
-                                    tl.load(kv_starts + b), tl.load(kv_lens + b), q_lens,
-                                    q_lens, stride_qb, stride_qh, stride_qs, stride_qd,
-                                    stride_kb, stride_kh, stride_ks, stride_kd, stride_vb,
-                                    stride_vh, stride_vs, stride_vd, stride_xb, 0, stride_xk,
-                                    stride_pb, page_size, scale, head_dim, head_dim_v,
-                                    HAS_MASK, False, GUARD, PAGED, WHOLE_PAGE, REPAIR_ROWS,
-                                    BLOCK_N, HEAD_DIM, HEAD_DIM_V, 1, sink, HAS_SINK)
-            # row 0 of the tile, NaN kept (a maximum would drop it); the other rows saw
-            # no key (output 0, LSE -inf), never non-finite
-            o = tl.sum(tl.where(first[:, None], o_t, 0.0), 0)
-            lse = tl.sum(tl.where(first, lse_t, 0.0), 0)
-            still = tl.max(nonfinite_row_mask(o_t, lse_t).to(tl.int32), 0) > 0
-            flag = tl.where(still, ROW_NONFINITE_C, ROW_REPAIRED_C).to(tl.uint8)
-        tl.store(FLAGS + b.to(tl.int64) * stride_fb + h.to(tl.int64) * stride_fh + q_start,
-                 flag)
-    tl.store(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + q_start * stride_os
-             + dims_v * stride_od, o.to(O.dtype.element_ty), mask=dims_v < head_dim_v)
+    return o, lse, split_bad
+
+
+# Over 50 lines: the merged rows' stores and the checked rows' fa-fp32 repair share the
+# merge's rows and the repair's many arguments.
+@triton.jit
+def write_merged_rows(o, lse, split_bad, O, LSE, FLAGS, SINK, b, heads, live, q_start,
+                      stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh,
+                      stride_ls, stride_fb, stride_fh, group,
+                      Q, K, V, MASK, PAGES, q_lens, kv_start, kv_len,
+                      stride_qb, stride_qh, stride_qs, stride_qd,
+                      stride_kb, stride_kh, stride_ks, stride_kd,
+                      stride_vb, stride_vh, stride_vs, stride_vd,
+                      stride_xb, stride_xk, stride_pb, page_size, scale, head_dim, head_dim_v,
+                      HAS_LSE: tl.constexpr, HAS_SINK: tl.constexpr, CHECK: tl.constexpr,
+                      HAS_MASK: tl.constexpr, GUARD: tl.constexpr, PAGED: tl.constexpr,
+                      WHOLE_PAGE: tl.constexpr, REPAIR_KEYS: tl.constexpr,
+                      BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr):
+    """Store the merged rows of query ``heads`` (where ``live``) into O and LSE. CHECK:
+    each row's flag; a row whose output or LSE is not finite, or with a bad split, is
+    recomputed from Q, K and V by fa-fp32 (:func:`repair.fp32_tile`, as row 0 of a
+    REPAIR_ROWS tile, REPAIR_KEYS keys a step, one stage: a small footprint on a path that
+    rarely runs) and flagged repaired, or still not finite where an input was."""
+    dims_v = tl.arange(0, HEAD_DIM_V)
+    b64 = b.to(tl.int64)
+    o_rows = O + b64 * stride_ob + heads.to(tl.int64) * stride_oh + q_start * stride_os
+    tl.store(o_rows[:, None] + dims_v[None, :] * stride_od, o.to(O.dtype.element_ty),
+             mask=live[:, None] & (dims_v[None, :] < head_dim_v))
+    lse_rows = LSE + b64 * stride_lb + heads.to(tl.int64) * stride_lh + q_start * stride_ls
     if HAS_LSE:
-        tl.store(LSE + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh
-                 + q_start * stride_ls, lse)
+        tl.store(lse_rows, lse, mask=live)
+    if CHECK:
+        flag_rows = FLAGS + b64 * stride_fb + heads.to(tl.int64) * stride_fh + q_start
+        # the row's sum test of softmax.nonfinite_row_mask
+        row_sum = tl.sum(o, 1) + tl.where(lse == float("-inf"), 0.0, lse)
+        flag = (live & (~(tl.abs(row_sum) < float("inf")) | split_bad)).to(tl.uint8)
+        tl.store(flag_rows, flag, mask=live)
+        if tl.max(flag, 0) != 0:
+            tl.debug_barrier()  # the rows' first stores before their repairs overwrite them
+            lane = tl.arange(0, BLOCK_G)
+            first = tl.arange(0, REPAIR_ROWS) == 0
+            for r in range(BLOCK_G):
+                if tl.sum(tl.where(lane == r, flag, 0).to(tl.int32), 0) != 0:
+                    h = tl.sum(tl.where(lane == r, heads, 0), 0)
+                    sink = 0.0
+                    if HAS_SINK:
+                        sink = tl.load(SINK + h)
+                    o_t, lse_t = fp32_tile(Q, K, V, MASK, PAGES, b, h, h // group, 0,
+                                           q_start, 1, kv_start, kv_len, q_lens, q_lens,
+                                           stride_qb, stride_qh, stride_qs, stride_qd,
+                                           stride_kb, stride_kh, stride_ks, stride_kd,
+                                           stride_vb, stride_vh, stride_vs, stride_vd,
+                                           stride_xb, 0, stride_xk, stride_pb, page_size,
+                                           scale, head_dim, head_dim_v, HAS_MASK, False,
+                                           GUARD, PAGED, WHOLE_PAGE, REPAIR_ROWS,
+                                           REPAIR_KEYS, HEAD_DIM, HEAD_DIM_V, 1, sink,
+                                           HAS_SINK)
+                    # row 0 of the tile, NaN kept (a maximum would drop it); the other rows
+                    # saw no key (output 0, LSE -inf), never non-finite
+                    o_r = tl.sum(tl.where(first[:, None], o_t, 0.0), 0)
+                    lse_r = tl.sum(tl.where(first, lse_t, 0.0), 0)
+                    still = tl.max(nonfinite_row_mask(o_t, lse_t).to(tl.int32), 0) > 0
+                    h64 = h.to(tl.int64)
+                    o_at = O + b64 * stride_ob + h64 * stride_oh + q_start * stride_os
+                    tl.store(o_at + dims_v * stride_od, o_r.to(O.dtype.element_ty),
+                             mask=dims_v < head_dim_v)
+                    if HAS_LSE:
+                        tl.store(LSE + b64 * stride_lb + h64 * stride_lh + q_start * stride_ls,
+                                 lse_r)
+                    tl.store(FLAGS + b64 * stride_fb + h64 * stride_fh + q_start,
+                             tl.where(still, ROW_NONFINITE_C, ROW_REPAIRED_C).to(tl.uint8))
 
 
 def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> None:
-    """Launch the decode kernels for ``problem`` (query length 1;
+    """Launch the decode kernel for ``problem`` (query length 1;
     :class:`attention.Shared` holds the arguments the launches share) through
     ``binding``, which records them."""
     q, k, v, out = problem.query, problem.key, problem.value, problem.out
@@ -283,6 +327,11 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
     detect = problem.overflow is not None
     flags = problem.overflow.row_flags if detect else placeholder(q.device, torch.uint8)
     whole_page = problem.block_size % shared.constexprs["BLOCK_N"] == 0
+    has_lse = problem.lse is not None
+    lse_arg = shared.lse_arg
+    # one arrival count per (batch, kv head, chunk), left zeroed by the kernel
+    arrivals = binding.zeroed((batch * n_kv * n_chunks,), torch.int32, q.device)
+    repair_keys = heuristics.DECODE_REPAIR_KEYS
     binding.launch(
         decode_split_kernel, (n_chunks * n_splits * batch * n_kv,),
         q, k, v, shared.mask, shared.shift if shared.shift is not None else part_lse, part_o,
@@ -291,27 +340,12 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
         shared.mask_strides[0], shared.mask_strides[2], pages.stride(0), problem.block_size,
         n_kv, group, problem.scale, shared.gamma, q.shape[3], v.shape[3], blocks_per_split,
         n_splits, n_chunks, group_rows,
-        PAGED=problem.paged, WHOLE_PAGE=whole_page, CHECK=detect,
-        SHIFT_SCORES=shift_site == "scores", BLOCK_G=block_g,
-        num_warps=warps, num_stages=stages, **shared.constexprs,
-        **heuristics.fp_options(problem.allocation))
-    has_lse = problem.lse is not None
-    lse_arg = shared.lse_arg
-    repair_keys = heuristics.DECODE_REPAIR_KEYS
-    binding.launch(
-        decode_combine_kernel, (batch * n_heads,),
-        part_o, part_lse, out, lse_arg, flags, shared.sink, q_starts, q_lens,
-        *shared.strides(out),
+        arrivals, out, lse_arg, flags, shared.sink, q_lens, *shared.strides(out),
         (shared.batch_stride(lse_arg) if has_lse else 0), lse_arg.stride(1), lse_arg.stride(2),
         shared.batch_stride(flags) if detect else 0, flags.stride(1),
-        n_heads, group, v.shape[3], n_splits, group_rows,
-        q, k, v, shared.mask, pages, kv_starts, kv_lens,
-        *shared.strides(q), *shared.kv_strides(k), *shared.kv_strides(v),
-        shared.mask_strides[0], shared.mask_strides[2], pages.stride(0), problem.block_size,
-        problem.scale, q.shape[3],
-        HAS_LSE=has_lse, HAS_SINK=problem.sink is not None, SPLITS=pow2(n_splits, 1),
-        CHUNK=min(pow2(n_splits, 1), heuristics.COMBINE_CHUNK),
-        HEAD_DIM_V=head_dim_vp, CHECK=detect, HAS_MASK=problem.mask is not None,
-        GUARD=problem.rounding_guard, PAGED=problem.paged,
-        WHOLE_PAGE=problem.block_size % repair_keys == 0, BLOCK_N=repair_keys,
-        HEAD_DIM=head_dim_p, num_warps=warps)
+        PAGED=problem.paged, WHOLE_PAGE=whole_page, CHECK=detect,
+        SHIFT_SCORES=shift_site == "scores", BLOCK_G=block_g, HAS_LSE=has_lse,
+        HAS_SINK=problem.sink is not None, REPAIR_KEYS=repair_keys,
+        REPAIR_WHOLE_PAGE=problem.block_size % repair_keys == 0,
+        num_warps=warps, num_stages=stages, **shared.constexprs,
+        **heuristics.fp_options(problem.allocation))

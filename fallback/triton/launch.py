@@ -11,9 +11,8 @@ from pasa_npu.fallback.triton.tuning import Tuning
 from pasa_npu.numerics import Allocation
 from pasa_npu.problem import AttentionProblem
 
-COMBINE_CHUNK = 32  # decode splits merged per load
-# keys per step of decode's in-combine overflow repair: few, so that the combine kernel's
-# registers and shared memory stay small (tools/dev/triton_aot.py compiles it)
+# keys per step of decode's overflow repair in its merging program: few, so that the
+# repair adds little to the decode kernel's registers (tools/dev/triton_aot.py compiles it)
 DECODE_REPAIR_KEYS = 16
 GRID_AXIS_MAX = 65535  # CUDA's limit on a grid's second and third axes
 

@@ -143,8 +143,8 @@ def device_length_rows(problem: AttentionProblem, device: torch.device,
         PACKED_Q=problem.packed, PACKED_KV=problem.packed and not problem.paged,
         SPARSE_MODE=mode, BAND_LIMIT=BAND_LIMIT, BLOCK=_LENGTHS_BLOCK,
         num_warps=1 if interpreting() else 4)
-    return tuple(binding.derive(f"length_row_{i}", rows, functools.partial(_row, i))
-                 for i in range(7))
+    return tuple(binding.derive(f"length_row_{i}", rows, functools.partial(_row, i),
+                                reads_contents=False) for i in range(7))
 
 
 def _row(i: int, rows: torch.Tensor) -> torch.Tensor:

@@ -295,9 +295,9 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
         k_strides = shared.kv_strides(k)
     k_desc = v_desc = None
     if tuning.loads == "tma" and _tma_capable(dev):
-        k_desc = binding.descriptor("key_descriptor", k_used, _new_descriptor,
+        k_desc = binding.descriptor(k_used, _new_descriptor,
                                     batch_stride=k_strides[0], rows=block_n, cols=head_dim_p)
-        v_desc = binding.descriptor("value_descriptor", v, _new_descriptor,
+        v_desc = binding.descriptor(v, _new_descriptor,
                                     batch_stride=shared.kv_strides(v)[0], rows=block_n,
                                     cols=shared.constexprs["HEAD_DIM_V"])
     use_tma = k_desc is not None and v_desc is not None

@@ -10,8 +10,9 @@ repaired. It reads the word first and returns at once where it is zero, so a cal
 does not overflow costs one small launch and no host synchronisation, and a CUDA graph
 replays it as it is; where it is not, the last of its programs to finish zeroes the word
 and the count again, so that a plan's next call reuses them without a fill. Decode: the
-combine program that finds its merged row not finite recomputes it in place by the same
-fa-fp32 tile (:func:`fp32_tile`), so a checked decode step adds no launch.
+program that merges a group's splits recomputes each merged row that is not finite in
+place by the same fa-fp32 tile (:func:`fp32_tile`), so a checked decode step adds no
+launch.
 """
 from __future__ import annotations
 

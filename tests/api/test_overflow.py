@@ -215,7 +215,7 @@ def test_repair_warns_once(monkeypatch):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("algorithm", PASA)
 def test_decode_overflow_is_repaired(algorithm, backend):
-    """Decode (one query row, the Triton split kernel and its combine): the same repair."""
+    """Decode (one query row, the Triton split kernel and its merge): the same repair."""
     q, k, v, scale = spread_inputs("all", scale=1.0)
     q = q[:, :, :1].contiguous()
     with warnings.catch_warnings():

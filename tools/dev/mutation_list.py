@@ -182,10 +182,9 @@ MUTATIONS = [
              "return finish_rows(m, l, acc, f, cnt, 0.0, sink, False, HAS_SINK)",
              "return finish_rows(m, l, acc, f, cnt, 0.0, sink, False, False)",
              ("tests/fallback/triton/test_triton_sinks.py", "-k", "repaired and pasa-exact")),
-    Mutation("decode merge: every chunk of splits reads the first (Triton)", TRITON_DECODE,
-             "rows = first_row + (s0 + chunk) * group_rows",
-             "rows = first_row + chunk * group_rows",
-             ("tests/fallback/triton/test_triton_launch.py", "-k", "decode_split_counts and combine")),
+    Mutation("decode merge: every split's partial result read from the first (Triton)",
+             TRITON_DECODE, "rows = part_rows + s * group_rows", "rows = part_rows",
+             ("tests/fallback/triton/test_triton_launch.py", "-k", "decode_split_counts and block")),
     # ---- each emulated vector instruction: its rounding or its order
     Mutation("emulated ReduceSum on half: additions not rounded to half", EMU,
              "lanes[i] = emu::RoundTo<T>(lanes[2 * i] + lanes[2 * i + 1]);",

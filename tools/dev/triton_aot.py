@@ -40,7 +40,6 @@ from pasa_npu.numerics import ALLOCATIONS
 
 KERNELS = {"prefill_kernel": triton_prefill.prefill_kernel,
            "decode_split_kernel": triton_decode.decode_split_kernel,
-           "decode_combine_kernel": triton_decode.decode_combine_kernel,
            "repair_kernel": triton_repair.repair_kernel}
 SHARED_LIMIT = 232448  # bytes per block on sm_90
 SM_SHARED = 233472  # bytes per SM on sm_90, of which the driver reserves 1 KiB per block
@@ -54,11 +53,8 @@ POINTERS = {
                            kv_starts="*i32", kv_lens="*i32", band_pre="*i32", band_next="*i32"),
     "decode_split_kernel": dict(Q="*fp16", K="*fp16", V="*fp16", MASK="*u8", SHIFT="*fp32",
                           PART_O="*fp32", PART_LSE="*fp32", PAGES="*i32", q_starts="*i32",
-                          kv_starts="*i32", kv_lens="*i32"),
-    "decode_combine_kernel": dict(PART_O="*fp32", PART_LSE="*fp32", O="*fp16", LSE="*fp32",
-                            FLAGS="*u8", SINK="*fp32", q_starts="*i32", q_lens="*i32", Q="*fp16", K="*fp16",
-                            V="*fp16", MASK="*u8", PAGES="*i32", kv_starts="*i32",
-                            kv_lens="*i32"),
+                          kv_starts="*i32", kv_lens="*i32", ARRIVALS="*i32", O="*fp16",
+                          LSE="*fp32", FLAGS="*u8", SINK="*fp32", q_lens="*i32"),
     "repair_kernel": dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", FLAGS="*u8",
                     OVERFLOW_WORD="*i32", MASK="*u8", PAGES="*i32", SINK="*fp32",
                     q_starts="*i32",
@@ -270,11 +266,10 @@ def variants(head_dim: int = 128):
     the Gluon prefill; at head dim 128, the paged variants ("paged" in the label:
     causal prefill, decode at GQA 4:1 with kv blocks inside one cache block and, for
     fa-fp32, straddling them, the Gluon prefill causal) of pasa-exact, pasa and fa-fp32;
-    decode's merge, unchecked and checked; the overflow repair's launch after prefill."""
+    the overflow repair's launch after prefill."""
     for alg, allocation in ALLOCATIONS.items():
         yield from _prefill_variants(alg, allocation, head_dim)
         yield from _decode_variants(alg, allocation, head_dim)
-    yield from _combine_variants(head_dim)
     yield from _repair_variants(head_dim)
     yield from _gluon_variants(head_dim)
 
@@ -321,9 +316,12 @@ def _decode_variants(alg: str, allocation, head_dim: int):
     stages = triton_launch.decode_stages(shift_site, head_dim)
     for block_g in sorted({triton_launch.decode_block_g(g, head_dim)
                            for g in (1, 32, 64, 1024)}):
+        # checked as a PASA call is by default: the merge with its row repair compiled in
         consts = dict(**allocation_flags(allocation), HAS_MASK=False, GUARD=False,
                       PAGED=False, WHOLE_PAGE=True, BLOCK_G=block_g,
-                      SHIFT_SCORES=shift_site == "scores",
+                      SHIFT_SCORES=shift_site == "scores", CHECK=allocation.shifts_keys,
+                      HAS_LSE=False, HAS_SINK=False,
+                      REPAIR_KEYS=triton_launch.DECODE_REPAIR_KEYS, REPAIR_WHOLE_PAGE=True,
                       BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
         yield ("decode_split_kernel", f"{alg} decode g={block_g} d={head_dim}", consts, 4,
                stages, fp_fusion)
@@ -335,18 +333,6 @@ def _decode_variants(alg: str, allocation, head_dim: int):
             consts = dict(consts, PAGED=True, WHOLE_PAGE=whole, BLOCK_G=block_g)
             yield ("decode_split_kernel", f"{alg} paged{tag} decode g={block_g} d={head_dim}",
                    consts, 4, stages, fp_fusion)
-
-
-def _combine_variants(head_dim: int):
-    """decode_combine_kernel's variants (:func:`variants`)."""
-    # decode's merge of 32 splits, unchecked and checked (with the repair of its row)
-    for detect, paged in ((False, False), (True, False), (True, True)):
-        consts = dict(HAS_LSE=False, HAS_SINK=False, SPLITS=32, CHUNK=triton_launch.COMBINE_CHUNK,
-                      HEAD_DIM_V=head_dim, CHECK=detect, HAS_MASK=False, GUARD=False,
-                      PAGED=paged, WHOLE_PAGE=True, BLOCK_N=triton_launch.DECODE_REPAIR_KEYS,
-                      HEAD_DIM=head_dim)
-        label = f"decode combine{' checked' * detect}{' paged' * paged} d={head_dim}"
-        yield ("decode_combine_kernel", label, consts, 4, 3, True)
 
 
 def _repair_variants(head_dim: int):

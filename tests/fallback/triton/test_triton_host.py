@@ -588,6 +588,27 @@ def test_a_direct_launch_passes_what_tritons_launcher_would(monkeypatch):
     monkeypatch.setattr(kernel_common.knobs.runtime, "launch_enter_hook", hook)
     bound.run({"q": q2, "desc": descriptor})
     assert len(sent) == 3 and through[0][0] == q2.data_ptr() and through[0][1] is descriptor
+    # a descriptor over a role's tensor (Binding.descriptor): made from its template over
+    # each call's tensor only where that tensor's address has no map yet, and made for
+    # Triton's own path
+    monkeypatch.setattr(kernel_common.knobs.runtime, "launch_enter_hook", None)
+    template = type("Descriptor", (), {})()  # as rebase copies TensorDescriptor's fields
+    template.base = None
+    bound = kernel_common.PreparedLaunch.launch("k", (3,), (q, descriptor, table, 5),
+                                                {"FLAG": True}, {"q": q},
+                                                {id(descriptor): ("q", template)})
+    assert bound.values == [None, None, table.data_ptr(), 5, True]
+    fills.clear()
+    q3 = torch.full((4, 8), 3.0)
+    for tensor in (q3, q3, q):
+        bound.run({"q": tensor})
+    assert [args[13:] for args in sent[3:]] == [
+        (t.data_ptr(), f"map@{t.data_ptr()}", 16, 1, table.data_ptr(), 5, True)
+        for t in (q3, q3, q)]
+    assert fills == [q3.data_ptr(), q.data_ptr()]
+    monkeypatch.setattr(kernel_common.knobs.runtime, "launch_enter_hook", hook)
+    bound.run({"q": q3})
+    assert through[-1][1].base is q3 and through[-1][1] is not template
 
 
 def test_a_recorded_call_swaps_in_each_calls_tensors_and_keeps_none(monkeypatch):
@@ -646,6 +667,56 @@ def test_a_recorded_call_swaps_in_each_calls_tensors_and_keeps_none(monkeypatch)
     binding.launch("kernel", (1,), kv2, other, FLAG=True)
     assert not binding.prepared()({"key": kv, "value": kv})
 
+
+
+def test_a_recording_keeps_its_workspaces_within_the_budget(monkeypatch):
+    """A recorded call's workspaces (``Binding.empty`` without a fill) are kept for its
+    repeats: the same tensor on every repeat, what is made from their contents (a
+    gather) made again on each, what only points into them (a view, a descriptor) made
+    once. Past the device's budget a recording allocates anew on every repeat, and the
+    bytes it kept return to the budget when the recording goes."""
+    import gc
+
+    from pasa_npu.fallback import kernel_common
+
+    launched = []
+    monkeypatch.setattr(kernel_common, "_launch", lambda kernel, grid, args, kwargs: (
+        "compiled", []))
+    monkeypatch.setattr(kernel_common, "_run_compiled",
+                        lambda compiled, grid, values, device: launched.append(list(values)))
+    monkeypatch.setattr(kernel_common, "driver", type("D", (), {"active": type(
+        "A", (), {"get_current_device": staticmethod(lambda: 0)})}))
+    monkeypatch.setattr(kernel_common, "KEPT_WORKSPACE_BYTES", 64)
+    cpu = torch.device("cpu")
+    base = kernel_common.kept_workspace_bytes(cpu)
+
+    def record(q):
+        binding = kernel_common.Binding({"q": q})
+        work = binding.empty("work", (2, 4), torch.float32, cpu)  # 32 bytes
+        view = binding.derive("row", work, lambda t: t[1], reads_contents=False)
+        copy = binding.derive("copy", work, lambda t: t.sum().reshape(1))
+        binding.launch("kernel", (1,), q, work, view, copy)
+        return binding.prepared()
+
+    first = record(torch.zeros(4))
+    assert kernel_common.kept_workspace_bytes(cpu) == base + 32
+    for fill in (1.0, 2.0):
+        assert first({"q": torch.zeros(4)})
+        _, work, view, copy = launched[-1]
+        work.fill_(fill)  # the next repeat's gather reads what this one left
+    assert launched[-1][1] is launched[-2][1], "a repeat allocated its kept workspace anew"
+    assert launched[-1][2] is launched[-2][2], "a view of a kept workspace was made again"
+    assert launched[-1][3] is not launched[-2][3] and launched[-1][3].item() == 8.0
+    second = record(torch.zeros(4))  # 64 bytes kept: the budget is full
+    third = record(torch.zeros(4))
+    assert kernel_common.kept_workspace_bytes(cpu) == base + 64
+    third({"q": torch.zeros(4)})
+    third({"q": torch.zeros(4)})
+    assert launched[-1][1] is not launched[-2][1], "a recording past the budget kept its workspace"
+    del first, second, third, work, view, copy
+    launched.clear()
+    gc.collect()
+    assert kernel_common.kept_workspace_bytes(cpu) == base
 
 @needs_gpu
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])

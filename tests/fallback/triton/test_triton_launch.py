@@ -1,5 +1,5 @@
 """The Triton backend's launch geometry, each choice against the CPU backend: decode's
-kv split counts and their merge, query groups larger than one program's tile cut into
+kv split counts and their merge by the last split to finish, query groups larger than one program's tile cut into
 chunks, and grids with more than 65535 (batch, head) pairs, CUDA's limit on a grid's
 second and third axes."""
 from __future__ import annotations
@@ -15,16 +15,15 @@ pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not 
 
 
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
-@pytest.mark.parametrize("splits", ["one", "chosen", "over a combine chunk"])
+@pytest.mark.parametrize("splits", ["one", "chosen", "one per block"])
 def test_decode_split_counts_agree_with_cpu_backend(splits, algorithm, monkeypatch):
     """Decode cuts each (batch, kv head)'s keys into splits merged by log-sum-exp. Every
     split count gives the CPU backend's result: one split, the launch heuristic's count,
-    and more splits than the merge loads at once (its loop over chunks), with a short
-    batch whose later splits see no key at all."""
+    and a split per kv block, with a short batch whose later splits see no key at all."""
     from pasa_npu.fallback.triton import launch as triton_launch
 
     block = 16 if interpreted("triton") else 128
-    n_blocks = 2 * triton_launch.COMBINE_CHUNK + 3
+    n_blocks = 67
     gen = torch.Generator().manual_seed(3)
     d, s2 = 32 if interpreted("triton") else 128, n_blocks * block
     q = torch.randn(2, 1, 8, d, generator=gen).half()
@@ -37,7 +36,7 @@ def test_decode_split_counts_agree_with_cpu_backend(splits, algorithm, monkeypat
 
     used = []
     heuristic = triton_launch.decode_splits
-    forced = {"one": 1, "chosen": None, "over a combine chunk": n_blocks}[splits]
+    forced = {"one": 1, "chosen": None, "one per block": n_blocks}[splits]
     monkeypatch.setattr(triton_launch, "decode_splits",
                         lambda *a: used.append(forced or heuristic(*a)) or used[-1])
     out, lse = pasa_npu.fused_attention(*on_device("triton", q, k, v), backend="triton", **kw)
