@@ -299,8 +299,8 @@ class PreparedLaunch:
         """:func:`launch` ``kernel`` on ``args``/``kwargs``; returns the launch bound for
         repeats on the current stream, or None where it cannot be (the interpreter, a
         Triton without the internals :func:`launch` reuses). ``described``: the TMA
-        descriptors over a role's tensor (by id: the role and the descriptor's template,
-        :meth:`Binding.descriptor`), made again on a repeat only for a new address."""
+        descriptors over a role's tensor (by id: the role and the descriptor's template
+        first, :meth:`Binding.descriptor`), made again on a repeat only for a new address."""
         hit = _launch(kernel, grid, args, kwargs)
         if hit is None:
             return None
@@ -309,7 +309,8 @@ class PreparedLaunch:
         by_id = _first_roles(roles)
         slots = tuple((i, by_id[id(x)]) for i, x in enumerate(values) if id(x) in by_id)
         described = described or {}
-        lazy = tuple((i, *described[id(x)]) for i, x in enumerate(values) if id(x) in described)
+        lazy = tuple((i, *described[id(x)][:2]) for i, x in enumerate(values)
+                     if id(x) in described)
         for i in (*(i for i, _ in slots), *(i for i, _, _ in lazy)):
             values[i] = None  # keep no reference to this call's tensors
         device = driver.active.get_current_device()
@@ -439,7 +440,9 @@ class Binding:
         self.actions: list = []  # in call order: steps (callables on roles), launches
         self.complete = roles is not None
         self.kept: set = set()  # ids of the workspaces the recording keeps
-        self.described: dict = {}  # id of a descriptor over a role -> (role, template)
+        # id of a descriptor over a role -> (role, template, the descriptor: kept alive,
+        # so that its id names no later object)
+        self.described: dict = {}
 
     def empty(self, name: str, shape, dtype, device, fill=None) -> torch.Tensor:
         """A new tensor of ``shape`` (filled with ``fill`` unless None), role ``name``;
@@ -488,7 +491,7 @@ class Binding:
         made = rebase(template, t)
         role = _first_roles(self.roles).get(id(t)) if self.roles is not None else None
         if role is not None and id(t) not in self.kept:
-            self.described[id(made)] = (role, template)
+            self.described[id(made)] = (role, template, made)
         return made
 
     def _record(self, name: str, step):

@@ -718,6 +718,18 @@ def test_a_recording_keeps_its_workspaces_within_the_budget(monkeypatch):
     gc.collect()
     assert kernel_common.kept_workspace_bytes(cpu) == base
 
+
+@pytest.mark.parametrize("text", ["-1", "lots", "1.5"])
+def test_a_bad_kept_workspace_budget_is_refused_naming_the_variable(text, monkeypatch):
+    from pasa_npu.fallback import kernel_common
+
+    monkeypatch.setenv("PASA_NPU_KEPT_WORKSPACE_MIB", text)
+    with pytest.raises(ValueError, match=f"PASA_NPU_KEPT_WORKSPACE_MIB must be a whole "
+                                         f"number of MiB >= 0, got '{text}'"):
+        kernel_common._env_mib("PASA_NPU_KEPT_WORKSPACE_MIB", 512)
+    monkeypatch.setenv("PASA_NPU_KEPT_WORKSPACE_MIB", "64")
+    assert kernel_common._env_mib("PASA_NPU_KEPT_WORKSPACE_MIB", 512) == 64
+
 @needs_gpu
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
 def test_every_golden_form_with_device_lengths_never_synchronises(algorithm):
