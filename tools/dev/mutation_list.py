@@ -146,8 +146,7 @@ MUTATIONS = [
              "    Adds(Stat(T2), lseCheck, 0.0f, r);",
              ("tests/api/test_overflow.py", "-k", "output_overflow and ascendc")),
     Mutation("decode's overflow repair not run: the row flagged, left as it is (Triton)",
-             TRITON_DECODE, "if flag != 0:  # the row by fa-fp32",
-             "if flag == 9:  # the row by fa-fp32",
+             TRITON_DECODE, "if tl.max(flag, 0) != 0:", "if tl.max(flag, 0) == 9:",
              ("tests/api/test_overflow.py", "-k", "decode_overflow and triton")),
     # ---- semantics: mask and length edges, GQA, LSE, the guard, decode's merge
     Mutation("band's upper edge off by one (the problem's visibility)", "pasa_npu/problem.py",
