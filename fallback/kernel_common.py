@@ -553,7 +553,11 @@ def kept_workspace(shape: tuple, dtype, device) -> Optional[torch.Tensor]:
         if used + nbytes > KEPT_WORKSPACE_BYTES:
             return None
         _KEPT_BYTES[device] = used + nbytes
-    t = torch.empty(shape, dtype=dtype, device=device)
+    try:
+        t = torch.empty(shape, dtype=dtype, device=device)
+    except BaseException:  # out of memory, say: the bytes were never kept
+        _release_kept(device, nbytes)
+        raise
     weakref.finalize(t, _release_kept, device, nbytes)
     return t
 

@@ -717,6 +717,12 @@ def test_a_recording_keeps_its_workspaces_within_the_budget(monkeypatch):
     launched.clear()
     gc.collect()
     assert kernel_common.kept_workspace_bytes(cpu) == base
+    # an allocation that fails keeps nothing counted
+    monkeypatch.setattr(kernel_common.torch, "empty", lambda *a, **k: (_ for _ in ()).throw(
+        RuntimeError("out of memory")))
+    with pytest.raises(RuntimeError, match="out of memory"):
+        kernel_common.kept_workspace((2,), torch.float32, cpu)
+    assert kernel_common.kept_workspace_bytes(cpu) == base
 
 
 @pytest.mark.parametrize("text", ["-1", "lots", "1.5"])
