@@ -9,9 +9,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from pasa_npu.fallback.gluon import config
-from pasa_npu.fallback.gluon.parts import (MEAN_ROWS_C, ROWS, THIN_LAYOUT, Blocks, Operands,
-                                           Output, Pages, Queries, Ring, Schedule, Sizes,
-                                           Variant, thin_column, paged_kv_rows,
+from pasa_npu.fallback.gluon.parts import (MEAN_ROWS_C, ROWS, THIN_LAYOUT, Blocks, KeyShift,
+                                           Operands, Output, Pages, Queries, Ring, Schedule,
+                                           Sizes, Variant, await_shifted_keys, thin_column,
+                                           paged_kv_rows, shift_keys_part,
                                            key_visible, release_blocks, row_sees_block,
                                            row_sum_read, row_sum_start, scores_pasa,
                                            softmax_exact, softmax_fa, statistics_pasa,
@@ -25,16 +26,19 @@ _LOADER_REGS = gl.constexpr(config.LOADER_REGS)
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, pages, next_tile,
-            n_blocks, EXACT_SHIFT: gl.constexpr, HAS_BAND: gl.constexpr, PAGED: gl.constexpr,
-            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+def _loader(q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, pages, key_shift,
+            next_tile, n_blocks, EXACT_SHIFT: gl.constexpr, HAS_BAND: gl.constexpr,
+            PAGED: gl.constexpr, SHIFT_KEYS: gl.constexpr, BLOCK_M: gl.constexpr,
+            BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """Loader warp: takes this program's tiles (its own index first, then the next
     untaken one from the ``next_tile`` counter, so that a program that finishes early
     takes more) and publishes each to the consumers; for each, the groups' parts of Q
     once they are done with the previous tile's, then K and V block by block
     into the ring, which runs on across tiles. Publishes an index past the last tile
     at the end. PAGED: K and V blocks come from the physical blocks the tables of
-    ``pages`` name (the descriptors cover the whole caches)."""
+    ``pages`` name (the descriptors cover the whole caches). SHIFT_KEYS: K' is written in
+    this launch, by every program's consumer groups: the loader waits for all of them
+    (:func:`parts.await_shifted_keys`) before its first load."""
     q_smem, q_bar, q_empty = queries.smem, queries.ready, queries.free
     k_smem, v_smem, mean_smem = ring.k, ring.v, ring.means
     kv_ready, kv_empty = ring.ready, ring.empty
@@ -46,6 +50,8 @@ def _loader(q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, page
     total = n_tiles * n_pairs
     stage_bytes: gl.constexpr = (k_desc.block_type.nbytes + v_desc.block_type.nbytes
                                  + (m_desc.block_type.nbytes if EXACT_SHIFT else 0))
+    if SHIFT_KEYS:
+        await_shifted_keys(key_shift, gl.num_programs(0) * (BLOCK_M // ROWS))
     it = 0  # kv blocks loaded by this program so far, over all its tiles
     n = 0  # tiles so far
     t = gl.program_id(0)
@@ -88,17 +94,20 @@ def _loader(q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, page
     # that drew the last leaves the counter zeroed for the next launch
     if t == gl.num_programs(0) + total - 1:
         gl.atomic_xchg(next_tile, 0)
+        if SHIFT_KEYS:  # every loader is past its wait: it drew a tile after it
+            gl.atomic_xchg(key_shift.arrivals, 0)
     for w in gl.static_range(BLOCK_M // ROWS):
         mbarrier.wait(q_empty.index(w), (n & 1) ^ 1, pred=n > 0)
     publish_tile(tile_ids, tile_ready, t, n)
 
 
 @gluon.jit
-def _consumer(queries, ring, schedule, sizes, output, ones, W: gl.constexpr, variant):
+def _consumer(queries, ring, schedule, sizes, output, ones, key_shift, W: gl.constexpr, variant):
     """Consumer warp group W: for each tile the loader publishes, rows m0 + W*64 .. +63 of
     it, every kv block its rows see in turn (it releases the tile's other blocks
     unread). The allocation: pasa (PSEUDO_AVERAGE_SHIFT), pasa-exact (EXACT_SHIFT) or
-    fa-fp32 (neither)."""
+    fa-fp32 (neither). SHIFT_KEYS: first, the group's share of the launch's key shift
+    (:func:`parts.shift_keys_part`)."""
     PSEUDO_AVERAGE_SHIFT: gl.constexpr = variant.PSEUDO_AVERAGE_SHIFT
     EXACT_SHIFT: gl.constexpr = variant.EXACT_SHIFT
     HAS_BAND: gl.constexpr = variant.HAS_BAND
@@ -109,6 +118,10 @@ def _consumer(queries, ring, schedule, sizes, output, ones, W: gl.constexpr, var
     BLOCK_N: gl.constexpr = variant.BLOCK_N
     HEAD_DIM: gl.constexpr = variant.HEAD_DIM
     STAGES: gl.constexpr = variant.STAGES
+    if variant.SHIFT_KEYS:
+        shift_keys_part(key_shift, sizes, gl.program_id(0) * (BLOCK_M // ROWS) + W,
+                        gl.num_programs(0) * (BLOCK_M // ROWS), EXACT_SHIFT, BLOCK_N,
+                        HEAD_DIM)
     q_smem = queries.smem
     tile_ids, tile_ready, n_tiles, n_pairs = (schedule.ids, schedule.ready, schedule.n_tiles,
                                               schedule.n_pairs)
@@ -385,14 +398,14 @@ def _consumer_tile(q, q_ready, q_free, ring, output, sizes, ops, blocks, b, h, m
 
 @gluon.jit
 def prefill_ws_kernel(q_desc, k_desc, v_desc, m_desc, O, LSE, FLAGS, OVERFLOW_WORD, next_tile,
-                band_pre, band_next, K_PAGES, V_PAGES,
+                band_pre, band_next, K_PAGES, V_PAGES, K, KS, MEAN, SHIFT,
                 stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
-                stride_kpb, stride_vpb, page_size,
+                stride_kpb, stride_vpb, page_size, stride_kb, stride_kh, stride_ks,
                 n_heads, group, q_len, kv_len, n_blocks, scale, gamma,
                 tail_block, tail_factor, n_tiles, n_pairs,
                 tile_group, PSEUDO_AVERAGE_SHIFT: gl.constexpr, EXACT_SHIFT: gl.constexpr,
                 HAS_BAND: gl.constexpr, HAS_LSE: gl.constexpr, PAGED: gl.constexpr,
-                CHECK: gl.constexpr, PART_FILLED: gl.constexpr,
+                CHECK: gl.constexpr, PART_FILLED: gl.constexpr, SHIFT_KEYS: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                 STAGES: gl.constexpr):
     """Persistent, one program per SM: each takes tiles of :func:`query_tile`'s order until
@@ -400,7 +413,10 @@ def prefill_ws_kernel(q_desc, k_desc, v_desc, m_desc, O, LSE, FLAGS, OVERFLOW_WO
     so that its loader
     fetches a tile's Q, K and V while its consumers finish the one before. (A fixed
     stride over the tiles, heaviest first within groups of pairs, left the programs'
-    work unbalanced under a causal mask.)"""
+    work unbalanced under a causal mask.) SHIFT_KEYS: the consumer groups of all programs
+    first shift the raw keys ``K`` into the workspaces ``KS`` (K', as ``k_desc`` reads it)
+    and ``MEAN`` (pasa-exact), with ``SHIFT`` pasa's table (:class:`parts.KeyShift`); the
+    launch is cooperative, so that every program is resident while loaders wait for them."""
     GROUPS: gl.constexpr = BLOCK_M // ROWS
     q_smem = gl.allocate_shared_memory(gl.float16, [GROUPS, 1, 1, ROWS, HEAD_DIM],
                                        q_desc.layout)
@@ -440,23 +456,25 @@ def prefill_ws_kernel(q_desc, k_desc, v_desc, m_desc, O, LSE, FLAGS, OVERFLOW_WO
     output = Output(O, LSE, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ls,
                     FLAGS, OVERFLOW_WORD)
     pages = Pages(K_PAGES, V_PAGES, stride_kpb, stride_vpb, page_size)
+    key_shift = KeyShift(K, KS, MEAN, SHIFT, stride_kb, stride_kh, stride_ks,
+                         n_heads // group, n_pairs // group, n_blocks, next_tile + 3)
     variant = Variant(PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, CHECK,
-                      PART_FILLED, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)
+                      PART_FILLED, SHIFT_KEYS, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)
     if GROUPS == 3:
         gl.warp_specialize([
-            (_consumer, (queries, ring, schedule, sizes, output, ones, 0, variant)),
-            (_consumer, (queries, ring, schedule, sizes, output, ones, 1, variant)),
-            (_consumer, (queries, ring, schedule, sizes, output, ones, 2, variant)),
+            (_consumer, (queries, ring, schedule, sizes, output, ones, key_shift, 0, variant)),
+            (_consumer, (queries, ring, schedule, sizes, output, ones, key_shift, 1, variant)),
+            (_consumer, (queries, ring, schedule, sizes, output, ones, key_shift, 2, variant)),
             (_loader, (q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, pages,
-                       next_tile, n_blocks, EXACT_SHIFT, HAS_BAND, PAGED, BLOCK_M, BLOCK_N,
-                       STAGES)),
+                       key_shift, next_tile, n_blocks, EXACT_SHIFT, HAS_BAND, PAGED,
+                       SHIFT_KEYS, BLOCK_M, BLOCK_N, STAGES)),
         ], [4, 4, 1], [_CONSUMER_REGS_3, _CONSUMER_REGS_3, _LOADER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (queries, ring, schedule, sizes, output, ones, 0, variant)),
-            (_consumer, (queries, ring, schedule, sizes, output, ones, 1, variant)),
+            (_consumer, (queries, ring, schedule, sizes, output, ones, key_shift, 0, variant)),
+            (_consumer, (queries, ring, schedule, sizes, output, ones, key_shift, 1, variant)),
             (_loader, (q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, pages,
-                       next_tile, n_blocks, EXACT_SHIFT, HAS_BAND, PAGED, BLOCK_M, BLOCK_N,
-                       STAGES)),
+                       key_shift, next_tile, n_blocks, EXACT_SHIFT, HAS_BAND, PAGED,
+                       SHIFT_KEYS, BLOCK_M, BLOCK_N, STAGES)),
         ], [4, 1], [_CONSUMER_REGS_2, _LOADER_REGS])
 

@@ -15,6 +15,7 @@ from triton.language.core import _aggregate as aggregate
 
 from pasa_npu.fallback.gluon import config
 from pasa_npu.fallback.kernel_common import to_fp16_paired, round_low
+from pasa_npu.fallback.triton.shift import shift_keys_in_kernel
 
 LOG2E = gl.constexpr(1.4426950408889634)
 ROWS = gl.constexpr(config.GROUP_ROWS)
@@ -184,11 +185,93 @@ def paged_kv_rows(pages, b, n0):
 
 
 @aggregate
+class KeyShift:
+    """PASA's keys as the launch shifts them (SHIFT_KEYS): the raw K, its (batch, head,
+    row) strides and kv heads; the workspaces K' (contiguous (B, N_kv, n_blocks*BLOCK_N, D))
+    and pasa-exact's block means (contiguous (B, N_kv, n_blocks, D)); pasa's shift table;
+    the (batch, kv head) pairs; and ``arrivals``, a zeroed counter of the consumer groups
+    done with their share, which the loader leaves zeroed."""
+
+    k: SCALAR
+    shifted: SCALAR
+    means: SCALAR
+    table: SCALAR
+    stride_b: SCALAR
+    stride_h: SCALAR
+    stride_s: SCALAR
+    n_kv_heads: SCALAR
+    n_kv_pairs: SCALAR
+    n_blocks: SCALAR
+    arrivals: SCALAR
+
+    @constexpr_function
+    def __init__(self, k, shifted, means, table, stride_b, stride_h, stride_s, n_kv_heads,
+                 n_kv_pairs, n_blocks, arrivals):
+        _fill(self, k=k, shifted=shifted, means=means, table=table, stride_b=stride_b,
+              stride_h=stride_h, stride_s=stride_s, n_kv_heads=n_kv_heads,
+              n_kv_pairs=n_kv_pairs, n_blocks=n_blocks, arrivals=arrivals)
+
+
+@gluon.jit
+def _fence_proxy_async_global():
+    """Orders this thread's plain (generic-proxy) accesses to global memory with its TMA
+    (async-proxy) ones: K' is written by stores and read by TMA loads."""
+    gl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, $1;", "=r,r",
+                              [gl.program_id(0)], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def shift_keys_part(key_shift, sizes, part, parts, EXACT_SHIFT: gl.constexpr,
+                    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """One consumer group's share of the launch's key shift: kv blocks ``part``,
+    ``part + parts``, ... of all (batch, kv head, block), each by the separate pass's
+    :func:`~pasa_npu.fallback.triton.shift.shift_keys_in_kernel` (the same K' and means but
+    for the order of the column sums), written to the workspaces; then the group counts
+    itself done (release: its stores before the count)."""
+    # each warp a quarter of the columns: the sums over the rows stay inside the warp
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [1024 // HEAD_DIM, HEAD_DIM // 32],
+                                            [1, 4], [1, 0])
+    rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+    dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+    n_blocks = key_shift.n_blocks
+    for item in range(part, key_shift.n_kv_pairs * n_blocks, parts):
+        blk = item % n_blocks
+        pair = item // n_blocks  # b * n_kv_heads + kv head: the workspaces' order
+        keys = blk * BLOCK_N + rows
+        base = ((pair // key_shift.n_kv_heads).to(gl.int64) * key_shift.stride_b
+                + (pair % key_shift.n_kv_heads).to(gl.int64) * key_shift.stride_h)
+        k = gl.load(key_shift.k + base + keys[:, None].to(gl.int64) * key_shift.stride_s
+                    + dims[None, :], mask=(keys < sizes.kv_len)[:, None]
+                    & (dims < HEAD_DIM)[None, :], other=0.0)
+        shifted, mean = shift_keys_in_kernel(k, key_shift.table, sizes.scale,
+                                             sizes.kv_len - blk * BLOCK_N, EXACT_SHIFT, True,
+                                             BLOCK_N, rows)
+        block = pair.to(gl.int64) * n_blocks + blk
+        gl.store(key_shift.shifted + (block * BLOCK_N + rows[:, None]) * HEAD_DIM
+                 + dims[None, :], shifted)
+        if EXACT_SHIFT:
+            gl.store(key_shift.means + block * HEAD_DIM + dims, mean.to(gl.float16))
+    _fence_proxy_async_global()
+    gl.thread_barrier()
+    gl.atomic_add(key_shift.arrivals, 1, sem="release", scope="gpu")
+
+
+@gluon.jit
+def await_shifted_keys(key_shift, groups):
+    """The loader: wait until all ``groups`` consumer groups of the launch have shifted
+    their share of the keys (acquire), before any TMA load of K'."""
+    while gl.atomic_add(key_shift.arrivals, 0, sem="acquire", scope="gpu") < groups:
+        pass
+    _fence_proxy_async_global()
+
+
+@aggregate
 class Variant:
     """The compiled variant, as constexprs: the allocation (pasa: PSEUDO_AVERAGE_SHIFT,
     pasa-exact: EXACT_SHIFT, fa-fp32: neither), the mask (HAS_BAND), the LSE output, the
-    overflow check (CHECK), pasa's part-filled last kv block (PART_FILLED), the tile
-    (BLOCK_M query rows, BLOCK_N keys, HEAD_DIM) and the ring's depth."""
+    overflow check (CHECK), pasa's part-filled last kv block (PART_FILLED), the key shift
+    in the launch (SHIFT_KEYS), the tile (BLOCK_M query rows, BLOCK_N keys, HEAD_DIM) and
+    the ring's depth."""
 
     PSEUDO_AVERAGE_SHIFT: gl.constexpr
     EXACT_SHIFT: gl.constexpr
@@ -196,6 +279,7 @@ class Variant:
     HAS_LSE: gl.constexpr
     CHECK: gl.constexpr
     PART_FILLED: gl.constexpr
+    SHIFT_KEYS: gl.constexpr
     BLOCK_M: gl.constexpr
     BLOCK_N: gl.constexpr
     HEAD_DIM: gl.constexpr
@@ -203,10 +287,11 @@ class Variant:
 
     @constexpr_function
     def __init__(self, PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT, HAS_BAND, HAS_LSE, CHECK,
-                 PART_FILLED, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES):
+                 PART_FILLED, SHIFT_KEYS, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES):
         _fill(self, PSEUDO_AVERAGE_SHIFT=PSEUDO_AVERAGE_SHIFT, EXACT_SHIFT=EXACT_SHIFT,
               HAS_BAND=HAS_BAND, HAS_LSE=HAS_LSE, CHECK=CHECK, PART_FILLED=PART_FILLED,
-              BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, STAGES=STAGES)
+              SHIFT_KEYS=SHIFT_KEYS, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM,
+              STAGES=STAGES)
 
 
 @aggregate

@@ -163,17 +163,28 @@ def _no_means(device: torch.device, head_dim: int) -> torch.Tensor:
     return torch.zeros(MEAN_ROWS, head_dim, dtype=torch.float16, device=device)
 
 
+def shifts_in_launch(problem: AttentionProblem, tuning) -> bool:
+    """Whether the kernel shifts PASA's keys itself, at the start of its launch
+    (:func:`parts.shift_keys_part`), rather than after a separate pass: for contiguous
+    K/V under ``Tuning.shift`` "in-launch" (paged K' is kept per physical block, in slots
+    that the separate pass assigns)."""
+    return (problem.allocation.shifts_keys and not problem.paged
+            and tuning.shift == "in-launch")
+
+
 def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
         band_pre, band_next, lse_arg: torch.Tensor, shift_table, k_pages,
-        binding: Binding) -> Optional[torch.Tensor]:
+        binding: Binding, shift_in_launch: bool = False) -> Optional[torch.Tensor]:
     """Launch the kernel for a :func:`supported` problem. ``gamma``: PASA's
     invariance as the Triton kernel takes it; ``k_used``: K'
     (B, Nkv, blocks*128, D) for PASA (and pasa-exact's block means, (B, Nkv, blocks, D)),
     K and None for fa-fp32; ``band_*``: the per-batch band limits on the device (read only
     under a band); ``shift_table``: pasa's (:func:`triton.shift.cached_shift_table`) or
-    None. Paged: ``k_used`` is the key cache, or K's slots for PASA, and ``k_pages`` the
-    table that maps each batch's kv blocks into it. ``binding`` makes the workspaces and
-    descriptors and launches, recording them. Where the call is checked for
+    None. ``shift_in_launch`` (:func:`shifts_in_launch`): ``k_used`` and ``means`` are
+    workspaces that the launch fills from ``problem.key`` before its tiles, as a
+    cooperative launch. Paged: ``k_used`` is the key cache, or K's slots for PASA, and
+    ``k_pages`` the table that maps each batch's kv blocks into it. ``binding`` makes the
+    workspaces and descriptors and launches, recording them. Where the call is checked for
     overflow (the flags are ``problem.overflow``'s), returns its overflow word on the
     device: nonzero once a row is flagged, followed by the repair's arrival count (both
     after the kernel's tile counter, in a buffer the kernels leave zeroed)."""
@@ -191,10 +202,10 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
         tail_block = kv_len // BLOCK_N
         tail_factor = partial_block_shift(problem.beta, kv_len % BLOCK_N, BLOCK_N,
                                           torch.float16, problem.scale)[2]
-    n_blocks = means.shape[2] if means is not None else 0
-    if means is None:
-        means = _no_means(q.device, head_dim)
-    m_desc = binding.descriptor(means, _new_means_descriptor)
+    n_blocks = (means.shape[2] if means is not None
+                else k_used.shape[2] // BLOCK_N if shift_in_launch else 0)
+    means_arg = means if means is not None else _no_means(q.device, head_dim)
+    m_desc = binding.descriptor(means_arg, _new_means_descriptor)
     block_m = GROUP_ROWS * consumer_groups(head_dim)
     n_tiles = -(-problem.max_q_len // block_m)
     n_pairs = problem.batch * q.shape[1]
@@ -206,24 +217,29 @@ def run(problem: AttentionProblem, gamma: float, k_used: torch.Tensor, means,
     if problem.band is not None:
         tile_group = max(1, min(n_pairs, TILE_GROUP_BYTES // kv_bytes))
     grid = (min(n_tiles * n_pairs, sm_count(q.device.index)),)
-    # the tile counter, the overflow word and the repair's arrivals, left zeroed by the
-    # kernels (the loader's last fetch, the repair's last program)
-    counters = binding.zeroed((3,), torch.int32, q.device)
+    # the tile counter, the overflow word, the repair's arrivals and the key shift's,
+    # left zeroed by the kernels (the loader's last fetch, the repair's last program)
+    counters = binding.zeroed((4,), torch.int32, q.device)
     overflow_word = counters[1:]
     descriptors = [binding.descriptor(t, _new_descriptor, rows=rows)
                    for t, rows in ((q, GROUP_ROWS), (k_used, BLOCK_N), (v, BLOCK_N))]
+    raw = problem.key if shift_in_launch else out  # never read unless shifted here
     binding.launch(
         prefill_ws_kernel, grid, *descriptors,
         m_desc, out, lse_arg, flags, overflow_word, counters, band_pre,
-        band_next, k_pages, v_pages, out.stride(0), out.stride(1), out.stride(2),
+        band_next, k_pages, v_pages, raw, k_used if shift_in_launch else out, means_arg,
+        shift_table if shift_table is not None else lse_arg,
+        out.stride(0), out.stride(1), out.stride(2),
         lse_arg.stride(0) if lse is not None else 0, lse_arg.stride(1), lse_arg.stride(2),
-        k_pages.stride(0), v_pages.stride(0),
-        problem.block_size, q.shape[1], q.shape[1] // problem.key.shape[1], q.shape[2], kv_len,
+        k_pages.stride(0), v_pages.stride(0), problem.block_size,
+        raw.stride(0), raw.stride(1), raw.stride(2),
+        q.shape[1], q.shape[1] // problem.key.shape[1], q.shape[2], kv_len,
         n_blocks, problem.scale, gamma, tail_block, tail_factor, n_tiles, n_pairs, tile_group,
         PSEUDO_AVERAGE_SHIFT=problem.allocation.pseudo_average_shift,
         EXACT_SHIFT=problem.allocation.exact_shift, HAS_BAND=problem.band is not None,
         HAS_LSE=lse is not None, PAGED=problem.paged, CHECK=detect,
-        PART_FILLED=tail_block >= 0,
+        PART_FILLED=tail_block >= 0, SHIFT_KEYS=shift_in_launch,
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, STAGES=_stages(head_dim),
-        num_warps=4, enable_fp_fusion=not problem.allocation.low_statistics)
+        num_warps=4, enable_fp_fusion=not problem.allocation.low_statistics,
+        launch_cooperative_grid=shift_in_launch)
     return overflow_word if detect else None

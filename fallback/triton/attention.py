@@ -76,15 +76,17 @@ def run(problem: AttentionProblem) -> None:
         decode.run(problem, tuning, shared, binding)
     elif _gluon_prefill(problem, tuning):
         k_used, means, k_pages = problem.key, None, problem.block_table
+        in_launch = gluon_prefill.shifts_in_launch(problem, tuning)
         if problem.allocation.shifts_keys:
             k_used, means, shifted_pages = prepare_keys(
                 problem, problem.key, shared.lengths[2], shared.lengths[3],
-                shared.constexprs["BLOCK_N"], shared.constexprs["HEAD_DIM"], binding)
+                shared.constexprs["BLOCK_N"], shared.constexprs["HEAD_DIM"], binding,
+                launch=not in_launch)
             k_pages = shifted_pages if problem.paged else None
         overflow_word = gluon_prefill.run(problem, shared.gamma, k_used,
                                           means if problem.allocation.exact_shift else None,
                                           shared.band_pre, shared.band_next, shared.lse_arg,
-                                          shared.shift, k_pages, binding)
+                                          shared.shift, k_pages, binding, in_launch)
         if overflow_word is not None:
             repair.run(problem, shared, overflow_word, binding)
     else:

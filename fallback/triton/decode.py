@@ -139,7 +139,8 @@ def decode_split_kernel(
                         other=0.0)
             if (PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT) and not SHIFT_SCORES:
                 k, mean = shift_keys_in_kernel(k, SHIFT, scale, kv_len - blk * BLOCK_N,
-                                           EXACT_SHIFT, part == 1, BLOCK_N)
+                                               EXACT_SHIFT, part == 1, BLOCK_N,
+                                               tl.arange(0, BLOCK_N))
                 if EXACT_SHIFT:
                     c = block_row_constant(q, mean, scale)
             qk = tl.dot(q, tl.trans(k))  # fp32 accumulation

@@ -225,7 +225,7 @@ def prefill_kernel(
                         row_any = tl.max(vis.to(tl.int32), 1) > 0
                 if FUSED_SHIFT:
                     k, mean = shift_keys_in_kernel(k, SHIFT, scale, kv_len - n0, EXACT_SHIFT,
-                                               True, BLOCK_N)
+                                                   True, BLOCK_N, tl.arange(0, BLOCK_N))
                     if EXACT_SHIFT:
                         c = block_row_constant(q, mean, scale)
                 if PSEUDO_AVERAGE_SHIFT and PART_FILLED and stage != 1:

@@ -76,7 +76,7 @@ def _shift_keys(K, KS, MEAN, SHIFT, kv_starts, kv_lens, PAGES, SLOTS,
         mean_blk = blk
     k = tl.load(k_ptrs, mask=(rows[:, None] < kv_len) & (dims[None, :] < head_dim), other=0.0)
     shifted, mean = shift_keys_in_kernel(k, SHIFT, scale, kv_len - blk * BLOCK_N, EXACT_SHIFT,
-                                     True, BLOCK_N)
+                                         True, BLOCK_N, tl.arange(0, BLOCK_N))
     if EXACT_SHIFT:
         tl.store(MEAN + out_b * stride_mb + h * stride_mh + mean_blk * stride_mblk + dims,
                  mean.to(tl.float16))
@@ -86,15 +86,17 @@ def _shift_keys(K, KS, MEAN, SHIFT, kv_starts, kv_lens, PAGES, SLOTS,
 
 @triton.jit
 def shift_keys_in_kernel(k, SHIFT, scale, valid, EXACT_SHIFT: tl.constexpr,
-                     PART_FILLED: tl.constexpr, BLOCK_N: tl.constexpr):
+                         PART_FILLED: tl.constexpr, BLOCK_N: tl.constexpr, rows):
     """K' of one zero-padded raw K tile whose first ``valid`` rows are keys (all of them
-    where ``valid >= BLOCK_N``): in the preprocessing pass (``_shift_keys``) and inside the
-    attention loop (fused: decode, and prefill with ``Tuning.shift == "fused"``). ``SHIFT``:
-    the pseudo-average shift's table (:func:`cached_shift_table`). Returns K', zero past
-    the valid rows, and, for pasa-exact, the block's mean16 (fp32) over its valid rows.
-    PART_FILLED False: the caller knows the tile is a whole block (``valid`` unused), and
-    the code has no per-key masking (the same values: the scaling by 1/BLOCK_N, a power
-    of two, is exact)."""
+    where ``valid >= BLOCK_N``): in the preprocessing pass (``_shift_keys``), at the start
+    of the Gluon prefill's launch, and inside the attention loop (fused: decode, and prefill
+    with ``Tuning.shift == "fused"``). ``SHIFT``: the pseudo-average shift's table
+    (:func:`cached_shift_table`); ``rows``: 0 .. BLOCK_N - 1 in the layout of ``k``'s rows
+    (the function makes no tensor of its own, so that Gluon kernels call it too). Returns
+    K', zero past the valid rows, and the block's column statistic in fp32: pasa-exact's
+    mean16 over its valid rows, pasa's column sums. PART_FILLED False: the caller knows
+    the tile is a whole block (``valid`` unused), and the code has no per-key masking (the
+    same values: the scaling by 1/BLOCK_N, a power of two, is exact)."""
     if PART_FILLED:
         n = tl.maximum(tl.minimum(valid, BLOCK_N), 1)
     else:
@@ -114,10 +116,10 @@ def shift_keys_in_kernel(k, SHIFT, scale, valid, EXACT_SHIFT: tl.constexpr,
         diag = tl.load(SHIFT + n * 4)
         off = tl.load(SHIFT + n * 4 + 1)
         k32 = k.to(tl.float32)
-        shifted = ((diag + off) * k32 - off * tl.sum(k32, 0)[None, :]).to(tl.float16)
-        mean = tl.zeros([k.shape[1]], tl.float32)
+        mean = tl.sum(k32, 0)
+        shifted = ((diag + off) * k32 - off * mean[None, :]).to(tl.float16)
     if PART_FILLED:
-        shifted = tl.where((tl.arange(0, BLOCK_N) < n)[:, None], shifted, 0.0)
+        shifted = tl.where((rows < n)[:, None], shifted, 0.0)
     return shifted, mean
 
 
@@ -188,10 +190,11 @@ class ShiftedKeys(NamedTuple):
 
 def prepare_keys(problem: AttentionProblem, k: torch.Tensor, kv_starts: torch.Tensor,
                  kv_lens: torch.Tensor, block_n: int, head_dim_p: int,
-                 binding: Binding) -> ShiftedKeys:
+                 binding: Binding, launch: bool = True) -> ShiftedKeys:
     """The separate preprocessing pass over ``k`` (the problem's K, or its cache when
     paged): K' padded to whole blocks and the block means (written for pasa-exact only),
-    workspaces and launches through ``binding``."""
+    workspaces and launches through ``binding``. ``launch`` False (contiguous K only): the
+    workspaces alone, for a kernel that fills them in its own launch."""
     dev = k.device
     batch, n_kv = problem.batch, k.shape[1]
     exact = problem.allocation.exact_shift
@@ -211,6 +214,11 @@ def prepare_keys(problem: AttentionProblem, k: torch.Tensor, kv_starts: torch.Te
     else:  # no means to write: K' stands in for them, never written through MEAN
         means = None
         shift = cached_shift_table(problem.beta, block_n, problem.scale, dev)
+    if not launch:
+        if problem.paged:
+            raise ValueError("paged K' is shifted by the separate pass (its slots are "
+                             "assigned on the device)")
+        return ShiftedKeys(k_shift, means, None)
     mean_arg = means if exact else k_shift
     pages = problem.block_table if problem.paged else kv_lens
     binding.launch(

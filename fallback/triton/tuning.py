@@ -17,7 +17,7 @@ from typing import Iterator, Optional
 #: every switch's choices, the default first
 CHOICES = {
     "prefill": ("auto", "warp-specialised", "triton"),
-    "shift": ("separate", "fused"),
+    "shift": ("separate", "fused", "in-launch"),
     "decode_shift": ("scores", "keys"),
     "loads": ("tma", "pointers"),
     "row_constant": ("auto", "precomputed", "in-kernel"),
@@ -34,11 +34,14 @@ class Tuning:
     without ragged lengths or an explicit mask; the same results bit for bit but for pasa's
     and pasa-exact's block sums, which it adds on the tensor cores); "triton": the Triton
     kernel (every problem); "auto": the Gluon kernel where it applies, unless a switch
-    that only the Triton kernel has is set away from its default (the Gluon kernel always
-    shifts K in a separate pass, loads through TMA and computes pasa-exact's row constants
-    in its kv loop).
-    ``shift``: how prefill shifts K for PASA, "separate" (one preprocessing pass over K) or
-    "fused" (recomputed inside every query tile).
+    that only the Triton kernel has is set away from its default (the Gluon kernel loads
+    through TMA and computes pasa-exact's row constants in its kv loop).
+    ``shift``: how prefill shifts K for PASA: "separate" (a preprocessing pass over K, its
+    own launch), "fused" (recomputed inside every query tile; the Triton kernel only) or
+    "in-launch" (the Gluon kernel's consumer groups shift the contiguous K, each block
+    once, at the start of its own launch, and its loaders wait for all of them: one launch
+    less, but on an H200 4-6% slower than "separate" at S = 1024 and 0-2% at 4096; the
+    Triton kernel and paged K take the separate pass).
     ``decode_shift``: how decode shifts for PASA, inside its one pass over K (each K block
     is read by one program there): "scores" (the shift applied to the block's fp32 scores,
     :func:`shift.shift_scores`; K' is never formed, so K' is not rounded to fp16, and the
@@ -80,8 +83,9 @@ class Tuning:
     def triton_kernel_only(self) -> bool:
         """Whether a switch that only the Triton prefill kernel has is set away from its
         default."""
-        return any(getattr(self, name) != getattr(DEFAULT_TUNING, name)
-                   for name in ("shift", "loads", "row_constant", "launch", "loops"))
+        return self.shift == "fused" or any(
+            getattr(self, name) != getattr(DEFAULT_TUNING, name)
+            for name in ("loads", "row_constant", "launch", "loops"))
 
     def replace(self, **switches) -> "Tuning":
         """These options with ``switches`` changed (validated)."""

@@ -118,7 +118,8 @@ def compile_gluon(consts: dict, fp_fusion: bool = True, arch: int = 90):
             "v_desc": [1, 1, consts["BLOCK_N"], d], "m_desc": [gp.MEAN_ROWS, d]}
     pointers = dict(O="*fp16", LSE="*fp32", FLAGS="*u8", OVERFLOW_WORD="*i32",
                     next_tile="*i32",
-                    band_pre="*i32", band_next="*i32", K_PAGES="*i32", V_PAGES="*i32")
+                    band_pre="*i32", band_next="*i32", K_PAGES="*i32", V_PAGES="*i32",
+                    K="*fp16", KS="*fp16", MEAN="*fp16", SHIFT="*fp32")
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in consts:
@@ -352,14 +353,18 @@ def _gluon_variants(head_dim: int):
     # the warp-specialised Gluon prefill that replaces prefill_kernel where it applies
     for alg in gp.ALGORITHMS if gp.AVAILABLE and head_dim in gp.HEAD_DIMS else ():
         allocation = ALLOCATIONS[alg]
-        forms = [(False, False), (True, False)] + [(True, True)] * (head_dim == 128)
-        for causal, paged in forms:
+        # (causal, paged, the keys shifted in the launch: Tuning.shift "in-launch")
+        forms = [(False, False, False), (True, False, False)] + [(True, True, False)] * (
+            head_dim == 128) + [(False, False, True)] * allocation.shifts_keys
+        for causal, paged, in_launch in forms:
             consts = dict(PSEUDO_AVERAGE_SHIFT=allocation.pseudo_average_shift,
                           EXACT_SHIFT=allocation.exact_shift, HAS_BAND=causal, HAS_LSE=False,
                           PAGED=paged, CHECK=allocation.shifts_keys, PART_FILLED=False,
+                          SHIFT_KEYS=in_launch,
                           BLOCK_M=gp.GROUP_ROWS * gp.consumer_groups(head_dim),
                           BLOCK_N=gp.BLOCK_N, HEAD_DIM=head_dim, STAGES=gp._stages(head_dim))
-            mode = ("paged " if paged else "") + ("causal" if causal else "full")
+            mode = (("paged " if paged else "") + ("causal" if causal else "full")
+                    + (" in-launch shift" if in_launch else ""))
             yield ("gluon", f"{alg} {mode} d={head_dim} (gluon)",
                    consts, 4, 1, triton_launch.fp_options(allocation) == {})
 

@@ -184,6 +184,44 @@ def test_gpu_gluon_prefill_programs_take_many_tiles(d, algorithm, mode, gluon_la
         _assert_same_as_triton_kernel(algorithm, out, lse, kernel_out, kernel_lse)
 
 
+@pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa"])
+@pytest.mark.parametrize("s2", [2000, 4096])
+def test_gpu_gluon_prefill_shifts_keys_in_its_launch(algorithm, s2, gluon_launches,
+                                                     monkeypatch):
+    """Tuning.shift "in-launch": the programs shift K at the start of the Gluon launch (512 kv
+    blocks at S2 = 4096, several per program; a part-filled last one at 2000) and no
+    separate pass runs. K' is the separate pass's but for the order of the column sums,
+    so the output is the Gluon kernel's after the separate pass, within the bounds of two
+    implementations. Three launches in a row, the first recorded and the others repeated,
+    give the same output bit for bit: each leaves the barrier's counter zeroed."""
+    from pasa_npu.fallback import kernel_common
+
+    names = []
+    launch = kernel_common.Binding.launch
+
+    def named(binding, kernel, *args, **kwargs):
+        names.append(getattr(kernel, "fn", kernel).__name__)
+        return launch(binding, kernel, *args, **kwargs)
+
+    monkeypatch.setattr(kernel_common.Binding, "launch", named)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    q = torch.randn(4, 16, 512, 128, generator=gen, device="cuda").half()
+    k = (torch.randn(4, 4, s2, 128, generator=gen, device="cuda") + 2.0).half()
+    v = torch.randn(4, 4, s2, 128, generator=gen, device="cuda").half()
+    kw = dict(num_heads=16, num_key_value_heads=4, input_layout="BNSD", scale=128 ** -0.5,
+              algorithm=algorithm, softmax_lse_flag=True)
+    separate_out, separate_lse = _call(q, k, v, kw, "warp-specialised")
+    assert "_shift_keys" in names and len(gluon_launches) == 1
+    names.clear()
+    with triton_tuning(shift="in-launch"):
+        outs = [_call(q, k, v, kw, "warp-specialised") for _ in range(3)]
+    assert len(gluon_launches) == 4
+    assert "_shift_keys" not in names and "prefill_ws_kernel" in names, names
+    for out, lse in outs[1:]:
+        assert torch.equal(out, outs[0][0]) and torch.equal(lse, outs[0][1])
+    _assert_same_as_triton_kernel(algorithm, *outs[0], separate_out, separate_lse)
+
+
 AUTO = [  # (algorithm, head dim, mask mode) where Tuning.prefill "auto" picks the Gluon kernel
     ("pasa-exact", 128, "no mask"), ("pasa", 128, "causal (3)"), ("fa-fp32", 64, "no mask"),
     ("pasa-exact", 64, "causal (3)"), ("pasa-exact", 64, "no mask"), ("pasa", 64, "causal (3)"),

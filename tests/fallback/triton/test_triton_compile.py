@@ -76,8 +76,9 @@ def test_every_kernel_variant_compiles_for_sm90(aot_report):
         # pasa-exact, pasa and fa-fp32, full and causal, at d = 128 (not 256)
         # at d = 128 the paged variants of pasa-exact, pasa and fa-fp32: causal prefill,
         # decode (fa-fp32 also with kv blocks straddling cache blocks), the Gluon prefill;
-        # the overflow repair's launch after prefill, contiguous and paged
-        gluon = 9 if d == 128 and gluon_prefill.AVAILABLE else 0
+        # the overflow repair's launch after prefill, contiguous and paged; the Gluon
+        # prefill of pasa-exact and pasa with the key shift in its launch
+        gluon = 11 if d == 128 and gluon_prefill.AVAILABLE else 0
         modes = 3 if d == 128 else 2
         paged_decode = 4 if d == 128 else 0
         paged = 3 + paged_decode if d == 128 else 0
@@ -181,7 +182,8 @@ def test_decode_launch_assumes_the_resident_programs_the_kernels_allow(aot_d64):
 def test_gluon_prefill_compiles_at_d64(aot_d64):
     """The Gluon prefill at d = 64, where it runs three consumer groups (192-row tiles, 168
     registers a thread) for every allocation, with and without a mask: each variant
-    compiles and fits its shared memory (the test above compiles d = 128 and 256)."""
+    compiles and fits its shared memory (the test above compiles d = 128 and 256), and
+    pasa-exact's and pasa's with the key shift in the launch."""
     if not gluon_prefill.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
     from pasa_npu.tools.dev import triton_aot
@@ -190,7 +192,7 @@ def test_gluon_prefill_compiles_at_d64(aot_d64):
              if kernel == "gluon"}
     assert tiles == {192}, tiles  # the three-group kernel
     gluon = [line for line in aot_d64.splitlines() if "(gluon)" in line]
-    assert len(gluon) == 6 and all(" smem " in line for line in gluon), aot_d64
+    assert len(gluon) == 8 and all(" smem " in line for line in gluon), aot_d64
 
 
 def test_gluon_causal_diagonal_blocks_test_each_key_in_two_instructions(aot_d64):

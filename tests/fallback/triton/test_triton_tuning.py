@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not 
 
 SWITCHES = [("prefill", "warp-specialised"), ("prefill", "triton"), ("loads", "pointers"),
             ("loads", "tma"), ("row_constant", "precomputed"), ("row_constant", "in-kernel"),
-            ("shift", "fused"), ("shift", "separate")]
+            ("shift", "fused"), ("shift", "separate"), ("shift", "in-launch")]
 DECODE_SWITCHES = [("decode_shift", "scores"), ("decode_shift", "keys")]
 
 
@@ -136,13 +136,14 @@ def test_every_tuning_choice_is_tested_and_bad_ones_are_refused(capsys):
     tested = {(key, value) for key, values in choices.items() for value in values
               if value != "auto"}
     assert tested == set(SWITCHES) | set(DECODE_SWITCHES)
-    # every other switch belongs to the Triton kernel: set away from its default, it sends
-    # an "auto" prefill there (tests/fallback/gluon/test_gluon_prefill.py checks that on a Hopper GPU)
+    # every other choice belongs to the Triton kernel (the in-launch shift to the Gluon
+    # one): set away from its default, it sends an "auto" prefill there
+    # (tests/fallback/gluon/test_gluon_prefill.py checks that on a Hopper GPU)
     assert not default.triton_kernel_only()
     for key, values in choices.items():
         for value in values[1:]:
             assert default.replace(**{key: value}).triton_kernel_only() == (
-                key not in ("prefill", "decode_shift"))
+                key not in ("prefill", "decode_shift") and value != "in-launch")
     assert default.replace(loops=7).triton_kernel_only()
     assert default.replace(launch=(64, 4, 2)).triton_kernel_only()
     with pytest.raises(ValueError, match="Tuning.shift must be one of"):
