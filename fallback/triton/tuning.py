@@ -40,8 +40,8 @@ class Tuning:
     own launch), "fused" (recomputed inside every query tile; the Triton kernel only) or
     "in-launch" (the Gluon kernel's consumer groups shift the contiguous K, each block
     once, at the start of its own launch, and its loaders wait for all of them: one launch
-    less, but on an H200 4-6% slower than "separate" at S = 1024 and 0-2% at 4096; the
-    Triton kernel and paged K take the separate pass).
+    less, but slower on the GPU where the shift is a larger share of the call,
+    docs/triton-backend.md; the Triton kernel and paged K take the separate pass).
     ``decode_shift``: how decode shifts for PASA, inside its one pass over K (each K block
     is read by one program there): "scores" (the shift applied to the block's fp32 scores,
     :func:`shift.shift_scores`; K' is never formed, so K' is not rounded to fp16, and the
