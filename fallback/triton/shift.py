@@ -195,6 +195,9 @@ def prepare_keys(problem: AttentionProblem, k: torch.Tensor, kv_starts: torch.Te
     paged): K' padded to whole blocks and the block means (written for pasa-exact only),
     workspaces and launches through ``binding``. ``launch`` False (contiguous K only): the
     workspaces alone, for a kernel that fills them in its own launch."""
+    if problem.paged and not launch:
+        raise ValueError("paged K' is shifted by the separate pass (its slots are assigned "
+                         "on the device)")
     dev = k.device
     batch, n_kv = problem.batch, k.shape[1]
     exact = problem.allocation.exact_shift
@@ -207,19 +210,15 @@ def prepare_keys(problem: AttentionProblem, k: torch.Tensor, kv_starts: torch.Te
         n_blocks = max(1, cdiv(problem.max_kv_len, block_n))
         rows, out_batch, slots = n_blocks * block_n, batch, None
     k_shift = binding.empty("k_shift", (out_batch, n_kv, rows, head_dim_p), torch.float16, dev)
-    if exact:
-        means = binding.empty("means", (out_batch, n_kv, rows // block_n, head_dim_p),
-                              torch.float16, dev)
-        shift = means
-    else:  # no means to write: K' stands in for them, never written through MEAN
-        means = None
-        shift = cached_shift_table(problem.beta, block_n, problem.scale, dev)
+    means = (binding.empty("means", (out_batch, n_kv, rows // block_n, head_dim_p),
+                           torch.float16, dev) if exact else None)
     if not launch:
-        if problem.paged:
-            raise ValueError("paged K' is shifted by the separate pass (its slots are "
-                             "assigned on the device)")
         return ShiftedKeys(k_shift, means, None)
-    mean_arg = means if exact else k_shift
+    if exact:
+        shift = mean_arg = means
+    else:  # no means to write: K' stands in for them, never written through MEAN
+        shift = cached_shift_table(problem.beta, block_n, problem.scale, dev)
+        mean_arg = k_shift
     pages = problem.block_table if problem.paged else kv_lens
     binding.launch(
         _shift_keys, (n_blocks * batch * n_kv,),
