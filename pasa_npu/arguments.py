@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
+import operator
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -200,7 +202,17 @@ class Call:
 CALL_FIELDS = tuple(f.name for f in dataclasses.fields(Call))
 #: the length arguments, under v1's names (v2's ``actual_seq_qlen`` and ``actual_seq_kvlen``)
 LENGTH_ARGUMENTS = ("actual_seq_lengths", "actual_seq_lengths_kv")
-_SCALAR_TYPES = frozenset((int, float, str, bool))
+_SCALAR_TYPES = frozenset((int, float, str, bool, type(None)))
+_CALL_VALUES = operator.attrgetter(*CALL_FIELDS)
+#: each field's default (``dataclasses.MISSING`` for query, key and value): a field that
+#: holds its very default object adds nothing to :func:`call_key`
+_FIELD_DEFAULTS = tuple(f.default for f in dataclasses.fields(Call))
+_FIELD_INDICES = range(len(CALL_FIELDS))
+#: how :func:`call_key` fingerprints each field's tensor
+_FIELD_ROLES = tuple("input" if name in TENSOR_NAMES else "lengths" if name in LENGTH_ARGUMENTS
+                     else "mask" if name == "atten_mask"
+                     else "checked" if name in ("learnable_sink", "block_table") else "other"
+                     for name in CALL_FIELDS)
 
 
 def call_key(call: Call):
@@ -209,50 +221,64 @@ def call_key(call: Call):
     (an int8 or uint8 mask of sparse modes 0/1, whose converted contents the plan would
     hold). The values of the actual sequence lengths go in the second
     key, so that the calls of a decode loop, whose lengths grow every step, share the
-    validation of everything else. Types are part of the
-    keys, so that ``True`` never hits ``1``."""
+    validation of everything else. A field that holds its default object is left out;
+    every other one enters with its position and type, so that ``True`` never hits ``1``."""
+    values = _CALL_VALUES(call)
+    rest = values[3:]
+    kinds = tuple(map(type, rest))
+    if _SCALAR_TYPES.issuperset(kinds) and all(isinstance(t, torch.Tensor) for t in values[:3]):
+        # tensors as the inputs, scalars everywhere else: the common case
+        return ("scalars", _fingerprint(values[0]), _fingerprint(values[1]),
+                _fingerprint(values[2]), rest, kinds), ()
     key = []
     lengths = []
     append = key.append
-    for name in CALL_FIELDS:
-        value = getattr(call, name)
+    for index in itertools.compress(_FIELD_INDICES, map(operator.is_not, values, _FIELD_DEFAULTS)):
+        value = values[index]
         kind = type(value)
-        if value is None or kind in _SCALAR_TYPES:
-            append((kind, value))
-        elif isinstance(value, torch.Tensor):
-            if name in ("query", "key", "value"):
-                append((value.shape, value.stride(), value.dtype, value.device))
-            elif name == "atten_mask" and (call.sparse_mode in (2, 3, 4)
-                                           or value.dtype == torch.bool):
+        if kind in _SCALAR_TYPES:
+            append((index, kind, value))
+            continue
+        role = _FIELD_ROLES[index]
+        if isinstance(value, torch.Tensor):
+            if role == "input":
+                append(_fingerprint(value))
+            elif role == "mask" and (call.sparse_mode in (2, 3, 4)
+                                     or value.dtype == torch.bool):
                 # this very tensor, unchanged since (the plan keeps it alive, so its id is
                 # not reused while cached): modes 2-4 only validate it; a bool mask of modes
                 # 0/1 the plan holds as a view, reading its contents at each call (another
                 # dtype it holds converted: those calls are not cached)
-                append(tensor_identity(value))
-            elif name in ("learnable_sink", "block_table"):  # read (checked) on every call
-                append((value.shape, value.dtype, value.device))
-            elif name in LENGTH_ARGUMENTS:
-                append((value.dtype, value.shape, value.device))
+                append((index, *tensor_identity(value)))
+            elif role == "checked":  # read (checked) on every call
+                append((index, value.shape, value.dtype, value.device))
+            elif role == "lengths":
+                append((index, value.dtype, value.shape, value.device))
                 # a device's stay there (plan_for reads those it does not keep first)
                 lengths.append(tuple(value.tolist()) if host_memory(value.device)
                                else "on the device")
             else:
                 return None
         elif kind in (list, tuple):
-            entries = tuple((type(x), x) for x in value)
-            if name in LENGTH_ARGUMENTS:
-                append((kind, len(value)))
-                lengths.append(entries)
+            entries = (tuple(value), tuple(map(type, value)))
+            if role == "lengths":
+                append((index, kind, len(value)))
+                lengths.append((index, entries))
             else:
-                append((kind, entries))
+                append((index, kind, entries))
         else:
-            append((kind, value))
+            append((index, kind, value))
     keys = (tuple(key), tuple(lengths))
     try:
         hash(keys)
     except TypeError:
         return None
     return keys
+
+
+def _fingerprint(t: torch.Tensor) -> tuple:
+    """What a plan reads of an input tensor: its shape, strides, dtype and device."""
+    return t.shape, t.stride(), t.dtype, t.device
 
 
 def tensor_identity(t: torch.Tensor) -> tuple:

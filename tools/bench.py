@@ -43,16 +43,31 @@ TOKENS = 16384  # B * S kept constant so that every shape fills the GPU
 HIDDEN = 2048   # H * d
 
 
+#: the torch switches of SDPA's backends, each set on or off for a peer's call
+_SDPA_SWITCHES = ("flash", "cudnn", "mem_efficient", "math")
+
+
 def _sdpa(backend_name):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    backend = {"sdpa-flash": SDPBackend.FLASH_ATTENTION,
-               "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION}[backend_name]
+    """torch SDPA on one backend, as a caller who has picked it once calls it: the backend's
+    switch on and the others off (torch's global switches, set before each call at a
+    fraction of a microsecond; ``sdpa_kernel``'s context manager costs microseconds per
+    call, which the peer's host time must not carry)."""
+    only = {"sdpa-flash": "flash", "sdpa-cudnn": "cudnn"}[backend_name]
+    setters = [(getattr(torch._C, f"_set_sdp_use_{name}"), name == only)
+               for name in _SDPA_SWITCHES]
 
     def call(q, k, v, causal, gqa):
-        with sdpa_kernel(backend):
-            return torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, is_causal=causal, enable_gqa=gqa)
+        for set_switch, on in setters:
+            set_switch(on)
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=causal, enable_gqa=gqa)
     return call
+
+
+def _all_sdpa_backends() -> None:
+    """torch's default: every SDPA backend switched on."""
+    for name in _SDPA_SWITCHES:
+        getattr(torch._C, f"_set_sdp_use_{name}")(True)
 
 
 def ours_call(algorithm, mask, **options):
@@ -145,6 +160,7 @@ def run_case(case, algorithms, mask, progress=print, paged_cache=None,
                 _add_graph_tflops(row[f"{name} paged"], paged_call, flops)
     for name, us in host_us({n: fn for n, fn in calls.items() if "error" not in row[n]}).items():
         row[name]["host_us"] = us
+    _all_sdpa_backends()
     progress(row_text(row, algorithms))
     return row
 
@@ -317,6 +333,9 @@ def _pass(cases, algorithms, mask, result, overflow_check: bool, label: str = ""
                              lambda text: print(f"[{label}{i + 1}/{len(cases)}] {text}",
                                                 flush=True),
                              result["paged_cache"], overflow_check))
+        # each case alone, as a model running that shape: the cell's plans, and the
+        # workspaces they keep (within their budget), go before the next case
+        pasa_npu.plans.clear()
         torch.cuda.empty_cache()
     return rows
 
