@@ -169,7 +169,7 @@ class AttentionPlan:
             return compiled.traced_call(call)
         if (_tensor_layout(query), _tensor_layout(key), _tensor_layout(value)) != self._layouts:
             return plans.attention(call, golden=False)
-        return plans.execute(self._plan, call, golden=False)
+        return plans.run(self._plan, call)
 
     __call__ = run
 

@@ -1,7 +1,10 @@
 """Backend registry: which implementation computes a canonical problem.
 
 A backend is a function ``run(problem) -> None`` that fills ``problem.out`` and
-``problem.lse``. Each entry says whether it can run here and why not.
+``problem.lse``. Its module may also define ``repeat(plan_state, tensors) -> bool``: the
+launches ``run`` recorded in ``problem.plan_state`` for a plan's first call, repeated on a
+later call's own tensors (:func:`~pasa_npu.problem.call_tensors`), False where it cannot,
+launching nothing; it is asked only once ``run`` has put something in the plan's state. Each entry says whether it can run here and why not.
 """
 from __future__ import annotations
 
@@ -57,6 +60,10 @@ class Backend:
 
     def runner(self) -> Callable[[AttentionProblem], None]:
         return importlib.import_module(self.module).run
+
+    def repeater(self) -> Optional[Callable[[dict, dict], bool]]:
+        """The module's ``repeat`` (module docstring), or None where it has none."""
+        return getattr(importlib.import_module(self.module), "repeat", None)
 
 
 BACKENDS: dict[str, Backend] = {

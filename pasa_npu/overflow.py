@@ -147,12 +147,17 @@ def _compiled_report(row_flags: torch.Tensor, call: CompiledCall) -> OverflowRep
 def record(problem: AttentionProblem, backend: str) -> None:
     """Make the report of the call that just ran ``problem`` on ``backend`` the latest;
     where its flags are on the CPU, count them now (and warn, once)."""
-    check = problem.overflow
     layout = (problem.q_starts, problem.q_lens, problem.packed, problem.tiling.q_block)
     if problem.packed and problem.device_lengths is not None:
         layout = (None, problem.device_lengths.q_lens, True, problem.tiling.q_block)
-    _NEWER[0] = (OverflowReport, (problem.allocation.name, backend, check is not None, check,
-                                  layout))
+    record_check(problem.allocation.name, backend, problem.overflow, layout)
+
+
+def record_check(algorithm: str, backend: str, check: Optional[OverflowCheck],
+                 layout: tuple) -> None:
+    """:func:`record` from its parts: ``check`` None where the call was not checked;
+    ``layout`` (q_starts, q_lens, packed, q_block), see :func:`_count`."""
+    _NEWER[0] = (OverflowReport, (algorithm, backend, check is not None, check, layout))
     if check is not None and host_memory(check.row_flags.device):
         overflow_report()._read()
 

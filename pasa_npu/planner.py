@@ -54,6 +54,11 @@ class Plan:
     # the backend's state for this plan (AttentionProblem.plan_state); a copy made for other
     # lengths gets its own
     backend_state: dict = field(default_factory=dict, compare=False)
+    #: the backend's ``repeat`` (:mod:`pasa_npu.backends`) where this plan's calls may go
+    #: straight to it (:func:`pasa_npu.plans.attention`), else None: no explicit mask that
+    #: may empty rows, no LSE row past a query length, no block table, no device lengths,
+    #: no conversion and no empty output
+    repeat: Optional[Callable[[dict, dict], bool]] = None
 
 
 def make_plan(call: Call, golden: bool, base: Optional[Plan], on_host: bool,
@@ -83,7 +88,7 @@ def make_plan(call: Call, golden: bool, base: Optional[Plan], on_host: bool,
             extra = dict(beta=beta, runner=backend.runner(), lse_dtype=torch.float32,
                          backend=backend.name, backward=backend.backward,
                          low=compute_dtype(options.allocation, query.dtype))
-    q, k, _ = plan_views(call, options)
+    q, k, v = plan_views(call, options)
     block_size = options.block_size
     s_kv = call.block_table.shape[1] * block_size if block_size else k.shape[2]
     if q.shape[2] == 1 and not options.packed:  # decode ignores actual_seq_lengths
@@ -106,6 +111,13 @@ def make_plan(call: Call, golden: bool, base: Optional[Plan], on_host: bool,
                    band_rule=((options.sparse_mode, options.pre_tokens, options.next_tokens)
                               if device_lengths and band is not None else None),
                    **facts)
+    backend_name = base.backend if base is not None else extra.get("backend")
+    repeats = (not golden and call.block_table is None and not block_size and not device_lengths
+               and not facts["may_have_empty"]
+               and not (options.want_lse and facts["lse_rows_past"])
+               and compute_dtype(options.allocation, query.dtype) == query.dtype
+               and q.numel() > 0 and v.shape[3] > 0)
+    lengths["repeat"] = backends.BACKENDS[backend_name].repeater() if repeats else None
     if base is not None:
         plan = copy.copy(base)  # dataclasses.replace would cost a third of this function
         plan.__dict__.update(backend_state={}, **lengths)

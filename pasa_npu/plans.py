@@ -1,10 +1,11 @@
 """The plan cache and the run: :func:`plan_for` finds a call's
 :class:`~pasa_npu.planner.Plan` (made and validated once per distinct argument set, then
-reused), and :func:`execute` runs a call through its plan; :func:`attention` does both."""
+reused), and :func:`run` runs a call through its plan: straight into the launches its
+backend recorded (:func:`repeat`) where it can, else in full (:func:`execute`);
+:func:`attention` does both."""
 from __future__ import annotations
 
 import collections
-import contextlib
 import warnings
 
 import torch
@@ -17,11 +18,11 @@ from .options import PACKED
 from .paging import PREFILL_BLOCK_ALIGN
 from .outputs import allocate_lse, allocate_output, fix_rows, lse_placeholder
 from .planner import Plan, make_plan
-from .problem import (AttentionProblem, DeviceLengths, OverflowCheck, host_memory,
+from .problem import (AttentionProblem, DeviceLengths, OverflowCheck, call_tensors, host_memory,
                       keeping_nothing, keeps_device_tensors)
-from .views import call_inputs
+from .views import call_inputs, canonical_views
 
-__all__ = ["Plan", "PLANS", "clear", "attention", "plan_for", "execute"]
+__all__ = ["Plan", "PLANS", "clear", "attention", "plan_for", "run", "repeat", "execute"]
 
 
 #: argument key -> {lengths key -> plan} (see :func:`~pasa_npu.arguments.call_key`)
@@ -44,8 +45,20 @@ def attention(call: Call, golden: bool, traced: bool = False):
     """(out, lse) of one call; ``traced`` (the torch.compile operator's body): (out, lse,
     row flags), the flags zero-filled and returned, not recorded (:func:`execute`), and no
     device tensor the call makes kept past it (:func:`~pasa_npu.problem.keeping_nothing`)."""
-    with keeping_nothing() if traced else contextlib.nullcontext():
-        return execute(plan_for(call, golden), call, golden, traced)
+    if traced:
+        with keeping_nothing():
+            return execute(plan_for(call, golden), call, golden, traced)
+    return run(plan_for(call, golden), call, golden)
+
+
+def run(plan: Plan, call: Call, golden: bool = False):
+    """(out, lse) of ``call`` through its ``plan``: :func:`repeat` where the plan's backend
+    repeats its calls, else (or where it declines) :func:`execute`."""
+    if plan.repeat is not None:
+        result = repeat(plan, call)
+        if result is not None:
+            return result
+    return execute(plan, call, golden)
 
 
 def plan_for(call: Call, golden: bool) -> Plan:
@@ -133,6 +146,42 @@ def lengths_stay_on_device(call: Call, backend) -> bool:
            if value is not None):
         return False  # one of them on the host: all are read there
     return call.block_table is None or call.query.dtype == torch.float16
+
+
+def repeat(plan: Plan, call: Call):
+    """(out, lse) of a call whose plan's backend repeats what it recorded
+    (:attr:`~pasa_npu.planner.Plan.repeat`): the outputs and row flags allocated as
+    :func:`execute` allocates them and handed to the backend with the call's views, with no
+    problem built; None, having launched nothing, where the call must go through
+    :func:`execute` (inputs that require grad on a backend without backward, a scope that
+    keeps nothing, nothing recorded, or no record that fits it)."""
+    if not plan.backend_state:
+        return None  # nothing recorded yet
+    query, key, value = call.query, call.key, call.value
+    if not plan.backward and torch.is_grad_enabled() and (
+            query.requires_grad or key.requires_grad or value.requires_grad):
+        return None  # execute raises
+    if not keeps_device_tensors():
+        return None
+    options = plan.options
+    q, k, v = canonical_views(query, key, value, options.in_layout, options.num_heads,
+                              options.num_kv_heads)
+    out, out_view = allocate_output(q, v, options.out_layout, options.out_dtype,
+                                    zero=not plan.covered)
+    lse, lse_view = (allocate_lse(q, options.packed, plan.lse_dtype) if options.want_lse
+                     else (None, None))
+    check = None
+    if options.overflow_check:
+        check = OverflowCheck((torch.empty if plan.covered and not plan.on_host else torch.zeros)(
+            out_view.shape[:3], dtype=torch.uint8, device=out_view.device))
+    sink = call.learnable_sink
+    if not plan.repeat(plan.backend_state, call_tensors(
+            q, k, v, out_view, lse_view, None if check is None else check.row_flags,
+            None if sink is None else sink.to(query.device, torch.float32))):
+        return None
+    overflow.record_check(options.allocation.name, plan.backend, check,
+                          (plan.q_starts, plan.q_lens, options.packed, options.tiling.q_block))
+    return out, (lse if options.want_lse else lse_placeholder(query.device))
 
 
 def execute(plan: Plan, call: Call, golden: bool, traced: bool = False):

@@ -152,6 +152,20 @@ class OverflowCheck:
     row_flags: torch.Tensor
 
 
+def call_tensors(query, key, value, out, lse=None, row_flags=None, sink=None,
+                 block_table=None) -> dict:
+    """A call's own tensors by role, as a backend's recorded launches take them
+    (:class:`AttentionProblem`'s fields of the same names; ``row_flags``: the
+    :class:`OverflowCheck`'s; ``sink`` fp32 on the query's device); the roles a call does
+    not have are absent."""
+    tensors = dict(query=query, key=key, value=value, out=out)
+    for role, t in (("lse", lse), ("row_flags", row_flags), ("sink", sink),
+                    ("block_table", block_table)):
+        if t is not None:
+            tensors[role] = t
+    return tensors
+
+
 @dataclass  # not frozen: a frozen dataclass costs microseconds per call to construct
 class AttentionProblem:
     """One forward call, normalised; the backends read it and never assign its fields.

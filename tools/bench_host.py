@@ -2,8 +2,9 @@
 
 Each argument form of the golden matrix (dense prefill, causal, decode with lengths, paged
 decode, packed TND, the v2 call with sinks, a checked PASA call) is called on small CPU
-tensors with the backend's kernel replaced by a no-op, so that what is timed is the
-Python work around the kernel: validation, normalisation, the plan, output allocation and
+tensors with the backend's kernel replaced by a no-op that records, as the Triton backend
+records a plan's first call, so that what is timed is the Python work around the kernel
+on the path a GPU call takes: validation, normalisation, the plan, output allocation and
 the overflow check's bookkeeping. Median microseconds per call over ``--calls`` calls,
 beside a peer measured in the same run: a torch SDPA decode call on the same K/V (one
 query row, fp32; its host work and a computation of a few microseconds). Each form is
@@ -29,13 +30,23 @@ B, NQ, NKV, S, D = 2, 8, 2, 128, 64
 
 @contextlib.contextmanager
 def no_op_kernel():
-    """The torch backend's kernel replaced by one that writes nothing."""
+    """The torch backend's kernel replaced by one that writes nothing and, as the Triton
+    backend's first call of a plan records its launches, records that it ran; with a
+    no-op ``repeat`` (:mod:`pasa_npu.backends`), so that a plan's later calls take the path
+    of a recording backend's. Plans made under it are dropped after."""
+    def record(problem):
+        if problem.plan_state is not None:
+            problem.plan_state["no-op"] = True
+
     run = torch_blockwise.run
-    torch_blockwise.run = lambda problem: None
+    torch_blockwise.run, torch_blockwise.repeat = record, lambda plan_state, tensors: True
+    pasa_npu.plans.clear()
     try:
         yield
     finally:
         torch_blockwise.run = run
+        del torch_blockwise.repeat
+        pasa_npu.plans.clear()
 
 
 def forms() -> dict:

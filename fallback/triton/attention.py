@@ -1,7 +1,8 @@
 """Triton backend: every precision allocation on CUDA GPUs (and on CPU under TRITON_INTERPRET=1).
 
-:func:`run` is the backend entry (``pasa_npu.backends``). It prepares what every launch
-shares (:class:`Shared`) and picks the kernels:
+:func:`run` is the backend entry (``pasa_npu.backends``), and :func:`repeat` the entry of a
+plan's later calls, which repeat the launches its first call recorded. :func:`run` prepares
+what every launch shares (:class:`Shared`) and picks the kernels:
 
 * decode (query length 1): :mod:`decode`;
 * prefill: on Hopper the warp-specialised Gluon kernel of :mod:`gluon.prefill` where it
@@ -28,7 +29,7 @@ from pasa_npu.fallback.kernel_common import (Binding, allocation_flags, interpre
 from pasa_npu.fallback.triton.metadata import (apply_row_rules, device_length_rows,
                                                device_metadata, host_ints)
 from pasa_npu.fallback.triton.shift import cached_shift_table, prepare_keys
-from pasa_npu.problem import AttentionProblem
+from pasa_npu.problem import AttentionProblem, call_tensors
 
 
 class Shared(NamedTuple):
@@ -110,15 +111,11 @@ _PREPARED = "triton"  # the plan state's entry: (its key, the recorded call)
 def _roles(problem: AttentionProblem) -> dict:
     """The tensors of one call that the launches take, by role, as the kernels take them
     (everything else they take is the plan's, or a workspace the call makes)."""
-    roles = dict(query=problem.query, key=problem.key, value=problem.value, out=problem.out)
-    if problem.lse is not None:
-        roles["lse"] = problem.lse
-    if problem.overflow is not None:
-        roles["row_flags"] = problem.overflow.row_flags
-    if problem.sink is not None:
-        roles["sink"] = problem.sink.to(problem.query.device, torch.float32)
-    if problem.paged:
-        roles["block_table"] = problem.block_table
+    roles = call_tensors(
+        problem.query, problem.key, problem.value, problem.out, problem.lse,
+        None if problem.overflow is None else problem.overflow.row_flags,
+        None if problem.sink is None else problem.sink.to(problem.query.device, torch.float32),
+        problem.block_table)
     if problem.device_lengths is not None:  # the call's own, read by the lengths kernel
         for role, given in zip(("q_lens_given", "kv_lens_given"), problem.device_lengths[:2]):
             if given is not None:
@@ -138,6 +135,24 @@ def _run_prepared(problem: AttentionProblem, tuning: Tuning) -> bool:
     return entry[1](_roles(problem))
 
 
+def repeat(plan_state: dict, tensors: dict) -> bool:
+    """Repeat the launches the plan's first call recorded on another call's own tensors
+    (:func:`~pasa_npu.problem.call_tensors`), for the API layer's calls that match the
+    record in all :func:`_prepared_key` holds but the tuning and the stream, which are
+    checked here (a call of the plan without device lengths, in the record's form); False,
+    launching nothing, where there is no record, they differ, a CUDA graph is being
+    captured or a tensor's strides or alignment differ from the record's."""
+    entry = plan_state.get(_PREPARED)
+    if entry is None:
+        return False
+    key, tuning = entry[0], active_tuning()
+    if ((key[0] is not tuning and key[0] != tuning)
+            or key[-1] != torch._C._cuda_getCurrentRawStream(tensors["query"].device.index)
+            or torch.cuda.is_current_stream_capturing()):
+        return False
+    return entry[1](tensors)
+
+
 def _prepared_key(problem: AttentionProblem, tuning: Tuning) -> tuple:
     """What a call of one plan may differ in that recorded launches depend on: the tuning,
     which optional tensors it has, their shapes, the dtype and form of lengths given on the
@@ -147,6 +162,7 @@ def _prepared_key(problem: AttentionProblem, tuning: Tuning) -> tuple:
     given = (() if problem.device_lengths is None else
              tuple(None if t is None else (t.dtype, t.numel() == 1)
                    for t in problem.device_lengths[:2]))
+    # the tuning first and the stream last: repeat() reads them there
     return (tuning, problem.lse is None, problem.overflow is None, problem.sink is None,
             problem.paged, problem.query.shape, problem.key.shape, problem.value.shape,
             problem.out.shape, given, torch._C._cuda_getCurrentRawStream(dev.index))

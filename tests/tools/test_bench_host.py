@@ -20,7 +20,8 @@ def test_every_form_runs_with_a_no_op_kernel(tmp_path, monkeypatch):
             bench_host.planned(call)()
             peer()
     assert computed == []  # the no-op ran, not the kernel in place before
-    assert torch_blockwise.run is kernel  # and that kernel is back
+    assert torch_blockwise.run is kernel  # and that kernel is back, without a repeat
+    assert not hasattr(torch_blockwise, "repeat")
     assert bench.main(["--host", "--calls", "3", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "host.json").read_text())
     assert [r["form"] for r in rows] == list(bench_host.forms())
