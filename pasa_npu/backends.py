@@ -4,7 +4,8 @@ A backend is a function ``run(problem) -> None`` that fills ``problem.out`` and
 ``problem.lse``. Its module may also define ``repeat(plan_state, tensors) -> bool``: the
 launches ``run`` recorded in ``problem.plan_state`` for a plan's first call, repeated on a
 later call's own tensors (:func:`~pasa_npu.problem.call_tensors`), False where it cannot,
-launching nothing; it is asked only once ``run`` has put something in the plan's state. Each entry says whether it can run here and why not.
+launching nothing; it is asked only once ``run`` has put something in the plan's state.
+Each entry says whether it can run here and why not.
 """
 from __future__ import annotations
 

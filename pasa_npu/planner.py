@@ -55,7 +55,7 @@ class Plan:
     # lengths gets its own
     backend_state: dict = field(default_factory=dict, compare=False)
     #: the backend's ``repeat`` (:mod:`pasa_npu.backends`) where this plan's calls may go
-    #: straight to it (:func:`pasa_npu.plans.attention`), else None: no explicit mask that
+    #: straight to it (:func:`pasa_npu.plans.repeat`), else None: no explicit mask that
     #: may empty rows, no LSE row past a query length, no block table, no device lengths,
     #: no conversion and no empty output
     repeat: Optional[Callable[[dict, dict], bool]] = None
