@@ -56,8 +56,8 @@ class Plan:
     backend_state: dict = field(default_factory=dict, compare=False)
     #: the backend's ``repeat`` (:mod:`pasa_npu.backends`) where this plan's calls may go
     #: straight to it (:func:`pasa_npu.plans.repeat`), else None: no explicit mask that
-    #: may empty rows, no LSE row past a query length, no block table, no device lengths,
-    #: no conversion and no empty output
+    #: may empty rows, no LSE row past a query length, no device lengths, no conversion
+    #: and no empty output
     repeat: Optional[Callable[[dict, dict], bool]] = None
 
 
@@ -112,7 +112,7 @@ def make_plan(call: Call, golden: bool, base: Optional[Plan], on_host: bool,
                               if device_lengths and band is not None else None),
                    **facts)
     backend_name = base.backend if base is not None else extra.get("backend")
-    repeats = (not golden and call.block_table is None and not block_size and not device_lengths
+    repeats = (not golden and not device_lengths
                and not facts["may_have_empty"]
                and not (options.want_lse and facts["lse_rows_past"])
                and compute_dtype(options.allocation, query.dtype) == query.dtype

@@ -20,7 +20,7 @@ from .outputs import allocate_lse, allocate_output, fix_rows, lse_placeholder
 from .planner import Plan, make_plan
 from .problem import (AttentionProblem, DeviceLengths, OverflowCheck, call_tensors, host_memory,
                       keeping_nothing, keeps_device_tensors)
-from .views import call_inputs, canonical_views
+from .views import call_inputs
 
 __all__ = ["Plan", "PLANS", "clear", "attention", "plan_for", "run", "repeat", "execute"]
 
@@ -151,8 +151,8 @@ def lengths_stay_on_device(call: Call, backend) -> bool:
 def repeat(plan: Plan, call: Call):
     """(out, lse) of a call whose plan's backend repeats what it recorded
     (:attr:`~pasa_npu.planner.Plan.repeat`): the outputs and row flags allocated as
-    :func:`execute` allocates them and handed to the backend with the call's views, with no
-    problem built; None, having launched nothing, where the call must go through
+    :func:`execute` allocates them and handed to the backend with the call's views (and its
+    block table, checked as :func:`execute` checks it), with no problem built; None, having launched nothing, where the call must go through
     :func:`execute` (inputs that require grad on a backend without backward, a scope that
     keeps nothing, nothing recorded, or no record that fits it)."""
     if not plan.backend_state:
@@ -164,8 +164,9 @@ def repeat(plan: Plan, call: Call):
     if not keeps_device_tensors():
         return None
     options = plan.options
-    q, k, v = canonical_views(query, key, value, options.in_layout, options.num_heads,
-                              options.num_kv_heads)
+    q, k, v, table, _ = call_inputs(
+        call, options.in_layout, options.num_heads, options.num_kv_heads, options.block_size,
+        plan.kv_lens, plan.kv_starts, options.packed, False, plan.table_on_host, plan.on_host)
     out, out_view = allocate_output(q, v, options.out_layout, options.out_dtype,
                                     zero=not plan.covered)
     lse, lse_view = (allocate_lse(q, options.packed, plan.lse_dtype) if options.want_lse
@@ -177,7 +178,7 @@ def repeat(plan: Plan, call: Call):
     sink = call.learnable_sink
     if not plan.repeat(plan.backend_state, call_tensors(
             q, k, v, out_view, lse_view, None if check is None else check.row_flags,
-            None if sink is None else sink.to(query.device, torch.float32))):
+            None if sink is None else sink.to(query.device, torch.float32), table)):
         return None
     overflow.record_check(options.allocation.name, plan.backend, check,
                           (plan.q_starts, plan.q_lens, options.packed, options.tiling.q_block))

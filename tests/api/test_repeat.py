@@ -2,8 +2,8 @@
 with no problem built. Here the torch backend stands in for a recording one: its first
 call of a plan keeps the problem, and its ``repeat`` computes a later call's tensors on a
 copy of it. Every repeated call must return what the full path returns, bit for bit, in
-the caller's layouts, with the call's own overflow report; a call the backend declines
-runs the full path."""
+the caller's layouts, with the call's own overflow report and its block table checked; a call the backend
+declines runs the full path."""
 from __future__ import annotations
 
 import contextlib
@@ -40,7 +40,7 @@ def recording_torch_backend(accept: bool = True):
             plan_state["problem"], query=tensors["query"], key=tensors["key"],
             value=tensors["value"], out=tensors["out"], lse=tensors.get("lse"),
             overflow=None if flags is None else OverflowCheck(flags), sink=tensors.get("sink"),
-            plan_state=None))
+            block_table=tensors.get("block_table"), plan_state=None))
         return True
 
     plans.clear()
@@ -71,18 +71,28 @@ def test_repeated_calls_return_the_full_paths_results(form, algorithm):
     want = [entry(*tensors, **keywords) for entry, tensors, keywords in calls]
     with recording_torch_backend() as asked:
         got = [entry(*tensors, **keywords) for entry, tensors, keywords in calls]
-    paged = "block_table" in calls[0][2]
-    # the first call records; the later ones repeat, but for paged K/V (the table's entries
-    # are checked on every call)
-    assert len(asked) == (0 if paged else len(calls) - 1), form
+    assert len(asked) == len(calls) - 1, form  # the first call records; the later repeat
     for (out, lse), (out_want, lse_want) in zip(got, want):
         assert out.shape == out_want.shape and out.stride() == out_want.stride()
         assert torch.equal(out, out_want) and torch.equal(lse, lse_want), form
-    if asked:
-        roles = set(asked[0])
-        assert {"query", "key", "value", "out"} <= roles
-        assert ("row_flags" in roles) == (algorithm == "pasa")
-        assert ("sink" in roles) == ("learnable_sink" in calls[0][2])
+    roles = set(asked[0])
+    assert {"query", "key", "value", "out"} <= roles
+    assert ("row_flags" in roles) == (algorithm == "pasa")
+    assert ("sink" in roles) == ("learnable_sink" in calls[0][2])
+    assert ("block_table" in roles) == ("block_table" in calls[0][2])
+
+
+def test_a_repeated_paged_call_checks_its_table():
+    (entry, tensors, keywords), *_ = _calls("paged decode BSH", "pasa")
+    table = keywords["block_table"]
+    bad = table.clone()
+    bad[0, 1] = 9  # the cache holds 4 blocks, and batch 0's keys reach into its second
+    with recording_torch_backend() as asked:
+        entry(*tensors, **keywords)
+        entry(*tensors, **keywords)
+        with pytest.raises(ValueError, match="block_table"):
+            entry(*tensors, **dict(keywords, block_table=bad))
+    assert len(asked) == 1
 
 
 def test_a_repeated_call_reports_its_own_overflow():
