@@ -152,9 +152,10 @@ def repeat(plan: Plan, call: Call):
     """(out, lse) of a call whose plan's backend repeats what it recorded
     (:attr:`~pasa_npu.planner.Plan.repeat`): the outputs and row flags allocated as
     :func:`execute` allocates them and handed to the backend with the call's views (and its
-    block table, checked as :func:`execute` checks it), with no problem built; None, having launched nothing, where the call must go through
-    :func:`execute` (inputs that require grad on a backend without backward, a scope that
-    keeps nothing, nothing recorded, or no record that fits it)."""
+    block table, checked as :func:`execute` checks it), with no problem built; None, having
+    launched nothing, where the call must go through :func:`execute` (inputs that require
+    grad on a backend without backward, a scope that keeps nothing, nothing recorded, or
+    no record that fits it)."""
     if not plan.backend_state:
         return None  # nothing recorded yet
     query, key, value = call.query, call.key, call.value
@@ -167,14 +168,8 @@ def repeat(plan: Plan, call: Call):
     q, k, v, table, _ = call_inputs(
         call, options.in_layout, options.num_heads, options.num_kv_heads, options.block_size,
         plan.kv_lens, plan.kv_starts, options.packed, False, plan.table_on_host, plan.on_host)
-    out, out_view = allocate_output(q, v, options.out_layout, options.out_dtype,
-                                    zero=not plan.covered)
-    lse, lse_view = (allocate_lse(q, options.packed, plan.lse_dtype) if options.want_lse
-                     else (None, None))
-    check = None
-    if options.overflow_check:
-        check = OverflowCheck((torch.empty if plan.covered and not plan.on_host else torch.zeros)(
-            out_view.shape[:3], dtype=torch.uint8, device=out_view.device))
+    out, out_view, lse_out, lse_view = _outputs(plan, q, v)
+    check = _overflow_check(plan, out_view)
     sink = call.learnable_sink
     if not plan.repeat(plan.backend_state, call_tensors(
             q, k, v, out_view, lse_view, None if check is None else check.row_flags,
@@ -182,7 +177,32 @@ def repeat(plan: Plan, call: Call):
         return None
     overflow.record_check(options.allocation.name, plan.backend, check,
                           (plan.q_starts, plan.q_lens, options.packed, options.tiling.q_block))
-    return out, (lse if options.want_lse else lse_placeholder(query.device))
+    return out, lse_out
+
+
+def _outputs(plan: Plan, q: torch.Tensor, v: torch.Tensor) -> tuple:
+    """(out in the output layout, its canonical view, the LSE as the call returns it, its
+    canonical view or None) of a call with canonical ``q`` and ``v``. Every row a backend
+    does not write (past a query length, between packed sequences) must read 0; where
+    every row is written, the fill is skipped."""
+    options = plan.options
+    out, out_view = allocate_output(q, v, options.out_layout, options.out_dtype,
+                                    zero=not plan.covered)
+    if not options.want_lse:
+        return out, out_view, lse_placeholder(q.device), None
+    lse, lse_view = allocate_lse(q, options.packed, plan.lse_dtype)
+    return out, out_view, lse, lse_view
+
+
+def _overflow_check(plan: Plan, out_view: torch.Tensor, traced: bool = False):
+    """The call's :class:`OverflowCheck`, or None where it is not checked. Its row flags are
+    zero-filled where rows no kernel writes are read: by the compiled operator's caller
+    (``traced``), on the CPU, where the report counts the flags at the call, and where some
+    rows lie outside every sequence."""
+    if not plan.options.overflow_check:
+        return None
+    new = torch.zeros if traced or plan.on_host or not plan.covered else torch.empty
+    return OverflowCheck(new(out_view.shape[:3], dtype=torch.uint8, device=out_view.device))
 
 
 def execute(plan: Plan, call: Call, golden: bool, traced: bool = False):
@@ -208,13 +228,7 @@ def execute(plan: Plan, call: Call, golden: bool, traced: bool = False):
     if convert:
         q, k, v = to_fp16_checked((q, k, v), ("query", "key", "value"))
 
-    # every row a backend does not write (past a query length, between packed sequences)
-    # must read 0; when every row is written, skip the fill
-    out, out_view = allocate_output(q, v, options.out_layout, options.out_dtype,
-                                    zero=not plan.covered)
-    lse, lse_view = (allocate_lse(q, options.packed, plan.lse_dtype) if options.want_lse
-                     else (None, None))
-    lse_out = lse if options.want_lse else lse_placeholder(query.device)
+    out, out_view, lse_out, lse_view = _outputs(plan, q, v)
     if q.numel() == 0 or out.numel() == 0:
         if not golden and not traced:
             overflow.record_unchecked(options.allocation.name, plan.backend)
@@ -222,14 +236,7 @@ def execute(plan: Plan, call: Call, golden: bool, traced: bool = False):
                  if options.overflow_check
                  else torch.empty(0, dtype=torch.uint8, device=query.device))
         return (out, lse_out, flags) if traced else (out, lse_out)
-    check = None
-    if options.overflow_check:
-        # zero-filled where rows no kernel writes are read: by the compiled operator's
-        # caller, on the CPU, where the report counts the flags at the call, and where some
-        # rows lie outside every sequence
-        check = OverflowCheck((torch.zeros if traced or plan.on_host or not plan.covered
-                               else torch.empty)(
-            out_view.shape[:3], dtype=torch.uint8, device=out_view.device))
+    check = _overflow_check(plan, out_view, traced)
     problem = AttentionProblem(
         query=q, key=k, value=v, out=out_view, lse=lse_view, q_lens=plan.q_lens,
         kv_lens=plan.kv_lens, q_starts=plan.q_starts, kv_starts=kv_starts,
