@@ -32,6 +32,7 @@ import time
 import torch
 
 import pasa_npu
+from pasa_npu.fallback import kernel_common
 from pasa_npu.fallback.triton import tuning as triton_tuning
 from pasa_npu.tools import bench_paged
 from pasa_npu.tools.bench_check import chance_outside, check_comparison, check_markdown
@@ -160,6 +161,9 @@ def run_case(case, algorithms, mask, progress=print, paged_cache=None,
                 _add_graph_tflops(row[f"{name} paged"], paged_call, flops)
     for name, us in host_us({n: fn for n, fn in calls.items() if "error" not in row[n]}).items():
         row[name]["host_us"] = us
+    for name, entry in row.items():
+        if name in calls and "error" not in entry and not name.startswith("sdpa"):
+            entry["launches"] = triton_launches(calls[name])
     _all_sdpa_backends()
     progress(row_text(row, algorithms))
     return row
@@ -205,6 +209,35 @@ def host_us(calls: dict, rounds: int = 10, per_round: int = 5) -> dict:
                 times[name].append(time.perf_counter() - t0)
         torch.cuda.synchronize()
     return {name: statistics.median(t) * 1e6 for name, t in times.items()}
+
+
+def triton_launches(call) -> int:
+    """Triton kernel launches that one call of a plan already recorded makes."""
+    before = kernel_common.FAST_LAUNCHES[0]
+    call()
+    return kernel_common.FAST_LAUNCHES[0] - before
+
+
+def empty_launch_us() -> float:
+    """Host µs of one launch of an empty Triton kernel the way a recorded call launches its
+    kernels (:class:`~pasa_npu.fallback.kernel_common.PreparedLaunch`: Triton's C launcher,
+    no argument binding), measured as :func:`host_us` measures calls: the floor of each
+    launch in a call's host time."""
+    import triton
+
+    @triton.jit
+    def empty(x):
+        pass
+
+    x = torch.zeros(1, device="cuda")
+    roles = {"x": x}
+    binding = kernel_common.Binding(roles)
+    binding.launch(empty, (1,), x)
+    prepared = binding.prepared()
+    if prepared is None:
+        return float("nan")  # a Triton whose internals the direct launch does not know
+    (launch,) = prepared.actions
+    return host_us({"empty": lambda: launch.run(roles)})["empty"]
 
 
 def _add_graph_tflops(entry: dict, call, flops: float) -> None:
@@ -307,7 +340,9 @@ def _run(args, tuning, out: pathlib.Path) -> int:
               "copy_gbs": copy_bandwidth_gbs(), "rows": [],
               "overflow_check": args.overflow_check,
               "paged_cache": None if args.paged == "none" else args.paged}
-    print(f"{result['device']}: copy bandwidth {result['copy_gbs']:.0f} GB/s; tuning "
+    result["empty_launch_us"] = empty_launch_us()
+    print(f"{result['device']}: copy bandwidth {result['copy_gbs']:.0f} GB/s; an empty "
+          f"kernel's launch {result['empty_launch_us']:.1f} µs of host time; tuning "
           f"{result['tuning']}", flush=True)
     seqs = args.seqs or ((1024, 4096) if args.quick else (1024, 4096, 16384))
     cases = [] if args.no_prefill else list(prefill_cases(dims=args.dims, seqs=seqs))

@@ -118,7 +118,31 @@ def _host_markdown(result) -> list:
                 text += f" / {(e['ms'] - e['graph_ms']) * 1e3:.0f}"
             cells.append(text)
         lines.append(f"| {case_text(row)} | " + " | ".join(cells) + " |")
-    return lines
+    return lines + _launches_markdown(result, rows, names)
+
+
+def _launches_markdown(result, rows, names) -> list:
+    """The Triton launches each of our calls makes, per kind of case, and the host time of
+    one empty kernel's launch made the same way: the floor each launch adds."""
+    parts = []
+    for kind in ("prefill", "decode"):
+        counts = {}
+        for row in rows:
+            for name in names:
+                if row["kind"] == kind and "launches" in row.get(name, {}):
+                    counts.setdefault(name, set()).add(row[name]["launches"])
+        if counts:
+            parts.append(f"{kind}: " + ", ".join(
+                f"{name} {'-'.join(str(n) for n in sorted({min(c), max(c)}))}"
+                for name, c in counts.items()))
+    if not parts:
+        return []
+    floor = result.get("empty_launch_us")
+    text = "Triton kernel launches per call (SDPA: one kernel): " + "; ".join(parts) + "."
+    if floor is not None:
+        text += (f" One launch of an empty kernel, made as a recorded call makes its launches, "
+                 f"takes {floor:.1f} µs of host time here.")
+    return ["", text]
 
 
 def case_text(row) -> str:

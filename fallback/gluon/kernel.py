@@ -48,10 +48,11 @@ def _loader(q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, page
     q_len, kv_len, band_pre, band_next = (sizes.q_len, sizes.kv_len, sizes.band_pre,
                                           sizes.band_next)
     total = n_tiles * n_pairs
+    GROUPS: gl.constexpr = BLOCK_M // ROWS  # consumer groups, each with its part of Q
     stage_bytes: gl.constexpr = (k_desc.block_type.nbytes + v_desc.block_type.nbytes
                                  + (m_desc.block_type.nbytes if EXACT_SHIFT else 0))
     if SHIFT_KEYS:
-        await_shifted_keys(key_shift, gl.num_programs(0) * (BLOCK_M // ROWS))
+        await_shifted_keys(key_shift, gl.num_programs(0) * GROUPS)
     it = 0  # kv blocks loaded by this program so far, over all its tiles
     n = 0  # tiles so far
     t = gl.program_id(0)
@@ -59,7 +60,7 @@ def _loader(q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, page
         b, h, hk, m0 = query_tile(t, n_tiles, n_pairs, tile_group, n_heads, group, q_len, BLOCK_M)
         lo, hi, full_lo, full_hi, pre, nxt = tile_kv_blocks(
             m0, q_len, kv_len, band_pre, band_next, b, HAS_BAND, BLOCK_M, BLOCK_N)
-        for w in gl.static_range(BLOCK_M // ROWS):
+        for w in gl.static_range(GROUPS):
             mbarrier.wait(q_empty.index(w), (n & 1) ^ 1, pred=n > 0)
             mbarrier.expect(q_bar.index(w), q_desc.block_type.nbytes)
             # a group of rows before row 0 loads row 0's and never reads them
@@ -96,7 +97,7 @@ def _loader(q_desc, k_desc, v_desc, m_desc, queries, ring, schedule, sizes, page
         gl.atomic_xchg(next_tile, 0)
         if SHIFT_KEYS:  # every loader is past its wait: it drew a tile after it
             gl.atomic_xchg(key_shift.arrivals, 0)
-    for w in gl.static_range(BLOCK_M // ROWS):
+    for w in gl.static_range(GROUPS):
         mbarrier.wait(q_empty.index(w), (n & 1) ^ 1, pred=n > 0)
     publish_tile(tile_ids, tile_ready, t, n)
 
@@ -118,10 +119,10 @@ def _consumer(queries, ring, schedule, sizes, output, ones, key_shift, W: gl.con
     BLOCK_N: gl.constexpr = variant.BLOCK_N
     HEAD_DIM: gl.constexpr = variant.HEAD_DIM
     STAGES: gl.constexpr = variant.STAGES
+    GROUPS: gl.constexpr = BLOCK_M // ROWS
     if variant.SHIFT_KEYS:
-        shift_keys_part(key_shift, sizes, gl.program_id(0) * (BLOCK_M // ROWS) + W,
-                        gl.num_programs(0) * (BLOCK_M // ROWS), EXACT_SHIFT, BLOCK_N,
-                        HEAD_DIM)
+        shift_keys_part(key_shift, sizes, gl.program_id(0) * GROUPS + W,
+                        gl.num_programs(0) * GROUPS, EXACT_SHIFT, BLOCK_N, HEAD_DIM)
     q_smem = queries.smem
     tile_ids, tile_ready, n_tiles, n_pairs = (schedule.ids, schedule.ready, schedule.n_tiles,
                                               schedule.n_pairs)

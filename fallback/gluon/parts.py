@@ -241,8 +241,7 @@ def shift_keys_part(key_shift, sizes, part, parts, EXACT_SHIFT: gl.constexpr,
         base = ((pair // key_shift.n_kv_heads).to(gl.int64) * key_shift.stride_b
                 + (pair % key_shift.n_kv_heads).to(gl.int64) * key_shift.stride_h)
         k = gl.load(key_shift.k + base + keys[:, None].to(gl.int64) * key_shift.stride_s
-                    + dims[None, :], mask=(keys < sizes.kv_len)[:, None]
-                    & (dims < HEAD_DIM)[None, :], other=0.0)
+                    + dims[None, :], mask=(keys < sizes.kv_len)[:, None], other=0.0)
         shifted, mean = shift_keys_in_kernel(k, key_shift.table, sizes.scale,
                                              sizes.kv_len - blk * BLOCK_N, EXACT_SHIFT, True,
                                              BLOCK_N, rows)

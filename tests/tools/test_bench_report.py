@@ -210,3 +210,16 @@ def test_host_table_shows_microseconds_ratio_to_flash_and_eager_minus_graph():
     assert "| d=128 S=4096 none | 60 (3.0) | 20 (1.0) | - |" in text
     assert "| decode d=128 S2=8192 GQA 4:1 | 45 (1.5) / 40 | 30 (1.0) / 5 | - |" in text
     assert "d=128 S=16384" not in text.split("Host time")[1]  # no host times in that row
+
+
+def test_host_table_counts_our_launches_per_kind_and_states_the_empty_launch():
+    result = _result()
+    result["empty_launch_us"] = 7.3
+    result["rows"][0]["pasa-exact"].update(host_us=60.0, launches=3)
+    result["rows"][1]["pasa-exact"] = {"tflops": 390.0, "host_us": 61.0, "launches": 2}
+    result["rows"][0]["sdpa-flash"].update(host_us=20.0)
+    result["rows"][2]["pasa-exact"].update(host_us=45.0, ms=0.150, graph_ms=0.110, launches=1)
+    text = bench_report.markdown(result)
+    assert ("Triton kernel launches per call (SDPA: one kernel): prefill: pasa-exact 2-3; "
+            "decode: pasa-exact 1. One launch of an empty kernel, made as a recorded call "
+            "makes its launches, takes 7.3 µs of host time here.") in text
