@@ -311,7 +311,8 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
     n_blocks = max(1, cdiv(problem.max_kv_len, shared.constexprs["BLOCK_N"]))
     sms = 132 if shared.interpret else sm_count(q.device.index or 0)
     shift_site = heuristics.decode_shift_site(problem.allocation, tuning)
-    shallow = heuristics.shallow_decode(problem.allocation, problem.paged, head_dim_p)
+    shallow = heuristics.shallow_decode(problem.allocation, problem.paged, head_dim_p, n_blocks,
+                                        batch * n_kv * n_chunks, sms)
     resident = heuristics.decode_resident(shift_site, head_dim_p, block_g, shallow)
     n_splits = heuristics.decode_splits(n_blocks, batch * n_kv * n_chunks, sms, resident)
     blocks_per_split = cdiv(n_blocks, n_splits)

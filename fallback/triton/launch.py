@@ -107,14 +107,31 @@ def decode_stages(shift_site: str, head_dim: int, shallow: bool = False) -> int:
     return stages - 1 if head_dim > 128 else stages
 
 
-def shallow_decode(allocation: Allocation, paged: bool, head_dim: int) -> bool:
+#: contiguous pasa decode runs shallow (:func:`shallow_decode`) where its programs, two per
+#: SM, then still take this many kv blocks each on average
+SHALLOW_MIN_BLOCKS = 24
+
+
+def shallow_allowed(allocation: Allocation, head_dim: int) -> bool:
+    """Whether :func:`shallow_decode` may pick two shallow programs per SM for
+    ``allocation`` at ``head_dim``."""
+    return allocation.pseudo_average_shift and 64 < head_dim <= 128
+
+
+def shallow_decode(allocation: Allocation, paged: bool, head_dim: int, n_blocks: int = 0,
+                   groups: int = 1, sms: int = 1) -> bool:
     """Whether decode runs two shallow programs per SM rather than one deep one: for pasa's
-    (and pasa-mixed's) table shift read through a block table at 64 < d <= 128, where one
-    program of three stages fills an SM. That program left the kernel well short of its
-    contiguous speed on an H200; two shallow ones match it (``pasa-bench``,
-    docs/bench/h200/decode). The other allocations are no faster so; other head dims were
-    not measured."""
-    return paged and allocation.pseudo_average_shift and 64 < head_dim <= 128
+    (and pasa-mixed's) table shift at 64 < d <= 128, where one program of three stages
+    fills an SM; read through a block table always, contiguous where two programs on each
+    of ``sms`` SMs still take :data:`SHALLOW_MIN_BLOCKS` kv blocks each on average
+    (``groups`` (batch, kv head, chunk) of ``n_blocks`` blocks each). Measured on an H200
+    (``pasa-bench``, docs/bench/h200/decode): paged, the deep program left the kernel well
+    short of its contiguous speed and two shallow ones match it; contiguous, at S2 = 32k
+    (31 and 62 blocks a program on average) two shallow ones are faster, at 8k (8 and 16)
+    slower. The other allocations are no faster so; other head dims were not measured."""
+    if not shallow_allowed(allocation, head_dim):
+        return False
+    return paged or n_blocks * groups >= SHALLOW_MIN_BLOCKS * 2 * sms
 
 
 def paged_stages(stages: int) -> int:

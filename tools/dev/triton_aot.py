@@ -326,6 +326,10 @@ def _decode_variants(alg: str, allocation, head_dim: int):
                       BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
         yield ("decode_split_kernel", f"{alg} decode g={block_g} d={head_dim}", consts, 4,
                stages, fp_fusion)
+        if triton_launch.shallow_allowed(allocation, head_dim):  # long contiguous caches
+            yield ("decode_split_kernel", f"{alg} shallow decode g={block_g} d={head_dim}",
+                   consts, 4, triton_launch.decode_stages(shift_site, head_dim, True),
+                   fp_fusion)
     block_g = triton_launch.decode_block_g(4, head_dim)
     shallow = triton_launch.shallow_decode(allocation, True, head_dim)
     stages = triton_launch.paged_stages(triton_launch.decode_stages(shift_site, head_dim, shallow))
@@ -401,7 +405,8 @@ def main(argv=None) -> int:
                 n = resident_per_sm(smem, use["REG"], warps)
                 allocation = ALLOCATIONS[label.split()[0]]
                 site = triton_launch.decode_shift_site(allocation, DEFAULT_TUNING)
-                shallow = triton_launch.shallow_decode(allocation, consts["PAGED"], d)
+                shallow = " shallow " in label or triton_launch.shallow_decode(
+                    allocation, consts["PAGED"], d)
                 assumed = triton_launch.decode_resident(site, d, consts["BLOCK_G"], shallow)
                 resident = f"  resident {n}"
                 if n != assumed:

@@ -77,16 +77,20 @@ def test_every_kernel_variant_compiles_for_sm90(aot_report):
         # at d = 128 the paged variants of pasa-exact, pasa and fa-fp32: causal prefill,
         # decode (fa-fp32 also with kv blocks straddling cache blocks), the Gluon prefill;
         # the overflow repair's launch after prefill, contiguous and paged; the Gluon
-        # prefill of pasa-exact and pasa with the key shift in its launch
+        # prefill of pasa-exact and pasa with the key shift in its launch; at d = 128 the
+        # shallow decode (two programs per SM) of the table-shift allocations, pasa and
+        # pasa-mixed, which long contiguous caches take
         gluon = 11 if d == 128 and gluon_prefill.AVAILABLE else 0
         modes = 3 if d == 128 else 2
         paged_decode = 4 if d == 128 else 0
         paged = 3 + paged_decode if d == 128 else 0
+        shallow = 2 * decode_tiles if d == 128 else 0
         assert report.count("smem") == ((6 + 1 + 3) * modes + 6 * decode_tiles + gluon
-                                        + paged + 2), report
+                                        + paged + shallow + 2), report
         assert report.count("repair ") == 2, report
         assert report.count("(gluon)") == gluon, report
-        assert report.count(" resident ") == 6 * decode_tiles + paged_decode, report
+        assert report.count(" resident ") == 6 * decode_tiles + paged_decode + shallow, report
+        assert report.count(" shallow decode ") == shallow, report
         assert report.count(" paged ") == paged + (3 if gluon and d == 128 else 0) + 1, report
 
 
