@@ -218,11 +218,11 @@ def triton_launches(call) -> int:
     return kernel_common.FAST_LAUNCHES[0] - before
 
 
-def empty_launch_us() -> float:
+def empty_launch_us():
     """Host µs of one launch of an empty Triton kernel the way a recorded call launches its
     kernels (:class:`~pasa_npu.fallback.kernel_common.PreparedLaunch`: Triton's C launcher,
     no argument binding), measured as :func:`host_us` measures calls: the floor of each
-    launch in a call's host time."""
+    launch in a call's host time. None where this Triton's launches are not recorded."""
     import triton
 
     @triton.jit
@@ -235,7 +235,7 @@ def empty_launch_us() -> float:
     binding.launch(empty, (1,), x)
     prepared = binding.prepared()
     if prepared is None:
-        return float("nan")  # a Triton whose internals the direct launch does not know
+        return None  # a Triton whose internals the direct launch does not know
     (launch,) = prepared.actions
     return host_us({"empty": lambda: launch.run(roles)})["empty"]
 
@@ -341,9 +341,11 @@ def _run(args, tuning, out: pathlib.Path) -> int:
               "overflow_check": args.overflow_check,
               "paged_cache": None if args.paged == "none" else args.paged}
     result["empty_launch_us"] = empty_launch_us()
+    launch_us = result["empty_launch_us"]
     print(f"{result['device']}: copy bandwidth {result['copy_gbs']:.0f} GB/s; an empty "
-          f"kernel's launch {result['empty_launch_us']:.1f} µs of host time; tuning "
-          f"{result['tuning']}", flush=True)
+          f"kernel's launch "
+          f"{'not recorded' if launch_us is None else f'{launch_us:.1f} µs of host time'}; "
+          f"tuning {result['tuning']}", flush=True)
     seqs = args.seqs or ((1024, 4096) if args.quick else (1024, 4096, 16384))
     cases = [] if args.no_prefill else list(prefill_cases(dims=args.dims, seqs=seqs))
     if not (args.quick or args.no_decode):
