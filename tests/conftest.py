@@ -36,3 +36,15 @@ sys.path.insert(0, _HERE)
 settings.register_profile("ci", deadline=None, max_examples=30, derandomize=True,
                           print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    """Every test plans its calls anew: a plan cached by an earlier test's identical call
+    would repeat that call's recorded launches (on a GPU) without asking the backend's
+    heuristics again, so a test's outcome would depend on the tests before it."""
+    import pasa_npu
+    pasa_npu.plans.clear()

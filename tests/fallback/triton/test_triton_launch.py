@@ -14,13 +14,6 @@ from _bounds import assert_triton_matches_cpu, triton_numerics
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not installed")
 
 
-@pytest.fixture(autouse=True)
-def fresh_plans():
-    """Each test plans its calls anew: a cached plan of an earlier test's identical call
-    would repeat that call's recorded launches without asking the heuristics again."""
-    pasa_npu.plans.clear()
-
-
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
 @pytest.mark.parametrize("splits", ["one", "chosen", "one per block", "shallow"])
 def test_decode_split_counts_agree_with_cpu_backend(splits, algorithm, monkeypatch):
