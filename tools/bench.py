@@ -340,12 +340,10 @@ def _run(args, tuning, out: pathlib.Path) -> int:
               "copy_gbs": copy_bandwidth_gbs(), "rows": [],
               "overflow_check": args.overflow_check,
               "paged_cache": None if args.paged == "none" else args.paged}
-    result["empty_launch_us"] = empty_launch_us()
-    launch_us = result["empty_launch_us"]
+    launch_us = result["empty_launch_us"] = empty_launch_us()
+    launch_text = "not recorded" if launch_us is None else f"{launch_us:.1f} µs of host time"
     print(f"{result['device']}: copy bandwidth {result['copy_gbs']:.0f} GB/s; an empty "
-          f"kernel's launch "
-          f"{'not recorded' if launch_us is None else f'{launch_us:.1f} µs of host time'}; "
-          f"tuning {result['tuning']}", flush=True)
+          f"kernel's launch {launch_text}; tuning {result['tuning']}", flush=True)
     seqs = args.seqs or ((1024, 4096) if args.quick else (1024, 4096, 16384))
     cases = [] if args.no_prefill else list(prefill_cases(dims=args.dims, seqs=seqs))
     if not (args.quick or args.no_decode):
