@@ -53,6 +53,30 @@ def using_model_parameters(params: dict) -> Iterator[None]:
         _model = saved
 
 
+#: host tiling choices a caller may force (the host picks each where it is 0): ``vec_chunk_rows``,
+#: the rows a vector core works on at once (a multiple of 16 dividing its rows)
+TILING_CHOICES = ("vec_chunk_rows",)
+_forced: dict = {}
+
+
+@contextlib.contextmanager
+def forcing_tiling(**choices: int) -> Iterator[None]:
+    """Run the calls inside with the host's tiling choices forced (:data:`TILING_CHOICES`),
+    e.g. ``forcing_tiling(vec_chunk_rows=16)``; the host rejects a choice that does not fit."""
+    global _forced
+    unknown = sorted(set(choices) - set(TILING_CHOICES))
+    if unknown:
+        raise ValueError(f"unknown tiling choice(s) {unknown}; known: {list(TILING_CHOICES)}")
+    for name, value in choices.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"tiling choice {name!r} must be an int >= 0, got {value!r}")
+    saved, _forced = _forced, dict(choices)
+    try:
+        yield
+    finally:
+        _forced = saved
+
+
 def unsupported_reason(problem: AttentionProblem, backend: str) -> Optional[str]:
     """None when the kernels compute ``problem`` exactly as specified on CPU tensors, else the
     feature they lack, in a sentence naming ``backend``."""
@@ -111,7 +135,7 @@ def run(problem: AttentionProblem, engine, backend: str) -> tuple[object, dict]:
         **paged_params(call),
         scale=float(problem.scale), beta=float(problem.beta), q_tile=problem.tiling.q_block,
         kv_block=problem.tiling.kv_block, core_num=int(_model["core_num"]), timeout_s=WAIT_TIMEOUT_S,
-        timing=npu_params.timing_only(_model))
+        timing=npu_params.timing_only(_model), **_forced)
     lengths = {name: t.numpy() for name, t in call.lengths.items()}
     try:
         tiling = engine.tiling({k: v for k, v in params.items() if k != "timing"}, lengths)

@@ -23,11 +23,11 @@ from typing import Optional
 
 from pasa_npu import _ascendc_emu  # ImportError when the extension was not built
 from pasa_npu import ascendc_cpu
-from pasa_npu.ascendc_cpu import model_parameters, using_model_parameters
+from pasa_npu.ascendc_cpu import forcing_tiling, model_parameters, using_model_parameters
 from pasa_npu.kernel_inputs import TILING_KEYS
 from pasa_npu.problem import AttentionProblem
 
-__all__ = ["TILING_KEYS", "last_run_stats", "model_parameters",
+__all__ = ["TILING_KEYS", "forcing_tiling", "last_run_stats", "model_parameters",
            "using_model_parameters", "unsupported_reason", "run"]
 
 #: pipes of the timing model, and the two chip-wide bandwidth bounds it also reports

@@ -70,6 +70,9 @@ py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
     d["repair_in_launch"] = t.repairTilingOffset != 0;
     d["prep_dim"] = t.prepDim;
     d["merge_dim"] = t.mergeDim;
+    d["cube_rows"] = t.cubeRows;
+    d["vec_rows"] = t.vecRowsPad;
+    d["vec_chunk_rows"] = t.vecChunkRows;
     d["ub_score_buffers"] = t.ubScoreBuffers;
     d["ub_prob_buffers"] = t.ubProbBuffers;
     d["ub_pv_buffers"] = t.ubPvBuffers;

@@ -282,7 +282,9 @@ void SetPrepDim(const PasaProblem& p, PasaTilingData& t)
     t.prepDim = prepare ? static_cast<uint32_t>(std::min<uint64_t>(p.coreNum, std::max<uint64_t>(1, keyBlocks * p.numKvHeads))) : 0;
 }
 
-// AIC buffers: Q, K' (or K), V, P' and the means in L1 (PASA_*_BUFFERS each); two L0A, two L0B and two L0C buffers.
+// AIC buffers: Q, K' (or K), V, P' and the means in L1 (PASA_*_BUFFERS each); two L0A, two L0B and two
+// L0C buffers, each holding a piece of cubeRows rows: all of the tile's where they fit, else the most
+// (a multiple of 16) that do.
 void PlanCube(PasaTilingData& t, PasaBudget& b)
 {
     const bool exact = t.tilingKey == PASA_KEY_PASA_EXACT && !t.shiftScores;  // the row constants' Mmad
@@ -296,30 +298,38 @@ void PlanCube(PasaTilingData& t, PasaBudget& b)
     b.l1 = static_cast<uint64_t>(PASA_QUERY_BUFFERS) * t.l1QueryBytes + static_cast<uint64_t>(PASA_KEY_BUFFERS) * t.l1KeyBytes +
            static_cast<uint64_t>(PASA_VALUE_BUFFERS) * t.l1ValueBytes + static_cast<uint64_t>(PASA_PROB_BUFFERS) * t.l1ProbBytes +
            static_cast<uint64_t>(PASA_MEAN_BUFFERS) * t.l1MeanBytes;
-    t.l0aBytes = Align(std::max({mp * d, mp * n, exact ? meanRows * d : 0u}) * 2, 512);
-    t.l0bBytes = Align(std::max({n * d, n * dv, exact ? mp * d : 0u}) * 2, 512);
-    t.l0cBytes = Align(std::max({mp * n, mp * dv, exact ? meanRows * mp : 0u}) * 4, 1024);
-    b.l0a = 2ull * t.l0aBytes;
-    b.l0b = 2ull * t.l0bBytes;
-    b.l0c = 2ull * t.l0cBytes;
+    for (uint32_t rows = mp; rows >= 16; rows -= 16) {
+        t.cubeRows = rows;
+        t.l0aBytes = Align(std::max({rows * d, rows * n, exact ? meanRows * d : 0u}) * 2, 512);
+        t.l0bBytes = Align(std::max({n * d, n * dv, exact ? rows * d : 0u}) * 2, 512);
+        t.l0cBytes = Align(std::max({rows * n, rows * dv, exact ? meanRows * rows : 0u}) * 4, 1024);
+        b.l0a = 2ull * t.l0aBytes;
+        b.l0b = 2ull * t.l0bBytes;
+        b.l0c = 2ull * t.l0cBytes;
+        if (b.l0a <= kL0ABytes && b.l0b <= kL0BBytes && b.l0c <= kL0CBytes) return;
+    }
 }
 
-// AIV buffers (per vector core, vecRowsPad rows): score, P' and P'V tiles (double-buffered when
-// they fit: P' gives way first, then P'V, then the scores), the accumulator, an fp32 work tile,
-// the reduction tree (also the output staging), the mask tile and the statistics.
-void PlanVector(PasaTilingData& t, PasaBudget& b)
+// AIV buffers (per vector core). A vector core works on its vecRowsPad rows in chunks of vecChunkRows:
+// the score, P' and P'V tiles (double-buffered when they fit: P' gives way first, then P'V, then the
+// scores), the fp32 work tile, the reduction tree (also the output staging), the mask bit tiles and the
+// mask bytes hold a chunk; the accumulator, the statistics and the rows' positions (rel, broadcast) hold
+// all of them. The chunk is all the rows where that fits, else the largest multiple of 16 dividing them
+// that does (or the problem's vecChunkRows).
+uint64_t PlanVectorChunk(PasaTilingData& t, uint32_t r)
 {
-    const uint32_t r = t.vecRowsPad, n = t.kvBlock, dv = t.headDimV;
+    const uint32_t all = t.vecRowsPad, n = t.kvBlock, dv = t.headDimV;
     const bool fa = t.tilingKey == PASA_KEY_FA_FP32, pasa = t.tilingKey == PASA_KEY_PASA;
+    t.vecChunkRows = r;
     t.ubScoreBytes = r * n * (fa || t.shiftScores ? 4 : 2);  // fp32 scores, shifted in place to fp16 S'
     t.ubProbBytes = r * n * 2;
     t.ubPvBytes = r * dv * (fa ? 4 : 2);
-    t.ubAccBytes = r * dv * (pasa ? 2 : 4);
+    t.ubAccBytes = all * dv * (pasa ? 2 : 4);
     t.ubWorkBytes = fa ? 32 : r * std::max(n, dv) * 4;
     t.ubTreeBytes = r * std::max(n, dv) * 2 + 32 * r;
-    // the column index row, the broadcast row offsets, two bit tiles, row bits
-    t.ubMaskBytes = Align(n * 2, 32) + 32 * r + 2 * Align(r * n / 8, 32) + Align(r, 32) + 32;
-    t.ubStatBytes = PASA_VEC_STAT_UNITS * r * 4;
+    // the column index row, the broadcast row positions (all rows), two bit tiles, row bits
+    t.ubMaskBytes = Align(n * 2, 32) + 32 * all + 2 * Align(r * n / 8, 32) + Align(r, 32) + 32;
+    t.ubStatBytes = PASA_VEC_STAT_UNITS * all * 4;
     t.ubMaskTileBytes = t.hasMask ? r * n : 0;
     const uint64_t fixed = static_cast<uint64_t>(t.ubAccBytes) + t.ubWorkBytes + t.ubTreeBytes + t.ubMaskBytes +
                            t.ubStatBytes + 2ull * Align(r * 4, 32) + t.ubMaskTileBytes;
@@ -332,7 +342,25 @@ void PlanVector(PasaTilingData& t, PasaBudget& b)
     t.ubScoreBuffers = score;
     t.ubProbBuffers = prob;
     t.ubPvBuffers = pv;
-    b.ub = need();
+    return need();
+}
+
+void PlanVector(const PasaProblem& p, PasaTilingData& t, PasaBudget& b)
+{
+    const uint32_t all = t.vecRowsPad;
+    if (p.vecChunkRows != 0) {
+        if (p.vecChunkRows % 16 != 0 || all % std::min(p.vecChunkRows, all) != 0) {
+            Reject("vecChunkRows must be a multiple of 16 that divides the vector core's " + std::to_string(all) +
+                   " rows, got " + std::to_string(p.vecChunkRows));
+        }
+        b.ub = PlanVectorChunk(t, std::min(p.vecChunkRows, all));
+        return;
+    }
+    for (uint32_t r = all; r >= 16; r -= 16) {
+        if (all % r != 0) continue;
+        b.ub = PlanVectorChunk(t, r);
+        if (b.ub <= kUbUserBytes) return;
+    }
 }
 
 void PlanPreprocessing(const PasaTilingData& t, PasaBudget& b)
@@ -426,7 +454,7 @@ PasaTilingData ComputeTiling(const PasaProblem& p, const BatchLengths* lengths, 
                " keeps K' per physical block: kvBlock (" + std::to_string(p.kvBlock) + ") must divide blockSize (" +
                std::to_string(p.blockSize) + ")");
     }
-    PlanVector(t, b);
+    PlanVector(p, t, b);
     PlanPreprocessing(t, b);
     CheckBudgets(p, b);
     if (budget != nullptr) *budget = b;

@@ -51,6 +51,7 @@ struct PasaProblem {
     uint32_t qTile = 128;    // q_block: rows a tile may hold
     uint32_t kvBlock = 128;
     uint32_t kvSplits = 0;   // kv ranges per decode task; 0: chosen for the core count
+    uint32_t vecChunkRows = 0;  // rows a vector core works on at once; 0: the most that fit its UB
     uint32_t coreNum = kDefaultCoreNum;
 };
 

@@ -10,6 +10,10 @@
 // MTE1_MTE2 event IDs. L0A, L0B and L0C are ping-pong pairs: the next operand loads while the
 // current Mmad runs, and a Fixpipe drains one L0C tile while the next Mmad fills the other.
 //
+// A tile of more rows than tiling.cubeRows is multiplied in pieces of that many rows (L0A and L0C
+// hold a piece): the key or value block stays in L0B for all of them, the row constants' Mmad takes
+// the pieces' Q rows one after the other.
+//
 // Keys and values come from the dense tensors (at the batch's start when packed) or, paged,
 // through the block table: a kv block is copied in runs that each stay inside one physical block.
 //
@@ -150,27 +154,29 @@ private:
 
     // An L0C tile (rows x cols, rows padded to mp) to a GM slot, row-major: fp32 for fa-fp32, the
     // row constants and (shiftScores) the raw score tiles, rounded to fp16 by the Fixpipe otherwise.
+    // `pitch`: elements between the destination's rows (0: cols).
     template <typename Out>
     __aicore__ inline void Drain(GM_ADDR dst, const LocalTensor<float>& c, uint32_t cols, uint32_t rows, uint32_t mp,
-                                 QuantMode_t quant)
+                                 QuantMode_t quant, uint32_t pitch = 0)
     {
         GlobalTensor<Out> g;
         g.SetGlobalBuffer(reinterpret_cast<__gm__ Out*>(dst));
         Fixpipe<Out, float, CFG_ROW_MAJOR>(g, c, FixpipeParamsV220(static_cast<uint16_t>(cols), static_cast<uint16_t>(rows),
-            static_cast<uint16_t>(mp), cols, false, quant, 0, 1, 0, 0, 0));
+            static_cast<uint16_t>(mp), pitch == 0 ? cols : pitch, false, quant, 0, 1, 0, 0, 0));
     }
-    // A score tile, or (pv) a P'V tile.
-    __aicore__ inline void DrainTile(GM_ADDR dst, const LocalTensor<float>& c, uint32_t cols, uint32_t rows, uint32_t mp,
-                                     bool pv = false)
+    // Rows [m0, m0 + rows) of a score tile, or (pv) of a P'V tile, to their slot (row-major, cols a row).
+    __aicore__ inline void DrainTile(GM_ADDR slot, uint32_t m0, const LocalTensor<float>& c, uint32_t cols, uint32_t rows,
+                                     uint32_t mp, bool pv = false)
     {
         if (key_ == PASA_KEY_FA_FP32 || (t_->shiftScores && !pv)) {
-            Drain<float>(dst, c, cols, rows, mp, QuantMode_t::NoQuant);
+            Drain<float>(slot + static_cast<uint64_t>(m0) * cols * sizeof(float), c, cols, rows, mp, QuantMode_t::NoQuant);
         } else {
-            Drain<half>(dst, c, cols, rows, mp, QuantMode_t::F322F16);
+            Drain<half>(slot + static_cast<uint64_t>(m0) * cols * sizeof(half), c, cols, rows, mp, QuantMode_t::F322F16);
         }
     }
 
-    // pasa-exact: C^T (blocks x rows) = Means_chunk Q^T for the task's blocks [i0, i0 + PASA_CONST_BLOCKS).
+    // pasa-exact: C^T (blocks x rows) = Means_chunk Q^T for the task's blocks [i0, i0 + PASA_CONST_BLOCKS),
+    // one Mmad per piece of cubeRows query rows (the means stay in L0A).
     __aicore__ inline void RowConstants(const AttentionTask& task, const LocalTensor<T>& q1, uint32_t i0)
     {
         const PasaTilingData& t = *t_;
@@ -191,25 +197,31 @@ private:
         m1 = meanL1_.DeQue<T>();
         LocalTensor<T> a2 = ToL0a(m1, mb / kC0, d / kC0, mb);
         meanL1_.FreeTensor(m1);
-        LocalTensor<T> b2 = l0b_.AllocTensor<T>();
-        LoadData(b2, q1, LoadData2DParams(0, static_cast<uint8_t>((d / kC0) * (t.qTilePad / kC0)), 1, 0, 0, false, 0));
-        l0b_.EnQue(b2);
-        Multiply(a2, b2, blocks, t.qTilePad, d);
-        LocalTensor<float> c = l0c_.DeQue<float>();
-        Drain<float>(slots_.rowConst + (constCount_++ % PASA_CONST_SLOTS) * t.constSlotBytes, c, t.qTilePad, blocks, mb,
-                     QuantMode_t::NoQuant);
-        l0c_.FreeTensor(c);
+        a2 = l0a_.DeQue<T>();
+        GM_ADDR slot = slots_.rowConst + (constCount_++ % PASA_CONST_SLOTS) * t.constSlotBytes;
+        for (uint32_t m0 = 0; m0 < t.qTilePad; m0 += t.cubeRows) {
+            const uint32_t cols = Min(t.cubeRows, t.qTilePad - m0);
+            LocalTensor<T> b2 = l0b_.AllocTensor<T>();
+            for (uint32_t kb = 0; kb < d / kC0; ++kb) {  // the piece's rows of each column block of Q
+                LoadData(b2[kb * (cols / kC0) * kFractal], q1[kb * t.qTilePad * kC0 + m0 * kC0],
+                         LoadData2DParams(0, static_cast<uint8_t>(cols / kC0), 1, 0, 0, false, 0));
+            }
+            l0b_.EnQue(b2);
+            b2 = l0b_.DeQue<T>();
+            Multiply(a2, b2, blocks, cols, d);
+            l0b_.FreeTensor(b2);
+            LocalTensor<float> c = l0c_.DeQue<float>();
+            Drain<float>(slot + m0 * sizeof(float), c, cols, blocks, mb, QuantMode_t::NoQuant, t.qTilePad);
+            l0c_.FreeTensor(c);
+        }
+        l0a_.FreeTensor(a2);
     }
 
-    // One Mmad from the queued L0A/L0B operands into a fresh L0C buffer (enqueued).
-    __aicore__ inline void Multiply(LocalTensor<T>& a2, LocalTensor<T>& b2, uint32_t m, uint32_t n, uint32_t k)
+    // One Mmad of dequeued L0A/L0B operands into a fresh L0C buffer (enqueued).
+    __aicore__ inline void Multiply(const LocalTensor<T>& a2, const LocalTensor<T>& b2, uint32_t m, uint32_t n, uint32_t k)
     {
-        a2 = l0a_.DeQue<T>();
-        b2 = l0b_.DeQue<T>();
         LocalTensor<float> c = l0c_.AllocTensor<float>();
         Mmad(c, a2, b2, MmadParams(static_cast<uint16_t>(m), static_cast<uint16_t>(n), static_cast<uint16_t>(k), 0, false, true));
-        l0a_.FreeTensor(a2);
-        l0b_.FreeTensor(b2);
         l0c_.EnQue(c);
     }
 
@@ -272,15 +284,23 @@ private:
         }
         keyL1_.EnQue(k1);
         k1 = keyL1_.DeQue<T>();
-        LocalTensor<T> a2 = ToL0a(q1, mp / kC0, d / kC0, t.qTilePad);
         LocalTensor<T> b2 = l0b_.AllocTensor<T>();
         ToL0bRows(b2, k1, (d / kC0) * (n / kC0));
         l0b_.EnQue(b2);
         keyL1_.FreeTensor(k1);
-        Multiply(a2, b2, task.rows, n, d);
-        LocalTensor<float> c = l0c_.DeQue<float>();
-        DrainTile(slots_.score + (scoreCount_++ % PASA_SCORE_SLOTS) * t.scoreSlotBytes, c, n, task.rows, mp);
-        l0c_.FreeTensor(c);
+        b2 = l0b_.DeQue<T>();
+        GM_ADDR slot = slots_.score + (scoreCount_++ % PASA_SCORE_SLOTS) * t.scoreSlotBytes;
+        for (uint32_t m0 = 0; m0 < mp; m0 += t.cubeRows) {
+            const uint32_t rows = Min(t.cubeRows, task.rows - m0), rowsPad = Align16(rows);
+            LocalTensor<T> a2 = ToL0a(q1[m0 * kC0], rowsPad / kC0, d / kC0, t.qTilePad);
+            a2 = l0a_.DeQue<T>();
+            Multiply(a2, b2, rows, n, d);
+            l0a_.FreeTensor(a2);
+            LocalTensor<float> c = l0c_.DeQue<float>();
+            DrainTile(slot, m0, c, n, rows, rowsPad);
+            l0c_.FreeTensor(c);
+        }
+        l0b_.FreeTensor(b2);
         CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_S_READY);
     }
 
@@ -328,10 +348,6 @@ private:
                                        static_cast<uint16_t>((n / kC0) * kFractal)));
         probL1_.EnQue(p1);
         p1 = probL1_.DeQue<T>();
-        LocalTensor<T> a2 = l0a_.AllocTensor<T>();
-        LoadData(a2, p1, LoadData2DParams(0, static_cast<uint8_t>((mp / kC0) * (n / kC0)), 1, 0, 0, false, 0));
-        l0a_.EnQue(a2);
-        probL1_.FreeTensor(p1);
         v1 = valueL1_.DeQue<T>();
         LocalTensor<T> b2 = l0b_.AllocTensor<T>();
         if (valueZz_) {
@@ -344,10 +360,23 @@ private:
         }
         l0b_.EnQue(b2);
         valueL1_.FreeTensor(v1);
-        Multiply(a2, b2, task.rows, dv, n);
-        LocalTensor<float> c = l0c_.DeQue<float>();
-        DrainTile(slots_.pv + (pvCount_++ % PASA_PV_SLOTS) * t.pvSlotBytes, c, dv, task.rows, mp, true);
-        l0c_.FreeTensor(c);
+        b2 = l0b_.DeQue<T>();
+        GM_ADDR slot = slots_.pv + (pvCount_++ % PASA_PV_SLOTS) * t.pvSlotBytes;
+        for (uint32_t m0 = 0; m0 < mp; m0 += t.cubeRows) {  // P' is Zz: a piece's 16-row blocks are together
+            const uint32_t rows = Min(t.cubeRows, task.rows - m0), rowsPad = Align16(rows);
+            LocalTensor<T> a2 = l0a_.AllocTensor<T>();
+            LoadData(a2, p1[(m0 / kC0) * (n / kC0) * kFractal],
+                     LoadData2DParams(0, static_cast<uint8_t>((rowsPad / kC0) * (n / kC0)), 1, 0, 0, false, 0));
+            l0a_.EnQue(a2);
+            a2 = l0a_.DeQue<T>();
+            Multiply(a2, b2, rows, dv, n);
+            l0a_.FreeTensor(a2);
+            LocalTensor<float> c = l0c_.DeQue<float>();
+            DrainTile(slot, m0, c, dv, rows, rowsPad, true);
+            l0c_.FreeTensor(c);
+        }
+        probL1_.FreeTensor(p1);
+        l0b_.FreeTensor(b2);
         CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_PV_READY);
     }
 

@@ -1,7 +1,9 @@
 // The vector side (AIV) of the PASA attention kernel. Each AIV owns a fixed band of rows of
-// every tile (the first vecRows rows, or the rest) and works on them as whole tiles: every
-// instruction covers all of the AIV's rows (vecRowsPad, padding rows computed and never
-// stored), no loop runs over rows and the scalar unit reads no UB in the per-block steps.
+// every tile (the first vecRows rows, or the rest) and works on them in chunks of
+// tiling.vecChunkRows rows (all of them where its UB holds their tiles): every instruction covers
+// a whole chunk (padding rows computed and never stored), no loop runs over rows and the scalar
+// unit reads no UB in the per-block steps. The statistics and the accumulator hold every row of
+// the band, each chunk its own part of them; the results do not depend on the chunk.
 //
 // Per kv block j: wait S'_j, copy it in (ping-pong; with shiftScores the raw fp32 scores, shifted
 // here into S': ShiftScores in pasa_vector_steps.h), mask it if the block is not fully visible,
@@ -56,7 +58,9 @@ constexpr float kFp16Lowest = -65504.0f;   // fp16 masked S' (row maximum only) 
 
 // Slots of the statistics buffer, in units of vecRowsPad fp32 (see PASA_VEC_STAT_UNITS). The
 // running statistics exist per task parity and per block parity (block i of a task reads set
-// i % 2 and writes set (i + 1) % 2).
+// i % 2 and writes set (i + 1) % 2). The kept slots (the sets, M32, L32, PEAK32, RING) hold each
+// chunk's rows at the chunk's share of the slot (Kept, PasaSet); the others are a step's scratch,
+// used from their start by whichever chunk runs.
 enum StatSlot : uint32_t {
     SETS = 0,                       // pasa: 8 fp16 vectors per set, [m | mloc | F | mean | l | lloc | n | peak],
                                     // set (task parity, block parity) at 4 (2 tp + bp);
@@ -72,7 +76,9 @@ enum StatSlot : uint32_t {
     ONEZERO = 28,                   // fp16 [1 | 0], R_ each
     REL = 29,                       // fp16 rel(r): the row's position within its head's run
     REP = 30,                       // fp16 scratch for eight copies of a row vector (4 units)
-    LSE = 34, FIN0 = 35, FIN1 = 36, STAT_SLOTS = 37
+    LSE = 34, FIN0 = 35, FIN1 = 36,
+    TASK_FLAG = 37,                 // fp16: the maximum of the task's row flags over the chunks so far
+    STAT_SLOTS = 38
 };
 static_assert(STAT_SLOTS <= PASA_VEC_STAT_UNITS, "the host sizes the statistics buffer");
 static_assert(PASA_PV_DELAY + 1 <= CONST - RING, "one ring slot per block in flight");
@@ -95,7 +101,8 @@ public:
         key_ = t.tilingKey;
         sub_ = static_cast<uint32_t>(GetSubBlockIdx());
         rowBase_ = sub_ == 0 ? 0 : t.vecRows;
-        R_ = t.vecRowsPad;
+        R_ = t.vecChunkRows;
+        all_ = t.vecRowsPad;
         workspace_ = workspace;
         out_.SetGlobalBuffer(reinterpret_cast<__gm__ OutT*>(out));
         lse_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(lse));
@@ -158,7 +165,6 @@ private:
                     continue;
                 }
                 Use(task, soft.task);
-                if (soft.block == 0) InitState();
                 Softmax(soft.block);
                 win.Advance(soft);
                 if (++behind <= PASA_PV_DELAY) continue;
@@ -188,6 +194,15 @@ private:
         rows_ = task.rows > rowBase_ ? Min(task.rows - rowBase_, mine) : 0;
     }
 
+    // Chunk k of the AIV's rows: false where it holds none of the task's rows.
+    __aicore__ inline bool UseChunk(uint32_t k)
+    {
+        c0_ = k * R_;
+        crows_ = rows_ > c0_ ? Min(rows_ - c0_, R_) : 0;
+        return crows_ > 0;
+    }
+    __aicore__ inline uint32_t Chunks() const { return all_ / R_; }
+
     // pasa_vector_steps.h
     __aicore__ inline void BuildConstants();
     __aicore__ inline void BuildRel(uint32_t pitch);
@@ -209,6 +224,7 @@ private:
                                      const LocalTensor<uint8_t>& maskTile, LocalTensor<half>& p);
     __aicore__ inline void Fold(uint32_t i, const LocalTensor<float>& pv);
     __aicore__ inline void Finish();
+    __aicore__ inline void FinishChunk();
     __aicore__ inline void JoinSink(LocalTensor<float>& m, LocalTensor<float>& l, const LocalTensor<float>& x);
     __aicore__ inline void SeenRows(const LocalTensor<float>& l);
     __aicore__ inline void FlagRows(const LocalTensor<float>& x, const LocalTensor<float>& lseCheck);
@@ -216,14 +232,17 @@ private:
     __aicore__ inline void ResolvedRows();
 
     // ---------------------------------------------------------------- layout of the scratch
-    __aicore__ inline LocalTensor<float> Stat(uint32_t slot) { return stat_.Get<float>()[slot * R_]; }
+    __aicore__ inline LocalTensor<float> Stat(uint32_t slot) { return stat_.Get<float>()[slot * all_]; }
     __aicore__ inline LocalTensor<half> Stat16(uint32_t slot) { return Stat(slot).template ReinterpretCast<half>(); }
+    // a kept one-unit slot: the chunk's rows (fp32), or its R_ fp32 of room (e.g. pasa's [a | b] in fp16)
+    __aicore__ inline LocalTensor<float> Kept(uint32_t slot) { return Stat(slot)[c0_]; }
+    __aicore__ inline LocalTensor<half> Kept16(uint32_t slot) { return Kept(slot).template ReinterpretCast<half>(); }
     __aicore__ inline LocalTensor<half> PasaSet(uint32_t parity, uint32_t stat)
     {
-        return Stat16(SETS + 4 * (2 * tp_ + parity))[stat * R_];
+        return Stat16(SETS + 4 * (2 * tp_ + parity))[8 * c0_ + stat * R_];
     }
-    __aicore__ inline LocalTensor<float> M(uint32_t parity) { return Stat(M32 + 2 * tp_ + parity); }
-    __aicore__ inline LocalTensor<float> L(uint32_t parity) { return Stat(L32 + 2 * tp_ + parity); }
+    __aicore__ inline LocalTensor<float> M(uint32_t parity) { return Kept(M32 + 2 * tp_ + parity); }
+    __aicore__ inline LocalTensor<float> L(uint32_t parity) { return Kept(L32 + 2 * tp_ + parity); }
     __aicore__ inline LocalTensor<half> Zeros16() { return Stat16(ONEZERO)[R_]; }  // R_ >= 16 zeros
     // masks_: the column index row (c = 0 .. n-1), rel broadcast one block a row, two bit tiles, row bits
     __aicore__ inline LocalTensor<half> ColumnRow() { return masks_.Get<half>(); }
@@ -231,7 +250,7 @@ private:
     __aicore__ inline LocalTensor<uint8_t> Bits(uint32_t i)
     {
         const uint32_t bytes = Align32(R_ * t_->kvBlock / 8);
-        return RelBroadcast()[R_ * kC0].template ReinterpretCast<uint8_t>()[i * bytes];
+        return RelBroadcast()[all_ * kC0].template ReinterpretCast<uint8_t>()[i * bytes];
     }
     __aicore__ inline LocalTensor<uint8_t> RowBits() { return Bits(2); }
     __aicore__ inline static uint32_t Align32(uint32_t v) { return (v + 31) / 32 * 32; }
@@ -242,44 +261,46 @@ private:
         const PasaTilingData& t = *t_;
         const uint32_t n = t.kvBlock, j = task_->blockBegin + i;
         const bool maskTile = t.hasMask;
-        if (maskTile) LoadMaskTile(j);  // independent of the cube: issued before the wait
+        if (maskTile && UseChunk(0)) LoadMaskTile(j);  // independent of the cube: issued before the wait
         CrossCoreWaitFlag(PASA_FLAG_S_READY);
         const uint32_t slot = scoreCount_++ % PASA_SCORE_SLOTS;
+        const uint32_t probSlot = probCount_++ % PASA_PROB_SLOTS;
         ringSlot_ = RingSlot(softmaxCount_++);
-        LocalTensor<float> s = scoreIn_.AllocTensor<float>();
-        LoadSlotRows(s, slots_.score + slot * t.scoreSlotBytes, n, t.shiftScores != 0);
-        scoreIn_.EnQue(s);
-        LocalTensor<float> c = constIn_.AllocTensor<float>();
         // the cube drains one row-constant slot per chunk of every task: count it on both AIVs,
         // rows or none, so that the ring stays in step with the cube's
         if (key_ == PASA_KEY_PASA_EXACT && i % PASA_CONST_BLOCKS == 0) ++constCount_;
-        if (key_ == PASA_KEY_PASA_EXACT && !t.shiftScores && rows_ > 0) {  // shiftScores: no row constants
-            GlobalTensor<float> g;
-            g.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(slots_.rowConst + ((constCount_ - 1) % PASA_CONST_SLOTS) * t.constSlotBytes));
-            DataCopyPad(c, g[(i % PASA_CONST_BLOCKS) * t.qTilePad + rowBase_], DataCopyExtParams(1, rows_ * 4, 0, 0, 0),
-                        DataCopyPadExtParams<float>(false, 0, 0, 0.0f));
-        }
-        constIn_.EnQue(c);
-        s = scoreIn_.DeQue<float>();
-        c = constIn_.DeQue<float>();
-        LocalTensor<uint8_t> m;
-        if (maskTile) m = maskIn_.DeQue<uint8_t>();
-        LocalTensor<InT> p;
-        if (t.shiftScores) ShiftScores(j, s);  // pasa-exact: Stat(T2) then takes the place of Q . mean16
-        Step(i, j, s, t.shiftScores ? Stat(T2) : c, m, p);
-        scoreIn_.FreeTensor(s);
-        constIn_.FreeTensor(c);
-        if (maskTile) maskIn_.FreeTensor(m);
-        probOut_.EnQue(p);
-        p = probOut_.template DeQue<InT>();
-        if (rows_ > 0) {
+        for (uint32_t k = 0; k < Chunks(); ++k) {
+            if (!UseChunk(k)) break;
+            if (i == 0) InitState();
+            if (maskTile && k > 0) LoadMaskTile(j);
+            LocalTensor<float> s = scoreIn_.AllocTensor<float>();
+            LoadSlotRows(s, slots_.score + slot * t.scoreSlotBytes, n, t.shiftScores != 0);
+            scoreIn_.EnQue(s);
+            LocalTensor<float> c = constIn_.AllocTensor<float>();
+            if (key_ == PASA_KEY_PASA_EXACT && !t.shiftScores) {  // shiftScores: no row constants
+                GlobalTensor<float> g;
+                g.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(slots_.rowConst + ((constCount_ - 1) % PASA_CONST_SLOTS) * t.constSlotBytes));
+                DataCopyPad(c, g[(i % PASA_CONST_BLOCKS) * t.qTilePad + rowBase_ + c0_], DataCopyExtParams(1, crows_ * 4, 0, 0, 0),
+                            DataCopyPadExtParams<float>(false, 0, 0, 0.0f));
+            }
+            constIn_.EnQue(c);
+            s = scoreIn_.DeQue<float>();
+            c = constIn_.DeQue<float>();
+            LocalTensor<uint8_t> m;
+            if (maskTile) m = maskIn_.DeQue<uint8_t>();
+            LocalTensor<InT> p;
+            if (t.shiftScores) ShiftScores(j, s);  // pasa-exact: Stat(T2) then takes the place of Q . mean16
+            Step(i, j, s, t.shiftScores ? Stat(T2) : c, m, p);
+            scoreIn_.FreeTensor(s);
+            constIn_.FreeTensor(c);
+            if (maskTile) maskIn_.FreeTensor(m);
+            probOut_.EnQue(p);
+            p = probOut_.template DeQue<InT>();
             GlobalTensor<InT> g;
-            g.SetGlobalBuffer(reinterpret_cast<__gm__ InT*>(slots_.prob + (probCount_++ % PASA_PROB_SLOTS) * t.probSlotBytes));
-            DataCopy(g[rowBase_ * n], p, rows_ * n);
-        } else {
-            ++probCount_;
+            g.SetGlobalBuffer(reinterpret_cast<__gm__ InT*>(slots_.prob + probSlot * t.probSlotBytes));
+            DataCopy(g[(rowBase_ + c0_) * n], p, crows_ * n);
+            probOut_.FreeTensor(p);
         }
-        probOut_.FreeTensor(p);
         CrossCoreSetFlag<2, PIPE_MTE3>(PASA_FLAG_P_READY);
     }
 
@@ -288,15 +309,15 @@ private:
     // allocations whose cube output is fp16.
     __aicore__ inline void LoadSlotRows(const LocalTensor<float>& dst, GM_ADDR slot, uint32_t width, bool fp32 = false)
     {
-        if (rows_ == 0) return;
+        const uint32_t first = (rowBase_ + c0_) * width;
         if (fp32 || key_ == PASA_KEY_FA_FP32) {
             GlobalTensor<float> g;
             g.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(slot));
-            DataCopy(dst, g[rowBase_ * width], rows_ * width);
+            DataCopy(dst, g[first], crows_ * width);
         } else {
             GlobalTensor<half> g;
             g.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(slot));
-            DataCopy(dst.template ReinterpretCast<half>(), g[rowBase_ * width], rows_ * width);
+            DataCopy(dst.template ReinterpretCast<half>(), g[first], crows_ * width);
         }
     }
 
@@ -308,17 +329,22 @@ private:
         CrossCoreWaitFlag(PASA_FLAG_PV_READY);
         const uint32_t slot = pvCount_++ % PASA_PV_SLOTS;
         ringSlot_ = RingSlot(foldCount_++);
-        LocalTensor<float> pv = pvIn_.AllocTensor<float>();
-        LoadSlotRows(pv, slots_.pv + slot * t.pvSlotBytes, dv);
-        pvIn_.EnQue(pv);
-        pv = pvIn_.DeQue<float>();
-        Fold(i, pv);
-        pvIn_.FreeTensor(pv);
+        for (uint32_t k = 0; k < Chunks(); ++k) {
+            if (!UseChunk(k)) break;
+            LocalTensor<float> pv = pvIn_.AllocTensor<float>();
+            LoadSlotRows(pv, slots_.pv + slot * t.pvSlotBytes, dv);
+            pvIn_.EnQue(pv);
+            pv = pvIn_.DeQue<float>();
+            Fold(i, pv);
+            pvIn_.FreeTensor(pv);
+        }
     }
 
     const PasaTilingData* t_ = nullptr;
     const AttentionTask* task_ = nullptr;
-    uint32_t key_ = 0, sub_ = 0, rowBase_ = 0, rows_ = 0, R_ = 16, tp_ = 0, relPitch_ = 0;
+    uint32_t key_ = 0, sub_ = 0, rowBase_ = 0, rows_ = 0, tp_ = 0, relPitch_ = 0;
+    uint32_t R_ = 16, all_ = 16;   // rows of a chunk, of the AIV's band (padded)
+    uint32_t c0_ = 0, crows_ = 0;  // the chunk's first row in the band, the task's rows in it
     uint32_t scoreCount_ = 0, probCount_ = 0, pvCount_ = 0, constCount_ = 0;  // slot rings, continued across tasks
     uint32_t softmaxCount_ = 0, foldCount_ = 0, ringSlot_ = RING;  // blocks of the stream; the step's RING slot
     bool resolution_ = false;  // the resolution check runs (see the top of this file)

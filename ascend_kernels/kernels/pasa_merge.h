@@ -133,6 +133,7 @@ private:
         Cast(out, o, RoundMode::CAST_RINT, cells);
         if (flags_.on) FlagRows(o, rows);
         StoreRows(t, task, rowBase, rows, out_, lse_, out, Stat(LSE), Stat(FIN), flags_);
+        StoreTaskFlag(t, task, rowBase, flags_);
     }
 
     // flags_.bytes = 1 for the rows whose merged output o (fp32, overwritten) or LSE is not finite,

@@ -13,9 +13,8 @@ namespace pasa {
 // head, positions past the batch's query length left out. `aligned`: 32-byte aligned fp32 scratch
 // of `rows` elements (an LSE run that does not start on a 32-byte boundary is moved there first).
 // With `flags` (on): the rows' flag bytes to its (Bt, Nq, Sq) bytes, laid out as the LSE, in the
-// same runs, and the task's flag byte to its slot. In the repair launch (`repair`) only the rows
-// whose stored flag is set are written (runs cut at the others, one GM scalar read a row) and no
-// task byte.
+// same runs (the task's flag byte: StoreTaskFlag). In the repair launch (`repair`) only the rows
+// whose stored flag is set are written (runs cut at the others, one GM scalar read a row).
 struct RowFlags {
     GlobalTensor<uint8_t> out;
     GlobalTensor<uint8_t> tasks;   // workspace + taskFlagsOffset
@@ -92,9 +91,17 @@ __aicore__ inline void StoreRows(const PasaTilingData& t, const AttentionTask& t
         }
         row = end;
     }
-    if (flags.on && !flags.repair) {
-        DataCopyPad(flags.tasks[TaskFlagSlot(t, task, rowBase)], flags.task, DataCopyExtParams(1, 1, 0, 0, 0));
-    }
+    OrderPipes<HardEvent::MTE3_V>();
+}
+
+// With `flags` on, outside the repair launch: the task's flag byte (flags.task) of the vector core's
+// band of rows from `rowBase` on (0 or vecRows) to its slot, once its rows are stored.
+__aicore__ inline void StoreTaskFlag(const PasaTilingData& t, const AttentionTask& task, uint32_t rowBase,
+                                     const RowFlags& flags)
+{
+    if (!flags.on || flags.repair) return;
+    OrderPipes<HardEvent::V_MTE3>();
+    DataCopyPad(flags.tasks[TaskFlagSlot(t, task, rowBase)], flags.task, DataCopyExtParams(1, 1, 0, 0, 0));
     OrderPipes<HardEvent::MTE3_V>();
 }
 
@@ -117,19 +124,20 @@ __aicore__ inline void RowSinks(const GlobalTensor<float>& sink, const Attention
     }
 }
 
-// Split kv: rows [rowBase, rowBase + rows) of one split's O / l (fp32, rows x headDimV) and LSE to
-// the (task, split)'s partial slot: O at the same rows, the LSE of each vector core's rows in a
-// 32-byte aligned run of its own (PartialLseRow: the two cores' runs never share a 32-byte block).
+// Split kv: rows [rowBase + first, rowBase + first + rows) of one split's O / l (fp32, rows x
+// headDimV) and LSE to the (task, split)'s partial slot, rowBase the vector core's band (0 or
+// vecRows): O at the same rows, the LSE of each vector core's rows in a 32-byte aligned run of its
+// own (PartialLseRow: the two cores' runs never share a 32-byte block).
 __aicore__ inline void StorePartial(GM_ADDR workspace, const PasaTilingData& t, const AttentionTask& task, uint32_t rowBase,
-                                    uint32_t rows, const LocalTensor<float>& o, const LocalTensor<float>& lse)
+                                    uint32_t first, uint32_t rows, const LocalTensor<float>& o, const LocalTensor<float>& lse)
 {
     const uint64_t unit = static_cast<uint64_t>(task.index) * t.kvSplits + task.split;
     GlobalTensor<float> po, pl;
     po.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(PartialOut(workspace, t, unit)));
     pl.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(PartialLse(workspace, t, unit)));
     OrderPipes<HardEvent::V_MTE3>();
-    DataCopy(po[static_cast<uint64_t>(rowBase) * t.headDimV], o, rows * t.headDimV);
-    DataCopyPad(pl[PartialLseRow(t, rowBase)], lse, DataCopyExtParams(1, rows * sizeof(float), 0, 0, 0));
+    DataCopy(po[static_cast<uint64_t>(rowBase + first) * t.headDimV], o, rows * t.headDimV);
+    DataCopyPad(pl[PartialLseRow(t, rowBase) + first], lse, DataCopyExtParams(1, rows * sizeof(float), 0, 0, 0));
     OrderPipes<HardEvent::MTE3_V>();
 }
 

@@ -75,7 +75,7 @@ static_assert(PASA_QUERY_BUFFERS + PASA_KEY_BUFFERS + PASA_VALUE_BUFFERS + PASA_
               "the cube's L1 queue buffers need more MTE1_MTE2 event IDs than TPipe has");
 
 // Statistics one AIV keeps in UB, in units of vecRowsPad elements of fp32 (see pasa_attention_vector.h).
-constexpr uint32_t PASA_VEC_STAT_UNITS = 37;
+constexpr uint32_t PASA_VEC_STAT_UNITS = 38;
 // Statistics of the merge kernel, in the same units (see pasa_merge.h).
 constexpr uint32_t PASA_MERGE_STAT_UNITS = 18;
 
@@ -129,10 +129,14 @@ struct PasaTilingData {
     uint32_t qBlock;         // query rows a tile may hold (the requested q_block)
     uint32_t qTile;          // rows of the largest tile of this call (cube M dimension)
     uint32_t qTilePad;       // qTile rounded up to 16
+    uint32_t cubeRows;       // rows of the cube's Mmads: a tile of more is multiplied in pieces of cubeRows
+                             // (a multiple of 16; L0A and L0C hold a piece)
     uint32_t kvBlock;        // keys per block; the size of the shifting matrix
     uint32_t numKvBlocks;    // ceil(seqKv / kvBlock)
     uint32_t vecRows;        // rows of a tile the first AIV takes (the second takes the rest)
     uint32_t vecRowsPad;     // vecRows rounded up to 16
+    uint32_t vecChunkRows;   // rows an AIV works on at once: a multiple of 16 that divides vecRowsPad (its tiles
+                             // hold a chunk; its statistics and accumulator hold all its rows)
 
     // ---- core split
     uint32_t blockDim;       // AI Cores of the attention launch

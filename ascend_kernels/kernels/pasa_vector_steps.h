@@ -20,19 +20,19 @@ __aicore__ inline void AttentionVector<OutT, InT>::BuildConstants()
 }
 
 // rel(r) = the position of the AIV's row r within its head's run of `pitch` rows, broadcast one
-// block a row (R_ scalar writes, once per change of the tile shape).
+// block a row, for every row of the band (all_ scalar writes, once per change of the tile shape).
 template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::BuildRel(uint32_t pitch)
 {
     LocalTensor<half> rel = Stat16(REL);
-    for (uint32_t r = 0; r < R_; ++r) rel.SetValue(r, half(static_cast<float>((rowBase_ + r) % pitch)));
-    BroadcastRows(RelBroadcast(), rel, R_);
+    for (uint32_t r = 0; r < all_; ++r) rel.SetValue(r, half(static_cast<float>((rowBase_ + r) % pitch)));
+    BroadcastRows(RelBroadcast(), rel, all_);
     relPitch_ = pitch;
 }
 
-// The explicit mask's bytes of kv block j for the AIV's rows (one copy per stacked head's run of
+// The explicit mask's bytes of kv block j for the chunk's rows (one copy per stacked head's run of
 // positions; rows past the query length and columns past the kv length are left unset: the
-// length compares mask them), row r at byte r * kvBlock.
+// length compares mask them), row r of the chunk at byte r * kvBlock.
 template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::LoadMaskTile(uint32_t j)
 {
@@ -41,15 +41,16 @@ __aicore__ inline void AttentionVector<OutT, InT>::LoadMaskTile(uint32_t j)
     const uint32_t n = t.kvBlock, p = task.pitch, start = j * n;
     const uint32_t cols = Min(n, static_cast<uint32_t>(task.info.kvLen) - start);
     const uint64_t base = static_cast<uint64_t>(task.b) * t.maskBatchStride + start;
+    const uint32_t base0 = rowBase_ + c0_;
     LocalTensor<uint8_t> tile = maskIn_.AllocTensor<uint8_t>();
-    for (uint32_t row = rowBase_; row < rowBase_ + rows_;) {
+    for (uint32_t row = base0; row < base0 + crows_;) {
         const uint32_t head = row / p, pos = row % p;
-        const uint32_t end = Min(Min(rowBase_ + rows_, (head + 1) * p), head * p + task.positions);
+        const uint32_t end = Min(Min(base0 + crows_, (head + 1) * p), head * p + task.positions);
         if (end <= row) {
             row = (head + 1) * p;
             continue;
         }
-        DataCopyPad(tile[(row - rowBase_) * n], mask_[base + static_cast<uint64_t>(task.q0 + pos) * t.maskRowStride],
+        DataCopyPad(tile[(row - base0) * n], mask_[base + static_cast<uint64_t>(task.q0 + pos) * t.maskRowStride],
                     DataCopyExtParams(static_cast<uint16_t>(end - row), cols, t.maskRowStride - cols, (n - Align32(cols)) / 32, 0),
                     DataCopyPadExtParams<uint8_t>(false, 0, 0, 0));
         row = end;
@@ -67,7 +68,7 @@ __aicore__ inline void AttentionVector<OutT, InT>::InitState()
     } else {
         Duplicate(M(0), kInitialMax, r);
         Duplicate(L(0), 0.0f, r);
-        if (resolution_) Duplicate(Stat(PEAK32 + tp_), 0.0f, r);  // pasa-exact's peak (pasa's: P_PEAK, zeroed above)
+        if (resolution_) Duplicate(Kept(PEAK32 + tp_), 0.0f, r);  // pasa-exact's peak (pasa's: P_PEAK, zeroed above)
     }
 }
 
@@ -101,7 +102,7 @@ __aicore__ inline bool AttentionVector<OutT, InT>::MaskBlock(uint32_t j, const L
     auto clamp = [](int64_t v) { return half(static_cast<float>(Max64(-4096, Min64(4096, v)))); };
     if (upper || lower) {
         if (task.pitch != relPitch_) BuildRel(task.pitch);
-        RowBroadcast<VecOp::SUB>(tile, ColumnRow(), RelBroadcast(), R_, n, 0, 0, false);  // c - rel
+        RowBroadcast<VecOp::SUB>(tile, ColumnRow(), RelBroadcast()[c0_ * kC0], R_, n, 0, 0, false);  // c - rel
     }
     if (upper) {
         Compares(Bits(have > 0 ? 1 : 0), tile, clamp(first + info.next - start), CMPMODE::LE, cells);
@@ -199,7 +200,7 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepFa(uint32_t i, uint32_t j
 {
     const uint32_t n = t_->kvBlock, cells = R_ * n, cur = i % 2, nxt = (i + 1) % 2;
     const int32_t r = static_cast<int32_t>(R_);
-    LocalTensor<float> tree = tree_.Get<float>(), a = Stat(ringSlot_);
+    LocalTensor<float> tree = tree_.Get<float>(), a = Kept(ringSlot_);
     LocalTensor<float> mOld = M(cur), mNew = M(nxt), lOld = L(cur), lNew = L(nxt);
     Muls(s, s, t_->scale, static_cast<int32_t>(cells));
     bool noKeys = false;
@@ -230,7 +231,7 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepPasa(uint32_t i, uint32_t
     LocalTensor<float> x = work_.Get<float>(), tree = tree_.Get<float>();
     LocalTensor<half> tree16 = tree_.Get<half>(), t2 = Stat16(T2), t3 = Stat16(T3);
     LocalTensor<half> cur = PasaSet(i % 2, 0), nxt = PasaSet((i + 1) % 2, 0);
-    LocalTensor<half> ab = Stat16(ringSlot_);
+    LocalTensor<half> ab = Kept16(ringSlot_);
     // the mean runs over the block's keys, masked or not: all n columns, or the v keys of a
     // part-filled last block (its K', or with shiftScores its S', is zero past v, so the sum over n
     // columns is theirs)
@@ -285,7 +286,7 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepExact(uint32_t i, uint32_
 {
     const uint32_t n = t_->kvBlock, cells = R_ * n, cur = i % 2, nxt = (i + 1) % 2;
     const int32_t r = static_cast<int32_t>(R_);
-    LocalTensor<float> x = work_.Get<float>(), tree = tree_.Get<float>(), a = Stat(ringSlot_);
+    LocalTensor<float> x = work_.Get<float>(), tree = tree_.Get<float>(), a = Kept(ringSlot_);
     LocalTensor<float> mOld = M(cur), mNew = M(nxt), lOld = L(cur), lNew = L(nxt);
     Cast(x, s, RoundMode::CAST_NONE, cells);
     bool noKeys = false;
@@ -318,8 +319,8 @@ __aicore__ inline void AttentionVector<OutT, InT>::Fold(uint32_t i, const LocalT
 {
     const uint32_t dv = t_->headDimV, cells = R_ * dv, ring = ringSlot_;
     if (key_ == PASA_KEY_PASA) {
-        LocalTensor<half> brc = tree_.Get<half>(), o = acc_.Get<half>(), x = pv.template ReinterpretCast<half>();
-        BroadcastRows(brc, Stat16(ring), 2 * R_);
+        LocalTensor<half> brc = tree_.Get<half>(), o = acc_.Get<half>()[c0_ * dv], x = pv.template ReinterpretCast<half>();
+        BroadcastRows(brc, Kept16(ring), 2 * R_);
         if (i == 0) {
             RowBroadcast<VecOp::MUL>(o, x, brc[R_ * kC0], R_, dv);
             return;
@@ -329,7 +330,7 @@ __aicore__ inline void AttentionVector<OutT, InT>::Fold(uint32_t i, const LocalT
         Add(o, o, x, static_cast<int32_t>(cells));
         return;
     }
-    LocalTensor<float> brc = tree_.Get<float>(), o = acc_.Get<float>();
+    LocalTensor<float> brc = tree_.Get<float>(), o = acc_.Get<float>()[c0_ * dv];
     if (key_ == PASA_KEY_PASA_EXACT) {
         Cast(i == 0 ? o : work_.Get<float>(), pv.template ReinterpretCast<half>(), RoundMode::CAST_NONE, cells);
         if (i == 0) return;
@@ -337,7 +338,7 @@ __aicore__ inline void AttentionVector<OutT, InT>::Fold(uint32_t i, const LocalT
         Adds(o, pv, 0.0f, static_cast<int32_t>(cells));
         return;
     }
-    BroadcastRows(brc, Stat(ring), R_);
+    BroadcastRows(brc, Kept(ring), R_);
     RowBroadcast<VecOp::MUL>(o, o, brc, R_, dv);
     Add(o, o, key_ == PASA_KEY_PASA_EXACT ? work_.Get<float>() : pv, static_cast<int32_t>(cells));
 }
@@ -362,7 +363,7 @@ __aicore__ inline void AttentionVector<OutT, InT>::JoinSink(LocalTensor<float>& 
 {
     const int32_t r = static_cast<int32_t>(R_);
     LocalTensor<float> sink = Stat(SINK), joinedM = Stat(JOINED_M), joinedL = Stat(JOINED_L), a = Stat(T0);
-    RowSinks(sink_, *task_, rowBase_, R_, sink);
+    RowSinks(sink_, *task_, rowBase_ + c0_, R_, sink);
     Max(joinedM, m, sink, r);                                                 // M' = max(m, sink)
     Sub(a, m, joinedM, r);
     Exp(a, a, r);                                                             // a = exp(m - M')
@@ -377,17 +378,31 @@ __aicore__ inline void AttentionVector<OutT, InT>::JoinSink(LocalTensor<float>& 
     l = joinedL;
 }
 
-// End of a task: O / l and LSE = m (+ gamma F) + log l in fp32, the sink joined first (with
-// split kv the merge joins it instead); rows that saw no key get 0 and -inf. Then out and LSE
-// rows to GM (each stacked head's rows are contiguous there), or, with split kv, O / l and LSE
-// (-3e38 for a row that saw nothing) to the split's partial slot.
+// End of a task, chunk by chunk (FinishChunk), then the task's flag byte.
 template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::Finish()
 {
+    if (rows_ == 0) return;
+    for (uint32_t k = 0; k < Chunks(); ++k) {
+        if (!UseChunk(k)) break;
+        FinishChunk();
+    }
+    if (flags_.on && !flags_.repair) {
+        Cast(flags_.task, Stat16(TASK_FLAG), RoundMode::CAST_NONE, 32);
+        StoreTaskFlag(*t_, *task_, rowBase_, flags_);
+    }
+}
+
+// End of a task for the chunk's rows: O / l and LSE = m (+ gamma F) + log l in fp32, the sink
+// joined first (with split kv the merge joins it instead); rows that saw no key get 0 and -inf.
+// Then out and LSE rows to GM (each stacked head's rows are contiguous there), or, with split
+// kv, O / l and LSE (-3e38 for a row that saw nothing) to the split's partial slot.
+template <typename OutT, typename InT>
+__aicore__ inline void AttentionVector<OutT, InT>::FinishChunk()
+{
     const PasaTilingData& t = *t_;
     const AttentionTask& task = *task_;
-    if (rows_ == 0) return;
-    const uint32_t dv = t.headDimV, cells = R_ * dv, last = task.numBlocks % 2;
+    const uint32_t dv = t.headDimV, cells = R_ * dv, last = task.numBlocks % 2, row0 = rowBase_ + c0_;
     const int32_t r = static_cast<int32_t>(R_);
     const bool split = t.kvSplits > 1;
     const float unseen = split ? kMaskedScore : -__builtin_inff();
@@ -395,21 +410,22 @@ __aicore__ inline void AttentionVector<OutT, InT>::Finish()
     if (task.numBlocks == 0) {  // no row of the tile sees a key
         Duplicate(Stat(LSE), unseen, r);
         if (split) {  // fp32 zeros: pasa's accumulator holds fp16, its work tile fp32
-            LocalTensor<float> zero = key_ == PASA_KEY_PASA ? work_.Get<float>() : acc_.Get<float>();
+            LocalTensor<float> zero = key_ == PASA_KEY_PASA ? work_.Get<float>() : acc_.Get<float>()[c0_ * dv];
             Duplicate(zero, 0.0f, static_cast<int32_t>(cells));
-            StorePartial(workspace_, t, task, rowBase_, rows_, zero, Stat(LSE));
+            StorePartial(workspace_, t, task, rowBase_, c0_, crows_, zero, Stat(LSE));
         } else {
             Duplicate(o.template ReinterpretCast<half>(), half(0.0f), static_cast<int32_t>(cells));
             if (flags_.on) {
                 Duplicate(Stat16(T1), half(0.0f), 2 * r);
                 Cast(flags_.bytes, Stat16(T1), RoundMode::CAST_NONE, R_);
-                Cast(flags_.task, Stat16(T1), RoundMode::CAST_NONE, 32);
+                if (c0_ == 0) Duplicate(Stat16(TASK_FLAG), half(0.0f), 32);
             }
-            StoreRows(t, task, rowBase_, rows_, out_, lse_, o, Stat(LSE), Stat(FIN0), flags_);
+            StoreRows(t, task, row0, crows_, out_, lse_, o, Stat(LSE), Stat(FIN0), flags_);
         }
         return;
     }
-    LocalTensor<float> l = L(last), m = M(last), lse = Stat(LSE), x = acc_.Get<float>();
+    LocalTensor<float> l = L(last), m = M(last), lse = Stat(LSE), x = work_.Get<float>();
+    if (key_ != PASA_KEY_PASA) x = acc_.Get<float>()[c0_ * dv];
     if (key_ == PASA_KEY_PASA) {
         l = Stat(FIN0);
         m = Stat(FIN1);
@@ -418,8 +434,7 @@ __aicore__ inline void AttentionVector<OutT, InT>::Finish()
         Cast(Stat(T0), PasaSet(last, P_F), RoundMode::CAST_NONE, R_);
         Muls(Stat(T0), Stat(T0), t.gamma, r);
         Add(m, m, Stat(T0), r);                                               // true maximum m + gamma F
-        x = work_.Get<float>();
-        Cast(x, acc_.Get<half>(), RoundMode::CAST_NONE, cells);
+        Cast(x, acc_.Get<half>()[c0_ * dv], RoundMode::CAST_NONE, cells);
     }
     SeenRows(l);  // before the sink: a row that saw no key ignores it
     if (t.hasSink && !split) JoinSink(m, l, x);
@@ -440,18 +455,18 @@ __aicore__ inline void AttentionVector<OutT, InT>::Finish()
             ResolvedRows();
             Select(lse, RowBits(), lse, __builtin_nanf(""), SELMODE::VSEL_TENSOR_SCALAR_MODE, R_);
         }
-        StorePartial(workspace_, t, task, rowBase_, rows_, x, lse);
+        StorePartial(workspace_, t, task, rowBase_, c0_, crows_, x, lse);
         return;
     }
     Cast(o, x, RoundMode::CAST_RINT, cells);
     if (flags_.on) FlagRows(x, Stat(T3));
-    StoreRows(t, task, rowBase_, rows_, out_, lse_, o, lse, Stat(FIN0), flags_);
+    StoreRows(t, task, row0, crows_, out_, lse_, o, lse, Stat(FIN0), flags_);
 }
 
-// flags_.bytes = 1 for the rows whose output tile x (fp32, overwritten) or LSE check (lse - lse,
-// NaN where the LSE is not finite) holds a NaN or an infinity, or (the resolution check) whose
-// peak |max S'| reached the limit, else 0, and flags_.task their maximum: whole-tile
-// instructions, once per task. The repair launch: 3 and 2 instead of 1 and 0 (ROW_NONFINITE,
+// flags_.bytes = 1 for the chunk's rows whose output tile x (fp32, overwritten) or LSE check (lse -
+// lse, NaN where the LSE is not finite) holds a NaN or an infinity, or (the resolution check) whose
+// peak |max S'| reached the limit, else 0, and TASK_FLAG the maximum over the task's chunks so
+// far: whole-tile instructions, once per task and chunk. The repair launch: 3 and 2 instead of 1 and 0 (ROW_NONFINITE,
 // ROW_REPAIRED), no task byte.
 template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::FlagRows(const LocalTensor<float>& x, const LocalTensor<float>& lseCheck)
@@ -470,9 +485,11 @@ __aicore__ inline void AttentionVector<OutT, InT>::FlagRows(const LocalTensor<fl
     if (flags_.repair) {
         Adds(Stat16(T1), Stat16(T1), half(2.0f), r);
     } else {
-        Duplicate(Stat16(T2), half(0.0f), 32);
-        ReduceMax(Stat16(T2), Stat16(T1), Stat16(T3), static_cast<int32_t>(rows_));
-        Cast(flags_.task, Stat16(T2), RoundMode::CAST_NONE, 32);
+        // the first chunk starts the task's maximum, the others join it
+        LocalTensor<half> chunkMax = c0_ == 0 ? Stat16(TASK_FLAG) : Stat16(T2);
+        Duplicate(chunkMax, half(0.0f), 32);
+        ReduceMax(chunkMax, Stat16(T1), Stat16(T3), static_cast<int32_t>(crows_));
+        if (c0_ != 0) Max(Stat16(TASK_FLAG), Stat16(TASK_FLAG), chunkMax, 32);
     }
     Cast(flags_.bytes, Stat16(T1), RoundMode::CAST_NONE, R_);
 }
@@ -484,7 +501,7 @@ template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::ExactPeak(bool noKeys)
 {
     const int32_t r = static_cast<int32_t>(R_);
-    LocalTensor<float> a = Stat(T1), peak = Stat(PEAK32 + tp_);
+    LocalTensor<float> a = Stat(T1), peak = Kept(PEAK32 + tp_);
     Abs(a, Stat(ROWMAX), r);
     if (noKeys) {
         LocalTensor<float> copies = tree_.Get<float>();  // free between the row maximum and the broadcast of m' - c
@@ -500,7 +517,7 @@ __aicore__ inline void AttentionVector<OutT, InT>::ExactPeak(bool noKeys)
 template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::ResolvedRows()
 {
-    LocalTensor<float> peak = Stat(PEAK32 + tp_);
+    LocalTensor<float> peak = Kept(PEAK32 + tp_);
     if (key_ == PASA_KEY_PASA) {  // the fp16 peak of the task's last set, widened (exact) into a step's scratch
         peak = Stat(ROWMAX);
         Cast(peak, PasaSet(task_->numBlocks % 2, P_PEAK), RoundMode::CAST_NONE, R_);

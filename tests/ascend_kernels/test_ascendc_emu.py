@@ -17,6 +17,7 @@ from pasa_npu.tools.inputs import Case  # noqa: E402
 from test_golden import CASES, make_case  # noqa: E402
 from _paged import PAGED_CASES, paged_case  # noqa: E402
 from _bounds import ascendc_numerics  # noqa: E402
+from _support import SIM, sim_param  # noqa: E402
 
 KERNEL_ALGORITHMS = ("fa-fp32", "pasa", "pasa-exact")
 
@@ -166,6 +167,68 @@ def test_matches_torch_backend(name, algorithm, dtype, cores):
     assert_matches_torch(out, lse, ref, ref_lse, algorithm, dtype, kv_blocks(case))
 
 
+@pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
+@pytest.mark.parametrize("name", list(CASES))
+def test_vector_chunks_change_no_bit(name, algorithm):
+    """A vector core that works on its rows 16 at a time (``vec_chunk_rows``: the host's choice
+    where a band's tiles do not fit its UB) computes every row as one working on all its rows at
+    once does, bit for bit, with the row flags of a checked call; on 2-3 AI Cores, so that each
+    walks several tasks. Its statistics and accumulator then hold several chunks' parts."""
+    case = CASES[name]
+    if not kernels_support(case, algorithm):
+        pytest.skip("the kernels refuse this case (test_matches_torch_backend checks how)")
+    q, k, v, kw = make_case(case, torch.float16)
+    seed = list(CASES).index(name)
+    results = []
+    for chunk in (0, 16):
+        with ascendc_emu.forcing_tiling(vec_chunk_rows=chunk):
+            out, lse = run_on_few_cores(q, k, v, seed, algorithm=algorithm, **kw)
+        tiling = ascendc_emu.last_run_stats()["tiling"]
+        report = pasa_npu.overflow_report()
+        flags = None if report.check is None else report.check.row_flags.clone()
+        results.append((out, lse, flags, (report.checked, report.rows, report.tiles), tiling))
+    whole, chunked = results
+    assert whole[4]["vec_chunk_rows"] == whole[4]["vec_rows"], whole[4]
+    assert chunked[4]["vec_chunk_rows"] == 16, chunked[4]
+    assert torch.equal(whole[0].view(torch.int16), chunked[0].view(torch.int16))
+    assert torch.equal(whole[1].view(torch.int32), chunked[1].view(torch.int32))
+    assert (whole[2] is None) == (chunked[2] is None)
+    assert whole[2] is None or torch.equal(whole[2], chunked[2])
+    assert whole[3] == chunked[3]
+
+
+@pytest.mark.parametrize("backend", ["ascendc-emu", sim_param(SIM)])
+@pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
+@pytest.mark.parametrize("layout,mask", [("BNSD", "causal"), ("BSH", "explicit")])
+def test_tiles_of_more_rows_than_a_cube_piece(algorithm, layout, mask, backend):
+    """q_block 256 at d = 128: the cube multiplies each tile in pieces of 128 rows (L0A and L0C
+    hold one) and each vector core works on its 128 rows in chunks; 300 query rows in tiles of
+    256 and 44 with GQA 2:1, so that the last piece and chunk are part-filled, on 2 AI Cores.
+    Against the torch backend at this file's bounds; also under Huawei's implementation of the
+    AscendC API (ascendc-sim)."""
+    from pasa_npu import ascendc_sim
+    gen = torch.Generator().manual_seed(5)
+    b, nq, nkv, s, d = 1, 4, 2, 300, 128
+    shape = (b, nq, s, d) if layout == "BNSD" else (b, s, nq * d)
+    kv_shape = (b, nkv, s, d) if layout == "BNSD" else (b, s, nkv * d)
+    q = torch.randn(shape, generator=gen).half()
+    k, v = (torch.randn(kv_shape, generator=gen).half() for _ in range(2))
+    kw = dict(num_heads=nq, num_key_value_heads=nkv, input_layout=layout, scale=d ** -0.5, q_block=256,
+              repair_overflow=False)
+    if mask == "causal":
+        kw.update(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())
+    else:
+        kw.update(atten_mask=torch.rand(s, s, generator=gen) < 0.3)
+    with emulated_cores(2):
+        out, lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend=backend, **kw)
+    tiling = (ascendc_emu if backend == "ascendc-emu" else ascendc_sim).last_run_stats()["tiling"]
+    assert tiling["q_tile"] == 256 and tiling["cube_rows"] == 128, tiling
+    assert tiling["vec_rows"] == 128 and tiling["vec_chunk_rows"] < 128, tiling
+    assert tiling["num_tasks"] > tiling["block_dim"], tiling
+    ref, ref_lse = torch_reference(q, k, v, tiling, algorithm=algorithm, **kw)
+    assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16, -(-s // 128))
+
+
 def kv_blocks(case: dict) -> int:
     """The most kv blocks a row of a test_golden case folds (default 128-key blocks)."""
     keys = case["S2"] if "S2" in case else max(b - a for a, b in zip([0] + case["kv_cum"], case["kv_cum"]))
@@ -262,11 +325,12 @@ def _small(d=32, s=40, dtype=torch.float16):
      "explicit atten_mask needs kv_block >= 32"),
     (dict(algorithm="pasa-exact", rounding_guard=True), "rounding_guard"),
     (dict(algorithm="pasa", kv_block=48), "kvBlock must be a power of two"),
-    (dict(algorithm="pasa-exact", q_block=1024), "L0A needs"),
+    (dict(algorithm="pasa-exact", kv_block=256, d=128), "L0B needs"),
     (dict(algorithm="pasa-exact", q_block=2048), "L1 needs"),
 ])
 def test_unsupported_features_are_refused(kwargs, feature):
-    q, k, v = _small(s=kwargs["q_block"] + 52 if kwargs.get("q_block") else 40)
+    kwargs = dict(kwargs)
+    q, k, v = _small(d=kwargs.pop("d", 32), s=kwargs["q_block"] + 52 if kwargs.get("q_block") else 40)
     with pytest.raises(NotImplementedError, match=feature):
         pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD", backend="ascendc-emu",
                                  **kwargs)

@@ -39,8 +39,12 @@ def test_tiling_fits_the_atlas_a2_budgets():
         for mem, cap in caps.items():
             assert 0 < use[mem] <= cap, (key, mem)
             assert use["prep_" + mem] <= cap
-    with pytest.raises(ValueError, match="attention L0A needs"):
-        emu.tiling(_params(q_tile=256))
+    for key in (0, 1, 2):  # 256-row tiles: 128-row cube pieces, each vector core's 128 rows in chunks
+        t = emu.tiling(_params(tiling_key=key, q_tile=256, beta=0.9 if key == 1 else 0.0))
+        assert (t["cube_rows"], t["vec_rows"]) == (128, 128) and t["vec_chunk_rows"] in (32, 64), (key, t)
+        assert t["bytes_per_core"]["l0a"] <= caps["l0a"] and t["bytes_per_core"]["ub"] <= caps["ub"] - (8 << 10)
+    with pytest.raises(ValueError, match="attention L0B needs"):  # a key block is never split
+        emu.tiling(_params(kv_block=256))
     with pytest.raises(ValueError, match="headDim must be a positive multiple of 16"):
         emu.tiling(_params(head_dim=72))
 

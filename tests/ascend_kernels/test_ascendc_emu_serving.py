@@ -100,3 +100,60 @@ def test_decode_splits_long_contexts_across_cores(algorithm):
     lse_err = float((lse.double() - gold_lse).abs().max())
     ref_lse_err = float((ref_lse.double() - gold_lse).abs().max())
     assert lse_err <= 1.1 * ref_lse_err, (lse_err, ref_lse_err)
+
+
+# --------------------------------------------------------------------------- vector chunks
+
+
+def _run_whole_and_chunked(run):
+    """(out, lse, tiling) of ``run()`` with the vector cores on all their rows at once, then
+    16 rows at a time."""
+    results = []
+    for chunk in (0, 16):
+        with ascendc_emu.forcing_tiling(vec_chunk_rows=chunk):
+            out, lse = run()
+        results.append((out.clone(), lse.clone(), ascendc_emu.last_run_stats()["tiling"]))
+    return results
+
+
+@pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
+@pytest.mark.parametrize("kind", ["paged-prefill", "split-decode", "sinks"])
+def test_vector_chunks_change_no_bit_where_serving_calls(kind, algorithm):
+    """Vector cores working on their rows 16 at a time give every output and LSE bit of
+    working on all at once: prefill through a block table (a shared prefix block, sparse mode
+    3), decode with 64 stacked query heads split across AI Cores (each split's partial rows
+    and LSE stored chunk by chunk, then merged), and a packed causal v2 call with learnable
+    sinks on 2 AI Cores."""
+    from _paged_problems import dense_problem, paged_problem
+    from test_ascendc_emu import emulated_cores
+    if kind == "paged-prefill":
+        case, block_size, shared = PAGED_CASES["prefill-shared-prefix"]
+        q, k, v, kw = make_case(case, torch.float16)
+
+        def run():
+            paged, _ = paged_problem(dense_problem(q, k, v, algorithm=algorithm, **kw), block_size,
+                                     "BNSD", shared_prefix=shared)
+            ascendc_emu.run(paged)
+            return paged.out, paged.lse
+    elif kind == "split-decode":
+        case = dict(layout="BSH", B=2, Nq=128, Nkv=2, S1=1, S2=4096, D=64, kv_lens=[4096, 2100])
+        q, k, v, kw = make_case(case, torch.float16)
+
+        def run():
+            return pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
+    else:
+        q_cum = kv_cum = [50, 250]
+        q, k, v = (torch.randn(250, 4, 32, dtype=torch.float16) for _ in range(3))
+        kw = dict(num_query_heads=4, num_key_value_heads=4, softmax_scale=32 ** -0.5, input_layout="TND",
+                  actual_seq_qlen=q_cum, actual_seq_kvlen=kv_cum, return_softmax_lse=True, sparse_mode=3,
+                  atten_mask=pasa_npu.compressed_causal_mask(), learnable_sink=torch.tensor([-1.0, 0.5, 2.0, 4.0]))
+
+        def run():
+            with emulated_cores(2):
+                return pasa_npu.fused_attention_v2(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
+    (out, lse, whole), (out16, lse16, chunked) = _run_whole_and_chunked(run)
+    assert chunked["vec_chunk_rows"] == 16 and chunked["vec_rows"] >= 32, chunked
+    assert whole["vec_chunk_rows"] == whole["vec_rows"], whole
+    assert (whole["kv_splits"] > 1) == (kind == "split-decode"), whole
+    assert torch.equal(out.view(torch.int16), out16.view(torch.int16))
+    assert torch.equal(lse.view(torch.int32), lse16.view(torch.int32))
