@@ -49,13 +49,14 @@ QUANTITIES = ("core_cycles", "timeline_cycles", "gm_bytes", "exchange_bytes", "v
 @dataclass(frozen=True)
 class Config:
     """What a calibration depends on: allocation, head dim, query heads per kv head, causal
-    mask, and whether the query is one token (decode)."""
+    mask, whether the query is one token (decode), and the tiling's ``q_block``."""
 
     algorithm: str
     d: int
     group: int = 1
     causal: bool = False
     decode: bool = False
+    q_block: int = Q_TILE
 
 
 @dataclass
@@ -90,7 +91,7 @@ GOLDEN_FACTOR = 1.1
 
 
 def _problem(b, h, hkv, sq, skv, d, causal):
-    """The inputs and fused_attention arguments of one modelled problem."""
+    """The inputs and torch_npu arguments of one modelled problem."""
     args = dict(num_heads=h, num_key_value_heads=hkv, input_layout="BNSD", scale=d ** -0.5)
     if causal:
         args.update(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())
@@ -111,39 +112,40 @@ def _references(algorithm, b, h, hkv, sq, skv, d, causal):
     return gold, _rmse(ref, gold)
 
 
-def emulate(algorithm, b, h, hkv, sq, skv, d, causal, params) -> dict:
-    """Run one problem under the emulation with ``params``; its last_run_stats() plus
+def emulate(algorithm, b, h, hkv, sq, skv, d, causal, params, q_block=Q_TILE) -> dict:
+    """Run one problem under the emulation with ``params`` and ``q_block``; its last_run_stats() plus
     ``golden_rmse`` and ``torch_rmse``: the relative RMSE of its output, and of the torch
     backend's, against the fp64 golden. Raises WrongRunError when the run's error exceeds
     GOLDEN_FACTOR times the torch backend's."""
     (q, k, v), args = _problem(b, h, hkv, sq, skv, d, causal)
     with ascendc_emu.using_model_parameters(params):
-        out, _ = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **args)
+        out, _ = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", q_block=q_block,
+                                          **args)
     stats = ascendc_emu.last_run_stats()
     gold, torch_rmse = _references(algorithm, b, h, hkv, sq, skv, d, causal)
     stats.update(golden_rmse=_rmse(out, gold), torch_rmse=torch_rmse)
     if not stats["golden_rmse"] <= GOLDEN_FACTOR * stats["torch_rmse"] + 1e-6:
         raise WrongRunError(
-            f"{algorithm} ({b}, {h}, {hkv}, {sq}, {skv}, {d}{', causal' if causal else ''}) on "
+            f"{algorithm} ({b}, {h}, {hkv}, {sq}, {skv}, {d}{', causal' if causal else ''}, q_block {q_block}) on "
             f"{int(params['core_num'])} emulated AI Cores: relative RMSE {stats['golden_rmse']:.3g} "
             f"against the fp64 golden, torch backend {stats['torch_rmse']:.3g}; its timing is not reported")
     return stats
 
 
-def _kernel_params(algorithm, b, h, hkv, sq, skv, d, causal, params) -> dict:
+def _kernel_params(algorithm, b, h, hkv, sq, skv, d, causal, params, q_block) -> dict:
     return dict(tiling_key=ascendc_emu.TILING_KEYS[algorithm], batch=b, num_heads=h,
                 num_kv_heads=hkv, seq_q=sq, seq_kv=skv, head_dim=d, head_dim_v=d, q_layout=0,
                 kv_layout=0, out_layout=0, out_dtype=0, in_dtype=0, mask_mode=int(causal),
-                scale=d ** -0.5, beta=-1.0, q_tile=Q_TILE, kv_block=KV_BLOCK,
+                scale=d ** -0.5, beta=-1.0, q_tile=q_block, kv_block=KV_BLOCK,
                 core_num=int(params["core_num"]), timing=npu_params.timing_only(params))
 
 
-def tasks(algorithm, b, h, hkv, sq, skv, d, causal, params) -> list:
+def tasks(algorithm, b, h, hkv, sq, skv, d, causal, params, q_block=Q_TILE) -> list:
     """Per AI Core, the (rows, blocks, fully visible blocks) of its tasks, as the kernel deals
     them (sparse mode 3: the causal band aligned to the bottom right)."""
     lens = lambda n: np.full(b, n, dtype=np.int32)  # noqa: E731
     nxt = np.full(b, skv - sq if causal else 0, dtype=np.int32)
-    p = _kernel_params(algorithm, b, h, hkv, sq, skv, d, causal, params)
+    p = _kernel_params(algorithm, b, h, hkv, sq, skv, d, causal, params, q_block)
     return pasa_npu._ascendc_emu.attention_tasks(
         p, dict(q_lens=lens(sq), kv_lens=lens(skv), next_tokens=nxt, pre_tokens=lens(2 ** 31 - 1)))
 
@@ -172,7 +174,7 @@ CALIBRATION_BLOCKS = 8
 
 def calibration_runs(c: Config, blocks: int = CALIBRATION_BLOCKS):
     """The calibration problems: (b, h, hkv, sq, skv, causal) on one AI Core."""
-    sq = 1 if c.decode else max(1, Q_TILE // c.group) if c.group > 1 else Q_TILE
+    sq = 1 if c.decode else max(1, c.q_block // c.group) if c.group > 1 else c.q_block
     runs = [(1, c.group, 1, sq, blocks * KV_BLOCK, False), (1, c.group, 1, sq, 2 * blocks * KV_BLOCK, False),
             (2, c.group, 1, sq, blocks * KV_BLOCK, False)]
     if c.causal and not c.decode:
@@ -187,7 +189,7 @@ def calibrate(c: Config, params: dict, progress=None) -> Fit:
     for i, (b, h, hkv, sq, skv, causal) in enumerate(runs):
         if progress:
             progress(i)
-        stats.append(emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one))
+        stats.append(emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one, c.q_block))
     return fit_runs(c, runs, stats, one)
 
 
@@ -198,7 +200,7 @@ def fit_runs(c: Config, runs, stats, params: dict) -> Fit:
     golden = 0.0
     for (b, h, hkv, sq, skv, causal), st in zip(runs, stats):
         golden = max(golden, st["golden_rmse"])
-        rows.append(_features(tasks(c.algorithm, b, h, hkv, sq, skv, c.d, causal, params)))
+        rows.append(_features(tasks(c.algorithm, b, h, hkv, sq, skv, c.d, causal, params, c.q_block)))
         values.append(_quantities(st["attention"]))
         if st["preprocess"] is not None:
             pre = st["preprocess"]
@@ -261,14 +263,14 @@ class Shape:
         return (2 * self.b * self.h * self.sq * self.d * 2 + 2 * self.b * self.hkv * self.skv * self.d * 2
                 + 4 * self.b * self.h * self.sq)
 
-    def config(self, algorithm: str) -> Config:
-        return Config(algorithm, self.d, self.h // self.hkv, self.causal and not self.decode, self.decode)
+    def config(self, algorithm: str, q_block: int = Q_TILE) -> Config:
+        return Config(algorithm, self.d, self.h // self.hkv, self.causal and not self.decode, self.decode, q_block)
 
 
 def extrapolate(shape: Shape, fit: Fit, params: dict) -> dict:
     """The modelled call of ``shape``: cycles, time, binding resource, pipe busy cycles."""
     per_core = tasks(fit.config.algorithm, shape.b, shape.h, shape.hkv, shape.sq, shape.skv,
-                     shape.d, shape.causal, params)
+                     shape.d, shape.causal, params, fit.config.q_block)
     per_core = [t for t in per_core if t]
     core = max(_core_cycles(fit, t) for t in per_core)
     busiest = max(per_core, key=lambda t: _core_cycles(fit, t))
@@ -297,13 +299,36 @@ def extrapolate(shape: Shape, fit: Fit, params: dict) -> dict:
                 kv_gbs=2 * shape.b * shape.hkv * shape.skv * shape.d * 2 / (us * 1e-6) / 1e9)
 
 
-def validate(algorithm="pasa", d=64, causal=True, cores=4, params=None) -> dict:
+#: the tilings (``q_block``) each allocation is modelled at in prefill; its figures are those of
+#: the one where it is faster at the nominal parameters (its band and sensitivity keep that one)
+Q_BLOCKS = (128, 256)
+
+
+def q_blocks(shape: Shape) -> tuple:
+    """The tilings a shape is modelled at: Q_BLOCKS in prefill; decode stacks a kv group's
+    query heads into one tile whatever q_block is."""
+    return (Q_BLOCKS[0],) if shape.decode else Q_BLOCKS
+
+
+def faster_tilings(shape_list, algorithms, params, fit, progress=None) -> dict:
+    """(shape name, allocation) -> the q_block where the allocation is faster under ``params``;
+    ``fit(config, params)`` calibrates (the caller caches)."""
+    chosen = {}
+    for shape in shape_list:
+        for a in algorithms:
+            speed = {qb: extrapolate(shape, fit(shape.config(a, qb), params), params)["tflops"]
+                     for qb in q_blocks(shape)}
+            chosen[(shape.name, a)] = max(speed, key=speed.get)
+    return chosen
+
+
+def validate(algorithm="pasa", d=64, causal=True, cores=4, params=None, q_block=Q_TILE) -> dict:
     """Extrapolated vs directly emulated cycles of (1, 4, 1024, d) on ``cores`` AI Cores."""
     params = dict(params or npu_params.values(), core_num=cores)
     shape = Shape("validate", 1, 4, 4, 1024, 1024, d, causal)
-    fit = calibrate(shape.config(algorithm), params)
+    fit = calibrate(shape.config(algorithm, q_block), params)
     model = extrapolate(shape, fit, params)
-    stats = emulate(algorithm, 1, 4, 4, 1024, 1024, d, causal, params)
+    stats = emulate(algorithm, 1, 4, 4, 1024, 1024, d, causal, params, q_block)
     direct = sum(stats[launch]["cycles"] for launch in ("attention", "preprocess", "repair") if stats[launch])
     return dict(extrapolated=model["cycles"], emulated=direct, error=model["cycles"] / direct - 1.0,
                 golden_rmse=max(fit.golden_rmse, stats["golden_rmse"]))

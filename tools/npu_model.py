@@ -2,7 +2,8 @@
 
 For fa-fp32, pasa and pasa-exact at the paper's shapes, a d x S x mask sweep and decode, it
 reports modelled TFLOP/s, the share of the cube's peak, the binding pipe and the bytes that
-cross between the cube and the vector cores per kv block. Every number comes from the
+cross between the cube and the vector cores per kv block, each allocation at the ``q_block``
+(128 or 256 query rows a tile) where it is faster. Every number comes from the
 emulation's timing model (``ascend_kernels/TIMING_MODEL.md``) with the parameter table of
 ``pasa_npu/npu_params.py``, extrapolated from small emulated problems
 (``tools/npu_extrapolate.py`` says how); the band is the same model with every assumption at
@@ -26,7 +27,8 @@ import sys
 from pasa_npu import npu_params
 from pasa_npu.tools.compare.progress import ProgressBar
 from pasa_npu.tools import npu_calibrate
-from pasa_npu.tools.npu_extrapolate import Shape, WrongRunError, calibrate, extrapolate
+from pasa_npu.tools.npu_extrapolate import (Q_BLOCKS, Shape, WrongRunError, calibrate, extrapolate, faster_tilings,
+                                            q_blocks)
 
 ALGORITHMS = ("fa-fp32", "pasa", "pasa-exact")
 TOKENS, HIDDEN = 16384, 2048  # the sweep keeps B * S and H * d fixed, as pasa-bench does
@@ -69,33 +71,40 @@ def run(shape_list, algorithms, band: bool, progress) -> dict:
     if band:
         corners.update(fast=npu_params.corner("fast"), slow=npu_params.corner("slow"))
     fits, rows = {}, []
-    configs = sorted({s.config(a) for s in shape_list for a in algorithms}, key=str)
-    total = len(configs) * len(corners) + len(shape_list) * len(algorithms)
+    candidates = {s.config(a, qb) for s in shape_list for a in algorithms for qb in q_blocks(s)}
+    total = len(candidates) + 2 * len(candidates) * band + len(shape_list) * len(algorithms)
     done = 0
-    for config in configs:
-        for name, params in corners.items():
-            progress(done, total, f"calibrate {config.algorithm} d={config.d} g={config.group}")
+
+    def fit(config, params, name="nominal"):
+        nonlocal done
+        if (config, name) not in fits:
+            progress(done, total, f"calibrate {config.algorithm} d={config.d} g={config.group} q={config.q_block}")
             fits[(config, name)] = calibrate(config, params)
             done += 1
+        return fits[(config, name)]
+
+    chosen = faster_tilings(shape_list, algorithms, corners["nominal"], fit)
+    total -= 2 * band * (len(candidates) - len({s.config(a, chosen[(s.name, a)]) for s in shape_list for a in algorithms}))
     for shape in shape_list:
         row = dict(shape=shape.name, b=shape.b, h=shape.h, hkv=shape.hkv, sq=shape.sq,
                    skv=shape.skv, d=shape.d, causal=shape.causal)
         for algorithm in algorithms:
-            progress(done, total, f"{shape.name[:20]} {algorithm}")
-            config = shape.config(algorithm)
-            cell = {name: extrapolate(shape, fits[(config, name)], params)
+            config = shape.config(algorithm, chosen[(shape.name, algorithm)])
+            cell = {name: extrapolate(shape, fit(config, params, name), params)
                     for name, params in corners.items()}
+            progress(done, total, f"{shape.name[:20]} {algorithm}")
             nominal = cell["nominal"]
-            fit = fits[(config, "nominal")]
+            nominal_fit = fits[(config, "nominal")]
             row[algorithm] = dict(
                 tflops=nominal["tflops"], time_us=nominal["time_us"], binding=nominal["binding"],
+                q_block=config.q_block,
                 cube_share=nominal["tflops"] / npu_params.cube_peak_tflops(corners["nominal"]),
                 kv_gbs=nominal["kv_gbs"],
                 band=[cell[c]["tflops"] for c in ("slow", "fast") if c in cell],
-                exchange_kib_per_block=fit.per_block("exchange_bytes") / 1024,
-                vector_instructions_per_block=round(fit.per_block("vector_instructions") / 2, 1) + 0.0,
-                scalar_ub_accesses_per_block=round(fit.per_block("scalar_ub_accesses") / 2, 1) + 0.0,
-                block=_per_block(fit, shape, corners["nominal"]), busy=nominal["busy"],
+                exchange_kib_per_block=nominal_fit.per_block("exchange_bytes") / 1024,
+                vector_instructions_per_block=round(nominal_fit.per_block("vector_instructions") / 2, 1) + 0.0,
+                scalar_ub_accesses_per_block=round(nominal_fit.per_block("scalar_ub_accesses") / 2, 1) + 0.0,
+                block=_per_block(nominal_fit, shape, corners["nominal"]), busy=nominal["busy"],
                 golden_rmse=max(fits[(config, name)].golden_rmse for name in corners))
             done += 1
         rows.append(row)
@@ -107,7 +116,7 @@ def run(shape_list, algorithms, band: bool, progress) -> dict:
 def _per_block(fit, shape: Shape, params: dict) -> dict:
     """One kv block on one AI Core, from the fit: modelled cycles, V and M busy cycles, and the
     ceiling the chip's L2 bandwidth puts on the cube (every core moving this block's GM bytes)."""
-    rows = 128 if not shape.decode else shape.h // shape.hkv
+    rows = fit.config.q_block if not shape.decode else shape.h // shape.hkv
     ideal = 2 * rows * 128 * shape.d / params["cube_macs_per_cycle"]  # QK^T and PV on a perfect cube
     l2 = fit.per_block("gm_bytes") * params["core_num"] / params["l2_aggregate_bytes_per_cycle"]
     cycles = max(fit.per_block(q) for q in ("timeline_cycles", "busy_RD", "busy_WR"))
@@ -123,8 +132,10 @@ def markdown(result) -> str:
              "Each figure is fitted from emulated runs whose outputs were checked against the fp64 "
              "golden; `rmse` is the largest relative RMSE among them. Binding: a pipe, `RD`/`WR` (an AI "
              "Core's GM read/write port), `L2`/`HBM` (the chip's bandwidth), or `path` (the AI Core's "
-             "dependency chain: no resource reaches 90% of its cycles).", "",
-             "| shape | " + " | ".join(f"{a} TFLOP/s [band] (binding, % peak, rmse)" for a in algos)
+             "dependency chain: no resource reaches 90% of its cycles). `q`: the `q_block` of the figure, of "
+             f"{' and '.join(map(str, Q_BLOCKS))} the one where the allocation is faster (decode: one tile "
+             "per kv group whatever it is).", "",
+             "| shape | " + " | ".join(f"{a} TFLOP/s [band] (binding, % peak, rmse, q)" for a in algos)
              + (" | pasa / fa-fp32 | pasa-exact / fa-fp32 |" if "fa-fp32" in algos else " |"),
              "|---|" + "---|" * len(algos) + ("---|---|" if "fa-fp32" in algos else "")]
     for row in result["rows"]:
@@ -132,13 +143,14 @@ def markdown(result) -> str:
         for a in algos:
             e = row[a]
             band = f" [{e['band'][0]:.0f}-{e['band'][1]:.0f}]" if e["band"] else ""
-            cells.append(f"{e['tflops']:.1f}{band} ({e['binding']}, {e['cube_share']:.0%}, {e['golden_rmse']:.1e})")
+            cells.append(f"{e['tflops']:.1f}{band} ({e['binding']}, {e['cube_share']:.0%}, {e['golden_rmse']:.1e}, "
+                         f"q {e['q_block']})")
         ratios = []
         if "fa-fp32" in algos:
             for a in ("pasa", "pasa-exact"):
                 ratios.append(f"{row[a]['tflops'] / row['fa-fp32']['tflops']:.2f}" if a in algos else "-")
         lines.append(f"| {row['shape']} | " + " | ".join(cells + ratios) + " |")
-    lines += ["", "Per kv block (128 x 128 tile) at each shape's head dim, from the calibration "
+    lines += ["", "Per kv block (a tile of `q` rows x 128 keys) at each shape's head dim, from the calibration "
               "fits: KiB handed between cube and vector through the workspace (S' or S and P'V "
               "out of the cube, P' back; each is also read once); per vector core the vector "
               "instructions and scalar UB accesses; on one AI Core the modelled cycles (V and M "
@@ -154,7 +166,8 @@ def markdown(result) -> str:
         seen.add(key)
         cells = [f"{row[a]['exchange_kib_per_block']:.1f} / {row[a]['vector_instructions_per_block']:g} / "
                  f"{abs(row[a]['scalar_ub_accesses_per_block']):g} / {row[a]['block']['cycles']:.0f} "
-                 f"({row[a]['block']['v']:.0f}, {row[a]['block']['m']:.0f}) / {row[a]['block']['l2_ceiling']:.0%}"
+                 f"({row[a]['block']['v']:.0f}, {row[a]['block']['m']:.0f}) / {row[a]['block']['l2_ceiling']:.0%} "
+                 f"(q {row[a]['q_block']})"
                  for a in algos]
         lines.append(f"| d={row['d']}, group {key[1]}{', decode' if key[2] else ''} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -171,7 +184,8 @@ WORST_CORNER_PASSES = 3
 def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None) -> dict:
     """The pasa / fa-fp32 ratio per shape at the nominal parameters, with each parameter that
     has a range alone at its low and at its high end, and at each shape's worst independent
-    corner. Each parameter with a range takes its low end, its nominal value or its high end,
+    corner; at every one of them each allocation at the q_block of Q_BLOCKS where it is faster
+    there (as it would be tuned on a chip with those parameters). Each parameter with a range takes its low end, its nominal value or its high end,
     independently of the others; the search starts with every parameter at the end that
     lowered the ratio alone (nominal where neither did) and moves one parameter at a time
     while that lowers the ratio further, up to WORST_CORNER_PASSES passes: a local minimum
@@ -180,17 +194,21 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
     ranged = [p for p in npu_params.ALL if p.assumption and (names is None or p.name in names)]
     fits = {}
 
-    def evaluate(params, only=None):
+    def fit(config, params):
         key = tuple(sorted((k, v) for k, v in npu_params.timing_only(params).items() if k not in _LAUNCH_ONLY))
+        if (config, key) not in fits:
+            fits[(config, key)] = calibrate(config, params)
+        return fits[(config, key)]
+
+    def evaluate(params, only=None):
         out = {}
         for shape in shape_list if only is None else [only]:
             cell = {}
+            chosen = faster_tilings([shape], algorithms, params, fit)
             for a in algorithms:
-                config = shape.config(a)
-                if (config, key) not in fits:
-                    fits[(config, key)] = calibrate(config, params)
-                cell[a] = extrapolate(shape, fits[(config, key)], params)
-                cell[a]["golden_rmse"] = fits[(config, key)].golden_rmse
+                config = shape.config(a, chosen[(shape.name, a)])
+                cell[a] = extrapolate(shape, fit(config, params), params)
+                cell[a].update(golden_rmse=fit(config, params).golden_rmse, q_block=config.q_block)
             cell["ratio"] = cell["pasa"]["tflops"] / cell["fa-fp32"]["tflops"]
             out[shape.name] = cell
         return out
@@ -240,7 +258,9 @@ def sensitivity_markdown(result) -> str:
     names = result["shapes"]
     lines = ["**Modelled** (pipe-level timing model of an Atlas A2 / 910B1, parameters and their sources "
              "in `pasa_npu/npu_params.py`; not measured on an NPU). pasa / fa-fp32 TFLOP/s ratio with each "
-             "parameter that has a range alone at its low / high end, the others nominal. Every figure is "
+             "parameter that has a range alone at its low / high end, the others nominal; each allocation at "
+             f"the `q_block` of {' and '.join(map(str, Q_BLOCKS))} where it is faster with those parameters. "
+             "Every figure is "
              "fitted from emulated runs checked against the fp64 golden (largest relative RMSE "
              f"{result['golden_rmse']:.1e}).", "",
              "| parameter (nominal, range) | " + " | ".join(names) + " |", "|---|" + "---|" * len(names),
@@ -263,8 +283,8 @@ def sensitivity_markdown(result) -> str:
         nominal_values = npu_params.values()
         lows = ", ".join(f"`{k}`={v:g}" for k, v in w["corner"].items() if v != nominal_values[k])
         lines.append(f"| {n} | {result['nominal'][n]['ratio']:.2f} | {r['ratio']:.2f} | "
-                     f"{r['fa-fp32']['tflops']:.1f} ({r['fa-fp32']['binding']}) | {r['pasa']['tflops']:.1f} "
-                     f"({r['pasa']['binding']}) | {lows} |")
+                     f"{r['fa-fp32']['tflops']:.1f} ({r['fa-fp32']['binding']}, q {r['fa-fp32']['q_block']}) | "
+                     f"{r['pasa']['tflops']:.1f} ({r['pasa']['binding']}, q {r['pasa']['q_block']}) | {lows} |")
     return "\n".join(lines) + "\n"
 
 
