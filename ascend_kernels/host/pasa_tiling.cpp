@@ -312,10 +312,11 @@ void PlanCube(PasaTilingData& t, PasaBudget& b)
 
 // AIV buffers (per vector core). A vector core works on its vecRowsPad rows in chunks of vecChunkRows:
 // the score, P' and P'V tiles (double-buffered when they fit: P' gives way first, then P'V, then the
-// scores), the fp32 work tile, the reduction tree (also the output staging), the mask bit tiles and the
-// mask bytes hold a chunk; the accumulator, the statistics and the rows' positions (rel, broadcast) hold
-// all of them. The chunk is all the rows where that fits, else the largest multiple of 16 dividing them
-// that does (or the problem's vecChunkRows).
+// scores), the fp32 work tile, the reduction tree (also the output staging), the mask bit tiles, the
+// mask bytes and a step's scratch statistics hold a chunk; the accumulator, the kept statistics and the
+// rows' positions (rel, broadcast) hold all of them. The chunk is all the rows where they fit with two
+// score buffers, else the most rows (a multiple of 16 dividing them) that do, else the most that fit
+// with one (or the problem's vecChunkRows).
 uint64_t PlanVectorChunk(PasaTilingData& t, uint32_t r)
 {
     const uint32_t all = t.vecRowsPad, n = t.kvBlock, dv = t.headDimV;
@@ -329,7 +330,7 @@ uint64_t PlanVectorChunk(PasaTilingData& t, uint32_t r)
     t.ubTreeBytes = r * std::max(n, dv) * 2 + 32 * r;
     // the column index row, the broadcast row positions (all rows), two bit tiles, row bits
     t.ubMaskBytes = Align(n * 2, 32) + 32 * all + 2 * Align(r * n / 8, 32) + Align(r, 32) + 32;
-    t.ubStatBytes = PASA_VEC_STAT_UNITS * all * 4;
+    t.ubStatBytes = (PASA_VEC_KEPT_UNITS * all + PASA_VEC_SCRATCH_UNITS * r) * 4;
     t.ubMaskTileBytes = t.hasMask ? r * n : 0;
     const uint64_t fixed = static_cast<uint64_t>(t.ubAccBytes) + t.ubWorkBytes + t.ubTreeBytes + t.ubMaskBytes +
                            t.ubStatBytes + 2ull * Align(r * 4, 32) + t.ubMaskTileBytes;
@@ -356,10 +357,14 @@ void PlanVector(const PasaProblem& p, PasaTilingData& t, PasaBudget& b)
         b.ub = PlanVectorChunk(t, std::min(p.vecChunkRows, all));
         return;
     }
-    for (uint32_t r = all; r >= 16; r -= 16) {
-        if (all % r != 0) continue;
-        b.ub = PlanVectorChunk(t, r);
-        if (b.ub <= kUbUserBytes) return;
+    // the most rows whose score tiles still have two buffers (the next block's scores land while
+    // this one's are worked on), else the most rows that fit at all
+    for (const bool doubleScores : {true, false}) {
+        for (uint32_t r = all; r >= 16; r -= 16) {
+            if (all % r != 0) continue;
+            b.ub = PlanVectorChunk(t, r);
+            if (b.ub <= kUbUserBytes && (t.ubScoreBuffers == 2 || !doubleScores)) return;
+        }
     }
 }
 

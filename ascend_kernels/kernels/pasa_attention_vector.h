@@ -56,32 +56,34 @@ constexpr float kMaskedScore = -3.0e38f;   // fp32 masked score; a split's LSE o
 constexpr float kInitialMax = -1.0e38f;    // fp32 running maximum before the first key
 constexpr float kFp16Lowest = -65504.0f;   // fp16 masked S' (row maximum only) and pasa's initial m
 
-// Slots of the statistics buffer, in units of vecRowsPad fp32 (see PASA_VEC_STAT_UNITS). The
-// running statistics exist per task parity and per block parity (block i of a task reads set
-// i % 2 and writes set (i + 1) % 2). The kept slots (the sets, M32, L32, PEAK32, RING) hold each
-// chunk's rows at the chunk's share of the slot (Kept, PasaSet); the others are a step's scratch,
-// used from their start by whichever chunk runs.
+// Slots of the statistics buffer. The kept slots, in units of vecRowsPad fp32, come first: the
+// running statistics (per task parity and per block parity: block i of a task reads set i % 2 and
+// writes set (i + 1) % 2), the ring of rescale factors and the rows' positions; each chunk's rows
+// sit at the chunk's share of a slot (Kept, PasaSet). The scratch slots follow, in units of
+// vecChunkRows fp32: a step's, used by whichever chunk runs.
 enum StatSlot : uint32_t {
     SETS = 0,                       // pasa: 8 fp16 vectors per set, [m | mloc | F | mean | l | lloc | n | peak],
                                     // set (task parity, block parity) at 4 (2 tp + bp);
     M32 = 0, L32 = 4,               // fa-fp32, pasa-exact: m at 2 tp + bp, l at 4 + 2 tp + bp
     PEAK32 = 8,                     // pasa-exact, the resolution check: the rows' peak |rowmax S'| at 8 + tp
-    T0 = 16, T1 = 17, T2 = 18, T3 = 19,
-    RING = 20,                      // rescale factors of the last PASA_PV_DELAY + 1 blocks of the
+    RING = 16,                      // rescale factors of the last PASA_PV_DELAY + 1 blocks of the
                                     // stream (by stream position: a task's last folds run after the
                                     // next task's first softmaxes)
-    CONST = 24, SHIFT = 25, ROWMAX = 26, ROWSUM = 27,
+    REL = 20,                       // fp16 rel(r): the row's position within its head's run, every row
+    KEPT_SLOTS = 21,
+    T0 = KEPT_SLOTS, T1, T2, T3,
+    CONST, SHIFT, ROWMAX, ROWSUM,
     // a step's scratch, free at the end of a task: the sink join (Finish) takes three of them
     SINK = CONST, JOINED_M = SHIFT, JOINED_L = ROWSUM,
-    ONEZERO = 28,                   // fp16 [1 | 0], R_ each
-    REL = 29,                       // fp16 rel(r): the row's position within its head's run
-    REP = 30,                       // fp16 scratch for eight copies of a row vector (4 units)
-    LSE = 34, FIN0 = 35, FIN1 = 36,
-    TASK_FLAG = 37,                 // fp16: the maximum of the task's row flags over the chunks so far
-    STAT_SLOTS = 38
+    ONEZERO,                        // fp16 [1 | 0], R_ each
+    REP,                            // fp16 scratch for eight copies of a row vector (4 units)
+    LSE = REP + 4, FIN0, FIN1,
+    TASK_FLAG,                      // fp16: the maximum of the task's row flags over the chunks so far
+    STAT_SLOTS
 };
-static_assert(STAT_SLOTS <= PASA_VEC_STAT_UNITS, "the host sizes the statistics buffer");
-static_assert(PASA_PV_DELAY + 1 <= CONST - RING, "one ring slot per block in flight");
+static_assert(KEPT_SLOTS == PASA_VEC_KEPT_UNITS && STAT_SLOTS - KEPT_SLOTS <= PASA_VEC_SCRATCH_UNITS,
+              "the host sizes the statistics buffer");
+static_assert(PASA_PV_DELAY + 1 <= REL - RING, "one ring slot per block in flight");
 static_assert(PASA_PV_DELAY + 2 <= kTaskWindow, "the vector cores' cursors stay within the task window");
 
 // Index of the pasa statistics inside a set (fp16 vectors of vecRowsPad).
@@ -232,7 +234,10 @@ private:
     __aicore__ inline void ResolvedRows();
 
     // ---------------------------------------------------------------- layout of the scratch
-    __aicore__ inline LocalTensor<float> Stat(uint32_t slot) { return stat_.Get<float>()[slot * all_]; }
+    __aicore__ inline LocalTensor<float> Stat(uint32_t slot)
+    {
+        return stat_.Get<float>()[slot < KEPT_SLOTS ? slot * all_ : KEPT_SLOTS * all_ + (slot - KEPT_SLOTS) * R_];
+    }
     __aicore__ inline LocalTensor<half> Stat16(uint32_t slot) { return Stat(slot).template ReinterpretCast<half>(); }
     // a kept one-unit slot: the chunk's rows (fp32), or its R_ fp32 of room (e.g. pasa's [a | b] in fp16)
     __aicore__ inline LocalTensor<float> Kept(uint32_t slot) { return Stat(slot)[c0_]; }

@@ -74,8 +74,10 @@ static_assert(PASA_QUERY_BUFFERS + PASA_KEY_BUFFERS + PASA_VALUE_BUFFERS + PASA_
                   PASA_EVENT_IDS,
               "the cube's L1 queue buffers need more MTE1_MTE2 event IDs than TPipe has");
 
-// Statistics one AIV keeps in UB, in units of vecRowsPad elements of fp32 (see pasa_attention_vector.h).
-constexpr uint32_t PASA_VEC_STAT_UNITS = 38;
+// Statistics one AIV keeps in UB (see pasa_attention_vector.h): kept slots in units of vecRowsPad
+// elements of fp32, then a step's scratch in units of vecChunkRows.
+constexpr uint32_t PASA_VEC_KEPT_UNITS = 21;
+constexpr uint32_t PASA_VEC_SCRATCH_UNITS = 17;
 // Statistics of the merge kernel, in the same units (see pasa_merge.h).
 constexpr uint32_t PASA_MERGE_STAT_UNITS = 18;
 
