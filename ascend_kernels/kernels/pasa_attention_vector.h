@@ -1,9 +1,10 @@
 // The vector side (AIV) of the PASA attention kernel. Each AIV owns a fixed band of rows of
 // every tile (the first vecRows rows, or the rest) and works on them in chunks of
-// tiling.vecChunkRows rows (all of them where its UB holds their tiles): every instruction covers
+// tiling.vecChunkRows rows (all of them where its UB holds their tiles; the host's choice,
+// pasa_tiling.cpp's PlanVector): every instruction covers
 // a whole chunk (padding rows computed and never stored), no loop runs over rows and the scalar
-// unit reads no UB in the per-block steps. The statistics and the accumulator hold every row of
-// the band, each chunk its own part of them; the results do not depend on the chunk.
+// unit reads no UB in the per-block steps. The kept statistics and the accumulator hold every row
+// of the band, each chunk its own part of them; the results do not depend on the chunk.
 //
 // Per kv block j: wait S'_j, copy it in (ping-pong; with shiftScores the raw fp32 scores, shifted
 // here into S': ShiftScores in pasa_vector_steps.h), mask it if the block is not fully visible,
