@@ -21,7 +21,7 @@ Every figure of the model side comes from emulated runs checked against the fp64
 from __future__ import annotations
 
 from pasa_npu import npu_params
-from pasa_npu.tools.npu_extrapolate import Q_BLOCKS, Shape, calibrate, extrapolate
+from pasa_npu.tools.npu_extrapolate import Q_BLOCKS, Shape, calibrate, fastest
 
 #: PTO FA stage constants per 256-key tile (head dim 128, 128 query rows): npu-params.md §4
 PTO_STAGE_CYCLES = dict(qk=2487, softmax=2489, pv=1617, update=834)
@@ -68,11 +68,12 @@ def per_call(params: dict, algorithms=("fa-fp32", "pasa"), progress=None) -> dic
     aggregate L2 rate at the high end of its range."""
     b2 = dict(params, **B2)
     l2_high = dict(b2, l2_aggregate_bytes_per_cycle=npu_params.corner("fast")["l2_aggregate_bytes_per_cycle"])
-    fits = {(a, qb): calibrate(Shape("call", 1, 1, 1, 128, 1024, 128).config(a, qb), b2)
-            for a in algorithms for qb in Q_BLOCKS}
+    # one calibration per allocation and q_block, at b2: the L2 rate enters only the launch total
+    fits = {config: calibrate(config, b2) for a in algorithms for qb in Q_BLOCKS
+            for config in [Shape("call", 1, 1, 1, 128, 1024, 128).config(a, qb)]}
 
     def faster(shape, a, at):
-        return max((extrapolate(shape, fits[(a, qb)], at) for qb in Q_BLOCKS), key=lambda r: r["tflops"])
+        return fastest(shape, a, at, lambda config, _: fits[config])[1]
     out = {}
     for i, s in enumerate(MEASURED_910B2):
         if progress:

@@ -299,8 +299,8 @@ def extrapolate(shape: Shape, fit: Fit, params: dict) -> dict:
                 kv_gbs=2 * shape.b * shape.hkv * shape.skv * shape.d * 2 / (us * 1e-6) / 1e9)
 
 
-#: the tilings (``q_block``) each allocation is modelled at in prefill; its figures are those of
-#: the one where it is faster at the nominal parameters (its band and sensitivity keep that one)
+#: the tilings (``q_block``) each allocation is modelled at in prefill; each figure is the
+#: allocation's at the faster of them under the parameters it is modelled with
 Q_BLOCKS = (128, 256)
 
 
@@ -310,16 +310,16 @@ def q_blocks(shape: Shape) -> tuple:
     return (Q_BLOCKS[0],) if shape.decode else Q_BLOCKS
 
 
-def faster_tilings(shape_list, algorithms, params, fit, progress=None) -> dict:
-    """(shape name, allocation) -> the q_block where the allocation is faster under ``params``;
-    ``fit(config, params)`` calibrates (the caller caches)."""
-    chosen = {}
-    for shape in shape_list:
-        for a in algorithms:
-            speed = {qb: extrapolate(shape, fit(shape.config(a, qb), params), params)["tflops"]
-                     for qb in q_blocks(shape)}
-            chosen[(shape.name, a)] = max(speed, key=speed.get)
-    return chosen
+def fastest(shape: Shape, algorithm: str, params: dict, fit) -> tuple:
+    """(config, extrapolation) of ``algorithm`` on ``shape`` at the q_block of q_blocks(shape)
+    where it is faster under ``params``; ``fit(config, params)`` calibrates (the caller caches)."""
+    best = None
+    for qb in q_blocks(shape):
+        config = shape.config(algorithm, qb)
+        result = extrapolate(shape, fit(config, params), params)
+        if best is None or result["tflops"] > best[1]["tflops"]:
+            best = (config, result)
+    return best
 
 
 def validate(algorithm="pasa", d=64, causal=True, cores=4, params=None, q_block=Q_TILE) -> dict:

@@ -27,8 +27,7 @@ import sys
 from pasa_npu import npu_params
 from pasa_npu.tools.compare.progress import ProgressBar
 from pasa_npu.tools import npu_calibrate
-from pasa_npu.tools.npu_extrapolate import (Q_BLOCKS, Shape, WrongRunError, calibrate, extrapolate, faster_tilings,
-                                            q_blocks)
+from pasa_npu.tools.npu_extrapolate import Q_BLOCKS, Shape, WrongRunError, calibrate, extrapolate, fastest, q_blocks
 
 ALGORITHMS = ("fa-fp32", "pasa", "pasa-exact")
 TOKENS, HIDDEN = 16384, 2048  # the sweep keeps B * S and H * d fixed, as pasa-bench does
@@ -71,8 +70,8 @@ def run(shape_list, algorithms, band: bool, progress) -> dict:
     if band:
         corners.update(fast=npu_params.corner("fast"), slow=npu_params.corner("slow"))
     fits, rows = {}, []
-    candidates = {s.config(a, qb) for s in shape_list for a in algorithms for qb in q_blocks(s)}
-    total = len(candidates) + 2 * len(candidates) * band + len(shape_list) * len(algorithms)
+    cells = len(shape_list) * len(algorithms)
+    total = len({s.config(a, qb) for s in shape_list for a in algorithms for qb in q_blocks(s)}) + cells
     done = 0
 
     def fit(config, params, name="nominal"):
@@ -83,17 +82,16 @@ def run(shape_list, algorithms, band: bool, progress) -> dict:
             done += 1
         return fits[(config, name)]
 
-    chosen = faster_tilings(shape_list, algorithms, corners["nominal"], fit)
-    total -= 2 * band * (len(candidates) - len({s.config(a, chosen[(s.name, a)]) for s in shape_list for a in algorithms}))
+    chosen = {(s.name, a): fastest(s, a, corners["nominal"], fit) for s in shape_list for a in algorithms}
+    total += (len(corners) - 1) * len({config for config, _ in chosen.values()})  # the band's calibrations
     for shape in shape_list:
         row = dict(shape=shape.name, b=shape.b, h=shape.h, hkv=shape.hkv, sq=shape.sq,
                    skv=shape.skv, d=shape.d, causal=shape.causal)
         for algorithm in algorithms:
-            config = shape.config(algorithm, chosen[(shape.name, algorithm)])
-            cell = {name: extrapolate(shape, fit(config, params, name), params)
+            config, nominal = chosen[(shape.name, algorithm)]
+            cell = {name: nominal if name == "nominal" else extrapolate(shape, fit(config, params, name), params)
                     for name, params in corners.items()}
             progress(done, total, f"{shape.name[:20]} {algorithm}")
-            nominal = cell["nominal"]
             nominal_fit = fits[(config, "nominal")]
             row[algorithm] = dict(
                 tflops=nominal["tflops"], time_us=nominal["time_us"], binding=nominal["binding"],
@@ -204,10 +202,8 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
         out = {}
         for shape in shape_list if only is None else [only]:
             cell = {}
-            chosen = faster_tilings([shape], algorithms, params, fit)
             for a in algorithms:
-                config = shape.config(a, chosen[(shape.name, a)])
-                cell[a] = extrapolate(shape, fit(config, params), params)
+                config, cell[a] = fastest(shape, a, params, fit)
                 cell[a].update(golden_rmse=fit(config, params).golden_rmse, q_block=config.q_block)
             cell["ratio"] = cell["pasa"]["tflops"] / cell["fa-fp32"]["tflops"]
             out[shape.name] = cell
