@@ -11,7 +11,7 @@ import math
 import os
 import threading
 import weakref
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 import triton
@@ -285,13 +285,15 @@ class PreparedLaunch:
     argument binding, key or lookup; where it can (:func:`_direct_send`), straight into
     Triton's C launcher."""
 
-    __slots__ = ("name", "send", "values", "slots", "addresses", "keep", "described", "direct")
+    __slots__ = ("name", "send", "values", "slots", "addresses", "keep", "described", "direct",
+                 "compiled", "grid", "device")
 
     def __init__(self, name: str, send, values, slots, addresses=(), keep=(), described=(),
-                 direct=False):
+                 direct=False, compiled=None, grid=(), device=None):
         self.name, self.send, self.values, self.slots = name, send, values, slots
         self.addresses, self.keep = addresses, keep
         self.described, self.direct = described, direct
+        self.compiled, self.grid, self.device = compiled, grid, device
 
     @classmethod
     def launch(cls, kernel, grid: tuple, args: tuple, kwargs: dict, roles: dict,
@@ -330,10 +332,20 @@ class PreparedLaunch:
                 values[i] = values[i].data_ptr()
         addresses = tuple((i, role) for i, role in slots if i in pointers)
         slots = tuple((i, role) for i, role in slots if i not in pointers)
-        return cls(name, send, values, slots, addresses, tuple(keep), lazy, True)
+        return cls(name, send, values, slots, addresses, tuple(keep), lazy, True, compiled,
+                   grid, device)
 
-    def run(self, roles: dict) -> None:
-        """Launch on ``roles`` (role -> tensor or descriptor)."""
+    def send_on_current_stream(self):
+        """A direct send of this launch bound to the current stream (a graph's capture
+        stream), or None where this launch has none."""
+        if not self.direct:
+            return None
+        direct = _direct_send(self.compiled, self.grid, self.device)
+        return None if direct is None else direct[0]
+
+    def run(self, roles: dict, send=None) -> None:
+        """Launch on ``roles`` (role -> tensor or descriptor), through ``send`` where given
+        (:meth:`send_on_current_stream`), else on the recording's stream."""
         values = self.values.copy()
         for i, role in self.slots:
             values[i] = roles[role]
@@ -343,8 +355,11 @@ class PreparedLaunch:
             # the direct send makes the descriptor only for an address it has not filled
             values[i] = ((roles[role], template) if self.direct
                          else rebase(template, roles[role]))
-        self.send(values)
-        FAST_LAUNCHES[0] += 1
+        if send is None:
+            self.send(values)
+            FAST_LAUNCHES[0] += 1
+        else:  # into a graph's capture: launched when the graph is
+            send(values)
 
 
 def _direct_send(compiled, grid: tuple, device):
@@ -588,28 +603,128 @@ def _derive(name, refs, make, roles):
     return made
 
 
-class PreparedCall(NamedTuple):
+class PreparedCall:
     """A call's launches and workspaces, recorded (:class:`Binding`): :meth:`__call__`
-    repeats them, in order, on another call's tensors."""
+    repeats them, in order, on another call's tensors. A repeat on tensors at the
+    addresses (and of the strides) of an earlier repeat's replays a CUDA graph of the
+    launches, captured at that second sight of them (:data:`GRAPH_REPEATS`): one graph
+    launch costs the host less than one kernel launch. Every argument of the launches but
+    the addresses of the call's tensors is the recording's, so that the graph computes
+    what the launches would."""
 
-    actions: tuple
-    layout: tuple  # the strides and 16-byte alignment of the binding call's own tensors
+    __slots__ = ("actions", "layout", "graphs", "kernels")
+
+    def __init__(self, actions: tuple, layout: tuple):
+        self.actions = actions
+        self.layout = layout  # the strides and 16-byte alignment of the binding call's tensors
+        launches = [a for a in actions if type(a) is PreparedLaunch]
+        self.kernels = len(launches)
+        # the call's tensors' (address, strides) -> the graph of the launches, or None
+        # where seen once; None where the launches cannot be captured (a launch through
+        # Triton's own path) or should not be (a large workspace made anew on every call:
+        # each graph would keep one)
+        self.graphs = ({} if GRAPH_REPEATS and all(a.direct for a in launches) and not any(
+            _new_workspace_bytes(a) > GRAPH_WORKSPACE_BYTES for a in actions) else None)
 
     def __call__(self, roles: dict) -> bool:
         """Repeat the call on ``roles`` (the call's own tensors); False, launching
         nothing, where a tensor's strides or alignment differ from the binding call's
         (workspaces, and what is derived from the tensors, then follow as they did)."""
-        if _role_layout(roles) != self.layout:
+        tensors = roles.values()
+        graphs = self.graphs
+        if graphs is not None and GRAPH_REPEATS:
+            # each tensor's address and strides: a call that matches a graph's has the
+            # layout the graph was captured with, and the same memory in every role
+            where = tuple([(t.data_ptr(), t.stride()) for t in tensors])
+            graph = graphs.get(where)
+            if graph is not None and not _hooked():
+                with _REPEAT_LOCK:
+                    graph.replay()
+                GRAPH_REPLAYS[0] += 1
+                GRAPH_KERNELS[0] += self.kernels
+                return True
+            addresses = [a for a, _ in where]
+        else:
+            where, addresses = None, [t.data_ptr() for t in tensors]
+        if _role_layout(roles, addresses) != self.layout:
             return False
         # one repeat at a time: a recording's kept workspaces serve one call, so two
         # threads on one stream must not interleave their launches
         with _REPEAT_LOCK:
-            for action in self.actions:
-                if type(action) is PreparedLaunch:
-                    action.run(roles)
-                else:
-                    action(roles)
+            if where is None or _hooked():
+                self._run(roles)
+                return True
+            graph = self._capture(roles) if where in graphs else None  # seen once before
+            if graph is None:
+                if len(graphs) >= GRAPHS_PER_CALL:
+                    graphs.clear()
+                graphs[where] = None
+                self._run(roles)
+                return True
+            graphs[where] = graph
+            graph.replay()
+        GRAPH_REPLAYS[0] += 1
+        GRAPH_KERNELS[0] += self.kernels
         return True
+
+    def _run(self, roles: dict, sends: Optional[dict] = None) -> None:
+        for action in self.actions:
+            if type(action) is not PreparedLaunch:
+                action(roles)
+            elif sends is None:
+                action.run(roles)
+            else:
+                action.run(roles, sends[id(action)])
+
+    def _capture(self, roles: dict):
+        """A CUDA graph of the launches on ``roles``, captured on a side stream of their
+        device; None (and no graph for this call again) where the capture fails."""
+        device = next(iter(roles.values())).device
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.device(device), torch.cuda.stream(_capture_stream(device)):
+                sends = {id(a): a.send_on_current_stream() for a in self.actions
+                         if type(a) is PreparedLaunch}
+                if None in sends.values():
+                    raise RuntimeError("a launch without a direct send")
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    self._run(roles, sends)
+                finally:
+                    graph.capture_end()
+        except Exception:  # noqa: BLE001 - repeat without graphs, as before
+            self.graphs = None
+            return None
+        return graph
+
+
+#: whether recorded calls replay CUDA graphs on repeated addresses (:class:`PreparedCall`);
+#: ``PASA_NPU_GRAPH_REPEATS=0`` launches every kernel of every repeat (read at each call;
+#: a record made while it is off never makes graphs)
+GRAPH_REPEATS = os.environ.get("PASA_NPU_GRAPH_REPEATS", "1") != "0"
+#: address sets a recorded call remembers (seen once, or with a graph) before it forgets all
+GRAPHS_PER_CALL = 32
+#: repeats that replayed a graph, and the kernels those graphs ran (tests and ``pasa-bench``
+#: read them)
+GRAPH_REPLAYS = [0]
+GRAPH_KERNELS = [0]
+
+
+#: bytes of a workspace made on every call (a filled one) that a graph may keep
+GRAPH_WORKSPACE_BYTES = 1 << 20
+
+
+def _new_workspace_bytes(action) -> int:
+    """Bytes of the workspace ``action`` makes anew on each call; 0 for any other action."""
+    if not (isinstance(action, functools.partial) and action.func is _make_workspace):
+        return 0
+    _, shape, dtype, *_ = action.args
+    return math.prod(shape) * dtype.itemsize
+
+
+@functools.lru_cache(maxsize=None)
+def _capture_stream(device):
+    return torch.cuda.Stream(device)
 
 
 _REPEAT_LOCK = threading.Lock()
@@ -623,12 +738,15 @@ def _first_roles(roles: dict) -> dict:
     return by_id
 
 
-def _role_layout(roles: dict) -> tuple:
-    """The strides and 16-byte alignment of each role's tensor, and, where roles share one
-    tensor (a key that is the value), which: a recorded launch fills a shared tensor's
-    positions from its first role, so it repeats only on calls that share the same way."""
+def _role_layout(roles: dict, addresses: Optional[tuple] = None) -> tuple:
+    """The strides and 16-byte alignment of each role's tensor (``addresses``: their
+    ``data_ptr()``s, where known), and, where roles share one tensor (a key that is the
+    value), which: a recorded launch fills a shared tensor's positions from its first
+    role, so it repeats only on calls that share the same way."""
     tensors = roles.values()
-    layout = tuple((t.stride(), t.data_ptr() % 16 == 0) for t in tensors)
+    if addresses is None:
+        addresses = [t.data_ptr() for t in tensors]
+    layout = tuple([(t.stride(), a % 16 == 0) for t, a in zip(tensors, addresses)])
     ids = [id(t) for t in tensors]
     if len(set(ids)) == len(ids):
         return layout

@@ -127,6 +127,8 @@ UNIMPLEMENTED_KEYWORDS = {a.name: a.default for a in TORCH_NPU_ARGUMENTS
                           if a.kind == "unimplemented"}
 OWN_KEYWORDS = tuple(a.name for a in OWN_ARGUMENTS)
 _DEFAULTS = {a.name: a.default for a in KEYWORD_ARGUMENTS}
+#: the keywords :func:`bind` passes on as they are
+_IMPLEMENTED = frozenset(_DEFAULTS).difference(UNIMPLEMENTED_KEYWORDS)
 
 
 def _v2_row(name: str) -> Argument:
@@ -226,10 +228,18 @@ def call_key(call: Call):
     values = _CALL_VALUES(call)
     rest = values[3:]
     kinds = tuple(map(type, rest))
-    if _SCALAR_TYPES.issuperset(kinds) and all(isinstance(t, torch.Tensor) for t in values[:3]):
-        # tensors as the inputs, scalars everywhere else: the common case
-        return ("scalars", _fingerprint(values[0]), _fingerprint(values[1]),
-                _fingerprint(values[2]), rest, kinds), ()
+    if (isinstance(values[0], torch.Tensor) and isinstance(values[1], torch.Tensor)
+            and isinstance(values[2], torch.Tensor)):
+        # the common cases: tensors as the inputs, scalars everywhere else but for a mask
+        # that the plan validates once (as the general case below keys it)
+        if _SCALAR_TYPES.issuperset(kinds):
+            return ("scalars", _fingerprint(values[0]), _fingerprint(values[1]),
+                    _fingerprint(values[2]), rest, kinds), ()
+        mask = rest[0]
+        if (kinds[0] is torch.Tensor and _SCALAR_TYPES.issuperset(kinds[1:])
+                and (call.sparse_mode in (2, 3, 4) or mask.dtype == torch.bool)):
+            return ("scalars and a mask", _fingerprint(values[0]), _fingerprint(values[1]),
+                    _fingerprint(values[2]), tensor_identity(mask), rest[1:], kinds[1:]), ()
     key = []
     lengths = []
     append = key.append
@@ -290,6 +300,8 @@ def tensor_identity(t: torch.Tensor) -> tuple:
 def bind(function: str, query, key, value, keywords: dict) -> Call:
     """A v1 call's :class:`Call`; an unknown keyword is a TypeError, as Python's own binding
     makes it, and an unimplemented one away from its default a NotImplementedError."""
+    if keywords.keys() <= _IMPLEMENTED:  # the common case: nothing to refuse
+        return Call(query, key, value, **keywords)
     for name in keywords:
         if name not in _DEFAULTS:
             raise TypeError(f"{function}() got an unexpected keyword argument {name!r}")

@@ -49,6 +49,19 @@ def lse_placeholder(device) -> torch.Tensor:
     return torch.empty(0, dtype=torch.float32, device=device)
 
 
+def shared_lse_placeholder(device) -> torch.Tensor:
+    """:func:`lse_placeholder`, one tensor per device returned by every eager call that
+    repeats a recorded plan (it holds no element for a caller to change; one resized
+    in place is replaced)."""
+    t = _PLACEHOLDERS.get(device)
+    if t is None or t.numel() or t.requires_grad:
+        t = _PLACEHOLDERS[device] = lse_placeholder(device)
+    return t
+
+
+_PLACEHOLDERS: dict = {}
+
+
 def fix_rows(problem: AttentionProblem, value: torch.Tensor, plan) -> None:
     """torch_npu's row rules (docs/fia-conformance.md, "Rows with nothing to attend").
     Rows past the query length: 0, LSE 0. Rows that see no key get row-invalid handling,

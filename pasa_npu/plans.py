@@ -16,7 +16,8 @@ from .lengths import read_device_lengths
 from .numerics import to_fp16_checked
 from .options import PACKED
 from .paging import PREFILL_BLOCK_ALIGN
-from .outputs import allocate_lse, allocate_output, fix_rows, lse_placeholder
+from .outputs import (allocate_lse, allocate_output, fix_rows, lse_placeholder,
+                      shared_lse_placeholder)
 from .planner import Plan, make_plan
 from .problem import (AttentionProblem, DeviceLengths, OverflowCheck, call_tensors, host_memory,
                       keeping_nothing, keeps_device_tensors)
@@ -168,7 +169,7 @@ def repeat(plan: Plan, call: Call):
     q, k, v, table, _ = call_inputs(
         call, options.in_layout, options.num_heads, options.num_kv_heads, options.block_size,
         plan.kv_lens, plan.kv_starts, options.packed, False, plan.table_on_host, plan.on_host)
-    out, out_view, lse_out, lse_view = _outputs(plan, q, v)
+    out, out_view, lse_out, lse_view = _outputs(plan, q, v, shared_lse_placeholder)
     check = _overflow_check(plan, out_view)
     sink = call.learnable_sink
     if not plan.repeat(plan.backend_state, call_tensors(
@@ -180,16 +181,17 @@ def repeat(plan: Plan, call: Call):
     return out, lse_out
 
 
-def _outputs(plan: Plan, q: torch.Tensor, v: torch.Tensor) -> tuple:
+def _outputs(plan: Plan, q: torch.Tensor, v: torch.Tensor, placeholder=lse_placeholder) -> tuple:
     """(out in the output layout, its canonical view, the LSE as the call returns it, its
-    canonical view or None) of a call with canonical ``q`` and ``v``. Every row a backend
-    does not write (past a query length, between packed sequences) must read 0; where
-    every row is written, the fill is skipped."""
+    canonical view or None) of a call with canonical ``q`` and ``v``; ``placeholder``
+    makes the LSE returned without ``softmax_lse_flag``. Every row a backend does not
+    write (past a query length, between packed sequences) must read 0; where every row is
+    written, the fill is skipped."""
     options = plan.options
     out, out_view = allocate_output(q, v, options.out_layout, options.out_dtype,
                                     zero=not plan.covered)
     if not options.want_lse:
-        return out, out_view, lse_placeholder(q.device), None
+        return out, out_view, placeholder(q.device), None
     lse, lse_view = allocate_lse(q, options.packed, plan.lse_dtype)
     return out, out_view, lse, lse_view
 

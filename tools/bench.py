@@ -161,9 +161,11 @@ def run_case(case, algorithms, mask, progress=print, paged_cache=None,
                 _add_graph_tflops(row[f"{name} paged"], paged_call, flops)
     for name, us in host_us({n: fn for n, fn in calls.items() if "error" not in row[n]}).items():
         row[name]["host_us"] = us
-    for name, entry in row.items():
-        if name in calls and "error" not in entry and not name.startswith("sdpa"):
-            entry["launches"] = triton_launches(calls[name])
+    ours = [n for n in calls if "error" not in row[n] and not n.startswith("sdpa")]
+    for name, us in host_us({n: without_graphs(calls[n]) for n in ours}).items():
+        row[name]["host_us_no_graph"] = us
+    for name in ours:
+        row[name]["launches"], row[name]["graph"] = triton_launches(calls[name])
     _all_sdpa_backends()
     progress(row_text(row, algorithms))
     return row
@@ -211,11 +213,28 @@ def host_us(calls: dict, rounds: int = 10, per_round: int = 5) -> dict:
     return {name: statistics.median(t) * 1e6 for name, t in times.items()}
 
 
-def triton_launches(call) -> int:
-    """Triton kernel launches that one call of a plan already recorded makes."""
-    before = kernel_common.FAST_LAUNCHES[0]
+def without_graphs(call):
+    """``call`` with a recorded call's graph replays off, as where no earlier repeat used
+    its tensors' addresses (:data:`~pasa_npu.fallback.kernel_common.GRAPH_REPEATS`)."""
+    def launched():
+        kernel_common.GRAPH_REPEATS = False
+        try:
+            call()
+        finally:
+            kernel_common.GRAPH_REPEATS = True
+    return launched
+
+
+def triton_launches(call) -> tuple[int, bool]:
+    """(the Triton kernels that one call of a plan already recorded runs, whether it
+    replayed them as one CUDA graph), the call made at the addresses of the calls before."""
     call()
-    return kernel_common.FAST_LAUNCHES[0] - before
+    call()
+    counters = kernel_common.FAST_LAUNCHES, kernel_common.GRAPH_KERNELS
+    before, replays = [c[0] for c in counters], kernel_common.GRAPH_REPLAYS[0]
+    call()
+    return (sum(c[0] - b for c, b in zip(counters, before)),
+            kernel_common.GRAPH_REPLAYS[0] > replays)
 
 
 def empty_launch_us():

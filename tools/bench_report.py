@@ -101,7 +101,9 @@ def _host_markdown(result) -> list:
     names = list(dict.fromkeys(list(result["algorithms"]) + list(result.get(
         "decode_algorithms", [])))) + ["sdpa-flash", "sdpa-cudnn"]
     lines = ["", "Host time per call, µs, with the GPU kept busy (ratio to SDPA-flash's); "
-             "decode: / eager minus graph replay, µs:", "",
+             "after ·, our call with graph replays off (PASA_NPU_GRAPH_REPEATS=0), as at "
+             "addresses no earlier repeat used; decode: / eager minus graph replay, µs:",
+             "",
              "| case | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
     for row in rows:
         flash = row.get("sdpa-flash", {}).get("host_us")
@@ -114,6 +116,8 @@ def _host_markdown(result) -> list:
             text = f"{e['host_us']:.0f}"
             if flash:
                 text += f" ({e['host_us'] / flash:.1f})"
+            if "host_us_no_graph" in e:
+                text += f" · {e['host_us_no_graph']:.0f}"
             if "graph_ms" in e:
                 text += f" / {(e['ms'] - e['graph_ms']) * 1e3:.0f}"
             cells.append(text)
@@ -125,12 +129,14 @@ def _launches_markdown(result, rows, names) -> list:
     """The Triton launches each of our calls makes, per kind of case, and the host time of
     one empty kernel's launch made the same way: the floor each launch adds."""
     parts = []
+    graphs = set()
     for kind in ("prefill", "decode"):
         counts = {}
         for row in rows:
             for name in names:
                 if row["kind"] == kind and "launches" in row.get(name, {}):
                     counts.setdefault(name, set()).add(row[name]["launches"])
+                    graphs.add(row[name].get("graph", False))
         if counts:
             parts.append(f"{kind}: " + ", ".join(
                 f"{name} {'-'.join(str(n) for n in sorted({min(c), max(c)}))}"
@@ -138,7 +144,12 @@ def _launches_markdown(result, rows, names) -> list:
     if not parts:
         return []
     floor = result.get("empty_launch_us")
-    text = "Triton kernel launches per call (SDPA: one kernel): " + "; ".join(parts) + "."
+    text = "Triton kernels per call (SDPA: one kernel): " + "; ".join(parts) + "."
+    if graphs == {True}:
+        text += (" A call at the addresses of an earlier repeat replays its kernels as one "
+                 "CUDA graph, as in the host table's first figure.")
+    elif True in graphs:
+        text += " Some calls at the addresses of an earlier repeat replay their kernels as a graph."
     if floor is not None:
         text += (f" One launch of an empty kernel, made as a recorded call makes its launches, "
                  f"takes {floor:.1f} µs of host time here.")

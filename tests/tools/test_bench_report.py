@@ -215,11 +215,19 @@ def test_host_table_shows_microseconds_ratio_to_flash_and_eager_minus_graph():
 def test_host_table_counts_our_launches_per_kind_and_states_the_empty_launch():
     result = _result()
     result["empty_launch_us"] = 7.3
-    result["rows"][0]["pasa-exact"].update(host_us=60.0, launches=3)
-    result["rows"][1]["pasa-exact"] = {"tflops": 390.0, "host_us": 61.0, "launches": 2}
+    result["rows"][0]["pasa-exact"].update(host_us=60.0, host_us_no_graph=75.0, launches=3,
+                                           graph=True)
+    result["rows"][1]["pasa-exact"] = {"tflops": 390.0, "host_us": 61.0, "launches": 2,
+                                       "graph": True}
     result["rows"][0]["sdpa-flash"].update(host_us=20.0)
-    result["rows"][2]["pasa-exact"].update(host_us=45.0, ms=0.150, graph_ms=0.110, launches=1)
+    result["rows"][2]["pasa-exact"].update(host_us=45.0, ms=0.150, graph_ms=0.110, launches=1,
+                                           graph=True)
     text = bench_report.markdown(result)
-    assert ("Triton kernel launches per call (SDPA: one kernel): prefill: pasa-exact 2-3; "
-            "decode: pasa-exact 1. One launch of an empty kernel, made as a recorded call "
-            "makes its launches, takes 7.3 µs of host time here.") in text
+    assert "| d=128 S=4096 none | 60 (3.0) · 75 | 20 (1.0) | - |" in text
+    assert ("Triton kernels per call (SDPA: one kernel): prefill: pasa-exact 2-3; "
+            "decode: pasa-exact 1. A call at the addresses of an earlier repeat replays its "
+            "kernels as one CUDA graph, as in the host table's first figure. One launch of an "
+            "empty kernel, made as a recorded call makes its launches, takes 7.3 µs of host "
+            "time here.") in text
+    result["rows"][2]["pasa-exact"]["graph"] = False
+    assert "Some calls at the addresses" in bench_report.markdown(result)

@@ -331,6 +331,55 @@ def test_plan_repeats_its_recorded_launches_on_new_tensors(form, algorithm, monk
 
 
 @needs_gpu
+@pytest.mark.parametrize("form", ["BNSD", "BSH lengths, LSE", "paged BSH", "v2 TND sinks",
+                                  "prefill causal", "prefill paged", "prefill v2 TND sinks"])
+@pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
+def test_repeats_on_the_same_addresses_replay_a_graph_of_the_launches(form, algorithm,
+                                                                      monkeypatch):
+    """Calls of a plan on tensors at addresses an earlier repeat used replay a CUDA graph of
+    the recorded launches: the graph reads the tensors' contents at each call, bit for
+    bit as launches without graphs; on tensors at new addresses the launches run as
+    recorded; with ``GRAPH_REPEATS`` off no graph is made."""
+    from pasa_npu.fallback import kernel_common
+    forms, rand = _decode_forms("cuda")
+    forms.update(_prefill_forms("cuda"))
+    q_shape, kv_shape, keywords, v2 = forms[form]
+    call = _entries(v2)[0]
+    keywords = dict(keywords, algorithm=algorithm, backend="triton")
+    q, k, v = rand(*q_shape), rand(*kv_shape), rand(*kv_shape)
+    contents = [tuple(rand(*t.shape) for t in (q, k, v)) for _ in range(3)]
+
+    def results(graphs: bool) -> list:
+        """Every call's outputs, copied, for each of the contents written into q, k, v."""
+        monkeypatch.setattr(kernel_common, "GRAPH_REPEATS", graphs)
+        pasa_npu.plans.clear()
+        got = []
+        for new in (*contents, contents[0]):
+            for t, c in zip((q, k, v), new):
+                t.copy_(c)
+            for _ in range(3):  # the outputs freed at once: the next call's at their addresses
+                got.append([t.cpu() for t in call(q, k, v, **keywords)])
+        return got
+
+    before = kernel_common.GRAPH_REPLAYS[0]
+    plain = results(False)
+    assert kernel_common.GRAPH_REPLAYS[0] == before
+    replayed = results(True)
+    assert kernel_common.GRAPH_REPLAYS[0] > before, "no repeat replayed a graph"
+    for got, want in zip(replayed, plain):
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert not all(torch.equal(a, b) for a, b in zip(plain[0], plain[3])), \
+        "the contents do not change the outputs: the test would not see a stale graph"
+    elsewhere = [rand(*t.shape) for t in (q, k, v)]  # new addresses: the launches as recorded
+    replays = kernel_common.GRAPH_REPLAYS[0]
+    fresh = call(*elsewhere, **keywords)
+    assert kernel_common.GRAPH_REPLAYS[0] == replays
+    monkeypatch.setattr(kernel_common, "GRAPH_REPEATS", False)
+    pasa_npu.plans.clear()
+    assert all(torch.equal(a, b) for a, b in zip(fresh, call(*elsewhere, **keywords)))
+
+
+@needs_gpu
 @pytest.mark.parametrize("form", ["BNSD", "prefill causal"])
 def test_a_call_whose_key_is_its_value_repeats_its_recorded_launches(form, monkeypatch):
     """K and V one tensor: the plan's later calls of that kind repeat the recorded launches,
@@ -672,6 +721,32 @@ def test_a_recorded_call_swaps_in_each_calls_tensors_and_keeps_none(monkeypatch)
     binding.launch("kernel", (1,), kv2, other, FLAG=True)
     assert not binding.prepared()({"key": kv, "value": kv})
 
+
+
+def test_which_recorded_calls_may_replay_a_graph(monkeypatch):
+    """A record replays graphs only where every launch is direct and no workspace made on
+    every call is over ``GRAPH_WORKSPACE_BYTES`` (a graph would keep it); none with
+    ``GRAPH_REPEATS`` off."""
+    import functools
+
+    from pasa_npu.fallback import kernel_common
+
+    direct = kernel_common.PreparedLaunch("k", None, [], (), direct=True)
+    through = kernel_common.PreparedLaunch("k", None, [], (), direct=False)
+
+    def filled(nbytes):
+        return functools.partial(kernel_common._make_workspace, "w", (nbytes // 4,),
+                                 torch.int32, "cpu", 0)
+
+    def graphs(*actions):
+        return kernel_common.PreparedCall(actions, ()).graphs is not None
+
+    limit = kernel_common.GRAPH_WORKSPACE_BYTES
+    assert graphs(direct, direct) and graphs(filled(limit), direct)
+    assert not graphs(direct, through) and not graphs(filled(limit + 4), direct)
+    assert kernel_common.PreparedCall((direct,), ()).kernels == 1
+    monkeypatch.setattr(kernel_common, "GRAPH_REPEATS", False)
+    assert not graphs(direct)
 
 
 def test_a_recording_keeps_its_workspaces_within_the_budget(monkeypatch):
