@@ -42,9 +42,9 @@ class OverflowReport:
     them still NaN or infinite after the repair, whose inputs hold NaN or inf (fa-fp32
     gives the same rows).
 
-    The counts are read from the call's row flags when first asked for: on a GPU that
-    waits for the device to finish the call (the call itself never waits), and reads the
-    flags as they are then (under a CUDA graph, the latest replay's). The first report
+    The counts are read from the call's row flags when the report is asked for: on a GPU
+    that waits for the device to finish the call (the call itself never waits), and reads
+    the flags as they are then (under a CUDA graph, the latest replay's). The first report
     that finds a repaired row issues an :class:`OverflowRepairWarning`, once per process.
     Under torch.compile the flags are an output of the compiled graph
     (:func:`record_compiled`); with ``mode="reduce-overhead"`` read a report before the
@@ -96,12 +96,13 @@ _NEWER: list = [None]
 
 def overflow_report() -> OverflowReport:
     """The :class:`OverflowReport` of the last :func:`pasa_npu.fused_attention` call in this
-    process."""
+    process, its counts read now (a later call of the same plan reuses its row flags)."""
     global _LAST
     if _NEWER[0] is not None:
         make, arguments = _NEWER[0]
         _LAST = make(*arguments)
         _NEWER[0] = None
+        _LAST._read()
     return _LAST
 
 

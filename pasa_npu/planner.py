@@ -54,6 +54,9 @@ class Plan:
     # the backend's state for this plan (AttentionProblem.plan_state); a copy made for other
     # lengths gets its own
     backend_state: dict = field(default_factory=dict, compare=False)
+    #: the row flags every repeat of this plan on a GPU writes (:func:`pasa_npu.plans.repeat`),
+    #: made by the first, under "row_flags"
+    kept: dict = field(default_factory=dict, compare=False)
     #: the backend's ``repeat`` (:mod:`pasa_npu.backends`) where this plan's calls may go
     #: straight to it (:func:`pasa_npu.plans.repeat`), else None: no explicit mask that
     #: may empty rows, no LSE row past a query length, no device lengths, no conversion

@@ -170,7 +170,7 @@ def repeat(plan: Plan, call: Call):
         call, options.in_layout, options.num_heads, options.num_kv_heads, options.block_size,
         plan.kv_lens, plan.kv_starts, options.packed, False, plan.table_on_host, plan.on_host)
     out, out_view, lse_out, lse_view = _outputs(plan, q, v, shared_lse_placeholder)
-    check = _overflow_check(plan, out_view)
+    check = _repeat_overflow_check(plan, out_view)
     sink = call.learnable_sink
     if not plan.repeat(plan.backend_state, call_tensors(
             q, k, v, out_view, lse_view, None if check is None else check.row_flags,
@@ -205,6 +205,19 @@ def _overflow_check(plan: Plan, out_view: torch.Tensor, traced: bool = False):
         return None
     new = torch.zeros if traced or plan.on_host or not plan.covered else torch.empty
     return OverflowCheck(new(out_view.shape[:3], dtype=torch.uint8, device=out_view.device))
+
+
+def _repeat_overflow_check(plan: Plan, out_view: torch.Tensor):
+    """:func:`_overflow_check` for a :func:`repeat`: on a GPU, where every row is written,
+    the row flags are the plan's, one tensor that each of its repeats writes anew (the
+    report of a call counts them when asked for, before the next call:
+    :func:`~pasa_npu.overflow.overflow_report`)."""
+    if not plan.options.overflow_check or plan.on_host or not plan.covered:
+        return _overflow_check(plan, out_view)
+    flags = plan.kept.get("row_flags")
+    if flags is None:
+        flags = plan.kept["row_flags"] = _overflow_check(plan, out_view).row_flags
+    return OverflowCheck(flags)
 
 
 def execute(plan: Plan, call: Call, golden: bool, traced: bool = False):
