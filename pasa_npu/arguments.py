@@ -226,20 +226,20 @@ def call_key(call: Call):
     validation of everything else. A field that holds its default object is left out;
     every other one enters with its position and type, so that ``True`` never hits ``1``."""
     values = _CALL_VALUES(call)
-    rest = values[3:]
-    kinds = tuple(map(type, rest))
-    if (isinstance(values[0], torch.Tensor) and isinstance(values[1], torch.Tensor)
-            and isinstance(values[2], torch.Tensor)):
+    q, k, v, mask = values[:4]
+    after_mask = values[4:]
+    kinds = tuple(map(type, after_mask))
+    if (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
+            and isinstance(v, torch.Tensor) and _SCALAR_TYPES.issuperset(kinds)):
         # the common cases: tensors as the inputs, scalars everywhere else but for a mask
         # that the plan validates once (as the general case below keys it)
-        if _SCALAR_TYPES.issuperset(kinds):
-            return ("scalars", _fingerprint(values[0]), _fingerprint(values[1]),
-                    _fingerprint(values[2]), rest, kinds), ()
-        mask = rest[0]
-        if (kinds[0] is torch.Tensor and _SCALAR_TYPES.issuperset(kinds[1:])
-                and (call.sparse_mode in (2, 3, 4) or mask.dtype == torch.bool)):
-            return ("scalars and a mask", _fingerprint(values[0]), _fingerprint(values[1]),
-                    _fingerprint(values[2]), tensor_identity(mask), rest[1:], kinds[1:]), ()
+        if mask is None:
+            return ("scalars", _fingerprint(q), _fingerprint(k), _fingerprint(v), after_mask,
+                    kinds), ()
+        if type(mask) is torch.Tensor and (call.sparse_mode in (2, 3, 4)
+                                          or mask.dtype == torch.bool):
+            return ("scalars and a mask", _fingerprint(q), _fingerprint(k), _fingerprint(v),
+                    tensor_identity(mask), after_mask, kinds), ()
     key = []
     lengths = []
     append = key.append

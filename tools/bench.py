@@ -217,11 +217,11 @@ def without_graphs(call):
     """``call`` with a recorded call's graph replays off, as where no earlier repeat used
     its tensors' addresses (:data:`~pasa_npu.fallback.kernel_common.GRAPH_REPEATS`)."""
     def launched():
-        kernel_common.GRAPH_REPEATS = False
+        replays, kernel_common.GRAPH_REPEATS = kernel_common.GRAPH_REPEATS, False
         try:
             call()
         finally:
-            kernel_common.GRAPH_REPEATS = True
+            kernel_common.GRAPH_REPEATS = replays
     return launched
 
 

@@ -231,3 +231,12 @@ def test_host_table_counts_our_launches_per_kind_and_states_the_empty_launch():
             "time here.") in text
     result["rows"][2]["pasa-exact"]["graph"] = False
     assert "Some calls at the addresses" in bench_report.markdown(result)
+
+
+@pytest.mark.parametrize("setting", [True, False])
+def test_the_host_time_without_graphs_turns_replays_off_for_that_call_alone(setting,
+                                                                           monkeypatch):
+    seen = []
+    monkeypatch.setattr(bench.kernel_common, "GRAPH_REPEATS", setting)
+    bench.without_graphs(lambda: seen.append(bench.kernel_common.GRAPH_REPEATS))()
+    assert seen == [False] and bench.kernel_common.GRAPH_REPEATS is setting
