@@ -630,12 +630,11 @@ class PreparedCall:
         """Repeat the call on ``roles`` (the call's own tensors); False, launching
         nothing, where a tensor's strides or alignment differ from the binding call's
         (workspaces, and what is derived from the tensors, then follow as they did)."""
-        tensors = roles.values()
-        graphs = self.graphs
-        if graphs is not None and GRAPH_REPEATS:
-            # each tensor's address and strides: a call that matches a graph's has the
-            # layout the graph was captured with, and the same memory in every role
-            where = tuple([(t.data_ptr(), t.stride()) for t in tensors])
+        # each tensor's address and strides: a call that matches a graph's has the layout
+        # the graph was captured with, and the same memory in every role
+        where = tuple([(t.data_ptr(), t.stride()) for t in roles.values()])
+        graphs = self.graphs if GRAPH_REPEATS else None
+        if graphs is not None:
             graph = graphs.get(where)
             if graph is not None and not _hooked():
                 with _REPEAT_LOCK:
@@ -643,15 +642,12 @@ class PreparedCall:
                 GRAPH_REPLAYS[0] += 1
                 GRAPH_KERNELS[0] += self.kernels
                 return True
-            addresses = [a for a, _ in where]
-        else:
-            where, addresses = None, [t.data_ptr() for t in tensors]
-        if _role_layout(roles, addresses) != self.layout:
+        if _role_layout(roles, where) != self.layout:
             return False
         # one repeat at a time: a recording's kept workspaces serve one call, so two
         # threads on one stream must not interleave their launches
         with _REPEAT_LOCK:
-            if where is None or _hooked():
+            if graphs is None or _hooked():
                 self._run(roles)
                 return True
             graph = self._capture(roles) if where in graphs else None  # seen once before
@@ -738,15 +734,15 @@ def _first_roles(roles: dict) -> dict:
     return by_id
 
 
-def _role_layout(roles: dict, addresses: Optional[tuple] = None) -> tuple:
-    """The strides and 16-byte alignment of each role's tensor (``addresses``: their
-    ``data_ptr()``s, where known), and, where roles share one tensor (a key that is the
-    value), which: a recorded launch fills a shared tensor's positions from its first
-    role, so it repeats only on calls that share the same way."""
+def _role_layout(roles: dict, where: Optional[tuple] = None) -> tuple:
+    """The strides and 16-byte alignment of each role's tensor (``where``: their
+    ``(data_ptr(), stride())`` pairs, where known), and, where roles share one tensor (a
+    key that is the value), which: a recorded launch fills a shared tensor's positions
+    from its first role, so it repeats only on calls that share the same way."""
     tensors = roles.values()
-    if addresses is None:
-        addresses = [t.data_ptr() for t in tensors]
-    layout = tuple([(t.stride(), a % 16 == 0) for t, a in zip(tensors, addresses)])
+    if where is None:
+        where = [(t.data_ptr(), t.stride()) for t in tensors]
+    layout = tuple([(strides, address % 16 == 0) for address, strides in where])
     ids = [id(t) for t in tensors]
     if len(set(ids)) == len(ids):
         return layout

@@ -236,8 +236,7 @@ def call_key(call: Call):
         if mask is None:
             return ("scalars", _fingerprint(q), _fingerprint(k), _fingerprint(v), after_mask,
                     kinds), ()
-        if type(mask) is torch.Tensor and (call.sparse_mode in (2, 3, 4)
-                                          or mask.dtype == torch.bool):
+        if type(mask) is torch.Tensor and _mask_keyed_by_identity(call, mask):
             return ("scalars and a mask", _fingerprint(q), _fingerprint(k), _fingerprint(v),
                     tensor_identity(mask), after_mask, kinds), ()
     key = []
@@ -253,8 +252,7 @@ def call_key(call: Call):
         if isinstance(value, torch.Tensor):
             if role == "input":
                 append(_fingerprint(value))
-            elif role == "mask" and (call.sparse_mode in (2, 3, 4)
-                                     or value.dtype == torch.bool):
+            elif role == "mask" and _mask_keyed_by_identity(call, value):
                 # this very tensor, unchanged since (the plan keeps it alive, so its id is
                 # not reused while cached): modes 2-4 only validate it; a bool mask of modes
                 # 0/1 the plan holds as a view, reading its contents at each call (another
@@ -284,6 +282,13 @@ def call_key(call: Call):
     except TypeError:
         return None
     return keys
+
+
+def _mask_keyed_by_identity(call: Call, mask: torch.Tensor) -> bool:
+    """Whether :func:`call_key` keys ``mask`` by :func:`tensor_identity`: masks of sparse
+    modes 2-4, which the plan only validates, and bool masks of modes 0/1, which it holds
+    as a view; any other mask's calls are not cached."""
+    return call.sparse_mode in (2, 3, 4) or mask.dtype == torch.bool
 
 
 def _fingerprint(t: torch.Tensor) -> tuple:
