@@ -189,6 +189,26 @@ def tma_strides(t: torch.Tensor, batch_stride: int):
     return strides
 
 
+def tma_capable(dev: torch.device) -> bool:
+    """Tensor-memory-accelerator loads: Hopper and newer, or the interpreter."""
+    if dev.type != "cuda":
+        return interpreting()
+    return device_capability(dev.index if dev.index is not None
+                             else torch.cuda.current_device())[0] >= 9
+
+
+def kv_tile_descriptor(t: torch.Tensor, batch_stride: int, rows: int, cols: int):
+    """A TMA descriptor over the (B, N, S, D) view ``t`` loading (rows, cols) tiles, or None
+    where TMA cannot address it (a strided last dim, strides or base not 16-byte aligned).
+    Columns past D read as zero, as the masked loads do."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    strides = tma_strides(t, batch_stride)
+    if strides is None:
+        return None
+    return TensorDescriptor(t, list(t.shape), strides, [1, 1, rows, cols])
+
+
 @functools.lru_cache(maxsize=None)
 def device_capability(device_index: int) -> tuple[int, int]:
     """CUDA device ``device_index``'s compute capability (a driver query, cached)."""

@@ -18,8 +18,9 @@ import triton
 import triton.language as tl
 
 from pasa_npu.fallback.triton import launch as heuristics
-from pasa_npu.fallback.kernel_common import (Binding, kv_row_offsets, cdiv, placeholder,
-                                             sm_count)
+from pasa_npu.fallback.kernel_common import (Binding, kv_row_offsets, cdiv,
+                                             kv_tile_descriptor, placeholder, sm_count,
+                                             tma_capable)
 from pasa_npu.fallback.triton.repair import ROW_NONFINITE_C, ROW_REPAIRED_C, fp32_tile
 from pasa_npu.fallback.triton.tuning import Tuning
 from pasa_npu.fallback.triton.shift import shift_keys_in_kernel, shift_scores
@@ -34,7 +35,7 @@ REPAIR_ROWS = tl.constexpr(16)  # decode's repair tile: one row, padded to a mat
 # shift and the mask, each a few lines that read the loop's state.
 @triton.jit
 def decode_split_kernel(
-    Q, K, V, MASK, SHIFT, PART_O, PART_LSE, PAGES,
+    Q, K, V, K_DESC, V_DESC, MASK, SHIFT, PART_O, PART_LSE, PAGES,
     q_starts, kv_starts, kv_lens,
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
@@ -50,7 +51,7 @@ def decode_split_kernel(
     HAS_MASK: tl.constexpr, GUARD: tl.constexpr, PAGED: tl.constexpr, WHOLE_PAGE: tl.constexpr,
     CHECK: tl.constexpr, SHIFT_SCORES: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr, HAS_LSE: tl.constexpr, HAS_SINK: tl.constexpr,
-    REPAIR_KEYS: tl.constexpr, REPAIR_WHOLE_PAGE: tl.constexpr,
+    REPAIR_KEYS: tl.constexpr, REPAIR_WHOLE_PAGE: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """One split of the kv blocks for BLOCK_G query heads of one kv head's group (a group
     larger than BLOCK_G is cut into ``n_chunks``), query length 1. Writes the partial
@@ -60,6 +61,9 @@ def decode_split_kernel(
     (:func:`shift.shift_keys_in_kernel`). PAGED: K and V are the caches
     (num_blocks, N_kv, page_size, D), read through the block table ``PAGES`` (a row of
     ``stride_pb`` per batch), whose strides ``stride_kb``/``stride_vb`` step blocks.
+    USE_TMA: the whole blocks are read through the TMA descriptors ``K_DESC``/``V_DESC``
+    of (1, 1, BLOCK_N, HEAD_DIM) tiles over the (B, N_kv, S, D) views (PAGED: the caches,
+    each block inside one cache block), the part-filled one as without.
     The last split of the group to arrive (``ARRIVALS``, one count per (batch, kv head,
     chunk), which it resets to 0) merges the group's splits (:func:`merge_splits`) and
     writes the rows of O, LSE and the row flags (:func:`write_merged_rows`); rows of a
@@ -122,21 +126,33 @@ def decode_split_kernel(
         # the part-filled block is not pipelined: it is one block at most
         for blk in tl.range(lo, hi, num_stages=1 if part == 1 else None):
             n = blk * BLOCK_N + cols
-            k_rows, v_rows = kv_row_offsets(pages, blk * BLOCK_N, cols, kv_len, page_size,
-                                      stride_kb, stride_ks, stride_vb, stride_vs, PAGED,
-                                      WHOLE_PAGE)
             vis = g[:, None] < group
-            k_mask = dims[None, :] < head_dim
-            v_mask = dims_v[None, :] < head_dim_v
-            if part == 1:
-                in_kv = n < kv_len
-                vis = vis & in_kv[None, :]
-                k_mask = k_mask & in_kv[:, None]
-                v_mask = v_mask & in_kv[:, None]
-            k = tl.load(k_base + k_rows[:, None] + dims[None, :] * stride_kd, mask=k_mask,
-                        other=0.0)
-            v = tl.load(v_base + v_rows[:, None] + dims_v[None, :] * stride_vd, mask=v_mask,
-                        other=0.0)
+            if USE_TMA and part == 0:  # a whole block lies inside the tensors: no masks
+                if PAGED:  # and inside one cache block (WHOLE_PAGE)
+                    page = tl.load(pages + blk * BLOCK_N // page_size)
+                    k = K_DESC.load([page, hk, blk * BLOCK_N % page_size, 0])
+                    v = V_DESC.load([page, hk, blk * BLOCK_N % page_size, 0])
+                else:
+                    row0 = (kv_start + blk * BLOCK_N).to(tl.int32)
+                    k = K_DESC.load([tl.where(stride_kb == 0, 0, b), hk, row0, 0])
+                    v = V_DESC.load([tl.where(stride_vb == 0, 0, b), hk, row0, 0])
+                k = k.reshape(BLOCK_N, HEAD_DIM)
+                v = v.reshape(BLOCK_N, HEAD_DIM_V)
+            else:
+                k_rows, v_rows = kv_row_offsets(pages, blk * BLOCK_N, cols, kv_len, page_size,
+                                                stride_kb, stride_ks, stride_vb, stride_vs,
+                                                PAGED, WHOLE_PAGE)
+                k_mask = dims[None, :] < head_dim
+                v_mask = dims_v[None, :] < head_dim_v
+                if part == 1:
+                    in_kv = n < kv_len
+                    vis = vis & in_kv[None, :]
+                    k_mask = k_mask & in_kv[:, None]
+                    v_mask = v_mask & in_kv[:, None]
+                k = tl.load(k_base + k_rows[:, None] + dims[None, :] * stride_kd, mask=k_mask,
+                            other=0.0)
+                v = tl.load(v_base + v_rows[:, None] + dims_v[None, :] * stride_vd,
+                            mask=v_mask, other=0.0)
             if (PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT) and not SHIFT_SCORES:
                 k, mean = shift_keys_in_kernel(k, SHIFT, scale, kv_len - blk * BLOCK_N,
                                                EXACT_SHIFT, part == 1, BLOCK_N,
@@ -334,10 +350,17 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
     # one arrival count per (batch, kv head, chunk), left zeroed by the kernel
     arrivals = binding.zeroed((batch * n_kv * n_chunks,), torch.int32, q.device)
     repair_keys = heuristics.DECODE_REPAIR_KEYS
+    k_desc = v_desc = None
+    if tuning.loads == "tma" and tma_capable(q.device) and (not problem.paged or whole_page):
+        k_desc = binding.descriptor(k, kv_tile_descriptor, batch_stride=shared.kv_strides(k)[0],
+                                    rows=shared.constexprs["BLOCK_N"], cols=head_dim_p)
+        v_desc = binding.descriptor(v, kv_tile_descriptor, batch_stride=shared.kv_strides(v)[0],
+                                    rows=shared.constexprs["BLOCK_N"], cols=head_dim_vp)
+    use_tma = k_desc is not None and v_desc is not None
     binding.launch(
         decode_split_kernel, (n_chunks * n_splits * batch * n_kv,),
-        q, k, v, shared.mask, shared.shift if shared.shift is not None else part_lse, part_o,
-        part_lse, pages, q_starts, kv_starts, kv_lens,
+        q, k, v, k_desc if use_tma else k, v_desc if use_tma else v, shared.mask,
+        shared.shift if shared.shift is not None else part_lse, part_o, part_lse, pages, q_starts, kv_starts, kv_lens,
         *shared.strides(q), *shared.kv_strides(k), *shared.kv_strides(v),
         shared.mask_strides[0], shared.mask_strides[2], pages.stride(0), problem.block_size,
         n_kv, group, problem.scale, shared.gamma, q.shape[3], v.shape[3], blocks_per_split,
@@ -348,6 +371,6 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
         PAGED=problem.paged, WHOLE_PAGE=whole_page, CHECK=detect,
         SHIFT_SCORES=shift_site == "scores", BLOCK_G=block_g, HAS_LSE=has_lse,
         HAS_SINK=problem.sink is not None, REPAIR_KEYS=repair_keys,
-        REPAIR_WHOLE_PAGE=problem.block_size % repair_keys == 0,
+        REPAIR_WHOLE_PAGE=problem.block_size % repair_keys == 0, USE_TMA=use_tma,
         num_warps=warps, num_stages=stages, **shared.constexprs,
         **heuristics.fp_options(problem.allocation))

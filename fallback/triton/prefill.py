@@ -20,8 +20,7 @@ import triton.language as tl
 from pasa_npu.fallback.triton import launch as heuristics
 from pasa_npu.fallback.triton import repair
 from pasa_npu.fallback.kernel_common import (Binding, tile_kv_blocks, cdiv,
-                                             device_capability, interpreting, placeholder,
-                                             tma_strides)
+                                             kv_tile_descriptor, placeholder, tma_capable)
 from pasa_npu.fallback.triton.shift import shift_keys_in_kernel, prepare_keys
 from pasa_npu.fallback.triton.softmax import (block_update, finish_rows, initial_state,
                                               nonfinite_row_mask, block_row_constant)
@@ -294,10 +293,10 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
         k_used = k
         k_strides = shared.kv_strides(k)
     k_desc = v_desc = None
-    if tuning.loads == "tma" and _tma_capable(dev):
-        k_desc = binding.descriptor(k_used, _new_descriptor,
+    if tuning.loads == "tma" and tma_capable(dev):
+        k_desc = binding.descriptor(k_used, kv_tile_descriptor,
                                     batch_stride=k_strides[0], rows=block_n, cols=head_dim_p)
-        v_desc = binding.descriptor(v, _new_descriptor,
+        v_desc = binding.descriptor(v, kv_tile_descriptor,
                                     batch_stride=shared.kv_strides(v)[0], rows=block_n,
                                     cols=shared.constexprs["HEAD_DIM_V"])
     use_tma = k_desc is not None and v_desc is not None
@@ -328,23 +327,3 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
         **heuristics.fp_options(alloc))
     if detect:
         repair.run(problem, shared, overflow_word, binding)
-
-
-def _tma_capable(dev: torch.device) -> bool:
-    """Tensor-memory-accelerator loads: Hopper and newer, or the interpreter."""
-    if dev.type != "cuda":
-        return interpreting()
-    return device_capability(dev.index if dev.index is not None
-                             else torch.cuda.current_device())[0] >= 9
-
-
-def _new_descriptor(t: torch.Tensor, batch_stride: int, rows: int, cols: int):
-    """A TMA descriptor over the (B, N, S, D) view ``t`` loading (rows, cols) tiles, or None
-    where TMA cannot address it (a strided last dim, strides or base not 16-byte aligned).
-    Columns past D read as zero, as the masked loads do."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    strides = tma_strides(t, batch_stride)
-    if strides is None:
-        return None
-    return TensorDescriptor(t, list(t.shape), strides, [1, 1, rows, cols])

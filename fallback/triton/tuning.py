@@ -48,9 +48,10 @@ class Tuning:
     scores carry fa-fp32's error, a few fp32 ulps of the unshifted score) or "keys" (K'
     formed from each loaded block, as the separate pass forms it: more accurate where the
     keys share a large bias, slower; docs/design.md, "Shifting the scores in decode").
-    ``loads``: how the prefill kernel reads its interior kv blocks, "tma" (tensor
-    descriptors, Hopper and newer; pointers where a layout is not TMA-addressable) or
-    "pointers" (masked pointer loads).
+    ``loads``: how the prefill kernel reads its interior kv blocks, and the decode kernel
+    its whole ones: "tma" (tensor descriptors, Hopper and newer; pointers where a layout is
+    not TMA-addressable, or where a decode kv block spans two cache blocks) or "pointers"
+    (masked pointer loads).
     ``row_constant``: pasa-exact's c = scale * Q . mean16 per (row, block). "precomputed":
     each query tile computes its constants for every block it visits before its kv loop,
     16 blocks per thin matmul, into a workspace of B*N*S1*S2/kv_block fp32 values read back

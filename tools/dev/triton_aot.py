@@ -323,6 +323,7 @@ def _decode_variants(alg: str, allocation, head_dim: int):
                       SHIFT_SCORES=shift_site == "scores", CHECK=allocation.shifts_keys,
                       HAS_LSE=False, HAS_SINK=False,
                       REPAIR_KEYS=triton_launch.DECODE_REPAIR_KEYS, REPAIR_WHOLE_PAGE=True,
+                      USE_TMA=DEFAULT_TUNING.loads == "tma",
                       BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
         yield ("decode_split_kernel", f"{alg} decode g={block_g} d={head_dim}", consts, 4,
                stages, fp_fusion)
@@ -335,7 +336,8 @@ def _decode_variants(alg: str, allocation, head_dim: int):
     stages = triton_launch.paged_stages(triton_launch.decode_stages(shift_site, head_dim, shallow))
     for whole, tag in ((True, ""), (False, " per key")) if paged else ():
         if whole or alg == "fa-fp32":
-            consts = dict(consts, PAGED=True, WHOLE_PAGE=whole, BLOCK_G=block_g)
+            consts = dict(consts, PAGED=True, WHOLE_PAGE=whole, BLOCK_G=block_g,
+                          USE_TMA=whole and DEFAULT_TUNING.loads == "tma")
             yield ("decode_split_kernel", f"{alg} paged{tag} decode g={block_g} d={head_dim}",
                    consts, 4, stages, fp_fusion)
 

@@ -4,7 +4,8 @@ loads, pasa-exact's row constant precomputed vs in the kernel, PASA's key shift 
 separate pass vs fused. Each is checked against the CPU backend on a case with GQA, a
 causal band, ragged lengths and a packed layout (whose TMA descriptors address the batch
 axis differently); the prefill switch without the ragged lengths in BNSD, which the Gluon
-kernel does not cover. Decode's shift on the scores vs on the keys on a decode case."""
+kernel does not cover. Decode's shift on the scores vs on the keys on a decode case, and
+decode's TMA vs pointer loads bit for bit over contiguous, packed and paged layouts."""
 from __future__ import annotations
 
 import pytest
@@ -165,3 +166,64 @@ def test_tuning_is_active_in_its_block_only():
     with triton_tuning(shift="fused"):
         assert tuning_module.active().shift == "fused"
     assert tuning_module.active() is tuning_module.DEFAULT_TUNING
+
+
+def _decode_case(layout: str):
+    """(q, k, v, kw) of a decode call with several whole kv blocks and a part-filled last
+    one: contiguous in ``layout``, or "paged 4d" / "paged 3d" (cache blocks of 128 keys,
+    each holding whole kv blocks)."""
+    from _paged import PAGED_CASES, paged_case
+
+    block = 32 if interpreted("triton") else 128
+    if layout.startswith("paged"):
+        case = dict(PAGED_CASES["decode-bnsd-4d"], cache=layout.split()[1])
+        q, k, v, kw, _ = paged_case(case, torch.float16, seed=13)
+        return q, k, v, dict(kw, kv_block=block)
+    gen = torch.Generator().manual_seed(13)
+    d, lens = 64, [5 * block + 7, 3 * block]
+    kw = dict(num_heads=8, num_key_value_heads=2, input_layout=layout, scale=d ** -0.5,
+              kv_block=block, softmax_lse_flag=True)
+    if layout == "TND":
+        q = torch.randn(2, 8, d, generator=gen).half()
+        k, v = (torch.randn(sum(lens), 2, d, generator=gen).half() + 2.0 for _ in range(2))
+        return q, k, v, dict(kw, actual_seq_lengths=[1, 2],
+                             actual_seq_lengths_kv=[lens[0], sum(lens)])
+    q = torch.randn(2, 8, 1, d, generator=gen).half()
+    k, v = (torch.randn(2, 2, max(lens), d, generator=gen).half() + 2.0 for _ in range(2))
+    if layout == "BSND":
+        q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    return q, k, v, dict(kw, actual_seq_lengths_kv=lens)
+
+
+@pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
+@pytest.mark.parametrize("layout", ["BNSD", "BSND", "TND", "paged 4d", "paged 3d"])
+def test_decode_reads_whole_blocks_through_tma_bit_for_bit_as_through_pointers(layout,
+                                                                               algorithm):
+    """Decode's whole kv blocks read through TMA descriptors (contiguous layouts; packed
+    TND, whose descriptors never step the batch axis; paged caches whose blocks hold
+    whole kv blocks) give the bits that pointer loads give, the part-filled last block
+    and the merge included; and the TMA launch really takes the descriptors."""
+    from pasa_npu.fallback import kernel_common
+
+    q, k, v, kw = _decode_case(layout)
+    args = on_device("triton", q, k, v)
+    table = kw.get("block_table")
+    if table is not None:
+        kw = dict(kw, block_table=on_device("triton", table)[0])
+    results, used = {}, []
+    launch = kernel_common.Binding.launch
+
+    def spy(self, kernel, grid, *a, **options):
+        used.append(options.get("USE_TMA"))
+        return launch(self, kernel, grid, *a, **options)
+
+    for loads in ("pointers", "tma"):
+        pasa_npu.plans.clear()
+        with triton_tuning(loads=loads), pytest.MonkeyPatch.context() as patch:
+            patch.setattr(kernel_common.Binding, "launch", spy)
+            results[loads] = pasa_npu.fused_attention(*args, backend="triton",
+                                                      algorithm=algorithm, **kw)
+    assert used == [False, True]
+    for tma, pointers in zip(results["tma"], results["pointers"]):
+        assert torch.equal(tma.isnan(), pointers.isnan())
+        assert torch.equal(tma.nan_to_num(), pointers.nan_to_num())
