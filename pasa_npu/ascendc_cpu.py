@@ -42,15 +42,11 @@ def model_parameters() -> dict:
 @contextlib.contextmanager
 def using_model_parameters(params: dict) -> Iterator[None]:
     """Run the calls inside with ``params`` (a full table, e.g. ``npu_params.corner("slow")``)."""
-    global _model
     missing = sorted(set(npu_params.values()) - set(params))
     if missing:
         raise ValueError(f"NPU model parameters missing: {missing}")
-    saved, _model = _model, dict(params)
-    try:
+    with _holding("_model", dict(params)):
         yield
-    finally:
-        _model = saved
 
 
 #: host tiling choices a caller may force (the host picks each where it is 0): ``vec_chunk_rows``,
@@ -63,18 +59,25 @@ _forced: dict = {}
 def forcing_tiling(**choices: int) -> Iterator[None]:
     """Run the calls inside with the host's tiling choices forced (:data:`TILING_CHOICES`),
     e.g. ``forcing_tiling(vec_chunk_rows=16)``; the host rejects a choice that does not fit."""
-    global _forced
     unknown = sorted(set(choices) - set(TILING_CHOICES))
     if unknown:
         raise ValueError(f"unknown tiling choice(s) {unknown}; known: {list(TILING_CHOICES)}")
     for name, value in choices.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"tiling choice {name!r} must be an int >= 0, got {value!r}")
-    saved, _forced = _forced, dict(choices)
+    with _holding("_forced", dict(choices)):
+        yield
+
+
+@contextlib.contextmanager
+def _holding(name: str, value) -> Iterator[None]:
+    """This module's setting ``name`` set to ``value`` for the block, then restored."""
+    saved = globals()[name]
+    globals()[name] = value
     try:
         yield
     finally:
-        _forced = saved
+        globals()[name] = saved
 
 
 def unsupported_reason(problem: AttentionProblem, backend: str) -> Optional[str]:
