@@ -360,7 +360,8 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
     binding.launch(
         decode_split_kernel, (n_chunks * n_splits * batch * n_kv,),
         q, k, v, k_desc if use_tma else k, v_desc if use_tma else v, shared.mask,
-        shared.shift if shared.shift is not None else part_lse, part_o, part_lse, pages, q_starts, kv_starts, kv_lens,
+        shared.shift if shared.shift is not None else part_lse, part_o, part_lse, pages,
+        q_starts, kv_starts, kv_lens,
         *shared.strides(q), *shared.kv_strides(k), *shared.kv_strides(v),
         shared.mask_strides[0], shared.mask_strides[2], pages.stride(0), problem.block_size,
         n_kv, group, problem.scale, shared.gamma, q.shape[3], v.shape[3], blocks_per_split,
