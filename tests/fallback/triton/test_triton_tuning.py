@@ -207,6 +207,9 @@ def test_decode_reads_whole_blocks_through_tma_bit_for_bit_as_through_pointers(l
 
     q, k, v, kw = _decode_case(layout)
     args = on_device("triton", q, k, v)
+    if not kernel_common.tma_capable(args[0].device):
+        pytest.skip("TMA loads need a Hopper or newer GPU (or Triton's interpreter); this GPU "
+                    "is older")
     table = kw.get("block_table")
     if table is not None:
         kw = dict(kw, block_table=on_device("triton", table)[0])
