@@ -209,6 +209,21 @@ def kv_tile_descriptor(t: torch.Tensor, batch_stride: int, rows: int, cols: int)
     return TensorDescriptor(t, list(t.shape), strides, [1, 1, rows, cols])
 
 
+def kv_tile_descriptors(binding: "Binding", k: torch.Tensor, k_batch_stride: int,
+                        v: torch.Tensor, v_batch_stride: int, rows: int, cols: int,
+                        cols_v: int) -> Optional[tuple]:
+    """(K's, V's) TMA descriptors of (rows, cols) and (rows, cols_v) tiles
+    (:func:`kv_tile_descriptor`), made through ``binding``; None where the device has no
+    TMA (:func:`tma_capable`) or either view is not TMA-addressable."""
+    if not tma_capable(k.device):
+        return None
+    k_desc = binding.descriptor(k, kv_tile_descriptor, batch_stride=k_batch_stride, rows=rows,
+                                cols=cols)
+    v_desc = binding.descriptor(v, kv_tile_descriptor, batch_stride=v_batch_stride, rows=rows,
+                                cols=cols_v)
+    return None if k_desc is None or v_desc is None else (k_desc, v_desc)
+
+
 @functools.lru_cache(maxsize=None)
 def device_capability(device_index: int) -> tuple[int, int]:
     """CUDA device ``device_index``'s compute capability (a driver query, cached)."""

@@ -19,8 +19,7 @@ import triton.language as tl
 
 from pasa_npu.fallback.triton import launch as heuristics
 from pasa_npu.fallback.kernel_common import (Binding, kv_row_offsets, cdiv,
-                                             kv_tile_descriptor, placeholder, sm_count,
-                                             tma_capable)
+                                             kv_tile_descriptors, placeholder, sm_count)
 from pasa_npu.fallback.triton.repair import ROW_NONFINITE_C, ROW_REPAIRED_C, fp32_tile
 from pasa_npu.fallback.triton.tuning import Tuning
 from pasa_npu.fallback.triton.shift import shift_keys_in_kernel, shift_scores
@@ -350,16 +349,14 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
     # one arrival count per (batch, kv head, chunk), left zeroed by the kernel
     arrivals = binding.zeroed((batch * n_kv * n_chunks,), torch.int32, q.device)
     repair_keys = heuristics.DECODE_REPAIR_KEYS
-    k_desc = v_desc = None
-    if tuning.loads == "tma" and tma_capable(q.device) and (not problem.paged or whole_page):
-        k_desc = binding.descriptor(k, kv_tile_descriptor, batch_stride=shared.kv_strides(k)[0],
-                                    rows=shared.constexprs["BLOCK_N"], cols=head_dim_p)
-        v_desc = binding.descriptor(v, kv_tile_descriptor, batch_stride=shared.kv_strides(v)[0],
-                                    rows=shared.constexprs["BLOCK_N"], cols=head_dim_vp)
-    use_tma = k_desc is not None and v_desc is not None
+    descriptors = (kv_tile_descriptors(binding, k, shared.kv_strides(k)[0], v,
+                                       shared.kv_strides(v)[0], shared.constexprs["BLOCK_N"],
+                                       head_dim_p, head_dim_vp)
+                   if tuning.loads == "tma" and (not problem.paged or whole_page) else None)
+    use_tma = descriptors is not None
     binding.launch(
         decode_split_kernel, (n_chunks * n_splits * batch * n_kv,),
-        q, k, v, k_desc if use_tma else k, v_desc if use_tma else v, shared.mask,
+        q, k, v, *(descriptors or (k, v)), shared.mask,
         shared.shift if shared.shift is not None else part_lse, part_o, part_lse, pages,
         q_starts, kv_starts, kv_lens,
         *shared.strides(q), *shared.kv_strides(k), *shared.kv_strides(v),

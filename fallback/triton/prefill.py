@@ -20,7 +20,7 @@ import triton.language as tl
 from pasa_npu.fallback.triton import launch as heuristics
 from pasa_npu.fallback.triton import repair
 from pasa_npu.fallback.kernel_common import (Binding, tile_kv_blocks, cdiv,
-                                             kv_tile_descriptor, placeholder, tma_capable)
+                                             kv_tile_descriptors, placeholder)
 from pasa_npu.fallback.triton.shift import shift_keys_in_kernel, prepare_keys
 from pasa_npu.fallback.triton.softmax import (block_update, finish_rows, initial_state,
                                               nonfinite_row_mask, block_row_constant)
@@ -292,14 +292,11 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
     else:
         k_used = k
         k_strides = shared.kv_strides(k)
-    k_desc = v_desc = None
-    if tuning.loads == "tma" and tma_capable(dev):
-        k_desc = binding.descriptor(k_used, kv_tile_descriptor,
-                                    batch_stride=k_strides[0], rows=block_n, cols=head_dim_p)
-        v_desc = binding.descriptor(v, kv_tile_descriptor,
-                                    batch_stride=shared.kv_strides(v)[0], rows=block_n,
-                                    cols=shared.constexprs["HEAD_DIM_V"])
-    use_tma = k_desc is not None and v_desc is not None
+    descriptors = (kv_tile_descriptors(binding, k_used, k_strides[0], v,
+                                       shared.kv_strides(v)[0], block_n, head_dim_p,
+                                       shared.constexprs["HEAD_DIM_V"])
+                   if tuning.loads == "tma" else None)
+    use_tma = descriptors is not None
     n_tiles = cdiv(problem.max_q_len, block_m)
     pairs = problem.batch * q.shape[1]
     grid_1d = pairs > heuristics.GRID_AXIS_MAX
@@ -309,8 +306,8 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
         prefill_kernel, grid,
         q, k_used, v, out, shared.lse_arg, constants, means, shared.mask,
         shared.shift if shared.shift is not None else constants, flags,
-        overflow_word if detect else shared.lengths[1], k_desc if use_tma else k_used,
-        v_desc if use_tma else v, k_pages, v_pages, shared.sink,
+        overflow_word if detect else shared.lengths[1], *(descriptors or (k_used, v)),
+        k_pages, v_pages, shared.sink,
         *shared.lengths, shared.band_pre, shared.band_next,
         *strides(q), *k_strides, *shared.kv_strides(v), *strides(out),
         (shared.batch_stride(shared.lse_arg) if lse is not None else 0),
