@@ -203,29 +203,52 @@ def decode_split_kernel(
 
 
 @triton.jit
+def split_rows(PART_O, PART_LSE, rows, present, dims_v, HEAD_DIM_V: tl.constexpr):
+    """One split's partial LSE and output at ``rows`` (-inf and 0 where not ``present``),
+    and whether each LSE is NaN or +inf. Read past L1: other programs wrote them."""
+    lse = tl.load(PART_LSE + rows, mask=present, other=float("-inf"), cache_modifier=".cg")
+    o = tl.load(PART_O + rows[:, None] * HEAD_DIM_V + dims_v[None, :], mask=present,
+                other=0.0, cache_modifier=".cg")
+    return lse, o, (lse != lse) | (lse == float("inf"))
+
+
+@triton.jit
 def merge_splits(PART_O, PART_LSE, SINK, part_rows, group_rows, n_splits, heads, live,
                  HAS_SINK: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM_V: tl.constexpr):
     """The merged output (fp32) and LSE of the BLOCK_G rows whose split-0 partial results
     are at ``part_rows`` (split s: ``s * group_rows`` further), by log-sum-exp in fp32,
-    split after split; and per row whether a split's LSE is NaN or +inf (a NaN or inf in
-    the keys or values it saw, or a row that lost resolution there). HAS_SINK: each head's
-    learnable sink joins the merged row (docs/design.md, "Learnable sinks")."""
+    four splits a step, each step's loads in flight together (the merge is the kernel's
+    serial tail) and rescaled onto a running maximum; and per row whether a split's LSE
+    is NaN or +inf (a NaN or inf in the keys or values it saw, or a row that lost
+    resolution there). HAS_SINK: each head's learnable sink joins the merged row
+    (docs/design.md, "Learnable sinks")."""
     dims_v = tl.arange(0, HEAD_DIM_V)
     top = tl.full([BLOCK_G], float("-inf"), tl.float32)
     split_bad = tl.zeros([BLOCK_G], tl.int1)
-    for s in range(n_splits):  # written by other programs: read past L1
-        lse_s = tl.load(PART_LSE + part_rows + s * group_rows, cache_modifier=".cg")
-        top = tl.maximum(top, lse_s)
-        split_bad = split_bad | (lse_s != lse_s) | (lse_s == float("inf"))
-    top_safe = tl.where(top > float("-inf"), top, 0.0)
     total = tl.zeros([BLOCK_G], tl.float32)
     o = tl.zeros([BLOCK_G, HEAD_DIM_V], tl.float32)
-    for s in range(n_splits):
+    for s in range(0, n_splits, 4):
         rows = part_rows + s * group_rows
-        w = tl.exp(tl.load(PART_LSE + rows, cache_modifier=".cg") - top_safe)
-        total += w
-        o += tl.load(PART_O + rows[:, None] * HEAD_DIM_V + dims_v[None, :],
-                     cache_modifier=".cg") * w[:, None]
+        lse0, o0, bad0 = split_rows(PART_O, PART_LSE, rows, s < n_splits, dims_v, HEAD_DIM_V)
+        lse1, o1, bad1 = split_rows(PART_O, PART_LSE, rows + group_rows, s + 1 < n_splits,
+                                    dims_v, HEAD_DIM_V)
+        lse2, o2, bad2 = split_rows(PART_O, PART_LSE, rows + 2 * group_rows,
+                                    s + 2 < n_splits, dims_v, HEAD_DIM_V)
+        lse3, o3, bad3 = split_rows(PART_O, PART_LSE, rows + 3 * group_rows,
+                                    s + 3 < n_splits, dims_v, HEAD_DIM_V)
+        split_bad = split_bad | bad0 | bad1 | bad2 | bad3
+        new_top = tl.maximum(tl.maximum(top, lse0), tl.maximum(tl.maximum(lse1, lse2), lse3))
+        base = tl.where(new_top > float("-inf"), new_top, 0.0)
+        w0 = tl.exp(lse0 - base)
+        w1 = tl.exp(lse1 - base)
+        w2 = tl.exp(lse2 - base)
+        w3 = tl.exp(lse3 - base)
+        rescale = tl.exp(top - base)
+        total = total * rescale + w0 + w1 + w2 + w3
+        o = (o * rescale[:, None] + o0 * w0[:, None] + o1 * w1[:, None] + o2 * w2[:, None]
+             + o3 * w3[:, None])
+        top = new_top
+    top_safe = tl.where(top > float("-inf"), top, 0.0)
     # total is 0 where no split saw a key, at least 1 where one did, and NaN where a
     # split's LSE is NaN: that row is NaN
     seen = total != 0
