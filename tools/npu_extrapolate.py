@@ -15,8 +15,13 @@ model is applied in two steps:
    each AI Core's cycles are the largest of its fitted timeline and GM port bounds summed
    over its tasks, the launch takes
    ``overhead + max(slowest core, GM bytes / L2 bandwidth, I/O bytes / HBM bandwidth)`` as the
-   emulation itself does, and the key preprocessing launch (pasa, pasa-exact) adds its own
-   fit over the kv blocks of the busiest core (bounded the same way, K read once from HBM).
+   emulation itself does. The key preprocessing (pasa, pasa-exact) is fitted over the kv blocks
+   of its busiest core from calibration runs that give it a launch of its own. Where the full
+   call's attention launch has a core for each preprocessing core, as the host then arranges,
+   the preprocessing runs at that launch's start: its cycles, then SyncAll's three cross-core
+   hops, come before the slowest core's attention, and its GM bytes join the L2 bound.
+   Otherwise it is a launch of its own, with its overhead (bounded the same way, K read once
+   from HBM).
    A checked call's overflow repair (the PASA allocations) is a pass of the attention launch
    (no split kv): with no row flagged its cores read their tasks' flag bytes, which the
    attention fits include.
@@ -42,6 +47,9 @@ KV_BLOCK = 128
 Q_TILE = 128
 #: the AI Core's port bounds: its GM reads and writes over its read and write rates
 PORTS = ("RD", "WR")
+#: the key preprocessing's fitted quantities: its AI Core's cycles, its timelines and port bounds
+#: (where it runs inside the attention launch, each adds to the attention's own) and GM bytes
+PREP_QUANTITIES = ("core_cycles", "timeline_cycles", "busy_RD", "busy_WR", "gm_bytes")
 QUANTITIES = ("core_cycles", "timeline_cycles", "gm_bytes", "exchange_bytes", "vector_instructions",
               "scalar_ub_accesses") + tuple(f"busy_{p}" for p in ascendc_emu.PIPES + PORTS)
 
@@ -112,13 +120,14 @@ def _references(algorithm, b, h, hkv, sq, skv, d, causal):
     return gold, _rmse(ref, gold)
 
 
-def emulate(algorithm, b, h, hkv, sq, skv, d, causal, params, q_block=Q_TILE) -> dict:
-    """Run one problem under the emulation with ``params`` and ``q_block``; its last_run_stats() plus
+def emulate(algorithm, b, h, hkv, sq, skv, d, causal, params, q_block=Q_TILE, **tiling) -> dict:
+    """Run one problem under the emulation with ``params``, ``q_block`` and the forced host
+    tiling choices ``tiling`` (``ascendc_emu.forcing_tiling``); its last_run_stats() plus
     ``golden_rmse`` and ``torch_rmse``: the relative RMSE of its output, and of the torch
     backend's, against the fp64 golden. Raises WrongRunError when the run's error exceeds
     GOLDEN_FACTOR times the torch backend's."""
     (q, k, v), args = _problem(b, h, hkv, sq, skv, d, causal)
-    with ascendc_emu.using_model_parameters(params):
+    with ascendc_emu.using_model_parameters(params), ascendc_emu.forcing_tiling(**tiling):
         out, _ = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", q_block=q_block,
                                           **args)
     stats = ascendc_emu.last_run_stats()
@@ -170,6 +179,9 @@ def _features(task_list) -> list:
 
 #: kv blocks of the calibration's one-task problem (the others: twice as many, and two tasks)
 CALIBRATION_BLOCKS = 8
+#: the calibration runs' forced tiling: the key preprocessing in a launch of its own, so that
+#: its cost per kv block is fitted apart from the attention's per task and block
+CALIBRATION_TILING = dict(prep_launch=1)
 
 
 def calibration_runs(c: Config, blocks: int = CALIBRATION_BLOCKS):
@@ -189,7 +201,7 @@ def calibrate(c: Config, params: dict, progress=None) -> Fit:
     for i, (b, h, hkv, sq, skv, causal) in enumerate(runs):
         if progress:
             progress(i)
-        stats.append(emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one, c.q_block))
+        stats.append(emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one, c.q_block, **CALIBRATION_TILING))
     return fit_runs(c, runs, stats, one)
 
 
@@ -203,9 +215,9 @@ def fit_runs(c: Config, runs, stats, params: dict) -> Fit:
         rows.append(_features(tasks(c.algorithm, b, h, hkv, sq, skv, c.d, causal, params, c.q_block)))
         values.append(_quantities(st["attention"]))
         if st["preprocess"] is not None:
-            pre = st["preprocess"]
+            pre = _quantities(st["preprocess"])
             prep_rows.append([1.0, float(b * hkv * -(-skv // KV_BLOCK))])
-            prep_values.append([pre["core_cycles"], _quantities(pre)["gm_bytes"]])
+            prep_values.append([pre[q] for q in PREP_QUANTITIES])
         if st["repair"] is not None:  # a launch of its own only after split kv's merge
             raise ValueError(f"{c}: a calibration run split its kv; the model has no merge or "
                              f"repair launch")
@@ -219,7 +231,7 @@ def fit_runs(c: Config, runs, stats, params: dict) -> Fit:
         fit.coef[q] = tuple(float(x) for x in sol) + ((0.0,) if a.shape[1] == 3 else ())
     if prep_rows:
         sol = np.linalg.lstsq(np.array(prep_rows), np.array(prep_values), rcond=None)[0]
-        fit.prep = dict(core_cycles=tuple(sol[:, 0]), gm_bytes=tuple(sol[:, 1]))
+        fit.prep = {q: tuple(sol[:, i]) for i, q in enumerate(PREP_QUANTITIES)}
     return fit
 
 
@@ -228,11 +240,14 @@ def _sum_fit(coef, task_list) -> float:
     return c0 + sum(a + b * t[1] + m * (t[1] - t[2]) for t in task_list)
 
 
-def _core_cycles(fit: Fit, task_list) -> float:
+def _core_cycles(fit: Fit, task_list, before: dict = None) -> float:
     """One AI Core's cycles over ``task_list``: its timelines, or its GM read or write port
     bound where that is later (each fitted on its own, so the fit holds where the binding one
-    changes between the calibration sizes and the full shape)."""
-    return max(_sum_fit(fit.coef[q], task_list) for q in ("timeline_cycles", "busy_RD", "busy_WR"))
+    changes between the calibration sizes and the full shape); ``before``: each of the three
+    spent earlier in the same launch (the key preprocessing)."""
+    before = before or {}
+    return max(before.get(q, 0.0) + _sum_fit(fit.coef[q], task_list)
+               for q in ("timeline_cycles", "busy_RD", "busy_WR"))
 
 
 @dataclass
@@ -272,24 +287,30 @@ def extrapolate(shape: Shape, fit: Fit, params: dict) -> dict:
     per_core = tasks(fit.config.algorithm, shape.b, shape.h, shape.hkv, shape.sq, shape.skv,
                      shape.d, shape.causal, params, fit.config.q_block)
     per_core = [t for t in per_core if t]
-    core = max(_core_cycles(fit, t) for t in per_core)
-    busiest = max(per_core, key=lambda t: _core_cycles(fit, t))
-    busy = {p: _sum_fit(fit.coef[f"busy_{p}"], busiest) for p in ascendc_emu.PIPES + PORTS}
-    gm = sum(_sum_fit(fit.coef["gm_bytes"], t) for t in per_core)
-    busy["L2"] = gm / params["l2_aggregate_bytes_per_cycle"]
-    busy["HBM"] = shape.io_bytes / params["hbm_aggregate_bytes_per_cycle"]
     overhead = params["launch_overhead_cycles"]
-    attention = overhead + max(core, busy["L2"], busy["HBM"])
-    prep = 0.0
+    prep, before, prep_gm = 0.0, {}, 0.0
     if fit.prep:
         blocks = shape.b * shape.hkv * -(-shape.skv // KV_BLOCK)
         cores = min(int(params["core_num"]), blocks)
-        c0, per = fit.prep["core_cycles"]
-        g0, gper = fit.prep["gm_bytes"]
-        prep_gm = cores * g0 + blocks * gper
-        keys = 2.0 * shape.b * shape.hkv * shape.skv * shape.d  # read from HBM once
-        prep = overhead + max(c0 + per * -(-blocks // cores), prep_gm / params["l2_aggregate_bytes_per_cycle"],
-                              keys / params["hbm_aggregate_bytes_per_cycle"])
+        per_prep_core = {q: c0 + per * -(-blocks // cores) for q, (c0, per) in fit.prep.items()}
+        prep_gm = cores * fit.prep["gm_bytes"][0] + blocks * fit.prep["gm_bytes"][1]
+        if cores <= len(per_core):  # inside the attention launch: then SyncAll's three cross-core hops
+            before = dict(per_prep_core)
+            before["timeline_cycles"] += 3 * params["cross_core_latency_cycles"]
+        else:
+            keys = 2.0 * shape.b * shape.hkv * shape.skv * shape.d  # read from HBM once
+            prep = overhead + max(per_prep_core["core_cycles"], prep_gm / params["l2_aggregate_bytes_per_cycle"],
+                                  keys / params["hbm_aggregate_bytes_per_cycle"])
+            prep_gm = 0.0
+    core = max(_core_cycles(fit, t, before) for t in per_core)
+    busiest = max(per_core, key=lambda t: _core_cycles(fit, t, before))
+    busy = {p: _sum_fit(fit.coef[f"busy_{p}"], busiest) for p in ascendc_emu.PIPES + PORTS}
+    for port in PORTS:
+        busy[port] += before.get(f"busy_{port}", 0.0)
+    gm = sum(_sum_fit(fit.coef["gm_bytes"], t) for t in per_core) + prep_gm
+    busy["L2"] = gm / params["l2_aggregate_bytes_per_cycle"]
+    busy["HBM"] = shape.io_bytes / params["hbm_aggregate_bytes_per_cycle"]
+    attention = overhead + max(core, busy["L2"], busy["HBM"])
     cycles = attention + prep
     binding = ascendc_emu.binding_resource(busy, core)
     us = cycles / params["clock_mhz"]

@@ -17,8 +17,8 @@ import os
 
 
 from pasa_npu import ascendc_emu
-from pasa_npu.tools.npu_extrapolate import (CALIBRATION_BLOCKS, Config, Shape, calibration_runs, emulate,
-                                            extrapolate, fit_runs)
+from pasa_npu.tools.npu_extrapolate import (CALIBRATION_BLOCKS, CALIBRATION_TILING, Config, Shape,
+                                            calibration_runs, emulate, extrapolate, fit_runs)
 
 PIPES = ascendc_emu.PIPES
 
@@ -104,7 +104,7 @@ def calibrate_both(c: Config, params: dict, blocks: int = CALIBRATION_BLOCKS, pr
         for i, (b, h, hkv, sq, skv, causal) in enumerate(runs):
             if progress:
                 progress(i)
-            st = emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one)
+            st = emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one, **CALIBRATION_TILING)
             emu_stats.append(st)
             call = proxy.calls[-1]
             sim = sim_run_stats(call["launches"], one)

@@ -105,6 +105,17 @@ public:
             }
         }
     }
+    // After an all-core barrier every earlier access is ordered before every later one: the
+    // hazard records start afresh (the touched granules, the HBM bound, do not).
+    void ResetOrdering()
+    {
+        for (auto& b : buffers_) {
+            if (!b.tracked) continue;
+            std::fill(b.shadow.begin(), b.shadow.end(), AccessRecord{});
+            std::fill(b.writerBlock.begin(), b.writerBlock.end(), -1);
+            std::fill(b.readerBlock.begin(), b.readerBlock.end(), -1);
+        }
+    }
     // Bytes of the kernel's inputs and outputs (not the workspace) touched in this launch.
     uint64_t TouchedIoBytes() const
     {
@@ -189,7 +200,24 @@ struct CrossFlag {
     std::deque<double> aivTimes[2];
 };
 
+// The turns of a launch's AI Cores: one AI Core's cores run at a time, in block order, each
+// until it has ended or parked at a SyncAll; once every core of the launch has parked there,
+// the SyncAll releases them and the AI Cores take their turns again.
+struct Schedule {
+    std::mutex mu;
+    std::condition_variable cv;
+    int running = -1;                  // the AI Core whose cores may run
+    std::vector<int> size, parked, ended;  // per AI Core: its cores, those at the pending SyncAll, those ended
+    int arrived = 0;                   // cores at the pending SyncAll
+    uint64_t released = 0;             // SyncAlls released so far
+    double latest = 0;                 // the latest arrival at the pending SyncAll, cycles
+    double releaseAt = 0;              // when the last SyncAll let its cores go on, cycles
+    bool aborted = false;
+    std::string abortMessage;
+};
+
 struct Group {
+    Schedule* schedule = nullptr;
     std::mutex mu;
     std::condition_variable cv;
     int alive = 0;

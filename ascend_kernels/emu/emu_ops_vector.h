@@ -315,5 +315,10 @@ void CrossCoreWaitFlag(uint16_t flagId)
 {
     emu::CrossWait(flagId);
 }
+template <bool isAIVOnly = true>
+void SyncAll()
+{
+    emu::SyncAllCores(isAIVOnly);
+}
 
 }  // namespace AscendC

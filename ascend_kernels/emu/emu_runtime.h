@@ -2,10 +2,11 @@
 // checks the hardware imposes (capacity, alignment, pipe hazards, flags, deadlock) and the
 // traffic counters. Everything here is emulation machinery, not AscendC API.
 //
-// Execution model. A launch runs its blocks one after another. A block of a MIX 1:2
-// kernel is one AI Core: one cube thread (AIC) and two vector threads (AIV0, AIV1) that
-// really run concurrently and meet only through GM and the cross-core flags. Each core
-// executes its instructions synchronously, in program order.
+// Execution model. A launch runs its blocks one after another (Schedule); a SyncAll parks a
+// block's cores until every block has reached it, then the blocks take their turns again. A
+// block of a MIX 1:2 kernel is one AI Core: one cube thread (AIC) and two vector threads
+// (AIV0, AIV1) that really run concurrently and meet only through GM, the cross-core flags
+// and SyncAll. Each core executes its instructions synchronously, in program order.
 //
 // Hazard model. On hardware every core has independent pipes (S, V, M, MTE1, MTE2, MTE3,
 // FIX); an instruction on one pipe may overtake an earlier instruction on another. The
@@ -121,18 +122,27 @@ inline std::vector<std::unique_ptr<CoreCtx>> MakeCores(const LaunchOptions& opt,
     return cores;
 }
 
-// Runs the kernel on the cores of one AI Core as threads; throws the first failure.
-inline void RunAiCore(const LaunchOptions& opt, Group& group, std::vector<std::unique_ptr<CoreCtx>>& cores,
-                      const std::function<void()>& kernel, int block)
+// Starts the threads of AI Core `block`'s cores: each waits for its AI Core's turn
+// (Schedule), runs the kernel and records its failure in `errors`.
+inline void StartAiCore(const LaunchOptions& opt, Schedule& sched, Group& group,
+                        std::vector<std::unique_ptr<CoreCtx>>& cores, const std::function<void()>& kernel,
+                        int block, std::vector<std::string>& errors, std::vector<std::thread>& threads)
 {
     group.alive = static_cast<int>(cores.size());
-    std::vector<std::string> errors(cores.size());
-    std::vector<std::thread> threads;
+    errors.assign(cores.size(), std::string());
+    sched.size[block] = static_cast<int>(cores.size());
     for (size_t i = 0; i < cores.size(); ++i) {
-        threads.emplace_back([&, i]() {
+        threads.emplace_back([&, i, block]() {
+            std::string aborted;
+            {
+                std::unique_lock<std::mutex> lock(sched.mu);
+                sched.cv.wait(lock, [&] { return sched.running == block || sched.aborted; });
+                if (sched.aborted) aborted = sched.abortMessage;
+            }
             tls_core = cores[i].get();
             tls_launch_type = opt.type;
             try {
+                if (!aborted.empty()) throw EmuError(aborted);
                 kernel();
                 CheckCoreClean(*cores[i]);
             } catch (const std::exception& e) {
@@ -149,12 +159,22 @@ inline void RunAiCore(const LaunchOptions& opt, Group& group, std::vector<std::u
                 group.cv.notify_all();
             }
             tls_core = nullptr;
+            std::lock_guard<std::mutex> lock(sched.mu);
+            sched.ended[block]++;
+            sched.cv.notify_all();
         });
     }
-    for (auto& t : threads) t.join();
-    const std::string first = FirstError(errors);
-    if (!first.empty()) throw EmuError(first);
-    CheckFlagsDrained(group, block);
+}
+
+// Gives AI Core `block` its turn and waits until each of its cores has ended or parked at a
+// SyncAll.
+inline void TakeTurn(Schedule& sched, int block)
+{
+    std::unique_lock<std::mutex> lock(sched.mu);
+    sched.running = block;
+    sched.cv.notify_all();
+    sched.cv.wait(lock, [&] { return sched.parked[block] + sched.ended[block] == sched.size[block]; });
+    sched.running = -1;
 }
 
 // A core's counters and timelines into the launch's totals (core_cycles: see AddAiCore).
@@ -206,18 +226,82 @@ inline Stats Launch(const LaunchOptions& opt, GmRegistry& gm, const std::functio
     }
     gm.ResetShadows();
     Stats total;
-    for (int block = 0; block < opt.blockDim; ++block) {
-        Group group;
+    const int n = opt.blockDim;
+    Schedule sched;
+    sched.size.assign(n, 0);
+    sched.parked.assign(n, 0);
+    sched.ended.assign(n, 0);
+    std::vector<std::unique_ptr<Group>> groups(n);
+    std::vector<std::vector<std::unique_ptr<CoreCtx>>> cores(n);
+    std::vector<std::vector<std::string>> errors(n);
+    std::vector<std::vector<std::thread>> threads(n);
+    int finished = 0;  // AI Cores whose threads are joined and whose statistics are added
+    // Joins the AI Cores before `upto`, throws the first failure, adds their statistics and
+    // frees their memories (only when no core is parked: none then waits for them).
+    auto finish = [&](int upto) {
+        for (; finished < upto; ++finished) {
+            for (auto& t : threads[finished]) t.join();
+            const std::string first = FirstError(errors[finished]);
+            if (!first.empty()) throw EmuError(first);
+            CheckFlagsDrained(*groups[finished], finished);
+            for (auto& c : cores[finished]) AddCore(total, *c);
+            AddAiCore(total, cores[finished], opt.timing);
+            total.blocks += 1;
+            total.cores += cores[finished].size();
+            cores[finished].clear();
+        }
+    };
+    for (int block = 0; block < n; ++block) {
+        groups[block] = std::make_unique<Group>();
+        Group& group = *groups[block];
+        group.schedule = &sched;
         group.mix = mix;
         group.timeoutSeconds = opt.timeoutSeconds;
         group.timing = &opt.timing;
-        std::vector<std::unique_ptr<CoreCtx>> cores = MakeCores(opt, gm, group, block);
-        RunAiCore(opt, group, cores, kernel, block);
-        for (auto& c : cores) AddCore(total, *c);
-        AddAiCore(total, cores, opt.timing);
-        total.blocks += 1;
-        total.cores += cores.size();
+        cores[block] = MakeCores(opt, gm, group, block);
+        StartAiCore(opt, sched, group, cores[block], kernel, block, errors[block], threads[block]);
+        TakeTurn(sched, block);
+        if (sched.arrived == 0) finish(block + 1);
     }
+    while (sched.arrived > 0) {
+        {
+            std::lock_guard<std::mutex> lock(sched.mu);
+            int all = 0;
+            for (int size : sched.size) all += size;
+            if (sched.arrived != all) {
+                sched.aborted = true;
+                sched.abortMessage = "aborted because SyncAll was reached by " + std::to_string(sched.arrived) + " of the launch's " +
+                                     std::to_string(all) + " cores; the others ended without it (on hardware the launch hangs)";
+                sched.cv.notify_all();
+                break;
+            }
+            {
+                std::lock_guard<std::mutex> gmLock(gm.mu);
+                gm.ResetOrdering();
+            }
+            sched.releaseAt = sched.latest;
+            sched.latest = 0;
+            sched.arrived = 0;
+            std::fill(sched.parked.begin(), sched.parked.end(), 0);
+            sched.released++;
+        }
+        for (int block = 0; block < n; ++block) {
+            if (sched.ended[block] < sched.size[block]) TakeTurn(sched, block);
+        }
+    }
+    if (sched.aborted) {
+        for (int block = finished; block < n; ++block) {
+            for (auto& t : threads[block]) t.join();
+        }
+        std::string first;
+        for (int block = finished; block < n && first.empty(); ++block) first = FirstError(errors[block]);
+        for (int block = finished; block < n; ++block) {
+            const std::string e = FirstError(errors[block]);
+            if (!e.empty() && e.rfind("aborted because", 0) != 0) { first = e; break; }
+        }
+        throw EmuError(first);
+    }
+    finish(n);
     const TimingParams& tp = opt.timing;
     const double gmBytes = static_cast<double>(total.gm_to_l1 + total.gm_to_ub + total.ub_to_gm + total.l0c_to_gm);
     total.hbm_bytes = gm.TouchedIoBytes();

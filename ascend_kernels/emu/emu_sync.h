@@ -1,5 +1,6 @@
-// Flags of the AscendC CPU emulation: SetFlag/WaitFlag between the pipes of one core and
-// the cross-core flags (mode 2) between an AI Core's cube and vector threads.
+// Flags of the AscendC CPU emulation: SetFlag/WaitFlag between the pipes of one core, the
+// cross-core flags (mode 2) between an AI Core's cube and vector threads, and SyncAll over
+// every core of a launch.
 #pragma once
 
 #include "emu_dispatch.h"
@@ -176,6 +177,36 @@ inline void CrossWait(int flagId)
     // Atlas A2: the wait blocks every pipe of the waiting core.
     for (int p = 0; p < kPipes; ++p) Join(c.seen[p], clk);
     FlagWait(P_S, at);
+}
+
+// ------------------------------------------------------------------ SyncAll
+// Every core of the launch waits until all of them have reached it. Timing: each core's pipes
+// resume at the latest arrival plus the hops of the hardware barrier (asc-devkit's
+// SyncAllImpl: MIX, AIV -> AIC, all AICs, AIC -> AIV; AIV only, one all-core hop), each a
+// cross-core flag's latency.
+inline void SyncAllCores(bool aivOnly)
+{
+    CoreCtx& c = Core();
+    Group& g = *c.group;
+    if (g.mix && aivOnly) Fail("SyncAll<true> in a MIX kernel: the emulation runs SyncAll<false> there (every AIC and AIV)");
+    if (!g.mix && !aivOnly) Fail("SyncAll<false> outside a MIX kernel: it waits for AIC and AIV cores the launch does not have");
+    if (!g.mix && c.type == AIC) Fail("SyncAll: the emulation runs it on AIV cores or in MIX kernels");
+    BarrierAll();
+    const double at = c.tm.End();
+    Schedule& s = *g.schedule;
+    std::unique_lock<std::mutex> lock(s.mu);
+    const uint64_t round = s.released;
+    s.arrived++;
+    s.parked[c.blockIdx]++;
+    s.latest = std::max(s.latest, at);
+    s.cv.notify_all();
+    s.cv.wait(lock, [&] { return s.aborted || (s.released != round && s.running == c.blockIdx); });
+    if (s.aborted) throw EmuError(s.abortMessage);
+    const double release = s.releaseAt + (g.mix ? 3 : 1) * Timing().cross_core_latency_cycles;
+    lock.unlock();
+    c.stats.cross_core_waits++;
+    c.tm.scalar = std::max(c.tm.scalar, release);
+    for (auto& q : c.tm.pipe) q.free = q.done = std::max(q.done, release);
 }
 
 }  // namespace emu

@@ -69,6 +69,7 @@ py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
     d["shift_scores"] = t.shiftScores;
     d["repair_in_launch"] = t.repairTilingOffset != 0;
     d["prep_dim"] = t.prepDim;
+    d["prep_in_attention"] = t.prepInAttention != 0;
     d["merge_dim"] = t.mergeDim;
     d["cube_rows"] = t.cubeRows;
     d["vec_rows"] = t.vecRowsPad;

@@ -159,7 +159,42 @@ struct Case {
     size_t nIn, nOut;
     std::function<void(Gm&)> kernel;
     bool halfOut;  // report out (half) instead of outF (float)
+    int blockDim = 1;
 };
+
+// ---- SyncAll between AI Cores: AIV0 of each of `blocks` AI Cores writes its index + 1 to its
+// 16 halves of out, then, past SyncAll<false>, copies the next AI Core's 16 to out[16 (blocks + b)].
+// Without the SyncAll, reading another AI Core's write is a race. `skip`: the AI Core that
+// skips the SyncAll (-1: none).
+inline void SyncAllExchange(GM_ADDR out, int blocks, int skip)
+{
+    const int b = static_cast<int>(GetBlockIdx()) / 2;
+    if (b == skip) return;
+    GlobalTensor<half> g;
+    g.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(out), 32 * blocks);
+    TPipe tp;
+    TBuf<TPosition::VECCALC> buf;
+    if ASCEND_IS_AIV {
+        tp.InitBuffer(buf, 16 * sizeof(half));
+        if (GetSubBlockIdx() == 0) {
+            LocalTensor<half> x = buf.Get<half>();
+            Duplicate(x, half(static_cast<float>(b + 1)), 16);
+            SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+            WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+            DataCopy(g[16 * b], x, 16);
+        }
+    }
+    SyncAll<false>();
+    if ASCEND_IS_AIV {
+        if (GetSubBlockIdx() == 0) {
+            LocalTensor<half> x = buf.Get<half>();
+            DataCopy(x, g[16 * ((b + 1) % blocks)], 16);
+            SetFlag<HardEvent::MTE2_MTE3>(EVENT_ID0);
+            WaitFlag<HardEvent::MTE2_MTE3>(EVENT_ID0);
+            DataCopy(g[16 * (blocks + b)], x, 16);
+        }
+    }
+}
 
 // Programs that must run.
 inline void AddRunCases(std::map<std::string, Case>& c)
@@ -168,6 +203,8 @@ inline void AddRunCases(std::map<std::string, Case>& c)
     c["cube_matmul"] = {KERNEL_TYPE_AIC_ONLY, 20 * 32 + 32 * 48, 20 * 48, [](Gm& g) { CubeMatmul(g.In(), g.OutF()); }, false};
     c["cross_core_handoff"] = {KERNEL_TYPE_MIX_AIC_1_2, 16, 256,
                                [](Gm& g) { CrossCoreHandoff<PIPE_MTE3>(g.Out()); }, true};
+    c["sync_all_exchange"] = {KERNEL_TYPE_MIX_AIC_1_2, 16, 32 * 4,
+                              [](Gm& g) { SyncAllExchange(g.Out(), 4, -1); }, true, 4};
     c["synced_tbuf"] = {KERNEL_TYPE_AIV_ONLY, 128, 128, [](Gm& g) {
         TPipe pipe;
         TBuf<TPosition::VECCALC> buf;
@@ -332,6 +369,9 @@ inline void AddRejectedSyncCases(std::map<std::string, Case>& c)
             for (int i = 0; i < 16; ++i) CrossCoreWaitFlag(0);
         }
     }, true};
+    c["sync_all_missed"] = {KERNEL_TYPE_MIX_AIC_1_2, 16, 32 * 3,
+                            [](Gm& g) { SyncAllExchange(g.Out(), 3, 1); }, true, 3};
+    c["sync_all_aiv_only_in_mix"] = {KERNEL_TYPE_MIX_AIC_1_2, 16, 16, [](Gm&) { SyncAll<true>(); }, true};
     c["cross_core_wrong_pipe"] = {KERNEL_TYPE_MIX_AIC_1_2, 16, 256,
                                   [](Gm& g) { CrossCoreHandoff<PIPE_V>(g.Out()); }, true};
     c["queue_event_ids_exhausted"] = {KERNEL_TYPE_AIC_ONLY, 16, 16, [](Gm&) {
@@ -423,7 +463,7 @@ inline std::vector<float> Run(const std::string& name, const emu::TimingParams& 
     if (it == cases.end()) throw std::invalid_argument("no emulation self-test named '" + name + "'");
     Case& c = it->second;
     Gm g(c.nIn, c.nOut);
-    LaunchOptions opt{1, c.type, timeoutSeconds, timing};
+    LaunchOptions opt{c.blockDim, c.type, timeoutSeconds, timing};
     {
         pybind11::gil_scoped_release release;
         stats = AscendC::emu::Launch(opt, g.reg, [&]() { c.kernel(g); });

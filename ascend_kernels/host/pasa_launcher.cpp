@@ -126,7 +126,7 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
         t.workspaceBytes = repair.workspaceBytes = repair.coreAreaOffset + repair.coreAreaBytes * repair.blockDim;
         t.repairTilingOffset = static_cast<uint32_t>(at.bytes);
     }
-    const bool prepare = t.prepDim != 0;  // the key preprocessing launch (not fa-fp32, not shiftScores)
+    const bool prepare = t.prepDim != 0;  // the key preprocessing (not fa-fp32, not shiftScores)
     if (problem.paged && prepare && tensors.keySlots == nullptr) {
         Refuse("paged KV with pasa or pasa-exact needs the K' slot table (the owner entry of each table entry)");
     }
@@ -172,7 +172,9 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
     args.rowFlags = problem.overflowCheck ? tensors.rowFlags : nullptr;
     args.workspace = workspace;
     args.tiling = params + at.tiling;
-    if (prepare) runtime.Launch(t.tilingKey == PASA_KEY_PASA ? PasaKernel::kShiftKeys : PasaKernel::kCenterKeys, t.prepDim, args);
+    if (prepare && !t.prepInAttention) {
+        runtime.Launch(t.tilingKey == PASA_KEY_PASA ? PasaKernel::kShiftKeys : PasaKernel::kCenterKeys, t.prepDim, args);
+    }
     runtime.Launch(PasaKernel::kAttention, t.blockDim, args);
     if (t.kvSplits > 1) runtime.Launch(PasaKernel::kMerge, t.mergeDim, args);
     if (repairLaunch) {  // split kv: after the merge, which writes the flags; its cores return at once where no task byte is set

@@ -28,6 +28,7 @@
 #include "pasa_attention_cube.h"
 #include "pasa_attention_vector.h"
 #include "pasa_merge.h"
+#include "pasa_prepare_keys.h"
 
 using namespace AscendC;
 
@@ -62,6 +63,9 @@ __aicore__ inline void VectorPass(GM_ADDR mask, GM_ADDR sink, GM_ADDR out, GM_AD
 
 }  // namespace
 
+// With tiling.prepInAttention the launch first does the key preprocessing (pasa_prepare_keys.h) on
+// its first prepDim AI Cores, and all cores meet at SyncAll before the attention reads K'.
+//
 // A checked call without split kv repairs in the same launch (tiling.repairTilingOffset): once
 // both vector cores of an AI Core have stored their task flags, that core's cube and vector
 // cores run the repair pass (fa-fp32, the raw K) over its own flagged tasks, if it has any; the
@@ -75,6 +79,14 @@ extern "C" __global__ __aicore__ void pasa_attention(GM_ADDR query, GM_ADDR key,
     PasaTilingData t;
     pasa::LoadTiling(tiling, t);
     GM_ADDR repairTiling = t.repairTilingOffset != 0 ? tiling + t.repairTilingOffset : nullptr;
+    if (t.prepInAttention) {  // every core's K' blocks written before any core reads them
+        uint32_t core = static_cast<uint32_t>(GetBlockIdx());
+        if ASCEND_IS_AIV {
+            core /= 2;
+        }
+        if (core < t.prepDim) pasa::PrepareKeys(key, blockTable, keySlots, workspace, tiling, t);
+        SyncAll<false>();
+    }
     if ASCEND_IS_AIC {
         CubePass(query, key, value, blockTable, keySlots, workspace, tiling, t);
         if (repairTiling != nullptr) {

@@ -76,14 +76,29 @@ def test_host_beta_solver_equals_the_python_solver(n, scale):
 
 def test_cost_counters_per_path():
     """Bytes per path and cube work of one call, against the counts the tiling implies: one
-    head, 256 x 256, D = 64, 128 x 128 tiles: 2 query tiles x 2 kv blocks."""
+    head, 256 x 256, D = 64, 128 x 128 tiles: 2 query tiles x 2 kv blocks; the key
+    preprocessing in a launch of its own, and inside the attention launch, where it adds its
+    own counts and one SyncAll wait per core."""
     gen = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 1, 256, 64, generator=gen).half() for _ in range(3))
     kw = dict(num_heads=1, input_layout="BNSD", scale=0.125)
-    stats = {}
+    stats, folded = {}, {}
     for algorithm in ("fa-fp32", "pasa", "pasa-exact"):
-        pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
+        with ascendc_emu.forcing_tiling(prep_launch=1):
+            pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
         stats[algorithm] = ascendc_emu.last_run_stats()
+        pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
+        folded[algorithm] = ascendc_emu.last_run_stats()
+    for algorithm in ("pasa", "pasa-exact"):
+        launched, inside = stats[algorithm], folded[algorithm]
+        assert inside["tiling"]["prep_in_attention"] and not launched["tiling"]["prep_in_attention"]
+        assert inside["preprocess"] is None and launched["preprocess"] is not None
+        for key in ("mmad_calls", "cube_macs", "gm_to_l1_bytes", "l0c_to_gm_bytes", "gm_to_ub_bytes",
+                    "ub_to_gm_bytes", "vector_instructions", "cross_core_sets"):
+            assert inside["attention"][key] == launched["attention"][key] + launched["preprocess"][key], key
+        assert inside["attention"]["cross_core_waits"] == (launched["attention"]["cross_core_waits"]
+                                                           + launched["preprocess"]["cross_core_waits"]
+                                                           + 3 * inside["tiling"]["block_dim"])
     tasks, tiles = 2, 2 * 2
     for algorithm in ("fa-fp32", "pasa", "pasa-exact"):
         att = stats[algorithm]["attention"]
@@ -149,7 +164,8 @@ def test_part_filled_block_adds_whole_tile_vector_work(algorithm):
         gen = torch.Generator().manual_seed(3)
         q = torch.randn(1, 1, 128, 128, generator=gen).half()
         k, v = (torch.randn(1, 1, s_kv, 128, generator=gen).half() for _ in range(2))
-        with ascendc_emu.using_model_parameters(dict(ascendc_emu.model_parameters(), core_num=1)):
+        with ascendc_emu.using_model_parameters(dict(ascendc_emu.model_parameters(), core_num=1)), \
+                ascendc_emu.forcing_tiling(prep_launch=1):  # the preprocessing's counts on their own
             pasa_npu.fused_attention(q, k, v, num_heads=1, input_layout="BNSD", algorithm=algorithm,
                                      backend="ascendc-emu")
         prep = ascendc_emu.last_run_stats()["preprocess"]
@@ -177,6 +193,8 @@ REJECTED = {
     "missing_cross_core_flag": "deadlock",
     "cross_core_flag_never_waited": "more time",
     "cross_core_counter_overflow": "would exceed 15",
+    "sync_all_missed": "SyncAll was reached by 6 of the launch's 9 cores",
+    "sync_all_aiv_only_in_mix": "SyncAll<true> in a MIX kernel",
     "cross_core_wrong_pipe": "pipe hazard: DataCopy\\(GM->L1, Nd2Nz\\) on PIPE_MTE2",
     "queue_event_ids_exhausted": "all 8 event IDs of HardEvent::MTE1_MTE2 are held",
     "fixed_event_id_under_queue": "a queue holds this event ID with its own flag set",
@@ -197,7 +215,8 @@ def selftest(name, timeout_s=5.0):
 def test_every_selftest_is_covered():
     names = set(selftest_module().selftest_names())
     timing = {n for n in names if n.startswith("timing_")}  # tests/ascend_kernels/test_npu_timing.py
-    assert set(REJECTED) | {"vector_scale", "cube_matmul", "synced_tbuf", "cross_core_handoff"} | timing == names
+    assert set(REJECTED) | {"vector_scale", "cube_matmul", "synced_tbuf", "cross_core_handoff",
+                            "sync_all_exchange"} | timing == names
 
 
 @pytest.mark.parametrize("name", sorted(REJECTED))
@@ -226,6 +245,17 @@ def test_correct_programs_run():
     assert selftest("vector_scale") == (2 * x).tolist()
     assert selftest("synced_tbuf") == (-_inputs(128)).tolist()
     assert selftest("cross_core_handoff") == [3.0] * 256
+
+
+def test_sync_all_orders_the_ai_cores():
+    """Past SyncAll<false> each of 4 AI Cores reads what the next one wrote before it (the
+    emulation runs the AI Cores in turns and parks each at the barrier), and every core resumes
+    after the latest arrival plus the barrier's three cross-core hops."""
+    r = selftest_module().run_selftest("sync_all_exchange", TIMING, timeout_s=5.0)
+    written = [float(b + 1) for b in range(4) for _ in range(16)]
+    read = [float((b + 1) % 4 + 1) for b in range(4) for _ in range(16)]
+    assert r["values"] == written + read
+    assert r["stats"]["timeline_cycles"] > 3 * TIMING["cross_core_latency_cycles"]
 
 
 def test_cube_formats_and_accumulation():

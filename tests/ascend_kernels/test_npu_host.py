@@ -196,16 +196,21 @@ def test_acl_runtime_makes_the_emulated_runtimes_calls(name, recorder):
     for a, e in zip(acl, emulated):
         assert a == e
     launches = [line.split()[:3] for line in acl if line.startswith("launch")]
-    expected_prep = {0: [], 1: ["pasa_shift_keys"], 2: ["pasa_center_keys"]}[params["tiling_key"]]
-    if params["seq_q"] == 1:  # decode: the attention kernel shifts the scores
-        expected_prep = []
-    assert [kernel for _, kernel, _ in launches] == expected_prep + ["pasa_attention"]
     # a task: one query tile of a batch, of one head or of the heads of a kv group stacked
     group, tasks = params["num_heads"] // params["num_kv_heads"], 0
     for q in lens["q_lens"]:
         pitch = min(params["q_tile"], q)
         heads = min(group, params["q_tile"] // pitch)
         tasks += params["num_kv_heads"] * -(-group // heads) * -(-q // pitch)
+    # the key preprocessing: a task per key block (paged: per table entry's block) and kv head; it
+    # runs inside the attention launch where that launch has as many cores
+    key_blocks = params["batch"] * (params["table_stride"] * params["block_size"] // params["kv_block"]
+                                    if params.get("paged") else -(-params["seq_kv"] // params["kv_block"]))
+    prep_cores = min(params["core_num"], key_blocks * params["num_kv_heads"])
+    expected_prep = {0: [], 1: ["pasa_shift_keys"], 2: ["pasa_center_keys"]}[params["tiling_key"]]
+    if params["seq_q"] == 1 or prep_cores <= min(params["core_num"], tasks):
+        expected_prep = []  # decode: the attention kernel shifts the scores
+    assert [kernel for _, kernel, _ in launches] == expected_prep + ["pasa_attention"]
     assert int(launches[-1][2]) == min(params["core_num"], tasks)
     assert all(0 < int(block_dim) <= params["core_num"] for *_, block_dim in launches)
 

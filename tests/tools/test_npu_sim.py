@@ -39,13 +39,16 @@ def test_one_call_reports_per_core_cycles_busy_pipes_and_gm_bytes():
 
     proxy = Both(npu_sim.ascendc_emu._ascendc_emu, npu_sim.program(), caller_gets="sim")
     saved, npu_sim.ascendc_emu._ascendc_emu = npu_sim.ascendc_emu._ascendc_emu, proxy
-    try:
+    try:  # the key preprocessing in a launch of its own, then inside the attention launch
+        npu_sim.emulate("pasa", 1, 1, 1, 128, 128, 64, False, dict(params, core_num=1), prep_launch=1)
         npu_sim.emulate("pasa", 1, 1, 1, 128, 128, 64, False, dict(params, core_num=1))
     finally:
         npu_sim.ascendc_emu._ascendc_emu = saved
-    launches = proxy.calls[-1]["launches"]
+    launches = proxy.calls[-2]["launches"]
     kernels = [launch["kernel"] for launch in launches]
     assert kernels[:2] == ["shift_keys", "attention"], kernels
+    assert [launch["kernel"] for launch in proxy.calls[-1]["launches"]][:1] == ["attention"]
+    assert proxy.calls[-1]["emu"] == proxy.calls[-1]["sim"] == proxy.calls[-2]["sim"]
     for launch in launches:
         for core in launch["cores"]:
             assert core["cycles"] > 0

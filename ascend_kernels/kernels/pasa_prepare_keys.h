@@ -1,0 +1,433 @@
+// Preprocessing of the keys, once per kv block, before the attention (docs/design.md,
+// "Shifting the keys on the matrix engine").
+//
+// pasa_shift_keys (MIX 1:2, tiling key PASA):  K'_j = M^T K_j, M = scale (I - beta/n J) stored in
+//   fp16 as the host built it. One Mmad per block: A = M^T (resident in L0A), B = K_j, fp32
+//   accumulation, Fixpipe rounds K' to fp16. A part-filled last block (v < n keys, zero-padded)
+//   is shifted as if its missing rows were the mean of its keys: the cube drains M^T K_j and the
+//   column sum 1^T K_j (a second Mmad with a row of ones) in fp32, and the vector cores form
+//   K'_i = fp16(M^T K_j - c colsum) for i < v, with c = off (n - v) / v (off: M's stored
+//   off-diagonal magnitude), and K'_i = 0 for i >= v.
+//
+// pasa_center_keys (MIX 1:2, tiling key PASA_EXACT):  mean16 = fp16(colsum(K_j) / v) over the
+//   block's v keys, K'_j = fp16((K_j - mean16) * scale), zero past v.  The column sums run on the
+//   cube (ones^T K_j, fp32 accumulation in key order); the subtraction runs on the vector cores. It
+//   cannot be folded into one cube GEMM: pasa-exact subtracts the *rounded* mean16 and scales in
+//   fp32, and a GEMM would need scale*mean16 as an fp16 operand, a second rounding the allocation
+//   does not have.
+//
+// A ragged last block (kv_len not a multiple of the block) is zero-filled in L1. With paged KV
+// each physical block is preprocessed once, by the table entry that owns it (KeyBlockIter).
+// None of it runs where the attention kernel shifts the scores instead (tiling.shiftScores).
+// Where the attention launch has a core for each preprocessing core (tiling.prepInAttention), it
+// runs there before the attention, its cores meeting at SyncAll; otherwise a launch of its own
+// (pasa_prepare_keys.cpp) runs it first.
+// Device code: compiles against the real AscendC headers or the CPU emulation alike.
+#ifndef PASA_PREPARE_KEYS_H
+#define PASA_PREPARE_KEYS_H
+
+#include "pasa_workspace.h"
+
+namespace pasa {
+
+using namespace AscendC;
+
+// Load a block of keys (validRows x D, rest zero) into L1 in NZ layout with C0 stride kvBlock, one
+// copy per run of rows inside one physical block (paged: one run, kvBlock divides blockSize).
+__aicore__ inline void LoadKeyBlockNz(const LocalTensor<half>& l1, const GlobalTensor<half>& key, const PasaTilingData& t,
+                                      const KvPages& pages, const KeyBlockTask& task)
+{
+    const uint32_t n = t.kvBlock, d = t.headDim;
+    if (task.validRows < n) {
+        Fill(l1[task.validRows * kC0],
+             InitConstValueParams<half>(static_cast<uint16_t>(d / kC0), static_cast<uint16_t>(n - task.validRows),
+                                        static_cast<uint16_t>(task.validRows), half(0.0f)));
+    }
+    for (uint32_t r = 0; r < task.validRows;) {
+        const int64_t pos = static_cast<int64_t>(task.block) * n + r;
+        const uint32_t run = RunLength(t, pos, task.validRows - r);
+        const uint64_t src = KvRowOffset(t, pages, task.b, task.kvHead, task.kvStart, pos, d);
+        DataCopy(l1[r * kC0], key[src],
+                 Nd2NzParams(1, static_cast<uint16_t>(run), static_cast<uint16_t>(d), 0,
+                             static_cast<uint16_t>(RowStride(t.kvLayout, t.numKvHeads, d)), static_cast<uint16_t>(n), 1, 0));
+        r += run;
+    }
+}
+
+// L1 (NZ, kvBlock x D) -> L0B (Zn, the K_j operand of a k = kvBlock GEMM): transpose each fractal.
+__aicore__ inline void KeyBlockToL0b(const LocalTensor<half>& l0b, const LocalTensor<half>& l1, const PasaTilingData& t)
+{
+    const uint32_t kBlocks = t.kvBlock / kC0, nBlocks = t.headDim / kC0;
+    for (uint32_t kb = 0; kb < kBlocks; ++kb) {
+        LoadData(l0b[kb * nBlocks * kFractal], l1[kb * kFractal],
+                 LoadData2DParams(0, static_cast<uint8_t>(nBlocks), static_cast<uint16_t>(kBlocks), 0, 0, true, 0));
+    }
+}
+
+// One key block GM -> L1 (NZ) -> L0B, through the two queues; the caller frees the result.
+template <typename L1Queue, typename L0bQueue>
+__aicore__ inline LocalTensor<half> StageKeyBlock(L1Queue& l1, L0bQueue& l0b, const GlobalTensor<half>& key,
+                                                  const PasaTilingData& t, const KvPages& pages, const KeyBlockTask& task)
+{
+    LocalTensor<half> k1 = l1.template AllocTensor<half>();
+    LoadKeyBlockNz(k1, key, t, pages, task);
+    l1.EnQue(k1);
+    k1 = l1.template DeQue<half>();
+    LocalTensor<half> k2 = l0b.template AllocTensor<half>();
+    KeyBlockToL0b(k2, k1, t);
+    l0b.EnQue(k2);
+    l1.FreeTensor(k1);
+    return l0b.template DeQue<half>();
+}
+
+// A = 16 x n with row 0 all ones, rows 1..15 zero (NZ: one 16-row block per column block) -> L0A,
+// ready for the cube: the column sums of a key block are the first row of A K.
+template <typename L1Queue>
+__aicore__ inline void LoadOnesRow(L1Queue& onesL1, const LocalTensor<half>& l0a, uint32_t n)
+{
+    LocalTensor<half> o1 = onesL1.template AllocTensor<half>();
+    Fill(o1, InitConstValueParams<half>(static_cast<uint16_t>(n / kC0), 1, 15, half(1.0f)));
+    Fill(o1[kC0], InitConstValueParams<half>(static_cast<uint16_t>(n / kC0), 15, 1, half(0.0f)));
+    onesL1.EnQue(o1);
+    o1 = onesL1.template DeQue<half>();
+    LoadData(l0a, o1, LoadData2DParams(0, static_cast<uint8_t>(n / kC0), 1, 0, 0, false, 0));
+    onesL1.FreeTensor(o1);
+    OrderPipes<HardEvent::MTE1_M>();
+}
+
+// One preprocessing core's exchange slot (two of them) for a part-filled pasa block: M^T K (fp32,
+// kvBlock x headDim row-major), then the column sums (headDim fp32).
+__aicore__ inline GM_ADDR TailSlot(GM_ADDR workspace, const PasaTilingData& t, uint32_t core, uint32_t index)
+{
+    return workspace + t.coreAreaOffset + static_cast<uint64_t>(core) * t.coreAreaBytes + (index % 2) * t.tailSlotBytes;
+}
+
+// ----------------------------------------------------------------------------- pasa
+class ShiftKeysCube {
+public:
+    __aicore__ inline void Run(GM_ADDR key, GM_ADDR blockTable, GM_ADDR keySlots, GM_ADDR workspace, GM_ADDR tiling,
+                               const PasaTilingData& t)
+    {
+        const uint32_t n = t.kvBlock, d = t.headDim;
+        key_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(key));
+        shift_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.shiftMatrixOffset), n * n);
+        keyPrime_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.keyPrimeOffset));
+        batches_.Init(tiling, t);
+        pages_.Init(blockTable, keySlots, t);
+
+        pipe_.InitBuffer(shiftL1_, n * n * sizeof(half));
+        pipe_.InitBuffer(onesL1_, 1, kC0 * n * sizeof(half));
+        pipe_.InitBuffer(shiftL0a_, n * n * sizeof(half));
+        pipe_.InitBuffer(onesL0a_, kC0 * n * sizeof(half));
+        pipe_.InitBuffer(keyL1_, 2, n * d * sizeof(half));
+        pipe_.InitBuffer(keyL0b_, 2, n * d * sizeof(half));
+        pipe_.InitBuffer(outL0c_, 2, n * d * sizeof(float));
+
+        LocalTensor<half> m2 = shiftL0a_.Get<half>();
+        LoadShiftMatrix(shiftL1_.Get<half>(), m2, shift_, n);
+        if (t.partFilled) LoadOnesRow(onesL1_, onesL0a_.Get<half>(), n);
+
+        const uint32_t core = static_cast<uint32_t>(GetBlockIdx());
+        KeyBlockIter it(t, batches_, pages_, core);
+        KeyBlockTask task;
+        uint32_t tails = 0;  // part-filled blocks handed to the vector cores
+        while (it.Next(task)) {
+            LocalTensor<half> k2 = StageKeyBlock(keyL1_, keyL0b_, key_, t, pages_, task);
+            const bool tail = task.validRows < n;
+
+            LocalTensor<float> c = outL0c_.AllocTensor<float>();
+            Mmad(c, m2, k2, MmadParams(static_cast<uint16_t>(n), static_cast<uint16_t>(d), static_cast<uint16_t>(n), 0, false, true));
+            if (!tail) keyL0b_.FreeTensor(k2);
+            outL0c_.EnQue(c);
+            c = outL0c_.DeQue<float>();
+            if (!tail) {
+                Fixpipe<half, float, CFG_ROW_MAJOR>(keyPrime_[KeyPrimeOffset(t, task.slot)], c,
+                    FixpipeParamsV220(static_cast<uint16_t>(d), static_cast<uint16_t>(n), static_cast<uint16_t>(n), d,
+                                      false, QuantMode_t::F322F16, 0, 1, 0, 0, 0));
+                outL0c_.FreeTensor(c);
+                continue;
+            }
+            // part-filled: M^T K and 1^T K in fp32 to the slot; the vector cores finish K'
+            if (tails >= 2) CrossCoreWaitFlag(PASA_FLAG_SUM_FREE);  // the vector cores read slot (tails % 2)
+            GlobalTensor<float> slot;
+            slot.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(TailSlot(workspace, t, core, tails)), n * d + d);
+            Fixpipe<float, float, CFG_ROW_MAJOR>(slot, c, FixpipeParamsV220(static_cast<uint16_t>(d), static_cast<uint16_t>(n),
+                static_cast<uint16_t>(n), d, false, QuantMode_t::NoQuant, 0, 1, 0, 0, 0));
+            outL0c_.FreeTensor(c);
+            LocalTensor<float> sum = outL0c_.AllocTensor<float>();
+            Mmad(sum, onesL0a_.Get<half>(), k2, MmadParams(1, static_cast<uint16_t>(d), static_cast<uint16_t>(n), 0, false, true));
+            keyL0b_.FreeTensor(k2);
+            outL0c_.EnQue(sum);
+            sum = outL0c_.DeQue<float>();
+            Fixpipe<float, float, CFG_ROW_MAJOR>(slot[n * d], sum,
+                FixpipeParamsV220(static_cast<uint16_t>(d), 1, kC0, d, false, QuantMode_t::NoQuant, 0, 1, 0, 0, 0));
+            outL0c_.FreeTensor(sum);
+            CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_SUM_READY);
+            ++tails;
+        }
+        for (uint32_t i = tails >= 2 ? tails - 2 : 0; i < tails; ++i) CrossCoreWaitFlag(PASA_FLAG_SUM_FREE);
+    }
+
+private:
+    TPipe pipe_;
+    TQue<TPosition::A1, 1> onesL1_;
+    TBuf<TPosition::A1> shiftL1_;
+    TBuf<TPosition::A2> shiftL0a_, onesL0a_;
+    TQue<TPosition::B1, 2> keyL1_;
+    TQue<TPosition::B2, 2> keyL0b_;
+    TQue<TPosition::CO1, 2> outL0c_;
+    GlobalTensor<half> key_, shift_, keyPrime_;
+    BatchTable batches_;
+    KvPages pages_;
+};
+
+// The part-filled blocks of this AI Core's tasks, half the rows each AIV: K'_i = fp16(R_i - c colsum)
+// for the block's v keys (R = M^T K from the cube, fp32; c = off (n - v) / v in fp32: an exact
+// product, one rounded division), zero past v; whole-tile instructions, each row minus the same
+// row (src1 repeat stride 0).
+class ShiftKeysVector {
+public:
+    __aicore__ inline void Run(GM_ADDR key, GM_ADDR blockTable, GM_ADDR keySlots, GM_ADDR workspace, GM_ADDR tiling,
+                               const PasaTilingData& t)
+    {
+        const uint32_t n = t.kvBlock, d = t.headDim, half_n = n / 2;
+        const uint32_t core = static_cast<uint32_t>(GetBlockIdx()) / 2, sub = static_cast<uint32_t>(GetSubBlockIdx());
+        keyPrime_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.keyPrimeOffset));
+        batches_.Init(tiling, t);
+        pages_.Init(blockTable, keySlots, t);
+        if (!t.partFilled) return;
+
+        pipe_.InitBuffer(sumIn_, 1, d * sizeof(float));
+        pipe_.InitBuffer(rowsIn_, 1, half_n * d * sizeof(float));
+        pipe_.InitBuffer(keyOut_, 1, half_n * d * sizeof(half));
+        pipe_.InitBuffer(calc_, d * sizeof(float));
+        LocalTensor<float> shift = calc_.Get<float>();
+        const float off = t.shiftOff;
+
+        const uint32_t r0 = sub * half_n;  // this AIV's rows of the block
+        KeyBlockIter it(t, batches_, pages_, core);
+        KeyBlockTask task;
+        uint32_t tails = 0;
+        while (it.Next(task)) {
+            if (task.validRows >= n) continue;
+            GlobalTensor<float> slot;
+            slot.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(TailSlot(workspace, t, core, tails)), n * d + d);
+            CrossCoreWaitFlag(PASA_FLAG_SUM_READY);
+            LocalTensor<float> sum = sumIn_.AllocTensor<float>();
+            LocalTensor<float> rows = rowsIn_.AllocTensor<float>();
+            DataCopy(sum, slot[n * d], d);
+            DataCopy(rows, slot[r0 * d], half_n * d);
+            sumIn_.EnQue(sum);
+            rowsIn_.EnQue(rows);
+            sum = sumIn_.DeQue<float>();
+            rows = rowsIn_.DeQue<float>();
+            CrossCoreSetFlag<2, PIPE_MTE2>(PASA_FLAG_SUM_FREE);
+            const float c = off * static_cast<float>(n - task.validRows) / static_cast<float>(task.validRows);
+            Muls(shift, sum, c, static_cast<int32_t>(d));
+            sumIn_.FreeTensor(sum);
+            SubtractFromEachRow(rows, shift, half_n, d);
+            const uint32_t valid = task.validRows > r0 ? Min(task.validRows - r0, half_n) : 0;
+            if (valid < half_n) Duplicate(rows[valid * d], 0.0f, static_cast<int32_t>((half_n - valid) * d));
+            LocalTensor<half> kout = keyOut_.AllocTensor<half>();
+            Cast(kout, rows, RoundMode::CAST_RINT, half_n * d);
+            rowsIn_.FreeTensor(rows);
+            keyOut_.EnQue(kout);
+            kout = keyOut_.DeQue<half>();
+            DataCopy(keyPrime_[KeyPrimeOffset(t, task.slot) + static_cast<uint64_t>(r0) * d], kout, half_n * d);
+            keyOut_.FreeTensor(kout);
+            ++tails;
+        }
+    }
+
+private:
+    TPipe pipe_;
+    TQue<TPosition::VECIN, 1> sumIn_, rowsIn_;
+    TQue<TPosition::VECOUT, 1> keyOut_;
+    TBuf<TPosition::VECCALC> calc_;
+    GlobalTensor<half> keyPrime_;
+    BatchTable batches_;
+    KvPages pages_;
+};
+
+// ----------------------------------------------------------------------------- pasa-exact
+class CenterKeysCube {
+public:
+    __aicore__ inline void Run(GM_ADDR key, GM_ADDR blockTable, GM_ADDR keySlots, GM_ADDR workspace, GM_ADDR tiling,
+                               const PasaTilingData& t)
+    {
+        const uint32_t n = t.kvBlock, d = t.headDim;
+        key_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(key));
+        const uint64_t area = t.coreAreaOffset + static_cast<uint64_t>(GetBlockIdx()) * t.coreAreaBytes;
+        colSum_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + area), 2 * t.colSumSlotBytes / sizeof(float));
+        batches_.Init(tiling, t);
+        pages_.Init(blockTable, keySlots, t);
+
+        pipe_.InitBuffer(onesL1_, 1, kC0 * n * sizeof(half));
+        pipe_.InitBuffer(onesL0a_, kC0 * n * sizeof(half));
+        pipe_.InitBuffer(keyL1_, 2, n * d * sizeof(half));
+        pipe_.InitBuffer(keyL0b_, 2, n * d * sizeof(half));
+        pipe_.InitBuffer(sumL0c_, 2, kC0 * d * sizeof(float));
+
+        LocalTensor<half> o2 = onesL0a_.Get<half>();
+        LoadOnesRow(onesL1_, o2, n);
+
+        KeyBlockIter it(t, batches_, pages_, static_cast<uint32_t>(GetBlockIdx()));
+        KeyBlockTask task;
+        uint32_t done = 0;
+        while (it.Next(task)) {
+            LocalTensor<half> k2 = StageKeyBlock(keyL1_, keyL0b_, key_, t, pages_, task);
+
+            LocalTensor<float> c = sumL0c_.AllocTensor<float>();
+            Mmad(c, o2, k2, MmadParams(1, static_cast<uint16_t>(d), static_cast<uint16_t>(n), 0, false, true));
+            keyL0b_.FreeTensor(k2);
+            sumL0c_.EnQue(c);
+            c = sumL0c_.DeQue<float>();
+            if (done >= 2) CrossCoreWaitFlag(PASA_FLAG_SUM_FREE);  // the vector cores read slot (done % 2)
+            Fixpipe<float, float, CFG_ROW_MAJOR>(colSum_[(done % 2) * (t.colSumSlotBytes / sizeof(float))], c,
+                FixpipeParamsV220(static_cast<uint16_t>(d), 1, kC0, d, false, QuantMode_t::NoQuant, 0, 1, 0, 0, 0));
+            sumL0c_.FreeTensor(c);
+            CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_SUM_READY);
+            ++done;
+        }
+        for (uint32_t i = done >= 2 ? done - 2 : 0; i < done; ++i) CrossCoreWaitFlag(PASA_FLAG_SUM_FREE);
+    }
+
+private:
+    TPipe pipe_;
+    TQue<TPosition::A1, 1> onesL1_;
+    TBuf<TPosition::A2> onesL0a_;
+    TQue<TPosition::B1, 2> keyL1_;
+    TQue<TPosition::B2, 2> keyL0b_;
+    TQue<TPosition::CO1, 2> sumL0c_;
+    GlobalTensor<half> key_;
+    GlobalTensor<float> colSum_;
+    BatchTable batches_;
+    KvPages pages_;
+};
+
+class CenterKeysVector {
+public:
+    __aicore__ inline void Run(GM_ADDR key, GM_ADDR blockTable, GM_ADDR keySlots, GM_ADDR workspace, GM_ADDR tiling,
+                               const PasaTilingData& t)
+    {
+        const uint32_t n = t.kvBlock, d = t.headDim, half_n = n / 2;
+        const uint32_t core = static_cast<uint32_t>(GetBlockIdx()) / 2, sub = static_cast<uint32_t>(GetSubBlockIdx());
+        key_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(key));
+        keyPrime_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.keyPrimeOffset));
+        keyMean_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.keyMeanOffset));
+        const uint64_t area = t.coreAreaOffset + static_cast<uint64_t>(core) * t.coreAreaBytes;
+        colSum_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + area), 2 * t.colSumSlotBytes / sizeof(float));
+        batches_.Init(tiling, t);
+        pages_.Init(blockTable, keySlots, t);
+
+        pipe_.InitBuffer(sumIn_, 1, d * sizeof(float));
+        pipe_.InitBuffer(keyIn_, 1, half_n * d * sizeof(half));
+        pipe_.InitBuffer(keyOut_, 1, half_n * d * sizeof(half));
+        pipe_.InitBuffer(meanOut_, 1, d * sizeof(half));
+        pipe_.InitBuffer(calc_, 2 * d * sizeof(float) + half_n * d * sizeof(float));
+        LocalTensor<float> mean32 = calc_.Get<float>();
+        LocalTensor<half> mean16 = mean32[d].ReinterpretCast<half>();
+        LocalTensor<float> rows32 = mean32[2 * d];  // this AIV's rows of the block, fp32
+
+        const uint32_t r0 = sub * half_n, r1 = r0 + half_n;  // this AIV's rows of the block
+        const uint32_t keyStride = RowStride(t.kvLayout, t.numKvHeads, d);
+        KeyBlockIter it(t, batches_, pages_, core);
+        KeyBlockTask task;
+        uint32_t done = 0;
+        while (it.Next(task)) {
+            CrossCoreWaitFlag(PASA_FLAG_SUM_READY);
+            LocalTensor<float> sum = sumIn_.AllocTensor<float>();
+            DataCopy(sum, colSum_[(done % 2) * (t.colSumSlotBytes / sizeof(float))], d);
+            sumIn_.EnQue(sum);
+            CrossCoreSetFlag<2, PIPE_MTE2>(PASA_FLAG_SUM_FREE);
+            sum = sumIn_.DeQue<float>();
+            // mean16 = fp16(colsum / v) over the block's v keys: for a full block the fp32 multiply
+            // by 1/n is exact (n is a power of two); a part-filled one divides by v
+            if (task.validRows < n) {
+                Duplicate(rows32, static_cast<float>(task.validRows), static_cast<int32_t>(d));
+                Div(mean32, sum, rows32, static_cast<int32_t>(d));
+            } else {
+                Muls(mean32, sum, t.invKvBlock, static_cast<int32_t>(d));
+            }
+            sumIn_.FreeTensor(sum);
+            Cast(mean16, mean32, RoundMode::CAST_RINT, d);
+            Cast(mean32, mean16, RoundMode::CAST_NONE, d);
+            if (sub == 0) {
+                LocalTensor<half> m = meanOut_.AllocTensor<half>();
+                Muls(m, mean16, half(1.0f), static_cast<int32_t>(d));
+                meanOut_.EnQue(m);
+                m = meanOut_.DeQue<half>();
+                DataCopy(keyMean_[KeyMeanOffset(t, task.slot)], m, d);
+                meanOut_.FreeTensor(m);
+            }
+
+            // this AIV's rows: K (zero past kv_len) -> fp16((K - mean16) * scale)
+            const uint32_t valid = task.validRows > r0 ? Min(task.validRows, r1) - r0 : 0;
+            LocalTensor<half> kin = keyIn_.AllocTensor<half>();
+            if (valid > 0) {
+                const uint64_t src = KvRowOffset(t, pages_, task.b, task.kvHead, task.kvStart,
+                                                 static_cast<int64_t>(task.block) * n + r0, d);
+                DataCopy(kin, key_[src], DataCopyParams(static_cast<uint16_t>(valid), static_cast<uint16_t>(d * sizeof(half) / 32),
+                                                        static_cast<uint16_t>((keyStride - d) * sizeof(half) / 32), 0));
+            }
+            keyIn_.EnQue(kin);
+            kin = keyIn_.DeQue<half>();
+            // whole tile: rows past kv_len are zeros, each row minus the same mean16 row (src1
+            // repeat stride 0), scaled in fp32, rounded once
+            LocalTensor<half> kout = keyOut_.AllocTensor<half>();
+            if (valid > 0) Cast(rows32, kin, RoundMode::CAST_NONE, valid * d);
+            if (valid < half_n) Duplicate(rows32[valid * d], 0.0f, static_cast<int32_t>((half_n - valid) * d));
+            SubtractFromEachRow(rows32, mean32, half_n, d);
+            Muls(rows32, rows32, t.scale, static_cast<int32_t>(half_n * d));
+            if (valid < half_n) Duplicate(rows32[valid * d], 0.0f, static_cast<int32_t>((half_n - valid) * d));  // K' = 0 past v
+            Cast(kout, rows32, RoundMode::CAST_RINT, half_n * d);
+            keyIn_.FreeTensor(kin);
+            keyOut_.EnQue(kout);
+            kout = keyOut_.DeQue<half>();
+            DataCopy(keyPrime_[KeyPrimeOffset(t, task.slot) + static_cast<uint64_t>(r0) * d], kout, half_n * d);
+            keyOut_.FreeTensor(kout);
+            ++done;
+        }
+    }
+
+private:
+    TPipe pipe_;
+    TQue<TPosition::VECIN, 1> sumIn_, keyIn_;
+    TQue<TPosition::VECOUT, 1> keyOut_, meanOut_;
+    TBuf<TPosition::VECCALC> calc_;
+    GlobalTensor<half> key_, keyPrime_, keyMean_;
+    GlobalTensor<float> colSum_;
+    BatchTable batches_;
+    KvPages pages_;
+};
+
+
+// This core's share of the key preprocessing of the call (t.tilingKey: pasa shifts, pasa-exact
+// centres), run by the preprocessing launch or at the start of the attention launch
+// (t.prepInAttention); cores from t.prepDim on have no key block.
+__aicore__ inline void PrepareKeys(GM_ADDR key, GM_ADDR blockTable, GM_ADDR keySlots, GM_ADDR workspace, GM_ADDR tiling,
+                                   const PasaTilingData& t)
+{
+    if ASCEND_IS_AIC {
+        if (t.tilingKey == PASA_KEY_PASA) {
+            ShiftKeysCube op;
+            op.Run(key, blockTable, keySlots, workspace, tiling, t);
+        } else {
+            CenterKeysCube op;
+            op.Run(key, blockTable, keySlots, workspace, tiling, t);
+        }
+    }
+    if ASCEND_IS_AIV {
+        if (t.tilingKey == PASA_KEY_PASA) {
+            ShiftKeysVector op;
+            op.Run(key, blockTable, keySlots, workspace, tiling, t);
+        } else {
+            CenterKeysVector op;
+            op.Run(key, blockTable, keySlots, workspace, tiling, t);
+        }
+    }
+}
+
+}  // namespace pasa
+
+#endif  // PASA_PREPARE_KEYS_H
