@@ -16,12 +16,10 @@ model is applied in two steps:
    over its tasks, the launch takes
    ``overhead + max(slowest core, GM bytes / L2 bandwidth, I/O bytes / HBM bandwidth)`` as the
    emulation itself does. The key preprocessing (pasa, pasa-exact) is fitted over the kv blocks
-   of its busiest core from calibration runs that give it a launch of its own. Where the full
-   call's attention launch has a core for each preprocessing core, as the host then arranges,
-   the preprocessing runs at that launch's start: its cycles, then SyncAll's three cross-core
-   hops, come before the slowest core's attention, and its GM bytes join the L2 bound.
-   Otherwise it is a launch of its own, with its overhead (bounded the same way, K read once
-   from HBM).
+   of its busiest core from calibration runs that give it a launch of its own. In the full
+   call it runs at the start of the attention launch, as the host arranges: its timeline, then
+   SyncAll's three cross-core hops, and its port bounds come before each AI Core's attention,
+   and its GM bytes join the L2 bound.
    A checked call's overflow repair (the PASA allocations) is a pass of the attention launch
    (no split kv): with no row flagged its cores read their tasks' flag bytes, which the
    attention fits include.
@@ -288,20 +286,13 @@ def extrapolate(shape: Shape, fit: Fit, params: dict) -> dict:
                      shape.d, shape.causal, params, fit.config.q_block)
     per_core = [t for t in per_core if t]
     overhead = params["launch_overhead_cycles"]
-    prep, before, prep_gm = 0.0, {}, 0.0
-    if fit.prep:
+    before, prep_gm = {}, 0.0
+    if fit.prep:  # at the start of the attention launch, then SyncAll's three cross-core hops
         blocks = shape.b * shape.hkv * -(-shape.skv // KV_BLOCK)
         cores = min(int(params["core_num"]), blocks)
-        per_prep_core = {q: c0 + per * -(-blocks // cores) for q, (c0, per) in fit.prep.items()}
+        before = {q: c0 + per * -(-blocks // cores) for q, (c0, per) in fit.prep.items()}
+        before["timeline_cycles"] += 3 * params["cross_core_latency_cycles"]
         prep_gm = cores * fit.prep["gm_bytes"][0] + blocks * fit.prep["gm_bytes"][1]
-        if cores <= len(per_core):  # inside the attention launch: then SyncAll's three cross-core hops
-            before = dict(per_prep_core)
-            before["timeline_cycles"] += 3 * params["cross_core_latency_cycles"]
-        else:
-            keys = 2.0 * shape.b * shape.hkv * shape.skv * shape.d  # read from HBM once
-            prep = overhead + max(per_prep_core["core_cycles"], prep_gm / params["l2_aggregate_bytes_per_cycle"],
-                                  keys / params["hbm_aggregate_bytes_per_cycle"])
-            prep_gm = 0.0
     core = max(_core_cycles(fit, t, before) for t in per_core)
     busiest = max(per_core, key=lambda t: _core_cycles(fit, t, before))
     busy = {p: _sum_fit(fit.coef[f"busy_{p}"], busiest) for p in ascendc_emu.PIPES + PORTS}
@@ -310,13 +301,11 @@ def extrapolate(shape: Shape, fit: Fit, params: dict) -> dict:
     gm = sum(_sum_fit(fit.coef["gm_bytes"], t) for t in per_core) + prep_gm
     busy["L2"] = gm / params["l2_aggregate_bytes_per_cycle"]
     busy["HBM"] = shape.io_bytes / params["hbm_aggregate_bytes_per_cycle"]
-    attention = overhead + max(core, busy["L2"], busy["HBM"])
-    cycles = attention + prep
+    cycles = overhead + max(core, busy["L2"], busy["HBM"])
     binding = ascendc_emu.binding_resource(busy, core)
     us = cycles / params["clock_mhz"]
-    return dict(cycles=cycles, attention_cycles=attention, preprocess_cycles=prep, time_us=us,
-                tflops=shape.flops / (us * 1e-6) / 1e12, binding=binding,
-                binding_share=busy.get(binding, core) / (attention - overhead), busy=busy,
+    return dict(cycles=cycles, time_us=us, tflops=shape.flops / (us * 1e-6) / 1e12, binding=binding,
+                binding_share=busy.get(binding, core) / (cycles - overhead), busy=busy,
                 kv_gbs=2 * shape.b * shape.hkv * shape.skv * shape.d * 2 / (us * 1e-6) / 1e9)
 
 

@@ -273,15 +273,17 @@ void PlanBlocking(const PasaProblem& p, const BatchLengths* lengths, PasaTilingD
 }
 
 // The key preprocessing's cores: a task per key block; none where no preprocessing runs (fa-fp32,
-// shiftScores). It runs inside the attention launch where that launch has as many cores, so that it
-// costs no launch of its own (p.prepLaunch: a launch of its own all the same).
+// shiftScores). It runs at the start of the attention launch, which takes as many AI Cores as it
+// does (those past the attention's tasks only preprocess), so that it costs no launch of its own
+// (p.prepLaunch: a launch of its own all the same).
 void SetPrepDim(const PasaProblem& p, PasaTilingData& t)
 {
     const uint64_t keyBlocks = p.paged ? static_cast<uint64_t>(p.batch) * p.tableStride * std::max<uint32_t>(1, t.subBlocks)
                                        : static_cast<uint64_t>(p.batch) * t.numKvBlocks;
     const bool prepare = p.tilingKey != PASA_KEY_FA_FP32 && !t.shiftScores;
     t.prepDim = prepare ? static_cast<uint32_t>(std::min<uint64_t>(p.coreNum, std::max<uint64_t>(1, keyBlocks * p.numKvHeads))) : 0;
-    t.prepInAttention = prepare && !p.prepLaunch && t.prepDim <= t.blockDim ? 1 : 0;
+    t.prepInAttention = prepare && !p.prepLaunch ? 1 : 0;
+    if (t.prepInAttention) t.blockDim = std::max(t.blockDim, t.prepDim);
 }
 
 // AIC buffers: Q, K' (or K), V, P' and the means in L1 (PASA_*_BUFFERS each); two L0A, two L0B and two

@@ -52,7 +52,7 @@ struct PasaProblem {
     uint32_t kvBlock = 128;
     uint32_t kvSplits = 0;   // kv ranges per decode task; 0: chosen for the core count
     uint32_t vecChunkRows = 0;  // rows a vector core works on at once; 0: the most that fit its UB
-    bool prepLaunch = false;    // the key preprocessing in a launch of its own even where the attention launch could run it
+    bool prepLaunch = false;    // the key preprocessing in a launch of its own rather than at the attention launch's start
     uint32_t coreNum = kDefaultCoreNum;
 };
 

@@ -64,7 +64,8 @@ __aicore__ inline void VectorPass(GM_ADDR mask, GM_ADDR sink, GM_ADDR out, GM_AD
 }  // namespace
 
 // With tiling.prepInAttention the launch first does the key preprocessing (pasa_prepare_keys.h) on
-// its first prepDim AI Cores, and all cores meet at SyncAll before the attention reads K'.
+// its first prepDim AI Cores (those past the attention's tasks do only that), and all cores meet
+// at SyncAll before the attention reads K'.
 //
 // A checked call without split kv repairs in the same launch (tiling.repairTilingOffset): once
 // both vector cores of an AI Core have stored their task flags, that core's cube and vector

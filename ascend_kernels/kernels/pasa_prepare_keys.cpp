@@ -1,6 +1,6 @@
 // The key preprocessing launches, pasa_shift_keys (tiling key PASA) and pasa_center_keys
-// (PASA_EXACT): the work of pasa_prepare_keys.h, where the attention launch does not do it
-// itself (PasaTilingData::prepInAttention).
+// (PASA_EXACT): the work of pasa_prepare_keys.h where the host forces a launch of its own
+// (PasaProblem::prepLaunch); otherwise the attention launch does it (PasaTilingData::prepInAttention).
 #include "pasa_prepare_keys.h"
 
 using namespace AscendC;

@@ -19,9 +19,9 @@
 // A ragged last block (kv_len not a multiple of the block) is zero-filled in L1. With paged KV
 // each physical block is preprocessed once, by the table entry that owns it (KeyBlockIter).
 // None of it runs where the attention kernel shifts the scores instead (tiling.shiftScores).
-// Where the attention launch has a core for each preprocessing core (tiling.prepInAttention), it
-// runs there before the attention, its cores meeting at SyncAll; otherwise a launch of its own
-// (pasa_prepare_keys.cpp) runs it first.
+// The attention launch runs it first (tiling.prepInAttention; it takes as many AI Cores), its
+// cores then meeting at SyncAll; forced (the host's prepLaunch), a launch of its own
+// (pasa_prepare_keys.cpp) runs it before the attention launch.
 // Device code: compiles against the real AscendC headers or the CPU emulation alike.
 #ifndef PASA_PREPARE_KEYS_H
 #define PASA_PREPARE_KEYS_H

@@ -141,10 +141,10 @@ struct PasaTilingData {
                              // hold a chunk; its statistics and accumulator hold all its rows)
 
     // ---- core split
-    uint32_t blockDim;       // AI Cores of the attention launch
+    uint32_t blockDim;       // AI Cores of the attention launch (with prepInAttention at least prepDim)
     uint32_t prepDim;        // AI Cores of the key preprocessing (0: none runs)
-    uint32_t prepInAttention;  // 1: the preprocessing runs at the start of the attention launch (prepDim <=
-                               // blockDim), its cores meeting the others at SyncAll; 0: a launch of its own
+    uint32_t prepInAttention;  // 1: the preprocessing runs at the start of the attention launch (blockDim >=
+                               // prepDim), its cores meeting the others at SyncAll; 0: a launch of its own
     uint32_t numQTiles;      // query tiles of the batch with the most
     uint32_t numTasks;       // attention tasks of the call (before splitting)
     uint32_t kvSplits;       // kv ranges per task (1: no split, no merge launch)

@@ -184,6 +184,8 @@ CALLS = {
     # learnable sinks: one more argument of the attention kernel
     "pasa-exact-sinks": (_problem(tiling_key=2, beta=1.0, has_sink=1),
                          dict(q_lens=[40, 17], kv_lens=[70, 33], next_tokens=[30, 16])),
+    # the key preprocessing in a launch of its own (forced; by default the attention launch runs it)
+    "pasa-prep-launch": (_problem(prep_launch=1), dict(q_lens=[40, 17], kv_lens=[70, 33], next_tokens=[30, 16])),
 }
 
 
@@ -202,16 +204,18 @@ def test_acl_runtime_makes_the_emulated_runtimes_calls(name, recorder):
         pitch = min(params["q_tile"], q)
         heads = min(group, params["q_tile"] // pitch)
         tasks += params["num_kv_heads"] * -(-group // heads) * -(-q // pitch)
-    # the key preprocessing: a task per key block (paged: per table entry's block) and kv head; it
-    # runs inside the attention launch where that launch has as many cores
+    # the key preprocessing (not in decode, where the attention kernel shifts the scores): a task
+    # per key block (paged: per table entry's block) and kv head, at the start of the attention
+    # launch, which takes as many cores, unless forced into a launch of its own
     key_blocks = params["batch"] * (params["table_stride"] * params["block_size"] // params["kv_block"]
                                     if params.get("paged") else -(-params["seq_kv"] // params["kv_block"]))
     prep_cores = min(params["core_num"], key_blocks * params["num_kv_heads"])
-    expected_prep = {0: [], 1: ["pasa_shift_keys"], 2: ["pasa_center_keys"]}[params["tiling_key"]]
-    if params["seq_q"] == 1 or prep_cores <= min(params["core_num"], tasks):
-        expected_prep = []  # decode: the attention kernel shifts the scores
+    prepares = params["tiling_key"] != 0 and params["seq_q"] != 1
+    own_launch = prepares and params.get("prep_launch", 0)
+    expected_prep = [{1: "pasa_shift_keys", 2: "pasa_center_keys"}[params["tiling_key"]]] if own_launch else []
     assert [kernel for _, kernel, _ in launches] == expected_prep + ["pasa_attention"]
-    assert int(launches[-1][2]) == min(params["core_num"], tasks)
+    attention_cores = max(tasks, prep_cores) if prepares and not own_launch else tasks
+    assert int(launches[-1][2]) == min(params["core_num"], attention_cores)
     assert all(0 < int(block_dim) <= params["core_num"] for *_, block_dim in launches)
 
 

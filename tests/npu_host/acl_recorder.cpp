@@ -195,7 +195,7 @@ int main()
     p.paged = in["paged"] != 0, p.blockSize = in["block_size"], p.tableStride = in["table_stride"];
     p.numBlocks = in["num_blocks"];
     p.hasMask = in["has_mask"] != 0, p.maskRowStride = in["mask_row_stride"], p.maskBatchStride = in["mask_batch_stride"];
-    p.hasSink = in["has_sink"] != 0;
+    p.hasSink = in["has_sink"] != 0, p.prepLaunch = in["prep_launch"] != 0;
     p.coreNum = pasa::AclAiCoreCount(0);
 
     const size_t b = p.batch, hq = p.numHeads, hk = p.numKvHeads;
