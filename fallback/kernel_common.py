@@ -673,10 +673,7 @@ class PreparedCall:
             graph = graphs.get(where)
             if graph is not None and not _hooked():
                 with _REPEAT_LOCK:
-                    graph.replay()
-                GRAPH_REPLAYS[0] += 1
-                GRAPH_KERNELS[0] += self.kernels
-                return True
+                    return self._replay(graph)
         if _role_layout(roles, where) != self.layout:
             return False
         # one repeat at a time: a recording's kept workspaces serve one call, so two
@@ -693,7 +690,11 @@ class PreparedCall:
                 self._run(roles)
                 return True
             graphs[where] = graph
-            graph.replay()
+            return self._replay(graph)
+
+    def _replay(self, graph) -> bool:
+        """Replay ``graph`` (the caller holds _REPEAT_LOCK) and count it."""
+        graph.replay()
         GRAPH_REPLAYS[0] += 1
         GRAPH_KERNELS[0] += self.kernels
         return True
