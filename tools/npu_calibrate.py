@@ -53,7 +53,7 @@ def per_tile(params: dict, algorithms=("fa-fp32", "pasa")) -> dict:
     for algorithm in algorithms:
         fit = calibrate(Shape("tile", 1, 1, 1, 128, 1024, 128).config(algorithm), params)
         blocks = TILE_KEYS // 128
-        cycles = max(fit.per_block(q) for q in ("timeline_cycles", "busy_RD", "busy_WR")) * blocks
+        cycles = fit.block_cycles() * blocks
         out[algorithm] = dict(cycles=cycles, m=fit.per_block("busy_M") * blocks,
                               v=fit.per_block("busy_V") * blocks, fix=fit.per_block("busy_FIX") * blocks,
                               rd=fit.per_block("busy_RD") * blocks, wr=fit.per_block("busy_WR") * blocks,

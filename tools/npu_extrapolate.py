@@ -45,9 +45,11 @@ KV_BLOCK = 128
 Q_TILE = 128
 #: the AI Core's port bounds: its GM reads and writes over its read and write rates
 PORTS = ("RD", "WR")
-#: the key preprocessing's fitted quantities: its AI Core's cycles, its timelines and port bounds
-#: (where it runs inside the attention launch, each adds to the attention's own) and GM bytes
-PREP_QUANTITIES = ("core_cycles", "timeline_cycles", "busy_RD", "busy_WR", "gm_bytes")
+#: the AI Core quantities whose largest is its cycles (:func:`_core_cycles`)
+CORE_BOUNDS = ("timeline_cycles", "busy_RD", "busy_WR")
+#: the key preprocessing's fitted quantities: its AI Core's timelines and port bounds, each
+#: added to the attention's own in the same launch, and its GM bytes
+PREP_QUANTITIES = CORE_BOUNDS + ("gm_bytes",)
 QUANTITIES = ("core_cycles", "timeline_cycles", "gm_bytes", "exchange_bytes", "vector_instructions",
               "scalar_ub_accesses") + tuple(f"busy_{p}" for p in ascendc_emu.PIPES + PORTS)
 
@@ -68,7 +70,7 @@ class Config:
 @dataclass
 class Fit:
     """Per quantity: coefficients (c0, per task, per block, per masked block); preprocessing:
-    (c0, per kv block) of its launch cycles and GM bytes."""
+    (c0, per kv block) of each of PREP_QUANTITIES."""
 
     config: Config
     coef: dict = field(default_factory=dict)
@@ -77,6 +79,10 @@ class Fit:
 
     def per_block(self, quantity: str) -> float:
         return float(self.coef[quantity][2])
+
+    def block_cycles(self) -> float:
+        """One kv block's cycles on one AI Core: the largest of its CORE_BOUNDS per block."""
+        return max(self.per_block(q) for q in CORE_BOUNDS)
 
 
 def _inputs(b, h, hkv, sq, skv, d, seed=0):
@@ -199,7 +205,8 @@ def calibrate(c: Config, params: dict, progress=None) -> Fit:
     for i, (b, h, hkv, sq, skv, causal) in enumerate(runs):
         if progress:
             progress(i)
-        stats.append(emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one, c.q_block, **CALIBRATION_TILING))
+        stats.append(emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one, c.q_block,
+                             **CALIBRATION_TILING))
     return fit_runs(c, runs, stats, one)
 
 
@@ -244,8 +251,7 @@ def _core_cycles(fit: Fit, task_list, before: dict = None) -> float:
     changes between the calibration sizes and the full shape); ``before``: each of the three
     spent earlier in the same launch (the key preprocessing)."""
     before = before or {}
-    return max(before.get(q, 0.0) + _sum_fit(fit.coef[q], task_list)
-               for q in ("timeline_cycles", "busy_RD", "busy_WR"))
+    return max(before.get(q, 0.0) + _sum_fit(fit.coef[q], task_list) for q in CORE_BOUNDS)
 
 
 @dataclass
@@ -290,11 +296,11 @@ def extrapolate(shape: Shape, fit: Fit, params: dict) -> dict:
     if fit.prep:  # at the start of the attention launch, then SyncAll's three cross-core hops
         blocks = shape.b * shape.hkv * -(-shape.skv // KV_BLOCK)
         cores = min(int(params["core_num"]), blocks)
-        before = {q: c0 + per * -(-blocks // cores) for q, (c0, per) in fit.prep.items()}
+        before = {q: fit.prep[q][0] + fit.prep[q][1] * -(-blocks // cores) for q in CORE_BOUNDS}
         before["timeline_cycles"] += 3 * params["cross_core_latency_cycles"]
         prep_gm = cores * fit.prep["gm_bytes"][0] + blocks * fit.prep["gm_bytes"][1]
-    core = max(_core_cycles(fit, t, before) for t in per_core)
     busiest = max(per_core, key=lambda t: _core_cycles(fit, t, before))
+    core = _core_cycles(fit, busiest, before)
     busy = {p: _sum_fit(fit.coef[f"busy_{p}"], busiest) for p in ascendc_emu.PIPES + PORTS}
     for port in PORTS:
         busy[port] += before.get(f"busy_{port}", 0.0)

@@ -117,7 +117,7 @@ def _per_block(fit, shape: Shape, params: dict) -> dict:
     rows = fit.config.q_block if not shape.decode else shape.h // shape.hkv
     ideal = 2 * rows * 128 * shape.d / params["cube_macs_per_cycle"]  # QK^T and PV on a perfect cube
     l2 = fit.per_block("gm_bytes") * params["core_num"] / params["l2_aggregate_bytes_per_cycle"]
-    cycles = max(fit.per_block(q) for q in ("timeline_cycles", "busy_RD", "busy_WR"))
+    cycles = fit.block_cycles()
     return dict(cycles=cycles, v=fit.per_block("busy_V"), m=fit.per_block("busy_M"),
                 l2=l2, l2_ceiling=ideal / l2)
 

@@ -130,7 +130,7 @@ SHAPES = (Shape("paper 1x16x1280x128", 1, 16, 16, 1280, 1280, 128),
 
 
 def _block(fit) -> dict:
-    cycles = max(fit.per_block(q) for q in ("timeline_cycles", "busy_RD", "busy_WR"))
+    cycles = fit.block_cycles()
     busy = {p: fit.per_block(f"busy_{p}") for p in PIPES + ("RD", "WR")}
     binding = max(busy, key=busy.get)
     return dict(cycles=cycles, busy=busy, binding=binding if busy[binding] >= 0.9 * cycles else "path",

@@ -58,7 +58,7 @@ inline void CheckCoreClean(CoreCtx& c)
     }
 }
 
-// The first error of an AI Core's cores (one that is not "aborted because another core failed").
+// The first error of some cores (one that is not "aborted because ..." where there is one).
 inline std::string FirstError(const std::vector<std::string>& errors)
 {
     for (auto& e : errors) {
@@ -290,16 +290,12 @@ inline Stats Launch(const LaunchOptions& opt, GmRegistry& gm, const std::functio
         }
     }
     if (sched.aborted) {
+        std::vector<std::string> all;
         for (int block = finished; block < n; ++block) {
             for (auto& t : threads[block]) t.join();
+            all.insert(all.end(), errors[block].begin(), errors[block].end());
         }
-        std::string first;
-        for (int block = finished; block < n && first.empty(); ++block) first = FirstError(errors[block]);
-        for (int block = finished; block < n; ++block) {
-            const std::string e = FirstError(errors[block]);
-            if (!e.empty() && e.rfind("aborted because", 0) != 0) { first = e; break; }
-        }
-        throw EmuError(first);
+        throw EmuError(FirstError(all));
     }
     finish(n);
     const TimingParams& tp = opt.timing;
