@@ -123,6 +123,40 @@ def test_cost_counters_per_path():
     assert stats["pasa"]["attention"]["gm_to_ub_bytes"] * 2 == stats["fa-fp32"]["attention"]["gm_to_ub_bytes"]
 
 
+@pytest.mark.parametrize("algorithm", ["pasa", "pasa-exact"])
+@pytest.mark.parametrize("b,h,hkv,sq,skv,causal,schedule", [
+    (1, 8, 8, 512, 500, True, "tasks outnumber the cores"),
+    (2, 4, 2, 100, 1500, True, "launch widened past the tasks"),
+    (1, 1, 1, 128, 4000, False, "split kv")])
+def test_key_preprocessing_inside_the_attention_launch_gives_the_same_bits(algorithm, b, h, hkv, sq,
+                                                                           skv, causal, schedule):
+    """The key preprocessing at the start of the attention launch, its cores meeting at
+    SyncAll, writes the same output and LSE as in a launch of its own (GQA, causal bands,
+    part-filled last blocks, overflow-checked calls) on each schedule: more tasks than AI
+    Cores, a launch of more AI Cores than the attention has tasks, and split kv."""
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(b, h, sq, 64, generator=gen).half()
+    k, v = (torch.randn(b, hkv, skv, 64, generator=gen).half() for _ in range(2))
+    kw = dict(num_heads=h, num_key_value_heads=hkv, input_layout="BNSD", scale=0.125,
+              algorithm=algorithm, backend="ascendc-emu", softmax_lse_flag=True)
+    if causal:
+        kw.update(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())
+    runs = {}
+    for prep_launch in (0, 1):
+        with ascendc_emu.forcing_tiling(prep_launch=prep_launch):
+            out, lse = pasa_npu.fused_attention(q, k, v, **kw)[:2]
+        stats = ascendc_emu.last_run_stats()
+        runs[prep_launch] = out, lse, stats
+    (out, lse, inside), (out_own, lse_own, own) = runs[0], runs[1]
+    tiling = inside["tiling"]
+    assert tiling["prep_in_attention"] and inside["preprocess"] is None
+    assert own["preprocess"] is not None
+    assert {"tasks outnumber the cores": tiling["num_tasks"] > tiling["block_dim"],
+            "launch widened past the tasks": tiling["num_tasks"] < tiling["block_dim"] == tiling["prep_dim"],
+            "split kv": tiling["kv_splits"] > 1}[schedule], tiling
+    assert torch.equal(out, out_own) and torch.equal(lse, lse_own)
+
+
 @pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
 def test_vector_work_per_block_is_whole_tile(algorithm):
     """Issue 29's budget at 128 x 128 blocks, d = 128: per kv block and per vector core at most
