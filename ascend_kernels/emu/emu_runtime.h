@@ -237,12 +237,21 @@ inline Stats Launch(const LaunchOptions& opt, GmRegistry& gm, const std::functio
     std::vector<std::vector<std::thread>> threads(n);
     int finished = 0;  // AI Cores whose threads are joined and whose statistics are added
     // Joins the AI Cores before `upto`, throws the first failure, adds their statistics and
-    // frees their memories (only when no core is parked: none then waits for them).
+    // frees their memories (only when no core is parked: none then waits for them). Before
+    // it throws it joins every thread started: after a SyncAll the later AI Cores have run
+    // to their end too, and a thread left joinable would terminate the process.
     auto finish = [&](int upto) {
         for (; finished < upto; ++finished) {
             for (auto& t : threads[finished]) t.join();
             const std::string first = FirstError(errors[finished]);
-            if (!first.empty()) throw EmuError(first);
+            if (!first.empty()) {
+                for (auto& started : threads) {
+                    for (auto& t : started) {
+                        if (t.joinable()) t.join();
+                    }
+                }
+                throw EmuError(first);
+            }
             CheckFlagsDrained(*groups[finished], finished);
             for (auto& c : cores[finished]) AddCore(total, *c);
             AddAiCore(total, cores[finished], opt.timing);

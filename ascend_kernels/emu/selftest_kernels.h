@@ -371,6 +371,12 @@ inline void AddRejectedSyncCases(std::map<std::string, Case>& c)
     }, true};
     c["sync_all_missed"] = {KERNEL_TYPE_MIX_AIC_1_2, 16, 32 * 3,
                             [](Gm& g) { SyncAllExchange(g.Out(), 3, 1); }, true, 3};
+    c["sync_all_then_fail"] = {KERNEL_TYPE_MIX_AIC_1_2, 16, 32 * 3, [](Gm& g) {
+        SyncAllExchange(g.Out(), 3, -1);
+        if ASCEND_IS_AIV {
+            if (GetBlockIdx() == 0) WaitFlag<HardEvent::MTE2_V>(EVENT_ID1);  // AIV0 of AI Core 0 fails past the barrier
+        }
+    }, true, 3};
     c["sync_all_aiv_only_in_mix"] = {KERNEL_TYPE_MIX_AIC_1_2, 16, 16, [](Gm&) { SyncAll<true>(); }, true};
     c["cross_core_wrong_pipe"] = {KERNEL_TYPE_MIX_AIC_1_2, 16, 256,
                                   [](Gm& g) { CrossCoreHandoff<PIPE_V>(g.Out()); }, true};

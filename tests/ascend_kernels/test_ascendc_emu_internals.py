@@ -228,6 +228,7 @@ REJECTED = {
     "cross_core_flag_never_waited": "more time",
     "cross_core_counter_overflow": "would exceed 15",
     "sync_all_missed": "SyncAll was reached by 6 of the launch's 9 cores",
+    "sync_all_then_fail": "no matching SetFlag",  # past a SyncAll, the later AI Cores ran on
     "sync_all_aiv_only_in_mix": "SyncAll<true> in a MIX kernel",
     "cross_core_wrong_pipe": "pipe hazard: DataCopy\\(GM->L1, Nd2Nz\\) on PIPE_MTE2",
     "queue_event_ids_exhausted": "all 8 event IDs of HardEvent::MTE1_MTE2 are held",
