@@ -50,7 +50,7 @@ def using_model_parameters(params: dict) -> Iterator[None]:
 
 
 #: host tiling choices a caller may force (the host picks each where it is 0): ``vec_chunk_rows``,
-#: the rows a vector core works on at once (a multiple of 16 dividing its rows); ``prep_launch``
+#: the rows a vector core works on at once (a multiple of 16 dividing its rows, at most 128); ``prep_launch``
 #: (1), the key preprocessing in a launch of its own rather than at the attention launch's start
 TILING_CHOICES = ("vec_chunk_rows", "prep_launch")
 _forced: dict = {}

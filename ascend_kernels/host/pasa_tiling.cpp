@@ -265,7 +265,8 @@ void PlanBlocking(const PasaProblem& p, const BatchLengths* lengths, PasaTilingD
     t.partFilled = partFilled > 0 ? 1 : 0;
     t.kvSplits = 1;
     if (oneTaskPerHead) t.kvSplits = p.kvSplits > 0 ? p.kvSplits : ChooseSplits(t.numTasks, maxKvBlocks, p.coreNum);
-    if (t.kvSplits > 1 && MergeUbBytes(t) > kUbUserBytes) t.kvSplits = 1;  // the merge's tiles would not fit
+    // the merge's tiles would not fit, or its rows exceed what its row instructions cover
+    if (t.kvSplits > 1 && (MergeUbBytes(t) > kUbUserBytes || t.vecRowsPad > PASA_MAX_CHUNK_ROWS)) t.kvSplits = 1;
     const uint64_t units = static_cast<uint64_t>(t.numTasks) * t.kvSplits;
     t.blockDim = static_cast<uint32_t>(std::min<uint64_t>(p.coreNum, units));
     t.mergeDim = static_cast<uint32_t>(std::min<uint64_t>(2ull * p.coreNum, 2ull * t.numTasks));
@@ -318,9 +319,21 @@ void PlanCube(PasaTilingData& t, PasaBudget& b)
 // the score, P' and P'V tiles (double-buffered when they fit: P' gives way first, then P'V, then the
 // scores), the fp32 work tile, the reduction tree (also the output staging), the mask bit tiles, the
 // mask bytes and a step's scratch statistics hold a chunk; the accumulator, the kept statistics and the
-// rows' positions (rel, broadcast) hold all of them. The chunk is all the rows where they fit with two
-// score buffers, else the most rows (a multiple of 16 dividing them) that do, else the most that fit
+// rows' positions (rel, broadcast) hold all of them. The chunk is the most rows (a multiple of 16
+// dividing them, at most PASA_MAX_CHUNK_ROWS) that fit with two score buffers, else the most that fit
 // with one (or the problem's vecChunkRows).
+// Bytes of `tree` that RowReduce (pasa_vector_ops.h) fills reducing rows x cols of elemBytes-byte
+// elements: every level of block pairs, and for fp32 the rows' final 8-block sums.
+uint32_t RowReduceTreeBytes(uint32_t rows, uint32_t cols, uint32_t elemBytes)
+{
+    const uint32_t perBlock = 32 / elemBytes;
+    uint32_t blocks = cols / perBlock, elems = 0;
+    const uint32_t stop = (elemBytes == 4 && blocks >= 8) ? 8 : 1;
+    for (; blocks > stop; blocks /= 2) elems += rows * blocks / 2 * perBlock;
+    if (blocks == 8) elems += rows * perBlock;
+    return elems * elemBytes;
+}
+
 uint64_t PlanVectorChunk(PasaTilingData& t, uint32_t r)
 {
     const uint32_t all = t.vecRowsPad, n = t.kvBlock, dv = t.headDimV;
@@ -331,7 +344,8 @@ uint64_t PlanVectorChunk(PasaTilingData& t, uint32_t r)
     t.ubPvBytes = r * dv * (fa ? 4 : 2);
     t.ubAccBytes = all * dv * (pasa ? 2 : 4);
     t.ubWorkBytes = fa ? 32 : r * std::max(n, dv) * 4;
-    t.ubTreeBytes = r * std::max(n, dv) * 2 + 32 * r;
+    // the fp32 and fp16 row reductions over a score row; the output staging and a block a row
+    t.ubTreeBytes = std::max({RowReduceTreeBytes(r, n, 4), RowReduceTreeBytes(r, n, 2), r * std::max(n, dv) * 2 + 32 * r});
     // the column index row, the broadcast row positions (all rows), two bit tiles, row bits
     t.ubMaskBytes = Align(n * 2, 32) + 32 * all + 2 * Align(r * n / 8, 32) + Align(r, 32) + 32;
     t.ubStatBytes = (PASA_VEC_KEPT_UNITS * all + PASA_VEC_SCRATCH_UNITS * r) * 4;
@@ -354,9 +368,9 @@ void PlanVector(const PasaProblem& p, PasaTilingData& t, PasaBudget& b)
 {
     const uint32_t all = t.vecRowsPad;
     if (p.vecChunkRows != 0) {
-        if (p.vecChunkRows % 16 != 0 || all % std::min(p.vecChunkRows, all) != 0) {
-            Reject("vecChunkRows must be a multiple of 16 that divides the vector core's " + std::to_string(all) +
-                   " rows, got " + std::to_string(p.vecChunkRows));
+        if (p.vecChunkRows % 16 != 0 || all % std::min(p.vecChunkRows, all) != 0 || p.vecChunkRows > PASA_MAX_CHUNK_ROWS) {
+            Reject("vecChunkRows must be a multiple of 16 of at most " + std::to_string(PASA_MAX_CHUNK_ROWS) +
+                   " that divides the vector core's " + std::to_string(all) + " rows, got " + std::to_string(p.vecChunkRows));
         }
         b.ub = PlanVectorChunk(t, std::min(p.vecChunkRows, all));
         return;
@@ -364,7 +378,7 @@ void PlanVector(const PasaProblem& p, PasaTilingData& t, PasaBudget& b)
     // the most rows whose score tiles still have two buffers (the next block's scores land while
     // this one's are worked on), else the most rows that fit at all
     for (const bool doubleScores : {true, false}) {
-        for (uint32_t r = all; r >= 16; r -= 16) {
+        for (uint32_t r = std::min(all, PASA_MAX_CHUNK_ROWS); r >= 16; r -= 16) {
             if (all % r != 0) continue;
             b.ub = PlanVectorChunk(t, r);
             if (b.ub <= kUbUserBytes && (t.ubScoreBuffers == 2 || !doubleScores)) return;

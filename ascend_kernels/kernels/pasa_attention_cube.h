@@ -103,7 +103,8 @@ private:
                 win.Advance(score);
                 if (++ahead <= PASA_LOOKAHEAD) continue;
             } else if (ahead == 0) {
-                break;
+                if (!win.Has(score.task)) break;  // the stream's end
+                continue;  // tasks without keys up to the window's end: it moves on with the cursors
             }
             NextBlock(win, pv, pv.task + kTaskWindow);
             Pv(win.Get(pv.task), pv.block);

@@ -1,6 +1,6 @@
 // The vector side (AIV) of the PASA attention kernel. Each AIV owns a fixed band of rows of
 // every tile (the first vecRows rows, or the rest) and works on them in chunks of
-// tiling.vecChunkRows rows (all of them where its UB holds their tiles; the host's choice,
+// tiling.vecChunkRows rows (all of them, up to PASA_MAX_CHUNK_ROWS, where its UB holds their tiles; the host's choice,
 // pasa_tiling.cpp's PlanVector): every instruction covers
 // a whole chunk (padding rows computed and never stored), no loop runs over rows and the scalar
 // unit reads no UB in the per-block steps. The kept statistics and the accumulator hold every row

@@ -74,6 +74,12 @@ static_assert(PASA_QUERY_BUFFERS + PASA_KEY_BUFFERS + PASA_VALUE_BUFFERS + PASA_
                   PASA_EVENT_IDS,
               "the cube's L1 queue buffers need more MTE1_MTE2 event IDs than TPipe has");
 
+// The most rows one vector instruction of a chunk's row vectors covers: a packed pair of fp16
+// statistics is one repeat of 128 halves (PairOp), and a row broadcast repeats once per row
+// (RowBroadcast, a repeat count below 256). An AIV's chunk (vecChunkRows) and the merge's rows
+// (vecRowsPad, with split kv) stay within it.
+constexpr uint32_t PASA_MAX_CHUNK_ROWS = 128;
+
 // Statistics one AIV keeps in UB (see pasa_attention_vector.h): kept slots in units of vecRowsPad
 // elements of fp32, then a step's scratch in units of vecChunkRows.
 constexpr uint32_t PASA_VEC_KEPT_UNITS = 21;
@@ -137,7 +143,8 @@ struct PasaTilingData {
     uint32_t numKvBlocks;    // ceil(seqKv / kvBlock)
     uint32_t vecRows;        // rows of a tile the first AIV takes (the second takes the rest)
     uint32_t vecRowsPad;     // vecRows rounded up to 16
-    uint32_t vecChunkRows;   // rows an AIV works on at once: a multiple of 16 that divides vecRowsPad (its tiles
+    uint32_t vecChunkRows;   // rows an AIV works on at once: a multiple of 16 that divides vecRowsPad, at most
+                             // PASA_MAX_CHUNK_ROWS (its tiles
                              // hold a chunk; its statistics and accumulator hold all its rows)
 
     // ---- core split

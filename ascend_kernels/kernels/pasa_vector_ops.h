@@ -50,8 +50,9 @@ __aicore__ inline void PairBlocks(const AscendC::LocalTensor<T>& dst, const Asce
 
 // dst[r] = sum or max of row r of src (rows x cols). Pairs of blocks are combined until a row is
 // one block (fp16) or one repeat of 8 blocks (fp32), then ReduceDataBlock finishes: 4
-// instructions for a 128-column fp16 row, 3 for a 128-column fp32 row. Level outputs go to
-// `tree` (rows * cols * sizeof(T) / 2 bytes plus 32 bytes a row); `src` is left intact.
+// instructions for a 128-column fp16 row, 3 for a 128-column fp32 row. Each level's output goes to
+// `tree` after the one before (the host sizes it: pasa_tiling.cpp's RowReduceTreeBytes); `src` is
+// left intact.
 template <AscendC::ReduceType rt, typename T>
 __aicore__ inline void RowReduce(const AscendC::LocalTensor<T>& dst, const AscendC::LocalTensor<T>& src,
                                  const AscendC::LocalTensor<T>& tree, uint32_t rows, uint32_t cols)

@@ -52,7 +52,7 @@ def check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling: dic
     allocation's relative RMSE against the golden stays within 1.1x the torch backend's."""
     split = tiling["kv_splits"] > 1
     ref, ref_lse = torch_reference(q, k, v, tiling, algorithm=algorithm, **kw)
-    golden_kw = {n: a for n, a in kw.items() if n != "repair_overflow"}
+    golden_kw = {n: a for n, a in kw.items() if n not in ("repair_overflow", "q_block", "kv_block")}
     gold, gold_lse = pasa_npu.reference_attention(q, k, v, **golden_kw)
     err = float((out.double() - gold).norm() / gold.norm())
     ref_err = float((ref.double() - gold).norm() / gold.norm())
@@ -117,6 +117,61 @@ def test_decode_split_with_several_units_per_core(algorithm, backend):
     check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, blocks=24)
 
 
+#: q_block 512: a vector core holds 256 rows of a tile, more than one instruction on its rows'
+#: statistics covers (PASA_MAX_CHUNK_ROWS, 128); at d = 16 and 16- or 64-key blocks its UB would
+#: hold all 256 at once. "split": one query tile per head against a long context, which the host
+#: would split across cores if the merge could take the tile's rows.
+WIDE_TILES = {
+    "prefill": dict(layout="BNSD", B=1, Nq=2, Nkv=2, S1=600, S2=300, D=16, q_block=512, kv_block=16),
+    "split": dict(layout="BNSD", B=1, Nq=1, Nkv=1, S1=500, S2=8192, D=16, q_block=512, kv_block=64),
+}
+
+
+@pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
+@pytest.mark.parametrize("name", list(WIDE_TILES))
+def test_tiles_of_more_rows_than_one_instruction_covers(name, algorithm):
+    """The host works on such a band in chunks of 128 rows and keeps such a call's kv whole (with
+    256-row chunks the statistics' instructions were refused or dropped rows, and the merge of a
+    split returned wrong rows)."""
+    case = WIDE_TILES[name]
+    q, k, v, kw = make_case(case, torch.float16)
+    kw["repair_overflow"] = False
+    out, lse, tiling = run_kernels(q, k, v, "ascendc-emu", algorithm=algorithm, **kw)
+    assert tiling["vec_rows"] == 256 and tiling["vec_chunk_rows"] == 128, tiling
+    if name == "split":
+        cores = ascendc_emu.model_parameters()["core_num"]
+        assert tiling["num_tasks"] < cores and tiling["kv_splits"] == 1, tiling
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(case))
+
+
+@pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
+@pytest.mark.parametrize("q_block,kv_block", [(16, 256), (48, 256), (128, 256), (192, 32), (512, 256), (512, 16)])
+def test_tilings_a_caller_may_set(q_block, kv_block, algorithm):
+    """q_block and kv_block away from the default on a causal ragged batch over 3 AI Cores: 256-key
+    blocks, whose fp32 row reductions fill two levels of their tree (the host once sized it for
+    one), 16- and 48-row tiles, 256-row vector bands."""
+    from test_ascendc_emu import emulated_cores
+    case = dict(layout="BSND", B=2, Nq=4, Nkv=2, S1=300, S2=700, D=64, sparse_mode=3, mask="optimized",
+                kv_lens=[700, 333], q_block=q_block, kv_block=kv_block)
+    q, k, v, kw = make_case(case, torch.float16)
+    kw["repair_overflow"] = False
+    if algorithm == "pasa" and kv_block == 256:  # the shift matrix M^T (256 x 256 fp16) fills L0A
+        with pytest.raises(NotImplementedError, match="preprocessing L0A needs .* use a smaller q_block or kv_block"):
+            run_kernels(q, k, v, "ascendc-emu", algorithm=algorithm, **kw)
+        return
+    with emulated_cores(3):
+        out, lse, tiling = run_kernels(q, k, v, "ascendc-emu", algorithm=algorithm, **kw)
+    assert tiling["kv_block"] == kv_block and tiling["q_tile"] == min(q_block, 300), tiling
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(case))
+
+
+def test_forced_vector_chunk_over_128_rows_is_refused():
+    q, k, v, kw = make_case(WIDE_TILES["prefill"], torch.float16)
+    with ascendc_emu.forcing_tiling(vec_chunk_rows=256), \
+            pytest.raises(NotImplementedError, match="vecChunkRows must be a multiple of 16 of at most 128 .* got 256"):
+        pasa_npu.fused_attention(q, k, v, backend="ascendc-emu", algorithm="pasa", **kw)
+
+
 @pytest.mark.parametrize("backend", BOTH)
 @pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
 def test_more_tasks_without_keys_in_a_row_than_the_task_window(algorithm, backend):
@@ -134,6 +189,24 @@ def test_more_tasks_without_keys_in_a_row_than_the_task_window(algorithm, backen
     assert tiling["num_tasks"] > 3 * 8
     ref, ref_lse = torch_reference(q, k, v, tiling, algorithm=algorithm, **kw)
     assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16, kv_blocks(case))
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+@pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
+def test_tasks_without_keys_filling_the_window_while_nothing_is_in_flight(algorithm, cores):
+    """A ragged causal batch (bottom right) of 32-row tiles whose stream holds a run of tasks
+    without keys as long as the cube's task window just as its last score tile left the
+    pipeline: the cube must slide its window on rather than end its stream (it ended it, and the
+    vector cores waited for scores that never came: a hang on hardware)."""
+    from test_ascendc_emu import emulated_cores
+    case = dict(layout="BSND", B=3, Nq=14, Nkv=2, S1=309, S2=427, D=32, sparse_mode=3, mask="optimized",
+                kv_lens=[227, 87, 175], q_block=32)
+    q, k, v, kw = make_case(case, torch.float16, seed=138)
+    kw["repair_overflow"] = False
+    with emulated_cores(cores):
+        out, lse, tiling = run_kernels(q, k, v, "ascendc-emu", algorithm=algorithm, **kw)
+    assert tiling["num_tasks"] == 420, tiling
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(case))
 
 
 def _random_case(rng: random.Random) -> tuple[dict, int]:
