@@ -223,6 +223,58 @@ def _random_case(rng: random.Random) -> tuple[dict, int]:
     return case, rng.choice([1, 2, 3, 5, 24])
 
 
+def _random_call(rng: random.Random) -> tuple[dict, int]:
+    """A call as a caller may make it: layout (TND packed included), GQA group, ragged query and
+    kv lengths (a batch without keys among them), a causal mask, a band (sparse_mode 4) or an
+    explicit mask, and a q_block and kv_block of its own; at least 4096 output values (the
+    golden's RMSE bound is statistical); and a core count."""
+    d, nkv, group = rng.choice([16, 32, 64, 128]), rng.choice([1, 2, 3]), rng.choice([1, 2, 4, 5, 8])
+    decode, b, nq = rng.random() < 0.2, rng.randint(1, 3), nkv * group
+    least = -(-4096 // (nq * d))  # rows of output
+    if decode:
+        b = max(b, least)
+    s1, s2 = 1 if decode else rng.randint(-(-least // b), max(-(-least // b), 400)), rng.randint(1, 900)
+    if not decode and rng.random() < 0.2:
+        q_lens = [rng.randint(1, s1) for _ in range(b)]
+        q_lens[0] = s1
+        kv_lens = [rng.randint(1, s2) for _ in range(b)]
+        case = dict(layout="TND", Nq=nq, Nkv=nkv, D=d, q_cum=[sum(q_lens[:i + 1]) for i in range(b)],
+                    kv_cum=[sum(kv_lens[:i + 1]) for i in range(b)])
+    else:
+        case = dict(layout=rng.choice(["BNSD", "BSND", "BSH"]), B=b, Nq=nq, Nkv=nkv, S1=s1, S2=s2, D=d)
+        if rng.random() < 0.3:
+            case["kv_lens"] = [rng.randint(0 if i > 0 else 1, s2) for i in range(b)]
+    mask = rng.random()
+    if mask < 0.3:
+        case.update(sparse_mode=3, mask="optimized")
+    elif mask < 0.4 and case["layout"] != "TND":
+        case.update(sparse_mode=4, mask="optimized", pre=rng.randint(0, 300), next=rng.randint(0, 300))
+    elif mask < 0.5 and case["layout"] != "TND" and not decode:
+        case["mask"] = rng.choice(["random4d", "random2d"])
+    case["q_block"] = rng.choice([16, 32, 64, 128, 256])
+    case["kv_block"] = rng.choice([32, 64, 128, 256] if d <= 64 else [32, 64, 128])
+    return case, rng.choice([1, 2, 3, 5, 24])
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_calls_with_their_own_tilings(seed):
+    """Seeded random calls (:func:`_random_call`) on random emulated core counts, every kernel
+    allocation the host tiles (pasa at 256-key blocks: refused, its shift matrix fills L0A),
+    against the torch backend and the golden as above."""
+    from test_ascendc_emu import emulated_cores
+    case, cores = _random_call(random.Random(2000 + seed))
+    q, k, v, kw = make_case(case, torch.float16, seed=seed)
+    kw["repair_overflow"] = False
+    for algorithm in KERNEL_ALGORITHMS:
+        if algorithm == "pasa" and case["kv_block"] == 256:
+            continue
+        with emulated_cores(cores):
+            out, lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
+        tiling = ascendc_emu.last_run_stats()["tiling"]
+        assert tiling["q_tile"] <= case["q_block"] and tiling["kv_block"] == case["kv_block"], tiling
+        check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(case))
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_random_shapes_on_random_core_counts(seed):
     """Seeded random shapes and emulated core counts, every kernel allocation, against the torch
