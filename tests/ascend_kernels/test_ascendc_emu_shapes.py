@@ -165,6 +165,19 @@ def test_tilings_a_caller_may_set(q_block, kv_block, algorithm):
     check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(case))
 
 
+def test_a_checked_call_whose_repair_pass_does_not_fit_is_refused_when_planned():
+    """pasa at D = 512 fits the vector cores' UB at 32-key blocks where the fa-fp32 repair pass of
+    the overflow check does not: the call is refused as it is planned, naming the pass (it raised
+    a ValueError at launch), and runs with the check off."""
+    case = dict(layout="BNSD", B=1, Nq=2, Nkv=2, S1=200, S2=300, D=512, kv_block=32)
+    q, k, v, kw = make_case(case, torch.float16)
+    with pytest.raises(NotImplementedError, match="the overflow check's fa-fp32 repair pass: attention UB"):
+        pasa_npu.fused_attention(q, k, v, algorithm="pasa", backend="ascendc-emu", **kw)
+    kw["repair_overflow"] = False
+    out, lse, tiling = run_kernels(q, k, v, "ascendc-emu", algorithm="pasa", **kw)
+    check_against_torch_and_golden(out, lse, q, k, v, kw, "pasa", tiling, kv_blocks(case))
+
+
 def test_forced_vector_chunk_over_128_rows_is_refused():
     q, k, v, kw = make_case(WIDE_TILES["prefill"], torch.float16)
     with ascendc_emu.forcing_tiling(vec_chunk_rows=256), \
