@@ -236,20 +236,25 @@ inline Stats Launch(const LaunchOptions& opt, GmRegistry& gm, const std::functio
     std::vector<std::vector<std::string>> errors(n);
     std::vector<std::vector<std::thread>> threads(n);
     int finished = 0;  // AI Cores whose threads are joined and whose statistics are added
+    // Joins every thread started and not yet joined (a thread left joinable when the launch
+    // throws would terminate the process; no core may be parked when this runs).
+    auto joinStarted = [&]() {
+        for (auto& started : threads) {
+            for (auto& t : started) {
+                if (t.joinable()) t.join();
+            }
+        }
+    };
     // Joins the AI Cores before `upto`, throws the first failure, adds their statistics and
     // frees their memories (only when no core is parked: none then waits for them). Before
     // it throws it joins every thread started: after a SyncAll the later AI Cores have run
-    // to their end too, and a thread left joinable would terminate the process.
+    // to their end too.
     auto finish = [&](int upto) {
         for (; finished < upto; ++finished) {
             for (auto& t : threads[finished]) t.join();
             const std::string first = FirstError(errors[finished]);
             if (!first.empty()) {
-                for (auto& started : threads) {
-                    for (auto& t : started) {
-                        if (t.joinable()) t.join();
-                    }
-                }
+                joinStarted();
                 throw EmuError(first);
             }
             CheckFlagsDrained(*groups[finished], finished);
@@ -299,11 +304,9 @@ inline Stats Launch(const LaunchOptions& opt, GmRegistry& gm, const std::functio
         }
     }
     if (sched.aborted) {
+        joinStarted();
         std::vector<std::string> all;
-        for (int block = finished; block < n; ++block) {
-            for (auto& t : threads[block]) t.join();
-            all.insert(all.end(), errors[block].begin(), errors[block].end());
-        }
+        for (int block = finished; block < n; ++block) all.insert(all.end(), errors[block].begin(), errors[block].end());
         throw EmuError(FirstError(all));
     }
     finish(n);
