@@ -115,13 +115,20 @@ Lengths LengthsFrom(const py::dict& lengths, uint32_t batch)
     return l;
 }
 
+// The call's tiling; a checked call's repair pass must fit as well (the launch tiles both).
 py::dict Tiling(const py::dict& params, const py::object& lengths)
 {
     pasa::PasaBudget budget;
     const pasa::PasaProblem prob = ProblemFrom(params);
-    if (lengths.is_none()) return TilingDict(pasa::ComputeTiling(prob, nullptr, &budget), budget);
-    const Lengths l = LengthsFrom(lengths.cast<py::dict>(), prob.batch);
-    return TilingDict(pasa::ComputeTiling(prob, &l.view, &budget), budget);
+    Lengths l;
+    const pasa::BatchLengths* view = nullptr;
+    if (!lengths.is_none()) {
+        l = LengthsFrom(lengths.cast<py::dict>(), prob.batch);
+        view = &l.view;
+    }
+    const PasaTilingData t = pasa::ComputeTiling(prob, view, &budget);
+    if (prob.overflowCheck) pasa::RepairTiling(prob, view);
+    return TilingDict(t, budget);
 }
 
 py::tuple RefTuple(const pasa_emu::BufferRef& r) { return py::make_tuple(r.buffer, r.offset); }

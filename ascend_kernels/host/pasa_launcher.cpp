@@ -8,6 +8,21 @@
 #include <vector>
 
 namespace pasa {
+
+PasaTilingData RepairTiling(const PasaProblem& problem, const BatchLengths* lengths)
+{
+    PasaProblem p = problem;
+    p.tilingKey = PASA_KEY_FA_FP32;
+    p.kvSplits = 1;
+    p.repair = true;
+    try {
+        return ComputeTiling(p, lengths);
+    } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(std::string("the overflow check's fa-fp32 repair pass: ") + e.what() +
+                                    " (or repair_overflow=False)");
+    }
+}
+
 namespace {
 
 constexpr size_t kParameterAlign = 64;
@@ -43,15 +58,11 @@ void CheckLengths(const PasaProblem& p, const BatchLengths& l)
     }
 }
 
-// A checked call's repair pass: the fa-fp32 tiling of `problem` without split kv, on the same
-// tasks as `t`; both tilings' task flags at one workspace offset, after either's own workspace.
+// A checked call's repair pass on the same tasks as `t` (RepairTiling); both tilings' task
+// flags at one workspace offset, after either's own workspace.
 void ShareTaskFlags(const PasaProblem& problem, const BatchLengths& lengths, PasaTilingData& t, PasaTilingData& repair)
 {
-    PasaProblem p = problem;
-    p.tilingKey = PASA_KEY_FA_FP32;
-    p.kvSplits = 1;
-    p.repair = true;
-    repair = ComputeTiling(p, &lengths);
+    repair = RepairTiling(problem, &lengths);
     if (repair.numTasks != t.numTasks || repair.qTile != t.qTile || repair.vecRows != t.vecRows) {
         Refuse("the repair launch's tiling does not deal the call's tasks");
     }

@@ -87,6 +87,11 @@ struct ParameterLayout {
 };
 ParameterLayout ParameterLayoutFor(uint32_t batch);
 
+// A checked call's repair pass (pasa, pasa-exact with overflowCheck): the fa-fp32 tiling of
+// `problem` without split kv. Throws std::invalid_argument naming the pass where its tiles do
+// not fit the AI Core.
+PasaTilingData RepairTiling(const PasaProblem& problem, const BatchLengths* lengths);
+
 // The parameter buffer's bytes for tiling `t` of `problem` with `lengths` (checked by the caller).
 std::vector<uint8_t> ParameterBytes(const PasaProblem& problem, const PasaTilingData& t, const BatchLengths& lengths);
 

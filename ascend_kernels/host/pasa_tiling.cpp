@@ -482,19 +482,6 @@ PasaTilingData ComputeTiling(const PasaProblem& p, const BatchLengths* lengths, 
     CheckBudgets(p, b);
     if (budget != nullptr) *budget = b;
     PlanWorkspace(p, t);
-    if (p.overflowCheck && !p.repair && p.tilingKey != PASA_KEY_FA_FP32) {
-        // a checked call's repair pass recomputes flagged rows by fa-fp32 (pasa_launcher.cpp's
-        // ShareTaskFlags): refused here too, with the call, where its tiles do not fit
-        PasaProblem r = p;
-        r.tilingKey = PASA_KEY_FA_FP32;
-        r.kvSplits = 1;
-        r.repair = true;
-        try {
-            ComputeTiling(r, lengths);
-        } catch (const std::invalid_argument& e) {
-            Reject(std::string("the overflow check's fa-fp32 repair pass: ") + e.what() + " (or repair_overflow=False)");
-        }
-    }
     return t;
 }
 
