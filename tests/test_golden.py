@@ -106,25 +106,26 @@ GOLDEN_FACTOR = 1.5
 
 
 def make_case(case: dict, dtype: torch.dtype, seed: int = 0):
-    """Random N(0, 1) inputs in the case's layout and the keyword arguments for it."""
+    """Random N(0, 1) inputs in the case's layout and the keyword arguments for it (``Dv``: V's
+    head dim, D's by default)."""
     gen = torch.Generator().manual_seed(seed)
     layout = case["layout"].split("_")[0]
-    nq, nkv, d = case["Nq"], case["Nkv"], case["D"]
+    nq, nkv, d, dv = case["Nq"], case["Nkv"], case["D"], case.get("Dv", case["D"])
     kw = dict(num_heads=nq, num_key_value_heads=nkv, input_layout=case["layout"],
               scale=1 / math.sqrt(d), softmax_lse_flag=True)
     if layout in ("TND", "NTD"):
         t1 = case["q_cum"][-1] + case.get("extra_tokens", 0)
         t2 = case["kv_cum"][-1] + case.get("extra_tokens", 0)
-        shapes = [(t1, nq, d), (t2, nkv, d), (t2, nkv, d)]
+        shapes = [(t1, nq, d), (t2, nkv, d), (t2, nkv, dv)]
         if layout == "NTD":
             shapes = [(s[1], s[0], s[2]) for s in shapes]
         kw.update(actual_seq_lengths=case["q_cum"], actual_seq_lengths_kv=case["kv_cum"])
         batch, s1, s2 = len(case["q_cum"]), None, None
     else:
         batch, s1, s2 = case["B"], case["S1"], case["S2"]
-        shapes = {"BSH": [(batch, s1, nq * d), (batch, s2, nkv * d), (batch, s2, nkv * d)],
-                  "BSND": [(batch, s1, nq, d), (batch, s2, nkv, d), (batch, s2, nkv, d)],
-                  "BNSD": [(batch, nq, s1, d), (batch, nkv, s2, d), (batch, nkv, s2, d)]}[layout]
+        shapes = {"BSH": [(batch, s1, nq * d), (batch, s2, nkv * d), (batch, s2, nkv * dv)],
+                  "BSND": [(batch, s1, nq, d), (batch, s2, nkv, d), (batch, s2, nkv, dv)],
+                  "BNSD": [(batch, nq, s1, d), (batch, nkv, s2, d), (batch, nkv, s2, dv)]}[layout]
         if "q_lens" in case:
             kw["actual_seq_lengths"] = case["q_lens"]
         if "kv_lens" in case:

@@ -72,6 +72,7 @@ py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
     d["prep_in_attention"] = t.prepInAttention != 0;
     d["merge_dim"] = t.mergeDim;
     d["cube_rows"] = t.cubeRows;
+    d["cube_cols"] = t.cubeCols;
     d["vec_rows"] = t.vecRowsPad;
     d["vec_chunk_rows"] = t.vecChunkRows;
     d["ub_score_buffers"] = t.ubScoreBuffers;

@@ -288,8 +288,9 @@ void SetPrepDim(const PasaProblem& p, PasaTilingData& t)
 }
 
 // AIC buffers: Q, K' (or K), V, P' and the means in L1 (PASA_*_BUFFERS each); two L0A, two L0B and two
-// L0C buffers, each holding a piece of cubeRows rows: all of the tile's where they fit, else the most
-// (a multiple of 16) that do.
+// L0C buffers. An L0B buffer holds cubeCols columns of a K or V block: the whole head dim where it fits,
+// else the most (a multiple of 16) that do. L0A and L0C hold a piece of cubeRows rows: all of the
+// tile's where they fit, else the most (a multiple of 16) that do.
 void PlanCube(PasaTilingData& t, PasaBudget& b)
 {
     const bool exact = t.tilingKey == PASA_KEY_PASA_EXACT && !t.shiftScores;  // the row constants' Mmad
@@ -303,11 +304,13 @@ void PlanCube(PasaTilingData& t, PasaBudget& b)
     b.l1 = static_cast<uint64_t>(PASA_QUERY_BUFFERS) * t.l1QueryBytes + static_cast<uint64_t>(PASA_KEY_BUFFERS) * t.l1KeyBytes +
            static_cast<uint64_t>(PASA_VALUE_BUFFERS) * t.l1ValueBytes + static_cast<uint64_t>(PASA_PROB_BUFFERS) * t.l1ProbBytes +
            static_cast<uint64_t>(PASA_MEAN_BUFFERS) * t.l1MeanBytes;
+    t.cubeCols = std::max(16u, std::min(std::max(d, dv), kL0BBytes / 2 / (n * 2) / 16 * 16));
+    const uint32_t dc = std::min(d, t.cubeCols), dvc = std::min(dv, t.cubeCols);
     for (uint32_t rows = mp; rows >= 16; rows -= 16) {
         t.cubeRows = rows;
-        t.l0aBytes = Align(std::max({rows * d, rows * n, exact ? meanRows * d : 0u}) * 2, 512);
-        t.l0bBytes = Align(std::max({n * d, n * dv, exact ? rows * d : 0u}) * 2, 512);
-        t.l0cBytes = Align(std::max({rows * n, rows * dv, exact ? meanRows * rows : 0u}) * 4, 1024);
+        t.l0aBytes = Align(std::max({rows * dc, rows * n, exact ? meanRows * dc : 0u}) * 2, 512);
+        t.l0bBytes = Align(std::max({n * dc, n * dvc, exact ? rows * dc : 0u}) * 2, 512);
+        t.l0cBytes = Align(std::max({rows * n, rows * dvc, exact ? meanRows * rows : 0u}) * 4, 1024);
         b.l0a = 2ull * t.l0aBytes;
         b.l0b = 2ull * t.l0bBytes;
         b.l0c = 2ull * t.l0cBytes;
@@ -388,20 +391,20 @@ void PlanVector(const PasaProblem& p, PasaTilingData& t, PasaBudget& b)
 
 void PlanPreprocessing(const PasaTilingData& t, PasaBudget& b)
 {
-    const uint64_t n = t.kvBlock, d = t.headDim;
+    const uint64_t n = t.kvBlock, d = t.headDim, dc = std::min(t.headDim, t.cubeCols);  // dc: a piece of K's columns
     if (t.prepDim == 0) return;  // no preprocessing launch
     if (t.tilingKey == PASA_KEY_PASA) {
         // M^T and the row of ones (part-filled blocks' column sums); the vector cores correct those blocks
         b.prepL1 = n * n * 2 + 16 * n * 2 + 2 * n * d * 2;
         b.prepL0a = n * n * 2 + 16 * n * 2;
-        b.prepL0b = 2 * n * d * 2;
-        b.prepL0c = 2 * n * d * 4;
+        b.prepL0b = 2 * n * dc * 2;
+        b.prepL0c = 2 * n * dc * 4;
         b.prepUb = d * 4 + (n / 2) * d * 4 + (n / 2) * d * 2 + d * 4;
     } else if (t.tilingKey == PASA_KEY_PASA_EXACT) {
         b.prepL1 = 16 * n * 2 + 2 * n * d * 2;
         b.prepL0a = 16 * n * 2;
-        b.prepL0b = 2 * n * d * 2;
-        b.prepL0c = 2 * 16 * d * 4;
+        b.prepL0b = 2 * n * dc * 2;
+        b.prepL0c = 2 * 16 * dc * 4;
         b.prepUb = d * 4 + 2 * (n / 2) * d * 2 + d * 2 + 2 * d * 4 + (n / 2) * d * 4;
     }
 }

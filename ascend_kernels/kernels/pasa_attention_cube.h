@@ -12,7 +12,10 @@
 //
 // A tile of more rows than tiling.cubeRows is multiplied in pieces of that many rows (L0A and L0C
 // hold a piece): the key or value block stays in L0B for all of them, the row constants' Mmad takes
-// the pieces' Q rows one after the other.
+// the pieces' Q rows one after the other. A head dim of more columns than tiling.cubeCols (L0B
+// holds that many of a K or V block) is cut into pieces of cubeCols: the score and row-constant
+// Mmads accumulate over the pieces of their contraction in L0C, in the order of the whole one;
+// P'V produces its columns piece by piece.
 //
 // Keys and values come from the dense tensors (at the batch's start when packed) or, paged,
 // through the block table: a kv block is copied in runs that each stay inside one physical block.
@@ -135,7 +138,8 @@ private:
         queryL1_.EnQue(q1);
     }
 
-    // The first `rowBlocks` 16-row blocks of an NZ tile (C0 stride c0Rows) -> an A operand (Zz) in L0A.
+    // The first `rowBlocks` 16-row blocks and `colBlocks` column blocks of an NZ tile (C0 stride c0Rows)
+    // -> an A operand (Zz) in L0A, ready for the cube.
     __aicore__ inline LocalTensor<T> ToL0a(const LocalTensor<T>& l1, uint32_t rowBlocks, uint32_t colBlocks, uint32_t c0Rows)
     {
         LocalTensor<T> a2 = l0a_.AllocTensor<T>();
@@ -144,13 +148,37 @@ private:
                      LoadData2DParams(0, static_cast<uint8_t>(colBlocks), static_cast<uint16_t>(c0Rows / kC0), 0, 0, false, 0));
         }
         l0a_.EnQue(a2);
-        return a2;
+        return l0a_.DeQue<T>();
     }
 
-    // An NZ tile whose rows are the n dimension -> the Zn B operand (k = its columns).
-    __aicore__ inline void ToL0bRows(const LocalTensor<T>& b2, const LocalTensor<T>& l1, uint32_t fractals)
+    // `fractals` fractals of an NZ tile whose rows are the n dimension (whole column blocks) -> the Zn
+    // B operand in L0B (k = those columns), ready for the cube.
+    __aicore__ inline LocalTensor<T> KeysToL0b(const LocalTensor<T>& l1, uint32_t fractals)
     {
+        LocalTensor<T> b2 = l0b_.AllocTensor<T>();
         LoadData(b2, l1, LoadData2DParams(0, static_cast<uint8_t>(fractals), 1, 0, 0, false, 0));
+        l0b_.EnQue(b2);
+        return l0b_.DeQue<T>();
+    }
+
+    // Columns [v0, v0 + cols) of a value block in L1 (Zz or NZ, LoadValue) -> the B operand of P'V in
+    // L0B (each fractal transposed), ready for the cube.
+    __aicore__ inline LocalTensor<T> ValuesToL0b(const LocalTensor<T>& v1, uint32_t v0, uint32_t cols)
+    {
+        const uint32_t n = t_->kvBlock, dv = t_->headDimV, colBlocks = cols / kC0;
+        LocalTensor<T> b2 = l0b_.AllocTensor<T>();
+        if (valueZz_ && cols == dv) {
+            LoadData(b2, v1, LoadData2DParams(0, static_cast<uint8_t>((n / kC0) * colBlocks), 1, 0, 0, true, 0));
+        } else {
+            for (uint32_t kb = 0; kb < n / kC0; ++kb) {  // Zz: a row block's column fractals together; NZ: C0 stride n
+                const uint32_t at = valueZz_ ? (kb * (dv / kC0) + v0 / kC0) * kFractal : kb * kFractal + v0 * n;
+                LoadData(b2[kb * colBlocks * kFractal], v1[at],
+                         LoadData2DParams(0, static_cast<uint8_t>(colBlocks), static_cast<uint16_t>(valueZz_ ? 1 : n / kC0),
+                                          0, 0, true, 0));
+            }
+        }
+        l0b_.EnQue(b2);
+        return l0b_.DeQue<T>();
     }
 
     // An L0C tile (rows x cols, rows padded to mp) to a GM slot, row-major: fp32 for fa-fp32, the
@@ -165,14 +193,16 @@ private:
         Fixpipe<Out, float, CFG_ROW_MAJOR>(g, c, FixpipeParamsV220(static_cast<uint16_t>(cols), static_cast<uint16_t>(rows),
             static_cast<uint16_t>(mp), pitch == 0 ? cols : pitch, false, quant, 0, 1, 0, 0, 0));
     }
-    // Rows [m0, m0 + rows) of a score tile, or (pv) of a P'V tile, to their slot (row-major, cols a row).
-    __aicore__ inline void DrainTile(GM_ADDR slot, uint32_t m0, const LocalTensor<float>& c, uint32_t cols, uint32_t rows,
-                                     uint32_t mp, bool pv = false)
+    // Rows [m0, m0 + rows) and columns [c0, c0 + cols) of a score tile, or (pv) of a P'V tile, to their
+    // slot (row-major, `pitch` elements a row).
+    __aicore__ inline void DrainTile(GM_ADDR slot, uint32_t m0, uint32_t c0, const LocalTensor<float>& c, uint32_t cols,
+                                     uint32_t pitch, uint32_t rows, uint32_t mp, bool pv = false)
     {
+        const uint64_t at = static_cast<uint64_t>(m0) * pitch + c0;
         if (key_ == PASA_KEY_FA_FP32 || (t_->shiftScores && !pv)) {
-            Drain<float>(slot + static_cast<uint64_t>(m0) * cols * sizeof(float), c, cols, rows, mp, QuantMode_t::NoQuant);
+            Drain<float>(slot + at * sizeof(float), c, cols, rows, mp, QuantMode_t::NoQuant, pitch);
         } else {
-            Drain<half>(slot + static_cast<uint64_t>(m0) * cols * sizeof(half), c, cols, rows, mp, QuantMode_t::F322F16);
+            Drain<half>(slot + at * sizeof(half), c, cols, rows, mp, QuantMode_t::F322F16, pitch);
         }
     }
 
@@ -196,34 +226,49 @@ private:
         }
         meanL1_.EnQue(m1);
         m1 = meanL1_.DeQue<T>();
-        LocalTensor<T> a2 = ToL0a(m1, mb / kC0, d / kC0, mb);
-        meanL1_.FreeTensor(m1);
-        a2 = l0a_.DeQue<T>();
         GM_ADDR slot = slots_.rowConst + (constCount_++ % PASA_CONST_SLOTS) * t.constSlotBytes;
+        const uint32_t dc = Min(d, t.cubeCols);
+        const bool whole = dc == d;  // the means stay in L0A for every piece of Q rows
+        LocalTensor<T> a2;
+        if (whole) {
+            a2 = ToL0a(m1, mb / kC0, d / kC0, mb);
+            meanL1_.FreeTensor(m1);
+        }
         for (uint32_t m0 = 0; m0 < t.qTilePad; m0 += t.cubeRows) {
             const uint32_t cols = Min(t.cubeRows, t.qTilePad - m0);
-            LocalTensor<T> b2 = l0b_.AllocTensor<T>();
-            for (uint32_t kb = 0; kb < d / kC0; ++kb) {  // the piece's rows of each column block of Q
-                LoadData(b2[kb * (cols / kC0) * kFractal], q1[kb * t.qTilePad * kC0 + m0 * kC0],
-                         LoadData2DParams(0, static_cast<uint8_t>(cols / kC0), 1, 0, 0, false, 0));
+            LocalTensor<float> c;
+            for (uint32_t k0 = 0; k0 < d; k0 += dc) {  // the contraction's pieces, in order
+                const uint32_t kc = Min(dc, d - k0);
+                if (!whole) a2 = ToL0a(m1[k0 * mb], mb / kC0, kc / kC0, mb);
+                LocalTensor<T> b2 = l0b_.AllocTensor<T>();
+                for (uint32_t kb = 0; kb < kc / kC0; ++kb) {  // the piece's rows of each column block of Q
+                    LoadData(b2[kb * (cols / kC0) * kFractal], q1[(k0 / kC0 + kb) * t.qTilePad * kC0 + m0 * kC0],
+                             LoadData2DParams(0, static_cast<uint8_t>(cols / kC0), 1, 0, 0, false, 0));
+                }
+                l0b_.EnQue(b2);
+                b2 = l0b_.DeQue<T>();
+                if (k0 == 0) c = l0c_.AllocTensor<float>();
+                Accumulate(c, a2, b2, blocks, cols, kc, k0 == 0);
+                if (k0 + kc == d) l0c_.EnQue(c);
+                l0b_.FreeTensor(b2);
+                if (!whole) l0a_.FreeTensor(a2);
             }
-            l0b_.EnQue(b2);
-            b2 = l0b_.DeQue<T>();
-            Multiply(a2, b2, blocks, cols, d);
-            l0b_.FreeTensor(b2);
-            LocalTensor<float> c = l0c_.DeQue<float>();
+            c = l0c_.DeQue<float>();
             Drain<float>(slot + m0 * sizeof(float), c, cols, blocks, mb, QuantMode_t::NoQuant, t.qTilePad);
             l0c_.FreeTensor(c);
         }
-        l0a_.FreeTensor(a2);
+        if (whole) {
+            l0a_.FreeTensor(a2);
+        } else {
+            meanL1_.FreeTensor(m1);
+        }
     }
 
-    // One Mmad of dequeued L0A/L0B operands into a fresh L0C buffer (enqueued).
-    __aicore__ inline void Multiply(const LocalTensor<T>& a2, const LocalTensor<T>& b2, uint32_t m, uint32_t n, uint32_t k)
+    // c (+)= a2 b2 on the cube: `first` starts c at zero, else the product accumulates onto it.
+    __aicore__ inline void Accumulate(const LocalTensor<float>& c, const LocalTensor<T>& a2, const LocalTensor<T>& b2,
+                                      uint32_t m, uint32_t n, uint32_t k, bool first)
     {
-        LocalTensor<float> c = l0c_.AllocTensor<float>();
-        Mmad(c, a2, b2, MmadParams(static_cast<uint16_t>(m), static_cast<uint16_t>(n), static_cast<uint16_t>(k), 0, false, true));
-        l0c_.EnQue(c);
+        Mmad(c, a2, b2, MmadParams(static_cast<uint16_t>(m), static_cast<uint16_t>(n), static_cast<uint16_t>(k), 0, false, first));
     }
 
     // Rows [0, valid) of kv block j of `src` (K or V, row length dim) -> L1, NZ with C0 stride
@@ -285,23 +330,36 @@ private:
         }
         keyL1_.EnQue(k1);
         k1 = keyL1_.DeQue<T>();
-        LocalTensor<T> b2 = l0b_.AllocTensor<T>();
-        ToL0bRows(b2, k1, (d / kC0) * (n / kC0));
-        l0b_.EnQue(b2);
-        keyL1_.FreeTensor(k1);
-        b2 = l0b_.DeQue<T>();
+        const uint32_t dc = Min(d, t.cubeCols);
+        const bool whole = dc == d;  // the key block stays in L0B for every piece of rows
+        LocalTensor<T> b2;
+        if (whole) {
+            b2 = KeysToL0b(k1, (d / kC0) * (n / kC0));
+            keyL1_.FreeTensor(k1);
+        }
         GM_ADDR slot = slots_.score + (scoreCount_++ % PASA_SCORE_SLOTS) * t.scoreSlotBytes;
         for (uint32_t m0 = 0; m0 < mp; m0 += t.cubeRows) {
             const uint32_t rows = Min(t.cubeRows, task.rows - m0), rowsPad = Align16(rows);
-            LocalTensor<T> a2 = ToL0a(q1[m0 * kC0], rowsPad / kC0, d / kC0, t.qTilePad);
-            a2 = l0a_.DeQue<T>();
-            Multiply(a2, b2, rows, n, d);
-            l0a_.FreeTensor(a2);
-            LocalTensor<float> c = l0c_.DeQue<float>();
-            DrainTile(slot, m0, c, n, rows, rowsPad);
+            LocalTensor<float> c;
+            for (uint32_t k0 = 0; k0 < d; k0 += dc) {  // the contraction's pieces, in order
+                const uint32_t kc = Min(dc, d - k0);
+                LocalTensor<T> a2 = ToL0a(q1[m0 * kC0 + k0 * t.qTilePad], rowsPad / kC0, kc / kC0, t.qTilePad);
+                if (!whole) b2 = KeysToL0b(k1[k0 * n], (kc / kC0) * (n / kC0));
+                if (k0 == 0) c = l0c_.AllocTensor<float>();
+                Accumulate(c, a2, b2, rows, n, kc, k0 == 0);
+                if (k0 + kc == d) l0c_.EnQue(c);
+                l0a_.FreeTensor(a2);
+                if (!whole) l0b_.FreeTensor(b2);
+            }
+            c = l0c_.DeQue<float>();
+            DrainTile(slot, m0, 0, c, n, n, rows, rowsPad);
             l0c_.FreeTensor(c);
         }
-        l0b_.FreeTensor(b2);
+        if (whole) {
+            l0b_.FreeTensor(b2);
+        } else {
+            keyL1_.FreeTensor(k1);
+        }
         CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_S_READY);
     }
 
@@ -350,18 +408,13 @@ private:
         probL1_.EnQue(p1);
         p1 = probL1_.DeQue<T>();
         v1 = valueL1_.DeQue<T>();
-        LocalTensor<T> b2 = l0b_.AllocTensor<T>();
-        if (valueZz_) {
-            LoadData(b2, v1, LoadData2DParams(0, static_cast<uint8_t>((n / kC0) * (dv / kC0)), 1, 0, 0, true, 0));
-        } else {
-            for (uint32_t kb = 0; kb < n / kC0; ++kb) {
-                LoadData(b2[kb * (dv / kC0) * kFractal], v1[kb * kFractal],
-                         LoadData2DParams(0, static_cast<uint8_t>(dv / kC0), static_cast<uint16_t>(n / kC0), 0, 0, true, 0));
-            }
+        const uint32_t dvc = Min(dv, t.cubeCols);
+        const bool whole = dvc == dv;  // the value block stays in L0B for every piece of rows
+        LocalTensor<T> b2;
+        if (whole) {
+            b2 = ValuesToL0b(v1, 0, dv);
+            valueL1_.FreeTensor(v1);
         }
-        l0b_.EnQue(b2);
-        valueL1_.FreeTensor(v1);
-        b2 = l0b_.DeQue<T>();
         GM_ADDR slot = slots_.pv + (pvCount_++ % PASA_PV_SLOTS) * t.pvSlotBytes;
         for (uint32_t m0 = 0; m0 < mp; m0 += t.cubeRows) {  // P' is Zz: a piece's 16-row blocks are together
             const uint32_t rows = Min(t.cubeRows, task.rows - m0), rowsPad = Align16(rows);
@@ -370,14 +423,25 @@ private:
                      LoadData2DParams(0, static_cast<uint8_t>((rowsPad / kC0) * (n / kC0)), 1, 0, 0, false, 0));
             l0a_.EnQue(a2);
             a2 = l0a_.DeQue<T>();
-            Multiply(a2, b2, rows, dv, n);
-            l0a_.FreeTensor(a2);
-            LocalTensor<float> c = l0c_.DeQue<float>();
-            DrainTile(slot, m0, c, dv, rows, rowsPad, true);
-            l0c_.FreeTensor(c);
+            for (uint32_t v0 = 0; v0 < dv; v0 += dvc) {  // the output's pieces of columns
+                const uint32_t vc = Min(dvc, dv - v0);
+                if (!whole) b2 = ValuesToL0b(v1, v0, vc);
+                LocalTensor<float> c = l0c_.AllocTensor<float>();
+                Accumulate(c, a2, b2, rows, vc, n, true);
+                l0c_.EnQue(c);
+                if (v0 + vc == dv) l0a_.FreeTensor(a2);
+                if (!whole) l0b_.FreeTensor(b2);
+                c = l0c_.DeQue<float>();
+                DrainTile(slot, m0, v0, c, vc, dv, rows, rowsPad, true);
+                l0c_.FreeTensor(c);
+            }
         }
         probL1_.FreeTensor(p1);
-        l0b_.FreeTensor(b2);
+        if (whole) {
+            l0b_.FreeTensor(b2);
+        } else {
+            valueL1_.FreeTensor(v1);
+        }
         CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_PV_READY);
     }
 

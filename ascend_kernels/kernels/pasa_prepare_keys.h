@@ -54,29 +54,39 @@ __aicore__ inline void LoadKeyBlockNz(const LocalTensor<half>& l1, const GlobalT
     }
 }
 
-// L1 (NZ, kvBlock x D) -> L0B (Zn, the K_j operand of a k = kvBlock GEMM): transpose each fractal.
-__aicore__ inline void KeyBlockToL0b(const LocalTensor<half>& l0b, const LocalTensor<half>& l1, const PasaTilingData& t)
+// Columns [d0, d0 + cols) of a key block in L1 (NZ, C0 stride kvBlock) -> L0B (Zn, the K_j operand of a
+// k = kvBlock GEMM): transpose each fractal.
+__aicore__ inline void KeyBlockToL0b(const LocalTensor<half>& l0b, const LocalTensor<half>& l1, const PasaTilingData& t,
+                                     uint32_t d0, uint32_t cols)
 {
-    const uint32_t kBlocks = t.kvBlock / kC0, nBlocks = t.headDim / kC0;
+    const uint32_t kBlocks = t.kvBlock / kC0, nBlocks = cols / kC0;
     for (uint32_t kb = 0; kb < kBlocks; ++kb) {
-        LoadData(l0b[kb * nBlocks * kFractal], l1[kb * kFractal],
+        LoadData(l0b[kb * nBlocks * kFractal], l1[kb * kFractal + d0 * t.kvBlock],
                  LoadData2DParams(0, static_cast<uint8_t>(nBlocks), static_cast<uint16_t>(kBlocks), 0, 0, true, 0));
     }
 }
 
-// One key block GM -> L1 (NZ) -> L0B, through the two queues; the caller frees the result.
-template <typename L1Queue, typename L0bQueue>
-__aicore__ inline LocalTensor<half> StageKeyBlock(L1Queue& l1, L0bQueue& l0b, const GlobalTensor<half>& key,
-                                                  const PasaTilingData& t, const KvPages& pages, const KeyBlockTask& task)
+// One key block GM -> L1 (NZ), ready for KeyColumns.
+template <typename L1Queue>
+__aicore__ inline LocalTensor<half> StageKeyBlock(L1Queue& l1, const GlobalTensor<half>& key, const PasaTilingData& t,
+                                                  const KvPages& pages, const KeyBlockTask& task)
 {
     LocalTensor<half> k1 = l1.template AllocTensor<half>();
     LoadKeyBlockNz(k1, key, t, pages, task);
     l1.EnQue(k1);
-    k1 = l1.template DeQue<half>();
+    return l1.template DeQue<half>();
+}
+
+// Columns [d0, d0 + cols) of a staged key block -> L0B, ready for the cube; the last piece frees the
+// block's L1 buffer. The caller frees the result.
+template <typename L1Queue, typename L0bQueue>
+__aicore__ inline LocalTensor<half> KeyColumns(L1Queue& l1, L0bQueue& l0b, LocalTensor<half>& k1,
+                                               const PasaTilingData& t, uint32_t d0, uint32_t cols)
+{
     LocalTensor<half> k2 = l0b.template AllocTensor<half>();
-    KeyBlockToL0b(k2, k1, t);
+    KeyBlockToL0b(k2, k1, t, d0, cols);
     l0b.EnQue(k2);
-    l1.FreeTensor(k1);
+    if (d0 + cols == t.headDim) l1.FreeTensor(k1);
     return l0b.template DeQue<half>();
 }
 
@@ -108,7 +118,7 @@ public:
     __aicore__ inline void Run(GM_ADDR key, GM_ADDR blockTable, GM_ADDR keySlots, GM_ADDR workspace, GM_ADDR tiling,
                                const PasaTilingData& t)
     {
-        const uint32_t n = t.kvBlock, d = t.headDim;
+        const uint32_t n = t.kvBlock, d = t.headDim, dc = Min(d, t.cubeCols);
         key_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(key));
         shift_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.shiftMatrixOffset), n * n);
         keyPrime_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.keyPrimeOffset));
@@ -120,8 +130,8 @@ public:
         pipe_.InitBuffer(shiftL0a_, n * n * sizeof(half));
         pipe_.InitBuffer(onesL0a_, kC0 * n * sizeof(half));
         pipe_.InitBuffer(keyL1_, 2, n * d * sizeof(half));
-        pipe_.InitBuffer(keyL0b_, 2, n * d * sizeof(half));
-        pipe_.InitBuffer(outL0c_, 2, n * d * sizeof(float));
+        pipe_.InitBuffer(keyL0b_, 2, n * dc * sizeof(half));
+        pipe_.InitBuffer(outL0c_, 2, n * dc * sizeof(float));
 
         LocalTensor<half> m2 = shiftL0a_.Get<half>();
         LoadShiftMatrix(shiftL1_.Get<half>(), m2, shift_, n);
@@ -132,36 +142,44 @@ public:
         KeyBlockTask task;
         uint32_t tails = 0;  // part-filled blocks handed to the vector cores
         while (it.Next(task)) {
-            LocalTensor<half> k2 = StageKeyBlock(keyL1_, keyL0b_, key_, t, pages_, task);
             const bool tail = task.validRows < n;
-
-            LocalTensor<float> c = outL0c_.AllocTensor<float>();
-            Mmad(c, m2, k2, MmadParams(static_cast<uint16_t>(n), static_cast<uint16_t>(d), static_cast<uint16_t>(n), 0, false, true));
-            if (!tail) keyL0b_.FreeTensor(k2);
-            outL0c_.EnQue(c);
-            c = outL0c_.DeQue<float>();
-            if (!tail) {
-                Fixpipe<half, float, CFG_ROW_MAJOR>(keyPrime_[KeyPrimeOffset(t, task.slot)], c,
-                    FixpipeParamsV220(static_cast<uint16_t>(d), static_cast<uint16_t>(n), static_cast<uint16_t>(n), d,
-                                      false, QuantMode_t::F322F16, 0, 1, 0, 0, 0));
-                outL0c_.FreeTensor(c);
-                continue;
-            }
-            // part-filled: M^T K and 1^T K in fp32 to the slot; the vector cores finish K'
-            if (tails >= 2) CrossCoreWaitFlag(PASA_FLAG_SUM_FREE);  // the vector cores read slot (tails % 2)
+            LocalTensor<half> k1 = StageKeyBlock(keyL1_, key_, t, pages_, task);
             GlobalTensor<float> slot;
-            slot.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(TailSlot(workspace, t, core, tails)), n * d + d);
-            Fixpipe<float, float, CFG_ROW_MAJOR>(slot, c, FixpipeParamsV220(static_cast<uint16_t>(d), static_cast<uint16_t>(n),
-                static_cast<uint16_t>(n), d, false, QuantMode_t::NoQuant, 0, 1, 0, 0, 0));
-            outL0c_.FreeTensor(c);
-            LocalTensor<float> sum = outL0c_.AllocTensor<float>();
-            Mmad(sum, onesL0a_.Get<half>(), k2, MmadParams(1, static_cast<uint16_t>(d), static_cast<uint16_t>(n), 0, false, true));
-            keyL0b_.FreeTensor(k2);
-            outL0c_.EnQue(sum);
-            sum = outL0c_.DeQue<float>();
-            Fixpipe<float, float, CFG_ROW_MAJOR>(slot[n * d], sum,
-                FixpipeParamsV220(static_cast<uint16_t>(d), 1, kC0, d, false, QuantMode_t::NoQuant, 0, 1, 0, 0, 0));
-            outL0c_.FreeTensor(sum);
+            for (uint32_t d0 = 0; d0 < d; d0 += dc) {  // K'_j's pieces of columns
+                const uint32_t cols = Min(dc, d - d0);
+                LocalTensor<half> k2 = KeyColumns(keyL1_, keyL0b_, k1, t, d0, cols);
+                LocalTensor<float> c = outL0c_.AllocTensor<float>();
+                Mmad(c, m2, k2, MmadParams(static_cast<uint16_t>(n), static_cast<uint16_t>(cols), static_cast<uint16_t>(n), 0,
+                                           false, true));
+                if (!tail) keyL0b_.FreeTensor(k2);
+                outL0c_.EnQue(c);
+                c = outL0c_.DeQue<float>();
+                if (!tail) {
+                    Fixpipe<half, float, CFG_ROW_MAJOR>(keyPrime_[KeyPrimeOffset(t, task.slot) + d0], c,
+                        FixpipeParamsV220(static_cast<uint16_t>(cols), static_cast<uint16_t>(n), static_cast<uint16_t>(n), d,
+                                          false, QuantMode_t::F322F16, 0, 1, 0, 0, 0));
+                    outL0c_.FreeTensor(c);
+                    continue;
+                }
+                // part-filled: M^T K and 1^T K in fp32 to the slot; the vector cores finish K'
+                if (d0 == 0) {
+                    if (tails >= 2) CrossCoreWaitFlag(PASA_FLAG_SUM_FREE);  // the vector cores read slot (tails % 2)
+                    slot.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(TailSlot(workspace, t, core, tails)), n * d + d);
+                }
+                Fixpipe<float, float, CFG_ROW_MAJOR>(slot[d0], c, FixpipeParamsV220(static_cast<uint16_t>(cols),
+                    static_cast<uint16_t>(n), static_cast<uint16_t>(n), d, false, QuantMode_t::NoQuant, 0, 1, 0, 0, 0));
+                outL0c_.FreeTensor(c);
+                LocalTensor<float> sum = outL0c_.AllocTensor<float>();
+                Mmad(sum, onesL0a_.Get<half>(), k2, MmadParams(1, static_cast<uint16_t>(cols), static_cast<uint16_t>(n), 0,
+                                                                false, true));
+                keyL0b_.FreeTensor(k2);
+                outL0c_.EnQue(sum);
+                sum = outL0c_.DeQue<float>();
+                Fixpipe<float, float, CFG_ROW_MAJOR>(slot[n * d + d0], sum,
+                    FixpipeParamsV220(static_cast<uint16_t>(cols), 1, kC0, d, false, QuantMode_t::NoQuant, 0, 1, 0, 0, 0));
+                outL0c_.FreeTensor(sum);
+            }
+            if (!tail) continue;
             CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_SUM_READY);
             ++tails;
         }
@@ -255,7 +273,7 @@ public:
     __aicore__ inline void Run(GM_ADDR key, GM_ADDR blockTable, GM_ADDR keySlots, GM_ADDR workspace, GM_ADDR tiling,
                                const PasaTilingData& t)
     {
-        const uint32_t n = t.kvBlock, d = t.headDim;
+        const uint32_t n = t.kvBlock, d = t.headDim, dc = Min(d, t.cubeCols);
         key_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(key));
         const uint64_t area = t.coreAreaOffset + static_cast<uint64_t>(GetBlockIdx()) * t.coreAreaBytes;
         colSum_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + area), 2 * t.colSumSlotBytes / sizeof(float));
@@ -265,8 +283,8 @@ public:
         pipe_.InitBuffer(onesL1_, 1, kC0 * n * sizeof(half));
         pipe_.InitBuffer(onesL0a_, kC0 * n * sizeof(half));
         pipe_.InitBuffer(keyL1_, 2, n * d * sizeof(half));
-        pipe_.InitBuffer(keyL0b_, 2, n * d * sizeof(half));
-        pipe_.InitBuffer(sumL0c_, 2, kC0 * d * sizeof(float));
+        pipe_.InitBuffer(keyL0b_, 2, n * dc * sizeof(half));
+        pipe_.InitBuffer(sumL0c_, 2, kC0 * dc * sizeof(float));
 
         LocalTensor<half> o2 = onesL0a_.Get<half>();
         LoadOnesRow(onesL1_, o2, n);
@@ -275,17 +293,20 @@ public:
         KeyBlockTask task;
         uint32_t done = 0;
         while (it.Next(task)) {
-            LocalTensor<half> k2 = StageKeyBlock(keyL1_, keyL0b_, key_, t, pages_, task);
-
-            LocalTensor<float> c = sumL0c_.AllocTensor<float>();
-            Mmad(c, o2, k2, MmadParams(1, static_cast<uint16_t>(d), static_cast<uint16_t>(n), 0, false, true));
-            keyL0b_.FreeTensor(k2);
-            sumL0c_.EnQue(c);
-            c = sumL0c_.DeQue<float>();
-            if (done >= 2) CrossCoreWaitFlag(PASA_FLAG_SUM_FREE);  // the vector cores read slot (done % 2)
-            Fixpipe<float, float, CFG_ROW_MAJOR>(colSum_[(done % 2) * (t.colSumSlotBytes / sizeof(float))], c,
-                FixpipeParamsV220(static_cast<uint16_t>(d), 1, kC0, d, false, QuantMode_t::NoQuant, 0, 1, 0, 0, 0));
-            sumL0c_.FreeTensor(c);
+            LocalTensor<half> k1 = StageKeyBlock(keyL1_, key_, t, pages_, task);
+            for (uint32_t d0 = 0; d0 < d; d0 += dc) {  // the column sums' pieces
+                const uint32_t cols = Min(dc, d - d0);
+                LocalTensor<half> k2 = KeyColumns(keyL1_, keyL0b_, k1, t, d0, cols);
+                LocalTensor<float> c = sumL0c_.AllocTensor<float>();
+                Mmad(c, o2, k2, MmadParams(1, static_cast<uint16_t>(cols), static_cast<uint16_t>(n), 0, false, true));
+                keyL0b_.FreeTensor(k2);
+                sumL0c_.EnQue(c);
+                c = sumL0c_.DeQue<float>();
+                if (d0 == 0 && done >= 2) CrossCoreWaitFlag(PASA_FLAG_SUM_FREE);  // the vector cores read slot (done % 2)
+                Fixpipe<float, float, CFG_ROW_MAJOR>(colSum_[(done % 2) * (t.colSumSlotBytes / sizeof(float)) + d0], c,
+                    FixpipeParamsV220(static_cast<uint16_t>(cols), 1, kC0, d, false, QuantMode_t::NoQuant, 0, 1, 0, 0, 0));
+                sumL0c_.FreeTensor(c);
+            }
             CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_SUM_READY);
             ++done;
         }

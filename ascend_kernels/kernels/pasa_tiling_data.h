@@ -139,6 +139,9 @@ struct PasaTilingData {
     uint32_t qTilePad;       // qTile rounded up to 16
     uint32_t cubeRows;       // rows of the cube's Mmads: a tile of more is multiplied in pieces of cubeRows
                              // (a multiple of 16; L0A and L0C hold a piece)
+    uint32_t cubeCols;       // columns of a K or V block the cube holds in L0B at once (a multiple of 16): a head
+                             // dim of more is cut into pieces of cubeCols, the score's contraction accumulating
+                             // over them in L0C, P'V and the key preprocessing producing their columns piece by piece
     uint32_t kvBlock;        // keys per block; the size of the shifting matrix
     uint32_t numKvBlocks;    // ceil(seqKv / kvBlock)
     uint32_t vecRows;        // rows of a tile the first AIV takes (the second takes the rest)

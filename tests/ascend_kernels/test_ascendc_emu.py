@@ -325,7 +325,6 @@ def _small(d=32, s=40, dtype=torch.float16):
      "explicit atten_mask needs kv_block >= 32"),
     (dict(algorithm="pasa-exact", rounding_guard=True), "rounding_guard"),
     (dict(algorithm="pasa", kv_block=48), "kvBlock must be a power of two"),
-    (dict(algorithm="pasa-exact", kv_block=256, d=128), "L0B needs"),
     (dict(algorithm="pasa-exact", q_block=2048), "L1 needs"),
 ])
 def test_unsupported_features_are_refused(kwargs, feature):

@@ -43,8 +43,12 @@ def test_tiling_fits_the_atlas_a2_budgets():
         t = emu.tiling(_params(tiling_key=key, q_tile=256, beta=0.9 if key == 1 else 0.0))
         assert (t["cube_rows"], t["vec_rows"]) == (128, 128) and t["vec_chunk_rows"] in (32, 64), (key, t)
         assert t["bytes_per_core"]["l0a"] <= caps["l0a"] and t["bytes_per_core"]["ub"] <= caps["ub"] - (8 << 10)
-    with pytest.raises(ValueError, match="attention L0B needs"):  # a key block is never split
-        emu.tiling(_params(kv_block=256))
+    # a key or value block wider than L0B holds is cut into pieces of columns (cube_cols); 128 at d = 128
+    for d, n, cols in ((128, 128, 128), (128, 256, 64), (192, 128, 128), (256, 128, 128), (256, 64, 256)):
+        for key in (0, 2):
+            t = emu.tiling(_params(tiling_key=key, head_dim=d, head_dim_v=d, kv_block=n))
+            assert t["cube_cols"] == cols and t["bytes_per_core"]["l0b"] <= caps["l0b"], (d, n, key, t)
+            assert t["bytes_per_core"]["prep_l0b"] <= caps["l0b"] and t["bytes_per_core"]["prep_l0c"] <= caps["l0c"]
     with pytest.raises(ValueError, match="headDim must be a positive multiple of 16"):
         emu.tiling(_params(head_dim=72))
 

@@ -7,6 +7,7 @@ tests: the schedules above, part-filled last kv blocks included); a prefill shap
 it 15-30 s per allocation."""
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
@@ -176,6 +177,67 @@ def test_a_checked_call_whose_repair_pass_does_not_fit_is_refused_when_planned()
     kw["repair_overflow"] = False
     out, lse, tiling = run_kernels(q, k, v, "ascendc-emu", algorithm="pasa", **kw)
     check_against_torch_and_golden(out, lse, q, k, v, kw, "pasa", tiling, kv_blocks(case))
+
+
+#: head dims wider than L0B holds of a 128-key block (128 columns): DeepSeek-V2/V3's prefill heads
+#: (192 for Q and K, 128 for V) and Gemma's 256, at the default 128-key blocks; and 256-key blocks at
+#: d = 128 (64 columns a piece). Each with more tasks than cores and a part-filled last kv block;
+#: "decode": split across cores; "paged": K' (and pasa-exact's means) per physical block.
+WIDE_HEADS = {
+    "deepseek-192/128-causal": dict(layout="BSND", B=1, Nq=16, Nkv=16, S1=700, S2=700, D=192, Dv=128,
+                                    sparse_mode=3, mask="optimized"),
+    "gemma-256-gqa-ragged": dict(layout="BSH", B=2, Nq=8, Nkv=4, S1=300, S2=900, D=256, kv_lens=[900, 333]),
+    "gemma-256-decode": dict(layout="BNSD", B=1, Nq=8, Nkv=2, S1=1, S2=4000, D=256),
+    "kv256-d128": dict(layout="BNSD", B=1, Nq=8, Nkv=2, S1=500, S2=1000, D=128, kv_block=256,
+                       sparse_mode=3, mask="optimized"),
+    # small enough for ascendc-sim, on 2 cores
+    "small-192/128": dict(layout="BSND", B=1, Nq=4, Nkv=2, S1=150, S2=300, D=192, Dv=128),
+}
+WIDE_HEAD_CUBE_COLS = {"deepseek-192/128-causal": 128, "gemma-256-gqa-ragged": 128, "gemma-256-decode": 128,
+                       "kv256-d128": 64, "small-192/128": 128}
+
+
+@pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
+@pytest.mark.parametrize("name,backend", [(name, "ascendc-emu") for name in WIDE_HEADS]
+                         + [sim_param(name, SIM) for name in ("gemma-256-decode", "small-192/128")])
+def test_head_dims_wider_than_the_cube_holds(name, backend, algorithm):
+    """The cube cuts K and V into pieces of the columns L0B holds: the score Mmads accumulate
+    over the pieces of their contraction (in the order of the whole one, so the numerics are
+    unchanged), P'V and the key preprocessing produce their columns piece by piece. Such heads
+    were refused at the default kv_block; also under Huawei's implementation of the API."""
+    case = WIDE_HEADS[name]
+    if algorithm == "pasa" and case.get("kv_block") == 256:
+        pytest.skip("pasa takes kv_block <= 128: its shift matrix fills L0A (test_tilings_a_caller_may_set)")
+    from test_ascendc_emu import emulated_cores
+    q, k, v, kw = make_case(case, torch.float16)
+    kw["repair_overflow"] = False
+    with emulated_cores(2) if name.startswith("small") else contextlib.nullcontext():
+        out, lse, tiling = run_kernels(q, k, v, backend, algorithm=algorithm, **kw)
+    assert tiling["cube_cols"] == WIDE_HEAD_CUBE_COLS[name] < case["D"], tiling
+    if name.endswith("decode"):
+        assert tiling["kv_splits"] > 1, tiling
+    else:
+        assert tiling["num_tasks"] > tiling["block_dim"], tiling
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(case))
+
+
+@pytest.mark.parametrize("algorithm", ["pasa", "pasa-exact"])
+def test_wide_heads_through_a_block_table(algorithm):
+    """D = 256 read through a shuffled block table: K' and pasa-exact's block means are made per
+    physical block in pieces of columns, a shared prefix once."""
+    from _paged_problems import dense_problem, paged_problem
+    from pasa_npu import backends
+    case = dict(layout="BNSD", B=2, Nq=4, Nkv=2, S1=200, S2=700, D=256, kv_lens=[700, 333],
+                sparse_mode=3, mask="optimized")
+    q, k, v, kw = make_case(case, torch.float16)
+    dense = dense_problem(q, k, v, algorithm=algorithm, **kw)
+    paged, reference = paged_problem(dense, 128, "BNSD", shared_prefix=1)
+    ascendc_emu.run(paged)
+    tiling = ascendc_emu.last_run_stats()["tiling"]
+    assert tiling["cube_cols"] == 128, tiling
+    with ascendc_numerics(tiling):
+        backends.BACKENDS["torch"].runner()(reference)
+    assert_matches_torch(paged.out, paged.lse, reference.out, reference.lse, algorithm, torch.float16, 6)
 
 
 def test_forced_vector_chunk_over_128_rows_is_refused():
