@@ -7,7 +7,8 @@ tensors and packed batches (TND/NTD: mixed decode and prefill rows, kv lengths p
 query lengths), paged K/V caches read through the block table (either cache shape, blocks
 of 16 to 512 rows), GQA, explicit bool/int8 masks and the band of sparse modes 0-4 (pre/next tokens),
 ragged lengths, learnable sinks, fp16 compute (bf16 inputs of the PASA allocations are converted
-by the API layer; the output may be bf16) and head dims that are multiples of 16.
+by the API layer; the output may be bf16) and head dims that are multiples of 16; other head
+dims reach them zero-padded to the next multiple (:func:`kernel_call`), but for paged caches.
 """
 from __future__ import annotations
 
@@ -52,8 +53,9 @@ def unsupported_reason(problem: AttentionProblem, backend: str) -> Optional[str]
         return (f"bf16 inputs are supported for fa-fp32 with a bf16 output only, not for {alloc!r} "
                 f"with a {str(out_dtype).replace('torch.', '')} output")
     d, d_v = problem.query.shape[3], problem.value.shape[3]
-    if d % 16 or d_v % 16:
-        return f"head dims must be multiples of 16 for the cube (got D={d}, Dv={d_v})"
+    if problem.paged and (d % 16 or d_v % 16):
+        return (f"paged KV needs head dims that are multiples of 16 in the {backend} kernels (other "
+                f"head dims are zero-padded, which would copy the whole cache; got D={d}, Dv={d_v})")
     return None
 
 
@@ -101,24 +103,31 @@ class KernelCall:
     def finish(self, problem: AttentionProblem) -> None:
         """Copy the temporaries (if any) into the problem's output views."""
         if self.out is not problem.out:
-            problem.out.copy_(self.out)
+            problem.out.copy_(self.out[..., :problem.out.shape[3]])
         if problem.lse is not None and self.lse is not problem.lse:
             problem.lse.copy_(self.lse)
 
 
 def kernel_call(problem: AttentionProblem) -> KernelCall:
     """``problem`` (which the kernels support) as the kernels read it: inputs copied only
-    where their memory order is neither BNSD nor BSND, V copied to K's layout if it differs."""
+    where their memory order is neither BNSD nor BSND, V copied to K's layout if it differs.
+    Head dims that are not multiples of 16 (the cube's fractal) are zero-padded to the next
+    one, in BNSD copies: a zero column adds exact zeros to every score and to K's block means,
+    and the output's extra columns are dropped by :meth:`KernelCall.finish`."""
     q, k, v = problem.query, problem.key, problem.value
-    q_layout = layout_of(q)
+    q_layout, kv_layout, out_layout = layout_of(q), layout_of(k), layout_of(problem.out)
+    out = problem.out
+    if q.shape[3] % 16 or v.shape[3] % 16:
+        q, k, v = (_padded16(t) for t in (q, k, v))
+        q_layout = kv_layout = BNSD
+        if out.shape[3] % 16:  # from the output's values: rows the kernels skip keep them
+            out, out_layout = _padded16(out), BNSD
     if q_layout is None:
         q, q_layout = q.contiguous(), BNSD
-    kv_layout = layout_of(k)
     if kv_layout is None:
         k, kv_layout = k.contiguous(), BNSD
     if layout_of(v) != kv_layout:  # the kernel reads K and V in one layout
         v = in_layout(v, kv_layout)
-    out, out_layout = problem.out, layout_of(problem.out)
     if out_layout is None:
         out, out_layout = out.contiguous(), BNSD  # a copy: rows the kernels skip keep their value
     lse = problem.lse
@@ -137,6 +146,12 @@ def kernel_call(problem: AttentionProblem) -> KernelCall:
                       mask_mode=mask_mode, lengths=lengths, mask=mask_bytes(problem.mask),
                       block_table=table, key_slots=slots,
                       sink=None if problem.sink is None else problem.sink.to(torch.float32).contiguous())
+
+
+def _padded16(t: torch.Tensor) -> torch.Tensor:
+    """The (B, N, S, D) view ``t`` with zero columns up to the next multiple of 16 of D, a
+    BNSD-contiguous copy."""
+    return torch.nn.functional.pad(t, (0, -t.shape[3] % 16))
 
 
 def key_slots(table: torch.Tensor, kv_lens: torch.Tensor, block_size: int, kv_block: int,

@@ -16,7 +16,7 @@ from pasa_npu.options import resolve_allocation
 
 OPT = pasa_npu.compressed_causal_mask()
 F32_LOWEST = torch.finfo(torch.float32).min
-D = 16  # the AscendC emulation's cube takes multiples of 16
+D = 16  # small and a whole fractal of the AscendC cube: no padding
 
 
 def _rand(*shape, seed=0, dtype=torch.float16):

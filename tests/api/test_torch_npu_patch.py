@@ -100,10 +100,11 @@ def test_unsupported_argument_falls_through_with_one_warning(torch_npu, extra, n
 def test_feature_the_backend_lacks_falls_through(torch_npu):
     pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu extension is not built")
     original = torch_npu.npu_fused_infer_attention_score
-    q, k, v = _qkv()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 24, 512, generator=g).half() for _ in range(3))
     pasa_npu.patch_torch_npu(backend="ascendc-emu")
-    with pytest.warns(RuntimeWarning, match="head dims must be multiples of 16"):  # D = 64 / 8
-        torch_npu.npu_fused_infer_attention_score(q, k, v, **dict(KW, num_heads=8, num_key_value_heads=8))
+    with pytest.warns(RuntimeWarning, match="attention L1 needs"):  # D = 512 at the default tiling
+        torch_npu.npu_fused_infer_attention_score(q, k, v, **dict(KW, num_heads=1, num_key_value_heads=1))
     assert [c[0] for c in original.calls] == ["call"]
 
 
