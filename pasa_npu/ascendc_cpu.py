@@ -51,8 +51,10 @@ def using_model_parameters(params: dict) -> Iterator[None]:
 
 #: host tiling choices a caller may force (the host picks each where it is 0): ``vec_chunk_rows``,
 #: the rows a vector core works on at once (a multiple of 16 dividing its rows, at most 128); ``prep_launch``
-#: (1), the key preprocessing in a launch of its own rather than at the attention launch's start
-TILING_CHOICES = ("vec_chunk_rows", "prep_launch")
+#: (1), the key preprocessing in a launch of its own rather than at the attention launch's start;
+#: ``merge_launch`` (1), split kv's merge and a checked call's repair in launches of their own rather
+#: than at the attention launch's end
+TILING_CHOICES = ("vec_chunk_rows", "prep_launch", "merge_launch")
 _forced: dict = {}
 
 

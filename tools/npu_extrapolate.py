@@ -223,7 +223,7 @@ def fit_runs(c: Config, runs, stats, params: dict) -> Fit:
             pre = _quantities(st["preprocess"])
             prep_rows.append([1.0, float(b * hkv * -(-skv // KV_BLOCK))])
             prep_values.append([pre[q] for q in PREP_QUANTITIES])
-        if st["repair"] is not None:  # a launch of its own only after split kv's merge
+        if st["repair"] is not None:  # a launch of its own only where forced (merge_launch)
             raise ValueError(f"{c}: a calibration run split its kv; the model has no merge or "
                              f"repair launch")
     a = np.array(rows)

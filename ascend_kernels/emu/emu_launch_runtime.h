@@ -63,7 +63,9 @@ public:
         owned_.emplace_back(static_cast<uint8_t*>(raw), &std::free);
         std::memset(raw, kFreshMemoryByte, rounded);
         const bool workspace = role == pasa::BufferRole::kWorkspace;
-        const char* name = pasa::BufferName(role);
+        std::string name = pasa::BufferName(role);  // "parameters", then "parameters 2", ...
+        const size_t seen = ++allocated_[static_cast<size_t>(role)];
+        if (seen > 1) name += " " + std::to_string(seen);
         gm_.Add(name, raw, bytes, workspace, workspace);
         ranges_.push_back({name, static_cast<uint8_t*>(raw), bytes});
         RuntimeCall call;
@@ -149,6 +151,7 @@ private:
     double timeout_;
     AscendC::emu::TimingParams timing_;
     std::vector<Range> ranges_;
+    size_t allocated_[2] = {0, 0};  // allocations per BufferRole
     std::vector<std::unique_ptr<uint8_t, decltype(&std::free)>> owned_;
     std::vector<RuntimeCall> calls_;
     std::vector<std::pair<pasa::PasaKernel, AscendC::emu::Stats>> stats_;

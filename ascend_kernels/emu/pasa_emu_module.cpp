@@ -71,6 +71,7 @@ py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
     d["prep_dim"] = t.prepDim;
     d["prep_in_attention"] = t.prepInAttention != 0;
     d["merge_dim"] = t.mergeDim;
+    d["merge_in_attention"] = t.mergeInAttention != 0;
     d["cube_rows"] = t.cubeRows;
     d["cube_cols"] = t.cubeCols;
     d["vec_rows"] = t.vecRowsPad;

@@ -132,11 +132,16 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
     PasaTilingData repair{};
     if (problem.overflowCheck) ShareTaskFlags(problem, lengths, t, repair);
     const ParameterLayout at = ParameterLayoutFor(t.batch);
-    // without split kv the attention launch writes the row flags and repairs them itself
-    const bool repairInLaunch = problem.overflowCheck && t.kvSplits == 1 && repair.blockDim == t.blockDim;
+    // the attention launch repairs the row flags it writes: without split kv each core its own tasks', beside
+    // the first pass (whose exchange slots the repair's must not share); with split kv after its merge, once
+    // every core has met at SyncAll
+    const bool repairInLaunch = problem.overflowCheck && ((t.kvSplits == 1 && repair.blockDim == t.blockDim) ||
+                                                          (t.mergeInAttention && repair.blockDim <= t.blockDim));
     if (repairInLaunch) {
-        repair.coreAreaOffset = AlignUp(t.workspaceBytes, 512);
-        t.workspaceBytes = repair.workspaceBytes = repair.coreAreaOffset + repair.coreAreaBytes * repair.blockDim;
+        if (t.kvSplits == 1) {
+            repair.coreAreaOffset = AlignUp(t.workspaceBytes, 512);
+            t.workspaceBytes = repair.workspaceBytes = repair.coreAreaOffset + repair.coreAreaBytes * repair.blockDim;
+        }
         t.repairTilingOffset = static_cast<uint32_t>(at.bytes);
     }
     const bool prepare = t.prepDim != 0;  // the key preprocessing (not fa-fp32, not shiftScores)
@@ -189,7 +194,7 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
         runtime.Launch(t.tilingKey == PASA_KEY_PASA ? PasaKernel::kShiftKeys : PasaKernel::kCenterKeys, t.prepDim, args);
     }
     runtime.Launch(PasaKernel::kAttention, t.blockDim, args);
-    if (t.kvSplits > 1) runtime.Launch(PasaKernel::kMerge, t.mergeDim, args);
+    if (t.kvSplits > 1 && !t.mergeInAttention) runtime.Launch(PasaKernel::kMerge, t.mergeDim, args);
     if (repairLaunch) {  // split kv: after the merge, which writes the flags; its cores return at once where no task byte is set
         args.keySlots = nullptr;
         args.tiling = repairParams + at.tiling;

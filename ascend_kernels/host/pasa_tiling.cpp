@@ -270,6 +270,8 @@ void PlanBlocking(const PasaProblem& p, const BatchLengths* lengths, PasaTilingD
     const uint64_t units = static_cast<uint64_t>(t.numTasks) * t.kvSplits;
     t.blockDim = static_cast<uint32_t>(std::min<uint64_t>(p.coreNum, units));
     t.mergeDim = static_cast<uint32_t>(std::min<uint64_t>(2ull * p.coreNum, 2ull * t.numTasks));
+    t.mergeInAttention = t.kvSplits > 1 && !p.mergeLaunch ? 1 : 0;
+    if (t.mergeInAttention) t.mergeDim = std::min(t.mergeDim, 2 * t.blockDim);
     SetPrepDim(p, t);
 }
 

@@ -16,7 +16,7 @@
 // cross-core flags S_READY, P_READY and PV_READY.
 //
 // pasa_merge_splits (vector cores only): with split kv, the LSE merge of each task's splits
-// (pasa_merge.h), launched after the attention kernel.
+// (pasa_merge.h), at the attention launch's end (tiling.mergeInAttention) or launched after it.
 //
 // Learnable sinks (tiling.hasSink): `sink` holds one fp32 logit per query head, joined to every
 // row's softmax once, in fp32, where the row is normalised: the vector cores' end of a task
@@ -61,6 +61,24 @@ __aicore__ inline void VectorPass(GM_ADDR mask, GM_ADDR sink, GM_ADDR out, GM_AD
     }
 }
 
+template <typename OutT>
+__aicore__ inline void MergeWith(GM_ADDR sink, GM_ADDR out, GM_ADDR lse, GM_ADDR rowFlags, GM_ADDR workspace,
+                                 GM_ADDR tiling, const PasaTilingData& t)
+{
+    pasa::MergeSplits<OutT> op;
+    op.Run(sink, out, lse, rowFlags, workspace, tiling, t);
+}
+
+__aicore__ inline void MergePass(GM_ADDR sink, GM_ADDR out, GM_ADDR lse, GM_ADDR rowFlags, GM_ADDR workspace,
+                                 GM_ADDR tiling, const PasaTilingData& t)
+{
+    if (t.outDtype == PASA_OUT_BF16) {
+        MergeWith<bfloat16_t>(sink, out, lse, rowFlags, workspace, tiling, t);
+    } else {
+        MergeWith<half>(sink, out, lse, rowFlags, workspace, tiling, t);
+    }
+}
+
 }  // namespace
 
 // With tiling.prepInAttention the launch first does the key preprocessing (pasa_prepare_keys.h) on
@@ -72,6 +90,11 @@ __aicore__ inline void VectorPass(GM_ADDR mask, GM_ADDR sink, GM_ADDR out, GM_AD
 // cores run the repair pass (fa-fp32, the raw K) over its own flagged tasks, if it has any; the
 // pass's exchange slots lie past the first pass's workspace, so that a core still in its first
 // pass keeps its own.
+//
+// With split kv and tiling.mergeInAttention every core meets the others at SyncAll once its
+// splits' partial results are stored; the first mergeDim vector cores then merge them
+// (pasa_merge.h), and a checked call meets at SyncAll again, once the merge has written the task
+// flags, before every core repairs its flagged tasks (the repair pass deals them without split).
 extern "C" __global__ __aicore__ void pasa_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR mask,
                                                      GM_ADDR blockTable, GM_ADDR keySlots, GM_ADDR sink, GM_ADDR out,
                                                      GM_ADDR lse, GM_ADDR rowFlags, GM_ADDR workspace, GM_ADDR tiling)
@@ -87,6 +110,35 @@ extern "C" __global__ __aicore__ void pasa_attention(GM_ADDR query, GM_ADDR key,
         }
         if (core < t.prepDim) pasa::PrepareKeys(key, blockTable, keySlots, workspace, tiling, t);
         SyncAll<false>();
+    }
+    if (t.kvSplits > 1) {
+        if ASCEND_IS_AIC {
+            CubePass(query, key, value, blockTable, keySlots, workspace, tiling, t);
+        }
+        if ASCEND_IS_AIV {
+            VectorPass(mask, sink, out, lse, rowFlags, workspace, tiling, t);
+        }
+        if (!t.mergeInAttention) return;
+        SyncAll<false>();  // every split's partial results stored
+        if ASCEND_IS_AIV {
+            if (static_cast<uint32_t>(GetBlockIdx()) < t.mergeDim) MergePass(sink, out, lse, rowFlags, workspace, tiling, t);
+        }
+        if (repairTiling == nullptr) return;
+        SyncAll<false>();  // every task's flag bytes written by the merge
+        PasaTilingData r;
+        pasa::LoadTiling(repairTiling, r);
+        uint32_t core = static_cast<uint32_t>(GetBlockIdx());
+        if ASCEND_IS_AIV {
+            core /= 2;
+        }
+        if (!pasa::HasFlaggedTask(repairTiling, r, workspace, core)) return;
+        if ASCEND_IS_AIC {
+            CubePass(query, key, value, blockTable, nullptr, workspace, repairTiling, r);
+        }
+        if ASCEND_IS_AIV {
+            VectorPass(mask, sink, out, lse, rowFlags, workspace, repairTiling, r);
+        }
+        return;
     }
     if ASCEND_IS_AIC {
         CubePass(query, key, value, blockTable, keySlots, workspace, tiling, t);
@@ -122,12 +174,6 @@ extern "C" __global__ __aicore__ void pasa_merge_splits(GM_ADDR sink, GM_ADDR ou
     PasaTilingData t;
     pasa::LoadTiling(tiling, t);
     if ASCEND_IS_AIV {
-        if (t.outDtype == PASA_OUT_BF16) {
-            pasa::MergeSplits<bfloat16_t> op;
-            op.Run(sink, out, lse, rowFlags, workspace, tiling, t);
-        } else {
-            pasa::MergeSplits<half> op;
-            op.Run(sink, out, lse, rowFlags, workspace, tiling, t);
-        }
+        MergePass(sink, out, lse, rowFlags, workspace, tiling, t);
     }
 }

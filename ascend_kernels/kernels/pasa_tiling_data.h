@@ -157,8 +157,10 @@ struct PasaTilingData {
                                // prepDim), its cores meeting the others at SyncAll; 0: a launch of its own
     uint32_t numQTiles;      // query tiles of the batch with the most
     uint32_t numTasks;       // attention tasks of the call (before splitting)
-    uint32_t kvSplits;       // kv ranges per task (1: no split, no merge launch)
-    uint32_t mergeDim;       // vector cores of the merge launch
+    uint32_t kvSplits;       // kv ranges per task (1: no split, no merge)
+    uint32_t mergeDim;       // vector cores of the merge (with mergeInAttention at most 2 blockDim)
+    uint32_t mergeInAttention;  // split kv: the merge runs at the end of the attention launch, after SyncAll, on its
+                                // first mergeDim vector cores; 0: a launch of its own
 
     // ---- buffer plan (bytes per buffer and buffer counts)
     uint32_t l1QueryBytes, l1KeyBytes, l1ValueBytes, l1ProbBytes, l1MeanBytes;

@@ -89,7 +89,7 @@ def test_decode_splits_long_contexts_across_cores(algorithm):
     q, k, v, kw = make_case(case, torch.float16)
     out, lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
     stats = ascendc_emu.last_run_stats()
-    assert stats["tiling"]["kv_splits"] > 1 and stats["merge"] is not None
+    assert stats["tiling"]["kv_splits"] > 1
     ref, ref_lse = torch_reference(q, k, v, stats["tiling"], algorithm=algorithm, **kw)
     if algorithm != "pasa":
         assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16)

@@ -130,10 +130,11 @@ def _emulated_calls(params: dict, lens: dict) -> list[str]:
         rows = b if p.get("mask_batch_stride") else 1
         mask = (rng.random((rows, sq, p["mask_row_stride"])) < 0.3).astype(np.uint8)
     sink = rng.standard_normal(hq).astype(np.float32) if p.get("has_sink") else None
+    flags = np.zeros((b, hq, sq), np.uint8) if p.get("overflow_check") else None
     result = emu.run_attention(q, k, v, out, lse, {n: np.asarray(x, np.int32) for n, x in lens.items()},
                                dict(params, timeout_s=60.0,
                                     timing=npu_params.timing_only(npu_params.values())), mask=mask,
-                               sink=sink, **pages)
+                               sink=sink, row_flags=flags, **pages)
     names, lines = {}, []
     for call in result["runtime_calls"]:
         if call[0] == "allocate":
@@ -186,6 +187,14 @@ CALLS = {
                          dict(q_lens=[40, 17], kv_lens=[70, 33], next_tokens=[30, 16])),
     # the key preprocessing in a launch of its own (forced; by default the attention launch runs it)
     "pasa-prep-launch": (_problem(prep_launch=1), dict(q_lens=[40, 17], kv_lens=[70, 33], next_tokens=[30, 16])),
+    # checked decode with split kv: the attention launch merges and repairs, or (forced) the merge
+    # launch and the repair's second attention launch follow it
+    "pasa-exact-decode-split-checked": (_problem(tiling_key=2, beta=1.0, seq_q=1, seq_kv=1024, mask_mode=0,
+                                                 overflow_check=1, resolution_limit=512.0),
+                                        dict(q_lens=[1, 1], kv_lens=[1024, 700], next_tokens=[0, 0])),
+    "pasa-decode-split-merge-launch": (_problem(seq_q=1, seq_kv=1024, mask_mode=0, overflow_check=1,
+                                                resolution_limit=512.0, merge_launch=1),
+                                       dict(q_lens=[1, 1], kv_lens=[1024, 700], next_tokens=[0, 0])),
 }
 
 
@@ -213,9 +222,16 @@ def test_acl_runtime_makes_the_emulated_runtimes_calls(name, recorder):
     prepares = params["tiling_key"] != 0 and params["seq_q"] != 1
     own_launch = prepares and params.get("prep_launch", 0)
     expected_prep = [{1: "pasa_shift_keys", 2: "pasa_center_keys"}[params["tiling_key"]]] if own_launch else []
-    assert [kernel for _, kernel, _ in launches] == expected_prep + ["pasa_attention"]
-    attention_cores = max(tasks, prep_cores) if prepares and not own_launch else tasks
-    assert int(launches[-1][2]) == min(params["core_num"], attention_cores)
+    # split kv (decode, few tasks): the merge, and a checked call's repair, at the attention launch's
+    # end, or forced into launches of their own after it
+    splits = emu.tiling(dict(params), {n: np.asarray(x, np.int32) for n, x in lens.items()})["kv_splits"]
+    after = []
+    if splits > 1 and params.get("merge_launch"):
+        after = ["pasa_merge_splits"] + (["pasa_attention"] if params.get("overflow_check") else [])
+    assert [kernel for _, kernel, _ in launches] == expected_prep + ["pasa_attention"] + after
+    attention_cores = max(tasks, prep_cores) if prepares and not own_launch else tasks * splits
+    attention = launches[len(expected_prep)]
+    assert int(attention[2]) == min(params["core_num"], attention_cores)
     assert all(0 < int(block_dim) <= params["core_num"] for *_, block_dim in launches)
 
 

@@ -195,7 +195,8 @@ int main()
     p.paged = in["paged"] != 0, p.blockSize = in["block_size"], p.tableStride = in["table_stride"];
     p.numBlocks = in["num_blocks"];
     p.hasMask = in["has_mask"] != 0, p.maskRowStride = in["mask_row_stride"], p.maskBatchStride = in["mask_batch_stride"];
-    p.hasSink = in["has_sink"] != 0, p.prepLaunch = in["prep_launch"] != 0;
+    p.hasSink = in["has_sink"] != 0, p.prepLaunch = in["prep_launch"] != 0, p.mergeLaunch = in["merge_launch"] != 0;
+    p.overflowCheck = in["overflow_check"] != 0, p.resolutionLimit = in["resolution_limit"];
     p.coreNum = pasa::AclAiCoreCount(0);
 
     const size_t b = p.batch, hq = p.numHeads, hk = p.numKvHeads;
@@ -212,6 +213,7 @@ int main()
     t.lse = reinterpret_cast<void*>(g_rec.Reserve("lse", b * hq * p.seqQ * 4));
     if (p.hasMask) t.mask = reinterpret_cast<void*>(g_rec.Reserve("mask", (p.maskBatchStride ? b : 1) * p.seqQ * p.maskRowStride));
     if (p.hasSink) t.sink = reinterpret_cast<void*>(g_rec.Reserve("sink", hq * 4));
+    if (p.overflowCheck) t.rowFlags = reinterpret_cast<void*>(g_rec.Reserve("row_flags", b * hq * p.seqQ));
     pasa::BatchLengths l;
     l.qLens = lens["q_lens"].data();
     l.kvLens = lens["kv_lens"].data();

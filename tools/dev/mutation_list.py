@@ -32,6 +32,7 @@ EMU_CUBE = "ascend_kernels/emu/emu_ops_cube.h"
 EMU_STRIDED = "ascend_kernels/emu/emu_vec_strided.h"  # the level-0 forms of whole tiles
 KERNEL_VECTOR = "ascend_kernels/kernels/pasa_attention_vector.h"
 KERNEL_CUBE = "ascend_kernels/kernels/pasa_attention_cube.h"
+KERNEL_ATTENTION = "ascend_kernels/kernels/pasa_attention.cpp"
 KERNEL_TASKS = "ascend_kernels/kernels/pasa_tasks.h"
 KERNEL_WORKSPACE = "ascend_kernels/kernels/pasa_workspace.h"
 KERNEL_STORE = "ascend_kernels/kernels/pasa_store.h"
@@ -272,6 +273,13 @@ MUTATIONS = [
              "const uint64_t at = static_cast<uint64_t>(m0) * pitch + c0;",
              "const uint64_t at = c0;",
              ("tests/ascend_kernels/test_ascendc_emu.py", "-k", "cube_piece and emu")),
+    # split kv merged (and repaired) at the attention launch's end
+    Mutation("kernel: the merge in the attention launch does not wait for every split", KERNEL_ATTENTION,
+             "        SyncAll<false>();  // every split's partial results stored\n", "",
+             ("tests/ascend_kernels/test_ascendc_emu_shapes.py", "-k", "decode_split_with_several_units and emu")),
+    Mutation("kernel: the repair in the attention launch does not wait for the merge's flags", KERNEL_ATTENTION,
+             "        SyncAll<false>();  // every task's flag bytes written by the merge\n", "",
+             ("tests/ascend_kernels/test_ascendc_emu_overflow.py", "-k", "inside_the_attention_launch")),
     # head dims wider than L0B holds: the cube's pieces of columns
     Mutation("kernel: each piece of the score's contraction restarts its accumulation", KERNEL_CUBE,
              "Accumulate(c, a2, b2, rows, n, kc, k0 == 0);",
