@@ -247,9 +247,7 @@ private:
                 }
                 l0b_.EnQue(b2);
                 b2 = l0b_.DeQue<T>();
-                if (k0 == 0) c = l0c_.AllocTensor<float>();
-                Accumulate(c, a2, b2, blocks, cols, kc, k0 == 0);
-                if (k0 + kc == d) l0c_.EnQue(c);
+                Accumulate(c, a2, b2, blocks, cols, k0, kc, d);
                 l0b_.FreeTensor(b2);
                 if (!whole) l0a_.FreeTensor(a2);
             }
@@ -264,11 +262,15 @@ private:
         }
     }
 
-    // c (+)= a2 b2 on the cube: `first` starts c at zero, else the product accumulates onto it.
-    __aicore__ inline void Accumulate(const LocalTensor<float>& c, const LocalTensor<T>& a2, const LocalTensor<T>& b2,
-                                      uint32_t m, uint32_t n, uint32_t k, bool first)
+    // c (+)= a2 b2 on the cube, the piece [k0, k0 + k) of a contraction of `depth`: the first piece takes a
+    // fresh L0C buffer and starts it at zero, later ones accumulate onto it, the last enqueues it.
+    __aicore__ inline void Accumulate(LocalTensor<float>& c, const LocalTensor<T>& a2, const LocalTensor<T>& b2,
+                                      uint32_t m, uint32_t n, uint32_t k0, uint32_t k, uint32_t depth)
     {
-        Mmad(c, a2, b2, MmadParams(static_cast<uint16_t>(m), static_cast<uint16_t>(n), static_cast<uint16_t>(k), 0, false, first));
+        if (k0 == 0) c = l0c_.AllocTensor<float>();
+        Mmad(c, a2, b2, MmadParams(static_cast<uint16_t>(m), static_cast<uint16_t>(n), static_cast<uint16_t>(k), 0, false,
+                                   k0 == 0));
+        if (k0 + k == depth) l0c_.EnQue(c);
     }
 
     // Rows [0, valid) of kv block j of `src` (K or V, row length dim) -> L1, NZ with C0 stride
@@ -345,9 +347,7 @@ private:
                 const uint32_t kc = Min(dc, d - k0);
                 LocalTensor<T> a2 = ToL0a(q1[m0 * kC0 + k0 * t.qTilePad], rowsPad / kC0, kc / kC0, t.qTilePad);
                 if (!whole) b2 = KeysToL0b(k1[k0 * n], (kc / kC0) * (n / kC0));
-                if (k0 == 0) c = l0c_.AllocTensor<float>();
-                Accumulate(c, a2, b2, rows, n, kc, k0 == 0);
-                if (k0 + kc == d) l0c_.EnQue(c);
+                Accumulate(c, a2, b2, rows, n, k0, kc, d);
                 l0a_.FreeTensor(a2);
                 if (!whole) l0b_.FreeTensor(b2);
             }
@@ -426,9 +426,8 @@ private:
             for (uint32_t v0 = 0; v0 < dv; v0 += dvc) {  // the output's pieces of columns
                 const uint32_t vc = Min(dvc, dv - v0);
                 if (!whole) b2 = ValuesToL0b(v1, v0, vc);
-                LocalTensor<float> c = l0c_.AllocTensor<float>();
-                Accumulate(c, a2, b2, rows, vc, n, true);
-                l0c_.EnQue(c);
+                LocalTensor<float> c;
+                Accumulate(c, a2, b2, rows, vc, 0, n, n);
                 if (v0 + vc == dv) l0a_.FreeTensor(a2);
                 if (!whole) l0b_.FreeTensor(b2);
                 c = l0c_.DeQue<float>();

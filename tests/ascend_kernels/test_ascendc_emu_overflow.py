@@ -17,6 +17,7 @@ emu = pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu exten
 from pasa_npu import ascendc_emu  # noqa: E402
 from test_overflow import spread_inputs  # noqa: E402
 from test_ascendc_emu import assert_matches_torch  # noqa: E402
+from _support import SIM, sim_param  # noqa: E402
 
 N = 2
 
@@ -80,6 +81,27 @@ def test_merge_and_repair_inside_the_attention_launch_give_the_same_bits(algorit
     assert own["merge"] is not None and own["repair"] is not None and own["report"] == inside["report"]
     for inside_result, own_result in zip(runs[0][:-1], runs[1][:-1]):  # NaN where unrepaired rows overflow
         torch.testing.assert_close(inside_result, own_result, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", [sim_param(SIM)])
+def test_merge_and_repair_inside_the_attention_launch_under_the_simulator(backend):
+    """The same checked split decode under Huawei's implementation of the AscendC API (its
+    SyncAll, and the data cache the scalar reads of the merge's task flags go through): one
+    launch, the emulation's row flags, output and LSE bit for bit."""
+    from pasa_npu import ascendc_sim
+    q, k, v, scale = _decode_inputs(8 * 128 * 4)
+    results = []
+    for name in ("ascendc-emu", backend):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", pasa_npu.OverflowRepairWarning)
+            out, lse = pasa_npu.fused_attention(q, k, v, num_heads=q.shape[1], input_layout="BNSD", scale=scale,
+                                                algorithm="pasa", backend=name, softmax_lse_flag=True)
+            report = pasa_npu.overflow_report()
+        results.append((out, lse, report.rows))
+    assert ascendc_sim.last_run_stats()["tiling"]["merge_in_attention"]  # the host's tiling: one launch
+    assert results[0][2] == results[1][2] > 0
+    for emulated, simulated in zip(results[0][:2], results[1][:2]):
+        torch.testing.assert_close(emulated, simulated, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("algorithm", ["pasa", "pasa-exact"])
