@@ -2,8 +2,9 @@
 // "Shifting the keys on the matrix engine").
 //
 // pasa_shift_keys (MIX 1:2, tiling key PASA):  K'_j = M^T K_j, M = scale (I - beta/n J) stored in
-//   fp16 as the host built it. One Mmad per block: A = M^T (resident in L0A), B = K_j, fp32
-//   accumulation, Fixpipe rounds K' to fp16. A part-filled last block (v < n keys, zero-padded)
+//   fp16 as the host built it. One Mmad per block (per piece of tiling.cubeCols columns of K_j
+//   where the head dim is wider): A = M^T (resident in L0A), B = K_j, fp32 accumulation, Fixpipe
+//   rounds K' to fp16. A part-filled last block (v < n keys, zero-padded)
 //   is shifted as if its missing rows were the mean of its keys: the cube drains M^T K_j and the
 //   column sum 1^T K_j (a second Mmad with a row of ones) in fp32, and the vector cores form
 //   K'_i = fp16(M^T K_j - c colsum) for i < v, with c = off (n - v) / v (off: M's stored
