@@ -206,11 +206,13 @@ def test_head_dims_wider_than_the_cube_holds(name, backend, algorithm):
     unchanged), P'V and the key preprocessing produce their columns piece by piece. Such heads
     were refused at the default kv_block; also under Huawei's implementation of the API."""
     case = WIDE_HEADS[name]
-    if algorithm == "pasa" and case.get("kv_block") == 256:
-        pytest.skip("pasa takes kv_block <= 128: its shift matrix fills L0A (test_tilings_a_caller_may_set)")
     from test_ascendc_emu import emulated_cores
     q, k, v, kw = make_case(case, torch.float16)
     kw["repair_overflow"] = False
+    if algorithm == "pasa" and case.get("kv_block") == 256:  # its shift matrix M^T (256 x 256 fp16) fills L0A
+        with pytest.raises(NotImplementedError, match="preprocessing L0A needs"):
+            run_kernels(q, k, v, backend, algorithm=algorithm, **kw)
+        return
     with emulated_cores(2) if name.startswith("small") else contextlib.nullcontext():
         out, lse, tiling = run_kernels(q, k, v, backend, algorithm=algorithm, **kw)
     assert tiling["cube_cols"] == WIDE_HEAD_CUBE_COLS[name] < case["D"], tiling
