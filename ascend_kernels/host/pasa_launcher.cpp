@@ -195,7 +195,8 @@ PasaTilingData LaunchAttention(const PasaProblem& problem, const AttentionTensor
     }
     runtime.Launch(PasaKernel::kAttention, t.blockDim, args);
     if (t.kvSplits > 1 && !t.mergeInAttention) runtime.Launch(PasaKernel::kMerge, t.mergeDim, args);
-    if (repairLaunch) {  // split kv: after the merge, which writes the flags; its cores return at once where no task byte is set
+    if (repairLaunch) {  // split kv, the merge forced into a launch of its own: after it, as it writes the flags; its
+                         // cores return at once where no task byte is set
         args.keySlots = nullptr;
         args.tiling = repairParams + at.tiling;
         runtime.Launch(PasaKernel::kAttention, repair.blockDim, args);

@@ -103,11 +103,11 @@ extern "C" __global__ __aicore__ void pasa_attention(GM_ADDR query, GM_ADDR key,
     PasaTilingData t;
     pasa::LoadTiling(tiling, t);
     GM_ADDR repairTiling = t.repairTilingOffset != 0 ? tiling + t.repairTilingOffset : nullptr;
+    uint32_t core = static_cast<uint32_t>(GetBlockIdx());  // this AI Core's index
+    if ASCEND_IS_AIV {
+        core /= 2;
+    }
     if (t.prepInAttention) {  // every core's K' blocks written before any core reads them
-        uint32_t core = static_cast<uint32_t>(GetBlockIdx());
-        if ASCEND_IS_AIV {
-            core /= 2;
-        }
         if (core < t.prepDim) pasa::PrepareKeys(key, blockTable, keySlots, workspace, tiling, t);
         SyncAll<false>();
     }
@@ -127,10 +127,6 @@ extern "C" __global__ __aicore__ void pasa_attention(GM_ADDR query, GM_ADDR key,
         SyncAll<false>();  // every task's flag bytes written by the merge
         PasaTilingData r;
         pasa::LoadTiling(repairTiling, r);
-        uint32_t core = static_cast<uint32_t>(GetBlockIdx());
-        if ASCEND_IS_AIV {
-            core /= 2;
-        }
         if (!pasa::HasFlaggedTask(repairTiling, r, workspace, core)) return;
         if ASCEND_IS_AIC {
             CubePass(query, key, value, blockTable, nullptr, workspace, repairTiling, r);
@@ -145,7 +141,7 @@ extern "C" __global__ __aicore__ void pasa_attention(GM_ADDR query, GM_ADDR key,
         if (repairTiling != nullptr) {
             CrossCoreWaitFlag(PASA_FLAG_FLAGS_READY);
             CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_FLAGS_SEEN);
-            if (pasa::HasFlaggedTask(tiling, t, workspace, static_cast<uint32_t>(GetBlockIdx()))) {
+            if (pasa::HasFlaggedTask(tiling, t, workspace, core)) {
                 PasaTilingData r;
                 pasa::LoadTiling(repairTiling, r);
                 CubePass(query, key, value, blockTable, nullptr, workspace, repairTiling, r);
@@ -158,7 +154,7 @@ extern "C" __global__ __aicore__ void pasa_attention(GM_ADDR query, GM_ADDR key,
             PipeBarrier<PIPE_ALL>();  // this core's task and row flags stored
             CrossCoreSetFlag<2, PIPE_MTE3>(PASA_FLAG_FLAGS_READY);
             CrossCoreWaitFlag(PASA_FLAG_FLAGS_SEEN);
-            if (pasa::HasFlaggedTask(tiling, t, workspace, static_cast<uint32_t>(GetBlockIdx()) / 2)) {
+            if (pasa::HasFlaggedTask(tiling, t, workspace, core)) {
                 PasaTilingData r;
                 pasa::LoadTiling(repairTiling, r);
                 VectorPass(mask, sink, out, lse, rowFlags, workspace, repairTiling, r);

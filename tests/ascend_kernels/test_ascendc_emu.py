@@ -334,49 +334,6 @@ def test_unsupported_features_are_refused(kwargs, feature):
                                  **kwargs)
 
 
-#: head dims that are not multiples of 16 (the cube's fractal): Stable Diffusion 1.5's 40 and
-#: 80 -> 40 here with V's of 64, 72 with V's of 40, 8; packed and decode rows among them
-ODD_HEADS = {
-    "sd15-40": dict(layout="BSH", B=2, Nq=4, Nkv=4, S1=300, S2=300, D=40, q_lens=[300, 177]),
-    "72-v40-gqa-causal": dict(layout="BNSD", B=1, Nq=4, Nkv=2, S1=200, S2=333, D=72, Dv=40,
-                              sparse_mode=3, mask="optimized"),
-    "40-v64-tnd": dict(layout="TND", Nq=4, Nkv=2, D=40, Dv=64, q_cum=[1, 150, 260], kv_cum=[300, 450, 700]),
-    "8-decode": dict(layout="BNSD", B=3, Nq=8, Nkv=2, S1=1, S2=900, D=8, kv_lens=[900, 1, 500]),
-}
-
-
-@pytest.mark.parametrize("backend", ["ascendc-emu", sim_param(SIM)])
-@pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
-@pytest.mark.parametrize("name", list(ODD_HEADS))
-def test_head_dims_that_are_not_multiples_of_16(name, algorithm, backend):
-    """Zero-padded to the next multiple of 16 on their way to the kernels: the zero columns add
-    exact zeros to the scores and K's block means, and the output's extra columns are dropped.
-    On 2 AI Cores, against the torch backend at this file's bounds and the fp64 golden."""
-    from pasa_npu import ascendc_sim
-    case = ODD_HEADS[name]
-    q, k, v, kw = make_case(case, torch.float16)
-    kw["repair_overflow"] = False
-    with emulated_cores(2):
-        out, lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend=backend, **kw)
-    tiling = (ascendc_emu if backend == "ascendc-emu" else ascendc_sim).last_run_stats()["tiling"]
-    assert tiling["num_tasks"] * tiling["kv_splits"] > tiling["block_dim"], tiling
-    ref, ref_lse = torch_reference(q, k, v, tiling, algorithm=algorithm, **kw)
-    assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16, 8)
-    if out.numel() >= 4096:  # the golden's RMSE bound is statistical
-        gold, _ = pasa_npu.reference_attention(q, k, v, **{n: a for n, a in kw.items() if n != "repair_overflow"})
-        err = float((out.double() - gold).norm() / gold.norm())
-        assert err <= 1.1 * float((ref.double() - gold).norm() / gold.norm()), err
-
-
-def test_paged_heads_that_are_not_multiples_of_16_are_refused():
-    """Padding a paged cache would copy all of it on every call."""
-    from _paged_problems import dense_problem, paged_problem
-    q, k, v, kw = make_case(dict(layout="BNSD", B=1, Nq=2, Nkv=2, S1=1, S2=256, D=40), torch.float16)
-    paged, _ = paged_problem(dense_problem(q, k, v, algorithm="pasa", **kw), 128, "BNSD")
-    with pytest.raises(NotImplementedError, match="paged KV needs head dims that are multiples of 16 .* got D=40"):
-        ascendc_emu.run(paged)
-
-
 def measured_maxima() -> dict:
     """Per kernel allocation, the largest deviations from the torch backend over the golden
     matrix: output in ulps of the row's scale, LSE absolute and in fp32 ulps."""

@@ -22,9 +22,9 @@ from _support import SIM, sim_param  # noqa: E402
 N = 2
 
 
-def _call(q, k, v, algorithm, scale, **kw):
+def _call(q, k, v, algorithm, scale, backend="ascendc-emu", **kw):
     out, lse = pasa_npu.fused_attention(q, k, v, num_heads=q.shape[1], input_layout="BNSD",
-                                        scale=scale, algorithm=algorithm, backend="ascendc-emu",
+                                        scale=scale, algorithm=algorithm, backend=backend,
                                         softmax_lse_flag=True, **kw)
     return out, lse[..., 0]  # (B, N, S)
 
@@ -94,8 +94,7 @@ def test_merge_and_repair_inside_the_attention_launch_under_the_simulator(backen
     for name in ("ascendc-emu", backend):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", pasa_npu.OverflowRepairWarning)
-            out, lse = pasa_npu.fused_attention(q, k, v, num_heads=q.shape[1], input_layout="BNSD", scale=scale,
-                                                algorithm="pasa", backend=name, softmax_lse_flag=True)
+            out, lse = _call(q, k, v, "pasa", scale, backend=name)
             report = pasa_npu.overflow_report()
         results.append((out, lse, report.rows))
     assert ascendc_sim.last_run_stats()["tiling"]["merge_in_attention"]  # the host's tiling: one launch

@@ -242,6 +242,44 @@ def test_wide_heads_through_a_block_table(algorithm):
     assert_matches_torch(paged.out, paged.lse, reference.out, reference.lse, algorithm, torch.float16, 6)
 
 
+#: head dims that are not multiples of 16 (the cube's fractal): Stable Diffusion 1.5's 40 and
+#: 80 -> 40 here with V's of 64, 72 with V's of 40, 8; packed and decode rows among them
+ODD_HEADS = {
+    "sd15-40": dict(layout="BSH", B=2, Nq=4, Nkv=4, S1=300, S2=300, D=40, q_lens=[300, 177]),
+    "72-v40-gqa-causal": dict(layout="BNSD", B=1, Nq=4, Nkv=2, S1=200, S2=333, D=72, Dv=40,
+                              sparse_mode=3, mask="optimized"),
+    "40-v64-tnd": dict(layout="TND", Nq=4, Nkv=2, D=40, Dv=64, q_cum=[1, 150, 260], kv_cum=[300, 450, 700]),
+    "8-decode": dict(layout="BNSD", B=16, Nq=32, Nkv=4, S1=1, S2=900, D=8,
+                     kv_lens=[900, 1, 500, 77, 899, 129, 640, 300, 2, 128, 255, 900, 33, 700, 450, 811]),
+}
+
+
+@pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
+@pytest.mark.parametrize("name,backend", [(name, "ascendc-emu") for name in ODD_HEADS]
+                         + [sim_param(name, SIM) for name in ODD_HEADS])
+def test_head_dims_that_are_not_multiples_of_16(name, backend, algorithm):
+    """Zero-padded to the next multiple of 16 on their way to the kernels: the zero columns add
+    exact zeros to the scores and K's block means, and the output's extra columns are dropped.
+    On 2 AI Cores; also under Huawei's implementation of the API."""
+    from test_ascendc_emu import emulated_cores
+    case = ODD_HEADS[name]
+    q, k, v, kw = make_case(case, torch.float16)
+    kw["repair_overflow"] = False
+    with emulated_cores(2):
+        out, lse, tiling = run_kernels(q, k, v, backend, algorithm=algorithm, **kw)
+    assert tiling["num_tasks"] * tiling["kv_splits"] > tiling["block_dim"], tiling
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(case))
+
+
+def test_paged_heads_that_are_not_multiples_of_16_are_refused():
+    """Padding a paged cache would copy all of it on every call."""
+    from _paged_problems import dense_problem, paged_problem
+    q, k, v, kw = make_case(dict(layout="BNSD", B=1, Nq=2, Nkv=2, S1=1, S2=256, D=40), torch.float16)
+    paged, _ = paged_problem(dense_problem(q, k, v, algorithm="pasa", **kw), 128, "BNSD")
+    with pytest.raises(NotImplementedError, match="paged KV needs head dims that are multiples of 16 .* got D=40"):
+        ascendc_emu.run(paged)
+
+
 def test_forced_vector_chunk_over_128_rows_is_refused():
     q, k, v, kw = make_case(WIDE_TILES["prefill"], torch.float16)
     with ascendc_emu.forcing_tiling(vec_chunk_rows=256), \

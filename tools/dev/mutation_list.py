@@ -288,7 +288,7 @@ MUTATIONS = [
     Mutation("kernel inputs: head dims padded to a multiple of 16 with ones", "pasa_npu/kernel_inputs.py",
              "return torch.nn.functional.pad(t, (0, -t.shape[3] % 16))",
              "return torch.nn.functional.pad(t, (0, -t.shape[3] % 16), value=1.0)",
-             ("tests/ascend_kernels/test_ascendc_emu.py", "-k", "not_multiples_of_16 and emu")),
+             ("tests/ascend_kernels/test_ascendc_emu_shapes.py", "-k", "not_multiples_of_16 and emu")),
     Mutation("kernel: every piece of P'V takes V's first columns", KERNEL_CUBE,
              "kb * (dv / kC0) + v0 / kC0) * kFractal : kb * kFractal + v0 * n;",
              "kb * (dv / kC0)) * kFractal : kb * kFractal;",
