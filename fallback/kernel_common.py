@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pasa_npu.fallback import graph_update
 from pasa_npu.problem import device_cached
 
 #: the kernels run in the interpreter (decided at import, as triton.jit decides it)
@@ -378,9 +379,9 @@ class PreparedLaunch:
         direct = _direct_send(self.compiled, self.grid, self.device)
         return None if direct is None else direct[0]
 
-    def run(self, roles: dict, send=None) -> None:
-        """Launch on ``roles`` (role -> tensor or descriptor), through ``send`` where given
-        (:meth:`send_on_current_stream`), else on the recording's stream."""
+    def bound(self, roles: dict) -> list:
+        """The argument values of a launch on ``roles`` (role -> tensor or descriptor), as
+        :attr:`send` takes them."""
         values = self.values.copy()
         for i, role in self.slots:
             values[i] = roles[role]
@@ -390,6 +391,12 @@ class PreparedLaunch:
             # the direct send makes the descriptor only for an address it has not filled
             values[i] = ((roles[role], template) if self.direct
                          else rebase(template, roles[role]))
+        return values
+
+    def run(self, roles: dict, send=None) -> None:
+        """Launch on ``roles`` (role -> tensor or descriptor), through ``send`` where given
+        (:meth:`send_on_current_stream`), else on the recording's stream."""
+        values = self.bound(roles)
         if send is None:
             self.send(values)
             FAST_LAUNCHES[0] += 1
@@ -435,18 +442,31 @@ def _direct_send(compiled, grid: tuple, device):
     head = (grid[0], grid[1], grid[2], driver.active.get_current_stream(device),
             compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
             compiled.packed_metadata, None, None, None)
-    filled: dict = {}
+    send = DirectSend(compiled, grid[:3], device, head, c_launch, kinds, described, metas, expand)
+    return send, pointers
 
-    def send(values: list) -> None:
-        if _hooked():
-            for i in described:
-                values[i] = _descriptor(values[i])
-            _run_compiled(compiled, grid[:3], values, device)
-            return
-        for i, meta in zip(reversed(described), reversed(metas)):
+
+class DirectSend:
+    """A launch of ``compiled`` straight into Triton's C launcher (:func:`_direct_send`): the
+    fixed head bound once, each TMA descriptor's CUtensorMap filled once per base address."""
+
+    __slots__ = ("compiled", "grid", "device", "head", "c_launch", "kinds", "described",
+                 "metas", "expand", "filled")
+
+    def __init__(self, compiled, grid, device, head, c_launch, kinds, described, metas, expand):
+        self.compiled, self.grid, self.device, self.head = compiled, grid, device, head
+        self.c_launch, self.kinds, self.expand = c_launch, kinds, expand
+        self.described, self.metas = described, metas
+        self.filled: dict = {}
+
+    def expanded(self, values: list) -> list:
+        """``values`` (changed in place) as the C launcher takes them after its head: each
+        descriptor expanded into its CUtensorMap (or base), shape and strides."""
+        filled = self.filled
+        for i, meta in zip(reversed(self.described), reversed(self.metas)):
             descriptor = values[i]
             if meta is None:
-                values[i:i + 1] = expand(_descriptor(descriptor), None)
+                values[i:i + 1] = self.expand(_descriptor(descriptor), None)
                 continue
             base = descriptor[0] if type(descriptor) is tuple else descriptor.base
             key = (i, base.data_ptr())
@@ -454,11 +474,23 @@ def _direct_send(compiled, grid: tuple, device):
             if parts is None:
                 if len(filled) > 64:
                     filled.clear()
-                parts = filled[key] = expand(_descriptor(descriptor), meta)
+                parts = filled[key] = self.expand(_descriptor(descriptor), meta)
             values[i:i + 1] = parts
-        c_launch(*head, *values)
+        return values
 
-    return send, pointers
+    @staticmethod
+    def map_width(value) -> int:
+        """How many values a descriptor argument lowered to a CUtensorMap expands to: the
+        map, then its shape and strides."""
+        return 1 + 2 * len(_descriptor(value).shape)
+
+    def __call__(self, values: list) -> None:
+        if _hooked():
+            for i in self.described:
+                values[i] = _descriptor(values[i])
+            _run_compiled(self.compiled, self.grid, values, self.device)
+            return
+        self.c_launch(*self.head, *self.expanded(values))
 
 
 def _descriptor(value):
@@ -640,14 +672,16 @@ def _derive(name, refs, make, roles):
 
 class PreparedCall:
     """A call's launches and workspaces, recorded (:class:`Binding`): :meth:`__call__`
-    repeats them, in order, on another call's tensors. A repeat on tensors at the
-    addresses (and of the strides) of an earlier repeat's replays a CUDA graph of the
-    launches, captured at that second sight of them (:data:`GRAPH_REPEATS`): one graph
-    launch costs the host less than one kernel launch. Every argument of the launches but
-    the addresses of the call's tensors is the recording's, so that the graph computes
-    what the launches would."""
+    repeats them, in order, on another call's tensors, replaying a CUDA graph of the
+    launches where it can (:data:`GRAPH_REPEATS`): one graph launch costs the host less
+    than one kernel launch. The first repeat captures the graph; where its kernels' address
+    arguments can be rewritten (:class:`~pasa_npu.fallback.graph_update.AddressedGraph`),
+    every later repeat replays it on its own tensors' addresses. Otherwise a graph is
+    captured per address set, at its second sight, and replayed only on those addresses.
+    Every argument of the launches but the addresses of the call's tensors is the
+    recording's, so that a graph computes what the launches would."""
 
-    __slots__ = ("actions", "layout", "graphs", "kernels")
+    __slots__ = ("actions", "layout", "graphs", "kernels", "addressed", "owned", "computes")
 
     def __init__(self, actions: tuple, layout: tuple):
         self.actions = actions
@@ -660,6 +694,11 @@ class PreparedCall:
         # each graph would keep one)
         self.graphs = ({} if GRAPH_REPEATS and all(a.direct for a in launches) and not any(
             _new_workspace_bytes(a) > GRAPH_WORKSPACE_BYTES for a in actions) else None)
+        # the graph that takes any call's addresses: None until the first repeat tries to
+        # make it, False where it cannot be made (graph_update says where)
+        self.owned, self.computes = _graph_owned_roles(actions)
+        self.addressed = (None if self.graphs is not None and self.owned is not None
+                          and graph_update.supported() else False)
 
     def __call__(self, roles: dict) -> bool:
         """Repeat the call on ``roles`` (the call's own tensors); False, launching
@@ -669,11 +708,13 @@ class PreparedCall:
         # the graph was captured with, and the same memory in every role
         where = tuple([(t.data_ptr(), t.stride()) for t in roles.values()])
         graphs = self.graphs if GRAPH_REPEATS else None
-        if graphs is not None:
-            graph = graphs.get(where)
-            if graph is not None and not _hooked():
+        if graphs is not None and not _hooked():
+            addressed = self.addressed
+            graph = addressed.graph if addressed and where == addressed.where else graphs.get(where)
+            if graph is not None:
                 with _REPEAT_LOCK:
-                    return self._replay(graph)
+                    if not addressed or where == addressed.where:  # still, under the lock
+                        return self._replay(graph)
         if _role_layout(roles, where) != self.layout:
             return False
         # one repeat at a time: a recording's kept workspaces serve one call, so two
@@ -681,6 +722,29 @@ class PreparedCall:
         with _REPEAT_LOCK:
             if graphs is None or _hooked():
                 self._run(roles)
+                return True
+            if self.addressed is None:
+                graph = self._capture(roles, keep_graph=True)
+                self.addressed = (graph_update.AddressedGraph.make(
+                    graph, [a for a in self.actions if type(a) is PreparedLaunch], roles, where,
+                    self.owned, self.computes) if graph is not None else None) or False
+                if self.addressed:
+                    return self._replay(graph)
+                if graph is not None:  # captured, not addressable: this address set's graph
+                    graphs[where] = graph
+                    return self._replay(graph)
+            if self.addressed:
+                for action in self.actions:  # what is made from the call's own tensors
+                    if type(action) is not PreparedLaunch and action.args[0] not in self.owned:
+                        action(roles)
+                try:
+                    self.addressed.replay(roles, where)
+                except RuntimeError:  # the driver refused a node's arguments: launch
+                    self.addressed = False
+                    self._run(roles)
+                    return True
+                GRAPH_REPLAYS[0] += 1
+                GRAPH_KERNELS[0] += self.kernels
                 return True
             graph = self._capture(roles) if where in graphs else None  # seen once before
             if graph is None:
@@ -708,12 +772,13 @@ class PreparedCall:
             else:
                 action.run(roles, sends[id(action)])
 
-    def _capture(self, roles: dict):
+    def _capture(self, roles: dict, keep_graph: bool = False):
         """A CUDA graph of the launches on ``roles``, captured on a side stream of their
-        device; None (and no graph for this call again) where the capture fails."""
+        device (``keep_graph``: its cudaGraph_t kept, for :mod:`graph_update`); None (and
+        no graph for this call again) where the capture fails."""
         device = next(iter(roles.values())).device
-        graph = torch.cuda.CUDAGraph()
         try:
+            graph = torch.cuda.CUDAGraph(keep_graph=keep_graph) if keep_graph else torch.cuda.CUDAGraph()
             with torch.cuda.device(device), torch.cuda.stream(_capture_stream(device)):
                 sends = {id(a): a.send_on_current_stream() for a in self.actions
                          if type(a) is PreparedLaunch}
@@ -726,8 +791,36 @@ class PreparedCall:
                     graph.capture_end()
         except Exception:  # noqa: BLE001 - repeat without graphs, as before
             self.graphs = None
+            self.addressed = False
             return None
         return graph
+
+
+def _graph_owned_roles(actions: tuple) -> tuple:
+    """(the roles a graph of ``actions`` holds itself, whether it computes any of them): the
+    workspaces, made on each call (in the graph's memory) or kept, and what is derived from
+    those alone, which the graph computes in its place among the launches. They stay where
+    the capture found them, and no step makes them again. (None, False) where a step
+    derives from both such a role and the call's own tensors: the graph could not
+    compute it, and made before the graph it would precede the launches it follows."""
+    owned, computes = set(), False
+    for action in actions:
+        if not isinstance(action, functools.partial):
+            continue
+        name = action.args[0]
+        if action.func is _make_workspace:
+            owned.add(name)
+            computes = computes or action.args[4] is not None
+        elif action.func is _reuse_workspace:
+            owned.add(name)
+        elif action.func is _derive:
+            sources = {role for role, _ in action.args[1] if role is not None}
+            if sources <= owned:
+                owned.add(name)
+                computes = True
+            elif sources & owned:
+                return None, False
+    return frozenset(owned), computes
 
 
 #: whether recorded calls replay CUDA graphs on repeated addresses (:class:`PreparedCall`);

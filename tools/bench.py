@@ -159,13 +159,26 @@ def run_case(case, algorithms, mask, progress=print, paged_cache=None,
                 plain = candidates[name]
                 _add_graph_tflops(row[name], lambda: plain(q, k, v, causal, gqa), flops)
                 _add_graph_tflops(row[f"{name} paged"], paged_call, flops)
-    for name, us in host_us({n: fn for n, fn in calls.items() if "error" not in row[n]}).items():
+    timed = [n for n in calls if "error" not in row[n]]
+    for name, us in host_us({n: calls[n] for n in timed}).items():
         row[name]["host_us"] = us
-    ours = [n for n in calls if "error" not in row[n] and not n.startswith("sdpa")]
-    for name, us in host_us({n: without_graphs(calls[n]) for n in ours}).items():
-        row[name]["host_us_no_graph"] = us
+    # each candidate on inputs at addresses its earlier calls did not use (paged: the query)
+    views = [views_at_new_addresses(t) for t in (q, k, v)]
+    elsewhere = {}
+    for name in timed:
+        at = [in_turn(t) for t in views]
+        if name.endswith(" paged"):
+            fn = bench_paged.paged_call(name[:-len(" paged")], mask, table,
+                                        repair_overflow=overflow_check)
+            elsewhere[name] = lambda fn=fn, at=at: fn(at[0](), k_cache, v_cache, causal, gqa)
+        else:
+            elsewhere[name] = (lambda fn=candidates[name], at=at:
+                               fn(at[0](), at[1](), at[2](), causal, gqa))
+    for name, us in host_us(elsewhere).items():
+        row[name]["host_us_new"] = us
+    ours = [n for n in timed if not n.startswith("sdpa")]
     for name in ours:
-        row[name]["launches"], row[name]["graph"] = triton_launches(calls[name])
+        row[name]["launches"], row[name]["graph"] = triton_launches(elsewhere[name])
     _all_sdpa_backends()
     progress(row_text(row, algorithms))
     return row
@@ -213,21 +226,34 @@ def host_us(calls: dict, rounds: int = 10, per_round: int = 5) -> dict:
     return {name: statistics.median(t) * 1e6 for name, t in times.items()}
 
 
-def without_graphs(call):
-    """``call`` with a recorded call's graph replays off, as where no earlier repeat used
-    its tensors' addresses (:data:`~pasa_npu.fallback.kernel_common.GRAPH_REPEATS`)."""
-    def launched():
-        replays, kernel_common.GRAPH_REPEATS = kernel_common.GRAPH_REPEATS, False
-        try:
-            call()
-        finally:
-            kernel_common.GRAPH_REPEATS = replays
-    return launched
+#: distinct addresses :func:`views_at_new_addresses` makes: more than :func:`host_us` calls
+#: one candidate (51)
+NEW_ADDRESSES = 64
+
+
+def views_at_new_addresses(t: torch.Tensor) -> list:
+    """Tensors of ``t``'s shape, strides and dtype (contiguous) at :data:`NEW_ADDRESSES`
+    distinct addresses: views 128 bytes apart into one buffer of random values."""
+    step = 128 // t.element_size()
+    flat = torch.randn(t.numel() + NEW_ADDRESSES * step, device=t.device).to(t.dtype)
+    return [flat[i * step:i * step + t.numel()].view(t.shape) for i in range(NEW_ADDRESSES)]
+
+
+def in_turn(views: list):
+    """A function returning ``views`` one after the other, each call the next: a
+    candidate's calls at addresses none of its earlier calls used."""
+    turn = [-1]
+
+    def at():
+        turn[0] = (turn[0] + 1) % len(views)
+        return views[turn[0]]
+    return at
 
 
 def triton_launches(call) -> tuple[int, bool]:
     """(the Triton kernels that one call of a plan already recorded runs, whether it
-    replayed them as one CUDA graph), the call made at the addresses of the calls before."""
+    replayed them as one CUDA graph), for a call made as ``call`` makes it (the bench's:
+    at new addresses)."""
     call()
     call()
     counters = kernel_common.FAST_LAUNCHES, kernel_common.GRAPH_KERNELS

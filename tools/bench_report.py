@@ -101,12 +101,14 @@ def _host_markdown(result) -> list:
     names = list(dict.fromkeys(list(result["algorithms"]) + list(result.get(
         "decode_algorithms", [])))) + ["sdpa-flash", "sdpa-cudnn"]
     lines = ["", "Host time per call, µs, with the GPU kept busy (ratio to SDPA-flash's); "
-             "after ·, our call with graph replays off (PASA_NPU_GRAPH_REPEATS=0), as at "
-             "addresses no earlier repeat used; decode: / eager minus graph replay, µs:",
+             "after ·, each call on inputs at addresses that none of the candidate's earlier "
+             "calls used (paged: the query), and the ratio to SDPA-flash's there; decode: / "
+             "eager minus graph replay, µs:",
              "",
              "| case | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
     for row in rows:
         flash = row.get("sdpa-flash", {}).get("host_us")
+        flash_new = row.get("sdpa-flash", {}).get("host_us_new")
         cells = []
         for name in names:
             e = row.get(name, {})
@@ -116,8 +118,10 @@ def _host_markdown(result) -> list:
             text = f"{e['host_us']:.0f}"
             if flash:
                 text += f" ({e['host_us'] / flash:.1f})"
-            if "host_us_no_graph" in e:
-                text += f" · {e['host_us_no_graph']:.0f}"
+            if "host_us_new" in e:
+                text += f" · {e['host_us_new']:.0f}"
+                if flash_new:
+                    text += f" ({e['host_us_new'] / flash_new:.1f})"
             if "graph_ms" in e:
                 text += f" / {(e['ms'] - e['graph_ms']) * 1e3:.0f}"
             cells.append(text)
@@ -146,10 +150,10 @@ def _launches_markdown(result, rows, names) -> list:
     floor = result.get("empty_launch_us")
     text = "Triton kernels per call (SDPA: one kernel): " + "; ".join(parts) + "."
     if graphs == {True}:
-        text += (" A call at the addresses of an earlier repeat replays its kernels as one "
-                 "CUDA graph, as in the host table's first figure.")
+        text += (" From a plan's second call on, a call at new addresses replays its kernels as "
+                 "one CUDA graph, their address arguments rewritten for its tensors.")
     elif True in graphs:
-        text += " Some calls at the addresses of an earlier repeat replay their kernels as a graph."
+        text += " Some calls at new addresses replay their kernels as a graph."
     if floor is not None:
         text += (f" One launch of an empty kernel, made as a recorded call makes its launches, "
                  f"takes {floor:.1f} µs of host time here.")

@@ -7,6 +7,7 @@ import itertools
 import json
 
 import pytest
+import torch
 
 from pasa_npu.tools import bench, bench_check, bench_report
 
@@ -215,28 +216,32 @@ def test_host_table_shows_microseconds_ratio_to_flash_and_eager_minus_graph():
 def test_host_table_counts_our_launches_per_kind_and_states_the_empty_launch():
     result = _result()
     result["empty_launch_us"] = 7.3
-    result["rows"][0]["pasa-exact"].update(host_us=60.0, host_us_no_graph=75.0, launches=3,
+    result["rows"][0]["pasa-exact"].update(host_us=60.0, host_us_new=75.0, launches=3,
                                            graph=True)
     result["rows"][1]["pasa-exact"] = {"tflops": 390.0, "host_us": 61.0, "launches": 2,
                                        "graph": True}
-    result["rows"][0]["sdpa-flash"].update(host_us=20.0)
+    result["rows"][0]["sdpa-flash"].update(host_us=20.0, host_us_new=25.0)
     result["rows"][2]["pasa-exact"].update(host_us=45.0, ms=0.150, graph_ms=0.110, launches=1,
                                            graph=True)
     text = bench_report.markdown(result)
-    assert "| d=128 S=4096 none | 60 (3.0) · 75 | 20 (1.0) | - |" in text
+    assert "| d=128 S=4096 none | 60 (3.0) · 75 (3.0) | 20 (1.0) · 25 (1.0) | - |" in text
     assert ("Triton kernels per call (SDPA: one kernel): prefill: pasa-exact 2-3; "
-            "decode: pasa-exact 1. A call at the addresses of an earlier repeat replays its "
-            "kernels as one CUDA graph, as in the host table's first figure. One launch of an "
-            "empty kernel, made as a recorded call makes its launches, takes 7.3 µs of host "
-            "time here.") in text
+            "decode: pasa-exact 1. From a plan's second call on, a call at new addresses "
+            "replays its kernels as one CUDA graph, their address arguments rewritten for its "
+            "tensors. One launch of an empty kernel, made as a recorded call makes its "
+            "launches, takes 7.3 µs of host time here.") in text
     result["rows"][2]["pasa-exact"]["graph"] = False
-    assert "Some calls at the addresses" in bench_report.markdown(result)
+    assert "Some calls at new addresses" in bench_report.markdown(result)
 
 
-@pytest.mark.parametrize("setting", [True, False])
-def test_the_host_time_without_graphs_turns_replays_off_for_that_call_alone(setting,
-                                                                           monkeypatch):
-    seen = []
-    monkeypatch.setattr(bench.kernel_common, "GRAPH_REPEATS", setting)
-    bench.without_graphs(lambda: seen.append(bench.kernel_common.GRAPH_REPEATS))()
-    assert seen == [False] and bench.kernel_common.GRAPH_REPEATS is setting
+def test_inputs_at_new_addresses_keep_the_layout_and_never_repeat_within_a_candidates_calls():
+    t = torch.empty(2, 3, 5, 8, dtype=torch.float16)
+    views = bench.views_at_new_addresses(t)
+    at = bench.in_turn(views)
+    got = [at() for _ in range(bench.NEW_ADDRESSES + 1)]
+    assert all(g.shape == t.shape and g.stride() == t.stride() and g.dtype == t.dtype
+               and g.data_ptr() % 16 == 0 for g in got)
+    addresses = [g.data_ptr() for g in got]
+    assert len(set(addresses[:-1])) == bench.NEW_ADDRESSES > 51  # host_us: 51 calls each
+    assert addresses[-1] == addresses[0]
+    assert bench.in_turn(views)().data_ptr() == addresses[0]  # each candidate its own turn

@@ -166,9 +166,12 @@ def per_call_device_us(events, calls: int) -> dict:
 
 
 def kernel_times_us(fn, calls: int = 20) -> dict:
-    """The GPU kernels one call of ``fn`` launches, with their device time per call."""
+    """The GPU kernels one call of ``fn`` launches, with their device time per call, from
+    its third call on (a plan records its launches at the first, captures them at the
+    second)."""
     from torch.profiler import ProfilerActivity, profile
 
+    fn()
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

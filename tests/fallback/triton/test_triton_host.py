@@ -176,10 +176,12 @@ def test_launch_key_tells_apart_what_triton_specialises_on():
 @needs_gpu
 @pytest.mark.parametrize("case", ["prefill", "decode"])
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
-def test_repeated_calls_launch_the_same_kernels_directly(case, algorithm):
+def test_repeated_calls_launch_the_same_kernels_directly(case, algorithm, monkeypatch):
     """The second call of a shape skips Triton's argument binding for every launch, on new
-    tensors, and computes what Triton's own launch path computes, bit for bit."""
+    tensors, and computes what Triton's own launch path computes, bit for bit (graph
+    replays off: the launches themselves)."""
     from pasa_npu.fallback import kernel_common
+    monkeypatch.setattr(kernel_common, "GRAPH_REPEATS", False)
 
     s1, s2 = (300, 300) if case == "prefill" else (1, 700)
     gen = torch.Generator(device="cuda").manual_seed(7)
@@ -293,8 +295,10 @@ def _prefill_forms(device):
 def test_plan_repeats_its_recorded_launches_on_new_tensors(form, algorithm, monkeypatch):
     """A call of a plan after its first launches what the first recorded (workspaces made
     again, no launch through Triton's binding or our launch key), bit for bit as a call
-    launched unbound, on the plan's stream and on another."""
+    launched unbound, on the plan's stream and on another (graph replays off: the launches
+    themselves)."""
     from pasa_npu.fallback import kernel_common
+    monkeypatch.setattr(kernel_common, "GRAPH_REPEATS", False)
     forms, rand = _decode_forms("cuda")
     forms.update(_prefill_forms("cuda"))
     q_shape, kv_shape, keywords, v2 = forms[form]
@@ -330,22 +334,32 @@ def test_plan_repeats_its_recorded_launches_on_new_tensors(form, algorithm, monk
     assert all(torch.equal(a, b) for a, b in zip(other, unbound))
 
 
+#: the argument forms whose recorded calls the graph tests replay
+GRAPH_FORMS = ["BNSD", "BSH lengths, LSE", "paged BSH", "v2 TND sinks", "prefill causal",
+               "prefill paged", "prefill v2 TND sinks"]
+
+
+def _gpu_form(form: str, algorithm: str) -> tuple:
+    """(the entry point, the query's and K/V's shapes, the keywords, a random fp16 tensor
+    maker) of a decode or prefill ``form`` on the GPU, computed by ``algorithm``."""
+    forms, rand = _decode_forms("cuda")
+    forms.update(_prefill_forms("cuda"))
+    q_shape, kv_shape, keywords, v2 = forms[form]
+    keywords = dict(keywords, algorithm=algorithm, backend="triton")
+    return _entries(v2)[0], q_shape, kv_shape, keywords, rand
+
+
 @needs_gpu
-@pytest.mark.parametrize("form", ["BNSD", "BSH lengths, LSE", "paged BSH", "v2 TND sinks",
-                                  "prefill causal", "prefill paged", "prefill v2 TND sinks"])
+@pytest.mark.parametrize("form", GRAPH_FORMS)
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
 def test_repeats_on_the_same_addresses_replay_a_graph_of_the_launches(form, algorithm,
                                                                       monkeypatch):
     """Calls of a plan on tensors at addresses an earlier repeat used replay a CUDA graph of
     the recorded launches: the graph reads the tensors' contents at each call, bit for
-    bit as launches without graphs; on tensors at new addresses the launches run as
-    recorded; with ``GRAPH_REPEATS`` off no graph is made."""
+    bit as launches without graphs, and so does a call on tensors at new addresses; with
+    ``GRAPH_REPEATS`` off no graph is made."""
     from pasa_npu.fallback import kernel_common
-    forms, rand = _decode_forms("cuda")
-    forms.update(_prefill_forms("cuda"))
-    q_shape, kv_shape, keywords, v2 = forms[form]
-    call = _entries(v2)[0]
-    keywords = dict(keywords, algorithm=algorithm, backend="triton")
+    call, q_shape, kv_shape, keywords, rand = _gpu_form(form, algorithm)
     q, k, v = rand(*q_shape), rand(*kv_shape), rand(*kv_shape)
     contents = [tuple(rand(*t.shape) for t in (q, k, v)) for _ in range(3)]
 
@@ -378,13 +392,47 @@ def test_repeats_on_the_same_addresses_replay_a_graph_of_the_launches(form, algo
         assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert not all(torch.equal(a, b) for a, b in zip(plain[0], plain[3])), \
         "the contents do not change the outputs: the test would not see a stale graph"
-    elsewhere = [rand(*t.shape) for t in (q, k, v)]  # new addresses: the launches as recorded
-    replays = kernel_common.GRAPH_REPLAYS[0]
+    elsewhere = [rand(*t.shape) for t in (q, k, v)]  # new addresses
     fresh = call(*elsewhere, **keywords)
-    assert kernel_common.GRAPH_REPLAYS[0] == replays
     monkeypatch.setattr(kernel_common, "GRAPH_REPEATS", False)
     pasa_npu.plans.clear()
     assert all(torch.equal(a, b) for a, b in zip(fresh, call(*elsewhere, **keywords)))
+
+
+@needs_gpu
+@pytest.mark.parametrize("form", GRAPH_FORMS)
+@pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
+def test_repeats_at_new_addresses_replay_the_graph_with_their_addresses(form, algorithm,
+                                                                         monkeypatch):
+    """From a plan's second call on, every call replays the one graph of its recorded
+    launches, each kernel's address arguments (pointers, TMA maps) rewritten for the call's
+    tensors wherever they lie: bit for bit as launches without graphs, with no kernel
+    launched and no host synchronisation, on tensors that take turns in an order that
+    returns to each."""
+    from pasa_npu.fallback import graph_update, kernel_common
+    if not graph_update.supported():
+        pytest.skip("this driver or torch cannot rewrite a graph's kernel arguments")
+    call, q_shape, kv_shape, keywords, rand = _gpu_form(form, algorithm)
+    sets = [tuple(rand(*shape) for shape in (q_shape, kv_shape, kv_shape)) for _ in range(4)]
+    monkeypatch.setattr(kernel_common, "GRAPH_REPEATS", False)
+    pasa_npu.plans.clear()
+    want = [[t.cpu() for t in call(*inputs, **keywords)] for inputs in sets]
+    monkeypatch.setattr(kernel_common, "GRAPH_REPEATS", True)
+    pasa_npu.plans.clear()
+    order = [0, 1, 2, 1, 3, 0, 0, 2]
+    call(*sets[order[0]], **keywords)  # the record: it may read lengths or a table
+    call(*sets[order[1]], **keywords)  # the capture
+    replays, launches = kernel_common.GRAPH_REPLAYS[0], kernel_common.FAST_LAUNCHES[0]
+    for i in order[2:]:
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = call(*sets[i], **keywords)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert all(torch.equal(a.cpu(), b) for a, b in zip(got, want[i])), f"inputs {i}"
+    assert kernel_common.GRAPH_REPLAYS[0] - replays == len(order) - 2
+    assert kernel_common.FAST_LAUNCHES[0] == launches, "a call launched its kernels"
+    assert not all(torch.equal(a, b) for a, b in zip(want[0], want[1]))
 
 
 @needs_gpu
@@ -523,10 +571,12 @@ def test_calls_with_device_lengths_never_synchronise(algorithm):
 def test_recorded_launches_reach_tritons_c_launcher_and_honour_launch_hooks(form, monkeypatch):
     """A plan's repeated launches call Triton's C launcher without its Python launch path,
     on other tensors and back (the TMA maps filled per base address); with a launch hook
-    set they take that path, and the hook sees each launch. Results bit for bit."""
+    set they take that path, and the hook sees each launch. Results bit for bit (graph
+    replays off: the launches themselves)."""
     from triton import knobs
 
     from pasa_npu.fallback import kernel_common
+    monkeypatch.setattr(kernel_common, "GRAPH_REPEATS", False)
     forms, rand = _decode_forms("cuda")
     forms.update(_prefill_forms("cuda"))
     q_shape, kv_shape, keywords, v2 = forms[form]
@@ -738,8 +788,10 @@ def test_a_recorded_call_swaps_in_each_calls_tensors_and_keeps_none(monkeypatch)
 
 def test_which_recorded_calls_may_replay_a_graph(monkeypatch):
     """A record replays graphs only where every launch is direct and no workspace made on
-    every call is over ``GRAPH_WORKSPACE_BYTES`` (a graph would keep it); none with
-    ``GRAPH_REPEATS`` off."""
+    every call is over ``GRAPH_WORKSPACE_BYTES`` (a graph would keep it), and replays one
+    graph on any call's addresses unless a step derives from both a workspace made on
+    every call (the graph's own) and the call's tensors; none with ``GRAPH_REPEATS``
+    off."""
     import functools
 
     from pasa_npu.fallback import kernel_common
@@ -758,8 +810,22 @@ def test_which_recorded_calls_may_replay_a_graph(monkeypatch):
     assert graphs(direct, direct) and graphs(filled(limit), direct)
     assert not graphs(direct, through) and not graphs(filled(limit + 4), direct)
     assert kernel_common.PreparedCall((direct,), ()).kernels == 1
+    # the graph that takes any call's addresses: a workspace made on each call, and what is
+    # derived from it, the graph's own; not where a step derives from it and from the
+    # call's tensors
+    monkeypatch.setattr(kernel_common.graph_update, "supported", lambda: True)
+
+    def derived(name, *roles):
+        return functools.partial(kernel_common._derive, name,
+                                 tuple((role, None) for role in roles), lambda *t: t[0])
+    assert kernel_common.PreparedCall((direct,), ()).addressed is None
+    owning = kernel_common.PreparedCall((filled(4), derived("view", "w"), direct), ())
+    assert owning.addressed is None and owning.owned == {"w", "view"} and owning.computes
+    mixed = kernel_common.PreparedCall((filled(4), derived("both", "w", "query"), direct), ())
+    assert mixed.addressed is False
     monkeypatch.setattr(kernel_common, "GRAPH_REPEATS", False)
     assert not graphs(direct)
+    assert kernel_common.PreparedCall((direct,), ()).addressed is False
 
 
 def test_a_recording_keeps_its_workspaces_within_the_budget(monkeypatch):

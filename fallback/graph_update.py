@@ -1,0 +1,261 @@
+"""A CUDA graph of a recorded call that replays on each call's own addresses.
+
+:class:`AddressedGraph` holds the graph of a recorded call's launches
+(:class:`~pasa_npu.fallback.kernel_common.PreparedCall`), captured once. Before a replay
+for tensors that lie elsewhere, it rewrites, in the instantiated graph, the arguments of
+each kernel node that hold the call's addresses: the pointers and the TMA maps over the
+call's tensors and what is made from them (each map re-addressed by
+``cuTensorMapReplaceAddress``; the node's arguments set by
+``cuGraphExecKernelNodeSetParams``, which affects only later replays). Every other
+argument is the capture's, as the recorded launches' are; the workspaces stay where the
+graph holds them. A call then costs one graph launch and a driver call per kernel in place
+of a launch per kernel.
+
+Made only where every check holds: the driver has the calls, the graph holds one node per
+recorded launch and no other work but what computes its workspaces, and each argument to
+rewrite holds, in the captured node, the value the recorded launch passed there (which
+checks the parameter positions and the CUtensorMap's place in Triton's descriptor
+object)."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import struct
+from typing import Optional
+
+import torch
+
+_KERNEL_NODE = 0     # CU_GRAPH_NODE_TYPE_KERNEL
+_MEMSET_NODE = 2     # CU_GRAPH_NODE_TYPE_MEMSET
+_MAP_BYTES = 128     # sizeof(CUtensorMap)
+_MAP_OFFSET = 128    # the map in Triton's PyCUtensorMap object: 128-byte aligned after its head
+_SCRATCH_PARAMS = 2  # Triton's trailing global and profile scratch pointers
+
+
+class _NodeParams(ctypes.Structure):
+    """CUDA_KERNEL_NODE_PARAMS_v2."""
+    _fields_ = [("func", ctypes.c_void_p), ("grid", ctypes.c_uint * 3),
+                ("block", ctypes.c_uint * 3), ("shared_mem_bytes", ctypes.c_uint),
+                ("kernel_params", ctypes.c_void_p), ("extra", ctypes.c_void_p),
+                ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
+
+
+@functools.lru_cache(maxsize=None)
+def _driver():
+    """The driver calls used here, or None where the driver lacks one."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        calls = dict(nodes=lib.cuGraphGetNodes, node_type=lib.cuGraphNodeGetType,
+                     get=lib.cuGraphKernelNodeGetParams_v2, param_info=lib.cuFuncGetParamInfo,
+                     set=lib.cuGraphExecKernelNodeSetParams_v2,
+                     readdress=lib.cuTensorMapReplaceAddress)
+    except (OSError, AttributeError):
+        return None
+    ptr, size_p = ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)
+    calls["nodes"].argtypes = [ptr, ctypes.POINTER(ptr), size_p]
+    calls["node_type"].argtypes = [ptr, ctypes.POINTER(ctypes.c_int)]
+    calls["get"].argtypes = [ptr, ctypes.POINTER(_NodeParams)]
+    calls["param_info"].argtypes = [ptr, ctypes.c_size_t, size_p, size_p]
+    calls["set"].argtypes = [ptr, ptr, ctypes.POINTER(_NodeParams)]
+    calls["readdress"].argtypes = [ptr, ptr]
+    return calls
+
+
+class _Node:
+    """One kernel node: its parameters as the graph holds them, in a buffer of ours, and
+    where each role's address goes in that buffer."""
+
+    __slots__ = ("handle", "params", "buffer", "base", "array", "pointers", "maps", "last")
+
+    def __init__(self, handle, params, buffer, base, array, pointers, maps):
+        self.handle, self.params, self.buffer, self.base = handle, params, buffer, base
+        self.array = array  # the parameters' addresses (kept alive: params points to it)
+        self.pointers = pointers  # (offset in the buffer, role)
+        self.maps = maps  # (offset in the buffer, role, whether the role is a descriptor)
+        self.last = None  # the addresses the node holds
+
+
+class AddressedGraph:
+    """The instantiated graph of a recorded call and, per kernel node, how to put another
+    call's addresses into it (:meth:`make`, :meth:`replay`)."""
+
+    __slots__ = ("graph", "exec", "nodes", "where", "_set", "_readdress")
+
+    def __init__(self, graph, nodes: list, where):
+        self.graph, self.nodes, self.where = graph, nodes, where
+        self.exec = ctypes.c_void_p(graph.raw_cuda_graph_exec())
+        self._set, self._readdress = _driver()["set"], _driver()["readdress"]
+
+    @classmethod
+    def make(cls, graph, launches: list, roles: dict, where, owned: frozenset = frozenset(),
+             computes: bool = False) -> Optional["AddressedGraph"]:
+        """``graph`` (captured with ``keep_graph=True`` on ``roles``, the call whose tensors'
+        addresses and strides are ``where``), or None where a check fails (module
+        docstring). ``launches``: the recorded call's launches, in order. ``owned``: the
+        roles the graph holds itself (workspaces, and what it computes from them alone,
+        ``computes``: in nodes of its own): their arguments are never rewritten."""
+        calls = _driver()
+        if calls is None or not launches or not all(launch.direct for launch in launches):
+            return None
+        try:
+            graph.instantiate()
+            found = _nodes(calls, ctypes.c_void_p(graph.raw_cuda_graph()))
+        except (AttributeError, RuntimeError):
+            return None
+        if found is None:
+            return None
+        handles, memsets = found
+        by_function = {}
+        for handle in handles:
+            params = _NodeParams()
+            if calls["get"](handle, ctypes.byref(params)) != 0:
+                return None
+            by_function.setdefault(params.func, []).append((handle, params))
+        nodes = []
+        for launch in launches:
+            found = by_function.pop(launch.compiled.function, [])
+            if len(found) != 1:  # a kernel twice: its nodes cannot be told apart here
+                return None
+            node = _node(calls, launch, *found[0], roles, owned)
+            if node is None:
+                return None
+            nodes.append(node)
+        if not computes and (memsets or by_function):
+            return None  # work in the graph that no recorded launch accounts for
+        return cls(graph, nodes, where)
+
+    def replay(self, roles: dict, where) -> None:
+        """Replay the graph on ``roles`` (the call's tensors and what its steps derived
+        from them), whose addresses and strides are ``where``: each node's addresses
+        rewritten first where they changed."""
+        if where != self.where:
+            self.where = None  # until every node holds this call's addresses
+            for node in self.nodes:
+                pointers = [roles[role].data_ptr() for _, role in node.pointers]
+                maps = [(roles[role].base if descriptor else roles[role]).data_ptr()
+                        for _, role, descriptor in node.maps]
+                if (pointers, maps) == node.last:
+                    continue
+                buffer, base = node.buffer, node.base
+                for (offset, _), address in zip(node.pointers, pointers):
+                    struct.pack_into("<Q", buffer, offset, address)
+                for (offset, _, _), address in zip(node.maps, maps):
+                    if self._readdress(base + offset, address) != 0:
+                        raise RuntimeError("cuTensorMapReplaceAddress failed")
+                node.last = None
+                if self._set(self.exec, node.handle, ctypes.byref(node.params)) != 0:
+                    raise RuntimeError("cuGraphExecKernelNodeSetParams failed")
+                node.last = (pointers, maps)
+            self.where = where
+        self.graph.replay()
+
+
+def _nodes(calls, graph) -> Optional[tuple]:
+    """(the graph's kernel nodes, how many memset nodes it has), or None where it has a node
+    of another kind."""
+    count = ctypes.c_size_t(0)
+    if calls["nodes"](graph, None, ctypes.byref(count)) != 0:
+        return None
+    handles = (ctypes.c_void_p * count.value)()
+    if calls["nodes"](graph, handles, ctypes.byref(count)) != 0:
+        return None
+    kind = ctypes.c_int(-1)
+    kernels, memsets = [], 0
+    for handle in handles:
+        if calls["node_type"](handle, ctypes.byref(kind)) != 0:
+            return None
+        if kind.value == _KERNEL_NODE:
+            kernels.append(ctypes.c_void_p(handle))
+        elif kind.value == _MEMSET_NODE:
+            memsets += 1
+        else:
+            return None
+    return kernels, memsets
+
+
+def _param_layout(calls, function) -> list:
+    """(offset, size) of each of ``function``'s parameters."""
+    layout = []
+    offset, size = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    while calls["param_info"](function, len(layout), ctypes.byref(offset),
+                              ctypes.byref(size)) == 0:
+        layout.append((offset.value, size.value))
+    return layout
+
+
+def _node(calls, launch, handle, params: _NodeParams, roles: dict,
+          owned: frozenset) -> Optional[_Node]:
+    """``launch``'s node (``handle``, its ``params`` as captured on ``roles``; the arguments
+    of the ``owned`` roles left as captured), or None."""
+    send = launch.send
+    values = launch.bound(roles)
+    lengths = [1] * len(values)
+    for i, meta in zip(send.described, send.metas):
+        if meta is None:
+            return None  # a descriptor lowered to a pointer: not rewritten here
+        lengths[i] = send.map_width(values[i])
+    # each value's first position among the expanded values, and each position's parameter
+    starts, position, parameter, param_of = [], 0, 0, {}
+    for i, length in enumerate(lengths):
+        starts.append(position)
+        plain = i not in send.described
+        for _ in range(length):
+            if not (plain and send.kinds[i] == "constexpr"):
+                param_of[position] = parameter
+                parameter += 1
+            position += 1
+    layout = _param_layout(calls, params.func)
+    if len(layout) != parameter + _SCRATCH_PARAMS or not params.kernel_params:
+        return None
+    expanded = send.expanded(list(values))
+    captured = ctypes.cast(params.kernel_params, ctypes.POINTER(ctypes.c_void_p))
+    size = max(offset + length for offset, length in layout)
+    buffer = ctypes.create_string_buffer(size + _MAP_BYTES)
+    base = -ctypes.addressof(buffer) % _MAP_BYTES  # maps 64-byte aligned, as the driver asks
+    for index, (offset, length) in enumerate(layout):
+        ctypes.memmove(ctypes.addressof(buffer) + base + offset, captured[index], length)
+    pointers, maps = [], []
+    for i, role in launch.addresses:
+        offset, length = layout[param_of[starts[i]]]
+        if (length != 8 or struct.unpack_from("<Q", buffer, base + offset)[0]
+                != expanded[starts[i]]):
+            return None
+        if role not in owned:
+            pointers.append((base + offset, role))
+    lazy = {i: role for i, role, _ in launch.described}
+    descriptors = {i: role for i, role in launch.slots if i in send.described}
+    if len(descriptors) != len(launch.slots):
+        return None  # a role in another kind of parameter
+    for i, role in sorted({**lazy, **descriptors}.items()):
+        offset, length = layout[param_of[starts[i]]]
+        if (length != _MAP_BYTES or buffer.raw[base + offset:base + offset + length]
+                != ctypes.string_at(id(expanded[starts[i]]) + _MAP_OFFSET, _MAP_BYTES)):
+            return None  # not the map the launch passed there
+        address = (roles[role].base if i in descriptors else roles[role]).data_ptr()
+        if not _readdresses_in_place(calls, buffer.raw[base + offset:base + offset + length],
+                                     address):
+            return None
+        if role not in owned:
+            maps.append((base + offset, role, i in descriptors))
+    array = (ctypes.c_void_p * len(layout))(
+        *[ctypes.addressof(buffer) + base + offset for offset, _ in layout])
+    own = _NodeParams.from_buffer_copy(params)
+    own.kernel_params = ctypes.addressof(array)
+    own.extra = None
+    return _Node(handle, own, buffer, ctypes.addressof(buffer), array, tuple(pointers),
+                 tuple(maps))
+
+
+def _readdresses_in_place(calls, tensor_map: bytes, address: int) -> bool:
+    """Whether ``tensor_map``, re-addressed to ``address`` (its own), stays as it is."""
+    copy = ctypes.create_string_buffer(2 * _MAP_BYTES)
+    at = ctypes.addressof(copy) + (-ctypes.addressof(copy) % _MAP_BYTES)
+    ctypes.memmove(at, tensor_map, _MAP_BYTES)
+    return (calls["readdress"](at, address) == 0
+            and ctypes.string_at(at, _MAP_BYTES) == tensor_map)
+
+
+def supported() -> bool:
+    """Whether this process can rewrite graphs (a CUDA driver with the calls, a torch whose
+    graphs expose their handles)."""
+    return (_driver() is not None and hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"))
