@@ -209,36 +209,35 @@ def _node(calls, launch, handle, params: _NodeParams, roles: dict,
         return None
     expanded = send.expanded(list(values))
     captured = ctypes.cast(params.kernel_params, ctypes.POINTER(ctypes.c_void_p))
-    size = max(offset + length for offset, length in layout)
-    buffer = ctypes.create_string_buffer(size + _MAP_BYTES)
-    base = -ctypes.addressof(buffer) % _MAP_BYTES  # maps 64-byte aligned, as the driver asks
+    # the parameters at their offsets from a 128-byte aligned start (the maps' alignment)
+    buffer, pad = _aligned_buffer(max(offset + length for offset, length in layout))
+    start = ctypes.addressof(buffer) + pad
     for index, (offset, length) in enumerate(layout):
-        ctypes.memmove(ctypes.addressof(buffer) + base + offset, captured[index], length)
+        ctypes.memmove(start + offset, captured[index], length)
     pointers, maps = [], []
     for i, role in launch.addresses:
         offset, length = layout[param_of[starts[i]]]
-        if (length != 8 or struct.unpack_from("<Q", buffer, base + offset)[0]
+        if (length != 8 or struct.unpack_from("<Q", buffer, pad + offset)[0]
                 != expanded[starts[i]]):
             return None
         if role not in owned:
-            pointers.append((base + offset, role))
+            pointers.append((pad + offset, role))
     lazy = {i: role for i, role, _ in launch.described}
     descriptors = {i: role for i, role in launch.slots if i in send.described}
     if len(descriptors) != len(launch.slots):
         return None  # a role in another kind of parameter
     for i, role in sorted({**lazy, **descriptors}.items()):
         offset, length = layout[param_of[starts[i]]]
-        if (length != _MAP_BYTES or buffer.raw[base + offset:base + offset + length]
+        tensor_map = buffer.raw[pad + offset:pad + offset + length]
+        if (length != _MAP_BYTES or tensor_map
                 != ctypes.string_at(id(expanded[starts[i]]) + _MAP_OFFSET, _MAP_BYTES)):
             return None  # not the map the launch passed there
         address = (roles[role].base if i in descriptors else roles[role]).data_ptr()
-        if not _readdresses_in_place(calls, buffer.raw[base + offset:base + offset + length],
-                                     address):
+        if not _readdresses_in_place(calls, tensor_map, address):
             return None
         if role not in owned:
-            maps.append((base + offset, role, i in descriptors))
-    array = (ctypes.c_void_p * len(layout))(
-        *[ctypes.addressof(buffer) + base + offset for offset, _ in layout])
+            maps.append((pad + offset, role, i in descriptors))
+    array = (ctypes.c_void_p * len(layout))(*[start + offset for offset, _ in layout])
     own = _NodeParams.from_buffer_copy(params)
     own.kernel_params = ctypes.addressof(array)
     own.extra = None
@@ -246,10 +245,16 @@ def _node(calls, launch, handle, params: _NodeParams, roles: dict,
                  tuple(maps))
 
 
+def _aligned_buffer(size: int) -> tuple:
+    """(a ctypes buffer, the offset in it of ``size`` bytes that start 128-byte aligned)."""
+    buffer = ctypes.create_string_buffer(size + _MAP_BYTES)
+    return buffer, -ctypes.addressof(buffer) % _MAP_BYTES
+
+
 def _readdresses_in_place(calls, tensor_map: bytes, address: int) -> bool:
     """Whether ``tensor_map``, re-addressed to ``address`` (its own), stays as it is."""
-    copy = ctypes.create_string_buffer(2 * _MAP_BYTES)
-    at = ctypes.addressof(copy) + (-ctypes.addressof(copy) % _MAP_BYTES)
+    copy, pad = _aligned_buffer(_MAP_BYTES)
+    at = ctypes.addressof(copy) + pad
     ctypes.memmove(at, tensor_map, _MAP_BYTES)
     return (calls["readdress"](at, address) == 0
             and ctypes.string_at(at, _MAP_BYTES) == tensor_map)

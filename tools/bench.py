@@ -148,10 +148,12 @@ def run_case(case, algorithms, mask, progress=print, paged_cache=None,
         calls[name] = lambda fn=fn: fn(q, k, v, causal, gqa)
         row[name] = _timed(calls[name], flops, kv_bytes)
     paged = [a for a in bench_paged.PAGED_ALGORITHMS if a in algorithms]
+    paged_fns = {}  # algorithm -> its call on the paged cache
     if paged_cache and paged and (case["kind"] == "decode" or d == 128):
         k_cache, v_cache, table = bench_paged.paged_kv(k, v, gen, paged_cache)
         for name in paged:
-            fn = bench_paged.paged_call(name, mask, table, repair_overflow=overflow_check)
+            fn = paged_fns[name] = bench_paged.paged_call(name, mask, table,
+                                                          repair_overflow=overflow_check)
             paged_call = lambda fn=fn: fn(q, k_cache, v_cache, causal, gqa)  # noqa: E731
             row[f"{name} paged"] = _timed(paged_call, flops, kv_bytes)
             calls[f"{name} paged"] = paged_call
@@ -168,8 +170,7 @@ def run_case(case, algorithms, mask, progress=print, paged_cache=None,
     for name in timed:
         at = [in_turn(t) for t in views]
         if name.endswith(" paged"):
-            fn = bench_paged.paged_call(name[:-len(" paged")], mask, table,
-                                        repair_overflow=overflow_check)
+            fn = paged_fns[name.removesuffix(" paged")]
             elsewhere[name] = lambda fn=fn, at=at: fn(at[0](), k_cache, v_cache, causal, gqa)
         else:
             elsewhere[name] = (lambda fn=candidates[name], at=at:
@@ -235,7 +236,7 @@ def views_at_new_addresses(t: torch.Tensor) -> list:
     """Tensors of ``t``'s shape, strides and dtype (contiguous) at :data:`NEW_ADDRESSES`
     distinct addresses: views 128 bytes apart into one buffer of random values."""
     step = 128 // t.element_size()
-    flat = torch.randn(t.numel() + NEW_ADDRESSES * step, device=t.device).to(t.dtype)
+    flat = torch.randn(t.numel() + NEW_ADDRESSES * step, device=t.device, dtype=t.dtype)
     return [flat[i * step:i * step + t.numel()].view(t.shape) for i in range(NEW_ADDRESSES)]
 
 

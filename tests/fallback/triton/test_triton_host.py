@@ -262,6 +262,17 @@ def _entries(v2: bool):
     return pasa_npu.fused_attention, pasa_npu.plan
 
 
+def _gpu_form(form: str, algorithm: str) -> tuple:
+    """((the entry point, its plan), the query's and K/V's shapes, the keywords, a random
+    fp16 tensor maker) of a decode or prefill ``form`` on the GPU, computed by
+    ``algorithm``."""
+    forms, rand = _decode_forms("cuda")
+    forms.update(_prefill_forms("cuda"))
+    q_shape, kv_shape, keywords, v2 = forms[form]
+    keywords = dict(keywords, algorithm=algorithm, backend="triton")
+    return _entries(v2), q_shape, kv_shape, keywords, rand
+
+
 def _prefill_forms(device):
     """name -> (query shape, key/value shape, keywords, v2) of prefill calls: on the
     Gluon kernel (full lengths, causal; paged), and on the Triton kernel (a band with
@@ -299,11 +310,7 @@ def test_plan_repeats_its_recorded_launches_on_new_tensors(form, algorithm, monk
     themselves)."""
     from pasa_npu.fallback import kernel_common
     monkeypatch.setattr(kernel_common, "GRAPH_REPEATS", False)
-    forms, rand = _decode_forms("cuda")
-    forms.update(_prefill_forms("cuda"))
-    q_shape, kv_shape, keywords, v2 = forms[form]
-    call, plan = _entries(v2)
-    keywords = dict(keywords, algorithm=algorithm, backend="triton")
+    (call, plan), q_shape, kv_shape, keywords, rand = _gpu_form(form, algorithm)
     call(rand(*q_shape), rand(*kv_shape), rand(*kv_shape), **keywords)
     q, k, v = rand(*q_shape), rand(*kv_shape), rand(*kv_shape)
     keyed, executed = [], []
@@ -339,16 +346,6 @@ GRAPH_FORMS = ["BNSD", "BSH lengths, LSE", "paged BSH", "v2 TND sinks", "prefill
                "prefill paged", "prefill v2 TND sinks"]
 
 
-def _gpu_form(form: str, algorithm: str) -> tuple:
-    """(the entry point, the query's and K/V's shapes, the keywords, a random fp16 tensor
-    maker) of a decode or prefill ``form`` on the GPU, computed by ``algorithm``."""
-    forms, rand = _decode_forms("cuda")
-    forms.update(_prefill_forms("cuda"))
-    q_shape, kv_shape, keywords, v2 = forms[form]
-    keywords = dict(keywords, algorithm=algorithm, backend="triton")
-    return _entries(v2)[0], q_shape, kv_shape, keywords, rand
-
-
 @needs_gpu
 @pytest.mark.parametrize("form", GRAPH_FORMS)
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
@@ -359,7 +356,7 @@ def test_repeats_on_the_same_addresses_replay_a_graph_of_the_launches(form, algo
     bit as launches without graphs, and so does a call on tensors at new addresses; with
     ``GRAPH_REPEATS`` off no graph is made."""
     from pasa_npu.fallback import kernel_common
-    call, q_shape, kv_shape, keywords, rand = _gpu_form(form, algorithm)
+    (call, _), q_shape, kv_shape, keywords, rand = _gpu_form(form, algorithm)
     q, k, v = rand(*q_shape), rand(*kv_shape), rand(*kv_shape)
     contents = [tuple(rand(*t.shape) for t in (q, k, v)) for _ in range(3)]
 
@@ -412,7 +409,7 @@ def test_repeats_at_new_addresses_replay_the_graph_with_their_addresses(form, al
     from pasa_npu.fallback import graph_update, kernel_common
     if not graph_update.supported():
         pytest.skip("this driver or torch cannot rewrite a graph's kernel arguments")
-    call, q_shape, kv_shape, keywords, rand = _gpu_form(form, algorithm)
+    (call, _), q_shape, kv_shape, keywords, rand = _gpu_form(form, algorithm)
     sets = [tuple(rand(*shape) for shape in (q_shape, kv_shape, kv_shape)) for _ in range(4)]
     monkeypatch.setattr(kernel_common, "GRAPH_REPEATS", False)
     pasa_npu.plans.clear()
@@ -442,10 +439,7 @@ def test_a_call_whose_key_is_its_value_repeats_its_recorded_launches(form, monke
     bit for bit as unrecorded; a call of the same plan with K and V apart takes the full
     path."""
     from pasa_npu.fallback import kernel_common
-    forms, rand = _decode_forms("cuda")
-    forms.update(_prefill_forms("cuda"))
-    q_shape, kv_shape, keywords, _ = forms[form]
-    keywords = dict(keywords, algorithm="pasa", backend="triton")
+    _, q_shape, kv_shape, keywords, rand = _gpu_form(form, "pasa")
     kv = rand(*kv_shape)
     pasa_npu.fused_attention(rand(*q_shape), kv, kv, **keywords)
     q, kv, v = rand(*q_shape), rand(*kv_shape), rand(*kv_shape)
@@ -577,11 +571,7 @@ def test_recorded_launches_reach_tritons_c_launcher_and_honour_launch_hooks(form
 
     from pasa_npu.fallback import kernel_common
     monkeypatch.setattr(kernel_common, "GRAPH_REPEATS", False)
-    forms, rand = _decode_forms("cuda")
-    forms.update(_prefill_forms("cuda"))
-    q_shape, kv_shape, keywords, v2 = forms[form]
-    call = _entries(v2)[0]
-    keywords = dict(keywords, algorithm="pasa", backend="triton")
+    (call, _), q_shape, kv_shape, keywords, rand = _gpu_form(form, "pasa")
     inputs = [(rand(*q_shape), rand(*kv_shape), rand(*kv_shape)) for _ in range(2)]
     first = [call(*qkv, **keywords) for qkv in inputs]
     through = []
