@@ -56,22 +56,25 @@ def _driver():
     calls["node_type"].argtypes = [ptr, ctypes.POINTER(ctypes.c_int)]
     calls["get"].argtypes = [ptr, ctypes.POINTER(_NodeParams)]
     calls["param_info"].argtypes = [ptr, ctypes.c_size_t, size_p, size_p]
-    calls["set"].argtypes = [ptr, ptr, ctypes.POINTER(_NodeParams)]
+    calls["set"].argtypes = [ptr, ptr, ptr]
     calls["readdress"].argtypes = [ptr, ptr]
     return calls
 
 
 class _Node:
     """One kernel node: its parameters as the graph holds them, in a buffer of ours, and
-    where each role's address goes in that buffer."""
+    where each of the call's addresses goes in that buffer."""
 
-    __slots__ = ("handle", "params", "buffer", "base", "array", "pointers", "maps", "last")
+    __slots__ = ("handle", "params", "params_at", "buffer", "start", "array", "pointers",
+                 "maps", "words", "reads", "last")
 
-    def __init__(self, handle, params, buffer, base, array, pointers, maps):
-        self.handle, self.params, self.buffer, self.base = handle, params, buffer, base
+    def __init__(self, handle, params, buffer, start, array, pointers, maps):
+        self.handle, self.params, self.buffer, self.start = handle, params, buffer, start
+        self.params_at = ctypes.addressof(params)
         self.array = array  # the parameters' addresses (kept alive: params points to it)
-        self.pointers = pointers  # (offset in the buffer, role)
-        self.maps = maps  # (offset in the buffer, role, whether the role is a descriptor)
+        self.pointers = pointers  # (offset from start, role)
+        self.maps = maps  # (offset from start, role)
+        self.words = self.reads = None  # set by AddressedGraph: where to write, what to read
         self.last = None  # the addresses the node holds
 
 
@@ -79,12 +82,26 @@ class AddressedGraph:
     """The instantiated graph of a recorded call and, per kernel node, how to put another
     call's addresses into it (:meth:`make`, :meth:`replay`)."""
 
-    __slots__ = ("graph", "exec", "nodes", "where", "_set", "_readdress")
+    __slots__ = ("graph", "exec", "nodes", "where", "tensors", "described", "_set",
+                 "_readdress")
 
-    def __init__(self, graph, nodes: list, where):
+    def __init__(self, graph, nodes: list, where, roles: dict):
         self.graph, self.nodes, self.where = graph, nodes, where
-        self.exec = ctypes.c_void_p(graph.raw_cuda_graph_exec())
+        self.exec = graph.raw_cuda_graph_exec()
         self._set, self._readdress = _driver()["set"], _driver()["readdress"]
+        # the roles whose addresses the nodes take, each read once per call: tensors, then
+        # descriptors (the address of their base)
+        used = dict.fromkeys(role for node in nodes for _, role in (*node.pointers, *node.maps))
+        self.tensors = tuple(r for r in used if isinstance(roles[r], torch.Tensor))
+        self.described = tuple(r for r in used if not isinstance(roles[r], torch.Tensor))
+        index = {role: i for i, role in enumerate((*self.tensors, *self.described))}
+        for node in nodes:
+            pad = node.start - ctypes.addressof(node.buffer)
+            whole = (len(node.buffer) - pad) // 8 * 8
+            node.words = memoryview(node.buffer).cast("B")[pad:pad + whole].cast("Q")
+            node.pointers = tuple((offset // 8, index[role]) for offset, role in node.pointers)
+            node.maps = tuple((node.start + offset, index[role]) for offset, role in node.maps)
+            node.reads = tuple(dict.fromkeys(i for _, i in (*node.pointers, *node.maps)))
 
     @classmethod
     def make(cls, graph, launches: list, roles: dict, where, owned: frozenset = frozenset(),
@@ -122,7 +139,7 @@ class AddressedGraph:
             nodes.append(node)
         if not computes and (memsets or by_function):
             return None  # work in the graph that no recorded launch accounts for
-        return cls(graph, nodes, where)
+        return cls(graph, nodes, where, roles)
 
     def replay(self, roles: dict, where) -> None:
         """Replay the graph on ``roles`` (the call's tensors and what its steps derived
@@ -130,22 +147,23 @@ class AddressedGraph:
         rewritten first where they changed."""
         if where != self.where:
             self.where = None  # until every node holds this call's addresses
+            addresses = [roles[role].data_ptr() for role in self.tensors]
+            if self.described:
+                addresses += [roles[role].base.data_ptr() for role in self.described]
             for node in self.nodes:
-                pointers = [roles[role].data_ptr() for _, role in node.pointers]
-                maps = [(roles[role].base if descriptor else roles[role]).data_ptr()
-                        for _, role, descriptor in node.maps]
-                if (pointers, maps) == node.last:
+                mine = [addresses[i] for i in node.reads]
+                if mine == node.last:
                     continue
-                buffer, base = node.buffer, node.base
-                for (offset, _), address in zip(node.pointers, pointers):
-                    struct.pack_into("<Q", buffer, offset, address)
-                for (offset, _, _), address in zip(node.maps, maps):
-                    if self._readdress(base + offset, address) != 0:
-                        raise RuntimeError("cuTensorMapReplaceAddress failed")
                 node.last = None
-                if self._set(self.exec, node.handle, ctypes.byref(node.params)) != 0:
+                words = node.words
+                for word, i in node.pointers:
+                    words[word] = addresses[i]
+                for at, i in node.maps:
+                    if self._readdress(at, addresses[i]) != 0:
+                        raise RuntimeError("cuTensorMapReplaceAddress failed")
+                if self._set(self.exec, node.handle, node.params_at) != 0:
                     raise RuntimeError("cuGraphExecKernelNodeSetParams failed")
-                node.last = (pointers, maps)
+                node.last = mine
             self.where = where
         self.graph.replay()
 
@@ -217,11 +235,11 @@ def _node(calls, launch, handle, params: _NodeParams, roles: dict,
     pointers, maps = [], []
     for i, role in launch.addresses:
         offset, length = layout[param_of[starts[i]]]
-        if (length != 8 or struct.unpack_from("<Q", buffer, pad + offset)[0]
+        if (length != 8 or offset % 8 or struct.unpack_from("<Q", buffer, pad + offset)[0]
                 != expanded[starts[i]]):
             return None
         if role not in owned:
-            pointers.append((pad + offset, role))
+            pointers.append((offset, role))
     lazy = {i: role for i, role, _ in launch.described}
     descriptors = {i: role for i, role in launch.slots if i in send.described}
     if len(descriptors) != len(launch.slots):
@@ -236,12 +254,12 @@ def _node(calls, launch, handle, params: _NodeParams, roles: dict,
         if not _readdresses_in_place(calls, tensor_map, address):
             return None
         if role not in owned:
-            maps.append((pad + offset, role, i in descriptors))
+            maps.append((offset, role))
     array = (ctypes.c_void_p * len(layout))(*[start + offset for offset, _ in layout])
     own = _NodeParams.from_buffer_copy(params)
     own.kernel_params = ctypes.addressof(array)
     own.extra = None
-    return _Node(handle, own, buffer, ctypes.addressof(buffer), array, tuple(pointers),
+    return _Node(handle, own, buffer, start, array, tuple(pointers),
                  tuple(maps))
 
 

@@ -502,8 +502,10 @@ def _descriptor(value):
 def _hooked() -> bool:
     """Whether a launch hook is set (Triton's default is an empty chain of hooks, which
     still costs it a metadata dictionary per launch)."""
-    return any(hook is not None and getattr(hook, "calls", True)
-               for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
+    runtime = knobs.runtime
+    enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+    return bool((enter is not None and getattr(enter, "calls", True))
+                or (leave is not None and getattr(leave, "calls", True)))
 
 
 class Binding:
@@ -681,7 +683,8 @@ class PreparedCall:
     Every argument of the launches but the addresses of the call's tensors is the
     recording's, so that a graph computes what the launches would."""
 
-    __slots__ = ("actions", "layout", "graphs", "kernels", "addressed", "owned", "computes")
+    __slots__ = ("actions", "layout", "graphs", "kernels", "addressed", "owned", "computes",
+                 "steps")
 
     def __init__(self, actions: tuple, layout: tuple):
         self.actions = actions
@@ -697,6 +700,9 @@ class PreparedCall:
         # the graph that takes any call's addresses: None until the first repeat tries to
         # make it, False where it cannot be made (graph_update says where)
         self.owned, self.computes = _graph_owned_roles(actions)
+        # the steps an addressed graph's replay runs first: those it does not hold
+        self.steps = tuple(a for a in actions if type(a) is not PreparedLaunch
+                           and a.args[0] not in (self.owned or ()))
         self.addressed = (None if self.graphs is not None and self.owned is not None
                           and graph_update.supported() else False)
 
@@ -708,7 +714,8 @@ class PreparedCall:
         # the graph was captured with, and the same memory in every role
         where = tuple([(t.data_ptr(), t.stride()) for t in roles.values()])
         graphs = self.graphs if GRAPH_REPEATS else None
-        if graphs is not None and not _hooked():
+        hooked = graphs is not None and _hooked()
+        if graphs is not None and not hooked:
             addressed = self.addressed
             graph = addressed.graph if addressed and where == addressed.where else graphs.get(where)
             if graph is not None:
@@ -720,7 +727,7 @@ class PreparedCall:
         # one repeat at a time: a recording's kept workspaces serve one call, so two
         # threads on one stream must not interleave their launches
         with _REPEAT_LOCK:
-            if graphs is None or _hooked():
+            if graphs is None or hooked:
                 self._run(roles)
                 return True
             if self.addressed is None:
@@ -734,9 +741,8 @@ class PreparedCall:
                     graphs[where] = graph
                     return self._replay(graph)
             if self.addressed:
-                for action in self.actions:  # what is made from the call's own tensors
-                    if type(action) is not PreparedLaunch and action.args[0] not in self.owned:
-                        action(roles)
+                for step in self.steps:  # what is made from the call's own tensors
+                    step(roles)
                 try:
                     self.addressed.replay(roles, where)
                 except RuntimeError:  # the driver refused a node's arguments: launch

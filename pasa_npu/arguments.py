@@ -284,6 +284,48 @@ def call_key(call: Call):
     return keys
 
 
+def scalar_signature(call: Call) -> Optional[tuple]:
+    """What :func:`call_key` keys of a call of its common case (tensors as the inputs,
+    scalars everywhere else but for a mask keyed by identity), for
+    :func:`has_signature`; None for any other call."""
+    values = _CALL_VALUES(call)
+    q, k, v, mask = values[:4]
+    after_mask = values[4:]
+    kinds = tuple(map(type, after_mask))
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
+            and isinstance(v, torch.Tensor) and _SCALAR_TYPES.issuperset(kinds)):
+        return None
+    if mask is not None and not (type(mask) is torch.Tensor
+                                 and _mask_keyed_by_identity(call, mask)):
+        return None
+    return (after_mask, kinds, _fingerprint(q), _fingerprint(k), _fingerprint(v),
+            None if mask is None else tensor_identity(mask))
+
+
+def has_signature(call: Call, signature: tuple) -> bool:
+    """Whether ``call`` has the :func:`scalar_signature` ``signature``, so that its
+    :func:`call_key` is that call's: checked without building a key (each argument after
+    the mask the same object, or one of the same type and value)."""
+    values = _CALL_VALUES(call)
+    after_mask, kinds, q_print, k_print, v_print, mask_identity = signature
+    rest = values[4:]
+    if not all(map(operator.is_, rest, after_mask)):
+        # the types first: a tensor is never compared by value, and True is not 1
+        if tuple(map(type, rest)) != kinds or rest != after_mask:
+            return False
+    q, k, v, mask = values[:4]
+    if mask is None:
+        if mask_identity is not None:
+            return False
+    elif (mask_identity is None or type(mask) is not torch.Tensor
+          or tensor_identity(mask) != mask_identity):
+        return False
+    tensor = torch.Tensor
+    return (isinstance(q, tensor) and isinstance(k, tensor) and isinstance(v, tensor)
+            and _fingerprint(q) == q_print and _fingerprint(k) == k_print
+            and _fingerprint(v) == v_print)
+
+
 def _mask_keyed_by_identity(call: Call, mask: torch.Tensor) -> bool:
     """Whether :func:`call_key` keys ``mask`` by :func:`tensor_identity`: masks of sparse
     modes 2-4, which the plan only validates, and bool masks of modes 0/1, which it holds

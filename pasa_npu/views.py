@@ -49,9 +49,10 @@ def call_inputs(call, layout: str, num_heads: int, num_kv_heads: int, block_size
     where the lengths stay there: ``device_lengths``). ``gather``: the paged
     rows in use as one contiguous copy (:func:`~pasa_npu.paged_kv.contiguous`), the table
     None and ``kv_starts`` theirs."""
-    if not block_size:
-        return (*canonical_views(call.query, call.key, call.value, layout, num_heads,
-                                 num_kv_heads), None, kv_starts)
+    if not block_size:  # tensors of the shapes the plan checked: views alone
+        view = _CANONICAL[layout]
+        return (view(call.query, num_heads), view(call.key, num_kv_heads),
+                view(call.value, num_kv_heads), None, kv_starts)
     q = to_canonical(call.query, "query", layout, num_heads)
     k, v = cache_views(call.key, call.value, layout, num_kv_heads, block_size)
     table = table_for_call(call.block_table, kv_lens, k.shape[0], block_size, call.query.device,
@@ -90,19 +91,24 @@ def to_canonical(t: torch.Tensor, name: str, layout: str, heads: int) -> torch.T
         if t.shape[2] % heads:
             raise ValueError(f"{name}'s hidden size {t.shape[2]} is not divisible by its head "
                              f"count {heads} (input_layout BSH)")
-        return t.view(t.shape[0], t.shape[1], heads, t.shape[2] // heads).permute(0, 2, 1, 3)
+        return _CANONICAL[layout](t, heads)
     head_axis = {"BSND": 2, "BNSD": 1, "TND": 1, "NTD": 0}[layout]
     if t.shape[head_axis] != heads:
         what = "num_heads" if name == "query" else "num_key_value_heads (or num_heads)"
         raise ValueError(f"{name} has {t.shape[head_axis]} heads on its N axis (input_layout "
                          f"{layout}) but {what} is {heads}")
-    if layout == "BSND":
-        return t.permute(0, 2, 1, 3)
-    if layout == "BNSD":
-        return t
-    if layout == "TND":
-        return t.permute(1, 0, 2).unsqueeze(0)
-    return t.unsqueeze(0)
+    return _CANONICAL[layout](t, heads)
+
+
+#: layout -> the (B, N, S, D) view of a tensor in it, given its head count, unchecked
+_CANONICAL = {
+    "BSH": lambda t, heads: t.view(t.shape[0], t.shape[1], heads,
+                                   t.shape[2] // heads).permute(0, 2, 1, 3),
+    "BSND": lambda t, heads: t.permute(0, 2, 1, 3),
+    "BNSD": lambda t, heads: t,
+    "TND": lambda t, heads: t.permute(1, 0, 2).unsqueeze(0),
+    "NTD": lambda t, heads: t.unsqueeze(0),
+}
 
 
 def canonical_views(query, key, value, layout: str, num_heads: int, num_kv_heads: int):

@@ -147,8 +147,8 @@ def repeat(plan_state: dict, tensors: dict) -> bool:
         return False
     key, tuning = entry[0], active_tuning()
     if ((key[0] is not tuning and key[0] != tuning)
-            or key[-1] != torch._C._cuda_getCurrentRawStream(tensors["query"].device.index)
-            or torch.cuda.is_current_stream_capturing()):
+            or key[-1] != torch._C._cuda_getCurrentRawStream(tensors["query"].get_device())
+            or torch._C._cuda_isCurrentStreamCapturing()):
         return False
     return entry[1](tensors)
 

@@ -257,6 +257,38 @@ def test_a_full_bool_mask_is_cached_by_identity_and_version():
     assert len(plans._FULL_MASK_KEYS) == plans._FULL_MASK_PLANS
 
 
+def test_the_recent_plans_go_only_to_calls_of_their_arguments():
+    """The two latest argument sets' plans are found without building a key: calls that
+    alternate between them each get their own; a call that differs in a value, in a type
+    (True for 1), in a mask's version or in an input's strides, or that passes a tensor
+    where they had a scalar, gets another plan."""
+    from pasa_npu import plans
+
+    q, k, v = _small()
+    mask = pasa_npu.compressed_causal_mask()
+    base = dict(num_heads=2, input_layout="BNSD", sparse_mode=3, atten_mask=mask)
+
+    def plan(q=q, **kw):
+        return plans.plan_for(pasa_npu.arguments.bind("fused_attention", q, k, v,
+                                                      {**base, **kw}), golden=False)
+
+    plans.clear()
+    first, second = plan(), plan(softmax_lse_flag=True)
+    for _ in range(2):
+        assert plan() is first and plan(softmax_lse_flag=True) is second
+    assert plan(scale=0.5) is not first
+    with_one = plan(inner_precise=1)
+    assert plan(inner_precise=1) is with_one
+    with pytest.raises(TypeError, match="inner_precise must be an int"):
+        plan(inner_precise=True)  # equal to the latest call's 1, but validated
+    strided = q.transpose(2, 3).contiguous().transpose(2, 3)
+    assert plan(q=strided) is not first
+    assert plan(actual_seq_lengths=torch.tensor([5])) is not first
+    mask[0, 1] = False  # a new version: the plan validates the mask again
+    with pytest.raises(ValueError, match="strict upper triangle"):
+        plan()
+
+
 def test_cached_plan_warns_on_every_call():
     q, k, v = _small()
     for _ in range(2):
