@@ -72,9 +72,11 @@ class _Node:
         self.handle, self.params, self.buffer, self.start = handle, params, buffer, start
         self.params_at = ctypes.addressof(params)
         self.array = array  # the parameters' addresses (kept alive: params points to it)
-        self.pointers = pointers  # (offset from start, role)
-        self.maps = maps  # (offset from start, role)
-        self.words = self.reads = None  # set by AddressedGraph: where to write, what to read
+        # (offset from start, role); AddressedGraph makes them (64-bit word, address index)
+        # and (the map's address, address index)
+        self.pointers, self.maps = pointers, maps
+        self.words = self.reads = None  # set by AddressedGraph: the buffer as 64-bit words,
+        # and the indices of the addresses the node reads
         self.last = None  # the addresses the node holds
 
 

@@ -92,7 +92,7 @@ def test_rows_past_the_limit_are_recomputed(backend, algorithm, shape):
     if shape == "prefill":  # three kv blocks of 128, the last part-filled
         q, k, v = ramp_inputs(1, 192, 320, loud_from=256)
     else:  # one query per batch entry, split kv
-        q, k, v = ramp_inputs(24, 1, 1000, loud_from=768)
+        q, k, v = ramp_inputs(12, 1, 1000, loud_from=768)
     _assert_rows_recomputed(backend, algorithm, q, k, v, **kw)
 
 

@@ -27,8 +27,7 @@ def test_decode_split_counts_agree_with_cpu_backend(splits, algorithm, monkeypat
     if splits == "shallow":
         monkeypatch.setattr(triton_launch, "shallow_decode", lambda *a: True)
 
-    block = 16 if interpreted("triton") else 128
-    n_blocks = 67
+    block, n_blocks = (16, 37) if interpreted("triton") else (128, 67)
     gen = torch.Generator().manual_seed(3)
     d, s2 = 32 if interpreted("triton") else 128, n_blocks * block
     q = torch.randn(2, 1, 8, d, generator=gen).half()
