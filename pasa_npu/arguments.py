@@ -226,19 +226,9 @@ def call_key(call: Call):
     validation of everything else. A field that holds its default object is left out;
     every other one enters with its position and type, so that ``True`` never hits ``1``."""
     values = _CALL_VALUES(call)
-    q, k, v, mask = values[:4]
-    after_mask = values[4:]
-    kinds = tuple(map(type, after_mask))
-    if (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
-            and isinstance(v, torch.Tensor) and _SCALAR_TYPES.issuperset(kinds)):
-        # the common cases: tensors as the inputs, scalars everywhere else but for a mask
-        # that the plan validates once (as the general case below keys it)
-        if mask is None:
-            return ("scalars", _fingerprint(q), _fingerprint(k), _fingerprint(v), after_mask,
-                    kinds), ()
-        if type(mask) is torch.Tensor and _mask_keyed_by_identity(call, mask):
-            return ("scalars and a mask", _fingerprint(q), _fingerprint(k), _fingerprint(v),
-                    tensor_identity(mask), after_mask, kinds), ()
+    signature = _scalar_signature(call, values)
+    if signature is not None:  # the common case, keyed by its signature alone
+        return (_SCALAR_KEY, *signature), ()
     key = []
     lengths = []
     append = key.append
@@ -284,11 +274,16 @@ def call_key(call: Call):
     return keys
 
 
-def scalar_signature(call: Call) -> Optional[tuple]:
-    """What :func:`call_key` keys of a call of its common case (tensors as the inputs,
-    scalars everywhere else but for a mask keyed by identity), for
-    :func:`has_signature`; None for any other call."""
-    values = _CALL_VALUES(call)
+#: the first entry of the arguments key of a call of :func:`call_key`'s common case
+_SCALAR_KEY = "scalars"
+
+
+def _scalar_signature(call: Call, values: tuple) -> Optional[tuple]:
+    """The key of a call of :func:`call_key`'s common case (tensors as the inputs, scalars
+    everywhere else but for a mask that the plan validates once, keyed by identity as the
+    general case keys it), ``values`` its field values: (the values after the mask, their
+    types, the inputs' fingerprints, the mask's identity or None); None for any other
+    call."""
     q, k, v, mask = values[:4]
     after_mask = values[4:]
     kinds = tuple(map(type, after_mask))
@@ -302,10 +297,19 @@ def scalar_signature(call: Call) -> Optional[tuple]:
             None if mask is None else tensor_identity(mask))
 
 
+def signature_of(keys: Optional[tuple]) -> Optional[tuple]:
+    """The signature in the :func:`call_key` ``keys`` of a call of its common case, for
+    :func:`has_signature`; None for the keys of any other call."""
+    if keys is None or keys[0][0] != _SCALAR_KEY:
+        return None
+    return keys[0][1:]
+
+
 def has_signature(call: Call, signature: tuple) -> bool:
-    """Whether ``call`` has the :func:`scalar_signature` ``signature``, so that its
-    :func:`call_key` is that call's: checked without building a key (each argument after
-    the mask the same object, or one of the same type and value)."""
+    """Whether ``call``'s :func:`call_key` holds ``signature`` (:func:`signature_of`),
+    checked without building the key: each argument after the mask the same object, or one
+    of the same type and value; the same mask, unchanged; inputs of the same
+    fingerprints."""
     values = _CALL_VALUES(call)
     after_mask, kinds, q_print, k_print, v_print, mask_identity = signature
     rest = values[4:]

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import collections
 import warnings
+from typing import Optional
 
 import torch
 
 from . import backends, overflow
-from .arguments import LENGTH_ARGUMENTS, Call, call_key, has_signature, scalar_signature
+from .arguments import LENGTH_ARGUMENTS, Call, call_key, has_signature, signature_of
 from .lengths import read_device_lengths
 from .numerics import to_fp16_checked
 from .options import PACKED
@@ -37,12 +38,10 @@ _FULL_MASK_PLANS = 8
 
 
 #: the plans of the two most recent calls of scalar arguments (call_key's common case), the
-#: latest first, each as (its call's :func:`~pasa_npu.arguments.scalar_signature`, plan): a
-#: call with one of those signatures takes that plan without building its key (a model's
-#: layers alternate between at most two argument sets: self- and cross-attention)
+#: latest first, each as (the signature in its key, :func:`~pasa_npu.arguments.signature_of`,
+#: plan): a call with one of those signatures takes that plan without building its key (a
+#: model's layers alternate between at most two argument sets: self- and cross-attention)
 _RECENT: list = [None, None]
-
-_SCALAR_KEYS = ("scalars", "scalars and a mask")
 
 
 def clear() -> None:
@@ -91,7 +90,7 @@ def plan_for(call: Call, golden: bool) -> Plan:
             return older[1]
     keys, plans, plan = _cached(call, golden)
     if plan is not None:
-        _remember(call, keys, plan)
+        _remember(keys, plan)
         return plan
     query = call.query
     on_device = tuple(name for name in LENGTH_ARGUMENTS
@@ -134,16 +133,14 @@ def plan_for(call: Call, golden: bool) -> Plan:
         elif len(plans) >= _LENGTHS_PER_PLAN:
             plans.clear()
         plans[keys[1]] = plan
-        _remember(call, keys, plan)
+        _remember(keys, plan)
     return plan
 
 
-def _remember(call: Call, keys: tuple, plan: Plan) -> None:
-    """Make ``plan``, cached under ``keys``, the most recent of :data:`_RECENT` where
-    ``call``'s arguments are scalars (call_key's common case)."""
-    if keys is None or keys[0][0] not in _SCALAR_KEYS:
-        return
-    signature = scalar_signature(call)
+def _remember(keys: Optional[tuple], plan: Plan) -> None:
+    """Make ``plan``, cached under ``keys``, the most recent of :data:`_RECENT` where its
+    call's arguments are scalars (call_key's common case)."""
+    signature = signature_of(keys)
     if signature is not None:
         _RECENT[:] = (signature, plan), _RECENT[0]
 
