@@ -48,7 +48,7 @@ def _driver():
         calls = dict(nodes=lib.cuGraphGetNodes, node_type=lib.cuGraphNodeGetType,
                      get=lib.cuGraphKernelNodeGetParams_v2, param_info=lib.cuFuncGetParamInfo,
                      set=lib.cuGraphExecKernelNodeSetParams_v2,
-                     readdress=lib.cuTensorMapReplaceAddress)
+                     readdress=lib.cuTensorMapReplaceAddress, launch=lib.cuGraphLaunch)
     except (OSError, AttributeError):
         return None
     ptr, size_p = ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)
@@ -58,6 +58,7 @@ def _driver():
     calls["param_info"].argtypes = [ptr, ctypes.c_size_t, size_p, size_p]
     calls["set"].argtypes = [ptr, ptr, ptr]
     calls["readdress"].argtypes = [ptr, ptr]
+    calls["launch"].argtypes = [ptr, ptr]
     return calls
 
 
@@ -84,19 +85,24 @@ class AddressedGraph:
     """The instantiated graph of a recorded call and, per kernel node, how to put another
     call's addresses into it (:meth:`make`, :meth:`replay`)."""
 
-    __slots__ = ("graph", "exec", "nodes", "where", "tensors", "described", "_set",
-                 "_readdress")
+    __slots__ = ("graph", "exec", "nodes", "roles", "tensors", "columns", "addresses", "device",
+                 "_set", "_readdress", "_launch")
 
-    def __init__(self, graph, nodes: list, where, roles: dict):
-        self.graph, self.nodes, self.where = graph, nodes, where
+    def __init__(self, graph, nodes: list, roles: dict, names: tuple):
+        self.graph, self.nodes = graph, nodes
         self.exec = graph.raw_cuda_graph_exec()
-        self._set, self._readdress = _driver()["set"], _driver()["readdress"]
+        calls = _driver()
+        self._set, self._readdress, self._launch = calls["set"], calls["readdress"], calls["launch"]
         # the roles whose addresses the nodes take, each read once per call: tensors, then
         # descriptors (the address of their base)
         used = dict.fromkeys(role for node in nodes for _, role in (*node.pointers, *node.maps))
         self.tensors = tuple(r for r in used if isinstance(roles[r], torch.Tensor))
-        self.described = tuple(r for r in used if not isinstance(roles[r], torch.Tensor))
-        index = {role: i for i, role in enumerate((*self.tensors, *self.described))}
+        self.roles = (*self.tensors, *(r for r in used if r not in self.tensors))
+        # where each of them is among the call's own roles (``names``), where all are
+        self.columns = (tuple(names.index(r) for r in self.roles)
+                        if set(self.roles) <= set(names) and len(self.roles) == len(self.tensors)
+                        else None)
+        index = {role: i for i, role in enumerate(self.roles)}
         for node in nodes:
             pad = node.start - ctypes.addressof(node.buffer)
             whole = (len(node.buffer) - pad) // 8 * 8
@@ -104,15 +110,17 @@ class AddressedGraph:
             node.pointers = tuple((offset // 8, index[role]) for offset, role in node.pointers)
             node.maps = tuple((node.start + offset, index[role]) for offset, role in node.maps)
             node.reads = tuple(dict.fromkeys(i for _, i in (*node.pointers, *node.maps)))
+        self.addresses = self.addresses_of(roles)  # those the graph holds
+        self.device = next(t for t in roles.values() if isinstance(t, torch.Tensor)).get_device()
 
     @classmethod
-    def make(cls, graph, launches: list, roles: dict, where, owned: frozenset = frozenset(),
-             computes: bool = False) -> Optional["AddressedGraph"]:
-        """``graph`` (captured with ``keep_graph=True`` on ``roles``, the call whose tensors'
-        addresses and strides are ``where``), or None where a check fails (module
-        docstring). ``launches``: the recorded call's launches, in order. ``owned``: the
-        roles the graph holds itself (workspaces, and what it computes from them alone,
-        ``computes``: in nodes of its own): their arguments are never rewritten."""
+    def make(cls, graph, launches: list, roles: dict, names: tuple,
+             owned: frozenset = frozenset(), computes: bool = False) -> Optional["AddressedGraph"]:
+        """``graph`` (captured with ``keep_graph=True`` on ``roles``, whose first roles are
+        the call's own, ``names``), or None where a check fails (module docstring).
+        ``launches``: the recorded call's launches, in order. ``owned``: the roles the graph
+        holds itself (workspaces, and what it computes from them alone, ``computes``: in
+        nodes of its own): their arguments are never rewritten."""
         calls = _driver()
         if calls is None or not launches or not all(launch.direct for launch in launches):
             return None
@@ -141,17 +149,20 @@ class AddressedGraph:
             nodes.append(node)
         if not computes and (memsets or by_function):
             return None  # work in the graph that no recorded launch accounts for
-        return cls(graph, nodes, where, roles)
+        return cls(graph, nodes, roles, names)
 
-    def replay(self, roles: dict, where) -> None:
-        """Replay the graph on ``roles`` (the call's tensors and what its steps derived
-        from them), whose addresses and strides are ``where``: each node's addresses
-        rewritten first where they changed."""
-        if where != self.where:
-            self.where = None  # until every node holds this call's addresses
-            addresses = [roles[role].data_ptr() for role in self.tensors]
-            if self.described:
-                addresses += [roles[role].base.data_ptr() for role in self.described]
+    def addresses_of(self, roles: dict) -> list:
+        """The addresses :meth:`replay` takes, read from ``roles`` (the call's tensors and
+        what its steps derived from them)."""
+        return [t.data_ptr() if isinstance(t, torch.Tensor) else t.base.data_ptr()
+                for t in map(roles.__getitem__, self.roles)]
+
+    def replay(self, addresses: list) -> None:
+        """Replay the graph on ``addresses``, those of :attr:`roles` in order (a tensor's
+        data pointer, a descriptor's base's): each node's addresses rewritten first where
+        they changed."""
+        if addresses != self.addresses:
+            self.addresses = None  # until every node holds this call's addresses
             for node in self.nodes:
                 mine = [addresses[i] for i in node.reads]
                 if mine == node.last:
@@ -166,8 +177,12 @@ class AddressedGraph:
                 if self._set(self.exec, node.handle, node.params_at) != 0:
                     raise RuntimeError("cuGraphExecKernelNodeSetParams failed")
                 node.last = mine
-            self.where = where
-        self.graph.replay()
+            self.addresses = addresses
+        # the driver's launch on the current stream (torch's replay costs more host time),
+        # where this thread's current device is the graph's (the driver's current context)
+        if (torch._C._cuda_getDevice() != self.device or self._launch(
+                self.exec, torch._C._cuda_getCurrentRawStream(self.device)) != 0):
+            self.graph.replay()
 
 
 def _nodes(calls, graph) -> Optional[tuple]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import os
 import threading
 import weakref
@@ -521,6 +522,7 @@ class Binding:
     def __init__(self, roles: Optional[dict]):
         self.roles = roles
         self.layout = _role_layout(roles) if roles is not None else None
+        self.names = tuple(roles) if roles is not None else None  # the call's roles, in order
         self.actions: list = []  # in call order: steps (callables on roles), launches
         self.complete = roles is not None
         self.kept: set = set()  # ids of the workspaces the recording keeps
@@ -603,7 +605,7 @@ class Binding:
         """The recorded call, or None where it cannot be repeated."""
         if not self.complete or not any(isinstance(a, PreparedLaunch) for a in self.actions):
             return None
-        return PreparedCall(tuple(self.actions), self.layout)
+        return PreparedCall(tuple(self.actions), self.layout, self.names)
 
 
 def _env_mib(name: str, default: int) -> int:
@@ -684,11 +686,16 @@ class PreparedCall:
     recording's, so that a graph computes what the launches would."""
 
     __slots__ = ("actions", "layout", "graphs", "kernels", "addressed", "owned", "computes",
-                 "steps")
+                 "steps", "names", "strides")
 
-    def __init__(self, actions: tuple, layout: tuple):
+    def __init__(self, actions: tuple, layout: tuple, names: tuple = ()):
         self.actions = actions
         self.layout = layout  # the strides and 16-byte alignment of the binding call's tensors
+        # the binding call's roles, in order, and their strides where their tensors are
+        # distinct and all 16-byte aligned (the layout a repeat checks in :meth:`_replay_at`)
+        self.names = names
+        self.strides = ([strides for strides, _ in layout] if names and len(layout) == len(names)
+                        and all(aligned for _, aligned in layout) else None)
         launches = [a for a in actions if type(a) is PreparedLaunch]
         self.kernels = len(launches)
         # the call's tensors' (address, strides) -> the graph of the launches, or None
@@ -710,18 +717,22 @@ class PreparedCall:
         """Repeat the call on ``roles`` (the call's own tensors); False, launching
         nothing, where a tensor's strides or alignment differ from the binding call's
         (workspaces, and what is derived from the tensors, then follow as they did)."""
+        addressed = self.addressed
+        if (addressed and addressed.columns is not None and self.strides is not None
+                and not self.steps):
+            replayed = self._replay_at(addressed, roles)
+            if replayed is not None:
+                return replayed
         # each tensor's address and strides: a call that matches a graph's has the layout
         # the graph was captured with, and the same memory in every role
         where = tuple([(t.data_ptr(), t.stride()) for t in roles.values()])
         graphs = self.graphs if GRAPH_REPEATS else None
         hooked = graphs is not None and _hooked()
-        if graphs is not None and not hooked:
-            addressed = self.addressed
-            graph = addressed.graph if addressed and where == addressed.where else graphs.get(where)
+        if graphs is not None and not hooked and not self.addressed:
+            graph = graphs.get(where)
             if graph is not None:
                 with _REPEAT_LOCK:
-                    if not addressed or where == addressed.where:  # still, under the lock
-                        return self._replay(graph)
+                    return self._replay(graph)
         if _role_layout(roles, where) != self.layout:
             return False
         # one repeat at a time: a recording's kept workspaces serve one call, so two
@@ -733,8 +744,8 @@ class PreparedCall:
             if self.addressed is None:
                 graph = self._capture(roles, keep_graph=True)
                 self.addressed = (graph_update.AddressedGraph.make(
-                    graph, [a for a in self.actions if type(a) is PreparedLaunch], roles, where,
-                    self.owned, self.computes) if graph is not None else None) or False
+                    graph, [a for a in self.actions if type(a) is PreparedLaunch], roles,
+                    self.names, self.owned, self.computes) if graph is not None else None) or False
                 if self.addressed:
                     return self._replay(graph)
                 if graph is not None:  # captured, not addressable: this address set's graph
@@ -744,7 +755,7 @@ class PreparedCall:
                 for step in self.steps:  # what is made from the call's own tensors
                     step(roles)
                 try:
-                    self.addressed.replay(roles, where)
+                    self.addressed.replay(self.addressed.addresses_of(roles))
                 except RuntimeError:  # the driver refused a node's arguments: launch
                     self.addressed = False
                     self._run(roles)
@@ -761,6 +772,34 @@ class PreparedCall:
                 return True
             graphs[where] = graph
             return self._replay(graph)
+
+    def _replay_at(self, addressed, roles: dict) -> Optional[bool]:
+        """:meth:`__call__` where the addressed graph takes every address from the call's own
+        tensors (no step derives one) and the binding call's were distinct and aligned: the
+        layout checked against those strides and that alignment, the graph replayed on the
+        call's addresses. None, having launched nothing, where this call needs the general
+        path (other roles, tensors that may share one, a launch hook, graphs switched off)."""
+        tensors = roles.values()
+        pointers = [t.data_ptr() for t in tensors]
+        if (tuple(roles) != self.names or not GRAPH_REPEATS or _hooked()
+                or len(set(pointers)) != len(pointers)):
+            return None
+        if ([t.stride() for t in tensors] != self.strides
+                or functools.reduce(operator.or_, pointers) & 15):
+            return False
+        addresses = [pointers[i] for i in addressed.columns]
+        with _REPEAT_LOCK:
+            if self.addressed is not addressed:
+                return None
+            try:
+                addressed.replay(addresses)
+            except RuntimeError:  # the driver refused a node's arguments: launch
+                self.addressed = False
+                self._run(roles)
+                return True
+        GRAPH_REPLAYS[0] += 1
+        GRAPH_KERNELS[0] += self.kernels
+        return True
 
     def _replay(self, graph) -> bool:
         """Replay ``graph`` (the caller holds _REPEAT_LOCK) and count it."""

@@ -158,9 +158,21 @@ def record_check(algorithm: str, backend: str, check: Optional[OverflowCheck],
                  layout: tuple) -> None:
     """:func:`record` from its parts: ``check`` None where the call was not checked;
     ``layout`` (q_starts, q_lens, packed, q_block), see :func:`_count`."""
-    _NEWER[0] = (OverflowReport, (algorithm, backend, check is not None, check, layout))
+    _NEWER[0] = pending_check(algorithm, backend, check, layout)
     if check is not None and host_memory(check.row_flags.device):
         overflow_report()._read()
+
+
+def pending_check(algorithm: str, backend: str, check: Optional[OverflowCheck],
+                  layout: tuple) -> tuple:
+    """What :func:`record_check` makes the latest report, for :func:`record_pending`."""
+    return OverflowReport, (algorithm, backend, check is not None, check, layout)
+
+
+def record_pending(pending: tuple) -> None:
+    """:func:`record_check` of a check whose flags are on a device (or of no check), made
+    once by :func:`pending_check` for the many calls that share it."""
+    _NEWER[0] = pending
 
 
 def record_unchecked(algorithm: str, backend: str) -> None:

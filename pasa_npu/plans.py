@@ -22,7 +22,7 @@ from .outputs import (allocate_lse, allocate_output, fix_rows, lse_placeholder,
 from .planner import Plan, make_plan
 from .problem import (AttentionProblem, DeviceLengths, OverflowCheck, call_tensors, host_memory,
                       keeping_nothing, keeps_device_tensors)
-from .views import call_inputs
+from .views import call_inputs, unchecked_view
 
 __all__ = ["Plan", "PLANS", "clear", "attention", "plan_for", "run", "repeat", "execute"]
 
@@ -194,19 +194,64 @@ def repeat(plan: Plan, call: Call):
     if not keeps_device_tensors():
         return None
     options = plan.options
-    q, k, v, table, _ = call_inputs(
-        call, options.in_layout, options.num_heads, options.num_kv_heads, options.block_size,
-        plan.kv_lens, plan.kv_starts, options.packed, False, plan.table_on_host, plan.on_host)
-    out, out_view, lse_out, lse_view = _outputs(plan, q, v, shared_lse_placeholder)
-    check = _repeat_overflow_check(plan, out_view)
+    form = plan.kept.get("repeat")
+    view = form.view if form is not None else None
+    if view is not None:
+        q, k, v, table = (view(query, options.num_heads), view(key, options.num_kv_heads),
+                          view(value, options.num_kv_heads), None)
+    else:
+        q, k, v, table, _ = call_inputs(
+            call, options.in_layout, options.num_heads, options.num_kv_heads,
+            options.block_size, plan.kv_lens, plan.kv_starts, options.packed, False,
+            plan.table_on_host, plan.on_host)
+        if form is None:
+            form = plan.kept["repeat"] = _RepeatForm(plan, query, q, v)
+    if form.out_like_query:
+        out = torch.empty_like(query)
+        out_view, lse_out, lse_view = (form.view(out, options.num_heads),
+                                       shared_lse_placeholder(out.device), None)
+    else:
+        out, out_view, lse_out, lse_view = _outputs(plan, q, v, shared_lse_placeholder)
+    check = form.check if form.pending is not None else _repeat_overflow_check(plan, out_view)
     sink = call.learnable_sink
     if not plan.repeat(plan.backend_state, call_tensors(
             q, k, v, out_view, lse_view, None if check is None else check.row_flags,
             None if sink is None else sink.to(query.device, torch.float32), table)):
         return None
-    overflow.record_check(options.allocation.name, plan.backend, check,
-                          (plan.q_starts, plan.q_lens, options.packed, options.tiling.q_block))
+    if form.pending is not None:
+        overflow.record_pending(form.pending)
+    else:
+        overflow.record_check(options.allocation.name, plan.backend, check,
+                              (plan.q_starts, plan.q_lens, options.packed,
+                               options.tiling.q_block))
     return out, lse_out
+
+
+class _RepeatForm:
+    """What every :func:`repeat` of one plan's calls shares, made at its first (on the
+    call's ``query`` and the canonical views ``q`` and ``v``): ``view``, the canonical
+    view of the inputs (None where a block table is checked per call);
+    ``out_like_query``, whether the output is made as ``torch.empty_like(query)`` (one
+    layout in and out, the same shape, dtype and contiguous strides, every row written,
+    no LSE); ``check`` and ``pending``, the plan's overflow check on a GPU and its report
+    (both None where each call makes its own)."""
+
+    __slots__ = ("view", "out_like_query", "check", "pending")
+
+    def __init__(self, plan: Plan, query: torch.Tensor, q: torch.Tensor, v: torch.Tensor):
+        options = plan.options
+        self.view = None if options.block_size else unchecked_view(options.in_layout)
+        self.out_like_query = (
+            self.view is not None and options.out_layout == options.in_layout
+            and not options.want_lse and plan.covered and query.is_contiguous()
+            and options.out_dtype == query.dtype and v.shape[3] == q.shape[3])
+        self.check = self.pending = None
+        if options.overflow_check and not plan.on_host and plan.covered:
+            self.check = _repeat_overflow_check(plan, q)  # the plan's flags: (Bt, Nq, Sq)
+        if self.check is not None or not options.overflow_check:
+            self.pending = overflow.pending_check(
+                options.allocation.name, plan.backend, self.check,
+                (plan.q_starts, plan.q_lens, options.packed, options.tiling.q_block))
 
 
 def _outputs(plan: Plan, q: torch.Tensor, v: torch.Tensor, placeholder=lse_placeholder) -> tuple:

@@ -111,6 +111,12 @@ _CANONICAL = {
 }
 
 
+def unchecked_view(layout: str):
+    """The function ``(t, heads) -> (B, N, S, D) view of t`` of ``layout``, which checks
+    nothing: for tensors of the shapes a plan checked."""
+    return _CANONICAL[layout]
+
+
 def canonical_views(query, key, value, layout: str, num_heads: int, num_kv_heads: int):
     """(q, k, v) as (B, N, S, D) views, each checked against its head count."""
     return (to_canonical(query, "query", layout, num_heads),
