@@ -39,7 +39,9 @@ DEFINES = ["-DASCENDC_CPU_DEBUG=1", "-DASCENDC_DEBUG=1", "-D__NPU_ARCH__=2201", 
 CHECK_DECL = re.compile(r"\bbool\s+(Check\w*Impl\w*)\s*\(([^;{]*?)\)\s*;", re.S)
 #: the AscendC emulation's flags (ascend_kernels/emu): no FMA contraction, so that the emulated
 #: vector steps round exactly where the kernel rounds
-EMU_FLAGS = ["-std=c++17", "-O2", "-ffp-contract=off", "-fvisibility=hidden"]
+# -O3 vectorises loops over independent elements (the emulated Mmad's outputs of a row); no
+# flag reorders a sum, and -ffp-contract=off keeps every multiply and add rounded apart
+EMU_FLAGS = ["-std=c++17", "-O3", "-ffp-contract=off", "-fvisibility=hidden"]
 
 
 def _devkit_path() -> str:

@@ -36,28 +36,29 @@ void Mmad(const LocalTensor<T>& dst, const LocalTensor<U>& fm, const LocalTensor
     emu::TouchLocal(emu::P_M, seq, Hardware::L0A, fm.ByteOffset(), static_cast<uint64_t>(m16) * k16 * 256 * sizeof(U), false, op);
     emu::TouchLocal(emu::P_M, seq, Hardware::L0B, filter.ByteOffset(), static_cast<uint64_t>(k16) * n16 * 256 * sizeof(U), false, op);
     emu::TouchLocal(emu::P_M, seq, Hardware::L0C, dst.ByteOffset(), static_cast<uint64_t>(m16) * n16 * 256 * sizeof(float), true, op);
-    // Operands converted once: A row-major (m x k), B column-major (n x k). Every product of two
+    // Operands converted once: A row-major (m x k), B row-major (k x n). Every product of two
     // fp16/bf16 values is exact in fp32, so acc + a * b rounds once, like the documented
-    // accumulation one k at a time.
+    // accumulation one k at a time. Each output sums its k in order; the loop over a row's
+    // outputs, independent of each other, is the one the compiler vectorises.
     const U* a = fm.Data();
     const U* b = filter.Data();
     float* c = dst.Data();
-    std::vector<float> am(static_cast<size_t>(p.m) * p.k), bn(static_cast<size_t>(p.n) * p.k);
+    std::vector<float> am(static_cast<size_t>(p.m) * p.k), bk(static_cast<size_t>(p.k) * p.n), row(p.n);
     for (uint32_t i = 0; i < p.m; ++i) {
         for (uint32_t kk = 0; kk < p.k; ++kk) am[i * p.k + kk] = static_cast<float>(a[((i / 16) * k16 + kk / 16) * 256 + (i % 16) * 16 + kk % 16]);
     }
-    for (uint32_t j = 0; j < p.n; ++j) {
-        for (uint32_t kk = 0; kk < p.k; ++kk) bn[j * p.k + kk] = static_cast<float>(b[((kk / 16) * n16 + j / 16) * 256 + (j % 16) * 16 + kk % 16]);
+    for (uint32_t kk = 0; kk < p.k; ++kk) {
+        for (uint32_t j = 0; j < p.n; ++j) bk[kk * p.n + j] = static_cast<float>(b[((kk / 16) * n16 + j / 16) * 256 + (j % 16) * 16 + kk % 16]);
     }
     for (uint32_t i = 0; i < p.m; ++i) {
-        const float* arow = &am[i * p.k];
-        for (uint32_t j = 0; j < p.n; ++j) {
-            const float* bcol = &bn[j * p.k];
-            float& acc = c[((j / 16) * m16 + i / 16) * 256 + (i % 16) * 16 + j % 16];
-            float sum = p.cmatrixInitVal ? 0.0f : acc;
-            for (uint32_t kk = 0; kk < p.k; ++kk) sum += arow[kk] * bcol[kk];
-            acc = sum;
+        float* sums = row.data();
+        for (uint32_t j = 0; j < p.n; ++j) sums[j] = p.cmatrixInitVal ? 0.0f : c[((j / 16) * m16 + i / 16) * 256 + (i % 16) * 16 + j % 16];
+        for (uint32_t kk = 0; kk < p.k; ++kk) {
+            const float x = am[i * p.k + kk];
+            const float* brow = &bk[static_cast<size_t>(kk) * p.n];
+            for (uint32_t j = 0; j < p.n; ++j) sums[j] += x * brow[j];
         }
+        for (uint32_t j = 0; j < p.n; ++j) c[((j / 16) * m16 + i / 16) * 256 + (i % 16) * 16 + j % 16] = sums[j];
     }
     auto& st = emu::Core().stats;
     st.mmad_calls++;

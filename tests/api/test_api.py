@@ -396,7 +396,8 @@ def test_backends_without_a_backward_pass_refuse_inputs_that_require_grad():
             with pytest.raises(NotImplementedError, match=rf"backend '{name}' has no backward "
                                rf"pass, and {role} requires grad"):
                 pasa_npu.fused_attention(**inputs, backend=name, **kw)
-            with torch.no_grad():
+        if name != "torch":  # the same inputs computed where grad is off (once: the
+            with torch.no_grad():  # simulator takes seconds a call)
                 out, _ = pasa_npu.fused_attention(**inputs, backend=name, **kw)
             assert not out.requires_grad
     assert [name for name, b in BACKENDS.items() if b.backward] == ["torch"]

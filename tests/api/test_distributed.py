@@ -18,6 +18,7 @@ pasa-exact near 1 (their e1 is many roundings).
 from __future__ import annotations
 
 import math
+import multiprocessing.connection
 import os
 import time
 import traceback
@@ -137,6 +138,8 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, job: str) -> No
             if rank == 0:
                 raise RuntimeError("planted failure")
             time.sleep(3600)
+        if job == "planted-hang":
+            time.sleep(3600)
         results = {}
         usp = None
         for name, case in _cases(world).items():
@@ -184,7 +187,8 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, job: str) -> No
 
 def _run_world(world: int, tmp_path, job: str = "cases", timeout: float = TIMEOUT_S) -> dict:
     """Spawn ``world`` ranks; every rank that fails or outlives ``timeout`` is reported, and
-    none is left running."""
+    none is left running: once one rank has failed, the others (which would wait for it
+    until the timeout) are stopped at once."""
     ctx = mp.get_context("spawn")
     init_file = str(tmp_path / "init")
     procs = [ctx.Process(target=_worker, args=(r, world, init_file, str(tmp_path), job),
@@ -193,9 +197,15 @@ def _run_world(world: int, tmp_path, job: str = "cases", timeout: float = TIMEOU
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    failed = False
+    while not failed and time.monotonic() < deadline:
+        alive = [p for p in procs if p.is_alive()]
+        if not alive:
+            break
+        multiprocessing.connection.wait([p.sentinel for p in alive],
+                                        min(1.0, max(0.0, deadline - time.monotonic())))
+        failed = any(p.exitcode not in (None, 0) for p in procs)
+    stopped = [r for r, p in enumerate(procs) if p.is_alive()]
     for p in procs:
         if p.is_alive():
             p.terminate()
@@ -204,12 +214,13 @@ def _run_world(world: int, tmp_path, job: str = "cases", timeout: float = TIMEOU
         if p.is_alive():
             p.kill()
             p.join(5)
-    problems = [f"rank {r} hung past {timeout} s (terminated)" for r in hung]
+    problems = [f"rank {r} stopped after another rank failed" if failed else
+                f"rank {r} hung past {timeout} s (terminated)" for r in stopped]
     for r, p in enumerate(procs):
         err = tmp_path / f"rank{r}.err"
         if err.exists():
             problems.append(f"rank {r} failed:\n{err.read_text()}")
-        elif r not in hung and p.exitcode != 0:
+        elif r not in stopped and p.exitcode != 0:
             problems.append(f"rank {r} exited with {p.exitcode}")
     if problems:
         pytest.fail("\n".join(problems))
@@ -306,14 +317,23 @@ def test_merge_partial_empty_and_overflowed_rows():
 
 
 def test_failed_rank_is_reported_and_hung_rank_terminated(tmp_path):
-    # 30 s: under a loaded machine (every core running tests) a spawned rank takes several
-    # seconds to import torch before it can fail
+    # 60 s: under a loaded machine (every core running tests) a spawned rank takes several
+    # seconds to import torch before it can fail; the hung rank is stopped once it has
+    started = time.monotonic()
     with pytest.raises(pytest.fail.Exception) as failure:
-        _run_world(2, tmp_path, job="planted-failure", timeout=30)
+        _run_world(2, tmp_path, job="planted-failure", timeout=60)
     message = str(failure.value)
     assert "rank 0 failed" in message and "planted failure" in message
-    assert "rank 1 hung past 30 s (terminated)" in message
+    assert "rank 1 stopped after another rank failed" in message
     assert len(_LAST_PROCS) == 2 and not any(p.is_alive() for p in _LAST_PROCS)
+    assert time.monotonic() - started < 60
+
+
+def test_hung_rank_is_terminated_at_the_timeout(tmp_path):
+    with pytest.raises(pytest.fail.Exception) as failure:
+        _run_world(1, tmp_path, job="planted-hang", timeout=3)
+    assert "rank 0 hung past 3 s (terminated)" in str(failure.value)
+    assert not any(p.is_alive() for p in _LAST_PROCS)
 
 
 def test_example_ring_attention_overflow():

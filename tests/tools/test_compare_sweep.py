@@ -89,7 +89,7 @@ def test_table4_at_the_paper_shape(tmp_path):
     """The Table 4 cases at (1, 16, 1280, 128): fa-fp16s NaN in every row, partly where the
     paper reports a fraction, 100% where it reports 100%; pasa-exact finite."""
     rc = main(["sweep", "--paper-shape", "--sweeps", "table4", "--allocations", "fa-fp16s",
-               "pasa-exact", "--third-party", "--no-plots", "--quiet", "--out", str(tmp_path)])
+               "pasa-exact", "--no-plots", "--quiet", "--out", str(tmp_path)])
     assert rc == 0
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["settings"]["shape (B,N,S,D)"] == [1, 16, 1280, 128]

@@ -12,6 +12,11 @@ import pytest
 
 pytest.importorskip("triton", reason="triton is not installed")
 
+# One worker runs the module (pytest's ``--dist loadgroup``): each report's compile runs once,
+# and the loop counts below, which compile variants those reports compiled, find them in
+# Triton's cache
+pytestmark = pytest.mark.xdist_group("triton_aot")
+
 from pasa_npu.fallback.gluon import prefill as gluon_prefill  # noqa: E402
 from pasa_npu.tools.dev.triton_aot import SHARED_LIMIT  # noqa: E402
 
@@ -116,56 +121,6 @@ def test_paged_kv_loops_keep_the_pipeline_depth(aot_report):
     assert 2 * smem["pasa paged decode g=16 d=128"] <= SHARED_LIMIT, smem
 
 
-def test_pasa_kv_loops_use_the_cheap_exp_and_paired_conversions():
-    """The kv loops of the PASA allocations, in the sm_90 SASS: e^x through the
-    flush-to-zero ex2 (``tl.exp`` adds a compare, FSETP, and two multiplies per element
-    for its subnormal fix-up) and the fp16 roundings of S' and P'V two elements per F2FP
-    (one element each when the compiler converts a tile that stays in registers). Both
-    halved pasa's loop; they are counted against the loop's exps (MUFU). In the Gluon
-    prefill, pasa's block mean and block sum run on the tensor cores: its loop then has
-    no per-element adds (FADD) left, which took 2 of its 12 instructions per element.
-    And ptxas keeps its matmuls asynchronous: where it cannot prove a matmul's register
-    operands safe, it waits after every HGMMA of the kernel. The Gluon kernel is checked
-    at d = 64 too, where it runs three consumer groups without a mask. pasa-exact's interior blocks take the row max of S' on
-    packed fp16 pairs (four halvings), not one fp32 max per score (64 a thread and block),
-    and load nothing themselves: the loader brings the block means for the row constants
-    with K and V (a consumer group that fetches them itself waits for them). In the Gluon
-    kernel's interior blocks the only shuffles are the row max's: the row sums from the
-    tensor cores and pasa-exact's row constant are read without a reduction across lanes
-    (a reduction would add shuffles to pasa's loop and pasa-exact's)."""
-    labels = ["pasa full d=128", "pasa-mixed full d=128", "pasa-exact full d=128"]
-    if gluon_prefill.AVAILABLE:
-        # at d = 64 without a mask, three consumer groups (168 registers a thread)
-        labels += [f"{alg} {mode} d={d} (gluon)" for alg in ("pasa", "pasa-exact")
-                   for mode in ("full", "causal") for d in (64, 128)]
-    compiled = _compiled_loops(labels)
-    if not any(c["loops"] for c in compiled.values()):
-        pytest.skip("Triton's bundled nvdisasm is missing: no SASS to count")
-    for label, c in compiled.items():
-        ops = max(c["loops"], key=lambda loop: loop[0])[1]  # the largest loop: the kv loop
-        exps = ops["MUFU"]
-        assert ops["HGMMA"] > 0 and exps >= 64, (label, ops)
-        assert ops.get("FSETP", 0) < exps / 4, f"{label}: tl.exp's subnormal fix-up: {ops}"
-        assert ops.get("F2FP", 0) < 2 * exps, f"{label}: fp16 roundings one by one: {ops}"
-        if label.endswith("(gluon)"):
-            assert c["hgmma_waited"] < c["hgmma"] / 4, f"{label}: serialised: {c}"
-            # the smallest kv loop: the interior blocks of a consumer group. The row max
-            # takes 2 shuffles a row (2 rows a thread), pasa-exact's column pick 1 more
-            interior = min(c["loops"], key=lambda loop: loop[0])[1]
-            assert interior.get("SHFL", 0) <= 6, \
-                f"{label}: row sums or row constants reduced across lanes: {interior}"
-        if label.startswith("pasa ") and label.endswith("(gluon)"):
-            # each kv loop (a tile's epilogue, outside them, sums its output rows for the
-            # overflow check)
-            for _, kv in c["innermost"]:
-                assert kv.get("FADD", 0) < kv.get("MUFU", 0) / 2, \
-                    f"{label}: row sums in registers: {kv}"
-        if label.startswith("pasa-exact ") and label.endswith("(gluon)"):
-            assert interior.get("FMNMX", 0) < interior["MUFU"] / 4, \
-                f"{label}: the interior row max one fp32 max per score: {interior}"
-            assert interior.get("UTMALDG", 0) == 0, f"{label}: a load in the kv loop: {interior}"
-
-
 @pytest.fixture(scope="module")
 def aot_d64() -> str:
     """triton_aot's report of the d = 64 variants the first test leaves out: decode and the
@@ -226,6 +181,56 @@ def test_gluon_causal_diagonal_blocks_test_each_key_in_two_instructions(aot_d64)
         counts = sorted(loops[label])
         interior, trailing = max(counts[:groups]), max(counts[groups:2 * groups])
         assert trailing - interior <= 5 * 64, (label, counts)
+
+
+def test_pasa_kv_loops_use_the_cheap_exp_and_paired_conversions():
+    """The kv loops of the PASA allocations, in the sm_90 SASS: e^x through the
+    flush-to-zero ex2 (``tl.exp`` adds a compare, FSETP, and two multiplies per element
+    for its subnormal fix-up) and the fp16 roundings of S' and P'V two elements per F2FP
+    (one element each when the compiler converts a tile that stays in registers). Both
+    halved pasa's loop; they are counted against the loop's exps (MUFU). In the Gluon
+    prefill, pasa's block mean and block sum run on the tensor cores: its loop then has
+    no per-element adds (FADD) left, which took 2 of its 12 instructions per element.
+    And ptxas keeps its matmuls asynchronous: where it cannot prove a matmul's register
+    operands safe, it waits after every HGMMA of the kernel. The Gluon kernel is checked
+    at d = 64 too, where it runs three consumer groups without a mask. pasa-exact's interior blocks take the row max of S' on
+    packed fp16 pairs (four halvings), not one fp32 max per score (64 a thread and block),
+    and load nothing themselves: the loader brings the block means for the row constants
+    with K and V (a consumer group that fetches them itself waits for them). In the Gluon
+    kernel's interior blocks the only shuffles are the row max's: the row sums from the
+    tensor cores and pasa-exact's row constant are read without a reduction across lanes
+    (a reduction would add shuffles to pasa's loop and pasa-exact's)."""
+    labels = ["pasa full d=128", "pasa-mixed full d=128", "pasa-exact full d=128"]
+    if gluon_prefill.AVAILABLE:
+        # at d = 64 without a mask, three consumer groups (168 registers a thread)
+        labels += [f"{alg} {mode} d={d} (gluon)" for alg in ("pasa", "pasa-exact")
+                   for mode in ("full", "causal") for d in (64, 128)]
+    compiled = _compiled_loops(labels)
+    if not any(c["loops"] for c in compiled.values()):
+        pytest.skip("Triton's bundled nvdisasm is missing: no SASS to count")
+    for label, c in compiled.items():
+        ops = max(c["loops"], key=lambda loop: loop[0])[1]  # the largest loop: the kv loop
+        exps = ops["MUFU"]
+        assert ops["HGMMA"] > 0 and exps >= 64, (label, ops)
+        assert ops.get("FSETP", 0) < exps / 4, f"{label}: tl.exp's subnormal fix-up: {ops}"
+        assert ops.get("F2FP", 0) < 2 * exps, f"{label}: fp16 roundings one by one: {ops}"
+        if label.endswith("(gluon)"):
+            assert c["hgmma_waited"] < c["hgmma"] / 4, f"{label}: serialised: {c}"
+            # the smallest kv loop: the interior blocks of a consumer group. The row max
+            # takes 2 shuffles a row (2 rows a thread), pasa-exact's column pick 1 more
+            interior = min(c["loops"], key=lambda loop: loop[0])[1]
+            assert interior.get("SHFL", 0) <= 6, \
+                f"{label}: row sums or row constants reduced across lanes: {interior}"
+        if label.startswith("pasa ") and label.endswith("(gluon)"):
+            # each kv loop (a tile's epilogue, outside them, sums its output rows for the
+            # overflow check)
+            for _, kv in c["innermost"]:
+                assert kv.get("FADD", 0) < kv.get("MUFU", 0) / 2, \
+                    f"{label}: row sums in registers: {kv}"
+        if label.startswith("pasa-exact ") and label.endswith("(gluon)"):
+            assert interior.get("FMNMX", 0) < interior["MUFU"] / 4, \
+                f"{label}: the interior row max one fp32 max per score: {interior}"
+            assert interior.get("UTMALDG", 0) == 0, f"{label}: a load in the kv loop: {interior}"
 
 
 def test_triton_causal_diagonal_blocks_test_each_key_against_the_rows_last_column():
