@@ -55,8 +55,12 @@ class Plan:
     # lengths gets its own
     backend_state: dict = field(default_factory=dict, compare=False)
     #: the row flags every repeat of this plan on a GPU writes (:func:`pasa_npu.plans.repeat`),
-    #: made by the first, under "row_flags"
+    #: made by the first, under "row_flags" (a copy made for other lengths shares them: the
+    #: query's shape is the same)
     kept: dict = field(default_factory=dict, compare=False)
+    #: what every repeat of this plan shares (:class:`pasa_npu.plans.RepeatForm`), made by
+    #: the first; a copy made for other lengths gets its own
+    repeat_form: Optional[object] = field(default=None, compare=False)
     #: the backend's ``repeat`` (:mod:`pasa_npu.backends`) where this plan's calls may go
     #: straight to it (:func:`pasa_npu.plans.repeat`), else None: no explicit mask that
     #: may empty rows, no LSE row past a query length, no device lengths, no conversion
@@ -123,7 +127,7 @@ def make_plan(call: Call, golden: bool, base: Optional[Plan], on_host: bool,
     lengths["repeat"] = backends.BACKENDS[backend_name].repeater() if repeats else None
     if base is not None:
         plan = copy.copy(base)  # dataclasses.replace would cost a third of this function
-        plan.__dict__.update(backend_state={}, **lengths)
+        plan.__dict__.update(backend_state={}, repeat_form=None, **lengths)
         return plan
     return Plan(options=options, on_host=on_host, table_on_host=table_on_host,
                 validated_mask=call.atten_mask if options.sparse_mode in (2, 3, 4) else None,

@@ -194,7 +194,7 @@ def repeat(plan: Plan, call: Call):
     if not keeps_device_tensors():
         return None
     options = plan.options
-    form = plan.kept.get("repeat")
+    form = plan.repeat_form
     view = form.view if form is not None else None
     if view is not None:
         q, k, v, table = (view(query, options.num_heads), view(key, options.num_kv_heads),
@@ -204,8 +204,9 @@ def repeat(plan: Plan, call: Call):
             call, options.in_layout, options.num_heads, options.num_kv_heads,
             options.block_size, plan.kv_lens, plan.kv_starts, options.packed, False,
             plan.table_on_host, plan.on_host)
-        if form is None:
-            form = plan.kept["repeat"] = _RepeatForm(plan, query, q, v)
+        if form is None:  # the plan's cache of it (the plan itself is frozen)
+            form = RepeatForm(plan, query, q, v)
+            object.__setattr__(plan, "repeat_form", form)
     if form.out_like_query:
         out = torch.empty_like(query)
         out_view, lse_out, lse_view = (form.view(out, options.num_heads),
@@ -227,7 +228,7 @@ def repeat(plan: Plan, call: Call):
     return out, lse_out
 
 
-class _RepeatForm:
+class RepeatForm:
     """What every :func:`repeat` of one plan's calls shares, made at its first (on the
     call's ``query`` and the canonical views ``q`` and ``v``): ``view``, the canonical
     view of the inputs (None where a block table is checked per call);

@@ -125,3 +125,31 @@ def test_declined_and_keep_nothing_calls_take_the_full_path():
         with keeping_nothing():
             got = entry(*calls[1][1], **keywords)[0]
         assert not asked and torch.equal(got, want[1])
+
+
+def test_plans_of_other_lengths_repeat_with_their_own_rows():
+    """A plan for other query lengths of the same arguments is a copy of the first one's;
+    what a plan's first repeat makes for its later ones is its own. So a copy whose rows
+    past the lengths no kernel writes hands its repeats a zero-filled output (the stand-in
+    backend writes every row, so the test reads the output as the backend receives it,
+    NaN where memory freed just before was reused and not zeroed)."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 64, 32, generator=gen).half() for _ in range(3))
+    kw = dict(num_heads=2, input_layout="BNSD", algorithm="pasa")
+    received = []
+    with recording_torch_backend() as asked:
+        repeat = blockwise.repeat
+
+        def receiving(plan_state, tensors):
+            received.append(tensors["out"].clone())
+            return repeat(plan_state, tensors)
+        blockwise.repeat = receiving
+        plans.clear()
+        for lengths in ([64], [64], [64], [40], [40], [40]):
+            torch.full((1, 2, 64, 32), float("nan"), dtype=torch.half).add_(1)
+            out, _ = pasa_npu.fused_attention(q, k, v, actual_seq_lengths=lengths, **kw)
+            assert torch.equal(out[:, :, lengths[0]:], torch.zeros_like(out[:, :, lengths[0]:]))
+        assert len(asked) == 4  # each plan's first call records, its later ones repeat
+    assert len(received) == 4
+    for out in received[2:]:  # the 40-row plan's repeats
+        assert torch.equal(out[:, :, 40:], torch.zeros_like(out[:, :, 40:]))
