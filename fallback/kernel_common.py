@@ -754,15 +754,7 @@ class PreparedCall:
             if self.addressed:
                 for step in self.steps:  # what is made from the call's own tensors
                     step(roles)
-                try:
-                    self.addressed.replay(self.addressed.addresses_of(roles))
-                except RuntimeError:  # the driver refused a node's arguments: launch
-                    self.addressed = False
-                    self._run(roles)
-                    return True
-                GRAPH_REPLAYS[0] += 1
-                GRAPH_KERNELS[0] += self.kernels
-                return True
+                return self._replay_addressed(self.addressed.addresses_of(roles), roles)
             graph = self._capture(roles) if where in graphs else None  # seen once before
             if graph is None:
                 if len(graphs) >= GRAPHS_PER_CALL:
@@ -791,12 +783,18 @@ class PreparedCall:
         with _REPEAT_LOCK:
             if self.addressed is not addressed:
                 return None
-            try:
-                addressed.replay(addresses)
-            except RuntimeError:  # the driver refused a node's arguments: launch
-                self.addressed = False
-                self._run(roles)
-                return True
+            return self._replay_addressed(addresses, roles)
+
+    def _replay_addressed(self, addresses: list, roles: dict) -> bool:
+        """Replay the addressed graph on ``addresses`` (those of ``roles``; the caller holds
+        _REPEAT_LOCK) and count it; where the driver refuses a node's arguments, launch
+        ``roles`` instead, and never replay it again."""
+        try:
+            self.addressed.replay(addresses)
+        except RuntimeError:
+            self.addressed = False
+            self._run(roles)
+            return True
         GRAPH_REPLAYS[0] += 1
         GRAPH_KERNELS[0] += self.kernels
         return True
