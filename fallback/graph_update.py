@@ -85,7 +85,7 @@ class AddressedGraph:
     """The instantiated graph of a recorded call and, per kernel node, how to put another
     call's addresses into it (:meth:`make`, :meth:`replay`)."""
 
-    __slots__ = ("graph", "exec", "nodes", "roles", "tensors", "columns", "addresses", "device",
+    __slots__ = ("graph", "exec", "nodes", "roles", "columns", "addresses", "device",
                  "_set", "_readdress", "_launch")
 
     def __init__(self, graph, nodes: list, roles: dict, names: tuple):
@@ -96,11 +96,12 @@ class AddressedGraph:
         # the roles whose addresses the nodes take, each read once per call: tensors, then
         # descriptors (the address of their base)
         used = dict.fromkeys(role for node in nodes for _, role in (*node.pointers, *node.maps))
-        self.tensors = tuple(r for r in used if isinstance(roles[r], torch.Tensor))
-        self.roles = (*self.tensors, *(r for r in used if r not in self.tensors))
-        # where each of them is among the call's own roles (``names``), where all are
+        tensors = tuple(r for r in used if isinstance(roles[r], torch.Tensor))
+        self.roles = (*tensors, *(r for r in used if r not in tensors))
+        # where each of them is among the call's own roles (``names``); None unless all are
+        # the call's own tensors
         self.columns = (tuple(names.index(r) for r in self.roles)
-                        if set(self.roles) <= set(names) and len(self.roles) == len(self.tensors)
+                        if set(self.roles) <= set(names) and len(self.roles) == len(tensors)
                         else None)
         index = {role: i for i, role in enumerate(self.roles)}
         for node in nodes:

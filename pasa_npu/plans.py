@@ -222,9 +222,7 @@ def repeat(plan: Plan, call: Call):
     if form.pending is not None:
         overflow.record_pending(form.pending)
     else:
-        overflow.record_check(options.allocation.name, plan.backend, check,
-                              (plan.q_starts, plan.q_lens, options.packed,
-                               options.tiling.q_block))
+        overflow.record_check(options.allocation.name, plan.backend, check, form.rows)
     return out, lse_out
 
 
@@ -234,10 +232,11 @@ class RepeatForm:
     view of the inputs (None where a block table is checked per call);
     ``out_like_query``, whether the output is made as ``torch.empty_like(query)`` (one
     layout in and out, the same shape, dtype and contiguous strides, every row written,
-    no LSE); ``check`` and ``pending``, the plan's overflow check on a GPU and its report
+    no LSE); ``rows``, the rows an overflow report counts (q_starts, q_lens, packed,
+    q_block); ``check`` and ``pending``, the plan's overflow check on a GPU and its report
     (both None where each call makes its own)."""
 
-    __slots__ = ("view", "out_like_query", "check", "pending")
+    __slots__ = ("view", "out_like_query", "rows", "check", "pending")
 
     def __init__(self, plan: Plan, query: torch.Tensor, q: torch.Tensor, v: torch.Tensor):
         options = plan.options
@@ -246,13 +245,13 @@ class RepeatForm:
             self.view is not None and options.out_layout == options.in_layout
             and not options.want_lse and plan.covered and query.is_contiguous()
             and options.out_dtype == query.dtype and v.shape[3] == q.shape[3])
+        self.rows = (plan.q_starts, plan.q_lens, options.packed, options.tiling.q_block)
         self.check = self.pending = None
         if options.overflow_check and not plan.on_host and plan.covered:
             self.check = _repeat_overflow_check(plan, q)  # the plan's flags: (Bt, Nq, Sq)
         if self.check is not None or not options.overflow_check:
-            self.pending = overflow.pending_check(
-                options.allocation.name, plan.backend, self.check,
-                (plan.q_starts, plan.q_lens, options.packed, options.tiling.q_block))
+            self.pending = overflow.pending_check(options.allocation.name, plan.backend,
+                                                  self.check, self.rows)
 
 
 def _outputs(plan: Plan, q: torch.Tensor, v: torch.Tensor, placeholder=lse_placeholder) -> tuple:
