@@ -71,15 +71,18 @@ def _all_sdpa_backends() -> None:
         getattr(torch._C, f"_set_sdp_use_{name}")(True)
 
 
-def ours_call(algorithm, mask, **options):
+def ours_call(algorithm, mask, heads: int, kv_heads: int, head_dim: int, **options):
     """``fused_attention`` with ``algorithm`` on the triton backend as the benchmark calls
-    it (``options``: further keyword arguments, e.g. ``repair_overflow``)."""
+    it, on BNSD inputs of ``heads`` query heads, ``kv_heads`` kv heads and ``head_dim``
+    (``options``: further keyword arguments, e.g. ``repair_overflow``). The keywords are
+    made once, as a model's layer holds them, not derived from the inputs on every call
+    (which would time the caller's work as ours)."""
+    plain = dict(num_heads=heads, num_key_value_heads=kv_heads, input_layout="BNSD",
+                 scale=head_dim ** -0.5, algorithm=algorithm, backend="triton", **options)
+    causal_kw = dict(plain, sparse_mode=3, atten_mask=mask)
+
     def call(q, k, v, causal, gqa):
-        kw = dict(num_heads=q.shape[1], num_key_value_heads=k.shape[1], input_layout="BNSD",
-                  scale=q.shape[-1] ** -0.5, algorithm=algorithm, backend="triton", **options)
-        if causal:
-            kw.update(sparse_mode=3, atten_mask=mask)
-        return pasa_npu.fused_attention(q, k, v, **kw)[0]
+        return pasa_npu.fused_attention(q, k, v, **(causal_kw if causal else plain))[0]
     return call
 
 
@@ -138,7 +141,7 @@ def run_case(case, algorithms, mask, progress=print, paged_cache=None,
     causal = case.get("causal", False)
     gqa = hkv != h
     kv_bytes = 2 * k.numel() * k.element_size() if case["kind"] == "decode" else None
-    candidates = {name: ours_call(name, mask, repair_overflow=overflow_check)
+    candidates = {name: ours_call(name, mask, h, hkv, d, repair_overflow=overflow_check)
                   for name in algorithms}
     for name in ("sdpa-flash", "sdpa-cudnn"):
         candidates[name] = _sdpa(name)
@@ -152,7 +155,7 @@ def run_case(case, algorithms, mask, progress=print, paged_cache=None,
     if paged_cache and paged and (case["kind"] == "decode" or d == 128):
         k_cache, v_cache, table = bench_paged.paged_kv(k, v, gen, paged_cache)
         for name in paged:
-            fn = paged_fns[name] = bench_paged.paged_call(name, mask, table,
+            fn = paged_fns[name] = bench_paged.paged_call(name, mask, table, h, hkv, d,
                                                           repair_overflow=overflow_check)
             paged_call = lambda fn=fn: fn(q, k_cache, v_cache, causal, gqa)  # noqa: E731
             row[f"{name} paged"] = _timed(paged_call, flops, kv_bytes)

@@ -36,19 +36,22 @@ def paged_kv(k: torch.Tensor, v: torch.Tensor, gen: torch.Generator, cache_shape
     return caches[0], caches[1], table
 
 
-def paged_call(algorithm: str, mask, table: torch.Tensor, **options):
-    """A candidate with pasa-bench's call signature that passes K/V as paged caches
-    (``options``: further keyword arguments, e.g. ``repair_overflow``)."""
+def paged_call(algorithm: str, mask, table: torch.Tensor, heads: int, kv_heads: int,
+               head_dim: int, **options):
+    """A candidate with pasa-bench's call signature that passes K/V as paged caches, for
+    ``heads`` query heads, ``kv_heads`` kv heads and ``head_dim`` (``options``: further
+    keyword arguments, e.g. ``repair_overflow``); its keywords made once, as
+    :func:`~pasa_npu.tools.bench.ours_call` makes them."""
+    plain = dict(num_heads=heads, num_key_value_heads=kv_heads, input_layout="BNSD",
+                 scale=head_dim ** -0.5, algorithm=algorithm, backend="triton",
+                 block_table=table, block_size=BLOCK_SIZE,
+                 actual_seq_lengths_kv=[table.shape[1] * BLOCK_SIZE] * table.shape[0],
+                 **options)
+    causal_kw = dict(plain, sparse_mode=3, atten_mask=mask)
+
     def call(q, k_cache, v_cache, causal, gqa):
-        kw = dict(num_heads=q.shape[1], num_key_value_heads=k_cache.shape[1]
-                  if k_cache.dim() == 4 else k_cache.shape[2] // q.shape[3],
-                  input_layout="BNSD", scale=q.shape[-1] ** -0.5, algorithm=algorithm,
-                  backend="triton", block_table=table, block_size=BLOCK_SIZE,
-                  actual_seq_lengths_kv=[table.shape[1] * BLOCK_SIZE] * table.shape[0],
-                  **options)
-        if causal:
-            kw.update(sparse_mode=3, atten_mask=mask)
-        return pasa_npu.fused_attention(q, k_cache, v_cache, **kw)[0]
+        return pasa_npu.fused_attention(q, k_cache, v_cache,
+                                        **(causal_kw if causal else plain))[0]
     return call
 
 

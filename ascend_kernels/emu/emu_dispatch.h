@@ -195,6 +195,7 @@ inline void TouchGm(int pipe, uint32_t seq, const void* addr, uint64_t bytes, bo
     for (uint64_t g = off / kGranuleBytes; g <= (off + bytes - 1) / kGranuleBytes; ++g) buf->touched[g] = 1;
     if (!buf->tracked) return;
     const uint64_t first = off / kBlockBytes, last = (off + bytes - 1) / kBlockBytes;
+    const std::string where = "GM '" + buf->name + "'";
     for (uint64_t b = first; b <= last; ++b) {
         // Different AI Cores of one launch are never ordered: a block one of them writes may not
         // be touched by another.
@@ -209,7 +210,6 @@ inline void TouchGm(int pipe, uint32_t seq, const void* addr, uint64_t bytes, bo
         }
         if (write) writer = c.blockIdx;
         else reader = (reader == -1 || reader == c.blockIdx) ? c.blockIdx : -2;
-        const std::string where = "GM '" + buf->name + "'";
         CheckRecord(buf->shadow[b], pipe, seq, write, op, where.c_str(), b * kBlockBytes);
     }
 }

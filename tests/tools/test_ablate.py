@@ -171,8 +171,8 @@ def test_gpu_only_the_checked_call_launches_the_repair():
 
     q, k, v = on_device("triton", *_inputs())  # cuda here
     times = {check: ablate.kernel_times_us(
-        lambda check=check: bench.ours_call("pasa", None, repair_overflow=check)(q, k, v, False,
-                                                                               False),
+        lambda check=check: bench.ours_call("pasa", None, q.shape[1], k.shape[1], q.shape[3],
+                                            repair_overflow=check)(q, k, v, False, False),
         calls=3) for check in (False, True)}
     assert "repair_kernel" in times[True] and "repair_kernel" not in times[False]
     assert set(times[True]) - {"repair_kernel"} == set(times[False])  # no other launch added

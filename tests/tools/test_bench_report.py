@@ -107,13 +107,14 @@ def test_paged_bench_inputs_hold_the_same_keys(cache_shape):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     q, k, v = (torch.randn(2, n, s, 16, generator=gen).half().to(device)
                for n, s in ((2, 1), (1, 256), (1, 256)))
-    k_cache, v_cache, table = bench_paged.paged_kv(k, v, torch.Generator().manual_seed(1),
-                                                   cache_shape)
+    k_cache, v_cache, table = bench_paged.paged_kv(
+        k, v, torch.Generator(device=device).manual_seed(1), cache_shape)
     assert sorted(table.flatten().tolist()) == list(range(4))
     four_d = k_cache if cache_shape == "4d" else k_cache.unflatten(2, (1, 16)).transpose(1, 2)
     gathered = four_d[table.long()].permute(0, 2, 1, 3, 4).flatten(2, 3)
     assert torch.equal(gathered, k)
-    out = bench_paged.paged_call("fa-fp32", None, table)(q, k_cache, v_cache, False, True)
+    out = bench_paged.paged_call("fa-fp32", None, table, 2, 1, 16)(q, k_cache, v_cache, False,
+                                                                   True)
     want = pasa_npu.fused_attention(q, k, v, num_heads=2, num_key_value_heads=1,
                                     input_layout="BNSD", scale=0.25, algorithm="fa-fp32",
                                     backend="triton")[0]

@@ -112,7 +112,8 @@ def _causal_mask(device: torch.device) -> torch.Tensor:
 
 def ours(algorithm, q, k, v, causal):
     """``algorithm`` through ``pasa_npu.fused_attention``, called as pasa-bench calls it."""
-    return bench.ours_call(algorithm, _causal_mask(q.device))(q, k, v, causal, False)
+    return bench.ours_call(algorithm, _causal_mask(q.device), q.shape[1], k.shape[1],
+                           q.shape[3])(q, k, v, causal, False)
 
 
 def _time_ms(fn):
@@ -257,8 +258,8 @@ CHECKED_ALGORITHMS = ("pasa", "pasa-exact")
 def _case_call(algorithm, check: bool, q, k, v, causal):
     """One case's call with ``repair_overflow=check``, as pasa-bench makes it (``causal``
     None for decode)."""
-    return functools.partial(bench.ours_call(algorithm, _causal_mask(q.device),
-                                         repair_overflow=check),
+    return functools.partial(bench.ours_call(algorithm, _causal_mask(q.device), q.shape[1],
+                                             k.shape[1], q.shape[3], repair_overflow=check),
                              q, k, v, bool(causal), False)
 
 
