@@ -371,7 +371,7 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
     lse_arg = shared.lse_arg
     # one arrival count per (batch, kv head, chunk), left zeroed by the kernel
     arrivals = binding.zeroed((batch * n_kv * n_chunks,), torch.int32, q.device)
-    repair_keys = heuristics.DECODE_REPAIR_KEYS
+    repair_keys = heuristics.decode_repair_keys(shared.interpret)
     descriptors = (kv_tile_descriptors(binding, k, shared.kv_strides(k)[0], v,
                                        shared.kv_strides(v)[0], shared.constexprs["BLOCK_N"],
                                        head_dim_p, head_dim_vp)

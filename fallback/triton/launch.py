@@ -14,6 +14,9 @@ from pasa_npu.problem import AttentionProblem
 # keys per step of decode's overflow repair in its merging program: few, so that the
 # repair adds little to the decode kernel's registers (tools/dev/triton_aot.py compiles it)
 DECODE_REPAIR_KEYS = 16
+#: the same under the interpreter, where a step's width costs no registers and each step
+#: costs interpreted operations
+INTERPRETED_REPAIR_KEYS = 128
 GRID_AXIS_MAX = 65535  # CUDA's limit on a grid's second and third axes
 
 
@@ -24,8 +27,8 @@ def launch_config(head_dim: int, algorithm: str, interpret: bool, extra_operand:
     in shared memory (pasa-exact's in-kernel row constant, a fused key shift). ``loops``:
     the kv-block loops compiled in (:func:`block_loops`). ``masked``: an explicit mask,
     whose tile is staged with K and V."""
-    if interpret:
-        return 16, 1, 1
+    if interpret:  # the interpreter's cost is per operation and program: fewer, larger tiles
+        return 64, 1, 1
     if head_dim > 128:  # 128 x 256 fp16 K and V tiles: one stage fits shared memory
         return 64, 8, 1
     if head_dim == 128 and (extra_operand or masked):
@@ -42,6 +45,12 @@ def launch_config(head_dim: int, algorithm: str, interpret: bool, extra_operand:
     if head_dim <= 64 and algorithm == "pasa-mixed":
         return (64, 4, 2) if loops == 2 else (64, 4, 3)
     return 128, 8, 3
+
+
+def decode_repair_keys(interpret: bool) -> int:
+    """Keys per step of decode's overflow repair (:data:`DECODE_REPAIR_KEYS`,
+    :data:`INTERPRETED_REPAIR_KEYS`)."""
+    return INTERPRETED_REPAIR_KEYS if interpret else DECODE_REPAIR_KEYS
 
 
 def block_loops(problem: AttentionProblem, block_n: int) -> int:
