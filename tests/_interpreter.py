@@ -1,6 +1,6 @@
 """Triton's interpreter, made cheaper for the suite: it patches ``triton.language`` for a
 kernel's run and again at every device-function call inside it (``inspect.getmembers``
-over the language's modules, a quarter of an interpreted decode's time), though the
+over the language's modules: about a quarter of an interpreted decode's time), though the
 kernel's own patch already covers what the call's module sees. :func:`install` skips a
 device function's patch where every language module of its globals is patched by the
 kernel running; the kernel's patch is made and undone as before, so nothing runs

@@ -11,11 +11,6 @@ if os.environ.get("TRITON_INTERPRET") is None:
     except ImportError:
         pass
 
-if os.environ.get("TRITON_INTERPRET") == "1":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import _interpreter  # noqa: E402
-    _interpreter.install()
-
 # Under pytest-xdist (the README's `-n auto`), each worker's torch takes its share of the
 # cores rather than all of them: the workers already keep every core busy.
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
@@ -37,6 +32,11 @@ for _folder in sorted(dirpath for dirpath, _, files in os.walk(_HERE)
     if _folder not in sys.path:
         sys.path.insert(0, _folder)
 sys.path.insert(0, _HERE)
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    import _interpreter  # noqa: E402
+
+    _interpreter.install()
 
 settings.register_profile("ci", deadline=None, max_examples=30, derandomize=True,
                           print_blob=True)
