@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import torch
 
-import pasa_npu
-
 BLOCK_SIZE = 128
 #: allocations with compiled paged variants (tools/dev/triton_aot.py)
 PAGED_ALGORITHMS = ("pasa-exact", "pasa", "fa-fp32")
@@ -40,19 +38,14 @@ def paged_call(algorithm: str, mask, table: torch.Tensor, heads: int, kv_heads: 
                head_dim: int, **options):
     """A candidate with pasa-bench's call signature that passes K/V as paged caches, for
     ``heads`` query heads, ``kv_heads`` kv heads and ``head_dim`` (``options``: further
-    keyword arguments, e.g. ``repair_overflow``); its keywords made once, as
-    :func:`~pasa_npu.tools.bench.ours_call` makes them."""
-    plain = dict(num_heads=heads, num_key_value_heads=kv_heads, input_layout="BNSD",
-                 scale=head_dim ** -0.5, algorithm=algorithm, backend="triton",
-                 block_table=table, block_size=BLOCK_SIZE,
-                 actual_seq_lengths_kv=[table.shape[1] * BLOCK_SIZE] * table.shape[0],
-                 **options)
-    causal_kw = dict(plain, sparse_mode=3, atten_mask=mask)
+    keyword arguments, e.g. ``repair_overflow``): :func:`~pasa_npu.tools.bench.ours_call`
+    with the table, its block size and the kv lengths it covers."""
+    from pasa_npu.tools.bench import ours_call  # here: bench imports this module
 
-    def call(q, k_cache, v_cache, causal, gqa):
-        return pasa_npu.fused_attention(q, k_cache, v_cache,
-                                        **(causal_kw if causal else plain))[0]
-    return call
+    return ours_call(algorithm, mask, heads, kv_heads, head_dim, block_table=table,
+                     block_size=BLOCK_SIZE,
+                     actual_seq_lengths_kv=[table.shape[1] * BLOCK_SIZE] * table.shape[0],
+                     **options)
 
 
 def markdown(result) -> list:
