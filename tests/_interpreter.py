@@ -1,11 +1,12 @@
 """Triton's interpreter, made cheaper for the suite: it patches ``triton.language`` for a
 kernel's run and again at every device-function call inside it (``inspect.getmembers``
-over the language's modules: about a quarter of an interpreted decode's time), though the
-kernel's own patch already covers what the call's module sees. :func:`install` skips a
-device function's patch where every language module of its globals is patched by the
-kernel running; the kernel's patch is made and undone as before, so nothing runs
-differently. Where this Triton's interpreter is not laid out as expected, nothing is
-changed."""
+over the language's modules: about a quarter of an interpreted decode's time). :func:`install`
+makes a kernel's patch cover both language modules, ``triton.language`` and
+``triton.language.core`` (the one ``triton.language.standard``'s ``sum``, ``max`` and ``zeros``
+see), and skips every device function's patch inside it: each would patch a module the
+kernel's patch already covers. The kernel's patch is undone after its run as before, both
+modules in reverse order. Where this Triton's interpreter is not laid out as expected,
+nothing is changed."""
 from __future__ import annotations
 
 import functools
@@ -24,20 +25,25 @@ def install() -> bool:
     if patch is None or grid is None or getattr(patch, "skips_nested", False):
         return False
     running = []  # the language modules the running kernel's patch covers (None: not yet)
+    both = frozenset((tl, tl.core))
 
     @functools.lru_cache(maxsize=None)
     def languages(fn) -> frozenset:
         return frozenset(value for value in fn.__globals__.values()
-                         if inspect.ismodule(value) and value in (tl, tl.core))
+                         if inspect.ismodule(value) and value in both)
 
     class _Nothing:
         def restore(self):
             pass
 
+    class _BothLanguages:  # what the interpreter's patch reads of a function: its globals
+        __globals__ = {"tl": tl, "core": tl.core}
+
     def patch_lang(fn):
         if running and running[-1] is None:  # the kernel's own patch
-            running[-1] = languages(fn)
-        elif running and languages(fn) <= running[-1]:
+            running[-1] = both
+            return patch(_BothLanguages)
+        if running and languages(fn) <= running[-1]:
             return _Nothing()
         return patch(fn)
     patch_lang.skips_nested = True
