@@ -5,8 +5,9 @@ makes a kernel's patch cover both language modules, ``triton.language`` and
 ``triton.language.core`` (the one ``triton.language.standard``'s ``sum``, ``max`` and ``zeros``
 see), and skips every device function's patch inside it: each would patch a module the
 kernel's patch already covers. The kernel's patch is undone after its run as before, both
-modules in reverse order. Where this Triton's interpreter is not laid out as expected,
-nothing is changed."""
+modules in reverse order. It also remembers the NumPy type of each Triton scalar type
+(the interpreter rebuilds its table of them at every cast, splat and load). Where this
+Triton's interpreter is not laid out as expected, nothing is changed."""
 from __future__ import annotations
 
 import functools
@@ -14,7 +15,7 @@ import inspect
 
 
 def install() -> bool:
-    """Install the skip; False where this Triton's interpreter lacks what it relies on."""
+    """Install both; False where this Triton's interpreter lacks what it relies on."""
     try:
         import triton.language as tl
         from triton.runtime import interpreter
@@ -59,4 +60,15 @@ def install() -> bool:
 
     interpreter._patch_lang = patch_lang
     grid.__call__ = grid_call
+    numpy_type = getattr(interpreter, "_get_np_dtype", None)
+    if numpy_type is not None:
+        scalar_numpy_type = functools.lru_cache(maxsize=None)(numpy_type)
+
+        def numpy_type_of(tt_dtype):  # a block's is its element's; pointers are unhashable
+            if isinstance(tt_dtype, tl.block_type):
+                tt_dtype = tt_dtype.element_ty
+            if isinstance(tt_dtype, tl.pointer_type):
+                return numpy_type(tt_dtype)
+            return scalar_numpy_type(tt_dtype)
+        interpreter._get_np_dtype = numpy_type_of
     return True
