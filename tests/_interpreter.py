@@ -11,7 +11,6 @@ Triton's interpreter is not laid out as expected, nothing is changed."""
 from __future__ import annotations
 
 import functools
-import inspect
 
 
 def install() -> bool:
@@ -25,13 +24,7 @@ def install() -> bool:
     grid = getattr(interpreter, "GridExecutor", None)
     if patch is None or grid is None or getattr(patch, "skips_nested", False):
         return False
-    running = []  # the language modules the running kernel's patch covers (None: not yet)
-    both = frozenset((tl, tl.core))
-
-    @functools.lru_cache(maxsize=None)
-    def languages(fn) -> frozenset:
-        return frozenset(value for value in fn.__globals__.values()
-                         if inspect.ismodule(value) and value in both)
+    running = []  # per kernel running: whether its own patch is made
 
     class _Nothing:
         def restore(self):
@@ -41,18 +34,18 @@ def install() -> bool:
         __globals__ = {"tl": tl, "core": tl.core}
 
     def patch_lang(fn):
-        if running and running[-1] is None:  # the kernel's own patch
-            running[-1] = both
-            return patch(_BothLanguages)
-        if running and languages(fn) <= running[-1]:
+        if running and running[-1]:  # a device function inside a patched kernel
             return _Nothing()
+        if running:  # the kernel's own patch
+            running[-1] = True
+            return patch(_BothLanguages)
         return patch(fn)
     patch_lang.skips_nested = True
 
     run_grid = grid.__call__
 
     def grid_call(self, *args, **kwargs):
-        running.append(None)
+        running.append(False)
         try:
             return run_grid(self, *args, **kwargs)
         finally:
