@@ -433,6 +433,45 @@ def test_repeats_at_new_addresses_replay_the_graph_with_their_addresses(form, al
 
 
 @needs_gpu
+@pytest.mark.parametrize("form", ["BSH lengths, LSE", "prefill causal"])
+@pytest.mark.parametrize("algorithm", ["pasa-exact", "fa-fp32"])
+def test_a_graph_the_driver_refuses_to_launch_replays_through_torch(form, algorithm,
+                                                                     monkeypatch):
+    """Where the driver's ``cuGraphLaunch`` fails, the addressed graph replays through
+    torch's own graph replay: the same results, bit for bit, at new addresses as at
+    repeated ones, and still no kernel launched of its own."""
+    from pasa_npu.fallback import graph_update, kernel_common
+    if not graph_update.supported():
+        pytest.skip("this driver or torch cannot rewrite a graph's kernel arguments")
+    (call, _), q_shape, kv_shape, keywords, rand = _gpu_form(form, algorithm)
+    sets = [tuple(rand(*shape) for shape in (q_shape, kv_shape, kv_shape)) for _ in range(3)]
+    monkeypatch.setattr(kernel_common, "GRAPH_REPEATS", False)
+    pasa_npu.plans.clear()
+    want = [[t.cpu() for t in call(*inputs, **keywords)] for inputs in sets]
+    refused = []
+    real_driver = graph_update._driver
+
+    def driver():
+        calls = dict(real_driver())
+        calls["launch"] = lambda *args: refused.append(args) or 1  # CUDA_ERROR_INVALID_VALUE
+        return calls
+    monkeypatch.setattr(graph_update, "_driver", driver)
+    monkeypatch.setattr(kernel_common, "GRAPH_REPEATS", True)
+    pasa_npu.plans.clear()
+    order = [0, 1, 2, 1, 0, 0]
+    call(*sets[order[0]], **keywords)  # the record
+    call(*sets[order[1]], **keywords)  # the capture
+    replays, launches = kernel_common.GRAPH_REPLAYS[0], kernel_common.FAST_LAUNCHES[0]
+    for i in order[2:]:
+        got = call(*sets[i], **keywords)
+        assert all(torch.equal(a.cpu(), b) for a, b in zip(got, want[i])), f"inputs {i}"
+    assert kernel_common.GRAPH_REPLAYS[0] - replays == len(order) - 2
+    assert kernel_common.FAST_LAUNCHES[0] == launches, "a call launched its kernels"
+    assert len(refused) >= len(order) - 2, "the driver's launch was never tried"
+    pasa_npu.plans.clear()
+
+
+@needs_gpu
 @pytest.mark.parametrize("form", ["BNSD", "prefill causal"])
 def test_a_call_whose_key_is_its_value_repeats_its_recorded_launches(form, monkeypatch):
     """K and V one tensor: the plan's later calls of that kind repeat the recorded launches,
