@@ -396,6 +396,22 @@ def test_repeats_on_the_same_addresses_replay_a_graph_of_the_launches(form, algo
     assert all(torch.equal(a, b) for a, b in zip(fresh, call(*elsewhere, **keywords)))
 
 
+def _ungraphed_results(form: str, algorithm: str, n_sets: int, monkeypatch) -> tuple:
+    """(the form's call, its keywords, ``n_sets`` sets of inputs, the outputs of each set
+    from launches without graphs, on the host), where the driver and torch can rewrite a
+    graph's kernel arguments; the test is skipped where they cannot."""
+    from pasa_npu.fallback import graph_update, kernel_common
+    if not graph_update.supported():
+        pytest.skip("this driver or torch cannot rewrite a graph's kernel arguments")
+    (call, _), q_shape, kv_shape, keywords, rand = _gpu_form(form, algorithm)
+    sets = [tuple(rand(*shape) for shape in (q_shape, kv_shape, kv_shape))
+            for _ in range(n_sets)]
+    monkeypatch.setattr(kernel_common, "GRAPH_REPEATS", False)
+    pasa_npu.plans.clear()
+    want = [[t.cpu() for t in call(*inputs, **keywords)] for inputs in sets]
+    return call, keywords, sets, want
+
+
 @needs_gpu
 @pytest.mark.parametrize("form", GRAPH_FORMS)
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
@@ -406,14 +422,8 @@ def test_repeats_at_new_addresses_replay_the_graph_with_their_addresses(form, al
     tensors wherever they lie: bit for bit as launches without graphs, with no kernel
     launched and no host synchronisation, on tensors that take turns in an order that
     returns to each."""
-    from pasa_npu.fallback import graph_update, kernel_common
-    if not graph_update.supported():
-        pytest.skip("this driver or torch cannot rewrite a graph's kernel arguments")
-    (call, _), q_shape, kv_shape, keywords, rand = _gpu_form(form, algorithm)
-    sets = [tuple(rand(*shape) for shape in (q_shape, kv_shape, kv_shape)) for _ in range(4)]
-    monkeypatch.setattr(kernel_common, "GRAPH_REPEATS", False)
-    pasa_npu.plans.clear()
-    want = [[t.cpu() for t in call(*inputs, **keywords)] for inputs in sets]
+    from pasa_npu.fallback import kernel_common
+    call, keywords, sets, want = _ungraphed_results(form, algorithm, 4, monkeypatch)
     monkeypatch.setattr(kernel_common, "GRAPH_REPEATS", True)
     pasa_npu.plans.clear()
     order = [0, 1, 2, 1, 3, 0, 0, 2]
@@ -441,13 +451,7 @@ def test_a_graph_the_driver_refuses_to_launch_replays_through_torch(form, algori
     torch's own graph replay: the same results, bit for bit, at new addresses as at
     repeated ones, and still no kernel launched of its own."""
     from pasa_npu.fallback import graph_update, kernel_common
-    if not graph_update.supported():
-        pytest.skip("this driver or torch cannot rewrite a graph's kernel arguments")
-    (call, _), q_shape, kv_shape, keywords, rand = _gpu_form(form, algorithm)
-    sets = [tuple(rand(*shape) for shape in (q_shape, kv_shape, kv_shape)) for _ in range(3)]
-    monkeypatch.setattr(kernel_common, "GRAPH_REPEATS", False)
-    pasa_npu.plans.clear()
-    want = [[t.cpu() for t in call(*inputs, **keywords)] for inputs in sets]
+    call, keywords, sets, want = _ungraphed_results(form, algorithm, 3, monkeypatch)
     refused = []
     real_driver = graph_update._driver
 
