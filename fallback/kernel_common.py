@@ -749,6 +749,12 @@ class PreparedCall:
                 if self.addressed:
                     return self._replay(graph)
                 if graph is not None:  # captured, not addressable: this address set's graph
+                    try:  # (make may have instantiated it: torch then replaces its exec)
+                        graph.instantiate()
+                    except RuntimeError:  # a graph the driver cannot instantiate: launch, as before
+                        self.graphs = None
+                        self._run(roles)
+                        return True
                     graphs[where] = graph
                     return self._replay(graph)
             if self.addressed:

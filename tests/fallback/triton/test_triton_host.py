@@ -476,6 +476,32 @@ def test_a_graph_the_driver_refuses_to_launch_replays_through_torch(form, algori
 
 
 @needs_gpu
+@pytest.mark.parametrize("form", ["BSH lengths, LSE", "prefill causal"])
+def test_a_graph_the_driver_cannot_instantiate_leaves_the_recorded_launches(form, monkeypatch):
+    """Where the captured graph cannot be instantiated, the plan launches its recorded kernels,
+    at that call and every later one: the same results, bit for bit, as launches without
+    graphs, and no graph replayed."""
+    from pasa_npu.fallback import kernel_common
+    call, keywords, sets, want = _ungraphed_results(form, "pasa-exact", 3, monkeypatch)
+    tried = []
+
+    def refuse(graph):
+        tried.append(graph)
+        raise RuntimeError("CUDA error: operation not supported when instantiating the graph")
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "instantiate", refuse)
+    monkeypatch.setattr(kernel_common, "GRAPH_REPEATS", True)
+    pasa_npu.plans.clear()
+    replays, launches = kernel_common.GRAPH_REPLAYS[0], kernel_common.FAST_LAUNCHES[0]
+    for i in [0, 1, 2, 1, 0]:
+        got = call(*sets[i], **keywords)
+        assert all(torch.equal(a.cpu(), b) for a, b in zip(got, want[i])), f"inputs {i}"
+    assert tried, "no graph was captured"
+    assert kernel_common.GRAPH_REPLAYS[0] == replays
+    assert kernel_common.FAST_LAUNCHES[0] > launches, "the repeats did not launch their kernels"
+    pasa_npu.plans.clear()
+
+
+@needs_gpu
 @pytest.mark.parametrize("form", ["BNSD", "prefill causal"])
 def test_a_call_whose_key_is_its_value_repeats_its_recorded_launches(form, monkeypatch):
     """K and V one tensor: the plan's later calls of that kind repeat the recorded launches,
