@@ -34,21 +34,27 @@ __aicore__ inline void OrderPipes()
     pipe->ReleaseEventID<evt>(id);
 }
 
-// M^T (n x n, row-major in GM) -> L1 (NZ, a TBuf written once) -> L0A (Zz), where it stays for
-// every kv block; returns once the cube may read it. A TBuf rather than a queue: a freed queue
-// buffer would hold one of the 8 MTE1_MTE2 event IDs for the rest of the launch.
+// M^T (n x n, row-major in GM) -> L1 (NZ, a TBuf written once); returns once MTE1 may read it. A
+// TBuf rather than a queue: a freed queue buffer would hold one of the 8 MTE1_MTE2 event IDs for the
+// rest of the launch.
 template <typename T>
-__aicore__ inline void LoadShiftMatrix(const LocalTensor<T>& m1, const LocalTensor<T>& l0a, const GlobalTensor<T>& shift,
-                                       uint32_t n)
+__aicore__ inline void StageShiftMatrix(const LocalTensor<T>& m1, const GlobalTensor<T>& shift, uint32_t n)
 {
     DataCopy(m1, shift, Nd2NzParams(1, static_cast<uint16_t>(n), static_cast<uint16_t>(n), 0, static_cast<uint16_t>(n),
                                     static_cast<uint16_t>(n), 1, 0));
     OrderPipes<HardEvent::MTE2_MTE1>();
-    for (uint32_t mb = 0; mb < n / kC0; ++mb) {
-        LoadData(l0a[mb * (n / kC0) * kFractal], m1[mb * kFractal],
+}
+
+// Rows [r0, r0 + rows) of the staged M^T (L1, NZ) -> L0A (Zz): the A operand of their product with a
+// k = n block of keys. r0 and rows: multiples of 16.
+template <typename T>
+__aicore__ inline void ShiftRowsToL0a(const LocalTensor<T>& l0a, const LocalTensor<T>& m1, uint32_t n, uint32_t r0,
+                                      uint32_t rows)
+{
+    for (uint32_t mb = 0; mb < rows / kC0; ++mb) {
+        LoadData(l0a[mb * (n / kC0) * kFractal], m1[(r0 / kC0 + mb) * kFractal],
                  LoadData2DParams(0, static_cast<uint8_t>(n / kC0), static_cast<uint16_t>(n / kC0), 0, 0, false, 0));
     }
-    OrderPipes<HardEvent::MTE1_M>();
 }
 
 // Each of `count` rows of `d` floats minus the same d-vector `vec`: whole-tile Sub, 64 columns a

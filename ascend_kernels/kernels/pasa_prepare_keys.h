@@ -4,7 +4,8 @@
 // pasa_shift_keys (MIX 1:2, tiling key PASA):  K'_j = M^T K_j, M = scale (I - beta/n J) stored in
 //   fp16 as the host built it. One Mmad per block (per piece of tiling.cubeCols columns of K_j
 //   where the head dim is wider): A = M^T (resident in L0A), B = K_j, fp32 accumulation, Fixpipe
-//   rounds K' to fp16. A part-filled last block (v < n keys, zero-padded)
+//   rounds K' to fp16. Where M^T does not fit L0A (kvBlock 256), one Mmad per piece of
+//   tiling.shiftRows of its rows, each piece loaded from L1 in turn: the same sums, row by row. A part-filled last block (v < n keys, zero-padded)
 //   is shifted as if its missing rows were the mean of its keys: the cube drains M^T K_j and the
 //   column sum 1^T K_j (a second Mmad with a row of ones) in fp32, and the vector cores form
 //   K'_i = fp16(M^T K_j - c colsum) for i < v, with c = off (n - v) / v (off: M's stored
@@ -119,7 +120,8 @@ public:
     __aicore__ inline void Run(GM_ADDR key, GM_ADDR blockTable, GM_ADDR keySlots, GM_ADDR workspace, GM_ADDR tiling,
                                const PasaTilingData& t)
     {
-        const uint32_t n = t.kvBlock, d = t.headDim, dc = Min(d, t.cubeCols);
+        const uint32_t n = t.kvBlock, d = t.headDim, dc = Min(d, t.cubeCols), mr = t.shiftRows;
+        const bool whole = mr == n;  // M^T stays in L0A; else its rows go there in pieces, in turn
         key_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(key));
         shift_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.shiftMatrixOffset), n * n);
         keyPrime_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.keyPrimeOffset));
@@ -128,14 +130,23 @@ public:
 
         pipe_.InitBuffer(shiftL1_, n * n * sizeof(half));
         pipe_.InitBuffer(onesL1_, 1, kC0 * n * sizeof(half));
-        pipe_.InitBuffer(shiftL0a_, n * n * sizeof(half));
+        if (whole) {
+            pipe_.InitBuffer(shiftL0a_, n * n * sizeof(half));
+        } else {
+            pipe_.InitBuffer(shiftPieces_, 2, mr * n * sizeof(half));
+        }
         pipe_.InitBuffer(onesL0a_, kC0 * n * sizeof(half));
         pipe_.InitBuffer(keyL1_, 2, n * d * sizeof(half));
         pipe_.InitBuffer(keyL0b_, 2, n * dc * sizeof(half));
         pipe_.InitBuffer(outL0c_, 2, n * dc * sizeof(float));
 
-        LocalTensor<half> m2 = shiftL0a_.Get<half>();
-        LoadShiftMatrix(shiftL1_.Get<half>(), m2, shift_, n);
+        LocalTensor<half> m1 = shiftL1_.Get<half>(), m2;
+        StageShiftMatrix(m1, shift_, n);
+        if (whole) {
+            m2 = shiftL0a_.Get<half>();
+            ShiftRowsToL0a(m2, m1, n, 0, n);
+            OrderPipes<HardEvent::MTE1_M>();
+        }
         if (t.partFilled) LoadOnesRow(onesL1_, onesL0a_.Get<half>(), n);
 
         const uint32_t core = static_cast<uint32_t>(GetBlockIdx());
@@ -146,30 +157,34 @@ public:
             const bool tail = task.validRows < n;
             LocalTensor<half> k1 = StageKeyBlock(keyL1_, key_, t, pages_, task);
             GlobalTensor<float> slot;
+            if (tail) {  // part-filled: M^T K and 1^T K in fp32 to the slot; the vector cores finish K'
+                if (tails >= 2) CrossCoreWaitFlag(PASA_FLAG_SUM_FREE);  // the vector cores read slot (tails % 2)
+                slot.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(TailSlot(workspace, t, core, tails)), n * d + d);
+            }
             for (uint32_t d0 = 0; d0 < d; d0 += dc) {  // K'_j's pieces of columns
                 const uint32_t cols = Min(dc, d - d0);
                 LocalTensor<half> k2 = KeyColumns(keyL1_, keyL0b_, k1, t, d0, cols);
-                LocalTensor<float> c = outL0c_.AllocTensor<float>();
-                Mmad(c, m2, k2, MmadParams(static_cast<uint16_t>(n), static_cast<uint16_t>(cols), static_cast<uint16_t>(n), 0,
-                                           false, true));
-                if (!tail) keyL0b_.FreeTensor(k2);
-                outL0c_.EnQue(c);
-                c = outL0c_.DeQue<float>();
-                if (!tail) {
-                    Fixpipe<half, float, CFG_ROW_MAJOR>(keyPrime_[KeyPrimeOffset(t, task.slot) + d0], c,
-                        FixpipeParamsV220(static_cast<uint16_t>(cols), static_cast<uint16_t>(n), static_cast<uint16_t>(n), d,
-                                          false, QuantMode_t::F322F16, 0, 1, 0, 0, 0));
+                for (uint32_t r0 = 0; r0 < n; r0 += mr) {  // and of rows, where M^T is in pieces
+                    LocalTensor<half> a = whole ? m2 : ShiftPiece(m1, n, r0, mr);
+                    LocalTensor<float> c = outL0c_.AllocTensor<float>();
+                    Mmad(c, a, k2, MmadParams(static_cast<uint16_t>(mr), static_cast<uint16_t>(cols), static_cast<uint16_t>(n),
+                                              0, false, true));
+                    if (!whole) shiftPieces_.FreeTensor(a);
+                    if (!tail && r0 + mr == n) keyL0b_.FreeTensor(k2);
+                    outL0c_.EnQue(c);
+                    c = outL0c_.DeQue<float>();
+                    const FixpipeParamsV220 out(static_cast<uint16_t>(cols), static_cast<uint16_t>(mr),
+                                                 static_cast<uint16_t>(mr), d, false,
+                                                 tail ? QuantMode_t::NoQuant : QuantMode_t::F322F16, 0, 1, 0, 0, 0);
+                    if (tail) {
+                        Fixpipe<float, float, CFG_ROW_MAJOR>(slot[static_cast<uint64_t>(r0) * d + d0], c, out);
+                    } else {
+                        Fixpipe<half, float, CFG_ROW_MAJOR>(
+                            keyPrime_[KeyPrimeOffset(t, task.slot) + static_cast<uint64_t>(r0) * d + d0], c, out);
+                    }
                     outL0c_.FreeTensor(c);
-                    continue;
                 }
-                // part-filled: M^T K and 1^T K in fp32 to the slot; the vector cores finish K'
-                if (d0 == 0) {
-                    if (tails >= 2) CrossCoreWaitFlag(PASA_FLAG_SUM_FREE);  // the vector cores read slot (tails % 2)
-                    slot.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(TailSlot(workspace, t, core, tails)), n * d + d);
-                }
-                Fixpipe<float, float, CFG_ROW_MAJOR>(slot[d0], c, FixpipeParamsV220(static_cast<uint16_t>(cols),
-                    static_cast<uint16_t>(n), static_cast<uint16_t>(n), d, false, QuantMode_t::NoQuant, 0, 1, 0, 0, 0));
-                outL0c_.FreeTensor(c);
+                if (!tail) continue;
                 LocalTensor<float> sum = outL0c_.AllocTensor<float>();
                 Mmad(sum, onesL0a_.Get<half>(), k2, MmadParams(1, static_cast<uint16_t>(cols), static_cast<uint16_t>(n), 0,
                                                                 false, true));
@@ -188,10 +203,20 @@ public:
     }
 
 private:
+    // Rows [r0, r0 + rows) of M^T from L1 into a piece of L0A, ready for the cube; the caller frees it.
+    __aicore__ inline LocalTensor<half> ShiftPiece(const LocalTensor<half>& m1, uint32_t n, uint32_t r0, uint32_t rows)
+    {
+        LocalTensor<half> a = shiftPieces_.AllocTensor<half>();
+        ShiftRowsToL0a(a, m1, n, r0, rows);
+        shiftPieces_.EnQue(a);
+        return shiftPieces_.DeQue<half>();
+    }
+
     TPipe pipe_;
     TQue<TPosition::A1, 1> onesL1_;
     TBuf<TPosition::A1> shiftL1_;
     TBuf<TPosition::A2> shiftL0a_, onesL0a_;
+    TQue<TPosition::A2, 2> shiftPieces_;
     TQue<TPosition::B1, 2> keyL1_;
     TQue<TPosition::B2, 2> keyL0b_;
     TQue<TPosition::CO1, 2> outL0c_;

@@ -142,6 +142,8 @@ struct PasaTilingData {
     uint32_t cubeCols;       // columns of a K or V block the cube holds in L0B at once (a multiple of 16): a head
                              // dim of more is cut into pieces of cubeCols, the score's contraction accumulating
                              // over them in L0C, P'V and the key preprocessing producing their columns piece by piece
+    uint32_t shiftRows;      // pasa preprocessing: rows of M^T in L0A at once: kvBlock where M^T and the row of
+                             // ones fit it, else pieces of shiftRows rows (two of them), each multiplied in turn
     uint32_t kvBlock;        // keys per block; the size of the shifting matrix
     uint32_t numKvBlocks;    // ceil(seqKv / kvBlock)
     uint32_t vecRows;        // rows of a tile the first AIV takes (the second takes the rest)
