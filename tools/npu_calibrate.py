@@ -8,12 +8,13 @@ those of ``../shared/npu-params.md`` sections 4-5):
   simulator traces: QK 2487, softmax 2489, PV 1617, update 834 cycles per tile; its
   correction fitted to board runs adds 1000 cycles of cube-vector synchronisation per tile.
   The cube runs QK and PV of a tile one after the other, the vector cores softmax and
-  update, so a tile costs at least max(QK + PV, softmax + update). Our kernels take 128 keys per block (a 256-key block does
-  not fit L1 with their double buffering), so the model's figures per 256 keys are two
-  blocks of the one-core calibration fit at the same head dim and query rows.
+  update, so a tile costs at least max(QK + PV, softmax + update). The model's figures per
+  256 keys are one 256-key block of the one-core calibration fit at the same head dim and
+  query rows, or two 128-key blocks where an allocation's kernels refuse the 256-key block
+  (its buffers do not fit the AI Core).
 * **Per call.** torch_npu's fused FA and PTO's FA on a 910B2 (24 AI Cores, 1800 MHz),
   B = N = 1, d = 128, S = 1k-32k without a mask, against our kernels modelled on that chip,
-  each allocation at the ``q_block`` where it is faster (``npu_extrapolate.Q_BLOCKS``).
+  each allocation at the tiling where it is faster (``npu_extrapolate.tilings``).
 
 Every figure of the model side comes from emulated runs checked against the fp64 golden
 (``npu_extrapolate.calibrate``).
@@ -21,7 +22,7 @@ Every figure of the model side comes from emulated runs checked against the fp64
 from __future__ import annotations
 
 from pasa_npu import npu_params
-from pasa_npu.tools.npu_extrapolate import Q_BLOCKS, Shape, calibrate, fastest
+from pasa_npu.tools.npu_extrapolate import Shape, cached_calibration, calibrate, fastest
 
 #: PTO FA stage constants per 256-key tile (head dim 128, 128 query rows): npu-params.md §4
 PTO_STAGE_CYCLES = dict(qk=2487, softmax=2489, pv=1617, update=834)
@@ -48,32 +49,36 @@ def implied_l2_bytes_per_cycle(tflops: float, tile_bytes: float = PTO_TILE_GM_BY
 
 def per_tile(params: dict, algorithms=("fa-fp32", "pasa")) -> dict:
     """Per 256 keys on one AI Core (d = 128, 128 query rows): the model's cube (M) and vector
-    (V, per vector core) busy cycles, GM port bounds and cycles, from the calibration fit."""
+    (V, per vector core) busy cycles, GM port bounds and cycles, from the calibration fit: one
+    256-key block, or two 128-key blocks where the kernels refuse the larger one."""
     out = {}
+    shape = Shape("tile", 1, 1, 1, 128, 1024, 128)
     for algorithm in algorithms:
-        fit = calibrate(Shape("tile", 1, 1, 1, 128, 1024, 128).config(algorithm), params)
-        blocks = TILE_KEYS // 128
+        try:
+            fit = calibrate(shape.config(algorithm, 128, TILE_KEYS), params)
+        except NotImplementedError:
+            fit = calibrate(shape.config(algorithm, 128, 128), params)
+        blocks = TILE_KEYS // fit.config.kv_block
         cycles = fit.block_cycles() * blocks
         out[algorithm] = dict(cycles=cycles, m=fit.per_block("busy_M") * blocks,
                               v=fit.per_block("busy_V") * blocks, fix=fit.per_block("busy_FIX") * blocks,
                               rd=fit.per_block("busy_RD") * blocks, wr=fit.per_block("busy_WR") * blocks,
-                              gm_kib=fit.per_block("gm_bytes") * blocks / 1024,
+                              gm_kib=fit.per_block("gm_bytes") * blocks / 1024, kv_block=fit.config.kv_block,
                               golden_rmse=fit.golden_rmse)
     return out
 
 
 def per_call(params: dict, algorithms=("fa-fp32", "pasa"), progress=None) -> dict:
     """Modelled TFLOP/s of (1, 1, S, S, 128) without a mask on a 910B2, per S and allocation,
-    each at the q_block of Q_BLOCKS where it is faster; ``fa-fp32 l2 high``: fa-fp32 with the
+    each at the tiling of tilings() where it is faster; ``fa-fp32 l2 high``: fa-fp32 with the
     aggregate L2 rate at the high end of its range."""
     b2 = dict(params, **B2)
     l2_high = dict(b2, l2_aggregate_bytes_per_cycle=npu_params.corner("fast")["l2_aggregate_bytes_per_cycle"])
-    # one calibration per allocation and q_block, at b2: the L2 rate enters only the launch total
-    fits = {config: calibrate(config, b2) for a in algorithms for qb in Q_BLOCKS
-            for config in [Shape("call", 1, 1, 1, 128, 1024, 128).config(a, qb)]}
+    # one calibration per allocation and tiling, at b2: the L2 rate enters only the launch total
+    fits = {}
 
     def faster(shape, a, at):
-        return fastest(shape, a, at, lambda config, _: fits[config])[1]
+        return fastest(shape, a, at, lambda config, _: cached_calibration(fits, config, config, b2))[1]
     out = {}
     for i, s in enumerate(MEASURED_910B2):
         if progress:
@@ -81,7 +86,7 @@ def per_call(params: dict, algorithms=("fa-fp32", "pasa"), progress=None) -> dic
         shape = Shape(f"S={s}", 1, 1, 1, s, s, 128)
         out[s] = {a: faster(shape, a, b2) for a in algorithms}
         out[s]["fa-fp32 l2 high"] = faster(shape, "fa-fp32", l2_high)
-        out[s]["golden_rmse"] = max(f.golden_rmse for f in fits.values())
+        out[s]["golden_rmse"] = max(f.golden_rmse for f in fits.values() if not isinstance(f, Exception))
     if progress:
         progress(len(MEASURED_910B2), len(MEASURED_910B2), "done")
     return out
@@ -98,7 +103,9 @@ def markdown(params: dict, progress=None) -> str:
         "**Per 256-key tile, one AI Core, d = 128, 128 query rows.** PTO FA: stage constants of its "
         "published cycle model (fitted to simulator traces; its correction fitted to board runs adds "
         f"{PTO_BOARD_SYNC_CYCLES} cycles of synchronisation per tile). Ours: **modelled** (this "
-        "timing model, nominal parameters), two 128-key blocks of the calibration fit.", "",
+        "timing model, nominal parameters), from the calibration fit: "
+        + ", ".join(f"{a} {'one 256-key block' if t['kv_block'] == TILE_KEYS else 'two 128-key blocks'}"
+                    for a, t in tile.items()) + ".", "",
         "| per 256 keys | PTO FA (fit) | fa-fp32 (model) | pasa (model) |", "|---|---|---|---|",
         f"| cube: QK + PV (M busy in the model) | {pto_cube} | {tile['fa-fp32']['m']:.0f} | {tile['pasa']['m']:.0f} |",
         f"| vector: softmax + update (V busy per vector core) | {pto_vec} | {tile['fa-fp32']['v']:.0f} "
@@ -120,8 +127,8 @@ def markdown(params: dict, progress=None) -> str:
     lines += [
         "**Per call on a 910B2** (24 AI Cores, 1800 MHz), B = N = 1, d = 128, S_q = S_kv = S, no mask: "
         "TFLOP/s measured (torch_npu fused FA, PTO FA; PTO-ISA README) against **modelled** "
-        "(our kernels under this timing model, nominal parameters, each allocation at its faster `q_block` of "
-        f"{' and '.join(map(str, Q_BLOCKS))}; the last fa-fp32 column with "
+        "(our kernels under this timing model, nominal parameters, each allocation at its fastest tiling of "
+        "128 or 256 query rows by 128 or 256 keys; the last fa-fp32 column with "
         "`l2_aggregate_bytes_per_cycle` at the high end of its range). Errors: model / measured - 1. "
         "The L2 rate a measured figure needs: the aggregate bytes per cycle that PTO FA's estimated "
         f"{PTO_TILE_GM_BYTES // 1024} KiB of GM traffic per 256-key tile takes at that speed.", "",

@@ -57,7 +57,8 @@ QUANTITIES = ("core_cycles", "timeline_cycles", "gm_bytes", "exchange_bytes", "v
 @dataclass(frozen=True)
 class Config:
     """What a calibration depends on: allocation, head dim, query heads per kv head, causal
-    mask, whether the query is one token (decode), and the tiling's ``q_block``."""
+    mask, whether the query is one token (decode), and the tiling: ``q_block`` query rows by
+    ``kv_block`` keys."""
 
     algorithm: str
     d: int
@@ -65,6 +66,12 @@ class Config:
     causal: bool = False
     decode: bool = False
     q_block: int = Q_TILE
+    kv_block: int = KV_BLOCK
+
+    @property
+    def tile(self) -> str:
+        """The tiling as the reports name it: q_block x kv_block."""
+        return f"{self.q_block}x{self.kv_block}"
 
 
 @dataclass
@@ -115,17 +122,18 @@ def _rmse(x: torch.Tensor, gold: torch.Tensor) -> float:
 
 
 @functools.lru_cache(maxsize=8)
-def _references(algorithm, b, h, hkv, sq, skv, d, causal):
-    """(fp64 golden, the torch backend's relative RMSE against it) of one problem: the same
-    for every parameter corner a problem is emulated under, so computed once."""
+def _references(algorithm, b, h, hkv, sq, skv, d, causal, kv_block=KV_BLOCK):
+    """(fp64 golden, the torch backend's relative RMSE against it at ``kv_block``) of one
+    problem: the same for every parameter corner a problem is emulated under, so computed once."""
     (q, k, v), args = _problem(b, h, hkv, sq, skv, d, causal)
     gold, _ = pasa_npu.reference_attention(q, k, v, **args)
-    ref, _ = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="torch", **args)
+    ref, _ = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="torch", kv_block=kv_block, **args)
     return gold, _rmse(ref, gold)
 
 
-def emulate(algorithm, b, h, hkv, sq, skv, d, causal, params, q_block=Q_TILE, **tiling) -> dict:
-    """Run one problem under the emulation with ``params``, ``q_block`` and the forced host
+def emulate(algorithm, b, h, hkv, sq, skv, d, causal, params, q_block=Q_TILE, kv_block=KV_BLOCK,
+            **tiling) -> dict:
+    """Run one problem under the emulation with ``params``, ``q_block``, ``kv_block`` and the forced host
     tiling choices ``tiling`` (``ascendc_emu.forcing_tiling``); its last_run_stats() plus
     ``golden_rmse`` and ``torch_rmse``: the relative RMSE of its output, and of the torch
     backend's, against the fp64 golden. Raises WrongRunError when the run's error exceeds
@@ -133,32 +141,32 @@ def emulate(algorithm, b, h, hkv, sq, skv, d, causal, params, q_block=Q_TILE, **
     (q, k, v), args = _problem(b, h, hkv, sq, skv, d, causal)
     with ascendc_emu.using_model_parameters(params), ascendc_emu.forcing_tiling(**tiling):
         out, _ = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", q_block=q_block,
-                                          **args)
+                                          kv_block=kv_block, **args)
     stats = ascendc_emu.last_run_stats()
-    gold, torch_rmse = _references(algorithm, b, h, hkv, sq, skv, d, causal)
+    gold, torch_rmse = _references(algorithm, b, h, hkv, sq, skv, d, causal, kv_block)
     stats.update(golden_rmse=_rmse(out, gold), torch_rmse=torch_rmse)
     if not stats["golden_rmse"] <= GOLDEN_FACTOR * stats["torch_rmse"] + 1e-6:
         raise WrongRunError(
-            f"{algorithm} ({b}, {h}, {hkv}, {sq}, {skv}, {d}{', causal' if causal else ''}, q_block {q_block}) on "
+            f"{algorithm} ({b}, {h}, {hkv}, {sq}, {skv}, {d}{', causal' if causal else ''}, tile {q_block}x{kv_block}) on "
             f"{int(params['core_num'])} emulated AI Cores: relative RMSE {stats['golden_rmse']:.3g} "
             f"against the fp64 golden, torch backend {stats['torch_rmse']:.3g}; its timing is not reported")
     return stats
 
 
-def _kernel_params(algorithm, b, h, hkv, sq, skv, d, causal, params, q_block) -> dict:
+def _kernel_params(algorithm, b, h, hkv, sq, skv, d, causal, params, q_block, kv_block) -> dict:
     return dict(tiling_key=ascendc_emu.TILING_KEYS[algorithm], batch=b, num_heads=h,
                 num_kv_heads=hkv, seq_q=sq, seq_kv=skv, head_dim=d, head_dim_v=d, q_layout=0,
                 kv_layout=0, out_layout=0, out_dtype=0, in_dtype=0, mask_mode=int(causal),
-                scale=d ** -0.5, beta=-1.0, q_tile=q_block, kv_block=KV_BLOCK,
+                scale=d ** -0.5, beta=-1.0, q_tile=q_block, kv_block=kv_block,
                 core_num=int(params["core_num"]), timing=npu_params.timing_only(params))
 
 
-def tasks(algorithm, b, h, hkv, sq, skv, d, causal, params, q_block=Q_TILE) -> list:
+def tasks(algorithm, b, h, hkv, sq, skv, d, causal, params, q_block=Q_TILE, kv_block=KV_BLOCK) -> list:
     """Per AI Core, the (rows, blocks, fully visible blocks) of its tasks, as the kernel deals
     them (sparse mode 3: the causal band aligned to the bottom right)."""
     lens = lambda n: np.full(b, n, dtype=np.int32)  # noqa: E731
     nxt = np.full(b, skv - sq if causal else 0, dtype=np.int32)
-    p = _kernel_params(algorithm, b, h, hkv, sq, skv, d, causal, params, q_block)
+    p = _kernel_params(algorithm, b, h, hkv, sq, skv, d, causal, params, q_block, kv_block)
     return pasa_npu._ascendc_emu.attention_tasks(
         p, dict(q_lens=lens(sq), kv_lens=lens(skv), next_tokens=nxt, pre_tokens=lens(2 ** 31 - 1)))
 
@@ -191,10 +199,11 @@ CALIBRATION_TILING = dict(prep_launch=1)
 def calibration_runs(c: Config, blocks: int = CALIBRATION_BLOCKS):
     """The calibration problems: (b, h, hkv, sq, skv, causal) on one AI Core."""
     sq = 1 if c.decode else max(1, c.q_block // c.group) if c.group > 1 else c.q_block
-    runs = [(1, c.group, 1, sq, blocks * KV_BLOCK, False), (1, c.group, 1, sq, 2 * blocks * KV_BLOCK, False),
-            (2, c.group, 1, sq, blocks * KV_BLOCK, False)]
+    n = c.kv_block
+    runs = [(1, c.group, 1, sq, blocks * n, False), (1, c.group, 1, sq, 2 * blocks * n, False),
+            (2, c.group, 1, sq, blocks * n, False)]
     if c.causal and not c.decode:
-        runs.append((1, c.group, 1, 4 * KV_BLOCK, 4 * KV_BLOCK, True))
+        runs.append((1, c.group, 1, 4 * n, 4 * n, True))
     return runs
 
 
@@ -205,9 +214,22 @@ def calibrate(c: Config, params: dict, progress=None) -> Fit:
     for i, (b, h, hkv, sq, skv, causal) in enumerate(runs):
         if progress:
             progress(i)
-        stats.append(emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one, c.q_block,
+        stats.append(emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one, c.q_block, c.kv_block,
                              **CALIBRATION_TILING))
     return fit_runs(c, runs, stats, one)
+
+
+def cached_calibration(cache: dict, key, config: Config, params: dict) -> Fit:
+    """``cache[key]``, made by :func:`calibrate` at its first ask; a tiling the kernels refuse
+    (NotImplementedError) is remembered as refused and raised again at every ask."""
+    if key not in cache:
+        try:
+            cache[key] = calibrate(config, params)
+        except NotImplementedError as refused:
+            cache[key] = refused
+    if isinstance(cache[key], NotImplementedError):
+        raise cache[key]
+    return cache[key]
 
 
 def fit_runs(c: Config, runs, stats, params: dict) -> Fit:
@@ -217,11 +239,12 @@ def fit_runs(c: Config, runs, stats, params: dict) -> Fit:
     golden = 0.0
     for (b, h, hkv, sq, skv, causal), st in zip(runs, stats):
         golden = max(golden, st["golden_rmse"])
-        rows.append(_features(tasks(c.algorithm, b, h, hkv, sq, skv, c.d, causal, params, c.q_block)))
+        rows.append(_features(tasks(c.algorithm, b, h, hkv, sq, skv, c.d, causal, params, c.q_block,
+                                    c.kv_block)))
         values.append(_quantities(st["attention"]))
         if st["preprocess"] is not None:
             pre = _quantities(st["preprocess"])
-            prep_rows.append([1.0, float(b * hkv * -(-skv // KV_BLOCK))])
+            prep_rows.append([1.0, float(b * hkv * -(-skv // c.kv_block))])
             prep_values.append([pre[q] for q in PREP_QUANTITIES])
         if st["repair"] is not None:  # a launch of its own only where forced (merge_launch)
             raise ValueError(f"{c}: a calibration run split its kv; the model has no merge or "
@@ -282,19 +305,20 @@ class Shape:
         return (2 * self.b * self.h * self.sq * self.d * 2 + 2 * self.b * self.hkv * self.skv * self.d * 2
                 + 4 * self.b * self.h * self.sq)
 
-    def config(self, algorithm: str, q_block: int = Q_TILE) -> Config:
-        return Config(algorithm, self.d, self.h // self.hkv, self.causal and not self.decode, self.decode, q_block)
+    def config(self, algorithm: str, q_block: int = Q_TILE, kv_block: int = KV_BLOCK) -> Config:
+        return Config(algorithm, self.d, self.h // self.hkv, self.causal and not self.decode, self.decode, q_block,
+                      kv_block)
 
 
 def extrapolate(shape: Shape, fit: Fit, params: dict) -> dict:
     """The modelled call of ``shape``: cycles, time, binding resource, pipe busy cycles."""
     per_core = tasks(fit.config.algorithm, shape.b, shape.h, shape.hkv, shape.sq, shape.skv,
-                     shape.d, shape.causal, params, fit.config.q_block)
+                     shape.d, shape.causal, params, fit.config.q_block, fit.config.kv_block)
     per_core = [t for t in per_core if t]
     overhead = params["launch_overhead_cycles"]
     before, prep_gm = {}, 0.0
     if fit.prep:  # at the start of the attention launch, then SyncAll's three cross-core hops
-        blocks = shape.b * shape.hkv * -(-shape.skv // KV_BLOCK)
+        blocks = shape.b * shape.hkv * -(-shape.skv // fit.config.kv_block)
         cores = min(int(params["core_num"]), blocks)
         before = {q: fit.prep[q][0] + fit.prep[q][1] * -(-blocks // cores) for q in CORE_BOUNDS}
         before["timeline_cycles"] += 3 * params["cross_core_latency_cycles"]
@@ -315,36 +339,50 @@ def extrapolate(shape: Shape, fit: Fit, params: dict) -> dict:
                 kv_gbs=2 * shape.b * shape.hkv * shape.skv * shape.d * 2 / (us * 1e-6) / 1e9)
 
 
-#: the tilings (``q_block``) each allocation is modelled at in prefill; each figure is the
-#: allocation's at the faster of them under the parameters it is modelled with
+#: the tilings each allocation is modelled at: ``q_block`` query rows by ``kv_block`` keys a tile
+#: (a kv block is also the block over which pasa and pasa-exact shift the keys); each figure is
+#: the allocation's at the fastest of them that its kernels take, under the parameters it is
+#: modelled with
 Q_BLOCKS = (128, 256)
+KV_BLOCKS = (128, 256)
 
 
-def q_blocks(shape: Shape) -> tuple:
-    """The tilings a shape is modelled at: Q_BLOCKS in prefill; decode stacks a kv group's
-    query heads into one tile whatever q_block is."""
-    return (Q_BLOCKS[0],) if shape.decode else Q_BLOCKS
+def tilings(shape: Shape) -> tuple:
+    """The (q_block, kv_block) tilings a shape is modelled at: Q_BLOCKS x KV_BLOCKS in prefill;
+    decode stacks a kv group's query heads into one tile whatever q_block is."""
+    return tuple((q, kv) for q in (Q_BLOCKS[:1] if shape.decode else Q_BLOCKS) for kv in KV_BLOCKS)
 
 
 def fastest(shape: Shape, algorithm: str, params: dict, fit) -> tuple:
-    """(config, extrapolation) of ``algorithm`` on ``shape`` at the q_block of q_blocks(shape)
-    where it is faster under ``params``; ``fit(config, params)`` calibrates (the caller caches)."""
-    best = None
-    for qb in q_blocks(shape):
-        config = shape.config(algorithm, qb)
-        result = extrapolate(shape, fit(config, params), params)
+    """(config, extrapolation) of ``algorithm`` on ``shape`` at the tiling of tilings(shape)
+    where it is faster under ``params``; ``fit(config, params)`` calibrates (the caller caches)
+    and raises NotImplementedError for a tiling the kernels refuse (its buffers do not fit the
+    AI Core), which is then not a candidate."""
+    best, refused = None, []
+    for qb, kvb in tilings(shape):
+        config = shape.config(algorithm, qb, kvb)
+        try:
+            calibrated = fit(config, params)
+        except NotImplementedError as exc:
+            refused.append(str(exc))
+            continue
+        result = extrapolate(shape, calibrated, params)
         if best is None or result["tflops"] > best[1]["tflops"]:
             best = (config, result)
+    if best is None:
+        raise NotImplementedError(f"{algorithm} on {shape.name}: the kernels take none of its tilings: "
+                                  + "; ".join(refused))
     return best
 
 
-def validate(algorithm="pasa", d=64, causal=True, cores=4, params=None, q_block=Q_TILE) -> dict:
+def validate(algorithm="pasa", d=64, causal=True, cores=4, params=None, q_block=Q_TILE,
+             kv_block=KV_BLOCK) -> dict:
     """Extrapolated vs directly emulated cycles of (1, 4, 1024, d) on ``cores`` AI Cores."""
     params = dict(params or npu_params.values(), core_num=cores)
     shape = Shape("validate", 1, 4, 4, 1024, 1024, d, causal)
-    fit = calibrate(shape.config(algorithm, q_block), params)
+    fit = calibrate(shape.config(algorithm, q_block, kv_block), params)
     model = extrapolate(shape, fit, params)
-    stats = emulate(algorithm, 1, 4, 4, 1024, 1024, d, causal, params, q_block)
+    stats = emulate(algorithm, 1, 4, 4, 1024, 1024, d, causal, params, q_block, kv_block)
     direct = sum(stats[launch]["cycles"] for launch in ("attention", "preprocess", "repair") if stats[launch])
     return dict(extrapolated=model["cycles"], emulated=direct, error=model["cycles"] / direct - 1.0,
                 golden_rmse=max(fit.golden_rmse, stats["golden_rmse"]))

@@ -2,8 +2,8 @@
 
 For fa-fp32, pasa and pasa-exact at the paper's shapes, a d x S x mask sweep and decode, it
 reports modelled TFLOP/s, the share of the cube's peak, the binding pipe and the bytes that
-cross between the cube and the vector cores per kv block, each allocation at the ``q_block``
-(128 or 256 query rows a tile) where it is faster. Every number comes from the
+cross between the cube and the vector cores per kv block, each allocation at the tiling
+(128 or 256 query rows by 128 or 256 keys a tile) where it is faster among those its kernels take. Every number comes from the
 emulation's timing model (``ascend_kernels/TIMING_MODEL.md``) with the parameter table of
 ``pasa_npu/npu_params.py``, extrapolated from small emulated problems
 (``tools/npu_extrapolate.py`` says how); the band is the same model with every assumption at
@@ -27,7 +27,8 @@ import sys
 from pasa_npu import npu_params
 from pasa_npu.tools.compare.progress import ProgressBar
 from pasa_npu.tools import npu_calibrate
-from pasa_npu.tools.npu_extrapolate import Q_BLOCKS, Shape, WrongRunError, calibrate, extrapolate, fastest, q_blocks
+from pasa_npu.tools.npu_extrapolate import (KV_BLOCKS, Q_BLOCKS, Shape, WrongRunError, cached_calibration,
+                                            extrapolate, fastest, tilings)
 
 ALGORITHMS = ("fa-fp32", "pasa", "pasa-exact")
 TOKENS, HIDDEN = 16384, 2048  # the sweep keeps B * S and H * d fixed, as pasa-bench does
@@ -71,16 +72,15 @@ def run(shape_list, algorithms, band: bool, progress) -> dict:
         corners.update(fast=npu_params.corner("fast"), slow=npu_params.corner("slow"))
     fits, rows = {}, []
     cells = len(shape_list) * len(algorithms)
-    total = len({s.config(a, qb) for s in shape_list for a in algorithms for qb in q_blocks(s)}) + cells
+    total = len({s.config(a, *tile) for s in shape_list for a in algorithms for tile in tilings(s)}) + cells
     done = 0
 
     def fit(config, params, name="nominal"):
         nonlocal done
         if (config, name) not in fits:
-            progress(done, total, f"calibrate {config.algorithm} d={config.d} g={config.group} q={config.q_block}")
-            fits[(config, name)] = calibrate(config, params)
+            progress(done, total, f"calibrate {config.algorithm} d={config.d} g={config.group} {config.tile}")
             done += 1
-        return fits[(config, name)]
+        return cached_calibration(fits, (config, name), config, params)
 
     chosen = {(s.name, a): fastest(s, a, corners["nominal"], fit) for s in shape_list for a in algorithms}
     total += (len(corners) - 1) * len({config for config, _ in chosen.values()})  # the band's calibrations
@@ -95,7 +95,7 @@ def run(shape_list, algorithms, band: bool, progress) -> dict:
             nominal_fit = fits[(config, "nominal")]
             row[algorithm] = dict(
                 tflops=nominal["tflops"], time_us=nominal["time_us"], binding=nominal["binding"],
-                q_block=config.q_block,
+                q_block=config.q_block, kv_block=config.kv_block, tile=config.tile,
                 cube_share=nominal["tflops"] / npu_params.cube_peak_tflops(corners["nominal"]),
                 kv_gbs=nominal["kv_gbs"],
                 band=[cell[c]["tflops"] for c in ("slow", "fast") if c in cell],
@@ -115,7 +115,7 @@ def _per_block(fit, shape: Shape, params: dict) -> dict:
     """One kv block on one AI Core, from the fit: modelled cycles, V and M busy cycles, and the
     ceiling the chip's L2 bandwidth puts on the cube (every core moving this block's GM bytes)."""
     rows = fit.config.q_block if not shape.decode else shape.h // shape.hkv
-    ideal = 2 * rows * 128 * shape.d / params["cube_macs_per_cycle"]  # QK^T and PV on a perfect cube
+    ideal = 2 * rows * fit.config.kv_block * shape.d / params["cube_macs_per_cycle"]  # QK^T and PV, perfect cube
     l2 = fit.per_block("gm_bytes") * params["core_num"] / params["l2_aggregate_bytes_per_cycle"]
     cycles = fit.block_cycles()
     return dict(cycles=cycles, v=fit.per_block("busy_V"), m=fit.per_block("busy_M"),
@@ -130,10 +130,11 @@ def markdown(result) -> str:
              "Each figure is fitted from emulated runs whose outputs were checked against the fp64 "
              "golden; `rmse` is the largest relative RMSE among them. Binding: a pipe, `RD`/`WR` (an AI "
              "Core's GM read/write port), `L2`/`HBM` (the chip's bandwidth), or `path` (the AI Core's "
-             "dependency chain: no resource reaches 90% of its cycles). `q`: the `q_block` of the figure, of "
-             f"{' and '.join(map(str, Q_BLOCKS))} the one where the allocation is faster (decode: one tile "
-             "per kv group whatever it is).", "",
-             "| shape | " + " | ".join(f"{a} TFLOP/s [band] (binding, % peak, rmse, q)" for a in algos)
+             "dependency chain: no resource reaches 90% of its cycles). Tile: `q_block` x `kv_block` of the figure, "
+             f"of {' and '.join(map(str, Q_BLOCKS))} query rows by {' and '.join(map(str, KV_BLOCKS))} keys the one "
+             "where the allocation is faster among those its kernels take (decode: one tile of a kv group's "
+             "query heads whatever `q_block` is).", "",
+             "| shape | " + " | ".join(f"{a} TFLOP/s [band] (binding, % peak, rmse, tile)" for a in algos)
              + (" | pasa / fa-fp32 | pasa-exact / fa-fp32 |" if "fa-fp32" in algos else " |"),
              "|---|" + "---|" * len(algos) + ("---|---|" if "fa-fp32" in algos else "")]
     for row in result["rows"]:
@@ -142,13 +143,13 @@ def markdown(result) -> str:
             e = row[a]
             band = f" [{e['band'][0]:.0f}-{e['band'][1]:.0f}]" if e["band"] else ""
             cells.append(f"{e['tflops']:.1f}{band} ({e['binding']}, {e['cube_share']:.0%}, {e['golden_rmse']:.1e}, "
-                         f"q {e['q_block']})")
+                         f"{e['tile']})")
         ratios = []
         if "fa-fp32" in algos:
             for a in ("pasa", "pasa-exact"):
                 ratios.append(f"{row[a]['tflops'] / row['fa-fp32']['tflops']:.2f}" if a in algos else "-")
         lines.append(f"| {row['shape']} | " + " | ".join(cells + ratios) + " |")
-    lines += ["", "Per kv block (a tile of `q` rows x 128 keys) at each shape's head dim, from the calibration "
+    lines += ["", "Per kv block (of the tile named) at each shape's head dim, from the calibration "
               "fits: KiB handed between cube and vector through the workspace (S' or S and P'V "
               "out of the cube, P' back; each is also read once); per vector core the vector "
               "instructions and scalar UB accesses; on one AI Core the modelled cycles (V and M "
@@ -165,7 +166,7 @@ def markdown(result) -> str:
         cells = [f"{row[a]['exchange_kib_per_block']:.1f} / {row[a]['vector_instructions_per_block']:g} / "
                  f"{abs(row[a]['scalar_ub_accesses_per_block']):g} / {row[a]['block']['cycles']:.0f} "
                  f"({row[a]['block']['v']:.0f}, {row[a]['block']['m']:.0f}) / {row[a]['block']['l2_ceiling']:.0%} "
-                 f"(q {row[a]['q_block']})"
+                 f"({row[a]['tile']})"
                  for a in algos]
         lines.append(f"| d={row['d']}, group {key[1]}{', decode' if key[2] else ''} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -182,7 +183,7 @@ WORST_CORNER_PASSES = 3
 def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None) -> dict:
     """The pasa / fa-fp32 ratio per shape at the nominal parameters, with each parameter that
     has a range alone at its low and at its high end, and at each shape's worst independent
-    corner; at every one of them each allocation at the q_block of Q_BLOCKS where it is faster
+    corner; at every one of them each allocation at the tiling of tilings() where it is faster
     there (as it would be tuned on a chip with those parameters). Each parameter with a range takes its low end, its nominal value or its high end,
     independently of the others; the search starts with every parameter at the end that
     lowered the ratio alone (nominal where neither did) and moves one parameter at a time
@@ -194,9 +195,7 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
 
     def fit(config, params):
         key = tuple(sorted((k, v) for k, v in npu_params.timing_only(params).items() if k not in _LAUNCH_ONLY))
-        if (config, key) not in fits:
-            fits[(config, key)] = calibrate(config, params)
-        return fits[(config, key)]
+        return cached_calibration(fits, (config, key), config, params)
 
     def evaluate(params, only=None):
         out = {}
@@ -204,7 +203,8 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
             cell = {}
             for a in algorithms:
                 config, cell[a] = fastest(shape, a, params, fit)
-                cell[a].update(golden_rmse=fit(config, params).golden_rmse, q_block=config.q_block)
+                cell[a].update(golden_rmse=fit(config, params).golden_rmse, q_block=config.q_block,
+                               kv_block=config.kv_block, tile=config.tile)
             cell["ratio"] = cell["pasa"]["tflops"] / cell["fa-fp32"]["tflops"]
             out[shape.name] = cell
         return out
@@ -255,7 +255,8 @@ def sensitivity_markdown(result) -> str:
     lines = ["**Modelled** (pipe-level timing model of an Atlas A2 / 910B1, parameters and their sources "
              "in `pasa_npu/npu_params.py`; not measured on an NPU). pasa / fa-fp32 TFLOP/s ratio with each "
              "parameter that has a range alone at its low / high end, the others nominal; each allocation at "
-             f"the `q_block` of {' and '.join(map(str, Q_BLOCKS))} where it is faster with those parameters. "
+             f"the tiling (`q_block` x `kv_block`, each {' or '.join(map(str, Q_BLOCKS))}) where it is faster "
+             "with those parameters, among those its kernels take. "
              "Every figure is "
              "fitted from emulated runs checked against the fp64 golden (largest relative RMSE "
              f"{result['golden_rmse']:.1e}).", "",
@@ -279,8 +280,8 @@ def sensitivity_markdown(result) -> str:
         nominal_values = npu_params.values()
         lows = ", ".join(f"`{k}`={v:g}" for k, v in w["corner"].items() if v != nominal_values[k])
         lines.append(f"| {n} | {result['nominal'][n]['ratio']:.2f} | {r['ratio']:.2f} | "
-                     f"{r['fa-fp32']['tflops']:.1f} ({r['fa-fp32']['binding']}, q {r['fa-fp32']['q_block']}) | "
-                     f"{r['pasa']['tflops']:.1f} ({r['pasa']['binding']}, q {r['pasa']['q_block']}) | {lows} |")
+                     f"{r['fa-fp32']['tflops']:.1f} ({r['fa-fp32']['binding']}, {r['fa-fp32']['tile']}) | "
+                     f"{r['pasa']['tflops']:.1f} ({r['pasa']['binding']}, {r['pasa']['tile']}) | {lows} |")
     return "\n".join(lines) + "\n"
 
 

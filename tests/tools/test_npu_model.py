@@ -17,29 +17,45 @@ from pasa_npu.tools import npu_calibrate, npu_extrapolate, npu_model  # noqa: E4
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("algorithm,causal,d,q_block", [("pasa", True, 64, 128), ("fa-fp32", False, 64, 128),
-                                                       ("fa-fp32", False, 128, 256), ("pasa", True, 128, 256)])
-def test_extrapolation_matches_a_direct_emulation(algorithm, causal, d, q_block):
+@pytest.mark.parametrize("algorithm,causal,d,q_block,kv_block", [
+    ("pasa", True, 64, 128, 128), ("fa-fp32", False, 64, 128, 128), ("fa-fp32", False, 128, 256, 128),
+    ("pasa", True, 128, 256, 128), ("fa-fp32", False, 128, 256, 256), ("pasa", False, 128, 256, 256)])
+def test_extrapolation_matches_a_direct_emulation(algorithm, causal, d, q_block, kv_block):
     """(1, 4, 1024, d) on 4 AI Cores: the fit from one-core calibrations, summed over the tasks
     the kernel deals, against the emulation of the whole problem; also at q_block 256, whose
-    tiles the cube multiplies in pieces and the vector cores work on in chunks."""
-    got = npu_extrapolate.validate(algorithm, d=d, causal=causal, cores=4, q_block=q_block)
+    tiles the cube multiplies in pieces and the vector cores work on in chunks, and with 256-key
+    blocks (pasa's shift matrix then multiplied in pieces of its rows)."""
+    got = npu_extrapolate.validate(algorithm, d=d, causal=causal, cores=4, q_block=q_block, kv_block=kv_block)
     assert abs(got["error"]) < 0.03, got
 
 
-def test_each_allocation_is_reported_at_its_faster_tiling():
-    """Each prefill figure is the allocation's at the q_block of npu_model.Q_BLOCKS where the
-    model finds it faster (nominal parameters), and says which; decode has one tiling."""
+def test_each_allocation_is_reported_at_its_fastest_tiling():
+    """Each figure is the allocation's at the tiling of npu_extrapolate.tilings (q_block x kv_block)
+    where the model finds it fastest (nominal parameters), and says which; decode has one q_block."""
     params = npu_params.values()
     prefill = npu_extrapolate.Shape("tiny", 1, 4, 4, 512, 512, 128)
     decode = npu_extrapolate.Shape("tiny decode", 4, 8, 2, 1, 1024, 128)
     result = npu_model.run([prefill, decode], ("fa-fp32",), band=False, progress=lambda *a: None)
-    speed = {qb: npu_extrapolate.extrapolate(prefill, npu_extrapolate.calibrate(prefill.config("fa-fp32", qb), params),
-                                             params)["tflops"] for qb in npu_model.Q_BLOCKS}
+    speed = {tile: npu_extrapolate.extrapolate(prefill, npu_extrapolate.calibrate(prefill.config("fa-fp32", *tile),
+                                                                                  params), params)["tflops"]
+             for tile in npu_extrapolate.tilings(prefill)}
+    assert sorted(speed) == [(128, 128), (128, 256), (256, 128), (256, 256)]
     cell = result["rows"][0]["fa-fp32"]
-    assert cell["q_block"] == max(speed, key=speed.get) and cell["tflops"] == pytest.approx(max(speed.values()))
-    assert f"q {cell['q_block']})" in npu_model.markdown(result)
+    assert (cell["q_block"], cell["kv_block"]) == max(speed, key=speed.get)
+    assert cell["tflops"] == pytest.approx(max(speed.values()))
+    assert f"{cell['q_block']}x{cell['kv_block']})" in npu_model.markdown(result)
     assert result["rows"][1]["fa-fp32"]["q_block"] == npu_model.Q_BLOCKS[0]
+
+
+def test_a_tiling_the_kernels_refuse_is_not_a_candidate():
+    """pasa-exact at d = 128 does not fit L1 with 256-row tiles of 256-key blocks: the host refuses
+    that tiling, and the model takes the fastest of the others."""
+    params = npu_params.values()
+    shape = npu_extrapolate.Shape("tiny", 1, 2, 2, 512, 512, 128)
+    with pytest.raises(NotImplementedError, match="attention L1 needs"):
+        npu_extrapolate.calibrate(shape.config("pasa-exact", 256, 256), params)
+    config, result = npu_extrapolate.fastest(shape, "pasa-exact", params, npu_extrapolate.calibrate)
+    assert (config.q_block, config.kv_block) != (256, 256) and result["tflops"] > 0
 
 
 def test_report_is_labelled_a_model(tmp_path):
