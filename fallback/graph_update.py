@@ -118,7 +118,7 @@ class AddressedGraph:
     def make(cls, graph, launches: list, roles: dict, names: tuple,
              owned: frozenset = frozenset(), computes: bool = False) -> Optional["AddressedGraph"]:
         """``graph`` (captured with ``keep_graph=True`` on ``roles``, whose first roles are
-        the call's own, ``names``), or None where a check fails (module docstring).
+        the call's own, ``names``, and instantiated), or None where a check fails (module docstring).
         ``launches``: the recorded call's launches, in order. ``owned``: the roles the graph
         holds itself (workspaces, and what it computes from them alone, ``computes``: in
         nodes of its own): their arguments are never rewritten."""
@@ -126,7 +126,6 @@ class AddressedGraph:
         if calls is None or not launches or not all(launch.direct for launch in launches):
             return None
         try:
-            graph.instantiate()
             found = _nodes(calls, ctypes.c_void_p(graph.raw_cuda_graph()))
         except (AttributeError, RuntimeError):
             return None

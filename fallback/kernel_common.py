@@ -749,12 +749,6 @@ class PreparedCall:
                 if self.addressed:
                     return self._replay(graph)
                 if graph is not None:  # captured, not addressable: this address set's graph
-                    try:  # (make may have instantiated it: torch then replaces its exec)
-                        graph.instantiate()
-                    except RuntimeError:  # a graph the driver cannot instantiate: launch, as before
-                        self.graphs = None
-                        self._run(roles)
-                        return True
                     graphs[where] = graph
                     return self._replay(graph)
             if self.addressed:
@@ -823,8 +817,9 @@ class PreparedCall:
 
     def _capture(self, roles: dict, keep_graph: bool = False):
         """A CUDA graph of the launches on ``roles``, captured on a side stream of their
-        device (``keep_graph``: its cudaGraph_t kept, for :mod:`graph_update`); None (and
-        no graph for this call again) where the capture fails."""
+        device (``keep_graph``: its cudaGraph_t kept, for :mod:`graph_update`, and the graph
+        instantiated); None (and no graph for this call again) where the capture or the
+        instantiation fails."""
         device = next(iter(roles.values())).device
         try:
             graph = torch.cuda.CUDAGraph(keep_graph=keep_graph) if keep_graph else torch.cuda.CUDAGraph()
@@ -838,6 +833,8 @@ class PreparedCall:
                     self._run(roles, sends)
                 finally:
                     graph.capture_end()
+                if keep_graph:
+                    graph.instantiate()
         except Exception:  # noqa: BLE001 - repeat without graphs, as before
             self.graphs = None
             self.addressed = False
