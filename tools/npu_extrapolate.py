@@ -70,8 +70,13 @@ class Config:
 
     @property
     def tile(self) -> str:
-        """The tiling as the reports name it: q_block x kv_block."""
-        return f"{self.q_block}x{self.kv_block}"
+        """The tiling as the reports name it (:func:`tile_name`)."""
+        return tile_name(self.q_block, self.kv_block)
+
+
+def tile_name(q_block: int, kv_block: int) -> str:
+    """A tiling as the reports name it: q_block x kv_block."""
+    return f"{q_block}x{kv_block}"
 
 
 @dataclass

@@ -28,7 +28,7 @@ from pasa_npu import npu_params
 from pasa_npu.tools.compare.progress import ProgressBar
 from pasa_npu.tools import npu_calibrate
 from pasa_npu.tools.npu_extrapolate import (KV_BLOCKS, Q_BLOCKS, Shape, WrongRunError, cached_calibration,
-                                            extrapolate, fastest, tilings)
+                                            extrapolate, fastest, tile_name, tilings)
 
 ALGORITHMS = ("fa-fp32", "pasa", "pasa-exact")
 TOKENS, HIDDEN = 16384, 2048  # the sweep keeps B * S and H * d fixed, as pasa-bench does
@@ -95,7 +95,7 @@ def run(shape_list, algorithms, band: bool, progress) -> dict:
             nominal_fit = fits[(config, "nominal")]
             row[algorithm] = dict(
                 tflops=nominal["tflops"], time_us=nominal["time_us"], binding=nominal["binding"],
-                q_block=config.q_block, kv_block=config.kv_block, tile=config.tile,
+                q_block=config.q_block, kv_block=config.kv_block,
                 cube_share=nominal["tflops"] / npu_params.cube_peak_tflops(corners["nominal"]),
                 kv_gbs=nominal["kv_gbs"],
                 band=[cell[c]["tflops"] for c in ("slow", "fast") if c in cell],
@@ -122,6 +122,11 @@ def _per_block(fit, shape: Shape, params: dict) -> dict:
                 l2=l2, l2_ceiling=ideal / l2)
 
 
+def _tile(cell: dict) -> str:
+    """The tiling of a reported cell (its q_block and kv_block)."""
+    return tile_name(cell["q_block"], cell["kv_block"])
+
+
 def markdown(result) -> str:
     algos = result["algorithms"]
     lines = ["**Modelled** (pipe-level timing model of an Atlas A2 / 910B1, parameters in "
@@ -143,7 +148,7 @@ def markdown(result) -> str:
             e = row[a]
             band = f" [{e['band'][0]:.0f}-{e['band'][1]:.0f}]" if e["band"] else ""
             cells.append(f"{e['tflops']:.1f}{band} ({e['binding']}, {e['cube_share']:.0%}, {e['golden_rmse']:.1e}, "
-                         f"{e['tile']})")
+                         f"{_tile(e)})")
         ratios = []
         if "fa-fp32" in algos:
             for a in ("pasa", "pasa-exact"):
@@ -166,7 +171,7 @@ def markdown(result) -> str:
         cells = [f"{row[a]['exchange_kib_per_block']:.1f} / {row[a]['vector_instructions_per_block']:g} / "
                  f"{abs(row[a]['scalar_ub_accesses_per_block']):g} / {row[a]['block']['cycles']:.0f} "
                  f"({row[a]['block']['v']:.0f}, {row[a]['block']['m']:.0f}) / {row[a]['block']['l2_ceiling']:.0%} "
-                 f"({row[a]['tile']})"
+                 f"({_tile(row[a])})"
                  for a in algos]
         lines.append(f"| d={row['d']}, group {key[1]}{', decode' if key[2] else ''} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -204,7 +209,7 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
             for a in algorithms:
                 config, cell[a] = fastest(shape, a, params, fit)
                 cell[a].update(golden_rmse=fit(config, params).golden_rmse, q_block=config.q_block,
-                               kv_block=config.kv_block, tile=config.tile)
+                               kv_block=config.kv_block)
             cell["ratio"] = cell["pasa"]["tflops"] / cell["fa-fp32"]["tflops"]
             out[shape.name] = cell
         return out
@@ -280,8 +285,8 @@ def sensitivity_markdown(result) -> str:
         nominal_values = npu_params.values()
         lows = ", ".join(f"`{k}`={v:g}" for k, v in w["corner"].items() if v != nominal_values[k])
         lines.append(f"| {n} | {result['nominal'][n]['ratio']:.2f} | {r['ratio']:.2f} | "
-                     f"{r['fa-fp32']['tflops']:.1f} ({r['fa-fp32']['binding']}, {r['fa-fp32']['tile']}) | "
-                     f"{r['pasa']['tflops']:.1f} ({r['pasa']['binding']}, {r['pasa']['tile']}) | {lows} |")
+                     f"{r['fa-fp32']['tflops']:.1f} ({r['fa-fp32']['binding']}, {_tile(r['fa-fp32'])}) | "
+                     f"{r['pasa']['tflops']:.1f} ({r['pasa']['binding']}, {_tile(r['pasa'])}) | {lows} |")
     return "\n".join(lines) + "\n"
 
 
