@@ -74,6 +74,8 @@ py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
     d["merge_in_attention"] = t.mergeInAttention != 0;
     d["cube_rows"] = t.cubeRows;
     d["cube_cols"] = t.cubeCols;
+    d["cube_keys"] = t.cubeKeys;
+    d["prep_cols"] = t.prepCols;
     d["shift_rows"] = t.shiftRows;
     d["vec_rows"] = t.vecRowsPad;
     d["vec_chunk_rows"] = t.vecChunkRows;

@@ -290,13 +290,16 @@ void SetPrepDim(const PasaProblem& p, PasaTilingData& t)
 }
 
 // AIC buffers: Q, K' (or K), V, P' and the means in L1 (PASA_*_BUFFERS each); two L0A, two L0B and two
-// L0C buffers. An L0B buffer holds cubeCols columns of a K or V block: the whole head dim where it fits,
-// else the most (a multiple of 16) that do. L0A and L0C hold a piece of cubeRows rows: all of the
-// tile's where they fit, else the most (a multiple of 16) that do.
+// L0C buffers. An L0B buffer holds a K or V block whole where it fits; else, where a piece of at least
+// 128 keys fits with the whole head dim, cubeKeys keys of it (the cube then loads each piece once per
+// piece of rows, not the whole block once per piece of rows and columns); else the most columns (a
+// multiple of 16) of all its keys, cubeCols. L0A and L0C hold a piece of cubeRows rows: all of the
+// tile's where they fit, else the most (a multiple of 16) that do. The key preprocessing holds all kvBlock
+// keys of prepCols columns.
 void PlanCube(PasaTilingData& t, PasaBudget& b)
 {
     const bool exact = t.tilingKey == PASA_KEY_PASA_EXACT && !t.shiftScores;  // the row constants' Mmad
-    const uint32_t n = t.kvBlock, d = t.headDim, dv = t.headDimV, mp = t.qTilePad;
+    const uint32_t n = t.kvBlock, d = t.headDim, dv = t.headDimV, mp = t.qTilePad, wide = std::max(d, dv);
     const uint32_t meanRows = Align(std::min(t.numKvBlocks, PASA_CONST_BLOCKS), 16);
     t.l1QueryBytes = mp * d * 2;
     t.l1KeyBytes = n * d * 2;
@@ -306,13 +309,18 @@ void PlanCube(PasaTilingData& t, PasaBudget& b)
     b.l1 = static_cast<uint64_t>(PASA_QUERY_BUFFERS) * t.l1QueryBytes + static_cast<uint64_t>(PASA_KEY_BUFFERS) * t.l1KeyBytes +
            static_cast<uint64_t>(PASA_VALUE_BUFFERS) * t.l1ValueBytes + static_cast<uint64_t>(PASA_PROB_BUFFERS) * t.l1ProbBytes +
            static_cast<uint64_t>(PASA_MEAN_BUFFERS) * t.l1MeanBytes;
-    t.cubeCols = std::max(16u, std::min(std::max(d, dv), kL0BBytes / 2 / (n * 2) / 16 * 16));
+    t.prepCols = std::max(16u, std::min(d, kL0BBytes / 2 / (n * 2) / 16 * 16));
+    t.cubeKeys = n;
+    while (t.cubeKeys > 128 && t.cubeKeys * wide * 2 > kL0BBytes / 2) t.cubeKeys /= 2;
+    if (t.cubeKeys * wide * 2 > kL0BBytes / 2) t.cubeKeys = n;
+    const uint32_t nk = t.cubeKeys;
+    t.cubeCols = nk < n ? wide : std::max(16u, std::min(wide, kL0BBytes / 2 / (n * 2) / 16 * 16));
     const uint32_t dc = std::min(d, t.cubeCols), dvc = std::min(dv, t.cubeCols);
     for (uint32_t rows = mp; rows >= 16; rows -= 16) {
         t.cubeRows = rows;
-        t.l0aBytes = Align(std::max({rows * dc, rows * n, exact ? meanRows * dc : 0u}) * 2, 512);
-        t.l0bBytes = Align(std::max({n * dc, n * dvc, exact ? rows * dc : 0u}) * 2, 512);
-        t.l0cBytes = Align(std::max({rows * n, rows * dvc, exact ? meanRows * rows : 0u}) * 4, 1024);
+        t.l0aBytes = Align(std::max({rows * dc, rows * nk, exact ? meanRows * dc : 0u}) * 2, 512);
+        t.l0bBytes = Align(std::max({nk * dc, nk * dvc, exact ? rows * dc : 0u}) * 2, 512);
+        t.l0cBytes = Align(std::max({rows * nk, rows * dvc, exact ? meanRows * rows : 0u}) * 4, 1024);
         b.l0a = 2ull * t.l0aBytes;
         b.l0b = 2ull * t.l0bBytes;
         b.l0c = 2ull * t.l0cBytes;
@@ -393,7 +401,7 @@ void PlanVector(const PasaProblem& p, PasaTilingData& t, PasaBudget& b)
 
 void PlanPreprocessing(PasaTilingData& t, PasaBudget& b)
 {
-    const uint64_t n = t.kvBlock, d = t.headDim, dc = std::min(t.headDim, t.cubeCols);  // dc: a piece of K's columns
+    const uint64_t n = t.kvBlock, d = t.headDim, dc = t.prepCols;  // dc: a piece of K's columns
     if (t.prepDim == 0) return;  // no preprocessing launch
     if (t.tilingKey == PASA_KEY_PASA) {
         // M^T and the row of ones (part-filled blocks' column sums); the vector cores correct those blocks.

@@ -12,10 +12,13 @@
 //
 // A tile of more rows than tiling.cubeRows is multiplied in pieces of that many rows (L0A and L0C
 // hold a piece): the key or value block stays in L0B for all of them, the row constants' Mmad takes
-// the pieces' Q rows one after the other. A head dim of more columns than tiling.cubeCols (L0B
-// holds that many of a K or V block) is cut into pieces of cubeCols: the score and row-constant
-// Mmads accumulate over the pieces of their contraction in L0C, in the order of the whole one;
-// P'V produces its columns piece by piece.
+// the pieces' Q rows one after the other. A block of more keys than tiling.cubeKeys is held a piece
+// of cubeKeys keys (every head dim column) at a time: each key piece stays in L0B for every piece of
+// rows, the score tile is produced a piece of its columns at a time, and P'V accumulates over the
+// key pieces of its contraction in L0C, in key order. A head dim of more columns than
+// tiling.cubeCols (L0B holds that many of a K or V block) is cut into pieces of cubeCols: the score
+// and row-constant Mmads accumulate over the pieces of their contraction in L0C, in the order of
+// the whole one; P'V produces its columns piece by piece.
 //
 // Keys and values come from the dense tensors (at the batch's start when packed) or, paged,
 // through the block table: a kv block is copied in runs that each stay inside one physical block.
@@ -151,28 +154,59 @@ private:
         return l0a_.DeQue<T>();
     }
 
-    // `fractals` fractals of an NZ tile whose rows are the n dimension (whole column blocks) -> the Zn
-    // B operand in L0B (k = those columns), ready for the cube.
-    __aicore__ inline LocalTensor<T> KeysToL0b(const LocalTensor<T>& l1, uint32_t fractals)
+    // Keys [k0, k0 + keys) of `colBlocks` column blocks of a key block's NZ tile in L1 (C0 stride kvBlock)
+    // -> the Zn B operand in L0B (k = those columns), ready for the cube: one load when the piece is
+    // every key, one per column block otherwise.
+    __aicore__ inline LocalTensor<T> KeysToL0b(const LocalTensor<T>& l1, uint32_t colBlocks, uint32_t k0, uint32_t keys)
     {
+        const uint32_t n = t_->kvBlock;
         LocalTensor<T> b2 = l0b_.AllocTensor<T>();
-        LoadData(b2, l1, LoadData2DParams(0, static_cast<uint8_t>(fractals), 1, 0, 0, false, 0));
+        if (keys == n) {
+            LoadData(b2, l1, LoadData2DParams(0, static_cast<uint8_t>(colBlocks * (n / kC0)), 1, 0, 0, false, 0));
+        } else {
+            for (uint32_t cb = 0; cb < colBlocks; ++cb) {
+                LoadData(b2[cb * (keys / kC0) * kFractal], l1[cb * n * kC0 + k0 * kC0],
+                         LoadData2DParams(0, static_cast<uint8_t>(keys / kC0), 1, 0, 0, false, 0));
+            }
+        }
         l0b_.EnQue(b2);
         return l0b_.DeQue<T>();
     }
 
-    // Columns [v0, v0 + cols) of a value block in L1 (Zz or NZ, LoadValue) -> the B operand of P'V in
-    // L0B (each fractal transposed), ready for the cube.
-    __aicore__ inline LocalTensor<T> ValuesToL0b(const LocalTensor<T>& v1, uint32_t v0, uint32_t cols)
+    // Rows [m0, m0 + rowsPad) and keys [k0, k0 + keys) of P' in L1 (Zz: a 16-row block's kvBlock / 16
+    // fractals together) -> the Zz A operand in L0A, ready for the cube: one load when the piece is
+    // every key, one per 16-row block otherwise.
+    __aicore__ inline LocalTensor<T> ProbToL0a(const LocalTensor<T>& p1, uint32_t m0, uint32_t rowsPad, uint32_t k0,
+                                               uint32_t keys)
+    {
+        const uint32_t n = t_->kvBlock;
+        LocalTensor<T> a2 = l0a_.AllocTensor<T>();
+        if (keys == n) {
+            LoadData(a2, p1[(m0 / kC0) * (n / kC0) * kFractal],
+                     LoadData2DParams(0, static_cast<uint8_t>((rowsPad / kC0) * (n / kC0)), 1, 0, 0, false, 0));
+        } else {
+            for (uint32_t mb = 0; mb < rowsPad / kC0; ++mb) {
+                LoadData(a2[mb * (keys / kC0) * kFractal], p1[((m0 / kC0 + mb) * (n / kC0) + k0 / kC0) * kFractal],
+                         LoadData2DParams(0, static_cast<uint8_t>(keys / kC0), 1, 0, 0, false, 0));
+            }
+        }
+        l0a_.EnQue(a2);
+        return l0a_.DeQue<T>();
+    }
+
+    // Keys [k0, k0 + keys) and columns [v0, v0 + cols) of a value block in L1 (Zz or NZ, LoadValue) ->
+    // the B operand of P'V in L0B (each fractal transposed), ready for the cube.
+    __aicore__ inline LocalTensor<T> ValuesToL0b(const LocalTensor<T>& v1, uint32_t v0, uint32_t cols, uint32_t k0,
+                                                 uint32_t keys)
     {
         const uint32_t n = t_->kvBlock, dv = t_->headDimV, colBlocks = cols / kC0;
         LocalTensor<T> b2 = l0b_.AllocTensor<T>();
-        if (valueZz_ && cols == dv) {
-            LoadData(b2, v1, LoadData2DParams(0, static_cast<uint8_t>((n / kC0) * colBlocks), 1, 0, 0, true, 0));
+        if (valueZz_ && cols == dv) {  // the piece's 16-row blocks are together
+            LoadData(b2, v1[k0 * dv], LoadData2DParams(0, static_cast<uint8_t>((keys / kC0) * colBlocks), 1, 0, 0, true, 0));
         } else {
-            for (uint32_t kb = 0; kb < n / kC0; ++kb) {  // Zz: a row block's column fractals together; NZ: C0 stride n
+            for (uint32_t kb = k0 / kC0; kb < (k0 + keys) / kC0; ++kb) {  // Zz: a row block's column fractals together; NZ: C0 stride n
                 const uint32_t at = valueZz_ ? (kb * (dv / kC0) + v0 / kC0) * kFractal : kb * kFractal + v0 * n;
-                LoadData(b2[kb * colBlocks * kFractal], v1[at],
+                LoadData(b2[(kb - k0 / kC0) * colBlocks * kFractal], v1[at],
                          LoadData2DParams(0, static_cast<uint8_t>(colBlocks), static_cast<uint16_t>(valueZz_ ? 1 : n / kC0),
                                           0, 0, true, 0));
             }
@@ -332,34 +366,33 @@ private:
         }
         keyL1_.EnQue(k1);
         k1 = keyL1_.DeQue<T>();
-        const uint32_t dc = Min(d, t.cubeCols);
-        const bool whole = dc == d;  // the key block stays in L0B for every piece of rows
-        LocalTensor<T> b2;
-        if (whole) {
-            b2 = KeysToL0b(k1, (d / kC0) * (n / kC0));
-            keyL1_.FreeTensor(k1);
-        }
+        const uint32_t dc = Min(d, t.cubeCols), nk = t.cubeKeys;
+        const bool held = dc == d;  // each piece of keys stays in L0B for every piece of rows
         GM_ADDR slot = slots_.score + (scoreCount_++ % PASA_SCORE_SLOTS) * t.scoreSlotBytes;
-        for (uint32_t m0 = 0; m0 < mp; m0 += t.cubeRows) {
-            const uint32_t rows = Min(t.cubeRows, task.rows - m0), rowsPad = Align16(rows);
-            LocalTensor<float> c;
-            for (uint32_t k0 = 0; k0 < d; k0 += dc) {  // the contraction's pieces, in order
-                const uint32_t kc = Min(dc, d - k0);
-                LocalTensor<T> a2 = ToL0a(q1[m0 * kC0 + k0 * t.qTilePad], rowsPad / kC0, kc / kC0, t.qTilePad);
-                if (!whole) b2 = KeysToL0b(k1[k0 * n], (kc / kC0) * (n / kC0));
-                Accumulate(c, a2, b2, rows, n, k0, kc, d);
-                l0a_.FreeTensor(a2);
-                if (!whole) l0b_.FreeTensor(b2);
+        for (uint32_t n0 = 0; n0 < n; n0 += nk) {  // the tile's pieces of columns (keys)
+            LocalTensor<T> b2;
+            if (held) {
+                b2 = KeysToL0b(k1, d / kC0, n0, nk);
+                if (n0 + nk == n) keyL1_.FreeTensor(k1);
             }
-            c = l0c_.DeQue<float>();
-            DrainTile(slot, m0, 0, c, n, n, rows, rowsPad);
-            l0c_.FreeTensor(c);
+            for (uint32_t m0 = 0; m0 < mp; m0 += t.cubeRows) {
+                const uint32_t rows = Min(t.cubeRows, task.rows - m0), rowsPad = Align16(rows);
+                LocalTensor<float> c;
+                for (uint32_t k0 = 0; k0 < d; k0 += dc) {  // the contraction's pieces, in order
+                    const uint32_t kc = Min(dc, d - k0);
+                    LocalTensor<T> a2 = ToL0a(q1[m0 * kC0 + k0 * t.qTilePad], rowsPad / kC0, kc / kC0, t.qTilePad);
+                    if (!held) b2 = KeysToL0b(k1[k0 * n], kc / kC0, 0, n);
+                    Accumulate(c, a2, b2, rows, nk, k0, kc, d);
+                    l0a_.FreeTensor(a2);
+                    if (!held) l0b_.FreeTensor(b2);
+                }
+                c = l0c_.DeQue<float>();
+                DrainTile(slot, m0, n0, c, nk, n, rows, rowsPad);
+                l0c_.FreeTensor(c);
+            }
+            if (held) l0b_.FreeTensor(b2);
         }
-        if (whole) {
-            l0b_.FreeTensor(b2);
-        } else {
-            keyL1_.FreeTensor(k1);
-        }
+        if (!held) keyL1_.FreeTensor(k1);
         CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_S_READY);
     }
 
@@ -408,28 +441,27 @@ private:
         probL1_.EnQue(p1);
         p1 = probL1_.DeQue<T>();
         v1 = valueL1_.DeQue<T>();
-        const uint32_t dvc = Min(dv, t.cubeCols);
-        const bool whole = dvc == dv;  // the value block stays in L0B for every piece of rows
-        LocalTensor<T> b2;
+        const uint32_t dvc = Min(dv, t.cubeCols), nk = t.cubeKeys;
+        const bool whole = dvc == dv && nk == n;  // the value block stays in L0B for every piece of rows
+        LocalTensor<T> b2, a2;
         if (whole) {
-            b2 = ValuesToL0b(v1, 0, dv);
+            b2 = ValuesToL0b(v1, 0, dv, 0, n);
             valueL1_.FreeTensor(v1);
         }
         GM_ADDR slot = slots_.pv + (pvCount_++ % PASA_PV_SLOTS) * t.pvSlotBytes;
-        for (uint32_t m0 = 0; m0 < mp; m0 += t.cubeRows) {  // P' is Zz: a piece's 16-row blocks are together
+        for (uint32_t m0 = 0; m0 < mp; m0 += t.cubeRows) {
             const uint32_t rows = Min(t.cubeRows, task.rows - m0), rowsPad = Align16(rows);
-            LocalTensor<T> a2 = l0a_.AllocTensor<T>();
-            LoadData(a2, p1[(m0 / kC0) * (n / kC0) * kFractal],
-                     LoadData2DParams(0, static_cast<uint8_t>((rowsPad / kC0) * (n / kC0)), 1, 0, 0, false, 0));
-            l0a_.EnQue(a2);
-            a2 = l0a_.DeQue<T>();
+            if (nk == n) a2 = ProbToL0a(p1, m0, rowsPad, 0, n);  // for every piece of columns
             for (uint32_t v0 = 0; v0 < dv; v0 += dvc) {  // the output's pieces of columns
                 const uint32_t vc = Min(dvc, dv - v0);
-                if (!whole) b2 = ValuesToL0b(v1, v0, vc);
                 LocalTensor<float> c;
-                Accumulate(c, a2, b2, rows, vc, 0, n, n);
-                if (v0 + vc == dv) l0a_.FreeTensor(a2);
-                if (!whole) l0b_.FreeTensor(b2);
+                for (uint32_t k0 = 0; k0 < n; k0 += nk) {  // the contraction's pieces (keys), in order
+                    if (nk < n) a2 = ProbToL0a(p1, m0, rowsPad, k0, nk);
+                    if (!whole) b2 = ValuesToL0b(v1, v0, vc, k0, nk);
+                    Accumulate(c, a2, b2, rows, vc, k0, nk, n);
+                    if (nk < n || v0 + vc == dv) l0a_.FreeTensor(a2);
+                    if (!whole) l0b_.FreeTensor(b2);
+                }
                 c = l0c_.DeQue<float>();
                 DrainTile(slot, m0, v0, c, vc, dv, rows, rowsPad, true);
                 l0c_.FreeTensor(c);

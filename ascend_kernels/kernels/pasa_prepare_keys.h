@@ -2,7 +2,7 @@
 // "Shifting the keys on the matrix engine").
 //
 // pasa_shift_keys (MIX 1:2, tiling key PASA):  K'_j = M^T K_j, M = scale (I - beta/n J) stored in
-//   fp16 as the host built it. One Mmad per block (per piece of tiling.cubeCols columns of K_j
+//   fp16 as the host built it. One Mmad per block (per piece of tiling.prepCols columns of K_j
 //   where the head dim is wider): A = M^T (resident in L0A), B = K_j, fp32 accumulation, Fixpipe
 //   rounds K' to fp16. Where M^T does not fit L0A (kvBlock 256), one Mmad per piece of
 //   tiling.shiftRows of its rows, each piece loaded from L1 in turn: the same sums, row by row. A part-filled last block (v < n keys, zero-padded)
@@ -120,7 +120,7 @@ public:
     __aicore__ inline void Run(GM_ADDR key, GM_ADDR blockTable, GM_ADDR keySlots, GM_ADDR workspace, GM_ADDR tiling,
                                const PasaTilingData& t)
     {
-        const uint32_t n = t.kvBlock, d = t.headDim, dc = Min(d, t.cubeCols), mr = t.shiftRows;
+        const uint32_t n = t.kvBlock, d = t.headDim, dc = t.prepCols, mr = t.shiftRows;
         const bool whole = mr == n;  // M^T stays in L0A; else its rows go there in pieces, in turn
         key_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(key));
         shift_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.shiftMatrixOffset), n * n);
@@ -299,7 +299,7 @@ public:
     __aicore__ inline void Run(GM_ADDR key, GM_ADDR blockTable, GM_ADDR keySlots, GM_ADDR workspace, GM_ADDR tiling,
                                const PasaTilingData& t)
     {
-        const uint32_t n = t.kvBlock, d = t.headDim, dc = Min(d, t.cubeCols);
+        const uint32_t n = t.kvBlock, d = t.headDim, dc = t.prepCols;
         key_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(key));
         const uint64_t area = t.coreAreaOffset + static_cast<uint64_t>(GetBlockIdx()) * t.coreAreaBytes;
         colSum_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + area), 2 * t.colSumSlotBytes / sizeof(float));

@@ -141,7 +141,12 @@ struct PasaTilingData {
                              // (a multiple of 16; L0A and L0C hold a piece)
     uint32_t cubeCols;       // columns of a K or V block the cube holds in L0B at once (a multiple of 16): a head
                              // dim of more is cut into pieces of cubeCols, the score's contraction accumulating
-                             // over them in L0C, P'V and the key preprocessing producing their columns piece by piece
+                             // over them in L0C, P'V producing its columns piece by piece
+    uint32_t cubeKeys;       // keys of a K or V block the cube holds in L0B at once: kvBlock, or (a block too large
+                             // for L0B whole, cubeCols then the whole head dim) a piece of the keys: the score tile
+                             // is produced piece by piece of its columns, P'V's contraction accumulates over the
+                             // pieces in L0C in key order
+    uint32_t prepCols;       // key preprocessing: columns of K_j in L0B at once (all kvBlock keys), as cubeCols
     uint32_t shiftRows;      // pasa preprocessing: rows of M^T in L0A at once: kvBlock where M^T and the row of
                              // ones fit it, else pieces of shiftRows rows (two of them), each multiplied in turn
     uint32_t kvBlock;        // keys per block; the size of the shifting matrix

@@ -43,11 +43,16 @@ def test_tiling_fits_the_atlas_a2_budgets():
         t = emu.tiling(_params(tiling_key=key, q_tile=256, beta=0.9 if key == 1 else 0.0))
         assert (t["cube_rows"], t["vec_rows"]) == (128, 128) and t["vec_chunk_rows"] in (32, 64), (key, t)
         assert t["bytes_per_core"]["l0a"] <= caps["l0a"] and t["bytes_per_core"]["ub"] <= caps["ub"] - (8 << 10)
-    # a key or value block wider than L0B holds is cut into pieces of columns (cube_cols); 128 at d = 128
-    for d, n, cols in ((128, 128, 128), (128, 256, 64), (192, 128, 128), (256, 128, 128), (256, 64, 256)):
+    # a key or value block larger than an L0B buffer (32 KiB) is held a piece of 128 keys or more at a time
+    # with every column (cube_keys), else cut into pieces of columns (cube_cols); the key preprocessing
+    # holds every key, prep_cols columns at a time
+    for d, n, keys, cols, prep in ((128, 128, 128, 128, 128), (128, 256, 128, 128, 64), (64, 256, 256, 64, 64),
+                                   (192, 128, 128, 128, 128), (256, 128, 128, 128, 128),
+                                   (256, 64, 64, 256, 256)):
         for key in (0, 1, 2):
             t = emu.tiling(_params(tiling_key=key, head_dim=d, head_dim_v=d, kv_block=n, beta=0.9 if key == 1 else 0.0))
-            assert t["cube_cols"] == cols and t["bytes_per_core"]["l0b"] <= caps["l0b"], (d, n, key, t)
+            assert (t["cube_keys"], t["cube_cols"], t["prep_cols"]) == (keys, cols, prep), (d, n, key, t)
+            assert t["bytes_per_core"]["l0b"] <= caps["l0b"], (d, n, key, t)
             for mem in ("l0a", "l0b", "l0c"):
                 assert t["bytes_per_core"]["prep_" + mem] <= caps[mem], (d, n, key, mem, t)
     # pasa's M^T (n x n fp16) stays in L0A up to 128-key blocks; at 256 keys, two pieces of 32 rows

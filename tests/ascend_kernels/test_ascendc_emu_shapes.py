@@ -196,21 +196,19 @@ def test_a_checked_call_whose_repair_pass_does_not_fit_is_refused_when_planned()
 
 
 #: head dims wider than L0B holds of a 128-key block (128 columns): DeepSeek-V2/V3's prefill heads
-#: (192 for Q and K, 128 for V) and Gemma's 256, at the default 128-key blocks; and 256-key blocks at
-#: d = 128 (64 columns a piece). Each with more tasks than cores and a part-filled last kv block;
-#: "decode": split across cores; "paged": K' (and pasa-exact's means) per physical block.
+#: (192 for Q and K, 128 for V) and Gemma's 256, at the default 128-key blocks. Each with more tasks
+#: than cores and a part-filled last kv block; "decode": split across cores; "paged": K' (and
+#: pasa-exact's means) per physical block.
 WIDE_HEADS = {
     "deepseek-192/128-causal": dict(layout="BSND", B=1, Nq=16, Nkv=16, S1=700, S2=700, D=192, Dv=128,
                                     sparse_mode=3, mask="optimized"),
     "gemma-256-gqa-ragged": dict(layout="BSH", B=2, Nq=8, Nkv=4, S1=300, S2=900, D=256, kv_lens=[900, 333]),
     "gemma-256-decode": dict(layout="BNSD", B=1, Nq=8, Nkv=2, S1=1, S2=4000, D=256),
-    "kv256-d128": dict(layout="BNSD", B=1, Nq=8, Nkv=2, S1=500, S2=1000, D=128, kv_block=256,
-                       sparse_mode=3, mask="optimized"),
     # small enough for ascendc-sim, on 2 cores
     "small-192/128": dict(layout="BSND", B=1, Nq=4, Nkv=2, S1=150, S2=300, D=192, Dv=128),
 }
 WIDE_HEAD_CUBE_COLS = {"deepseek-192/128-causal": 128, "gemma-256-gqa-ragged": 128, "gemma-256-decode": 128,
-                       "kv256-d128": 64, "small-192/128": 128}
+                       "small-192/128": 128}
 
 
 @pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
@@ -232,6 +230,35 @@ def test_head_dims_wider_than_the_cube_holds(name, backend, algorithm):
         assert tiling["kv_splits"] > 1, tiling
     else:
         assert tiling["num_tasks"] > tiling["block_dim"], tiling
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(case))
+
+
+#: 256-key blocks at d = 128: a K or V block (64 KiB) is twice an L0B buffer, so the cube holds
+#: 128 keys of it (every column) at a time; 256-row tiles are multiplied in two pieces of 128 rows.
+#: More tasks than cores, a causal mask and a part-filled last kv block; "small" for ascendc-sim.
+KEY_PIECES = {
+    "causal-gqa": dict(layout="BNSD", B=1, Nq=8, Nkv=2, S1=500, S2=1000, D=128, kv_block=256, q_block=256,
+                       sparse_mode=3, mask="optimized"),
+    "small": dict(layout="BSND", B=1, Nq=2, Nkv=1, S1=300, S2=300, D=128, kv_block=256, q_block=256),
+}
+
+
+@pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
+@pytest.mark.parametrize("name,backend", [(name, "ascendc-emu") for name in KEY_PIECES]
+                         + [sim_param("small", SIM)])
+def test_blocks_larger_than_l0b_are_held_a_piece_of_keys_at_a_time(name, backend, algorithm):
+    """The score tile is produced a piece of 128 keys (its columns) at a time, each key piece in
+    L0B for both pieces of rows, and P'V accumulates over the key pieces of its contraction in L0C
+    in key order (the numerics of one Mmad over the block); also under Huawei's implementation of
+    the API."""
+    case = KEY_PIECES[name]
+    from test_ascendc_emu import emulated_cores
+    q, k, v, kw = make_case(case, torch.float16)
+    kw["repair_overflow"] = False
+    with emulated_cores(2) if name == "small" else contextlib.nullcontext():
+        out, lse, tiling = run_kernels(q, k, v, backend, algorithm=algorithm, **kw)
+    assert (tiling["cube_keys"], tiling["cube_cols"], tiling["kv_block"]) == (128, 128, 256), tiling
+    assert tiling["cube_rows"] == 128 < tiling["q_tile"] and tiling["num_tasks"] > tiling["block_dim"], tiling
     check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(case))
 
 
