@@ -76,6 +76,7 @@ py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
     d["cube_cols"] = t.cubeCols;
     d["cube_keys"] = t.cubeKeys;
     d["prep_cols"] = t.prepCols;
+    d["query_buffers"] = t.queryBuffers;
     d["shift_rows"] = t.shiftRows;
     d["vec_rows"] = t.vecRowsPad;
     d["vec_chunk_rows"] = t.vecChunkRows;

@@ -289,7 +289,8 @@ void SetPrepDim(const PasaProblem& p, PasaTilingData& t)
     if (t.prepInAttention) t.blockDim = std::max(t.blockDim, t.prepDim);
 }
 
-// AIC buffers: Q, K' (or K), V, P' and the means in L1 (PASA_*_BUFFERS each); two L0A, two L0B and two
+// AIC buffers: Q, K' (or K), V, P' and the means in L1 (PASA_*_BUFFERS each, one Q buffer where two
+// do not fit); two L0A, two L0B and two
 // L0C buffers. An L0B buffer holds a K or V block whole where it fits; else, where a piece of at least
 // 128 keys fits with the whole head dim, cubeKeys keys of it (the cube then loads each piece once per
 // piece of rows, not the whole block once per piece of rows and columns); else the most columns (a
@@ -306,9 +307,12 @@ void PlanCube(PasaTilingData& t, PasaBudget& b)
     t.l1ValueBytes = n * dv * 2;
     t.l1ProbBytes = mp * n * 2;
     t.l1MeanBytes = exact ? meanRows * d * 2 : 0;
-    b.l1 = static_cast<uint64_t>(PASA_QUERY_BUFFERS) * t.l1QueryBytes + static_cast<uint64_t>(PASA_KEY_BUFFERS) * t.l1KeyBytes +
-           static_cast<uint64_t>(PASA_VALUE_BUFFERS) * t.l1ValueBytes + static_cast<uint64_t>(PASA_PROB_BUFFERS) * t.l1ProbBytes +
-           static_cast<uint64_t>(PASA_MEAN_BUFFERS) * t.l1MeanBytes;
+    const uint64_t others = static_cast<uint64_t>(PASA_KEY_BUFFERS) * t.l1KeyBytes +
+                            static_cast<uint64_t>(PASA_VALUE_BUFFERS) * t.l1ValueBytes +
+                            static_cast<uint64_t>(PASA_PROB_BUFFERS) * t.l1ProbBytes +
+                            static_cast<uint64_t>(PASA_MEAN_BUFFERS) * t.l1MeanBytes;
+    t.queryBuffers = others + static_cast<uint64_t>(PASA_QUERY_BUFFERS) * t.l1QueryBytes <= kL1Bytes ? PASA_QUERY_BUFFERS : 1;
+    b.l1 = others + static_cast<uint64_t>(t.queryBuffers) * t.l1QueryBytes;
     t.prepCols = std::max(16u, std::min(d, kL0BBytes / 2 / (n * 2) / 16 * 16));
     t.cubeKeys = n;
     while (t.cubeKeys > 128 && t.cubeKeys * wide * 2 > kL0BBytes / 2) t.cubeKeys /= 2;

@@ -5,10 +5,11 @@
 // of block g and then, once L = PASA_LOOKAHEAD score tiles are ahead, P'V of block g - L: it
 // runs L score tiles ahead of the P' it waits for, across task boundaries, so the vector cores
 // always have tiles queued. Each task's Q is loaded into L1 while the previous task is being
-// scored; V_j is copied into L1 when its P'V comes up, before the wait for P'_j, so it lands
-// while the vector cores finish. The L1 buffer counts (PASA_*_BUFFERS) stay within TPipe's 8
-// MTE1_MTE2 event IDs. L0A, L0B and L0C are ping-pong pairs: the next operand loads while the
-// current Mmad runs, and a Fixpipe drains one L0C tile while the next Mmad fills the other.
+// scored (with one Q buffer, tiling.queryBuffers, once it has been); V_j is copied into L1 when
+// its P'V comes up, before the wait for P'_j, so it lands while the vector cores finish. The L1
+// buffer counts (PASA_*_BUFFERS) stay within TPipe's 8 MTE1_MTE2 event IDs. L0A, L0B and L0C are
+// ping-pong pairs: the next operand loads while the current Mmad runs, and a Fixpipe drains one
+// L0C tile while the next Mmad fills the other.
 //
 // A tile of more rows than tiling.cubeRows is multiplied in pieces of that many rows (L0A and L0C
 // hold a piece): the key or value block stays in L0B for all of them, the row constants' Mmad takes
@@ -62,7 +63,7 @@ public:
         TaskWindow win(t, batches_, static_cast<uint32_t>(GetBlockIdx()), workspace);
         if (t.repair && !win.Has(0)) return;  // the repair launch: no flagged task on this core
 
-        pipe_.InitBuffer(queryL1_, PASA_QUERY_BUFFERS, t.l1QueryBytes);
+        pipe_.InitBuffer(queryL1_, t.queryBuffers, t.l1QueryBytes);
         pipe_.InitBuffer(keyL1_, PASA_KEY_BUFFERS, t.l1KeyBytes);
         pipe_.InitBuffer(valueL1_, PASA_VALUE_BUFFERS, t.l1ValueBytes);
         pipe_.InitBuffer(probL1_, PASA_PROB_BUFFERS, t.l1ProbBytes);
@@ -99,8 +100,8 @@ private:
                 if (score.block == 0) {
                     if (!queryQueued) LoadQuery(task);
                     q1 = queryL1_.DeQue<T>();
-                    BlockCursor next{score.task + 1, 0};
-                    queryQueued = NextBlock(win, next, pv.task + kTaskWindow);
+                    BlockCursor next{score.task + 1, 0};  // one Q buffer: the next task loads its own
+                    queryQueued = t_->queryBuffers > 1 && NextBlock(win, next, pv.task + kTaskWindow);
                     if (queryQueued) LoadQuery(win.Get(next.task));  // the next task's Q, while this one runs
                 }
                 if (constants_ && score.block % PASA_CONST_BLOCKS == 0) RowConstants(task, q1, score.block);

@@ -147,6 +147,8 @@ struct PasaTilingData {
                              // is produced piece by piece of its columns, P'V's contraction accumulates over the
                              // pieces in L0C in key order
     uint32_t prepCols;       // key preprocessing: columns of K_j in L0B at once (all kvBlock keys), as cubeCols
+    uint32_t queryBuffers;   // Q buffers in L1: PASA_QUERY_BUFFERS, or 1 where those do not fit (the next
+                             // task's Q then loads once this one's is scored, not while)
     uint32_t shiftRows;      // pasa preprocessing: rows of M^T in L0A at once: kvBlock where M^T and the row of
                              // ones fit it, else pieces of shiftRows rows (two of them), each multiplied in turn
     uint32_t kvBlock;        // keys per block; the size of the shifting matrix

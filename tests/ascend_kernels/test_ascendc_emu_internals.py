@@ -39,6 +39,9 @@ def test_tiling_fits_the_atlas_a2_budgets():
         for mem, cap in caps.items():
             assert 0 < use[mem] <= cap, (key, mem)
             assert use["prep_" + mem] <= cap
+    for key, buffers in ((0, 2), (1, 2), (2, 1)):  # 256 x 256 tiles over 64 kv blocks: pasa-exact's means
+        t = emu.tiling(_params(tiling_key=key, q_tile=256, kv_block=256, seq_kv=16384, beta=0.9 if key == 1 else 0.0))
+        assert t["query_buffers"] == buffers and t["bytes_per_core"]["l1"] <= caps["l1"], (key, t)
     for key in (0, 1, 2):  # 256-row tiles: 128-row cube pieces, each vector core's 128 rows in chunks
         t = emu.tiling(_params(tiling_key=key, q_tile=256, beta=0.9 if key == 1 else 0.0))
         assert (t["cube_rows"], t["vec_rows"]) == (128, 128) and t["vec_chunk_rows"] in (32, 64), (key, t)

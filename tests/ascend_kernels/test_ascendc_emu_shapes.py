@@ -262,6 +262,23 @@ def test_blocks_larger_than_l0b_are_held_a_piece_of_keys_at_a_time(name, backend
     check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(case))
 
 
+@pytest.mark.parametrize("backend", ["ascendc-emu", sim_param(SIM)])
+def test_pasa_exact_takes_one_query_buffer_where_two_do_not_fit_l1(backend):
+    """pasa-exact at 256 x 256 tiles, d = 128, over 33 kv blocks: two Q buffers (64 KiB each) do
+    not fit L1 beside K', V, P' and the block means, so the cube holds one, and each task's Q
+    loads once the previous task's is scored; two tasks on each of two AI Cores; also under
+    Huawei's implementation of the API."""
+    from test_ascendc_emu import emulated_cores
+    case = dict(layout="BNSD", B=1, Nq=2, Nkv=1, S1=300, S2=8300, D=128, kv_block=256, q_block=256)
+    q, k, v, kw = make_case(case, torch.float16)
+    kw["repair_overflow"] = False
+    with emulated_cores(2):
+        out, lse, tiling = run_kernels(q, k, v, backend, algorithm="pasa-exact", **kw)
+    assert tiling["query_buffers"] == 1 and tiling["bytes_per_core"]["l1"] <= 512 << 10, tiling
+    assert tiling["num_tasks"] == 4 and tiling["block_dim"] == 2, tiling
+    check_against_torch_and_golden(out, lse, q, k, v, kw, "pasa-exact", tiling, kv_blocks(case))
+
+
 @pytest.mark.parametrize("algorithm", ["pasa", "pasa-exact"])
 def test_wide_heads_through_a_block_table(algorithm):
     """D = 256 read through a shuffled block table: K' and pasa-exact's block means are made per
