@@ -39,6 +39,8 @@ inline std::string Format(const char* fmt, va_list ap)
 // ------------------------------------------------------------------ hardware constants
 constexpr uint32_t kUbBytes = 192 * 1024;
 constexpr uint32_t kL1Bytes = 512 * 1024;
+// L1 TPipe may hand out: asc-devkit keeps 128 bytes for itself on Atlas A2 (TOTAL_L1_SIZE)
+constexpr uint32_t kL1TpipeBytes = kL1Bytes - 128;
 constexpr uint32_t kL0ABytes = 64 * 1024;
 constexpr uint32_t kL0BBytes = 64 * 1024;
 constexpr uint32_t kL0CBytes = 128 * 1024;
@@ -100,6 +102,8 @@ inline uint32_t HardwareCapacity(Hardware h)
         default: return 0;
     }
 }
+// What TPipe's buffers of `h` may take: the whole memory but for L1's reserve.
+inline uint32_t TpipeCapacity(Hardware h) { return h == Hardware::L1 ? kL1TpipeBytes : HardwareCapacity(h); }
 // Start-address alignment of each memory (asc-devkit docs, "通用地址对齐约束").
 inline uint32_t HardwareAlignment(Hardware h)
 {

@@ -115,9 +115,9 @@ inline uint32_t AllocateLocal(TPosition pos, uint32_t bytes, const char* what)
     const uint32_t aligned = (bytes + kBlockBytes - 1) / kBlockBytes * kBlockBytes;
     uint32_t& next = tls_pipe->next[static_cast<int>(hw)];
     const uint64_t end = static_cast<uint64_t>(next) + aligned;
-    if (end > HardwareCapacity(hw)) {
+    if (end > TpipeCapacity(hw)) {
         Fail("%s: %s over capacity: %u bytes requested with %u already allocated, capacity %u bytes", what,
-             HardwareName(hw), aligned, next, HardwareCapacity(hw));
+             HardwareName(hw), aligned, next, TpipeCapacity(hw));
     }
     const uint32_t off = next;
     next = static_cast<uint32_t>(end);

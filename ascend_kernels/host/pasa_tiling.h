@@ -12,7 +12,9 @@
 namespace pasa {
 
 // Atlas A2 (910B) per-core memories.
-constexpr uint32_t kL1Bytes = 512 * 1024;
+// L1 that TPipe hands out: asc-devkit keeps 128 bytes of the 512 KiB for itself on Atlas A2
+// (TOTAL_L1_SIZE = 512 KiB - KFC_L1_RESERVER_SIZE, impl/basic_api/utils/kernel_utils_constants.h).
+constexpr uint32_t kL1Bytes = 512 * 1024 - 128;
 constexpr uint32_t kL0ABytes = 64 * 1024;
 constexpr uint32_t kL0BBytes = 64 * 1024;
 constexpr uint32_t kL0CBytes = 128 * 1024;
