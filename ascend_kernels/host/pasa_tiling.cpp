@@ -290,13 +290,12 @@ void SetPrepDim(const PasaProblem& p, PasaTilingData& t)
 }
 
 // AIC buffers: Q, K' (or K), V, P' and the means in L1 (PASA_*_BUFFERS each, one Q buffer where two
-// do not fit); two L0A, two L0B and two
-// L0C buffers. An L0B buffer holds a K or V block whole where it fits; else, where a piece of at least
-// 128 keys fits with the whole head dim, cubeKeys keys of it (the cube then loads each piece once per
-// piece of rows, not the whole block once per piece of rows and columns); else the most columns (a
-// multiple of 16) of all its keys, cubeCols. L0A and L0C hold a piece of cubeRows rows: all of the
-// tile's where they fit, else the most (a multiple of 16) that do. The key preprocessing holds all kvBlock
-// keys of prepCols columns.
+// do not fit); two L0A, two L0B and two L0C buffers. An L0B buffer holds a K or V block whole where
+// it fits; else, where a piece of at least 128 keys fits with the whole head dim, cubeKeys keys of it
+// (the cube then loads each piece once per piece of rows, not the whole block once per piece of rows
+// and columns); else the most columns (a multiple of 16) of all its keys, cubeCols. L0A and L0C hold
+// a piece of cubeRows rows: all of the tile's where they fit, else the most (a multiple of 16) that
+// do. The key preprocessing holds all kvBlock keys of prepCols columns.
 void PlanCube(PasaTilingData& t, PasaBudget& b)
 {
     const bool exact = t.tilingKey == PASA_KEY_PASA_EXACT && !t.shiftScores;  // the row constants' Mmad
@@ -313,12 +312,13 @@ void PlanCube(PasaTilingData& t, PasaBudget& b)
                             static_cast<uint64_t>(PASA_MEAN_BUFFERS) * t.l1MeanBytes;
     t.queryBuffers = others + static_cast<uint64_t>(PASA_QUERY_BUFFERS) * t.l1QueryBytes <= kL1Bytes ? PASA_QUERY_BUFFERS : 1;
     b.l1 = others + static_cast<uint64_t>(t.queryBuffers) * t.l1QueryBytes;
-    t.prepCols = std::max(16u, std::min(d, kL0BBytes / 2 / (n * 2) / 16 * 16));
+    const uint32_t l0bBuffer = kL0BBytes / 2, blockCols = l0bBuffer / (n * 2) / 16 * 16;  // of all n keys
+    t.prepCols = std::max(16u, std::min(d, blockCols));
     t.cubeKeys = n;
-    while (t.cubeKeys > 128 && t.cubeKeys * wide * 2 > kL0BBytes / 2) t.cubeKeys /= 2;
-    if (t.cubeKeys * wide * 2 > kL0BBytes / 2) t.cubeKeys = n;
+    while (t.cubeKeys > 128 && t.cubeKeys * wide * 2 > l0bBuffer) t.cubeKeys /= 2;
+    if (t.cubeKeys * wide * 2 > l0bBuffer) t.cubeKeys = n;
     const uint32_t nk = t.cubeKeys;
-    t.cubeCols = nk < n ? wide : std::max(16u, std::min(wide, kL0BBytes / 2 / (n * 2) / 16 * 16));
+    t.cubeCols = nk < n ? wide : std::max(16u, std::min(wide, blockCols));
     const uint32_t dc = std::min(d, t.cubeCols), dvc = std::min(dv, t.cubeCols);
     for (uint32_t rows = mp; rows >= 16; rows -= 16) {
         t.cubeRows = rows;
