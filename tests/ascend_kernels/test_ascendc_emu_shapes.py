@@ -279,6 +279,32 @@ def test_pasa_exact_takes_one_query_buffer_where_two_do_not_fit_l1(backend):
     check_against_torch_and_golden(out, lse, q, k, v, kw, "pasa-exact", tiling, kv_blocks(case))
 
 
+def _model_tilings():
+    """(q_block, kv_block, d) of every prefill tiling pasa-npu-model times (its Q_BLOCKS x
+    KV_BLOCKS at the head dims of its shapes)."""
+    from pasa_npu.tools.npu_extrapolate import KV_BLOCKS, Q_BLOCKS
+    return [(qb, kvb, d) for d in (64, 128) for qb in Q_BLOCKS for kvb in KV_BLOCKS]
+
+
+@pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
+@pytest.mark.parametrize("q_block,kv_block,d", [sim_param(*t) for t in _model_tilings()])
+def test_every_tiling_the_model_times_runs_under_huaweis_implementation(q_block, kv_block, d, algorithm):
+    """Each tiling the timing model may report for the README's figures sets up its buffers
+    through Huawei's TPipe (which refuses a queue past an L1, L0 or UB budget) and computes the
+    golden's answer on the simulator: two query tiles (the second part-filled) of two heads on
+    two AI Cores, two kv blocks and a part-filled third."""
+    from test_ascendc_emu import emulated_cores
+    case = dict(layout="BNSD", B=1, Nq=2, Nkv=1, S1=q_block + 44, S2=2 * kv_block + 44, D=d,
+                kv_block=kv_block, q_block=q_block)
+    q, k, v, kw = make_case(case, torch.float16)
+    kw["repair_overflow"] = False
+    with emulated_cores(2):
+        out, lse, tiling = run_kernels(q, k, v, SIM, algorithm=algorithm, **kw)
+    assert (tiling["q_tile"], tiling["kv_block"], tiling["num_tasks"]) == (q_block, kv_block, 4), tiling
+    assert tiling["bytes_per_core"]["l1"] <= (512 << 10) - 128, tiling
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(case))
+
+
 @pytest.mark.parametrize("algorithm", ["pasa", "pasa-exact"])
 def test_wide_heads_through_a_block_table(algorithm):
     """D = 256 read through a shuffled block table: K' and pasa-exact's block means are made per
