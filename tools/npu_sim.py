@@ -18,7 +18,8 @@ import os
 
 from pasa_npu import ascendc_emu
 from pasa_npu.tools.npu_extrapolate import (CALIBRATION_BLOCKS, CALIBRATION_TILING, Config, Shape,
-                                            calibration_runs, emulate, extrapolate, fit_runs)
+                                            cached_calibration, calibration_runs, emulate, extrapolate,
+                                            fastest, fit_runs, tile_name)
 
 PIPES = ascendc_emu.PIPES
 
@@ -104,7 +105,8 @@ def calibrate_both(c: Config, params: dict, blocks: int = CALIBRATION_BLOCKS, pr
         for i, (b, h, hkv, sq, skv, causal) in enumerate(runs):
             if progress:
                 progress(i)
-            st = emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one, **CALIBRATION_TILING)
+            st = emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one, c.q_block, c.kv_block,
+                         **CALIBRATION_TILING)
             emu_stats.append(st)
             call = proxy.calls[-1]
             sim = sim_run_stats(call["launches"], one)
@@ -138,20 +140,22 @@ def _block(fit) -> dict:
 
 
 def compare(shapes, algorithms, params: dict, blocks: int = CALIBRATION_BLOCKS, progress=None) -> dict:
-    """Per shape and allocation: both models' per-block cycles, busy pipes, binding resource
-    and extrapolated TFLOP/s."""
-    rows, fits = [], {}
+    """Per shape and allocation, at the tiling where the emulation's model finds the allocation
+    fastest (as ``pasa-npu-model`` reports it): both models' per-block cycles, busy pipes,
+    binding resource and extrapolated TFLOP/s."""
+    rows, fits, emu_fits = [], {}, {}
     total, done = len(shapes) * len(algorithms), 0
     for shape in shapes:
         for algorithm in algorithms:
             if progress:
                 progress(done, total, f"--sim {shape.name[:20]} {algorithm}")
-            config = shape.config(algorithm)
+            config, _ = fastest(shape, algorithm, params,
+                                lambda c, p: cached_calibration(emu_fits, c, c, p))
             if config not in fits:
                 fits[config] = calibrate_both(config, params, blocks)
             emu_fit, sim_fit, checks = fits[config]
-            row = dict(shape=shape.name, algorithm=algorithm, golden_rmse=max(emu_fit.golden_rmse, sim_fit.golden_rmse),
-                       **checks)
+            row = dict(shape=shape.name, algorithm=algorithm, tile=tile_name(config.q_block, config.kv_block),
+                       golden_rmse=max(emu_fit.golden_rmse, sim_fit.golden_rmse), **checks)
             for name, fit in (("emu", emu_fit), ("sim", sim_fit)):
                 result = extrapolate(shape, fit, params)
                 row[name] = dict(_block(fit), tflops=result["tflops"], call_binding=result["binding"])
@@ -167,17 +171,19 @@ def markdown(result) -> str:
              f"(runs of {result['blocks']} and {2 * result['blocks']} kv blocks): the emulation's model, which "
              "charges the AscendC API calls (`emu`), and the instruction-level model, which charges the "
              "instructions Huawei's implementation issues on the simulator (`sim`), with the same parameters. "
-             "Cycles per block (binding), V / M / FIX / MTE2 busy per block, V instructions per block and "
-             "vector core, and the extrapolated call's TFLOP/s. The runs' outputs on the simulator were "
+             "Each allocation at the tiling (`q_block` x `kv_block`) where the emulation's model finds it "
+             "fastest, as `pasa-npu-model` reports it. Cycles per kv block of that tile (binding), V / M / FIX / "
+             "MTE2 busy per block, V instructions per block and vector core, and the extrapolated call's "
+             "TFLOP/s. The runs' outputs on the simulator were "
              "checked against the fp64 golden (largest relative RMSE in the last column; `same` where both "
              "wrote the same bytes).", "",
-             "| shape | allocation | emu cycles (binding) | sim cycles (binding) | V emu / sim | M emu / sim "
+             "| shape | allocation | tile | emu cycles (binding) | sim cycles (binding) | V emu / sim | M emu / sim "
              "| FIX emu / sim | MTE2 emu / sim | V instr emu / sim | TFLOP/s emu / sim | rmse | hazards |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         e, s = r["emu"], r["sim"]
         pair = lambda p: f"{e['busy'][p]:.0f} / {s['busy'][p]:.0f}"  # noqa: E731
-        lines.append(f"| {r['shape']} | {r['algorithm']} | {e['cycles']:.0f} ({e['binding']}) | "
+        lines.append(f"| {r['shape']} | {r['algorithm']} | {r['tile']} | {e['cycles']:.0f} ({e['binding']}) | "
                      f"{s['cycles']:.0f} ({s['binding']}) | {pair('V')} | {pair('M')} | {pair('FIX')} | "
                      f"{pair('MTE2')} | {e['vector_instructions']:.1f} / {s['vector_instructions']:.1f} | "
                      f"{e['tflops']:.1f} / {s['tflops']:.1f} | {r['golden_rmse']:.1e}"

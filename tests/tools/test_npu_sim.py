@@ -27,7 +27,18 @@ def test_sim_model_times_the_calibration_runs_sanely():
     # the cube's work is the same instructions in both models
     assert row["sim"]["busy"]["M"] == pytest.approx(row["emu"]["busy"]["M"])
     text = npu_sim.markdown(result)
-    assert "| tiny | fa-fp32 |" in text and "**Modelled**" in text
+    assert row["tile"] in {"128x128", "128x256", "256x128", "256x256"}
+    assert f"| tiny | fa-fp32 | {row['tile']} |" in text and "**Modelled**" in text
+
+
+@pytest.mark.skipif(REASON is not None, reason=f"ascendc-sim: {REASON}")
+def test_both_models_run_the_calibration_at_the_configs_tiling():
+    """calibrate_both runs its problems at the tiling of its config."""
+    from pasa_npu import ascendc_emu
+    config = Shape("tiny", 1, 1, 1, 512, 512, 64).config("fa-fp32", 256, 256)
+    npu_sim.calibrate_both(config, npu_params.values(), blocks=1)
+    tiling = ascendc_emu.last_run_stats()["tiling"]
+    assert (tiling["q_tile"], tiling["kv_block"]) == (256, 256), tiling
 
 
 @pytest.mark.skipif(REASON is not None, reason=f"ascendc-sim: {REASON}")
