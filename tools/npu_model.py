@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import pathlib
 import sys
 
@@ -28,7 +29,7 @@ from pasa_npu import npu_params
 from pasa_npu.tools.compare.progress import ProgressBar
 from pasa_npu.tools import npu_calibrate
 from pasa_npu.tools.npu_extrapolate import (KV_BLOCKS, Q_BLOCKS, Shape, WrongRunError, cached_calibration,
-                                            extrapolate, fastest, tile_name, tilings)
+                                            calibrate, extrapolate, fastest, tile_name, tilings)
 
 ALGORITHMS = ("fa-fp32", "pasa", "pasa-exact")
 TOKENS, HIDDEN = 16384, 2048  # the sweep keeps B * S and H * d fixed, as pasa-bench does
@@ -185,7 +186,17 @@ _LAUNCH_ONLY = ("l2_aggregate_bytes_per_cycle", "hbm_aggregate_bytes_per_cycle",
 WORST_CORNER_PASSES = 3
 
 
-def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None) -> dict:
+def _calibrate_or_refusal(job):
+    """calibrate(config, params), or the NotImplementedError of a tiling the kernels refuse (a
+    process pool's task)."""
+    config, params = job
+    try:
+        return calibrate(config, params)
+    except NotImplementedError as refused:
+        return refused
+
+
+def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None, jobs: int = 1) -> dict:
     """The pasa / fa-fp32 ratio per shape at the nominal parameters, with each parameter that
     has a range alone at its low and at its high end, and at each shape's worst independent
     corner; at every one of them each allocation at the tiling of tilings() where it is faster
@@ -194,15 +205,26 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
     lowered the ratio alone (nominal where neither did) and moves one parameter at a time
     while that lowers the ratio further, up to WORST_CORNER_PASSES passes: a local minimum
     over the 3^n corners, every one evaluated as a whole. ``names``: the parameters to vary
-    (default: every one with a range)."""
+    (default: every one with a range). ``jobs``: processes that make the calibrations a
+    parameter point needs, before it is evaluated (the same figures as one process)."""
     ranged = [p for p in npu_params.ALL if p.assumption and (names is None or p.name in names)]
     fits = {}
+    pool = multiprocessing.get_context("fork").Pool(jobs) if jobs > 1 else None
+
+    def key(config, params):
+        return config, tuple(sorted((k, v) for k, v in npu_params.timing_only(params).items()
+                                    if k not in _LAUNCH_ONLY))
 
     def fit(config, params):
-        key = tuple(sorted((k, v) for k, v in npu_params.timing_only(params).items() if k not in _LAUNCH_ONLY))
-        return cached_calibration(fits, (config, key), config, params)
+        return cached_calibration(fits, key(config, params), config, params)
 
     def evaluate(params, only=None):
+        if pool is not None:
+            todo = {key(c, params): c for shape in (shape_list if only is None else [only])
+                    for a in algorithms for c in (shape.config(a, *tile) for tile in tilings(shape))}
+            todo = {k: c for k, c in todo.items() if k not in fits}
+            for k, made in zip(todo, pool.map(_calibrate_or_refusal, [(c, params) for c in todo.values()])):
+                fits[k] = made
         out = {}
         for shape in shape_list if only is None else [only]:
             cell = {}
@@ -247,6 +269,8 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
                 break
         worst[shape.name] = dict(corner=corner, result=best)
     progress(total, total, "done")
+    if pool is not None:
+        pool.close()
     evaluated = [nominal] + [r for ends in alone.values() for r in ends.values()] \
         + [{n: w["result"]} for n, w in worst.items()]
     rmse = max(cell[a]["golden_rmse"] for r in evaluated for cell in r.values() for a in algorithms)
@@ -305,6 +329,8 @@ def main(argv=None) -> int:
                         help="compare the model with the public figures measured on Atlas A2 hardware")
     parser.add_argument("--sensitivity", action="store_true",
                         help="each parameter with a range alone at both ends; the ratio's worst corner")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="--sensitivity: processes that make its calibrations (up to the cores here)")
     parser.add_argument("--sim", action="store_true",
                         help="the instruction-level model (the simulator, ascend_kernels/sim) beside this one")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -326,7 +352,9 @@ def main(argv=None) -> int:
                 return 2
             text, names = npu_sim.markdown(data), ["npu_sim.md", "npu_sim.json"]
         elif args.sensitivity:
-            data = sensitivity(shapes(args.sets or ["readme"]), progress)
+            if args.jobs < 1:
+                parser.error(f"--jobs: expected a whole number of processes >= 1, got {args.jobs}")
+            data = sensitivity(shapes(args.sets or ["readme"]), progress, jobs=args.jobs)
             text, names = sensitivity_markdown(data), ["npu_sensitivity.md", "npu_sensitivity.json"]
         else:
             data = run(shapes(args.sets or ["paper", "sweep", "decode"]), args.algorithms, not args.no_band, progress)

@@ -109,6 +109,12 @@ def test_cli_shows_defaults_and_says_where_it_wrote(tmp_path, monkeypatch, capsy
     assert sorted(p.name for p in out.iterdir()) == ["npu_model.json", "npu_model.md"]
 
 
+def test_cli_refuses_a_process_count_below_one(capsys):
+    with pytest.raises(SystemExit):
+        npu_model.main(["--sensitivity", "--jobs", "0", "--quiet"])
+    assert "--jobs: expected a whole number of processes >= 1, got 0" in capsys.readouterr().err
+
+
 def test_calibration_compares_with_the_measured_figures(tmp_path):
     """--calibrate writes both comparisons: PTO FA's stage fit per 256-key tile (QK + PV =
     2487 + 1617 = 4104 on the cube, softmax + update = 2489 + 834 = 3323 on the vector cores)
@@ -136,10 +142,11 @@ def _ratio(shape, params):
 def test_sensitivity_finds_the_worst_corner():
     """With two parameters varied, the search's worst corner is the lowest ratio of the 3 x 3
     grid of their low, nominal and high values, each corner evaluated on its own; the one-at-a-
-    time rows are the grid's edges through the nominal point."""
+    time rows are the grid's edges through the nominal point. The search's calibrations are
+    made by two processes, the grid's by this one."""
     shape = npu_extrapolate.Shape("tiny", 1, 2, 2, 512, 512, 64)
     names = ("vec_head_cycles", "l2_aggregate_bytes_per_cycle")
-    got = npu_model.sensitivity([shape], lambda *a: None, names=names)
+    got = npu_model.sensitivity([shape], lambda *a: None, names=names, jobs=2)
     by_name = {p.name: p for p in npu_params.ALL}
     grid = {}
     for a, b in itertools.product(*[(by_name[n].low, by_name[n].value, by_name[n].high) for n in names]):
