@@ -224,14 +224,20 @@ def calibrate(c: Config, params: dict, progress=None) -> Fit:
     return fit_runs(c, runs, stats, one)
 
 
+def calibration_or_refusal(config: Config, params: dict):
+    """:func:`calibrate`'s fit, or the NotImplementedError of a tiling the kernels refuse, as
+    :func:`cached_calibration` keeps it."""
+    try:
+        return calibrate(config, params)
+    except NotImplementedError as refused:
+        return refused
+
+
 def cached_calibration(cache: dict, key, config: Config, params: dict) -> Fit:
     """``cache[key]``, made by :func:`calibrate` at its first ask; a tiling the kernels refuse
     (NotImplementedError) is remembered as refused and raised again at every ask."""
     if key not in cache:
-        try:
-            cache[key] = calibrate(config, params)
-        except NotImplementedError as refused:
-            cache[key] = refused
+        cache[key] = calibration_or_refusal(config, params)
     if isinstance(cache[key], NotImplementedError):
         raise cache[key]
     return cache[key]

@@ -29,7 +29,7 @@ from pasa_npu import npu_params
 from pasa_npu.tools.compare.progress import ProgressBar
 from pasa_npu.tools import npu_calibrate
 from pasa_npu.tools.npu_extrapolate import (KV_BLOCKS, Q_BLOCKS, Shape, WrongRunError, cached_calibration,
-                                            calibrate, extrapolate, fastest, tile_name, tilings)
+                                            calibration_or_refusal, extrapolate, fastest, tile_name, tilings)
 
 ALGORITHMS = ("fa-fp32", "pasa", "pasa-exact")
 TOKENS, HIDDEN = 16384, 2048  # the sweep keeps B * S and H * d fixed, as pasa-bench does
@@ -186,16 +186,6 @@ _LAUNCH_ONLY = ("l2_aggregate_bytes_per_cycle", "hbm_aggregate_bytes_per_cycle",
 WORST_CORNER_PASSES = 3
 
 
-def _calibrate_or_refusal(job):
-    """calibrate(config, params), or the NotImplementedError of a tiling the kernels refuse (a
-    process pool's task)."""
-    config, params = job
-    try:
-        return calibrate(config, params)
-    except NotImplementedError as refused:
-        return refused
-
-
 def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None, jobs: int = 1) -> dict:
     """The pasa / fa-fp32 ratio per shape at the nominal parameters, with each parameter that
     has a range alone at its low and at its high end, and at each shape's worst independent
@@ -223,8 +213,8 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
             todo = {key(c, params): c for shape in (shape_list if only is None else [only])
                     for a in algorithms for c in (shape.config(a, *tile) for tile in tilings(shape))}
             todo = {k: c for k, c in todo.items() if k not in fits}
-            for k, made in zip(todo, pool.map(_calibrate_or_refusal, [(c, params) for c in todo.values()])):
-                fits[k] = made
+            made = pool.starmap(calibration_or_refusal, [(c, params) for c in todo.values()])
+            fits.update(zip(todo, made))
         out = {}
         for shape in shape_list if only is None else [only]:
             cell = {}
@@ -236,41 +226,43 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
             out[shape.name] = cell
         return out
 
-    total = 1 + 2 * len(ranged) + len(shape_list) * WORST_CORNER_PASSES
-    progress(0, total, "nominal")
-    nominal = evaluate(npu_params.values())
-    alone, done = {}, 1
-    for p in ranged:
-        alone[p.name] = {}
-        for end in ("low", "high"):
-            progress(done, total, f"{p.name} {end}")
-            alone[p.name][end] = evaluate(npu_params.values(**{p.name: getattr(p, end)}))
-            done += 1
-    worst = {}
-    for shape in shape_list:
-        corner = {}
+    try:
+        total = 1 + 2 * len(ranged) + len(shape_list) * WORST_CORNER_PASSES
+        progress(0, total, "nominal")
+        nominal = evaluate(npu_params.values())
+        alone, done = {}, 1
         for p in ranged:
-            ends = {getattr(p, end): alone[p.name][end][shape.name]["ratio"] for end in ("low", "high")}
-            lowest = min(ends, key=ends.get)
-            corner[p.name] = lowest if ends[lowest] < nominal[shape.name]["ratio"] else p.value
-        best = evaluate(npu_params.values(**corner), shape)[shape.name]
-        for n in range(WORST_CORNER_PASSES):
-            progress(done, total, f"worst corner {shape.name[:12]} pass {n + 1}")
-            done += 1
-            moved = False
+            alone[p.name] = {}
+            for end in ("low", "high"):
+                progress(done, total, f"{p.name} {end}")
+                alone[p.name][end] = evaluate(npu_params.values(**{p.name: getattr(p, end)}))
+                done += 1
+        worst = {}
+        for shape in shape_list:
+            corner = {}
             for p in ranged:
-                for value in {p.low, p.value, p.high} - {corner[p.name]}:
-                    trial = dict(corner, **{p.name: value})
-                    got = evaluate(npu_params.values(**trial), shape)[shape.name]
-                    if got["ratio"] < best["ratio"] - 1e-9:
-                        corner, best, moved = trial, got, True
-            if not moved:
-                done += WORST_CORNER_PASSES - n - 1
-                break
-        worst[shape.name] = dict(corner=corner, result=best)
-    progress(total, total, "done")
-    if pool is not None:
-        pool.close()
+                ends = {getattr(p, end): alone[p.name][end][shape.name]["ratio"] for end in ("low", "high")}
+                lowest = min(ends, key=ends.get)
+                corner[p.name] = lowest if ends[lowest] < nominal[shape.name]["ratio"] else p.value
+            best = evaluate(npu_params.values(**corner), shape)[shape.name]
+            for n in range(WORST_CORNER_PASSES):
+                progress(done, total, f"worst corner {shape.name[:12]} pass {n + 1}")
+                done += 1
+                moved = False
+                for p in ranged:
+                    for value in {p.low, p.value, p.high} - {corner[p.name]}:
+                        trial = dict(corner, **{p.name: value})
+                        got = evaluate(npu_params.values(**trial), shape)[shape.name]
+                        if got["ratio"] < best["ratio"] - 1e-9:
+                            corner, best, moved = trial, got, True
+                if not moved:
+                    done += WORST_CORNER_PASSES - n - 1
+                    break
+            worst[shape.name] = dict(corner=corner, result=best)
+        progress(total, total, "done")
+    finally:
+        if pool is not None:
+            pool.close()
     evaluated = [nominal] + [r for ends in alone.values() for r in ends.values()] \
         + [{n: w["result"]} for n, w in worst.items()]
     rmse = max(cell[a]["golden_rmse"] for r in evaluated for cell in r.values() for a in algorithms)
