@@ -364,14 +364,19 @@ def tilings(shape: Shape) -> tuple:
     return tuple((q, kv) for q in (Q_BLOCKS[:1] if shape.decode else Q_BLOCKS) for kv in KV_BLOCKS)
 
 
+def candidates(shape: Shape, algorithm: str) -> tuple:
+    """The configs :func:`fastest` chooses among: ``algorithm`` on ``shape`` at each of
+    tilings(shape)."""
+    return tuple(shape.config(algorithm, qb, kvb) for qb, kvb in tilings(shape))
+
+
 def fastest(shape: Shape, algorithm: str, params: dict, fit) -> tuple:
     """(config, extrapolation) of ``algorithm`` on ``shape`` at the tiling of tilings(shape)
     where it is faster under ``params``; ``fit(config, params)`` calibrates (the caller caches)
     and raises NotImplementedError for a tiling the kernels refuse (its buffers do not fit the
     AI Core), which is then not a candidate."""
     best, refused = None, []
-    for qb, kvb in tilings(shape):
-        config = shape.config(algorithm, qb, kvb)
+    for config in candidates(shape, algorithm):
         try:
             calibrated = fit(config, params)
         except NotImplementedError as exc:

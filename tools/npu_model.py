@@ -29,7 +29,7 @@ from pasa_npu import npu_params
 from pasa_npu.tools.compare.progress import ProgressBar
 from pasa_npu.tools import npu_calibrate
 from pasa_npu.tools.npu_extrapolate import (KV_BLOCKS, Q_BLOCKS, Shape, WrongRunError, cached_calibration,
-                                            calibration_or_refusal, extrapolate, fastest, tile_name, tilings)
+                                            calibration_or_refusal, candidates, extrapolate, fastest, tile_name)
 
 ALGORITHMS = ("fa-fp32", "pasa", "pasa-exact")
 TOKENS, HIDDEN = 16384, 2048  # the sweep keeps B * S and H * d fixed, as pasa-bench does
@@ -73,7 +73,7 @@ def run(shape_list, algorithms, band: bool, progress) -> dict:
         corners.update(fast=npu_params.corner("fast"), slow=npu_params.corner("slow"))
     fits, rows = {}, []
     cells = len(shape_list) * len(algorithms)
-    total = len({s.config(a, *tile) for s in shape_list for a in algorithms for tile in tilings(s)}) + cells
+    total = len({c for s in shape_list for a in algorithms for c in candidates(s, a)}) + cells
     done = 0
 
     def fit(config, params, name="nominal"):
@@ -211,7 +211,7 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
     def evaluate(params, only=None):
         if pool is not None:
             todo = {key(c, params): c for shape in (shape_list if only is None else [only])
-                    for a in algorithms for c in (shape.config(a, *tile) for tile in tilings(shape))}
+                    for a in algorithms for c in candidates(shape, a)}
             todo = {k: c for k, c in todo.items() if k not in fits}
             made = pool.starmap(calibration_or_refusal, [(c, params) for c in todo.values()])
             fits.update(zip(todo, made))
