@@ -20,6 +20,8 @@ from pasa_npu import compiled
 from pasa_npu.backends import available_backends
 
 INT_MAX = 2147483647
+#: the L1 bytes Huawei's TPipe hands out per AI Core on Atlas A2 (asc-devkit keeps 128 of 512 KiB)
+TPIPE_L1_BYTES = (512 << 10) - 128
 #: the measured errors (tests/measure_bounds.py writes them): kind -> key -> value
 MEASURED = json.loads((pathlib.Path(__file__).parent / "measured.json").read_text())
 

@@ -17,6 +17,7 @@ emu = pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu exten
 from pasa_npu import ascendc_emu  # noqa: E402
 from test_ascendc_emu import KERNEL_ALGORITHMS  # noqa: E402
 from _emu_selftest import selftest_module  # noqa: E402
+from _support import TPIPE_L1_BYTES  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -33,7 +34,7 @@ def _params(**over):
 
 
 def test_tiling_fits_the_atlas_a2_budgets():
-    caps = dict(l1=(512 << 10) - 128, l0a=64 << 10, l0b=64 << 10, l0c=128 << 10, ub=192 << 10)
+    caps = dict(l1=TPIPE_L1_BYTES, l0a=64 << 10, l0b=64 << 10, l0c=128 << 10, ub=192 << 10)
     for key in (0, 1, 2):
         use = emu.tiling(_params(tiling_key=key, beta=0.9 if key == 1 else 0.0))["bytes_per_core"]
         for mem, cap in caps.items():

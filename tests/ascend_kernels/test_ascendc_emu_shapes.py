@@ -17,7 +17,7 @@ import pasa_npu
 
 emu = pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu extension is not built")
 from pasa_npu import ascendc_emu, ascendc_sim  # noqa: E402
-from _support import SIM, sim_param  # noqa: E402
+from _support import SIM, TPIPE_L1_BYTES, sim_param  # noqa: E402
 from test_ascendc_emu import KERNEL_ALGORITHMS, assert_matches_torch, kv_blocks, torch_reference  # noqa: E402
 from _real_shapes import PREFILL_SHAPES  # noqa: E402
 from _bounds import ascendc_numerics  # noqa: E402
@@ -274,7 +274,7 @@ def test_pasa_exact_takes_one_query_buffer_where_two_do_not_fit_l1(backend):
     kw["repair_overflow"] = False
     with emulated_cores(2):
         out, lse, tiling = run_kernels(q, k, v, backend, algorithm="pasa-exact", **kw)
-    assert tiling["query_buffers"] == 1 and tiling["bytes_per_core"]["l1"] <= (512 << 10) - 128, tiling
+    assert tiling["query_buffers"] == 1 and tiling["bytes_per_core"]["l1"] <= TPIPE_L1_BYTES, tiling
     assert tiling["num_tasks"] == 4 and tiling["block_dim"] == 2, tiling
     check_against_torch_and_golden(out, lse, q, k, v, kw, "pasa-exact", tiling, kv_blocks(case))
 
@@ -301,7 +301,7 @@ def test_every_tiling_the_model_times_runs_under_huaweis_implementation(q_block,
     with emulated_cores(2):
         out, lse, tiling = run_kernels(q, k, v, SIM, algorithm=algorithm, **kw)
     assert (tiling["q_tile"], tiling["kv_block"], tiling["num_tasks"]) == (q_block, kv_block, 4), tiling
-    assert tiling["bytes_per_core"]["l1"] <= (512 << 10) - 128, tiling
+    assert tiling["bytes_per_core"]["l1"] <= TPIPE_L1_BYTES, tiling
     check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(case))
 
 
