@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from pasa_npu.fallback import graph_update
-from pasa_npu.problem import device_cached
+from pasa_npu.fallback import capture_counters, graph_update
+from pasa_npu.problem import device_cached, keeps_device_tensors
 
 #: the kernels run in the interpreter (decided at import, as triton.jit decides it)
 INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
@@ -529,6 +529,7 @@ class Binding:
         # id of a descriptor over a role -> (role, template, the descriptor: kept alive,
         # so that its id names no later object)
         self.described: dict = {}
+        self.counters_taken = 0  # counters this call took from a capture's arena
 
     def empty(self, name: str, shape, dtype, device, fill=None) -> torch.Tensor:
         """A new tensor of ``shape`` (filled with ``fill`` unless None), role ``name``;
@@ -547,7 +548,22 @@ class Binding:
     def zeroed(self, shape, dtype, device) -> torch.Tensor:
         """A zero-filled buffer that the call's kernels leave zeroed when they finish
         (counters each resets after its last use): not a role, so a recorded call keeps
-        it and its repeats launch no fill."""
+        it and its repeats launch no fill. int32 counters of a call under CUDA graph
+        capture come from :mod:`~pasa_npu.fallback.capture_counters` where it holds
+        them, so that the graph holds no fill for them either."""
+        shape = tuple(shape)
+        device = torch.device(device)
+        if dtype == torch.int32 and device.type == "cuda" and keeps_device_tensors():
+            if device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
+            n = math.prod(shape)
+            if not torch.cuda.is_current_stream_capturing():
+                capture_counters.top_up(device, n)
+            else:
+                self.counters_taken += n
+                arena = capture_counters.arena(device, self.counters_taken)
+                if arena is not None:
+                    return arena[self.counters_taken - n:self.counters_taken].view(shape)
         return torch.zeros(shape, dtype=dtype, device=device)
 
     def derive(self, name: str, source, make, *more, reads_contents: bool = True):

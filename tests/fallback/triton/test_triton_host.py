@@ -162,6 +162,54 @@ def test_graph_captured_on_new_lengths_replays_them():
         assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
+@needs_gpu
+@pytest.mark.parametrize("algorithm", ["pasa", "fa-fp32"])
+def test_a_captured_decode_holds_no_fill_of_its_counters(algorithm, monkeypatch):
+    """Decode with split kv (each group's splits merged by the last to arrive), captured
+    after an eager call: its arrival counters come from ``capture_counters``, so a replay
+    runs one kernel fewer than the same call captured without them (their fill); a graph
+    of two calls and a second graph take counters of their own; replayed one after the
+    other and interleaved, every captured call equals the eager call bit for bit."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from pasa_npu.fallback import capture_counters
+    q, k, v = _cache("cuda")
+    lens = [CAPACITY, 700]
+    want = _step(q, k, v, lens, algorithm)
+    torch.cuda.synchronize()
+
+    def capture(calls):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            results = [_step(q, k, v, lens, algorithm) for _ in range(calls)]
+        return graph, results
+
+    def kernels_replayed(graph):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            graph.replay()
+            torch.cuda.synchronize()
+        return [e.name for e in prof.events() if e.device_type.name == "CUDA"
+                and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+
+    graphs, captured = zip(capture(2), capture(1))
+    first, second = list(capture_counters._ARENAS.values())[-2:]
+    assert first.data_ptr() != second.data_ptr()
+    with monkeypatch.context() as patch:
+        patch.setattr(capture_counters, "arena", lambda device, need: None)
+        filling, _ = capture(1)
+    ours, theirs = kernels_replayed(graphs[1]), kernels_replayed(filling)
+    assert any("decode_split_kernel" in name for name in ours), ours
+    assert len(ours) == len(theirs) - 1, (ours, theirs)
+    for i in (0, 1, 1, 0, 0):
+        for out, lse in (*captured[0], *captured[1]):
+            out.zero_()
+            lse.zero_()
+        graphs[i].replay()
+        torch.cuda.synchronize()
+        for out, lse in captured[i]:
+            assert torch.equal(out, want[0]) and torch.equal(lse, want[1]), i
+
+
 def test_launch_key_tells_apart_what_triton_specialises_on():
     from pasa_npu.fallback.kernel_common import _spec
 
