@@ -148,7 +148,7 @@ def _launches_markdown(result, rows, names) -> list:
     if not parts:
         return []
     floor = result.get("empty_launch_us")
-    text = "Triton kernels per call (SDPA: one kernel): " + "; ".join(parts) + "."
+    text = "Triton kernels per call: " + "; ".join(parts) + "."
     if graphs == {True}:
         text += (" From a plan's second call on, a call at new addresses replays its kernels as "
                  "one CUDA graph, their address arguments rewritten for its tensors.")

@@ -226,7 +226,7 @@ def test_host_table_counts_our_launches_per_kind_and_states_the_empty_launch():
                                            graph=True)
     text = bench_report.markdown(result)
     assert "| d=128 S=4096 none | 60 (3.0) · 75 (3.0) | 20 (1.0) · 25 (1.0) | - |" in text
-    assert ("Triton kernels per call (SDPA: one kernel): prefill: pasa-exact 2-3; "
+    assert ("Triton kernels per call: prefill: pasa-exact 2-3; "
             "decode: pasa-exact 1. From a plan's second call on, a call at new addresses "
             "replays its kernels as one CUDA graph, their address arguments rewritten for its "
             "tensors. One launch of an empty kernel, made as a recorded call makes its "
