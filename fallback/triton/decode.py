@@ -79,6 +79,8 @@ def decode_split_kernel(
     q_start = tl.load(q_starts + b).to(tl.int64)
     kv_start = tl.load(kv_starts + b).to(tl.int64)
     kv_len = tl.load(kv_lens + b)
+    # loaded here, with the other scalars, not after the arrival: the merge's rows wait on it
+    has_query = tl.load(q_lens + b) > 0
     g = chunk * BLOCK_G + tl.arange(0, BLOCK_G)  # query heads of the group
     dims = tl.arange(0, HEAD_DIM)
     dims_v = tl.arange(0, HEAD_DIM_V)
@@ -102,6 +104,21 @@ def decode_split_kernel(
     n_whole = kv_len // BLOCK_N  # blocks all of whose keys are valid
     first = split * blocks_per_split
     last = tl.minimum(first + blocks_per_split, n_blocks)
+    keys_in_part = tl.maximum(kv_len - n_whole * BLOCK_N, 1)  # the part-filled block's keys
+    # pasa's shift entries for a whole block and for the part-filled one, loaded once, up
+    # front: a load between the two loops would stall every split's tail
+    whole_diag = 0.0
+    whole_off = 0.0
+    part_diag = 0.0
+    part_off = 0.0
+    if PSEUDO_AVERAGE_SHIFT and SHIFT_SCORES:
+        whole_diag = tl.load(SHIFT + BLOCK_N * 4)
+        whole_off = tl.load(SHIFT + BLOCK_N * 4 + 1)
+        part_diag = tl.load(SHIFT + keys_in_part * 4)
+        part_off = tl.load(SHIFT + keys_in_part * 4 + 1)
+    part_mean_factor = 1.0 / BLOCK_N
+    if PSEUDO_AVERAGE_SHIFT:  # the mean over the part-filled block's own keys
+        part_mean_factor = tl.load(SHIFT + keys_in_part * 4 + 2)
     # two loops: this split's whole blocks, then the part-filled last block if it holds
     # it, so that the first loop's body has none of that block's key masking, own shift
     # and own mean factor
@@ -109,19 +126,13 @@ def decode_split_kernel(
         if part == 0:
             lo = first
             hi = tl.minimum(last, n_whole)
+            entry_diag = whole_diag
+            entry_off = whole_off
         else:
             lo = tl.maximum(first, n_whole)
             hi = last
-        # pasa's shift entries for this part's blocks, loaded once, out of the pipelined loop
-        entry_diag = 0.0
-        entry_off = 0.0
-        if PSEUDO_AVERAGE_SHIFT and SHIFT_SCORES:
-            if part == 0:
-                keys_in_block = BLOCK_N
-            else:
-                keys_in_block = tl.maximum(kv_len - n_whole * BLOCK_N, 1)
-            entry_diag = tl.load(SHIFT + keys_in_block * 4)
-            entry_off = tl.load(SHIFT + keys_in_block * 4 + 1)
+            entry_diag = part_diag
+            entry_off = part_off
         # the part-filled block is not pipelined: it is one block at most
         for blk in tl.range(lo, hi, num_stages=1 if part == 1 else None):
             n = blk * BLOCK_N + cols
@@ -162,8 +173,8 @@ def decode_split_kernel(
             if SHIFT_SCORES:
                 qk, c = shift_scores(qk, entry_diag, entry_off, scale, kv_len - blk * BLOCK_N,
                                      EXACT_SHIFT, part == 1, BLOCK_N)
-            if PSEUDO_AVERAGE_SHIFT and part == 1:  # the mean over the block's own keys
-                mean_factor = tl.load(SHIFT + (kv_len - blk * BLOCK_N) * 4 + 2)
+            if PSEUDO_AVERAGE_SHIFT and part == 1:
+                mean_factor = part_mean_factor
             elif PSEUDO_AVERAGE_SHIFT:
                 mean_factor = 1.0 / BLOCK_N
             else:
@@ -187,7 +198,7 @@ def decode_split_kernel(
     arrival = ARRIVALS + bh * n_chunks + chunk
     if tl.atomic_add(arrival, 1, sem="acq_rel") == n_splits - 1:
         tl.store(arrival, 0)  # the count left zeroed for the next call
-        live = (g < group) & (tl.load(q_lens + b) > 0)
+        live = (g < group) & has_query
         o, lse, split_bad = merge_splits(PART_O, PART_LSE, SINK, part_rows, group_rows,
                                          n_splits, heads, live, HAS_SINK, BLOCK_G, HEAD_DIM_V)
         write_merged_rows(o, lse, split_bad, O, LSE, FLAGS, SINK, b, heads, live, q_start,

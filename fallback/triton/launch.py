@@ -116,7 +116,7 @@ def decode_stages(shift_site: str, head_dim: int, shallow: bool = False) -> int:
     return stages - 1 if head_dim > 128 else stages
 
 
-#: contiguous pasa decode runs shallow (:func:`shallow_decode`) where its programs, two per
+#: pasa's paged decode runs shallow (:func:`shallow_decode`) where its programs, two per
 #: SM, then still take this many kv blocks each on average
 SHALLOW_MIN_BLOCKS = 24
 
@@ -130,17 +130,16 @@ def shallow_allowed(allocation: Allocation, head_dim: int) -> bool:
 def shallow_decode(allocation: Allocation, paged: bool, head_dim: int, n_blocks: int = 0,
                    groups: int = 1, sms: int = 1) -> bool:
     """Whether decode runs two shallow programs per SM rather than one deep one: for pasa's
-    (and pasa-mixed's) table shift at 64 < d <= 128, where one program of three stages
-    fills an SM; read through a block table always, contiguous where two programs on each
-    of ``sms`` SMs still take :data:`SHALLOW_MIN_BLOCKS` kv blocks each on average
-    (``groups`` (batch, kv head, chunk) of ``n_blocks`` blocks each). Measured on an H200
-    (``pasa-bench``, docs/bench/h200/decode): paged, the deep program left the kernel well
-    short of its contiguous speed and two shallow ones match it; contiguous, at S2 = 32k
-    (31 and 62 blocks a program on average) two shallow ones are faster, at 8k (8 and 16)
-    slower. The other allocations are no faster so; other head dims were not measured."""
+    (and pasa-mixed's) table shift at 64 < d <= 128 read through a block table, where two
+    programs on each of ``sms`` SMs still take :data:`SHALLOW_MIN_BLOCKS` kv blocks each on
+    average (``groups`` (batch, kv head, chunk) of ``n_blocks`` blocks each). Measured on
+    an H200 (batch 8, 32 query heads, GQA 4:1 and 8:1, graph replay): paged, two shallow
+    programs were faster at S2 = 32k and GQA 4:1 and no slower at 8:1, one deep program
+    faster at 8k; contiguous, one deep program was faster at 8k and 32k. The other
+    allocations are no faster so; other head dims were not measured."""
     if not shallow_allowed(allocation, head_dim):
         return False
-    return paged or n_blocks * groups >= SHALLOW_MIN_BLOCKS * 2 * sms
+    return paged and n_blocks * groups >= SHALLOW_MIN_BLOCKS * 2 * sms
 
 
 def paged_stages(stages: int) -> int:

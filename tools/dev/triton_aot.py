@@ -327,19 +327,20 @@ def _decode_variants(alg: str, allocation, head_dim: int):
                       BLOCK_N=128, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim)
         yield ("decode_split_kernel", f"{alg} decode g={block_g} d={head_dim}", consts, 4,
                stages, fp_fusion)
-        if triton_launch.shallow_allowed(allocation, head_dim):  # long contiguous caches
-            yield ("decode_split_kernel", f"{alg} shallow decode g={block_g} d={head_dim}",
-                   consts, 4, triton_launch.decode_stages(shift_site, head_dim, True),
-                   fp_fusion)
     block_g = triton_launch.decode_block_g(4, head_dim)
-    shallow = triton_launch.shallow_decode(allocation, True, head_dim)
-    stages = triton_launch.paged_stages(triton_launch.decode_stages(shift_site, head_dim, shallow))
-    for whole, tag in ((True, ""), (False, " per key")) if paged else ():
-        if whole or alg == "fa-fp32":
-            consts = dict(consts, PAGED=True, WHOLE_PAGE=whole, BLOCK_G=block_g,
-                          USE_TMA=whole and DEFAULT_TUNING.loads == "tma")
-            yield ("decode_split_kernel", f"{alg} paged{tag} decode g={block_g} d={head_dim}",
-                   consts, 4, stages, fp_fusion)
+    # paged: one deep program per SM, and for pasa two shallow ones (long caches)
+    depths = ((False, ""), (True, " shallow")) if triton_launch.shallow_allowed(
+        allocation, head_dim) else ((False, ""),)
+    for shallow, depth in depths if paged else ():
+        stages = triton_launch.paged_stages(
+            triton_launch.decode_stages(shift_site, head_dim, shallow))
+        for whole, tag in ((True, ""), (False, " per key")):
+            if whole or alg == "fa-fp32":
+                consts = dict(consts, PAGED=True, WHOLE_PAGE=whole, BLOCK_G=block_g,
+                              USE_TMA=whole and DEFAULT_TUNING.loads == "tma")
+                yield ("decode_split_kernel",
+                       f"{alg}{depth} paged{tag} decode g={block_g} d={head_dim}",
+                       consts, 4, stages, fp_fusion)
 
 
 def _repair_variants(head_dim: int):
@@ -407,8 +408,7 @@ def main(argv=None) -> int:
                 n = resident_per_sm(smem, use["REG"], warps)
                 allocation = ALLOCATIONS[label.split()[0]]
                 site = triton_launch.decode_shift_site(allocation, DEFAULT_TUNING)
-                shallow = " shallow " in label or triton_launch.shallow_decode(
-                    allocation, consts["PAGED"], d)
+                shallow = " shallow " in label
                 assumed = triton_launch.decode_resident(site, d, consts["BLOCK_G"], shallow)
                 resident = f"  resident {n}"
                 if n != assumed:

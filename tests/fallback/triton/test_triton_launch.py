@@ -52,11 +52,12 @@ def test_decode_split_counts_agree_with_cpu_backend(splits, algorithm, monkeypat
                               kv_lens=kw["actual_seq_lengths_kv"], kv_block=block)
 
 
-def test_pasa_decode_runs_shallow_where_its_programs_still_take_many_blocks():
-    """Two shallow programs per SM for pasa's table shift at 64 < d <= 128: always through a
-    block table; contiguous where two programs per SM still take SHALLOW_MIN_BLOCKS kv
-    blocks each on average (an H200: faster at S2 = 32k, slower at 8k, batch 8, 32 query
-    heads, GQA 4:1 and 8:1); never for the other allocations or head dims."""
+def test_pasa_paged_decode_runs_shallow_where_its_programs_still_take_many_blocks():
+    """Two shallow programs per SM for pasa's table shift at 64 < d <= 128 read through a
+    block table, where two programs per SM still take SHALLOW_MIN_BLOCKS kv blocks each on
+    average (an H200, batch 8, 32 query heads, GQA 4:1 and 8:1: faster at S2 = 32k, slower
+    at 8k); never contiguous (one deep program was faster there), nor for the other
+    allocations or head dims."""
     from pasa_npu.fallback.triton.launch import SHALLOW_MIN_BLOCKS, shallow_decode
     from pasa_npu.numerics import ALLOCATIONS
 
@@ -64,14 +65,14 @@ def test_pasa_decode_runs_shallow_where_its_programs_still_take_many_blocks():
     for kv_len, kv_heads, want in ((32768, 8, True), (32768, 4, True), (8192, 8, False),
                                    (8192, 4, False)):
         n_blocks, groups = kv_len // 128, 8 * kv_heads
-        assert shallow_decode(pasa, False, 128, n_blocks, groups, 132) is want, kv_len
-        assert not shallow_decode(exact, False, 128, n_blocks, groups, 132)
+        assert shallow_decode(pasa, True, 128, n_blocks, groups, 132) is want, kv_len
+        assert not shallow_decode(pasa, False, 128, n_blocks, groups, 132)
+        assert not shallow_decode(exact, True, 128, n_blocks, groups, 132)
         assert not shallow_decode(fa, True, 128, n_blocks, groups, 132)
-        assert not shallow_decode(pasa, False, 64, n_blocks, groups, 132)
-        assert shallow_decode(pasa, True, 128, n_blocks, groups, 132)
+        assert not shallow_decode(pasa, True, 64, n_blocks, groups, 132)
     # the bound: as many groups as SMs, each with two programs' blocks
-    assert shallow_decode(pasa, False, 128, 2 * SHALLOW_MIN_BLOCKS, 132, 132)
-    assert not shallow_decode(pasa, False, 128, 2 * SHALLOW_MIN_BLOCKS - 1, 132, 132)
+    assert shallow_decode(pasa, True, 128, 2 * SHALLOW_MIN_BLOCKS, 132, 132)
+    assert not shallow_decode(pasa, True, 128, 2 * SHALLOW_MIN_BLOCKS - 1, 132, 132)
 
 
 def test_decode_fills_one_wave_of_programs():
