@@ -136,7 +136,7 @@ def shallow_decode(allocation: Allocation, paged: bool, head_dim: int, n_blocks:
     programs on each of ``sms`` SMs still take :data:`SHALLOW_MIN_BLOCKS` kv blocks each on
     average (``groups`` (batch, kv head, chunk) of ``n_blocks`` blocks each). Measured on
     an H200 (batch 8, 32 query heads, GQA 4:1 and 8:1, graph replay): paged, two shallow
-    programs were faster at S2 = 32k and GQA 4:1 and within 1% at 8:1, one deep program
+    programs were faster at S2 = 32k and GQA 4:1 and about as fast at 8:1, one deep program
     faster at 8k; contiguous, one deep program was faster at 8k and 32k. The other
     allocations are no faster so; other head dims were not measured."""
     if not shallow_allowed(allocation, head_dim):

@@ -55,7 +55,7 @@ def test_decode_split_counts_agree_with_cpu_backend(splits, algorithm, monkeypat
 def test_pasa_paged_decode_runs_shallow_where_its_programs_still_take_many_blocks():
     """Two shallow programs per SM for pasa's table shift at 64 < d <= 128 read through a
     block table, where two programs per SM still take SHALLOW_MIN_BLOCKS kv blocks each on
-    average (an H200, batch 8, 32 query heads: faster at S2 = 32k and GQA 4:1, within 1% at
+    average (an H200, batch 8, 32 query heads: faster at S2 = 32k and GQA 4:1, about as fast at
     8:1, slower at 8k); never contiguous (one deep program was faster there), nor for the other
     allocations or head dims."""
     from pasa_npu.fallback.triton.launch import SHALLOW_MIN_BLOCKS, shallow_decode
