@@ -124,35 +124,54 @@ def shift_keys_in_kernel(k, SHIFT, scale, valid, EXACT_SHIFT: tl.constexpr,
 
 
 @triton.jit
-def shift_scores(qk, diag, off, scale, valid, EXACT_SHIFT: tl.constexpr,
-                 PART_FILLED: tl.constexpr, BLOCK_N: tl.constexpr):
+def shift_scores(qk, key_seen, diag, off, scale, valid, EXACT_SHIFT: tl.constexpr,
+                 PART_FILLED: tl.constexpr, KEYS_HIDDEN: tl.constexpr, BLOCK_N: tl.constexpr):
     """S' of one block from its raw scores ``qk`` = Q K^T (fp32 accumulation, zero in the
     columns past the first ``valid`` keys): the shift applied to the scores instead of the
     keys, for a kernel that reads each K block once (decode). ``pasa`` / ``pasa-mixed``:
     row i of S' is the map M^T makes of K, diag * S_ij - off * (sum_k S_ik - S_ij), with
     the entries for the block's keys (the row of :func:`cached_shift_table` for that many).
     ``pasa-exact``: S' = scale * S - c with c = scale * (the row's mean score), which is
-    Q . mean(K) of the block. Both in fp32 and equal to Q K'^T in exact arithmetic; they
+    Q . mean(K) of the block, one fused multiply-add. Both in fp32 and equal to Q K'^T in
+    exact arithmetic; they
     skip K''s rounding to fp16 and carry fp32's cancellation in the scores instead, which
     is fa-fp32's (docs/design.md, "Shifting the scores in decode"). Returns S' (zero past
-    the valid keys) and c (pasa-exact; zeros otherwise)."""
+    the valid keys), c (pasa-exact; zeros otherwise) and each row's maximum of S' rounded
+    to fp16, as an fp32 value: over every key of the block, or with KEYS_HIDDEN over the
+    keys ``key_seen`` (BLOCK_N) shows (-inf where it shows none).
+    S' is an increasing function of S_ij within a row, each of its steps rounding
+    monotonically, so that maximum is the same map of the row's maximum score, bit for
+    bit: it comes out of the reduction that sums the row, one barrier round trip where a
+    row is spread over several warps."""
     if PART_FILLED:
         n = tl.maximum(tl.minimum(valid, BLOCK_N), 1)
     else:
         n = BLOCK_N
-    row_sum = tl.sum(qk, 1)
+    seen = qk
+    if KEYS_HIDDEN:
+        seen = tl.where(key_seen[None, :], qk, float("-inf"))
+    row_sum, row_max = tl.reduce((qk, seen), 1, _sum_and_max)
     if EXACT_SHIFT:
         if PART_FILLED:
             c = tl.math.div_rn(row_sum, n.to(tl.float32)) * scale
         else:
             c = row_sum * (1.0 / BLOCK_N) * scale
-        shifted = qk * scale - c[:, None]
+        # one rounding, spelled out: the tile and its maximum must round alike, and a
+        # compile with FMA contraction may fuse the one and not the other
+        shifted = tl.fma(qk, scale, -c[:, None])
+        top = tl.fma(row_max, scale, -c)
     else:
         shifted = (diag + off) * qk - off * row_sum[:, None]
+        top = (diag + off) * row_max - off * row_sum
         c = tl.zeros([qk.shape[0]], tl.float32)
     if PART_FILLED:
         shifted = tl.where((tl.arange(0, BLOCK_N) < n)[None, :], shifted, 0.0)
-    return shifted, c
+    return shifted, c, top.to(tl.float16).to(tl.float32)
+
+
+@triton.jit
+def _sum_and_max(sum0, max0, sum1, max1):
+    return sum0 + sum1, tl.maximum(max0, max1)
 
 
 @device_cached(maxsize=64)

@@ -57,7 +57,7 @@ def block_update(qk, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mean_f
                   PSEUDO_AVERAGE_SHIFT: tl.constexpr, EXACT_SHIFT: tl.constexpr,
                   LOW_SCORES: tl.constexpr, LOW_STATISTICS: tl.constexpr,
                   MASKED: tl.constexpr, GUARD: tl.constexpr, BLOCK_N: tl.constexpr,
-                  CHECK: tl.constexpr):
+                  CHECK: tl.constexpr, block_max=0.0, BLOCK_MAX_GIVEN: tl.constexpr = False):
     """One kv block of online softmax for the allocation the flags name
     (:func:`pasa_npu.fallback.kernel_common.allocation_flags`), from the block's scores
     ``qk``: Q K^T, or S' for the PASA allocations (fp32). Rows that see no key of the
@@ -71,7 +71,12 @@ def block_update(qk, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mean_f
     operations: each rounds once, as the CPU backend's fp32-then-round steps do (the
     kernels are launched without FMA contraction). CHECK (a checked shifted allocation):
     a row whose block maximum of S' lost resolution (:func:`lost_resolution`) gets a NaN
-    running sum, which the overflow check's row test flags. Returns the new state."""
+    running sum, which the overflow check's row test flags. BLOCK_MAX_GIVEN (the shifted
+    allocations): ``block_max`` is that maximum over the visible keys, as its fp16 value
+    in fp32, found with the scores' shift (:func:`pasa_npu.fallback.triton.shift.shift_scores`);
+    pasa then sums S' for its mean in the same reduction as P, two barrier round trips
+    fewer per block where a row is spread over several warps (decode). Returns the new
+    state."""
     # one body for every allocation: split into a helper per allocation, the same
     # operations compile to other sm_90 SASS (register allocation and schedule), and the
     # kernels are kept as they were measured
@@ -106,25 +111,29 @@ def block_update(qk, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mean_f
     elif PSEUDO_AVERAGE_SHIFT:  # pasa (fp16 statistics), pasa-mixed (fp32 statistics)
         sp16 = to_fp16_paired(qk)
         sp = sp16.to(tl.float32)
-        # the block's keys' mean, masked or not (a part-filled block's padded columns are 0)
-        if MASKED:
-            s_mean = tl.sum(sp16.to(tl.float32), 1) * mean_factor
-        else:
-            s_mean = tl.sum(sp16.to(tl.float32), 1) / BLOCK_N
-        if LOW_STATISTICS:
-            s_mean = round_low(s_mean, low)
+        key_scores = sp  # the block's keys', masked or not (a part-filled block's padded columns are 0)
+        if not BLOCK_MAX_GIVEN:
+            s_mean = _row_mean(tl.sum(key_scores, 1), mean_factor, MASKED, LOW_STATISTICS,
+                               BLOCK_N, low)
         if MASKED:
             sp = tl.where(vis, sp, float("-inf"))
             sp16 = tl.where(vis, sp16, float("-inf"))
-        # the max of fp16 values is an fp16 value: packed fp16 max, the same result
-        rm = tl.max(sp16, 1).to(tl.float32)
+        if BLOCK_MAX_GIVEN:
+            rm = block_max
+        else:  # the max of fp16 values is an fp16 value: packed fp16 max, the same result
+            rm = tl.max(sp16, 1).to(tl.float32)
         m_loc = _guarded_max(sp, rm, vis, MASKED, GUARD, LOW_STATISTICS, low)
         cnt1 = cnt + 1.0
         if LOW_STATISTICS:
             p16 = _exp((sp16 - m_loc.to(low)[:, None]).to(tl.float32)).to(low)
             if MASKED:
                 p16 = tl.where(vis, p16, 0.0)
-            l_loc = round_low(tl.sum(p16.to(tl.float32), 1), low)
+            if BLOCK_MAX_GIVEN:
+                key_sum, p_sum = tl.reduce((key_scores, p16.to(tl.float32)), 1, _add_pairs)
+                s_mean = _row_mean(key_sum, mean_factor, MASKED, LOW_STATISTICS, BLOCK_N, low)
+            else:
+                p_sum = tl.sum(p16.to(tl.float32), 1)
+            l_loc = round_low(p_sum, low)
             f_new = round_low(round_low(round_low((cnt1 - 1.0) * f, low) + s_mean, low) / cnt1, low)
             x = round_low(m + round_low(gamma * round_low(f - f_new, low), low), low)
             y = round_low(m_loc + round_low(gamma * round_low(s_mean - f_new, low), low), low)
@@ -136,7 +145,11 @@ def block_update(qk, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mean_f
             acc_new = acc * alpha.to(low)[:, None] + pv * beta_w.to(low)[:, None]
         else:
             p = _exp(sp - m_loc[:, None])
-            l_loc = tl.sum(p, 1)
+            if BLOCK_MAX_GIVEN:
+                key_sum, l_loc = tl.reduce((key_scores, p), 1, _add_pairs)
+                s_mean = _row_mean(key_sum, mean_factor, MASKED, LOW_STATISTICS, BLOCK_N, low)
+            else:
+                l_loc = tl.sum(p, 1)
             f_new = ((cnt1 - 1.0) * f + s_mean) / cnt1
             x = m + gamma * (f - f_new)
             y = m_loc + gamma * (s_mean - f_new)
@@ -149,7 +162,10 @@ def block_update(qk, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mean_f
         sp16 = to_fp16_paired(qk)
         if MASKED:
             sp16 = tl.where(vis, sp16, float("-inf"))
-        rm = tl.max(sp16, 1).to(tl.float32)  # the max of fp16 values is an fp16 value
+        if BLOCK_MAX_GIVEN:
+            rm = block_max
+        else:
+            rm = tl.max(sp16, 1).to(tl.float32)  # the max of fp16 values is an fp16 value
         sp = sp16.to(tl.float32)
         m_new = tl.maximum(m, _guarded_max(sp, rm, vis, MASKED, GUARD, False, low) + c)
         alpha = tl.exp2((m - m_new) * 1.4426950408889634)
@@ -167,6 +183,24 @@ def block_update(qk, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mean_f
         f_new = tl.where(row_any, f_new, f)
         cnt_new = tl.where(row_any, cnt_new, cnt)
     return m_new, l_new, acc_new, f_new, cnt_new
+
+
+@triton.jit
+def _row_mean(total, mean_factor, MASKED: tl.constexpr, LOW_STATISTICS: tl.constexpr,
+              BLOCK_N: tl.constexpr, low: tl.constexpr):
+    """pasa's block mean of S' from the row sum ``total`` of its keys' S'."""
+    if MASKED:
+        s_mean = total * mean_factor
+    else:
+        s_mean = total / BLOCK_N
+    if LOW_STATISTICS:
+        s_mean = round_low(s_mean, low)
+    return s_mean
+
+
+@triton.jit
+def _add_pairs(a0, b0, a1, b1):
+    return a0 + a1, b0 + b1
 
 
 @triton.jit
