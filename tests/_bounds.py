@@ -1,6 +1,9 @@
 """The suite's derived bounds: a Triton (or Gluon) result against the CPU backend's same
 allocation, in ulps at each row's scale, bounded by what may round differently between the
-two (the comment below); the ulp metrics they are stated in."""
+two (the comment below); the ulp metrics they are stated in. The same bounds hold the
+AscendC kernels' emulation to the CPU backend, and the CPU backend to itself over another
+query tiling (torch's matmuls over another number of rows sum in another order on some
+CPUs): :func:`assert_same_allocation`."""
 from __future__ import annotations
 
 import contextlib
@@ -174,6 +177,40 @@ def shift_gain(algorithm: str, dtype: torch.dtype, lse_scale_: float, scores: fl
     return max(gain(n) for n in block_keys)
 
 
+def call_shift_gain(algorithm: str, dtype: torch.dtype, lse_scale_: float, call: tuple,
+                    kv_lens, kv_block: int) -> float:
+    """:func:`shift_gain` of a fused_attention ``call`` (q, k, v, keywords) whose rows hold
+    ``kv_lens`` keys in kv blocks of ``kv_block``; 0 for allocations without the
+    pseudo-average shift."""
+    if not pasa_npu.ALLOCATIONS[algorithm].pseudo_average_shift:
+        return 0.0
+    q, k, v, keywords = call
+    beta = keywords.get("beta") or default_beta(kv_block, keywords.get("scale", 1.0))
+    return shift_gain(algorithm, dtype, lse_scale_, score_scale(q, k, v, keywords),
+                      block_key_counts([int(n) for n in kv_lens], kv_block), beta)
+
+
+def assert_same_allocation(out, lse, ref, ref_lse, algorithm: str, what: str, *, call: tuple,
+                           kv_lens, kv_block: int = 128) -> None:
+    """Two results of one allocation whose fp32 sums may run in another order (another
+    implementation, or torch's CPU matmuls over another number of rows, which on some CPUs
+    sum in another order): the same NaN and -inf patterns, the output and the LSE within the
+    derived bounds of the comment above, which hold on any CPU."""
+    kv_blocks = -(-max(int(n) for n in kv_lens) // kv_block)
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)), f"{what}: NaN pattern differs"
+    assert torch.equal(torch.isfinite(lse), torch.isfinite(ref_lse)), f"{what}: LSE -inf pattern"
+    out_ulps = row_scale_ulps(out, ref)
+    bound = out_bound(algorithm, ref.dtype, kv_blocks)
+    assert out_ulps <= bound, f"{what}: output {out_ulps:.4g} ulps of its row's scale > {bound:.3g}"
+    unit = lse_unit(algorithm, ref.dtype)
+    scale = lse_scale(ref_lse)
+    lse_err = lse_scale_ulps(lse, ref_lse, unit)
+    bound = lse_bound(algorithm, scale,
+                      call_shift_gain(algorithm, ref.dtype, scale, call, kv_lens, kv_block))
+    assert lse_err <= bound, (f"{what}: LSE {lse_err:.4g} {dtype_name(unit)} ulps of its scale "
+                              f"> {bound:.3g}")
+
+
 def _lse_rows(ref_lse: torch.Tensor) -> torch.Tensor:
     """The LSE entries that are values (rows past a length may hold fp32's largest)."""
     return torch.isfinite(ref_lse) & (ref_lse.abs() < torch.finfo(torch.float32).max)
@@ -245,13 +282,8 @@ def assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm: str, case: str,
                    out_bound(algorithm, ref.dtype, kv_blocks, interpreter=kind == "interpreter"))
     assert out_ulps <= bound, (f"{what} {key}: output {out_ulps:.4g} ulps of its row's scale "
                                f"exceed the derived {bound:.3g}")
-    gain = 0.0
-    if pasa_npu.ALLOCATIONS[algorithm].pseudo_average_shift:
-        q, k, v, keywords = call
-        beta = keywords.get("beta") or default_beta(kv_block, keywords.get("scale", 1.0))
-        gain = shift_gain(algorithm, ref.dtype, scale, score_scale(q, k, v, keywords),
-                          block_key_counts(kv_lens, kv_block), beta)
-    record("triton-lse-shift-gain", key, gain)
+    gain = record("triton-lse-shift-gain", key,
+                  call_shift_gain(algorithm, ref.dtype, scale, call, kv_lens, kv_block))
     bound = record("triton-lse-bound", key, lse_bound(algorithm, scale, gain))
     assert lse_err <= bound, (f"{what} {key}: LSE {lse_err:.4g} {dtype_name(unit)} ulps of its "
                               f"scale exceed the derived {bound:.3g}")

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import pasa_npu
+from _bounds import assert_same_allocation
 from _support import (BACKENDS, assert_same_in_fp64, naive_attention, npu_visible, on_device,
                       skip_unsupported)
 
@@ -237,8 +238,17 @@ def test_auto_backend_on_cpu_is_the_torch_backend():
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "triton"])  # Triton picks its own
 @pytest.mark.parametrize("algorithm", pasa_npu.ALGORITHM_NAMES)
 def test_q_block_never_changes_the_numbers(algorithm, backend):
-    """Every statistic is per row: the query tile height changes no result."""
+    """Every statistic is per row: the query tile height changes no result. On the torch
+    backend it changes how many rows each of torch's matmuls takes, which on some CPUs sums
+    them in another order: there, within the derived bounds of one allocation summed in
+    another order (tests/_bounds.py)."""
     q, k, v = _qkv(s1=40)
     kw = dict(algorithm=algorithm, sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())
-    _assert_identical(_call(backend, q, k, v, q_block=16, **kw),
-                      _call(backend, q, k, v, q_block=32, **kw), f"{algorithm} q_block")
+    tall, short = (_call(backend, q, k, v, q_block=n, **kw) for n in (32, 16))
+    if backend != "torch":
+        _assert_identical(short, tall, f"{algorithm} q_block")
+        return
+    call_kw = dict(num_heads=NQ, num_key_value_heads=NKV, input_layout="BNSD", scale=SCALE,
+                   **kw)
+    assert_same_allocation(*short, *tall, algorithm, f"{algorithm} q_block",
+                           call=(q, k, v, call_kw), kv_lens=[k.shape[2]], kv_block=16)

@@ -145,9 +145,11 @@ def test_overflow_is_repaired(case, algorithm, backend):
     """Scores whose spread exceeds fp16: unchecked, PASA's rows there are not finite; checked,
     they are recomputed by fa-fp32, the report counts them, and every other row is bit for
     bit the unchecked result. The recomputed rows are fa-fp32's: within 1.5x fa-fp32's error
-    on them (:func:`fa_fp32_error`), and for fp16 inputs on the CPU backends (torch;
-    ascendc-emu, which the API layer repairs by the torch backend) bit for bit the torch
-    backend's fa-fp32 result."""
+    on them (:func:`fa_fp32_error`), and for fp16 inputs on the torch backend bit for bit its
+    fa-fp32 result. ascendc-emu's rows, which the API layer repairs by the torch backend on
+    the flagged rows alone, are held to that error only: torch's matmuls over fewer rows sum
+    in another order on some CPUs, and at these rows' scores (about 1e5) an fp32 ulp of a
+    score moves its weight by about 1%, so no bound in output ulps holds between the two."""
     rows, dtype, scale = CASES[case]
     q, k, v, scale = spread_inputs(rows, dtype, scale=scale)
     checked = _checked_against_unchecked(q, k, v, algorithm, backend, scale)
@@ -155,7 +157,7 @@ def test_overflow_is_repaired(case, algorithm, backend):
     q_block = pasa_npu.DEFAULT_TILING.q_block
     per_tile = torch.nn.functional.pad(overflowed, (0, -S % q_block)).view(B, N, -1, q_block)
     assert checked.report.tiles == int(per_tile.any(-1).sum())
-    if dtype == torch.float16 and backend in ("torch", "ascendc-emu"):
+    if dtype == torch.float16 and backend == "torch":
         fa32, fa32_lse = attend(q, k, v, "fa-fp32", "torch", scale)
         assert torch.equal(out[overflowed], fa32[overflowed])
         assert torch.equal(lse[overflowed], fa32_lse[overflowed])

@@ -21,7 +21,7 @@ from _support import SIM, TPIPE_L1_BYTES, sim_param  # noqa: E402
 from test_ascendc_emu import KERNEL_ALGORITHMS, assert_matches_torch, kv_blocks, torch_reference  # noqa: E402
 from _real_shapes import PREFILL_SHAPES  # noqa: E402
 from _bounds import ascendc_numerics  # noqa: E402
-from test_golden import make_case  # noqa: E402
+from test_golden import kv_lens, make_case  # noqa: E402
 
 SHAPES = {
     **PREFILL_SHAPES,  # on 24 cores: more (head, query tile) tasks than cores
@@ -48,7 +48,7 @@ def run_kernels(q, k, v, backend: str, **kw):
     return out, lse, MODULES[backend].last_run_stats()["tiling"]
 
 
-def check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling: dict, blocks: int):
+def check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling: dict, case: dict):
     """The torch backend's bounds (test_ascendc_emu.assert_matches_torch), in the numerics of the
     call's ``tiling`` (test_ascendc_emu.torch_reference). pasa is held against the fp64 golden
     instead (relative RMSE and largest LSE error each within 1.1x the torch backend's) where the
@@ -70,7 +70,8 @@ def check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling: dic
         ref_lse_err = float((ref_lse.double() - gold_lse).abs().max())
         assert lse_err <= 1.1 * ref_lse_err, (lse_err, ref_lse_err)
         return
-    assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16, blocks)
+    assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16, kv_blocks(case),
+                         call=(q, k, v, kw), kv_lens=kv_lens(case), kv_block=tiling["kv_block"])
 
 
 @pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
@@ -89,7 +90,7 @@ def test_real_shape_matches_torch_and_golden(name, backend, algorithm):
     assert tiling["num_kv_blocks"] > 4, tiling
     if algorithm != "fa-fp32" and not tiling["shift_scores"]:  # K' made in this launch, before SyncAll
         assert tiling["prep_in_attention"], tiling
-    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(SHAPES[name]))
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, SHAPES[name])
 
 
 @pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
@@ -117,11 +118,12 @@ def test_decode_split_with_several_units_per_core(algorithm, backend):
     """Split kv where the (task, split) units outnumber the cores: 2 tasks of 24 kv blocks in 3
     ranges each on 3 emulated AI Cores, two units a core, merged by their LSE."""
     from test_ascendc_emu import emulated_cores
-    q, k, v, kw = make_case(dict(layout="BSH", B=1, Nq=16, Nkv=2, S1=1, S2=3072, D=128), torch.float16)
+    case = dict(layout="BSH", B=1, Nq=16, Nkv=2, S1=1, S2=3072, D=128)
+    q, k, v, kw = make_case(case, torch.float16)
     with emulated_cores(3):
         out, lse, tiling = run_kernels(q, k, v, backend, algorithm=algorithm, **kw)
     assert tiling["kv_splits"] > 1 and tiling["num_tasks"] * tiling["kv_splits"] > tiling["block_dim"], tiling
-    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, blocks=24)
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, case)
 
 
 #: q_block 512: a vector core holds 256 rows of a tile, more than one instruction on its rows'
@@ -148,7 +150,7 @@ def test_tiles_of_more_rows_than_one_instruction_covers(name, algorithm):
     if name == "split":
         cores = ascendc_emu.model_parameters()["core_num"]
         assert tiling["num_tasks"] < cores and tiling["kv_splits"] == 1, tiling
-    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(case))
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, case)
 
 
 @pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
@@ -165,7 +167,7 @@ def test_tilings_a_caller_may_set(q_block, kv_block, algorithm):
     with emulated_cores(3):
         out, lse, tiling = run_kernels(q, k, v, "ascendc-emu", algorithm=algorithm, **kw)
     assert tiling["kv_block"] == kv_block and tiling["q_tile"] == min(q_block, 300), tiling
-    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(case))
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, case)
 
 
 @pytest.mark.parametrize("backend", BOTH)
@@ -179,7 +181,7 @@ def test_pasa_shifts_256_key_blocks_with_its_matrix_in_pieces(backend):
     kw.update(kv_block=256, repair_overflow=False)
     out, lse, tiling = run_kernels(q, k, v, backend, algorithm="pasa", **kw)
     assert tiling["kv_block"] == 256 and tiling["shift_rows"] < 256 and tiling["prep_dim"] > 0, tiling
-    check_against_torch_and_golden(out, lse, q, k, v, kw, "pasa", tiling, kv_blocks(case))
+    check_against_torch_and_golden(out, lse, q, k, v, kw, "pasa", tiling, case)
 
 
 def test_a_checked_call_whose_repair_pass_does_not_fit_is_refused_when_planned():
@@ -192,7 +194,7 @@ def test_a_checked_call_whose_repair_pass_does_not_fit_is_refused_when_planned()
         pasa_npu.fused_attention(q, k, v, algorithm="pasa", backend="ascendc-emu", **kw)
     kw["repair_overflow"] = False
     out, lse, tiling = run_kernels(q, k, v, "ascendc-emu", algorithm="pasa", **kw)
-    check_against_torch_and_golden(out, lse, q, k, v, kw, "pasa", tiling, kv_blocks(case))
+    check_against_torch_and_golden(out, lse, q, k, v, kw, "pasa", tiling, case)
 
 
 #: head dims wider than L0B holds of a 128-key block (128 columns): DeepSeek-V2/V3's prefill heads
@@ -230,7 +232,7 @@ def test_head_dims_wider_than_the_cube_holds(name, backend, algorithm):
         assert tiling["kv_splits"] > 1, tiling
     else:
         assert tiling["num_tasks"] > tiling["block_dim"], tiling
-    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(case))
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, case)
 
 
 #: 256-key blocks at d = 128: a K or V block (64 KiB) is twice an L0B buffer, so the cube holds
@@ -259,7 +261,7 @@ def test_blocks_larger_than_l0b_are_held_a_piece_of_keys_at_a_time(name, backend
         out, lse, tiling = run_kernels(q, k, v, backend, algorithm=algorithm, **kw)
     assert (tiling["cube_keys"], tiling["cube_cols"], tiling["kv_block"]) == (128, 128, 256), tiling
     assert tiling["cube_rows"] == 128 < tiling["q_tile"] and tiling["num_tasks"] > tiling["block_dim"], tiling
-    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(case))
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, case)
 
 
 @pytest.mark.parametrize("backend", ["ascendc-emu", sim_param(SIM)])
@@ -276,7 +278,7 @@ def test_pasa_exact_takes_one_query_buffer_where_two_do_not_fit_l1(backend):
         out, lse, tiling = run_kernels(q, k, v, backend, algorithm="pasa-exact", **kw)
     assert tiling["query_buffers"] == 1 and tiling["bytes_per_core"]["l1"] <= TPIPE_L1_BYTES, tiling
     assert tiling["num_tasks"] == 4 and tiling["block_dim"] == 2, tiling
-    check_against_torch_and_golden(out, lse, q, k, v, kw, "pasa-exact", tiling, kv_blocks(case))
+    check_against_torch_and_golden(out, lse, q, k, v, kw, "pasa-exact", tiling, case)
 
 
 def _model_tilings():
@@ -302,7 +304,7 @@ def test_every_tiling_the_model_times_runs_under_huaweis_implementation(q_block,
         out, lse, tiling = run_kernels(q, k, v, SIM, algorithm=algorithm, **kw)
     assert (tiling["q_tile"], tiling["kv_block"], tiling["num_tasks"]) == (q_block, kv_block, 4), tiling
     assert tiling["bytes_per_core"]["l1"] <= TPIPE_L1_BYTES, tiling
-    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(case))
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, case)
 
 
 @pytest.mark.parametrize("algorithm", ["pasa", "pasa-exact"])
@@ -350,7 +352,7 @@ def test_head_dims_that_are_not_multiples_of_16(name, backend, algorithm):
     with emulated_cores(2):
         out, lse, tiling = run_kernels(q, k, v, backend, algorithm=algorithm, **kw)
     assert tiling["num_tasks"] * tiling["kv_splits"] > tiling["block_dim"], tiling
-    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(case))
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, case)
 
 
 def test_paged_heads_that_are_not_multiples_of_16_are_refused():
@@ -385,7 +387,8 @@ def test_more_tasks_without_keys_in_a_row_than_the_task_window(algorithm, backen
         out, lse, tiling = run_kernels(q, k, v, backend, algorithm=algorithm, **kw)
     assert tiling["num_tasks"] > 3 * 8
     ref, ref_lse = torch_reference(q, k, v, tiling, algorithm=algorithm, **kw)
-    assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16, kv_blocks(case))
+    assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16, kv_blocks(case),
+                         call=(q, k, v, kw), kv_lens=kv_lens(case), kv_block=tiling["kv_block"])
 
 
 @pytest.mark.parametrize("cores", [1, 2])
@@ -403,7 +406,7 @@ def test_tasks_without_keys_filling_the_window_while_nothing_is_in_flight(algori
     with emulated_cores(cores):
         out, lse, tiling = run_kernels(q, k, v, "ascendc-emu", algorithm=algorithm, **kw)
     assert tiling["num_tasks"] == 420, tiling
-    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(case))
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, case)
 
 
 def _random_case(rng: random.Random) -> tuple[dict, int]:
@@ -466,7 +469,7 @@ def test_random_calls_with_their_own_tilings(seed):
             out, lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
         tiling = ascendc_emu.last_run_stats()["tiling"]
         assert tiling["q_tile"] <= case["q_block"] and tiling["kv_block"] == case["kv_block"], tiling
-        check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(case))
+        check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, case)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -481,4 +484,4 @@ def test_random_shapes_on_random_core_counts(seed):
         with emulated_cores(cores):
             out, lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
         tiling = ascendc_emu.last_run_stats()["tiling"]
-        check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, kv_blocks(case))
+        check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, case)

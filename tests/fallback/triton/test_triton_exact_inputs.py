@@ -1,7 +1,7 @@
 """Inputs on which every intermediate of an allocation is exact, in fp32 and in fp16, except
 the roundings the allocation prescribes: no sum order, exp or log can differ between two
 implementations, so the Triton kernels must equal the torch backend bit for bit, on any CPU
-and on a GPU. The derived bounds (tests/_bounds.py) must allow a rounding that flips; here
+and on a GPU, and so must the AscendC kernels' emulation for the allocations they run. The derived bounds (tests/_bounds.py) must allow a rounding that flips; here
 nothing can flip, so a rounding dropped from a kernel shows.
 
 The construction: Q has one nonzero component, so every score is one product; in each kv
@@ -17,7 +17,9 @@ import torch
 import pasa_npu
 from _support import BACKENDS, on_device
 
-pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not installed")
+#: the backends held to the torch backend here; the AscendC kernels run pasa and pasa-exact
+EXACT_BACKENDS = [pytest.param(b, marks=pytest.mark.skipif(b not in BACKENDS, reason=f"{b} is not built"))
+                  for b in ("triton", "ascendc-emu")]
 
 BLOCK, BLOCKS, HOT, D = 16, 4, 3, 32
 ROWS = 16
@@ -49,27 +51,29 @@ def _pasa_exact_expected(v, hot, round_tile: bool) -> torch.Tensor:
     return (tiles.sum(0) / (BLOCKS * HOT)).half()
 
 
-def _assert_triton_equals_cpu(q, k, v, algorithm: str, lse_ulps: int) -> torch.Tensor:
-    """The Triton kernels' output equal to the torch backend's bit for bit, and their LSE
-    within ``lse_ulps`` fp32 ulps of its scale (0: equal; else its last step, an fp32 log,
-    may differ between libms by an ulp). Returns the torch backend's output."""
+def _assert_equals_cpu(q, k, v, algorithm: str, lse_ulps: int,
+                      backend: str = "triton") -> torch.Tensor:
+    """``backend``'s output equal to the torch backend's bit for bit, and its LSE within
+    ``lse_ulps`` fp32 ulps of its scale (0: equal; else its last step, an fp32 log, may
+    differ between libms by an ulp). Returns the torch backend's output."""
     kw = dict(num_heads=1, input_layout="BNSD", scale=SCALE, algorithm=algorithm,
               kv_block=BLOCK, rounding_guard=False, softmax_lse_flag=True)
     ref, ref_lse = pasa_npu.fused_attention(q, k, v, backend="torch", **kw)
-    out, lse = pasa_npu.fused_attention(*on_device("triton", q, k, v), backend="triton", **kw)
+    out, lse = pasa_npu.fused_attention(*on_device(backend, q, k, v), backend=backend, **kw)
     assert torch.equal(out.cpu(), ref)
     lse_err = float((lse.cpu().double() - ref_lse.double()).abs().max())
     assert lse_err <= lse_ulps * 2.0 ** -23 * float(ref_lse.abs().max()), (lse_err, algorithm)
     return ref
 
 
+@pytest.mark.parametrize("backend", EXACT_BACKENDS)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_pasa_exact_equals_the_cpu_backend_bit_for_bit(seed):
+def test_pasa_exact_equals_the_cpu_backend_bit_for_bit(seed, backend):
     q, k, v, hot = _pasa_exact_inputs(seed)
     expected = _pasa_exact_expected(v, hot, round_tile=True)
     # the case is sensitive to the P'V tile's rounding: without it some outputs differ
     assert (expected != _pasa_exact_expected(v, hot, round_tile=False)).any()
-    ref = _assert_triton_equals_cpu(q, k, v, "pasa-exact", lse_ulps=0)
+    ref = _assert_equals_cpu(q, k, v, "pasa-exact", lse_ulps=0, backend=backend)
     assert torch.equal(ref[0, 0], expected.expand(ROWS, D))  # the premise: all exact
 
 
@@ -80,7 +84,8 @@ PASA_KEYS = (-243.0, -243.0, -243.0, -261.0, -252.0, -255.0, -260.0, -252.0, -26
              -261.0, -253.0, -256.0, -256.0, -257.0, -254.0)
 
 
-def test_pasa_equals_the_cpu_backend_bit_for_bit():
+@pytest.mark.parametrize("backend", EXACT_BACKENDS)
+def test_pasa_equals_the_cpu_backend_bit_for_bit(backend):
     """pasa (every statistic an fp16 step): K' = M^T K is exact in fp32 for integer keys
     (M's fp16 entries have 12 fractional bits), so is S' = 16 K' and its block sum; the
     hot keys' P' is exp(0) = 1, the others' 0. The block mean s = sum / 16 then needs more
@@ -102,7 +107,7 @@ def test_pasa_equals_the_cpu_backend_bit_for_bit():
     gamma = float(torch.tensor(ideal_invariance(default_beta(BLOCK, SCALE))).half())
     residue = (gamma * (mean - mean.half().double())).half().double()
     assert float((s.max() + residue).half()) != float(s.max().half())
-    _assert_triton_equals_cpu(q, k, v, "pasa", lse_ulps=2)
+    _assert_equals_cpu(q, k, v, "pasa", lse_ulps=2, backend=backend)
 
 
 #: fa-fp16, two blocks of 16 keys: the scores (k0 * scale with Q = e0), the first block's key
@@ -119,6 +124,7 @@ def _fp16(x: float) -> float:
     return float(torch.tensor(x, dtype=torch.float64).half())
 
 
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not installed")
 def test_fa_fp16_equals_the_cpu_backend_bit_for_bit():
     """fa-fp16 (every step fp16): l = fp16(fp16(alpha l) + fp16(sum P)) over two blocks,
     whose second block's sum of P needs more bits than fp16 has, and whose rounding before
@@ -141,4 +147,4 @@ def test_fa_fp16_equals_the_cpu_backend_bit_for_bit():
     k[0, 0, :, 0] = torch.tensor(FA_FP16_SCORES).flatten() / SCALE
     v = torch.randint(-255, 256, (1, 1, 2 * BLOCK, D), generator=torch.Generator().manual_seed(5))
     q, k, v = q.half(), k.half(), (v * 2.0 ** -8).half()
-    _assert_triton_equals_cpu(q, k, v, "fa-fp16", lse_ulps=2)
+    _assert_equals_cpu(q, k, v, "fa-fp16", lse_ulps=2)
