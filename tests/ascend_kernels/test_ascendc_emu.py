@@ -270,9 +270,12 @@ def test_paged_matches_torch_backend(name, algorithm):
     out, lse = pasa_npu.fused_attention(q, k_cache, v_cache, algorithm=algorithm, backend="ascendc-emu", **kw)
     tiling = ascendc_emu.last_run_stats()["tiling"]
     ref, ref_lse = torch_reference(q, k_cache, v_cache, tiling, algorithm=algorithm, **kw)
-    assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16)
+    lens = PAGED_CASES[name]["kv_lens"]
+    bounds = dict(call=(q, k_cache, v_cache, kw), kv_lens=lens, kv_block=tiling["kv_block"])
+    blocks = -(-max(lens) // tiling["kv_block"])
+    assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16, blocks, **bounds)
     out, lse = run_on_few_cores(q, k_cache, v_cache, list(PAGED_CASES).index(name), algorithm=algorithm, **kw)
-    assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16)
+    assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16, blocks, **bounds)
 
 
 # --------------------------------------------------------------------------- paper cases

@@ -13,7 +13,7 @@ emu = pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu exten
 from pasa_npu import ascendc_emu  # noqa: E402
 from test_ascendc_emu import KERNEL_ALGORITHMS, assert_matches_torch, torch_reference  # noqa: E402
 from _bounds import ascendc_numerics  # noqa: E402
-from test_golden import make_case  # noqa: E402
+from test_golden import kv_lens, make_case  # noqa: E402
 
 # --------------------------------------------------------------------------- paged KV
 
@@ -53,7 +53,8 @@ def test_paged_kv_matches_torch_backend(name, algorithm, cache_shape):
     with ascendc_numerics(tiling):
         backends.BACKENDS["torch"].runner()(reference)
     assert_matches_torch(paged.out, paged.lse, reference.out, reference.lse, algorithm,
-                         torch.float16)
+                         torch.float16, -(-max(kv_lens(case)) // tiling["kv_block"]),
+                         call=(q, k, v, kw), kv_lens=kv_lens(case), kv_block=tiling["kv_block"])
 
 
 def test_paged_kv_preprocesses_a_shared_block_once():

@@ -109,7 +109,8 @@ def test_paged_batch_at_real_shape(algorithm):
     assert tiling["num_tasks"] > tiling["block_dim"], tiling
     with ascendc_numerics(tiling):
         backends.BACKENDS["torch"].runner()(reference)
-    assert_matches_torch(paged.out, paged.lse, reference.out, reference.lse, algorithm, torch.float16, 12)
+    assert_matches_torch(paged.out, paged.lse, reference.out, reference.lse, algorithm, torch.float16, 12,
+                         call=(q, k, v, kw), kv_lens=kv_lens(case), kv_block=tiling["kv_block"])
 
 
 @pytest.mark.parametrize("backend", BOTH)
@@ -323,7 +324,8 @@ def test_wide_heads_through_a_block_table(algorithm):
     assert tiling["cube_cols"] == 128, tiling
     with ascendc_numerics(tiling):
         backends.BACKENDS["torch"].runner()(reference)
-    assert_matches_torch(paged.out, paged.lse, reference.out, reference.lse, algorithm, torch.float16, 6)
+    assert_matches_torch(paged.out, paged.lse, reference.out, reference.lse, algorithm, torch.float16, 6,
+                         call=(q, k, v, kw), kv_lens=kv_lens(case), kv_block=tiling["kv_block"])
 
 
 #: head dims that are not multiples of 16 (the cube's fractal): Stable Diffusion 1.5's 40 and
