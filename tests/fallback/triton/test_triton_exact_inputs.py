@@ -26,19 +26,21 @@ ROWS = 16
 SCALE = 0.25
 
 
-def _pasa_exact_inputs(seed: int):
-    """BNSD (1, 1, ROWS, D) Q and (1, 1, BLOCKS * BLOCK, D) K, V for pasa-exact. Key column 0
-    is 0 for the HOT keys of a block and -8 for the others: the block mean is -6.5, K' =
-    (K - mean) * scale is 1.625 / -0.375, S' = 64 K' is 104 / -24, the row constant
-    c = scale * Q . mean = -104, so P' = exp(S' - (m - c)) is exactly 1 or 0. V's hot rows
-    hold 11-bit values, so that a block's P'V tile (the sum of three) needs 13 bits."""
+def _pasa_exact_inputs(seed: int, keys: int = BLOCKS * BLOCK):
+    """BNSD (1, 1, ROWS, D) Q and (1, 1, keys, D) K, V for pasa-exact, in BLOCKS kv blocks.
+    Key column 0 is 0 for the HOT keys of a block and -8 for the others: the block mean is
+    -6.5, K' = (K - mean) * scale is 1.625 / -0.375, S' = 64 K' is 104 / -24, the row
+    constant c = scale * Q . mean = -104, so P' = exp(S' - (m - c)) is exactly 1 or 0. A
+    part-filled last block of 8 keys (``keys`` 56): its mean over its keys -5, K' 1.25 /
+    -0.75, S' 80 / -48, c = -80, P' again 1 or 0. V's hot rows hold 11-bit values, so that
+    a block's P'V tile (the sum of three) needs 13 bits."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.zeros(1, 1, ROWS, D)
     q[..., 0] = 64.0
-    k = torch.zeros(1, 1, BLOCKS * BLOCK, D)
-    hot = (torch.arange(BLOCKS * BLOCK) % BLOCK) < HOT
+    k = torch.zeros(1, 1, keys, D)
+    hot = (torch.arange(keys) % BLOCK) < HOT
     k[0, 0, ~hot, 0] = -8.0
-    v = torch.randint(-2047, 2048, (1, 1, BLOCKS * BLOCK, D), generator=gen) * 2.0 ** -10
+    v = torch.randint(-2047, 2048, (1, 1, keys, D), generator=gen) * 2.0 ** -10
     return q.half(), k.half(), v.half(), hot
 
 
@@ -67,9 +69,11 @@ def _assert_equals_cpu(q, k, v, algorithm: str, lse_ulps: int,
 
 
 @pytest.mark.parametrize("backend", EXACT_BACKENDS)
+@pytest.mark.parametrize("keys", [BLOCKS * BLOCK, BLOCKS * BLOCK - BLOCK // 2],
+                         ids=["whole-blocks", "part-filled"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_pasa_exact_equals_the_cpu_backend_bit_for_bit(seed, backend):
-    q, k, v, hot = _pasa_exact_inputs(seed)
+def test_pasa_exact_equals_the_cpu_backend_bit_for_bit(seed, keys, backend):
+    q, k, v, hot = _pasa_exact_inputs(seed, keys)
     expected = _pasa_exact_expected(v, hot, round_tile=True)
     # the case is sensitive to the P'V tile's rounding: without it some outputs differ
     assert (expected != _pasa_exact_expected(v, hot, round_tile=False)).any()
