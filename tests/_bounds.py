@@ -196,19 +196,35 @@ def assert_same_allocation(out, lse, ref, ref_lse, algorithm: str, what: str, *,
     implementation, or torch's CPU matmuls over another number of rows, which on some CPUs
     sum in another order): the same NaN and -inf patterns, the output and the LSE within the
     derived bounds of the comment above, which hold on any CPU."""
-    kv_blocks = -(-max(int(n) for n in kv_lens) // kv_block)
+    _assert_within(_derived_errors(out, lse, ref, ref_lse, algorithm, what, call=call,
+                                   kv_lens=kv_lens, kv_block=kv_block), what)
+
+
+def _derived_errors(out, lse, ref, ref_lse, algorithm: str, what: str, *, call: tuple, kv_lens,
+                    kv_block: int, interpreter: bool = False) -> dict:
+    """The same NaN and -inf patterns checked; the output's and the LSE's differences
+    (row_scale_ulps, lse_scale_ulps) and their derived bounds, for rows of ``kv_lens`` keys
+    in kv blocks of ``kv_block``."""
     assert torch.equal(torch.isnan(out), torch.isnan(ref)), f"{what}: NaN pattern differs"
     assert torch.equal(torch.isfinite(lse), torch.isfinite(ref_lse)), f"{what}: LSE -inf pattern"
-    out_ulps = row_scale_ulps(out, ref)
-    bound = out_bound(algorithm, ref.dtype, kv_blocks)
-    assert out_ulps <= bound, f"{what}: output {out_ulps:.4g} ulps of its row's scale > {bound:.3g}"
+    kv_lens = [int(n) for n in kv_lens]
     unit = lse_unit(algorithm, ref.dtype)
     scale = lse_scale(ref_lse)
-    lse_err = lse_scale_ulps(lse, ref_lse, unit)
-    bound = lse_bound(algorithm, scale,
-                      call_shift_gain(algorithm, ref.dtype, scale, call, kv_lens, kv_block))
-    assert lse_err <= bound, (f"{what}: LSE {lse_err:.4g} {dtype_name(unit)} ulps of its scale "
-                              f"> {bound:.3g}")
+    gain = call_shift_gain(algorithm, ref.dtype, scale, call, kv_lens, kv_block)
+    return dict(out_ulps=row_scale_ulps(out, ref), lse=lse_scale_ulps(lse, ref_lse, unit),
+                unit=unit, scale=scale, shift_gain=gain, lse_bound=lse_bound(algorithm, scale, gain),
+                out_bound=out_bound(algorithm, ref.dtype, -(-max(kv_lens) // kv_block),
+                                    interpreter=interpreter))
+
+
+def _assert_within(errors: dict, what: str) -> None:
+    """The differences of :func:`_derived_errors` within their bounds."""
+    assert errors["out_ulps"] <= errors["out_bound"], (
+        f"{what}: output {errors['out_ulps']:.4g} ulps of its row's scale exceed the derived "
+        f"{errors['out_bound']:.3g}")
+    assert errors["lse"] <= errors["lse_bound"], (
+        f"{what}: LSE {errors['lse']:.4g} {dtype_name(errors['unit'])} ulps of its scale "
+        f"exceed the derived {errors['lse_bound']:.3g}")
 
 
 def _lse_rows(ref_lse: torch.Tensor) -> torch.Tensor:
@@ -263,27 +279,19 @@ def assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm: str, case: str,
     fused_attention call, for the case's score scale. Each value measured and each bound is
     recorded under ``case`` (a name for the inputs and the call), ``path`` ("prefill",
     "decode") and ``kernel`` ("triton", "gluon")."""
-    kv_lens = [int(n) for n in kv_lens]
-    kv_blocks = -(-max(kv_lens) // kv_block)
     kind = "interpreter" if out.device.type == "cpu" else "cuda"
     key = f"{kind}/{kernel}/{path}/{dtype_name(ref.dtype)}/{algorithm}/{case}"
     out, lse = out.cpu(), lse.cpu()
-    assert torch.equal(torch.isnan(out), torch.isnan(ref)), f"{what}: NaN pattern differs"
-    assert torch.equal(torch.isfinite(lse), torch.isfinite(ref_lse)), f"{what}: LSE -inf pattern"
+    errors = _derived_errors(out, lse, ref, ref_lse, algorithm, what, call=call,
+                             kv_lens=kv_lens, kv_block=kv_block,
+                             interpreter=kind == "interpreter")
     finite = torch.isfinite(ref_lse)
     record("triton-out-share", key, ((out != ref) & ~torch.isnan(ref)).double().mean().item())
     record("triton-lse-share", key, float(((lse != ref_lse) & finite).sum()
                                           / finite.sum().clamp_min(1)))
-    out_ulps = record("triton-out-ulps", key, row_scale_ulps(out, ref))
-    unit = lse_unit(algorithm, ref.dtype)
-    lse_err = record("triton-lse", key, lse_scale_ulps(lse, ref_lse, unit))
-    scale = record("triton-lse-scale", key, lse_scale(ref_lse))
-    bound = record("triton-out-bound", key,
-                   out_bound(algorithm, ref.dtype, kv_blocks, interpreter=kind == "interpreter"))
-    assert out_ulps <= bound, (f"{what} {key}: output {out_ulps:.4g} ulps of its row's scale "
-                               f"exceed the derived {bound:.3g}")
-    gain = record("triton-lse-shift-gain", key,
-                  call_shift_gain(algorithm, ref.dtype, scale, call, kv_lens, kv_block))
-    bound = record("triton-lse-bound", key, lse_bound(algorithm, scale, gain))
-    assert lse_err <= bound, (f"{what} {key}: LSE {lse_err:.4g} {dtype_name(unit)} ulps of its "
-                              f"scale exceed the derived {bound:.3g}")
+    for field, metric in (("out_ulps", "triton-out-ulps"), ("lse", "triton-lse"),
+                          ("scale", "triton-lse-scale"), ("out_bound", "triton-out-bound"),
+                          ("shift_gain", "triton-lse-shift-gain"),
+                          ("lse_bound", "triton-lse-bound")):
+        record(metric, key, errors[field])
+    _assert_within(errors, f"{what} {key}")

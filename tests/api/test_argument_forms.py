@@ -30,11 +30,16 @@ def _qkv(s1=S1, s2=S2):
     return _rand(B, NQ, s1, D, seed=1), _rand(B, NKV, s2, D, seed=2), _rand(B, NKV, s2, D, seed=3)
 
 
-def _call(backend, q, k, v, **kw):
+def _arguments(backend, q, **kw) -> dict:
     args = dict(num_heads=NQ, num_key_value_heads=NKV, input_layout="BNSD", scale=SCALE,
                 softmax_lse_flag=True, kv_block=16, backend=backend, algorithm="pasa-exact",
                 inner_precise=2 if q.shape[2] > 1 else 0)  # decode takes 0 or 1 only
     args.update(kw)
+    return args
+
+
+def _call(backend, q, k, v, **kw):
+    args = _arguments(backend, q, **kw)
     if isinstance(args.get("atten_mask"), torch.Tensor):
         args["atten_mask"] = on_device(backend, args["atten_mask"])[0]
     with skip_unsupported(backend):
@@ -248,7 +253,6 @@ def test_q_block_never_changes_the_numbers(algorithm, backend):
     if backend != "torch":
         _assert_identical(short, tall, f"{algorithm} q_block")
         return
-    call_kw = dict(num_heads=NQ, num_key_value_heads=NKV, input_layout="BNSD", scale=SCALE,
-                   **kw)
     assert_same_allocation(*short, *tall, algorithm, f"{algorithm} q_block",
-                           call=(q, k, v, call_kw), kv_lens=[k.shape[2]], kv_block=16)
+                           call=(q, k, v, _arguments(backend, q, **kw)), kv_lens=[k.shape[2]],
+                           kv_block=16)

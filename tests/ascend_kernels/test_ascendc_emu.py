@@ -118,8 +118,7 @@ def assert_matches_torch(out, lse, ref, ref_lse, algorithm, dtype, kv_blocks: in
     diff = (lse - ref_lse)[finite].double().abs()
     if algorithm in LSE_FP16_ULPS and call is not None:
         scale = lse_scale(ref_lse)
-        gain = call_shift_gain(algorithm, dtype, scale, call,
-                               kv_lens or [kv_blocks * kv_block], kv_block)
+        gain = call_shift_gain(algorithm, dtype, scale, call, kv_lens, kv_block)
         bound = torch.full_like(diff, lse_bound(algorithm, scale, gain)
                                 * float(_ulp(torch.tensor(scale), torch.float16)))
     elif algorithm in LSE_FP16_ULPS:
