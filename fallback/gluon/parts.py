@@ -489,7 +489,7 @@ def softmax_fa(qk, vis, m_i, l_i, scale, MASKED: gl.constexpr):
     # a row that has seen no key yet keeps m = -inf: exponentiate against 0
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2((m_i - m_use) * LOG2E)
-    p = gl.exp2(s * LOG2E - (m_use * LOG2E)[:, None])
+    p = gl.exp2(gl.fma(s, LOG2E, -(m_use * LOG2E)[:, None]))  # as softmax.block_update's
     return m_new, alpha * l_i + gl.sum(p, 1), alpha, to_fp16_paired(p)
 
 
@@ -509,7 +509,7 @@ def softmax_exact(qk, vis, m_i, c, MASKED: gl.constexpr):
     m_new = gl.maximum(m_i, m_blk + c)
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2((m_i - m_use) * LOG2E)
-    p16 = to_fp16_paired(gl.exp2(sp * LOG2E - ((m_use - c) * LOG2E)[:, None]))
+    p16 = to_fp16_paired(gl.exp2(gl.fma(sp, LOG2E, -((m_use - c) * LOG2E)[:, None])))
     return m_new, alpha, p16, m_blk
 
 

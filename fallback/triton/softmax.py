@@ -90,7 +90,9 @@ def block_update(qk, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mean_f
         rm = _guarded_max(s, tl.max(s, 1), vis, MASKED, GUARD, False, low)
         m_new = tl.maximum(m, rm)
         alpha = tl.exp2((m - m_new) * 1.4426950408889634)
-        p = tl.exp2(s * 1.4426950408889634 - (m_new * 1.4426950408889634)[:, None])
+        # the exponent's fused multiply-add spelled out: with FMA contraction the compiler
+        # may fuse either product, and without it (a repair inside pasa's decode) neither
+        p = tl.exp2(tl.fma(s, 1.4426950408889634, -(m_new * 1.4426950408889634)[:, None]))
         if GUARD:  # a guarded row's l sums the weights P.V uses ("The rounding guard")
             p = tl.where((rm != tl.max(s, 1))[:, None], p.to(low).to(tl.float32), p)
         l_new = alpha * l + tl.sum(p, 1)
@@ -169,7 +171,9 @@ def block_update(qk, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mean_f
         sp = sp16.to(tl.float32)
         m_new = tl.maximum(m, _guarded_max(sp, rm, vis, MASKED, GUARD, False, low) + c)
         alpha = tl.exp2((m - m_new) * 1.4426950408889634)
-        p16 = tl.exp2(sp * 1.4426950408889634 - ((m_new - c) * 1.4426950408889634)[:, None]).to(low)
+        # as fa-fp32's exponent: one fused multiply-add, spelled out
+        p16 = tl.exp2(tl.fma(sp, 1.4426950408889634,
+                             -((m_new - c) * 1.4426950408889634)[:, None])).to(low)
         l_new = alpha * l + tl.sum(p16.to(tl.float32), 1)
         acc_new = acc * alpha[:, None] + to_fp16_paired(tl.dot(p16, v)).to(tl.float32)
         f_new = f
