@@ -160,6 +160,18 @@ def score_scale(q, k, v, keywords: dict) -> float:
     return largest
 
 
+def v1_keywords(v2: dict) -> dict:
+    """The v1 keywords of a packed (TND) fused_attention_v2 call's problem without its sink,
+    for :func:`score_scale`. A sink bounds what the comparisons allow no further: it joins
+    in fp32, and its weight only dilutes each row's error of the LSE."""
+    own = ("sparse_mode", "atten_mask", "pre_tokens", "next_tokens", "kv_block", "beta")
+    return dict(num_heads=v2["num_query_heads"], num_key_value_heads=v2["num_key_value_heads"],
+                input_layout="TND", scale=v2["softmax_scale"],
+                actual_seq_lengths=v2["actual_seq_qlen"],
+                actual_seq_lengths_kv=v2["actual_seq_kvlen"], softmax_lse_flag=True,
+                **{n: v2[n] for n in own if n in v2})
+
+
 def shift_gain(algorithm: str, dtype: torch.dtype, lse_scale_: float, scores: float,
                block_keys: set, beta: float) -> float:
     """The pseudo-average shift's LSE term (comment above), in lse_unit's ulps at the LSE

@@ -17,7 +17,7 @@ import pasa_npu
 from _support import (BACKENDS, assert_measured, device_kind, dtype_name, interpreted,
                       interpreter_skip, npu_visible, on_device, rel_rmse, skip_unsupported)
 from _fia import _packed, _v1_v2
-from _bounds import ascendc_numerics
+from _bounds import ascendc_numerics, v1_keywords
 from pasa_npu import arguments, backends, plans
 from pasa_npu.kernel_inputs import TILING_KEYS
 from pasa_npu.problem import AttentionProblem
@@ -151,7 +151,11 @@ def _assert_matches_torch_backend(out, lse, q, k, v, sink, kw, algorithm, dtype,
         lse_err = float((lse.double() - gold_lse)[finite].abs().max())
         assert lse_err <= 1.1 * float((ref_lse.double() - gold_lse)[finite].abs().max())
         return
-    assert_matches_torch(out, lse, ref, ref_lse, algorithm, dtype, _kv_blocks(name))
+    case = SINK_CASES[name][1]
+    kv_lens = [b - a for a, b in zip([0] + case["kv_cum"][:-1], case["kv_cum"])]
+    assert_matches_torch(out, lse, ref, ref_lse, algorithm, dtype, _kv_blocks(name),
+                         call=(q, k, v, v1_keywords(kw)), kv_lens=kv_lens,
+                         kv_block=case.get("kv_block", pasa_npu.DEFAULT_TILING.kv_block))
 
 
 @pytest.mark.parametrize("backend", SINK_BACKENDS)

@@ -12,7 +12,8 @@ import torch
 
 import pasa_npu
 from _support import BACKENDS, on_device
-from _bounds import assert_triton_matches_cpu, row_scale_ulps, triton_numerics, ulp
+from _bounds import (assert_triton_matches_cpu, row_scale_ulps, triton_numerics, ulp,
+                     v1_keywords)
 from test_overflow import spread_inputs
 
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not installed")
@@ -54,15 +55,6 @@ def _on_triton(q, k, v, kw, algorithm):
                                        **kw_dev)
 
 
-def _v1_keywords(kw):
-    """The v1 call of the same problem, for the bound's score scale (tests/_bounds.py)."""
-    return dict(num_heads=kw["num_query_heads"], num_key_value_heads=kw["num_key_value_heads"],
-                input_layout="TND", scale=kw["softmax_scale"],
-                actual_seq_lengths=kw["actual_seq_qlen"],
-                actual_seq_lengths_kv=kw["actual_seq_kvlen"], softmax_lse_flag=True,
-                **{n: kw[n] for n in ("sparse_mode", "atten_mask") if n in kw})
-
-
 @pytest.mark.parametrize("algorithm", pasa_npu.ALGORITHM_NAMES)
 @pytest.mark.parametrize("name", list(CASES))
 def test_sinks_match_the_cpu_backend(name, algorithm):
@@ -73,7 +65,7 @@ def test_sinks_match_the_cpu_backend(name, algorithm):
                                                    backend="torch", **kw)
     out, lse = _on_triton(q, k, v, kw, algorithm)
     assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"sinks-{name}", path=path,
-                              call=(q, k, v, _v1_keywords(kw)),
+                              call=(q, k, v, v1_keywords(kw)),
                               kv_lens=_lengths(kw["actual_seq_kvlen"]), kv_block=KV_BLOCK)
     # the sink took mass: every row's LSE above the one without it, its output smaller
     bare, bare_lse = _on_triton(q, k, v, {n: t for n, t in kw.items() if n != "learnable_sink"},
