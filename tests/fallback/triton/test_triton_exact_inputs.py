@@ -114,6 +114,88 @@ def test_pasa_equals_the_cpu_backend_bit_for_bit(backend):
     _assert_equals_cpu(q, k, v, "pasa", lse_ulps=2, backend=backend)
 
 
+#: pasa's part-filled last block: 8 keys after PASA_KEYS' block (key column 0), their scores
+#: far below its hot keys', so that the block adds nothing to O or l (alpha = 1, beta = 0)
+#: and reaches the LSE through its mean alone, in F's fp16 steps (checked below)
+PASA_TAIL_KEYS = (-314.0, -316.0, -292.0, -306.0, -322.0, -321.0, -315.0, -309.0)
+
+
+def _fp16_steps_lse(blocks, gamma: float) -> tuple[float, tuple]:
+    """pasa's LSE from its blocks' (local maximum, fp16 mean, fp16 sum of P') of S', every
+    step of fallback/torch/blockwise.py's pseudo-average update in fp64 rounded to fp16 as
+    there, the last two (m + gamma F, + log l) in fp32; and the last block's (alpha, beta)."""
+    import math
+
+    m, l, f, weights = -math.inf, 0.0, 0.0, None
+    for count, (m_loc, mean, l_loc) in enumerate(blocks, start=1):
+        f_new = _fp16(_fp16(_fp16((count - 1) * f) + mean) / count)
+        x = _fp16(m + _fp16(gamma * _fp16(f - f_new))) if count > 1 else -math.inf
+        y = _fp16(m_loc + _fp16(gamma * _fp16(mean - f_new)))
+        top = max(x, y)
+        weights = (_fp16(math.exp(_fp16(x - top))) if count > 1 else 0.0,
+                   _fp16(math.exp(_fp16(y - top))))
+        l = _fp16(_fp16(weights[0] * l) + _fp16(weights[1] * l_loc))
+        m, f = top, f_new
+    return _fp32(_fp32(m + _fp32(gamma * f)) + _fp32(math.log(l))), weights
+
+
+def _pasa_block(keys, diag_plus_off: float, off: float, mean_factor: float) -> tuple:
+    """(local maximum, fp16 mean, fp16 sum of P') of S' = 16 K' for Q = 16 e0 and key column
+    0 ``keys``: K'_i = diag_plus_off K_i - off sum(K), each step exact in fp32 (asserted),
+    rounded once to fp16."""
+    import math
+
+    total = sum(keys)
+    shifted = []
+    for key in keys:
+        a, b = diag_plus_off * key, off * total
+        assert all(_fp32(x) == x for x in (a, b, a - b))  # the kernels' fp32 steps are exact
+        shifted.append(16 * _fp16(a - b))
+    m_loc = max(shifted)
+    return (m_loc, _fp16(sum(shifted) * mean_factor),
+            _fp16(sum(_fp16(math.exp(_fp16(s - m_loc))) for s in shifted)))
+
+
+@pytest.mark.parametrize("backend", EXACT_BACKENDS)
+def test_pasa_part_filled_block_equals_the_cpu_backend_bit_for_bit(backend):
+    """pasa over a whole block and a part-filled one of 8 keys, which is shifted with the
+    entries for its 8 keys (:func:`pasa_npu.beta.partial_block_shift`) and averaged over
+    them: the LSE, computed here step by step from the inputs, differs by far more than its
+    fp32 rounding where the kernels took the whole block's entries or its mean factor
+    1/16 instead. Output bit for bit; LSE to its fp32 log."""
+    from pasa_npu.beta import (default_beta, ideal_invariance, partial_block_shift,
+                               shift_matrix_entries)
+
+    beta = default_beta(BLOCK, SCALE)
+    gamma = _fp16(ideal_invariance(beta))
+    diag, off = shift_matrix_entries(beta, BLOCK, torch.float16, SCALE)
+    tail_diag, tail_off, tail_factor = partial_block_shift(beta, len(PASA_TAIL_KEYS), BLOCK,
+                                                           torch.float16, SCALE)
+    head = _pasa_block(PASA_KEYS, diag + off, off, 1 / BLOCK)
+    lse, weights = _fp16_steps_lse(
+        [head, _pasa_block(PASA_TAIL_KEYS, _fp32(tail_diag) + _fp32(tail_off), _fp32(tail_off),
+                           tail_factor)], gamma)
+    assert weights == (1.0, 0.0)  # the tail block adds nothing to O and l
+    wrong_entries = _fp16_steps_lse(
+        [head, _pasa_block(PASA_TAIL_KEYS, diag + off, off, tail_factor)], gamma)[0]
+    wrong_factor = _fp16_steps_lse(
+        [head, _pasa_block(PASA_TAIL_KEYS, _fp32(tail_diag) + _fp32(tail_off), _fp32(tail_off),
+                           1 / BLOCK)], gamma)[0]
+    assert min(abs(lse - wrong_entries), abs(lse - wrong_factor)) > 1e3 * 2.0 ** -23 * abs(lse)
+    keys = len(PASA_KEYS) + len(PASA_TAIL_KEYS)
+    q = torch.zeros(1, 1, ROWS, D)
+    q[..., 0] = 16.0
+    k = torch.zeros(1, 1, keys, D)
+    k[0, 0, :, 0] = torch.tensor(PASA_KEYS + PASA_TAIL_KEYS)
+    v = torch.randint(-2047, 2048, (1, 1, keys, D), generator=torch.Generator().manual_seed(4))
+    q, k, v = q.half(), k.half(), (v * 2.0 ** -10).half()
+    kw = dict(num_heads=1, input_layout="BNSD", scale=SCALE, algorithm="pasa", kv_block=BLOCK,
+              rounding_guard=False, softmax_lse_flag=True)
+    ref_lse = pasa_npu.fused_attention(q, k, v, backend="torch", **kw)[1]
+    assert float((ref_lse.double() - lse).abs().max()) <= 2 * 2.0 ** -23 * abs(lse)
+    _assert_equals_cpu(q, k, v, "pasa", lse_ulps=2, backend=backend)
+
+
 #: fa-fp16, two blocks of 16 keys: the scores (k0 * scale with Q = e0), the first block's key
 #: 0 the maximum 0, every other score below it, so that alpha = exp(0) = 1 and each P an fp16
 #: value that no exp within a few fp32 ulps rounds otherwise (checked below)
@@ -126,6 +208,10 @@ FA_FP16_SCORES = (
 
 def _fp16(x: float) -> float:
     return float(torch.tensor(x, dtype=torch.float64).half())
+
+
+def _fp32(x: float) -> float:
+    return float(torch.tensor(x, dtype=torch.float64).float())
 
 
 @pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not installed")
