@@ -188,10 +188,13 @@ def decode_split_kernel(
             else:
                 mean_factor = scale
             row_any = tl.max(vis.to(tl.int32), 1) > 0
+            # a whole block without a mask shows every key to every row: unmasked, the padding
+            # rows past the group compute on zero queries, and are never stored
             m, l, acc, f, cnt = block_update(qk, v, c, vis, row_any, m, l, acc, f, cnt,
                                               scale, gamma, mean_factor, PSEUDO_AVERAGE_SHIFT,
-                                              EXACT_SHIFT, LOW_SCORES, LOW_STATISTICS, True,
-                                              GUARD, BLOCK_N, CHECK, block_max, SHIFT_SCORES)
+                                              EXACT_SHIFT, LOW_SCORES, LOW_STATISTICS,
+                                              part == 1 or HAS_MASK, GUARD, BLOCK_N, CHECK,
+                                              block_max, SHIFT_SCORES)
     # a split's partial result: the sink joins once, in the merge
     o, lse = finish_rows(m, l, acc.to(tl.float32), f, cnt, gamma, 0.0, PSEUDO_AVERAGE_SHIFT, False)
     part_rows = (bh * n_splits).to(tl.int64) * group_rows + g  # split 0's rows
