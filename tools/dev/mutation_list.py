@@ -347,7 +347,7 @@ MUTATIONS = [
              "if False:",
              ("tests/api/test_plan_run.py", "-k", "another_layout")),
     Mutation("triton: the decode splits unchecked", TRITON_DECODE,
-             "GUARD, BLOCK_N, CHECK, block_max", "GUARD, BLOCK_N, False, block_max",
+             "HAS_MASK, GUARD, BLOCK_N, CHECK,", "HAS_MASK, GUARD, BLOCK_N, False,",
              ("tests/api/test_resolution_check.py", "-k", "triton and decode")),
     Mutation("kernels: the ragged block's level-0 Add leaves its mask for Compares", KERNEL_STEPS,
              "        ResetMask();  // the Add's mask stays in the register, which Compares reads\n",
