@@ -18,6 +18,7 @@ from _support import (BACKENDS, assert_measured, device_kind, dtype_name, interp
                       interpreter_skip, npu_visible, on_device, rel_rmse, skip_unsupported)
 from _fia import _packed, _v1_v2
 from _bounds import ascendc_numerics, v1_keywords
+from test_golden import kv_lens
 from pasa_npu import arguments, backends, plans
 from pasa_npu.kernel_inputs import TILING_KEYS
 from pasa_npu.problem import AttentionProblem
@@ -112,11 +113,14 @@ def _sink_case(cache, name, dtype):
     return cache[(name, dtype)]
 
 
+def _kv_block(name) -> int:
+    """The kv block of a SINK_CASES case (the default tiling's unless it sets one)."""
+    return SINK_CASES[name][1].get("kv_block", pasa_npu.DEFAULT_TILING.kv_block)
+
+
 def _kv_blocks(name) -> int:
-    """The most kv blocks a row of a SINK_CASES case folds (default 128-key blocks)."""
-    case = SINK_CASES[name][1]
-    keys = max(b - a for a, b in zip([0] + case["kv_cum"][:-1], case["kv_cum"]))
-    return -(-keys // case.get("kv_block", pasa_npu.DEFAULT_TILING.kv_block))
+    """The most kv blocks a row of a SINK_CASES case folds."""
+    return -(-max(kv_lens(SINK_CASES[name][1])) // _kv_block(name))
 
 
 @pytest.mark.parametrize("name", list(SINK_CASES))
@@ -151,11 +155,9 @@ def _assert_matches_torch_backend(out, lse, q, k, v, sink, kw, algorithm, dtype,
         lse_err = float((lse.double() - gold_lse)[finite].abs().max())
         assert lse_err <= 1.1 * float((ref_lse.double() - gold_lse)[finite].abs().max())
         return
-    case = SINK_CASES[name][1]
-    kv_lens = [b - a for a, b in zip([0] + case["kv_cum"][:-1], case["kv_cum"])]
     assert_matches_torch(out, lse, ref, ref_lse, algorithm, dtype, _kv_blocks(name),
-                         call=(q, k, v, v1_keywords(kw)), kv_lens=kv_lens,
-                         kv_block=case.get("kv_block", pasa_npu.DEFAULT_TILING.kv_block))
+                         call=(q, k, v, v1_keywords(kw)), kv_lens=kv_lens(SINK_CASES[name][1]),
+                         kv_block=_kv_block(name))
 
 
 @pytest.mark.parametrize("backend", SINK_BACKENDS)
