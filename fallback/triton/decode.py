@@ -170,9 +170,13 @@ def decode_split_kernel(
                 if EXACT_SHIFT:
                     c = block_row_constant(q, mean, scale)
             key_seen = n < kv_len  # the keys the rows see (all of a whole block's)
+            # whether a key of the block may be hidden from a row: the part-filled block's
+            # padding, or the mask; else every row sees every key, and the padding rows past
+            # the group compute on zero queries, never stored
+            keys_hidden = part == 1 or HAS_MASK
             if HAS_MASK:
                 masked = tl.load(MASK + b.to(tl.int64) * stride_xb + n * stride_xk,
-                                 mask=n < kv_len, other=1)
+                                 mask=key_seen, other=1)
                 key_seen = masked == 0
                 vis = vis & key_seen[None, :]
             qk = tl.dot(q, tl.trans(k))  # fp32 accumulation
@@ -180,7 +184,7 @@ def decode_split_kernel(
             if SHIFT_SCORES:
                 qk, c, block_max = shift_scores(qk, key_seen, entry_diag, entry_off, scale,
                                                 kv_len - blk * BLOCK_N, EXACT_SHIFT, part == 1,
-                                                part == 1 or HAS_MASK, BLOCK_N)
+                                                keys_hidden, BLOCK_N)
             if PSEUDO_AVERAGE_SHIFT and part == 1:
                 mean_factor = part_mean_factor
             elif PSEUDO_AVERAGE_SHIFT:
@@ -188,13 +192,11 @@ def decode_split_kernel(
             else:
                 mean_factor = scale
             row_any = tl.max(vis.to(tl.int32), 1) > 0
-            # a whole block without a mask shows every key to every row: unmasked, the padding
-            # rows past the group compute on zero queries, and are never stored
             m, l, acc, f, cnt = block_update(qk, v, c, vis, row_any, m, l, acc, f, cnt,
                                               scale, gamma, mean_factor, PSEUDO_AVERAGE_SHIFT,
                                               EXACT_SHIFT, LOW_SCORES, LOW_STATISTICS,
-                                              part == 1 or HAS_MASK, GUARD, BLOCK_N, CHECK,
-                                              block_max, SHIFT_SCORES)
+                                              keys_hidden, GUARD, BLOCK_N, CHECK, block_max,
+                                              SHIFT_SCORES)
     # a split's partial result: the sink joins once, in the merge
     o, lse = finish_rows(m, l, acc.to(tl.float32), f, cnt, gamma, 0.0, PSEUDO_AVERAGE_SHIFT, False)
     part_rows = (bh * n_splits).to(tl.int64) * group_rows + g  # split 0's rows
