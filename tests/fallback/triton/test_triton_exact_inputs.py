@@ -57,7 +57,7 @@ def _assert_equals_cpu(q, k, v, algorithm: str, lse_ulps: int,
                       backend: str = "triton") -> torch.Tensor:
     """``backend``'s output equal to the torch backend's bit for bit, and its LSE within
     ``lse_ulps`` fp32 ulps of its scale (0: equal; else its last step, an fp32 log, may
-    differ between libms by an ulp). Returns the torch backend's output."""
+    differ between libms by an ulp). Returns the torch backend's output and LSE."""
     kw = dict(num_heads=1, input_layout="BNSD", scale=SCALE, algorithm=algorithm,
               kv_block=BLOCK, rounding_guard=False, softmax_lse_flag=True)
     ref, ref_lse = pasa_npu.fused_attention(q, k, v, backend="torch", **kw)
@@ -65,7 +65,7 @@ def _assert_equals_cpu(q, k, v, algorithm: str, lse_ulps: int,
     assert torch.equal(out.cpu(), ref)
     lse_err = float((lse.cpu().double() - ref_lse.double()).abs().max())
     assert lse_err <= lse_ulps * 2.0 ** -23 * float(ref_lse.abs().max()), (lse_err, algorithm)
-    return ref
+    return ref, ref_lse
 
 
 @pytest.mark.parametrize("backend", EXACT_BACKENDS)
@@ -77,7 +77,7 @@ def test_pasa_exact_equals_the_cpu_backend_bit_for_bit(seed, keys, backend):
     expected = _pasa_exact_expected(v, hot, round_tile=True)
     # the case is sensitive to the P'V tile's rounding: without it some outputs differ
     assert (expected != _pasa_exact_expected(v, hot, round_tile=False)).any()
-    ref = _assert_equals_cpu(q, k, v, "pasa-exact", lse_ulps=0, backend=backend)
+    ref, _ = _assert_equals_cpu(q, k, v, "pasa-exact", lse_ulps=0, backend=backend)
     assert torch.equal(ref[0, 0], expected.expand(ROWS, D))  # the premise: all exact
 
 
@@ -86,6 +86,18 @@ def test_pasa_exact_equals_the_cpu_backend_bit_for_bit(seed, keys, backend):
 #: re-basing y = m + gamma (s_mean - F) (checked below)
 PASA_KEYS = (-243.0, -243.0, -243.0, -261.0, -252.0, -255.0, -260.0, -252.0, -261.0, -252.0,
              -261.0, -253.0, -256.0, -256.0, -257.0, -254.0)
+
+
+def _pasa_inputs(key_column, seed: int):
+    """BNSD (1, 1, ROWS, D) Q = 16 e0 and (1, 1, keys, D) K whose column 0 is ``key_column``
+    (integers) and the rest 0, V of 11-bit values, fp16."""
+    keys = len(key_column)
+    q = torch.zeros(1, 1, ROWS, D)
+    q[..., 0] = 16.0
+    k = torch.zeros(1, 1, keys, D)
+    k[0, 0, :, 0] = torch.tensor(key_column)
+    v = torch.randint(-2047, 2048, (1, 1, keys, D), generator=torch.Generator().manual_seed(seed))
+    return q.half(), k.half(), (v * 2.0 ** -10).half()
 
 
 @pytest.mark.parametrize("backend", EXACT_BACKENDS)
@@ -97,12 +109,7 @@ def test_pasa_equals_the_cpu_backend_bit_for_bit(backend):
     Output bit for bit; LSE to its last step, an fp32 log (1 ulp apart between libms)."""
     from pasa_npu.beta import default_beta, ideal_invariance, shift_matrix
 
-    q = torch.zeros(1, 1, ROWS, D)
-    q[..., 0] = 16.0
-    k = torch.zeros(1, 1, BLOCK, D)
-    k[0, 0, :, 0] = torch.tensor(PASA_KEYS)
-    v = torch.randint(-2047, 2048, (1, 1, BLOCK, D), generator=torch.Generator().manual_seed(3))
-    q, k, v = q.half(), k.half(), (v * 2.0 ** -10).half()
+    q, k, v = _pasa_inputs(PASA_KEYS, seed=3)
     # the case is what it claims: S' exact, the mean not an fp16 value, its residue visible
     shift = shift_matrix(default_beta(BLOCK, SCALE), BLOCK, torch.float16, SCALE, "cpu").double()
     s = 16 * (shift.T @ k[0, 0, :, 0].double()).half().double()
@@ -182,18 +189,10 @@ def test_pasa_part_filled_block_equals_the_cpu_backend_bit_for_bit(backend):
         [head, _pasa_block(PASA_TAIL_KEYS, _fp32(tail_diag) + _fp32(tail_off), _fp32(tail_off),
                            1 / BLOCK)], gamma)[0]
     assert min(abs(lse - wrong_entries), abs(lse - wrong_factor)) > 1e3 * 2.0 ** -23 * abs(lse)
-    keys = len(PASA_KEYS) + len(PASA_TAIL_KEYS)
-    q = torch.zeros(1, 1, ROWS, D)
-    q[..., 0] = 16.0
-    k = torch.zeros(1, 1, keys, D)
-    k[0, 0, :, 0] = torch.tensor(PASA_KEYS + PASA_TAIL_KEYS)
-    v = torch.randint(-2047, 2048, (1, 1, keys, D), generator=torch.Generator().manual_seed(4))
-    q, k, v = q.half(), k.half(), (v * 2.0 ** -10).half()
-    kw = dict(num_heads=1, input_layout="BNSD", scale=SCALE, algorithm="pasa", kv_block=BLOCK,
-              rounding_guard=False, softmax_lse_flag=True)
-    ref_lse = pasa_npu.fused_attention(q, k, v, backend="torch", **kw)[1]
+    q, k, v = _pasa_inputs(PASA_KEYS + PASA_TAIL_KEYS, seed=4)
+    _, ref_lse = _assert_equals_cpu(q, k, v, "pasa", lse_ulps=2, backend=backend)
+    # the torch backend's LSE is the one worked out above
     assert float((ref_lse.double() - lse).abs().max()) <= 2 * 2.0 ** -23 * abs(lse)
-    _assert_equals_cpu(q, k, v, "pasa", lse_ulps=2, backend=backend)
 
 
 #: fa-fp16, two blocks of 16 keys: the scores (k0 * scale with Q = e0), the first block's key
