@@ -134,12 +134,17 @@ def decode_split_kernel(
             entry_diag = part_diag
             entry_off = part_off
         # the part-filled block is not pipelined: it is one block at most
+        page_next = 0
+        if PAGED and USE_TMA and part == 0:
+            page_next = tl.load(pages + lo * BLOCK_N // page_size, mask=lo < hi, other=0)
         for blk in tl.range(lo, hi, num_stages=1 if part == 1 else None):
             n = blk * BLOCK_N + cols
             vis = g[:, None] < group
             if USE_TMA and part == 0:  # a whole block lies inside the tensors: no masks
                 if PAGED:  # and inside one cache block (WHOLE_PAGE)
-                    page = tl.load(pages + blk * BLOCK_N // page_size)
+                    page = page_next
+                    page_next = tl.load(pages + (blk + 1) * BLOCK_N // page_size, mask=blk + 1 < hi,
+                                        other=0)
                     k = K_DESC.load([page, hk, blk * BLOCK_N % page_size, 0])
                     v = V_DESC.load([page, hk, blk * BLOCK_N % page_size, 0])
                 else:
@@ -369,9 +374,7 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
     n_blocks = max(1, cdiv(problem.max_kv_len, shared.constexprs["BLOCK_N"]))
     sms = 132 if shared.interpret else sm_count(q.device.index or 0)
     shift_site = heuristics.decode_shift_site(problem.allocation, tuning)
-    shallow = heuristics.shallow_decode(problem.allocation, problem.paged, head_dim_p, n_blocks,
-                                        batch * n_kv * n_chunks, sms)
-    resident = heuristics.decode_resident(shift_site, head_dim_p, block_g, shallow)
+    resident = heuristics.decode_resident(shift_site, head_dim_p, block_g)
     n_splits = heuristics.decode_splits(n_blocks, batch * n_kv * n_chunks, sms, resident)
     blocks_per_split = cdiv(n_blocks, n_splits)
     n_splits = cdiv(n_blocks, blocks_per_split)
@@ -380,9 +383,6 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
     part_o = binding.empty("part_o", (sizes[0],), torch.float32, q.device)
     part_lse = binding.empty("part_lse", (sizes[1],), torch.float32, q.device)
     warps = 1 if shared.interpret else 4
-    stages = 1 if shared.interpret else heuristics.decode_stages(shift_site, head_dim_p, shallow)
-    if problem.paged:
-        stages = heuristics.paged_stages(stages)
     pages = problem.block_table if problem.paged else q_starts
     detect = problem.overflow is not None
     flags = problem.overflow.row_flags if detect else placeholder(q.device, torch.uint8)
@@ -397,6 +397,8 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
                                        head_dim_p, head_dim_vp)
                    if tuning.loads == "tma" and (not problem.paged or whole_page) else None)
     use_tma = descriptors is not None
+    stages = 1 if shared.interpret else heuristics.decode_stages(
+        shift_site, head_dim_p, table_in_pipeline=problem.paged and not use_tma)
     binding.launch(
         decode_split_kernel, (n_chunks * n_splits * batch * n_kv,),
         q, k, v, *(descriptors or (k, v)), shared.mask,

@@ -108,40 +108,17 @@ def decode_shift_site(allocation: Allocation, tuning: Tuning) -> str:
     return tuning.decode_shift if allocation.shifts_keys else "none"
 
 
-def decode_stages(shift_site: str, head_dim: int, shallow: bool = False) -> int:
+def decode_stages(shift_site: str, head_dim: int, table_in_pipeline: bool = False) -> int:
     """Pipeline depth of the decode kernel that fits shared memory (:func:`decode_shift_site`:
-    shifting the keys stages K' too). ``shallow`` (:func:`shallow_decode`): two stages, so
-    that two programs share an SM. At 64 < d <= 128 four stages fit one program too, but
+    shifting the keys stages K' too). At 64 < d <= 128 four stages fit one program too, but
     decoded slower on an H200 than three (batch 8, 32 query heads, S2 = 8k and 32k), for
-    pasa-exact, pasa and fa-fp32 alike."""
-    stages = 2 if shift_site == "keys" or shallow else 3
-    return stages - 1 if head_dim > 128 else stages
-
-
-#: pasa's paged decode runs shallow (:func:`shallow_decode`) where its programs, two per
-#: SM, then still take this many kv blocks each on average
-SHALLOW_MIN_BLOCKS = 24
-
-
-def shallow_allowed(allocation: Allocation, head_dim: int) -> bool:
-    """Whether :func:`shallow_decode` may pick two shallow programs per SM for
-    ``allocation`` at ``head_dim``."""
-    return allocation.pseudo_average_shift and 64 < head_dim <= 128
-
-
-def shallow_decode(allocation: Allocation, paged: bool, head_dim: int, n_blocks: int = 0,
-                   groups: int = 1, sms: int = 1) -> bool:
-    """Whether decode runs two shallow programs per SM rather than one deep one: for pasa's
-    (and pasa-mixed's) table shift at 64 < d <= 128 read through a block table, where two
-    programs on each of ``sms`` SMs still take :data:`SHALLOW_MIN_BLOCKS` kv blocks each on
-    average (``groups`` (batch, kv head, chunk) of ``n_blocks`` blocks each). Measured on
-    an H200 (batch 8, 32 query heads, GQA 4:1 and 8:1, graph replay): paged, two shallow
-    programs were faster at S2 = 32k and GQA 4:1 and about as fast at 8:1, one deep program
-    faster at 8k; contiguous, one deep program was faster at 8k and 32k. The other
-    allocations are no faster so; other head dims were not measured."""
-    if not shallow_allowed(allocation, head_dim):
-        return False
-    return paged and n_blocks * groups >= SHALLOW_MIN_BLOCKS * 2 * sms
+    pasa-exact, pasa and fa-fp32 alike; two programs of two stages per SM decoded pasa
+    slower than one of three, paged and contiguous. ``table_in_pipeline``: the pipeliner stages the block table's loads
+    (:func:`paged_stages`); the TMA loop loads its next entry itself, one block ahead, and
+    keeps the contiguous depth."""
+    stages = 2 if shift_site == "keys" else 3
+    stages = stages - 1 if head_dim > 128 else stages
+    return paged_stages(stages) if table_in_pipeline else stages
 
 
 def paged_stages(stages: int) -> int:
@@ -162,15 +139,15 @@ def decode_block_g(group: int, head_dim: int) -> int:
     return min(pow2(group), cap)
 
 
-def decode_resident(shift_site: str, head_dim: int, block_g: int, shallow: bool = False) -> int:
+def decode_resident(shift_site: str, head_dim: int, block_g: int) -> int:
     """Programs of the decode kernel one H100 SM holds at once (4 warps), as its shared
-    memory and registers allow (``shallow``: :func:`shallow_decode`):
+    memory and registers allow:
     ``tools/dev/triton_aot.py`` reports this for every variant the launch can pick
     (:func:`decode_block_g`) and fails where it differs from this table."""
     if head_dim > 128:
         return 1
     if head_dim > 64:  # three stages of K and V tiles; shifting the keys: two, and K' besides
-        return 2 if shift_site == "keys" or shallow else 1
+        return 2 if shift_site == "keys" else 1
     return 3 if block_g <= 16 else 2
 
 

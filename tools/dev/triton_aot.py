@@ -328,19 +328,13 @@ def _decode_variants(alg: str, allocation, head_dim: int):
         yield ("decode_split_kernel", f"{alg} decode g={block_g} d={head_dim}", consts, 4,
                stages, fp_fusion)
     block_g = triton_launch.decode_block_g(4, head_dim)
-    # paged: one deep program per SM, and for pasa two shallow ones (long caches)
-    depths = ((False, ""), (True, " shallow")) if triton_launch.shallow_allowed(
-        allocation, head_dim) else ((False, ""),)
-    for shallow, depth in depths if paged else ():
-        stages = triton_launch.paged_stages(
-            triton_launch.decode_stages(shift_site, head_dim, shallow))
-        for whole, tag in ((True, ""), (False, " per key")):
-            if whole or alg == "fa-fp32":
-                consts = dict(consts, PAGED=True, WHOLE_PAGE=whole, BLOCK_G=block_g,
-                              USE_TMA=whole and DEFAULT_TUNING.loads == "tma")
-                yield ("decode_split_kernel",
-                       f"{alg}{depth} paged{tag} decode g={block_g} d={head_dim}",
-                       consts, 4, stages, fp_fusion)
+    for whole, tag in ((True, ""), (False, " per key")) if paged else ():
+        if whole or alg == "fa-fp32":
+            tma = whole and DEFAULT_TUNING.loads == "tma"
+            stages = triton_launch.decode_stages(shift_site, head_dim, table_in_pipeline=not tma)
+            consts = dict(consts, PAGED=True, WHOLE_PAGE=whole, BLOCK_G=block_g, USE_TMA=tma)
+            yield ("decode_split_kernel", f"{alg} paged{tag} decode g={block_g} d={head_dim}",
+                   consts, 4, stages, fp_fusion)
 
 
 def _repair_variants(head_dim: int):
@@ -408,8 +402,7 @@ def main(argv=None) -> int:
                 n = resident_per_sm(smem, use["REG"], warps)
                 allocation = ALLOCATIONS[label.split()[0]]
                 site = triton_launch.decode_shift_site(allocation, DEFAULT_TUNING)
-                shallow = " shallow " in label
-                assumed = triton_launch.decode_resident(site, d, consts["BLOCK_G"], shallow)
+                assumed = triton_launch.decode_resident(site, d, consts["BLOCK_G"])
                 resident = f"  resident {n}"
                 if n != assumed:
                     flag += f"  LAUNCH ASSUMES {assumed} RESIDENT"

@@ -15,17 +15,12 @@ pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not 
 
 
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
-@pytest.mark.parametrize("splits", ["one", "chosen", "one per block", "shallow"])
+@pytest.mark.parametrize("splits", ["one", "chosen", "one per block"])
 def test_decode_split_counts_agree_with_cpu_backend(splits, algorithm, monkeypatch):
     """Decode cuts each (batch, kv head)'s keys into splits merged by log-sum-exp. Every
     split count gives the CPU backend's result: one split, the launch heuristic's count,
-    and a split per kv block, with a short batch whose later splits see no key at all;
-    and two shallow programs per SM (``launch.shallow_decode``), as a long cache gets
-    them, for every allocation."""
+    and a split per kv block, with a short batch whose later splits see no key at all."""
     from pasa_npu.fallback.triton import launch as triton_launch
-
-    if splits == "shallow":
-        monkeypatch.setattr(triton_launch, "shallow_decode", lambda *a: True)
 
     block, n_blocks = (16, 37) if interpreted("triton") else (128, 67)
     gen = torch.Generator().manual_seed(3)
@@ -40,7 +35,7 @@ def test_decode_split_counts_agree_with_cpu_backend(splits, algorithm, monkeypat
 
     used = []
     heuristic = triton_launch.decode_splits
-    forced = {"one": 1, "chosen": None, "one per block": n_blocks, "shallow": None}[splits]
+    forced = {"one": 1, "chosen": None, "one per block": n_blocks}[splits]
     monkeypatch.setattr(triton_launch, "decode_splits",
                         lambda *a: used.append(forced or heuristic(*a)) or used[-1])
     out, lse = pasa_npu.fused_attention(*on_device("triton", q, k, v), backend="triton", **kw)
@@ -50,29 +45,6 @@ def test_decode_split_counts_agree_with_cpu_backend(splits, algorithm, monkeypat
     assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm, f"splits-{splits}", path="decode",
                               what=f"{used} splits", call=(q, k, v, kw),
                               kv_lens=kw["actual_seq_lengths_kv"], kv_block=block)
-
-
-def test_pasa_paged_decode_runs_shallow_where_its_programs_still_take_many_blocks():
-    """Two shallow programs per SM for pasa's table shift at 64 < d <= 128 read through a
-    block table, where two programs per SM still take SHALLOW_MIN_BLOCKS kv blocks each on
-    average (an H200, batch 8, 32 query heads: faster at S2 = 32k and GQA 4:1, about as fast at
-    8:1, slower at 8k); never contiguous (one deep program was faster there), nor for the other
-    allocations or head dims."""
-    from pasa_npu.fallback.triton.launch import SHALLOW_MIN_BLOCKS, shallow_decode
-    from pasa_npu.numerics import ALLOCATIONS
-
-    pasa, exact, fa = (ALLOCATIONS[name] for name in ("pasa", "pasa-exact", "fa-fp32"))
-    for kv_len, kv_heads, want in ((32768, 8, True), (32768, 4, True), (8192, 8, False),
-                                   (8192, 4, False)):
-        n_blocks, groups = kv_len // 128, 8 * kv_heads
-        assert shallow_decode(pasa, True, 128, n_blocks, groups, 132) is want, kv_len
-        assert not shallow_decode(pasa, False, 128, n_blocks, groups, 132)
-        assert not shallow_decode(exact, True, 128, n_blocks, groups, 132)
-        assert not shallow_decode(fa, True, 128, n_blocks, groups, 132)
-        assert not shallow_decode(pasa, True, 64, n_blocks, groups, 132)
-    # the bound: as many groups as SMs, each with two programs' blocks
-    assert shallow_decode(pasa, True, 128, 2 * SHALLOW_MIN_BLOCKS, 132, 132)
-    assert not shallow_decode(pasa, True, 128, 2 * SHALLOW_MIN_BLOCKS - 1, 132, 132)
 
 
 def test_decode_fills_one_wave_of_programs():
