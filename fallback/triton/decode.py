@@ -67,7 +67,7 @@ def decode_split_kernel(
     chunk), which it resets to 0) merges the group's splits (:func:`merge_splits`) and
     writes the rows of O, LSE and the row flags (:func:`write_merged_rows`); rows of a
     batch whose query length is 0 are left as they are. CHECK: a row that lost resolution
-    here leaves a NaN partial LSE, which the merge flags as a bad split."""
+    here leaves a NaN partial LSE, which the merge carries into the merged row."""
     # a 1-D grid, chunks of a group fastest (they read the same K/V blocks): CUDA caps
     # the grid's other axes at 65535
     pid = tl.program_id(0)
@@ -206,16 +206,17 @@ def decode_split_kernel(
     o, lse = finish_rows(m, l, acc.to(tl.float32), f, cnt, gamma, 0.0, PSEUDO_AVERAGE_SHIFT, False)
     part_rows = (bh * n_splits).to(tl.int64) * group_rows + g  # split 0's rows
     rows = part_rows + split * group_rows
-    tl.store(PART_O + rows[:, None] * HEAD_DIM_V + dims_v[None, :], o)
-    tl.store(PART_LSE + rows, lse)
+    in_group = g < group  # the padding rows' partial results are never read
+    tl.store(PART_O + rows[:, None] * HEAD_DIM_V + dims_v[None, :], o, mask=in_group[:, None])
+    tl.store(PART_LSE + rows, lse, mask=in_group)
     tl.debug_barrier()  # every thread's stores before the arrival that publishes them
     arrival = ARRIVALS + bh * n_chunks + chunk
     if tl.atomic_add(arrival, 1, sem="acq_rel") == n_splits - 1:
         tl.store(arrival, 0)  # the count left zeroed for the next call
         live = (g < group) & has_query
-        o, lse, split_bad = merge_splits(PART_O, PART_LSE, SINK, part_rows, group_rows,
-                                         n_splits, heads, live, HAS_SINK, BLOCK_G, HEAD_DIM_V)
-        write_merged_rows(o, lse, split_bad, O, LSE, FLAGS, SINK, b, heads, live, q_start,
+        o, lse = merge_splits(PART_O, PART_LSE, SINK, part_rows, group_rows, n_splits, heads,
+                              live, HAS_SINK, BLOCK_G, HEAD_DIM_V)
+        write_merged_rows(o, lse, O, LSE, FLAGS, SINK, b, heads, live, q_start,
                           stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh,
                           stride_ls, stride_fb, stride_fh, group,
                           Q, K, V, MASK, PAGES, q_lens, kv_start, kv_len,
@@ -229,12 +230,12 @@ def decode_split_kernel(
 
 @triton.jit
 def split_rows(PART_O, PART_LSE, rows, present, dims_v, HEAD_DIM_V: tl.constexpr):
-    """One split's partial LSE and output at ``rows`` (-inf and 0 where not ``present``),
-    and whether each LSE is NaN or +inf. Read past L1: other programs wrote them."""
+    """One split's partial LSE and output at ``rows`` (-inf and 0 where the row mask
+    ``present`` is false). Read past L1: other programs wrote them."""
     lse = tl.load(PART_LSE + rows, mask=present, other=float("-inf"), cache_modifier=".cg")
-    o = tl.load(PART_O + rows[:, None] * HEAD_DIM_V + dims_v[None, :], mask=present,
+    o = tl.load(PART_O + rows[:, None] * HEAD_DIM_V + dims_v[None, :], mask=present[:, None],
                 other=0.0, cache_modifier=".cg")
-    return lse, o, (lse != lse) | (lse == float("inf"))
+    return lse, o
 
 
 @triton.jit
@@ -243,25 +244,25 @@ def merge_splits(PART_O, PART_LSE, SINK, part_rows, group_rows, n_splits, heads,
     """The merged output (fp32) and LSE of the BLOCK_G rows whose split-0 partial results
     are at ``part_rows`` (split s: ``s * group_rows`` further), by log-sum-exp in fp32,
     four splits a step, each step's loads in flight together (the merge is the kernel's
-    serial tail) and rescaled onto a running maximum; and per row whether a split's LSE
-    is NaN or +inf (a NaN or inf in the keys or values it saw, or a row that lost
-    resolution there). HAS_SINK: each head's learnable sink joins the merged row
-    (docs/design.md, "Learnable sinks")."""
+    serial tail) and rescaled onto a running maximum; rows not ``live`` are read as rows
+    without keys. A split's NaN or +inf LSE (a NaN or inf in the keys or values it saw, or
+    a row that lost resolution there) makes its weight NaN, so the merged row's output and
+    LSE are NaN: the check needs no flag of its own per split. HAS_SINK: each head's
+    learnable sink joins the merged row (docs/design.md, "Learnable sinks")."""
     dims_v = tl.arange(0, HEAD_DIM_V)
     top = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    split_bad = tl.zeros([BLOCK_G], tl.int1)
     total = tl.zeros([BLOCK_G], tl.float32)
     o = tl.zeros([BLOCK_G, HEAD_DIM_V], tl.float32)
     for s in range(0, n_splits, 4):
         rows = part_rows + s * group_rows
-        lse0, o0, bad0 = split_rows(PART_O, PART_LSE, rows, s < n_splits, dims_v, HEAD_DIM_V)
-        lse1, o1, bad1 = split_rows(PART_O, PART_LSE, rows + group_rows, s + 1 < n_splits,
-                                    dims_v, HEAD_DIM_V)
-        lse2, o2, bad2 = split_rows(PART_O, PART_LSE, rows + 2 * group_rows,
-                                    s + 2 < n_splits, dims_v, HEAD_DIM_V)
-        lse3, o3, bad3 = split_rows(PART_O, PART_LSE, rows + 3 * group_rows,
-                                    s + 3 < n_splits, dims_v, HEAD_DIM_V)
-        split_bad = split_bad | bad0 | bad1 | bad2 | bad3
+        lse0, o0 = split_rows(PART_O, PART_LSE, rows, live & (s < n_splits), dims_v,
+                              HEAD_DIM_V)
+        lse1, o1 = split_rows(PART_O, PART_LSE, rows + group_rows, live & (s + 1 < n_splits),
+                              dims_v, HEAD_DIM_V)
+        lse2, o2 = split_rows(PART_O, PART_LSE, rows + 2 * group_rows,
+                              live & (s + 2 < n_splits), dims_v, HEAD_DIM_V)
+        lse3, o3 = split_rows(PART_O, PART_LSE, rows + 3 * group_rows,
+                              live & (s + 3 < n_splits), dims_v, HEAD_DIM_V)
         new_top = tl.maximum(tl.maximum(top, lse0), tl.maximum(tl.maximum(lse1, lse2), lse3))
         base = tl.where(new_top > float("-inf"), new_top, 0.0)
         w0 = tl.exp(lse0 - base)
@@ -286,13 +287,13 @@ def merge_splits(PART_O, PART_LSE, SINK, part_rows, group_rows, n_splits, heads,
         top_safe = joined
     o = tl.where(seen[:, None], o / tl.where(seen, total, 1.0)[:, None], 0.0)
     lse = tl.where(seen, top_safe + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
-    return o, lse, split_bad
+    return o, lse
 
 
 # Over 50 lines: the merged rows' stores and the checked rows' fa-fp32 repair share the
 # merge's rows and the repair's many arguments.
 @triton.jit
-def write_merged_rows(o, lse, split_bad, O, LSE, FLAGS, SINK, b, heads, live, q_start,
+def write_merged_rows(o, lse, O, LSE, FLAGS, SINK, b, heads, live, q_start,
                       stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh,
                       stride_ls, stride_fb, stride_fh, group,
                       Q, K, V, MASK, PAGES, q_lens, kv_start, kv_len,
@@ -305,7 +306,7 @@ def write_merged_rows(o, lse, split_bad, O, LSE, FLAGS, SINK, b, heads, live, q_
                       WHOLE_PAGE: tl.constexpr, REPAIR_KEYS: tl.constexpr,
                       BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr):
     """Store the merged rows of query ``heads`` (where ``live``) into O and LSE. CHECK:
-    each row's flag; a row whose output or LSE is not finite, or with a bad split, is
+    each row's flag; a row whose output or LSE is not finite (a bad split makes both NaN) is
     recomputed from Q, K and V by fa-fp32 (:func:`repair.fp32_tile`, as row 0 of a
     REPAIR_ROWS tile, REPAIR_KEYS keys a step, one stage: a small footprint on a path that
     rarely runs) and flagged repaired, or still not finite where an input was."""
@@ -319,9 +320,7 @@ def write_merged_rows(o, lse, split_bad, O, LSE, FLAGS, SINK, b, heads, live, q_
         tl.store(lse_rows, lse, mask=live)
     if CHECK:
         flag_rows = FLAGS + b64 * stride_fb + heads.to(tl.int64) * stride_fh + q_start
-        # the row's sum test of softmax.nonfinite_row_mask
-        row_sum = tl.sum(o, 1) + tl.where(lse == float("-inf"), 0.0, lse)
-        flag = (live & (~(tl.abs(row_sum) < float("inf")) | split_bad)).to(tl.uint8)
+        flag = (live & nonfinite_row_mask(o, lse)).to(tl.uint8)
         tl.store(flag_rows, flag, mask=live)
         if tl.max(flag, 0) != 0:
             tl.debug_barrier()  # the rows' first stores before their repairs overwrite them
