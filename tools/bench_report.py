@@ -86,9 +86,30 @@ def markdown(result) -> str:
             cells.append(f"{e['gbs']:.0f} ({e['gbs'] / bw:.0%}){eager}" if "gbs" in e
                          else "error" + eager)
         lines.append(f"| {row['s']} | {row['ratio']}:1 | " + " | ".join(cells) + " |")
+    lines += _decode_against_cudnn(result, decode)
     lines += _host_markdown(result)
     lines += bench_paged.markdown(result)
     return "\n".join(lines) + "\n"
+
+
+def _decode_against_cudnn(result, rows) -> list:
+    """The decode rows' graph-replay GB/s of each of our candidates, contiguous and paged,
+    as a ratio to SDPA cuDNN's contiguous figure in the same run, to three decimals;
+    "error" where either side has no graph figure."""
+    rows = [row for row in rows if "sdpa-cudnn" in row]
+    if not rows:
+        return []
+    names = list(result["decode_algorithms"])
+    names += [f"{n} paged" for n in result["decode_algorithms"]
+              if any(f"{n} paged" in row for row in rows)]
+    lines = ["", "Decode replayed from a CUDA graph, GB/s as a ratio to SDPA cuDNN's in the "
+             "same run (paged: to cuDNN's contiguous figure):", "",
+             "| S2 | GQA | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 2)]
+    for row in rows:
+        ratios = [_ratio(row, name, "sdpa-cudnn", key="gbs") for name in names]
+        lines.append(f"| {row['s']} | {row['ratio']}:1 | "
+                     + " | ".join("error" if r is None else f"{r:.3f}" for r in ratios) + " |")
+    return lines
 
 
 def _host_markdown(result) -> list:

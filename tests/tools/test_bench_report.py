@@ -94,6 +94,18 @@ def test_paged_table_shows_share_of_copy_and_ratio_to_contiguous():
     assert "| prefill d=128 S=16384 none | error |" in text
 
 
+def test_decode_ratio_to_cudnn_in_three_decimals_paged_against_contiguous():
+    result = _result()
+    decode = result["rows"][-1]
+    text = bench_report.markdown(result)
+    assert "| 8192 | 4:1 | error |" in text  # cuDNN's graph replay failed
+    decode["sdpa-cudnn"] = {"gbs": 2410.0, "eager_gbs": 2600.0}
+    decode["pasa-exact paged"] = {"gbs": 2398.0}
+    text = bench_report.markdown(result)
+    assert "| S2 | GQA | pasa-exact | pasa-exact paged |" in text
+    assert "| 8192 | 4:1 | 0.996 | 0.995 |" in text
+
+
 @pytest.mark.parametrize("cache_shape", ["4d", "3d"])
 def test_paged_bench_inputs_hold_the_same_keys(cache_shape):
     """bench_paged's cache and table give back the contiguous K/V, and its call computes
