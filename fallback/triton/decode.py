@@ -213,7 +213,7 @@ def decode_split_kernel(
     arrival = ARRIVALS + bh * n_chunks + chunk
     if tl.atomic_add(arrival, 1, sem="acq_rel") == n_splits - 1:
         tl.store(arrival, 0)  # the count left zeroed for the next call
-        live = (g < group) & has_query
+        live = in_group & has_query
         o, lse = merge_splits(PART_O, PART_LSE, SINK, part_rows, group_rows, n_splits, heads,
                               live, HAS_SINK, BLOCK_G, HEAD_DIM_V)
         write_merged_rows(o, lse, O, LSE, FLAGS, SINK, b, heads, live, q_start,
