@@ -199,7 +199,9 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
     parameter point needs, before it is evaluated (the same figures as one process)."""
     ranged = [p for p in npu_params.ALL if p.assumption and (names is None or p.name in names)]
     fits = {}
-    pool = multiprocessing.get_context("fork").Pool(jobs) if jobs > 1 else None
+    # spawned, not forked: a fork of a process whose torch thread pools have run can hang in
+    # the child's first parallel torch call
+    pool = multiprocessing.get_context("spawn").Pool(jobs) if jobs > 1 else None
 
     def key(config, params):
         return config, tuple(sorted((k, v) for k, v in npu_params.timing_only(params).items()

@@ -346,9 +346,10 @@ uint32_t RowReduceTreeBytes(uint32_t rows, uint32_t cols, uint32_t elemBytes)
 
 // AIV buffers (per vector core). A vector core works on its vecRowsPad rows in chunks of vecChunkRows:
 // the score, P' and P'V tiles (double-buffered when they fit: P' gives way first, then P'V, then the
-// scores), the fp32 work tile, the reduction tree (also the output staging), the mask bit tiles, the
-// mask bytes and a step's scratch statistics hold a chunk; the accumulator, the kept statistics and the
-// rows' positions (rel, broadcast) hold all of them. The chunk is the most rows (a multiple of 16
+// scores), the fp32 work tile, the reduction tree (also the output staging), the mask bit tiles and the
+// mask bytes and a step's scratch statistics hold a chunk; the row sums and constants of a statistics
+// group hold vecStatRows rows (the chunks whose per-row statistics update together); the
+// accumulator, the kept statistics and the rows' positions (rel, broadcast) hold all of them. The chunk is the most rows (a multiple of 16
 // dividing them, at most PASA_MAX_CHUNK_ROWS) that fit with two score buffers, else the most that fit
 // with one (or the problem's vecChunkRows).
 uint64_t PlanVectorChunk(PasaTilingData& t, uint32_t r)
@@ -356,16 +357,24 @@ uint64_t PlanVectorChunk(PasaTilingData& t, uint32_t r)
     const uint32_t all = t.vecRowsPad, n = t.kvBlock, dv = t.headDimV;
     const bool fa = t.tilingKey == PASA_KEY_FA_FP32, pasa = t.tilingKey == PASA_KEY_PASA;
     t.vecChunkRows = r;
+    t.vecStatRows = r;
+    for (uint32_t g = 2 * r; g <= std::min(all, PASA_MAX_CHUNK_ROWS); g += r) {
+        if (all % g == 0) t.vecStatRows = g;
+    }
+    const uint32_t g = t.vecStatRows;
     t.ubScoreBytes = r * n * (fa || t.shiftScores ? 4 : 2);  // fp32 scores, shifted in place to fp16 S'
     t.ubProbBytes = r * n * 2;
     t.ubPvBytes = r * dv * (fa ? 4 : 2);
     t.ubAccBytes = all * dv * (pasa ? 2 : 4);
     t.ubWorkBytes = fa ? 32 : r * std::max(n, dv) * 4;
-    // the fp32 and fp16 row reductions over a score row; the output staging and a block a row
-    t.ubTreeBytes = std::max({RowReduceTreeBytes(r, n, 4), RowReduceTreeBytes(r, n, 2), r * std::max(n, dv) * 2 + 32 * r});
+    // the fp32 and fp16 row reductions over a score row; the output staging and a block a row; a
+    // block for each of pasa's two rescale factors of a statistics group's rows (and its update's
+    // scratch)
+    t.ubTreeBytes = std::max({RowReduceTreeBytes(r, n, 4), RowReduceTreeBytes(r, n, 2), r * std::max(n, dv) * 2 + 32 * r,
+                              64 * g});
     // the column index row, the broadcast row positions (all rows), two bit tiles, row bits
-    t.ubMaskBytes = Align(n * 2, 32) + 32 * all + 2 * Align(r * n / 8, 32) + Align(r, 32) + 32;
-    t.ubStatBytes = (PASA_VEC_KEPT_UNITS * all + PASA_VEC_SCRATCH_UNITS * r) * 4;
+    t.ubMaskBytes = Align(n * 2, 32) + 32 * all + 2 * Align(r * n / 8, 32) + Align(g, 32) + 32;
+    t.ubStatBytes = (PASA_VEC_KEPT_UNITS * all + PASA_VEC_GROUP_UNITS * g + PASA_VEC_SCRATCH_UNITS * r) * 4;
     t.ubMaskTileBytes = t.hasMask ? r * n : 0;
     const uint64_t fixed = static_cast<uint64_t>(t.ubAccBytes) + t.ubWorkBytes + t.ubTreeBytes + t.ubMaskBytes +
                            t.ubStatBytes + 2ull * Align(r * 4, 32) + t.ubMaskTileBytes;

@@ -4,7 +4,11 @@
 // pasa_tiling.cpp's PlanVector): every instruction covers
 // a whole chunk (padding rows computed and never stored), no loop runs over rows and the scalar
 // unit reads no UB in the per-block steps. The kept statistics and the accumulator hold every row
-// of the band, each chunk its own part of them; the results do not depend on the chunk.
+// of the band, each chunk its own part of them; the results do not depend on the chunk. The
+// per-row statistics of a block (pasa's whole pseudo-average update, the fp32 allocations'
+// rescale factor and row sum) wait for the last chunk of a group of tiling.vecStatRows rows and
+// then update once for the group: a row vector costs one instruction whatever its length, so
+// the instructions per block do not grow with the number of chunks.
 //
 // Per kv block j: wait S'_j, copy it in (ping-pong; with shiftScores the raw fp32 scores, shifted
 // here into S': ShiftScores in pasa_vector_steps.h), mask it if the block is not fully visible,
@@ -60,11 +64,12 @@ constexpr float kFp16Lowest = -65504.0f;   // fp16 masked S' (row maximum only) 
 // Slots of the statistics buffer. The kept slots, in units of vecRowsPad fp32, come first: the
 // running statistics (per task parity and per block parity: block i of a task reads set i % 2 and
 // writes set (i + 1) % 2), the ring of rescale factors and the rows' positions; each chunk's rows
-// sit at the chunk's share of a slot (Kept, PasaSet). The scratch slots follow, in units of
-// vecChunkRows fp32: a step's, used by whichever chunk runs.
+// sit at the chunk's share of a slot (Kept, PasaSet). The scratch slots follow: a statistics
+// group's, in units of vecStatRows fp32, then a chunk's step's, in units of vecChunkRows fp32.
 enum StatSlot : uint32_t {
-    SETS = 0,                       // pasa: 8 fp16 vectors per set, [m | mloc | F | mean | l | lloc | n | peak],
-                                    // set (task parity, block parity) at 4 (2 tp + bp);
+    SETS = 0,                       // pasa: 8 fp16 vectors per set, [m | mloc | F | mean | l | lloc | n | peak]
+                                    // for each statistics group in turn, set (task parity, block parity) at
+                                    // 4 (2 tp + bp);
     M32 = 0, L32 = 4,               // fa-fp32, pasa-exact: m at 2 tp + bp, l at 4 + 2 tp + bp
     PEAK32 = 8,                     // pasa-exact, the resolution check: the rows' peak |rowmax S'| at 8 + tp
     RING = 16,                      // rescale factors of the last PASA_PV_DELAY + 1 blocks of the
@@ -72,17 +77,21 @@ enum StatSlot : uint32_t {
                                     // next task's first softmaxes)
     REL = 20,                       // fp16 rel(r): the row's position within its head's run, every row
     KEPT_SLOTS = 21,
-    T0 = KEPT_SLOTS, T1, T2, T3,
-    CONST, SHIFT, ROWMAX, ROWSUM,
-    // a step's scratch, free at the end of a task: the sink join (Finish) takes three of them
-    SINK = CONST, JOINED_M = SHIFT, JOINED_L = ROWSUM,
-    ONEZERO,                        // fp16 [1 | 0], R_ each
-    REP,                            // fp16 scratch for eight copies of a row vector (4 units)
-    LSE = REP + 4, FIN0, FIN1,
+    // a statistics group's: ROWSUM and T1 gather a block's row sums over the group's chunks (each
+    // at its rows in the group) until the group's statistics update reads them
+    ROWSUM = KEPT_SLOTS, T1,
+    ONEZERO,                        // fp16 [1 | 0], G_ each
+    GROUP_END,
+    // a chunk's step's, free at the end of a task: the sink join (Finish) takes three of them
+    T0 = GROUP_END, T2, T3, CONST, SHIFT, ROWMAX,
+    TASK_BYTES,                     // the task's flag byte on its way to GM
+    LSE, FIN0, FIN1,
     TASK_FLAG,                      // fp16: the maximum of the task's row flags over the chunks so far
-    STAT_SLOTS
+    STAT_SLOTS,
+    SINK = CONST, JOINED_M = SHIFT, JOINED_L = ROWSUM
 };
-static_assert(KEPT_SLOTS == PASA_VEC_KEPT_UNITS && STAT_SLOTS - KEPT_SLOTS <= PASA_VEC_SCRATCH_UNITS,
+static_assert(KEPT_SLOTS == PASA_VEC_KEPT_UNITS && GROUP_END - KEPT_SLOTS == PASA_VEC_GROUP_UNITS &&
+                  STAT_SLOTS - GROUP_END <= PASA_VEC_SCRATCH_UNITS,
               "the host sizes the statistics buffer");
 static_assert(PASA_PV_DELAY + 1 <= REL - RING, "one ring slot per block in flight");
 static_assert(PASA_PV_DELAY + 2 <= kTaskWindow, "the vector cores' cursors stay within the task window");
@@ -105,6 +114,7 @@ public:
         sub_ = static_cast<uint32_t>(GetSubBlockIdx());
         rowBase_ = sub_ == 0 ? 0 : t.vecRows;
         R_ = t.vecChunkRows;
+        G_ = t.vecStatRows;
         all_ = t.vecRowsPad;
         workspace_ = workspace;
         out_.SetGlobalBuffer(reinterpret_cast<__gm__ OutT*>(out));
@@ -141,7 +151,7 @@ public:
         BuildConstants();
         flags_.bytes = Stat(T0).template ReinterpretCast<uint8_t>();
         flags_.aligned = Stat(FIN1).template ReinterpretCast<uint8_t>();
-        flags_.task = Stat(REP).template ReinterpretCast<uint8_t>();
+        flags_.task = Stat(TASK_BYTES).template ReinterpretCast<uint8_t>();
 
         Stream(win);
     }
@@ -225,6 +235,9 @@ private:
                                     LocalTensor<half>& p);
     __aicore__ inline void StepExact(uint32_t i, uint32_t j, const LocalTensor<half>& s, const LocalTensor<float>& c,
                                      const LocalTensor<uint8_t>& maskTile, LocalTensor<half>& p);
+    __aicore__ inline void Statistics(uint32_t i, uint32_t j);
+    __aicore__ inline void StatisticsPasa(uint32_t i, uint32_t j);
+    __aicore__ inline void BroadcastFactors(uint32_t i);
     __aicore__ inline void Fold(uint32_t i, const LocalTensor<float>& pv);
     __aicore__ inline void Finish();
     __aicore__ inline void FinishChunk();
@@ -237,19 +250,27 @@ private:
     // ---------------------------------------------------------------- layout of the scratch
     __aicore__ inline LocalTensor<float> Stat(uint32_t slot)
     {
-        return stat_.Get<float>()[slot < KEPT_SLOTS ? slot * all_ : KEPT_SLOTS * all_ + (slot - KEPT_SLOTS) * R_];
+        const uint32_t groups = KEPT_SLOTS * all_;  // the first statistics group slot
+        if (slot < KEPT_SLOTS) return stat_.Get<float>()[slot * all_];
+        if (slot < GROUP_END) return stat_.Get<float>()[groups + (slot - KEPT_SLOTS) * G_];
+        return stat_.Get<float>()[groups + (GROUP_END - KEPT_SLOTS) * G_ + (slot - GROUP_END) * R_];
     }
     __aicore__ inline LocalTensor<half> Stat16(uint32_t slot) { return Stat(slot).template ReinterpretCast<half>(); }
-    // a kept one-unit slot: the chunk's rows (fp32), or its R_ fp32 of room (e.g. pasa's [a | b] in fp16)
+    // a kept one-unit slot: the rows from c0_ on (fp32), or at a statistics group's first row its G_ fp32
+    // of room (pasa's [a | b] of the group in fp16)
     __aicore__ inline LocalTensor<float> Kept(uint32_t slot) { return Stat(slot)[c0_]; }
     __aicore__ inline LocalTensor<half> Kept16(uint32_t slot) { return Kept(slot).template ReinterpretCast<half>(); }
+    // statistic `stat` of a pasa set from the row c0_ on (each group holds its 8 vectors in turn)
     __aicore__ inline LocalTensor<half> PasaSet(uint32_t parity, uint32_t stat)
     {
-        return Stat16(SETS + 4 * (2 * tp_ + parity))[8 * c0_ + stat * R_];
+        const uint32_t g0 = c0_ - GroupRow();
+        return Stat16(SETS + 4 * (2 * tp_ + parity))[8 * g0 + stat * G_ + GroupRow()];
     }
+    // the row c0_'s place within its statistics group
+    __aicore__ inline uint32_t GroupRow() const { return c0_ % G_; }
     __aicore__ inline LocalTensor<float> M(uint32_t parity) { return Kept(M32 + 2 * tp_ + parity); }
     __aicore__ inline LocalTensor<float> L(uint32_t parity) { return Kept(L32 + 2 * tp_ + parity); }
-    __aicore__ inline LocalTensor<half> Zeros16() { return Stat16(ONEZERO)[R_]; }  // R_ >= 16 zeros
+    __aicore__ inline LocalTensor<half> Zeros16() { return Stat16(ONEZERO)[G_]; }  // G_ >= 16 zeros
     // masks_: the column index row (c = 0 .. n-1), rel broadcast one block a row, two bit tiles, row bits
     __aicore__ inline LocalTensor<half> ColumnRow() { return masks_.Get<half>(); }
     __aicore__ inline LocalTensor<half> RelBroadcast() { return ColumnRow()[Align16(t_->kvBlock)]; }
@@ -277,7 +298,10 @@ private:
         if (key_ == PASA_KEY_PASA_EXACT && i % PASA_CONST_BLOCKS == 0) ++constCount_;
         for (uint32_t k = 0; k < Chunks(); ++k) {
             if (!UseChunk(k)) break;
-            if (i == 0) InitState();
+            if (GroupRow() == 0) {
+                if (i == 0) InitState();
+                groupNoKeys_ = false;
+            }
             if (maskTile && k > 0) LoadMaskTile(j);
             LocalTensor<float> s = scoreIn_.AllocTensor<float>();
             LoadSlotRows(s, slots_.score + slot * t.scoreSlotBytes, n, t.shiftScores != 0);
@@ -306,8 +330,13 @@ private:
             g.SetGlobalBuffer(reinterpret_cast<__gm__ InT*>(slots_.prob + probSlot * t.probSlotBytes));
             DataCopy(g[(rowBase_ + c0_) * n], p, crows_ * n);
             probOut_.FreeTensor(p);
+            if ((c0_ + R_) % G_ == 0 && c0_ + R_ < rows_) Statistics(i, j);  // a group's last chunk, not the last group's
         }
         CrossCoreSetFlag<2, PIPE_MTE3>(PASA_FLAG_P_READY);
+        if (rows_ > 0) {  // the last group's statistics after the flag: the cube does not wait for them
+            UseChunk((rows_ - 1) / R_);
+            Statistics(i, j);
+        }
     }
 
     // This vector core's rows of a cube->vector slot (``width`` elements each) into ``dst``'s
@@ -337,6 +366,7 @@ private:
         ringSlot_ = RingSlot(foldCount_++);
         for (uint32_t k = 0; k < Chunks(); ++k) {
             if (!UseChunk(k)) break;
+            if (GroupRow() == 0) BroadcastFactors(i);
             LocalTensor<float> pv = pvIn_.AllocTensor<float>();
             LoadSlotRows(pv, slots_.pv + slot * t.pvSlotBytes, dv);
             pvIn_.EnQue(pv);
@@ -350,6 +380,8 @@ private:
     const AttentionTask* task_ = nullptr;
     uint32_t key_ = 0, sub_ = 0, rowBase_ = 0, rows_ = 0, tp_ = 0, relPitch_ = 0;
     uint32_t R_ = 16, all_ = 16;   // rows of a chunk, of the AIV's band (padded)
+    uint32_t G_ = 16;              // rows of a statistics group (a whole number of chunks)
+    bool groupNoKeys_ = false;     // the block may have rows that see no key of it in the group's chunks
     uint32_t c0_ = 0, crows_ = 0;  // the chunk's first row in the band, the task's rows in it
     uint32_t scoreCount_ = 0, probCount_ = 0, pvCount_ = 0, constCount_ = 0;  // slot rings, continued across tasks
     uint32_t softmaxCount_ = 0, foldCount_ = 0, ringSlot_ = RING;  // blocks of the stream; the step's RING slot

@@ -76,14 +76,17 @@ static_assert(PASA_QUERY_BUFFERS + PASA_KEY_BUFFERS + PASA_VALUE_BUFFERS + PASA_
 
 // The most rows one vector instruction of a chunk's row vectors covers: a packed pair of fp16
 // statistics is one repeat of 128 halves (PairOp), and a row broadcast repeats once per row
-// (RowBroadcast, a repeat count below 256). An AIV's chunk (vecChunkRows) and the merge's rows
-// (vecRowsPad, with split kv) stay within it.
+// (RowBroadcast, a repeat count below 256). An AIV's chunk (vecChunkRows), the rows whose
+// statistics update together (vecStatRows) and the merge's rows (vecRowsPad, with split kv) stay
+// within it.
 constexpr uint32_t PASA_MAX_CHUNK_ROWS = 128;
 
 // Statistics one AIV keeps in UB (see pasa_attention_vector.h): kept slots in units of vecRowsPad
-// elements of fp32, then a step's scratch in units of vecChunkRows.
+// elements of fp32, a statistics group's scratch in units of vecStatRows, then a step's scratch
+// in units of vecChunkRows.
 constexpr uint32_t PASA_VEC_KEPT_UNITS = 21;
-constexpr uint32_t PASA_VEC_SCRATCH_UNITS = 17;
+constexpr uint32_t PASA_VEC_GROUP_UNITS = 3;
+constexpr uint32_t PASA_VEC_SCRATCH_UNITS = 11;
 // Statistics of the merge kernel, in the same units (see pasa_merge.h).
 constexpr uint32_t PASA_MERGE_STAT_UNITS = 18;
 
@@ -158,6 +161,8 @@ struct PasaTilingData {
     uint32_t vecChunkRows;   // rows an AIV works on at once: a multiple of 16 that divides vecRowsPad, at most
                              // PASA_MAX_CHUNK_ROWS (its tiles
                              // hold a chunk; its statistics and accumulator hold all its rows)
+    uint32_t vecStatRows;    // rows whose per-row statistics update as one after their chunks' tiles: the
+                             // most chunks' rows that divide vecRowsPad, at most PASA_MAX_CHUNK_ROWS
 
     // ---- core split
     uint32_t blockDim;       // AI Cores of the attention launch (with prepInAttention at least prepDim)

@@ -15,8 +15,8 @@ __aicore__ inline void AttentionVector<OutT, InT>::BuildConstants()
     const uint32_t n = t_->kvBlock;
     LocalTensor<half> col = ColumnRow();
     for (uint32_t c = 0; c < n; ++c) col.SetValue(c, half(static_cast<float>(c)));
-    Duplicate(Stat16(ONEZERO), half(1.0f), static_cast<int32_t>(R_));
-    Duplicate(Stat16(ONEZERO)[R_], half(0.0f), static_cast<int32_t>(R_));
+    Duplicate(Stat16(ONEZERO), half(1.0f), static_cast<int32_t>(G_));
+    Duplicate(Stat16(ONEZERO)[G_], half(0.0f), static_cast<int32_t>(G_));
 }
 
 // rel(r) = the position of the AIV's row r within its head's run of `pitch` rows, broadcast one
@@ -58,10 +58,11 @@ __aicore__ inline void AttentionVector<OutT, InT>::LoadMaskTile(uint32_t j)
     maskIn_.EnQue(tile);
 }
 
+// At the first chunk of a statistics group (c0_ its first row): the group's starting statistics.
 template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::InitState()
 {
-    const int32_t r = static_cast<int32_t>(R_);
+    const int32_t r = static_cast<int32_t>(G_);
     if (key_ == PASA_KEY_PASA) {
         Duplicate(PasaSet(0, 0), half(0.0f), static_cast<int32_t>(P_COUNT) * r);  // l, F, n, peak = 0
         Duplicate(PasaSet(0, P_M), half(kFp16Lowest), r);
@@ -191,103 +192,132 @@ __aicore__ inline void AttentionVector<OutT, InT>::Step(uint32_t i, uint32_t j, 
     StepFa(i, j, s, maskTile, p);  // bf16 inputs run fa-fp32 only
 }
 
-// fa-fp32: s = S scale; m' = max(m, rowmax s); a = exp(m - m'); p = exp(s - m'); l' = a l + sum p
-// (fp32); P' leaves in the input type (rounded once).
+// fa-fp32: s = S scale; m' = max(m, rowmax s); p = exp(s - m'); ROWSUM = sum p (fp32; the group's
+// Statistics then gives a = exp(m - m') and l' = a l + sum p); P' leaves in the input type
+// (rounded once).
 template <typename OutT, typename InT>
 template <typename P>
 __aicore__ inline void AttentionVector<OutT, InT>::StepFa(uint32_t i, uint32_t j, const LocalTensor<float>& s,
                                                           const LocalTensor<uint8_t>& maskTile, LocalTensor<P>& p)
 {
-    const uint32_t n = t_->kvBlock, cells = R_ * n, cur = i % 2, nxt = (i + 1) % 2;
+    const uint32_t n = t_->kvBlock, cells = R_ * n;
     const int32_t r = static_cast<int32_t>(R_);
-    LocalTensor<float> tree = tree_.Get<float>(), a = Kept(ringSlot_);
-    LocalTensor<float> mOld = M(cur), mNew = M(nxt), lOld = L(cur), lNew = L(nxt);
+    LocalTensor<float> tree = tree_.Get<float>();
+    LocalTensor<float> mOld = M(i % 2), mNew = M((i + 1) % 2);
     Muls(s, s, t_->scale, static_cast<int32_t>(cells));
     bool noKeys = false;
     if (MaskBlock(j, maskTile, noKeys)) Select(s, Bits(0), s, kMaskedScore, SELMODE::VSEL_TENSOR_SCALAR_MODE, cells);
     RowReduce<ReduceType::MAX>(Stat(ROWMAX), s, tree, R_, n);
     Max(mNew, mOld, Stat(ROWMAX), r);
-    Sub(Stat(T0), mOld, mNew, r);
-    Exp(a, Stat(T0), r);
     BroadcastRows(tree, mNew, R_);
     RowBroadcast<VecOp::SUB>(s, s, tree, R_, n);
     Exp(s, s, static_cast<int32_t>(cells));
     p = probOut_.template AllocTensor<P>();
     Cast(p, s, RoundMode::CAST_RINT, cells);
-    RowReduce<ReduceType::SUM>(Stat(ROWSUM), s, tree, R_, n);
-    Mul(lNew, a, lOld, r);
-    Add(lNew, lNew, Stat(ROWSUM), r);
+    RowReduce<ReduceType::SUM>(Stat(ROWSUM)[GroupRow()], s, tree, R_, n);
 }
 
-// pasa (fp16 statistics, Algorithm 1 re-based with the pseudo-average F): each line below is
-// one rounding of fallback/torch_blockwise.py's _step_pseudo_average.
+// pasa (fp16 statistics, Algorithm 1 re-based with the pseudo-average F), the chunk's tile: the
+// block's fp32 row sums of S' and of P' (ROWSUM, T1 at the chunk's rows), m' and P'. Each line
+// here and in StatisticsPasa is one rounding of fallback/torch_blockwise.py's _step_pseudo_average.
 template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::StepPasa(uint32_t i, uint32_t j, const LocalTensor<half>& s,
                                                             const LocalTensor<uint8_t>& maskTile, LocalTensor<half>& p)
 {
-    const PasaTilingData& t = *t_;
-    const uint32_t n = t.kvBlock, cells = R_ * n;
-    const int32_t r = static_cast<int32_t>(R_);
+    const uint32_t n = t_->kvBlock, cells = R_ * n;
     LocalTensor<float> x = work_.Get<float>(), tree = tree_.Get<float>();
-    LocalTensor<half> tree16 = tree_.Get<half>(), t2 = Stat16(T2), t3 = Stat16(T3);
-    LocalTensor<half> cur = PasaSet(i % 2, 0), nxt = PasaSet((i + 1) % 2, 0);
-    LocalTensor<half> ab = Kept16(ringSlot_);
+    LocalTensor<half> tree16 = tree_.Get<half>(), mloc = PasaSet(i % 2, P_MLOC);
     // the mean runs over the block's keys, masked or not: all n columns, or the v keys of a
     // part-filled last block (its K', or with shiftScores its S', is zero past v, so the sum over n
     // columns is theirs)
     Cast(x, s, RoundMode::CAST_NONE, cells);
-    RowReduce<ReduceType::SUM>(Stat(ROWSUM), x, tree, R_, n);
+    RowReduce<ReduceType::SUM>(Stat(ROWSUM)[GroupRow()], x, tree, R_, n);
     bool noKeys = false;
     const bool masked = MaskBlock(j, maskTile, noKeys);
+    groupNoKeys_ = groupNoKeys_ || noKeys;
     if (masked) Select(s, Bits(0), s, half(kFp16Lowest), SELMODE::VSEL_TENSOR_SCALAR_MODE, cells);
-    RowReduce<ReduceType::MAX>(cur[P_MLOC * R_], s, tree16, R_, n);           // m' (local maximum)
-    if (resolution_) {  // the resolution check: peak = max(peak, |m'|), exact in fp16; a row without keys keeps
-        Abs(t2, cur[P_MLOC * R_], r);                                         // its peak by the select at the end
-        Max(nxt[P_PEAK * R_], cur[P_PEAK * R_], t2, r);
-    }
-    BroadcastRows(tree16, cur[P_MLOC * R_], R_);
+    RowReduce<ReduceType::MAX>(mloc, s, tree16, R_, n);                       // m' (local maximum)
+    BroadcastRows(tree16, mloc, R_);
     RowBroadcast<VecOp::SUB>(s, s, tree16, R_, n);                            // fp16(s - m')
     p = probOut_.template AllocTensor<half>();
     Exp(p, s, static_cast<int32_t>(cells));                                   // fp16(exp(.))
     if (masked) Select(p, Bits(0), p, half(0.0f), SELMODE::VSEL_TENSOR_SCALAR_MODE, cells);
     Cast(x, p, RoundMode::CAST_NONE, cells);
-    RowReduce<ReduceType::SUM>(Stat(T1), x, tree, R_, n);
-    Cast(cur[P_LLOC * R_], Stat(T1), RoundMode::CAST_RINT, R_);              // l' = fp16(sum p)
+    RowReduce<ReduceType::SUM>(Stat(T1)[GroupRow()], x, tree, R_, n);
+}
+
+// After the last chunk of a statistics group (c0_ moves to the group's first row): the per-row
+// statistics of block i of the task (kv block j) for the group's rows.
+template <typename OutT, typename InT>
+__aicore__ inline void AttentionVector<OutT, InT>::Statistics(uint32_t i, uint32_t j)
+{
+    c0_ -= GroupRow();
+    if (key_ == PASA_KEY_PASA) {
+        StatisticsPasa(i, j);
+        return;
+    }
+    // fa-fp32, pasa-exact: a = exp(m - m'), l' = a l + sum p (fp32)
+    const int32_t g = static_cast<int32_t>(G_);
+    const uint32_t cur = i % 2, nxt = (i + 1) % 2;
+    LocalTensor<float> a = Kept(ringSlot_), lNew = L(nxt);
+    Sub(a, M(cur), M(nxt), g);
+    Exp(a, a, g);
+    Mul(lNew, a, L(cur), g);
+    Add(lNew, lNew, Stat(ROWSUM), g);
+}
+
+// pasa's statistics update for the group's rows from its tiles' m', row sums of P' and of S'
+// (its scratch in the tree: the row pairs, then eight copies of l').
+template <typename OutT, typename InT>
+__aicore__ inline void AttentionVector<OutT, InT>::StatisticsPasa(uint32_t i, uint32_t j)
+{
+    const PasaTilingData& t = *t_;
+    const uint32_t n = t.kvBlock, G = G_;
+    const int32_t g = static_cast<int32_t>(G_);
+    LocalTensor<half> t2 = tree_.Get<half>(), t3 = t2[2 * G], copies = t2[4 * G];
+    LocalTensor<half> cur = PasaSet(i % 2, 0), nxt = PasaSet((i + 1) % 2, 0);
+    LocalTensor<half> ab = Kept16(ringSlot_);
+    Cast(cur[P_LLOC * G], Stat(T1), RoundMode::CAST_RINT, G);                // l' = fp16(sum p)
+    if (resolution_) {  // the resolution check: peak = max(peak, |m'|), exact in fp16; a row without keys keeps
+        Abs(t2, cur[P_MLOC * G], g);                                          // its peak by the select at the end
+        Max(nxt[P_PEAK * G], cur[P_PEAK * G], t2, g);
+    }
     const int64_t keys = task_->info.kvLen - static_cast<int64_t>(j) * n;
     const float inv = keys < n ? 1.0f / static_cast<float>(keys) : t.invKvBlock;  // fp32(1 / v)
-    Muls(Stat(ROWSUM), Stat(ROWSUM), inv, r);                                 // sum / n (exact) or sum * (1 / v)
-    Cast(cur[P_MEAN * R_], Stat(ROWSUM), RoundMode::CAST_RINT, R_);          // fp16 block mean
-    Adds(nxt[P_N * R_], cur[P_N * R_], half(1.0f), r);                        // n + 1
-    Mul(t2, cur[P_N * R_], cur[P_F * R_], r);                                 // (n - 1) F
-    Add(t2, t2, cur[P_MEAN * R_], r);
-    Div(nxt[P_F * R_], t2, nxt[P_N * R_], r);                                 // F_j
-    PairOp<VecOp::SUB>(t2, cur[P_F * R_], nxt[P_F * R_], R_);                 // [F - F_j | mean - F_j]
-    Muls(t2, t2, half(t.gamma), 2 * r);
-    Add(t3, cur[P_M * R_], t2, 2 * r);                                        // [x | y]
-    Max(nxt[P_M * R_], t3, t3[R_], r);                                        // m_j = max(x, y)
-    PairOp<VecOp::SUB>(t2, t3, nxt[P_M * R_], R_);
-    Exp(ab, t2, 2 * r);                                                       // [a | b]
-    Mul(t2, ab, cur[P_L * R_], 2 * r);                                        // [a l | b l']
-    Add(nxt[P_L * R_], t2, t2[R_], r);
-    if (noKeys) {  // rows that see no key of block j (l' = 0) keep m, l, F, n; their O keeps too (a = 1, b = 0)
-        Replicate8(Stat16(REP), cur[P_LLOC * R_], Zeros16(), R_);
-        Compares(RowBits(), Stat16(REP), half(0.0f), CMPMODE::NE, P_COUNT * R_);
-        Select(nxt, RowBits(), nxt, cur, SELMODE::VSEL_TENSOR_TENSOR_MODE, P_COUNT * R_);
-        Select(ab, RowBits(), ab, Stat16(ONEZERO), SELMODE::VSEL_TENSOR_TENSOR_MODE, 2 * R_);
+    Muls(Stat(ROWSUM), Stat(ROWSUM), inv, g);                                 // sum / n (exact) or sum * (1 / v)
+    Cast(cur[P_MEAN * G], Stat(ROWSUM), RoundMode::CAST_RINT, G);            // fp16 block mean
+    Adds(nxt[P_N * G], cur[P_N * G], half(1.0f), g);                          // n + 1
+    Mul(t2, cur[P_N * G], cur[P_F * G], g);                                   // (n - 1) F
+    Add(t2, t2, cur[P_MEAN * G], g);
+    Div(nxt[P_F * G], t2, nxt[P_N * G], g);                                   // F_j
+    PairOp<VecOp::SUB>(t2, cur[P_F * G], nxt[P_F * G], G);                    // [F - F_j | mean - F_j]
+    Muls(t2, t2, half(t.gamma), 2 * g);
+    Add(t3, cur[P_M * G], t2, 2 * g);                                         // [x | y]
+    Max(nxt[P_M * G], t3, t3[G], g);                                          // m_j = max(x, y)
+    PairOp<VecOp::SUB>(t2, t3, nxt[P_M * G], G);
+    Exp(ab, t2, 2 * g);                                                       // [a | b]
+    Mul(t2, ab, cur[P_L * G], 2 * g);                                         // [a l | b l']
+    Add(nxt[P_L * G], t2, t2[G], g);
+    if (groupNoKeys_) {  // rows that see no key of block j (l' = 0) keep m, l, F, n; their O keeps too (a = 1, b = 0)
+        Replicate8(copies, cur[P_LLOC * G], Zeros16(), G);
+        Compares(RowBits(), copies, half(0.0f), CMPMODE::NE, P_COUNT * G);
+        Select(nxt, RowBits(), nxt, cur, SELMODE::VSEL_TENSOR_TENSOR_MODE, P_COUNT * G);
+        Select(ab, RowBits(), ab, Stat16(ONEZERO), SELMODE::VSEL_TENSOR_TENSOR_MODE, 2 * G);
     }
 }
 
-// pasa-exact: m' = max(m, rowmax S' + c); a = exp(m - m'); p = fp16(exp(S' - (m' - c))) with an
-// fp32 argument; l' = a l + sum p (fp32, of the rounded p).
+// pasa-exact: m' = max(m, rowmax S' + c); p = fp16(exp(S' - (m' - c))) with an fp32 argument;
+// ROWSUM = sum p (fp32, of the rounded p; the group's Statistics then gives a = exp(m - m') and
+// l' = a l + sum p).
 template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::StepExact(uint32_t i, uint32_t j, const LocalTensor<half>& s,
                                                              const LocalTensor<float>& c, const LocalTensor<uint8_t>& maskTile,
                                                              LocalTensor<half>& p)
 {
-    const uint32_t n = t_->kvBlock, cells = R_ * n, cur = i % 2, nxt = (i + 1) % 2;
+    const uint32_t n = t_->kvBlock, cells = R_ * n;
     const int32_t r = static_cast<int32_t>(R_);
-    LocalTensor<float> x = work_.Get<float>(), tree = tree_.Get<float>(), a = Kept(ringSlot_);
-    LocalTensor<float> mOld = M(cur), mNew = M(nxt), lOld = L(cur), lNew = L(nxt);
+    LocalTensor<float> x = work_.Get<float>(), tree = tree_.Get<float>();
+    LocalTensor<float> mOld = M(i % 2), mNew = M((i + 1) % 2);
     Cast(x, s, RoundMode::CAST_NONE, cells);
     bool noKeys = false;
     if (MaskBlock(j, maskTile, noKeys)) Select(x, Bits(0), x, kMaskedScore, SELMODE::VSEL_TENSOR_SCALAR_MODE, cells);
@@ -296,8 +326,6 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepExact(uint32_t i, uint32_
     Muls(Stat(CONST), c, t_->scale, r);                                       // c = scale (Q . mean16)
     Add(Stat(T0), Stat(ROWMAX), Stat(CONST), r);
     Max(mNew, mOld, Stat(T0), r);
-    Sub(Stat(T0), mOld, mNew, r);
-    Exp(a, Stat(T0), r);
     Sub(Stat(SHIFT), mNew, Stat(CONST), r);                                   // m' - c
     BroadcastRows(tree, Stat(SHIFT), R_);
     RowBroadcast<VecOp::SUB>(x, x, tree, R_, n);
@@ -305,32 +333,43 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepExact(uint32_t i, uint32_
     p = probOut_.template AllocTensor<half>();
     Cast(p, x, RoundMode::CAST_RINT, cells);                                  // fp16 P'
     Cast(x, p, RoundMode::CAST_NONE, cells);
-    RowReduce<ReduceType::SUM>(Stat(ROWSUM), x, tree, R_, n);
-    Mul(lNew, a, lOld, r);
-    Add(lNew, lNew, Stat(ROWSUM), r);
+    RowReduce<ReduceType::SUM>(Stat(ROWSUM)[GroupRow()], x, tree, R_, n);
+}
+
+// At the first chunk of a statistics group (c0_ its first row), before block i's folds: the
+// group's rescale factors of the block in the ring, one 32-byte block a row in the tree (pasa: a
+// then b; the fp32 allocations: a, which the task's first fold does not use).
+template <typename OutT, typename InT>
+__aicore__ inline void AttentionVector<OutT, InT>::BroadcastFactors(uint32_t i)
+{
+    if (key_ == PASA_KEY_PASA) {
+        BroadcastRows(tree_.Get<half>(), Kept16(ringSlot_), 2 * G_);
+    } else if (i > 0) {
+        BroadcastRows(tree_.Get<float>(), Kept(ringSlot_), G_);
+    }
 }
 
 // O = a O + P'V (fa-fp32: fp32; pasa-exact: the fp16 tile widened) or, pasa, fp16(fp16(a O) +
-// fp16(b P'V)), with the factors block i of the task left in its ring slot. The task's first fold
-// writes O: a O + x = x when O = 0 (and pasa's fp16(0 + fp16(b P'V)) = fp16(b P'V)), so O needs no
-// zeroing.
+// fp16(b P'V)), with the factors of block i of the task broadcast by BroadcastFactors. The task's
+// first fold writes O: a O + x = x when O = 0 (and pasa's fp16(0 + fp16(b P'V)) = fp16(b P'V)), so
+// O needs no zeroing.
 template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::Fold(uint32_t i, const LocalTensor<float>& pv)
 {
-    const uint32_t dv = t_->headDimV, cells = R_ * dv, ring = ringSlot_;
+    const uint32_t dv = t_->headDimV, cells = R_ * dv, row = GroupRow();
     if (key_ == PASA_KEY_PASA) {
         LocalTensor<half> brc = tree_.Get<half>(), o = acc_.Get<half>()[c0_ * dv], x = pv.template ReinterpretCast<half>();
-        BroadcastRows(brc, Kept16(ring), 2 * R_);
+        LocalTensor<half> a = brc[row * kC0], b = brc[(G_ + row) * kC0];
         if (i == 0) {
-            RowBroadcast<VecOp::MUL>(o, x, brc[R_ * kC0], R_, dv);
+            RowBroadcast<VecOp::MUL>(o, x, b, R_, dv);
             return;
         }
-        RowBroadcast<VecOp::MUL>(o, o, brc, R_, dv);
-        RowBroadcast<VecOp::MUL>(x, x, brc[R_ * kC0], R_, dv);
+        RowBroadcast<VecOp::MUL>(o, o, a, R_, dv);
+        RowBroadcast<VecOp::MUL>(x, x, b, R_, dv);
         Add(o, o, x, static_cast<int32_t>(cells));
         return;
     }
-    LocalTensor<float> brc = tree_.Get<float>(), o = acc_.Get<float>()[c0_ * dv];
+    LocalTensor<float> brc = tree_.Get<float>()[row * 8], o = acc_.Get<float>()[c0_ * dv];
     if (key_ == PASA_KEY_PASA_EXACT) {
         Cast(i == 0 ? o : work_.Get<float>(), pv.template ReinterpretCast<half>(), RoundMode::CAST_NONE, cells);
         if (i == 0) return;
@@ -338,7 +377,6 @@ __aicore__ inline void AttentionVector<OutT, InT>::Fold(uint32_t i, const LocalT
         Adds(o, pv, 0.0f, static_cast<int32_t>(cells));
         return;
     }
-    BroadcastRows(brc, Kept(ring), R_);
     RowBroadcast<VecOp::MUL>(o, o, brc, R_, dv);
     Add(o, o, key_ == PASA_KEY_PASA_EXACT ? work_.Get<float>() : pv, static_cast<int32_t>(cells));
 }

@@ -148,10 +148,17 @@ def test_tiles_of_more_rows_than_one_instruction_covers(name, algorithm):
     kw["repair_overflow"] = False
     out, lse, tiling = run_kernels(q, k, v, "ascendc-emu", algorithm=algorithm, **kw)
     assert tiling["vec_rows"] == 256 and tiling["vec_chunk_rows"] == 128, tiling
+    assert tiling["vec_stat_rows"] == 128, tiling
     if name == "split":
         cores = ascendc_emu.model_parameters()["core_num"]
         assert tiling["num_tasks"] < cores and tiling["kv_splits"] == 1, tiling
     check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, case)
+    # two statistics groups of 128 rows, each gathered from four 32-row chunks: bit for bit
+    with ascendc_emu.forcing_tiling(vec_chunk_rows=32):
+        out32, lse32, tiling32 = run_kernels(q, k, v, "ascendc-emu", algorithm=algorithm, **kw)
+    assert (tiling32["vec_chunk_rows"], tiling32["vec_stat_rows"]) == (32, 128), tiling32
+    assert torch.equal(out.view(torch.int16), out32.view(torch.int16))
+    assert torch.equal(lse.view(torch.int32), lse32.view(torch.int32))
 
 
 @pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
