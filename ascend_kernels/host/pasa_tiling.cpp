@@ -346,12 +346,12 @@ uint32_t RowReduceTreeBytes(uint32_t rows, uint32_t cols, uint32_t elemBytes)
 
 // AIV buffers (per vector core). A vector core works on its vecRowsPad rows in chunks of vecChunkRows:
 // the score, P' and P'V tiles (double-buffered when they fit: P' gives way first, then P'V, then the
-// scores), the fp32 work tile, the reduction tree (also the output staging), the mask bit tiles and the
+// scores), the fp32 work tile, the reduction tree (also the output staging), the mask bit tiles, the
 // mask bytes and a step's scratch statistics hold a chunk; the row sums and constants of a statistics
 // group hold vecStatRows rows (the chunks whose per-row statistics update together); the
-// accumulator, the kept statistics and the rows' positions (rel, broadcast) hold all of them. The chunk is the most rows (a multiple of 16
-// dividing them, at most PASA_MAX_CHUNK_ROWS) that fit with two score buffers, else the most that fit
-// with one (or the problem's vecChunkRows).
+// accumulator, the kept statistics and the rows' positions (rel, broadcast) hold all of them. The
+// chunk is the most rows (a multiple of 16 dividing them, at most PASA_MAX_CHUNK_ROWS) that fit with
+// two score buffers, else the most that fit with one (or the problem's vecChunkRows).
 uint64_t PlanVectorChunk(PasaTilingData& t, uint32_t r)
 {
     const uint32_t all = t.vecRowsPad, n = t.kvBlock, dv = t.headDimV;

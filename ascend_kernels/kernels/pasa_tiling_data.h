@@ -162,7 +162,7 @@ struct PasaTilingData {
                              // PASA_MAX_CHUNK_ROWS (its tiles
                              // hold a chunk; its statistics and accumulator hold all its rows)
     uint32_t vecStatRows;    // rows whose per-row statistics update as one after their chunks' tiles: the
-                             // most chunks' rows that divide vecRowsPad, at most PASA_MAX_CHUNK_ROWS
+                             // most whole chunks that divide vecRowsPad, at most PASA_MAX_CHUNK_ROWS rows
 
     // ---- core split
     uint32_t blockDim;       // AI Cores of the attention launch (with prepInAttention at least prepDim)

@@ -369,7 +369,7 @@ __aicore__ inline void AttentionVector<OutT, InT>::Fold(uint32_t i, const LocalT
         Add(o, o, x, static_cast<int32_t>(cells));
         return;
     }
-    LocalTensor<float> brc = tree_.Get<float>()[row * 8], o = acc_.Get<float>()[c0_ * dv];
+    LocalTensor<float> brc = tree_.Get<float>()[row * 32 / sizeof(float)], o = acc_.Get<float>()[c0_ * dv];
     if (key_ == PASA_KEY_PASA_EXACT) {
         Cast(i == 0 ? o : work_.Get<float>(), pv.template ReinterpretCast<half>(), RoundMode::CAST_NONE, cells);
         if (i == 0) return;
