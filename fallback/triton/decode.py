@@ -27,8 +27,6 @@ from pasa_npu.fallback.triton.softmax import (block_update, finish_rows, initial
                                               nonfinite_row_mask, block_row_constant)
 from pasa_npu.problem import AttentionProblem
 
-REPAIR_ROWS = tl.constexpr(16)  # decode's repair tile: one row, padded to a matmul's least
-
 
 # Over 80 lines: one kv loop holds the contiguous and the paged addressing, the fused key
 # shift and the mask, each a few lines that read the loop's state.
@@ -307,9 +305,8 @@ def write_merged_rows(o, lse, O, LSE, FLAGS, SINK, b, heads, live, q_start,
                       BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr):
     """Store the merged rows of query ``heads`` (where ``live``) into O and LSE. CHECK:
     each row's flag; a row whose output or LSE is not finite (a bad split makes both NaN) is
-    recomputed from Q, K and V by fa-fp32 (:func:`repair.fp32_tile`, as row 0 of a
-    REPAIR_ROWS tile, REPAIR_KEYS keys a step, one stage: a small footprint on a path that
-    rarely runs) and flagged repaired, or still not finite where an input was."""
+    recomputed from Q, K and V by fa-fp32 (:func:`repair_row`) and flagged repaired, or
+    still not finite where an input was."""
     dims_v = tl.arange(0, HEAD_DIM_V)
     b64 = b.to(tl.int64)
     o_rows = O + b64 * stride_ob + heads.to(tl.int64) * stride_oh + q_start * stride_os
@@ -325,38 +322,63 @@ def write_merged_rows(o, lse, O, LSE, FLAGS, SINK, b, heads, live, q_start,
         if tl.max(flag, 0) != 0:
             tl.debug_barrier()  # the rows' first stores before their repairs overwrite them
             lane = tl.arange(0, BLOCK_G)
-            first = tl.arange(0, REPAIR_ROWS) == 0
             for r in range(BLOCK_G):
                 if tl.sum(tl.where(lane == r, flag, 0).to(tl.int32), 0) != 0:
                     h = tl.sum(tl.where(lane == r, heads, 0), 0)
-                    sink = 0.0
-                    if HAS_SINK:
-                        sink = tl.load(SINK + h)
-                    o_t, lse_t = fp32_tile(Q, K, V, MASK, PAGES, b, h, h // group, 0,
-                                           q_start, 1, kv_start, kv_len, q_lens, q_lens,
-                                           stride_qb, stride_qh, stride_qs, stride_qd,
-                                           stride_kb, stride_kh, stride_ks, stride_kd,
-                                           stride_vb, stride_vh, stride_vs, stride_vd,
-                                           stride_xb, 0, stride_xk, stride_pb, page_size,
-                                           scale, head_dim, head_dim_v, HAS_MASK, False,
-                                           GUARD, PAGED, WHOLE_PAGE, REPAIR_ROWS,
-                                           REPAIR_KEYS, HEAD_DIM, HEAD_DIM_V, 1, sink,
-                                           HAS_SINK)
-                    # row 0 of the tile, NaN kept (a maximum would drop it); the other rows
-                    # saw no key (output 0, LSE -inf), never non-finite
-                    o_r = tl.sum(tl.where(first[:, None], o_t, 0.0), 0)
-                    lse_r = tl.sum(tl.where(first, lse_t, 0.0), 0)
-                    still = tl.max(nonfinite_row_mask(o_t, lse_t).to(tl.int32), 0) > 0
-                    h64 = h.to(tl.int64)
-                    o_at = O + b64 * stride_ob + h64 * stride_oh + q_start * stride_os
-                    tl.store(o_at + dims_v * stride_od, o_r.to(O.dtype.element_ty),
-                             mask=dims_v < head_dim_v)
-                    if HAS_LSE:
-                        tl.store(LSE + b64 * stride_lb + h64 * stride_lh + q_start * stride_ls,
-                                 lse_r)
-                    tl.store(FLAGS + b64 * stride_fb + h64 * stride_fh + q_start,
-                             tl.where(still, ROW_NONFINITE_C, ROW_REPAIRED_C).to(tl.uint8))
+                    repair_row(O, LSE, FLAGS, SINK, b, h, q_start,
+                               stride_ob, stride_oh, stride_os, stride_od, stride_lb,
+                               stride_lh, stride_ls, stride_fb, stride_fh, group,
+                               Q, K, V, MASK, PAGES, q_lens, kv_start, kv_len,
+                               stride_qb, stride_qh, stride_qs, stride_qd,
+                               stride_kb, stride_kh, stride_ks, stride_kd,
+                               stride_vb, stride_vh, stride_vs, stride_vd,
+                               stride_xb, stride_xk, stride_pb, page_size, scale, head_dim,
+                               head_dim_v, HAS_LSE, HAS_SINK, HAS_MASK, GUARD, PAGED,
+                               WHOLE_PAGE, REPAIR_KEYS, HEAD_DIM, HEAD_DIM_V)
 
+
+@triton.jit(noinline=True)
+def repair_row(O, LSE, FLAGS, SINK, b, h, q_start,
+               stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh,
+               stride_ls, stride_fb, stride_fh, group,
+               Q, K, V, MASK, PAGES, q_lens, kv_start, kv_len,
+               stride_qb, stride_qh, stride_qs, stride_qd,
+               stride_kb, stride_kh, stride_ks, stride_kd,
+               stride_vb, stride_vh, stride_vs, stride_vd,
+               stride_xb, stride_xk, stride_pb, page_size, scale, head_dim, head_dim_v,
+               HAS_LSE: tl.constexpr, HAS_SINK: tl.constexpr, HAS_MASK: tl.constexpr,
+               GUARD: tl.constexpr, PAGED: tl.constexpr, WHOLE_PAGE: tl.constexpr,
+               REPAIR_KEYS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr):
+    """Recompute query head ``h``'s merged row by fa-fp32 (:func:`repair.fp32_tile` on a
+    one-row tile, whose products :func:`softmax.fp32_product` forms without a matrix
+    instruction, REPAIR_KEYS keys a step, one stage) and flag it repaired, or still not
+    finite where an input was. A function of its own, not inlined, so that a path that
+    rarely runs leaves the decode kernel's schedule alone (an H200 decoded slightly faster
+    so)."""
+    dims_v = tl.arange(0, HEAD_DIM_V)
+    b64 = b.to(tl.int64)
+    sink = 0.0
+    if HAS_SINK:
+        sink = tl.load(SINK + h)
+    o_t, lse_t = fp32_tile(Q, K, V, MASK, PAGES, b, h, h // group, 0,
+                           q_start, 1, kv_start, kv_len, q_lens, q_lens,
+                           stride_qb, stride_qh, stride_qs, stride_qd,
+                           stride_kb, stride_kh, stride_ks, stride_kd,
+                           stride_vb, stride_vh, stride_vs, stride_vd,
+                           stride_xb, 0, stride_xk, stride_pb, page_size,
+                           scale, head_dim, head_dim_v, HAS_MASK, False,
+                           GUARD, PAGED, WHOLE_PAGE, 1, REPAIR_KEYS,
+                           HEAD_DIM, HEAD_DIM_V, 1, sink, HAS_SINK)
+    o_r = tl.sum(o_t, 0)  # the tile's one row
+    lse_r = tl.sum(lse_t, 0)
+    still = tl.max(nonfinite_row_mask(o_t, lse_t).to(tl.int32), 0) > 0
+    h64 = h.to(tl.int64)
+    o_at = O + b64 * stride_ob + h64 * stride_oh + q_start * stride_os
+    tl.store(o_at + dims_v * stride_od, o_r.to(O.dtype.element_ty), mask=dims_v < head_dim_v)
+    if HAS_LSE:
+        tl.store(LSE + b64 * stride_lb + h64 * stride_lh + q_start * stride_ls, lse_r)
+    tl.store(FLAGS + b64 * stride_fb + h64 * stride_fh + q_start,
+             tl.where(still, ROW_NONFINITE_C, ROW_REPAIRED_C).to(tl.uint8))
 
 def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> None:
     """Launch the decode kernel for ``problem`` (query length 1;

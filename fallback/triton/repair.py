@@ -22,8 +22,8 @@ import triton.language as tl
 
 from pasa_npu.fallback.kernel_common import (Binding, kv_row_offsets, tile_kv_blocks, cdiv,
                                              resident_programs)
-from pasa_npu.fallback.triton.softmax import (block_update, finish_rows, initial_state,
-                                              nonfinite_row_mask)
+from pasa_npu.fallback.triton.softmax import (block_update, finish_rows, fp32_product,
+                                              initial_state, nonfinite_row_mask)
 from pasa_npu.problem import ROW_FLAGGED, ROW_NONFINITE, ROW_REPAIRED, AttentionProblem
 
 ROW_REPAIRED_C = tl.constexpr(ROW_REPAIRED)
@@ -144,9 +144,9 @@ def fp32_tile(Q, K, V, MASK, PAGES, b, h, hk, m0, q_start, q_len, kv_start, kv_l
                              mask=(rows[:, None] < q_len) & in_kv[None, :], other=1)
             vis = vis & (masked == 0)
         row_any = tl.max(vis.to(tl.int32), 1) > 0
-        m, l, acc, f, cnt = block_update(tl.dot(q, tl.trans(k)), v, c, vis, row_any, m, l, acc, f, cnt, scale,
-                                          0.0, scale, False, False, False, False, True, GUARD,
-                                          BLOCK_N, False)
+        m, l, acc, f, cnt = block_update(fp32_product(q, tl.trans(k)), v, c, vis, row_any,
+                                          m, l, acc, f, cnt, scale, 0.0, scale, False, False,
+                                          False, False, True, GUARD, BLOCK_N, False)
     return finish_rows(m, l, acc, f, cnt, 0.0, sink, False, HAS_SINK)
 
 

@@ -96,7 +96,7 @@ def block_update(qk, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mean_f
         if GUARD:  # a guarded row's l sums the weights P.V uses ("The rounding guard")
             p = tl.where((rm != tl.max(s, 1))[:, None], p.to(low).to(tl.float32), p)
         l_new = alpha * l + tl.sum(p, 1)
-        acc_new = acc * alpha[:, None] + tl.dot(p.to(low), v)
+        acc_new = acc * alpha[:, None] + fp32_product(p.to(low), v)
         f_new = f
     elif not (PSEUDO_AVERAGE_SHIFT or EXACT_SHIFT):  # fa-fp16: every step fp16
         s = round_low(round_low(qk, low) * scale, low)
@@ -187,6 +187,16 @@ def block_update(qk, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mean_f
         f_new = tl.where(row_any, f_new, f)
         cnt_new = tl.where(row_any, cnt_new, cnt)
     return m_new, l_new, acc_new, f_new, cnt_new
+
+
+@triton.jit
+def fp32_product(a, b):
+    """a @ b in fp32 from fp16 (or bf16) operands: a matmul with fp32 accumulation, or,
+    where ``a`` is one row (a decode repair's), the exact fp32 products summed in fp32, so
+    that the kernel holds no second kind of matrix instruction for a path that rarely runs."""
+    if a.shape[0] == 1:
+        return tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], 1)
+    return tl.dot(a, b)
 
 
 @triton.jit
