@@ -37,7 +37,7 @@ def decode_split_kernel(
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
     stride_vb, stride_vh, stride_vs, stride_vd,
-    stride_xb, stride_xk, stride_pb, page_size,
+    stride_xb, stride_xk, stride_pb, page_size, table_cols,
     n_kv_heads, group, scale, gamma, head_dim, head_dim_v, blocks_per_split, n_splits,
     n_chunks, group_rows,
     ARRIVALS, O, LSE, FLAGS, SINK, q_lens,
@@ -56,8 +56,9 @@ def decode_split_kernel(
     done here on each zero-padded raw K block: on its scores (SHIFT_SCORES, set for the
     shifted allocations only: :func:`shift.shift_scores`) or on the keys
     (:func:`shift.shift_keys_in_kernel`). PAGED: K and V are the caches
-    (num_blocks, N_kv, page_size, D), read through the block table ``PAGES`` (a row of
-    ``stride_pb`` per batch), whose strides ``stride_kb``/``stride_vb`` step blocks.
+    (num_blocks, N_kv, page_size, D), read through the block table ``PAGES``
+    (``table_cols`` entries in a row of ``stride_pb`` per batch), whose strides
+    ``stride_kb``/``stride_vb`` step blocks.
     USE_TMA: the whole blocks are read through the TMA descriptors ``K_DESC``/``V_DESC``
     of (1, 1, BLOCK_N, HEAD_DIM) tiles over the (B, N_kv, S, D) views (PAGED: the caches,
     each block inside one cache block), the part-filled one as without.
@@ -134,7 +135,9 @@ def decode_split_kernel(
         # the part-filled block is not pipelined: it is one block at most
         page_next = 0
         if PAGED and USE_TMA and part == 0:
-            page_next = tl.load(pages + lo * BLOCK_N // page_size, mask=lo < hi, other=0)
+            # bounded by the table, not by ``lo < hi``: the load need not wait for kv_len
+            first_page = lo * BLOCK_N // page_size
+            page_next = tl.load(pages + first_page, mask=first_page < table_cols, other=0)
         for blk in tl.range(lo, hi, num_stages=1 if part == 1 else None):
             n = blk * BLOCK_N + cols
             vis = g[:, None] < group
@@ -427,7 +430,7 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
         q_starts, kv_starts, kv_lens,
         *shared.strides(q), *shared.kv_strides(k), *shared.kv_strides(v),
         shared.mask_strides[0], shared.mask_strides[2], pages.stride(0), problem.block_size,
-        n_kv, group, problem.scale, shared.gamma, q.shape[3], v.shape[3], blocks_per_split,
+        pages.shape[1] if problem.paged else 0, n_kv, group, problem.scale, shared.gamma, q.shape[3], v.shape[3], blocks_per_split,
         n_splits, n_chunks, group_rows,
         arrivals, out, lse_arg, flags, shared.sink, q_lens, *shared.strides(out),
         (shared.batch_stride(lse_arg) if has_lse else 0), lse_arg.stride(1), lse_arg.stride(2),
