@@ -66,7 +66,8 @@ def decode_split_kernel(
     chunk), which it resets to 0) merges the group's splits (:func:`merge_splits`) and
     writes the rows of O, LSE and the row flags (:func:`write_merged_rows`); rows of a
     batch whose query length is 0 are left as they are. CHECK: a row that lost resolution
-    here leaves a NaN partial LSE, which the merge carries into the merged row."""
+    here, or whose partial output is not finite, leaves a NaN partial LSE, which the merge
+    carries into the merged row."""
     # a 1-D grid, chunks of a group fastest (they read the same K/V blocks): CUDA caps
     # the grid's other axes at 65535
     pid = tl.program_id(0)
@@ -205,6 +206,8 @@ def decode_split_kernel(
                                               SHIFT_SCORES)
     # a split's partial result: the sink joins once, in the merge
     o, lse = finish_rows(m, l, acc.to(tl.float32), f, cnt, gamma, 0.0, PSEUDO_AVERAGE_SHIFT, False)
+    if CHECK:  # so the merge's test reads LSEs only: a partial row not finite has a NaN one
+        lse = tl.where(nonfinite_row_mask(o, lse), float("nan"), lse)
     part_rows = (bh * n_splits).to(tl.int64) * group_rows + g  # split 0's rows
     rows = part_rows + split * group_rows
     in_group = g < group  # the padding rows' partial results are never read
@@ -248,8 +251,9 @@ def merge_splits(PART_O, PART_LSE, SINK, part_rows, group_rows, n_splits, heads,
     serial tail) and rescaled onto a running maximum; rows not ``live`` are read as rows
     without keys. A split's NaN or +inf LSE (a NaN or inf in the keys or values it saw, or
     a row that lost resolution there) makes its weight NaN, so the merged row's output and
-    LSE are NaN: the check needs no flag of its own per split. HAS_SINK: each head's
-    learnable sink joins the merged row (docs/design.md, "Learnable sinks")."""
+    LSE are NaN: the check needs no flag of its own per split. Where every split's row is
+    finite the merged row is: fp16 values merged in fp32 cannot overflow. HAS_SINK: each
+    head's learnable sink joins the merged row (docs/design.md, "Learnable sinks")."""
     dims_v = tl.arange(0, HEAD_DIM_V)
     top = tl.full([BLOCK_G], float("-inf"), tl.float32)
     total = tl.zeros([BLOCK_G], tl.float32)
@@ -307,9 +311,10 @@ def write_merged_rows(o, lse, O, LSE, FLAGS, SINK, b, heads, live, q_start,
                       WHOLE_PAGE: tl.constexpr, REPAIR_KEYS: tl.constexpr,
                       BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr):
     """Store the merged rows of query ``heads`` (where ``live``) into O and LSE. CHECK:
-    each row's flag; a row whose output or LSE is not finite (a bad split makes both NaN) is
-    recomputed from Q, K and V by fa-fp32 (:func:`repair_row`) and flagged repaired, or
-    still not finite where an input was."""
+    each row's flag; a row whose LSE is not finite (the splits mark a partial row whose
+    output is not finite with a NaN LSE, which makes the merged row's LSE and output NaN;
+    -inf: no key, not flagged) is recomputed from Q, K and V by fa-fp32
+    (:func:`repair_row`) and flagged repaired, or still not finite where an input was."""
     dims_v = tl.arange(0, HEAD_DIM_V)
     b64 = b.to(tl.int64)
     o_rows = O + b64 * stride_ob + heads.to(tl.int64) * stride_oh + q_start * stride_os
@@ -320,7 +325,8 @@ def write_merged_rows(o, lse, O, LSE, FLAGS, SINK, b, heads, live, q_start,
         tl.store(lse_rows, lse, mask=live)
     if CHECK:
         flag_rows = FLAGS + b64 * stride_fb + heads.to(tl.int64) * stride_fh + q_start
-        flag = (live & nonfinite_row_mask(o, lse)).to(tl.uint8)
+        finite = tl.abs(tl.where(lse == float("-inf"), 0.0, lse)) < float("inf")
+        flag = (live & ~finite).to(tl.uint8)
         tl.store(flag_rows, flag, mask=live)
         if tl.max(flag, 0) != 0:
             tl.debug_barrier()  # the rows' first stores before their repairs overwrite them
