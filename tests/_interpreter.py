@@ -6,8 +6,11 @@ makes a kernel's patch cover both language modules, ``triton.language`` and
 see), and skips every device function's patch inside it: each would patch a module the
 kernel's patch already covers. The kernel's patch is undone after its run as before, both
 modules in reverse order. It also remembers the NumPy type of each Triton scalar type
-(the interpreter rebuilds its table of them at every cast, splat and load). Where this
-Triton's interpreter is not laid out as expected, nothing is changed."""
+(the interpreter rebuilds its table of them at every cast, splat and load). A reduction
+with a combine function of the kernel's own (``tl.reduce``), which the interpreter applies
+one element at a time, is applied to halves of the reduced axis, a tree of whole-tensor
+calls, as a GPU reduces (its sums round in that order). Where this Triton's interpreter is
+not laid out as expected, nothing is changed."""
 from __future__ import annotations
 
 import functools
@@ -64,4 +67,40 @@ def install() -> bool:
                 return numpy_type(tt_dtype)
             return scalar_numpy_type(tt_dtype)
         interpreter._get_np_dtype = numpy_type_of
+    reduce_ops = getattr(interpreter, "ReduceOps", None)
+    if reduce_ops is not None and hasattr(reduce_ops, "generic_reduce"):
+        reduce_ops.generic_reduce = _tree_reduce
     return True
+
+
+def _tree_reduce(self, input):
+    """The interpreter's ``ReduceOps.generic_reduce``, its combine function applied to the
+    two halves of the axis (an odd last element carried) until one element is left."""
+    import numpy as np
+    original_axis = self.axis
+    input, axis = self.unravel(input, self.axis)
+    dtypes = [arg.dtype for arg in input]
+    data = [arg.handle.data for arg in input]
+    while data[0].shape[axis] > 1:
+        n = data[0].shape[axis]
+        half = n // 2
+        low = [self.to_tensor(np.take(d, np.arange(half), axis), t) for d, t in zip(data, dtypes)]
+        high = [self.to_tensor(np.take(d, np.arange(half, 2 * half), axis), t)
+                for d, t in zip(data, dtypes)]
+        out = self.combine_fn.fn(*low, *high)
+        out = out if isinstance(out, tuple) else (out,)
+        shape = low[0].handle.data.shape
+        merged = [np.broadcast_to(np.asarray(o.handle.data if hasattr(o, "handle") else o),
+                                  shape).astype(d.dtype) for o, d in zip(out, data)]
+        if n % 2:
+            merged = [np.concatenate([m, np.take(d, [n - 1], axis)], axis)
+                      for m, d in zip(merged, data)]
+        data = merged
+    ret = []
+    for d, t in zip(data, dtypes):
+        if not self.keep_dims:
+            d = np.squeeze(d, axis)
+            if original_axis is None:
+                d = d.item()
+        ret.append(self.to_tensor(d, t))
+    return tuple(ret)
