@@ -9,7 +9,8 @@ modules in reverse order. It also remembers the NumPy type of each Triton scalar
 (the interpreter rebuilds its table of them at every cast, splat and load). A reduction
 with a combine function of the kernel's own (``tl.reduce``), which the interpreter applies
 one element at a time, is applied to halves of the reduced axis, a tree of whole-tensor
-calls, as a GPU reduces (its sums round in that order). Where this Triton's interpreter is
+calls, as a GPU reduces (its sums round in that order); over every axis it flattens
+each operand, where the interpreter's own flattens only the first. Where this Triton's interpreter is
 not laid out as expected, nothing is changed."""
 from __future__ import annotations
 
@@ -78,9 +79,10 @@ def _tree_reduce(self, input):
     two halves of the axis (an odd last element carried) until one element is left."""
     import numpy as np
     original_axis = self.axis
-    input, axis = self.unravel(input, self.axis)
+    axis = 0 if original_axis is None else original_axis
     dtypes = [arg.dtype for arg in input]
-    data = [arg.handle.data for arg in input]
+    data = [arg.handle.data.reshape(-1) if original_axis is None else arg.handle.data
+            for arg in input]
     while data[0].shape[axis] > 1:
         n = data[0].shape[axis]
         half = n // 2
