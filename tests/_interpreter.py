@@ -9,9 +9,9 @@ modules in reverse order. It also remembers the NumPy type of each Triton scalar
 (the interpreter rebuilds its table of them at every cast, splat and load). A reduction
 with a combine function of the kernel's own (``tl.reduce``), which the interpreter applies
 one element at a time, is applied to halves of the reduced axis, a tree of whole-tensor
-calls, as a GPU reduces (its sums round in that order); over every axis it flattens
-each operand, where the interpreter's own flattens only the first. Where this Triton's interpreter is
-not laid out as expected, nothing is changed."""
+calls (its sums round in the tree's order, as a GPU's need not in the element order);
+over every axis it flattens each operand, where the interpreter's own flattens only the
+first. Where this Triton's interpreter is not laid out as expected, nothing is changed."""
 from __future__ import annotations
 
 import functools
