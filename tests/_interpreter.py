@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 
 def install() -> bool:
     """Install both; False where this Triton's interpreter lacks what it relies on."""
@@ -77,7 +79,6 @@ def install() -> bool:
 def _tree_reduce(self, input):
     """The interpreter's ``ReduceOps.generic_reduce``, its combine function applied to the
     two halves of the axis (an odd last element carried) until one element is left."""
-    import numpy as np
     original_axis = self.axis
     axis = 0 if original_axis is None else original_axis
     dtypes = [arg.dtype for arg in input]

@@ -24,7 +24,8 @@ from pasa_npu.fallback.triton.repair import ROW_NONFINITE_C, ROW_REPAIRED_C, fp3
 from pasa_npu.fallback.triton.tuning import Tuning
 from pasa_npu.fallback.triton.shift import shift_keys_in_kernel, shift_scores
 from pasa_npu.fallback.triton.softmax import (block_update, finish_rows, initial_state,
-                                              nonfinite_row_mask, block_row_constant)
+                                              nonfinite_lse, nonfinite_row_mask,
+                                              block_row_constant)
 from pasa_npu.problem import AttentionProblem
 
 
@@ -325,8 +326,7 @@ def write_merged_rows(o, lse, O, LSE, FLAGS, SINK, b, heads, live, q_start,
         tl.store(lse_rows, lse, mask=live)
     if CHECK:
         flag_rows = FLAGS + b64 * stride_fb + heads.to(tl.int64) * stride_fh + q_start
-        finite = tl.abs(tl.where(lse == float("-inf"), 0.0, lse)) < float("inf")
-        flag = (live & ~finite).to(tl.uint8)
+        flag = (live & nonfinite_lse(lse)).to(tl.uint8)
         tl.store(flag_rows, flag, mask=live)
         if tl.max(flag, 0) != 0:
             tl.debug_barrier()  # the rows' first stores before their repairs overwrite them

@@ -273,6 +273,13 @@ def nonfinite_row_mask(o, lse):
 
 
 @triton.jit
+def nonfinite_lse(lse):
+    """Per row: its LSE is NaN or +inf (-inf, a row that saw no key, is not flagged, as
+    :func:`nonfinite_row_mask` takes it)."""
+    return ~(tl.abs(tl.where(lse == float("-inf"), 0.0, lse)) < float("inf"))
+
+
+@triton.jit
 def block_row_constant(q, mean, scale):
     """pasa-exact's c = scale * (Q . mean16) for one block: a thin extra matmul column with
     fp32 accumulation; the other 15 columns are zero, so the row sum is column 0 exactly."""

@@ -10,15 +10,12 @@ import torch
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
+from pasa_npu.fallback.triton.shift import _sum_and_max  # noqa: E402
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
     DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1",
     reason="no CUDA GPU and Triton's interpreter is off")
-
-
-@triton.jit
-def _sum_and_max(sum0, max0, sum1, max1):
-    return sum0 + sum1, tl.maximum(max0, max1)
 
 
 @triton.jit
