@@ -115,7 +115,8 @@ def decode_stages(shift_site: str, head_dim: int, table_in_pipeline: bool = Fals
     pasa-exact, pasa and fa-fp32 alike; two programs of two stages per SM decoded pasa
     slower than one of three, paged and contiguous. ``table_in_pipeline``: the pipeliner stages the block table's loads
     (:func:`paged_stages`); the TMA loop loads its next entry itself, one block ahead, and
-    keeps the contiguous depth."""
+    keeps the contiguous depth: on shuffled cache blocks two and four stages decoded slower
+    there than three (H200, S2 = 8k and 32k, all three allocations)."""
     stages = 2 if shift_site == "keys" else 3
     stages = stages - 1 if head_dim > 128 else stages
     return paged_stages(stages) if table_in_pipeline else stages
