@@ -5,7 +5,7 @@ model is applied in two steps:
 
 1. **Calibration.** Small problems of the same allocation, head dim, group size, mask and
    query kind run under the emulation on one AI Core (``core_num=1``): one task of 8 kv
-   blocks, one of 16, two of 8 and, with a causal mask, a 512 x 512 causal problem. Each
+   blocks, one of 16, two of 8 and, with a causal mask, a causal problem of 8 kv blocks square. Each
    quantity Q (the core's modelled cycles, each pipe's busy cycles, the AI Core's GM read and
    write port bounds, the GM bytes, the cube <-> vector bytes, the vector instructions and
    scalar UB accesses) is fitted exactly
@@ -208,7 +208,7 @@ def calibration_runs(c: Config, blocks: int = CALIBRATION_BLOCKS):
     runs = [(1, c.group, 1, sq, blocks * n, False), (1, c.group, 1, sq, 2 * blocks * n, False),
             (2, c.group, 1, sq, blocks * n, False)]
     if c.causal and not c.decode:
-        runs.append((1, c.group, 1, 4 * n, 4 * n, True))
+        runs.append((1, c.group, 1, blocks * n, blocks * n, True))
     return runs
 
 

@@ -289,6 +289,8 @@ void SetPrepDim(const PasaProblem& p, PasaTilingData& t)
     if (t.prepInAttention) t.blockDim = std::max(t.blockDim, t.prepDim);
 }
 
+bool ProbSumsOnCube(const PasaTilingData& t) { return t.tilingKey == PASA_KEY_PASA; }
+
 // AIC buffers: Q, K' (or K), V, P' and the means in L1 (PASA_*_BUFFERS each, one Q buffer where two
 // do not fit); two L0A, two L0B and two L0C buffers. An L0B buffer holds a K or V block whole where
 // it fits; else, where a piece of at least 128 keys fits with the whole head dim, cubeKeys keys of it
@@ -318,6 +320,13 @@ void PlanCube(PasaTilingData& t, PasaBudget& b)
     while (t.cubeKeys > 128 && t.cubeKeys * wide * 2 > l0bBuffer) t.cubeKeys /= 2;
     if (t.cubeKeys * wide * 2 > l0bBuffer) t.cubeKeys = n;
     const uint32_t nk = t.cubeKeys;
+    // pasa: the row sums of P' from the cube, 16 more columns of the P'V tile (the P' pieces of a row
+    // piece stay in L0A, both buffers at most, until they are multiplied by a block of ones)
+    t.pvCols = ProbSumsOnCube(t) ? dv + 16 : dv;
+    if (ProbSumsOnCube(t) && n / nk > 2) {
+        Reject("pasa keeps a row piece's P' in the two L0A buffers: kvBlock (" + std::to_string(n) + ") must be at most twice "
+               "the keys an L0B buffer holds (" + std::to_string(nk) + ")");
+    }
     t.cubeCols = nk < n ? wide : std::max(16u, std::min(wide, blockCols));
     const uint32_t dc = std::min(d, t.cubeCols), dvc = std::min(dv, t.cubeCols);
     for (uint32_t rows = mp; rows >= 16; rows -= 16) {
@@ -364,8 +373,8 @@ uint64_t PlanVectorChunk(PasaTilingData& t, uint32_t r)
     const uint32_t g = t.vecStatRows;
     t.ubScoreBytes = r * n * (fa || t.shiftScores ? 4 : 2);  // fp32 scores, shifted in place to fp16 S'
     t.ubProbBytes = r * n * 2;
-    t.ubPvBytes = r * dv * (fa ? 4 : 2);
-    t.ubAccBytes = all * dv * (pasa ? 2 : 4);
+    t.ubPvBytes = r * t.pvCols * (fa ? 4 : 2);
+    t.ubAccBytes = all * t.pvCols * (pasa ? 2 : 4);
     t.ubWorkBytes = fa ? 32 : r * std::max(n, dv) * 4;
     // the fp32 and fp16 row reductions over a score row; the output staging and a block a row; a
     // block for each of pasa's two rescale factors of a statistics group's rows (and its update's
@@ -477,7 +486,7 @@ void PlanWorkspace(const PasaProblem& p, PasaTilingData& t)
     const uint64_t elem = p.tilingKey == PASA_KEY_FA_FP32 ? 4 : 2;
     t.scoreSlotBytes = Align64(rows * n * (t.shiftScores ? 4 : elem), 512);
     t.probSlotBytes = Align64(rows * n * 2, 512);
-    t.pvSlotBytes = Align64(rows * dv * elem, 512);
+    t.pvSlotBytes = Align64(rows * t.pvCols * elem, 512);
     t.constSlotBytes = exact ? Align64(static_cast<uint64_t>(PASA_CONST_BLOCKS) * rows * 4, 512) : 0;
     t.colSumSlotBytes = Align64(d * 4, 512);
     t.tailSlotBytes = keyPrime && pasa ? Align64(n * d * 4 + d * 4, 512) : 0;

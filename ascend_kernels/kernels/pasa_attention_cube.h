@@ -34,6 +34,11 @@
 // from one Mmad per chunk (C^T = Means Q^T, rows = blocks) into a per-core slot (a ring of
 // PASA_CONST_SLOTS: the cube may score that many chunks ahead), before the chunk's first score
 // tile; the vector cores read row j of it.
+//
+// pasa: once a row piece's P'V is drained, the pieces of P' still in L0A are multiplied by a block of
+// ones (filled in L0B), and the row sums l' = fp16(sum P') (fp32 in L0C, rounded by the Fixpipe) fill
+// 16 more columns of the P'V tile (tiling.pvCols): the vector cores fold them into l as they fold
+// P'V into O.
 #ifndef PASA_ATTENTION_CUBE_H
 #define PASA_ATTENTION_CUBE_H
 
@@ -444,7 +449,8 @@ private:
         v1 = valueL1_.DeQue<T>();
         const uint32_t dvc = Min(dv, t.cubeCols), nk = t.cubeKeys;
         const bool whole = dvc == dv && nk == n;  // the value block stays in L0B for every piece of rows
-        LocalTensor<T> b2, a2;
+        const bool sums = t.pvCols > dv;          // pasa: P''s row sums too, from the pieces of P' in L0A
+        LocalTensor<T> b2, a2, kept[2];
         if (whole) {
             b2 = ValuesToL0b(v1, 0, dv, 0, n);
             valueL1_.FreeTensor(v1);
@@ -455,18 +461,24 @@ private:
             if (nk == n) a2 = ProbToL0a(p1, m0, rowsPad, 0, n);  // for every piece of columns
             for (uint32_t v0 = 0; v0 < dv; v0 += dvc) {  // the output's pieces of columns
                 const uint32_t vc = Min(dvc, dv - v0);
+                const bool lastCols = v0 + vc == dv;
                 LocalTensor<float> c;
                 for (uint32_t k0 = 0; k0 < n; k0 += nk) {  // the contraction's pieces (keys), in order
                     if (nk < n) a2 = ProbToL0a(p1, m0, rowsPad, k0, nk);
                     if (!whole) b2 = ValuesToL0b(v1, v0, vc, k0, nk);
                     Accumulate(c, a2, b2, rows, vc, k0, nk, n);
-                    if (nk < n || v0 + vc == dv) l0a_.FreeTensor(a2);
+                    if (sums && lastCols) {
+                        kept[k0 / nk] = a2;
+                    } else if (nk < n || lastCols) {
+                        l0a_.FreeTensor(a2);
+                    }
                     if (!whole) l0b_.FreeTensor(b2);
                 }
                 c = l0c_.DeQue<float>();
-                DrainTile(slot, m0, v0, c, vc, dv, rows, rowsPad, true);
+                DrainTile(slot, m0, v0, c, vc, t.pvCols, rows, rowsPad, true);
                 l0c_.FreeTensor(c);
             }
+            if (sums) RowSums(slot, m0, kept, rows, rowsPad);
         }
         probL1_.FreeTensor(p1);
         if (whole) {
@@ -475,6 +487,27 @@ private:
             valueL1_.FreeTensor(v1);
         }
         CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_PV_READY);
+    }
+
+    // pasa: rows [m0, m0 + rows) of l' = fp16(sum P'), in fp32 on the cube: the row piece's P' pieces
+    // still in L0A (`kept`, one per piece of cubeKeys keys, freed here) times a block of ones, in key
+    // order, drained into columns [headDimV, headDimV + 16) of the P'V slot (each column the sum).
+    __aicore__ inline void RowSums(GM_ADDR slot, uint32_t m0, LocalTensor<T>* kept, uint32_t rows, uint32_t rowsPad)
+    {
+        const uint32_t n = t_->kvBlock, nk = t_->cubeKeys;
+        LocalTensor<T> ones = l0b_.AllocTensor<T>();
+        Fill(ones, InitConstValueParams<T>(1, static_cast<uint16_t>(nk / kC0), 0, T(1.0f)));
+        l0b_.EnQue(ones);
+        ones = l0b_.DeQue<T>();
+        LocalTensor<float> c;
+        for (uint32_t k0 = 0; k0 < n; k0 += nk) {
+            Accumulate(c, kept[k0 / nk], ones, rows, kC0, k0, nk, n);
+            l0a_.FreeTensor(kept[k0 / nk]);
+        }
+        l0b_.FreeTensor(ones);
+        c = l0c_.DeQue<float>();
+        DrainTile(slot, m0, t_->headDimV, c, kC0, t_->pvCols, rows, rowsPad, true);
+        l0c_.FreeTensor(c);
     }
 
     const PasaTilingData* t_ = nullptr;

@@ -24,7 +24,8 @@
 // built from whole-tile compares: the band's bounds against c - rel (c the column, rel the row's
 // position in its head's run), the kv length against c, and an explicit mask's bytes (copied in
 // with the scores) against 0. A row that sees no key of a block keeps its state: the fp32
-// allocations by their finite sentinels, pasa by a select on its local row sum.
+// allocations by their finite sentinels, pasa by a select on its local maximum (the masked
+// fp16 lowest).
 //
 // Finite sentinels stand where the reference has -inf: masked fp32 scores read -3e38 and a row
 // starts from a maximum of -1e38 (so exp(masked - max) is exactly 0 and a row without visible
@@ -67,9 +68,9 @@ constexpr float kFp16Lowest = -65504.0f;   // fp16 masked S' (row maximum only) 
 // sit at the chunk's share of a slot (Kept, PasaSet). The scratch slots follow: a statistics
 // group's, in units of vecStatRows fp32, then a chunk's step's, in units of vecChunkRows fp32.
 enum StatSlot : uint32_t {
-    SETS = 0,                       // pasa: 8 fp16 vectors per set, [m | mloc | F | mean | l | lloc | n | peak]
+    SETS = 0,                       // pasa: P_COUNT fp16 vectors per set, [m | mloc | F | mean | n | peak]
                                     // for each statistics group in turn, set (task parity, block parity) at
-                                    // 4 (2 tp + bp);
+                                    // 4 (2 tp + bp) (pasa's l rides in the accumulator's last columns);
     M32 = 0, L32 = 4,               // fa-fp32, pasa-exact: m at 2 tp + bp, l at 4 + 2 tp + bp
     PEAK32 = 8,                     // pasa-exact, the resolution check: the rows' peak |rowmax S'| at 8 + tp
     RING = 16,                      // rescale factors of the last PASA_PV_DELAY + 1 blocks of the
@@ -98,8 +99,10 @@ static_assert(PASA_PV_DELAY + 2 <= kTaskWindow, "the vector cores' cursors stay 
 
 // Index of the pasa statistics inside a set (fp16 vectors of vecRowsPad).
 // P_PEAK: the resolution check's peak |m'| over the task's blocks so far (0 at the start).
-enum PasaStat : uint32_t { P_M = 0, P_MLOC, P_F, P_MEAN, P_L, P_LLOC, P_N, P_PEAK, P_COUNT = 8 };
-static_assert(P_PEAK < P_COUNT, "the peak is carried with the set");
+// l is not among them: the cube appends l' = fp16(sum P') to each P'V row (tiling.pvCols), and the
+// fold's fp16(fp16(a O) + fp16(b P'V)) is pasa's l update too, so l sits after O in the accumulator.
+enum PasaStat : uint32_t { P_M = 0, P_MLOC, P_F, P_MEAN, P_N, P_PEAK, P_COUNT = 6 };
+static_assert(P_PEAK < P_COUNT && P_COUNT <= 8, "the peak is carried with the set; a set fits 4 fp32 units");
 
 // OutT: output type; InT: type of P' for fa-fp32 (the input type; half otherwise). The per-block
 // steps and the end of a task are defined in pasa_vector_steps.h.
@@ -242,6 +245,7 @@ private:
     __aicore__ inline void Finish();
     __aicore__ inline void FinishChunk();
     __aicore__ inline void JoinSink(LocalTensor<float>& m, LocalTensor<float>& l, const LocalTensor<float>& x);
+    __aicore__ inline void AccumulatorSums(const LocalTensor<float>& l);
     __aicore__ inline void SeenRows(const LocalTensor<float>& l);
     __aicore__ inline void FlagRows(const LocalTensor<float>& x, const LocalTensor<float>& lseCheck);
     __aicore__ inline void ExactPeak(bool noKeys);
@@ -260,11 +264,11 @@ private:
     // of room (pasa's [a | b] of the group in fp16)
     __aicore__ inline LocalTensor<float> Kept(uint32_t slot) { return Stat(slot)[c0_]; }
     __aicore__ inline LocalTensor<half> Kept16(uint32_t slot) { return Kept(slot).template ReinterpretCast<half>(); }
-    // statistic `stat` of a pasa set from the row c0_ on (each group holds its 8 vectors in turn)
+    // statistic `stat` of a pasa set from the row c0_ on (each group holds its P_COUNT vectors in turn)
     __aicore__ inline LocalTensor<half> PasaSet(uint32_t parity, uint32_t stat)
     {
         const uint32_t g0 = c0_ - GroupRow();
-        return Stat16(SETS + 4 * (2 * tp_ + parity))[8 * g0 + stat * G_ + GroupRow()];
+        return Stat16(SETS + 4 * (2 * tp_ + parity))[P_COUNT * g0 + stat * G_ + GroupRow()];
     }
     // the row c0_'s place within its statistics group
     __aicore__ inline uint32_t GroupRow() const { return c0_ % G_; }
@@ -360,7 +364,6 @@ private:
     __aicore__ inline void UpdateOutput(uint32_t i)
     {
         const PasaTilingData& t = *t_;
-        const uint32_t dv = t.headDimV;
         CrossCoreWaitFlag(PASA_FLAG_PV_READY);
         const uint32_t slot = pvCount_++ % PASA_PV_SLOTS;
         ringSlot_ = RingSlot(foldCount_++);
@@ -368,7 +371,7 @@ private:
             if (!UseChunk(k)) break;
             if (GroupRow() == 0) BroadcastFactors(i);
             LocalTensor<float> pv = pvIn_.AllocTensor<float>();
-            LoadSlotRows(pv, slots_.pv + slot * t.pvSlotBytes, dv);
+            LoadSlotRows(pv, slots_.pv + slot * t.pvSlotBytes, t.pvCols);
             pvIn_.EnQue(pv);
             pv = pvIn_.DeQue<float>();
             Fold(i, pv);

@@ -149,6 +149,9 @@ struct PasaTilingData {
                              // for L0B whole, cubeCols then the whole head dim) a piece of the keys: the score tile
                              // is produced piece by piece of its columns, P'V's contraction accumulates over the
                              // pieces in L0C in key order
+    uint32_t pvCols;         // columns of a P'V tile in its slot and in the vector cores: headDimV, or (pasa: the row
+                             // sums of P' on the cube) headDimV + 16, those 16 columns each holding the row's
+                             // fp16(sum P'), which the fold then rescales as it rescales O
     uint32_t prepCols;       // key preprocessing: columns of K_j in L0B at once (all kvBlock keys), as cubeCols
     uint32_t queryBuffers;   // Q buffers in L1: PASA_QUERY_BUFFERS, or 1 where those do not fit (the next
                              // task's Q then loads once this one's is scored, not while)

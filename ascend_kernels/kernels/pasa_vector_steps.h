@@ -64,7 +64,7 @@ __aicore__ inline void AttentionVector<OutT, InT>::InitState()
 {
     const int32_t r = static_cast<int32_t>(G_);
     if (key_ == PASA_KEY_PASA) {
-        Duplicate(PasaSet(0, 0), half(0.0f), static_cast<int32_t>(P_COUNT) * r);  // l, F, n, peak = 0
+        Duplicate(PasaSet(0, 0), half(0.0f), static_cast<int32_t>(P_COUNT) * r);  // F, n, peak = 0
         Duplicate(PasaSet(0, P_M), half(kFp16Lowest), r);
     } else {
         Duplicate(M(0), kInitialMax, r);
@@ -218,8 +218,9 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepFa(uint32_t i, uint32_t j
 }
 
 // pasa (fp16 statistics, Algorithm 1 re-based with the pseudo-average F), the chunk's tile: the
-// block's fp32 row sums of S' and of P' (ROWSUM, T1 at the chunk's rows), m' and P'. Each line
-// here and in StatisticsPasa is one rounding of fallback/torch_blockwise.py's _step_pseudo_average.
+// block's fp32 row sums of S' (ROWSUM at the chunk's rows), m' and P'. P''s row sums come from the
+// cube with P'V (tiling.pvCols). Each line here, in StatisticsPasa and in the fold is one rounding
+// of fallback/torch_blockwise.py's _step_pseudo_average.
 template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::StepPasa(uint32_t i, uint32_t j, const LocalTensor<half>& s,
                                                             const LocalTensor<uint8_t>& maskTile, LocalTensor<half>& p)
@@ -242,8 +243,6 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepPasa(uint32_t i, uint32_t
     p = probOut_.template AllocTensor<half>();
     Exp(p, s, static_cast<int32_t>(cells));                                   // fp16(exp(.))
     if (masked) Select(p, Bits(0), p, half(0.0f), SELMODE::VSEL_TENSOR_SCALAR_MODE, cells);
-    Cast(x, p, RoundMode::CAST_NONE, cells);
-    RowReduce<ReduceType::SUM>(Stat(T1)[GroupRow()], x, tree, R_, n);
 }
 
 // After the last chunk of a statistics group (c0_ moves to the group's first row): the per-row
@@ -266,8 +265,9 @@ __aicore__ inline void AttentionVector<OutT, InT>::Statistics(uint32_t i, uint32
     Add(lNew, lNew, Stat(ROWSUM), g);
 }
 
-// pasa's statistics update for the group's rows from its tiles' m', row sums of P' and of S'
-// (its scratch in the tree: the row pairs, then eight copies of l').
+// pasa's statistics update for the group's rows from its tiles' m' and row sums of S' (its scratch
+// in the tree: the row pairs, then eight copies of m'). l's update, fp16(fp16(a l) + fp16(b l')), is
+// the fold's (l' arrives with P'V).
 template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::StatisticsPasa(uint32_t i, uint32_t j)
 {
@@ -277,7 +277,6 @@ __aicore__ inline void AttentionVector<OutT, InT>::StatisticsPasa(uint32_t i, ui
     LocalTensor<half> t2 = tree_.Get<half>(), t3 = t2[2 * G], copies = t2[4 * G];
     LocalTensor<half> cur = PasaSet(i % 2, 0), nxt = PasaSet((i + 1) % 2, 0);
     LocalTensor<half> ab = Kept16(ringSlot_);
-    Cast(cur[P_LLOC * G], Stat(T1), RoundMode::CAST_RINT, G);                // l' = fp16(sum p)
     if (resolution_) {  // the resolution check: peak = max(peak, |m'|), exact in fp16; a row without keys keeps
         Abs(t2, cur[P_MLOC * G], g);                                          // its peak by the select at the end
         Max(nxt[P_PEAK * G], cur[P_PEAK * G], t2, g);
@@ -296,11 +295,9 @@ __aicore__ inline void AttentionVector<OutT, InT>::StatisticsPasa(uint32_t i, ui
     Max(nxt[P_M * G], t3, t3[G], g);                                          // m_j = max(x, y)
     PairOp<VecOp::SUB>(t2, t3, nxt[P_M * G], G);
     Exp(ab, t2, 2 * g);                                                       // [a | b]
-    Mul(t2, ab, cur[P_L * G], 2 * g);                                         // [a l | b l']
-    Add(nxt[P_L * G], t2, t2[G], g);
-    if (groupNoKeys_) {  // rows that see no key of block j (l' = 0) keep m, l, F, n; their O keeps too (a = 1, b = 0)
-        Replicate8(copies, cur[P_LLOC * G], Zeros16(), G);
-        Compares(RowBits(), copies, half(0.0f), CMPMODE::NE, P_COUNT * G);
+    if (groupNoKeys_) {  // rows that see no key of block j (m' the masked lowest) keep m, F, n; their O and l keep too (a = 1, b = 0)
+        Replicate8(copies, cur[P_MLOC * G], Zeros16(), G);
+        Compares(RowBits(), copies, half(kFp16Lowest), CMPMODE::NE, 8 * G);
         Select(nxt, RowBits(), nxt, cur, SELMODE::VSEL_TENSOR_TENSOR_MODE, P_COUNT * G);
         Select(ab, RowBits(), ab, Stat16(ONEZERO), SELMODE::VSEL_TENSOR_TENSOR_MODE, 2 * G);
     }
@@ -350,23 +347,24 @@ __aicore__ inline void AttentionVector<OutT, InT>::BroadcastFactors(uint32_t i)
 }
 
 // O = a O + P'V (fa-fp32: fp32; pasa-exact: the fp16 tile widened) or, pasa, fp16(fp16(a O) +
-// fp16(b P'V)), with the factors of block i of the task broadcast by BroadcastFactors. The task's
-// first fold writes O: a O + x = x when O = 0 (and pasa's fp16(0 + fp16(b P'V)) = fp16(b P'V)), so
-// O needs no zeroing.
+// fp16(b P'V)) over the tile's pvCols columns, which updates l from l' in its last ones, with the
+// factors of block i of the task broadcast by BroadcastFactors. The task's first fold writes O: a O
+// + x = x when O = 0 (and pasa's fp16(0 + fp16(b P'V)) = fp16(b P'V)), so O needs no zeroing.
 template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::Fold(uint32_t i, const LocalTensor<float>& pv)
 {
     const uint32_t dv = t_->headDimV, cells = R_ * dv, row = GroupRow();
     if (key_ == PASA_KEY_PASA) {
-        LocalTensor<half> brc = tree_.Get<half>(), o = acc_.Get<half>()[c0_ * dv], x = pv.template ReinterpretCast<half>();
+        const uint32_t w = t_->pvCols;
+        LocalTensor<half> brc = tree_.Get<half>(), o = acc_.Get<half>()[c0_ * w], x = pv.template ReinterpretCast<half>();
         LocalTensor<half> a = brc[row * kC0], b = brc[(G_ + row) * kC0];
         if (i == 0) {
-            RowBroadcast<VecOp::MUL>(o, x, b, R_, dv);
+            RowBroadcast<VecOp::MUL>(o, x, b, R_, w);
             return;
         }
-        RowBroadcast<VecOp::MUL>(o, o, a, R_, dv);
-        RowBroadcast<VecOp::MUL>(x, x, b, R_, dv);
-        Add(o, o, x, static_cast<int32_t>(cells));
+        RowBroadcast<VecOp::MUL>(o, o, a, R_, w);
+        RowBroadcast<VecOp::MUL>(x, x, b, R_, w);
+        Add(o, o, x, static_cast<int32_t>(R_ * w));
         return;
     }
     LocalTensor<float> brc = tree_.Get<float>()[row * 32 / sizeof(float)], o = acc_.Get<float>()[c0_ * dv];
@@ -379,6 +377,25 @@ __aicore__ inline void AttentionVector<OutT, InT>::Fold(uint32_t i, const LocalT
     }
     RowBroadcast<VecOp::MUL>(o, o, brc, R_, dv);
     Add(o, o, key_ == PASA_KEY_PASA_EXACT ? work_.Get<float>() : pv, static_cast<int32_t>(cells));
+}
+
+// pasa: l (fp32, exact) of the chunk's rows from the accumulator's columns [headDimV, headDimV + 16),
+// each of which holds it: one ReduceDataBlock (MAX of equal values) per 8 rows a repeat.
+template <typename OutT, typename InT>
+__aicore__ inline void AttentionVector<OutT, InT>::AccumulatorSums(const LocalTensor<float>& l)
+{
+    const uint32_t w = t_->pvCols / kC0;  // blocks a row
+    LocalTensor<half> sums = acc_.Get<half>()[c0_ * t_->pvCols + t_->headDimV], l16 = Stat16(T1);
+    if (8 * w <= 255) {
+        ReduceDataBlock<ReduceType::MAX>(l16, sums, 128, static_cast<int32_t>(R_ / 8), 1, static_cast<int32_t>(w),
+                                         static_cast<int32_t>(8 * w));
+    } else {  // the repeat stride is one byte: 8 rows a call
+        for (uint32_t r8 = 0; r8 < R_; r8 += 8) {
+            ReduceDataBlock<ReduceType::MAX>(l16[r8], sums[r8 * t_->pvCols], 128, 1, 1, static_cast<int32_t>(w), 0);
+        }
+    }
+    ResetMask();
+    Cast(l, l16, RoundMode::CAST_NONE, R_);
 }
 
 // RowBits() = the rows that saw a key (l != 0; a NaN from an overflow counts as seen, so that it
@@ -467,12 +484,20 @@ __aicore__ inline void AttentionVector<OutT, InT>::FinishChunk()
     if (key_ == PASA_KEY_PASA) {
         l = Stat(FIN0);
         m = Stat(FIN1);
-        Cast(l, PasaSet(last, P_L), RoundMode::CAST_NONE, R_);
+        AccumulatorSums(l);
         Cast(m, PasaSet(last, P_M), RoundMode::CAST_NONE, R_);
         Cast(Stat(T0), PasaSet(last, P_F), RoundMode::CAST_NONE, R_);
         Muls(Stat(T0), Stat(T0), t.gamma, r);
         Add(m, m, Stat(T0), r);                                               // true maximum m + gamma F
-        Cast(x, acc_.Get<half>()[c0_ * dv], RoundMode::CAST_NONE, cells);
+        // O without l's columns (times 1, exact) into the output staging, then widened
+        LocalTensor<half> packed = o.template ReinterpretCast<half>();
+        for (uint32_t c = 0; c < dv; c += 128) {
+            Level0<VecOp::MUL>(packed[c], acc_.Get<half>()[c0_ * t.pvCols + c], Stat16(ONEZERO), dv - c < 128 ? dv - c : 128,
+                               static_cast<uint8_t>(R_),
+                               BinaryRepeatParams(1, 1, 0, static_cast<uint8_t>(dv / kC0), static_cast<uint8_t>(t.pvCols / kC0), 0));
+        }
+        ResetMask();
+        Cast(x, packed, RoundMode::CAST_NONE, cells);
     }
     SeenRows(l);  // before the sink: a row that saw no key ignores it
     if (t.hasSink && !split) JoinSink(m, l, x);

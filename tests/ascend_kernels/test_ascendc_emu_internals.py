@@ -126,8 +126,10 @@ def test_cost_counters_per_path():
     tasks, tiles = 2, 2 * 2
     for algorithm in ("fa-fp32", "pasa", "pasa-exact"):
         att = stats[algorithm]["attention"]
-        # pasa-exact: one more Mmad per task, the row constants (blocks x rows x D)
-        extra_calls, extra_macs = (tasks, tasks * 2 * 128 * 64) if algorithm == "pasa-exact" else (0, 0)
+        # pasa-exact: one more Mmad per task, the row constants (blocks x rows x D); pasa: one more
+        # per tile, the row sums of P' (rows x 16 ones x keys)
+        extra_calls, extra_macs = {"pasa-exact": (tasks, tasks * 2 * 128 * 64),
+                                   "pasa": (tiles, tiles * 128 * 16 * 128)}.get(algorithm, (0, 0))
         assert att["mmad_calls"] == 2 * tiles + extra_calls
         assert att["cube_macs"] == tiles * (128 * 128 * 64 + 128 * 64 * 128) + extra_macs
         # the checked allocations' repair pass: per AI Core, FLAGS_READY by each AIV and
@@ -139,12 +141,16 @@ def test_cost_counters_per_path():
     assert stats["fa-fp32"]["preprocess"] is None
     assert stats["pasa"]["preprocess"]["cube_macs"] == 2 * 128 * 64 * 128          # M^T K per block
     assert stats["pasa-exact"]["preprocess"]["cube_macs"] == 2 * 1 * 64 * 128      # ones^T K per block
-    # fp16 S' and P'V halve what crosses from cube to vector, against fa-fp32's fp32 tiles
+    # fp16 S' and P'V halve what crosses from cube to vector, against fa-fp32's fp32 tiles; pasa's
+    # P'V rows carry 16 more columns, its row sums of P'
     per_tile = 128 * 128 + 128 * 64  # S elements + P V elements
+    sums = 128 * 16
     assert stats["fa-fp32"]["attention"]["l0c_to_gm_bytes"] == tiles * per_tile * 4
-    assert stats["pasa"]["attention"]["l0c_to_gm_bytes"] == tiles * per_tile * 2
+    assert stats["pasa"]["attention"]["l0c_to_gm_bytes"] == tiles * (per_tile + sums) * 2
     assert stats["pasa-exact"]["attention"]["l0c_to_gm_bytes"] == tiles * per_tile * 2 + tasks * 2 * 128 * 4
-    assert stats["pasa"]["attention"]["gm_to_ub_bytes"] * 2 == stats["fa-fp32"]["attention"]["gm_to_ub_bytes"]
+    assert stats["pasa"]["attention"]["gm_to_ub_bytes"] == (stats["fa-fp32"]["attention"]["gm_to_ub_bytes"] // 2
+                                                            + tiles * sums * 2)
+    assert stats["pasa"]["tiling"]["pv_cols"] == 64 + 16 and stats["pasa-exact"]["tiling"]["pv_cols"] == 64
 
 
 @pytest.mark.parametrize("algorithm", ["pasa", "pasa-exact"])
