@@ -210,13 +210,21 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
     def fit(config, params):
         return cached_calibration(fits, key(config, params), config, params)
 
+    def prefetch(points):
+        """Calibrate what the (params, shape or None) points need, in the pool where there is one."""
+        if pool is None:
+            return
+        todo = {}
+        for params, only in points:
+            for shape in shape_list if only is None else [only]:
+                for a in algorithms:
+                    for c in candidates(shape, a):
+                        if key(c, params) not in fits:
+                            todo[key(c, params)] = (c, params)
+        fits.update(zip(todo, pool.starmap(calibration_or_refusal, list(todo.values()))))
+
     def evaluate(params, only=None):
-        if pool is not None:
-            todo = {key(c, params): c for shape in (shape_list if only is None else [only])
-                    for a in algorithms for c in candidates(shape, a)}
-            todo = {k: c for k, c in todo.items() if k not in fits}
-            made = pool.starmap(calibration_or_refusal, [(c, params) for c in todo.values()])
-            fits.update(zip(todo, made))
+        prefetch([(params, only)])
         out = {}
         for shape in shape_list if only is None else [only]:
             cell = {}
@@ -229,7 +237,7 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
         return out
 
     try:
-        total = 1 + 2 * len(ranged) + len(shape_list) * WORST_CORNER_PASSES
+        total = 1 + 2 * len(ranged) + WORST_CORNER_PASSES
         progress(0, total, "nominal")
         nominal = evaluate(npu_params.values())
         alone, done = {}, 1
@@ -239,28 +247,40 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
                 progress(done, total, f"{p.name} {end}")
                 alone[p.name][end] = evaluate(npu_params.values(**{p.name: getattr(p, end)}))
                 done += 1
-        worst = {}
+        # each shape's search starts where each parameter alone lowered its ratio; the shapes
+        # search side by side (the same moves as one after the other), so that each step's
+        # calibrations for every shape still moving run in the pool together
+        corner, best = {}, {}
         for shape in shape_list:
-            corner = {}
+            corner[shape.name] = {}
             for p in ranged:
                 ends = {getattr(p, end): alone[p.name][end][shape.name]["ratio"] for end in ("low", "high")}
                 lowest = min(ends, key=ends.get)
-                corner[p.name] = lowest if ends[lowest] < nominal[shape.name]["ratio"] else p.value
-            best = evaluate(npu_params.values(**corner), shape)[shape.name]
-            for n in range(WORST_CORNER_PASSES):
-                progress(done, total, f"worst corner {shape.name[:12]} pass {n + 1}")
-                done += 1
-                moved = False
-                for p in ranged:
-                    for value in {p.low, p.value, p.high} - {corner[p.name]}:
-                        trial = dict(corner, **{p.name: value})
-                        got = evaluate(npu_params.values(**trial), shape)[shape.name]
-                        if got["ratio"] < best["ratio"] - 1e-9:
-                            corner, best, moved = trial, got, True
-                if not moved:
-                    done += WORST_CORNER_PASSES - n - 1
-                    break
-            worst[shape.name] = dict(corner=corner, result=best)
+                corner[shape.name][p.name] = lowest if ends[lowest] < nominal[shape.name]["ratio"] else p.value
+        prefetch([(npu_params.values(**corner[s.name]), s) for s in shape_list])
+        for shape in shape_list:
+            best[shape.name] = evaluate(npu_params.values(**corner[shape.name]), shape)[shape.name]
+        searching = list(shape_list)
+        for n in range(WORST_CORNER_PASSES):
+            if not searching:
+                break
+            progress(done, total, f"worst corners, pass {n + 1} ({len(searching)} shapes)")
+            done += 1
+            moved = {shape.name: False for shape in searching}
+            for p in ranged:
+                for value in dict.fromkeys((p.low, p.value, p.high)):
+                    trials = {s.name: dict(corner[s.name], **{p.name: value}) for s in searching
+                              if value != corner[s.name][p.name]}
+                    prefetch([(npu_params.values(**trials[s.name]), s) for s in searching if s.name in trials])
+                    for shape in searching:
+                        if shape.name not in trials:
+                            continue
+                        got = evaluate(npu_params.values(**trials[shape.name]), shape)[shape.name]
+                        if got["ratio"] < best[shape.name]["ratio"] - 1e-9:
+                            corner[shape.name], best[shape.name] = trials[shape.name], got
+                            moved[shape.name] = True
+            searching = [s for s in searching if moved[s.name]]
+        worst = {s.name: dict(corner=corner[s.name], result=best[s.name]) for s in shape_list}
         progress(total, total, "done")
     finally:
         if pool is not None:

@@ -163,6 +163,19 @@ def test_sensitivity_finds_the_worst_corner():
     assert f"| tiny | {got['nominal']['tiny']['ratio']:.2f} | {min(grid.values()):.2f} |" in text
 
 
+def test_sensitivity_searches_shapes_side_by_side_as_one_by_one():
+    """The shapes' worst-corner searches run side by side (one pool batch per step for every
+    shape still moving): each shape ends at the corner, and ratio, that its search alone finds."""
+    shapes = [npu_extrapolate.Shape("tiny", 1, 2, 2, 512, 512, 64),
+              npu_extrapolate.Shape("tiny d=128", 1, 2, 2, 512, 512, 128)]
+    names = ("vec_head_cycles", "l2_aggregate_bytes_per_cycle")  # the L2 rate needs no calibration
+    both = npu_model.sensitivity(shapes, lambda *a: None, names=names, jobs=2)
+    for shape in shapes:
+        alone = npu_model.sensitivity([shape], lambda *a: None, names=names, jobs=2)
+        assert both["worst"][shape.name]["corner"] == alone["worst"][shape.name]["corner"]
+        assert both["worst"][shape.name]["result"]["ratio"] == alone["worst"][shape.name]["result"]["ratio"]
+
+
 def test_docs_show_calibration_sensitivity_and_worst_corner():
     """TIMING_MODEL.md carries the output of --calibrate and --sensitivity; the README's NPU
     table gives each row's pasa / fa-fp32 ratio at nominal and at its worst corner, and quotes
