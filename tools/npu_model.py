@@ -182,6 +182,13 @@ def markdown(result) -> str:
 _LAUNCH_ONLY = ("l2_aggregate_bytes_per_cycle", "hbm_aggregate_bytes_per_cycle", "launch_overhead_cycles")
 
 
+def _one_torch_thread():
+    """A pool worker's torch runs on one thread: ``jobs`` workers of one thread each fill
+    ``jobs`` cores, where workers of a thread per core would oversubscribe them many times."""
+    import torch
+    torch.set_num_threads(1)
+
+
 #: passes of the coordinate search for a shape's worst corner
 WORST_CORNER_PASSES = 3
 
@@ -201,7 +208,7 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
     fits = {}
     # spawned, not forked: a fork of a process whose torch thread pools have run can hang in
     # the child's first parallel torch call
-    pool = multiprocessing.get_context("spawn").Pool(jobs) if jobs > 1 else None
+    pool = multiprocessing.get_context("spawn").Pool(jobs, initializer=_one_torch_thread) if jobs > 1 else None
 
     def key(config, params):
         return config, tuple(sorted((k, v) for k, v in npu_params.timing_only(params).items()
