@@ -200,8 +200,10 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
     there (as it would be tuned on a chip with those parameters). Each parameter with a range takes its low end, its nominal value or its high end,
     independently of the others; the search starts with every parameter at the end that
     lowered the ratio alone (nominal where neither did) and moves one parameter at a time
-    while that lowers the ratio further, up to WORST_CORNER_PASSES passes: a local minimum
-    over the 3^n corners, every one evaluated as a whole. ``names``: the parameters to vary
+    (in the order of npu_params.ALL, trying its low, nominal and high value) while that lowers
+    the ratio further, up to WORST_CORNER_PASSES passes: a local minimum over the 3^n corners,
+    every one evaluated as a whole. The shapes' searches run side by side, each as it would
+    alone. ``names``: the parameters to vary
     (default: every one with a range). ``jobs``: processes that make the calibrations a
     parameter point needs, before it is evaluated (the same figures as one process)."""
     ranged = [p for p in npu_params.ALL if p.assumption and (names is None or p.name in names)]
