@@ -67,7 +67,29 @@ def params_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(shape_list, algorithms, band: bool, progress) -> dict:
+def _one_torch_thread():
+    """A pool worker's torch runs on one thread: ``jobs`` workers of one thread each fill
+    ``jobs`` cores, where workers of a thread per core would oversubscribe them many times."""
+    import torch
+    torch.set_num_threads(1)
+
+
+def _calibration_pool(jobs: int):
+    """``jobs`` processes that make calibrations, or None (one: this process makes them)."""
+    # spawned, not forked: a fork of a process whose torch thread pools have run can hang in
+    # the child's first parallel torch call
+    return multiprocessing.get_context("spawn").Pool(jobs, initializer=_one_torch_thread) if jobs > 1 else None
+
+
+def _calibration_of(job):
+    config, params = job
+    return calibration_or_refusal(config, params)
+
+
+def run(shape_list, algorithms, band: bool, progress, jobs: int = 1) -> dict:
+    """Each shape's row of the model: each allocation at its fastest tiling, at the nominal
+    parameters and (``band``) at the fast and the slow corner. ``jobs``: processes that make
+    the calibrations (the same figures as one process)."""
     corners = {"nominal": npu_params.values()}
     if band:
         corners.update(fast=npu_params.corner("fast"), slow=npu_params.corner("slow"))
@@ -83,8 +105,26 @@ def run(shape_list, algorithms, band: bool, progress) -> dict:
             done += 1
         return cached_calibration(fits, (config, name), config, params)
 
-    chosen = {(s.name, a): fastest(s, a, corners["nominal"], fit) for s in shape_list for a in algorithms}
-    total += (len(corners) - 1) * len({config for config, _ in chosen.values()})  # the band's calibrations
+    def prefetch(pool, keys):
+        """The calibrations of the (config, corner name) ``keys``, made in the pool."""
+        nonlocal done
+        keys = [k for k in dict.fromkeys(keys) if k not in fits]
+        for key, made in zip(keys, pool.imap(_calibration_of, [(c, corners[name]) for c, name in keys])):
+            fits[key] = made
+            progress(done, total, f"calibrate {key[0].algorithm} d={key[0].d} g={key[0].group} {key[0].tile}")
+            done += 1
+
+    pool = _calibration_pool(jobs)
+    try:
+        if pool is not None:
+            prefetch(pool, [(c, "nominal") for s in shape_list for a in algorithms for c in candidates(s, a)])
+        chosen = {(s.name, a): fastest(s, a, corners["nominal"], fit) for s in shape_list for a in algorithms}
+        total += (len(corners) - 1) * len({config for config, _ in chosen.values()})  # the band's calibrations
+        if pool is not None:
+            prefetch(pool, [(config, name) for config, _ in chosen.values() for name in corners])
+    finally:
+        if pool is not None:
+            pool.close()
     for shape in shape_list:
         row = dict(shape=shape.name, b=shape.b, h=shape.h, hkv=shape.hkv, sq=shape.sq,
                    skv=shape.skv, d=shape.d, causal=shape.causal)
@@ -182,13 +222,6 @@ def markdown(result) -> str:
 _LAUNCH_ONLY = ("l2_aggregate_bytes_per_cycle", "hbm_aggregate_bytes_per_cycle", "launch_overhead_cycles")
 
 
-def _one_torch_thread():
-    """A pool worker's torch runs on one thread: ``jobs`` workers of one thread each fill
-    ``jobs`` cores, where workers of a thread per core would oversubscribe them many times."""
-    import torch
-    torch.set_num_threads(1)
-
-
 #: passes of the coordinate search for a shape's worst corner
 WORST_CORNER_PASSES = 3
 
@@ -208,9 +241,7 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
     parameter point needs, before it is evaluated (the same figures as one process)."""
     ranged = [p for p in npu_params.ALL if p.assumption and (names is None or p.name in names)]
     fits = {}
-    # spawned, not forked: a fork of a process whose torch thread pools have run can hang in
-    # the child's first parallel torch call
-    pool = multiprocessing.get_context("spawn").Pool(jobs, initializer=_one_torch_thread) if jobs > 1 else None
+    pool = _calibration_pool(jobs)
 
     def key(config, params):
         return config, tuple(sorted((k, v) for k, v in npu_params.timing_only(params).items()
@@ -353,7 +384,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sensitivity", action="store_true",
                         help="each parameter with a range alone at both ends; the ratio's worst corner")
     parser.add_argument("--jobs", type=int, default=1,
-                        help="--sensitivity: processes that make its calibrations (up to the cores here)")
+                        help="processes that make the calibrations (up to the cores here; not --calibrate, --sim)")
     parser.add_argument("--sim", action="store_true",
                         help="the instruction-level model (the simulator, ascend_kernels/sim) beside this one")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -361,6 +392,8 @@ def main(argv=None) -> int:
     if args.params:
         print(params_markdown(), end="")
         return 0
+    if args.jobs < 1:
+        parser.error(f"--jobs: expected a whole number of processes >= 1, got {args.jobs}")
     progress = ProgressBar(not args.quiet)
     out = pathlib.Path(args.out)
     try:
@@ -375,12 +408,11 @@ def main(argv=None) -> int:
                 return 2
             text, names = npu_sim.markdown(data), ["npu_sim.md", "npu_sim.json"]
         elif args.sensitivity:
-            if args.jobs < 1:
-                parser.error(f"--jobs: expected a whole number of processes >= 1, got {args.jobs}")
             data = sensitivity(shapes(args.sets or ["readme"]), progress, jobs=args.jobs)
             text, names = sensitivity_markdown(data), ["npu_sensitivity.md", "npu_sensitivity.json"]
         else:
-            data = run(shapes(args.sets or ["paper", "sweep", "decode"]), args.algorithms, not args.no_band, progress)
+            data = run(shapes(args.sets or ["paper", "sweep", "decode"]), args.algorithms, not args.no_band, progress,
+                       jobs=args.jobs)
             text, names = markdown(data), ["npu_model.md", "npu_model.json"]
     except WrongRunError as exc:
         print(f"pasa-npu-model: {exc}", file=sys.stderr)

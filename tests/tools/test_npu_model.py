@@ -68,6 +68,15 @@ def test_report_is_labelled_a_model(tmp_path):
     assert cell["binding"] in ("S", "V", "M", "MTE1", "MTE2", "MTE3", "FIX", "RD", "WR", "L2", "HBM", "path")
 
 
+def test_report_from_several_processes_is_the_same():
+    """The calibrations made by two processes give the figures one process gives, band
+    included."""
+    shape = npu_extrapolate.Shape("tiny", 1, 2, 2, 512, 512, 64, causal=True)
+    one, two = (npu_model.run([shape], ("fa-fp32", "pasa"), band=True, progress=lambda *a: None, jobs=jobs)
+                for jobs in (1, 2))
+    assert npu_model.markdown(one) == npu_model.markdown(two)
+
+
 def test_every_timed_run_is_checked_against_the_golden(monkeypatch):
     """Each emulated run carries its error against the fp64 golden into the figure fitted from
     it; a run whose output is wrong is refused, naming the run, and no figure is reported."""
@@ -109,9 +118,10 @@ def test_cli_shows_defaults_and_says_where_it_wrote(tmp_path, monkeypatch, capsy
     assert sorted(p.name for p in out.iterdir()) == ["npu_model.json", "npu_model.md"]
 
 
-def test_cli_refuses_a_process_count_below_one(capsys):
+@pytest.mark.parametrize("mode", [[], ["--sensitivity"]])
+def test_cli_refuses_a_process_count_below_one(mode, capsys):
     with pytest.raises(SystemExit):
-        npu_model.main(["--sensitivity", "--jobs", "0", "--quiet"])
+        npu_model.main(mode + ["--jobs", "0", "--quiet"])
     assert "--jobs: expected a whole number of processes >= 1, got 0" in capsys.readouterr().err
 
 
