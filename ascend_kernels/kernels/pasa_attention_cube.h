@@ -179,23 +179,15 @@ private:
         return l0b_.DeQue<T>();
     }
 
-    // Rows [m0, m0 + rowsPad) and keys [k0, k0 + keys) of P' in L1 (Zz: a 16-row block's kvBlock / 16
-    // fractals together) -> the Zz A operand in L0A, ready for the cube: one load when the piece is
-    // every key, one per 16-row block otherwise.
+    // Rows [m0, m0 + rowsPad) and keys [k0, k0 + keys) of P' in L1 (Zz within each piece of cubeKeys
+    // keys, the pieces one after the other, qTilePad rows apart) -> the Zz A operand in L0A, ready
+    // for the cube: one load.
     __aicore__ inline LocalTensor<T> ProbToL0a(const LocalTensor<T>& p1, uint32_t m0, uint32_t rowsPad, uint32_t k0,
                                                uint32_t keys)
     {
-        const uint32_t n = t_->kvBlock;
         LocalTensor<T> a2 = l0a_.AllocTensor<T>();
-        if (keys == n) {
-            LoadData(a2, p1[(m0 / kC0) * (n / kC0) * kFractal],
-                     LoadData2DParams(0, static_cast<uint8_t>((rowsPad / kC0) * (n / kC0)), 1, 0, 0, false, 0));
-        } else {
-            for (uint32_t mb = 0; mb < rowsPad / kC0; ++mb) {
-                LoadData(a2[mb * (keys / kC0) * kFractal], p1[((m0 / kC0 + mb) * (n / kC0) + k0 / kC0) * kFractal],
-                         LoadData2DParams(0, static_cast<uint8_t>(keys / kC0), 1, 0, 0, false, 0));
-            }
-        }
+        LoadData(a2, p1[k0 * t_->qTilePad + (m0 / kC0) * (keys / kC0) * kFractal],
+                 LoadData2DParams(0, static_cast<uint8_t>((rowsPad / kC0) * (keys / kC0)), 1, 0, 0, false, 0));
         l0a_.EnQue(a2);
         return l0a_.DeQue<T>();
     }
@@ -437,13 +429,16 @@ private:
         LoadValue(v1, task, j, ValidKeys(task, j));
         valueL1_.EnQue(v1);
         CrossCoreWaitFlag(PASA_FLAG_P_READY);
-        // P' (row-major in its slot) -> L1 in Zz order: one 16-row block after the other
+        // P' (row-major in its slot) -> L1, a piece of cubeKeys keys at a time, each in Zz order (one
+        // 16-row block after the other): every piece of P' the cube multiplies is then one load
         LocalTensor<T> p1 = probL1_.AllocTensor<T>();
         GlobalTensor<T> prob;
         prob.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(slots_.prob + (probCount_++ % PASA_PROB_SLOTS) * t.probSlotBytes));
-        DataCopy(p1, prob, Nd2NzParams(static_cast<uint16_t>(mp / kC0), kC0, static_cast<uint16_t>(n),
-                                       static_cast<uint16_t>(kC0 * n), static_cast<uint16_t>(n), kC0, 1,
-                                       static_cast<uint16_t>((n / kC0) * kFractal)));
+        for (uint32_t k0 = 0; k0 < n; k0 += t.cubeKeys) {
+            DataCopy(p1[k0 * t.qTilePad], prob[k0], Nd2NzParams(static_cast<uint16_t>(mp / kC0), kC0, static_cast<uint16_t>(t.cubeKeys),
+                                           static_cast<uint16_t>(kC0 * n), static_cast<uint16_t>(n), kC0, 1,
+                                           static_cast<uint16_t>((t.cubeKeys / kC0) * kFractal)));
+        }
         probL1_.EnQue(p1);
         p1 = probL1_.DeQue<T>();
         v1 = valueL1_.DeQue<T>();
