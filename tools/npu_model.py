@@ -82,8 +82,13 @@ def _calibration_pool(jobs: int):
 
 
 def _calibration_of(job):
+    """A pool worker's calibration of one (config, params) job."""
     config, params = job
     return calibration_or_refusal(config, params)
+
+
+def _calibrating(config) -> str:
+    return f"calibrate {config.algorithm} d={config.d} g={config.group} {config.tile}"
 
 
 def run(shape_list, algorithms, band: bool, progress, jobs: int = 1) -> dict:
@@ -101,7 +106,7 @@ def run(shape_list, algorithms, band: bool, progress, jobs: int = 1) -> dict:
     def fit(config, params, name="nominal"):
         nonlocal done
         if (config, name) not in fits:
-            progress(done, total, f"calibrate {config.algorithm} d={config.d} g={config.group} {config.tile}")
+            progress(done, total, _calibrating(config))
             done += 1
         return cached_calibration(fits, (config, name), config, params)
 
@@ -111,7 +116,7 @@ def run(shape_list, algorithms, band: bool, progress, jobs: int = 1) -> dict:
         keys = [k for k in dict.fromkeys(keys) if k not in fits]
         for key, made in zip(keys, pool.imap(_calibration_of, [(c, corners[name]) for c, name in keys])):
             fits[key] = made
-            progress(done, total, f"calibrate {key[0].algorithm} d={key[0].d} g={key[0].group} {key[0].tile}")
+            progress(done, total, _calibrating(key[0]))
             done += 1
 
     pool = _calibration_pool(jobs)
@@ -261,7 +266,7 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
                     for c in candidates(shape, a):
                         if key(c, params) not in fits:
                             todo[key(c, params)] = (c, params)
-        fits.update(zip(todo, pool.starmap(calibration_or_refusal, list(todo.values()))))
+        fits.update(zip(todo, pool.map(_calibration_of, list(todo.values()))))
 
     def evaluate(params, only=None):
         prefetch([(params, only)])

@@ -434,15 +434,15 @@ private:
         LocalTensor<T> p1 = probL1_.AllocTensor<T>();
         GlobalTensor<T> prob;
         prob.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(slots_.prob + (probCount_++ % PASA_PROB_SLOTS) * t.probSlotBytes));
-        for (uint32_t k0 = 0; k0 < n; k0 += t.cubeKeys) {
-            DataCopy(p1[k0 * t.qTilePad], prob[k0], Nd2NzParams(static_cast<uint16_t>(mp / kC0), kC0, static_cast<uint16_t>(t.cubeKeys),
-                                           static_cast<uint16_t>(kC0 * n), static_cast<uint16_t>(n), kC0, 1,
-                                           static_cast<uint16_t>((t.cubeKeys / kC0) * kFractal)));
+        const uint32_t dvc = Min(dv, t.cubeCols), nk = t.cubeKeys;
+        for (uint32_t k0 = 0; k0 < n; k0 += nk) {
+            DataCopy(p1[k0 * t.qTilePad], prob[k0], Nd2NzParams(static_cast<uint16_t>(mp / kC0), kC0, static_cast<uint16_t>(nk),
+                                                                static_cast<uint16_t>(kC0 * n), static_cast<uint16_t>(n), kC0, 1,
+                                                                static_cast<uint16_t>((nk / kC0) * kFractal)));
         }
         probL1_.EnQue(p1);
         p1 = probL1_.DeQue<T>();
         v1 = valueL1_.DeQue<T>();
-        const uint32_t dvc = Min(dv, t.cubeCols), nk = t.cubeKeys;
         const bool whole = dvc == dv && nk == n;  // the value block stays in L0B for every piece of rows
         const bool sums = t.pvCols > dv;          // pasa: P''s row sums too, from the pieces of P' in L0A
         LocalTensor<T> b2, a2, kept[2];

@@ -78,8 +78,8 @@ enum StatSlot : uint32_t {
                                     // next task's first softmaxes)
     REL = 20,                       // fp16 rel(r): the row's position within its head's run, every row
     KEPT_SLOTS = 21,
-    // a statistics group's: ROWSUM and T1 gather a block's row sums over the group's chunks (each
-    // at its rows in the group) until the group's statistics update reads them
+    // a statistics group's: ROWSUM gathers a block's row sums over the group's chunks (each at its
+    // rows in the group) until the group's statistics update reads them; T1 is scratch
     ROWSUM = KEPT_SLOTS, T1,
     ONEZERO,                        // fp16 [1 | 0], G_ each
     GROUP_END,
