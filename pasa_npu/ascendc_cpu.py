@@ -53,8 +53,9 @@ def using_model_parameters(params: dict) -> Iterator[None]:
 #: the rows a vector core works on at once (a multiple of 16 dividing its rows, at most 128); ``prep_launch``
 #: (1), the key preprocessing in a launch of its own rather than at the attention launch's start;
 #: ``merge_launch`` (1), split kv's merge and a checked call's repair in launches of their own rather
-#: than at the attention launch's end
-TILING_CHOICES = ("vec_chunk_rows", "prep_launch", "merge_launch")
+#: than at the attention launch's end; ``tail_pieces``, the pieces of query rows each task of a
+#: prefill's part-filled last round is dealt as (1: none cut)
+TILING_CHOICES = ("vec_chunk_rows", "prep_launch", "merge_launch", "tail_pieces")
 _forced: dict = {}
 
 

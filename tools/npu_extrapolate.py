@@ -67,6 +67,11 @@ class Config:
     decode: bool = False
     q_block: int = Q_TILE
     kv_block: int = KV_BLOCK
+    rows: int = 0  # a prefill task of fewer rows (a query's last tile, a tail piece); 0: full tiles
+
+    def with_rows(self, rows: int) -> "Config":
+        """The config of this tiling's one-head prefill tasks of ``rows`` rows."""
+        return Config(self.algorithm, self.d, 1, self.causal, False, self.q_block, self.kv_block, rows)
 
     @property
     def tile(self) -> str:
@@ -166,12 +171,15 @@ def _kernel_params(algorithm, b, h, hkv, sq, skv, d, causal, params, q_block, kv
                 core_num=int(params["core_num"]), timing=npu_params.timing_only(params))
 
 
-def tasks(algorithm, b, h, hkv, sq, skv, d, causal, params, q_block=Q_TILE, kv_block=KV_BLOCK) -> list:
+def tasks(algorithm, b, h, hkv, sq, skv, d, causal, params, q_block=Q_TILE, kv_block=KV_BLOCK,
+          tail_pieces=0) -> list:
     """Per AI Core, the (rows, blocks, fully visible blocks) of its tasks, as the kernel deals
-    them (sparse mode 3: the causal band aligned to the bottom right)."""
+    them (sparse mode 3: the causal band aligned to the bottom right); ``tail_pieces``: the
+    host's tiling choice (0: its own, 1: no task cut into pieces)."""
     lens = lambda n: np.full(b, n, dtype=np.int32)  # noqa: E731
     nxt = np.full(b, skv - sq if causal else 0, dtype=np.int32)
     p = _kernel_params(algorithm, b, h, hkv, sq, skv, d, causal, params, q_block, kv_block)
+    p.update(tail_pieces=tail_pieces)
     return pasa_npu._ascendc_emu.attention_tasks(
         p, dict(q_lens=lens(sq), kv_lens=lens(skv), next_tokens=nxt, pre_tokens=lens(2 ** 31 - 1)))
 
@@ -205,10 +213,12 @@ def calibration_runs(c: Config, blocks: int = CALIBRATION_BLOCKS):
     """The calibration problems: (b, h, hkv, sq, skv, causal) on one AI Core."""
     sq = 1 if c.decode else max(1, c.q_block // c.group) if c.group > 1 else c.q_block
     n = c.kv_block
+    if c.rows:  # one tile of c.rows rows a task; causal: its last kv block masked
+        sq = c.rows
     runs = [(1, c.group, 1, sq, blocks * n, False), (1, c.group, 1, sq, 2 * blocks * n, False),
             (2, c.group, 1, sq, blocks * n, False)]
     if c.causal and not c.decode:
-        runs.append((1, c.group, 1, blocks * n, blocks * n, True))
+        runs.append((1, c.group, 1, sq if c.rows else blocks * n, blocks * n, True))
     return runs
 
 
@@ -274,18 +284,24 @@ def fit_runs(c: Config, runs, stats, params: dict) -> Fit:
     return fit
 
 
-def _sum_fit(coef, task_list) -> float:
-    c0, a, b, m = coef
-    return c0 + sum(a + b * t[1] + m * (t[1] - t[2]) for t in task_list)
+def _sum_fit(fit: Fit, quantity: str, task_list, parts: dict = None) -> float:
+    """``quantity`` over ``task_list`` on one AI Core: the fit's constant, then each task's
+    share from the fit of its row count (``parts``: rows -> Fit; else ``fit``'s)."""
+    parts = parts or {}
+    total = fit.coef[quantity][0]
+    for rows, blocks, full in task_list:
+        _, a, b, m = parts[rows].coef[quantity] if rows in parts else fit.coef[quantity]
+        total += a + b * blocks + m * (blocks - full)
+    return total
 
 
-def _core_cycles(fit: Fit, task_list, before: dict = None) -> float:
+def _core_cycles(fit: Fit, task_list, before: dict = None, parts: dict = None) -> float:
     """One AI Core's cycles over ``task_list``: its timelines, or its GM read or write port
     bound where that is later (each fitted on its own, so the fit holds where the binding one
     changes between the calibration sizes and the full shape); ``before``: each of the three
     spent earlier in the same launch (the key preprocessing)."""
     before = before or {}
-    return max(before.get(q, 0.0) + _sum_fit(fit.coef[q], task_list) for q in CORE_BOUNDS)
+    return max(before.get(q, 0.0) + _sum_fit(fit, q, task_list, parts) for q in CORE_BOUNDS)
 
 
 @dataclass
@@ -321,11 +337,36 @@ class Shape:
                       kv_block)
 
 
-def extrapolate(shape: Shape, fit: Fit, params: dict) -> dict:
-    """The modelled call of ``shape``: cycles, time, binding resource, pipe busy cycles."""
-    per_core = tasks(fit.config.algorithm, shape.b, shape.h, shape.hkv, shape.sq, shape.skv,
-                     shape.d, shape.causal, params, fit.config.q_block, fit.config.kv_block)
-    per_core = [t for t in per_core if t]
+#: the host's choices for a prefill's part-filled last round the model takes the faster of:
+#: its own (0: the round's tasks cut into pieces of query rows) and every task whole (1)
+TAIL_CHOICES = (0, 1)
+
+
+def _dealt(shape: Shape, config: Config, params: dict, tail_pieces: int = 0) -> list:
+    """Per AI Core with a task, its tasks' (rows, blocks, fully visible blocks) for ``shape``."""
+    per_core = tasks(config.algorithm, shape.b, shape.h, shape.hkv, shape.sq, shape.skv, shape.d,
+                     shape.causal, params, config.q_block, config.kv_block, tail_pieces)
+    return [t for t in per_core if t]
+
+
+def part_configs(shape: Shape, config: Config, params: dict, tail_pieces: int = 0) -> tuple:
+    """The configs of ``shape``'s prefill tasks that hold fewer rows than a tile (a query's last
+    tile, the pieces of a part-filled last round), whose costs :func:`extrapolate` takes from
+    fits of their own."""
+    if shape.decode:
+        return ()
+    rows = {t[0] for core in _dealt(shape, config, params, tail_pieces) for t in core if t[0] < config.q_block}
+    return tuple(config.with_rows(r) for r in sorted(rows))
+
+
+def extrapolate(shape: Shape, fit: Fit, params: dict, fit_of=None, tail_pieces: int = 0) -> dict:
+    """The modelled call of ``shape``: cycles, time, binding resource, pipe busy cycles, with the
+    host's ``tail_pieces`` choice (:data:`TAIL_CHOICES`). A task of fewer rows than a tile costs
+    what the fit of its row count says: ``fit_of(config, params)`` makes it (by default
+    :func:`calibrate`)."""
+    per_core = _dealt(shape, fit.config, params, tail_pieces)
+    fit_of = fit_of or calibrate
+    parts = {c.rows: fit_of(c, params) for c in part_configs(shape, fit.config, params, tail_pieces)}
     overhead = params["launch_overhead_cycles"]
     before, prep_gm = {}, 0.0
     if fit.prep:  # at the start of the attention launch, then SyncAll's three cross-core hops
@@ -334,18 +375,19 @@ def extrapolate(shape: Shape, fit: Fit, params: dict) -> dict:
         before = {q: fit.prep[q][0] + fit.prep[q][1] * -(-blocks // cores) for q in CORE_BOUNDS}
         before["timeline_cycles"] += 3 * params["cross_core_latency_cycles"]
         prep_gm = cores * fit.prep["gm_bytes"][0] + blocks * fit.prep["gm_bytes"][1]
-    busiest = max(per_core, key=lambda t: _core_cycles(fit, t, before))
-    core = _core_cycles(fit, busiest, before)
-    busy = {p: _sum_fit(fit.coef[f"busy_{p}"], busiest) for p in ascendc_emu.PIPES + PORTS}
+    busiest = max(per_core, key=lambda t: _core_cycles(fit, t, before, parts))
+    core = _core_cycles(fit, busiest, before, parts)
+    busy = {p: _sum_fit(fit, f"busy_{p}", busiest, parts) for p in ascendc_emu.PIPES + PORTS}
     for port in PORTS:
         busy[port] += before.get(f"busy_{port}", 0.0)
-    gm = sum(_sum_fit(fit.coef["gm_bytes"], t) for t in per_core) + prep_gm
+    gm = sum(_sum_fit(fit, "gm_bytes", t, parts) for t in per_core) + prep_gm
     busy["L2"] = gm / params["l2_aggregate_bytes_per_cycle"]
     busy["HBM"] = shape.io_bytes / params["hbm_aggregate_bytes_per_cycle"]
     cycles = overhead + max(core, busy["L2"], busy["HBM"])
     binding = ascendc_emu.binding_resource(busy, core)
     us = cycles / params["clock_mhz"]
     return dict(cycles=cycles, time_us=us, tflops=shape.flops / (us * 1e-6) / 1e12, binding=binding,
+                tail_pieces=tail_pieces,
                 binding_share=busy.get(binding, core) / (cycles - overhead), busy=busy,
                 kv_gbs=2 * shape.b * shape.hkv * shape.skv * shape.d * 2 / (us * 1e-6) / 1e9)
 
@@ -370,9 +412,21 @@ def candidates(shape: Shape, algorithm: str) -> tuple:
     return tuple(shape.config(algorithm, qb, kvb) for qb, kvb in tilings(shape))
 
 
+def calibrations(shape: Shape, algorithm: str, params: dict) -> tuple:
+    """Every config :func:`fastest` may calibrate for ``algorithm`` on ``shape``: each candidate
+    tiling's, and the configs of its tasks of fewer rows (:func:`part_configs`)."""
+    out = []
+    for config in candidates(shape, algorithm):
+        out.append(config)
+        for tail in TAIL_CHOICES:
+            out += part_configs(shape, config, params, tail)
+    return tuple(dict.fromkeys(out))
+
+
 def fastest(shape: Shape, algorithm: str, params: dict, fit) -> tuple:
-    """(config, extrapolation) of ``algorithm`` on ``shape`` at the tiling of tilings(shape)
-    where it is faster under ``params``; ``fit(config, params)`` calibrates (the caller caches)
+    """(config, extrapolation) of ``algorithm`` on ``shape`` at the tiling of tilings(shape) and
+    the choice of TAIL_CHOICES (the extrapolation's ``tail_pieces``) where it is faster under
+    ``params``; ``fit(config, params)`` calibrates (the caller caches)
     and raises NotImplementedError for a tiling the kernels refuse (its buffers do not fit the
     AI Core), which is then not a candidate."""
     best, refused = None, []
@@ -382,9 +436,12 @@ def fastest(shape: Shape, algorithm: str, params: dict, fit) -> tuple:
         except NotImplementedError as exc:
             refused.append(str(exc))
             continue
-        result = extrapolate(shape, calibrated, params)
-        if best is None or result["tflops"] > best[1]["tflops"]:
-            best = (config, result)
+        for tail in TAIL_CHOICES:
+            if tail and _dealt(shape, config, params, tail) == _dealt(shape, config, params):
+                continue  # the host cuts no task: the same dealing
+            result = extrapolate(shape, calibrated, params, fit, tail)
+            if best is None or result["tflops"] > best[1]["tflops"]:
+                best = (config, result)
     if best is None:
         raise NotImplementedError(f"{algorithm} on {shape.name}: the kernels take none of its tilings: "
                                   + "; ".join(refused))

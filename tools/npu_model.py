@@ -29,7 +29,8 @@ from pasa_npu import npu_params
 from pasa_npu.tools.compare.progress import ProgressBar
 from pasa_npu.tools import npu_calibrate
 from pasa_npu.tools.npu_extrapolate import (KV_BLOCKS, Q_BLOCKS, Shape, WrongRunError, cached_calibration,
-                                            calibration_or_refusal, candidates, extrapolate, fastest, tile_name)
+                                            calibration_or_refusal, calibrations, extrapolate, fastest,
+                                            part_configs, tile_name)
 
 ALGORITHMS = ("fa-fp32", "pasa", "pasa-exact")
 TOKENS, HIDDEN = 16384, 2048  # the sweep keeps B * S and H * d fixed, as pasa-bench does
@@ -100,7 +101,7 @@ def run(shape_list, algorithms, band: bool, progress, jobs: int = 1) -> dict:
         corners.update(fast=npu_params.corner("fast"), slow=npu_params.corner("slow"))
     fits, rows = {}, []
     cells = len(shape_list) * len(algorithms)
-    total = len({c for s in shape_list for a in algorithms for c in candidates(s, a)}) + cells
+    total = len({c for s in shape_list for a in algorithms for c in calibrations(s, a, corners["nominal"])}) + cells
     done = 0
 
     def fit(config, params, name="nominal"):
@@ -122,11 +123,15 @@ def run(shape_list, algorithms, band: bool, progress, jobs: int = 1) -> dict:
     pool = _calibration_pool(jobs)
     try:
         if pool is not None:
-            prefetch(pool, [(c, "nominal") for s in shape_list for a in algorithms for c in candidates(s, a)])
+            prefetch(pool, [(c, "nominal") for s in shape_list for a in algorithms
+                            for c in calibrations(s, a, corners["nominal"])])
         chosen = {(s.name, a): fastest(s, a, corners["nominal"], fit) for s in shape_list for a in algorithms}
-        total += (len(corners) - 1) * len({config for config, _ in chosen.values()})  # the band's calibrations
+        band = {c for s in shape_list for a in algorithms
+                for c in (chosen[(s.name, a)][0], *part_configs(s, chosen[(s.name, a)][0], corners["nominal"],
+                                                                chosen[(s.name, a)][1]["tail_pieces"]))}
+        total += (len(corners) - 1) * len(band)  # the band's calibrations
         if pool is not None:
-            prefetch(pool, [(config, name) for config, _ in chosen.values() for name in corners])
+            prefetch(pool, [(config, name) for config in sorted(band, key=str) for name in corners])
     finally:
         if pool is not None:
             pool.close()
@@ -135,13 +140,15 @@ def run(shape_list, algorithms, band: bool, progress, jobs: int = 1) -> dict:
                    skv=shape.skv, d=shape.d, causal=shape.causal)
         for algorithm in algorithms:
             config, nominal = chosen[(shape.name, algorithm)]
-            cell = {name: nominal if name == "nominal" else extrapolate(shape, fit(config, params, name), params)
+            cell = {name: nominal if name == "nominal" else
+                    extrapolate(shape, fit(config, params, name), params, lambda c, p, name=name: fit(c, p, name),
+                                nominal["tail_pieces"])
                     for name, params in corners.items()}
             progress(done, total, f"{shape.name[:20]} {algorithm}")
             nominal_fit = fits[(config, "nominal")]
             row[algorithm] = dict(
                 tflops=nominal["tflops"], time_us=nominal["time_us"], binding=nominal["binding"],
-                q_block=config.q_block, kv_block=config.kv_block,
+                q_block=config.q_block, kv_block=config.kv_block, tail_pieces=nominal["tail_pieces"],
                 cube_share=nominal["tflops"] / npu_params.cube_peak_tflops(corners["nominal"]),
                 kv_gbs=nominal["kv_gbs"],
                 band=[cell[c]["tflops"] for c in ("slow", "fast") if c in cell],
@@ -169,8 +176,9 @@ def _per_block(fit, shape: Shape, params: dict) -> dict:
 
 
 def _tile(cell: dict) -> str:
-    """The tiling of a reported cell (its q_block and kv_block)."""
-    return tile_name(cell["q_block"], cell["kv_block"])
+    """The tiling of a reported cell (its q_block and kv_block; `whole` where no task of its last
+    round is cut into pieces of rows, by the model's choice)."""
+    return tile_name(cell["q_block"], cell["kv_block"]) + (" whole" if cell.get("tail_pieces") == 1 else "")
 
 
 def markdown(result) -> str:
@@ -184,7 +192,9 @@ def markdown(result) -> str:
              "dependency chain: no resource reaches 90% of its cycles). Tile: `q_block` x `kv_block` of the figure, "
              f"of {' and '.join(map(str, Q_BLOCKS))} query rows by {' and '.join(map(str, KV_BLOCKS))} keys the one "
              "where the allocation is faster among those its kernels take (decode: one tile of a kv group's "
-             "query heads whatever `q_block` is).", "",
+             "query heads whatever `q_block` is); where the tasks leave AI Cores idle in their last round, the "
+             "host cuts that round's tasks into pieces of query rows, or, where that is slower (`whole`), "
+             "deals them whole.", "",
              "| shape | " + " | ".join(f"{a} TFLOP/s [band] (binding, % peak, rmse, tile)" for a in algos)
              + (" | pasa / fa-fp32 | pasa-exact / fa-fp32 |" if "fa-fp32" in algos else " |"),
              "|---|" + "---|" * len(algos) + ("---|---|" if "fa-fp32" in algos else "")]
@@ -263,7 +273,7 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
         for params, only in points:
             for shape in shape_list if only is None else [only]:
                 for a in algorithms:
-                    for c in candidates(shape, a):
+                    for c in calibrations(shape, a, params):
                         if key(c, params) not in fits:
                             todo[key(c, params)] = (c, params)
         fits.update(zip(todo, pool.map(_calibration_of, list(todo.values()))))

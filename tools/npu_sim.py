@@ -145,19 +145,25 @@ def compare(shapes, algorithms, params: dict, blocks: int = CALIBRATION_BLOCKS, 
     binding resource and extrapolated TFLOP/s."""
     rows, fits, emu_fits = [], {}, {}
     total, done = len(shapes) * len(algorithms), 0
+
+    def both(config):
+        """Both models' fits of ``config`` (and the simulator's checks), made once."""
+        if config not in fits:
+            fits[config] = calibrate_both(config, params, blocks)
+        return fits[config]
+
     for shape in shapes:
         for algorithm in algorithms:
             if progress:
                 progress(done, total, f"--sim {shape.name[:20]} {algorithm}")
-            config, _ = fastest(shape, algorithm, params,
-                                lambda c, p: cached_calibration(emu_fits, c, c, p))
-            if config not in fits:
-                fits[config] = calibrate_both(config, params, blocks)
-            emu_fit, sim_fit, checks = fits[config]
-            row = dict(shape=shape.name, algorithm=algorithm, tile=tile_name(config.q_block, config.kv_block),
+            config, chosen = fastest(shape, algorithm, params,
+                                     lambda c, p: cached_calibration(emu_fits, c, c, p))
+            emu_fit, sim_fit, checks = both(config)
+            tile = tile_name(config.q_block, config.kv_block) + (" whole" if chosen["tail_pieces"] == 1 else "")
+            row = dict(shape=shape.name, algorithm=algorithm, tile=tile,
                        golden_rmse=max(emu_fit.golden_rmse, sim_fit.golden_rmse), **checks)
-            for name, fit in (("emu", emu_fit), ("sim", sim_fit)):
-                result = extrapolate(shape, fit, params)
+            for i, (name, fit) in enumerate((("emu", emu_fit), ("sim", sim_fit))):
+                result = extrapolate(shape, fit, params, lambda c, p, i=i: both(c)[i], chosen["tail_pieces"])
                 row[name] = dict(_block(fit), tflops=result["tflops"], call_binding=result["binding"])
             rows.append(row)
             done += 1

@@ -66,6 +66,8 @@ py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
     d["q_tile_rows"] = t.qTile;
     d["num_tasks"] = t.numTasks;
     d["kv_splits"] = t.kvSplits;
+    d["tail_from"] = t.tailFrom;
+    d["tail_pieces"] = t.tailPieces;
     d["shift_scores"] = t.shiftScores;
     d["repair_in_launch"] = t.repairTilingOffset != 0;
     d["prep_dim"] = t.prepDim;

@@ -131,6 +131,7 @@ void Validate(const PasaProblem& p)
         if (p.seqKv != p.blockSize) Reject("paged KV: seqKv (the cache's S axis) must equal blockSize");
     }
     if (p.kvSplits > PASA_MAX_SPLITS) Reject("kvSplits must be at most " + std::to_string(PASA_MAX_SPLITS));
+    if (p.tailPieces > PASA_MAX_PIECES) Reject("tailPieces must be at most " + std::to_string(PASA_MAX_PIECES));
     if (!(p.scale > 0.0) || !std::isfinite(p.scale)) Reject("scale must be finite and positive");
     if (std::isnan(p.resolutionLimit)) Reject("resolutionLimit must be a number (0 or negative: no resolution check)");
     if (p.coreNum == 0) Reject("coreNum must be positive (the platform's AI Core count)");
@@ -210,6 +211,22 @@ uint32_t ChooseSplits(uint32_t tasks, uint32_t blocks, uint32_t cores)
     return efficiency(best) >= 1.1 * efficiency(1) ? best : 1;
 }
 
+// Prefill whose tasks leave cores idle in their last round: each task of that round is dealt as
+// pieces of its query rows (AttentionTaskIter), as many as fill the round, each of at least
+// PASA_MIN_PIECE_ROWS rows; p.tailPieces forces the count. Every piece is a task of its own.
+void PlanTail(const PasaProblem& p, PasaTilingData& t)
+{
+    const uint32_t tasks = t.numTasks, last = tasks % p.coreNum;
+    uint32_t pieces = 1;
+    if (last > 0) {
+        pieces = p.tailPieces > 0 ? p.tailPieces
+                                  : std::min({PASA_MAX_PIECES, p.coreNum / last, std::max(1u, t.qTile / PASA_MIN_PIECE_ROWS)});
+    }
+    t.tailPieces = std::max(1u, pieces);
+    t.tailFrom = t.tailPieces > 1 ? tasks - last : tasks;
+    t.numTasks = t.tailFrom + (tasks - t.tailFrom) * t.tailPieces;
+}
+
 // UB of the merge kernel (pasa_merge.h): two partial O tiles, the splits' LSE rows, the merged O,
 // the broadcast blocks and the output staging, its statistics.
 uint64_t MergeUbBytes(const PasaTilingData& t)
@@ -267,6 +284,9 @@ void PlanBlocking(const PasaProblem& p, const BatchLengths* lengths, PasaTilingD
     if (oneTaskPerHead) t.kvSplits = p.kvSplits > 0 ? p.kvSplits : ChooseSplits(t.numTasks, maxKvBlocks, p.coreNum);
     // the merge's tiles would not fit, or its rows exceed what its row instructions cover
     if (t.kvSplits > 1 && (MergeUbBytes(t) > kUbUserBytes || t.vecRowsPad > PASA_MAX_CHUNK_ROWS)) t.kvSplits = 1;
+    t.tailPieces = 1;
+    t.tailFrom = t.numTasks;
+    if (!oneTaskPerHead) PlanTail(p, t);
     const uint64_t units = static_cast<uint64_t>(t.numTasks) * t.kvSplits;
     t.blockDim = static_cast<uint32_t>(std::min<uint64_t>(p.coreNum, units));
     t.mergeDim = static_cast<uint32_t>(std::min<uint64_t>(2ull * p.coreNum, 2ull * t.numTasks));

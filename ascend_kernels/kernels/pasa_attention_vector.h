@@ -1,5 +1,5 @@
-// The vector side (AIV) of the PASA attention kernel. Each AIV owns a fixed band of rows of
-// every tile (the first vecRows rows, or the rest) and works on them in chunks of
+// The vector side (AIV) of the PASA attention kernel. Each AIV owns a band of rows of every
+// tile (the first FirstAivRows rows, or the rest) and works on them in chunks of
 // tiling.vecChunkRows rows (all of them, up to PASA_MAX_CHUNK_ROWS, where its UB holds their tiles; the host's choice,
 // pasa_tiling.cpp's PlanVector): every instruction covers
 // a whole chunk (padding rows computed and never stored), no loop runs over rows and the scalar
@@ -115,7 +115,6 @@ public:
         t_ = &t;
         key_ = t.tilingKey;
         sub_ = static_cast<uint32_t>(GetSubBlockIdx());
-        rowBase_ = sub_ == 0 ? 0 : t.vecRows;
         R_ = t.vecChunkRows;
         G_ = t.vecStatRows;
         all_ = t.vecRowsPad;
@@ -206,8 +205,9 @@ private:
     {
         task_ = &task;
         tp_ = index % 2;
-        const uint32_t mine = sub_ == 0 ? t_->vecRows : t_->qTile - t_->vecRows;
-        rows_ = task.rows > rowBase_ ? Min(task.rows - rowBase_, mine) : 0;
+        const uint32_t first = FirstAivRows(*t_, task.rows);
+        rowBase_ = sub_ == 0 ? 0 : first;
+        rows_ = sub_ == 0 ? Min(first, task.rows) : (task.rows > first ? task.rows - first : 0);
     }
 
     // Chunk k of the AIV's rows: false where it holds none of the task's rows.
@@ -381,7 +381,7 @@ private:
 
     const PasaTilingData* t_ = nullptr;
     const AttentionTask* task_ = nullptr;
-    uint32_t key_ = 0, sub_ = 0, rowBase_ = 0, rows_ = 0, tp_ = 0, relPitch_ = 0;
+    uint32_t key_ = 0, sub_ = 0, rowBase_ = 0, rows_ = 0, tp_ = 0, relPitch_ = 0, relBase_ = 0;
     uint32_t R_ = 16, all_ = 16;   // rows of a chunk, of the AIV's band (padded)
     uint32_t G_ = 16;              // rows of a statistics group (a whole number of chunks)
     bool groupNoKeys_ = false;     // the block may have rows that see no key of it in the group's chunks

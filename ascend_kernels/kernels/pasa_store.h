@@ -95,7 +95,7 @@ __aicore__ inline void StoreRows(const PasaTilingData& t, const AttentionTask& t
 }
 
 // With `flags` on, outside the repair launch: the task's flag byte (flags.task) of the vector core's
-// band of rows from `rowBase` on (0 or vecRows) to its slot, once its rows are stored.
+// band of rows from `rowBase` on (0 or FirstAivRows) to its slot, once its rows are stored.
 __aicore__ inline void StoreTaskFlag(const PasaTilingData& t, const AttentionTask& task, uint32_t rowBase,
                                      const RowFlags& flags)
 {
@@ -126,7 +126,7 @@ __aicore__ inline void RowSinks(const GlobalTensor<float>& sink, const Attention
 
 // Split kv: rows [rowBase + first, rowBase + first + rows) of one split's O / l (fp32, rows x
 // headDimV) and LSE to the (task, split)'s partial slot, rowBase the vector core's band (0 or
-// vecRows): O at the same rows, the LSE of each vector core's rows in a 32-byte aligned run of its
+// FirstAivRows): O at the same rows, the LSE of each vector core's rows in a 32-byte aligned run of its
 // own (PartialLseRow: the two cores' runs never share a 32-byte block).
 __aicore__ inline void StorePartial(GM_ADDR workspace, const PasaTilingData& t, const AttentionTask& task, uint32_t rowBase,
                                     uint32_t first, uint32_t rows, const LocalTensor<float>& o, const LocalTensor<float>& lse)

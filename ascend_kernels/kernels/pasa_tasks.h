@@ -76,6 +76,14 @@ struct AttentionTask {
     BatchInfo info;
 };
 
+// Rows of a tile of `rows` rows the first AIV takes (the second takes the rest): vecRows of a
+// full tile; of a smaller one (a query's last tile, a piece) half, rounded up to 16, so that
+// both AIVs share its rows.
+__aicore__ inline uint32_t FirstAivRows(const PasaTilingData& t, uint32_t rows)
+{
+    return rows >= t.qTile ? t.vecRows : Min(t.vecRows, Align16(CeilDiv(rows, 2)));
+}
+
 // The tile shape of a batch with `qLen` query rows: `pitch` positions per head, `heads` heads.
 __aicore__ inline void TileShape(const PasaTilingData& t, int64_t qLen, uint32_t& pitch, uint32_t& heads)
 {
@@ -83,10 +91,20 @@ __aicore__ inline void TileShape(const PasaTilingData& t, int64_t qLen, uint32_t
     heads = Min(t.groupSize, t.qBlock / pitch > 0 ? t.qBlock / pitch : 1u);
 }
 
+// Rows [piece * rows, ...) of a tile's `positions` positions are piece `piece` of `pieces`:
+// `rows` = the positions split evenly, rounded up to 16, at least PASA_MIN_PIECE_ROWS.
+__aicore__ inline uint32_t PieceRows(uint32_t positions, uint32_t pieces)
+{
+    const uint32_t even = Align16(CeilDiv(positions, pieces));
+    return even > PASA_MIN_PIECE_ROWS ? even : PASA_MIN_PIECE_ROWS;
+}
+
 // Walks the attention tasks (with split kv: the (task, split) units) of AI Core `core` of
 // `cores`. Tasks go in the order query tile (the last first), batch, kv head, head chunk, split,
 // and are dealt in snake order (0 .. n-1, then n-1 .. 0, ...): with a causal mask the later query
-// tiles see more blocks, so every core gets long and short tasks alike.
+// tiles see more blocks, so every core gets long and short tasks alike. A task from ordinal
+// t.tailFrom on is dealt as t.tailPieces pieces of its query positions (a tile of one head;
+// a tile of stacked heads is its first piece whole), each a task of its own.
 class AttentionTaskIter {
 public:
     __aicore__ inline AttentionTaskIter(const PasaTilingData& t, const BatchTable& batches, uint32_t core,
@@ -103,7 +121,7 @@ public:
     __aicore__ inline bool Next(AttentionTask& task)
     {
         while (qt_ > 0) {
-            const uint32_t qt = qt_ - 1, b = b_, kvh = kvh_, chunk = chunk_, split = split_;
+            const uint32_t qt = qt_ - 1, b = b_, kvh = kvh_, chunk = chunk_, split = split_, piece = piece_;
             if (b != infoBatch_) {
                 info_ = batches_.Get(b);
                 infoBatch_ = b;
@@ -111,16 +129,28 @@ public:
             }
             const uint32_t chunks = CeilDiv(t_.groupSize, heads_);
             const uint32_t tiles = info_.qLen > 0 ? CeilDiv(static_cast<uint32_t>(info_.qLen), pitch_) : 0;
-            Step(chunks);
-            if (qt >= tiles || chunk >= chunks) continue;
-            if (split == 0) ++tasks_;
+            if (qt >= tiles || chunk >= chunks) {
+                Step(chunks, 1);
+                continue;
+            }
+            if (split == 0 && piece == 0) ++tasks_;
+            const uint32_t ordinal = tasks_ - 1, pieces = ordinal >= t_.tailFrom ? t_.tailPieces : 1;
+            Step(chunks, pieces);
+            const uint32_t positions = Min(pitch_, static_cast<uint32_t>(info_.qLen) - qt * pitch_);
+            uint32_t lo = 0, count = positions;
+            if (pieces > 1) {  // this piece's positions (a tile of stacked heads stays whole)
+                const uint32_t rows = heads_ == 1 ? PieceRows(positions, pieces) : positions;
+                lo = Min(positions, piece * rows);
+                count = Min(rows, positions - lo);
+                if (count == 0) continue;
+            }
             const uint32_t round = counter_ / cores_, pos = counter_ % cores_;
             ++counter_;
             if ((round % 2 == 0 ? pos : cores_ - 1 - pos) != core_) continue;
             task.b = b;
-            task.index = tasks_ - 1;
+            task.index = ordinal < t_.tailFrom ? ordinal : t_.tailFrom + (ordinal - t_.tailFrom) * t_.tailPieces + piece;
             task.split = split;
-            Fill(task, kvh, chunk, qt);
+            Fill(task, kvh, chunk, qt * pitch_ + lo, count);
             if (onlyFlagged_ && !Flagged(task)) continue;
             return true;
         }
@@ -133,12 +163,14 @@ private:
     {
         const uint64_t slot = static_cast<uint64_t>(task.index) * 2 * PASA_TASK_FLAG_BYTES;
         if (taskFlags_.GetValue(slot) != 0) return true;
-        return task.rows > t_.vecRows && taskFlags_.GetValue(slot + PASA_TASK_FLAG_BYTES) != 0;
+        return task.rows > FirstAivRows(t_, task.rows) && taskFlags_.GetValue(slot + PASA_TASK_FLAG_BYTES) != 0;
     }
 
-    // Advance (split, chunk, kv head, batch, query tile) after the unit just read.
-    __aicore__ inline void Step(uint32_t chunks)
+    // Advance (piece, split, chunk, kv head, batch, query tile) after the unit just read.
+    __aicore__ inline void Step(uint32_t chunks, uint32_t pieces)
     {
+        if (++piece_ < pieces) return;
+        piece_ = 0;
         if (++split_ < splits_) return;
         split_ = 0;
         if (++chunk_ < chunks) return;
@@ -150,15 +182,16 @@ private:
         --qt_;
     }
 
-    __aicore__ inline void Fill(AttentionTask& task, uint32_t kvh, uint32_t chunk, uint32_t qt) const
+    // The task of positions q0 .. q0 + positions - 1 of head chunk `chunk` of kv head kvh.
+    __aicore__ inline void Fill(AttentionTask& task, uint32_t kvh, uint32_t chunk, uint32_t q0, uint32_t positions) const
     {
         const uint32_t n = t_.kvBlock;
         task.kvHead = kvh;
         task.head0 = kvh * t_.groupSize + chunk * heads_;
         task.heads = Min(heads_, t_.groupSize - chunk * heads_);
         task.pitch = pitch_;
-        task.q0 = qt * pitch_;
-        task.positions = Min(pitch_, static_cast<uint32_t>(info_.qLen) - task.q0);
+        task.q0 = q0;
+        task.positions = positions;
         task.rows = task.heads == 1 ? task.positions : task.heads * pitch_;
         task.info = info_;
         const int64_t first = task.q0, last = static_cast<int64_t>(task.q0) + task.positions - 1;
@@ -182,7 +215,7 @@ private:
     const BatchTable& batches_;
     uint32_t core_, cores_, splits_;
     uint32_t qt_;  // one past the query tile being dealt
-    uint32_t b_ = 0, kvh_ = 0, chunk_ = 0, split_ = 0, counter_ = 0, tasks_ = 0, infoBatch_ = 0xFFFFFFFFu;
+    uint32_t b_ = 0, kvh_ = 0, chunk_ = 0, split_ = 0, piece_ = 0, counter_ = 0, tasks_ = 0, infoBatch_ = 0xFFFFFFFFu;
     uint32_t pitch_ = 1, heads_ = 1;
     BatchInfo info_;
     GlobalTensor<uint8_t> taskFlags_;

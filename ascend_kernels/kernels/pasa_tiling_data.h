@@ -50,6 +50,10 @@ constexpr uint32_t PASA_TASK_FLAG_BYTES = 32;  // one task flag slot (PasaTiling
 // PASA_MIN_SPLIT_BLOCKS blocks, computed by separate AI Cores and merged by their LSE.
 constexpr uint32_t PASA_MIN_SPLIT_BLOCKS = 8;
 constexpr uint32_t PASA_MAX_SPLITS = 16;
+// Prefill whose tasks do not fill the cores' last round: the tasks of that round are each dealt as
+// up to tailPieces pieces of their query rows (at least PASA_MIN_PIECE_ROWS each), one task apiece.
+constexpr uint32_t PASA_MIN_PIECE_ROWS = 32;
+constexpr uint32_t PASA_MAX_PIECES = 8;
 
 // The attention pipeline: the cube computes score tiles up to PASA_LOOKAHEAD blocks ahead of
 // the P'V product it is waiting for, and the vector cores fold P'V into O PASA_PV_DELAY blocks
@@ -173,7 +177,9 @@ struct PasaTilingData {
     uint32_t prepInAttention;  // 1: the preprocessing runs at the start of the attention launch (blockDim >=
                                // prepDim), its cores meeting the others at SyncAll; 0: a launch of its own
     uint32_t numQTiles;      // query tiles of the batch with the most
-    uint32_t numTasks;       // attention tasks of the call (before splitting)
+    uint32_t numTasks;       // attention tasks of the call, each piece of a tail task one (before kv splitting)
+    uint32_t tailFrom;       // the tasks dealt from this ordinal on are dealt in pieces (numTasks when none is)
+    uint32_t tailPieces;     // pieces of query rows per such task (1: no task is cut)
     uint32_t kvSplits;       // kv ranges per task (1: no split, no merge)
     uint32_t mergeDim;       // vector cores of the merge (with mergeInAttention at most 2 blockDim)
     uint32_t mergeInAttention;  // split kv: the merge runs at the end of the attention launch, after SyncAll, on its

@@ -20,7 +20,8 @@ __aicore__ inline void AttentionVector<OutT, InT>::BuildConstants()
 }
 
 // rel(r) = the position of the AIV's row r within its head's run of `pitch` rows, broadcast one
-// block a row, for every row of the band (all_ scalar writes, once per change of the tile shape).
+// block a row, for every row of the band (all_ scalar writes, once per change of the tile shape or
+// of the AIV's first row).
 template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::BuildRel(uint32_t pitch)
 {
@@ -28,6 +29,7 @@ __aicore__ inline void AttentionVector<OutT, InT>::BuildRel(uint32_t pitch)
     for (uint32_t r = 0; r < all_; ++r) rel.SetValue(r, half(static_cast<float>((rowBase_ + r) % pitch)));
     BroadcastRows(RelBroadcast(), rel, all_);
     relPitch_ = pitch;
+    relBase_ = rowBase_;
 }
 
 // The explicit mask's bytes of kv block j for the chunk's rows (one copy per stacked head's run of
@@ -102,7 +104,7 @@ __aicore__ inline bool AttentionVector<OutT, InT>::MaskBlock(uint32_t j, const L
     };
     auto clamp = [](int64_t v) { return half(static_cast<float>(Max64(-4096, Min64(4096, v)))); };
     if (upper || lower) {
-        if (task.pitch != relPitch_) BuildRel(task.pitch);
+        if (task.pitch != relPitch_ || rowBase_ != relBase_) BuildRel(task.pitch);
         RowBroadcast<VecOp::SUB>(tile, ColumnRow(), RelBroadcast()[c0_ * kC0], R_, n, 0, 0, false);  // c - rel
     }
     if (upper) {

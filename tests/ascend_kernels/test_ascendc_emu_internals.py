@@ -102,16 +102,17 @@ def test_cost_counters_per_path():
     """Bytes per path and cube work of one call, against the counts the tiling implies: one
     head, 256 x 256, D = 64, 128 x 128 tiles: 2 query tiles x 2 kv blocks; the key
     preprocessing in a launch of its own, and inside the attention launch, where it adds its
-    own counts and one SyncAll wait per core."""
+    own counts and one SyncAll wait per core. The two tasks are dealt whole (no tail pieces)."""
     gen = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 1, 256, 64, generator=gen).half() for _ in range(3))
     kw = dict(num_heads=1, input_layout="BNSD", scale=0.125)
     stats, folded = {}, {}
     for algorithm in ("fa-fp32", "pasa", "pasa-exact"):
-        with ascendc_emu.forcing_tiling(prep_launch=1):
+        with ascendc_emu.forcing_tiling(prep_launch=1, tail_pieces=1):
             pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
         stats[algorithm] = ascendc_emu.last_run_stats()
-        pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
+        with ascendc_emu.forcing_tiling(tail_pieces=1):
+            pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
         folded[algorithm] = ascendc_emu.last_run_stats()
     for algorithm in ("pasa", "pasa-exact"):
         launched, inside = stats[algorithm], folded[algorithm]
@@ -156,7 +157,7 @@ def test_cost_counters_per_path():
 @pytest.mark.parametrize("algorithm", ["pasa", "pasa-exact"])
 @pytest.mark.parametrize("b,h,hkv,sq,skv,causal,schedule", [
     (1, 8, 8, 512, 500, True, "tasks outnumber the cores"),
-    (2, 4, 2, 100, 1500, True, "launch widened past the tasks"),
+    (1, 2, 1, 100, 1500, True, "launch widened past the tasks"),
     (1, 1, 1, 128, 4000, False, "split kv")])
 def test_key_preprocessing_inside_the_attention_launch_gives_the_same_bits(algorithm, b, h, hkv, sq,
                                                                            skv, causal, schedule):
@@ -185,6 +186,37 @@ def test_key_preprocessing_inside_the_attention_launch_gives_the_same_bits(algor
             "launch widened past the tasks": tiling["num_tasks"] < tiling["block_dim"] == tiling["prep_dim"],
             "split kv": tiling["kv_splits"] > 1}[schedule], tiling
     assert torch.equal(out, out_own) and torch.equal(lse, lse_own)
+
+
+@pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
+@pytest.mark.parametrize("b,h,hkv,sq,skv,causal,pieces", [
+    (1, 2, 1, 300, 700, True, 4),     # GQA, a causal band, a query's last partial tile, part-filled blocks
+    (2, 3, 3, 256, 256, False, 2),    # 12 tasks on 24 AI Cores: 2 pieces each
+    (1, 10, 5, 384, 520, True, 4)])   # 30 tasks: a full round, then 6 tasks of 4 pieces each
+def test_tail_pieces_give_the_same_bits(algorithm, b, h, hkv, sq, skv, causal, pieces):
+    """A prefill whose last round leaves AI Cores idle deals that round's tasks in pieces of their
+    query rows, the AIVs sharing each piece's rows: every row's output and LSE are bit for bit
+    those of the same tasks dealt whole (overflow-checked calls, so the repair pass deals the
+    same pieces)."""
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(b, h, sq, 64, generator=gen).half()
+    k, v = (torch.randn(b, hkv, skv, 64, generator=gen).half() for _ in range(2))
+    kw = dict(num_heads=h, num_key_value_heads=hkv, input_layout="BNSD", scale=0.125,
+              algorithm=algorithm, backend="ascendc-emu", softmax_lse_flag=True)
+    if causal:
+        kw.update(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())
+    runs = {}
+    for forced in (0, 1):
+        with ascendc_emu.forcing_tiling(tail_pieces=forced):
+            out, lse = pasa_npu.fused_attention(q, k, v, **kw)[:2]
+        runs[forced] = out, lse, ascendc_emu.last_run_stats()["tiling"]
+    (out, lse, cut), (out_whole, lse_whole, whole) = runs[0], runs[1]
+    tasks = whole["num_tasks"]
+    assert whole["tail_pieces"] == 1 and tasks % 24 > 0, whole
+    tail = tasks % 24
+    assert cut["tail_pieces"] == pieces and cut["tail_from"] == tasks - tail, cut
+    assert cut["num_tasks"] == tasks - tail + tail * pieces, cut
+    assert torch.equal(out, out_whole) and torch.equal(lse, lse_whole)
 
 
 @pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)

@@ -29,6 +29,20 @@ def test_extrapolation_matches_a_direct_emulation(algorithm, causal, d, q_block,
     assert abs(got["error"]) < 0.03, got
 
 
+@pytest.mark.parametrize("algorithm,causal,d,q_block,kv_block", [
+    ("pasa", False, 128, 256, 256), ("pasa", True, 64, 128, 128), ("fa-fp32", False, 128, 256, 256)])
+def test_extrapolation_of_tail_pieces_matches_a_direct_emulation(algorithm, causal, d, q_block, kv_block):
+    """(1, 4, 1024, d) on 5 AI Cores, whose last round the kernel deals in pieces of query rows:
+    the pieces' costs from fits of their own row count, against the emulation of the whole
+    problem."""
+    params = dict(npu_params.values(), core_num=5)
+    shape = npu_extrapolate.Shape("validate", 1, 4, 4, 1024, 1024, d, causal)
+    parts = npu_extrapolate.part_configs(shape, shape.config(algorithm, q_block, kv_block), params)
+    assert parts and all(0 < c.rows < q_block for c in parts), parts
+    got = npu_extrapolate.validate(algorithm, d=d, causal=causal, cores=5, q_block=q_block, kv_block=kv_block)
+    assert abs(got["error"]) < 0.03, got
+
+
 def test_each_allocation_is_reported_at_its_fastest_tiling():
     """Each figure is the allocation's at the tiling of npu_extrapolate.tilings (q_block x kv_block)
     where the model finds it fastest (nominal parameters), and says which; decode has one q_block."""
@@ -143,8 +157,8 @@ def test_calibration_compares_with_the_measured_figures(tmp_path):
 
 
 def _ratio(shape, params):
-    """pasa / fa-fp32 modelled TFLOP/s of ``shape`` under ``params``."""
-    t = {a: npu_extrapolate.extrapolate(shape, npu_extrapolate.calibrate(shape.config(a), params), params)["tflops"]
+    """pasa / fa-fp32 modelled TFLOP/s of ``shape`` under ``params``, each at its fastest tiling."""
+    t = {a: npu_extrapolate.fastest(shape, a, params, npu_extrapolate.calibrate)[1]["tflops"]
          for a in ("fa-fp32", "pasa")}
     return t["pasa"] / t["fa-fp32"]
 
