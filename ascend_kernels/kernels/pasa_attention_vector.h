@@ -205,9 +205,7 @@ private:
     {
         task_ = &task;
         tp_ = index % 2;
-        const uint32_t first = FirstAivRows(*t_, task.rows);
-        rowBase_ = sub_ == 0 ? 0 : first;
-        rows_ = sub_ == 0 ? Min(first, task.rows) : (task.rows > first ? task.rows - first : 0);
+        rows_ = AivRows(*t_, task.rows, sub_, rowBase_);
     }
 
     // Chunk k of the AIV's rows: false where it holds none of the task's rows.

@@ -57,8 +57,8 @@ public:
         while (it.Next(task)) {
             for (uint32_t half = 0; half < 2; ++half, ++unit) {
                 if (unit % t.mergeDim != core) continue;
-                const uint32_t first = FirstAivRows(t, task.rows), rowBase = half == 0 ? 0 : first;
-                const uint32_t rows = half == 0 ? Min(first, task.rows) : (task.rows > first ? task.rows - first : 0);
+                uint32_t rowBase = 0;
+                const uint32_t rows = AivRows(t, task.rows, half, rowBase);
                 if (rows > 0) Merge(task, rowBase, rows);
             }
         }

@@ -84,6 +84,14 @@ __aicore__ inline uint32_t FirstAivRows(const PasaTilingData& t, uint32_t rows)
     return rows >= t.qTile ? t.vecRows : Min(t.vecRows, Align16(CeilDiv(rows, 2)));
 }
 
+// The rows [base, base + count) of a tile of `rows` rows that AIV `sub` (0 or 1) takes; returns count.
+__aicore__ inline uint32_t AivRows(const PasaTilingData& t, uint32_t rows, uint32_t sub, uint32_t& base)
+{
+    const uint32_t first = FirstAivRows(t, rows);
+    base = sub == 0 ? 0 : first;
+    return sub == 0 ? Min(first, rows) : (rows > first ? rows - first : 0);
+}
+
 // The tile shape of a batch with `qLen` query rows: `pitch` positions per head, `heads` heads.
 __aicore__ inline void TileShape(const PasaTilingData& t, int64_t qLen, uint32_t& pitch, uint32_t& heads)
 {
