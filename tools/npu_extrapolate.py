@@ -79,9 +79,10 @@ class Config:
         return tile_name(self.q_block, self.kv_block)
 
 
-def tile_name(q_block: int, kv_block: int) -> str:
-    """A tiling as the reports name it: q_block x kv_block."""
-    return f"{q_block}x{kv_block}"
+def tile_name(q_block: int, kv_block: int, tail_pieces: int = 0) -> str:
+    """A tiling as the reports name it: q_block x kv_block, and `whole` where the host's
+    ``tail_pieces`` choice is 1 (no task of a part-filled last round cut into pieces)."""
+    return f"{q_block}x{kv_block}" + (" whole" if tail_pieces == 1 else "")
 
 
 @dataclass
@@ -349,14 +350,19 @@ def _dealt(shape: Shape, config: Config, params: dict, tail_pieces: int = 0) -> 
     return [t for t in per_core if t]
 
 
+def _parts_of(shape: Shape, config: Config, per_core: list) -> tuple:
+    """:func:`part_configs` of the tasks ``per_core`` already dealt."""
+    if shape.decode:
+        return ()
+    rows = {t[0] for core in per_core for t in core if t[0] < config.q_block}
+    return tuple(config.with_rows(r) for r in sorted(rows))
+
+
 def part_configs(shape: Shape, config: Config, params: dict, tail_pieces: int = 0) -> tuple:
     """The configs of ``shape``'s prefill tasks that hold fewer rows than a tile (a query's last
     tile, the pieces of a part-filled last round), whose costs :func:`extrapolate` takes from
     fits of their own."""
-    if shape.decode:
-        return ()
-    rows = {t[0] for core in _dealt(shape, config, params, tail_pieces) for t in core if t[0] < config.q_block}
-    return tuple(config.with_rows(r) for r in sorted(rows))
+    return _parts_of(shape, config, _dealt(shape, config, params, tail_pieces))
 
 
 def extrapolate(shape: Shape, fit: Fit, params: dict, fit_of=None, tail_pieces: int = 0) -> dict:
@@ -366,7 +372,7 @@ def extrapolate(shape: Shape, fit: Fit, params: dict, fit_of=None, tail_pieces: 
     :func:`calibrate`)."""
     per_core = _dealt(shape, fit.config, params, tail_pieces)
     fit_of = fit_of or calibrate
-    parts = {c.rows: fit_of(c, params) for c in part_configs(shape, fit.config, params, tail_pieces)}
+    parts = {c.rows: fit_of(c, params) for c in _parts_of(shape, fit.config, per_core)}
     overhead = params["launch_overhead_cycles"]
     before, prep_gm = {}, 0.0
     if fit.prep:  # at the start of the attention launch, then SyncAll's three cross-core hops
@@ -436,8 +442,9 @@ def fastest(shape: Shape, algorithm: str, params: dict, fit) -> tuple:
         except NotImplementedError as exc:
             refused.append(str(exc))
             continue
+        own = _dealt(shape, config, params)
         for tail in TAIL_CHOICES:
-            if tail and _dealt(shape, config, params, tail) == _dealt(shape, config, params):
+            if tail and _dealt(shape, config, params, tail) == own:
                 continue  # the host cuts no task: the same dealing
             result = extrapolate(shape, calibrated, params, fit, tail)
             if best is None or result["tflops"] > best[1]["tflops"]:

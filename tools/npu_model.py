@@ -176,9 +176,8 @@ def _per_block(fit, shape: Shape, params: dict) -> dict:
 
 
 def _tile(cell: dict) -> str:
-    """The tiling of a reported cell (its q_block and kv_block; `whole` where no task of its last
-    round is cut into pieces of rows, by the model's choice)."""
-    return tile_name(cell["q_block"], cell["kv_block"]) + (" whole" if cell.get("tail_pieces") == 1 else "")
+    """The tiling of a reported cell (:func:`tile_name` of its q_block, kv_block and tail choice)."""
+    return tile_name(cell["q_block"], cell["kv_block"], cell.get("tail_pieces", 0))
 
 
 def markdown(result) -> str:

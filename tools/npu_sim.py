@@ -159,8 +159,8 @@ def compare(shapes, algorithms, params: dict, blocks: int = CALIBRATION_BLOCKS, 
             config, chosen = fastest(shape, algorithm, params,
                                      lambda c, p: cached_calibration(emu_fits, c, c, p))
             emu_fit, sim_fit, checks = both(config)
-            tile = tile_name(config.q_block, config.kv_block) + (" whole" if chosen["tail_pieces"] == 1 else "")
-            row = dict(shape=shape.name, algorithm=algorithm, tile=tile,
+            row = dict(shape=shape.name, algorithm=algorithm,
+                       tile=tile_name(config.q_block, config.kv_block, chosen["tail_pieces"]),
                        golden_rmse=max(emu_fit.golden_rmse, sim_fit.golden_rmse), **checks)
             for i, (name, fit) in enumerate((("emu", emu_fit), ("sim", sim_fit))):
                 result = extrapolate(shape, fit, params, lambda c, p, i=i: both(c)[i], chosen["tail_pieces"])

@@ -222,7 +222,7 @@ void PlanTail(const PasaProblem& p, PasaTilingData& t)
         pieces = p.tailPieces > 0 ? p.tailPieces
                                   : std::min({PASA_MAX_PIECES, p.coreNum / last, std::max(1u, t.qTile / PASA_MIN_PIECE_ROWS)});
     }
-    t.tailPieces = std::max(1u, pieces);
+    t.tailPieces = pieces;
     t.tailFrom = t.tailPieces > 1 ? tasks - last : tasks;
     t.numTasks = t.tailFrom + (tasks - t.tailFrom) * t.tailPieces;
 }

@@ -154,6 +154,24 @@ def test_cost_counters_per_path():
     assert stats["pasa"]["tiling"]["pv_cols"] == 64 + 16 and stats["pasa-exact"]["tiling"]["pv_cols"] == 64
 
 
+def _runs_forcing(choice, algorithm, b, h, hkv, sq, skv, causal, seed):
+    """{0: ..., 1: ...}: (output, LSE, last_run_stats) of one BNSD call at d = 64 (causal: sparse
+    mode 3) with the host's tiling ``choice`` forced to 0 and to 1."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, sq, 64, generator=gen).half()
+    k, v = (torch.randn(b, hkv, skv, 64, generator=gen).half() for _ in range(2))
+    kw = dict(num_heads=h, num_key_value_heads=hkv, input_layout="BNSD", scale=0.125,
+              algorithm=algorithm, backend="ascendc-emu", softmax_lse_flag=True)
+    if causal:
+        kw.update(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())
+    runs = {}
+    for forced in (0, 1):
+        with ascendc_emu.forcing_tiling(**{choice: forced}):
+            out, lse = pasa_npu.fused_attention(q, k, v, **kw)[:2]
+        runs[forced] = out, lse, ascendc_emu.last_run_stats()
+    return runs
+
+
 @pytest.mark.parametrize("algorithm", ["pasa", "pasa-exact"])
 @pytest.mark.parametrize("b,h,hkv,sq,skv,causal,schedule", [
     (1, 8, 8, 512, 500, True, "tasks outnumber the cores"),
@@ -165,19 +183,7 @@ def test_key_preprocessing_inside_the_attention_launch_gives_the_same_bits(algor
     SyncAll, writes the same output and LSE as in a launch of its own (GQA, causal bands,
     part-filled last blocks, overflow-checked calls) on each schedule: more tasks than AI
     Cores, a launch of more AI Cores than the attention has tasks, and split kv."""
-    gen = torch.Generator().manual_seed(5)
-    q = torch.randn(b, h, sq, 64, generator=gen).half()
-    k, v = (torch.randn(b, hkv, skv, 64, generator=gen).half() for _ in range(2))
-    kw = dict(num_heads=h, num_key_value_heads=hkv, input_layout="BNSD", scale=0.125,
-              algorithm=algorithm, backend="ascendc-emu", softmax_lse_flag=True)
-    if causal:
-        kw.update(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())
-    runs = {}
-    for prep_launch in (0, 1):
-        with ascendc_emu.forcing_tiling(prep_launch=prep_launch):
-            out, lse = pasa_npu.fused_attention(q, k, v, **kw)[:2]
-        stats = ascendc_emu.last_run_stats()
-        runs[prep_launch] = out, lse, stats
+    runs = _runs_forcing("prep_launch", algorithm, b, h, hkv, sq, skv, causal, seed=5)
     (out, lse, inside), (out_own, lse_own, own) = runs[0], runs[1]
     tiling = inside["tiling"]
     assert tiling["prep_in_attention"] and inside["preprocess"] is None
@@ -198,19 +204,9 @@ def test_tail_pieces_give_the_same_bits(algorithm, b, h, hkv, sq, skv, causal, p
     query rows, the AIVs sharing each piece's rows: every row's output and LSE are bit for bit
     those of the same tasks dealt whole (overflow-checked calls, so the repair pass deals the
     same pieces)."""
-    gen = torch.Generator().manual_seed(6)
-    q = torch.randn(b, h, sq, 64, generator=gen).half()
-    k, v = (torch.randn(b, hkv, skv, 64, generator=gen).half() for _ in range(2))
-    kw = dict(num_heads=h, num_key_value_heads=hkv, input_layout="BNSD", scale=0.125,
-              algorithm=algorithm, backend="ascendc-emu", softmax_lse_flag=True)
-    if causal:
-        kw.update(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())
-    runs = {}
-    for forced in (0, 1):
-        with ascendc_emu.forcing_tiling(tail_pieces=forced):
-            out, lse = pasa_npu.fused_attention(q, k, v, **kw)[:2]
-        runs[forced] = out, lse, ascendc_emu.last_run_stats()["tiling"]
+    runs = _runs_forcing("tail_pieces", algorithm, b, h, hkv, sq, skv, causal, seed=6)
     (out, lse, cut), (out_whole, lse_whole, whole) = runs[0], runs[1]
+    cut, whole = cut["tiling"], whole["tiling"]
     tasks = whole["num_tasks"]
     assert whole["tail_pieces"] == 1 and tasks % 24 > 0, whole
     tail = tasks % 24
