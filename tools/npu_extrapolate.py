@@ -334,8 +334,12 @@ class Shape:
                 + 4 * self.b * self.h * self.sq)
 
     def config(self, algorithm: str, q_block: int = Q_TILE, kv_block: int = KV_BLOCK) -> Config:
-        return Config(algorithm, self.d, self.h // self.hkv, self.causal and not self.decode, self.decode, q_block,
-                      kv_block)
+        """The config ``algorithm`` is calibrated at on this shape. A query of more than half a
+        tile is dealt in tiles of one head, which cost what those of a group of one do (group 1);
+        decode and shorter queries stack a kv group's heads into a tile (the host's rule)."""
+        stacked = self.decode or 2 * self.sq <= q_block
+        return Config(algorithm, self.d, self.h // self.hkv if stacked else 1, self.causal and not self.decode,
+                      self.decode, q_block, kv_block)
 
 
 #: the host's choices for a prefill's part-filled last round the model takes the faster of:
@@ -456,13 +460,14 @@ def fastest(shape: Shape, algorithm: str, params: dict, fit) -> tuple:
 
 
 def validate(algorithm="pasa", d=64, causal=True, cores=4, params=None, q_block=Q_TILE,
-             kv_block=KV_BLOCK) -> dict:
-    """Extrapolated vs directly emulated cycles of (1, 4, 1024, d) on ``cores`` AI Cores."""
+             kv_block=KV_BLOCK, hkv=4) -> dict:
+    """Extrapolated vs directly emulated cycles of (1, 4, 1024, d), ``hkv`` kv heads, on
+    ``cores`` AI Cores."""
     params = dict(params or npu_params.values(), core_num=cores)
-    shape = Shape("validate", 1, 4, 4, 1024, 1024, d, causal)
+    shape = Shape("validate", 1, 4, hkv, 1024, 1024, d, causal)
     fit = calibrate(shape.config(algorithm, q_block, kv_block), params)
     model = extrapolate(shape, fit, params)
-    stats = emulate(algorithm, 1, 4, 4, 1024, 1024, d, causal, params, q_block, kv_block)
+    stats = emulate(algorithm, 1, 4, hkv, 1024, 1024, d, causal, params, q_block, kv_block)
     direct = sum(stats[launch]["cycles"] for launch in ("attention", "preprocess", "repair") if stats[launch])
     return dict(extrapolated=model["cycles"], emulated=direct, error=model["cycles"] / direct - 1.0,
                 golden_rmse=max(fit.golden_rmse, stats["golden_rmse"]))

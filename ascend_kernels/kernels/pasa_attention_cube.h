@@ -5,9 +5,10 @@
 // of block g and then, once L = PASA_LOOKAHEAD score tiles are ahead, P'V of block g - L: it
 // runs L score tiles ahead of the P' it waits for, across task boundaries, so the vector cores
 // always have tiles queued. Each task's Q is loaded into L1 while the previous task is being
-// scored (with one Q buffer, tiling.queryBuffers, once it has been); V_j is copied into L1 when
-// its P'V comes up, before the wait for P'_j, so it lands while the vector cores finish. The L1
-// buffer counts (PASA_*_BUFFERS) stay within TPipe's 8 MTE1_MTE2 event IDs. L0A, L0B and L0C are
+// scored (with one Q buffer, tiling.queryBuffers, once its last score tile is made, during the P'V
+// that follows); a tile of one head holds Q as Zz, so that each piece of its rows is one load into
+// L0A. V_j is copied into L1 when its P'V comes up, before the wait for P'_j, so it lands while
+// the vector cores finish. The L1 buffer counts (PASA_*_BUFFERS) stay within TPipe's 8 MTE1_MTE2 event IDs. L0A, L0B and L0C are
 // ping-pong pairs: the next operand loads while the current Mmad runs, and a Fixpipe drains one
 // L0C tile while the next Mmad fills the other.
 //
@@ -77,6 +78,7 @@ public:
         pipe_.InitBuffer(l0b_, 2, t.l0bBytes);
         pipe_.InitBuffer(l0c_, 2, t.l0cBytes);
         valueZz_ = 16ull * RowStride(t.kvLayout, t.numKvHeads, t.headDimV) <= 65535;
+        queryZz_ = 16ull * RowStride(t.qLayout, t.numHeads, t.headDim) <= 65535;
 
         Stream(win);
     }
@@ -105,13 +107,15 @@ private:
                 if (score.block == 0) {
                     if (!queryQueued) LoadQuery(task);
                     q1 = queryL1_.DeQue<T>();
-                    BlockCursor next{score.task + 1, 0};  // one Q buffer: the next task loads its own
-                    queryQueued = t_->queryBuffers > 1 && NextBlock(win, next, pv.task + kTaskWindow);
-                    if (queryQueued) LoadQuery(win.Get(next.task));  // the next task's Q, while this one runs
+                    queryQueued = t_->queryBuffers > 1 && QueueNextQuery(win, score, pv);  // while this one runs
                 }
                 if (constants_ && score.block % PASA_CONST_BLOCKS == 0) RowConstants(task, q1, score.block);
                 Scores(task, q1, task.blockBegin + score.block);
-                if (score.block + 1 == task.numBlocks) queryL1_.FreeTensor(q1);
+                if (score.block + 1 == task.numBlocks) {
+                    queryL1_.FreeTensor(q1);
+                    // one Q buffer: the next task's Q loads during the P'V that follows
+                    if (t_->queryBuffers == 1) queryQueued = QueueNextQuery(win, score, pv);
+                }
                 win.Advance(score);
                 if (++ahead <= PASA_LOOKAHEAD) continue;
             } else if (ahead == 0) {
@@ -125,26 +129,75 @@ private:
         }
     }
 
+    // Loads the Q of the next task with keys after the score cursor's, when the window holds it.
+    __aicore__ inline bool QueueNextQuery(TaskWindow& win, const BlockCursor& score, const BlockCursor& pv)
+    {
+        BlockCursor next{score.task + 1, 0};
+        if (!NextBlock(win, next, pv.task + kTaskWindow)) return false;
+        LoadQuery(win.Get(next.task));
+        return true;
+    }
+
     __aicore__ inline uint32_t Rows16(const AttentionTask& task) const { return Align16(task.rows); }
     __aicore__ inline uint32_t ValidKeys(const AttentionTask& task, uint32_t j) const
     {
         return Min(t_->kvBlock, static_cast<uint32_t>(task.info.kvLen) - j * t_->kvBlock);
     }
 
-    // The tile's Q rows (each stacked head's positions) -> L1, NZ with C0 stride qTilePad.
+    // Whether the task's Q is laid out Zz in L1 (16-row blocks, each block's column fractals
+    // together: a piece of rows is then one load into L0A) or NZ with C0 stride qTilePad (tiles of
+    // stacked heads, and row strides past the DMA's 16-bit stride between 16-row blocks).
+    __aicore__ inline bool QueryZz(const AttentionTask& task) const { return queryZz_ && task.heads == 1; }
+
+    // The tile's Q rows (each stacked head's positions) -> L1, Zz or NZ (QueryZz).
     __aicore__ inline void LoadQuery(const AttentionTask& task)
     {
         const PasaTilingData& t = *t_;
         const uint32_t d = t.headDim, row = static_cast<uint32_t>(task.info.qStart) + task.q0;
+        const uint32_t stride = RowStride(t.qLayout, t.numHeads, d);
         LocalTensor<T> q1 = queryL1_.AllocTensor<T>();
-        for (uint32_t h = 0; h < task.heads; ++h) {
-            DataCopy(q1[h * task.pitch * kC0],
-                     query_[RowOffset(t.qLayout, TensorBatch(t, task.b), task.head0 + h, row, t.numHeads, t.seqQ, d)],
-                     Nd2NzParams(1, static_cast<uint16_t>(task.positions), static_cast<uint16_t>(d), 0,
-                                 static_cast<uint16_t>(RowStride(t.qLayout, t.numHeads, d)),
-                                 static_cast<uint16_t>(t.qTilePad), 1, 0));
+        if (QueryZz(task)) {  // whole 16-row blocks, then the tail
+            const uint64_t at = RowOffset(t.qLayout, TensorBatch(t, task.b), task.head0, row, t.numHeads, t.seqQ, d);
+            const uint32_t full = task.positions / kC0, tail = task.positions % kC0, block = (d / kC0) * kFractal;
+            if (full > 0) {
+                DataCopy(q1, query_[at], Nd2NzParams(static_cast<uint16_t>(full), kC0, static_cast<uint16_t>(d),
+                                                     static_cast<uint16_t>(kC0 * stride), static_cast<uint16_t>(stride), kC0,
+                                                     1, static_cast<uint16_t>(block)));
+            }
+            if (tail > 0) {
+                DataCopy(q1[full * block], query_[at + static_cast<uint64_t>(full) * kC0 * stride],
+                         Nd2NzParams(1, static_cast<uint16_t>(tail), static_cast<uint16_t>(d), 0, static_cast<uint16_t>(stride),
+                                     kC0, 1, 0));
+            }
+        } else {
+            for (uint32_t h = 0; h < task.heads; ++h) {
+                DataCopy(q1[h * task.pitch * kC0],
+                         query_[RowOffset(t.qLayout, TensorBatch(t, task.b), task.head0 + h, row, t.numHeads, t.seqQ, d)],
+                         Nd2NzParams(1, static_cast<uint16_t>(task.positions), static_cast<uint16_t>(d), 0,
+                                     static_cast<uint16_t>(stride), static_cast<uint16_t>(t.qTilePad), 1, 0));
+            }
         }
         queryL1_.EnQue(q1);
+    }
+
+    // Rows [m0, m0 + rowsPad) and columns [k0, k0 + cols) of the task's Q in L1 -> the Zz A operand
+    // in L0A, ready for the cube: Zz, one load when the piece is every column.
+    __aicore__ inline LocalTensor<T> QueryToL0a(const AttentionTask& task, const LocalTensor<T>& q1, uint32_t m0,
+                                                uint32_t rowsPad, uint32_t k0, uint32_t cols)
+    {
+        const uint32_t d = t_->headDim;
+        if (!QueryZz(task)) return ToL0a(q1[m0 * kC0 + k0 * t_->qTilePad], rowsPad / kC0, cols / kC0, t_->qTilePad);
+        LocalTensor<T> a2 = l0a_.AllocTensor<T>();
+        if (cols == d) {
+            LoadData(a2, q1[m0 * d], LoadData2DParams(0, static_cast<uint8_t>((rowsPad / kC0) * (d / kC0)), 1, 0, 0, false, 0));
+        } else {
+            for (uint32_t mb = 0; mb < rowsPad / kC0; ++mb) {
+                LoadData(a2[mb * (cols / kC0) * kFractal], q1[(m0 + mb * kC0) * d + k0 * kC0],
+                         LoadData2DParams(0, static_cast<uint8_t>(cols / kC0), 1, 0, 0, false, 0));
+            }
+        }
+        l0a_.EnQue(a2);
+        return l0a_.DeQue<T>();
     }
 
     // The first `rowBlocks` 16-row blocks and `colBlocks` column blocks of an NZ tile (C0 stride c0Rows)
@@ -245,6 +298,7 @@ private:
         const PasaTilingData& t = *t_;
         const uint32_t d = t.headDim, j0 = task.blockBegin + i0;
         const uint32_t blocks = Min(PASA_CONST_BLOCKS, task.numBlocks - i0), mb = Align16(blocks);
+        const bool zz = QueryZz(task);
         LocalTensor<T> m1 = meanL1_.AllocTensor<T>();
         if (!t.paged) {  // the blocks' means are consecutive rows
             DataCopy(m1, keyMean_[KeyMeanOffset(t, KeyPrimeSlot(t, pages_, task.b, task.kvHead, j0, task.info.kvLen))],
@@ -274,8 +328,10 @@ private:
                 if (!whole) a2 = ToL0a(m1[k0 * mb], mb / kC0, kc / kC0, mb);
                 LocalTensor<T> b2 = l0b_.AllocTensor<T>();
                 for (uint32_t kb = 0; kb < kc / kC0; ++kb) {  // the piece's rows of each column block of Q
-                    LoadData(b2[kb * (cols / kC0) * kFractal], q1[(k0 / kC0 + kb) * t.qTilePad * kC0 + m0 * kC0],
-                             LoadData2DParams(0, static_cast<uint8_t>(cols / kC0), 1, 0, 0, false, 0));
+                    const uint32_t at = zz ? m0 * d + (k0 / kC0 + kb) * kFractal : (k0 / kC0 + kb) * t.qTilePad * kC0 + m0 * kC0;
+                    LoadData(b2[kb * (cols / kC0) * kFractal], q1[at],
+                             LoadData2DParams(0, static_cast<uint8_t>(cols / kC0), static_cast<uint16_t>(zz ? d / kC0 : 1),
+                                              0, 0, false, 0));
                 }
                 l0b_.EnQue(b2);
                 b2 = l0b_.DeQue<T>();
@@ -378,7 +434,7 @@ private:
                 LocalTensor<float> c;
                 for (uint32_t k0 = 0; k0 < d; k0 += dc) {  // the contraction's pieces, in order
                     const uint32_t kc = Min(dc, d - k0);
-                    LocalTensor<T> a2 = ToL0a(q1[m0 * kC0 + k0 * t.qTilePad], rowsPad / kC0, kc / kC0, t.qTilePad);
+                    LocalTensor<T> a2 = QueryToL0a(task, q1, m0, rowsPad, k0, kc);
                     if (!held) b2 = KeysToL0b(k1[k0 * n], kc / kC0, 0, n);
                     Accumulate(c, a2, b2, rows, nk, k0, kc, d);
                     l0a_.FreeTensor(a2);
@@ -507,7 +563,7 @@ private:
 
     const PasaTilingData* t_ = nullptr;
     uint32_t key_ = 0;
-    bool valueZz_ = true, rawKeys_ = false, constants_ = false;
+    bool valueZz_ = true, queryZz_ = true, rawKeys_ = false, constants_ = false;
     uint32_t scoreCount_ = 0, probCount_ = 0, pvCount_ = 0, constCount_ = 0;  // rings, across tasks
     TPipe pipe_;
     TQue<TPosition::A1, 1> queryL1_, probL1_, meanL1_;

@@ -29,6 +29,17 @@ def test_extrapolation_matches_a_direct_emulation(algorithm, causal, d, q_block,
     assert abs(got["error"]) < 0.03, got
 
 
+@pytest.mark.parametrize("algorithm", ["pasa", "pasa-exact", "fa-fp32"])
+def test_extrapolation_of_a_gqa_prefill_matches_a_direct_emulation(algorithm):
+    """(1, 4, 1024, 128) with one kv head on 4 AI Cores: a query longer than a tile is dealt in
+    tiles of one head (Q in L1 as Zz), calibrated as a group of one."""
+    shape = npu_extrapolate.Shape("gqa", 1, 4, 1, 1024, 1024, 128, True)
+    assert shape.config(algorithm, 256, 256).group == 1
+    assert npu_extrapolate.Shape("short", 1, 4, 1, 64, 1024, 128).config(algorithm, 256, 256).group == 4
+    got = npu_extrapolate.validate(algorithm, d=128, causal=True, cores=4, q_block=256, kv_block=256, hkv=1)
+    assert abs(got["error"]) < 0.03, got
+
+
 @pytest.mark.parametrize("algorithm,causal,d,q_block,kv_block", [
     ("pasa", False, 128, 256, 256), ("pasa", True, 64, 128, 128), ("fa-fp32", False, 128, 256, 256)])
 def test_extrapolation_of_tail_pieces_matches_a_direct_emulation(algorithm, causal, d, q_block, kv_block):
