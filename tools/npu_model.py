@@ -149,6 +149,7 @@ def run(shape_list, algorithms, band: bool, progress, jobs: int = 1) -> dict:
             row[algorithm] = dict(
                 tflops=nominal["tflops"], time_us=nominal["time_us"], binding=nominal["binding"],
                 q_block=config.q_block, kv_block=config.kv_block, tail_pieces=nominal["tail_pieces"],
+                group=config.group,
                 cube_share=nominal["tflops"] / npu_params.cube_peak_tflops(corners["nominal"]),
                 kv_gbs=nominal["kv_gbs"],
                 band=[cell[c]["tflops"] for c in ("slow", "fast") if c in cell],
@@ -209,7 +210,8 @@ def markdown(result) -> str:
             for a in ("pasa", "pasa-exact"):
                 ratios.append(f"{row[a]['tflops'] / row['fa-fp32']['tflops']:.2f}" if a in algos else "-")
         lines.append(f"| {row['shape']} | " + " | ".join(cells + ratios) + " |")
-    lines += ["", "Per kv block (of the tile named) at each shape's head dim, from the calibration "
+    lines += ["", "Per kv block (of the tile named) at each shape's head dim and query heads a tile "
+              "(a kv group's stacked where the query is short, decode included), from the calibration "
               "fits: KiB handed between cube and vector through the workspace (S' or S and P'V "
               "out of the cube, P' back; each is also read once); per vector core the vector "
               "instructions and scalar UB accesses; on one AI Core the modelled cycles (V and M "
@@ -219,7 +221,7 @@ def markdown(result) -> str:
               + " |", "|---|" + "---|" * len(algos)]
     seen = set()
     for row in result["rows"]:
-        key = (row["d"], row["h"] // row["hkv"], row["sq"] == 1)
+        key = (row["d"], row[algos[0]]["group"], row["sq"] == 1)  # the tile's heads (Shape.config)
         if key in seen:
             continue
         seen.add(key)
@@ -228,7 +230,8 @@ def markdown(result) -> str:
                  f"({row[a]['block']['v']:.0f}, {row[a]['block']['m']:.0f}) / {row[a]['block']['l2_ceiling']:.0%} "
                  f"({_tile(row[a])})"
                  for a in algos]
-        lines.append(f"| d={row['d']}, group {key[1]}{', decode' if key[2] else ''} | " + " | ".join(cells) + " |")
+        heads = f"{key[1]} head{'s' if key[1] > 1 else ''} a tile"
+        lines.append(f"| d={row['d']}, {heads}{', decode' if key[2] else ''} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
