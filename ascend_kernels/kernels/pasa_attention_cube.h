@@ -8,9 +8,9 @@
 // scored (with one Q buffer, tiling.queryBuffers, once its last score tile is made, during the P'V
 // that follows); a tile of one head holds Q as Zz, so that each piece of its rows is one load into
 // L0A. V_j is copied into L1 when its P'V comes up, before the wait for P'_j, so it lands while
-// the vector cores finish. The L1 buffer counts (PASA_*_BUFFERS) stay within TPipe's 8 MTE1_MTE2 event IDs. L0A, L0B and L0C are
-// ping-pong pairs: the next operand loads while the current Mmad runs, and a Fixpipe drains one
-// L0C tile while the next Mmad fills the other.
+// the vector cores finish. The L1 buffer counts (PASA_*_BUFFERS) stay within TPipe's 8 MTE1_MTE2
+// event IDs. L0A, L0B and L0C are ping-pong pairs: the next operand loads while the current Mmad
+// runs, and a Fixpipe drains one L0C tile while the next Mmad fills the other.
 //
 // A tile of more rows than tiling.cubeRows is multiplied in pieces of that many rows (L0A and L0C
 // hold a piece): the key or value block stays in L0B for all of them, the row constants' Mmad takes

@@ -335,6 +335,31 @@ def test_wide_heads_through_a_block_table(algorithm):
                          call=(q, k, v, kw), kv_lens=kv_lens(case), kv_block=tiling["kv_block"])
 
 
+#: rows more than 4095 elements apart in GM (BSND, 33 heads of 128): the DMA's stride between
+#: 16-row blocks does not reach, so the cube copies Q (and V) into L1 as NZ rather than Zz
+WIDE_ROW_STRIDES = {
+    "query": dict(layout="BSND", B=1, Nq=33, Nkv=3, S1=100, S2=300, D=128, sparse_mode=3, mask="optimized"),
+    "query-and-values": dict(layout="BSND", B=1, Nq=33, Nkv=33, S1=100, S2=300, D=128),
+}
+
+
+@pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
+@pytest.mark.parametrize("name", WIDE_ROW_STRIDES)
+def test_rows_too_far_apart_for_zz_copies_take_nz(name, algorithm):
+    """One-head tiles whose Q rows lie too far apart for the Zz copy take NZ, with each piece of
+    rows loaded into L0A one 16-row block at a time: more L1 -> L0 loads than the same problem in
+    BNSD (rows d apart, Zz), and the same outputs against the torch backend and the golden."""
+    case = WIDE_ROW_STRIDES[name]
+    q, k, v, kw = make_case(case, torch.float16)
+    out, lse, tiling = run_kernels(q, k, v, "ascendc-emu", algorithm=algorithm, **kw)
+    assert tiling["q_tile"] == case["S1"], tiling  # one head a tile
+    loads = ascendc_emu.last_run_stats()["attention"]["pipe_instructions"]["MTE1"]
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, case)
+    bnsd = dict(kw, input_layout="BNSD")
+    run_kernels(*(x.transpose(1, 2).contiguous() for x in (q, k, v)), "ascendc-emu", algorithm=algorithm, **bnsd)
+    assert loads > ascendc_emu.last_run_stats()["attention"]["pipe_instructions"]["MTE1"]
+
+
 #: head dims that are not multiples of 16 (the cube's fractal): Stable Diffusion 1.5's 40 and
 #: 80 -> 40 here with V's of 64, 72 with V's of 40, 8; packed and decode rows among them
 ODD_HEADS = {
