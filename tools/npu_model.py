@@ -126,12 +126,14 @@ def run(shape_list, algorithms, band: bool, progress, jobs: int = 1) -> dict:
             prefetch(pool, [(c, "nominal") for s in shape_list for a in algorithms
                             for c in calibrations(s, a, corners["nominal"])])
         chosen = {(s.name, a): fastest(s, a, corners["nominal"], fit) for s in shape_list for a in algorithms}
-        band = {c for s in shape_list for a in algorithms
-                for c in (chosen[(s.name, a)][0], *part_configs(s, chosen[(s.name, a)][0], corners["nominal"],
-                                                                chosen[(s.name, a)][1]["tail_pieces"]))}
-        total += (len(corners) - 1) * len(band)  # the band's calibrations
+        chosen_configs = set()  # each chosen tiling's config and those of its tasks of fewer rows
+        for s in shape_list:
+            for a in algorithms:
+                config, result = chosen[(s.name, a)]
+                chosen_configs.update((config, *part_configs(s, config, corners["nominal"], result["tail_pieces"])))
+        total += (len(corners) - 1) * len(chosen_configs)  # the band's calibrations
         if pool is not None:
-            prefetch(pool, [(config, name) for config in sorted(band, key=str) for name in corners])
+            prefetch(pool, [(config, name) for config in sorted(chosen_configs, key=str) for name in corners])
     finally:
         if pool is not None:
             pool.close()

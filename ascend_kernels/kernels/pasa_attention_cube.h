@@ -77,8 +77,8 @@ public:
         pipe_.InitBuffer(l0a_, 2, t.l0aBytes);
         pipe_.InitBuffer(l0b_, 2, t.l0bBytes);
         pipe_.InitBuffer(l0c_, 2, t.l0cBytes);
-        valueZz_ = 16ull * RowStride(t.kvLayout, t.numKvHeads, t.headDimV) <= 65535;
-        queryZz_ = 16ull * RowStride(t.qLayout, t.numHeads, t.headDim) <= 65535;
+        valueZz_ = ZzCopyReaches(RowStride(t.kvLayout, t.numKvHeads, t.headDimV));
+        queryZz_ = ZzCopyReaches(RowStride(t.qLayout, t.numHeads, t.headDim));
 
         Stream(win);
     }
@@ -156,19 +156,9 @@ private:
         const uint32_t d = t.headDim, row = static_cast<uint32_t>(task.info.qStart) + task.q0;
         const uint32_t stride = RowStride(t.qLayout, t.numHeads, d);
         LocalTensor<T> q1 = queryL1_.AllocTensor<T>();
-        if (QueryZz(task)) {  // whole 16-row blocks, then the tail
-            const uint64_t at = RowOffset(t.qLayout, TensorBatch(t, task.b), task.head0, row, t.numHeads, t.seqQ, d);
-            const uint32_t full = task.positions / kC0, tail = task.positions % kC0, block = (d / kC0) * kFractal;
-            if (full > 0) {
-                DataCopy(q1, query_[at], Nd2NzParams(static_cast<uint16_t>(full), kC0, static_cast<uint16_t>(d),
-                                                     static_cast<uint16_t>(kC0 * stride), static_cast<uint16_t>(stride), kC0,
-                                                     1, static_cast<uint16_t>(block)));
-            }
-            if (tail > 0) {
-                DataCopy(q1[full * block], query_[at + static_cast<uint64_t>(full) * kC0 * stride],
-                         Nd2NzParams(1, static_cast<uint16_t>(tail), static_cast<uint16_t>(d), 0, static_cast<uint16_t>(stride),
-                                     kC0, 1, 0));
-            }
+        if (QueryZz(task)) {
+            CopyZz(q1, query_, RowOffset(t.qLayout, TensorBatch(t, task.b), task.head0, row, t.numHeads, t.seqQ, d),
+                   task.positions, d, stride);
         } else {
             for (uint32_t h = 0; h < task.heads; ++h) {
                 DataCopy(q1[h * task.pitch * kC0],
@@ -376,21 +366,31 @@ private:
             if (!zz) {
                 DataCopy(l1[r * kC0], src[at], Nd2NzParams(1, static_cast<uint16_t>(run), static_cast<uint16_t>(dim), 0,
                                                            static_cast<uint16_t>(stride), static_cast<uint16_t>(n), 1, 0));
-            } else {  // r is a multiple of 16: whole 16-row blocks, then the run's tail
-                const uint32_t full = run / kC0, tail = run % kC0, block = (dim / kC0) * kFractal;
-                if (full > 0) {
-                    DataCopy(l1[(r / kC0) * block], src[at],
-                             Nd2NzParams(static_cast<uint16_t>(full), kC0, static_cast<uint16_t>(dim),
-                                         static_cast<uint16_t>(kC0 * stride), static_cast<uint16_t>(stride), kC0, 1,
-                                         static_cast<uint16_t>(block)));
-                }
-                if (tail > 0) {
-                    DataCopy(l1[(r / kC0 + full) * block], src[at + static_cast<uint64_t>(full) * kC0 * stride],
-                             Nd2NzParams(1, static_cast<uint16_t>(tail), static_cast<uint16_t>(dim), 0,
-                                         static_cast<uint16_t>(stride), kC0, 1, 0));
-                }
+            } else {  // r is a multiple of 16
+                CopyZz(l1[(r / kC0) * (dim / kC0) * kFractal], src, at, run, dim, stride);
             }
             r += run;
+        }
+    }
+
+    // Whether CopyZz takes rows `stride` elements apart: the DMA's stride between 16-row blocks is 16 bits.
+    __aicore__ inline static bool ZzCopyReaches(uint32_t stride) { return 16ull * stride <= 65535; }
+
+    // `rows` rows of `dim` columns from src[at] on, `stride` elements apart -> L1 as Zz (16-row
+    // blocks, each block's column fractals together): the whole blocks in one copy, then the tail.
+    __aicore__ inline void CopyZz(const LocalTensor<T>& l1, const GlobalTensor<T>& src, uint64_t at, uint32_t rows,
+                                  uint32_t dim, uint32_t stride)
+    {
+        const uint32_t full = rows / kC0, tail = rows % kC0, block = (dim / kC0) * kFractal;
+        if (full > 0) {
+            DataCopy(l1, src[at], Nd2NzParams(static_cast<uint16_t>(full), kC0, static_cast<uint16_t>(dim),
+                                              static_cast<uint16_t>(kC0 * stride), static_cast<uint16_t>(stride), kC0, 1,
+                                              static_cast<uint16_t>(block)));
+        }
+        if (tail > 0) {
+            DataCopy(l1[full * block], src[at + static_cast<uint64_t>(full) * kC0 * stride],
+                     Nd2NzParams(1, static_cast<uint16_t>(tail), static_cast<uint16_t>(dim), 0, static_cast<uint16_t>(stride),
+                                 kC0, 1, 0));
         }
     }
 
