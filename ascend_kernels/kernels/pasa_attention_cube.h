@@ -15,7 +15,8 @@
 // A tile of more rows than tiling.cubeRows is multiplied in pieces of that many rows (L0A and L0C
 // hold a piece): the key or value block stays in L0B for all of them, the row constants' Mmad takes
 // the pieces' Q rows one after the other. A block of more keys than tiling.cubeKeys is held a piece
-// of cubeKeys keys (every head dim column) at a time: each key piece stays in L0B for every piece of
+// of cubeKeys keys (every head dim column) at a time: K lies in L1 as NZ pieces of cubeKeys keys, each
+// with C0 stride cubeKeys, so that a piece is one load into L0B; each key piece stays in L0B for every piece of
 // rows, the score tile is produced a piece of its columns at a time, and P'V accumulates over the
 // key pieces of its contraction in L0C, in key order. A head dim of more columns than
 // tiling.cubeCols (L0B holds that many of a K or V block) is cut into pieces of cubeCols: the score
@@ -203,21 +204,13 @@ private:
         return l0a_.DeQue<T>();
     }
 
-    // Keys [k0, k0 + keys) of `colBlocks` column blocks of a key block's NZ tile in L1 (C0 stride kvBlock)
-    // -> the Zn B operand in L0B (k = those columns), ready for the cube: one load when the piece is
-    // every key, one per column block otherwise.
+    // Keys [k0, k0 + keys) of `colBlocks` column blocks of a key block in L1 (NZ pieces of cubeKeys keys,
+    // one after the other, each with C0 stride cubeKeys) -> the Zn B operand in L0B (k = those
+    // columns), ready for the cube: one load when the piece is every column.
     __aicore__ inline LocalTensor<T> KeysToL0b(const LocalTensor<T>& l1, uint32_t colBlocks, uint32_t k0, uint32_t keys)
     {
-        const uint32_t n = t_->kvBlock;
         LocalTensor<T> b2 = l0b_.AllocTensor<T>();
-        if (keys == n) {
-            LoadData(b2, l1, LoadData2DParams(0, static_cast<uint8_t>(colBlocks * (n / kC0)), 1, 0, 0, false, 0));
-        } else {
-            for (uint32_t cb = 0; cb < colBlocks; ++cb) {
-                LoadData(b2[cb * (keys / kC0) * kFractal], l1[cb * n * kC0 + k0 * kC0],
-                         LoadData2DParams(0, static_cast<uint8_t>(keys / kC0), 1, 0, 0, false, 0));
-            }
-        }
+        LoadData(b2, l1[k0 * t_->headDim], LoadData2DParams(0, static_cast<uint8_t>(colBlocks * (keys / kC0)), 1, 0, 0, false, 0));
         l0b_.EnQue(b2);
         return l0b_.DeQue<T>();
     }
@@ -351,56 +344,47 @@ private:
         if (k0 + k == depth) l0c_.EnQue(c);
     }
 
-    // Rows [0, valid) of kv block j of `src` (K or V, row length dim) -> L1, NZ with C0 stride
-    // kvBlock (or, zz, 16-row blocks with their column fractals together), one copy per run of
-    // rows inside one physical block. Rows past `valid` are left as they are.
+    // Rows [0, valid) of kv block j of `src` (K or V, row length dim) -> L1, NZ in pieces of `pieceRows`
+    // rows one after the other, each with C0 stride pieceRows (or, zz, 16-row blocks with their column
+    // fractals together), one copy per run of rows inside one physical block and one piece. Rows past
+    // `valid` are left as they are.
     __aicore__ inline void CopyRows(const LocalTensor<T>& l1, const GlobalTensor<T>& src, const AttentionTask& task,
-                                    uint32_t j, uint32_t valid, uint32_t dim, bool zz)
+                                    uint32_t j, uint32_t valid, uint32_t dim, bool zz, uint32_t pieceRows)
     {
         const PasaTilingData& t = *t_;
         const uint32_t n = t.kvBlock, stride = RowStride(t.kvLayout, t.numKvHeads, dim);
         for (uint32_t r = 0; r < valid;) {
             const int64_t pos = static_cast<int64_t>(j) * n + r;
-            const uint32_t run = RunLength(t, pos, valid - r);
             const uint64_t at = KvRowOffset(t, pages_, task.b, task.kvHead, task.info.kvStart, pos, dim);
             if (!zz) {
-                DataCopy(l1[r * kC0], src[at], Nd2NzParams(1, static_cast<uint16_t>(run), static_cast<uint16_t>(dim), 0,
-                                                           static_cast<uint16_t>(stride), static_cast<uint16_t>(n), 1, 0));
+                const uint32_t in = r % pieceRows, run = RunLength(t, pos, valid - r);
+                // whole pieces in one copy where the DMA's 16-bit stride between them reaches
+                const uint32_t pieces = in == 0 && pieceRows * stride <= 65535 ? run / pieceRows : 0;
+                const uint32_t rows = pieces > 1 ? pieceRows : Min(run, pieceRows - in);
+                DataCopy(l1[(r - in) * dim + in * kC0], src[at],
+                         Nd2NzParams(static_cast<uint16_t>(pieces > 1 ? pieces : 1), static_cast<uint16_t>(rows),
+                                     static_cast<uint16_t>(dim), static_cast<uint16_t>(pieces > 1 ? pieceRows * stride : 0),
+                                     static_cast<uint16_t>(stride), static_cast<uint16_t>(pieceRows), 1,
+                                     static_cast<uint16_t>(pieces > 1 ? pieceRows * dim : 0)));
+                r += pieces > 1 ? pieces * pieceRows : rows;
             } else {  // r is a multiple of 16
+                const uint32_t run = RunLength(t, pos, valid - r);
                 CopyZz(l1[(r / kC0) * (dim / kC0) * kFractal], src, at, run, dim, stride);
+                r += run;
             }
-            r += run;
         }
     }
 
-    // Whether CopyZz takes rows `stride` elements apart: the DMA's stride between 16-row blocks is 16 bits.
-    __aicore__ inline static bool ZzCopyReaches(uint32_t stride) { return 16ull * stride <= 65535; }
-
-    // `rows` rows of `dim` columns from src[at] on, `stride` elements apart -> L1 as Zz (16-row
-    // blocks, each block's column fractals together): the whole blocks in one copy, then the tail.
-    __aicore__ inline void CopyZz(const LocalTensor<T>& l1, const GlobalTensor<T>& src, uint64_t at, uint32_t rows,
-                                  uint32_t dim, uint32_t stride)
+    // Zero rows [valid, kvBlock) of an NZ tile in pieces of `pieceRows` rows, each with C0 stride pieceRows
+    // (dim columns).
+    __aicore__ inline void ZeroRowsNz(const LocalTensor<T>& l1, uint32_t valid, uint32_t dim, uint32_t pieceRows)
     {
-        const uint32_t full = rows / kC0, tail = rows % kC0, block = (dim / kC0) * kFractal;
-        if (full > 0) {
-            DataCopy(l1, src[at], Nd2NzParams(static_cast<uint16_t>(full), kC0, static_cast<uint16_t>(dim),
-                                              static_cast<uint16_t>(kC0 * stride), static_cast<uint16_t>(stride), kC0, 1,
-                                              static_cast<uint16_t>(block)));
+        for (uint32_t p0 = valid / pieceRows * pieceRows; p0 < t_->kvBlock; p0 += pieceRows) {
+            const uint32_t from = valid > p0 ? valid - p0 : 0;
+            Fill(l1[p0 * dim + from * kC0], InitConstValueParams<T>(static_cast<uint16_t>(dim / kC0),
+                                                                   static_cast<uint16_t>(pieceRows - from),
+                                                                   static_cast<uint16_t>(from), T(0.0f)));
         }
-        if (tail > 0) {
-            DataCopy(l1[full * block], src[at + static_cast<uint64_t>(full) * kC0 * stride],
-                     Nd2NzParams(1, static_cast<uint16_t>(tail), static_cast<uint16_t>(dim), 0, static_cast<uint16_t>(stride),
-                                 kC0, 1, 0));
-        }
-    }
-
-    // Zero rows [valid, kvBlock) of an NZ tile with C0 stride kvBlock (dim columns).
-    __aicore__ inline void ZeroRowsNz(const LocalTensor<T>& l1, uint32_t valid, uint32_t dim)
-    {
-        const uint32_t n = t_->kvBlock;
-        if (valid >= n) return;
-        Fill(l1[valid * kC0], InitConstValueParams<T>(static_cast<uint16_t>(dim / kC0), static_cast<uint16_t>(n - valid),
-                                                      static_cast<uint16_t>(valid), T(0.0f)));
     }
 
     // S'_j = Q K'_j^T to score slot s; fa-fp32 and shiftScores: Q K_j^T of the raw keys (fp32).
@@ -411,12 +395,14 @@ private:
         LocalTensor<T> k1 = keyL1_.AllocTensor<T>();
         if (rawKeys_) {
             // fa-fp32: rows past kv_len stay stale (their scores are masked); shiftScores: zero (the row sums)
-            if (t.shiftScores) ZeroRowsNz(k1, valid, d);
-            CopyRows(k1, keys_, task, j, valid, d, false);
-        } else {
+            if (t.shiftScores) ZeroRowsNz(k1, valid, d, t.cubeKeys);
+            CopyRows(k1, keys_, task, j, valid, d, false, t.cubeKeys);
+        } else {  // the pieces in one copy
+            const uint32_t nk = t.cubeKeys, pieceElems = nk < n ? nk * d : 0;  // below 2^16 when nk < n (PlanCube)
             DataCopy(k1, primes_[KeyPrimeOffset(t, KeyPrimeSlot(t, pages_, task.b, task.kvHead, j, task.info.kvLen))],
-                     Nd2NzParams(1, static_cast<uint16_t>(n), static_cast<uint16_t>(d), 0, static_cast<uint16_t>(d),
-                                 static_cast<uint16_t>(n), 1, 0));
+                     Nd2NzParams(static_cast<uint16_t>(n / nk), static_cast<uint16_t>(nk), static_cast<uint16_t>(d),
+                                 static_cast<uint16_t>(pieceElems), static_cast<uint16_t>(d), static_cast<uint16_t>(nk), 1,
+                                 static_cast<uint16_t>(pieceElems)));
         }
         keyL1_.EnQue(k1);
         k1 = keyL1_.DeQue<T>();
@@ -457,23 +443,11 @@ private:
     {
         const uint32_t n = t_->kvBlock, dv = t_->headDimV;
         if (valueZz_) {
-            const uint32_t full = valid / kC0, tail = valid % kC0;
-            if (valid < n) {  // rows valid .. n of the Zz layout: the tail of one 16-row block, then whole blocks
-                if (tail > 0) {
-                    Fill(v1[full * (dv / kC0) * kFractal + tail * kC0],
-                         InitConstValueParams<T>(static_cast<uint16_t>(dv / kC0), static_cast<uint16_t>(kC0 - tail),
-                                                 static_cast<uint16_t>(tail), T(0.0f)));
-                }
-                const uint32_t zeroFrom = full + (tail > 0 ? 1 : 0);
-                if (zeroFrom < n / kC0) {
-                    Fill(v1[zeroFrom * (dv / kC0) * kFractal],
-                         InitConstValueParams<T>(1, static_cast<uint16_t>((n / kC0 - zeroFrom) * (dv / kC0) * kC0), 0, T(0.0f)));
-                }
-            }
+            ZeroRowsZz(v1, valid, n, dv);
         } else {
-            ZeroRowsNz(v1, valid, dv);
+            ZeroRowsNz(v1, valid, dv, n);
         }
-        CopyRows(v1, value_, task, j, valid, dv, valueZz_);
+        CopyRows(v1, value_, task, j, valid, dv, valueZz_, n);
     }
 
     // P'_j V_j (block `block` of the task) to a P'V slot, once both AIVs wrote P'_j.

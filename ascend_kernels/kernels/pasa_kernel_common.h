@@ -34,26 +34,68 @@ __aicore__ inline void OrderPipes()
     pipe->ReleaseEventID<evt>(id);
 }
 
-// M^T (n x n, row-major in GM) -> L1 (NZ, a TBuf written once); returns once MTE1 may read it. A
-// TBuf rather than a queue: a freed queue buffer would hold one of the 8 MTE1_MTE2 event IDs for the
-// rest of the launch.
+// Whether CopyZz takes rows `stride` elements apart: the DMA's stride between 16-row blocks is 16 bits.
+__aicore__ inline bool ZzCopyReaches(uint32_t stride) { return 16ull * stride <= 65535; }
+
+// `rows` rows of `dim` columns from src[at] on, `stride` elements apart -> L1 as Zz (16-row
+// blocks, each block's column fractals together): the whole blocks in one copy, then the tail.
+template <typename T>
+__aicore__ inline void CopyZz(const LocalTensor<T>& l1, const GlobalTensor<T>& src, uint64_t at, uint32_t rows,
+                              uint32_t dim, uint32_t stride)
+{
+    const uint32_t full = rows / kC0, tail = rows % kC0, block = (dim / kC0) * kFractal;
+    if (full > 0) {
+        DataCopy(l1, src[at], Nd2NzParams(static_cast<uint16_t>(full), kC0, static_cast<uint16_t>(dim),
+                                          static_cast<uint16_t>(kC0 * stride), static_cast<uint16_t>(stride), kC0, 1,
+                                          static_cast<uint16_t>(block)));
+    }
+    if (tail > 0) {
+        DataCopy(l1[full * block], src[at + static_cast<uint64_t>(full) * kC0 * stride],
+                 Nd2NzParams(1, static_cast<uint16_t>(tail), static_cast<uint16_t>(dim), 0, static_cast<uint16_t>(stride),
+                             kC0, 1, 0));
+    }
+}
+
+// Zero rows [valid, n) of an n-row Zz tile of `dim` columns: the tail of one 16-row block, then
+// whole blocks.
+template <typename T>
+__aicore__ inline void ZeroRowsZz(const LocalTensor<T>& l1, uint32_t valid, uint32_t n, uint32_t dim)
+{
+    if (valid >= n) return;
+    const uint32_t full = valid / kC0, tail = valid % kC0, colBlocks = dim / kC0;
+    if (tail > 0) {
+        Fill(l1[full * colBlocks * kFractal + tail * kC0],
+             InitConstValueParams<T>(static_cast<uint16_t>(colBlocks), static_cast<uint16_t>(kC0 - tail),
+                                     static_cast<uint16_t>(tail), T(0.0f)));
+    }
+    const uint32_t zeroFrom = full + (tail > 0 ? 1 : 0);
+    if (zeroFrom < n / kC0) {
+        Fill(l1[zeroFrom * colBlocks * kFractal],
+             InitConstValueParams<T>(1, static_cast<uint16_t>((n / kC0 - zeroFrom) * colBlocks * kC0), 0, T(0.0f)));
+    }
+}
+
+// M^T (n x n, row-major in GM) -> L1 (Zz: 16-row blocks, each with its column fractals together; a
+// TBuf written once); returns once MTE1 may read it. A TBuf rather than a queue: a freed queue buffer
+// would hold one of the 8 MTE1_MTE2 event IDs for the rest of the launch.
 template <typename T>
 __aicore__ inline void StageShiftMatrix(const LocalTensor<T>& m1, const GlobalTensor<T>& shift, uint32_t n)
 {
-    DataCopy(m1, shift, Nd2NzParams(1, static_cast<uint16_t>(n), static_cast<uint16_t>(n), 0, static_cast<uint16_t>(n),
-                                    static_cast<uint16_t>(n), 1, 0));
+    DataCopy(m1, shift, Nd2NzParams(static_cast<uint16_t>(n / kC0), kC0, static_cast<uint16_t>(n), static_cast<uint16_t>(kC0 * n),
+                                    static_cast<uint16_t>(n), kC0, 1, static_cast<uint16_t>(kC0 * n)));
     OrderPipes<HardEvent::MTE2_MTE1>();
 }
 
-// Rows [r0, r0 + rows) of the staged M^T (L1, NZ) -> L0A (Zz): the A operand of their product with a
-// k = n block of keys. r0 and rows: multiples of 16.
+// Rows [r0, r0 + rows) of the staged M^T (L1, Zz) -> L0A (Zz): the A operand of their product with a
+// k = n block of keys, in one load where its fractals fit one repeat count. r0 and rows: multiples of 16.
 template <typename T>
 __aicore__ inline void ShiftRowsToL0a(const LocalTensor<T>& l0a, const LocalTensor<T>& m1, uint32_t n, uint32_t r0,
                                       uint32_t rows)
 {
-    for (uint32_t mb = 0; mb < rows / kC0; ++mb) {
-        LoadData(l0a[mb * (n / kC0) * kFractal], m1[(r0 / kC0 + mb) * kFractal],
-                 LoadData2DParams(0, static_cast<uint8_t>(n / kC0), static_cast<uint16_t>(n / kC0), 0, 0, false, 0));
+    const uint32_t perLoad = (rows / kC0) * (n / kC0) <= 255 ? rows : kC0;
+    for (uint32_t m0 = 0; m0 < rows; m0 += perLoad) {
+        LoadData(l0a[m0 * n], m1[(r0 + m0) * n],
+                 LoadData2DParams(0, static_cast<uint8_t>((perLoad / kC0) * (n / kC0)), 1, 0, 0, false, 0));
     }
 }
 

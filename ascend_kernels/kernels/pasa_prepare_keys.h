@@ -34,47 +34,66 @@ namespace pasa {
 
 using namespace AscendC;
 
-// Load a block of keys (validRows x D, rest zero) into L1 in NZ layout with C0 stride kvBlock, one
-// copy per run of rows inside one physical block (paged: one run, kvBlock divides blockSize).
-__aicore__ inline void LoadKeyBlockNz(const LocalTensor<half>& l1, const GlobalTensor<half>& key, const PasaTilingData& t,
-                                      const KvPages& pages, const KeyBlockTask& task)
+// Whether a key block lies in L1 as Zz pieces (below) rather than NZ: where the DMA's stride between
+// 16-row blocks reaches the keys' row stride.
+__aicore__ inline bool KeysZz(const PasaTilingData& t) { return ZzCopyReaches(RowStride(t.kvLayout, t.numKvHeads, t.headDim)); }
+
+// Load a block of keys (validRows x D, rest zero) into L1, one copy per run of rows inside one
+// physical block (paged: one run, kvBlock divides blockSize): KeysZz, for each piece of
+// tiling.prepCols columns a Zz tile of kvBlock rows, the pieces one after the other (each piece is
+// then one load into L0B); else NZ with C0 stride kvBlock.
+__aicore__ inline void LoadKeyBlock(const LocalTensor<half>& l1, const GlobalTensor<half>& key, const PasaTilingData& t,
+                                    const KvPages& pages, const KeyBlockTask& task)
 {
-    const uint32_t n = t.kvBlock, d = t.headDim;
-    if (task.validRows < n) {
+    const uint32_t n = t.kvBlock, d = t.headDim, stride = RowStride(t.kvLayout, t.numKvHeads, d);
+    const bool zz = KeysZz(t);
+    if (!zz && task.validRows < n) {
         Fill(l1[task.validRows * kC0],
              InitConstValueParams<half>(static_cast<uint16_t>(d / kC0), static_cast<uint16_t>(n - task.validRows),
                                         static_cast<uint16_t>(task.validRows), half(0.0f)));
     }
+    for (uint32_t d0 = 0; zz && d0 < d; d0 += t.prepCols) ZeroRowsZz(l1[d0 * n], task.validRows, n, Min(t.prepCols, d - d0));
     for (uint32_t r = 0; r < task.validRows;) {
         const int64_t pos = static_cast<int64_t>(task.block) * n + r;
         const uint32_t run = RunLength(t, pos, task.validRows - r);
         const uint64_t src = KvRowOffset(t, pages, task.b, task.kvHead, task.kvStart, pos, d);
-        DataCopy(l1[r * kC0], key[src],
-                 Nd2NzParams(1, static_cast<uint16_t>(run), static_cast<uint16_t>(d), 0,
-                             static_cast<uint16_t>(RowStride(t.kvLayout, t.numKvHeads, d)), static_cast<uint16_t>(n), 1, 0));
+        if (zz) {  // r is a multiple of 16
+            for (uint32_t d0 = 0; d0 < d; d0 += t.prepCols) {
+                const uint32_t cols = Min(t.prepCols, d - d0);
+                CopyZz(l1[d0 * n + (r / kC0) * (cols / kC0) * kFractal], key, src + d0, run, cols, stride);
+            }
+        } else {
+            DataCopy(l1[r * kC0], key[src], Nd2NzParams(1, static_cast<uint16_t>(run), static_cast<uint16_t>(d), 0,
+                                                       static_cast<uint16_t>(stride), static_cast<uint16_t>(n), 1, 0));
+        }
         r += run;
     }
 }
 
-// Columns [d0, d0 + cols) of a key block in L1 (NZ, C0 stride kvBlock) -> L0B (Zn, the K_j operand of a
-// k = kvBlock GEMM): transpose each fractal.
+// Columns [d0, d0 + cols) of a key block in L1 (LoadKeyBlock) -> L0B (Zn, the K_j operand of a
+// k = kvBlock GEMM): transpose each fractal; Zz, in one load where the fractals fit one repeat count.
 __aicore__ inline void KeyBlockToL0b(const LocalTensor<half>& l0b, const LocalTensor<half>& l1, const PasaTilingData& t,
                                      uint32_t d0, uint32_t cols)
 {
     const uint32_t kBlocks = t.kvBlock / kC0, nBlocks = cols / kC0;
+    if (KeysZz(t) && kBlocks * nBlocks <= 255) {
+        LoadData(l0b, l1[d0 * t.kvBlock], LoadData2DParams(0, static_cast<uint8_t>(kBlocks * nBlocks), 1, 0, 0, true, 0));
+        return;
+    }
     for (uint32_t kb = 0; kb < kBlocks; ++kb) {
-        LoadData(l0b[kb * nBlocks * kFractal], l1[kb * kFractal + d0 * t.kvBlock],
-                 LoadData2DParams(0, static_cast<uint8_t>(nBlocks), static_cast<uint16_t>(kBlocks), 0, 0, true, 0));
+        const uint32_t at = KeysZz(t) ? d0 * t.kvBlock + kb * nBlocks * kFractal : kb * kFractal + d0 * t.kvBlock;
+        LoadData(l0b[kb * nBlocks * kFractal], l1[at],
+                 LoadData2DParams(0, static_cast<uint8_t>(nBlocks), static_cast<uint16_t>(KeysZz(t) ? 1 : kBlocks), 0, 0, true, 0));
     }
 }
 
-// One key block GM -> L1 (NZ), ready for KeyColumns.
+// One key block GM -> L1 (LoadKeyBlock), ready for KeyColumns.
 template <typename L1Queue>
 __aicore__ inline LocalTensor<half> StageKeyBlock(L1Queue& l1, const GlobalTensor<half>& key, const PasaTilingData& t,
                                                   const KvPages& pages, const KeyBlockTask& task)
 {
     LocalTensor<half> k1 = l1.template AllocTensor<half>();
-    LoadKeyBlockNz(k1, key, t, pages, task);
+    LoadKeyBlock(k1, key, t, pages, task);
     l1.EnQue(k1);
     return l1.template DeQue<half>();
 }

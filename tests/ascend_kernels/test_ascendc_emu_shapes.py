@@ -250,6 +250,13 @@ KEY_PIECES = {
     "causal-gqa": dict(layout="BNSD", B=1, Nq=8, Nkv=2, S1=500, S2=1000, D=128, kv_block=256, q_block=256,
                        sparse_mode=3, mask="optimized"),
     "small": dict(layout="BSND", B=1, Nq=2, Nkv=1, S1=300, S2=300, D=128, kv_block=256, q_block=256),
+    # K's rows 512 elements apart: fa-fp32 copies each 128-key piece of its raw keys on its own (two
+    # pieces are 128 x 512 elements apart, past the DMA's 16-bit stride); part-filled last blocks
+    "wide-rows-ragged": dict(layout="BSND", B=2, Nq=8, Nkv=4, S1=300, S2=700, D=128, kv_lens=[700, 333],
+                             kv_block=256, q_block=256),
+    # rows 4096 elements apart: Q, V and the key preprocessing's K take NZ, not Zz (16 rows of them
+    # are past the DMA's 16-bit stride)
+    "nz-rows": dict(layout="BSND", B=1, Nq=32, Nkv=32, S1=300, S2=300, D=128, kv_block=256, q_block=256),
 }
 
 
@@ -270,6 +277,35 @@ def test_blocks_larger_than_l0b_are_held_a_piece_of_keys_at_a_time(name, backend
     assert (tiling["cube_keys"], tiling["cube_cols"], tiling["kv_block"]) == (128, 128, 256), tiling
     assert tiling["cube_rows"] == 128 < tiling["q_tile"] and tiling["num_tasks"] > tiling["block_dim"], tiling
     check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, case)
+
+
+#: paged caches at 256-key blocks and d = 128 (K in L1 as two NZ pieces of 128 keys): "decode",
+#: blocks of 16 keys, whose runs of rows each fill part of a piece and whose scores the kernels shift
+#: (the rows of a part-filled kv block past its keys zeroed piece by piece); "prefill", blocks of
+#: 512 keys (K' is kept per physical block, which a kv block must divide), both pieces in one copy.
+PAGED_KEY_PIECES = {
+    "decode": dict(layout="BNSD", cache="4d", Nq=8, Nkv=2, D=128, block_size=16, q_lens=[1, 1],
+                   kv_lens=[600, 150], share=[1]),
+    "prefill": dict(layout="BSND", cache="3d", Nq=4, Nkv=2, D=128, block_size=512, q_lens=[300, 40],
+                    kv_lens=[600, 170], share=[1], sparse_mode=3),
+}
+
+
+@pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
+@pytest.mark.parametrize("name", list(PAGED_KEY_PIECES))
+def test_paged_blocks_larger_than_l0b_are_held_a_piece_of_keys_at_a_time(name, algorithm):
+    """Paged K and V at 256-key blocks, d = 128: each kv block is gathered from its physical
+    blocks into the pieces of 128 keys the cube multiplies."""
+    from _paged import paged_case
+    from test_ascendc_emu import emulated_cores
+    case = PAGED_KEY_PIECES[name]
+    q, k_cache, v_cache, kw, _ = paged_case(case, torch.float16)
+    kw.update(kv_block=256, repair_overflow=False)
+    with emulated_cores(4):
+        out, lse, tiling = run_kernels(q, k_cache, v_cache, "ascendc-emu", algorithm=algorithm, **kw)
+    assert (tiling["cube_keys"], tiling["kv_block"]) == (128, 256), tiling
+    check_against_torch_and_golden(out, lse, q, k_cache, v_cache, kw, algorithm, tiling,
+                                   dict(S2=max(case["kv_lens"]), kv_lens=case["kv_lens"], kv_block=256))
 
 
 @pytest.mark.parametrize("backend", ["ascendc-emu", sim_param(SIM)])
