@@ -447,15 +447,16 @@ void PlanPreprocessing(PasaTilingData& t, PasaBudget& b)
     if (t.prepDim == 0) return;  // no preprocessing launch
     if (t.tilingKey == PASA_KEY_PASA) {
         // M^T and the row of ones (part-filled blocks' column sums); the vector cores correct those blocks.
-        // L0A holds M^T whole where it fits beside the ones, else two pieces of its rows in turn
+        // L0A holds M^T whole where it fits beside the ones, else two pieces of its rows in turn (the
+        // ones then take a piece's buffer for the column sums of a part-filled block)
         b.prepL1 = n * n * 2 + 16 * n * 2 + 2 * n * d * 2;
         const uint64_t ones = 16 * n * 2;
         t.shiftRows = static_cast<uint32_t>(n);
         if (n * n * 2 + ones > kL0ABytes) {
             t.shiftRows /= 2;
-            while (t.shiftRows > 16 && 2 * t.shiftRows * n * 2 + ones > kL0ABytes) t.shiftRows /= 2;
+            while (t.shiftRows > 16 && 2 * t.shiftRows * n * 2 > kL0ABytes) t.shiftRows /= 2;
         }
-        b.prepL0a = (t.shiftRows == n ? n * n * 2 : 2ull * t.shiftRows * n * 2) + ones;
+        b.prepL0a = t.shiftRows == n ? n * n * 2 + ones : 2ull * t.shiftRows * n * 2;
         b.prepL0b = 2 * n * dc * 2;
         b.prepL0c = 2 * n * dc * 4;
         b.prepUb = d * 4 + (n / 2) * d * 4 + (n / 2) * d * 2 + d * 4;

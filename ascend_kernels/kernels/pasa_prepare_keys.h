@@ -5,7 +5,8 @@
 //   fp16 as the host built it. One Mmad per block (per piece of tiling.prepCols columns of K_j
 //   where the head dim is wider): A = M^T (resident in L0A), B = K_j, fp32 accumulation, Fixpipe
 //   rounds K' to fp16. Where M^T does not fit L0A (kvBlock 256), one Mmad per piece of
-//   tiling.shiftRows of its rows, each piece loaded from L1 in turn: the same sums, row by row. A part-filled last block (v < n keys, zero-padded)
+//   tiling.shiftRows of its rows, each piece loaded from L1 in turn: the same sums, row by row
+//   (two pieces fill L0A; the row of ones takes a piece's buffer where a block needs it). A part-filled last block (v < n keys, zero-padded)
 //   is shifted as if its missing rows were the mean of its keys: the cube drains M^T K_j and the
 //   column sum 1^T K_j (a second Mmad with a row of ones) in fp32, and the vector cores form
 //   K'_i = fp16(M^T K_j - c colsum) for i < v, with c = off (n - v) / v (off: M's stored
@@ -151,10 +152,10 @@ public:
         pipe_.InitBuffer(onesL1_, 1, kC0 * n * sizeof(half));
         if (whole) {
             pipe_.InitBuffer(shiftL0a_, n * n * sizeof(half));
+            pipe_.InitBuffer(onesL0a_, kC0 * n * sizeof(half));
         } else {
             pipe_.InitBuffer(shiftPieces_, 2, mr * n * sizeof(half));
         }
-        pipe_.InitBuffer(onesL0a_, kC0 * n * sizeof(half));
         pipe_.InitBuffer(keyL1_, 2, n * d * sizeof(half));
         pipe_.InitBuffer(keyL0b_, 2, n * dc * sizeof(half));
         pipe_.InitBuffer(outL0c_, 2, n * dc * sizeof(float));
@@ -166,7 +167,7 @@ public:
             ShiftRowsToL0a(m2, m1, n, 0, n);
             OrderPipes<HardEvent::MTE1_M>();
         }
-        if (t.partFilled) LoadOnesRow(onesL1_, onesL0a_.Get<half>(), n);
+        if (whole && t.partFilled) LoadOnesRow(onesL1_, onesL0a_.Get<half>(), n);
 
         const uint32_t core = static_cast<uint32_t>(GetBlockIdx());
         KeyBlockIter it(t, batches_, pages_, core);
@@ -204,9 +205,10 @@ public:
                     outL0c_.FreeTensor(c);
                 }
                 if (!tail) continue;
+                LocalTensor<half> ones = whole ? onesL0a_.Get<half>() : OnesInPiece(n);
                 LocalTensor<float> sum = outL0c_.AllocTensor<float>();
-                Mmad(sum, onesL0a_.Get<half>(), k2, MmadParams(1, static_cast<uint16_t>(cols), static_cast<uint16_t>(n), 0,
-                                                                false, true));
+                Mmad(sum, ones, k2, MmadParams(1, static_cast<uint16_t>(cols), static_cast<uint16_t>(n), 0, false, true));
+                if (!whole) shiftPieces_.FreeTensor(ones);
                 keyL0b_.FreeTensor(k2);
                 outL0c_.EnQue(sum);
                 sum = outL0c_.DeQue<float>();
@@ -222,6 +224,15 @@ public:
     }
 
 private:
+    // The row of ones (LoadOnesRow) in a piece's L0A buffer, ready for the cube; the caller frees it.
+    __aicore__ inline LocalTensor<half> OnesInPiece(uint32_t n)
+    {
+        LocalTensor<half> a = shiftPieces_.AllocTensor<half>();
+        LoadOnesRow(onesL1_, a, n);
+        shiftPieces_.EnQue(a);
+        return shiftPieces_.DeQue<half>();
+    }
+
     // Rows [r0, r0 + rows) of M^T from L1 into a piece of L0A, ready for the cube; the caller frees it.
     __aicore__ inline LocalTensor<half> ShiftPiece(const LocalTensor<half>& m1, uint32_t n, uint32_t r0, uint32_t rows)
     {

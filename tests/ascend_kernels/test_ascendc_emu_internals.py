@@ -63,12 +63,12 @@ def test_tiling_fits_the_atlas_a2_budgets():
             assert t["bytes_per_core"]["l0b"] <= caps["l0b"], (d, n, key, t)
             for mem in ("l0a", "l0b", "l0c"):
                 assert t["bytes_per_core"]["prep_" + mem] <= caps[mem], (d, n, key, mem, t)
-    # pasa's M^T (n x n fp16) stays in L0A up to 128-key blocks; at 256 keys, two pieces of 32 rows
-    # and the row of ones (2 x 32 x 256 x 2 + 16 x 256 x 2 bytes)
-    for n, rows in ((64, 64), (128, 128), (256, 32)):
+    # pasa's M^T (n x n fp16) stays in L0A beside the row of ones up to 128-key blocks; at 256 keys,
+    # two pieces of 64 rows fill L0A (2 x 64 x 256 x 2 bytes), the ones taking a piece's buffer
+    for n, rows in ((64, 64), (128, 128), (256, 64)):
         t = emu.tiling(_params(tiling_key=1, kv_block=n, beta=0.9))
         assert t["shift_rows"] == rows and t["bytes_per_core"]["prep_l0a"] == (
-            n * n * 2 if rows == n else 2 * rows * n * 2) + 16 * n * 2, (n, t)
+            n * n * 2 + 16 * n * 2 if rows == n else 2 * rows * n * 2), (n, t)
     with pytest.raises(ValueError, match="headDim must be a positive multiple of 16"):
         emu.tiling(_params(head_dim=72))
 

@@ -180,10 +180,10 @@ def test_tilings_a_caller_may_set(q_block, kv_block, algorithm):
 
 @pytest.mark.parametrize("backend", BOTH)
 def test_pasa_shifts_256_key_blocks_with_its_matrix_in_pieces(backend):
-    """kv_block 256 at d = 128: M^T (256 x 256 fp16) does not fit L0A beside the row of ones, so
-    the key preprocessing multiplies it a piece of its rows at a time (the tiling's shift_rows);
-    a ragged batch, so that a part-filled last block takes that path and the vector cores'
-    correction of its keys."""
+    """kv_block 256 at d = 128: M^T (256 x 256 fp16) does not fit L0A, so the key preprocessing
+    multiplies it a piece of its rows at a time (the tiling's shift_rows); a ragged batch, so that
+    a part-filled last block takes that path, its column sums' row of ones in a piece's buffer,
+    and the vector cores' correction of its keys."""
     case = dict(layout="BNSD", B=2, Nq=2, Nkv=1, S1=64, S2=600, D=128, kv_lens=[600, 256])
     q, k, v, kw = make_case(case, torch.float16)
     kw.update(kv_block=256, repair_overflow=False)
