@@ -84,6 +84,7 @@ py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
     d["vec_rows"] = t.vecRowsPad;
     d["vec_chunk_rows"] = t.vecChunkRows;
     d["vec_stat_rows"] = t.vecStatRows;
+    d["vec_sum_rows"] = t.vecSumRows;
     d["ub_score_buffers"] = t.ubScoreBuffers;
     d["ub_prob_buffers"] = t.ubProbBuffers;
     d["ub_pv_buffers"] = t.ubPvBuffers;

@@ -375,31 +375,31 @@ uint32_t RowReduceTreeBytes(uint32_t rows, uint32_t cols, uint32_t elemBytes)
 
 // AIV buffers (per vector core). A vector core works on its vecRowsPad rows in chunks of vecChunkRows:
 // the score, P' and P'V tiles (double-buffered when they fit: P' gives way first, then P'V, then the
-// scores), the fp32 work tile, the reduction tree (also the output staging), the mask bit tiles, the
-// mask bytes and a step's scratch statistics hold a chunk; the row sums and constants of a statistics
-// group hold vecStatRows rows (the chunks whose per-row statistics update together); the
-// accumulator, the kept statistics and the rows' positions (rel, broadcast) hold all of them. The
-// chunk is the most rows (a multiple of 16 dividing them, at most PASA_MAX_CHUNK_ROWS) that fit with
-// two score buffers, else the most that fit with one (or the problem's vecChunkRows).
-uint64_t PlanVectorChunk(PasaTilingData& t, uint32_t r)
+// scores), the fp32 work tile (pasa: vecSumRows rows of S' widened for its row sums, or the output
+// tile), the reduction tree (also the output staging), the mask bit tiles, the mask bytes and a step's
+// scratch statistics hold a chunk; the row sums and constants of a statistics group hold vecStatRows
+// rows (the chunks whose per-row statistics update together); the accumulator, the kept statistics
+// and the rows' positions (rel, broadcast) hold all of them.
+uint64_t PlanVectorChunk(PasaTilingData& t, uint32_t r, uint32_t sumRows)
 {
     const uint32_t all = t.vecRowsPad, n = t.kvBlock, dv = t.headDimV;
     const bool fa = t.tilingKey == PASA_KEY_FA_FP32, pasa = t.tilingKey == PASA_KEY_PASA;
     t.vecChunkRows = r;
+    t.vecSumRows = pasa ? sumRows : r;
     t.vecStatRows = r;
     for (uint32_t g = 2 * r; g <= std::min(all, PASA_MAX_CHUNK_ROWS); g += r) {
         if (all % g == 0) t.vecStatRows = g;
     }
-    const uint32_t g = t.vecStatRows;
+    const uint32_t g = t.vecStatRows, widened = t.vecSumRows;
     t.ubScoreBytes = r * n * (fa || t.shiftScores ? 4 : 2);  // fp32 scores, shifted in place to fp16 S'
     t.ubProbBytes = r * n * 2;
     t.ubPvBytes = r * t.pvCols * (fa ? 4 : 2);
     t.ubAccBytes = all * t.pvCols * (pasa ? 2 : 4);
-    t.ubWorkBytes = fa ? 32 : r * std::max(n, dv) * 4;
+    t.ubWorkBytes = fa ? 32 : std::max(widened * n, r * dv) * 4;
     // the fp32 and fp16 row reductions over a score row; the output staging and a block a row; a
     // block for each of pasa's two rescale factors of a statistics group's rows (and its update's
     // scratch)
-    t.ubTreeBytes = std::max({RowReduceTreeBytes(r, n, 4), RowReduceTreeBytes(r, n, 2), r * std::max(n, dv) * 2 + 32 * r,
+    t.ubTreeBytes = std::max({RowReduceTreeBytes(widened, n, 4), RowReduceTreeBytes(r, n, 2), r * std::max(n, dv) * 2 + 32 * r,
                               64 * g});
     // the column index row, the broadcast row positions (all rows), two bit tiles, row bits
     t.ubMaskBytes = Align(n * 2, 32) + 32 * all + 2 * Align(r * n / 8, 32) + Align(g, 32) + 32;
@@ -419,6 +419,25 @@ uint64_t PlanVectorChunk(PasaTilingData& t, uint32_t r)
     return need();
 }
 
+// A chunk of r rows that fits the UB (with two score buffers where doubleScores), pasa's S' widened
+// in the most rows (a multiple of 16 dividing r) that allow it; false where none does (the plan of
+// the last one tried stays in t and b).
+bool FitVectorChunk(PasaTilingData& t, PasaBudget& b, uint32_t r, bool doubleScores)
+{
+    for (uint32_t sumRows = r; sumRows >= 16; sumRows -= 16) {
+        if (r % sumRows != 0) continue;
+        b.ub = PlanVectorChunk(t, r, sumRows);
+        if (b.ub <= kUbUserBytes && (t.ubScoreBuffers == 2 || !doubleScores)) return true;
+        if (t.tilingKey != PASA_KEY_PASA) break;
+    }
+    return false;
+}
+
+// The chunk: the problem's vecChunkRows; else all of the vector core's rows where they fit, even
+// with one buffer of each tile (a block's tile instructions and its statistics update then run once,
+// each instruction's start-up paid once); else the most rows (a multiple of 16 dividing them, at most
+// PASA_MAX_CHUNK_ROWS) whose score tiles keep two buffers (the next block's scores land while this
+// one's are worked on), else the most rows that fit at all.
 void PlanVector(const PasaProblem& p, PasaTilingData& t, PasaBudget& b)
 {
     const uint32_t all = t.vecRowsPad;
@@ -427,16 +446,13 @@ void PlanVector(const PasaProblem& p, PasaTilingData& t, PasaBudget& b)
             Reject("vecChunkRows must be a multiple of 16 of at most " + std::to_string(PASA_MAX_CHUNK_ROWS) +
                    " that divides the vector core's " + std::to_string(all) + " rows, got " + std::to_string(p.vecChunkRows));
         }
-        b.ub = PlanVectorChunk(t, std::min(p.vecChunkRows, all));
+        FitVectorChunk(t, b, std::min(p.vecChunkRows, all), false);
         return;
     }
-    // the most rows whose score tiles still have two buffers (the next block's scores land while
-    // this one's are worked on), else the most rows that fit at all
+    if (all <= PASA_MAX_CHUNK_ROWS && FitVectorChunk(t, b, all, false)) return;
     for (const bool doubleScores : {true, false}) {
         for (uint32_t r = std::min(all, PASA_MAX_CHUNK_ROWS); r >= 16; r -= 16) {
-            if (all % r != 0) continue;
-            b.ub = PlanVectorChunk(t, r);
-            if (b.ub <= kUbUserBytes && (t.ubScoreBuffers == 2 || !doubleScores)) return;
+            if (all % r == 0 && FitVectorChunk(t, b, r, doubleScores)) return;
         }
     }
 }

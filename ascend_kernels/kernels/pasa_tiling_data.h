@@ -170,6 +170,8 @@ struct PasaTilingData {
                              // hold a chunk; its statistics and accumulator hold all its rows)
     uint32_t vecStatRows;    // rows whose per-row statistics update as one after their chunks' tiles: the
                              // most whole chunks that divide vecRowsPad, at most PASA_MAX_CHUNK_ROWS rows
+    uint32_t vecSumRows;     // pasa: rows of a chunk whose S' the fp32 row sums widen at once (a multiple of 16
+                             // dividing vecChunkRows; the others: vecChunkRows)
 
     // ---- core split
     uint32_t blockDim;       // AI Cores of the attention launch (with prepInAttention at least prepDim)

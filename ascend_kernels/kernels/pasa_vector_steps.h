@@ -232,9 +232,12 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepPasa(uint32_t i, uint32_t
     LocalTensor<half> tree16 = tree_.Get<half>(), mloc = PasaSet(i % 2, P_MLOC);
     // the mean runs over the block's keys, masked or not: all n columns, or the v keys of a
     // part-filled last block (its K', or with shiftScores its S', is zero past v, so the sum over n
-    // columns is theirs)
-    Cast(x, s, RoundMode::CAST_NONE, cells);
-    RowReduce<ReduceType::SUM>(Stat(ROWSUM)[GroupRow()], x, tree, R_, n);
+    // columns is theirs); widened to fp32 vecSumRows rows at a time
+    const uint32_t w = t_->vecSumRows;
+    for (uint32_t r0 = 0; r0 < R_; r0 += w) {
+        Cast(x, s[r0 * n], RoundMode::CAST_NONE, static_cast<int32_t>(w * n));
+        RowReduce<ReduceType::SUM>(Stat(ROWSUM)[GroupRow() + r0], x, tree, w, n);
+    }
     bool noKeys = false;
     const bool masked = MaskBlock(j, maskTile, noKeys);
     groupNoKeys_ = groupNoKeys_ || noKeys;

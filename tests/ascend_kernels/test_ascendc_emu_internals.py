@@ -51,6 +51,14 @@ def test_tiling_fits_the_atlas_a2_budgets():
         t = emu.tiling(_params(tiling_key=key, q_tile=256, beta=0.9 if key == 1 else 0.0))
         assert (t["cube_rows"], t["vec_rows"]) == (128, 128) and t["vec_chunk_rows"] in (32, 64), (key, t)
         assert t["bytes_per_core"]["l0a"] <= caps["l0a"] and t["bytes_per_core"]["ub"] <= caps["ub"] - (8 << 10)
+    # pasa at 128 x 256 tiles, d = 128: each vector core's 64 rows in one chunk, one buffer of each tile,
+    # S' widened to fp32 for its row sums 32 rows at a time; the others keep two-buffered chunks of 32
+    t = emu.tiling(_params(tiling_key=1, q_tile=128, kv_block=256, beta=0.9))
+    assert (t["vec_chunk_rows"], t["vec_sum_rows"], t["ub_score_buffers"]) == (64, 32, 1), t
+    assert t["bytes_per_core"]["ub"] <= caps["ub"] - (8 << 10), t
+    for key in (0, 2):
+        t = emu.tiling(_params(tiling_key=key, q_tile=128, kv_block=256))
+        assert (t["vec_chunk_rows"], t["vec_sum_rows"], t["ub_score_buffers"]) == (32, 32, 2), (key, t)
     # a key or value block larger than an L0B buffer (32 KiB) is held a piece of 128 keys or more at a time
     # with every column (cube_keys), else cut into pieces of columns (cube_cols); the key preprocessing
     # holds every key, prep_cols columns at a time
