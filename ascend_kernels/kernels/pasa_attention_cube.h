@@ -375,18 +375,6 @@ private:
         }
     }
 
-    // Zero rows [valid, kvBlock) of an NZ tile in pieces of `pieceRows` rows, each with C0 stride pieceRows
-    // (dim columns).
-    __aicore__ inline void ZeroRowsNz(const LocalTensor<T>& l1, uint32_t valid, uint32_t dim, uint32_t pieceRows)
-    {
-        for (uint32_t p0 = valid / pieceRows * pieceRows; p0 < t_->kvBlock; p0 += pieceRows) {
-            const uint32_t from = valid > p0 ? valid - p0 : 0;
-            Fill(l1[p0 * dim + from * kC0], InitConstValueParams<T>(static_cast<uint16_t>(dim / kC0),
-                                                                   static_cast<uint16_t>(pieceRows - from),
-                                                                   static_cast<uint16_t>(from), T(0.0f)));
-        }
-    }
-
     // S'_j = Q K'_j^T to score slot s; fa-fp32 and shiftScores: Q K_j^T of the raw keys (fp32).
     __aicore__ inline void Scores(const AttentionTask& task, const LocalTensor<T>& q1, uint32_t j)
     {
@@ -395,7 +383,7 @@ private:
         LocalTensor<T> k1 = keyL1_.AllocTensor<T>();
         if (rawKeys_) {
             // fa-fp32: rows past kv_len stay stale (their scores are masked); shiftScores: zero (the row sums)
-            if (t.shiftScores) ZeroRowsNz(k1, valid, d, t.cubeKeys);
+            if (t.shiftScores) ZeroRowsNz(k1, valid, n, d, t.cubeKeys);
             CopyRows(k1, keys_, task, j, valid, d, false, t.cubeKeys);
         } else {  // the pieces in one copy
             const uint32_t nk = t.cubeKeys, pieceElems = nk < n ? nk * d : 0;  // below 2^16 when nk < n (PlanCube)
@@ -445,7 +433,7 @@ private:
         if (valueZz_) {
             ZeroRowsZz(v1, valid, n, dv);
         } else {
-            ZeroRowsNz(v1, valid, dv, n);
+            ZeroRowsNz(v1, valid, n, dv, n);
         }
         CopyRows(v1, value_, task, j, valid, dv, valueZz_, n);
     }

@@ -75,14 +75,26 @@ __aicore__ inline void ZeroRowsZz(const LocalTensor<T>& l1, uint32_t valid, uint
     }
 }
 
+// Zero rows [valid, n) of an n-row NZ tile of `dim` columns laid out in pieces of `pieceRows` rows, one
+// after the other, each with C0 stride pieceRows (pieceRows = n: one NZ tile).
+template <typename T>
+__aicore__ inline void ZeroRowsNz(const LocalTensor<T>& l1, uint32_t valid, uint32_t n, uint32_t dim, uint32_t pieceRows)
+{
+    for (uint32_t p0 = valid / pieceRows * pieceRows; p0 < n; p0 += pieceRows) {
+        const uint32_t from = valid > p0 ? valid - p0 : 0;
+        Fill(l1[p0 * dim + from * kC0], InitConstValueParams<T>(static_cast<uint16_t>(dim / kC0),
+                                                               static_cast<uint16_t>(pieceRows - from),
+                                                               static_cast<uint16_t>(from), T(0.0f)));
+    }
+}
+
 // M^T (n x n, row-major in GM) -> L1 (Zz: 16-row blocks, each with its column fractals together; a
 // TBuf written once); returns once MTE1 may read it. A TBuf rather than a queue: a freed queue buffer
 // would hold one of the 8 MTE1_MTE2 event IDs for the rest of the launch.
 template <typename T>
 __aicore__ inline void StageShiftMatrix(const LocalTensor<T>& m1, const GlobalTensor<T>& shift, uint32_t n)
 {
-    DataCopy(m1, shift, Nd2NzParams(static_cast<uint16_t>(n / kC0), kC0, static_cast<uint16_t>(n), static_cast<uint16_t>(kC0 * n),
-                                    static_cast<uint16_t>(n), kC0, 1, static_cast<uint16_t>(kC0 * n)));
+    CopyZz(m1, shift, 0, n, n, n);
     OrderPipes<HardEvent::MTE2_MTE1>();
 }
 

@@ -48,11 +48,7 @@ __aicore__ inline void LoadKeyBlock(const LocalTensor<half>& l1, const GlobalTen
 {
     const uint32_t n = t.kvBlock, d = t.headDim, stride = RowStride(t.kvLayout, t.numKvHeads, d);
     const bool zz = KeysZz(t);
-    if (!zz && task.validRows < n) {
-        Fill(l1[task.validRows * kC0],
-             InitConstValueParams<half>(static_cast<uint16_t>(d / kC0), static_cast<uint16_t>(n - task.validRows),
-                                        static_cast<uint16_t>(task.validRows), half(0.0f)));
-    }
+    if (!zz) ZeroRowsNz(l1, task.validRows, n, d, n);
     for (uint32_t d0 = 0; zz && d0 < d; d0 += t.prepCols) ZeroRowsZz(l1[d0 * n], task.validRows, n, Min(t.prepCols, d - d0));
     for (uint32_t r = 0; r < task.validRows;) {
         const int64_t pos = static_cast<int64_t>(task.block) * n + r;
@@ -77,14 +73,15 @@ __aicore__ inline void KeyBlockToL0b(const LocalTensor<half>& l0b, const LocalTe
                                      uint32_t d0, uint32_t cols)
 {
     const uint32_t kBlocks = t.kvBlock / kC0, nBlocks = cols / kC0;
-    if (KeysZz(t) && kBlocks * nBlocks <= 255) {
+    const bool zz = KeysZz(t);
+    if (zz && kBlocks * nBlocks <= 255) {
         LoadData(l0b, l1[d0 * t.kvBlock], LoadData2DParams(0, static_cast<uint8_t>(kBlocks * nBlocks), 1, 0, 0, true, 0));
         return;
     }
     for (uint32_t kb = 0; kb < kBlocks; ++kb) {
-        const uint32_t at = KeysZz(t) ? d0 * t.kvBlock + kb * nBlocks * kFractal : kb * kFractal + d0 * t.kvBlock;
+        const uint32_t at = zz ? d0 * t.kvBlock + kb * nBlocks * kFractal : kb * kFractal + d0 * t.kvBlock;
         LoadData(l0b[kb * nBlocks * kFractal], l1[at],
-                 LoadData2DParams(0, static_cast<uint8_t>(nBlocks), static_cast<uint16_t>(KeysZz(t) ? 1 : kBlocks), 0, 0, true, 0));
+                 LoadData2DParams(0, static_cast<uint8_t>(nBlocks), static_cast<uint16_t>(zz ? 1 : kBlocks), 0, 0, true, 0));
     }
 }
 
