@@ -47,6 +47,7 @@ constexpr uint32_t kL0CBytes = 128 * 1024;
 constexpr uint32_t kBlockBytes = 32;      // DataBlock
 constexpr uint32_t kFractalBytes = 512;   // one 16x16 b16 fractal
 constexpr uint32_t kGranuleBytes = 512;   // GM granule of the HBM traffic bound
+constexpr uint8_t kStaleLocalByte = 0xFF; // what a launch finds in UB, L1 and L0: fp16/fp32 NaN
 constexpr int kPipes = 7;                 // S V M MTE1 MTE2 MTE3 FIX
 constexpr int kCoresPerGroup = 3;         // AIC, AIV0, AIV1
 constexpr int kSlots = kPipes * kCoresPerGroup;

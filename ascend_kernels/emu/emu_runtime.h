@@ -104,9 +104,11 @@ inline std::vector<std::unique_ptr<CoreCtx>> MakeCores(const LaunchOptions& opt,
         c->group = &group;
         c->gm = &gm;
         c->name = std::string(name) + " of AI Core " + std::to_string(block);
+        // A launch finds in its buffers what the last one left, never zeros: NaN here, so that a
+        // kernel which uses what it did not write shows it.
         for (Hardware h : {Hardware::UB, Hardware::L1, Hardware::L0A, Hardware::L0B, Hardware::L0C}) {
             if (c->Has(h)) {
-                c->mem[static_cast<int>(h)].assign(HardwareCapacity(h), 0);
+                c->mem[static_cast<int>(h)].assign(HardwareCapacity(h), kStaleLocalByte);
                 c->shadow[static_cast<int>(h)].resize(HardwareCapacity(h) / kBlockBytes);
             }
         }

@@ -233,6 +233,7 @@ inline void Launch(uint32_t blockDim, int cores, const std::function<void()>& fn
                 sub_block_idx = sub == 0 ? 0 : sub - 1;
                 g_taskRation = cores == kMix ? 2 : 1;
                 ResetState();
+                StaleLocalMemories();
                 fn();
                 cross->report[3 * b + sub] = Report();
                 std::fflush(nullptr);

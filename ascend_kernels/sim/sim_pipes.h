@@ -20,6 +20,7 @@
 #define PASA_SIM_PIPES_H
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "../emu/emu_timing.h"
@@ -78,6 +79,17 @@ inline MemMap& Memories()
         m.ready = true;
     }
     return m;
+}
+
+// A launch finds in its local memories what the last one left, never zeros: each core starts
+// with every byte 0xFF (fp16 and fp32 NaN), so that a kernel which uses what it did not write
+// shows it.
+inline void StaleLocalMemories()
+{
+    const MemMap& m = Memories();
+    for (int k = kUB; k < kMems; ++k) {
+        if (m.base[k] != nullptr) std::memset(m.base[k], 0xFF, m.size[k]);
+    }
 }
 
 // The memory holding p and p's offset in it (GM: the address itself).
