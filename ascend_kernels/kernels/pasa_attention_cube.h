@@ -7,10 +7,12 @@
 // always have tiles queued. Each task's Q is loaded into L1 while the previous task is being
 // scored (with one Q buffer, tiling.queryBuffers, once its last score tile is made, during the P'V
 // that follows); a tile of one head holds Q as Zz, so that each piece of its rows is one load into
-// L0A. V_j is copied into L1 when its P'V comes up, before the wait for P'_j, so it lands while
-// the vector cores finish. The L1 buffer counts (PASA_*_BUFFERS) stay within TPipe's 8 MTE1_MTE2
-// event IDs. L0A, L0B and L0C are ping-pong pairs: the next operand loads while the current Mmad
-// runs, and a Fixpipe drains one L0C tile while the next Mmad fills the other.
+// L0A. After each score tile the cube copies the operands of the steps to come into L1 and then
+// queues them, so that one wait on the MTE2 pipe covers all their GM reads: the next score tile's
+// keys, and, when a P'V follows, its P' and the values of the P'V after it (two value buffers),
+// which land while that P'V runs. The L1 buffer counts (PASA_*_BUFFERS) stay within TPipe's 8
+// MTE1_MTE2 event IDs. L0A, L0B and L0C are ping-pong pairs: the next operand loads while the
+// current Mmad runs, and a Fixpipe drains one L0C tile while the next Mmad fills the other.
 //
 // A tile of more rows than tiling.cubeRows is multiplied in pieces of that many rows (L0A and L0C
 // hold a piece): the key or value block stays in L0B for all of them, the row constants' Mmad takes
@@ -98,7 +100,8 @@ private:
     {
         BlockCursor score, pv;
         uint32_t ahead = 0;  // score tiles computed whose P'V is not
-        bool queryQueued = false;
+        uint32_t valuesQueued = 0;  // V blocks in L1 from the P'V cursor's on
+        bool queryQueued = false, keysQueued = false, probQueued = false;
         LocalTensor<T> q1;
         while (true) {
             if (ahead == 0) pv = score;  // nothing in flight: P'V resumes where scoring does
@@ -110,24 +113,69 @@ private:
                     q1 = queryL1_.DeQue<T>();
                     queryQueued = t_->queryBuffers > 1 && QueueNextQuery(win, score, pv);  // while this one runs
                 }
+                if (!keysQueued) keyL1_.EnQue(CopyKeys(task, task.blockBegin + score.block));
+                LocalTensor<T> k1 = keyL1_.DeQue<T>();
                 if (constants_ && score.block % PASA_CONST_BLOCKS == 0) RowConstants(task, q1, score.block);
-                Scores(task, q1, task.blockBegin + score.block);
+                Scores(task, q1, k1);
                 if (score.block + 1 == task.numBlocks) {
                     queryL1_.FreeTensor(q1);
                     // one Q buffer: the next task's Q loads during the P'V that follows
                     if (t_->queryBuffers == 1) queryQueued = QueueNextQuery(win, score, pv);
                 }
                 win.Advance(score);
-                if (++ahead <= PASA_LOOKAHEAD) continue;
+                probQueued = ++ahead > PASA_LOOKAHEAD;  // a P'V follows: its P' comes with the operands
+                keysQueued = QueueOperands(win, score, pv, probQueued, valuesQueued);
+                if (ahead <= PASA_LOOKAHEAD) continue;
             } else if (ahead == 0) {
                 if (!win.Has(score.task)) break;  // the stream's end
                 continue;  // tasks without keys up to the window's end: it moves on with the cursors
             }
             NextBlock(win, pv, pv.task + kTaskWindow);
-            Pv(win.Get(pv.task), pv.block);
+            const AttentionTask& task = win.Get(pv.task);
+            if (valuesQueued == 0) {
+                valueL1_.EnQue(CopyValue(task, task.blockBegin + pv.block));
+                ++valuesQueued;
+            }
+            LocalTensor<T> v1 = valueL1_.DeQue<T>();
+            --valuesQueued;
+            if (!probQueued) probL1_.EnQue(CopyProb(Rows16(task)));
+            probQueued = false;
+            LocalTensor<T> p1 = probL1_.DeQue<T>();
+            Pv(task, v1, p1);
             win.Advance(pv);
             --ahead;
         }
+    }
+
+    // After a score tile, the operands of the steps to come, all copied before any is queued so that
+    // one wait covers their GM reads: the keys of the score cursor's next tile (returns whether it
+    // has one) and, when a P'V follows (`pvNext`), its P' and, where a value buffer is free, the
+    // values of the first block from the P'V cursor's on whose V is not in L1 yet (one the cube
+    // has scored: the V of the P'V after next is on its way while that P'V runs).
+    __aicore__ inline bool QueueOperands(TaskWindow& win, const BlockCursor& score, const BlockCursor& pv, bool pvNext,
+                                         uint32_t& valuesQueued)
+    {
+        BlockCursor keys = score, values = pv;
+        const bool keysNext = NextBlock(win, keys, pv.task + kTaskWindow - 1);
+        bool valuesNext = pvNext && NextBlock(win, values, pv.task + kTaskWindow);
+        const uint32_t pvRows = valuesNext ? Rows16(win.Get(values.task)) : 0;  // the P'V that follows
+        valuesNext = valuesNext && valuesQueued < PASA_VALUE_BUFFERS;
+        for (uint32_t i = 0; valuesNext && i < valuesQueued; ++i) {
+            win.Advance(values);
+            valuesNext = NextBlock(win, values, pv.task + kTaskWindow);
+        }
+        valuesNext = valuesNext && (values.task < score.task || (values.task == score.task && values.block < score.block));
+        LocalTensor<T> k1, v1, p1;
+        if (keysNext) k1 = CopyKeys(win.Get(keys.task), win.Get(keys.task).blockBegin + keys.block);
+        if (valuesNext) v1 = CopyValue(win.Get(values.task), win.Get(values.task).blockBegin + values.block);
+        if (pvNext) p1 = CopyProb(pvRows);
+        if (keysNext) keyL1_.EnQue(k1);
+        if (valuesNext) {
+            valueL1_.EnQue(v1);
+            ++valuesQueued;
+        }
+        if (pvNext) probL1_.EnQue(p1);
+        return keysNext;
     }
 
     // Loads the Q of the next task with keys after the score cursor's, when the window holds it.
@@ -375,11 +423,11 @@ private:
         }
     }
 
-    // S'_j = Q K'_j^T to score slot s; fa-fp32 and shiftScores: Q K_j^T of the raw keys (fp32).
-    __aicore__ inline void Scores(const AttentionTask& task, const LocalTensor<T>& q1, uint32_t j)
+    // K'_j (fa-fp32 and shiftScores: K_j) -> a key buffer, NZ pieces of cubeKeys keys (the caller queues it).
+    __aicore__ inline LocalTensor<T> CopyKeys(const AttentionTask& task, uint32_t j)
     {
         const PasaTilingData& t = *t_;
-        const uint32_t n = t.kvBlock, d = t.headDim, mp = Rows16(task), valid = ValidKeys(task, j);
+        const uint32_t n = t.kvBlock, d = t.headDim, valid = ValidKeys(task, j);
         LocalTensor<T> k1 = keyL1_.AllocTensor<T>();
         if (rawKeys_) {
             // fa-fp32: rows past kv_len stay stale (their scores are masked); shiftScores: zero (the row sums)
@@ -392,8 +440,15 @@ private:
                                  static_cast<uint16_t>(pieceElems), static_cast<uint16_t>(d), static_cast<uint16_t>(nk), 1,
                                  static_cast<uint16_t>(pieceElems)));
         }
-        keyL1_.EnQue(k1);
-        k1 = keyL1_.DeQue<T>();
+        return k1;
+    }
+
+    // S'_j = Q K'_j^T (K'_j in k1, CopyKeys) to the next score slot; fa-fp32 and shiftScores: Q K_j^T
+    // of the raw keys (fp32).
+    __aicore__ inline void Scores(const AttentionTask& task, const LocalTensor<T>& q1, LocalTensor<T>& k1)
+    {
+        const PasaTilingData& t = *t_;
+        const uint32_t n = t.kvBlock, d = t.headDim, mp = Rows16(task);
         const uint32_t dc = Min(d, t.cubeCols), nk = t.cubeKeys;
         const bool held = dc == d;  // each piece of keys stays in L0B for every piece of rows
         GM_ADDR slot = slots_.score + (scoreCount_++ % PASA_SCORE_SLOTS) * t.scoreSlotBytes;
@@ -424,43 +479,47 @@ private:
         CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_S_READY);
     }
 
-    // V_j (valid rows; the rest zero: their P' entries are 0, but 0 * stale could be NaN) -> L1,
-    // laid out Zz (16-row blocks, each block's column fractals together) when the source row
-    // stride allows one copy per run, NZ otherwise.
-    __aicore__ inline void LoadValue(const LocalTensor<T>& v1, const AttentionTask& task, uint32_t j, uint32_t valid)
+    // V_j (valid rows; the rest zero: their P' entries are 0, but 0 * stale could be NaN) -> a value
+    // buffer (the caller queues it), laid out Zz (16-row blocks, each block's column fractals
+    // together) when the source row stride allows one copy per run, NZ otherwise.
+    __aicore__ inline LocalTensor<T> CopyValue(const AttentionTask& task, uint32_t j)
     {
-        const uint32_t n = t_->kvBlock, dv = t_->headDimV;
+        const uint32_t n = t_->kvBlock, dv = t_->headDimV, valid = ValidKeys(task, j);
+        LocalTensor<T> v1 = valueL1_.AllocTensor<T>();
         if (valueZz_) {
             ZeroRowsZz(v1, valid, n, dv);
         } else {
             ZeroRowsNz(v1, valid, n, dv, n);
         }
         CopyRows(v1, value_, task, j, valid, dv, valueZz_, n);
+        return v1;
     }
 
-    // P'_j V_j (block `block` of the task) to a P'V slot, once both AIVs wrote P'_j.
-    __aicore__ inline void Pv(const AttentionTask& task, uint32_t block)
+    // The next P' (mp rows), once both AIVs wrote it, -> a P' buffer (the caller queues it): row-major
+    // in its slot, into L1 a piece of cubeKeys keys at a time, each in Zz order (one 16-row block
+    // after the other), so that every piece of P' the cube multiplies is one load.
+    __aicore__ inline LocalTensor<T> CopyProb(uint32_t mp)
     {
         const PasaTilingData& t = *t_;
-        const uint32_t n = t.kvBlock, dv = t.headDimV, mp = Rows16(task), j = task.blockBegin + block;
-        LocalTensor<T> v1 = valueL1_.AllocTensor<T>();
-        LoadValue(v1, task, j, ValidKeys(task, j));
-        valueL1_.EnQue(v1);
+        const uint32_t n = t.kvBlock, nk = t.cubeKeys;
         CrossCoreWaitFlag(PASA_FLAG_P_READY);
-        // P' (row-major in its slot) -> L1, a piece of cubeKeys keys at a time, each in Zz order (one
-        // 16-row block after the other): every piece of P' the cube multiplies is then one load
         LocalTensor<T> p1 = probL1_.AllocTensor<T>();
         GlobalTensor<T> prob;
         prob.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(slots_.prob + (probCount_++ % PASA_PROB_SLOTS) * t.probSlotBytes));
-        const uint32_t dvc = Min(dv, t.cubeCols), nk = t.cubeKeys;
         for (uint32_t k0 = 0; k0 < n; k0 += nk) {
             DataCopy(p1[k0 * t.qTilePad], prob[k0], Nd2NzParams(static_cast<uint16_t>(mp / kC0), kC0, static_cast<uint16_t>(nk),
                                                                 static_cast<uint16_t>(kC0 * n), static_cast<uint16_t>(n), kC0, 1,
                                                                 static_cast<uint16_t>((nk / kC0) * kFractal)));
         }
-        probL1_.EnQue(p1);
-        p1 = probL1_.DeQue<T>();
-        v1 = valueL1_.DeQue<T>();
+        return p1;
+    }
+
+    // P'_j V_j (V_j in v1, CopyValue; P'_j in p1, CopyProb) to the next P'V slot.
+    __aicore__ inline void Pv(const AttentionTask& task, LocalTensor<T>& v1, LocalTensor<T>& p1)
+    {
+        const PasaTilingData& t = *t_;
+        const uint32_t n = t.kvBlock, dv = t.headDimV, mp = Rows16(task);
+        const uint32_t dvc = Min(dv, t.cubeCols), nk = t.cubeKeys;
         const bool whole = dvc == dv && nk == n;  // the value block stays in L0B for every piece of rows
         const bool sums = t.pvCols > dv;          // pasa: P''s row sums too, from the pieces of P' in L0A
         LocalTensor<T> b2, a2, kept[2];
@@ -529,7 +588,8 @@ private:
     uint32_t scoreCount_ = 0, probCount_ = 0, pvCount_ = 0, constCount_ = 0;  // rings, across tasks
     TPipe pipe_;
     TQue<TPosition::A1, 1> queryL1_, probL1_, meanL1_;
-    TQue<TPosition::B1, 1> keyL1_, valueL1_;
+    TQue<TPosition::B1, 1> keyL1_;
+    TQue<TPosition::B1, PASA_VALUE_BUFFERS> valueL1_;
     TQue<TPosition::A2, 1> l0a_;
     TQue<TPosition::B2, 1> l0b_;
     TQue<TPosition::CO1, 1> l0c_;
