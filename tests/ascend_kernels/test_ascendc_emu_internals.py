@@ -254,6 +254,30 @@ def test_vector_work_per_block_is_whole_tile(algorithm):
     assert (m12 - m4) / 8 <= 64 and (ms12 - ms4) / 8 <= 4, ((m12 - m4) / 8, (ms12 - ms4) / 8)
 
 
+def test_a_kv_block_waits_for_one_gm_read_latency():
+    """The cube copies the keys, P' and values of the steps to come before it queues any of them,
+    so that a kv block waits on the MTE2 pipe for one GM read's latency, not one per copy. pasa
+    at a 128 x 256 tile, where the cube's pipes bind (one task on one AI Core, the attention
+    launch alone, the difference between 16 and 8 blocks): 300 cycles more latency cost a block
+    at most 300 cycles more; with a wait per copy they cost three times that."""
+    def per_block(latency):
+        cycles = []
+        for blocks in (8, 16):
+            gen = torch.Generator().manual_seed(5)
+            q = torch.randn(1, 1, 128, 128, generator=gen).half()
+            k, v = (torch.randn(1, 1, blocks * 256, 128, generator=gen).half() for _ in range(2))
+            params = dict(ascendc_emu.model_parameters(), core_num=1, gm_read_latency_cycles=latency)
+            with ascendc_emu.using_model_parameters(params), ascendc_emu.forcing_tiling(prep_launch=1):
+                pasa_npu.fused_attention(q, k, v, num_heads=1, input_layout="BNSD", algorithm="pasa",
+                                         backend="ascendc-emu", q_block=128, kv_block=256, scale=128 ** -0.5)
+            stats = ascendc_emu.last_run_stats()
+            assert stats["repair"] is None
+            cycles.append(stats["attention"]["core_cycles"])
+        return (cycles[1] - cycles[0]) / 8
+    slower = per_block(536) - per_block(236)
+    assert slower <= 300, slower
+
+
 @pytest.mark.parametrize("algorithm", ("pasa", "pasa-exact"))
 def test_part_filled_block_adds_whole_tile_vector_work(algorithm):
     """The key preprocessing of a part-filled last block (500 keys: 116 in the last of 4 blocks)
