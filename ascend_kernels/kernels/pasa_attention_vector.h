@@ -305,9 +305,9 @@ private:
                 groupNoKeys_ = false;
             }
             if (maskTile && k > 0) LoadMaskTile(j);
+            // both copies before either is queued: one wait covers their GM reads
             LocalTensor<float> s = scoreIn_.AllocTensor<float>();
             LoadSlotRows(s, slots_.score + slot * t.scoreSlotBytes, n, t.shiftScores != 0);
-            scoreIn_.EnQue(s);
             LocalTensor<float> c = constIn_.AllocTensor<float>();
             if (key_ == PASA_KEY_PASA_EXACT && !t.shiftScores) {  // shiftScores: no row constants
                 GlobalTensor<float> g;
@@ -315,6 +315,7 @@ private:
                 DataCopyPad(c, g[(i % PASA_CONST_BLOCKS) * t.qTilePad + rowBase_ + c0_], DataCopyExtParams(1, crows_ * 4, 0, 0, 0),
                             DataCopyPadExtParams<float>(false, 0, 0, 0.0f));
             }
+            scoreIn_.EnQue(s);
             constIn_.EnQue(c);
             s = scoreIn_.DeQue<float>();
             c = constIn_.DeQue<float>();

@@ -254,12 +254,15 @@ def test_vector_work_per_block_is_whole_tile(algorithm):
     assert (m12 - m4) / 8 <= 64 and (ms12 - ms4) / 8 <= 4, ((m12 - m4) / 8, (ms12 - ms4) / 8)
 
 
-def test_a_kv_block_waits_for_one_gm_read_latency():
+@pytest.mark.parametrize("algorithm", ("pasa", "pasa-exact"))
+def test_a_kv_block_waits_for_one_gm_read_latency(algorithm):
     """The cube copies the keys, P' and values of the steps to come before it queues any of them,
-    so that a kv block waits on the MTE2 pipe for one GM read's latency, not one per copy. pasa
-    at a 128 x 256 tile, where the cube's pipes bind (one task on one AI Core, the attention
-    launch alone, the difference between 16 and 8 blocks): 300 cycles more latency cost a block
-    at most 300 cycles more; with a wait per copy they cost three times that."""
+    and the vector cores copy S' and pasa-exact's row constants before they queue either, so that
+    a kv block waits on each MTE2 pipe for one GM read's latency, not one per copy. At a 128 x 256
+    tile, where pasa's cube and pasa-exact's vector cores bind (one task on one AI Core, the
+    attention launch alone, the difference between 16 and 8 blocks): 300 cycles more latency
+    cost a block at most 300 cycles more; with a wait per copy they cost pasa 900 and pasa-exact
+    572."""
     def per_block(latency):
         cycles = []
         for blocks in (8, 16):
@@ -268,7 +271,7 @@ def test_a_kv_block_waits_for_one_gm_read_latency():
             k, v = (torch.randn(1, 1, blocks * 256, 128, generator=gen).half() for _ in range(2))
             params = dict(ascendc_emu.model_parameters(), core_num=1, gm_read_latency_cycles=latency)
             with ascendc_emu.using_model_parameters(params), ascendc_emu.forcing_tiling(prep_launch=1):
-                pasa_npu.fused_attention(q, k, v, num_heads=1, input_layout="BNSD", algorithm="pasa",
+                pasa_npu.fused_attention(q, k, v, num_heads=1, input_layout="BNSD", algorithm=algorithm,
                                          backend="ascendc-emu", q_block=128, kv_block=256, scale=128 ** -0.5)
             stats = ascendc_emu.last_run_stats()
             assert stats["repair"] is None
