@@ -40,9 +40,9 @@ struct RuntimeCall {
 
 class EmuLaunchRuntime final : public pasa::LaunchRuntime {
 public:
-    // Freshly allocated device memory holds this byte, never zeros: the kernels must not rely on
-    // the contents of memory they did not write (torch_npu's caching allocator reuses blocks).
-    static constexpr uint8_t kFreshMemoryByte = 0xFF;
+    // Freshly allocated device memory holds AscendC::emu::kUnwrittenByte, never zeros: the kernels
+    // must not rely on the contents of memory they did not write (torch_npu's caching allocator
+    // reuses blocks).
     static constexpr size_t kDeviceAlign = 512;
 
     EmuLaunchRuntime(AscendC::emu::GmRegistry& gm, double timeoutSeconds, const AscendC::emu::TimingParams& timing)
@@ -61,7 +61,7 @@ public:
         void* raw = std::aligned_alloc(kDeviceAlign, rounded == 0 ? kDeviceAlign : rounded);
         if (raw == nullptr) throw std::bad_alloc();
         owned_.emplace_back(static_cast<uint8_t*>(raw), &std::free);
-        std::memset(raw, kFreshMemoryByte, rounded);
+        std::memset(raw, AscendC::emu::kUnwrittenByte, rounded);
         const bool workspace = role == pasa::BufferRole::kWorkspace;
         std::string name = pasa::BufferName(role);  // "parameters", then "parameters 2", ...
         const size_t seen = ++allocated_[static_cast<size_t>(role)];

@@ -108,7 +108,7 @@ inline std::vector<std::unique_ptr<CoreCtx>> MakeCores(const LaunchOptions& opt,
         // kernel which uses what it did not write shows it.
         for (Hardware h : {Hardware::UB, Hardware::L1, Hardware::L0A, Hardware::L0B, Hardware::L0C}) {
             if (c->Has(h)) {
-                c->mem[static_cast<int>(h)].assign(HardwareCapacity(h), kStaleLocalByte);
+                c->mem[static_cast<int>(h)].assign(HardwareCapacity(h), kUnwrittenByte);
                 c->shadow[static_cast<int>(h)].resize(HardwareCapacity(h) / kBlockBytes);
             }
         }

@@ -101,9 +101,10 @@ private:
         BlockCursor score, pv;
         uint32_t ahead = 0;  // score tiles computed whose P'V is not
         uint32_t valuesQueued = 0;  // V blocks in L1 from the P'V cursor's on
-        bool queryQueued = false, keysQueued = false, probQueued = false;
+        bool queryQueued = false, keysQueued = false;
         LocalTensor<T> q1;
         while (true) {
+            bool probQueued = false;  // a score tile came first and queued the P' of this P'V
             if (ahead == 0) pv = score;  // nothing in flight: P'V resumes where scoring does
             // the score cursor stays one task short of the window's end: its Q preload takes the next
             if (NextBlock(win, score, pv.task + kTaskWindow - 1)) {
@@ -139,7 +140,6 @@ private:
             LocalTensor<T> v1 = valueL1_.DeQue<T>();
             --valuesQueued;
             if (!probQueued) probL1_.EnQue(CopyProb(Rows16(task)));
-            probQueued = false;
             LocalTensor<T> p1 = probL1_.DeQue<T>();
             Pv(task, v1, p1);
             win.Advance(pv);

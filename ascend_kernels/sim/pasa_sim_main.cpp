@@ -102,7 +102,7 @@ public:
     void* Allocate(size_t bytes, pasa::BufferRole) override
     {
         void* p = pasa_sim::SharedAlloc(bytes ? bytes : 1);
-        std::memset(p, 0xFF, bytes);  // fresh device memory is not zero
+        std::memset(p, pasa_sim::kUnwrittenByte, bytes);  // fresh device memory is not zero
         return p;
     }
 

@@ -81,14 +81,17 @@ inline MemMap& Memories()
     return m;
 }
 
-// A launch finds in its local memories what the last one left, never zeros: each core starts
-// with every byte 0xFF (fp16 and fp32 NaN), so that a kernel which uses what it did not write
-// shows it.
+// What fresh device memory and a launch's local memories hold, never zeros (fp16 and fp32 NaN),
+// so that a kernel which uses what it did not write shows it.
+constexpr uint8_t kUnwrittenByte = 0xFF;
+
+// A launch finds in its local memories what the last one left: each core starts with every byte
+// kUnwrittenByte.
 inline void StaleLocalMemories()
 {
     const MemMap& m = Memories();
     for (int k = kUB; k < kMems; ++k) {
-        if (m.base[k] != nullptr) std::memset(m.base[k], 0xFF, m.size[k]);
+        if (m.base[k] != nullptr) std::memset(m.base[k], kUnwrittenByte, m.size[k]);
     }
 }
 
