@@ -4,8 +4,10 @@ Emulating a full shape is slow (every score and product is computed on the CPU),
 model is applied in two steps:
 
 1. **Calibration.** Small problems of the same allocation, head dim, group size, mask and
-   query kind run under the emulation on one AI Core (``core_num=1``): one task of 8 kv
-   blocks, one of 16, two of 8 and, with a causal mask, a causal problem of 8 kv blocks square. Each
+   query kind run under the emulation on one AI Core (``core_num=1``): one task of N kv
+   blocks, one of 2N, four of N and, with a causal mask, a causal problem of N kv blocks
+   square, where N is the shape's kv blocks a task, at most 8 (a task of few blocks cannot
+   hide the next task's start behind its own pipeline, so it costs more a block). Each
    quantity Q (the core's modelled cycles, each pipe's busy cycles, the AI Core's GM read and
    write port bounds, the GM bytes, the cube <-> vector bytes, the vector instructions and
    scalar UB accesses) is fitted exactly
@@ -16,7 +18,8 @@ model is applied in two steps:
    over its tasks, the launch takes
    ``overhead + max(slowest core, GM bytes / L2 bandwidth, I/O bytes / HBM bandwidth)`` as the
    emulation itself does. The key preprocessing (pasa, pasa-exact) is fitted over the kv blocks
-   of its busiest core from calibration runs that give it a launch of its own. In the full
+   of its busiest core from calibration runs that give it a launch of its own, its constant
+   from the first run made once more with it inside the attention launch. In the full
    call it runs at the start of the attention launch, as the host arranges: its timeline, then
    SyncAll's three cross-core hops, and its port bounds come before each AI Core's attention,
    and its GM bytes join the L2 bound.
@@ -43,6 +46,11 @@ from pasa_npu import ascendc_emu, npu_params
 
 KV_BLOCK = 128
 Q_TILE = 128
+#: kv blocks a task of the calibration's runs, or the shape's blocks a task where fewer
+CALIBRATION_BLOCKS = 8
+#: tasks of the calibration run that fits a task's cost: the mean of the second to the fourth
+#: task's (a task stream settles within them; a core of a short-task shape runs about four)
+CALIBRATION_TASKS = 4
 #: the AI Core's port bounds: its GM reads and writes over its read and write rates
 PORTS = ("RD", "WR")
 #: the AI Core quantities whose largest is its cycles (:func:`_core_cycles`)
@@ -57,8 +65,8 @@ QUANTITIES = ("core_cycles", "timeline_cycles", "gm_bytes", "exchange_bytes", "v
 @dataclass(frozen=True)
 class Config:
     """What a calibration depends on: allocation, head dim, query heads per kv head, causal
-    mask, whether the query is one token (decode), and the tiling: ``q_block`` query rows by
-    ``kv_block`` keys."""
+    mask, whether the query is one token (decode), the tiling: ``q_block`` query rows by
+    ``kv_block`` keys, and the kv blocks a task of its calibration runs (``blocks``)."""
 
     algorithm: str
     d: int
@@ -68,10 +76,12 @@ class Config:
     q_block: int = Q_TILE
     kv_block: int = KV_BLOCK
     rows: int = 0  # a prefill task of fewer rows (a query's last tile, a tail piece); 0: full tiles
+    blocks: int = CALIBRATION_BLOCKS
 
     def with_rows(self, rows: int) -> "Config":
         """The config of this tiling's one-head prefill tasks of ``rows`` rows."""
-        return Config(self.algorithm, self.d, 1, self.causal, False, self.q_block, self.kv_block, rows)
+        return Config(self.algorithm, self.d, 1, self.causal, False, self.q_block, self.kv_block, rows,
+                      self.blocks)
 
     @property
     def tile(self) -> str:
@@ -203,21 +213,24 @@ def _features(task_list) -> list:
             float(sum(t[1] - t[2] for t in flat))]
 
 
-#: kv blocks of the calibration's one-task problem (the others: twice as many, and two tasks)
-CALIBRATION_BLOCKS = 8
 #: the calibration runs' forced tiling: the key preprocessing in a launch of its own, so that
-#: its cost per kv block is fitted apart from the attention's per task and block
+#: its cost per kv block is fitted apart from the attention's per task and block. The first run
+#: is made once more as the kernels run it, the preprocessing inside the attention launch, for
+#: what the preprocessing adds there (its own launch also starts up and reads the tiling, which
+#: the attention launch does once for both; :func:`fit_runs`'s ``fused``)
 CALIBRATION_TILING = dict(prep_launch=1)
 
 
-def calibration_runs(c: Config, blocks: int = CALIBRATION_BLOCKS):
-    """The calibration problems: (b, h, hkv, sq, skv, causal) on one AI Core."""
+def calibration_runs(c: Config, blocks: int = 0):
+    """The calibration problems: (b, h, hkv, sq, skv, causal) on one AI Core, of ``blocks``
+    kv blocks a task (0: ``c.blocks``)."""
+    blocks = blocks or c.blocks
     sq = 1 if c.decode else max(1, c.q_block // c.group) if c.group > 1 else c.q_block
     n = c.kv_block
     if c.rows:  # one tile of c.rows rows a task; causal: its last kv block masked
         sq = c.rows
     runs = [(1, c.group, 1, sq, blocks * n, False), (1, c.group, 1, sq, 2 * blocks * n, False),
-            (2, c.group, 1, sq, blocks * n, False)]
+            (CALIBRATION_TASKS, c.group, 1, sq, blocks * n, False)]
     if c.causal and not c.decode:
         runs.append((1, c.group, 1, sq if c.rows else blocks * n, blocks * n, True))
     return runs
@@ -232,7 +245,11 @@ def calibrate(c: Config, params: dict, progress=None) -> Fit:
             progress(i)
         stats.append(emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one, c.q_block, c.kv_block,
                              **CALIBRATION_TILING))
-    return fit_runs(c, runs, stats, one)
+    fused = None
+    if stats[0]["preprocess"] is not None:
+        b, h, hkv, sq, skv, causal = runs[0]
+        fused = emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one, c.q_block, c.kv_block)
+    return fit_runs(c, runs, stats, one, fused)
 
 
 def calibration_or_refusal(config: Config, params: dict):
@@ -254,9 +271,12 @@ def cached_calibration(cache: dict, key, config: Config, params: dict) -> Fit:
     return cache[key]
 
 
-def fit_runs(c: Config, runs, stats, params: dict) -> Fit:
+def fit_runs(c: Config, runs, stats, params: dict, fused: dict = None) -> Fit:
     """The fit of ``c`` from the last_run_stats()-shaped ``stats`` of the calibration ``runs``
-    (with ``golden_rmse``), the tasks dealt under ``params`` (one AI Core)."""
+    (with ``golden_rmse``), the tasks dealt under ``params`` (one AI Core). ``fused``: the first
+    run with the key preprocessing inside the attention launch; the preprocessing's constant
+    timeline is then what it adds there (the fused launch's timeline less the attention's own,
+    the per-block part and the barrier's hops that :func:`extrapolate` adds)."""
     rows, values, prep_rows, prep_values = [], [], [], []
     golden = 0.0
     for (b, h, hkv, sq, skv, causal), st in zip(runs, stats):
@@ -282,6 +302,11 @@ def fit_runs(c: Config, runs, stats, params: dict) -> Fit:
     if prep_rows:
         sol = np.linalg.lstsq(np.array(prep_rows), np.array(prep_values), rcond=None)[0]
         fit.prep = {q: tuple(sol[:, i]) for i, q in enumerate(PREP_QUANTITIES)}
+        if fused is not None:
+            per_block = fit.prep["timeline_cycles"][1]
+            added = (fused["attention"]["timeline_cycles"] - stats[0]["attention"]["timeline_cycles"]
+                     - per_block * prep_rows[0][1] - 3 * params["cross_core_latency_cycles"])
+            fit.prep["timeline_cycles"] = (added, per_block)
     return fit
 
 
@@ -336,10 +361,12 @@ class Shape:
     def config(self, algorithm: str, q_block: int = Q_TILE, kv_block: int = KV_BLOCK) -> Config:
         """The config ``algorithm`` is calibrated at on this shape. A query of more than half a
         tile is dealt in tiles of one head, which cost what those of a group of one do (group 1);
-        decode and shorter queries stack a kv group's heads into a tile (the host's rule)."""
+        decode and shorter queries stack a kv group's heads into a tile (the host's rule). Its
+        calibration runs tasks of the shape's kv blocks a task, at most CALIBRATION_BLOCKS."""
         stacked = self.decode or 2 * self.sq <= q_block
+        blocks = min(CALIBRATION_BLOCKS, -(-self.skv // kv_block))
         return Config(algorithm, self.d, self.h // self.hkv if stacked else 1, self.causal and not self.decode,
-                      self.decode, q_block, kv_block)
+                      self.decode, q_block, kv_block, blocks=blocks)
 
 
 #: the host's choices for a prefill's part-filled last round the model takes the faster of:
@@ -460,14 +487,14 @@ def fastest(shape: Shape, algorithm: str, params: dict, fit) -> tuple:
 
 
 def validate(algorithm="pasa", d=64, causal=True, cores=4, params=None, q_block=Q_TILE,
-             kv_block=KV_BLOCK, hkv=4) -> dict:
-    """Extrapolated vs directly emulated cycles of (1, 4, 1024, d), ``hkv`` kv heads, on
+             kv_block=KV_BLOCK, hkv=4, seq=1024) -> dict:
+    """Extrapolated vs directly emulated cycles of (1, 4, ``seq``, d), ``hkv`` kv heads, on
     ``cores`` AI Cores."""
     params = dict(params or npu_params.values(), core_num=cores)
-    shape = Shape("validate", 1, 4, hkv, 1024, 1024, d, causal)
+    shape = Shape("validate", 1, 4, hkv, seq, seq, d, causal)
     fit = calibrate(shape.config(algorithm, q_block, kv_block), params)
     model = extrapolate(shape, fit, params)
-    stats = emulate(algorithm, 1, 4, hkv, 1024, 1024, d, causal, params, q_block, kv_block)
+    stats = emulate(algorithm, 1, 4, hkv, seq, seq, d, causal, params, q_block, kv_block)
     direct = sum(stats[launch]["cycles"] for launch in ("attention", "preprocess", "repair") if stats[launch])
     return dict(extrapolated=model["cycles"], emulated=direct, error=model["cycles"] / direct - 1.0,
                 golden_rmse=max(fit.golden_rmse, stats["golden_rmse"]))

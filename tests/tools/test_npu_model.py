@@ -40,6 +40,37 @@ def test_extrapolation_of_a_gqa_prefill_matches_a_direct_emulation(algorithm):
     assert abs(got["error"]) < 0.03, got
 
 
+@pytest.mark.parametrize("cores", [3, 4])
+def test_extrapolation_of_short_tasks_matches_a_direct_emulation(cores):
+    """(1, 4, 1280, 128) at 256 x 256 on 3 and 4 AI Cores: tasks of five kv blocks, four to six
+    a core, as at the paper's shape. A task of few blocks costs more than a long task's blocks
+    say (the next task's start is not hidden behind its pipeline), so it is calibrated on a
+    stream of tasks of its own length."""
+    got = npu_extrapolate.validate("pasa", d=128, causal=False, cores=cores, q_block=256, kv_block=256, seq=1280)
+    assert abs(got["error"]) < 0.005, got
+
+
+@pytest.mark.parametrize("algorithm,kv_block", [("pasa", 128), ("pasa", 256), ("pasa-exact", 256)])
+def test_preprocessing_costs_what_it_adds_to_the_attention_launch(algorithm, kv_block):
+    """The key preprocessing runs at the start of the attention launch; calibrated in a launch
+    of its own, it also pays that launch's start and tiling read, which the attention launch
+    makes once. With slow scalar GM reads, on 4 AI Cores: the model's preprocessing share
+    (constant, blocks per core, the barrier's hops) is what the emulated preprocessing adds to
+    the attention launch's timeline."""
+    params = dict(npu_params.values(scalar_gm_access_cycles=100), core_num=4)
+    problem = (1, 4, 4, 512, 1024, 128, False, params, 128, kv_block)  # b, h, hkv, sq, skv, d, ...
+    fused = npu_extrapolate.emulate(algorithm, *problem)
+    apart = npu_extrapolate.emulate(algorithm, *problem, prep_launch=1)
+    added = fused["attention"]["timeline_cycles"] - apart["attention"]["timeline_cycles"]
+    fit = npu_extrapolate.calibrate(npu_extrapolate.Config(algorithm, 128, 1, False, False, 128, kv_block), params)
+    c0, per_block = fit.prep["timeline_cycles"]
+    blocks_per_core = -(-4 * (1024 // kv_block) // 4)
+    modelled = c0 + per_block * blocks_per_core + 3 * params["cross_core_latency_cycles"]
+    assert abs(modelled / added - 1) < 0.02, (modelled, added)
+    own_launch = apart["preprocess"]["timeline_cycles"]
+    assert own_launch > added + 5000, (own_launch, added)  # what a separate launch would have charged
+
+
 @pytest.mark.parametrize("algorithm,causal,d,q_block,kv_block", [
     ("pasa", False, 128, 256, 256), ("pasa", True, 64, 128, 128), ("fa-fp32", False, 128, 256, 256)])
 def test_extrapolation_of_tail_pieces_matches_a_direct_emulation(algorithm, causal, d, q_block, kv_block):
