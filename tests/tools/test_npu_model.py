@@ -42,7 +42,7 @@ def test_extrapolation_of_a_gqa_prefill_matches_a_direct_emulation(algorithm):
 
 @pytest.mark.parametrize("cores", [3, 4])
 def test_extrapolation_of_short_tasks_matches_a_direct_emulation(cores):
-    """(1, 4, 1280, 128) at 256 x 256 on 3 and 4 AI Cores: tasks of five kv blocks, four to six
+    """(1, 4, 1280, 128) at 256 x 256 on 3 and 4 AI Cores: tasks of five kv blocks, five to seven
     a core, as at the paper's shape. A task of few blocks costs more than a long task's blocks
     say (the next task's start is not hidden behind its pipeline), so it is calibrated on a
     stream of tasks of its own length."""
