@@ -135,6 +135,15 @@ private:
 struct Group;
 
 // ------------------------------------------------------------------ one core
+// The unit flag of one L0C fractal (16 x 16 fp32, 1 KiB) under Mmad/Fixpipe unitFlag: set by the
+// Mmad (unitFlag 3) that completes it, cleared by the Fixpipe (unitFlag 3) that reads it.
+struct UnitFlagCell {
+    bool set = false;
+    Clock setBy{}, clearedBy{};            // what the Mmad that set it and the Fixpipe that cleared it had seen
+    double setAt = 0, clearedAt = 0;       // when they did: the Mmad's end, the Fixpipe's L0C read
+};
+constexpr uint32_t kL0cFractalBytes = 1024;
+
 struct CoreCtx {
     int type = AIV;        // AIC or AIV
     int blockIdx = 0;      // AI Core index within the launch
@@ -150,6 +159,7 @@ struct CoreCtx {
 
     std::array<uint32_t, kPipes> issued{};  // instructions issued per pipe
     std::array<Clock, kPipes> seen{};        // vector clock of each pipe
+    std::vector<UnitFlagCell> unitFlags = std::vector<UnitFlagCell>(kL0CBytes / kL0cFractalBytes);
 
     // intra-core flags: armed snapshot per (event, id)
     bool flagSet[static_cast<int>(HardEvent::MAX)][kEventIds] = {};

@@ -69,7 +69,10 @@ inline void VectorScale(GM_ADDR in, GM_ADDR out)
 
 // ---- cube: C (20 x 48, fp32) = A (20 x 32) B (32 x 48), A and B read from `in` (A first, then
 // B, both row-major), through GM -> L1 (NZ) -> L0A (Zz) / L0B (Zn) -> Mmad -> Fixpipe (ND).
-inline void CubeMatmul(GM_ADDR in, GM_ADDR outF)
+// unitFlags: L0C is a TBuf handed over by unitFlag, and it computes 2 A B (an Mmad with 2, then one
+// with 3 accumulating onto it) into outF, then A B (one Mmad with 3, into the same L0C once the first
+// Fixpipe has read it) into outF + 20 x 48.
+inline void CubeMatmul(GM_ADDR in, GM_ADDR outF, bool unitFlags = false)
 {
     constexpr uint32_t M = 20, K = 32, N = 48, MP = 32;
     TPipe pipe;
@@ -111,6 +114,22 @@ inline void CubeMatmul(GM_ADDR in, GM_ADDR outF)
     b1.FreeTensor(lb);
     za = a2.DeQue<half>();
     zb = b2.DeQue<half>();
+    if (unitFlags) {
+        TBuf<TPosition::CO1> l0c;
+        pipe.InitBuffer(l0c, MP * N * 4);
+        LocalTensor<float> lc = l0c.Get<float>();
+        const FixpipeParamsV220 fix(N, M, MP, N, false, QuantMode_t::NoQuant, 0, 1, 0, 0, 3);
+        Mmad(lc, za, zb, MmadParams(M, N, K, 2, false, true));
+        Mmad(lc, za, zb, MmadParams(M, N, K, 3, false, false));
+        Fixpipe<float, float, CFG_ROW_MAJOR>(c, lc, fix);
+        Mmad(lc, za, zb, MmadParams(M, N, K, 3, false, true));
+        GlobalTensor<float> c2;
+        c2.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(outF) + M * N, M * N);
+        Fixpipe<float, float, CFG_ROW_MAJOR>(c2, lc, fix);
+        a2.FreeTensor(za);
+        b2.FreeTensor(zb);
+        return;
+    }
     LocalTensor<float> lc = c1.AllocTensor<float>();
     Mmad(lc, za, zb, MmadParams(M, N, K, 0, false, true));
     a2.FreeTensor(za);
@@ -226,6 +245,8 @@ inline void AddRunCases(std::map<std::string, Case>& c)
 // Small programs whose timelines tests/ascend_kernels/test_npu_timing.py derives by hand.
 inline void AddTimingCases(std::map<std::string, Case>& c)
 {
+    c["timing_unit_flag"] = {KERNEL_TYPE_AIC_ONLY, 20 * 32 + 32 * 48, 2 * 20 * 48,
+                             [](Gm& g) { CubeMatmul(g.In(), g.OutF(), true); }, false};
     c["timing_copy_scale"] = {KERNEL_TYPE_AIV_ONLY, 256, 256, [](Gm& g) {
         TPipe pipe;
         TQue<TPosition::VECIN, 1> qin;
@@ -430,6 +451,28 @@ inline void AddRejectedSyncCases(std::map<std::string, Case>& c)
         pipe.InitBuffer(c0, 4096);
         Mmad(c0.Get<float>(), a.Get<half>()[16], b.Get<half>(), MmadParams(16, 16, 16, 0, false, true));
     }, true};
+    // unitFlag misuse: each leaves an L0C fractal's unit flag where the next instruction would wait forever
+    auto unitFlagCase = [](uint8_t first, int second, uint8_t fixFlag) {
+        return Case{KERNEL_TYPE_AIC_ONLY, 16, 256, [=](Gm& g) {
+            TPipe pipe;
+            TBuf<TPosition::A2> a;
+            TBuf<TPosition::B2> b;
+            TBuf<TPosition::CO1> c0;
+            pipe.InitBuffer(a, 512);
+            pipe.InitBuffer(b, 512);
+            pipe.InitBuffer(c0, 1024);
+            GlobalTensor<float> out;
+            out.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.OutF()), 256);
+            Mmad(c0.Get<float>(), a.Get<half>(), b.Get<half>(), MmadParams(16, 16, 16, first, false, true));
+            if (second >= 0) {
+                Mmad(c0.Get<float>(), a.Get<half>(), b.Get<half>(), MmadParams(16, 16, 16, static_cast<uint8_t>(second), false, true));
+            }
+            Fixpipe<float, float, CFG_ROW_MAJOR>(out, c0.Get<float>(), FixpipeParamsV220(16, 16, 16, 16, false, QuantMode_t::NoQuant, 0, 1, 0, 0, fixFlag));
+        }, false};
+    };
+    c["unit_flag_fixpipe_before_the_last_mmad"] = unitFlagCase(2, -1, 3);
+    c["unit_flag_mmad_over_an_unread_result"] = unitFlagCase(3, 3, 3);
+    c["unit_flag_fixpipe_without_it"] = unitFlagCase(3, -1, 0);
     c["fixpipe_without_quant"] = {KERNEL_TYPE_AIC_ONLY, 16, 256, [](Gm& g) {
         TPipe pipe;
         TQue<TPosition::CO1, 1> c0;

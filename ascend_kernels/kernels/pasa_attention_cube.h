@@ -12,7 +12,8 @@
 // keys, and, when a P'V follows, its P' and the values of the P'V after it (two value buffers),
 // which land while that P'V runs. The L1 buffer counts (PASA_*_BUFFERS) stay within TPipe's 8
 // MTE1_MTE2 event IDs. L0A, L0B and L0C are ping-pong pairs: the next operand loads while the
-// current Mmad runs, and a Fixpipe drains one L0C tile while the next Mmad fills the other.
+// current Mmad runs, and a Fixpipe drains one L0C tile while the next Mmad fills the other (L0C
+// handed over by unitFlag, L0cPair).
 //
 // A tile of more rows than tiling.cubeRows is multiplied in pieces of that many rows (L0A and L0C
 // hold a piece): the key or value block stays in L0B for all of them, the row constants' Mmad takes
@@ -79,7 +80,7 @@ public:
         if (constants_) pipe_.InitBuffer(meanL1_, PASA_MEAN_BUFFERS, t.l1MeanBytes);
         pipe_.InitBuffer(l0a_, 2, t.l0aBytes);
         pipe_.InitBuffer(l0b_, 2, t.l0bBytes);
-        pipe_.InitBuffer(l0c_, 2, t.l0cBytes);
+        l0c_.Init(pipe_, t.l0cBytes);
         valueZz_ = ZzCopyReaches(RowStride(t.kvLayout, t.numKvHeads, t.headDimV));
         queryZz_ = ZzCopyReaches(RowStride(t.qLayout, t.numHeads, t.headDim));
 
@@ -307,7 +308,7 @@ private:
         GlobalTensor<Out> g;
         g.SetGlobalBuffer(reinterpret_cast<__gm__ Out*>(dst));
         Fixpipe<Out, float, CFG_ROW_MAJOR>(g, c, FixpipeParamsV220(static_cast<uint16_t>(cols), static_cast<uint16_t>(rows),
-            static_cast<uint16_t>(mp), pitch == 0 ? cols : pitch, false, quant, 0, 1, 0, 0, 0));
+            static_cast<uint16_t>(mp), pitch == 0 ? cols : pitch, false, quant, 0, 1, 0, 0, PASA_UNIT_FLAG_LAST));
     }
     // Rows [m0, m0 + rows) and columns [c0, c0 + cols) of a score tile, or (pv) of a P'V tile, to their
     // slot (row-major, `pitch` elements a row).
@@ -370,9 +371,7 @@ private:
                 l0b_.FreeTensor(b2);
                 if (!whole) l0a_.FreeTensor(a2);
             }
-            c = l0c_.DeQue<float>();
             Drain<float>(slot + m0 * sizeof(float), c, cols, blocks, mb, QuantMode_t::NoQuant, t.qTilePad);
-            l0c_.FreeTensor(c);
         }
         if (whole) {
             l0a_.FreeTensor(a2);
@@ -381,15 +380,15 @@ private:
         }
     }
 
-    // c (+)= a2 b2 on the cube, the piece [k0, k0 + k) of a contraction of `depth`: the first piece takes a
-    // fresh L0C buffer and starts it at zero, later ones accumulate onto it, the last enqueues it.
+    // c (+)= a2 b2 on the cube, the piece [k0, k0 + k) of a contraction of `depth`: the first piece takes the
+    // next L0C buffer and starts it at zero, later ones accumulate onto it; Drain's Fixpipe takes the
+    // buffer from the last one by unitFlag (L0cPair).
     __aicore__ inline void Accumulate(LocalTensor<float>& c, const LocalTensor<T>& a2, const LocalTensor<T>& b2,
                                       uint32_t m, uint32_t n, uint32_t k0, uint32_t k, uint32_t depth)
     {
-        if (k0 == 0) c = l0c_.AllocTensor<float>();
-        Mmad(c, a2, b2, MmadParams(static_cast<uint16_t>(m), static_cast<uint16_t>(n), static_cast<uint16_t>(k), 0, false,
-                                   k0 == 0));
-        if (k0 + k == depth) l0c_.EnQue(c);
+        if (k0 == 0) c = l0c_.Next();
+        Mmad(c, a2, b2, MmadParams(static_cast<uint16_t>(m), static_cast<uint16_t>(n), static_cast<uint16_t>(k),
+                                   k0 + k == depth ? PASA_UNIT_FLAG_LAST : PASA_UNIT_FLAG_MORE, false, k0 == 0));
     }
 
     // Rows [0, valid) of kv block j of `src` (K or V, row length dim) -> L1, NZ in pieces of `pieceRows`
@@ -469,9 +468,7 @@ private:
                     l0a_.FreeTensor(a2);
                     if (!held) l0b_.FreeTensor(b2);
                 }
-                c = l0c_.DeQue<float>();
                 DrainTile(slot, m0, n0, c, nk, n, rows, rowsPad);
-                l0c_.FreeTensor(c);
             }
             if (held) l0b_.FreeTensor(b2);
         }
@@ -546,9 +543,7 @@ private:
                     }
                     if (!whole) l0b_.FreeTensor(b2);
                 }
-                c = l0c_.DeQue<float>();
                 DrainTile(slot, m0, v0, c, vc, t.pvCols, rows, rowsPad, true);
-                l0c_.FreeTensor(c);
             }
             if (sums) RowSums(slot, m0, kept, rows, rowsPad);
         }
@@ -577,9 +572,7 @@ private:
             l0a_.FreeTensor(kept[k0 / nk]);
         }
         l0b_.FreeTensor(ones);
-        c = l0c_.DeQue<float>();
         DrainTile(slot, m0, t_->headDimV, c, kC0, t_->pvCols, rows, rowsPad, true);
-        l0c_.FreeTensor(c);
     }
 
     const PasaTilingData* t_ = nullptr;
@@ -592,7 +585,7 @@ private:
     TQue<TPosition::B1, PASA_VALUE_BUFFERS> valueL1_;
     TQue<TPosition::A2, 1> l0a_;
     TQue<TPosition::B2, 1> l0b_;
-    TQue<TPosition::CO1, 1> l0c_;
+    L0cPair l0c_;
     GlobalTensor<T> query_, keys_, primes_, value_, keyMean_;
     CoreSlots slots_;
     BatchTable batches_;

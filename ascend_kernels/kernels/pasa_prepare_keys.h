@@ -155,7 +155,7 @@ public:
         }
         pipe_.InitBuffer(keyL1_, 2, n * d * sizeof(half));
         pipe_.InitBuffer(keyL0b_, 2, n * dc * sizeof(half));
-        pipe_.InitBuffer(outL0c_, 2, n * dc * sizeof(float));
+        outL0c_.Init(pipe_, n * dc * sizeof(float));
 
         LocalTensor<half> m1 = shiftL1_.Get<half>(), m2;
         StageShiftMatrix(m1, shift_, n);
@@ -183,35 +183,32 @@ public:
                 LocalTensor<half> k2 = KeyColumns(keyL1_, keyL0b_, k1, t, d0, cols);
                 for (uint32_t r0 = 0; r0 < n; r0 += mr) {  // and of rows, where M^T is in pieces
                     LocalTensor<half> a = whole ? m2 : ShiftPiece(m1, n, r0, mr);
-                    LocalTensor<float> c = outL0c_.AllocTensor<float>();
+                    LocalTensor<float> c = outL0c_.Next();
                     Mmad(c, a, k2, MmadParams(static_cast<uint16_t>(mr), static_cast<uint16_t>(cols), static_cast<uint16_t>(n),
-                                              0, false, true));
+                                              PASA_UNIT_FLAG_LAST, false, true));
                     if (!whole) shiftPieces_.FreeTensor(a);
                     if (!tail && r0 + mr == n) keyL0b_.FreeTensor(k2);
-                    outL0c_.EnQue(c);
-                    c = outL0c_.DeQue<float>();
                     const FixpipeParamsV220 out(static_cast<uint16_t>(cols), static_cast<uint16_t>(mr),
                                                  static_cast<uint16_t>(mr), d, false,
-                                                 tail ? QuantMode_t::NoQuant : QuantMode_t::F322F16, 0, 1, 0, 0, 0);
+                                                 tail ? QuantMode_t::NoQuant : QuantMode_t::F322F16, 0, 1, 0, 0,
+                                                 PASA_UNIT_FLAG_LAST);
                     if (tail) {
                         Fixpipe<float, float, CFG_ROW_MAJOR>(slot[static_cast<uint64_t>(r0) * d + d0], c, out);
                     } else {
                         Fixpipe<half, float, CFG_ROW_MAJOR>(
                             keyPrime_[KeyPrimeOffset(t, task.slot) + static_cast<uint64_t>(r0) * d + d0], c, out);
                     }
-                    outL0c_.FreeTensor(c);
                 }
                 if (!tail) continue;
                 LocalTensor<half> ones = whole ? onesL0a_.Get<half>() : OnesInPiece(n);
-                LocalTensor<float> sum = outL0c_.AllocTensor<float>();
-                Mmad(sum, ones, k2, MmadParams(1, static_cast<uint16_t>(cols), static_cast<uint16_t>(n), 0, false, true));
+                LocalTensor<float> sum = outL0c_.Next();
+                Mmad(sum, ones, k2, MmadParams(1, static_cast<uint16_t>(cols), static_cast<uint16_t>(n), PASA_UNIT_FLAG_LAST,
+                                               false, true));
                 if (!whole) shiftPieces_.FreeTensor(ones);
                 keyL0b_.FreeTensor(k2);
-                outL0c_.EnQue(sum);
-                sum = outL0c_.DeQue<float>();
                 Fixpipe<float, float, CFG_ROW_MAJOR>(slot[n * d + d0], sum,
-                    FixpipeParamsV220(static_cast<uint16_t>(cols), 1, kC0, d, false, QuantMode_t::NoQuant, 0, 1, 0, 0, 0));
-                outL0c_.FreeTensor(sum);
+                    FixpipeParamsV220(static_cast<uint16_t>(cols), 1, kC0, d, false, QuantMode_t::NoQuant, 0, 1, 0, 0,
+                                      PASA_UNIT_FLAG_LAST));
             }
             if (!tail) continue;
             CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_SUM_READY);
@@ -246,7 +243,7 @@ private:
     TQue<TPosition::A2, 2> shiftPieces_;
     TQue<TPosition::B1, 2> keyL1_;
     TQue<TPosition::B2, 2> keyL0b_;
-    TQue<TPosition::CO1, 2> outL0c_;
+    L0cPair outL0c_;
     GlobalTensor<half> key_, shift_, keyPrime_;
     BatchTable batches_;
     KvPages pages_;
@@ -337,7 +334,7 @@ public:
         pipe_.InitBuffer(onesL0a_, kC0 * n * sizeof(half));
         pipe_.InitBuffer(keyL1_, 2, n * d * sizeof(half));
         pipe_.InitBuffer(keyL0b_, 2, n * dc * sizeof(half));
-        pipe_.InitBuffer(sumL0c_, 2, kC0 * dc * sizeof(float));
+        sumL0c_.Init(pipe_, kC0 * dc * sizeof(float));
 
         LocalTensor<half> o2 = onesL0a_.Get<half>();
         LoadOnesRow(onesL1_, o2, n);
@@ -350,15 +347,14 @@ public:
             for (uint32_t d0 = 0; d0 < d; d0 += dc) {  // the column sums' pieces
                 const uint32_t cols = Min(dc, d - d0);
                 LocalTensor<half> k2 = KeyColumns(keyL1_, keyL0b_, k1, t, d0, cols);
-                LocalTensor<float> c = sumL0c_.AllocTensor<float>();
-                Mmad(c, o2, k2, MmadParams(1, static_cast<uint16_t>(cols), static_cast<uint16_t>(n), 0, false, true));
+                LocalTensor<float> c = sumL0c_.Next();
+                Mmad(c, o2, k2, MmadParams(1, static_cast<uint16_t>(cols), static_cast<uint16_t>(n), PASA_UNIT_FLAG_LAST,
+                                           false, true));
                 keyL0b_.FreeTensor(k2);
-                sumL0c_.EnQue(c);
-                c = sumL0c_.DeQue<float>();
                 if (d0 == 0 && done >= 2) CrossCoreWaitFlag(PASA_FLAG_SUM_FREE);  // the vector cores read slot (done % 2)
                 Fixpipe<float, float, CFG_ROW_MAJOR>(colSum_[(done % 2) * (t.colSumSlotBytes / sizeof(float)) + d0], c,
-                    FixpipeParamsV220(static_cast<uint16_t>(cols), 1, kC0, d, false, QuantMode_t::NoQuant, 0, 1, 0, 0, 0));
-                sumL0c_.FreeTensor(c);
+                    FixpipeParamsV220(static_cast<uint16_t>(cols), 1, kC0, d, false, QuantMode_t::NoQuant, 0, 1, 0, 0,
+                                      PASA_UNIT_FLAG_LAST));
             }
             CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_SUM_READY);
             ++done;
@@ -372,7 +368,7 @@ private:
     TBuf<TPosition::A2> onesL0a_;
     TQue<TPosition::B1, 2> keyL1_;
     TQue<TPosition::B2, 2> keyL0b_;
-    TQue<TPosition::CO1, 2> sumL0c_;
+    L0cPair sumL0c_;
     GlobalTensor<half> key_;
     GlobalTensor<float> colSum_;
     BatchTable batches_;

@@ -95,14 +95,14 @@ __aicore__ inline void StoreRows(const PasaTilingData& t, const AttentionTask& t
 }
 
 // With `flags` on, outside the repair launch: the task's flag byte (flags.task) of the vector core's
-// band of rows from `rowBase` on (0 or FirstAivRows) to its slot, once its rows are stored.
+// band of rows from `rowBase` on (0 or FirstAivRows) to its slot, once its rows are stored. The vector
+// pipe does not wait for the copy: the next task's StoreRows orders it before flags.task is written again.
 __aicore__ inline void StoreTaskFlag(const PasaTilingData& t, const AttentionTask& task, uint32_t rowBase,
                                      const RowFlags& flags)
 {
     if (!flags.on || flags.repair) return;
     OrderPipes<HardEvent::V_MTE3>();
     DataCopyPad(flags.tasks[TaskFlagSlot(t, task, rowBase)], flags.task, DataCopyExtParams(1, 1, 0, 0, 0));
-    OrderPipes<HardEvent::MTE3_V>();
 }
 
 // Learnable sinks (tiling.hasSink): `dst[r]` (fp32, `count` elements) = the sink logit of row

@@ -134,14 +134,15 @@ __aicore__ inline void Replicate8(const AscendC::LocalTensor<T>& dst, const Asce
 }
 
 // dst[r] = 0 where row r of x (rows x cols fp32, rows a multiple of 8, cols a multiple of 8 up to
-// 2040) is finite, NaN where it holds a NaN or an infinity; x is overwritten. x - x, then the last
-// half of each row's blocks added onto its first ones until a row is one block, then one
-// ReduceDataBlock: about log2(cols / 8) + 2 instructions per 248 rows (and per 64 columns of a fold).
+// 2040) is finite, NaN where it holds a NaN or an infinity; x is overwritten. Its finite entries
+// must lie below 1e35 in magnitude (an output of fp16 values does), so that a row of them sums to
+// a finite value: each row's sum (the last half of its blocks added onto its first ones until a
+// row is one block, then one ReduceDataBlock), then sum - sum, which is NaN where the sum is not
+// finite: about log2(cols / 8) + 2 instructions per 248 rows (and per 64 columns of a fold) and one.
 __aicore__ inline void RowNonFinite(const AscendC::LocalTensor<float>& dst, const AscendC::LocalTensor<float>& x,
                                     uint32_t rows, uint32_t cols)
 {
     constexpr uint32_t lanes = 64, chunk = 248;  // fp32 lanes of a repeat; rows a repeat count may cover
-    AscendC::Sub(x, x, x, static_cast<int32_t>(rows * cols));
     const uint8_t rowBlocks = static_cast<uint8_t>(cols / 8);
     const AscendC::BinaryRepeatParams p(1, 1, 1, rowBlocks, rowBlocks, rowBlocks);
     for (uint32_t r0 = 0; r0 < rows; r0 += chunk) {
@@ -158,6 +159,7 @@ __aicore__ inline void RowNonFinite(const AscendC::LocalTensor<float>& dst, cons
                                                            static_cast<int32_t>(rowBlocks), 8 * rowBlocks);
     }
     AscendC::ResetMask();  // leave the full mask: Compares reads the register
+    AscendC::Sub(dst, dst, dst, static_cast<int32_t>(rows));
 }
 
 }  // namespace pasa

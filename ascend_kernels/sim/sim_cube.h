@@ -27,13 +27,14 @@
 // * mad(c, a, b, m, k, n, unitFlag, kAlign, cmatrixSource, initZero): every element of the M x N
 //   fractals of c: initZero ? 0 : c, then + a(i, kk) * b(kk, j) for kk = 0 .. k-1 in order, each
 //   product exact and each addition rounded to fp32. (The cube's internal order is not
-//   documented; this is the order the project's emulation takes.)
+//   documented; this is the order the project's emulation takes.) unitFlag: sim_unit_flag.h.
 // * copy_matrix_cc_to_gm / copy_matrix_cc_to_cbuf(dst, src, sid, nSize, mSize, dstStride,
 //   srcStride, unitFlag, quant, relu, channelSplit, nz2nd): element (m, n), m < mSize,
 //   n < nSize, converted (NoQuant: as is; F322F16 / F322BF16: to nearest even under the core's
 //   overflow mode; relu first when set) to nz2nd ? dst[m * dstStride + n] (for each of the
 //   ND_PARA register's ndNum matrices: src + i * srcNdStride * 1024 bytes, dst + i * dstNdStride
-//   elements) : dst[(n / 16) * dstStride * 32 bytes + (m * 16 + n % 16) elements].
+//   elements) : dst[(n / 16) * dstStride * 32 bytes + (m * 16 + n % 16) elements]. unitFlag:
+//   sim_unit_flag.h.
 #ifndef PASA_SIM_CUBE_H
 #define PASA_SIM_CUBE_H
 
@@ -142,7 +143,7 @@ inline void FillBlocks(const char* name, int pipe, Work work, T* dst, uint64_t c
 inline uint64_t Up16(uint64_t x) { return (x + 15) / 16 * 16; }
 
 template <typename A>
-inline void Mad(float* c, const A* a, const A* b, uint64_t m, uint64_t k, uint64_t n, bool initZero)
+inline void Mad(float* c, const A* a, const A* b, uint64_t m, uint64_t k, uint64_t n, uint64_t unitFlag, bool initZero)
 {
     ++State().instructions;
     Trace("mad c=%p a=%p b=%p m=%llu k=%llu n=%llu init=%d", (void*)c, (const void*)a, (const void*)b,
@@ -154,6 +155,7 @@ inline void Mad(float* c, const A* a, const A* b, uint64_t m, uint64_t k, uint64
     if (!initZero) Read(c, M * N * sizeof(float));
     Write(c, M * N * sizeof(float));
     Cost(Work::kMad, static_cast<double>((M / 16) * (K / 16) * (N / 16)));
+    Current().unitFlag = static_cast<uint8_t>(unitFlag);
     Issue();
     for (uint64_t i = 0; i < M; ++i) {
         for (uint64_t j = 0; j < N; ++j) {
@@ -191,7 +193,7 @@ inline T FixConvert(float v, uint64_t quant, bool relu)
 
 template <typename T>
 inline void Fixpipe(const char* name, T* dst, const float* src, uint64_t nSize, uint64_t mSize, uint64_t dstStride, uint64_t srcStride,
-                    uint64_t quant, uint64_t relu, bool channelSplit, bool nz2nd)
+                    uint64_t unitFlag, uint64_t quant, uint64_t relu, bool channelSplit, bool nz2nd)
 {
     ++State().instructions;
     Trace("fixpipe dst=%p src=%p n=%llu m=%llu dstStride=%llu srcStride=%llu quant=%llu nz2nd=%d ndPara=%llx",
@@ -219,6 +221,7 @@ inline void Fixpipe(const char* name, T* dst, const float* src, uint64_t nSize, 
         }
     }
     Cost(Work::kFix, static_cast<double>(ndNum * mSize * nSize * sizeof(T)));
+    Current().unitFlag = static_cast<uint8_t>(unitFlag);
     Issue();
     for (uint64_t nd = 0; nd < ndNum; ++nd) {
         const float* s = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(src) + nd * srcNd * 1024);
@@ -303,17 +306,17 @@ PASA_SIM_CREATE(create_cb_matrix_bf16, 512, PIPE_MTE1, pasa_sim::Work::kToL0B)
 #undef PASA_SIM_CREATE
 
 template <typename A>
-inline void mad(float* c, A* a, A* b, uint64_t m, uint64_t k, uint64_t n, uint64_t, bool, bool, bool initZero)
+inline void mad(float* c, A* a, A* b, uint64_t m, uint64_t k, uint64_t n, uint64_t unitFlag, bool, bool, bool initZero)
 {
-    pasa_sim::Mad(c, a, b, m, k, n, initZero);
+    pasa_sim::Mad(c, a, b, m, k, n, unitFlag, initZero);
 }
 
 #define PASA_SIM_FIXPIPE(name)                                                                                        \
     template <typename T, typename Q>                                                                                 \
     inline void name(T* dst, float* src, uint64_t, uint64_t nSize, uint64_t mSize, uint64_t dstStride,                \
-                     uint64_t srcStride, uint64_t, Q quant, uint64_t relu, bool channelSplit, bool nz2nd)             \
+                     uint64_t srcStride, uint64_t unitFlag, Q quant, uint64_t relu, bool channelSplit, bool nz2nd)    \
     {                                                                                                                 \
-        pasa_sim::Fixpipe(#name, dst, src, nSize, mSize, dstStride, srcStride, static_cast<uint64_t>(quant), relu,          \
+        pasa_sim::Fixpipe(#name, dst, src, nSize, mSize, dstStride, srcStride, unitFlag, static_cast<uint64_t>(quant), relu, \
                           channelSplit, nz2nd);                                                                       \
     }
 PASA_SIM_FIXPIPE(copy_matrix_cc_to_gm)

@@ -1,11 +1,12 @@
 // Where the per-instruction record (sim_pipes.h) goes: each instruction and each
 // synchronisation is handed to the hazard checker (sim_hazards.h) and to the timing model
-// (sim_timing.h), in that order; Report() sums up one core for its launch.
+// (sim_timing.h), in that order, between the unit flags' waits and updates (sim_unit_flag.h); Report() sums up one core for its launch.
 #ifndef PASA_SIM_ISSUE_H
 #define PASA_SIM_ISSUE_H
 
 #include "sim_hazards.h"
 #include "sim_timing.h"
+#include "sim_unit_flag.h"
 
 namespace pasa_sim {
 
@@ -13,8 +14,10 @@ inline void Issue()
 {
     const Instr& in = Current();
     Trace("issue %s on %s", in.name, SlotName(in.slot));
+    UnitFlagBefore(in);
     CheckInstr(in);
     TimeInstr(in);
+    UnitFlagAfter(in);
 }
 
 inline void PipesSetFlag(int srcPipe, int dstPipe, int event)
@@ -56,6 +59,7 @@ inline void ResetPipes()
 {
     ResetHazards();
     ResetClock();
+    ResetUnitFlags();
 }
 
 struct CoreReport {

@@ -135,6 +135,7 @@ struct Instr {
     Work work = Work::kNone;
     double units = 0;
     double perRepeat = 1;
+    uint8_t unitFlag = 0;  // mad and fixpipe: their L0C unit flag mode (sim_unit_flag.h)
     uint64_t gmRead = 0, gmWrite = 0;
     std::vector<Access> acc;
 };
@@ -153,6 +154,7 @@ inline Instr& Begin(const char* name, int pipe)
     in.work = Work::kNone;
     in.units = 0;
     in.perRepeat = 1;
+    in.unitFlag = 0;
     in.gmRead = in.gmWrite = 0;
     in.acc.clear();
     return in;

@@ -329,6 +329,9 @@ REJECTED = {
     "partial_overlap": "partially overlaps",
     "mmad_misaligned": "not 512-byte aligned",
     "fixpipe_without_quant": "needs quantPre F322F16",
+    "unit_flag_fixpipe_before_the_last_mmad": "no Mmad with unitFlag 3 has completed: the Fixpipe would wait forever",
+    "unit_flag_mmad_over_an_unread_result": "the Mmad would wait for a Fixpipe issued after it",
+    "unit_flag_fixpipe_without_it": "without unitFlag while an Mmad with unitFlag 3 left its flag set",
     "select_over_api_scratch": "TMP_UB_OFFSET",
 }
 

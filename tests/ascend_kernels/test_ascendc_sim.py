@@ -266,8 +266,8 @@ def _bf16_to_f32(bits):
 def test_matmul_through_l1_l0_mmad_and_fixpipe(outputs):
     """C = A B^T (B n x k) or A B (B k x n): L1 NZ, L0A/L0B fractals, fp32 accumulation in k
     order, the fixpipe's row-major write (rounded to nearest even for 16-bit results)."""
-    names = [n for n in outputs if n.startswith("Matmul")]
-    assert len(names) >= 9
+    names = [n for n in outputs if n.startswith("Matmul") and not n.startswith("MatmulBTunitMixed")]
+    assert len(names) >= 11
     for name in names:
         case, raw, _ = outputs[name]
         assert raw is not None, name
@@ -276,8 +276,9 @@ def test_matmul_through_l1_l0_mmad_and_fixpipe(outputs):
         a = case.a.astype(np.float32) if src == "half" else _bf16_to_f32(case.a)
         b = case.b.astype(np.float32) if src == "half" else _bf16_to_f32(case.b)
         a = a.reshape(m, k)
-        b = b.reshape(n, k).T.copy() if case.op == "MatmulBT" else b.reshape(k, n).copy()
-        if case.op == "MatmulBT" and case.ints[3]:
+        bt = case.op in ("MatmulBT", "MatmulBTunit")
+        b = b.reshape(n, k).T.copy() if bt else b.reshape(k, n).copy()
+        if bt and case.ints[3]:
             b[:, n - 3:] = 0                                  # B's rows past n - 3 were zeroed in L1
         if case.op == "MatmulBzz":
             b[case.ints[3]:, :] = 0                           # B's rows past the valid ones are zero
@@ -308,6 +309,20 @@ def test_compares_runs_under_the_mask_a_level0_call_left(outputs, dtype):
     with np.errstate(invalid="ignore"):
         bits = np.packbits((case.a[:case.n] != case.scalar) & active, bitorder="little")
     assert np.array_equal(got.view(np.uint8)[:bits.size], bits)
+
+
+def test_a_fixpipe_without_unit_flag_after_a_mad_with_it_is_rejected(outputs):
+    """MatmulBTunitMixed: the mad sets its fractals' unit flags (3), the fixpipe reads them without
+    unitFlag, so no later mad with unitFlag could write them: the simulator stops, naming the
+    fixpipe (the emulation refuses the call too). MatmulBTunit, the same matmul handed over by unit
+    flag on both, runs with no M_FIX flag and no hazard (test_matmul_through_l1_l0_mmad_and_fixpipe)."""
+    case = next(c for c in st.cases() if c.op == "MatmulBTunitMixed")
+    assert outputs[case.name][1] is None and outputs[case.name][2] is None
+    line = st.case_line(case, 0, tempfile.mkdtemp(prefix="pasa-sim-unit-flag-"))
+    proc = subprocess.run([os.path.join(_build_dir(), "api_sim")], input=line + "\n", capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "copy_matrix_cc_to_gm: reads L0C fractal at byte 0 without unitFlag" in proc.stderr, proc.stderr
 
 
 def test_a_missing_wait_flag_is_reported_as_a_pipe_hazard(outputs):

@@ -85,6 +85,24 @@ def test_cube_timeline():
     assert (busy["MTE2"], busy["MTE1"], busy["M"], busy["FIX"]) == (136, 32, 22, 30)
 
 
+def test_unit_flag_hands_l0c_over_at_the_fixpipe_read():
+    """timing_unit_flag: cube_matmul's operands (in L0A and L0B at 368), then L0C handed over by
+    unitFlag: M: Mmad (2) [368, 390), Mmad (3) [390, 412) sets the flags at 412; FIX [412, 442)
+    reads L0C and clears them at 442, its write visible at 492; the next Mmad (3) into the same
+    L0C waits for the clear, not the visibility: [442, 464); FIX [464, 494), visible at 544.
+    The first result is 2 A B (the chain accumulates), the second A B."""
+    import torch
+    st = selftest_module().run_selftest("timing_unit_flag", npu_params.timing_only(npu_params.values(**ROUND)))
+    assert st["stats"]["cycles"] == 544
+    assert timed("timing_unit_flag", gm_write_latency_cycles=500)["cycles"] == 994  # only the last write's
+    busy = st["stats"]["pipe_busy_cycles"]
+    assert (busy["M"], busy["FIX"]) == (66, 60)
+    x = torch.tensor([float(i % 61) - 30.0 for i in range(20 * 32 + 32 * 48)], dtype=torch.float64)
+    ab = x[:640].view(20, 32) @ x[640:].view(32, 48)  # exact in fp32 for these integers
+    got = torch.tensor(st["values"], dtype=torch.float64).view(2, 20, 48)
+    assert torch.equal(got[0], 2 * ab) and torch.equal(got[1], ab)
+
+
 def test_cross_core_flag_is_an_edge():
     """AIV0: Duplicate [0, 12), MTE3 waits for its EnQue: copy [12, 28), visible 78; the
     cross-core flag raised on MTE3 fires at 78 and reaches the AIC 200 later (278); AIV1 copies

@@ -326,7 +326,10 @@ def _matmul_cases() -> list[Case]:
                                        ("MatmulB", "half>float", (32, 48, 64), 0),
                                        ("MatmulB", "half>half", (16, 128, 128), 0),
                                        ("MatmulBzz", "half>half", (32, 128, 32), 44),
-                                       ("MatmulBzz", "half>float", (16, 64, 64), 64)):
+                                       ("MatmulBzz", "half>float", (16, 64, 64), 64),
+                                       ("MatmulBTunit", "half>half", (32, 128, 48), 0),
+                                       ("MatmulBTunit", "half>float", (48, 64, 32), 0),
+                                       ("MatmulBTunitMixed", "half>float", (16, 64, 32), 0)):
         src, dst = types.split(">")
         scale = 300.0 if (m, k, n) == (16, 128, 128) else 2.0      # the last overflows fp16
         a = (rng.uniform(-scale, scale, m * k)).astype(np.float32)

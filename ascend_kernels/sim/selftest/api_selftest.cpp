@@ -149,6 +149,8 @@ void Call(Case& k, const LocalTensor<T>& z, const LocalTensor<S>& x, const Local
 // (F322F16 / F322BF16 for a 16-bit result). I0..I2: m, k, n; I3: "MatmulBT", 1 to Fill B's L1
 // rows past n - 3 with zeros after the copy (InitConstValue); "MatmulBzz", B's valid rows (the
 // rest zero), B laid out Zz in L1 and each fractal transposed into L0B (the P V pattern).
+// "MatmulBTunit": as MatmulBT with L0C handed from the Mmad to the Fixpipe by unitFlag (3 on both),
+// no M_FIX flag; "MatmulBTunitMixed": the Mmad with unitFlag 3, the Fixpipe without (rejected).
 template <typename T, typename S>
 void RunCube(Case& k)
 {
@@ -157,7 +159,7 @@ void RunCube(Case& k)
     } else {
         const uint32_t m = k.i[0], kk = k.i[1], n = k.i[2];
         const uint32_t mp = (m + 15) / 16 * 16, kp = (kk + 15) / 16 * 16, np = (n + 15) / 16 * 16;
-        const bool bt = k.op == "MatmulBT";
+        const bool unit = k.op.rfind("MatmulBTunit", 0) == 0, bt = k.op == "MatmulBT" || unit;
         TPipe pipe;
         TBuf<TPosition::A1> a1;
         TBuf<TPosition::B1> b1;
@@ -204,12 +206,15 @@ void RunCube(Case& k)
         }
         SetFlag<HardEvent::MTE1_M>(EVENT_ID0);
         WaitFlag<HardEvent::MTE1_M>(EVENT_ID0);
-        Mmad(c, la2, lb2, MmadParams(m, n, kk, 0, false, true));
-        SetFlag<HardEvent::M_FIX>(EVENT_ID0);
-        WaitFlag<HardEvent::M_FIX>(EVENT_ID0);
+        Mmad(c, la2, lb2, MmadParams(m, n, kk, unit ? 3 : 0, false, true));
+        if (k.op != "MatmulBTunit") {
+            SetFlag<HardEvent::M_FIX>(EVENT_ID0);
+            WaitFlag<HardEvent::M_FIX>(EVENT_ID0);
+        }
         const QuantMode_t quant = std::is_same<T, half>::value ? QuantMode_t::F322F16
                                   : std::is_same<T, bfloat16_t>::value ? QuantMode_t::F322BF16 : QuantMode_t::NoQuant;
-        Fixpipe<T, float, CFG_ROW_MAJOR>(gout, c, FixpipeParamsV220(n, m, mp, n, false, quant, 0, 1, 0, 0, 0));
+        Fixpipe<T, float, CFG_ROW_MAJOR>(gout, c, FixpipeParamsV220(n, m, mp, n, false, quant, 0, 1, 0, 0,
+                                                                    k.op == "MatmulBTunit" ? 3 : 0));
     }
 }
 
