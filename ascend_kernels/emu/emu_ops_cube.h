@@ -100,6 +100,17 @@ inline void UnitFlagAfterFixpipe(uint8_t unitFlag, uint64_t src, uint32_t nSize,
     });
 }
 
+// Issue and time a Fixpipe reading `src` (a byte offset in L0C) under `p`, unit flags included, that
+// writes `outBytes` and completes `latency` cycles after its occupancy: its sequence number.
+inline uint32_t IssueFixpipe(uint64_t src, const FixpipeParamsV220& p, double outBytes, double latency, const char* op)
+{
+    UnitFlagBeforeFixpipe(p.unitFlag, src, p.nSize, p.mSize, p.srcStride, op);
+    const uint32_t seq = Issue(P_FIX);
+    const double occupancy = Timing().fix_head_cycles + outBytes / Timing().fix_bytes_per_cycle;
+    UnitFlagAfterFixpipe(p.unitFlag, src, p.nSize, p.mSize, p.srcStride, Dispatch(P_FIX, occupancy, latency) + occupancy);
+    return seq;
+}
+
 }  // namespace emu
 
 // ================================================================== Mmad
@@ -191,12 +202,8 @@ void Fixpipe(const GlobalTensor<T>& dst, const LocalTensor<U>& src, const Fixpip
     static_assert(toF32 || toF16 || toBf16, "Fixpipe: output type must be float, half or bfloat16_t");
     const uint64_t srcSpan = ((p.nSize / 16 - 1ull) * p.srcStride * 16 + p.mSize * 16ull) * sizeof(float);
     emu::CheckExtent(src, srcSpan, op, "src");
-    emu::UnitFlagBeforeFixpipe(p.unitFlag, src.ByteOffset(), p.nSize, p.mSize, p.srcStride, op);
-    const uint32_t seq = emu::Issue(emu::P_FIX);
-    const double occupancy = emu::Timing().fix_head_cycles +
-                             static_cast<double>(p.mSize) * p.nSize * sizeof(T) / emu::Timing().fix_bytes_per_cycle;
-    const double start = emu::Dispatch(emu::P_FIX, occupancy, emu::Timing().gm_write_latency_cycles);
-    emu::UnitFlagAfterFixpipe(p.unitFlag, src.ByteOffset(), p.nSize, p.mSize, p.srcStride, start + occupancy);
+    const uint32_t seq = emu::IssueFixpipe(src.ByteOffset(), p, static_cast<double>(p.mSize) * p.nSize * sizeof(T),
+                                           emu::Timing().gm_write_latency_cycles, op);
     emu::TouchLocal(emu::P_FIX, seq, Hardware::L0C, src.ByteOffset(), srcSpan, false, op);
     const float* c = src.Data();
     for (uint32_t i = 0; i < p.mSize; ++i) {
@@ -238,12 +245,7 @@ void Fixpipe(const LocalTensor<T>& dst, const LocalTensor<U>& src, const Fixpipe
     const uint64_t dstSpan = ((blocks - 1ull) * p.dstStride + p.mSize) * 32ull;
     emu::CheckExtent(src, srcSpan, op, "src");
     emu::CheckExtent(dst, dstSpan, op, "dst");
-    emu::UnitFlagBeforeFixpipe(p.unitFlag, src.ByteOffset(), p.nSize, p.mSize, p.srcStride, op);
-    const uint32_t seq = emu::Issue(emu::P_FIX);
-    const double occupancy = emu::Timing().fix_head_cycles +
-                             static_cast<double>(p.mSize) * p.nSize * sizeof(T) / emu::Timing().fix_bytes_per_cycle;
-    const double start = emu::Dispatch(emu::P_FIX, occupancy);
-    emu::UnitFlagAfterFixpipe(p.unitFlag, src.ByteOffset(), p.nSize, p.mSize, p.srcStride, start + occupancy);
+    const uint32_t seq = emu::IssueFixpipe(src.ByteOffset(), p, static_cast<double>(p.mSize) * p.nSize * sizeof(T), 0.0, op);
     emu::TouchLocal(emu::P_FIX, seq, Hardware::L0C, src.ByteOffset(), srcSpan, false, op);
     const float* c = src.Data();
     T* out = dst.Data();

@@ -159,7 +159,8 @@ void RunCube(Case& k)
     } else {
         const uint32_t m = k.i[0], kk = k.i[1], n = k.i[2];
         const uint32_t mp = (m + 15) / 16 * 16, kp = (kk + 15) / 16 * 16, np = (n + 15) / 16 * 16;
-        const bool unit = k.op.rfind("MatmulBTunit", 0) == 0, bt = k.op == "MatmulBT" || unit;
+        const bool handOff = k.op == "MatmulBTunit", mixed = k.op == "MatmulBTunitMixed";  // unit flags on both, on the Mmad only
+        const bool bt = k.op == "MatmulBT" || handOff || mixed;
         TPipe pipe;
         TBuf<TPosition::A1> a1;
         TBuf<TPosition::B1> b1;
@@ -206,15 +207,15 @@ void RunCube(Case& k)
         }
         SetFlag<HardEvent::MTE1_M>(EVENT_ID0);
         WaitFlag<HardEvent::MTE1_M>(EVENT_ID0);
-        Mmad(c, la2, lb2, MmadParams(m, n, kk, unit ? 3 : 0, false, true));
-        if (k.op != "MatmulBTunit") {
+        Mmad(c, la2, lb2, MmadParams(m, n, kk, handOff || mixed ? 3 : 0, false, true));
+        if (!handOff) {
             SetFlag<HardEvent::M_FIX>(EVENT_ID0);
             WaitFlag<HardEvent::M_FIX>(EVENT_ID0);
         }
         const QuantMode_t quant = std::is_same<T, half>::value ? QuantMode_t::F322F16
                                   : std::is_same<T, bfloat16_t>::value ? QuantMode_t::F322BF16 : QuantMode_t::NoQuant;
         Fixpipe<T, float, CFG_ROW_MAJOR>(gout, c, FixpipeParamsV220(n, m, mp, n, false, quant, 0, 1, 0, 0,
-                                                                    k.op == "MatmulBTunit" ? 3 : 0));
+                                                                    handOff ? 3 : 0));
     }
 }
 
