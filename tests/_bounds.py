@@ -277,9 +277,15 @@ def ascendc_numerics(tiling: dict):
     against, from the host's ``tiling`` of that call (``last_run_stats()["tiling"]``): where it
     shifts the scores (``shift_scores``: pasa and pasa-exact in decode, where every query length
     is 1 and every kv block is read by one task), the CPU backend shifts them too
-    (:func:`pasa_npu.fallback.torch.blockwise.shifting_scores`)."""
+    (:func:`pasa_npu.fallback.torch.blockwise.shifting_scores`); where it forms K'
+    (``row_constants``), pasa's block means come from the keys in both
+    (:func:`pasa_npu.fallback.torch.blockwise.block_means_from_keys`)."""
     from pasa_npu.fallback.torch import blockwise as torch_blockwise
-    return torch_blockwise.shifting_scores() if tiling.get("shift_scores") else contextlib.nullcontext()
+    if tiling.get("shift_scores"):
+        return torch_blockwise.shifting_scores()
+    if tiling.get("row_constants"):
+        return torch_blockwise.block_means_from_keys()
+    return contextlib.nullcontext()
 
 
 def assert_triton_matches_cpu(out, lse, ref, ref_lse, algorithm: str, case: str,

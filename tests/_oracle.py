@@ -171,12 +171,15 @@ def _fa_step(row, q, kb, vb, vis, scale, low, alloc, guard):
     row.m, row.l, row.o = F32(m_new), l_new, o_new
 
 
-def _pseudo_step(row, q, kb, vb, vis, valid, gamma, alloc, guard):
+def _pseudo_step(row, q, kb, vb, vis, valid, gamma, alloc, guard, key_mean=None):
     stats = TABLE[alloc][2]
     r16 = rounder("fp16")
     r = r16 if stats == "low" else rounder("fp32")
     s = r16(dot32(q[None], kb.T)[0])        # S' = Q K'^T, fp16 out of the matmul
-    mean = r(F32(sum32(s) / F32(valid)))    # rowsum(S') over the block's keys, masked or not
+    if key_mean is None:
+        mean = r(F32(sum32(s) / F32(valid)))    # rowsum(S') over the block's keys, masked or not
+    else:  # the block mean from the keys: Q . mean16 of the unrounded K', an fp32 dot product
+        mean = r(dot32(q[None], key_mean[:, None])[0, 0])
     m_loc = _block_max(s, vis, guard, r)
     p = np.where(vis, r(exp32(r(s - m_loc))), F32(0))
     l_loc = r(sum32(p))[()]
@@ -259,11 +262,27 @@ def _exact_shift(block: np.ndarray, v: int, scale: float) -> tuple[np.ndarray, n
     return shifted, mean
 
 
-def _shift_keys(kb: np.ndarray, valid: list[int], shift: str, beta: float, scale: float):
-    """Per block: K' (pseudo-average or exact shift) and, for the exact shift, the rounded
-    column means k̃ (None for the pseudo-average shift)."""
+def _pseudo_key_mean(block: np.ndarray, v: int, beta: float, scale: float) -> np.ndarray:
+    """The block mean from the keys (docs/design.md, "The block mean from the keys"): the
+    column mean of the unrounded K' over the block's ``v`` keys, r·colsum(K)/v with
+    r = diag − (n − 1)·off the row sum of the stored matrix (the v×v matrix of a part-filled
+    block has the same), rounded to fp16: fp16(fp32(colsum) · fp32(r / v)), the column sum in
+    fp32."""
+    n = block.shape[0]
+    diag, off = stored_shift_entries(beta, n, scale)
+    r = F32(F64(diag) - (n - 1) * F64(off))
+    colsum = np.array([sum32(col[:v]) for col in block.T], F32)
+    return rounder("fp16")(colsum * F32(r / F32(max(v, 1))))
+
+
+def _shift_keys(kb: np.ndarray, valid: list[int], shift: str, beta: float, scale: float,
+                key_means: bool = False):
+    """Per block: K' (pseudo-average or exact shift) and the rounded column means: k̃ of K
+    for the exact shift; with ``key_means`` the mean of the unrounded K' for the
+    pseudo-average one (else None)."""
     if shift == "pseudo":
-        return np.stack([_pseudo_shift(b, v, beta, scale) for b, v in zip(kb, valid)]), None
+        means = np.stack([_pseudo_key_mean(b, v, beta, scale) for b, v in zip(kb, valid)]) if key_means else None
+        return np.stack([_pseudo_shift(b, v, beta, scale) for b, v in zip(kb, valid)]), means
     pairs = [_exact_shift(b, v, scale) for b, v in zip(kb, valid)]
     return np.stack([p[0] for p in pairs]), np.stack([p[1] for p in pairs])
 
@@ -272,14 +291,16 @@ def _shift_keys(kb: np.ndarray, valid: list[int], shift: str, beta: float, scale
 
 
 def attention(q, k, v, *, algorithm: str, scale: float, kv_block: int, visible, kv_lens,
-              beta: float | None = None, guard: bool = False, input_dtype: str = "fp16"):
+              beta: float | None = None, guard: bool = False, input_dtype: str = "fp16",
+              key_means: bool = False):
     """Attention of (B, Nq, S1, D) queries over (B, Nkv, S2, D) keys and values, given as
     float32 arrays holding ``input_dtype`` values, with the allocation ``algorithm``.
 
     ``visible`` (B, S1, S2) bool: which keys each row attends to; ``kv_lens`` the valid key
     count per batch (keys from there on are the zero padding of the last block). Returns
     the output (B, Nq, S1, Dv) rounded to ``input_dtype`` and the fp32 LSE (B, Nq, S1); a
-    row that sees no key gives 0 and -inf.
+    row that sees no key gives 0 and -inf. ``key_means``: the pseudo-average shift takes its
+    block means from the keys (the AscendC kernels' numerics where they form K').
     """
     shift, _, stats, acc = TABLE[algorithm]
     low = "fp16" if shift else input_dtype     # PASA computes in fp16, whatever the input
@@ -303,7 +324,7 @@ def attention(q, k, v, *, algorithm: str, scale: float, kv_block: int, visible, 
                 valid = _valid_keys(int(kv_lens[b]), kb.shape[0], kv_block)
                 means = None
                 if shift:
-                    kb, means = _shift_keys(kb, valid, shift, beta, scale)
+                    kb, means = _shift_keys(kb, valid, shift, beta, scale, key_means)
                 for i in range(s1):
                     vis = _blocks(np.asarray(visible[b, i], F32)[:, None], visible.shape[2],
                                   kv_block)[..., 0] > 0
@@ -316,7 +337,8 @@ def attention(q, k, v, *, algorithm: str, scale: float, kv_block: int, visible, 
                                      algorithm, guard)
                         elif shift == "pseudo":
                             _pseudo_step(row, q[b, h, i], kb[j], vb[j], vis[j], valid[j],
-                                         gamma, algorithm, guard)
+                                         gamma, algorithm, guard,
+                                         None if means is None else means[j])
                         else:
                             _exact_step(row, q[b, h, i], kb[j], means[j], vb[j], vis[j],
                                         scale, guard)

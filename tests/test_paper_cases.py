@@ -59,6 +59,23 @@ def test_paper_case(case):
             assert relative_rmse(outs[name], gold) <= fp16s, name
 
 
+KEY_MEAN_CASES = UNIQUE + [Case("resonance", 0, 1e5)]
+
+
+@pytest.mark.parametrize("case", KEY_MEAN_CASES, ids=[c.label for c in KEY_MEAN_CASES])
+def test_paper_case_with_block_means_from_the_keys(case):
+    """pasa with its block means taken from the keys, the AscendC kernels' numerics where they
+    form K' (docs/design.md, "The block mean from the keys"), on the paper's cases and the
+    resonance case, overflow check off: finite, and its error within PAPER_FACTOR x its measured
+    value."""
+    from pasa_npu.fallback.torch import blockwise
+    with blockwise.block_means_from_keys():
+        outs, gold = _run(case, ("pasa",), backend="torch", repair_overflow=False)
+    assert torch.isfinite(outs["pasa"]).all()
+    assert_measured(relative_rmse(outs["pasa"], gold), "paper-rmse", f"cpu/{case.label}/pasa-key-means",
+                    PAPER_FACTOR)
+
+
 @pytest.mark.parametrize("magnitude", [3e4, 1e5])
 def test_resonance(magnitude):
     """K carries a large pattern that resonates with Q: scores ~1e4-1e5 (docs/design.md,

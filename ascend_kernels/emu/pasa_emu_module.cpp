@@ -69,6 +69,7 @@ py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
     d["tail_from"] = t.tailFrom;
     d["tail_pieces"] = t.tailPieces;
     d["shift_scores"] = t.shiftScores;
+    d["row_constants"] = t.rowConstants;
     d["repair_in_launch"] = t.repairTilingOffset != 0;
     d["prep_dim"] = t.prepDim;
     d["prep_in_attention"] = t.prepInAttention != 0;
@@ -81,6 +82,7 @@ py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
     d["prep_cols"] = t.prepCols;
     d["query_buffers"] = t.queryBuffers;
     d["shift_rows"] = t.shiftRows;
+    d["prep_l0c_buffers"] = t.prepL0cBuffers;
     d["vec_rows"] = t.vecRowsPad;
     d["vec_chunk_rows"] = t.vecChunkRows;
     d["vec_stat_rows"] = t.vecStatRows;

@@ -185,6 +185,8 @@ void FillProblem(const PasaProblem& p, PasaTilingData& t)
         t.shiftDiagBits = DoubleToHalfBits(p.scale * (1.0 - beta / n));
         t.shiftOffBits = DoubleToHalfBits(p.scale * beta / n);
         t.shiftOff = static_cast<float>(HalfBitsToDouble(t.shiftOffBits));
+        // diag and off are fp16 and (n - 1) off spans at most 19 bits below diag's top: exact in fp32
+        t.shiftRowSum = static_cast<float>(HalfBitsToDouble(t.shiftDiagBits) - (n - 1.0) * HalfBitsToDouble(t.shiftOffBits));
         // gamma = beta/(1-beta) held as fp32, then rounded to fp16 (the fp16 statistics use it)
         const float gamma32 = static_cast<float>(beta / (1.0 - beta));
         t.gamma = static_cast<float>(HalfBitsToDouble(FloatToHalfBits(gamma32)));
@@ -306,10 +308,15 @@ void SetPrepDim(const PasaProblem& p, PasaTilingData& t)
     const bool prepare = p.tilingKey != PASA_KEY_FA_FP32 && !t.shiftScores;
     t.prepDim = prepare ? static_cast<uint32_t>(std::min<uint64_t>(p.coreNum, std::max<uint64_t>(1, keyBlocks * p.numKvHeads))) : 0;
     t.prepInAttention = prepare && !p.prepLaunch ? 1 : 0;
+    t.rowConstants = prepare ? 1 : 0;
     if (t.prepInAttention) t.blockDim = std::max(t.blockDim, t.prepDim);
 }
 
 bool ProbSumsOnCube(const PasaTilingData& t) { return t.tilingKey == PASA_KEY_PASA; }
+
+// pasa sums S' on the vector cores for its block means only where it shifts the scores (else the
+// cube's row constants are its block means)
+bool SumsScores(const PasaTilingData& t) { return t.tilingKey == PASA_KEY_PASA && !t.rowConstants; }
 
 // AIC buffers: Q, K' (or K), V, P' and the means in L1 (PASA_*_BUFFERS each, one Q buffer where two
 // do not fit); two L0A, two L0B and two L0C buffers. An L0B buffer holds a K or V block whole where
@@ -320,7 +327,7 @@ bool ProbSumsOnCube(const PasaTilingData& t) { return t.tilingKey == PASA_KEY_PA
 // do. The key preprocessing holds all kvBlock keys of prepCols columns.
 void PlanCube(PasaTilingData& t, PasaBudget& b)
 {
-    const bool exact = t.tilingKey == PASA_KEY_PASA_EXACT && !t.shiftScores;  // the row constants' Mmad
+    const bool exact = t.rowConstants != 0;  // the row constants' Mmad
     const uint32_t n = t.kvBlock, d = t.headDim, dv = t.headDimV, mp = t.qTilePad, wide = std::max(d, dv);
     const uint32_t meanRows = Align(std::min(t.numKvBlocks, PASA_CONST_BLOCKS), 16);
     t.l1QueryBytes = mp * d * 2;
@@ -375,8 +382,8 @@ uint32_t RowReduceTreeBytes(uint32_t rows, uint32_t cols, uint32_t elemBytes)
 
 // AIV buffers (per vector core). A vector core works on its vecRowsPad rows in chunks of vecChunkRows:
 // the score, P' and P'V tiles (double-buffered when they fit: P' gives way first, then P'V, then the
-// scores), the fp32 work tile (pasa: vecSumRows rows of S' widened for its row sums, or the output
-// tile), the reduction tree (also the output staging), the mask bit tiles, the mask bytes and a step's
+// scores), the fp32 work tile (pasa shifting the scores: vecSumRows rows of S' widened for its row
+// sums; else the output tile), the reduction tree (also the output staging), the mask bit tiles, the mask bytes and a step's
 // scratch statistics hold a chunk; the row sums and constants of a statistics group hold vecStatRows
 // rows (the chunks whose per-row statistics update together); the accumulator, the kept statistics
 // and the rows' positions (rel, broadcast) hold all of them.
@@ -385,12 +392,12 @@ uint64_t PlanVectorChunk(PasaTilingData& t, uint32_t r, uint32_t sumRows)
     const uint32_t all = t.vecRowsPad, n = t.kvBlock, dv = t.headDimV;
     const bool fa = t.tilingKey == PASA_KEY_FA_FP32, pasa = t.tilingKey == PASA_KEY_PASA;
     t.vecChunkRows = r;
-    t.vecSumRows = pasa ? sumRows : r;
+    t.vecSumRows = SumsScores(t) ? sumRows : r;
     t.vecStatRows = r;
     for (uint32_t g = 2 * r; g <= std::min(all, PASA_MAX_CHUNK_ROWS); g += r) {
         if (all % g == 0) t.vecStatRows = g;
     }
-    const uint32_t g = t.vecStatRows, widened = t.vecSumRows;
+    const uint32_t g = t.vecStatRows, widened = SumsScores(t) || !pasa ? t.vecSumRows : 0;
     t.ubScoreBytes = r * n * (fa || t.shiftScores ? 4 : 2);  // fp32 scores, shifted in place to fp16 S'
     t.ubProbBytes = r * n * 2;
     t.ubPvBytes = r * t.pvCols * (fa ? 4 : 2);
@@ -428,7 +435,7 @@ bool FitVectorChunk(PasaTilingData& t, PasaBudget& b, uint32_t r, bool doubleSco
         if (r % sumRows != 0) continue;
         b.ub = PlanVectorChunk(t, r, sumRows);
         if (b.ub <= kUbUserBytes && (t.ubScoreBuffers == 2 || !doubleScores)) return true;
-        if (t.tilingKey != PASA_KEY_PASA) break;
+        if (!SumsScores(t)) break;
     }
     return false;
 }
@@ -462,9 +469,9 @@ void PlanPreprocessing(PasaTilingData& t, PasaBudget& b)
     const uint64_t n = t.kvBlock, d = t.headDim, dc = t.prepCols;  // dc: a piece of K's columns
     if (t.prepDim == 0) return;  // no preprocessing launch
     if (t.tilingKey == PASA_KEY_PASA) {
-        // M^T and the row of ones (part-filled blocks' column sums); the vector cores correct those blocks.
-        // L0A holds M^T whole where it fits beside the ones, else two pieces of its rows in turn (the
-        // ones then take a piece's buffer for the column sums of a part-filled block)
+        // M^T and the row of ones (every block's column sums); the vector cores make the key means and
+        // correct the part-filled blocks. L0A holds M^T whole where it fits beside the ones, else two
+        // pieces of its rows in turn (the ones then take a piece's buffer for the column sums)
         b.prepL1 = n * n * 2 + 16 * n * 2 + 2 * n * d * 2;
         const uint64_t ones = 16 * n * 2;
         t.shiftRows = static_cast<uint32_t>(n);
@@ -474,8 +481,10 @@ void PlanPreprocessing(PasaTilingData& t, PasaBudget& b)
         }
         b.prepL0a = t.shiftRows == n ? n * n * 2 + ones : 2ull * t.shiftRows * n * 2;
         b.prepL0b = 2 * n * dc * 2;
-        b.prepL0c = 2 * n * dc * 4;
-        b.prepUb = d * 4 + (n / 2) * d * 4 + (n / 2) * d * 2 + d * 4;
+        const uint64_t out = t.shiftRows * dc * 4;
+        t.prepL0cBuffers = 3 * out <= kL0CBytes ? 3 : 2;
+        b.prepL0c = t.prepL0cBuffers * out;
+        b.prepUb = d * 4 + (n / 2) * d * 4 + (n / 2) * d * 2 + d * 4 + d * 2;
     } else if (t.tilingKey == PASA_KEY_PASA_EXACT) {
         b.prepL1 = 16 * n * 2 + 2 * n * d * 2;
         b.prepL0a = 16 * n * 2;
@@ -506,7 +515,7 @@ void CheckBudgets(const PasaProblem& p, const PasaBudget& b)
 
 void PlanWorkspace(const PasaProblem& p, PasaTilingData& t)
 {
-    const bool exact = p.tilingKey == PASA_KEY_PASA_EXACT && !t.shiftScores;  // block means and row constants
+    const bool exact = t.rowConstants != 0;  // key means and row constants
     const bool keyPrime = t.prepDim != 0;  // the preprocessing launch writes K'
     const bool pasa = p.tilingKey == PASA_KEY_PASA;
     const uint64_t n = t.kvBlock, d = t.headDim, dv = t.headDimV, rows = t.qTilePad;
@@ -526,11 +535,12 @@ void PlanWorkspace(const PasaProblem& p, PasaTilingData& t)
     t.pvSlotBytes = Align64(rows * t.pvCols * elem, 512);
     t.constSlotBytes = exact ? Align64(static_cast<uint64_t>(PASA_CONST_BLOCKS) * rows * 4, 512) : 0;
     t.colSumSlotBytes = Align64(d * 4, 512);
-    t.tailSlotBytes = keyPrime && pasa ? Align64(n * d * 4 + d * 4, 512) : 0;
+    t.tailSlotBytes = keyPrime && pasa ? Align64(n * d * 4, 512) : 0;
+    const uint64_t prepArea = keyPrime && pasa ? PASA_SUM_SLOTS * t.colSumSlotBytes + t.tailSlotBytes : 2 * t.colSumSlotBytes;
     t.coreAreaOffset = off;
     t.coreAreaBytes = std::max<uint64_t>(PASA_SCORE_SLOTS * t.scoreSlotBytes + PASA_PROB_SLOTS * t.probSlotBytes +
                                          PASA_PV_SLOTS * t.pvSlotBytes + PASA_CONST_SLOTS * t.constSlotBytes,
-                                         std::max(2 * t.colSumSlotBytes, 2 * t.tailSlotBytes));
+                                         prepArea);
     off += t.coreAreaBytes * std::max(t.blockDim, t.prepDim);
     t.partialOffset = off;
     t.partialSlotBytes = t.kvSplits > 1 ? Align64(rows * dv * 4 + 2ull * t.vecRowsPad * 4, 512) : 0;

@@ -13,7 +13,7 @@
 // which land while that P'V runs. The L1 buffer counts (PASA_*_BUFFERS) stay within TPipe's 8
 // MTE1_MTE2 event IDs. L0A, L0B and L0C are ping-pong pairs: the next operand loads while the
 // current Mmad runs, and a Fixpipe drains one L0C tile while the next Mmad fills the other (L0C
-// handed over by unitFlag, L0cPair).
+// handed over by unitFlag, L0cRing).
 //
 // A tile of more rows than tiling.cubeRows is multiplied in pieces of that many rows (L0A and L0C
 // hold a piece): the key or value block stays in L0B for all of them, the row constants' Mmad takes
@@ -35,10 +35,12 @@
 // no row constants. The rows of a part-filled block past its keys are zero in L1, so that the
 // block's score row sums run over its keys.
 //
-// pasa-exact with K': the row constants c_j = Q . mean16_j of up to PASA_CONST_BLOCKS blocks come
-// from one Mmad per chunk (C^T = Means Q^T, rows = blocks) into a per-core slot (a ring of
-// PASA_CONST_SLOTS: the cube may score that many chunks ahead), before the chunk's first score
-// tile; the vector cores read row j of it.
+// With K' (tiling.rowConstants): the row constants c_j = Q . mean_j of up to PASA_CONST_BLOCKS
+// blocks, mean_j the block's fp16 key mean from the preprocessing (pasa: of its unrounded K', so
+// that c_j is the row mean of its unrounded S'; pasa-exact: mean16 of K), come from one Mmad per
+// chunk (C^T = Means Q^T, rows = blocks) into a per-core slot (a ring of PASA_CONST_SLOTS: the cube
+// may score that many chunks ahead), before the chunk's first score tile; the vector cores read
+// row j of it.
 //
 // pasa: once a row piece's P'V is drained, the pieces of P' still in L0A are multiplied by a block of
 // ones (filled in L0B), and the row sums l' = fp16(sum P') (fp32 in L0C, rounded by the Fixpipe) fill
@@ -61,7 +63,7 @@ public:
         t_ = &t;
         key_ = t.tilingKey;
         rawKeys_ = key_ == PASA_KEY_FA_FP32 || t.shiftScores;
-        constants_ = key_ == PASA_KEY_PASA_EXACT && !t.shiftScores;
+        constants_ = t.rowConstants != 0;
         query_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(query));
         value_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(value));
         keys_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(rawKeys_ ? key : workspace + t.keyPrimeOffset));
@@ -111,13 +113,15 @@ private:
             if (NextBlock(win, score, pv.task + kTaskWindow - 1)) {
                 const AttentionTask& task = win.Get(score.task);
                 if (score.block == 0) {
-                    if (!queryQueued) LoadQuery(task);
+                    if (!queryQueued) LoadQuery(task, true);
                     q1 = queryL1_.DeQue<T>();
-                    queryQueued = t_->queryBuffers > 1 && QueueNextQuery(win, score, pv);  // while this one runs
                 }
                 if (!keysQueued) keyL1_.EnQue(CopyKeys(task, task.blockBegin + score.block));
                 LocalTensor<T> k1 = keyL1_.DeQue<T>();
                 if (constants_ && score.block % PASA_CONST_BLOCKS == 0) RowConstants(task, q1, score.block);
+                // the next task's Q loads while this one is scored (copied after the row constants' means,
+                // which RowConstants waits for)
+                if (score.block == 0 && t_->queryBuffers > 1) queryQueued = QueueNextQuery(win, score, pv);
                 Scores(task, q1, k1);
                 if (score.block + 1 == task.numBlocks) {
                     queryL1_.FreeTensor(q1);
@@ -184,7 +188,7 @@ private:
     {
         BlockCursor next{score.task + 1, 0};
         if (!NextBlock(win, next, pv.task + kTaskWindow)) return false;
-        LoadQuery(win.Get(next.task));
+        LoadQuery(win.Get(next.task), false);
         return true;
     }
 
@@ -199,8 +203,11 @@ private:
     // stacked heads, and row strides past the DMA's 16-bit stride between 16-row blocks).
     __aicore__ inline bool QueryZz(const AttentionTask& task) const { return queryZz_ && task.heads == 1; }
 
-    // The tile's Q rows (each stacked head's positions) -> L1, Zz or NZ (QueryZz).
-    __aicore__ inline void LoadQuery(const AttentionTask& task)
+    // The tile's Q rows (each stacked head's positions) -> L1, Zz or NZ (QueryZz), queued; with
+    // `withMeans` (a Q not preloaded, and row constants) also the means of its first PASA_CONST_BLOCKS
+    // blocks, copied before either is queued so that one wait covers both reads (RowConstants takes
+    // them; a preload leaves the means buffer to the task being scored).
+    __aicore__ inline void LoadQuery(const AttentionTask& task, bool withMeans)
     {
         const PasaTilingData& t = *t_;
         const uint32_t d = t.headDim, row = static_cast<uint32_t>(task.info.qStart) + task.q0;
@@ -217,7 +224,13 @@ private:
                                      static_cast<uint16_t>(stride), static_cast<uint16_t>(t.qTilePad), 1, 0));
             }
         }
+        LocalTensor<T> m1;
+        if (withMeans && constants_) m1 = CopyMeans(task, 0);
         queryL1_.EnQue(q1);
+        if (withMeans && constants_) {
+            meanL1_.EnQue(m1);
+            meansQueued_ = true;
+        }
     }
 
     // Rows [m0, m0 + rowsPad) and columns [k0, k0 + cols) of the task's Q in L1 -> the Zz A operand
@@ -323,14 +336,12 @@ private:
         }
     }
 
-    // pasa-exact: C^T (blocks x rows) = Means_chunk Q^T for the task's blocks [i0, i0 + PASA_CONST_BLOCKS),
-    // one Mmad per piece of cubeRows query rows (the means stay in L0A).
-    __aicore__ inline void RowConstants(const AttentionTask& task, const LocalTensor<T>& q1, uint32_t i0)
+    // The fp16 means of the task's blocks [i0, i0 + PASA_CONST_BLOCKS) -> L1 (NZ, a row per block), not queued.
+    __aicore__ inline LocalTensor<T> CopyMeans(const AttentionTask& task, uint32_t i0)
     {
         const PasaTilingData& t = *t_;
         const uint32_t d = t.headDim, j0 = task.blockBegin + i0;
         const uint32_t blocks = Min(PASA_CONST_BLOCKS, task.numBlocks - i0), mb = Align16(blocks);
-        const bool zz = QueryZz(task);
         LocalTensor<T> m1 = meanL1_.AllocTensor<T>();
         if (!t.paged) {  // the blocks' means are consecutive rows
             DataCopy(m1, keyMean_[KeyMeanOffset(t, KeyPrimeSlot(t, pages_, task.b, task.kvHead, j0, task.info.kvLen))],
@@ -342,8 +353,23 @@ private:
                          Nd2NzParams(1, 1, static_cast<uint16_t>(d), 0, static_cast<uint16_t>(d), static_cast<uint16_t>(mb), 1, 0));
             }
         }
-        meanL1_.EnQue(m1);
-        m1 = meanL1_.DeQue<T>();
+        return m1;
+    }
+
+    // C^T (blocks x rows) = Means_chunk Q^T for the task's blocks [i0, i0 + PASA_CONST_BLOCKS),
+    // one Mmad per piece of cubeRows query rows (the means stay in L0A).
+    __aicore__ inline void RowConstants(const AttentionTask& task, const LocalTensor<T>& q1, uint32_t i0)
+    {
+        const PasaTilingData& t = *t_;
+        const uint32_t d = t.headDim;
+        const uint32_t blocks = Min(PASA_CONST_BLOCKS, task.numBlocks - i0), mb = Align16(blocks);
+        const bool zz = QueryZz(task);
+        if (i0 == 0 && meansQueued_) {
+            meansQueued_ = false;  // LoadQuery copied them
+        } else {
+            meanL1_.EnQue(CopyMeans(task, i0));
+        }
+        LocalTensor<T> m1 = meanL1_.DeQue<T>();
         GM_ADDR slot = slots_.rowConst + (constCount_++ % PASA_CONST_SLOTS) * t.constSlotBytes;
         const uint32_t dc = Min(d, t.cubeCols);
         const bool whole = dc == d;  // the means stay in L0A for every piece of Q rows
@@ -382,7 +408,7 @@ private:
 
     // c (+)= a2 b2 on the cube, the piece [k0, k0 + k) of a contraction of `depth`: the first piece takes the
     // next L0C buffer and starts it at zero, later ones accumulate onto it; Drain's Fixpipe takes the
-    // buffer from the last one by unitFlag (L0cPair).
+    // buffer from the last one by unitFlag (L0cRing).
     __aicore__ inline void Accumulate(LocalTensor<float>& c, const LocalTensor<T>& a2, const LocalTensor<T>& b2,
                                       uint32_t m, uint32_t n, uint32_t k0, uint32_t k, uint32_t depth)
     {
@@ -578,6 +604,7 @@ private:
     const PasaTilingData* t_ = nullptr;
     uint32_t key_ = 0;
     bool valueZz_ = true, queryZz_ = true, rawKeys_ = false, constants_ = false;
+    bool meansQueued_ = false;  // LoadQuery queued the means of the next RowConstants
     uint32_t scoreCount_ = 0, probCount_ = 0, pvCount_ = 0, constCount_ = 0;  // rings, across tasks
     TPipe pipe_;
     TQue<TPosition::A1, 1> queryL1_, probL1_, meanL1_;
@@ -585,7 +612,7 @@ private:
     TQue<TPosition::B1, PASA_VALUE_BUFFERS> valueL1_;
     TQue<TPosition::A2, 1> l0a_;
     TQue<TPosition::B2, 1> l0b_;
-    L0cPair l0c_;
+    L0cRing l0c_;
     GlobalTensor<T> query_, keys_, primes_, value_, keyMean_;
     CoreSlots slots_;
     BatchTable batches_;

@@ -232,8 +232,8 @@ private:
     template <typename P>
     __aicore__ inline void StepFa(uint32_t i, uint32_t j, const LocalTensor<float>& s, const LocalTensor<uint8_t>& maskTile,
                                   LocalTensor<P>& p);
-    __aicore__ inline void StepPasa(uint32_t i, uint32_t j, const LocalTensor<half>& s, const LocalTensor<uint8_t>& maskTile,
-                                    LocalTensor<half>& p);
+    __aicore__ inline void StepPasa(uint32_t i, uint32_t j, const LocalTensor<half>& s, const LocalTensor<float>& c,
+                                    const LocalTensor<uint8_t>& maskTile, LocalTensor<half>& p);
     __aicore__ inline void StepExact(uint32_t i, uint32_t j, const LocalTensor<half>& s, const LocalTensor<float>& c,
                                      const LocalTensor<uint8_t>& maskTile, LocalTensor<half>& p);
     __aicore__ inline void Statistics(uint32_t i, uint32_t j);
@@ -297,7 +297,7 @@ private:
         ringSlot_ = RingSlot(softmaxCount_++);
         // the cube drains one row-constant slot per chunk of every task: count it on both AIVs,
         // rows or none, so that the ring stays in step with the cube's
-        if (key_ == PASA_KEY_PASA_EXACT && i % PASA_CONST_BLOCKS == 0) ++constCount_;
+        if (t.rowConstants && i % PASA_CONST_BLOCKS == 0) ++constCount_;
         for (uint32_t k = 0; k < Chunks(); ++k) {
             if (!UseChunk(k)) break;
             if (GroupRow() == 0) {
@@ -309,12 +309,7 @@ private:
             LocalTensor<float> s = scoreIn_.AllocTensor<float>();
             LoadSlotRows(s, slots_.score + slot * t.scoreSlotBytes, n, t.shiftScores != 0);
             LocalTensor<float> c = constIn_.AllocTensor<float>();
-            if (key_ == PASA_KEY_PASA_EXACT && !t.shiftScores) {  // shiftScores: no row constants
-                GlobalTensor<float> g;
-                g.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(slots_.rowConst + ((constCount_ - 1) % PASA_CONST_SLOTS) * t.constSlotBytes));
-                DataCopyPad(c, g[(i % PASA_CONST_BLOCKS) * t.qTilePad + rowBase_ + c0_], DataCopyExtParams(1, crows_ * 4, 0, 0, 0),
-                            DataCopyPadExtParams<float>(false, 0, 0, 0.0f));
-            }
+            if (t.rowConstants) LoadRowConstants(c, i);
             scoreIn_.EnQue(s);
             constIn_.EnQue(c);
             s = scoreIn_.DeQue<float>();
@@ -340,6 +335,16 @@ private:
             UseChunk((rows_ - 1) / R_);
             Statistics(i, j);
         }
+    }
+
+    // The chunk's row constants of block i of the task (fp32, one a row) from the cube's slot into c.
+    __aicore__ inline void LoadRowConstants(const LocalTensor<float>& c, uint32_t i)
+    {
+        const PasaTilingData& t = *t_;
+        GlobalTensor<float> g;
+        g.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(slots_.rowConst + ((constCount_ - 1) % PASA_CONST_SLOTS) * t.constSlotBytes));
+        DataCopyPad(c, g[(i % PASA_CONST_BLOCKS) * t.qTilePad + rowBase_ + c0_], DataCopyExtParams(1, crows_ * 4, 0, 0, 0),
+                    DataCopyPadExtParams<float>(false, 0, 0, 0.0f));
     }
 
     // This vector core's rows of a cube->vector slot (``width`` elements each) into ``dst``'s

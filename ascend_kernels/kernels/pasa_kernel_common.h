@@ -38,21 +38,22 @@ __aicore__ inline void OrderPipes()
 // the chain's later ones accumulate onto (2).
 constexpr uint8_t PASA_UNIT_FLAG_LAST = 3, PASA_UNIT_FLAG_MORE = 2;
 
-// Two L0C buffers of at least `bytes` each, taken in turn. A buffer passes from the Mmads that fill
-// it to the Fixpipe that drains it and back by unitFlag, not by a queue's flags: the next Mmad into
-// it waits for the Fixpipe to have read it, not for the Fixpipe's GM write to land.
-class L0cPair {
+// `count` L0C buffers (two by default) of at least `bytes` each, taken in turn. A buffer passes from
+// the Mmads that fill it to the Fixpipe that drains it and back by unitFlag, not by a queue's flags:
+// the next Mmad into it waits for the Fixpipe to have read it, not for the Fixpipe's GM write to land.
+class L0cRing {
 public:
-    __aicore__ inline void Init(TPipe& pipe, uint32_t bytes)
+    __aicore__ inline void Init(TPipe& pipe, uint32_t bytes, uint32_t count = 2)
     {
         elems_ = CeilDiv(bytes, kFractal * sizeof(float)) * kFractal;  // whole fractals: Mmad's 1 KiB alignment
-        pipe.InitBuffer(buf_, 2 * elems_ * sizeof(float));
+        count_ = count;
+        pipe.InitBuffer(buf_, count * elems_ * sizeof(float));
     }
-    __aicore__ inline LocalTensor<float> Next() { return buf_.Get<float>()[(next_++ % 2) * elems_]; }
+    __aicore__ inline LocalTensor<float> Next() { return buf_.Get<float>()[(next_++ % count_) * elems_]; }
 
 private:
     TBuf<TPosition::CO1> buf_;
-    uint32_t elems_ = 0, next_ = 0;
+    uint32_t elems_ = 0, count_ = 2, next_ = 0;
 };
 
 // Whether CopyZz takes rows `stride` elements apart: the DMA's stride between 16-row blocks is 16 bits.

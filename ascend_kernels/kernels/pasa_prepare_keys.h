@@ -6,9 +6,13 @@
 //   where the head dim is wider): A = M^T (resident in L0A), B = K_j, fp32 accumulation, Fixpipe
 //   rounds K' to fp16. Where M^T does not fit L0A (kvBlock 256), one Mmad per piece of
 //   tiling.shiftRows of its rows, each piece loaded from L1 in turn: the same sums, row by row
-//   (two pieces fill L0A; the row of ones takes a piece's buffer where a block needs it). A part-filled last block (v < n keys, zero-padded)
-//   is shifted as if its missing rows were the mean of its keys: the cube drains M^T K_j and the
-//   column sum 1^T K_j (a second Mmad with a row of ones) in fp32, and the vector cores form
+//   (two pieces fill L0A; the row of ones takes a piece's buffer for the column sums). For every
+//   block the cube also drains the column sums 1^T K_j (a second Mmad with a row of ones, fp32, in
+//   key order), and the vector cores store the block's key mean fp16(colsum fl32(r / v)) over its v
+//   keys (r: M's row sum, tiling.shiftRowSum), the column mean of its unrounded K', from which the
+//   attention's row constants give the block means of S' (docs/design.md, "The block mean from
+//   the keys"). A part-filled last block (v < n keys, zero-padded) is shifted as if its missing
+//   rows were the mean of its keys: the cube drains M^T K_j in fp32 too, and the vector cores form
 //   K'_i = fp16(M^T K_j - c colsum) for i < v, with c = off (n - v) / v (off: M's stored
 //   off-diagonal magnitude), and K'_i = 0 for i >= v.
 //
@@ -109,26 +113,31 @@ __aicore__ inline LocalTensor<half> KeyColumns(L1Queue& l1, L0bQueue& l0b, Local
     return l0b.template DeQue<half>();
 }
 
-// A = 16 x n with row 0 all ones, rows 1..15 zero (NZ: one 16-row block per column block) -> L0A,
-// ready for the cube: the column sums of a key block are the first row of A K.
-template <typename L1Queue>
-__aicore__ inline void LoadOnesRow(L1Queue& onesL1, const LocalTensor<half>& l0a, uint32_t n)
+// A = 16 x n with row 0 all ones, rows 1..15 zero (NZ: one 16-row block per column block) into L1,
+// once per launch: the column sums of a key block are the first row of A K.
+__aicore__ inline void FillOnesRow(const LocalTensor<half>& o1, uint32_t n)
 {
-    LocalTensor<half> o1 = onesL1.template AllocTensor<half>();
     Fill(o1, InitConstValueParams<half>(static_cast<uint16_t>(n / kC0), 1, 15, half(1.0f)));
     Fill(o1[kC0], InitConstValueParams<half>(static_cast<uint16_t>(n / kC0), 15, 1, half(0.0f)));
-    onesL1.EnQue(o1);
-    o1 = onesL1.template DeQue<half>();
-    LoadData(l0a, o1, LoadData2DParams(0, static_cast<uint8_t>(n / kC0), 1, 0, 0, false, 0));
-    onesL1.FreeTensor(o1);
-    OrderPipes<HardEvent::MTE1_M>();
+    OrderPipes<HardEvent::MTE2_MTE1>();
 }
 
-// One preprocessing core's exchange slot (two of them) for a part-filled pasa block: M^T K (fp32,
-// kvBlock x headDim row-major), then the column sums (headDim fp32).
-__aicore__ inline GM_ADDR TailSlot(GM_ADDR workspace, const PasaTilingData& t, uint32_t core, uint32_t index)
+// The row of ones (FillOnesRow) L1 -> L0A.
+__aicore__ inline void LoadOnesRow(const LocalTensor<half>& o1, const LocalTensor<half>& l0a, uint32_t n)
 {
-    return workspace + t.coreAreaOffset + static_cast<uint64_t>(core) * t.coreAreaBytes + (index % 2) * t.tailSlotBytes;
+    LoadData(l0a, o1, LoadData2DParams(0, static_cast<uint8_t>(n / kC0), 1, 0, 0, false, 0));
+}
+
+// One pasa preprocessing core's exchange slots: the column sums of its block `index` (headDim fp32,
+// a ring of PASA_SUM_SLOTS), and after them the one slot of a part-filled block's M^T K (kvBlock x
+// headDim fp32, row-major).
+__aicore__ inline GM_ADDR SumSlot(GM_ADDR workspace, const PasaTilingData& t, uint32_t core, uint32_t index)
+{
+    return workspace + t.coreAreaOffset + static_cast<uint64_t>(core) * t.coreAreaBytes + (index % PASA_SUM_SLOTS) * t.colSumSlotBytes;
+}
+__aicore__ inline GM_ADDR RowsSlot(GM_ADDR workspace, const PasaTilingData& t, uint32_t core)
+{
+    return workspace + t.coreAreaOffset + static_cast<uint64_t>(core) * t.coreAreaBytes + PASA_SUM_SLOTS * t.colSumSlotBytes;
 }
 
 // ----------------------------------------------------------------------------- pasa
@@ -146,7 +155,7 @@ public:
         pages_.Init(blockTable, keySlots, t);
 
         pipe_.InitBuffer(shiftL1_, n * n * sizeof(half));
-        pipe_.InitBuffer(onesL1_, 1, kC0 * n * sizeof(half));
+        pipe_.InitBuffer(onesL1_, kC0 * n * sizeof(half));
         if (whole) {
             pipe_.InitBuffer(shiftL0a_, n * n * sizeof(half));
             pipe_.InitBuffer(onesL0a_, kC0 * n * sizeof(half));
@@ -155,29 +164,36 @@ public:
         }
         pipe_.InitBuffer(keyL1_, 2, n * d * sizeof(half));
         pipe_.InitBuffer(keyL0b_, 2, n * dc * sizeof(half));
-        outL0c_.Init(pipe_, n * dc * sizeof(float));
+        outL0c_.Init(pipe_, mr * dc * sizeof(float), t.prepL0cBuffers);
 
         LocalTensor<half> m1 = shiftL1_.Get<half>(), m2;
+        FillOnesRow(onesL1_.Get<half>(), n);
         StageShiftMatrix(m1, shift_, n);
         if (whole) {
             m2 = shiftL0a_.Get<half>();
             ShiftRowsToL0a(m2, m1, n, 0, n);
             OrderPipes<HardEvent::MTE1_M>();
         }
-        if (whole && t.partFilled) LoadOnesRow(onesL1_, onesL0a_.Get<half>(), n);
+        if (whole) {
+            LoadOnesRow(onesL1_.Get<half>(), onesL0a_.Get<half>(), n);
+            OrderPipes<HardEvent::MTE1_M>();
+        }
 
         const uint32_t core = static_cast<uint32_t>(GetBlockIdx());
         KeyBlockIter it(t, batches_, pages_, core);
         KeyBlockTask task;
-        uint32_t tails = 0;  // part-filled blocks handed to the vector cores
+        uint32_t handed = 0, freed = 0;  // blocks handed to the vector cores, and read by them
+        GlobalTensor<float> rows;
+        rows.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(RowsSlot(workspace, t, core)), n * d);
         while (it.Next(task)) {
-            const bool tail = task.validRows < n;
+            const bool tail = task.validRows < n;  // part-filled: M^T K in fp32 to the rows slot; the vector cores finish K'
             LocalTensor<half> k1 = StageKeyBlock(keyL1_, key_, t, pages_, task);
-            GlobalTensor<float> slot;
-            if (tail) {  // part-filled: M^T K and 1^T K in fp32 to the slot; the vector cores finish K'
-                if (tails >= 2) CrossCoreWaitFlag(PASA_FLAG_SUM_FREE);  // the vector cores read slot (tails % 2)
-                slot.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(TailSlot(workspace, t, core, tails)), n * d + d);
-            }
+            // the vector cores have read the ring's slot (handed % PASA_SUM_SLOTS), and for a part-filled block
+            // every block before it (the rows slot)
+            const uint32_t read = tail ? handed : (handed + 1 > PASA_SUM_SLOTS ? handed + 1 - PASA_SUM_SLOTS : 0);
+            for (; freed < read; ++freed) CrossCoreWaitFlag(PASA_FLAG_SUM_FREE);
+            GlobalTensor<float> sums;
+            sums.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(SumSlot(workspace, t, core, handed)), d);
             for (uint32_t d0 = 0; d0 < d; d0 += dc) {  // K'_j's pieces of columns
                 const uint32_t cols = Min(dc, d - d0);
                 LocalTensor<half> k2 = KeyColumns(keyL1_, keyL0b_, k1, t, d0, cols);
@@ -187,34 +203,31 @@ public:
                     Mmad(c, a, k2, MmadParams(static_cast<uint16_t>(mr), static_cast<uint16_t>(cols), static_cast<uint16_t>(n),
                                               PASA_UNIT_FLAG_LAST, false, true));
                     if (!whole) shiftPieces_.FreeTensor(a);
-                    if (!tail && r0 + mr == n) keyL0b_.FreeTensor(k2);
                     const FixpipeParamsV220 out(static_cast<uint16_t>(cols), static_cast<uint16_t>(mr),
                                                  static_cast<uint16_t>(mr), d, false,
                                                  tail ? QuantMode_t::NoQuant : QuantMode_t::F322F16, 0, 1, 0, 0,
                                                  PASA_UNIT_FLAG_LAST);
                     if (tail) {
-                        Fixpipe<float, float, CFG_ROW_MAJOR>(slot[static_cast<uint64_t>(r0) * d + d0], c, out);
+                        Fixpipe<float, float, CFG_ROW_MAJOR>(rows[static_cast<uint64_t>(r0) * d + d0], c, out);
                     } else {
                         Fixpipe<half, float, CFG_ROW_MAJOR>(
                             keyPrime_[KeyPrimeOffset(t, task.slot) + static_cast<uint64_t>(r0) * d + d0], c, out);
                     }
                 }
-                if (!tail) continue;
                 LocalTensor<half> ones = whole ? onesL0a_.Get<half>() : OnesInPiece(n);
                 LocalTensor<float> sum = outL0c_.Next();
                 Mmad(sum, ones, k2, MmadParams(1, static_cast<uint16_t>(cols), static_cast<uint16_t>(n), PASA_UNIT_FLAG_LAST,
                                                false, true));
                 if (!whole) shiftPieces_.FreeTensor(ones);
                 keyL0b_.FreeTensor(k2);
-                Fixpipe<float, float, CFG_ROW_MAJOR>(slot[n * d + d0], sum,
+                Fixpipe<float, float, CFG_ROW_MAJOR>(sums[d0], sum,
                     FixpipeParamsV220(static_cast<uint16_t>(cols), 1, kC0, d, false, QuantMode_t::NoQuant, 0, 1, 0, 0,
                                       PASA_UNIT_FLAG_LAST));
             }
-            if (!tail) continue;
             CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_SUM_READY);
-            ++tails;
+            ++handed;
         }
-        for (uint32_t i = tails >= 2 ? tails - 2 : 0; i < tails; ++i) CrossCoreWaitFlag(PASA_FLAG_SUM_FREE);
+        for (; freed < handed; ++freed) CrossCoreWaitFlag(PASA_FLAG_SUM_FREE);
     }
 
 private:
@@ -222,7 +235,7 @@ private:
     __aicore__ inline LocalTensor<half> OnesInPiece(uint32_t n)
     {
         LocalTensor<half> a = shiftPieces_.AllocTensor<half>();
-        LoadOnesRow(onesL1_, a, n);
+        LoadOnesRow(onesL1_.Get<half>(), a, n);
         shiftPieces_.EnQue(a);
         return shiftPieces_.DeQue<half>();
     }
@@ -237,22 +250,23 @@ private:
     }
 
     TPipe pipe_;
-    TQue<TPosition::A1, 1> onesL1_;
-    TBuf<TPosition::A1> shiftL1_;
+    TBuf<TPosition::A1> onesL1_, shiftL1_;
     TBuf<TPosition::A2> shiftL0a_, onesL0a_;
     TQue<TPosition::A2, 2> shiftPieces_;
     TQue<TPosition::B1, 2> keyL1_;
     TQue<TPosition::B2, 2> keyL0b_;
-    L0cPair outL0c_;
+    L0cRing outL0c_;
     GlobalTensor<half> key_, shift_, keyPrime_;
     BatchTable batches_;
     KvPages pages_;
 };
 
-// The part-filled blocks of this AI Core's tasks, half the rows each AIV: K'_i = fp16(R_i - c colsum)
-// for the block's v keys (R = M^T K from the cube, fp32; c = off (n - v) / v in fp32: an exact
-// product, one rounded division), zero past v; whole-tile instructions, each row minus the same
-// row (src1 repeat stride 0).
+// Every block of this AI Core's tasks: the first AIV stores its key mean fl16(colsum fl32(r / v))
+// (fp32 colsum from the cube, r = tiling.shiftRowSum; one rounded fp32 division, exact for a full
+// block); a part-filled block's K', half the rows each AIV: K'_i = fp16(R_i - c colsum) for the
+// block's v keys (R = M^T K from the cube, fp32; c = off (n - v) / v in fp32: an exact product, one
+// rounded division), zero past v; whole-tile instructions, each row minus the same row (src1
+// repeat stride 0).
 class ShiftKeysVector {
 public:
     __aicore__ inline void Run(GM_ADDR key, GM_ADDR blockTable, GM_ADDR keySlots, GM_ADDR workspace, GM_ADDR tiling,
@@ -261,13 +275,14 @@ public:
         const uint32_t n = t.kvBlock, d = t.headDim, half_n = n / 2;
         const uint32_t core = static_cast<uint32_t>(GetBlockIdx()) / 2, sub = static_cast<uint32_t>(GetSubBlockIdx());
         keyPrime_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.keyPrimeOffset));
+        keyMean_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.keyMeanOffset));
         batches_.Init(tiling, t);
         pages_.Init(blockTable, keySlots, t);
-        if (!t.partFilled) return;
 
         pipe_.InitBuffer(sumIn_, 1, d * sizeof(float));
         pipe_.InitBuffer(rowsIn_, 1, half_n * d * sizeof(float));
         pipe_.InitBuffer(keyOut_, 1, half_n * d * sizeof(half));
+        pipe_.InitBuffer(meanOut_, 1, d * sizeof(half));
         pipe_.InitBuffer(calc_, d * sizeof(float));
         LocalTensor<float> shift = calc_.Get<float>();
         const float off = t.shiftOff;
@@ -275,21 +290,38 @@ public:
         const uint32_t r0 = sub * half_n;  // this AIV's rows of the block
         KeyBlockIter it(t, batches_, pages_, core);
         KeyBlockTask task;
-        uint32_t tails = 0;
+        uint32_t handed = 0;
+        GlobalTensor<float> rowsSlot;
+        rowsSlot.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(RowsSlot(workspace, t, core)), n * d);
         while (it.Next(task)) {
-            if (task.validRows >= n) continue;
-            GlobalTensor<float> slot;
-            slot.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(TailSlot(workspace, t, core, tails)), n * d + d);
+            const bool tail = task.validRows < n;
+            GlobalTensor<float> sums;
+            sums.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(SumSlot(workspace, t, core, handed++)), d);
             CrossCoreWaitFlag(PASA_FLAG_SUM_READY);
             LocalTensor<float> sum = sumIn_.AllocTensor<float>();
             LocalTensor<float> rows = rowsIn_.AllocTensor<float>();
-            DataCopy(sum, slot[n * d], d);
-            DataCopy(rows, slot[r0 * d], half_n * d);
+            DataCopy(sum, sums, d);
+            if (tail) DataCopy(rows, rowsSlot[r0 * d], half_n * d);
             sumIn_.EnQue(sum);
             rowsIn_.EnQue(rows);
             sum = sumIn_.DeQue<float>();
             rows = rowsIn_.DeQue<float>();
             CrossCoreSetFlag<2, PIPE_MTE2>(PASA_FLAG_SUM_FREE);
+            if (sub == 0) {
+                const float rho = tail ? t.shiftRowSum / static_cast<float>(task.validRows) : t.shiftRowSum * t.invKvBlock;
+                Muls(shift, sum, rho, static_cast<int32_t>(d));
+                LocalTensor<half> m = meanOut_.AllocTensor<half>();
+                Cast(m, shift, RoundMode::CAST_RINT, d);
+                meanOut_.EnQue(m);
+                m = meanOut_.DeQue<half>();
+                DataCopy(keyMean_[KeyMeanOffset(t, task.slot)], m, d);
+                meanOut_.FreeTensor(m);
+            }
+            if (!tail) {
+                sumIn_.FreeTensor(sum);
+                rowsIn_.FreeTensor(rows);
+                continue;
+            }
             const float c = off * static_cast<float>(n - task.validRows) / static_cast<float>(task.validRows);
             Muls(shift, sum, c, static_cast<int32_t>(d));
             sumIn_.FreeTensor(sum);
@@ -303,16 +335,15 @@ public:
             kout = keyOut_.DeQue<half>();
             DataCopy(keyPrime_[KeyPrimeOffset(t, task.slot) + static_cast<uint64_t>(r0) * d], kout, half_n * d);
             keyOut_.FreeTensor(kout);
-            ++tails;
         }
     }
 
 private:
     TPipe pipe_;
     TQue<TPosition::VECIN, 1> sumIn_, rowsIn_;
-    TQue<TPosition::VECOUT, 1> keyOut_;
+    TQue<TPosition::VECOUT, 1> keyOut_, meanOut_;
     TBuf<TPosition::VECCALC> calc_;
-    GlobalTensor<half> keyPrime_;
+    GlobalTensor<half> keyPrime_, keyMean_;
     BatchTable batches_;
     KvPages pages_;
 };
@@ -330,14 +361,16 @@ public:
         batches_.Init(tiling, t);
         pages_.Init(blockTable, keySlots, t);
 
-        pipe_.InitBuffer(onesL1_, 1, kC0 * n * sizeof(half));
+        pipe_.InitBuffer(onesL1_, kC0 * n * sizeof(half));
         pipe_.InitBuffer(onesL0a_, kC0 * n * sizeof(half));
         pipe_.InitBuffer(keyL1_, 2, n * d * sizeof(half));
         pipe_.InitBuffer(keyL0b_, 2, n * dc * sizeof(half));
         sumL0c_.Init(pipe_, kC0 * dc * sizeof(float));
 
         LocalTensor<half> o2 = onesL0a_.Get<half>();
-        LoadOnesRow(onesL1_, o2, n);
+        FillOnesRow(onesL1_.Get<half>(), n);
+        LoadOnesRow(onesL1_.Get<half>(), o2, n);
+        OrderPipes<HardEvent::MTE1_M>();
 
         KeyBlockIter it(t, batches_, pages_, static_cast<uint32_t>(GetBlockIdx()));
         KeyBlockTask task;
@@ -364,11 +397,11 @@ public:
 
 private:
     TPipe pipe_;
-    TQue<TPosition::A1, 1> onesL1_;
+    TBuf<TPosition::A1> onesL1_;
     TBuf<TPosition::A2> onesL0a_;
     TQue<TPosition::B1, 2> keyL1_;
     TQue<TPosition::B2, 2> keyL0b_;
-    L0cPair sumL0c_;
+    L0cRing sumL0c_;
     GlobalTensor<half> key_;
     GlobalTensor<float> colSum_;
     BatchTable batches_;

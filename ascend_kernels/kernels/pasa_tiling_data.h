@@ -63,8 +63,11 @@ constexpr uint32_t PASA_PV_DELAY = 3;
 constexpr uint32_t PASA_SCORE_SLOTS = PASA_LOOKAHEAD + 1;
 constexpr uint32_t PASA_PROB_SLOTS = PASA_PV_DELAY + 1;
 constexpr uint32_t PASA_PV_SLOTS = PASA_PV_DELAY + 1;
-constexpr uint32_t PASA_CONST_BLOCKS = 128;                  // pasa-exact: row constants per cube pass
-constexpr uint32_t PASA_CONST_SLOTS = PASA_LOOKAHEAD + 1;    // pasa-exact: passes the vector cores may still read
+// pasa's key preprocessing hands each block's column sums to the vector cores through a ring of
+// PASA_SUM_SLOTS slots, so that the cube runs that many blocks ahead of their flag round trips.
+constexpr uint32_t PASA_SUM_SLOTS = 8;
+constexpr uint32_t PASA_CONST_BLOCKS = 128;                  // rowConstants: blocks per cube pass
+constexpr uint32_t PASA_CONST_SLOTS = PASA_LOOKAHEAD + 1;    // rowConstants: passes the vector cores may still read
 
 // The cube's L1 queue buffers. TPipe hands out 8 event IDs per HardEvent, and a freed queue
 // buffer keeps its MTE1_MTE2 ID until it is allocated again, so all of them together hold at most 8.
@@ -122,6 +125,8 @@ struct PasaTilingData {
     uint32_t shiftScores;    // pasa, pasa-exact in decode (query length 1, every kv block read by one task): the cube
                              // scores the raw keys in fp32 and the vector cores shift the scores (no preprocessing)
     uint32_t partFilled;     // some batch's kv length is not a multiple of kvBlock: its last block is part-filled
+    uint32_t rowConstants;   // pasa, pasa-exact with K' (no shiftScores): the preprocessing stores each block's key
+                             // mean, the cube makes the row constants Q . mean (pasa: the block means of S')
     uint32_t overflowCheck;  // 1: the kernels write a flag byte per output row, 1 where its output or LSE is not finite
     uint32_t repair;         // 1: the repair pass (fa-fp32): only the tasks whose flag bytes are set, only flagged rows
     uint32_t repairTilingOffset;  // overflowCheck without split kv: bytes from this tiling struct to the repair
@@ -133,6 +138,8 @@ struct PasaTilingData {
     float gamma;             // pasa: gamma = beta/(1-beta) rounded to fp32 then to fp16, held exactly
     float invKvBlock;        // 1 / kvBlock (exact: kvBlock is a power of two)
     float shiftOff;          // pasa: the fp16 value of shiftOffBits, held exactly
+    float shiftRowSum;       // pasa: r = diag - (kvBlock - 1) off, the row sum of the stored M (exact in fp32): the
+                             // mean of a block's unrounded K' over its v keys is colsum(K) r / v
     float resolutionLimit;   // overflowCheck, pasa and pasa-exact: a row is also flagged when |its block row maximum
                              // of S'| reaches this in some kv block it sees (pasa_npu.numerics.RESOLUTION_LIMIT,
                              // passed by the host); 0 or negative: no resolution check
@@ -161,6 +168,9 @@ struct PasaTilingData {
                              // task's Q then loads once this one's is scored, not while)
     uint32_t shiftRows;      // pasa preprocessing: rows of M^T in L0A at once: kvBlock where M^T and the row of
                              // ones fit it, else pieces of shiftRows rows (two of them), each multiplied in turn
+    uint32_t prepL0cBuffers; // pasa preprocessing: L0C buffers of shiftRows x prepCols fp32 taken in turn by a block's
+                             // Mmads (its pieces of rows, then its column sums): 3 where they fit, so that no Mmad
+                             // waits for the drain of the one before it, else 2
     uint32_t kvBlock;        // keys per block; the size of the shifting matrix
     uint32_t numKvBlocks;    // ceil(seqKv / kvBlock)
     uint32_t vecRows;        // rows of a tile the first AIV takes (the second takes the rest)
@@ -196,7 +206,8 @@ struct PasaTilingData {
 
     // ---- GM workspace (byte offsets from the workspace base)
     uint64_t keyPrimeOffset;   // K' blocks: [b][hkv][block][kvBlock][headDim] fp16; paged: [slot][hkv][kvBlock][headDim]
-    uint64_t keyMeanOffset;    // pasa-exact: mean16 per block: [b][hkv][block][headDim] fp16; paged: [slot][hkv][headDim]
+    uint64_t keyMeanOffset;    // with K': a block's fp16 key mean (pasa: of its unrounded K'; pasa-exact: mean16 of
+                               // K): [b][hkv][block][headDim]; paged: [slot][hkv][headDim]
     uint64_t partialOffset;    // split kv: per (task, split) the rows' O / l (fp32) and LSE
     uint64_t partialSlotBytes; // bytes of one (task, split): qTilePad x headDimV fp32, then 2 vecRowsPad fp32
     uint64_t coreAreaOffset;   // per-AI-Core exchange areas start here
@@ -204,10 +215,11 @@ struct PasaTilingData {
     uint64_t scoreSlotBytes;   // S' tile slot (PASA_SCORE_SLOTS of them)
     uint64_t probSlotBytes;    // P' tile slot (PASA_PROB_SLOTS)
     uint64_t pvSlotBytes;      // P'V tile slot (PASA_PV_SLOTS)
-    uint64_t constSlotBytes;   // pasa-exact: row constants of a tile, PASA_CONST_BLOCKS x qTilePad fp32 (PASA_CONST_SLOTS)
-    uint64_t colSumSlotBytes;  // preprocessing: column sums of one block (2 slots), headDim fp32
-    uint64_t tailSlotBytes;    // pasa preprocessing: a part-filled block's M^T K (kvBlock x headDim fp32), then its
-                               // column sums (headDim fp32) (2 slots)
+    uint64_t constSlotBytes;   // with K': row constants Q . mean of a tile, PASA_CONST_BLOCKS x qTilePad fp32 (PASA_CONST_SLOTS)
+    uint64_t colSumSlotBytes;  // preprocessing: column sums of one block, headDim fp32 (pasa: PASA_SUM_SLOTS slots;
+                               // pasa-exact: 2)
+    uint64_t tailSlotBytes;    // pasa preprocessing: a part-filled block's M^T K (kvBlock x headDim fp32), after the
+                               // column sums' slots (one slot)
     uint64_t shiftMatrixOffset;  // pasa: M^T, kvBlock x kvBlock fp16; with shiftScores the score map instead: for
                                  // v = 0 .. kvBlock keys, fp32 [a_v, off_v] (pasa::FillScoreMap)
     uint64_t taskFlagsOffset;  // overflowCheck: a 32-byte slot per (task, vector core half): its byte is 1 if a row is flagged

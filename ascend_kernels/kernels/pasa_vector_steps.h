@@ -178,7 +178,7 @@ __aicore__ inline void AttentionVector<OutT, InT>::Step(uint32_t i, uint32_t j, 
                                                         LocalTensor<half>& p)
 {
     if (key_ == PASA_KEY_PASA) {
-        StepPasa(i, j, s.template ReinterpretCast<half>(), maskTile, p);
+        StepPasa(i, j, s.template ReinterpretCast<half>(), c, maskTile, p);
     } else if (key_ == PASA_KEY_PASA_EXACT) {
         StepExact(i, j, s.template ReinterpretCast<half>(), c, maskTile, p);
     } else {
@@ -220,23 +220,30 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepFa(uint32_t i, uint32_t j
 }
 
 // pasa (fp16 statistics, Algorithm 1 re-based with the pseudo-average F), the chunk's tile: the
-// block's fp32 row sums of S' (ROWSUM at the chunk's rows), m' and P'. P''s row sums come from the
-// cube with P'V (tiling.pvCols). Each line here, in StatisticsPasa and in the fold is one rounding
-// of fallback/torch_blockwise.py's _step_pseudo_average.
+// block's fp32 row means of S' (ROWSUM at the chunk's rows), m' and P'. With K' the row means are
+// the cube's row constants c = Q . mean (the mean of the unrounded S'; docs/design.md, "The block
+// mean from the keys"); shifting the scores, the fp32 row sums of the fp16 S', widened vecSumRows
+// rows at a time, which StatisticsPasa scales by 1 / v. P''s row sums come from the cube with P'V
+// (tiling.pvCols). Each line here, in StatisticsPasa and in the fold is one rounding of
+// fallback/torch_blockwise.py's _step_pseudo_average.
 template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::StepPasa(uint32_t i, uint32_t j, const LocalTensor<half>& s,
-                                                            const LocalTensor<uint8_t>& maskTile, LocalTensor<half>& p)
+                                                            const LocalTensor<float>& c, const LocalTensor<uint8_t>& maskTile,
+                                                            LocalTensor<half>& p)
 {
     const uint32_t n = t_->kvBlock, cells = R_ * n;
     LocalTensor<float> x = work_.Get<float>(), tree = tree_.Get<float>();
     LocalTensor<half> tree16 = tree_.Get<half>(), mloc = PasaSet(i % 2, P_MLOC);
-    // the mean runs over the block's keys, masked or not: all n columns, or the v keys of a
-    // part-filled last block (its K', or with shiftScores its S', is zero past v, so the sum over n
-    // columns is theirs); widened to fp32 vecSumRows rows at a time
-    const uint32_t w = t_->vecSumRows;
-    for (uint32_t r0 = 0; r0 < R_; r0 += w) {
-        Cast(x, s[r0 * n], RoundMode::CAST_NONE, static_cast<int32_t>(w * n));
-        RowReduce<ReduceType::SUM>(Stat(ROWSUM)[GroupRow() + r0], x, tree, w, n);
+    if (t_->rowConstants) {
+        Adds(Stat(ROWSUM)[GroupRow()], c, 0.0f, static_cast<int32_t>(R_));
+    } else {
+        // the mean runs over the block's keys, masked or not: all n columns, or the v keys of a
+        // part-filled last block (its S' is zero past v, so the sum over n columns is theirs)
+        const uint32_t w = t_->vecSumRows;
+        for (uint32_t r0 = 0; r0 < R_; r0 += w) {
+            Cast(x, s[r0 * n], RoundMode::CAST_NONE, static_cast<int32_t>(w * n));
+            RowReduce<ReduceType::SUM>(Stat(ROWSUM)[GroupRow() + r0], x, tree, w, n);
+        }
     }
     bool noKeys = false;
     const bool masked = MaskBlock(j, maskTile, noKeys);
@@ -286,9 +293,11 @@ __aicore__ inline void AttentionVector<OutT, InT>::StatisticsPasa(uint32_t i, ui
         Abs(t2, cur[P_MLOC * G], g);                                          // its peak by the select at the end
         Max(nxt[P_PEAK * G], cur[P_PEAK * G], t2, g);
     }
-    const int64_t keys = task_->info.kvLen - static_cast<int64_t>(j) * n;
-    const float inv = keys < n ? 1.0f / static_cast<float>(keys) : t.invKvBlock;  // fp32(1 / v)
-    Muls(Stat(ROWSUM), Stat(ROWSUM), inv, g);                                 // sum / n (exact) or sum * (1 / v)
+    if (!t.rowConstants) {
+        const int64_t keys = task_->info.kvLen - static_cast<int64_t>(j) * n;
+        const float inv = keys < n ? 1.0f / static_cast<float>(keys) : t.invKvBlock;  // fp32(1 / v)
+        Muls(Stat(ROWSUM), Stat(ROWSUM), inv, g);                             // sum / n (exact) or sum * (1 / v)
+    }
     Cast(cur[P_MEAN * G], Stat(ROWSUM), RoundMode::CAST_RINT, G);            // fp16 block mean
     Adds(nxt[P_N * G], cur[P_N * G], half(1.0f), g);                          // n + 1
     Mul(t2, cur[P_N * G], cur[P_F * G], g);                                   // (n - 1) F

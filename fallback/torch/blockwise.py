@@ -25,12 +25,13 @@ import torch
 
 from pasa_npu import numerics
 from pasa_npu.beta import (ideal_invariance, partial_block_correction, partial_block_shift,
-                           shift_matrix)
+                           shift_matrix, shift_matrix_entries)
 from pasa_npu.problem import ROW_NONFINITE, ROW_REPAIRED, AttentionProblem, fp32_problem
 
 F32 = torch.float32
 NEG_INF = float("-inf")
 _SHIFT_SCORES = contextvars.ContextVar("pasa_npu_torch_shift_scores", default=False)
+_KEY_MEANS = contextvars.ContextVar("pasa_npu_torch_key_means", default=False)
 
 
 @contextlib.contextmanager
@@ -44,6 +45,18 @@ def shifting_scores() -> Iterator[None]:
         yield
     finally:
         _SHIFT_SCORES.reset(token)
+
+
+@contextlib.contextmanager
+def block_means_from_keys() -> Iterator[None]:
+    """Within the block, pasa takes each block mean from the keys (:func:`key_block_means`),
+    as the AscendC kernels do where they form K', instead of summing the block's fp16 S', in
+    the current thread or task only: the backend the tests hold those kernels against."""
+    token = _KEY_MEANS.set(True)
+    try:
+        yield
+    finally:
+        _KEY_MEANS.reset(token)
 
 
 def run(problem: AttentionProblem) -> None:
@@ -149,7 +162,9 @@ def _repair(problem: AttentionProblem, inputs: _Inputs, out, lse, bad: torch.Ten
 @dataclass
 class _Keys:
     blocks: torch.Tensor          # (B, Nkv, nblk, s2, D): K, or K' for the shifted allocations
-    mean16: torch.Tensor | None   # (B, Nkv, nblk, D): rounded column means (pasa-exact)
+    # (B, Nkv, nblk, D): rounded column means (pasa-exact: of K; pasa, block_means_from_keys:
+    # of the unrounded K', key_block_means)
+    mean16: torch.Tensor | None
     # (B, nblk): 1/valid, the factor that turns a part-filled block's sum of S' into its row
     # mean (pseudo-average shift; NaN for a full or empty block, whose mean is the plain one)
     mean_factor: torch.Tensor | None = None
@@ -213,12 +228,32 @@ def _prepare_keys(problem: AttentionProblem, inputs: _Inputs) -> _Keys:
                 colsum = colsum + kb[b, :, j, i]
             shifted[b, :, j] = 0.0
             shifted[b, :, j, :n] = _round(product[b, :, j, :n] - (c * colsum)[:, None], torch.float16)
-        return _Keys(shifted, None, factor)
+        means = key_block_means(kb, valid, problem.beta, problem.scale) if _KEY_MEANS.get() else None
+        return _Keys(shifted, means, factor)
     count = valid.clamp(min=1).to(F32)[:, None, :, None]
     mean16 = _round(kb.sum(-2) / count, torch.float16)
     shifted = _round((kb - mean16.unsqueeze(-2)) * problem.scale, torch.float16)
     in_block = torch.arange(block, device=kb.device)[None, None, :] < valid[:, :, None]
     return _Keys(shifted * in_block[:, None, :, :, None], mean16)
+
+
+def key_block_means(kb: torch.Tensor, valid: torch.Tensor, beta: float, scale: float) -> torch.Tensor:
+    """pasa's block means taken from the keys: per kv block of ``valid`` keys (zero past them)
+    of the zero-padded blocks ``kb`` (B, Nkv, nblk, n, D), the fp16 column mean of the
+    unrounded K' over those keys, fl16(colsum(K) * fl32(r / valid)), with colsum summed in fp32
+    in key order (the cube's row of ones) and r = diag - (n - 1) off the row sum of the stored
+    shift matrix (exact in fp32). K' = M^T K over the valid keys of a full or part-filled
+    block has exactly that column mean before rounding, so the row mean of its unrounded
+    S' = Q K'^T is Q . mean: the block mean is fl16(Q . mean16), an fp32 dot product
+    (docs/design.md, "The block mean from the keys")."""
+    n = kb.shape[-2]
+    diag, off = shift_matrix_entries(beta, n, torch.float16, scale)
+    row_sum = torch.tensor(diag - (n - 1) * off, dtype=F32)
+    colsum = torch.zeros_like(kb[..., 0, :])
+    for i in range(n):  # in key order, as the cube's row of ones sums them
+        colsum = colsum + kb[..., i, :]
+    factor = row_sum / valid.clamp(min=1).to(F32)  # one fp32 division: exact for a full block
+    return _round(colsum * factor.to(kb.device)[:, None, :, None], torch.float16)
 
 
 # --------------------------------------------------------------------------- state
@@ -350,11 +385,14 @@ def _step_pseudo_average(problem, state, q_tile, keys, v_blk, j, vis, has_any, l
         s = _round(_shift_scores(problem, q_tile, keys, j, shape)[0], torch.float16)
     else:
         s = _round(_scores(q_tile, keys.blocks[:, :, j], shape), torch.float16)
-    factor = keys.mean_factor[:, j]
-    s_mean = s.mean(-1, keepdim=True)  # over the block's keys, masked or not
-    if bool(torch.isfinite(factor).any()):  # a part-filled block: the mean over its keys
-        factor = factor.view(-1, 1, 1, 1, 1)
-        s_mean = torch.where(torch.isfinite(factor), s.sum(-1, keepdim=True) * factor, s_mean)
+    if keys.mean16 is not None:  # block_means_from_keys: the mean of the unrounded S'
+        s_mean = torch.matmul(q_tile, keys.mean16[:, :, j].unsqueeze(-1)).view(*shape[:-1], 1)
+    else:
+        factor = keys.mean_factor[:, j]
+        s_mean = s.mean(-1, keepdim=True)  # over the block's keys, masked or not
+        if bool(torch.isfinite(factor).any()):  # a part-filled block: the mean over its keys
+            factor = factor.view(-1, 1, 1, 1, 1)
+            s_mean = torch.where(torch.isfinite(factor), s.sum(-1, keepdim=True) * factor, s_mean)
     s_mean = r(s_mean)
     m_loc, rm = _row_max(s, vis, problem, r)
     p = torch.where(vis, r(torch.exp(r(s - m_loc))), 0.0)

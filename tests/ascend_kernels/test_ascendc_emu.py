@@ -133,7 +133,8 @@ def assert_matches_torch(out, lse, ref, ref_lse, algorithm, dtype, kv_blocks: in
 def torch_reference(q, k, v, tiling: dict, **kw):
     """The torch backend's ``fused_attention(q, k, v, **kw)`` in the numerics of the kernels' call
     that the host tiled as ``tiling`` (``last_run_stats()["tiling"]``): shifting the scores where
-    the kernels do (tests/_bounds.py, ascendc_numerics)."""
+    the kernels do, pasa's block means from the keys where they form K' (tests/_bounds.py,
+    ascendc_numerics)."""
     with ascendc_numerics(tiling):
         return pasa_npu.fused_attention(q, k, v, backend="torch", **kw)
 

@@ -51,10 +51,11 @@ def test_tiling_fits_the_atlas_a2_budgets():
         t = emu.tiling(_params(tiling_key=key, q_tile=256, beta=0.9 if key == 1 else 0.0))
         assert (t["cube_rows"], t["vec_rows"]) == (128, 128) and t["vec_chunk_rows"] in (32, 64), (key, t)
         assert t["bytes_per_core"]["l0a"] <= caps["l0a"] and t["bytes_per_core"]["ub"] <= caps["ub"] - (8 << 10)
-    # pasa at 128 x 256 tiles, d = 128: each vector core's 64 rows in one chunk, one buffer of each tile,
-    # S' widened to fp32 for its row sums 32 rows at a time; the others keep two-buffered chunks of 32
+    # pasa at 128 x 256 tiles, d = 128: each vector core's 64 rows in one chunk, one buffer of each tile
+    # (its block means are the cube's row constants: no S' is widened to fp32); the others keep
+    # two-buffered chunks of 32
     t = emu.tiling(_params(tiling_key=1, q_tile=128, kv_block=256, beta=0.9))
-    assert (t["vec_chunk_rows"], t["vec_sum_rows"], t["ub_score_buffers"]) == (64, 32, 1), t
+    assert (t["vec_chunk_rows"], t["vec_sum_rows"], t["ub_score_buffers"], t["row_constants"]) == (64, 64, 1, 1), t
     assert t["bytes_per_core"]["ub"] <= caps["ub"] - (8 << 10), t
     for key in (0, 2):
         t = emu.tiling(_params(tiling_key=key, q_tile=128, kv_block=256))
@@ -135,10 +136,12 @@ def test_cost_counters_per_path():
     tasks, tiles = 2, 2 * 2
     for algorithm in ("fa-fp32", "pasa", "pasa-exact"):
         att = stats[algorithm]["attention"]
-        # pasa-exact: one more Mmad per task, the row constants (blocks x rows x D); pasa: one more
-        # per tile, the row sums of P' (rows x 16 ones x keys)
-        extra_calls, extra_macs = {"pasa-exact": (tasks, tasks * 2 * 128 * 64),
-                                   "pasa": (tiles, tiles * 128 * 16 * 128)}.get(algorithm, (0, 0))
+        # pasa and pasa-exact: one more Mmad per task, the row constants (blocks x rows x D); pasa:
+        # one more per tile, the row sums of P' (rows x 16 ones x keys)
+        constants = (tasks, tasks * 2 * 128 * 64)
+        extra_calls, extra_macs = {"pasa-exact": constants,
+                                   "pasa": (tiles + constants[0], tiles * 128 * 16 * 128 + constants[1])
+                                   }.get(algorithm, (0, 0))
         assert att["mmad_calls"] == 2 * tiles + extra_calls
         assert att["cube_macs"] == tiles * (128 * 128 * 64 + 128 * 64 * 128) + extra_macs
         # the checked allocations' repair pass: per AI Core, FLAGS_READY by each AIV and
@@ -148,17 +151,18 @@ def test_cost_counters_per_path():
         assert att["cross_core_sets"] == 4 * tiles + repair_pass   # S and PV by the AIC, P by each AIV
         assert att["cross_core_waits"] == 5 * tiles + repair_pass  # P by the AIC, S and PV by each AIV
     assert stats["fa-fp32"]["preprocess"] is None
-    assert stats["pasa"]["preprocess"]["cube_macs"] == 2 * 128 * 64 * 128          # M^T K per block
+    assert stats["pasa"]["preprocess"]["cube_macs"] == 2 * (128 * 64 * 128 + 64 * 128)  # M^T K, ones^T K per block
     assert stats["pasa-exact"]["preprocess"]["cube_macs"] == 2 * 1 * 64 * 128      # ones^T K per block
     # fp16 S' and P'V halve what crosses from cube to vector, against fa-fp32's fp32 tiles; pasa's
     # P'V rows carry 16 more columns, its row sums of P'
     per_tile = 128 * 128 + 128 * 64  # S elements + P V elements
     sums = 128 * 16
     assert stats["fa-fp32"]["attention"]["l0c_to_gm_bytes"] == tiles * per_tile * 4
-    assert stats["pasa"]["attention"]["l0c_to_gm_bytes"] == tiles * (per_tile + sums) * 2
-    assert stats["pasa-exact"]["attention"]["l0c_to_gm_bytes"] == tiles * per_tile * 2 + tasks * 2 * 128 * 4
+    constants = tasks * 2 * 128 * 4  # the row constants, fp32
+    assert stats["pasa"]["attention"]["l0c_to_gm_bytes"] == tiles * (per_tile + sums) * 2 + constants
+    assert stats["pasa-exact"]["attention"]["l0c_to_gm_bytes"] == tiles * per_tile * 2 + constants
     assert stats["pasa"]["attention"]["gm_to_ub_bytes"] == (stats["fa-fp32"]["attention"]["gm_to_ub_bytes"] // 2
-                                                            + tiles * sums * 2)
+                                                            + tiles * sums * 2 + constants)
     assert stats["pasa"]["tiling"]["pv_cols"] == 64 + 16 and stats["pasa-exact"]["tiling"]["pv_cols"] == 64
 
 
@@ -281,12 +285,37 @@ def test_a_kv_block_waits_for_one_gm_read_latency(algorithm):
     assert slower <= 300, slower
 
 
+def test_key_means_through_the_column_sum_ring():
+    """pasa's key preprocessing on one AI Core runs ahead of its vector cores through the ring of
+    column-sum slots (PASA_SUM_SLOTS = 8): 20 blocks, six of them part-filled (each waits for every
+    block before it to be read: the one slot of M^T K), in a launch of its own and inside the
+    attention launch; the result holds to the torch backend's with the block means from the keys."""
+    from test_ascendc_emu import assert_matches_torch, torch_reference
+    gen = torch.Generator().manual_seed(11)
+    lens = [300, 517, 129]  # 3 + 5 + 2 blocks of 128 keys per kv head, each batch's last part-filled
+    q = torch.randn(3, 4, 64, 64, generator=gen).half()
+    k = (torch.randn(3, 2, 517, 64, generator=gen) + 2).half()
+    v = torch.randn(3, 2, 517, 64, generator=gen).half()
+    kw = dict(num_heads=4, num_key_value_heads=2, input_layout="BNSD", scale=0.125, algorithm="pasa",
+              actual_seq_lengths_kv=lens, repair_overflow=False, softmax_lse_flag=True)
+    for prep_launch in (0, 1):
+        with ascendc_emu.using_model_parameters(dict(ascendc_emu.model_parameters(), core_num=1)), \
+                ascendc_emu.forcing_tiling(prep_launch=prep_launch):
+            out, lse = pasa_npu.fused_attention(q, k, v, backend="ascendc-emu", **kw)[:2]
+        tiling = ascendc_emu.last_run_stats()["tiling"]
+        assert tiling["prep_dim"] == 1 and tiling["row_constants"] and tiling["prep_in_attention"] != prep_launch
+        ref, ref_lse = torch_reference(q, k, v, tiling, **kw)[:2]
+        assert_matches_torch(out, lse, ref, ref_lse, "pasa", torch.float16, 5,
+                             call=(q, k, v, kw), kv_lens=lens, kv_block=128)
+
+
 @pytest.mark.parametrize("algorithm", ("pasa", "pasa-exact"))
 def test_part_filled_block_adds_whole_tile_vector_work(algorithm):
     """The key preprocessing of a part-filled last block (500 keys: 116 in the last of 4 blocks)
     costs the vector cores a few whole-tile instructions and no scalar UB access over the
-    same call with whole blocks (measured per AIV: pasa 4.5, where whole blocks give its vector
-    cores nothing; pasa-exact 2)."""
+    same call with whole blocks (measured per AIV: pasa 4.5, pasa-exact 2). pasa's whole blocks
+    give its vector cores two instructions each, on the first AIV: the key mean's scaling and
+    rounding."""
     def counts(s_kv):
         gen = torch.Generator().manual_seed(3)
         q = torch.randn(1, 1, 128, 128, generator=gen).half()
@@ -299,7 +328,7 @@ def test_part_filled_block_adds_whole_tile_vector_work(algorithm):
         return prep["vector_instructions"] / 2, prep["scalar_ub_accesses"] / 2
     (whole, whole_scalar), (part, part_scalar) = counts(512), counts(500)
     if algorithm == "pasa":
-        assert whole == 0
+        assert whole == 4 * 2 / 2  # 4 blocks, 2 instructions each, averaged over the 2 AIVs
     assert 0 < part - whole <= 8 and part_scalar == whole_scalar == 0, (whole, part)
 
 

@@ -38,6 +38,7 @@ KERNEL_WORKSPACE = "ascend_kernels/kernels/pasa_workspace.h"
 KERNEL_STORE = "ascend_kernels/kernels/pasa_store.h"
 KERNEL_STEPS = "ascend_kernels/kernels/pasa_vector_steps.h"
 KERNEL_MERGE = "ascend_kernels/kernels/pasa_merge.h"
+KERNEL_PREP = "ascend_kernels/kernels/pasa_prepare_keys.h"
 ORACLE = ("tests/fallback/torch/test_oracle.py",)
 # the golden matrix of the kernels on 2 or 3 emulated AI Cores (several tasks a core)
 FEW_CORES = ("tests/ascend_kernels/test_ascendc_emu.py", "-k", "test_matches_torch_backend and few and fp16")
@@ -269,8 +270,8 @@ MUTATIONS = [
              "ringSlot_ = RingSlot(softmaxCount_++);", "ringSlot_ = RingSlot(i + 0 * softmaxCount_++);",
              FEW_CORES),
     Mutation("kernel: an AIV without rows skips the row-constant slot", KERNEL_VECTOR,
-             "if (key_ == PASA_KEY_PASA_EXACT && i % PASA_CONST_BLOCKS == 0) ++constCount_;",
-             "if (key_ == PASA_KEY_PASA_EXACT && rows_ > 0 && i % PASA_CONST_BLOCKS == 0) ++constCount_;",
+             "if (t.rowConstants && i % PASA_CONST_BLOCKS == 0) ++constCount_;",
+             "if (t.rowConstants && rows_ > 0 && i % PASA_CONST_BLOCKS == 0) ++constCount_;",
              FEW_CORES),
     Mutation("kernel: a task's last kv block dropped", KERNEL_TASKS,
              "task.numBlocks = to - from;", "task.numBlocks = to - from > 1 ? to - from - 1 : to - from;",
@@ -304,6 +305,23 @@ MUTATIONS = [
              "PASA_UNIT_FLAG_MORE, false, k0 == 0));",
              "PASA_UNIT_FLAG_MORE, false, true));",
              ("tests/ascend_kernels/test_ascendc_emu_shapes.py", "-k", "wider_than_the_cube and emu")),
+    # pasa's block means from the keys: the key preprocessing's key means, the cube's row constants
+    Mutation("kernel: pasa's key mean of a full block left unscaled by 1 / n", KERNEL_PREP,
+             "t.shiftRowSum / static_cast<float>(task.validRows) : t.shiftRowSum * t.invKvBlock;",
+             "t.shiftRowSum / static_cast<float>(task.validRows) : t.shiftRowSum;",
+             ("tests/ascend_kernels/test_ascendc_emu.py", "-k", "emu and pasa and not exact")),
+    Mutation("kernel: pasa's key mean of a part-filled block divided by n", KERNEL_PREP,
+             "t.shiftRowSum / static_cast<float>(task.validRows) : t.shiftRowSum * t.invKvBlock;",
+             "t.shiftRowSum * t.invKvBlock : t.shiftRowSum * t.invKvBlock;",
+             ("tests/ascend_kernels/test_ascendc_emu.py", "-k", "emu and pasa and not exact")),
+    Mutation("kernel: the key preprocessing overruns its column-sum ring", KERNEL_PREP,
+             "(handed + 1 > PASA_SUM_SLOTS ? handed + 1 - PASA_SUM_SLOTS : 0)",
+             "(handed + 1 > PASA_SUM_SLOTS + 4 ? handed - 3 - PASA_SUM_SLOTS : 0)",
+             ("tests/ascend_kernels/test_ascendc_emu_internals.py", "-k", "column_sum_ring")),
+    Mutation("CPU backend: the keys' block means summed in fp16", TORCH,
+             "    return _round(colsum * factor.to(kb.device)[:, None, :, None], torch.float16)",
+             "    return _round(_round(colsum, torch.float16) * factor.to(kb.device)[:, None, :, None], torch.float16)",
+             ("tests/fallback/torch/test_oracle.py", "-k", "means")),
     # L0C handed between the cube's Mmads and its Fixpipe by unit flags
     Mutation("kernel: the cube's Fixpipe drains L0C without its unit flag", KERNEL_CUBE,
              "quant, 0, 1, 0, 0, PASA_UNIT_FLAG_LAST));",

@@ -133,6 +133,64 @@ def test_torch_backend_rounds_as_the_oracle(name, algorithm, dtype,
     _assert_same(lse[..., 0], want_lse, "LSE")
 
 
+#: the pseudo-average cases of every kind: the block means from the keys
+KEY_MEAN_PAIRS = [(name, algorithm) for name in CASES for algorithm in ("pasa", "pasa-mixed")]
+
+
+@pytest.mark.parametrize("name,algorithm", KEY_MEAN_PAIRS, ids=[f"{n}-{a}" for n, a in KEY_MEAN_PAIRS])
+def test_block_means_from_the_keys_round_as_the_oracle(name, algorithm, correctly_rounded_exp_and_log):
+    """Under block_means_from_keys (the AscendC kernels' numerics where they form K') the torch
+    backend's pseudo-average allocations take each block mean as the oracle writes it from
+    docs/design.md: fp16(Q . fp16(colsum(K) r / v)), bit for bit."""
+    from pasa_npu.fallback.torch import blockwise
+    case = CASES[name]
+    q, k, v = _inputs(case, torch.float16)
+    visible, q_lens, kv_lens, kw = _visible_and_kwargs(case)
+    with blockwise.block_means_from_keys():
+        out, lse = pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="torch",
+                                            beta=case.get("beta"), repair_overflow=False, **kw)
+    want, want_lse = _oracle.attention(
+        *(t.float().numpy() for t in (q, k, v)), algorithm=algorithm, scale=SCALE,
+        kv_block=kw["kv_block"], visible=visible.numpy(), kv_lens=kv_lens,
+        beta=case.get("beta"), guard=case.get("guard", False), key_means=True)
+    want, want_lse = torch.from_numpy(want), torch.from_numpy(want_lse)
+    rows = visible.any(-1)[:, None].expand_as(want_lse)
+    _assert_same(out.float(), want, "output")
+    _assert_same(lse[..., 0][rows], want_lse[rows], "LSE")
+    plain, plain_lse = _oracle.attention(
+        *(t.float().numpy() for t in (q, k, v)), algorithm=algorithm, scale=SCALE,
+        kv_block=kw["kv_block"], visible=visible.numpy(), kv_lens=kv_lens,
+        beta=case.get("beta"), guard=case.get("guard", False))
+    if name in ("bias-20", "beta-0.9"):  # the two means differ here: the test can tell them apart
+        assert not (np.array_equal(plain, want.numpy()) and np.array_equal(plain_lse, want_lse.numpy()))
+
+
+@pytest.mark.parametrize("valid", [128, 77, 1])
+def test_key_block_means_are_the_mean_of_the_unrounded_shifted_keys(valid):
+    """key_block_means is fp16 of the column mean, over the block's keys, of K' = M^T K in fp64
+    (the stored fp16 matrix; a part-filled block's from partial_block_shift), under a key bias
+    that leaves a large remnant in K': within one fp16 rounding of it (half an ulp, plus the
+    fp32 roundings before it)."""
+    from pasa_npu.beta import partial_block_shift, shift_matrix
+    from pasa_npu.fallback.torch.blockwise import key_block_means
+    n, beta, scale = 128, 0.984375, 128 ** -0.5
+    gen = torch.Generator().manual_seed(valid)
+    k = (torch.randn(2, n, 128, generator=gen) * 3 + 40).half().double()
+    k[:, valid:] = 0
+    if valid == n:
+        shifted = shift_matrix(beta, n, torch.float16, scale).double().T @ k
+    else:
+        diag_v, off_v, _ = partial_block_shift(beta, valid, n, torch.float16, scale)
+        m = torch.full((valid, valid), -off_v, dtype=torch.float64)
+        m.fill_diagonal_(diag_v)
+        shifted = m.T @ k[:, :valid]
+    exact = shifted[:, :valid].mean(-2)
+    got = key_block_means(k.float().view(1, 2, 1, n, 128), torch.tensor([[valid]]), beta, scale)[0, :, 0].double()
+    ulp = torch.exp2(torch.floor(torch.log2(exact.abs())) - 10)
+    assert exact.abs().min() > 0.02  # the remnant of the bias is what the mean carries
+    assert bool(((got - exact).abs() <= ulp * (0.5 + 2 ** -10)).all()), float(((got - exact).abs() / ulp).max())
+
+
 def test_the_cases_reach_what_they_name():
     """The inputs do what the cases are for: fp16 scores overflow in "overflow", the
     guard's repeated maxima occur in "tied-guard", and the default beta is not 0.9."""
