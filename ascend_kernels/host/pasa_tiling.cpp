@@ -327,14 +327,14 @@ bool SumsScores(const PasaTilingData& t) { return t.tilingKey == PASA_KEY_PASA &
 // do. The key preprocessing holds all kvBlock keys of prepCols columns.
 void PlanCube(PasaTilingData& t, PasaBudget& b)
 {
-    const bool exact = t.rowConstants != 0;  // the row constants' Mmad
+    const bool constants = t.rowConstants != 0;  // the row constants' Mmad
     const uint32_t n = t.kvBlock, d = t.headDim, dv = t.headDimV, mp = t.qTilePad, wide = std::max(d, dv);
     const uint32_t meanRows = Align(std::min(t.numKvBlocks, PASA_CONST_BLOCKS), 16);
     t.l1QueryBytes = mp * d * 2;
     t.l1KeyBytes = n * d * 2;
     t.l1ValueBytes = n * dv * 2;
     t.l1ProbBytes = mp * n * 2;
-    t.l1MeanBytes = exact ? meanRows * d * 2 : 0;
+    t.l1MeanBytes = constants ? meanRows * d * 2 : 0;
     const uint64_t others = static_cast<uint64_t>(PASA_KEY_BUFFERS) * t.l1KeyBytes +
                             static_cast<uint64_t>(PASA_VALUE_BUFFERS) * t.l1ValueBytes +
                             static_cast<uint64_t>(PASA_PROB_BUFFERS) * t.l1ProbBytes +
@@ -358,9 +358,9 @@ void PlanCube(PasaTilingData& t, PasaBudget& b)
     const uint32_t dc = std::min(d, t.cubeCols), dvc = std::min(dv, t.cubeCols);
     for (uint32_t rows = mp; rows >= 16; rows -= 16) {
         t.cubeRows = rows;
-        t.l0aBytes = Align(std::max({rows * dc, rows * nk, exact ? meanRows * dc : 0u}) * 2, 512);
-        t.l0bBytes = Align(std::max({nk * dc, nk * dvc, exact ? rows * dc : 0u}) * 2, 512);
-        t.l0cBytes = Align(std::max({rows * nk, rows * dvc, exact ? meanRows * rows : 0u}) * 4, 1024);
+        t.l0aBytes = Align(std::max({rows * dc, rows * nk, constants ? meanRows * dc : 0u}) * 2, 512);
+        t.l0bBytes = Align(std::max({nk * dc, nk * dvc, constants ? rows * dc : 0u}) * 2, 512);
+        t.l0cBytes = Align(std::max({rows * nk, rows * dvc, constants ? meanRows * rows : 0u}) * 4, 1024);
         b.l0a = 2ull * t.l0aBytes;
         b.l0b = 2ull * t.l0bBytes;
         b.l0c = 2ull * t.l0cBytes;
@@ -397,7 +397,7 @@ uint64_t PlanVectorChunk(PasaTilingData& t, uint32_t r, uint32_t sumRows)
     for (uint32_t g = 2 * r; g <= std::min(all, PASA_MAX_CHUNK_ROWS); g += r) {
         if (all % g == 0) t.vecStatRows = g;
     }
-    const uint32_t g = t.vecStatRows, widened = SumsScores(t) || !pasa ? t.vecSumRows : 0;
+    const uint32_t g = t.vecStatRows, widened = pasa && !SumsScores(t) ? 0 : t.vecSumRows;  // S' rows widened to fp32
     t.ubScoreBytes = r * n * (fa || t.shiftScores ? 4 : 2);  // fp32 scores, shifted in place to fp16 S'
     t.ubProbBytes = r * n * 2;
     t.ubPvBytes = r * t.pvCols * (fa ? 4 : 2);
@@ -515,7 +515,7 @@ void CheckBudgets(const PasaProblem& p, const PasaBudget& b)
 
 void PlanWorkspace(const PasaProblem& p, PasaTilingData& t)
 {
-    const bool exact = t.rowConstants != 0;  // key means and row constants
+    const bool constants = t.rowConstants != 0;  // key means and row constants
     const bool keyPrime = t.prepDim != 0;  // the preprocessing launch writes K'
     const bool pasa = p.tilingKey == PASA_KEY_PASA;
     const uint64_t n = t.kvBlock, d = t.headDim, dv = t.headDimV, rows = t.qTilePad;
@@ -528,12 +528,12 @@ void PlanWorkspace(const PasaProblem& p, PasaTilingData& t)
     t.keyPrimeOffset = off;
     off += Align64(keyPrime ? kvBlocksTotal * n * d * 2 : 0, 512);
     t.keyMeanOffset = off;
-    off += Align64(exact ? kvBlocksTotal * d * 2 : 0, 512);
+    off += Align64(constants ? kvBlocksTotal * d * 2 : 0, 512);
     const uint64_t elem = p.tilingKey == PASA_KEY_FA_FP32 ? 4 : 2;
     t.scoreSlotBytes = Align64(rows * n * (t.shiftScores ? 4 : elem), 512);
     t.probSlotBytes = Align64(rows * n * 2, 512);
     t.pvSlotBytes = Align64(rows * t.pvCols * elem, 512);
-    t.constSlotBytes = exact ? Align64(static_cast<uint64_t>(PASA_CONST_BLOCKS) * rows * 4, 512) : 0;
+    t.constSlotBytes = constants ? Align64(static_cast<uint64_t>(PASA_CONST_BLOCKS) * rows * 4, 512) : 0;
     t.colSumSlotBytes = Align64(d * 4, 512);
     t.tailSlotBytes = keyPrime && pasa ? Align64(n * d * 4, 512) : 0;
     const uint64_t prepArea = keyPrime && pasa ? PASA_SUM_SLOTS * t.colSumSlotBytes + t.tailSlotBytes : 2 * t.colSumSlotBytes;
