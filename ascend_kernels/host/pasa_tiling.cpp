@@ -536,7 +536,7 @@ void PlanWorkspace(const PasaProblem& p, PasaTilingData& t)
     t.constSlotBytes = constants ? Align64(static_cast<uint64_t>(PASA_CONST_BLOCKS) * rows * 4, 512) : 0;
     t.colSumSlotBytes = Align64(d * 4, 512);
     t.tailSlotBytes = keyPrime && pasa ? Align64(n * d * 4, 512) : 0;
-    const uint64_t prepArea = keyPrime && pasa ? PASA_SUM_SLOTS * t.colSumSlotBytes + t.tailSlotBytes : 2 * t.colSumSlotBytes;
+    const uint64_t prepArea = keyPrime ? PASA_SUM_SLOTS * t.colSumSlotBytes + t.tailSlotBytes : 0;
     t.coreAreaOffset = off;
     t.coreAreaBytes = std::max<uint64_t>(PASA_SCORE_SLOTS * t.scoreSlotBytes + PASA_PROB_SLOTS * t.probSlotBytes +
                                          PASA_PV_SLOTS * t.pvSlotBytes + PASA_CONST_SLOTS * t.constSlotBytes,

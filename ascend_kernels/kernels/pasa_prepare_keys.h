@@ -23,6 +23,8 @@
 //   fp32, and a GEMM would need scale*mean16 as an fp16 operand, a second rounding the allocation
 //   does not have.
 //
+// Both stage each key block into L1 one block ahead of the cube (StagedKeyBlocks) and hand its
+// column sums to the vector cores through a ring of PASA_SUM_SLOTS slots (SumSlot).
 // A ragged last block (kv_len not a multiple of the block) is zero-filled in L1. With paged KV
 // each physical block is preprocessed once, by the table entry that owns it (KeyBlockIter).
 // None of it runs where the attention kernel shifts the scores instead (tiling.shiftScores).
@@ -89,16 +91,47 @@ __aicore__ inline void KeyBlockToL0b(const LocalTensor<half>& l0b, const LocalTe
     }
 }
 
-// One key block GM -> L1 (LoadKeyBlock), ready for KeyColumns.
-template <typename L1Queue>
-__aicore__ inline LocalTensor<half> StageKeyBlock(L1Queue& l1, const GlobalTensor<half>& key, const PasaTilingData& t,
-                                                  const KvPages& pages, const KeyBlockTask& task)
-{
-    LocalTensor<half> k1 = l1.template AllocTensor<half>();
-    LoadKeyBlock(k1, key, t, pages, task);
-    l1.EnQue(k1);
-    return l1.template DeQue<half>();
-}
+// This core's key blocks (KeyBlockIter), each staged GM -> L1 (LoadKeyBlock) one block ahead: the
+// next block's keys land while this one's Mmads run (the L1 queue holds two; KeyColumns frees a
+// block's buffer with its last piece).
+using KeyBlockL1 = TQue<TPosition::B1, 2>;
+class StagedKeyBlocks {
+public:
+    __aicore__ inline StagedKeyBlocks(KeyBlockL1& l1, const GlobalTensor<half>& key, const PasaTilingData& t,
+                                      const KvPages& pages, KeyBlockIter& it)
+        : l1_(l1), key_(key), t_(t), pages_(pages), it_(it)
+    {
+        has_ = it_.Next(next_);
+        if (has_) Stage();
+    }
+
+    // The next block and its keys in L1, ready for KeyColumns; false past the last.
+    __aicore__ inline bool Next(KeyBlockTask& task, LocalTensor<half>& k1)
+    {
+        if (!has_) return false;
+        task = next_;
+        k1 = l1_.DeQue<half>();
+        has_ = it_.Next(next_);
+        if (has_) Stage();
+        return true;
+    }
+
+private:
+    __aicore__ inline void Stage()
+    {
+        LocalTensor<half> k1 = l1_.AllocTensor<half>();
+        LoadKeyBlock(k1, key_, t_, pages_, next_);
+        l1_.EnQue(k1);
+    }
+
+    KeyBlockL1& l1_;
+    const GlobalTensor<half>& key_;
+    const PasaTilingData& t_;
+    const KvPages& pages_;
+    KeyBlockIter& it_;
+    KeyBlockTask next_;
+    bool has_ = false;
+};
 
 // Columns [d0, d0 + cols) of a staged key block -> L0B, ready for the cube; the last piece frees the
 // block's L1 buffer. The caller frees the result.
@@ -128,9 +161,24 @@ __aicore__ inline void LoadOnesRow(const LocalTensor<half>& o1, const LocalTenso
     LoadData(l0a, o1, LoadData2DParams(0, static_cast<uint8_t>(n / kC0), 1, 0, 0, false, 0));
 }
 
-// One pasa preprocessing core's exchange slots: the column sums of its block `index` (headDim fp32,
-// a ring of PASA_SUM_SLOTS), and after them the one slot of a part-filled block's M^T K (kvBlock x
-// headDim fp32, row-major).
+// The row of ones filled into L1 (o1) and loaded into L0A to stay (l0a), ready for the cube.
+__aicore__ inline void OnesRowToStay(const LocalTensor<half>& o1, const LocalTensor<half>& l0a, uint32_t n)
+{
+    FillOnesRow(o1, n);
+    LoadOnesRow(o1, l0a, n);
+    OrderPipes<HardEvent::MTE1_M>();
+}
+
+// The slots the vector cores must have read before the cube writes the column sums of the
+// `handed`-th block (a ring of PASA_SUM_SLOTS): every block but the last PASA_SUM_SLOTS - 1.
+__aicore__ inline uint32_t SumSlotsRead(uint32_t handed)
+{
+    return handed + 1 > PASA_SUM_SLOTS ? handed + 1 - PASA_SUM_SLOTS : 0;
+}
+
+// One preprocessing core's exchange slots: the column sums of its block `index` (headDim fp32, a
+// ring of PASA_SUM_SLOTS), and after them (pasa) the one slot of a part-filled block's M^T K
+// (kvBlock x headDim fp32, row-major).
 __aicore__ inline GM_ADDR SumSlot(GM_ADDR workspace, const PasaTilingData& t, uint32_t core, uint32_t index)
 {
     return workspace + t.coreAreaOffset + static_cast<uint64_t>(core) * t.coreAreaBytes + (index % PASA_SUM_SLOTS) * t.colSumSlotBytes;
@@ -167,30 +215,27 @@ public:
         outL0c_.Init(pipe_, mr * dc * sizeof(float), t.prepL0cBuffers);
 
         LocalTensor<half> m1 = shiftL1_.Get<half>(), m2;
-        FillOnesRow(onesL1_.Get<half>(), n);
         StageShiftMatrix(m1, shift_, n);
         if (whole) {
             m2 = shiftL0a_.Get<half>();
             ShiftRowsToL0a(m2, m1, n, 0, n);
-            OrderPipes<HardEvent::MTE1_M>();
-        }
-        if (whole) {
-            LoadOnesRow(onesL1_.Get<half>(), onesL0a_.Get<half>(), n);
-            OrderPipes<HardEvent::MTE1_M>();
+            OnesRowToStay(onesL1_.Get<half>(), onesL0a_.Get<half>(), n);
+        } else {
+            FillOnesRow(onesL1_.Get<half>(), n);
         }
 
         const uint32_t core = static_cast<uint32_t>(GetBlockIdx());
         KeyBlockIter it(t, batches_, pages_, core);
+        StagedKeyBlocks blocks(keyL1_, key_, t, pages_, it);
         KeyBlockTask task;
+        LocalTensor<half> k1;
         uint32_t handed = 0, freed = 0;  // blocks handed to the vector cores, and read by them
         GlobalTensor<float> rows;
         rows.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(RowsSlot(workspace, t, core)), n * d);
-        while (it.Next(task)) {
+        while (blocks.Next(task, k1)) {
             const bool tail = task.validRows < n;  // part-filled: M^T K in fp32 to the rows slot; the vector cores finish K'
-            LocalTensor<half> k1 = StageKeyBlock(keyL1_, key_, t, pages_, task);
-            // the vector cores have read the ring's slot (handed % PASA_SUM_SLOTS), and for a part-filled block
-            // every block before it (the rows slot)
-            const uint32_t read = tail ? handed : (handed + 1 > PASA_SUM_SLOTS ? handed + 1 - PASA_SUM_SLOTS : 0);
+            // the vector cores have read the ring's slot, and for a part-filled block every block before it (the rows slot)
+            const uint32_t read = tail ? handed : SumSlotsRead(handed);
             for (; freed < read; ++freed) CrossCoreWaitFlag(PASA_FLAG_SUM_FREE);
             GlobalTensor<float> sums;
             sums.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(SumSlot(workspace, t, core, handed)), d);
@@ -253,7 +298,7 @@ private:
     TBuf<TPosition::A1> onesL1_, shiftL1_;
     TBuf<TPosition::A2> shiftL0a_, onesL0a_;
     TQue<TPosition::A2, 2> shiftPieces_;
-    TQue<TPosition::B1, 2> keyL1_;
+    KeyBlockL1 keyL1_;
     TQue<TPosition::B2, 2> keyL0b_;
     L0cRing outL0c_;
     GlobalTensor<half> key_, shift_, keyPrime_;
@@ -298,14 +343,20 @@ public:
             GlobalTensor<float> sums;
             sums.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(SumSlot(workspace, t, core, handed++)), d);
             CrossCoreWaitFlag(PASA_FLAG_SUM_READY);
-            LocalTensor<float> sum = sumIn_.AllocTensor<float>();
-            LocalTensor<float> rows = rowsIn_.AllocTensor<float>();
+            if (sub != 0 && !tail) {  // a whole block: the first AIV stores its mean
+                CrossCoreSetFlag<2, PIPE_MTE2>(PASA_FLAG_SUM_FREE);
+                continue;
+            }
+            LocalTensor<float> sum = sumIn_.AllocTensor<float>(), rows;
             DataCopy(sum, sums, d);
-            if (tail) DataCopy(rows, rowsSlot[r0 * d], half_n * d);
+            if (tail) {
+                rows = rowsIn_.AllocTensor<float>();
+                DataCopy(rows, rowsSlot[r0 * d], half_n * d);
+                rowsIn_.EnQue(rows);
+                rows = rowsIn_.DeQue<float>();
+            }
             sumIn_.EnQue(sum);
-            rowsIn_.EnQue(rows);
             sum = sumIn_.DeQue<float>();
-            rows = rowsIn_.DeQue<float>();
             CrossCoreSetFlag<2, PIPE_MTE2>(PASA_FLAG_SUM_FREE);
             if (sub == 0) {
                 const float rho = tail ? t.shiftRowSum / static_cast<float>(task.validRows) : t.shiftRowSum * t.invKvBlock;
@@ -319,7 +370,6 @@ public:
             }
             if (!tail) {
                 sumIn_.FreeTensor(sum);
-                rowsIn_.FreeTensor(rows);
                 continue;
             }
             const float c = off * static_cast<float>(n - task.validRows) / static_cast<float>(task.validRows);
@@ -355,9 +405,8 @@ public:
                                const PasaTilingData& t)
     {
         const uint32_t n = t.kvBlock, d = t.headDim, dc = t.prepCols;
+        const uint32_t core = static_cast<uint32_t>(GetBlockIdx());
         key_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(key));
-        const uint64_t area = t.coreAreaOffset + static_cast<uint64_t>(GetBlockIdx()) * t.coreAreaBytes;
-        colSum_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + area), 2 * t.colSumSlotBytes / sizeof(float));
         batches_.Init(tiling, t);
         pages_.Init(blockTable, keySlots, t);
 
@@ -368,15 +417,16 @@ public:
         sumL0c_.Init(pipe_, kC0 * dc * sizeof(float));
 
         LocalTensor<half> o2 = onesL0a_.Get<half>();
-        FillOnesRow(onesL1_.Get<half>(), n);
-        LoadOnesRow(onesL1_.Get<half>(), o2, n);
-        OrderPipes<HardEvent::MTE1_M>();
+        OnesRowToStay(onesL1_.Get<half>(), o2, n);
 
-        KeyBlockIter it(t, batches_, pages_, static_cast<uint32_t>(GetBlockIdx()));
+        KeyBlockIter it(t, batches_, pages_, core);
+        StagedKeyBlocks blocks(keyL1_, key_, t, pages_, it);
         KeyBlockTask task;
-        uint32_t done = 0;
-        while (it.Next(task)) {
-            LocalTensor<half> k1 = StageKeyBlock(keyL1_, key_, t, pages_, task);
+        LocalTensor<half> k1;
+        uint32_t handed = 0, freed = 0;  // blocks handed to the vector cores, and read by them
+        while (blocks.Next(task, k1)) {
+            GlobalTensor<float> sums;
+            sums.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(SumSlot(workspace, t, core, handed)), d);
             for (uint32_t d0 = 0; d0 < d; d0 += dc) {  // the column sums' pieces
                 const uint32_t cols = Min(dc, d - d0);
                 LocalTensor<half> k2 = KeyColumns(keyL1_, keyL0b_, k1, t, d0, cols);
@@ -384,26 +434,25 @@ public:
                 Mmad(c, o2, k2, MmadParams(1, static_cast<uint16_t>(cols), static_cast<uint16_t>(n), PASA_UNIT_FLAG_LAST,
                                            false, true));
                 keyL0b_.FreeTensor(k2);
-                if (d0 == 0 && done >= 2) CrossCoreWaitFlag(PASA_FLAG_SUM_FREE);  // the vector cores read slot (done % 2)
-                Fixpipe<float, float, CFG_ROW_MAJOR>(colSum_[(done % 2) * (t.colSumSlotBytes / sizeof(float)) + d0], c,
+                for (; freed < SumSlotsRead(handed); ++freed) CrossCoreWaitFlag(PASA_FLAG_SUM_FREE);  // the ring's slot
+                Fixpipe<float, float, CFG_ROW_MAJOR>(sums[d0], c,
                     FixpipeParamsV220(static_cast<uint16_t>(cols), 1, kC0, d, false, QuantMode_t::NoQuant, 0, 1, 0, 0,
                                       PASA_UNIT_FLAG_LAST));
             }
             CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_SUM_READY);
-            ++done;
+            ++handed;
         }
-        for (uint32_t i = done >= 2 ? done - 2 : 0; i < done; ++i) CrossCoreWaitFlag(PASA_FLAG_SUM_FREE);
+        for (; freed < handed; ++freed) CrossCoreWaitFlag(PASA_FLAG_SUM_FREE);
     }
 
 private:
     TPipe pipe_;
     TBuf<TPosition::A1> onesL1_;
     TBuf<TPosition::A2> onesL0a_;
-    TQue<TPosition::B1, 2> keyL1_;
+    KeyBlockL1 keyL1_;
     TQue<TPosition::B2, 2> keyL0b_;
     L0cRing sumL0c_;
     GlobalTensor<half> key_;
-    GlobalTensor<float> colSum_;
     BatchTable batches_;
     KvPages pages_;
 };
@@ -418,8 +467,6 @@ public:
         key_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(key));
         keyPrime_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.keyPrimeOffset));
         keyMean_.SetGlobalBuffer(reinterpret_cast<__gm__ half*>(workspace + t.keyMeanOffset));
-        const uint64_t area = t.coreAreaOffset + static_cast<uint64_t>(core) * t.coreAreaBytes;
-        colSum_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(workspace + area), 2 * t.colSumSlotBytes / sizeof(float));
         batches_.Init(tiling, t);
         pages_.Init(blockTable, keySlots, t);
 
@@ -436,11 +483,13 @@ public:
         const uint32_t keyStride = RowStride(t.kvLayout, t.numKvHeads, d);
         KeyBlockIter it(t, batches_, pages_, core);
         KeyBlockTask task;
-        uint32_t done = 0;
+        uint32_t handed = 0;
         while (it.Next(task)) {
+            GlobalTensor<float> sums;
+            sums.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(SumSlot(workspace, t, core, handed++)), d);
             CrossCoreWaitFlag(PASA_FLAG_SUM_READY);
             LocalTensor<float> sum = sumIn_.AllocTensor<float>();
-            DataCopy(sum, colSum_[(done % 2) * (t.colSumSlotBytes / sizeof(float))], d);
+            DataCopy(sum, sums, d);
             sumIn_.EnQue(sum);
             CrossCoreSetFlag<2, PIPE_MTE2>(PASA_FLAG_SUM_FREE);
             sum = sumIn_.DeQue<float>();
@@ -489,7 +538,6 @@ public:
             kout = keyOut_.DeQue<half>();
             DataCopy(keyPrime_[KeyPrimeOffset(t, task.slot) + static_cast<uint64_t>(r0) * d], kout, half_n * d);
             keyOut_.FreeTensor(kout);
-            ++done;
         }
     }
 
@@ -499,7 +547,6 @@ private:
     TQue<TPosition::VECOUT, 1> keyOut_, meanOut_;
     TBuf<TPosition::VECCALC> calc_;
     GlobalTensor<half> key_, keyPrime_, keyMean_;
-    GlobalTensor<float> colSum_;
     BatchTable batches_;
     KvPages pages_;
 };

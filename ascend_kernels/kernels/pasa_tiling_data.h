@@ -63,7 +63,7 @@ constexpr uint32_t PASA_PV_DELAY = 3;
 constexpr uint32_t PASA_SCORE_SLOTS = PASA_LOOKAHEAD + 1;
 constexpr uint32_t PASA_PROB_SLOTS = PASA_PV_DELAY + 1;
 constexpr uint32_t PASA_PV_SLOTS = PASA_PV_DELAY + 1;
-// pasa's key preprocessing hands each block's column sums to the vector cores through a ring of
+// The key preprocessing hands each block's column sums to the vector cores through a ring of
 // PASA_SUM_SLOTS slots, so that the cube runs that many blocks ahead of their flag round trips.
 constexpr uint32_t PASA_SUM_SLOTS = 8;
 constexpr uint32_t PASA_CONST_BLOCKS = 128;                  // rowConstants: blocks per cube pass
@@ -216,8 +216,7 @@ struct PasaTilingData {
     uint64_t probSlotBytes;    // P' tile slot (PASA_PROB_SLOTS)
     uint64_t pvSlotBytes;      // P'V tile slot (PASA_PV_SLOTS)
     uint64_t constSlotBytes;   // with K': row constants Q . mean of a tile, PASA_CONST_BLOCKS x qTilePad fp32 (PASA_CONST_SLOTS)
-    uint64_t colSumSlotBytes;  // preprocessing: column sums of one block, headDim fp32 (pasa: PASA_SUM_SLOTS slots;
-                               // pasa-exact: 2)
+    uint64_t colSumSlotBytes;  // preprocessing: column sums of one block, headDim fp32 (PASA_SUM_SLOTS slots)
     uint64_t tailSlotBytes;    // pasa preprocessing: a part-filled block's M^T K (kvBlock x headDim fp32), after the
                                // column sums' slots (one slot)
     uint64_t shiftMatrixOffset;  // pasa: M^T, kvBlock x kvBlock fp16; with shiftScores the score map instead: for

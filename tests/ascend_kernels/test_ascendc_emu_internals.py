@@ -285,18 +285,20 @@ def test_a_kv_block_waits_for_one_gm_read_latency(algorithm):
     assert slower <= 300, slower
 
 
-def test_key_means_through_the_column_sum_ring():
-    """pasa's key preprocessing on one AI Core runs ahead of its vector cores through the ring of
-    column-sum slots (PASA_SUM_SLOTS = 8): 20 blocks, six of them part-filled (each waits for every
-    block before it to be read: the one slot of M^T K), in a launch of its own and inside the
-    attention launch; the result holds to the torch backend's with the block means from the keys."""
+@pytest.mark.parametrize("algorithm", ("pasa", "pasa-exact"))
+def test_key_means_through_the_column_sum_ring(algorithm):
+    """The key preprocessing on one AI Core runs ahead of its vector cores through the ring of
+    column-sum slots (PASA_SUM_SLOTS = 8), its keys staged a block ahead: 20 blocks, six of them
+    part-filled (pasa: each waits for every block before it to be read, the one slot of M^T K), in a
+    launch of its own and inside the attention launch; the result holds to the torch backend's
+    (pasa: with the block means from the keys)."""
     from test_ascendc_emu import assert_matches_torch, torch_reference
     gen = torch.Generator().manual_seed(11)
     lens = [300, 517, 129]  # 3 + 5 + 2 blocks of 128 keys per kv head, each batch's last part-filled
     q = torch.randn(3, 4, 64, 64, generator=gen).half()
     k = (torch.randn(3, 2, 517, 64, generator=gen) + 2).half()
     v = torch.randn(3, 2, 517, 64, generator=gen).half()
-    kw = dict(num_heads=4, num_key_value_heads=2, input_layout="BNSD", scale=0.125, algorithm="pasa",
+    kw = dict(num_heads=4, num_key_value_heads=2, input_layout="BNSD", scale=0.125, algorithm=algorithm,
               actual_seq_lengths_kv=lens, repair_overflow=False, softmax_lse_flag=True)
     for prep_launch in (0, 1):
         with ascendc_emu.using_model_parameters(dict(ascendc_emu.model_parameters(), core_num=1)), \
@@ -305,7 +307,7 @@ def test_key_means_through_the_column_sum_ring():
         tiling = ascendc_emu.last_run_stats()["tiling"]
         assert tiling["prep_dim"] == 1 and tiling["row_constants"] and tiling["prep_in_attention"] != prep_launch
         ref, ref_lse = torch_reference(q, k, v, tiling, **kw)[:2]
-        assert_matches_torch(out, lse, ref, ref_lse, "pasa", torch.float16, 5,
+        assert_matches_torch(out, lse, ref, ref_lse, algorithm, torch.float16, 5,
                              call=(q, k, v, kw), kv_lens=lens, kv_block=128)
 
 
