@@ -78,6 +78,7 @@ py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
     d["cube_rows"] = t.cubeRows;
     d["cube_cols"] = t.cubeCols;
     d["cube_keys"] = t.cubeKeys;
+    d["key_buffer_keys"] = t.keyBufferKeys;
     d["pv_cols"] = t.pvCols;
     d["prep_cols"] = t.prepCols;
     d["query_buffers"] = t.queryBuffers;

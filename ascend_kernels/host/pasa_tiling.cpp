@@ -318,20 +318,38 @@ bool ProbSumsOnCube(const PasaTilingData& t) { return t.tilingKey == PASA_KEY_PA
 // cube's row constants are its block means)
 bool SumsScores(const PasaTilingData& t) { return t.tilingKey == PASA_KEY_PASA && !t.rowConstants; }
 
-// AIC buffers: Q, K' (or K), V, P' and the means in L1 (PASA_*_BUFFERS each, one Q buffer where two
-// do not fit); two L0A, two L0B and two L0C buffers. An L0B buffer holds a K or V block whole where
-// it fits; else, where a piece of at least 128 keys fits with the whole head dim, cubeKeys keys of it
-// (the cube then loads each piece once per piece of rows, not the whole block once per piece of rows
-// and columns); else the most columns (a multiple of 16) of all its keys, cubeCols. L0A and L0C hold
-// a piece of cubeRows rows: all of the tile's where they fit, else the most (a multiple of 16) that
-// do. The key preprocessing holds all kvBlock keys of prepCols columns.
-void PlanCube(PasaTilingData& t, PasaBudget& b)
+// AIC buffers: Q, keyBufferKeys keys of K' (or K; the whole block unless the problem sets fewer), V,
+// P' and the means in L1 (PASA_*_BUFFERS each, one Q buffer where two do not fit); two L0A, two
+// L0B and two L0C buffers. An L0B buffer holds a K or V block whole where it fits; else, where a
+// piece of at least 128 keys fits with the whole head dim, cubeKeys keys of it (the cube then loads
+// each piece once per piece of rows, not the whole block once per piece of rows and columns; the
+// problem may set fewer); else the most columns (a multiple of 16) of all its keys, cubeCols. L0A
+// and L0C hold a piece of cubeRows rows: all of the tile's where they fit, else the most (a
+// multiple of 16) that do. The key preprocessing holds all kvBlock keys of prepCols columns.
+void PlanCube(const PasaProblem& p, PasaTilingData& t, PasaBudget& b)
 {
     const bool constants = t.rowConstants != 0;  // the row constants' Mmad
     const uint32_t n = t.kvBlock, d = t.headDim, dv = t.headDimV, mp = t.qTilePad, wide = std::max(d, dv);
     const uint32_t meanRows = Align(std::min(t.numKvBlocks, PASA_CONST_BLOCKS), 16);
+    const uint32_t l0bBuffer = kL0BBytes / 2, blockCols = l0bBuffer / (n * 2) / 16 * 16;  // of all n keys
+    t.cubeKeys = n;
+    while (t.cubeKeys > 128 && t.cubeKeys * wide * 2 > l0bBuffer) t.cubeKeys /= 2;
+    if (t.cubeKeys * wide * 2 > l0bBuffer) t.cubeKeys = n;
+    if (p.cubeKeys != 0) {
+        if (p.cubeKeys % 16 != 0 || n % p.cubeKeys != 0 || p.cubeKeys * wide * 2 > l0bBuffer) {
+            Reject("cubeKeys must be a multiple of 16 dividing kvBlock (" + std::to_string(n) + ") whose keys fit an L0B buffer "
+                   "with the whole head dim (" + std::to_string(wide) + "), got " + std::to_string(p.cubeKeys));
+        }
+        t.cubeKeys = p.cubeKeys;
+    }
+    const uint32_t nk = t.cubeKeys;
+    t.keyBufferKeys = p.keyBufferKeys != 0 ? p.keyBufferKeys : n;
+    if (t.keyBufferKeys % nk != 0 || n % t.keyBufferKeys != 0) {
+        Reject("keyBufferKeys must be a multiple of the cube's key piece (" + std::to_string(nk) + ") that divides kvBlock (" +
+               std::to_string(n) + "), got " + std::to_string(t.keyBufferKeys));
+    }
     t.l1QueryBytes = mp * d * 2;
-    t.l1KeyBytes = n * d * 2;
+    t.l1KeyBytes = t.keyBufferKeys * d * 2;
     t.l1ValueBytes = n * dv * 2;
     t.l1ProbBytes = mp * n * 2;
     t.l1MeanBytes = constants ? meanRows * d * 2 : 0;
@@ -341,12 +359,7 @@ void PlanCube(PasaTilingData& t, PasaBudget& b)
                             static_cast<uint64_t>(PASA_MEAN_BUFFERS) * t.l1MeanBytes;
     t.queryBuffers = others + static_cast<uint64_t>(PASA_QUERY_BUFFERS) * t.l1QueryBytes <= kL1Bytes ? PASA_QUERY_BUFFERS : 1;
     b.l1 = others + static_cast<uint64_t>(t.queryBuffers) * t.l1QueryBytes;
-    const uint32_t l0bBuffer = kL0BBytes / 2, blockCols = l0bBuffer / (n * 2) / 16 * 16;  // of all n keys
     t.prepCols = std::max(16u, std::min(d, blockCols));
-    t.cubeKeys = n;
-    while (t.cubeKeys > 128 && t.cubeKeys * wide * 2 > l0bBuffer) t.cubeKeys /= 2;
-    if (t.cubeKeys * wide * 2 > l0bBuffer) t.cubeKeys = n;
-    const uint32_t nk = t.cubeKeys;
     // pasa: the row sums of P' from the cube, 16 more columns of the P'V tile (the P' pieces of a row
     // piece stay in L0A, both buffers at most, until they are multiplied by a block of ones)
     t.pvCols = ProbSumsOnCube(t) ? dv + 16 : dv;
@@ -560,7 +573,7 @@ PasaTilingData ComputeTiling(const PasaProblem& p, const BatchLengths* lengths, 
     FillProblem(p, t);
     PlanBlocking(p, lengths, t);
     PasaBudget b;
-    PlanCube(t, b);
+    PlanCube(p, t, b);
     if (p.paged && t.prepDim != 0 && t.subBlocks == 0) {  // K' per physical block
         Reject("paged KV with " + std::string(p.tilingKey == PASA_KEY_PASA ? "pasa" : "pasa-exact") +
                " keeps K' per physical block: kvBlock (" + std::to_string(p.kvBlock) + ") must divide blockSize (" +

@@ -54,6 +54,9 @@ struct PasaProblem {
     uint32_t kvBlock = 128;
     uint32_t kvSplits = 0;   // kv ranges per decode task; 0: chosen for the core count
     uint32_t tailPieces = 0; // pieces per task of a prefill's last, part-filled round; 0: chosen for the core count
+    uint32_t cubeKeys = 0;       // keys of a K or V block in L0B at once (with the whole head dim); 0: the host's
+    uint32_t keyBufferKeys = 0;  // keys of a K block in each key buffer in L1 (a multiple of the cube's key
+                                 // piece dividing kvBlock); 0: the whole block
     uint32_t vecChunkRows = 0;  // rows a vector core works on at once; 0: the most that fit its UB
     bool prepLaunch = false;    // the key preprocessing in a launch of its own rather than at the attention launch's start
     bool mergeLaunch = false;   // split kv's merge (and a checked call's repair) in launches of their own rather than at

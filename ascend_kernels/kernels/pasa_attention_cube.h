@@ -9,8 +9,8 @@
 // that follows); a tile of one head holds Q as Zz, so that each piece of its rows is one load into
 // L0A. After each score tile the cube copies the operands of the steps to come into L1 and then
 // queues them, so that one wait on the MTE2 pipe covers all their GM reads: the next score tile's
-// keys, and, when a P'V follows, its P' and the values of the P'V after it (two value buffers),
-// which land while that P'V runs. The L1 buffer counts (PASA_*_BUFFERS) stay within TPipe's 8
+// keys, and, when a P'V follows, its P' and the values of the P'V after it (two
+// value buffers), which land while that P'V runs. The L1 buffer counts (PASA_*_BUFFERS) stay within TPipe's 8
 // MTE1_MTE2 event IDs. L0A, L0B and L0C are ping-pong pairs: the next operand loads while the
 // current Mmad runs, and a Fixpipe drains one L0C tile while the next Mmad fills the other (L0C
 // handed over by unitFlag, L0cRing).
@@ -19,9 +19,12 @@
 // hold a piece): the key or value block stays in L0B for all of them, the row constants' Mmad takes
 // the pieces' Q rows one after the other. A block of more keys than tiling.cubeKeys is held a piece
 // of cubeKeys keys (every head dim column) at a time: K lies in L1 as NZ pieces of cubeKeys keys, each
-// with C0 stride cubeKeys, so that a piece is one load into L0B; each key piece stays in L0B for every piece of
-// rows, the score tile is produced a piece of its columns at a time, and P'V accumulates over the
-// key pieces of its contraction in L0C, in key order. A head dim of more columns than
+// with C0 stride cubeKeys, so that a piece is one load into L0B (a key buffer holds
+// tiling.keyBufferKeys keys of the block: where that is a part of it, the first parts, one per key
+// buffer, come with the operands queued ahead of the score tile, each later one lands in the
+// buffer a multiplied part left); each key piece stays in L0B for every piece of rows, the score tile is produced a
+// piece of its columns at a time, and P'V accumulates over the key pieces of its contraction in
+// L0C, in key order. A head dim of more columns than
 // tiling.cubeCols (L0B holds that many of a K or V block) is cut into pieces of cubeCols: the score
 // and row-constant Mmads accumulate over the pieces of their contraction in L0C, in the order of
 // the whole one; P'V produces its columns piece by piece.
@@ -116,13 +119,13 @@ private:
                     if (!queryQueued) LoadQuery(task, true);
                     q1 = queryL1_.DeQue<T>();
                 }
-                if (!keysQueued) keyL1_.EnQue(CopyKeys(task, task.blockBegin + score.block));
+                if (!keysQueued) QueueKeys(task, task.blockBegin + score.block);
                 LocalTensor<T> k1 = keyL1_.DeQue<T>();
                 if (constants_ && score.block % PASA_CONST_BLOCKS == 0) RowConstants(task, q1, score.block);
                 // the next task's Q loads while this one is scored (copied after the row constants' means,
                 // which RowConstants waits for)
                 if (score.block == 0 && t_->queryBuffers > 1) queryQueued = QueueNextQuery(win, score, pv);
-                Scores(task, q1, k1);
+                Scores(task, task.blockBegin + score.block, q1, k1);
                 if (score.block + 1 == task.numBlocks) {
                     queryL1_.FreeTensor(q1);
                     // one Q buffer: the next task's Q loads during the P'V that follows
@@ -153,8 +156,8 @@ private:
     }
 
     // After a score tile, the operands of the steps to come, all copied before any is queued so that
-    // one wait covers their GM reads: the keys of the score cursor's next tile (returns whether it
-    // has one) and, when a P'V follows (`pvNext`), its P' and, where a value buffer is free, the
+    // one wait covers their GM reads: the keys of the score cursor's next tile, or its first parts
+    // (FirstKeyParts; returns whether it has one), and, when a P'V follows (`pvNext`), its P' and, where a value buffer is free, the
     // values of the first block from the P'V cursor's on whose V is not in L1 yet (one the cube
     // has scored: the V of the P'V after next is on its way while that P'V runs).
     __aicore__ inline bool QueueOperands(TaskWindow& win, const BlockCursor& score, const BlockCursor& pv, bool pvNext,
@@ -170,11 +173,12 @@ private:
             valuesNext = NextBlock(win, values, pv.task + kTaskWindow);
         }
         valuesNext = valuesNext && (values.task < score.task || (values.task == score.task && values.block < score.block));
-        LocalTensor<T> k1, v1, p1;
-        if (keysNext) k1 = CopyKeys(win.Get(keys.task), win.Get(keys.task).blockBegin + keys.block);
+        LocalTensor<T> k1[PASA_KEY_BUFFERS], v1, p1;
+        const uint32_t keyParts = keysNext ? FirstKeyParts() : 0;
+        for (uint32_t p = 0; p < keyParts; ++p) k1[p] = CopyKeys(win.Get(keys.task), win.Get(keys.task).blockBegin + keys.block, p);
         if (valuesNext) v1 = CopyValue(win.Get(values.task), win.Get(values.task).blockBegin + values.block);
         if (pvNext) p1 = CopyProb(pvRows);
-        if (keysNext) keyL1_.EnQue(k1);
+        for (uint32_t p = 0; p < keyParts; ++p) keyL1_.EnQue(k1[p]);
         if (valuesNext) {
             valueL1_.EnQue(v1);
             ++valuesQueued;
@@ -417,71 +421,94 @@ private:
                                    k0 + k == depth ? PASA_UNIT_FLAG_LAST : PASA_UNIT_FLAG_MORE, false, k0 == 0));
     }
 
-    // Rows [0, valid) of kv block j of `src` (K or V, row length dim) -> L1, NZ in pieces of `pieceRows`
-    // rows one after the other, each with C0 stride pieceRows (or, zz, 16-row blocks with their column
-    // fractals together), one copy per run of rows inside one physical block and one piece. Rows past
-    // `valid` are left as they are.
+    // Rows [r0, r1) of kv block j of `src` (K or V, row length dim; r0 a multiple of pieceRows) -> L1
+    // from its start, NZ in pieces of `pieceRows` rows one after the other, each with C0 stride
+    // pieceRows (or, zz, 16-row blocks with their column fractals together), one copy per run of rows
+    // inside one physical block and one piece. Rows past r1 are left as they are.
     __aicore__ inline void CopyRows(const LocalTensor<T>& l1, const GlobalTensor<T>& src, const AttentionTask& task,
-                                    uint32_t j, uint32_t valid, uint32_t dim, bool zz, uint32_t pieceRows)
+                                    uint32_t j, uint32_t r0, uint32_t r1, uint32_t dim, bool zz, uint32_t pieceRows)
     {
         const PasaTilingData& t = *t_;
         const uint32_t n = t.kvBlock, stride = RowStride(t.kvLayout, t.numKvHeads, dim);
-        for (uint32_t r = 0; r < valid;) {
+        for (uint32_t r = r0; r < r1;) {
             const int64_t pos = static_cast<int64_t>(j) * n + r;
             const uint64_t at = KvRowOffset(t, pages_, task.b, task.kvHead, task.info.kvStart, pos, dim);
+            const uint32_t rr = r - r0;  // the row's place in l1
             if (!zz) {
-                const uint32_t in = r % pieceRows, run = RunLength(t, pos, valid - r);
+                const uint32_t in = rr % pieceRows, run = RunLength(t, pos, r1 - r);
                 // whole pieces in one copy where the DMA's 16-bit stride between them reaches
                 const uint32_t pieces = in == 0 && pieceRows * stride <= 65535 ? run / pieceRows : 0;
                 const uint32_t rows = pieces > 1 ? pieceRows : Min(run, pieceRows - in);
-                DataCopy(l1[(r - in) * dim + in * kC0], src[at],
+                DataCopy(l1[(rr - in) * dim + in * kC0], src[at],
                          Nd2NzParams(static_cast<uint16_t>(pieces > 1 ? pieces : 1), static_cast<uint16_t>(rows),
                                      static_cast<uint16_t>(dim), static_cast<uint16_t>(pieces > 1 ? pieceRows * stride : 0),
                                      static_cast<uint16_t>(stride), static_cast<uint16_t>(pieceRows), 1,
                                      static_cast<uint16_t>(pieces > 1 ? pieceRows * dim : 0)));
                 r += pieces > 1 ? pieces * pieceRows : rows;
             } else {  // r is a multiple of 16
-                const uint32_t run = RunLength(t, pos, valid - r);
-                CopyZz(l1[(r / kC0) * (dim / kC0) * kFractal], src, at, run, dim, stride);
+                const uint32_t run = RunLength(t, pos, r1 - r);
+                CopyZz(l1[(rr / kC0) * (dim / kC0) * kFractal], src, at, run, dim, stride);
                 r += run;
             }
         }
     }
 
-    // K'_j (fa-fp32 and shiftScores: K_j) -> a key buffer, NZ pieces of cubeKeys keys (the caller queues it).
-    __aicore__ inline LocalTensor<T> CopyKeys(const AttentionTask& task, uint32_t j)
+    // Parts of keyBufferKeys keys of a key block queued ahead of its score tile: one per key buffer,
+    // at most the block's.
+    __aicore__ inline uint32_t FirstKeyParts() const { return Min(PASA_KEY_BUFFERS, t_->kvBlock / t_->keyBufferKeys); }
+
+    // The first parts of K'_j (FirstKeyParts), copied before any is queued.
+    __aicore__ inline void QueueKeys(const AttentionTask& task, uint32_t j)
+    {
+        LocalTensor<T> k1[PASA_KEY_BUFFERS];
+        for (uint32_t p = 0; p < FirstKeyParts(); ++p) k1[p] = CopyKeys(task, j, p);
+        for (uint32_t p = 0; p < FirstKeyParts(); ++p) keyL1_.EnQue(k1[p]);
+    }
+
+    // Part p of K'_j (fa-fp32 and shiftScores: of K_j), its keys [p keyBufferKeys, (p + 1) keyBufferKeys)
+    // -> a key buffer, NZ pieces of cubeKeys keys (the caller queues it).
+    __aicore__ inline LocalTensor<T> CopyKeys(const AttentionTask& task, uint32_t j, uint32_t p)
     {
         const PasaTilingData& t = *t_;
-        const uint32_t n = t.kvBlock, d = t.headDim, valid = ValidKeys(task, j);
+        const uint32_t kb = t.keyBufferKeys, nk = t.cubeKeys, d = t.headDim, r0 = p * kb, valid = ValidKeys(task, j);
         LocalTensor<T> k1 = keyL1_.AllocTensor<T>();
         if (rawKeys_) {
             // fa-fp32: rows past kv_len stay stale (their scores are masked); shiftScores: zero (the row sums)
-            if (t.shiftScores) ZeroRowsNz(k1, valid, n, d, t.cubeKeys);
-            CopyRows(k1, keys_, task, j, valid, d, false, t.cubeKeys);
-        } else {  // the pieces in one copy
-            const uint32_t nk = t.cubeKeys, pieceElems = nk < n ? nk * d : 0;  // below 2^16 when nk < n (PlanCube)
-            DataCopy(k1, primes_[KeyPrimeOffset(t, KeyPrimeSlot(t, pages_, task.b, task.kvHead, j, task.info.kvLen))],
-                     Nd2NzParams(static_cast<uint16_t>(n / nk), static_cast<uint16_t>(nk), static_cast<uint16_t>(d),
+            const uint32_t rows = valid > r0 ? Min(kb, valid - r0) : 0;
+            if (t.shiftScores) ZeroRowsNz(k1, rows, kb, d, nk);
+            CopyRows(k1, keys_, task, j, r0, r0 + rows, d, false, nk);
+        } else {  // the pieces in one copy; K' is zero past the block's keys
+            const uint32_t pieceElems = nk < kb ? nk * d : 0;  // below 2^16 when nk < kvBlock (PlanCube)
+            DataCopy(k1, primes_[KeyPrimeOffset(t, KeyPrimeSlot(t, pages_, task.b, task.kvHead, j, task.info.kvLen)) + r0 * d],
+                     Nd2NzParams(static_cast<uint16_t>(kb / nk), static_cast<uint16_t>(nk), static_cast<uint16_t>(d),
                                  static_cast<uint16_t>(pieceElems), static_cast<uint16_t>(d), static_cast<uint16_t>(nk), 1,
                                  static_cast<uint16_t>(pieceElems)));
         }
         return k1;
     }
 
-    // S'_j = Q K'_j^T (K'_j in k1, CopyKeys) to the next score slot; fa-fp32 and shiftScores: Q K_j^T
-    // of the raw keys (fp32).
-    __aicore__ inline void Scores(const AttentionTask& task, const LocalTensor<T>& q1, LocalTensor<T>& k1)
+    // S'_j = Q K'_j^T to the next score slot (fa-fp32 and shiftScores: Q K_j^T of the raw keys, fp32),
+    // a piece of cubeKeys keys at a time: k1 holds the block's first part of keyBufferKeys keys, the
+    // caller queued FirstKeyParts of them, and each part past those lands in the buffer a multiplied
+    // part left.
+    __aicore__ inline void Scores(const AttentionTask& task, uint32_t j, const LocalTensor<T>& q1, LocalTensor<T>& k1)
     {
         const PasaTilingData& t = *t_;
         const uint32_t n = t.kvBlock, d = t.headDim, mp = Rows16(task);
-        const uint32_t dc = Min(d, t.cubeCols), nk = t.cubeKeys;
+        const uint32_t dc = Min(d, t.cubeCols), nk = t.cubeKeys, kb = t.keyBufferKeys;
         const bool held = dc == d;  // each piece of keys stays in L0B for every piece of rows
         GM_ADDR slot = slots_.score + (scoreCount_++ % PASA_SCORE_SLOTS) * t.scoreSlotBytes;
         for (uint32_t n0 = 0; n0 < n; n0 += nk) {  // the tile's pieces of columns (keys)
+            const uint32_t in = n0 % kb;  // the piece's place in its part
+            if (n0 > 0 && in == 0) k1 = keyL1_.DeQue<T>();
             LocalTensor<T> b2;
             if (held) {
-                b2 = KeysToL0b(k1, d / kC0, n0, nk);
-                if (n0 + nk == n) keyL1_.FreeTensor(k1);
+                b2 = KeysToL0b(k1, d / kC0, in, nk);
+                if (in + nk == kb) {  // the part's last piece
+                    keyL1_.FreeTensor(k1);
+                    const uint32_t next = n0 / kb + PASA_KEY_BUFFERS;
+                    if (next < n / kb) keyL1_.EnQue(CopyKeys(task, j, next));
+                }
             }
             for (uint32_t m0 = 0; m0 < mp; m0 += t.cubeRows) {
                 const uint32_t rows = Min(t.cubeRows, task.rows - m0), rowsPad = Align16(rows);
@@ -514,7 +541,7 @@ private:
         } else {
             ZeroRowsNz(v1, valid, n, dv, n);
         }
-        CopyRows(v1, value_, task, j, valid, dv, valueZz_, n);
+        CopyRows(v1, value_, task, j, 0, valid, dv, valueZz_, n);
         return v1;
     }
 
@@ -608,7 +635,7 @@ private:
     uint32_t scoreCount_ = 0, probCount_ = 0, pvCount_ = 0, constCount_ = 0;  // rings, across tasks
     TPipe pipe_;
     TQue<TPosition::A1, 1> queryL1_, probL1_, meanL1_;
-    TQue<TPosition::B1, 1> keyL1_;
+    TQue<TPosition::B1, PASA_KEY_BUFFERS> keyL1_;
     TQue<TPosition::B1, PASA_VALUE_BUFFERS> valueL1_;
     TQue<TPosition::A2, 1> l0a_;
     TQue<TPosition::B2, 1> l0b_;

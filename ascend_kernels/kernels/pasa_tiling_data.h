@@ -160,6 +160,9 @@ struct PasaTilingData {
                              // for L0B whole, cubeCols then the whole head dim) a piece of the keys: the score tile
                              // is produced piece by piece of its columns, P'V's contraction accumulates over the
                              // pieces in L0C in key order
+    uint32_t keyBufferKeys;  // keys of a K block in one key buffer in L1 (NZ pieces of cubeKeys keys): kvBlock, or
+                             // a part of the block, which then lands a buffer at a time, each in the buffer its
+                             // multiplied predecessor left
     uint32_t pvCols;         // columns of a P'V tile in its slot and in the vector cores: headDimV, or (pasa: the row
                              // sums of P' on the cube) headDimV + 16, those 16 columns each holding the row's
                              // fp16(sum P'), which the fold then rescales as it rescales O

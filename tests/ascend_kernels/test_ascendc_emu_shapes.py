@@ -325,6 +325,40 @@ def test_pasa_exact_takes_one_query_buffer_where_two_do_not_fit_l1(backend):
     check_against_torch_and_golden(out, lse, q, k, v, kw, "pasa-exact", tiling, case)
 
 
+@pytest.mark.parametrize("backend", BOTH)
+@pytest.mark.parametrize("algorithm,s1,cube_keys,key_buffer_keys", [
+    ("fa-fp32", 300, 64, 64), ("pasa-exact", 300, 64, 64), ("pasa", 300, 128, 128), ("pasa", 1, 128, 128)])
+def test_key_blocks_land_in_l1_a_part_at_a_time(backend, algorithm, s1, cube_keys, key_buffer_keys):
+    """A key buffer that holds a part of its block (``key_buffer_keys``, what a block too large for
+    L1 needs): 256-key blocks at d = 128 multiplied ``cube_keys`` keys at a time, a part in each key
+    buffer; the first two parts come with the operands queued ahead of the score tile, the others
+    (four parts of 64 keys) land in the buffers the multiplied ones left. A ragged batch (a
+    part-filled last block, parts without keys) on two AI Cores, prefill and decode (pasa shifting
+    its scores, the keys past a block's end zero in L1); also under Huawei's implementation of
+    the API."""
+    from test_ascendc_emu import emulated_cores
+    case = dict(layout="BNSD", B=2, Nq=2, Nkv=1, S1=s1, S2=1000, D=128, kv_lens=[1000, 300], kv_block=256,
+                q_block=256)
+    q, k, v, kw = make_case(case, torch.float16)
+    kw["repair_overflow"] = False
+    with emulated_cores(2), ascendc_emu.forcing_tiling(cube_keys=cube_keys, key_buffer_keys=key_buffer_keys):
+        out, lse, tiling = run_kernels(q, k, v, backend, algorithm=algorithm, **kw)
+    assert (tiling["cube_keys"], tiling["key_buffer_keys"]) == (cube_keys, key_buffer_keys), tiling
+    assert tiling["shift_scores"] == (s1 == 1 and algorithm != "fa-fp32"), tiling
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, case)
+
+
+@pytest.mark.parametrize("forced,named", [(dict(key_buffer_keys=96), "keyBufferKeys"),
+                                          (dict(cube_keys=64, key_buffer_keys=96), "keyBufferKeys"),
+                                          (dict(cube_keys=24), "cubeKeys"), (dict(cube_keys=512), "cubeKeys")])
+def test_key_parts_the_host_refuses(forced, named):
+    """A key part or piece that does not divide the block, or does not fit L0B, is refused by name."""
+    case = dict(layout="BNSD", B=1, Nq=1, Nkv=1, S1=64, S2=600, D=128, kv_block=256, q_block=128)
+    q, k, v, kw = make_case(case, torch.float16)
+    with ascendc_emu.forcing_tiling(**forced), pytest.raises(NotImplementedError, match=named):
+        run_kernels(q, k, v, "ascendc-emu", algorithm="fa-fp32", **kw)
+
+
 def _model_tilings():
     """(q_block, kv_block, d) of every prefill tiling pasa-npu-model times (its Q_BLOCKS x
     KV_BLOCKS at the head dims of its shapes)."""

@@ -108,11 +108,21 @@ def _check_imports(tree: Path) -> None:
 # --------------------------------------------------------------------------- running
 
 
+def _test_env() -> dict:
+    """The test processes' environment: the simulator's asc-devkit is found beside this checkout,
+    not beside the copy (where its tests would skip)."""
+    from pasa_npu import sim_build
+    env = dict(os.environ, PYTEST_ADDOPTS="")
+    if sim_build.devkit() is not None:
+        env["PASA_ASC_DEVKIT"] = sim_build.devkit()
+    return env
+
+
 def _pytest(tree: Path, tests: tuple[str, ...]) -> tuple[int, str, float]:
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rf", "-p",
                            "no:cacheprovider", *tests], cwd=tree, capture_output=True,
-                          text=True, env=dict(os.environ, PYTEST_ADDOPTS=""))
+                          text=True, env=_test_env())
     failed = re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", done.stdout, flags=re.M)
     return done.returncode, (failed[0] if failed else done.stdout[-300:]), time.monotonic() - start
 

@@ -288,6 +288,18 @@ MUTATIONS = [
              "GM_ADDR slot = slots_.score + (scoreCount_++ % PASA_SCORE_SLOTS) * t.scoreSlotBytes;",
              "GM_ADDR slot = slots_.score + ((scoreCount_++, j - task.blockBegin) % PASA_SCORE_SLOTS) * t.scoreSlotBytes;",
              FEW_CORES),
+    # a key buffer holding a part of its block (key_buffer_keys)
+    Mutation("kernel: each part of K' is copied from its block's first keys", KERNEL_CUBE,
+             "task.info.kvLen)) + r0 * d],", "task.info.kvLen))],",
+             ("tests/ascend_kernels/test_ascendc_emu_shapes.py", "-k", "a_part_at_a_time and pasa-exact")),
+    Mutation("kernel: each part of the raw keys is copied from its block's first keys", KERNEL_CUBE,
+             "CopyRows(k1, keys_, task, j, r0, r0 + rows, d, false, nk);",
+             "CopyRows(k1, keys_, task, j, 0, rows, d, false, nk);",
+             ("tests/ascend_kernels/test_ascendc_emu_shapes.py", "-k", "a_part_at_a_time and fa-fp32")),
+    Mutation("kernel: a key part copied during the score tile repeats the part before it", KERNEL_CUBE,
+             "if (next < n / kb) keyL1_.EnQue(CopyKeys(task, j, next));",
+             "if (next < n / kb) keyL1_.EnQue(CopyKeys(task, j, next - 1));",
+             ("tests/ascend_kernels/test_ascendc_emu_shapes.py", "-k", "a_part_at_a_time and fa-fp32")),
     # tiles of more rows than L0 holds: the cube's pieces, the vector cores' chunks
     Mutation("kernel: every piece of a tile drains to the slot's first rows", KERNEL_CUBE,
              "const uint64_t at = static_cast<uint64_t>(m0) * pitch + c0;",
