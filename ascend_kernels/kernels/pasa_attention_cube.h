@@ -9,8 +9,8 @@
 // that follows); a tile of one head holds Q as Zz, so that each piece of its rows is one load into
 // L0A. After each score tile the cube copies the operands of the steps to come into L1 and then
 // queues them, so that one wait on the MTE2 pipe covers all their GM reads: the next score tile's
-// keys, and, when a P'V follows, its P' and the values of the P'V after it (two
-// value buffers), which land while that P'V runs. The L1 buffer counts (PASA_*_BUFFERS) stay within TPipe's 8
+// keys, and, when a P'V follows, its P' and the values of the P'V after it (two value buffers),
+// which land while that P'V runs. The L1 buffer counts (PASA_*_BUFFERS) stay within TPipe's 8
 // MTE1_MTE2 event IDs. L0A, L0B and L0C are ping-pong pairs: the next operand loads while the
 // current Mmad runs, and a Fixpipe drains one L0C tile while the next Mmad fills the other (L0C
 // handed over by unitFlag, L0cRing).
@@ -22,12 +22,12 @@
 // with C0 stride cubeKeys, so that a piece is one load into L0B (a key buffer holds
 // tiling.keyBufferKeys keys of the block: where that is a part of it, the first parts, one per key
 // buffer, come with the operands queued ahead of the score tile, each later one lands in the
-// buffer a multiplied part left); each key piece stays in L0B for every piece of rows, the score tile is produced a
-// piece of its columns at a time, and P'V accumulates over the key pieces of its contraction in
-// L0C, in key order. A head dim of more columns than
-// tiling.cubeCols (L0B holds that many of a K or V block) is cut into pieces of cubeCols: the score
-// and row-constant Mmads accumulate over the pieces of their contraction in L0C, in the order of
-// the whole one; P'V produces its columns piece by piece.
+// buffer a multiplied part left); each key piece stays in L0B for every piece of rows, the score
+// tile is produced a piece of its columns at a time, and P'V accumulates over the key pieces of
+// its contraction in L0C, in key order. A head dim of more columns than tiling.cubeCols (L0B holds
+// that many of a K or V block) is cut into pieces of cubeCols: the score and row-constant Mmads
+// accumulate over the pieces of their contraction in L0C, in the order of the whole one; P'V
+// produces its columns piece by piece.
 //
 // Keys and values come from the dense tensors (at the batch's start when packed) or, paged,
 // through the block table: a kv block is copied in runs that each stay inside one physical block.
@@ -157,9 +157,10 @@ private:
 
     // After a score tile, the operands of the steps to come, all copied before any is queued so that
     // one wait covers their GM reads: the keys of the score cursor's next tile, or its first parts
-    // (FirstKeyParts; returns whether it has one), and, when a P'V follows (`pvNext`), its P' and, where a value buffer is free, the
-    // values of the first block from the P'V cursor's on whose V is not in L1 yet (one the cube
-    // has scored: the V of the P'V after next is on its way while that P'V runs).
+    // (CopyFirstKeyParts; returns whether it has one), and, when a P'V follows (`pvNext`), its P'
+    // and, where a value buffer is free, the values of the first block from the P'V cursor's on
+    // whose V is not in L1 yet (one the cube has scored: the V of the P'V after next is on its way
+    // while that P'V runs).
     __aicore__ inline bool QueueOperands(TaskWindow& win, const BlockCursor& score, const BlockCursor& pv, bool pvNext,
                                          uint32_t& valuesQueued)
     {
@@ -174,8 +175,8 @@ private:
         }
         valuesNext = valuesNext && (values.task < score.task || (values.task == score.task && values.block < score.block));
         LocalTensor<T> k1[PASA_KEY_BUFFERS], v1, p1;
-        const uint32_t keyParts = keysNext ? FirstKeyParts() : 0;
-        for (uint32_t p = 0; p < keyParts; ++p) k1[p] = CopyKeys(win.Get(keys.task), win.Get(keys.task).blockBegin + keys.block, p);
+        const uint32_t keyParts =
+            keysNext ? CopyFirstKeyParts(win.Get(keys.task), win.Get(keys.task).blockBegin + keys.block, k1) : 0;
         if (valuesNext) v1 = CopyValue(win.Get(values.task), win.Get(values.task).blockBegin + values.block);
         if (pvNext) p1 = CopyProb(pvRows);
         for (uint32_t p = 0; p < keyParts; ++p) keyL1_.EnQue(k1[p]);
@@ -453,16 +454,21 @@ private:
         }
     }
 
-    // Parts of keyBufferKeys keys of a key block queued ahead of its score tile: one per key buffer,
-    // at most the block's.
-    __aicore__ inline uint32_t FirstKeyParts() const { return Min(PASA_KEY_BUFFERS, t_->kvBlock / t_->keyBufferKeys); }
+    // The parts of keyBufferKeys keys of K'_j queued ahead of its score tile (one per key buffer, at
+    // most the block's) -> k1, not queued; returns how many.
+    __aicore__ inline uint32_t CopyFirstKeyParts(const AttentionTask& task, uint32_t j, LocalTensor<T>* k1)
+    {
+        const uint32_t parts = Min(PASA_KEY_BUFFERS, t_->kvBlock / t_->keyBufferKeys);
+        for (uint32_t p = 0; p < parts; ++p) k1[p] = CopyKeys(task, j, p);
+        return parts;
+    }
 
-    // The first parts of K'_j (FirstKeyParts), copied before any is queued.
+    // The first parts of K'_j, copied before any is queued.
     __aicore__ inline void QueueKeys(const AttentionTask& task, uint32_t j)
     {
         LocalTensor<T> k1[PASA_KEY_BUFFERS];
-        for (uint32_t p = 0; p < FirstKeyParts(); ++p) k1[p] = CopyKeys(task, j, p);
-        for (uint32_t p = 0; p < FirstKeyParts(); ++p) keyL1_.EnQue(k1[p]);
+        const uint32_t parts = CopyFirstKeyParts(task, j, k1);
+        for (uint32_t p = 0; p < parts; ++p) keyL1_.EnQue(k1[p]);
     }
 
     // Part p of K'_j (fa-fp32 and shiftScores: of K_j), its keys [p keyBufferKeys, (p + 1) keyBufferKeys)
@@ -489,8 +495,8 @@ private:
 
     // S'_j = Q K'_j^T to the next score slot (fa-fp32 and shiftScores: Q K_j^T of the raw keys, fp32),
     // a piece of cubeKeys keys at a time: k1 holds the block's first part of keyBufferKeys keys, the
-    // caller queued FirstKeyParts of them, and each part past those lands in the buffer a multiplied
-    // part left.
+    // caller queued its first parts (CopyFirstKeyParts), and each part past those lands in the
+    // buffer a multiplied part left.
     __aicore__ inline void Scores(const AttentionTask& task, uint32_t j, const LocalTensor<T>& q1, LocalTensor<T>& k1)
     {
         const PasaTilingData& t = *t_;

@@ -113,8 +113,9 @@ def _test_env() -> dict:
     not beside the copy (where its tests would skip)."""
     from pasa_npu import sim_build
     env = dict(os.environ, PYTEST_ADDOPTS="")
-    if sim_build.devkit() is not None:
-        env["PASA_ASC_DEVKIT"] = sim_build.devkit()
+    devkit = sim_build.devkit()
+    if devkit is not None:
+        env["PASA_ASC_DEVKIT"] = devkit
     return env
 
 
