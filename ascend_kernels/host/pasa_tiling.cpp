@@ -360,19 +360,22 @@ void PlanCube(const PasaProblem& p, PasaTilingData& t, PasaBudget& b)
     t.queryBuffers = others + static_cast<uint64_t>(PASA_QUERY_BUFFERS) * t.l1QueryBytes <= kL1Bytes ? PASA_QUERY_BUFFERS : 1;
     b.l1 = others + static_cast<uint64_t>(t.queryBuffers) * t.l1QueryBytes;
     t.prepCols = std::max(16u, std::min(d, blockCols));
-    // pasa: the row sums of P' from the cube, 16 more columns of the P'V tile (the P' pieces of a row
-    // piece stay in L0A, both buffers at most, until they are multiplied by a block of ones)
+    // pasa: the row sums of P' from the cube, 16 more columns of the P'V tile. A row piece's P' pieces
+    // stay in L0A (its two buffers) until a block of ones multiplies them; more pieces each meet the
+    // ones beside their values in L0B (nk keys x (dv + 16) columns)
     t.pvCols = ProbSumsOnCube(t) ? dv + 16 : dv;
-    if (ProbSumsOnCube(t) && n / nk > 2) {
-        Reject("pasa keeps a row piece's P' in the two L0A buffers: kvBlock (" + std::to_string(n) + ") must be at most twice "
-               "the keys an L0B buffer holds (" + std::to_string(nk) + ")");
+    const bool sumsBeside = ProbSumsOnCube(t) && n / nk > 2;
+    if (sumsBeside && nk * (dv + 16) * 2 > l0bBuffer) {
+        Reject("pasa multiplies each of a block's more than two key pieces by a block of ones beside its values in L0B: "
+               "cubeKeys (" + std::to_string(nk) + ") keys of headDimV + 16 (" + std::to_string(dv + 16) +
+               ") columns must fit an L0B buffer (" + std::to_string(l0bBuffer) + " bytes)");
     }
     t.cubeCols = nk < n ? wide : std::max(16u, std::min(wide, blockCols));
     const uint32_t dc = std::min(d, t.cubeCols), dvc = std::min(dv, t.cubeCols);
     for (uint32_t rows = mp; rows >= 16; rows -= 16) {
         t.cubeRows = rows;
         t.l0aBytes = Align(std::max({rows * dc, rows * nk, constants ? meanRows * dc : 0u}) * 2, 512);
-        t.l0bBytes = Align(std::max({nk * dc, nk * dvc, constants ? rows * dc : 0u}) * 2, 512);
+        t.l0bBytes = Align(std::max({nk * dc, nk * (dvc + (sumsBeside ? 16 : 0)), constants ? rows * dc : 0u}) * 2, 512);
         t.l0cBytes = Align(std::max({rows * nk, rows * dvc, constants ? meanRows * rows : 0u}) * 4, 1024);
         b.l0a = 2ull * t.l0aBytes;
         b.l0b = 2ull * t.l0bBytes;

@@ -48,7 +48,9 @@
 // pasa: once a row piece's P'V is drained, the pieces of P' still in L0A are multiplied by a block of
 // ones (filled in L0B), and the row sums l' = fp16(sum P') (fp32 in L0C, rounded by the Fixpipe) fill
 // 16 more columns of the P'V tile (tiling.pvCols): the vector cores fold them into l as they fold
-// P'V into O.
+// P'V into O. A block of more key pieces than L0A's two buffers keep multiplies each piece of P' by
+// the ones right after its P'V Mmad, the ones beside the piece's values in L0B, the sums accumulating
+// in an L0C buffer of their own, in key order.
 #ifndef PASA_ATTENTION_CUBE_H
 #define PASA_ATTENTION_CUBE_H
 
@@ -296,9 +298,10 @@ private:
     }
 
     // Keys [k0, k0 + keys) and columns [v0, v0 + cols) of a value block in L1 (Zz or NZ, LoadValue) ->
-    // the B operand of P'V in L0B (each fractal transposed), ready for the cube.
+    // the B operand of P'V in L0B (each fractal transposed), ready for the cube; with `ones`, a
+    // block of keys x 16 ones after it (the B operand of P''s row sums).
     __aicore__ inline LocalTensor<T> ValuesToL0b(const LocalTensor<T>& v1, uint32_t v0, uint32_t cols, uint32_t k0,
-                                                 uint32_t keys)
+                                                 uint32_t keys, bool ones = false)
     {
         const uint32_t n = t_->kvBlock, dv = t_->headDimV, colBlocks = cols / kC0;
         LocalTensor<T> b2 = l0b_.AllocTensor<T>();
@@ -312,6 +315,7 @@ private:
                                           0, 0, true, 0));
             }
         }
+        if (ones) Fill(b2[keys * cols], InitConstValueParams<T>(1, static_cast<uint16_t>(keys / kC0), 0, T(1.0f)));
         l0b_.EnQue(b2);
         return l0b_.DeQue<T>();
     }
@@ -578,6 +582,9 @@ private:
         const uint32_t dvc = Min(dv, t.cubeCols), nk = t.cubeKeys;
         const bool whole = dvc == dv && nk == n;  // the value block stays in L0B for every piece of rows
         const bool sums = t.pvCols > dv;          // pasa: P''s row sums too, from the pieces of P' in L0A
+        // more key pieces than L0A's two buffers keep: each piece's row sums accumulate with its P'V, by
+        // a block of ones beside its values in L0B (nk < n: every column of V in one piece)
+        const bool sumsBeside = sums && n / nk > 2;
         LocalTensor<T> b2, a2, kept[2];
         if (whole) {
             b2 = ValuesToL0b(v1, 0, dv, 0, n);
@@ -590,12 +597,13 @@ private:
             for (uint32_t v0 = 0; v0 < dv; v0 += dvc) {  // the output's pieces of columns
                 const uint32_t vc = Min(dvc, dv - v0);
                 const bool lastCols = v0 + vc == dv;
-                LocalTensor<float> c;
+                LocalTensor<float> c, s;
                 for (uint32_t k0 = 0; k0 < n; k0 += nk) {  // the contraction's pieces (keys), in order
                     if (nk < n) a2 = ProbToL0a(p1, m0, rowsPad, k0, nk);
-                    if (!whole) b2 = ValuesToL0b(v1, v0, vc, k0, nk);
+                    if (!whole) b2 = ValuesToL0b(v1, v0, vc, k0, nk, sumsBeside);
                     Accumulate(c, a2, b2, rows, vc, k0, nk, n);
-                    if (sums && lastCols) {
+                    if (sumsBeside) Accumulate(s, a2, b2[nk * vc], rows, kC0, k0, nk, n);
+                    if (sums && lastCols && !sumsBeside) {
                         kept[k0 / nk] = a2;
                     } else if (nk < n || lastCols) {
                         l0a_.FreeTensor(a2);
@@ -603,8 +611,9 @@ private:
                     if (!whole) l0b_.FreeTensor(b2);
                 }
                 DrainTile(slot, m0, v0, c, vc, t.pvCols, rows, rowsPad, true);
+                if (sumsBeside) DrainTile(slot, m0, dv, s, kC0, t.pvCols, rows, rowsPad, true);
             }
-            if (sums) RowSums(slot, m0, kept, rows, rowsPad);
+            if (sums && !sumsBeside) RowSums(slot, m0, kept, rows, rowsPad);
         }
         probL1_.FreeTensor(p1);
         if (whole) {

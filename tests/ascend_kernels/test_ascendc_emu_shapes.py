@@ -327,12 +327,14 @@ def test_pasa_exact_takes_one_query_buffer_where_two_do_not_fit_l1(backend):
 
 @pytest.mark.parametrize("backend", BOTH)
 @pytest.mark.parametrize("algorithm,s1,cube_keys,key_buffer_keys", [
-    ("fa-fp32", 300, 64, 64), ("pasa-exact", 300, 64, 64), ("pasa", 300, 128, 128), ("pasa", 1, 128, 128)])
+    ("fa-fp32", 300, 64, 64), ("pasa-exact", 300, 64, 64), ("pasa", 300, 128, 128), ("pasa", 1, 128, 128),
+    ("pasa", 300, 64, 64), ("pasa", 300, 32, 64), ("pasa", 1, 32, 64)])
 def test_key_blocks_land_in_l1_a_part_at_a_time(backend, algorithm, s1, cube_keys, key_buffer_keys):
     """A key buffer that holds a part of its block (``key_buffer_keys``, what a block too large for
     L1 needs): 256-key blocks at d = 128 multiplied ``cube_keys`` keys at a time, a part in each key
     buffer; the first two parts come with the operands queued ahead of the score tile, the others
-    (four parts of 64 keys) land in the buffers the multiplied ones left. A ragged batch (a
+    (four parts of 64 keys) land in the buffers the multiplied ones left. pasa in 4 or 8 key pieces
+    (more than L0A keeps for its row sums of P') sums each piece with its P'V. A ragged batch (a
     part-filled last block, parts without keys) on two AI Cores, prefill and decode (pasa shifting
     its scores, the keys past a block's end zero in L1); also under Huawei's implementation of
     the API."""

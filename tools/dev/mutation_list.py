@@ -300,6 +300,15 @@ MUTATIONS = [
              "if (next < n / kb) keyL1_.EnQue(CopyKeys(task, j, next));",
              "if (next < n / kb) keyL1_.EnQue(CopyKeys(task, j, next - 1));",
              ("tests/ascend_kernels/test_ascendc_emu_shapes.py", "-k", "a_part_at_a_time and fa-fp32")),
+    # pasa's row sums of P' in more key pieces than L0A keeps: each piece with its P'V
+    Mutation("kernel: each key piece's row sums of P' restart the sums", KERNEL_CUBE,
+             "if (sumsBeside) Accumulate(s, a2, b2[nk * vc], rows, kC0, k0, nk, n);",
+             "if (sumsBeside) Accumulate(s, a2, b2[nk * vc], rows, kC0, 0, nk, k0 + nk == n ? nk : n);",
+             ("tests/ascend_kernels/test_ascendc_emu_shapes.py", "-k", "a_part_at_a_time and pasa-300")),
+    Mutation("kernel: the row sums of P' drain over the P'V's first columns", KERNEL_CUBE,
+             "if (sumsBeside) DrainTile(slot, m0, dv, s, kC0, t.pvCols, rows, rowsPad, true);",
+             "if (sumsBeside) DrainTile(slot, m0, dv - kC0, s, kC0, t.pvCols, rows, rowsPad, true);",
+             ("tests/ascend_kernels/test_ascendc_emu_shapes.py", "-k", "a_part_at_a_time and pasa-300")),
     # tiles of more rows than L0 holds: the cube's pieces, the vector cores' chunks
     Mutation("kernel: every piece of a tile drains to the slot's first rows", KERNEL_CUBE,
              "const uint64_t at = static_cast<uint64_t>(m0) * pitch + c0;",
