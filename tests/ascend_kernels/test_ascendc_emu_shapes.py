@@ -350,15 +350,18 @@ def test_key_blocks_land_in_l1_a_part_at_a_time(backend, algorithm, s1, cube_key
     check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, case)
 
 
-@pytest.mark.parametrize("forced,named", [(dict(key_buffer_keys=96), "keyBufferKeys"),
-                                          (dict(cube_keys=64, key_buffer_keys=96), "keyBufferKeys"),
-                                          (dict(cube_keys=24), "cubeKeys"), (dict(cube_keys=512), "cubeKeys")])
-def test_key_parts_the_host_refuses(forced, named):
-    """A key part or piece that does not divide the block, or does not fit L0B, is refused by name."""
-    case = dict(layout="BNSD", B=1, Nq=1, Nkv=1, S1=64, S2=600, D=128, kv_block=256, q_block=128)
+@pytest.mark.parametrize("algorithm,d,forced,named", [
+    ("fa-fp32", 128, dict(key_buffer_keys=96), "keyBufferKeys"),
+    ("fa-fp32", 128, dict(cube_keys=64, key_buffer_keys=96), "keyBufferKeys"),
+    ("fa-fp32", 128, dict(cube_keys=24), "cubeKeys"), ("fa-fp32", 128, dict(cube_keys=512), "cubeKeys"),
+    ("pasa", 256, dict(cube_keys=64), r"cubeKeys \(64\) keys of headDimV \+ 16 \(272\)")])
+def test_key_parts_the_host_refuses(algorithm, d, forced, named):
+    """A key part or piece that does not divide the block, or does not fit L0B (pasa: with the
+    ones of its row sums of P', in more than two pieces), is refused by name."""
+    case = dict(layout="BNSD", B=1, Nq=1, Nkv=1, S1=64, S2=600, D=d, kv_block=256, q_block=128)
     q, k, v, kw = make_case(case, torch.float16)
     with ascendc_emu.forcing_tiling(**forced), pytest.raises(NotImplementedError, match=named):
-        run_kernels(q, k, v, "ascendc-emu", algorithm="fa-fp32", **kw)
+        run_kernels(q, k, v, "ascendc-emu", algorithm=algorithm, **kw)
 
 
 def _model_tilings():
