@@ -79,6 +79,8 @@ py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
     d["cube_cols"] = t.cubeCols;
     d["cube_keys"] = t.cubeKeys;
     d["key_buffer_keys"] = t.keyBufferKeys;
+    d["prob_buffer_keys"] = t.probBufferKeys;
+    d["prob_buffers"] = t.probBuffers;
     d["pv_cols"] = t.pvCols;
     d["prep_cols"] = t.prepCols;
     d["query_buffers"] = t.queryBuffers;

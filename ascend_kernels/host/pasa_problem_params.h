@@ -44,6 +44,7 @@ PasaProblem ProblemFromParams(const Params& p)
     d.tailPieces = static_cast<uint32_t>(p.template get<uint64_t>("tail_pieces", 0));
     d.cubeKeys = static_cast<uint32_t>(p.template get<uint64_t>("cube_keys", 0));
     d.keyBufferKeys = static_cast<uint32_t>(p.template get<uint64_t>("key_buffer_keys", 0));
+    d.probBufferKeys = static_cast<uint32_t>(p.template get<uint64_t>("prob_buffer_keys", 0));
     d.vecChunkRows = static_cast<uint32_t>(p.template get<uint64_t>("vec_chunk_rows", 0));
     d.prepLaunch = p.template get<uint64_t>("prep_launch", 0) != 0;
     d.mergeLaunch = p.template get<uint64_t>("merge_launch", 0) != 0;

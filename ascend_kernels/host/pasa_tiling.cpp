@@ -319,7 +319,9 @@ bool ProbSumsOnCube(const PasaTilingData& t) { return t.tilingKey == PASA_KEY_PA
 bool SumsScores(const PasaTilingData& t) { return t.tilingKey == PASA_KEY_PASA && !t.rowConstants; }
 
 // AIC buffers: Q, keyBufferKeys keys of K' (or K; the whole block unless the problem sets fewer), V,
-// P' and the means in L1 (PASA_*_BUFFERS each, one Q buffer where two do not fit); two L0A, two
+// P' (the whole tile, or parts of probBufferKeys keys of a piece of cubeRows rows where the problem
+// sets fewer) and the means in L1 (PASA_*_BUFFERS each, one Q buffer where two do not fit L1 or
+// TPipe's event IDs); two L0A, two
 // L0B and two L0C buffers. An L0B buffer holds a K or V block whole where it fits; else, where a
 // piece of at least 128 keys fits with the whole head dim, cubeKeys keys of it (the cube then loads
 // each piece once per piece of rows, not the whole block once per piece of rows and columns; the
@@ -348,17 +350,12 @@ void PlanCube(const PasaProblem& p, PasaTilingData& t, PasaBudget& b)
         Reject("keyBufferKeys must be a multiple of the cube's key piece (" + std::to_string(nk) + ") that divides kvBlock (" +
                std::to_string(n) + "), got " + std::to_string(t.keyBufferKeys));
     }
-    t.l1QueryBytes = mp * d * 2;
-    t.l1KeyBytes = t.keyBufferKeys * d * 2;
-    t.l1ValueBytes = n * dv * 2;
-    t.l1ProbBytes = mp * n * 2;
-    t.l1MeanBytes = constants ? meanRows * d * 2 : 0;
-    const uint64_t others = static_cast<uint64_t>(PASA_KEY_BUFFERS) * t.l1KeyBytes +
-                            static_cast<uint64_t>(PASA_VALUE_BUFFERS) * t.l1ValueBytes +
-                            static_cast<uint64_t>(PASA_PROB_BUFFERS) * t.l1ProbBytes +
-                            static_cast<uint64_t>(PASA_MEAN_BUFFERS) * t.l1MeanBytes;
-    t.queryBuffers = others + static_cast<uint64_t>(PASA_QUERY_BUFFERS) * t.l1QueryBytes <= kL1Bytes ? PASA_QUERY_BUFFERS : 1;
-    b.l1 = others + static_cast<uint64_t>(t.queryBuffers) * t.l1QueryBytes;
+    t.probBufferKeys = p.probBufferKeys != 0 ? p.probBufferKeys : n;
+    if (t.probBufferKeys % nk != 0 || n % t.probBufferKeys != 0) {
+        Reject("probBufferKeys must be a multiple of the cube's key piece (" + std::to_string(nk) + ") that divides kvBlock (" +
+               std::to_string(n) + "), got " + std::to_string(t.probBufferKeys));
+    }
+    t.probBuffers = t.probBufferKeys < n ? PASA_PROB_PART_BUFFERS : PASA_PROB_BUFFERS;
     t.prepCols = std::max(16u, std::min(d, blockCols));
     // pasa: the row sums of P' from the cube, 16 more columns of the P'V tile. A row piece's P' pieces
     // stay in L0A (its two buffers) until a block of ones multiplies them; more pieces each meet the
@@ -380,8 +377,21 @@ void PlanCube(const PasaProblem& p, PasaTilingData& t, PasaBudget& b)
         b.l0a = 2ull * t.l0aBytes;
         b.l0b = 2ull * t.l0bBytes;
         b.l0c = 2ull * t.l0cBytes;
-        if (b.l0a <= kL0ABytes && b.l0b <= kL0BBytes && b.l0c <= kL0CBytes) return;
+        if (b.l0a <= kL0ABytes && b.l0b <= kL0BBytes && b.l0c <= kL0CBytes) break;
     }
+    t.l1QueryBytes = mp * d * 2;
+    t.l1KeyBytes = t.keyBufferKeys * d * 2;
+    t.l1ValueBytes = n * dv * 2;
+    t.l1ProbBytes = (t.probBufferKeys < n ? t.cubeRows * t.probBufferKeys : mp * n) * 2;
+    t.l1MeanBytes = constants ? meanRows * d * 2 : 0;
+    const uint32_t meanBuffers = constants ? PASA_MEAN_BUFFERS : 0;
+    const uint64_t others = static_cast<uint64_t>(PASA_KEY_BUFFERS) * t.l1KeyBytes +
+                            static_cast<uint64_t>(PASA_VALUE_BUFFERS) * t.l1ValueBytes +
+                            static_cast<uint64_t>(t.probBuffers) * t.l1ProbBytes + static_cast<uint64_t>(meanBuffers) * t.l1MeanBytes;
+    const bool twoQueries = others + static_cast<uint64_t>(PASA_QUERY_BUFFERS) * t.l1QueryBytes <= kL1Bytes &&
+                            PASA_QUERY_BUFFERS + PASA_KEY_BUFFERS + PASA_VALUE_BUFFERS + t.probBuffers + meanBuffers <= PASA_EVENT_IDS;
+    t.queryBuffers = twoQueries ? PASA_QUERY_BUFFERS : 1;
+    b.l1 = others + static_cast<uint64_t>(t.queryBuffers) * t.l1QueryBytes;
 }
 
 // Bytes of `tree` that RowReduce (pasa_vector_ops.h) fills reducing rows x cols of elemBytes-byte

@@ -57,6 +57,8 @@ struct PasaProblem {
     uint32_t cubeKeys = 0;       // keys of a K or V block in L0B at once (with the whole head dim); 0: the host's
     uint32_t keyBufferKeys = 0;  // keys of a K block in each key buffer in L1 (a multiple of the cube's key
                                  // piece dividing kvBlock); 0: the whole block
+    uint32_t probBufferKeys = 0; // keys of a P' part in each P' buffer in L1 (a multiple of the cube's key piece
+                                 // dividing kvBlock; a part holds one piece of rows); 0: the whole P' tile
     uint32_t vecChunkRows = 0;  // rows a vector core works on at once; 0: the most that fit its UB
     bool prepLaunch = false;    // the key preprocessing in a launch of its own rather than at the attention launch's start
     bool mergeLaunch = false;   // split kv's merge (and a checked call's repair) in launches of their own rather than at

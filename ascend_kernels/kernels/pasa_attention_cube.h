@@ -24,7 +24,10 @@
 // buffer, come with the operands queued ahead of the score tile, each later one lands in the
 // buffer a multiplied part left); each key piece stays in L0B for every piece of rows, the score
 // tile is produced a piece of its columns at a time, and P'V accumulates over the key pieces of
-// its contraction in L0C, in key order. A head dim of more columns than tiling.cubeCols (L0B holds
+// its contraction in L0C, in key order. P' lies in L1 whole, or (tiling.probBufferKeys) in parts of
+// one piece of rows and some of the keys, taken row piece by row piece: the first parts, one per P'
+// buffer, come with the operands queued ahead of the P'V, each later one lands in the buffer a
+// multiplied part left. A head dim of more columns than tiling.cubeCols (L0B holds
 // that many of a K or V block) is cut into pieces of cubeCols: the score and row-constant Mmads
 // accumulate over the pieces of their contraction in L0C, in the order of the whole one; P'V
 // produces its columns piece by piece.
@@ -83,7 +86,7 @@ public:
         pipe_.InitBuffer(queryL1_, t.queryBuffers, t.l1QueryBytes);
         pipe_.InitBuffer(keyL1_, PASA_KEY_BUFFERS, t.l1KeyBytes);
         pipe_.InitBuffer(valueL1_, PASA_VALUE_BUFFERS, t.l1ValueBytes);
-        pipe_.InitBuffer(probL1_, PASA_PROB_BUFFERS, t.l1ProbBytes);
+        pipe_.InitBuffer(probL1_, t.probBuffers, t.l1ProbBytes);
         if (constants_) pipe_.InitBuffer(meanL1_, PASA_MEAN_BUFFERS, t.l1MeanBytes);
         pipe_.InitBuffer(l0a_, 2, t.l0aBytes);
         pipe_.InitBuffer(l0b_, 2, t.l0bBytes);
@@ -149,7 +152,7 @@ private:
             }
             LocalTensor<T> v1 = valueL1_.DeQue<T>();
             --valuesQueued;
-            if (!probQueued) probL1_.EnQue(CopyProb(Rows16(task)));
+            if (!probQueued) QueueProb(task);
             LocalTensor<T> p1 = probL1_.DeQue<T>();
             Pv(task, v1, p1);
             win.Advance(pv);
@@ -169,24 +172,24 @@ private:
         BlockCursor keys = score, values = pv;
         const bool keysNext = NextBlock(win, keys, pv.task + kTaskWindow - 1);
         bool valuesNext = pvNext && NextBlock(win, values, pv.task + kTaskWindow);
-        const uint32_t pvRows = valuesNext ? Rows16(win.Get(values.task)) : 0;  // the P'V that follows
+        const AttentionTask* pvTask = valuesNext ? &win.Get(values.task) : nullptr;  // the P'V that follows
         valuesNext = valuesNext && valuesQueued < PASA_VALUE_BUFFERS;
         for (uint32_t i = 0; valuesNext && i < valuesQueued; ++i) {
             win.Advance(values);
             valuesNext = NextBlock(win, values, pv.task + kTaskWindow);
         }
         valuesNext = valuesNext && (values.task < score.task || (values.task == score.task && values.block < score.block));
-        LocalTensor<T> k1[PASA_KEY_BUFFERS], v1, p1;
+        LocalTensor<T> k1[PASA_KEY_BUFFERS], v1, p1[PASA_PROB_PART_BUFFERS];
         const uint32_t keyParts =
             keysNext ? CopyFirstKeyParts(win.Get(keys.task), win.Get(keys.task).blockBegin + keys.block, k1) : 0;
         if (valuesNext) v1 = CopyValue(win.Get(values.task), win.Get(values.task).blockBegin + values.block);
-        if (pvNext) p1 = CopyProb(pvRows);
+        const uint32_t probParts = pvNext ? CopyFirstProbParts(*pvTask, p1) : 0;
         for (uint32_t p = 0; p < keyParts; ++p) keyL1_.EnQue(k1[p]);
         if (valuesNext) {
             valueL1_.EnQue(v1);
             ++valuesQueued;
         }
-        if (pvNext) probL1_.EnQue(p1);
+        for (uint32_t p = 0; p < probParts; ++p) probL1_.EnQue(p1[p]);
         return keysNext;
     }
 
@@ -284,14 +287,14 @@ private:
         return l0b_.DeQue<T>();
     }
 
-    // Rows [m0, m0 + rowsPad) and keys [k0, k0 + keys) of P' in L1 (Zz within each piece of cubeKeys
-    // keys, the pieces one after the other, qTilePad rows apart) -> the Zz A operand in L0A, ready
-    // for the cube: one load.
+    // Rows [m0, m0 + rowsPad) and keys [k0, k0 + keys) of P' in a P' buffer (Zz within each piece of
+    // cubeKeys keys, the pieces one after the other, ProbPitch rows apart) -> the Zz A operand in
+    // L0A, ready for the cube: one load.
     __aicore__ inline LocalTensor<T> ProbToL0a(const LocalTensor<T>& p1, uint32_t m0, uint32_t rowsPad, uint32_t k0,
                                                uint32_t keys)
     {
         LocalTensor<T> a2 = l0a_.AllocTensor<T>();
-        LoadData(a2, p1[k0 * t_->qTilePad + (m0 / kC0) * (keys / kC0) * kFractal],
+        LoadData(a2, p1[k0 * ProbPitch() + (m0 / kC0) * (keys / kC0) * kFractal],
                  LoadData2DParams(0, static_cast<uint8_t>((rowsPad / kC0) * (keys / kC0)), 1, 0, 0, false, 0));
         l0a_.EnQue(a2);
         return l0a_.DeQue<T>();
@@ -555,23 +558,54 @@ private:
         return v1;
     }
 
-    // The next P' (mp rows), once both AIVs wrote it, -> a P' buffer (the caller queues it): row-major
-    // in its slot, into L1 a piece of cubeKeys keys at a time, each in Zz order (one 16-row block
-    // after the other), so that every piece of P' the cube multiplies is one load.
-    __aicore__ inline LocalTensor<T> CopyProb(uint32_t mp)
+    // The next P', once both AIVs wrote it, -> P' buffers, not queued: the whole tile, or its first
+    // parts (one per P' buffer, at most the tile's); returns how many.
+    __aicore__ inline uint32_t CopyFirstProbParts(const AttentionTask& task, LocalTensor<T>* p1)
+    {
+        CrossCoreWaitFlag(PASA_FLAG_P_READY);
+        prob_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(slots_.prob + (probCount_++ % PASA_PROB_SLOTS) * t_->probSlotBytes));
+        const uint32_t parts = Min(t_->probBuffers, ProbParts(task));
+        for (uint32_t p = 0; p < parts; ++p) p1[p] = CopyProb(task, p);
+        return parts;
+    }
+
+    // The next P''s first parts, copied before any is queued.
+    __aicore__ inline void QueueProb(const AttentionTask& task)
+    {
+        LocalTensor<T> p1[PASA_PROB_PART_BUFFERS];
+        const uint32_t parts = CopyFirstProbParts(task, p1);
+        for (uint32_t p = 0; p < parts; ++p) probL1_.EnQue(p1[p]);
+    }
+
+    // The parts of the task's P' tile: 1 (whole), or each piece of cubeRows rows in kvBlock / probBufferKeys parts.
+    __aicore__ inline uint32_t ProbParts(const AttentionTask& task) const
+    {
+        const uint32_t n = t_->kvBlock, pk = t_->probBufferKeys;
+        return pk == n ? 1 : CeilDiv(Rows16(task), t_->cubeRows) * (n / pk);
+    }
+
+    // Part p of P' (ProbParts; row-major in its slot) -> a P' buffer (the caller queues it), a piece of
+    // cubeKeys keys at a time, each in Zz order (one 16-row block after the other) and the pieces
+    // ProbPitch rows apart, so that every piece of P' the cube multiplies is one load.
+    __aicore__ inline LocalTensor<T> CopyProb(const AttentionTask& task, uint32_t p)
     {
         const PasaTilingData& t = *t_;
-        const uint32_t n = t.kvBlock, nk = t.cubeKeys;
-        CrossCoreWaitFlag(PASA_FLAG_P_READY);
+        const uint32_t n = t.kvBlock, nk = t.cubeKeys, pk = t.probBufferKeys, perRows = n / pk;
+        const uint32_t m0 = pk == n ? 0 : (p / perRows) * t.cubeRows, k0 = (p % perRows) * pk;
+        const uint32_t rowsPad = pk == n ? Rows16(task) : Align16(Min(t.cubeRows, task.rows - m0)), pitch = ProbPitch();
         LocalTensor<T> p1 = probL1_.AllocTensor<T>();
-        GlobalTensor<T> prob;
-        prob.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(slots_.prob + (probCount_++ % PASA_PROB_SLOTS) * t.probSlotBytes));
-        for (uint32_t k0 = 0; k0 < n; k0 += nk) {
-            DataCopy(p1[k0 * t.qTilePad], prob[k0], Nd2NzParams(static_cast<uint16_t>(mp / kC0), kC0, static_cast<uint16_t>(nk),
-                                                                static_cast<uint16_t>(kC0 * n), static_cast<uint16_t>(n), kC0, 1,
-                                                                static_cast<uint16_t>((nk / kC0) * kFractal)));
+        for (uint32_t kk = 0; kk < pk; kk += nk) {
+            DataCopy(p1[kk * pitch], prob_[static_cast<uint64_t>(m0) * n + k0 + kk],
+                     Nd2NzParams(static_cast<uint16_t>(rowsPad / kC0), kC0, static_cast<uint16_t>(nk), static_cast<uint16_t>(kC0 * n),
+                                 static_cast<uint16_t>(n), kC0, 1, static_cast<uint16_t>((nk / kC0) * kFractal)));
         }
         return p1;
+    }
+
+    // Rows between two pieces of cubeKeys keys in a P' buffer: the tile's, or a part's piece of rows.
+    __aicore__ inline uint32_t ProbPitch() const
+    {
+        return t_->probBufferKeys == t_->kvBlock ? t_->qTilePad : t_->cubeRows;
     }
 
     // P'_j V_j (V_j in v1, CopyValue; P'_j in p1, CopyProb) to the next P'V slot.
@@ -585,6 +619,9 @@ private:
         // more key pieces than L0A's two buffers keep: each piece's row sums accumulate with its P'V, by
         // a block of ones beside its values in L0B (nk < n: every column of V in one piece)
         const bool sumsBeside = sums && n / nk > 2;
+        // P' in parts (nk < n: every column of V in one piece), each a piece of rows: the first came
+        // queued in p1, each later one lands in the buffer a multiplied part left
+        const uint32_t pk = t.probBufferKeys, parts = ProbParts(task);
         LocalTensor<T> b2, a2, kept[2];
         if (whole) {
             b2 = ValuesToL0b(v1, 0, dv, 0, n);
@@ -599,7 +636,17 @@ private:
                 const bool lastCols = v0 + vc == dv;
                 LocalTensor<float> c, s;
                 for (uint32_t k0 = 0; k0 < n; k0 += nk) {  // the contraction's pieces (keys), in order
-                    if (nk < n) a2 = ProbToL0a(p1, m0, rowsPad, k0, nk);
+                    if (pk < n) {
+                        const uint32_t part = (m0 / t.cubeRows) * (n / pk) + k0 / pk, in = k0 % pk;
+                        if (part > 0 && in == 0) p1 = probL1_.DeQue<T>();
+                        a2 = ProbToL0a(p1, 0, rowsPad, in, nk);
+                        if (in + nk == pk) {
+                            probL1_.FreeTensor(p1);
+                            if (part + PASA_PROB_PART_BUFFERS < parts) probL1_.EnQue(CopyProb(task, part + PASA_PROB_PART_BUFFERS));
+                        }
+                    } else if (nk < n) {
+                        a2 = ProbToL0a(p1, m0, rowsPad, k0, nk);
+                    }
                     if (!whole) b2 = ValuesToL0b(v1, v0, vc, k0, nk, sumsBeside);
                     Accumulate(c, a2, b2, rows, vc, k0, nk, n);
                     if (sumsBeside) Accumulate(s, a2, b2[nk * vc], rows, kC0, k0, nk, n);
@@ -615,7 +662,7 @@ private:
             }
             if (sums && !sumsBeside) RowSums(slot, m0, kept, rows, rowsPad);
         }
-        probL1_.FreeTensor(p1);
+        if (pk == n) probL1_.FreeTensor(p1);
         if (whole) {
             l0b_.FreeTensor(b2);
         } else {
@@ -648,8 +695,10 @@ private:
     bool valueZz_ = true, queryZz_ = true, rawKeys_ = false, constants_ = false;
     bool meansQueued_ = false;  // LoadQuery queued the means of the next RowConstants
     uint32_t scoreCount_ = 0, probCount_ = 0, pvCount_ = 0, constCount_ = 0;  // rings, across tasks
+    GlobalTensor<T> prob_;  // the slot of the P' being copied into L1
     TPipe pipe_;
-    TQue<TPosition::A1, 1> queryL1_, probL1_, meanL1_;
+    TQue<TPosition::A1, 1> queryL1_, meanL1_;
+    TQue<TPosition::A1, PASA_PROB_PART_BUFFERS> probL1_;
     TQue<TPosition::B1, PASA_KEY_BUFFERS> keyL1_;
     TQue<TPosition::B1, PASA_VALUE_BUFFERS> valueL1_;
     TQue<TPosition::A2, 1> l0a_;

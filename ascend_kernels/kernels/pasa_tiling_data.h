@@ -75,11 +75,14 @@ constexpr uint32_t PASA_EVENT_IDS = 8;
 constexpr uint32_t PASA_QUERY_BUFFERS = 2;  // the next task's Q lands while this one is scored
 constexpr uint32_t PASA_KEY_BUFFERS = 2;
 constexpr uint32_t PASA_VALUE_BUFFERS = 2;  // V of the P'V after next lands while a P'V runs
-constexpr uint32_t PASA_PROB_BUFFERS = 1;
-constexpr uint32_t PASA_MEAN_BUFFERS = 1;   // pasa-exact
+constexpr uint32_t PASA_PROB_BUFFERS = 1;       // P' whole
+constexpr uint32_t PASA_PROB_PART_BUFFERS = 2;  // P' in parts (tiling.probBufferKeys): the next part lands while one is multiplied
+constexpr uint32_t PASA_MEAN_BUFFERS = 1;   // the row constants' means
 static_assert(PASA_QUERY_BUFFERS + PASA_KEY_BUFFERS + PASA_VALUE_BUFFERS + PASA_PROB_BUFFERS + PASA_MEAN_BUFFERS <=
                   PASA_EVENT_IDS,
               "the cube's L1 queue buffers need more MTE1_MTE2 event IDs than TPipe has");
+static_assert(1 + PASA_KEY_BUFFERS + PASA_VALUE_BUFFERS + PASA_PROB_PART_BUFFERS + PASA_MEAN_BUFFERS <= PASA_EVENT_IDS,
+              "with P' in parts and one Q buffer, the cube's L1 queue buffers need more MTE1_MTE2 event IDs than TPipe has");
 
 // The most rows one vector instruction of a chunk's row vectors covers: a packed pair of fp16
 // statistics is one repeat of 128 halves (PairOp), and a row broadcast repeats once per row
@@ -163,11 +166,17 @@ struct PasaTilingData {
     uint32_t keyBufferKeys;  // keys of a K block in one key buffer in L1 (NZ pieces of cubeKeys keys): kvBlock, or
                              // a part of the block, which then lands a buffer at a time, each in the buffer its
                              // multiplied predecessor left
+    uint32_t probBufferKeys; // keys of a P' part in one P' buffer in L1: kvBlock (the whole P' tile, one buffer), or a
+                             // part of the block's keys for one piece of cubeRows rows (Zz pieces of cubeKeys keys,
+                             // PASA_PROB_PART_BUFFERS buffers): the parts, row piece by row piece, each in key order,
+                             // land a buffer at a time, each in the buffer a multiplied part left
+    uint32_t probBuffers;    // P' buffers in L1: PASA_PROB_BUFFERS, or PASA_PROB_PART_BUFFERS with P' in parts
     uint32_t pvCols;         // columns of a P'V tile in its slot and in the vector cores: headDimV, or (pasa: the row
                              // sums of P' on the cube) headDimV + 16, those 16 columns each holding the row's
                              // fp16(sum P'), which the fold then rescales as it rescales O
     uint32_t prepCols;       // key preprocessing: columns of K_j in L0B at once (all kvBlock keys), as cubeCols
-    uint32_t queryBuffers;   // Q buffers in L1: PASA_QUERY_BUFFERS, or 1 where those do not fit (the next
+    uint32_t queryBuffers;   // Q buffers in L1: PASA_QUERY_BUFFERS, or 1 where those do not fit L1 or TPipe's
+                             // MTE1_MTE2 event IDs (PASA_EVENT_IDS) beside the other buffers (the next
                              // task's Q then loads once this one's is scored, not while)
     uint32_t shiftRows;      // pasa preprocessing: rows of M^T in L0A at once: kvBlock where M^T and the row of
                              // ones fit it, else pieces of shiftRows rows (two of them), each multiplied in turn

@@ -350,11 +350,37 @@ def test_key_blocks_land_in_l1_a_part_at_a_time(backend, algorithm, s1, cube_key
     check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, case)
 
 
+@pytest.mark.parametrize("backend", BOTH)
+@pytest.mark.parametrize("algorithm,s1,cube_keys,prob_buffer_keys", [
+    ("fa-fp32", 300, 64, 64), ("pasa-exact", 300, 64, 128), ("pasa", 300, 64, 64), ("pasa", 300, 128, 128),
+    ("pasa", 1, 32, 64)])
+def test_prob_lands_in_l1_a_part_at_a_time(backend, algorithm, s1, cube_keys, prob_buffer_keys):
+    """P' in parts of ``prob_buffer_keys`` keys of one piece of the cube's rows (what a block too large
+    for L1 needs), two P' buffers: the first two parts come with the operands queued ahead of the
+    P'V, the others land in the buffers the multiplied ones left, row piece by row piece. 256-key
+    blocks at d = 128 and 256-row tiles (two pieces of 128 rows; the second task's 44 rows one),
+    a ragged batch on two AI Cores, prefill and decode; also under Huawei's implementation of
+    the API."""
+    from test_ascendc_emu import emulated_cores
+    case = dict(layout="BNSD", B=2, Nq=2, Nkv=1, S1=s1, S2=1000, D=128, kv_lens=[1000, 300], kv_block=256,
+                q_block=256)
+    q, k, v, kw = make_case(case, torch.float16)
+    kw["repair_overflow"] = False
+    with emulated_cores(2), ascendc_emu.forcing_tiling(cube_keys=cube_keys, prob_buffer_keys=prob_buffer_keys):
+        out, lse, tiling = run_kernels(q, k, v, backend, algorithm=algorithm, **kw)
+    assert (tiling["cube_keys"], tiling["prob_buffer_keys"], tiling["prob_buffers"]) == (cube_keys, prob_buffer_keys, 2)
+    assert tiling["cube_rows"] == (128 if s1 > 1 else 16), tiling
+    assert tiling["bytes_per_core"]["l1"] <= TPIPE_L1_BYTES, tiling
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, case)
+
+
 @pytest.mark.parametrize("algorithm,d,forced,named", [
     ("fa-fp32", 128, dict(key_buffer_keys=96), "keyBufferKeys"),
     ("fa-fp32", 128, dict(cube_keys=64, key_buffer_keys=96), "keyBufferKeys"),
     ("fa-fp32", 128, dict(cube_keys=24), "cubeKeys"), ("fa-fp32", 128, dict(cube_keys=512), "cubeKeys"),
-    ("pasa", 256, dict(cube_keys=64), r"cubeKeys \(64\) keys of headDimV \+ 16 \(272\)")])
+    ("pasa", 256, dict(cube_keys=64), r"cubeKeys \(64\) keys of headDimV \+ 16 \(272\)"),
+    ("fa-fp32", 128, dict(cube_keys=64, prob_buffer_keys=96), "probBufferKeys"),
+    ("fa-fp32", 128, dict(prob_buffer_keys=64), "probBufferKeys")])
 def test_key_parts_the_host_refuses(algorithm, d, forced, named):
     """A key part or piece that does not divide the block, or does not fit L0B (pasa: with the
     ones of its row sums of P', in more than two pieces), is refused by name."""
