@@ -52,10 +52,10 @@ def using_model_parameters(params: dict) -> Iterator[None]:
 #: host tiling choices a caller may force (the host picks each where it is 0): ``vec_chunk_rows``,
 #: the rows a vector core works on at once (a multiple of 16 dividing its rows, at most 128);
 #: ``cube_keys``, the keys of a K or V block in L0B at once (a multiple of 16 dividing ``kv_block``
-#: that fits with the whole head dim); ``key_buffer_keys``, the keys of a K block in one L1 buffer (a multiple of the cube's key piece
-#: dividing ``kv_block``; the whole block where 0); ``prob_buffer_keys``, the keys of a P' part in one L1
-#: buffer (a multiple of the cube's key piece dividing ``kv_block``, a part holding one piece of the
-#: cube's rows; the whole P' tile where 0); ``prep_launch``
+#: that fits with the whole head dim); ``key_buffer_keys``, the keys of a K block in one L1 buffer
+#: (a multiple of the cube's key piece dividing ``kv_block``; the whole block where 0);
+#: ``prob_buffer_keys``, the keys of a P' part in one L1 buffer (the same; a part holds one piece
+#: of the cube's rows; the whole P' tile where 0); ``prep_launch``
 #: (1), the key preprocessing in a launch of its own rather than at the attention launch's start;
 #: ``merge_launch`` (1), split kv's merge and a checked call's repair in launches of their own rather
 #: than at the attention launch's end; ``tail_pieces``, the pieces of query rows each task of a

@@ -321,8 +321,7 @@ bool SumsScores(const PasaTilingData& t) { return t.tilingKey == PASA_KEY_PASA &
 // AIC buffers: Q, keyBufferKeys keys of K' (or K; the whole block unless the problem sets fewer), V,
 // P' (the whole tile, or parts of probBufferKeys keys of a piece of cubeRows rows where the problem
 // sets fewer) and the means in L1 (PASA_*_BUFFERS each, one Q buffer where two do not fit L1 or
-// TPipe's event IDs); two L0A, two
-// L0B and two L0C buffers. An L0B buffer holds a K or V block whole where it fits; else, where a
+// TPipe's event IDs); two L0A, two L0B and two L0C buffers. An L0B buffer holds a K or V block whole where it fits; else, where a
 // piece of at least 128 keys fits with the whole head dim, cubeKeys keys of it (the cube then loads
 // each piece once per piece of rows, not the whole block once per piece of rows and columns; the
 // problem may set fewer); else the most columns (a multiple of 16) of all its keys, cubeCols. L0A
@@ -346,14 +345,13 @@ void PlanCube(const PasaProblem& p, PasaTilingData& t, PasaBudget& b)
     }
     const uint32_t nk = t.cubeKeys;
     t.keyBufferKeys = p.keyBufferKeys != 0 ? p.keyBufferKeys : n;
-    if (t.keyBufferKeys % nk != 0 || n % t.keyBufferKeys != 0) {
-        Reject("keyBufferKeys must be a multiple of the cube's key piece (" + std::to_string(nk) + ") that divides kvBlock (" +
-               std::to_string(n) + "), got " + std::to_string(t.keyBufferKeys));
-    }
     t.probBufferKeys = p.probBufferKeys != 0 ? p.probBufferKeys : n;
-    if (t.probBufferKeys % nk != 0 || n % t.probBufferKeys != 0) {
-        Reject("probBufferKeys must be a multiple of the cube's key piece (" + std::to_string(nk) + ") that divides kvBlock (" +
-               std::to_string(n) + "), got " + std::to_string(t.probBufferKeys));
+    for (const auto& [name, keys] : {std::pair<const char*, uint32_t>{"keyBufferKeys", t.keyBufferKeys},
+                                     {"probBufferKeys", t.probBufferKeys}}) {
+        if (keys % nk != 0 || n % keys != 0) {
+            Reject(std::string(name) + " must be a multiple of the cube's key piece (" + std::to_string(nk) +
+                   ") that divides kvBlock (" + std::to_string(n) + "), got " + std::to_string(keys));
+        }
     }
     t.probBuffers = t.probBufferKeys < n ? PASA_PROB_PART_BUFFERS : PASA_PROB_BUFFERS;
     t.prepCols = std::max(16u, std::min(d, blockCols));

@@ -338,16 +338,24 @@ def test_key_blocks_land_in_l1_a_part_at_a_time(backend, algorithm, s1, cube_key
     part-filled last block, parts without keys) on two AI Cores, prefill and decode (pasa shifting
     its scores, the keys past a block's end zero in L1); also under Huawei's implementation of
     the API."""
+    tiling = _run_in_forced_parts(backend, algorithm, s1, cube_keys=cube_keys, key_buffer_keys=key_buffer_keys)
+    assert (tiling["cube_keys"], tiling["key_buffer_keys"]) == (cube_keys, key_buffer_keys), tiling
+    assert tiling["shift_scores"] == (s1 == 1 and algorithm != "fa-fp32"), tiling
+
+
+def _run_in_forced_parts(backend, algorithm, s1, **forced) -> dict:
+    """A ragged batch of 256-key blocks at d = 128 and 256-row tiles (S1 = 300 or 1) on two AI
+    Cores with the host's tiling choices ``forced``, checked against the torch backend and the
+    golden; returns the tiling."""
     from test_ascendc_emu import emulated_cores
     case = dict(layout="BNSD", B=2, Nq=2, Nkv=1, S1=s1, S2=1000, D=128, kv_lens=[1000, 300], kv_block=256,
                 q_block=256)
     q, k, v, kw = make_case(case, torch.float16)
     kw["repair_overflow"] = False
-    with emulated_cores(2), ascendc_emu.forcing_tiling(cube_keys=cube_keys, key_buffer_keys=key_buffer_keys):
+    with emulated_cores(2), ascendc_emu.forcing_tiling(**forced):
         out, lse, tiling = run_kernels(q, k, v, backend, algorithm=algorithm, **kw)
-    assert (tiling["cube_keys"], tiling["key_buffer_keys"]) == (cube_keys, key_buffer_keys), tiling
-    assert tiling["shift_scores"] == (s1 == 1 and algorithm != "fa-fp32"), tiling
     check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, case)
+    return tiling
 
 
 @pytest.mark.parametrize("backend", BOTH)
@@ -361,17 +369,10 @@ def test_prob_lands_in_l1_a_part_at_a_time(backend, algorithm, s1, cube_keys, pr
     blocks at d = 128 and 256-row tiles (two pieces of 128 rows; the second task's 44 rows one),
     a ragged batch on two AI Cores, prefill and decode; also under Huawei's implementation of
     the API."""
-    from test_ascendc_emu import emulated_cores
-    case = dict(layout="BNSD", B=2, Nq=2, Nkv=1, S1=s1, S2=1000, D=128, kv_lens=[1000, 300], kv_block=256,
-                q_block=256)
-    q, k, v, kw = make_case(case, torch.float16)
-    kw["repair_overflow"] = False
-    with emulated_cores(2), ascendc_emu.forcing_tiling(cube_keys=cube_keys, prob_buffer_keys=prob_buffer_keys):
-        out, lse, tiling = run_kernels(q, k, v, backend, algorithm=algorithm, **kw)
+    tiling = _run_in_forced_parts(backend, algorithm, s1, cube_keys=cube_keys, prob_buffer_keys=prob_buffer_keys)
     assert (tiling["cube_keys"], tiling["prob_buffer_keys"], tiling["prob_buffers"]) == (cube_keys, prob_buffer_keys, 2)
     assert tiling["cube_rows"] == (128 if s1 > 1 else 16), tiling
     assert tiling["bytes_per_core"]["l1"] <= TPIPE_L1_BYTES, tiling
-    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, case)
 
 
 @pytest.mark.parametrize("algorithm,d,forced,named", [
