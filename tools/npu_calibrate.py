@@ -22,7 +22,7 @@ Every figure of the model side comes from emulated runs checked against the fp64
 from __future__ import annotations
 
 from pasa_npu import npu_params
-from pasa_npu.tools.npu_extrapolate import Shape, cached_calibration, calibrate, fastest
+from pasa_npu.tools.npu_extrapolate import Shape, cached_calibration, calibrate, fastest, tiling_choices
 
 #: PTO FA stage constants per 256-key tile (head dim 128, 128 query rows): npu-params.md §4
 PTO_STAGE_CYCLES = dict(qk=2487, softmax=2489, pv=1617, update=834)
@@ -128,7 +128,7 @@ def markdown(params: dict, progress=None) -> str:
         "**Per call on a 910B2** (24 AI Cores, 1800 MHz), B = N = 1, d = 128, S_q = S_kv = S, no mask: "
         "TFLOP/s measured (torch_npu fused FA, PTO FA; PTO-ISA README) against **modelled** "
         "(our kernels under this timing model, nominal parameters, each allocation at its fastest tiling of "
-        "128 or 256 query rows by 128 or 256 keys; the last fa-fp32 column with "
+        f"{tiling_choices()}; the last fa-fp32 column with "
         "`l2_aggregate_bytes_per_cycle` at the high end of its range). Errors: model / measured - 1. "
         "The L2 rate a measured figure needs: the aggregate bytes per cycle that PTO FA's estimated "
         f"{PTO_TILE_GM_BYTES // 1024} KiB of GM traffic per 256-key tile takes at that speed.", "",

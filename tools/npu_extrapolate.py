@@ -186,13 +186,17 @@ def tasks(algorithm, b, h, hkv, sq, skv, d, causal, params, q_block=Q_TILE, kv_b
           tail_pieces=0) -> list:
     """Per AI Core, the (rows, blocks, fully visible blocks) of its tasks, as the kernel deals
     them (sparse mode 3: the causal band aligned to the bottom right); ``tail_pieces``: the
-    host's tiling choice (0: its own, 1: no task cut into pieces)."""
+    host's tiling choice (0: its own, 1: no task cut into pieces). NotImplementedError where the
+    host refuses the tiling."""
     lens = lambda n: np.full(b, n, dtype=np.int32)  # noqa: E731
     nxt = np.full(b, skv - sq if causal else 0, dtype=np.int32)
     p = _kernel_params(algorithm, b, h, hkv, sq, skv, d, causal, params, q_block, kv_block)
     p.update(tail_pieces=tail_pieces)
-    return pasa_npu._ascendc_emu.attention_tasks(
-        p, dict(q_lens=lens(sq), kv_lens=lens(skv), next_tokens=nxt, pre_tokens=lens(2 ** 31 - 1)))
+    try:
+        return pasa_npu._ascendc_emu.attention_tasks(
+            p, dict(q_lens=lens(sq), kv_lens=lens(skv), next_tokens=nxt, pre_tokens=lens(2 ** 31 - 1)))
+    except ValueError as exc:  # a tiling the kernels cannot hold
+        raise NotImplementedError(str(exc)) from None
 
 
 def _quantities(att: dict) -> dict:
@@ -434,7 +438,13 @@ def extrapolate(shape: Shape, fit: Fit, params: dict, fit_of=None, tail_pieces: 
 #: the allocation's at the fastest of them that its kernels take, under the parameters it is
 #: modelled with
 Q_BLOCKS = (128, 256)
-KV_BLOCKS = (128, 256)
+KV_BLOCKS = (128, 256, 512, 1024)
+
+
+def tiling_choices() -> str:
+    """The tilings :data:`Q_BLOCKS` x :data:`KV_BLOCKS` in words, for the reports."""
+    return (f"{' or '.join(map(str, Q_BLOCKS))} query rows by "
+            f"{', '.join(map(str, KV_BLOCKS[:-1]))} or {KV_BLOCKS[-1]} keys")
 
 
 def tilings(shape: Shape) -> tuple:
@@ -443,31 +453,35 @@ def tilings(shape: Shape) -> tuple:
     return tuple((q, kv) for q in (Q_BLOCKS[:1] if shape.decode else Q_BLOCKS) for kv in KV_BLOCKS)
 
 
-def candidates(shape: Shape, algorithm: str) -> tuple:
+def candidates(shape: Shape, algorithm: str, only: tuple = None) -> tuple:
     """The configs :func:`fastest` chooses among: ``algorithm`` on ``shape`` at each of
-    tilings(shape)."""
-    return tuple(shape.config(algorithm, qb, kvb) for qb, kvb in tilings(shape))
+    tilings(shape), or at the (q_block, kv_block) tilings ``only``."""
+    return tuple(shape.config(algorithm, qb, kvb) for qb, kvb in (only or tilings(shape)))
 
 
-def calibrations(shape: Shape, algorithm: str, params: dict) -> tuple:
-    """Every config :func:`fastest` may calibrate for ``algorithm`` on ``shape``: each candidate
-    tiling's, and the configs of its tasks of fewer rows (:func:`part_configs`)."""
+def calibrations(shape: Shape, algorithm: str, params: dict, only: tuple = None) -> tuple:
+    """Every config :func:`fastest` may calibrate for ``algorithm`` on ``shape`` (among the
+    tilings ``only``): each candidate tiling's, and the configs of its tasks of fewer rows
+    (:func:`part_configs`)."""
     out = []
-    for config in candidates(shape, algorithm):
+    for config in candidates(shape, algorithm, only):
         out.append(config)
-        for tail in TAIL_CHOICES:
-            out += part_configs(shape, config, params, tail)
+        try:
+            for tail in TAIL_CHOICES:
+                out += part_configs(shape, config, params, tail)
+        except NotImplementedError:  # the host refuses the tiling: so does its calibration
+            pass
     return tuple(dict.fromkeys(out))
 
 
-def fastest(shape: Shape, algorithm: str, params: dict, fit) -> tuple:
-    """(config, extrapolation) of ``algorithm`` on ``shape`` at the tiling of tilings(shape) and
-    the choice of TAIL_CHOICES (the extrapolation's ``tail_pieces``) where it is faster under
-    ``params``; ``fit(config, params)`` calibrates (the caller caches)
+def fastest(shape: Shape, algorithm: str, params: dict, fit, only: tuple = None) -> tuple:
+    """(config, extrapolation) of ``algorithm`` on ``shape`` at the tiling of tilings(shape) (or
+    of the tilings ``only``) and the choice of TAIL_CHOICES (the extrapolation's ``tail_pieces``)
+    where it is faster under ``params``; ``fit(config, params)`` calibrates (the caller caches)
     and raises NotImplementedError for a tiling the kernels refuse (its buffers do not fit the
     AI Core), which is then not a candidate."""
     best, refused = None, []
-    for config in candidates(shape, algorithm):
+    for config in candidates(shape, algorithm, only):
         try:
             calibrated = fit(config, params)
         except NotImplementedError as exc:

@@ -252,8 +252,9 @@ void Fill(const LocalTensor<T>& dst, const InitConstValueParams<U>& p)
     emu::CheckExtent(dst, span, op, "dst");
     const int pipe = l1 ? emu::P_MTE2 : emu::P_MTE1;
     const uint32_t seq = emu::Issue(pipe);
-    emu::Dispatch(pipe, emu::Timing().mte1_head_cycles +
-                            static_cast<double>(p.repeatTimes) * p.blockNum * unit / emu::Timing().mte1_l0a_bytes_per_cycle);
+    const double rate = dst.HardwareKind() == Hardware::L0B ? emu::Timing().mte1_l0b_bytes_per_cycle
+                                                            : emu::Timing().mte1_l0a_bytes_per_cycle;
+    emu::Dispatch(pipe, emu::Timing().mte1_head_cycles + static_cast<double>(p.repeatTimes) * p.blockNum * unit / rate);
     for (uint32_t r = 0; r < p.repeatTimes; ++r) {
         const uint64_t start = r * static_cast<uint64_t>(p.blockNum + p.dstGap) * unit;
         emu::TouchLocal(pipe, seq, dst.HardwareKind(), dst.ByteOffset() + start, p.blockNum * unit, true, op);

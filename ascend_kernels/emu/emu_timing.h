@@ -25,8 +25,8 @@ namespace emu {
 struct TimingParams {
     double cube_macs_per_cycle = 0;        // fp16 MACs per cycle of one cube (16 x 16 x 16)
     double mmad_head_cycles = 0;           // fixed cycles per Mmad
-    double mte1_l0a_bytes_per_cycle = 0;   // LoadData L1 -> L0A (and Fill of L1/L0)
-    double mte1_l0b_bytes_per_cycle = 0;   // LoadData L1 -> L0B
+    double mte1_l0a_bytes_per_cycle = 0;   // LoadData L1 -> L0A (and Fill of L1 and L0A)
+    double mte1_l0b_bytes_per_cycle = 0;   // LoadData L1 -> L0B (and Fill of L0B)
     double mte1_head_cycles = 0;
     double mte2_bytes_per_cycle = 0;       // GM -> L1 / UB per AI Core: one engine alone runs at this rate,
                                            // the AIC's and both AIVs' reads share it (Launch bounds the AI Core)

@@ -81,10 +81,14 @@ py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
     d["key_buffer_keys"] = t.keyBufferKeys;
     d["prob_buffer_keys"] = t.probBufferKeys;
     d["prob_buffers"] = t.probBuffers;
+    d["value_buffers"] = t.valueBuffers;
     d["pv_cols"] = t.pvCols;
     d["prep_cols"] = t.prepCols;
     d["query_buffers"] = t.queryBuffers;
     d["shift_rows"] = t.shiftRows;
+    d["shift_window"] = t.shiftWindow != 0;
+    d["prep_vec_rows"] = t.prepVecRows;
+    d["prep_key_buffers"] = t.prepKeyBuffers;
     d["prep_l0c_buffers"] = t.prepL0cBuffers;
     d["vec_rows"] = t.vecRowsPad;
     d["vec_chunk_rows"] = t.vecChunkRows;
@@ -250,7 +254,10 @@ py::dict RunAttention(py::array query, py::array key, py::array value, py::array
     }
     pasa::PasaBudget budget;
     pasa::ComputeTiling(prob, &l.view, &budget);
-    result["tiling"] = TilingDict(t, budget);
+    py::dict tiling = TilingDict(t, budget);
+    // a checked call's repair pass: the kv blocks of its fa-fp32 tiling
+    tiling["repair_kv_block"] = t.overflowCheck && prob.tilingKey != PASA_KEY_FA_FP32 ? pasa::RepairTiling(prob, &l.view).kvBlock : 0;
+    result["tiling"] = tiling;
     result["runtime_calls"] = CallList(runtime.Calls());
     return result;
 }

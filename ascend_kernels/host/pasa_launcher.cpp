@@ -15,11 +15,17 @@ PasaTilingData RepairTiling(const PasaProblem& problem, const BatchLengths* leng
     p.tilingKey = PASA_KEY_FA_FP32;
     p.kvSplits = 1;
     p.repair = true;
-    try {
-        return ComputeTiling(p, lengths);
-    } catch (const std::invalid_argument& e) {
-        throw std::invalid_argument(std::string("the overflow check's fa-fp32 repair pass: ") + e.what() +
-                                    " (or repair_overflow=False)");
+    // the call's kv blocks, or the largest half, quarter, ... of them (down to 128 keys) whose buffers
+    // fa-fp32 holds: its fp32 scores do not fit the UB in blocks the PASA allocations take
+    std::string refused;
+    for (;; p.kvBlock /= 2) {
+        try {
+            return ComputeTiling(p, lengths);
+        } catch (const std::invalid_argument& e) {
+            if (refused.empty()) refused = e.what();
+            if (p.kvBlock > 128) continue;
+            throw std::invalid_argument("the overflow check's fa-fp32 repair pass: " + refused + " (or repair_overflow=False)");
+        }
     }
 }
 

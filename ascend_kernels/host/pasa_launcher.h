@@ -88,8 +88,9 @@ struct ParameterLayout {
 ParameterLayout ParameterLayoutFor(uint32_t batch);
 
 // A checked call's repair pass (pasa, pasa-exact with overflowCheck): the fa-fp32 tiling of
-// `problem` without split kv. Throws std::invalid_argument naming the pass where its tiles do
-// not fit the AI Core.
+// `problem` without split kv, in its kv blocks or the largest half, quarter, ... of them (at
+// least 128 keys) that fa-fp32's buffers hold. Throws std::invalid_argument naming the pass
+// where none does.
 PasaTilingData RepairTiling(const PasaProblem& problem, const BatchLengths* lengths);
 
 // The parameter buffer's bytes for tiling `t` of `problem` with `lengths` (checked by the caller).

@@ -109,8 +109,8 @@ void Validate(const PasaProblem& p)
     }
     if (p.headDim == 0 || p.headDim % 16 != 0) Reject("headDim must be a positive multiple of 16 (cube fractals are 16 wide), got " + std::to_string(p.headDim));
     if (p.headDimV == 0 || p.headDimV % 16 != 0) Reject("headDimV must be a positive multiple of 16, got " + std::to_string(p.headDimV));
-    if (!PowerOfTwo(p.kvBlock) || p.kvBlock < 16 || p.kvBlock > 256) {
-        Reject("kvBlock must be a power of two in [16, 256] (the block mean is scaled by 1/kvBlock exactly), got " + std::to_string(p.kvBlock));
+    if (!PowerOfTwo(p.kvBlock) || p.kvBlock < 16 || p.kvBlock > 1024) {
+        Reject("kvBlock must be a power of two in [16, 1024] (the block mean is scaled by 1/kvBlock exactly), got " + std::to_string(p.kvBlock));
     }
     if (p.qTile == 0 || p.qTile > 4095) Reject("qTile must lie in [1, 4095], got " + std::to_string(p.qTile));
     if (p.qLayout > PASA_LAYOUT_BSND || p.kvLayout > PASA_LAYOUT_BSND || p.outLayout > PASA_LAYOUT_BSND) Reject("layouts must be BNSD (0) or BSND (1)");
@@ -336,6 +336,10 @@ void PlanCube(const PasaProblem& p, PasaTilingData& t, PasaBudget& b)
     t.cubeKeys = n;
     while (t.cubeKeys > 128 && t.cubeKeys * wide * 2 > l0bBuffer) t.cubeKeys /= 2;
     if (t.cubeKeys * wide * 2 > l0bBuffer) t.cubeKeys = n;
+    // pasa in more than two pieces: a piece of V with the ones of P''s row sums beside it
+    while (ProbSumsOnCube(t) && n / t.cubeKeys > 2 && t.cubeKeys > 16 && t.cubeKeys * (dv + 16) * 2 > l0bBuffer) {
+        t.cubeKeys /= 2;
+    }
     if (p.cubeKeys != 0) {
         if (p.cubeKeys % 16 != 0 || n % p.cubeKeys != 0 || p.cubeKeys * wide * 2 > l0bBuffer) {
             Reject("cubeKeys must be a multiple of 16 dividing kvBlock (" + std::to_string(n) + ") whose keys fit an L0B buffer "
@@ -344,16 +348,12 @@ void PlanCube(const PasaProblem& p, PasaTilingData& t, PasaBudget& b)
         t.cubeKeys = p.cubeKeys;
     }
     const uint32_t nk = t.cubeKeys;
-    t.keyBufferKeys = p.keyBufferKeys != 0 ? p.keyBufferKeys : n;
-    t.probBufferKeys = p.probBufferKeys != 0 ? p.probBufferKeys : n;
-    for (const auto& [name, keys] : {std::pair<const char*, uint32_t>{"keyBufferKeys", t.keyBufferKeys},
-                                     {"probBufferKeys", t.probBufferKeys}}) {
-        if (keys % nk != 0 || n % keys != 0) {
+    for (const auto& [name, keys] : {std::pair<const char*, uint32_t>{"keyBufferKeys", p.keyBufferKeys}, {"probBufferKeys", p.probBufferKeys}}) {
+        if (keys != 0 && (keys % nk != 0 || n % keys != 0)) {
             Reject(std::string(name) + " must be a multiple of the cube's key piece (" + std::to_string(nk) +
                    ") that divides kvBlock (" + std::to_string(n) + "), got " + std::to_string(keys));
         }
     }
-    t.probBuffers = t.probBufferKeys < n ? PASA_PROB_PART_BUFFERS : PASA_PROB_BUFFERS;
     t.prepCols = std::max(16u, std::min(d, blockCols));
     // pasa: the row sums of P' from the cube, 16 more columns of the P'V tile. A row piece's P' pieces
     // stay in L0A (its two buffers) until a block of ones multiplies them; more pieces each meet the
@@ -378,18 +378,34 @@ void PlanCube(const PasaProblem& p, PasaTilingData& t, PasaBudget& b)
         if (b.l0a <= kL0ABytes && b.l0b <= kL0BBytes && b.l0c <= kL0CBytes) break;
     }
     t.l1QueryBytes = mp * d * 2;
-    t.l1KeyBytes = t.keyBufferKeys * d * 2;
     t.l1ValueBytes = n * dv * 2;
-    t.l1ProbBytes = (t.probBufferKeys < n ? t.cubeRows * t.probBufferKeys : mp * n) * 2;
     t.l1MeanBytes = constants ? meanRows * d * 2 : 0;
     const uint32_t meanBuffers = constants ? PASA_MEAN_BUFFERS : 0;
-    const uint64_t others = static_cast<uint64_t>(PASA_KEY_BUFFERS) * t.l1KeyBytes +
-                            static_cast<uint64_t>(PASA_VALUE_BUFFERS) * t.l1ValueBytes +
-                            static_cast<uint64_t>(t.probBuffers) * t.l1ProbBytes + static_cast<uint64_t>(meanBuffers) * t.l1MeanBytes;
-    const bool twoQueries = others + static_cast<uint64_t>(PASA_QUERY_BUFFERS) * t.l1QueryBytes <= kL1Bytes &&
-                            PASA_QUERY_BUFFERS + PASA_KEY_BUFFERS + PASA_VALUE_BUFFERS + t.probBuffers + meanBuffers <= PASA_EVENT_IDS;
-    t.queryBuffers = twoQueries ? PASA_QUERY_BUFFERS : 1;
-    b.l1 = others + static_cast<uint64_t>(t.queryBuffers) * t.l1QueryBytes;
+    // K' and P' in buffers of keyKeys and probKeys keys, valueBuffers V buffers: whether they fit L1
+    auto fitL1 = [&](uint32_t keyKeys, uint32_t probKeys, uint32_t valueBuffers) {
+        t.keyBufferKeys = keyKeys;
+        t.probBufferKeys = probKeys;
+        t.probBuffers = probKeys < n ? PASA_PROB_PART_BUFFERS : PASA_PROB_BUFFERS;
+        t.valueBuffers = valueBuffers;
+        t.l1KeyBytes = keyKeys * d * 2;
+        t.l1ProbBytes = (probKeys < n ? t.cubeRows * probKeys : mp * n) * 2;
+        const uint32_t events = PASA_KEY_BUFFERS + valueBuffers + t.probBuffers + meanBuffers;
+        const uint64_t others = static_cast<uint64_t>(PASA_KEY_BUFFERS) * t.l1KeyBytes + static_cast<uint64_t>(valueBuffers) * t.l1ValueBytes +
+                                static_cast<uint64_t>(t.probBuffers) * t.l1ProbBytes + static_cast<uint64_t>(meanBuffers) * t.l1MeanBytes;
+        const bool twoQueries = others + static_cast<uint64_t>(PASA_QUERY_BUFFERS) * t.l1QueryBytes <= kL1Bytes &&
+                                PASA_QUERY_BUFFERS + events <= PASA_EVENT_IDS;
+        t.queryBuffers = twoQueries ? PASA_QUERY_BUFFERS : 1;
+        b.l1 = others + static_cast<uint64_t>(t.queryBuffers) * t.l1QueryBytes;
+        return b.l1 <= kL1Bytes;
+    };
+    // whole blocks and two V buffers where they fit; else (blocks L1 does not hold whole) K' and P' in
+    // parts of 128 keys (or the cube's piece, if larger), then V in one buffer
+    const uint32_t part = std::min(n, std::max(nk, 128u));
+    if (p.keyBufferKeys != 0 || p.probBufferKeys != 0) {
+        fitL1(p.keyBufferKeys != 0 ? p.keyBufferKeys : n, p.probBufferKeys != 0 ? p.probBufferKeys : n, PASA_VALUE_BUFFERS);
+    } else if (!fitL1(n, n, PASA_VALUE_BUFFERS) && !fitL1(part, part, PASA_VALUE_BUFFERS)) {
+        fitL1(part, part, 1);
+    }
 }
 
 // Bytes of `tree` that RowReduce (pasa_vector_ops.h) fills reducing rows x cols of elemBytes-byte
@@ -491,30 +507,45 @@ void PlanVector(const PasaProblem& p, PasaTilingData& t, PasaBudget& b)
 void PlanPreprocessing(PasaTilingData& t, PasaBudget& b)
 {
     const uint64_t n = t.kvBlock, d = t.headDim, dc = t.prepCols;  // dc: a piece of K's columns
+    const uint64_t keyBlock = n * d * 2;  // a block of keys staged in L1
     if (t.prepDim == 0) return;  // no preprocessing launch
     if (t.tilingKey == PASA_KEY_PASA) {
         // M^T and the row of ones (every block's column sums); the vector cores make the key means and
         // correct the part-filled blocks. L0A holds M^T whole where it fits beside the ones, else two
         // pieces of its rows in turn (the ones then take a piece's buffer for the column sums)
-        b.prepL1 = n * n * 2 + 16 * n * 2 + 2 * n * d * 2;
         const uint64_t ones = 16 * n * 2;
         t.shiftRows = static_cast<uint32_t>(n);
         if (n * n * 2 + ones > kL0ABytes) {
             t.shiftRows /= 2;
             while (t.shiftRows > 16 && 2 * t.shiftRows * n * 2 > kL0ABytes) t.shiftRows /= 2;
         }
+        // M^T whole in L1 where it fits beside the ones and two key blocks, else a band of shiftRows
+        // rows; one key block where two do not fit beside the band
+        t.shiftWindow = n * n * 2 + ones + 2 * keyBlock > kL1Bytes ? 1 : 0;
+        const uint64_t shift = (t.shiftWindow ? t.shiftRows * (2 * n - t.shiftRows) : n * n) * 2;
+        t.prepKeyBuffers = shift + ones + 2 * keyBlock <= kL1Bytes ? 2 : 1;
+        b.prepL1 = shift + ones + t.prepKeyBuffers * keyBlock;
         b.prepL0a = t.shiftRows == n ? n * n * 2 + ones : 2ull * t.shiftRows * n * 2;
         b.prepL0b = 2 * n * dc * 2;
         const uint64_t out = t.shiftRows * dc * 4;
         t.prepL0cBuffers = 3 * out <= kL0CBytes ? 3 : 2;
         b.prepL0c = t.prepL0cBuffers * out;
-        b.prepUb = d * 4 + (n / 2) * d * 4 + (n / 2) * d * 2 + d * 4 + d * 2;
+        // a part-filled block's rows: fp32 in, fp16 out, a piece of an AIV's half at a time
+        auto prepUb = [&](uint64_t rows) { return d * 4 + rows * d * 4 + rows * d * 2 + d * 4 + d * 2; };
+        t.prepVecRows = static_cast<uint32_t>(n / 2);
+        while (t.prepVecRows > 16 && prepUb(t.prepVecRows) > kUbBytes) t.prepVecRows /= 2;
+        b.prepUb = prepUb(t.prepVecRows);
     } else if (t.tilingKey == PASA_KEY_PASA_EXACT) {
-        b.prepL1 = 16 * n * 2 + 2 * n * d * 2;
+        t.prepKeyBuffers = 16 * n * 2 + 2 * keyBlock <= kL1Bytes ? 2 : 1;
+        b.prepL1 = 16 * n * 2 + t.prepKeyBuffers * keyBlock;
         b.prepL0a = 16 * n * 2;
         b.prepL0b = 2 * n * dc * 2;
         b.prepL0c = 2 * 16 * dc * 4;
-        b.prepUb = d * 4 + 2 * (n / 2) * d * 2 + d * 2 + 2 * d * 4 + (n / 2) * d * 4;
+        // a piece of an AIV's half of the keys: fp16 in and out, fp32 between
+        auto prepUb = [&](uint64_t rows) { return d * 4 + 2 * rows * d * 2 + d * 2 + 2 * d * 4 + rows * d * 4; };
+        t.prepVecRows = static_cast<uint32_t>(n / 2);
+        while (t.prepVecRows > 16 && prepUb(t.prepVecRows) > kUbBytes) t.prepVecRows /= 2;
+        b.prepUb = prepUb(t.prepVecRows);
     }
 }
 

@@ -85,7 +85,7 @@ public:
 
         pipe_.InitBuffer(queryL1_, t.queryBuffers, t.l1QueryBytes);
         pipe_.InitBuffer(keyL1_, PASA_KEY_BUFFERS, t.l1KeyBytes);
-        pipe_.InitBuffer(valueL1_, PASA_VALUE_BUFFERS, t.l1ValueBytes);
+        pipe_.InitBuffer(valueL1_, t.valueBuffers, t.l1ValueBytes);
         pipe_.InitBuffer(probL1_, t.probBuffers, t.l1ProbBytes);
         if (constants_) pipe_.InitBuffer(meanL1_, PASA_MEAN_BUFFERS, t.l1MeanBytes);
         pipe_.InitBuffer(l0a_, 2, t.l0aBytes);
@@ -157,6 +157,8 @@ private:
             Pv(task, v1, p1);
             win.Advance(pv);
             --ahead;
+            // one V buffer: the next P'V's values land during the score tile that follows
+            if (t_->valueBuffers == 1 && ahead > 0) valuesQueued = QueueNextValues(win, pv);
         }
     }
 
@@ -173,7 +175,7 @@ private:
         const bool keysNext = NextBlock(win, keys, pv.task + kTaskWindow - 1);
         bool valuesNext = pvNext && NextBlock(win, values, pv.task + kTaskWindow);
         const AttentionTask* pvTask = valuesNext ? &win.Get(values.task) : nullptr;  // the P'V that follows
-        valuesNext = valuesNext && valuesQueued < PASA_VALUE_BUFFERS;
+        valuesNext = valuesNext && valuesQueued < t_->valueBuffers;
         for (uint32_t i = 0; valuesNext && i < valuesQueued; ++i) {
             win.Advance(values);
             valuesNext = NextBlock(win, values, pv.task + kTaskWindow);
@@ -191,6 +193,15 @@ private:
         }
         for (uint32_t p = 0; p < probParts; ++p) probL1_.EnQue(p1[p]);
         return keysNext;
+    }
+
+    // The values of the P'V cursor's block (one the cube has scored), queued; returns how many are.
+    __aicore__ inline uint32_t QueueNextValues(TaskWindow& win, const BlockCursor& pv)
+    {
+        BlockCursor values = pv;
+        if (!NextBlock(win, values, pv.task + kTaskWindow)) return 0;
+        valueL1_.EnQue(CopyValue(win.Get(values.task), win.Get(values.task).blockBegin + values.block));
+        return 1;
     }
 
     // Loads the Q of the next task with keys after the score cursor's, when the window holds it.

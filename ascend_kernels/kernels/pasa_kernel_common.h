@@ -134,14 +134,18 @@ __aicore__ inline void ShiftRowsToL0a(const LocalTensor<T>& l0a, const LocalTens
 }
 
 // Each of `count` rows of `d` floats minus the same d-vector `vec`: whole-tile Sub, 64 columns a
-// repeat, one repeat per row (src1 repeat stride 0).
+// repeat, one repeat per row (src1 repeat stride 0), up to 128 rows an instruction (a repeat count
+// is 8 bits).
 __aicore__ inline void SubtractFromEachRow(const LocalTensor<float>& rows, const LocalTensor<float>& vec, uint32_t count,
                                            uint32_t d)
 {
     const uint8_t rowBlocks = static_cast<uint8_t>(d * sizeof(float) / 32);
-    for (uint32_t c = 0; c < d; c += 64) {
-        Sub(rows[c], rows[c], vec[c], d - c < 64 ? d - c : 64, static_cast<uint8_t>(count),
-            BinaryRepeatParams(1, 1, 1, rowBlocks, rowBlocks, 0));
+    for (uint32_t r = 0; r < count; r += 128) {
+        const uint32_t repeats = count - r < 128 ? count - r : 128;
+        for (uint32_t c = 0; c < d; c += 64) {
+            Sub(rows[r * d + c], rows[r * d + c], vec[c], d - c < 64 ? d - c : 64, static_cast<uint8_t>(repeats),
+                BinaryRepeatParams(1, 1, 1, rowBlocks, rowBlocks, 0));
+        }
     }
     ResetMask();  // leave the full mask: Compares reads the register
 }

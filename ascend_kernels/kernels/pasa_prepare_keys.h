@@ -6,7 +6,9 @@
 //   where the head dim is wider): A = M^T (resident in L0A), B = K_j, fp32 accumulation, Fixpipe
 //   rounds K' to fp16. Where M^T does not fit L0A (kvBlock 256), one Mmad per piece of
 //   tiling.shiftRows of its rows, each piece loaded from L1 in turn: the same sums, row by row
-//   (two pieces fill L0A; the row of ones takes a piece's buffer for the column sums). For every
+//   (two pieces fill L0A; the row of ones takes a piece's buffer for the column sums); where M^T
+//   does not fit L1 (kvBlock 512 and more), L1 holds a band of shiftRows rows from which each
+//   piece is a window (tiling.shiftWindow: the rows of M^T differ only in where the diagonal is). For every
 //   block the cube also drains the column sums 1^T K_j (a second Mmad with a row of ones, fp32, in
 //   key order), and the vector cores store the block's key mean fp16(colsum fl32(r / v)) over its v
 //   keys (r: M's row sum, tiling.shiftRowSum), the column mean of its unrounded K', from which the
@@ -93,7 +95,8 @@ __aicore__ inline void KeyBlockToL0b(const LocalTensor<half>& l0b, const LocalTe
 
 // This core's key blocks (KeyBlockIter), each staged GM -> L1 (LoadKeyBlock) one block ahead: the
 // next block's keys land while this one's Mmads run (the L1 queue holds two; KeyColumns frees a
-// block's buffer with its last piece).
+// block's buffer with its last piece). With one buffer (tiling.prepKeyBuffers: blocks L1 does not
+// hold two of) the next block is staged once the cube has taken this one's last piece (Refill).
 using KeyBlockL1 = TQue<TPosition::B1, 2>;
 class StagedKeyBlocks {
 public:
@@ -112,8 +115,14 @@ public:
         task = next_;
         k1 = l1_.DeQue<half>();
         has_ = it_.Next(next_);
-        if (has_) Stage();
+        if (has_ && t_.prepKeyBuffers > 1) Stage();
         return true;
+    }
+
+    // One buffer: the next block staged, once KeyColumns freed the buffer (a block's last piece).
+    __aicore__ inline void Refill()
+    {
+        if (has_ && t_.prepKeyBuffers == 1) Stage();
     }
 
 private:
@@ -202,7 +211,7 @@ public:
         batches_.Init(tiling, t);
         pages_.Init(blockTable, keySlots, t);
 
-        pipe_.InitBuffer(shiftL1_, n * n * sizeof(half));
+        pipe_.InitBuffer(shiftL1_, (t.shiftWindow ? mr * (2 * n - mr) : n * n) * sizeof(half));
         pipe_.InitBuffer(onesL1_, kC0 * n * sizeof(half));
         if (whole) {
             pipe_.InitBuffer(shiftL0a_, n * n * sizeof(half));
@@ -210,12 +219,16 @@ public:
         } else {
             pipe_.InitBuffer(shiftPieces_, 2, mr * n * sizeof(half));
         }
-        pipe_.InitBuffer(keyL1_, 2, n * d * sizeof(half));
+        pipe_.InitBuffer(keyL1_, t.prepKeyBuffers, n * d * sizeof(half));
         pipe_.InitBuffer(keyL0b_, 2, n * dc * sizeof(half));
         outL0c_.Init(pipe_, mr * dc * sizeof(float), t.prepL0cBuffers);
 
         LocalTensor<half> m1 = shiftL1_.Get<half>(), m2;
-        StageShiftMatrix(m1, shift_, n);
+        if (t.shiftWindow) {
+            StageShiftWindow(m1, n, mr);
+        } else {
+            StageShiftMatrix(m1, shift_, n);
+        }
         if (whole) {
             m2 = shiftL0a_.Get<half>();
             ShiftRowsToL0a(m2, m1, n, 0, n);
@@ -242,8 +255,9 @@ public:
             for (uint32_t d0 = 0; d0 < d; d0 += dc) {  // K'_j's pieces of columns
                 const uint32_t cols = Min(dc, d - d0);
                 LocalTensor<half> k2 = KeyColumns(keyL1_, keyL0b_, k1, t, d0, cols);
+                if (d0 + cols == d) blocks.Refill();  // one key buffer: the next block lands during these Mmads
                 for (uint32_t r0 = 0; r0 < n; r0 += mr) {  // and of rows, where M^T is in pieces
-                    LocalTensor<half> a = whole ? m2 : ShiftPiece(m1, n, r0, mr);
+                    LocalTensor<half> a = whole ? m2 : ShiftPiece(m1, t, r0);
                     LocalTensor<float> c = outL0c_.Next();
                     Mmad(c, a, k2, MmadParams(static_cast<uint16_t>(mr), static_cast<uint16_t>(cols), static_cast<uint16_t>(n),
                                               PASA_UNIT_FLAG_LAST, false, true));
@@ -285,13 +299,36 @@ private:
         return shiftPieces_.DeQue<half>();
     }
 
-    // Rows [r0, r0 + rows) of M^T from L1 into a piece of L0A, ready for the cube; the caller frees it.
-    __aicore__ inline LocalTensor<half> ShiftPiece(const LocalTensor<half>& m1, uint32_t n, uint32_t r0, uint32_t rows)
+    // Rows [r0, r0 + shiftRows) of M^T from L1 (M^T whole, or the band of tiling.shiftWindow) into a
+    // piece of L0A, ready for the cube; the caller frees it.
+    __aicore__ inline LocalTensor<half> ShiftPiece(const LocalTensor<half>& m1, const PasaTilingData& t, uint32_t r0)
     {
+        const uint32_t n = t.kvBlock, mr = t.shiftRows;
         LocalTensor<half> a = shiftPieces_.AllocTensor<half>();
-        ShiftRowsToL0a(a, m1, n, r0, rows);
+        if (t.shiftWindow) {  // each 16-row block's n columns from the band's column n - mr - r0 on
+            const uint32_t rowBlock = ((2 * n - mr) / kC0) * kFractal, at = ((n - mr - r0) / kC0) * kFractal;
+            for (uint32_t mb = 0; mb < mr / kC0; ++mb) {
+                LoadData(a[mb * (n / kC0) * kFractal], m1[mb * rowBlock + at],
+                         LoadData2DParams(0, static_cast<uint8_t>(n / kC0), 1, 0, 0, false, 0));
+            }
+        } else {
+            ShiftRowsToL0a(a, m1, n, r0, mr);
+        }
         shiftPieces_.EnQue(a);
         return shiftPieces_.DeQue<half>();
+    }
+
+    // The band W of tiling.shiftWindow (mr x (2n - mr), Zz) from M^T in GM: its columns [0, n) are
+    // M^T's rows [n - mr, n), its columns [n, 2n - mr) M^T's rows [0, mr) past their first mr columns.
+    __aicore__ inline void StageShiftWindow(const LocalTensor<half>& m1, uint32_t n, uint32_t mr)
+    {
+        const uint16_t rowBlock = static_cast<uint16_t>(((2 * n - mr) / kC0) * kFractal);
+        DataCopy(m1, shift_[(n - mr) * n], Nd2NzParams(static_cast<uint16_t>(mr / kC0), kC0, static_cast<uint16_t>(n),
+                                                        static_cast<uint16_t>(kC0 * n), static_cast<uint16_t>(n), kC0, 1, rowBlock));
+        DataCopy(m1[(n / kC0) * kFractal], shift_[mr],
+                 Nd2NzParams(static_cast<uint16_t>(mr / kC0), kC0, static_cast<uint16_t>(n - mr), static_cast<uint16_t>(kC0 * n),
+                             static_cast<uint16_t>(n), kC0, 1, rowBlock));
+        OrderPipes<HardEvent::MTE2_MTE1>();
     }
 
     TPipe pipe_;
@@ -325,8 +362,9 @@ public:
         pages_.Init(blockTable, keySlots, t);
 
         pipe_.InitBuffer(sumIn_, 1, d * sizeof(float));
-        pipe_.InitBuffer(rowsIn_, 1, half_n * d * sizeof(float));
-        pipe_.InitBuffer(keyOut_, 1, half_n * d * sizeof(half));
+        const uint32_t pr = t.prepVecRows;  // a part-filled block's rows of this AIV's half at once
+        pipe_.InitBuffer(rowsIn_, 1, pr * d * sizeof(float));
+        pipe_.InitBuffer(keyOut_, 1, pr * d * sizeof(half));
         pipe_.InitBuffer(meanOut_, 1, d * sizeof(half));
         pipe_.InitBuffer(calc_, d * sizeof(float));
         LocalTensor<float> shift = calc_.Get<float>();
@@ -349,15 +387,11 @@ public:
             }
             LocalTensor<float> sum = sumIn_.AllocTensor<float>(), rows;
             DataCopy(sum, sums, d);
-            if (tail) {
-                rows = rowsIn_.AllocTensor<float>();
-                DataCopy(rows, rowsSlot[r0 * d], half_n * d);
-                rowsIn_.EnQue(rows);
-                rows = rowsIn_.DeQue<float>();
-            }
+            if (tail) rows = CopyRows(rowsSlot, r0, pr, d);
             sumIn_.EnQue(sum);
             sum = sumIn_.DeQue<float>();
-            CrossCoreSetFlag<2, PIPE_MTE2>(PASA_FLAG_SUM_FREE);
+            // the slots read (a part-filled block's rows in pieces: once its last piece is)
+            if (!tail || pr == half_n) CrossCoreSetFlag<2, PIPE_MTE2>(PASA_FLAG_SUM_FREE);
             if (sub == 0) {
                 const float rho = tail ? t.shiftRowSum / static_cast<float>(task.validRows) : t.shiftRowSum * t.invKvBlock;
                 Muls(shift, sum, rho, static_cast<int32_t>(d));
@@ -375,20 +409,33 @@ public:
             const float c = off * static_cast<float>(n - task.validRows) / static_cast<float>(task.validRows);
             Muls(shift, sum, c, static_cast<int32_t>(d));
             sumIn_.FreeTensor(sum);
-            SubtractFromEachRow(rows, shift, half_n, d);
-            const uint32_t valid = task.validRows > r0 ? Min(task.validRows - r0, half_n) : 0;
-            if (valid < half_n) Duplicate(rows[valid * d], 0.0f, static_cast<int32_t>((half_n - valid) * d));
-            LocalTensor<half> kout = keyOut_.AllocTensor<half>();
-            Cast(kout, rows, RoundMode::CAST_RINT, half_n * d);
-            rowsIn_.FreeTensor(rows);
-            keyOut_.EnQue(kout);
-            kout = keyOut_.DeQue<half>();
-            DataCopy(keyPrime_[KeyPrimeOffset(t, task.slot) + static_cast<uint64_t>(r0) * d], kout, half_n * d);
-            keyOut_.FreeTensor(kout);
+            for (uint32_t p0 = r0; p0 < r0 + half_n; p0 += pr) {  // the pieces of this AIV's rows
+                if (p0 > r0) rows = CopyRows(rowsSlot, p0, pr, d);
+                SubtractFromEachRow(rows, shift, pr, d);
+                const uint32_t valid = task.validRows > p0 ? Min(task.validRows - p0, pr) : 0;
+                if (valid < pr) Duplicate(rows[valid * d], 0.0f, static_cast<int32_t>((pr - valid) * d));
+                LocalTensor<half> kout = keyOut_.AllocTensor<half>();
+                Cast(kout, rows, RoundMode::CAST_RINT, pr * d);
+                rowsIn_.FreeTensor(rows);
+                keyOut_.EnQue(kout);
+                kout = keyOut_.DeQue<half>();
+                DataCopy(keyPrime_[KeyPrimeOffset(t, task.slot) + static_cast<uint64_t>(p0) * d], kout, pr * d);
+                keyOut_.FreeTensor(kout);
+            }
+            if (pr < half_n) CrossCoreSetFlag<2, PIPE_MTE2>(PASA_FLAG_SUM_FREE);
         }
     }
 
 private:
+    // Rows [p0, p0 + rows) of a part-filled block's M^T K (fp32, its slot) -> UB, ready for the vector.
+    __aicore__ inline LocalTensor<float> CopyRows(const GlobalTensor<float>& slot, uint32_t p0, uint32_t rows, uint32_t d)
+    {
+        LocalTensor<float> r = rowsIn_.AllocTensor<float>();
+        DataCopy(r, slot[p0 * d], rows * d);
+        rowsIn_.EnQue(r);
+        return rowsIn_.DeQue<float>();
+    }
+
     TPipe pipe_;
     TQue<TPosition::VECIN, 1> sumIn_, rowsIn_;
     TQue<TPosition::VECOUT, 1> keyOut_, meanOut_;
@@ -412,7 +459,7 @@ public:
 
         pipe_.InitBuffer(onesL1_, kC0 * n * sizeof(half));
         pipe_.InitBuffer(onesL0a_, kC0 * n * sizeof(half));
-        pipe_.InitBuffer(keyL1_, 2, n * d * sizeof(half));
+        pipe_.InitBuffer(keyL1_, t.prepKeyBuffers, n * d * sizeof(half));
         pipe_.InitBuffer(keyL0b_, 2, n * dc * sizeof(half));
         sumL0c_.Init(pipe_, kC0 * dc * sizeof(float));
 
@@ -430,6 +477,7 @@ public:
             for (uint32_t d0 = 0; d0 < d; d0 += dc) {  // the column sums' pieces
                 const uint32_t cols = Min(dc, d - d0);
                 LocalTensor<half> k2 = KeyColumns(keyL1_, keyL0b_, k1, t, d0, cols);
+                if (d0 + cols == d) blocks.Refill();  // one key buffer: the next block lands during these Mmads
                 LocalTensor<float> c = sumL0c_.Next();
                 Mmad(c, o2, k2, MmadParams(1, static_cast<uint16_t>(cols), static_cast<uint16_t>(n), PASA_UNIT_FLAG_LAST,
                                            false, true));
@@ -470,11 +518,12 @@ public:
         batches_.Init(tiling, t);
         pages_.Init(blockTable, keySlots, t);
 
+        const uint32_t pr = t.prepVecRows;  // rows of this AIV's half at once
         pipe_.InitBuffer(sumIn_, 1, d * sizeof(float));
-        pipe_.InitBuffer(keyIn_, 1, half_n * d * sizeof(half));
-        pipe_.InitBuffer(keyOut_, 1, half_n * d * sizeof(half));
+        pipe_.InitBuffer(keyIn_, 1, pr * d * sizeof(half));
+        pipe_.InitBuffer(keyOut_, 1, pr * d * sizeof(half));
         pipe_.InitBuffer(meanOut_, 1, d * sizeof(half));
-        pipe_.InitBuffer(calc_, 2 * d * sizeof(float) + half_n * d * sizeof(float));
+        pipe_.InitBuffer(calc_, 2 * d * sizeof(float) + pr * d * sizeof(float));
         LocalTensor<float> mean32 = calc_.Get<float>();
         LocalTensor<half> mean16 = mean32[d].ReinterpretCast<half>();
         LocalTensor<float> rows32 = mean32[2 * d];  // this AIV's rows of the block, fp32
@@ -513,31 +562,33 @@ public:
                 meanOut_.FreeTensor(m);
             }
 
-            // this AIV's rows: K (zero past kv_len) -> fp16((K - mean16) * scale)
-            const uint32_t valid = task.validRows > r0 ? Min(task.validRows, r1) - r0 : 0;
-            LocalTensor<half> kin = keyIn_.AllocTensor<half>();
-            if (valid > 0) {
-                const uint64_t src = KvRowOffset(t, pages_, task.b, task.kvHead, task.kvStart,
-                                                 static_cast<int64_t>(task.block) * n + r0, d);
-                DataCopy(kin, key_[src], DataCopyParams(static_cast<uint16_t>(valid), static_cast<uint16_t>(d * sizeof(half) / 32),
-                                                        static_cast<uint16_t>((keyStride - d) * sizeof(half) / 32), 0));
+            // this AIV's rows, a piece of pr at a time: K (zero past kv_len) -> fp16((K - mean16) * scale)
+            for (uint32_t p0 = r0; p0 < r1; p0 += pr) {
+                const uint32_t valid = task.validRows > p0 ? Min(task.validRows, p0 + pr) - p0 : 0;
+                LocalTensor<half> kin = keyIn_.AllocTensor<half>();
+                if (valid > 0) {
+                    const uint64_t src = KvRowOffset(t, pages_, task.b, task.kvHead, task.kvStart,
+                                                     static_cast<int64_t>(task.block) * n + p0, d);
+                    DataCopy(kin, key_[src], DataCopyParams(static_cast<uint16_t>(valid), static_cast<uint16_t>(d * sizeof(half) / 32),
+                                                            static_cast<uint16_t>((keyStride - d) * sizeof(half) / 32), 0));
+                }
+                keyIn_.EnQue(kin);
+                kin = keyIn_.DeQue<half>();
+                // whole tile: rows past kv_len are zeros, each row minus the same mean16 row (src1
+                // repeat stride 0), scaled in fp32, rounded once
+                LocalTensor<half> kout = keyOut_.AllocTensor<half>();
+                if (valid > 0) Cast(rows32, kin, RoundMode::CAST_NONE, valid * d);
+                if (valid < pr) Duplicate(rows32[valid * d], 0.0f, static_cast<int32_t>((pr - valid) * d));
+                SubtractFromEachRow(rows32, mean32, pr, d);
+                Muls(rows32, rows32, t.scale, static_cast<int32_t>(pr * d));
+                if (valid < pr) Duplicate(rows32[valid * d], 0.0f, static_cast<int32_t>((pr - valid) * d));  // K' = 0 past v
+                Cast(kout, rows32, RoundMode::CAST_RINT, pr * d);
+                keyIn_.FreeTensor(kin);
+                keyOut_.EnQue(kout);
+                kout = keyOut_.DeQue<half>();
+                DataCopy(keyPrime_[KeyPrimeOffset(t, task.slot) + static_cast<uint64_t>(p0) * d], kout, pr * d);
+                keyOut_.FreeTensor(kout);
             }
-            keyIn_.EnQue(kin);
-            kin = keyIn_.DeQue<half>();
-            // whole tile: rows past kv_len are zeros, each row minus the same mean16 row (src1
-            // repeat stride 0), scaled in fp32, rounded once
-            LocalTensor<half> kout = keyOut_.AllocTensor<half>();
-            if (valid > 0) Cast(rows32, kin, RoundMode::CAST_NONE, valid * d);
-            if (valid < half_n) Duplicate(rows32[valid * d], 0.0f, static_cast<int32_t>((half_n - valid) * d));
-            SubtractFromEachRow(rows32, mean32, half_n, d);
-            Muls(rows32, rows32, t.scale, static_cast<int32_t>(half_n * d));
-            if (valid < half_n) Duplicate(rows32[valid * d], 0.0f, static_cast<int32_t>((half_n - valid) * d));  // K' = 0 past v
-            Cast(kout, rows32, RoundMode::CAST_RINT, half_n * d);
-            keyIn_.FreeTensor(kin);
-            keyOut_.EnQue(kout);
-            kout = keyOut_.DeQue<half>();
-            DataCopy(keyPrime_[KeyPrimeOffset(t, task.slot) + static_cast<uint64_t>(r0) * d], kout, half_n * d);
-            keyOut_.FreeTensor(kout);
         }
     }
 

@@ -171,6 +171,8 @@ struct PasaTilingData {
                              // PASA_PROB_PART_BUFFERS buffers): the parts, row piece by row piece, each in key order,
                              // land a buffer at a time, each in the buffer a multiplied part left
     uint32_t probBuffers;    // P' buffers in L1: PASA_PROB_BUFFERS, or PASA_PROB_PART_BUFFERS with P' in parts
+    uint32_t valueBuffers;   // V buffers in L1: PASA_VALUE_BUFFERS, or 1 where those do not fit (the next V then
+                             // loads once a P'V is done, during the score tile that follows)
     uint32_t pvCols;         // columns of a P'V tile in its slot and in the vector cores: headDimV, or (pasa: the row
                              // sums of P' on the cube) headDimV + 16, those 16 columns each holding the row's
                              // fp16(sum P'), which the fold then rescales as it rescales O
@@ -180,6 +182,15 @@ struct PasaTilingData {
                              // task's Q then loads once this one's is scored, not while)
     uint32_t shiftRows;      // pasa preprocessing: rows of M^T in L0A at once: kvBlock where M^T and the row of
                              // ones fit it, else pieces of shiftRows rows (two of them), each multiplied in turn
+    uint32_t shiftWindow;    // pasa preprocessing: 1 where M^T does not fit L1 beside two key blocks: L1 then holds a
+                             // band of shiftRows rows, W = [M^T rows [n - shiftRows, n) | M^T rows [0, shiftRows),
+                             // columns [shiftRows, n)], whose columns [n - shiftRows - r0, 2n - shiftRows - r0) are
+                             // M^T's rows [r0, r0 + shiftRows) (every row of M^T is the same row shifted)
+    uint32_t prepKeyBuffers; // key preprocessing: key blocks in L1 (2: the next lands while one is multiplied; 1 where
+                             // two do not fit)
+    uint32_t prepVecRows;    // key preprocessing: rows of its half of a block an AIV works on at once (n / 2, or pieces
+                             // of them where those do not fit its UB): pasa, of a part-filled block's K'; pasa-exact,
+                             // of every block's
     uint32_t prepL0cBuffers; // pasa preprocessing: L0C buffers of shiftRows x prepCols fp32 taken in turn by a block's
                              // Mmads (its pieces of rows, then its column sums): 3 where they fit, so that no Mmad
                              // waits for the drain of the one before it, else 2

@@ -205,3 +205,20 @@ def test_check_costs_per_task_and_two_instructions_per_block(algorithm):
                                                          counts(blocks * 128, False))
         assert (v1 - v0, s1 - s0) == (21 + 2 * blocks, 1) and m1 == m0
         assert c1 - c0 < 0.25 * params["launch_overhead_cycles"], (c1 - c0)
+
+
+def test_repair_of_1024_key_blocks_runs_fa_fp32_in_blocks_it_holds():
+    """pasa in 1024-key blocks, whose fp32 scores fa-fp32's vector cores do not hold: the repair
+    pass recomputes the flagged rows by fa-fp32 in 512-key blocks, equal to fa-fp32's call in those
+    blocks; every other row is bit for bit the unchecked result."""
+    q, k, v, scale = spread_inputs("first-tile")
+    q, k, v = (x.repeat(1, 1, 8, 1).contiguous() for x in (q, k, v))  # 1280 rows and keys: a block and a part
+    flags, out, lse, raw, raw_lse, stats = _checked_and_unchecked(q, k, v, "pasa", scale, kv_block=1024, q_block=256)
+    assert (stats["tiling"]["kv_block"], stats["tiling"]["repair_kv_block"]) == (1024, 512), stats["tiling"]
+    bad = _nonfinite(raw, raw_lse)
+    assert bad.any() and not bad.all()
+    ref, ref_lse = _call(q, k, v, "fa-fp32", scale, kv_block=512, q_block=256)
+    assert not _nonfinite(ref, ref_lse).any()
+    assert torch.equal(flags, torch.where(bad, overflow.ROW_REPAIRED, overflow.ROW_OK).to(torch.uint8))
+    assert torch.equal(out[bad], ref[bad]) and torch.equal(lse[bad], ref_lse[bad])
+    assert torch.equal(out[~bad], raw[~bad]) and torch.equal(lse[~bad], raw_lse[~bad])

@@ -375,6 +375,49 @@ def test_prob_lands_in_l1_a_part_at_a_time(backend, algorithm, s1, cube_keys, pr
     assert tiling["bytes_per_core"]["l1"] <= TPIPE_L1_BYTES, tiling
 
 
+@pytest.mark.parametrize("backend", BOTH)
+@pytest.mark.parametrize("algorithm,s1,kv_block,value_buffers", [
+    ("fa-fp32", 300, 512, 2), ("fa-fp32", 1, 1024, 1), ("pasa", 300, 512, 2), ("pasa", 300, 1024, 1),
+    ("pasa-exact", 300, 512, 2), ("pasa", 1, 512, 2), ("pasa-exact", 1, 512, 2)])
+def test_kv_blocks_larger_than_l1_holds_whole(backend, algorithm, s1, kv_block, value_buffers):
+    """Blocks of 512 and 1024 keys at d = 128, which L1 does not hold whole beside the other
+    buffers: the host takes K' and P' in parts of 128 keys, and V in one buffer where two do not
+    fit (its next block then lands during the score tile after each P'V); pasa's row sums of P'
+    accumulate with each of a block's key pieces, and its key preprocessing takes each piece of
+    M^T's rows from a band in L1 (M^T is 512 KiB at 512 keys), stages one key block at a time at
+    1024 keys, and finishes a part-filled block's K' a piece of rows at a time, as pasa-exact's
+    centres every block's keys. Prefill (256-row
+    tiles) and decode (the shifted scores), a ragged batch with a part-filled last block on two
+    AI Cores; also under Huawei's implementation of the API."""
+    from test_ascendc_emu import emulated_cores
+    case = dict(layout="BNSD", B=2, Nq=2, Nkv=1, S1=s1, S2=2600, D=128, kv_lens=[2600, 700], kv_block=kv_block,
+                q_block=256)
+    q, k, v, kw = make_case(case, torch.float16)
+    kw["repair_overflow"] = False
+    with emulated_cores(2):
+        out, lse, tiling = run_kernels(q, k, v, backend, algorithm=algorithm, **kw)
+    assert (tiling["kv_block"], tiling["key_buffer_keys"], tiling["prob_buffer_keys"]) == (kv_block, 128, 128), tiling
+    assert tiling["value_buffers"] == value_buffers and tiling["bytes_per_core"]["l1"] <= TPIPE_L1_BYTES, tiling
+    if algorithm != "fa-fp32" and s1 > 1:
+        assert tiling["prep_vec_rows"] == 128 and tiling["bytes_per_core"]["prep_l1"] <= TPIPE_L1_BYTES, tiling
+        assert tiling["prep_key_buffers"] == (2 if kv_block == 512 else 1), tiling
+        assert tiling["shift_window"] == (algorithm == "pasa"), tiling
+    check_against_torch_and_golden(out, lse, q, k, v, kw, algorithm, tiling, case)
+
+
+@pytest.mark.parametrize("algorithm,s1,kv_block,named", [
+    ("pasa-exact", 300, 1024, "attention UB"), ("fa-fp32", 300, 1024, "attention UB"),
+    ("pasa", 1, 1024, "attention UB"), ("fa-fp32", 300, 2048, "kvBlock must be a power of two in")])
+def test_kv_blocks_the_buffers_do_not_hold(algorithm, s1, kv_block, named):
+    """A kv block whose buffers an AI Core does not hold (the vector cores' score rows of 1024 keys:
+    fa-fp32's and pasa-exact's in fp32, those of decode's shifted scores, with their statistics),
+    or past 1024 keys, is refused by name."""
+    case = dict(layout="BNSD", B=1, Nq=1, Nkv=1, S1=s1, S2=2600, D=128, kv_block=kv_block, q_block=128)
+    q, k, v, kw = make_case(case, torch.float16)
+    with pytest.raises(NotImplementedError, match=named):
+        run_kernels(q, k, v, "ascendc-emu", algorithm=algorithm, **kw)
+
+
 @pytest.mark.parametrize("algorithm,d,forced,named", [
     ("fa-fp32", 128, dict(key_buffer_keys=96), "keyBufferKeys"),
     ("fa-fp32", 128, dict(cube_keys=64, key_buffer_keys=96), "keyBufferKeys"),
@@ -391,6 +434,14 @@ def test_key_parts_the_host_refuses(algorithm, d, forced, named):
         run_kernels(q, k, v, "ascendc-emu", algorithm=algorithm, **kw)
 
 
+#: (allocation, kv_block, head dim) of the model's prefill tilings the host refuses, at either
+#: q_block: the vector cores' score rows of 1024 keys (fa-fp32's in fp32, pasa-exact's widened)
+#: and their statistics do not fit the UB
+MODEL_TILINGS_REFUSED = {
+    **{(alg, 1024, d): "attention UB" for alg in ("fa-fp32", "pasa-exact") for d in (64, 128)},
+}
+
+
 def _model_tilings():
     """(q_block, kv_block, d) of every prefill tiling pasa-npu-model times (its Q_BLOCKS x
     KV_BLOCKS at the head dims of its shapes)."""
@@ -404,12 +455,19 @@ def test_every_tiling_the_model_times_runs_under_huaweis_implementation(q_block,
     """Each tiling the timing model may report for the README's figures sets up its buffers
     through Huawei's TPipe (which refuses a queue past an L1, L0 or UB budget) and computes the
     golden's answer on the simulator: two query tiles (the second part-filled) of two heads on
-    two AI Cores, two kv blocks and a part-filled third."""
+    two AI Cores, two kv blocks and a part-filled third. The tilings whose buffers an AI Core
+    does not hold (MODEL_TILINGS_REFUSED) are refused by the host, by name, and the model then
+    times the allocation at its others."""
     from test_ascendc_emu import emulated_cores
     case = dict(layout="BNSD", B=1, Nq=2, Nkv=1, S1=q_block + 44, S2=2 * kv_block + 44, D=d,
                 kv_block=kv_block, q_block=q_block)
     q, k, v, kw = make_case(case, torch.float16)
     kw["repair_overflow"] = False
+    refused = MODEL_TILINGS_REFUSED.get((algorithm, kv_block, d))
+    if refused is not None:
+        with pytest.raises(NotImplementedError, match=refused):
+            run_kernels(q, k, v, SIM, algorithm=algorithm, **kw)
+        return
     with emulated_cores(2):
         out, lse, tiling = run_kernels(q, k, v, SIM, algorithm=algorithm, **kw)
     assert (tiling["q_tile"], tiling["kv_block"], tiling["num_tasks"]) == (q_block, kv_block, 4), tiling

@@ -313,6 +313,26 @@ MUTATIONS = [
              "probL1_.EnQue(CopyProb(task, part + PASA_PROB_PART_BUFFERS));",
              "probL1_.EnQue(CopyProb(task, part + PASA_PROB_PART_BUFFERS - 1));",
              ("tests/ascend_kernels/test_ascendc_emu_shapes.py", "-k", "prob_lands and pasa-300-64")),
+    Mutation("kernel: with one V buffer, the next P'V's values come from the block after it", KERNEL_CUBE,
+             "valueL1_.EnQue(CopyValue(win.Get(values.task), win.Get(values.task).blockBegin + values.block));",
+             "valueL1_.EnQue(CopyValue(win.Get(values.task), win.Get(values.task).blockBegin + values.block + 1));",
+             ("tests/ascend_kernels/test_ascendc_emu_shapes.py", "-k", "larger_than_l1_holds_whole and emu")),
+    # pasa's key preprocessing of blocks L1 does not hold M^T of (kv_block 512 and more)
+    Mutation("kernel: every piece of M^T's rows is the band's first window", KERNEL_PREP,
+             "at = ((n - mr - r0) / kC0) * kFractal;", "at = ((n - mr - 0 * r0) / kC0) * kFractal;",
+             ("tests/ascend_kernels/test_ascendc_emu_shapes.py", "-k", "larger_than_l1_holds_whole and pasa-300 and emu")),
+    Mutation("kernel: the band's second half starts at M^T's diagonal", KERNEL_PREP,
+             "DataCopy(m1[(n / kC0) * kFractal], shift_[mr],", "DataCopy(m1[(n / kC0) * kFractal], shift_[0],",
+             ("tests/ascend_kernels/test_ascendc_emu_shapes.py", "-k", "larger_than_l1_holds_whole and pasa-300 and emu")),
+    Mutation("kernel: each piece of a part-filled block's K' lands on the AIV's first rows", KERNEL_PREP,
+             "static_cast<uint64_t>(p0) * d], kout, pr * d);\n                keyOut_.FreeTensor(kout);\n            }\n"
+             "            if (pr < half_n)",
+             "static_cast<uint64_t>(r0) * d], kout, pr * d);\n                keyOut_.FreeTensor(kout);\n            }\n"
+             "            if (pr < half_n)",
+             ("tests/ascend_kernels/test_ascendc_emu_shapes.py", "-k", "larger_than_l1_holds_whole and pasa-300 and emu")),
+    Mutation("kernel: each piece of pasa-exact's K' centres the AIV's first keys", KERNEL_PREP,
+             "static_cast<int64_t>(task.block) * n + p0, d);", "static_cast<int64_t>(task.block) * n + r0, d);",
+             ("tests/ascend_kernels/test_ascendc_emu_shapes.py", "-k", "larger_than_l1_holds_whole and pasa-exact-300 and emu")),
     # pasa's row sums of P' in more key pieces than L0A keeps: each piece with its P'V
     Mutation("kernel: each key piece's row sums of P' restart the sums", KERNEL_CUBE,
              "if (sumsBeside) Accumulate(s, a2, b2[nk * vc], rows, kC0, k0, nk, n);",
