@@ -245,6 +245,19 @@ _LAUNCH_ONLY = ("l2_aggregate_bytes_per_cycle", "hbm_aggregate_bytes_per_cycle",
 WORST_CORNER_PASSES = 3
 
 
+def _ratio_cell(shape: Shape, params: dict, fit, algorithms, only: dict = None) -> dict:
+    """Each allocation on ``shape`` at its fastest tiling under ``params`` (among the tilings
+    ``only[allocation]`` where that is given), with its tile and its fit's golden RMSE, and
+    the pasa / fa-fp32 ratio."""
+    cell = {}
+    for a in algorithms:
+        config, cell[a] = fastest(shape, a, params, fit, (only or {}).get(a))
+        cell[a].update(golden_rmse=fit(config, params).golden_rmse, q_block=config.q_block,
+                       kv_block=config.kv_block)
+    cell["ratio"] = cell["pasa"]["tflops"] / cell["fa-fp32"]["tflops"]
+    return cell
+
+
 def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None, jobs: int = 1) -> dict:
     """The pasa / fa-fp32 ratio per shape at the nominal parameters, with each parameter that
     has a range alone at its low and at its high end, and at each shape's worst independent
@@ -290,13 +303,8 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
         prefetch([(params, only)])
         out = {}
         for shape in shape_list if only is None else [only]:
-            cell = {}
-            for a in algorithms:
-                config, cell[a] = fastest(shape, a, params, fit, held.get((shape.name, a)))
-                cell[a].update(golden_rmse=fit(config, params).golden_rmse, q_block=config.q_block,
-                               kv_block=config.kv_block)
-            cell["ratio"] = cell["pasa"]["tflops"] / cell["fa-fp32"]["tflops"]
-            out[shape.name] = cell
+            out[shape.name] = _ratio_cell(shape, params, fit, algorithms,
+                                          {a: held.get((shape.name, a)) for a in algorithms})
         return out
 
     try:
@@ -380,16 +388,7 @@ def tuned_at_corners(shape_list, corners: dict, algorithms=("fa-fp32", "pasa"), 
     def fit(config, params):
         return cached_calibration(fits, (config, tuple(sorted(params.items()))), config, params)
 
-    out = {}
-    for shape, params in points:
-        cell = {}
-        for a in algorithms:
-            config, cell[a] = fastest(shape, a, params, fit)
-            cell[a].update(golden_rmse=fit(config, params).golden_rmse, q_block=config.q_block,
-                           kv_block=config.kv_block)
-        cell["ratio"] = cell["pasa"]["tflops"] / cell["fa-fp32"]["tflops"]
-        out[shape.name] = cell
-    return out
+    return {shape.name: _ratio_cell(shape, params, fit, algorithms) for shape, params in points}
 
 
 def sensitivity_markdown(result) -> str:

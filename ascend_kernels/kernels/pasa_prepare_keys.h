@@ -343,6 +343,17 @@ private:
     KvPages pages_;
 };
 
+// `count` elements of K' rows, cast into `kout` of the vector's output queue, -> `dst` in GM; the
+// queue's flags order the copy after the cast and the next cast after the copy.
+template <typename OutQueue>
+__aicore__ inline void StoreKeyRows(OutQueue& queue, LocalTensor<half> kout, const GlobalTensor<half>& dst, uint32_t count)
+{
+    queue.EnQue(kout);
+    kout = queue.template DeQue<half>();
+    DataCopy(dst, kout, count);
+    queue.FreeTensor(kout);
+}
+
 // Every block of this AI Core's tasks: the first AIV stores its key mean fl16(colsum fl32(r / v))
 // (fp32 colsum from the cube, r = tiling.shiftRowSum; one rounded fp32 division, exact for a full
 // block); a part-filled block's K', half the rows each AIV: K'_i = fp16(R_i - c colsum) for the
@@ -417,10 +428,7 @@ public:
                 LocalTensor<half> kout = keyOut_.AllocTensor<half>();
                 Cast(kout, rows, RoundMode::CAST_RINT, pr * d);
                 rowsIn_.FreeTensor(rows);
-                keyOut_.EnQue(kout);
-                kout = keyOut_.DeQue<half>();
-                DataCopy(keyPrime_[KeyPrimeOffset(t, task.slot) + static_cast<uint64_t>(p0) * d], kout, pr * d);
-                keyOut_.FreeTensor(kout);
+                StoreKeyRows(keyOut_, kout, keyPrime_[KeyPrimeOffset(t, task.slot) + static_cast<uint64_t>(p0) * d], pr * d);
             }
             if (pr < half_n) CrossCoreSetFlag<2, PIPE_MTE2>(PASA_FLAG_SUM_FREE);
         }
@@ -584,10 +592,7 @@ public:
                 if (valid < pr) Duplicate(rows32[valid * d], 0.0f, static_cast<int32_t>((pr - valid) * d));  // K' = 0 past v
                 Cast(kout, rows32, RoundMode::CAST_RINT, pr * d);
                 keyIn_.FreeTensor(kin);
-                keyOut_.EnQue(kout);
-                kout = keyOut_.DeQue<half>();
-                DataCopy(keyPrime_[KeyPrimeOffset(t, task.slot) + static_cast<uint64_t>(p0) * d], kout, pr * d);
-                keyOut_.FreeTensor(kout);
+                StoreKeyRows(keyOut_, kout, keyPrime_[KeyPrimeOffset(t, task.slot) + static_cast<uint64_t>(p0) * d], pr * d);
             }
         }
     }

@@ -325,9 +325,9 @@ MUTATIONS = [
              "DataCopy(m1[(n / kC0) * kFractal], shift_[mr],", "DataCopy(m1[(n / kC0) * kFractal], shift_[0],",
              ("tests/ascend_kernels/test_ascendc_emu_shapes.py", "-k", "larger_than_l1_holds_whole and pasa-300 and emu")),
     Mutation("kernel: each piece of a part-filled block's K' lands on the AIV's first rows", KERNEL_PREP,
-             "static_cast<uint64_t>(p0) * d], kout, pr * d);\n                keyOut_.FreeTensor(kout);\n            }\n"
+             "static_cast<uint64_t>(p0) * d], pr * d);\n            }\n"
              "            if (pr < half_n)",
-             "static_cast<uint64_t>(r0) * d], kout, pr * d);\n                keyOut_.FreeTensor(kout);\n            }\n"
+             "static_cast<uint64_t>(r0) * d], pr * d);\n            }\n"
              "            if (pr < half_n)",
              ("tests/ascend_kernels/test_ascendc_emu_shapes.py", "-k", "larger_than_l1_holds_whole and pasa-300 and emu")),
     Mutation("kernel: each piece of pasa-exact's K' centres the AIV's first keys", KERNEL_PREP,
