@@ -30,7 +30,7 @@ from pasa_npu.tools.compare.progress import ProgressBar
 from pasa_npu.tools import npu_calibrate
 from pasa_npu.tools.npu_extrapolate import (Shape, WrongRunError, cached_calibration,
                                             calibration_or_refusal, calibrations, extrapolate, fastest,
-                                            part_configs, tile_name, tiling_choices)
+                                            part_configs, tile_name, tiling_choices, tilings)
 
 ALGORITHMS = ("fa-fp32", "pasa", "pasa-exact")
 TOKENS, HIDDEN = 16384, 2048  # the sweep keeps B * S and H * d fixed, as pasa-bench does
@@ -243,6 +243,17 @@ _LAUNCH_ONLY = ("l2_aggregate_bytes_per_cycle", "hbm_aggregate_bytes_per_cycle",
 
 #: passes of the coordinate search for a shape's worst corner
 WORST_CORNER_PASSES = 3
+#: away from the nominal parameters the search tunes pasa among the tilings of at most this many
+#: keys (and its nominal tiling): a larger tile's calibration takes several times as long
+SEARCH_PASA_KV_BLOCK = 256
+
+
+def search_tilings(shape: Shape, nominal_tiling: tuple) -> tuple:
+    """The (q_block, kv_block) tilings the sensitivity search tunes pasa among on ``shape``
+    away from the nominal parameters: its ``nominal_tiling`` and every tiling of tilings()
+    of at most SEARCH_PASA_KV_BLOCK keys."""
+    return tuple(dict.fromkeys((nominal_tiling,) + tuple(
+        t for t in tilings(shape) if t[1] <= SEARCH_PASA_KV_BLOCK)))
 
 
 def _ratio_cell(shape: Shape, params: dict, fit, algorithms, only: dict = None) -> dict:
@@ -263,8 +274,8 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
     has a range alone at its low and at its high end, and at each shape's worst independent
     corner. At the nominal parameters each allocation is at the tiling of tilings() where it is
     faster; away from them fa-fp32 is tuned again at every point (as it would be on a chip with
-    those parameters) while pasa keeps its nominal tiling (its tail choice still the faster), so
-    each ratio is at most what both tuned again would give. Each parameter with a range takes
+    those parameters) and pasa among search_tilings() (its nominal tiling and the smaller ones),
+    so each ratio is at most what both tuned again would give. Each parameter with a range takes
     its low end, its nominal value or its high end, independently of the others; the search starts with every parameter at the end that
     lowered the ratio alone (nominal where neither did) and moves one parameter at a time
     (in the order of npu_params.ALL, trying its low, nominal and high value) while that lowers
@@ -311,9 +322,9 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
         total = 2 + 2 * len(ranged) + WORST_CORNER_PASSES
         progress(0, total, "nominal")
         nominal = evaluate(npu_params.values())
-        for shape in shape_list:  # pasa keeps its nominal tiling away from the nominal parameters
-            held[(shape.name, "pasa")] = ((nominal[shape.name]["pasa"]["q_block"],
-                                          nominal[shape.name]["pasa"]["kv_block"]),)
+        for shape in shape_list:  # away from the nominal parameters pasa is tuned among fewer tilings
+            held[(shape.name, "pasa")] = search_tilings(shape, (nominal[shape.name]["pasa"]["q_block"],
+                                                                nominal[shape.name]["pasa"]["kv_block"]))
         alone, done = {}, 1
         for p in ranged:
             alone[p.name] = {}
@@ -398,8 +409,9 @@ def sensitivity_markdown(result) -> str:
              "parameter that has a range alone at its low / high end, the others nominal. At the nominal "
              f"parameters each allocation is at the tiling (`q_block` x `kv_block`: {tiling_choices()}) "
              "where it is faster, among those its kernels take; away from them fa-fp32 is tuned again at "
-             "every point and pasa keeps its nominal tiling, so each ratio is at most the one with both "
-             "tuned again. "
+             "every point and pasa among its nominal tiling and those of at most "
+             f"{SEARCH_PASA_KV_BLOCK} keys, so each ratio is at most the one with both tuned again among "
+             "every tiling. "
              "Every figure is "
              "fitted from emulated runs checked against the fp64 golden (largest relative RMSE "
              f"{result['golden_rmse']:.1e}).", "",
@@ -413,8 +425,9 @@ def sensitivity_markdown(result) -> str:
               "nominal value or its high end, independently of the others; found by a coordinate search "
               "that starts from the ends that lowered the ratio alone (a local minimum over the "
               f"3^{len(result['ranged'])} corners, each evaluated whole). TFLOP/s and binding resource "
-              "at that corner, and the ratio there with pasa tuned again too (the search holds pasa "
-              "at its nominal tiling: the ratio with both tuned lies between the two):", "",
+              "at that corner, and the ratio there with pasa tuned again among every tiling (the search "
+              f"tunes pasa among its nominal tiling and those of at most {SEARCH_PASA_KV_BLOCK} keys: the "
+              "ratio with both tuned among every tiling lies between the two):", "",
               "| shape | nominal ratio | worst-corner ratio | fa-fp32 there | pasa there "
               "| pasa tuned again there: ratio (pasa) "
               "| the corner (parameters not at their nominal value) |",
