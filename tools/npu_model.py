@@ -281,7 +281,8 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
     (in the order of npu_params.ALL, trying its low, nominal and high value) while that lowers
     the ratio further, up to WORST_CORNER_PASSES passes: a local minimum over the 3^n corners,
     every one evaluated as a whole. The shapes' searches run side by side, each as it would
-    alone. ``names``: the parameters to vary
+    alone. At each shape's worst corner both are then tuned among every tiling (``worst``'s
+    ``tuned``), from the search's calibrations and more. ``names``: the parameters to vary
     (default: every one with a range). ``jobs``: processes that make the calibrations a
     parameter point needs, before it is evaluated (the same figures as one process)."""
     ranged = [p for p in npu_params.ALL if p.assumption and (names is None or p.name in names)]
@@ -365,11 +366,14 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
                             corner[shape.name], best[shape.name] = trials[shape.name], got
                             moved[shape.name] = True
             searching = [s for s in searching if moved[s.name]]
-        progress(done, total, "worst corners, pasa tuned again")
+        progress(done, total, "worst corners, both tuned among every tiling")
+        held.clear()
+        corners = {s.name: npu_params.values(**corner[s.name]) for s in shape_list}
+        prefetch([(corners[s.name], s) for s in shape_list])
+        tuned = {s.name: evaluate(corners[s.name], s)[s.name] for s in shape_list}
     finally:
         if pool is not None:
             pool.close()
-    tuned = tuned_at_corners(shape_list, corner, algorithms, jobs)
     worst = {s.name: dict(corner=corner[s.name], result=best[s.name], tuned=tuned[s.name]) for s in shape_list}
     progress(total, total, "done")
     evaluated = [nominal] + [r for ends in alone.values() for r in ends.values()] \
@@ -378,28 +382,6 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
     return dict(shapes=[s.name for s in shape_list], nominal=nominal, alone=alone, worst=worst,
                 ranged=[dict(name=p.name, value=p.value, low=p.low, high=p.high, source=p.source) for p in ranged],
                 golden_rmse=rmse)
-
-
-def tuned_at_corners(shape_list, corners: dict, algorithms=("fa-fp32", "pasa"), jobs: int = 1) -> dict:
-    """Per shape, each allocation at the tiling of tilings() where it is faster under the
-    parameters ``corners[shape.name]`` (those a parameter does not name at nominal), and the
-    pasa / fa-fp32 ratio: the other end of what :func:`sensitivity`'s search, which holds pasa's
-    tiling, finds at that corner."""
-    fits, pool = {}, _calibration_pool(jobs)
-    points = [(shape, npu_params.values(**corners[shape.name])) for shape in shape_list]
-    try:
-        if pool is not None:
-            todo = {(c, tuple(sorted(p.items()))): (c, p) for shape, p in points for a in algorithms
-                    for c in calibrations(shape, a, p)}
-            fits.update(zip(todo, pool.map(_calibration_of, list(todo.values()))))
-    finally:
-        if pool is not None:
-            pool.close()
-
-    def fit(config, params):
-        return cached_calibration(fits, (config, tuple(sorted(params.items()))), config, params)
-
-    return {shape.name: _ratio_cell(shape, params, fit, algorithms) for shape, params in points}
 
 
 def sensitivity_markdown(result) -> str:
