@@ -285,3 +285,20 @@ def test_docs_show_calibration_sensitivity_and_worst_corner():
     assert "causal" in next(r for r in rows if "Qwen2" in r)
     assert "HBM" in next(r for r in rows if r.startswith("| decode")).split("|")[3]  # pasa reads K, V once
     assert "1.2-1.65×" in npu and "170 TFLOP/s" in npu
+
+
+def test_corner_budget_adds_up_to_the_modelled_call():
+    """``tools/dev/corner_budget.py``'s terms of the busiest AI Core (launch, constant, key
+    preprocessing, tasks, blocks) add up to the call's cycles where its timeline binds: pasa at
+    the paper's shape with slow start-ups and flags and a fast L2, in 128 x 256 tiles."""
+    from pasa_npu.tools.dev import corner_budget
+    shape = npu_extrapolate.Shape("paper", 1, 16, 16, 1280, 1280, 128)
+    params = npu_params.values(mmad_head_cycles=64, mte1_head_cycles=48, mte2_head_cycles=64, fix_head_cycles=64,
+                               scalar_issue_cycles=4, scalar_gm_access_cycles=100, cross_core_latency_cycles=1000,
+                               l2_aggregate_bytes_per_cycle=4324)
+    b = corner_budget.budget(shape, "pasa", 128, 256, params)
+    assert b["binding"] == "path" and b["tasks"] == 7 and b["blocks"] == 35 and b["prep_blocks"] == 4
+    total = (b["launch"] + b["constant"] + b["tasks"] * b["per_task"] + b["blocks"] * b["per_block"]
+             + b["prep_constant"] + b["prep_blocks"] * b["prep_per_block"] + b["barrier"])
+    assert total == pytest.approx(b["call"], rel=1e-9)
+    assert b["cube_per_block"] < b["per_block"]

@@ -1,0 +1,77 @@
+"""The busiest AI Core's modelled cycles of one shape, term by term (a development tool; not
+installed with the package).
+
+    python tools/dev/corner_budget.py npu_sensitivity.json "paper 1x16x1280x128" --tile 128 256
+
+Takes a shape's worst corner from a ``pasa-npu-model --sensitivity`` JSON, calibrates fa-fp32
+and pasa at the tile given under those parameters (runs checked against the fp64 golden, as
+every calibration is) and prints what the extrapolation adds up on the busiest AI Core: the
+launch, the fit's constant (and the scalar unit's share of it), the key preprocessing (its
+constant, its key blocks, the barrier's hops), the tasks' starts and ends, and the blocks, with
+the cube's busy cycles a block; then the call's cycles as ``extrapolate`` gives them. This is
+the budget ``ascend_kernels/TIMING_MODEL.md`` quotes at the paper's worst corner.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from pasa_npu import npu_params
+from pasa_npu.tools import npu_extrapolate as X
+from pasa_npu.tools.npu_model import shapes
+
+
+def budget(shape: X.Shape, algorithm: str, q_block: int, kv_block: int, params: dict) -> dict:
+    """The busiest AI Core's terms of ``algorithm`` on ``shape`` at that tile under ``params``
+    (every task a full tile: a shape whose tasks are cut into pieces is refused)."""
+    config = shape.config(algorithm, q_block, kv_block)
+    fit = X.calibrate(config, params)
+    result = min((X.extrapolate(shape, fit, params, tail_pieces=t) for t in X.TAIL_CHOICES),
+                 key=lambda r: r["cycles"])
+    per_core = X.tasks(algorithm, shape.b, shape.h, shape.hkv, shape.sq, shape.skv, shape.d, shape.causal,
+                       params, q_block, kv_block, result["tail_pieces"])
+    if any(t[0] < q_block for core in per_core for t in core):
+        raise SystemExit(f"{shape.name} at {q_block}x{kv_block}: tasks of fewer rows than a tile; "
+                         "this tool charges full tiles only")
+    busiest = max(per_core, key=lambda core: (sum(t[1] for t in core), len(core)))
+    c0, per_task, per_block, _ = fit.coef["timeline_cycles"]
+    out = dict(launch=params["launch_overhead_cycles"], constant=c0, scalar_constant=fit.coef["busy_S"][0],
+               tasks=len(busiest), per_task=per_task, blocks=sum(t[1] for t in busiest), per_block=per_block,
+               cube_per_block=fit.per_block("busy_M"), call=result["cycles"], binding=result["binding"])
+    if fit.prep:
+        key_blocks = shape.b * shape.hkv * -(-shape.skv // kv_block)
+        out.update(prep_constant=fit.prep["timeline_cycles"][0],
+                   prep_blocks=-(-key_blocks // min(int(params["core_num"]), key_blocks)),
+                   prep_per_block=fit.prep["timeline_cycles"][1],
+                   barrier=3 * params["cross_core_latency_cycles"])
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sensitivity_json", help="npu_sensitivity.json of pasa-npu-model --sensitivity")
+    parser.add_argument("shape", help="a shape's name as that JSON gives it")
+    parser.add_argument("--tile", nargs=2, type=int, default=(128, 256), metavar=("Q_BLOCK", "KV_BLOCK"))
+    args = parser.parse_args(argv)
+    worst = json.load(open(args.sensitivity_json))["worst"][args.shape]
+    nominal = npu_params.values()
+    params = npu_params.values(**{k: v for k, v in worst["corner"].items() if v != nominal[k]})
+    shape = next(s for s in shapes(["readme"]) if s.name == args.shape)
+    for algorithm in ("fa-fp32", "pasa"):
+        b = budget(shape, algorithm, *args.tile, params)
+        print(f"{algorithm} {args.tile[0]}x{args.tile[1]}: call {b['call']:.0f} cycles ({b['binding']})")
+        print(f"  launch {b['launch']:.0f}; constant {b['constant']:.0f} (scalar {b['scalar_constant']:.0f}); "
+              f"{b['tasks']} tasks x {b['per_task']:.0f}; {b['blocks']} blocks x {b['per_block']:.0f} "
+              f"(cube {b['cube_per_block']:.0f} a block)")
+        if "prep_constant" in b:
+            prep = b["prep_constant"] + b["prep_blocks"] * b["prep_per_block"] + b["barrier"]
+            print(f"  key preprocessing {prep:.0f}: constant {b['prep_constant']:.0f}, {b['prep_blocks']} key "
+                  f"blocks x {b['prep_per_block']:.0f}, barrier {b['barrier']:.0f}")
+        timeline = (b["launch"] + b["constant"] + b["tasks"] * b["per_task"] + b["blocks"] * b["per_block"]
+                    + (prep if "prep_constant" in b else 0))  # the call's cycles where the timeline binds
+        print(f"  the busiest AI Core's timeline, launch included: {timeline:.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
