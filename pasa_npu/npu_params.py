@@ -102,8 +102,10 @@ TIMING = (
           "one write and the arithmetic", 5, 20),
     _cost("vs_sync_cycles", 30, "cycles per vector -> scalar synchronisation",
           "no public source", 20, 50),
-    _cost("scalar_gm_access_cycles", 20, "cycles per scalar GM access",
-          "no public source: a data-cache hit; misses cost an L2 latency", 5, 100),
+    _cost("scalar_gm_access_cycles", 20, "cycles per scalar GM access that hits the data cache",
+          "no public source for a hit in the scalar unit's data cache (HWC: 32 KB; 64-byte lines as "
+          "DataCacheCleanAndInvalid's documentation has them; a miss costs gm_read_latency_cycles); "
+          "range: assumption, from the UB scalar access's low end to twice the nominal", 5, 40),
     Param("queue_depth", 32, "instructions", "HWC: the MTE1 and MMAD instruction queues hold 32 "
           "(the other pipes assumed alike)"),
     _cost("cross_core_latency_cycles", 200, "cycles from CrossCoreSetFlag to the wait",

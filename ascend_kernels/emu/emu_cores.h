@@ -15,6 +15,7 @@ struct Stats {
     uint64_t gm_to_ub = 0, ub_to_gm = 0;
     uint64_t mmad_calls = 0, cube_macs = 0;
     uint64_t vector_instructions = 0, vector_elements = 0, scalar_ub_accesses = 0;
+    uint64_t scalar_gm_accesses = 0, scalar_gm_misses = 0;  // through the scalar unit's data cache
     uint64_t cross_core_sets = 0, cross_core_waits = 0;
     uint64_t blocks = 0, cores = 0;
     // timing model (per launch; not summed by Add)
@@ -36,6 +37,7 @@ struct Stats {
         mmad_calls += o.mmad_calls; cube_macs += o.cube_macs;
         vector_instructions += o.vector_instructions; vector_elements += o.vector_elements;
         scalar_ub_accesses += o.scalar_ub_accesses; cross_core_sets += o.cross_core_sets;
+        scalar_gm_accesses += o.scalar_gm_accesses; scalar_gm_misses += o.scalar_gm_misses;
         cross_core_waits += o.cross_core_waits; blocks += o.blocks; cores += o.cores;
     }
 };
@@ -134,6 +136,45 @@ private:
 
 struct Group;
 
+// ------------------------------------------------------------------ scalar data cache
+// The lines of GM one core's scalar unit holds: kDataCacheBytes in kDataCacheLineBytes lines,
+// the least recently used one out first. It starts empty at each launch.
+class ScalarDataCache {
+public:
+    // Whether every line of [p, p + bytes) was held; they are all held afterwards.
+    bool Access(const void* p, size_t bytes)
+    {
+        bool hit = true;
+        const uint64_t first = Line(p), last = Line(static_cast<const uint8_t*>(p) + (bytes ? bytes - 1 : 0));
+        for (uint64_t line = first; line <= last; ++line) {
+            auto it = lastUse_.find(line);
+            if (it == lastUse_.end()) {
+                hit = false;
+                if (lastUse_.size() == kDataCacheBytes / kDataCacheLineBytes) Evict();
+                lastUse_[line] = ++clock_;
+            } else {
+                it->second = ++clock_;
+            }
+        }
+        return hit;
+    }
+    void Drop(const void* p) { lastUse_.erase(Line(p)); }
+    void Clear() { lastUse_.clear(); }
+
+private:
+    static uint64_t Line(const void* p) { return reinterpret_cast<uintptr_t>(p) / kDataCacheLineBytes; }
+    void Evict()
+    {
+        auto oldest = lastUse_.begin();
+        for (auto it = lastUse_.begin(); it != lastUse_.end(); ++it) {
+            if (it->second < oldest->second) oldest = it;
+        }
+        lastUse_.erase(oldest);
+    }
+    std::unordered_map<uint64_t, uint64_t> lastUse_;  // line -> the access that last used it
+    uint64_t clock_ = 0;
+};
+
 // ------------------------------------------------------------------ one core
 // The unit flag of one L0C fractal (16 x 16 fp32, 1 KiB) under Mmad/Fixpipe unitFlag: set by the
 // Mmad (unitFlag 3) that completes it, cleared by the Fixpipe (unitFlag 3) that reads it.
@@ -171,6 +212,7 @@ struct CoreCtx {
     // lanes a level-0 call left enabled in the vector mask register (0: the full mask, as
     // ResetMask sets it); instructions that read the register instead of setting it see them
     uint64_t partialMask = 0;
+    ScalarDataCache dcache;  // the scalar unit's GM accesses
     Stats stats;
     CoreTiming tm;           // the timing model's timelines of this core
 

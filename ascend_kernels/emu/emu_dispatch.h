@@ -87,6 +87,22 @@ inline void ScalarUbAccess(unsigned pipes)
     Dispatch(P_S, p.scalar_ub_access_cycles);
 }
 
+// The scalar unit reads or writes `bytes` of GM at `p` through its data cache: a hit costs
+// scalar_gm_access_cycles; a miss waits gm_read_latency_cycles for the line (a write too: the
+// line is filled before it is written).
+inline void ScalarGmAccess(const void* p, size_t bytes)
+{
+    CoreCtx& c = Core();
+    const TimingParams& tp = Timing();
+    c.stats.scalar_gm_accesses++;
+    if (c.dcache.Access(p, bytes)) {
+        Dispatch(P_S, tp.scalar_gm_access_cycles);
+    } else {
+        c.stats.scalar_gm_misses++;
+        Dispatch(P_S, tp.gm_read_latency_cycles);
+    }
+}
+
 // Pipes of this core that last wrote (and, for a write, read) the 32-byte blocks of
 // [offset, offset + bytes) of local memory `h`, as a bit per pipe.
 inline unsigned PipesTouching(Hardware h, uint64_t offset, uint64_t bytes, bool write)

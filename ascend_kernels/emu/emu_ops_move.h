@@ -307,13 +307,19 @@ void LoadData(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LoadDa
 }
 
 // The scalar unit's data cache (impl/basic_api/kernel_reg.h): the emulation's scalar GM
-// accesses read and write memory directly, so cleaning and invalidating it has nothing to do.
+// accesses read and write memory directly, so cleaning and invalidating it only drops the
+// lines from the timing model's cache (the line of the tensor's address, or all of them).
 enum class CacheLine : uint64_t { SINGLE_CACHE_LINE = 0, ENTIRE_DATA_CACHE };
 enum class DcciDst : uint64_t { CACHELINE_ALL = 0, CACHELINE_UB, CACHELINE_OUT, CACHELINE_ATOMIC };
 
 template <typename T, CacheLine entireType, DcciDst dcciDst>
-void DataCacheCleanAndInvalid(const GlobalTensor<T>&)
+void DataCacheCleanAndInvalid(const GlobalTensor<T>& gm)
 {
+    if (entireType == CacheLine::ENTIRE_DATA_CACHE) {
+        emu::Core().dcache.Clear();
+    } else {
+        emu::Core().dcache.Drop(gm.GetPhyAddr());
+    }
 }
 
 }  // namespace AscendC

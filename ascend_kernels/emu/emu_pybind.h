@@ -29,6 +29,8 @@ inline py::dict StatsDict(const AscendC::emu::Stats& s)
     d["vector_instructions"] = s.vector_instructions;
     d["vector_elements"] = s.vector_elements;
     d["scalar_ub_accesses"] = s.scalar_ub_accesses;
+    d["scalar_gm_accesses"] = s.scalar_gm_accesses;
+    d["scalar_gm_misses"] = s.scalar_gm_misses;
     d["cross_core_sets"] = s.cross_core_sets;
     d["cross_core_waits"] = s.cross_core_waits;
     d["ai_cores"] = s.blocks;

@@ -146,14 +146,14 @@ public:
     T GetValue(const uint64_t offset) const
     {
         const uint32_t seq = emu::Issue(emu::P_S);
-        emu::Dispatch(emu::P_S, emu::Timing().scalar_gm_access_cycles);
+        emu::ScalarGmAccess(address_ + offset, sizeof(T));
         emu::TouchGm(emu::P_S, seq, address_ + offset, sizeof(T), false, "GlobalTensor::GetValue");
         return address_[offset];
     }
     void SetValue(const uint64_t offset, T value)
     {
         const uint32_t seq = emu::Issue(emu::P_S);
-        emu::Dispatch(emu::P_S, emu::Timing().scalar_gm_access_cycles);
+        emu::ScalarGmAccess(address_ + offset, sizeof(T));
         emu::TouchGm(emu::P_S, seq, address_ + offset, sizeof(T), true, "GlobalTensor::SetValue");
         address_[offset] = value;
     }

@@ -31,7 +31,7 @@ struct TimingParams {
     double mte2_bytes_per_cycle = 0;       // GM -> L1 / UB per AI Core: one engine alone runs at this rate,
                                            // the AIC's and both AIVs' reads share it (Launch bounds the AI Core)
     double mte2_head_cycles = 0;
-    double gm_read_latency_cycles = 0;     // until a GM read lands (flags wait for it)
+    double gm_read_latency_cycles = 0;     // until a GM read lands (flags wait for it; a data-cache miss)
     double mte3_bytes_per_cycle = 0;       // UB -> GM of one engine
     double core_write_bytes_per_cycle = 0; // GM writes per AI Core: both AIVs' MTE3 and the AIC's Fixpipe share it
     double mte3_head_cycles = 0;
@@ -42,7 +42,7 @@ struct TimingParams {
     double scalar_issue_cycles = 0;        // scalar cycles to dispatch one instruction to a pipe
     double scalar_ub_access_cycles = 0;    // one GetValue/SetValue on UB, after the sync
     double vs_sync_cycles = 0;             // a vector <-> scalar synchronisation
-    double scalar_gm_access_cycles = 0;    // one GetValue/SetValue on GM (through the data cache)
+    double scalar_gm_access_cycles = 0;    // one GetValue/SetValue on GM that hits the data cache
     double queue_depth = 0;                // instructions a pipe's queue holds before the scalar stalls
     double cross_core_latency_cycles = 0;  // a cross-core flag from set to visible
     double l2_aggregate_bytes_per_cycle = 0;   // all cores together, L2-resident traffic

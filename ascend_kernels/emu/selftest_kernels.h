@@ -277,6 +277,28 @@ inline void AddTimingCases(std::map<std::string, Case>& c)
         const half first = t.GetValue(0);  // the scalar unit waits for the vector pipe
         (void)first;
     }, true};
+    // Scalar GM reads through the data cache, from a 64-byte aligned word: words 0 and 16 lie
+    // in two lines; a whole-cache clean-and-invalidate drops both, a single-line one only its own.
+    c["timing_scalar_gm_cache"] = {KERNEL_TYPE_AIV_ONLY, 1024, 16, [](Gm& g) {
+        GlobalTensor<uint32_t> w;
+        w.SetGlobalBuffer(reinterpret_cast<__gm__ uint32_t*>((reinterpret_cast<uintptr_t>(g.In()) + 63) & ~uintptr_t(63)));
+        uint32_t sum = w.GetValue(0) + w.GetValue(1) + w.GetValue(15) + w.GetValue(16) + w.GetValue(0);
+        DataCacheCleanAndInvalid<uint32_t, CacheLine::ENTIRE_DATA_CACHE, DcciDst::CACHELINE_OUT>(w);
+        sum += w.GetValue(0) + w.GetValue(16);
+        DataCacheCleanAndInvalid<uint32_t, CacheLine::SINGLE_CACHE_LINE, DcciDst::CACHELINE_OUT>(w[16]);
+        sum += w.GetValue(16) + w.GetValue(0);
+        (void)sum;
+    }, true};
+    // One more line than the data cache holds, then the first line (evicted) and the last (held).
+    c["timing_scalar_gm_cache_eviction"] = {KERNEL_TYPE_AIV_ONLY, 20000, 16, [](Gm& g) {
+        GlobalTensor<uint32_t> w;
+        w.SetGlobalBuffer(reinterpret_cast<__gm__ uint32_t*>((reinterpret_cast<uintptr_t>(g.In()) + 63) & ~uintptr_t(63)));
+        constexpr uint32_t kLineWords = 64 / sizeof(uint32_t), kLines = 32 * 1024 / 64;
+        uint32_t sum = 0;
+        for (uint32_t line = 0; line <= kLines; ++line) sum += w.GetValue(line * kLineWords);
+        sum += w.GetValue(0) + w.GetValue(kLines * kLineWords);
+        (void)sum;
+    }, true};
     c["timing_barrier"] = {KERNEL_TYPE_AIV_ONLY, 256, 256, [](Gm& g) {
         TPipe pipe;
         TBuf<TPosition::VECCALC> buf;

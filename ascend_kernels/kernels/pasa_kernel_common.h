@@ -150,13 +150,16 @@ __aicore__ inline void SubtractFromEachRow(const LocalTensor<float>& rows, const
     ResetMask();  // leave the full mask: Compares reads the register
 }
 
-// Copy the tiling struct from GM word by word (scalar loads through a GlobalTensor).
+// Copy the tiling struct from GM 8 bytes a scalar load (through a GlobalTensor); the host
+// places it 64-byte aligned.
 __aicore__ inline void LoadTiling(GM_ADDR tiling, PasaTilingData& out)
 {
-    AscendC::GlobalTensor<uint32_t> words;
-    words.SetGlobalBuffer(reinterpret_cast<__gm__ uint32_t*>(tiling), sizeof(PasaTilingData) / sizeof(uint32_t));
-    uint32_t* dst = reinterpret_cast<uint32_t*>(&out);
-    for (uint32_t i = 0; i < sizeof(PasaTilingData) / sizeof(uint32_t); ++i) dst[i] = words.GetValue(i);
+    static_assert(sizeof(PasaTilingData) % sizeof(uint64_t) == 0, "the tiling is read in 8-byte words");
+    constexpr uint32_t kWords = sizeof(PasaTilingData) / sizeof(uint64_t);
+    AscendC::GlobalTensor<uint64_t> words;
+    words.SetGlobalBuffer(reinterpret_cast<__gm__ uint64_t*>(tiling), kWords);
+    uint64_t* dst = reinterpret_cast<uint64_t*>(&out);
+    for (uint32_t i = 0; i < kWords; ++i) dst[i] = words.GetValue(i);
 }
 
 // Element offset of row `s` of head `n` in batch `b`, and the distance between rows.

@@ -57,6 +57,25 @@ def test_scalar_read_waits_for_the_vector_pipe():
     assert timed("timing_scalar_read", vs_sync_cycles=0)["cycles"] == 28
 
 
+def test_scalar_gm_reads_hit_the_data_cache():
+    """Scalar GM reads: a line's first read misses (gm_read_latency_cycles, 100), later reads of
+    its words hit (scalar_gm_access_cycles, 5). Words 0, 1, 15, 16, 0: 100 + 5 + 5 + 100 + 5 = 215;
+    after a whole-cache clean-and-invalidate words 0 and 16 miss again (415); after dropping
+    word 16's line alone, 16 misses and 0 hits: 520."""
+    st = timed("timing_scalar_gm_cache")
+    assert (st["scalar_gm_accesses"], st["scalar_gm_misses"]) == (9, 5)
+    assert st["cycles"] == 520
+    assert timed("timing_scalar_gm_cache", gm_read_latency_cycles=200)["cycles"] == 520 + 5 * 100
+
+
+def test_the_data_cache_holds_32_kib_and_drops_the_least_recent_line():
+    """513 lines read once each (513 misses: the cache holds 512 of 64 bytes), then the first
+    line (evicted: a miss) and the last (held: a hit)."""
+    st = timed("timing_scalar_gm_cache_eviction")
+    assert (st["scalar_gm_accesses"], st["scalar_gm_misses"]) == (515, 514)
+    assert st["cycles"] == 514 * 100 + 5
+
+
 def test_barrier_all_drains_every_pipe():
     """DataCopy done at 116; PipeBarrier<PIPE_ALL> holds everything until 116; two Muls of 12."""
     assert timed("timing_barrier")["cycles"] == 140

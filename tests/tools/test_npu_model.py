@@ -57,7 +57,7 @@ def test_preprocessing_costs_what_it_adds_to_the_attention_launch(algorithm, kv_
     makes once. With slow scalar GM reads, on 4 AI Cores: the model's preprocessing share
     (constant, blocks per core, the barrier's hops) is what the emulated preprocessing adds to
     the attention launch's timeline."""
-    params = dict(npu_params.values(scalar_gm_access_cycles=100), core_num=4)
+    params = dict(npu_params.values(scalar_gm_access_cycles=40), core_num=4)
     problem = (1, 4, 4, 512, 1024, 128, False, params, 128, kv_block)  # b, h, hkv, sq, skv, d, ...
     fused = npu_extrapolate.emulate(algorithm, *problem)
     apart = npu_extrapolate.emulate(algorithm, *problem, prep_launch=1)
@@ -294,7 +294,7 @@ def test_corner_budget_adds_up_to_the_modelled_call():
     from pasa_npu.tools.dev import corner_budget
     shape = npu_extrapolate.Shape("paper", 1, 16, 16, 1280, 1280, 128)
     params = npu_params.values(mmad_head_cycles=64, mte1_head_cycles=48, mte2_head_cycles=64, fix_head_cycles=64,
-                               scalar_issue_cycles=4, scalar_gm_access_cycles=100, cross_core_latency_cycles=1000,
+                               scalar_issue_cycles=4, scalar_gm_access_cycles=40, cross_core_latency_cycles=1000,
                                l2_aggregate_bytes_per_cycle=4324)
     b = corner_budget.budget(shape, "pasa", 128, 256, params)
     assert b["binding"] == "path" and b["tasks"] == 7 and b["blocks"] == 35 and b["prep_blocks"] == 4
