@@ -68,7 +68,9 @@ def test_preprocessing_costs_what_it_adds_to_the_attention_launch(algorithm, kv_
     modelled = c0 + per_block * blocks_per_core + 3 * params["cross_core_latency_cycles"]
     assert abs(modelled / added - 1) < 0.02, (modelled, added)
     own_launch = apart["preprocess"]["timeline_cycles"]
-    assert own_launch > added + 5000, (own_launch, added)  # what a separate launch would have charged
+    # a separate launch reads the tiling again: 55 loads of 8 bytes in 7 data-cache lines
+    tiling_read = 7 * params["gm_read_latency_cycles"] + 48 * params["scalar_gm_access_cycles"]
+    assert own_launch > added + tiling_read, (own_launch, added)
 
 
 @pytest.mark.parametrize("algorithm,causal,d,q_block,kv_block", [
