@@ -315,7 +315,7 @@ enum class DcciDst : uint64_t { CACHELINE_ALL = 0, CACHELINE_UB, CACHELINE_OUT, 
 template <typename T, CacheLine entireType, DcciDst dcciDst>
 void DataCacheCleanAndInvalid(const GlobalTensor<T>& gm)
 {
-    if (entireType == CacheLine::ENTIRE_DATA_CACHE) {
+    if constexpr (entireType == CacheLine::ENTIRE_DATA_CACHE) {
         emu::Core().dcache.Clear();
     } else {
         emu::Core().dcache.Drop(gm.GetPhyAddr());

@@ -314,4 +314,5 @@ PYBIND11_MODULE(_ascendc_emu, m)
           py::arg("sink") = py::none());
     m.def("attention_tasks", &AttentionTasks, py::arg("params"), py::arg("lengths"),
           "The attention kernel's tasks per AI Core, as its task iterator deals them: [(rows, numBlocks, fullBlocks)]");
+    m.attr("tiling_data_bytes") = py::int_(sizeof(PasaTilingData));  // what a launch's LoadTiling reads
 }

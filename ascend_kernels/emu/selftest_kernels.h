@@ -33,6 +33,13 @@ struct Gm {
     GM_ADDR In() { return reinterpret_cast<GM_ADDR>(in.data()); }
     GM_ADDR Out() { return reinterpret_cast<GM_ADDR>(out.data()); }
     GM_ADDR OutF() { return reinterpret_cast<GM_ADDR>(outF.data()); }
+    // `in` as 32-bit words from its first 64-byte boundary on: word 16k starts a data-cache line
+    GlobalTensor<uint32_t> LineAlignedWords()
+    {
+        GlobalTensor<uint32_t> w;
+        w.SetGlobalBuffer(reinterpret_cast<__gm__ uint32_t*>((reinterpret_cast<uintptr_t>(In()) + 63) & ~uintptr_t(63)));
+        return w;
+    }
     std::vector<float> Half() const
     {
         std::vector<float> r;
@@ -280,8 +287,7 @@ inline void AddTimingCases(std::map<std::string, Case>& c)
     // Scalar GM reads through the data cache, from a 64-byte aligned word: words 0 and 16 lie
     // in two lines; a whole-cache clean-and-invalidate drops both, a single-line one only its own.
     c["timing_scalar_gm_cache"] = {KERNEL_TYPE_AIV_ONLY, 1024, 16, [](Gm& g) {
-        GlobalTensor<uint32_t> w;
-        w.SetGlobalBuffer(reinterpret_cast<__gm__ uint32_t*>((reinterpret_cast<uintptr_t>(g.In()) + 63) & ~uintptr_t(63)));
+        GlobalTensor<uint32_t> w = g.LineAlignedWords();
         uint32_t sum = w.GetValue(0) + w.GetValue(1) + w.GetValue(15) + w.GetValue(16) + w.GetValue(0);
         DataCacheCleanAndInvalid<uint32_t, CacheLine::ENTIRE_DATA_CACHE, DcciDst::CACHELINE_OUT>(w);
         sum += w.GetValue(0) + w.GetValue(16);
@@ -291,8 +297,7 @@ inline void AddTimingCases(std::map<std::string, Case>& c)
     }, true};
     // One more line than the data cache holds, then the first line (evicted) and the last (held).
     c["timing_scalar_gm_cache_eviction"] = {KERNEL_TYPE_AIV_ONLY, 20000, 16, [](Gm& g) {
-        GlobalTensor<uint32_t> w;
-        w.SetGlobalBuffer(reinterpret_cast<__gm__ uint32_t*>((reinterpret_cast<uintptr_t>(g.In()) + 63) & ~uintptr_t(63)));
+        GlobalTensor<uint32_t> w = g.LineAlignedWords();
         constexpr uint32_t kLineWords = 64 / sizeof(uint32_t), kLines = 32 * 1024 / 64;
         uint32_t sum = 0;
         for (uint32_t line = 0; line <= kLines; ++line) sum += w.GetValue(line * kLineWords);

@@ -38,12 +38,16 @@ def budget(shape: X.Shape, algorithm: str, q_block: int, kv_block: int, params: 
     out = dict(launch=params["launch_overhead_cycles"], constant=c0, scalar_constant=fit.coef["busy_S"][0],
                tasks=len(busiest), per_task=per_task, blocks=sum(t[1] for t in busiest), per_block=per_block,
                cube_per_block=fit.per_block("busy_M"), call=result["cycles"], binding=result["binding"])
+    out["prep"] = 0
     if fit.prep:
         key_blocks = shape.b * shape.hkv * -(-shape.skv // kv_block)
         out.update(prep_constant=fit.prep["timeline_cycles"][0],
                    prep_blocks=-(-key_blocks // min(int(params["core_num"]), key_blocks)),
                    prep_per_block=fit.prep["timeline_cycles"][1],
                    barrier=3 * params["cross_core_latency_cycles"])
+        out["prep"] = out["prep_constant"] + out["prep_blocks"] * out["prep_per_block"] + out["barrier"]
+    # the call's cycles where the busiest AI Core's timeline binds
+    out["timeline"] = out["launch"] + c0 + out["tasks"] * per_task + out["blocks"] * per_block + out["prep"]
     return out
 
 
@@ -63,13 +67,10 @@ def main(argv=None) -> int:
         print(f"  launch {b['launch']:.0f}; constant {b['constant']:.0f} (scalar {b['scalar_constant']:.0f}); "
               f"{b['tasks']} tasks x {b['per_task']:.0f}; {b['blocks']} blocks x {b['per_block']:.0f} "
               f"(cube {b['cube_per_block']:.0f} a block)")
-        if "prep_constant" in b:
-            prep = b["prep_constant"] + b["prep_blocks"] * b["prep_per_block"] + b["barrier"]
-            print(f"  key preprocessing {prep:.0f}: constant {b['prep_constant']:.0f}, {b['prep_blocks']} key "
+        if b["prep"]:
+            print(f"  key preprocessing {b['prep']:.0f}: constant {b['prep_constant']:.0f}, {b['prep_blocks']} key "
                   f"blocks x {b['prep_per_block']:.0f}, barrier {b['barrier']:.0f}")
-        timeline = (b["launch"] + b["constant"] + b["tasks"] * b["per_task"] + b["blocks"] * b["per_block"]
-                    + (prep if "prep_constant" in b else 0))  # the call's cycles where the timeline binds
-        print(f"  the busiest AI Core's timeline, launch included: {timeline:.0f}")
+        print(f"  the busiest AI Core's timeline, launch included: {b['timeline']:.0f}")
     return 0
 
 
