@@ -15,7 +15,7 @@ struct Stats {
     uint64_t gm_to_ub = 0, ub_to_gm = 0;
     uint64_t mmad_calls = 0, cube_macs = 0;
     uint64_t vector_instructions = 0, vector_elements = 0, scalar_ub_accesses = 0;
-    uint64_t scalar_gm_accesses = 0, scalar_gm_misses = 0;  // through the scalar unit's data cache
+    uint64_t scalar_gm_accesses = 0, scalar_gm_misses = 0, scalar_gm_preloads = 0;  // through the scalar unit's data cache
     uint64_t cross_core_sets = 0, cross_core_waits = 0;
     uint64_t blocks = 0, cores = 0;
     // timing model (per launch; not summed by Add)
@@ -38,6 +38,7 @@ struct Stats {
         vector_instructions += o.vector_instructions; vector_elements += o.vector_elements;
         scalar_ub_accesses += o.scalar_ub_accesses; cross_core_sets += o.cross_core_sets;
         scalar_gm_accesses += o.scalar_gm_accesses; scalar_gm_misses += o.scalar_gm_misses;
+        scalar_gm_preloads += o.scalar_gm_preloads;
         cross_core_waits += o.cross_core_waits; blocks += o.blocks; cores += o.cores;
     }
 };
@@ -138,40 +139,60 @@ struct Group;
 
 // ------------------------------------------------------------------ scalar data cache
 // The lines of GM one core's scalar unit holds: kDataCacheBytes in kDataCacheLineBytes lines,
-// the least recently used one out first. It starts empty at each launch.
+// the least recently used one out first, each with the time its fill lands. It starts empty at
+// each launch.
 class ScalarDataCache {
 public:
-    // Whether every line of [p, p + bytes) was held; they are all held afterwards.
-    bool Access(const void* p, size_t bytes)
+    // Whether every line of [p, p + bytes) was held; they are all held afterwards. `ready`: when
+    // the last of the held lines lands (a preload's lines land later than it is issued).
+    bool Access(const void* p, size_t bytes, double& ready)
     {
         bool hit = true;
+        ready = 0;
         const uint64_t first = Line(p), last = Line(static_cast<const uint8_t*>(p) + (bytes ? bytes - 1 : 0));
         for (uint64_t line = first; line <= last; ++line) {
-            auto it = lastUse_.find(line);
-            if (it == lastUse_.end()) {
+            auto it = lines_.find(line);
+            if (it == lines_.end()) {
                 hit = false;
-                if (lastUse_.size() == kDataCacheBytes / kDataCacheLineBytes) Evict();
-                lastUse_[line] = ++clock_;
+                Insert(line, 0);
             } else {
-                it->second = ++clock_;
+                it->second.lastUse = ++clock_;
+                ready = std::max(ready, it->second.ready);
             }
         }
         return hit;
     }
-    void Drop(const void* p) { lastUse_.erase(Line(p)); }
-    void Clear() { lastUse_.clear(); }
+    // The lines of [p, p + bytes) not held yet arrive at `ready` (a preload).
+    void Preload(const void* p, size_t bytes, double ready)
+    {
+        const uint64_t first = Line(p), last = Line(static_cast<const uint8_t*>(p) + (bytes ? bytes - 1 : 0));
+        for (uint64_t line = first; line <= last; ++line) {
+            if (lines_.find(line) == lines_.end()) Insert(line, ready);
+        }
+    }
+    void Drop(const void* p) { lines_.erase(Line(p)); }
+    void Clear() { lines_.clear(); }
 
 private:
+    struct Held {
+        uint64_t lastUse;
+        double ready;  // when its fill lands
+    };
     static uint64_t Line(const void* p) { return reinterpret_cast<uintptr_t>(p) / kDataCacheLineBytes; }
+    void Insert(uint64_t line, double ready)
+    {
+        if (lines_.size() == kDataCacheBytes / kDataCacheLineBytes) Evict();
+        lines_[line] = Held{++clock_, ready};
+    }
     void Evict()
     {
-        auto oldest = lastUse_.begin();
-        for (auto it = lastUse_.begin(); it != lastUse_.end(); ++it) {
-            if (it->second < oldest->second) oldest = it;
+        auto oldest = lines_.begin();
+        for (auto it = lines_.begin(); it != lines_.end(); ++it) {
+            if (it->second.lastUse < oldest->second.lastUse) oldest = it;
         }
-        lastUse_.erase(oldest);
+        lines_.erase(oldest);
     }
-    std::unordered_map<uint64_t, uint64_t> lastUse_;  // line -> the access that last used it
+    std::unordered_map<uint64_t, Held> lines_;
     uint64_t clock_ = 0;
 };
 

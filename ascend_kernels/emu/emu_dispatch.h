@@ -88,19 +88,33 @@ inline void ScalarUbAccess(unsigned pipes)
 }
 
 // The scalar unit reads or writes `bytes` of GM at `p` through its data cache: a hit costs
-// scalar_gm_access_cycles; a miss waits gm_read_latency_cycles for the line (a write too: the
-// line is filled before it is written).
+// scalar_gm_access_cycles, once the line's fill has landed where a preload is still bringing it;
+// a miss waits gm_read_latency_cycles for the line (a write too: the line is filled before it is
+// written).
 inline void ScalarGmAccess(const void* p, size_t bytes)
 {
     CoreCtx& c = Core();
     const TimingParams& tp = Timing();
     c.stats.scalar_gm_accesses++;
-    if (c.dcache.Access(p, bytes)) {
+    double ready = 0;
+    if (c.dcache.Access(p, bytes, ready)) {
+        c.tm.scalar = std::max(c.tm.scalar, ready);
         Dispatch(P_S, tp.scalar_gm_access_cycles);
     } else {
         c.stats.scalar_gm_misses++;
         Dispatch(P_S, tp.gm_read_latency_cycles);
     }
+}
+
+// A preload of `bytes` of GM at `p` into the data cache: the scalar unit issues it and goes on;
+// the lines not held land gm_read_latency_cycles later.
+inline void ScalarGmPreload(const void* p, size_t bytes)
+{
+    CoreCtx& c = Core();
+    const TimingParams& tp = Timing();
+    c.stats.scalar_gm_preloads++;
+    Dispatch(P_S, tp.scalar_issue_cycles);
+    c.dcache.Preload(p, bytes, c.tm.scalar + tp.gm_read_latency_cycles);
 }
 
 // Pipes of this core that last wrote (and, for a write, read) the 32-byte blocks of

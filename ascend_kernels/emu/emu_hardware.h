@@ -50,6 +50,7 @@ constexpr uint32_t kFractalBytes = 512;   // one 16x16 b16 fractal
 constexpr uint32_t kGranuleBytes = 512;   // GM granule of the HBM traffic bound
 constexpr uint32_t kDataCacheLineBytes = 64;         // the scalar unit's data cache (HWC)
 constexpr uint32_t kDataCacheBytes = 32 * 1024;
+constexpr uint32_t kDataCachePreloadBytes = 256;  // one DataCachePreload (asc-devkit dav_c220 ListTensorDesc)
 constexpr uint8_t kUnwrittenByte = 0xFF;  // fresh GM and a launch's UB, L1, L0: fp16/fp32 NaN
 constexpr int kPipes = 7;                 // S V M MTE1 MTE2 MTE3 FIX
 constexpr int kCoresPerGroup = 3;         // AIC, AIV0, AIV1

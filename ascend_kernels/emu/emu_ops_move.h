@@ -322,4 +322,15 @@ void DataCacheCleanAndInvalid(const GlobalTensor<T>& gm)
     }
 }
 
+// A hint that brings kDataCachePreloadBytes of GM from `cacheOffset` bytes past the tensor's
+// start into the data cache (dav_c220: dc_preload, which Huawei's ListTensorDesc issues to
+// "Preload 256Bytes from the cache miss offset"); the scalar unit does not wait for it.
+template <typename T>
+void DataCachePreload(const GlobalTensor<uint64_t>& src, const T cacheOffset)
+{
+    static_assert(std::is_same<T, int16_t>::value || std::is_same<T, int64_t>::value,
+                  "DataCachePreload: the offset is int16_t or int64_t");
+    emu::ScalarGmPreload(reinterpret_cast<const uint8_t*>(src.GetPhyAddr()) + cacheOffset, emu::kDataCachePreloadBytes);
+}
+
 }  // namespace AscendC

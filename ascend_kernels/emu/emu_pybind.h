@@ -31,6 +31,7 @@ inline py::dict StatsDict(const AscendC::emu::Stats& s)
     d["scalar_ub_accesses"] = s.scalar_ub_accesses;
     d["scalar_gm_accesses"] = s.scalar_gm_accesses;
     d["scalar_gm_misses"] = s.scalar_gm_misses;
+    d["scalar_gm_preloads"] = s.scalar_gm_preloads;
     d["cross_core_sets"] = s.cross_core_sets;
     d["cross_core_waits"] = s.cross_core_waits;
     d["ai_cores"] = s.blocks;

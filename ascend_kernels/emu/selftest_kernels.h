@@ -295,6 +295,18 @@ inline void AddTimingCases(std::map<std::string, Case>& c)
         sum += w.GetValue(16) + w.GetValue(0);
         (void)sum;
     }, true};
+    // A preload of 256 bytes (lines 0-3) at cycle 0: word 0 waits for its fill, word 48 (line 3)
+    // hits, word 64 (line 4) misses; a second preload of line 0, held, brings nothing.
+    c["timing_scalar_gm_preload"] = {KERNEL_TYPE_AIV_ONLY, 1024, 16, [](Gm& g) {
+        GlobalTensor<uint32_t> w = g.LineAlignedWords();
+        GlobalTensor<uint64_t> w64;
+        w64.SetGlobalBuffer(reinterpret_cast<__gm__ uint64_t*>(const_cast<uint32_t*>(w.GetPhyAddr())));
+        DataCachePreload(w64, int64_t(0));
+        uint32_t sum = w.GetValue(0) + w.GetValue(48) + w.GetValue(64);
+        DataCachePreload(w64, int64_t(0));
+        sum += w.GetValue(16);
+        (void)sum;
+    }, true};
     // One more line than the data cache holds, then the first line (evicted) and the last (held).
     c["timing_scalar_gm_cache_eviction"] = {KERNEL_TYPE_AIV_ONLY, 20000, 16, [](Gm& g) {
         GlobalTensor<uint32_t> w = g.LineAlignedWords();

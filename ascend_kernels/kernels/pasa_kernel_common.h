@@ -150,14 +150,21 @@ __aicore__ inline void SubtractFromEachRow(const LocalTensor<float>& rows, const
     ResetMask();  // leave the full mask: Compares reads the register
 }
 
+// Bytes one DataCachePreload brings into the scalar unit's data cache (dc_preload).
+constexpr int64_t kDataCachePreloadBytes = 256;
+
 // Copy the tiling struct from GM 8 bytes a scalar load (through a GlobalTensor); the host
-// places it 64-byte aligned.
+// places it 64-byte aligned. Its lines are requested first, so that their fills overlap
+// rather than each line's first load waiting for its own.
 __aicore__ inline void LoadTiling(GM_ADDR tiling, PasaTilingData& out)
 {
     static_assert(sizeof(PasaTilingData) % sizeof(uint64_t) == 0, "the tiling is read in 8-byte words");
     constexpr uint32_t kWords = sizeof(PasaTilingData) / sizeof(uint64_t);
     AscendC::GlobalTensor<uint64_t> words;
     words.SetGlobalBuffer(reinterpret_cast<__gm__ uint64_t*>(tiling), kWords);
+    for (int64_t at = 0; at < static_cast<int64_t>(sizeof(PasaTilingData)); at += kDataCachePreloadBytes) {
+        AscendC::DataCachePreload(words, at);
+    }
     uint64_t* dst = reinterpret_cast<uint64_t*>(&out);
     for (uint32_t i = 0; i < kWords; ++i) dst[i] = words.GetValue(i);
 }

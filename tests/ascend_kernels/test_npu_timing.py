@@ -68,6 +68,17 @@ def test_scalar_gm_reads_hit_the_data_cache():
     assert timed("timing_scalar_gm_cache", gm_read_latency_cycles=200)["cycles"] == 520 + 5 * 100
 
 
+def test_a_preload_fills_four_lines_while_the_scalar_unit_goes_on():
+    """DataCachePreload of 256 bytes, issued at 0 (1 cycle): lines 0-3 land at 1 + 100. Word 0
+    hits once its line has landed (101 + 5), word 48 (line 3) hits (111), word 64 (line 4)
+    misses (211); a second preload of held lines brings nothing (212), word 16 hits: 217 =
+    2 x gm_read_latency_cycles + 17."""
+    st = timed("timing_scalar_gm_preload")
+    assert (st["scalar_gm_accesses"], st["scalar_gm_misses"], st["scalar_gm_preloads"]) == (4, 1, 2)
+    assert st["cycles"] == 217
+    assert timed("timing_scalar_gm_preload", gm_read_latency_cycles=200)["cycles"] == 417
+
+
 def test_the_data_cache_holds_32_kib_and_drops_the_least_recent_line():
     """513 lines read once each (513 misses: the cache holds 512 of 64 bytes), then the first
     line (evicted: a miss) and the last (held: a hit)."""
