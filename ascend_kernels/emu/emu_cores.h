@@ -149,8 +149,7 @@ public:
     {
         bool hit = true;
         ready = 0;
-        const uint64_t first = Line(p), last = Line(static_cast<const uint8_t*>(p) + (bytes ? bytes - 1 : 0));
-        for (uint64_t line = first; line <= last; ++line) {
+        for (uint64_t line = Line(p); line <= LastLine(p, bytes); ++line) {
             auto it = lines_.find(line);
             if (it == lines_.end()) {
                 hit = false;
@@ -165,8 +164,7 @@ public:
     // The lines of [p, p + bytes) not held yet arrive at `ready` (a preload).
     void Preload(const void* p, size_t bytes, double ready)
     {
-        const uint64_t first = Line(p), last = Line(static_cast<const uint8_t*>(p) + (bytes ? bytes - 1 : 0));
-        for (uint64_t line = first; line <= last; ++line) {
+        for (uint64_t line = Line(p); line <= LastLine(p, bytes); ++line) {
             if (lines_.find(line) == lines_.end()) Insert(line, ready);
         }
     }
@@ -179,6 +177,8 @@ private:
         double ready;  // when its fill lands
     };
     static uint64_t Line(const void* p) { return reinterpret_cast<uintptr_t>(p) / kDataCacheLineBytes; }
+    // the line of the last byte of [p, p + bytes) (p's own where bytes is 0)
+    static uint64_t LastLine(const void* p, size_t bytes) { return Line(static_cast<const uint8_t*>(p) + (bytes ? bytes - 1 : 0)); }
     void Insert(uint64_t line, double ready)
     {
         if (lines_.size() == kDataCacheBytes / kDataCacheLineBytes) Evict();
