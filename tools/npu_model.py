@@ -248,6 +248,17 @@ WORST_CORNER_PASSES = 3
 SEARCH_PASA_KV_BLOCK = 256
 
 
+#: parameter points (those not named at their nominal value) where an earlier search found a
+#: lower ratio than the search from the one-at-a-time ends reaches: every shape's search also
+#: evaluates each and starts from the lowest of them and its own start (the Qwen2-like shape's)
+KNOWN_CORNERS = (
+    dict(mmad_head_cycles=64, mte1_head_cycles=48, mte2_head_cycles=8, gm_read_latency_cycles=150,
+         mte3_bytes_per_cycle=43, mte3_head_cycles=64, gm_write_latency_cycles=203, fix_head_cycles=64,
+         vec_head_cycles=4, scalar_issue_cycles=4, vs_sync_cycles=50, scalar_gm_access_cycles=40,
+         cross_core_latency_cycles=1000, l2_aggregate_bytes_per_cycle=4324, launch_overhead_cycles=20000),
+)
+
+
 def search_tilings(shape: Shape, nominal_tiling: tuple) -> tuple:
     """The (q_block, kv_block) tilings the sensitivity search tunes pasa among on ``shape``
     away from the nominal parameters: its ``nominal_tiling`` and every tiling of tilings()
@@ -269,15 +280,18 @@ def _ratio_cell(shape: Shape, params: dict, fit, algorithms, only: dict = None) 
     return cell
 
 
-def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None, jobs: int = 1) -> dict:
+def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None, jobs: int = 1,
+                seeds=KNOWN_CORNERS) -> dict:
     """The pasa / fa-fp32 ratio per shape at the nominal parameters, with each parameter that
     has a range alone at its low and at its high end, and at each shape's worst independent
     corner. At the nominal parameters each allocation is at the tiling of tilings() where it is
     faster; away from them fa-fp32 is tuned again at every point (as it would be on a chip with
     those parameters) and pasa among search_tilings() (its nominal tiling and the smaller ones),
     so each ratio is at most what both tuned again would give. Each parameter with a range takes
-    its low end, its nominal value or its high end, independently of the others; the search starts with every parameter at the end that
-    lowered the ratio alone (nominal where neither did) and moves one parameter at a time
+    its low end, its nominal value or its high end, independently of the others; the search starts
+    at the lowest of two kinds of point: every parameter at the end that lowered the ratio alone
+    (nominal where neither did), and each of ``seeds`` (KNOWN_CORNERS: the parameters it names
+    that are varied, the others nominal). From there it moves one parameter at a time
     (in the order of npu_params.ALL, trying its low, nominal and high value) while that lowers
     the ratio further, up to WORST_CORNER_PASSES passes: a local minimum over the 3^n corners,
     every one evaluated as a whole. The shapes' searches run side by side, each as it would
@@ -286,6 +300,12 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
     (default: every one with a range). ``jobs``: processes that make the calibrations a
     parameter point needs, before it is evaluated (the same figures as one process)."""
     ranged = [p for p in npu_params.ALL if p.assumption and (names is None or p.name in names)]
+    settable = {p.name: (p.low, p.value, p.high) for p in npu_params.ALL if p.assumption}
+    for seed in seeds:
+        for name, value in seed.items():
+            if name not in settable or value not in settable[name]:
+                raise ValueError(f"seeds: expected each parameter with a range at its low, nominal or "
+                                 f"high value ({', '.join(settable)}), got {name}={value}")
     fits = {}
     pool = _calibration_pool(jobs)
 
@@ -343,9 +363,15 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
                 ends = {getattr(p, end): alone[p.name][end][shape.name]["ratio"] for end in ("low", "high")}
                 lowest = min(ends, key=ends.get)
                 corner[shape.name][p.name] = lowest if ends[lowest] < nominal[shape.name]["ratio"] else p.value
-        prefetch([(npu_params.values(**corner[s.name]), s) for s in shape_list])
+        starts = [{p.name: seed.get(p.name, p.value) for p in ranged} for seed in seeds]
+        prefetch([(npu_params.values(**corner[s.name]), s) for s in shape_list]
+                 + [(npu_params.values(**start), None) for start in starts])
         for shape in shape_list:
             best[shape.name] = evaluate(npu_params.values(**corner[shape.name]), shape)[shape.name]
+            for start in starts:
+                got = evaluate(npu_params.values(**start), shape)[shape.name]
+                if got["ratio"] < best[shape.name]["ratio"] - 1e-9:
+                    corner[shape.name], best[shape.name] = dict(start), got
         searching = list(shape_list)
         for n in range(WORST_CORNER_PASSES):
             if not searching:
@@ -381,7 +407,7 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
     rmse = max(cell[a]["golden_rmse"] for r in evaluated for cell in r.values() for a in algorithms)
     return dict(shapes=[s.name for s in shape_list], nominal=nominal, alone=alone, worst=worst,
                 ranged=[dict(name=p.name, value=p.value, low=p.low, high=p.high, source=p.source) for p in ranged],
-                golden_rmse=rmse)
+                seeds=len(seeds), golden_rmse=rmse)
 
 
 def sensitivity_markdown(result) -> str:
@@ -405,7 +431,9 @@ def sensitivity_markdown(result) -> str:
         lines.append(f"| `{p['name']}` ({p['value']:g}, {p['low']:g} - {p['high']:g}) | " + " | ".join(cells) + " |")
     lines += ["", "Worst independent corner per shape: each parameter with a range at its low end, its "
               "nominal value or its high end, independently of the others; found by a coordinate search "
-              "that starts from the ends that lowered the ratio alone (a local minimum over the "
+              "that starts from the lowest of the ends that lowered the ratio alone and "
+              f"{result['seeds']} corner{'s' if result['seeds'] != 1 else ''} found by earlier searches "
+              "(`npu_model.KNOWN_CORNERS`; a local minimum over the "
               f"3^{len(result['ranged'])} corners, each evaluated whole). TFLOP/s and binding resource "
               "at that corner, and the ratio there with pasa tuned again among every tiling (the search "
               f"tunes pasa among its nominal tiling and those of at most {SEARCH_PASA_KV_BLOCK} keys: the "

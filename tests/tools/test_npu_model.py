@@ -261,6 +261,33 @@ def test_sensitivity_finds_the_worst_corner():
     assert f"| {both_tuned:.2f} ({worst['tuned']['pasa']['tflops']:.1f}, " in text
 
 
+def test_sensitivity_starts_from_a_known_corner_below_its_own_start(monkeypatch):
+    """A seed (a corner found by an earlier search) lower than the search's own start is where
+    the search starts: with no passes, its worst corner is the seed's, at the ratio the seed's
+    parameters give evaluated on their own; without the seed it is the one-at-a-time start. A
+    seed's parameter off its range's ends is refused, naming it."""
+    shape = npu_extrapolate.Shape("tiny", 1, 24, 24, 512, 2048, 64)
+    names = ("vec_head_cycles", "l2_aggregate_bytes_per_cycle")
+    by_name = {p.name: p for p in npu_params.ALL}
+    monkeypatch.setattr(npu_model, "WORST_CORNER_PASSES", 0)
+    own = npu_model.sensitivity([shape], lambda *a: None, names=names, jobs=2, seeds=())
+    searched = npu_model.search_tilings(shape, _nominal_tiling(shape, "pasa"))
+    grid = {}
+    for a, b in itertools.product(*[(by_name[n].low, by_name[n].value, by_name[n].high) for n in names]):
+        grid[(a, b)] = _ratio(shape, npu_params.values(**dict(zip(names, (a, b)))), searched)
+    own_corner = tuple(own["worst"]["tiny"]["corner"][n] for n in names)
+    lower = [c for c in grid if grid[c] < grid[own_corner] - 1e-9]
+    assert lower, "the test needs a grid point below the one-at-a-time start"
+    seed = dict(zip(names, min(lower, key=grid.get)))
+    seeded = npu_model.sensitivity([shape], lambda *a: None, names=names, jobs=2,
+                                   seeds=(dict(seed, mte1_head_cycles=by_name["mte1_head_cycles"].high),))
+    assert seeded["worst"]["tiny"]["corner"] == seed  # parameters not varied are left nominal
+    assert seeded["worst"]["tiny"]["result"]["ratio"] == pytest.approx(grid[tuple(seed.values())], rel=1e-9)
+    assert "1 corner found by earlier searches" in npu_model.sensitivity_markdown(seeded)
+    with pytest.raises(ValueError, match="vec_head_cycles=7"):
+        npu_model.sensitivity([shape], lambda *a: None, names=names, seeds=(dict(vec_head_cycles=7),))
+
+
 def test_sensitivity_searches_shapes_side_by_side_as_one_by_one():
     """The shapes' worst-corner searches run side by side (one pool batch per step for every
     shape still moving): each shape ends at the corner, and ratio, that its search alone finds."""
