@@ -59,9 +59,10 @@ def using_model_parameters(params: dict) -> Iterator[None]:
 #: (1), the key preprocessing in a launch of its own rather than at the attention launch's start;
 #: ``merge_launch`` (1), split kv's merge and a checked call's repair in launches of their own rather
 #: than at the attention launch's end; ``tail_pieces``, the pieces of query rows each task of a
-#: prefill's part-filled last round is dealt as (1: none cut)
+#: prefill's part-filled last round is dealt as (1: none cut); ``vector_prob_sums`` (1, pasa
+#: only), the row sums of P' on the vector cores rather than on the cube
 TILING_CHOICES = ("vec_chunk_rows", "cube_keys", "key_buffer_keys", "prob_buffer_keys", "prep_launch", "merge_launch",
-                  "tail_pieces")
+                  "tail_pieces", "vector_prob_sums")
 _forced: dict = {}
 
 

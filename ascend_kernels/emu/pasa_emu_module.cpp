@@ -82,6 +82,7 @@ py::dict TilingDict(const PasaTilingData& t, const pasa::PasaBudget& b)
     d["prob_buffer_keys"] = t.probBufferKeys;
     d["prob_buffers"] = t.probBuffers;
     d["value_buffers"] = t.valueBuffers;
+    d["head_dim_v"] = t.headDimV;
     d["pv_cols"] = t.pvCols;
     d["prep_cols"] = t.prepCols;
     d["query_buffers"] = t.queryBuffers;

@@ -15,6 +15,7 @@ PasaTilingData RepairTiling(const PasaProblem& problem, const BatchLengths* leng
     p.tilingKey = PASA_KEY_FA_FP32;
     p.kvSplits = 1;
     p.repair = true;
+    p.vectorProbSums = false;  // pasa's choice
     // the call's kv blocks, or the largest half, quarter, ... of them (down to 128 keys) whose buffers
     // fa-fp32 holds: its fp32 scores do not fit the UB in blocks the PASA allocations take
     std::string refused;

@@ -48,6 +48,7 @@ PasaProblem ProblemFromParams(const Params& p)
     d.vecChunkRows = static_cast<uint32_t>(p.template get<uint64_t>("vec_chunk_rows", 0));
     d.prepLaunch = p.template get<uint64_t>("prep_launch", 0) != 0;
     d.mergeLaunch = p.template get<uint64_t>("merge_launch", 0) != 0;
+    d.vectorProbSums = p.template get<uint64_t>("vector_prob_sums", 0) != 0;
     d.scale = p.template need<double>("scale");
     d.beta = p.template need<double>("beta");
     d.qTile = p.template need<uint32_t>("q_tile");

@@ -135,6 +135,9 @@ void Validate(const PasaProblem& p)
     if (!(p.scale > 0.0) || !std::isfinite(p.scale)) Reject("scale must be finite and positive");
     if (std::isnan(p.resolutionLimit)) Reject("resolutionLimit must be a number (0 or negative: no resolution check)");
     if (p.coreNum == 0) Reject("coreNum must be positive (the platform's AI Core count)");
+    if (p.vectorProbSums && p.tilingKey != PASA_KEY_PASA) {
+        Reject("vectorProbSums applies to pasa (tilingKey 1) only, got tilingKey " + std::to_string(p.tilingKey));
+    }
     // 16-bit DMA parameters: row strides in elements.
     const uint64_t qStride = p.qLayout == PASA_LAYOUT_BNSD ? p.headDim : static_cast<uint64_t>(p.numHeads) * p.headDim;
     const uint64_t kvStride = p.kvLayout == PASA_LAYOUT_BNSD ? std::max(p.headDim, p.headDimV)
@@ -312,11 +315,17 @@ void SetPrepDim(const PasaProblem& p, PasaTilingData& t)
     if (t.prepInAttention) t.blockDim = std::max(t.blockDim, t.prepDim);
 }
 
-bool ProbSumsOnCube(const PasaTilingData& t) { return t.tilingKey == PASA_KEY_PASA; }
+// pasa sums P' on the cube (its P'V tile's last columns) unless the problem puts the sums on the
+// vector cores: the cube's Mmads against the vector cores' widening and reductions
+bool ProbSumsOnCube(const PasaProblem& p, const PasaTilingData& t) { return t.tilingKey == PASA_KEY_PASA && !p.vectorProbSums; }
 
-// pasa sums S' on the vector cores for its block means only where it shifts the scores (else the
-// cube's row constants are its block means)
-bool SumsScores(const PasaTilingData& t) { return t.tilingKey == PASA_KEY_PASA && !t.rowConstants; }
+// pasa widens fp16 rows to fp32 on the vector cores for row sums: of S' for its block means where it
+// shifts the scores (else the cube's row constants are its block means), of P' where the cube does
+// not sum it
+bool WidensRows(const PasaTilingData& t)
+{
+    return t.tilingKey == PASA_KEY_PASA && (!t.rowConstants || t.pvCols == t.headDimV);
+}
 
 // AIC buffers: Q, keyBufferKeys keys of K' (or K; the whole block unless the problem sets fewer), V,
 // P' (the whole tile, or parts of probBufferKeys keys of a piece of cubeRows rows where the problem
@@ -337,7 +346,7 @@ void PlanCube(const PasaProblem& p, PasaTilingData& t, PasaBudget& b)
     while (t.cubeKeys > 128 && t.cubeKeys * wide * 2 > l0bBuffer) t.cubeKeys /= 2;
     if (t.cubeKeys * wide * 2 > l0bBuffer) t.cubeKeys = n;
     // pasa in more than two pieces: a piece of V with the ones of P''s row sums beside it
-    while (ProbSumsOnCube(t) && n / t.cubeKeys > 2 && t.cubeKeys > 16 && t.cubeKeys * (dv + 16) * 2 > l0bBuffer) {
+    while (ProbSumsOnCube(p, t) && n / t.cubeKeys > 2 && t.cubeKeys > 16 && t.cubeKeys * (dv + 16) * 2 > l0bBuffer) {
         t.cubeKeys /= 2;
     }
     if (p.cubeKeys != 0) {
@@ -358,8 +367,8 @@ void PlanCube(const PasaProblem& p, PasaTilingData& t, PasaBudget& b)
     // pasa: the row sums of P' from the cube, 16 more columns of the P'V tile. A row piece's P' pieces
     // stay in L0A (its two buffers) until a block of ones multiplies them; more pieces each meet the
     // ones beside their values in L0B (nk keys x (dv + 16) columns)
-    t.pvCols = ProbSumsOnCube(t) ? dv + 16 : dv;
-    const bool sumsBeside = ProbSumsOnCube(t) && n / nk > 2;
+    t.pvCols = ProbSumsOnCube(p, t) ? dv + 16 : dv;
+    const bool sumsBeside = ProbSumsOnCube(p, t) && n / nk > 2;
     if (sumsBeside && nk * (dv + 16) * 2 > l0bBuffer) {
         Reject("pasa multiplies each of a block's more than two key pieces by a block of ones beside its values in L0B: "
                "cubeKeys (" + std::to_string(nk) + ") keys of headDimV + 16 (" + std::to_string(dv + 16) +
@@ -422,8 +431,8 @@ uint32_t RowReduceTreeBytes(uint32_t rows, uint32_t cols, uint32_t elemBytes)
 
 // AIV buffers (per vector core). A vector core works on its vecRowsPad rows in chunks of vecChunkRows:
 // the score, P' and P'V tiles (double-buffered when they fit: P' gives way first, then P'V, then the
-// scores), the fp32 work tile (pasa shifting the scores: vecSumRows rows of S' widened for its row
-// sums; else the output tile), the reduction tree (also the output staging), the mask bit tiles, the mask bytes and a step's
+// scores), the fp32 work tile (pasa: vecSumRows rows of S' or P' widened for their row sums, where
+// it makes them; else the output tile), the reduction tree (also the output staging), the mask bit tiles, the mask bytes and a step's
 // scratch statistics hold a chunk; the row sums and constants of a statistics group hold vecStatRows
 // rows (the chunks whose per-row statistics update together); the accumulator, the kept statistics
 // and the rows' positions (rel, broadcast) hold all of them.
@@ -432,12 +441,12 @@ uint64_t PlanVectorChunk(PasaTilingData& t, uint32_t r, uint32_t sumRows)
     const uint32_t all = t.vecRowsPad, n = t.kvBlock, dv = t.headDimV;
     const bool fa = t.tilingKey == PASA_KEY_FA_FP32, pasa = t.tilingKey == PASA_KEY_PASA;
     t.vecChunkRows = r;
-    t.vecSumRows = SumsScores(t) ? sumRows : r;
+    t.vecSumRows = WidensRows(t) ? sumRows : r;
     t.vecStatRows = r;
     for (uint32_t g = 2 * r; g <= std::min(all, PASA_MAX_CHUNK_ROWS); g += r) {
         if (all % g == 0) t.vecStatRows = g;
     }
-    const uint32_t g = t.vecStatRows, widened = pasa && !SumsScores(t) ? 0 : t.vecSumRows;  // S' rows widened to fp32
+    const uint32_t g = t.vecStatRows, widened = pasa && !WidensRows(t) ? 0 : t.vecSumRows;  // rows of S' or P' widened to fp32
     t.ubScoreBytes = r * n * (fa || t.shiftScores ? 4 : 2);  // fp32 scores, shifted in place to fp16 S'
     t.ubProbBytes = r * n * 2;
     t.ubPvBytes = r * t.pvCols * (fa ? 4 : 2);
@@ -475,7 +484,7 @@ bool FitVectorChunk(PasaTilingData& t, PasaBudget& b, uint32_t r, bool doubleSco
         if (r % sumRows != 0) continue;
         b.ub = PlanVectorChunk(t, r, sumRows);
         if (b.ub <= kUbUserBytes && (t.ubScoreBuffers == 2 || !doubleScores)) return true;
-        if (!SumsScores(t)) break;
+        if (!WidensRows(t)) break;
     }
     return false;
 }

@@ -63,6 +63,7 @@ struct PasaProblem {
     bool prepLaunch = false;    // the key preprocessing in a launch of its own rather than at the attention launch's start
     bool mergeLaunch = false;   // split kv's merge (and a checked call's repair) in launches of their own rather than at
                                 // the attention launch's end
+    bool vectorProbSums = false;  // pasa: the row sums of P' on the vector cores rather than on the cube
     uint32_t coreNum = kDefaultCoreNum;
 };
 

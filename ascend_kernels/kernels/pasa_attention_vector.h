@@ -68,9 +68,10 @@ constexpr float kFp16Lowest = -65504.0f;   // fp16 masked S' (row maximum only) 
 // sit at the chunk's share of a slot (Kept, PasaSet). The scratch slots follow: a statistics
 // group's, in units of vecStatRows fp32, then a chunk's step's, in units of vecChunkRows fp32.
 enum StatSlot : uint32_t {
-    SETS = 0,                       // pasa: P_COUNT fp16 vectors per set, [m | mloc | F | mean | n | peak]
+    SETS = 0,                       // pasa: P_COUNT fp16 vectors per set, [m | mloc | F | mean | n | peak | l | l']
                                     // for each statistics group in turn, set (task parity, block parity) at
-                                    // 4 (2 tp + bp) (pasa's l rides in the accumulator's last columns);
+                                    // 4 (2 tp + bp) (l, l' only with P''s row sums on the vector cores: from
+                                    // the cube, l rides in the accumulator's last columns);
     M32 = 0, L32 = 4,               // fa-fp32, pasa-exact: m at 2 tp + bp, l at 4 + 2 tp + bp
     PEAK32 = 8,                     // pasa-exact, the resolution check: the rows' peak |rowmax S'| at 8 + tp
     RING = 16,                      // rescale factors of the last PASA_PV_DELAY + 1 blocks of the
@@ -99,10 +100,12 @@ static_assert(PASA_PV_DELAY + 2 <= kTaskWindow, "the vector cores' cursors stay 
 
 // Index of the pasa statistics inside a set (fp16 vectors of vecRowsPad).
 // P_PEAK: the resolution check's peak |m'| over the task's blocks so far (0 at the start).
-// l is not among them: the cube appends l' = fp16(sum P') to each P'V row (tiling.pvCols), and the
-// fold's fp16(fp16(a O) + fp16(b P'V)) is pasa's l update too, so l sits after O in the accumulator.
-enum PasaStat : uint32_t { P_M = 0, P_MLOC, P_F, P_MEAN, P_N, P_PEAK, P_COUNT = 6 };
-static_assert(P_PEAK < P_COUNT && P_COUNT <= 8, "the peak is carried with the set; a set fits 4 fp32 units");
+// P_L, P_LLOC: l and l' = fp16(sum P') where the vector cores sum P' (tiling.pvCols == headDimV).
+// Where the cube sums it, it appends l' to each P'V row (pvCols = headDimV + 16) and the fold's
+// fp16(fp16(a O) + fp16(b P'V)) is pasa's l update too, so l sits after O in the accumulator.
+enum PasaStat : uint32_t { P_M = 0, P_MLOC, P_F, P_MEAN, P_N, P_PEAK, P_L, P_LLOC, P_COUNT = 8 };
+static_assert(P_LLOC < P_COUNT && P_COUNT <= 8, "the peak and l are carried with the set; a set fits 4 fp32 units");
+static_assert(P_LLOC == P_L + 1, "[l | l'] is one pair, as [a | b] is");
 
 // OutT: output type; InT: type of P' for fa-fp32 (the input type; half otherwise). The per-block
 // steps and the end of a task are defined in pasa_vector_steps.h.
@@ -268,6 +271,10 @@ private:
         const uint32_t g0 = c0_ - GroupRow();
         return Stat16(SETS + 4 * (2 * tp_ + parity))[P_COUNT * g0 + stat * G_ + GroupRow()];
     }
+    // pasa: the vector cores sum P' (the cube's P'V tile has no sums' columns), and the statistics of a
+    // set it keeps: l and l' then, else the ones before them
+    __aicore__ inline bool VectorProbSums() const { return t_->pvCols == t_->headDimV; }
+    __aicore__ inline uint32_t PasaStats() const { return VectorProbSums() ? P_COUNT : P_L; }
     // the row c0_'s place within its statistics group
     __aicore__ inline uint32_t GroupRow() const { return c0_ % G_; }
     __aicore__ inline LocalTensor<float> M(uint32_t parity) { return Kept(M32 + 2 * tp_ + parity); }

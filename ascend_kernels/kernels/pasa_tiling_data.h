@@ -175,7 +175,8 @@ struct PasaTilingData {
                              // loads once a P'V is done, during the score tile that follows)
     uint32_t pvCols;         // columns of a P'V tile in its slot and in the vector cores: headDimV, or (pasa: the row
                              // sums of P' on the cube) headDimV + 16, those 16 columns each holding the row's
-                             // fp16(sum P'), which the fold then rescales as it rescales O
+                             // fp16(sum P'), which the fold then rescales as it rescales O; pasa with headDimV:
+                             // the vector cores sum P' (PasaProblem::vectorProbSums)
     uint32_t prepCols;       // key preprocessing: columns of K_j in L0B at once (all kvBlock keys), as cubeCols
     uint32_t queryBuffers;   // Q buffers in L1: PASA_QUERY_BUFFERS, or 1 where those do not fit L1 or TPipe's
                              // MTE1_MTE2 event IDs (PASA_EVENT_IDS) beside the other buffers (the next
@@ -203,7 +204,7 @@ struct PasaTilingData {
                              // hold a chunk; its statistics and accumulator hold all its rows)
     uint32_t vecStatRows;    // rows whose per-row statistics update as one after their chunks' tiles: the
                              // most whole chunks that divide vecRowsPad, at most PASA_MAX_CHUNK_ROWS rows
-    uint32_t vecSumRows;     // pasa: rows of a chunk whose S' the fp32 row sums widen at once (a multiple of 16
+    uint32_t vecSumRows;     // pasa: rows of a chunk whose S' or P' the fp32 row sums widen at once (a multiple of 16
                              // dividing vecChunkRows; the others: vecChunkRows)
 
     // ---- core split

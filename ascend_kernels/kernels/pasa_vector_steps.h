@@ -66,7 +66,7 @@ __aicore__ inline void AttentionVector<OutT, InT>::InitState()
 {
     const int32_t r = static_cast<int32_t>(G_);
     if (key_ == PASA_KEY_PASA) {
-        Duplicate(PasaSet(0, 0), half(0.0f), static_cast<int32_t>(P_COUNT) * r);  // F, n, peak = 0
+        Duplicate(PasaSet(0, 0), half(0.0f), static_cast<int32_t>(PasaStats()) * r);  // F, n, peak (, l) = 0
         Duplicate(PasaSet(0, P_M), half(kFp16Lowest), r);
     } else {
         Duplicate(M(0), kInitialMax, r);
@@ -223,8 +223,9 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepFa(uint32_t i, uint32_t j
 // block's fp32 row means of S' (ROWSUM at the chunk's rows), m' and P'. With K' the row means are
 // the cube's row constants c = Q . mean (the mean of the unrounded S'; docs/design.md, "The block
 // mean from the keys"); shifting the scores, the fp32 row sums of the fp16 S', widened vecSumRows
-// rows at a time, which StatisticsPasa scales by 1 / v. P''s row sums come from the cube with P'V
-// (tiling.pvCols). Each line here, in StatisticsPasa and in the fold is one rounding of
+// rows at a time, which StatisticsPasa scales by 1 / v. P''s fp32 row sums (T1 at the chunk's rows)
+// are widened the same way where the vector cores make them, else they come from the cube with
+// P'V (tiling.pvCols). Each line here, in StatisticsPasa and in the fold is one rounding of
 // fallback/torch_blockwise.py's _step_pseudo_average.
 template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::StepPasa(uint32_t i, uint32_t j, const LocalTensor<half>& s,
@@ -255,6 +256,13 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepPasa(uint32_t i, uint32_t
     p = probOut_.template AllocTensor<half>();
     Exp(p, s, static_cast<int32_t>(cells));                                   // fp16(exp(.))
     if (masked) Select(p, Bits(0), p, half(0.0f), SELMODE::VSEL_TENSOR_SCALAR_MODE, cells);
+    if (VectorProbSums()) {
+        const uint32_t w = t_->vecSumRows;
+        for (uint32_t r0 = 0; r0 < R_; r0 += w) {
+            Cast(x, p[r0 * n], RoundMode::CAST_NONE, static_cast<int32_t>(w * n));
+            RowReduce<ReduceType::SUM>(Stat(T1)[GroupRow() + r0], x, tree, w, n);
+        }
+    }
 }
 
 // After the last chunk of a statistics group (c0_ moves to the group's first row): the per-row
@@ -279,7 +287,7 @@ __aicore__ inline void AttentionVector<OutT, InT>::Statistics(uint32_t i, uint32
 
 // pasa's statistics update for the group's rows from its tiles' m' and row sums of S' (its scratch
 // in the tree: the row pairs, then eight copies of m'). l's update, fp16(fp16(a l) + fp16(b l')), is
-// the fold's (l' arrives with P'V).
+// here where the vector cores sum P', else the fold's (l' arrives with P'V).
 template <typename OutT, typename InT>
 __aicore__ inline void AttentionVector<OutT, InT>::StatisticsPasa(uint32_t i, uint32_t j)
 {
@@ -309,10 +317,15 @@ __aicore__ inline void AttentionVector<OutT, InT>::StatisticsPasa(uint32_t i, ui
     Max(nxt[P_M * G], t3, t3[G], g);                                          // m_j = max(x, y)
     PairOp<VecOp::SUB>(t2, t3, nxt[P_M * G], G);
     Exp(ab, t2, 2 * g);                                                       // [a | b]
+    if (VectorProbSums()) {
+        Cast(cur[P_LLOC * G], Stat(T1), RoundMode::CAST_RINT, G);            // l' = fp16(sum p)
+        Mul(t2, ab, cur[P_L * G], 2 * g);                                     // [a l | b l']
+        Add(nxt[P_L * G], t2, t2[G], g);
+    }
     if (groupNoKeys_) {  // rows that see no key of block j (m' the masked lowest) keep m, F, n; their O and l keep too (a = 1, b = 0)
         Replicate8(copies, cur[P_MLOC * G], Zeros16(), G);
         Compares(RowBits(), copies, half(kFp16Lowest), CMPMODE::NE, 8 * G);
-        Select(nxt, RowBits(), nxt, cur, SELMODE::VSEL_TENSOR_TENSOR_MODE, P_COUNT * G);
+        Select(nxt, RowBits(), nxt, cur, SELMODE::VSEL_TENSOR_TENSOR_MODE, PasaStats() * G);
         Select(ab, RowBits(), ab, Stat16(ONEZERO), SELMODE::VSEL_TENSOR_TENSOR_MODE, 2 * G);
     }
 }
@@ -498,7 +511,11 @@ __aicore__ inline void AttentionVector<OutT, InT>::FinishChunk()
     if (key_ == PASA_KEY_PASA) {
         l = Stat(FIN0);
         m = Stat(FIN1);
-        AccumulatorSums(l);
+        if (VectorProbSums()) {
+            Cast(l, PasaSet(last, P_L), RoundMode::CAST_NONE, R_);
+        } else {
+            AccumulatorSums(l);
+        }
         Cast(m, PasaSet(last, P_M), RoundMode::CAST_NONE, R_);
         Cast(Stat(T0), PasaSet(last, P_F), RoundMode::CAST_NONE, R_);
         Muls(Stat(T0), Stat(T0), t.gamma, r);

@@ -218,6 +218,66 @@ def test_vector_chunks_change_no_bit(name, algorithm):
     assert whole[3] == chunked[3]
 
 
+@pytest.mark.parametrize("name", list(CASES))
+def test_prob_sums_on_the_vector_cores_match_torch_backend(name):
+    """pasa with the row sums of P' on the vector cores (``vector_prob_sums``: l and l' kept with
+    its statistics, the P'V tile without the sums' columns) computes every case of the golden
+    matrix like the torch backend, at this file's bounds, on 2-3 AI Cores; checked, it flags
+    the rows the cube's sums flag. The numerics are the cube's (fp32 sums of the fp16 P',
+    rounded to fp16 once), summed in another order."""
+    case = CASES[name]
+    q, k, v, kw = make_case(case, torch.float16)
+    seed = list(CASES).index(name)
+    unrepaired = dict(kw, repair_overflow=False)
+    with ascendc_emu.forcing_tiling(vector_prob_sums=1):
+        out, lse = run_on_few_cores(q, k, v, seed, algorithm="pasa", **unrepaired)
+        tiling = ascendc_emu.last_run_stats()["tiling"]
+        run_on_few_cores(q, k, v, seed, algorithm="pasa", **kw)
+        on_vector = pasa_npu.overflow_report()
+    run_on_few_cores(q, k, v, seed, algorithm="pasa", **kw)
+    on_cube = pasa_npu.overflow_report()
+    assert tiling["pv_cols"] == tiling["head_dim_v"], tiling
+    ref, ref_lse = torch_reference(q, k, v, tiling, algorithm="pasa", **unrepaired)
+    assert_matches_torch(out, lse, ref, ref_lse, "pasa", torch.float16, kv_blocks(case),
+                         call=(q, k, v, unrepaired), kv_lens=kv_lens(case),
+                         kv_block=case.get("kv_block", pasa_npu.DEFAULT_TILING.kv_block))
+    assert (on_vector.checked, on_vector.rows, on_vector.tiles) == (on_cube.checked, on_cube.rows, on_cube.tiles)
+
+
+@pytest.mark.parametrize("backend", ["ascendc-emu", sim_param(SIM)])
+@pytest.mark.parametrize("case", ["prefill", "paged decode"])
+def test_prob_sums_on_the_vector_cores_at_large_tiles_and_paged(backend, case):
+    """pasa's row sums of P' on the vector cores where the cube takes a kv block in two key
+    pieces and a vector core widens P' half a chunk's rows at a time (q_block 128, kv_block 256,
+    d = 128, causal GQA 2:1, 700 rows, so that the last tile and kv block are part-filled; 2 AI
+    Cores), and in paged decode, where the kernels shift the scores: against the torch backend
+    at this file's bounds; also under Huawei's implementation of the AscendC API (ascendc-sim)."""
+    from pasa_npu import ascendc_sim
+    if case == "prefill":
+        gen = torch.Generator().manual_seed(7)
+        q = torch.randn(1, 4, 700, 128, generator=gen).half()
+        k, v = (torch.randn(1, 2, 700, 128, generator=gen).half() for _ in range(2))
+        kw = dict(num_heads=4, num_key_value_heads=2, input_layout="BNSD", scale=128 ** -0.5, q_block=128,
+                  kv_block=256, sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask(), repair_overflow=False)
+        blocks = 3
+    else:
+        name = "decode-bsh-3d"  # blocks of 16 keys: several pages a kv block
+        q, k, v, kw, _ = paged_case(PAGED_CASES[name], torch.float16)
+        kw = dict(kw, repair_overflow=False)
+        blocks = None
+    with emulated_cores(2), ascendc_emu.forcing_tiling(vector_prob_sums=1):
+        out, lse = pasa_npu.fused_attention(q, k, v, algorithm="pasa", backend=backend, **kw)
+    tiling = (ascendc_emu if backend == "ascendc-emu" else ascendc_sim).last_run_stats()["tiling"]
+    assert tiling["pv_cols"] == tiling["head_dim_v"], tiling
+    if case == "prefill":
+        assert tiling["cube_keys"] < tiling["kv_block"] and tiling["vec_sum_rows"] < tiling["vec_chunk_rows"], tiling
+    else:
+        assert tiling["shift_scores"], tiling
+        blocks = -(-max(PAGED_CASES[name]["kv_lens"]) // tiling["kv_block"])
+    ref, ref_lse = torch_reference(q, k, v, tiling, algorithm="pasa", **kw)
+    assert_matches_torch(out, lse, ref, ref_lse, "pasa", torch.float16, blocks)
+
+
 @pytest.mark.parametrize("backend", ["ascendc-emu", sim_param(SIM)])
 @pytest.mark.parametrize("algorithm", KERNEL_ALGORITHMS)
 @pytest.mark.parametrize("layout,mask", [("BNSD", "causal"), ("BSH", "explicit")])

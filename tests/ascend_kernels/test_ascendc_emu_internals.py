@@ -111,7 +111,9 @@ def test_cost_counters_per_path():
     """Bytes per path and cube work of one call, against the counts the tiling implies: one
     head, 256 x 256, D = 64, 128 x 128 tiles: 2 query tiles x 2 kv blocks; the key
     preprocessing in a launch of its own, and inside the attention launch, where it adds its
-    own counts and one SyncAll wait per core. The two tasks are dealt whole (no tail pieces)."""
+    own counts and one SyncAll wait per core. The two tasks are dealt whole (no tail pieces).
+    pasa with the row sums of P' on the vector cores (``vector_prob_sums``) drops the cube's
+    share of them: its Mmads, MACs and exchanged bytes are then pasa-exact's."""
     gen = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 1, 256, 64, generator=gen).half() for _ in range(3))
     kw = dict(num_heads=1, input_layout="BNSD", scale=0.125)
@@ -120,6 +122,10 @@ def test_cost_counters_per_path():
         with ascendc_emu.forcing_tiling(prep_launch=1, tail_pieces=1):
             pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
         stats[algorithm] = ascendc_emu.last_run_stats()
+        if algorithm == "pasa":
+            with ascendc_emu.forcing_tiling(prep_launch=1, tail_pieces=1, vector_prob_sums=1):
+                pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
+            stats["pasa, vector sums"] = ascendc_emu.last_run_stats()
         with ascendc_emu.forcing_tiling(tail_pieces=1):
             pasa_npu.fused_attention(q, k, v, algorithm=algorithm, backend="ascendc-emu", **kw)
         folded[algorithm] = ascendc_emu.last_run_stats()
@@ -164,6 +170,31 @@ def test_cost_counters_per_path():
     assert stats["pasa"]["attention"]["gm_to_ub_bytes"] == (stats["fa-fp32"]["attention"]["gm_to_ub_bytes"] // 2
                                                             + tiles * sums * 2 + constants)
     assert stats["pasa"]["tiling"]["pv_cols"] == 64 + 16 and stats["pasa-exact"]["tiling"]["pv_cols"] == 64
+    vector_sums = stats["pasa, vector sums"]
+    assert vector_sums["tiling"]["pv_cols"] == 64
+    for key in ("mmad_calls", "cube_macs", "l0c_to_gm_bytes", "gm_to_ub_bytes"):
+        assert vector_sums["attention"][key] == stats["pasa-exact"]["attention"][key], key
+    assert vector_sums["preprocess"]["cube_macs"] == stats["pasa"]["preprocess"]["cube_macs"]
+
+
+def test_prob_sums_on_the_vector_cores_are_pasa_s_choice():
+    """``vector_prob_sums`` moves pasa's row sums of P' to the vector cores: its P'V tile loses
+    the sums' 16 columns, the cube its ones beside V (a piece of V alone may then fill L0B),
+    and the vector cores widen P' to fp32 in rows that fit their UB (16 rows of 1024 keys do
+    not, beside the tiles, at d = 128: that tiling is refused); the host refuses the choice for
+    the other allocations, naming it."""
+    for kv_block, q_tile in ((256, 128), (512, 256), (512, 128)):
+        shape = dict(tiling_key=1, beta=0.9, q_tile=q_tile, kv_block=kv_block, seq_kv=4096)
+        on_cube, on_vector = emu.tiling(_params(**shape)), emu.tiling(_params(**shape, vector_prob_sums=1))
+        assert on_cube["pv_cols"] == 128 + 16 and on_vector["pv_cols"] == 128, (kv_block, on_vector)
+        assert on_vector["cube_keys"] >= on_cube["cube_keys"], (kv_block, on_cube, on_vector)
+        assert on_vector["vec_chunk_rows"] % on_vector["vec_sum_rows"] == 0, on_vector
+        assert on_vector["bytes_per_core"]["ub"] <= 192 << 10, on_vector
+    with pytest.raises(ValueError, match="attention UB .* needs"):
+        emu.tiling(_params(tiling_key=1, beta=0.9, kv_block=1024, seq_kv=4096, vector_prob_sums=1))
+    for key in (0, 2):
+        with pytest.raises(ValueError, match=f"vectorProbSums applies to pasa .* got tilingKey {key}"):
+            emu.tiling(_params(tiling_key=key, vector_prob_sums=1))
 
 
 def _runs_forcing(choice, algorithm, b, h, hkv, sq, skv, causal, seed):

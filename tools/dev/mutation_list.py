@@ -342,6 +342,15 @@ MUTATIONS = [
              "if (sumsBeside) DrainTile(slot, m0, dv, s, kC0, t.pvCols, rows, rowsPad, true);",
              "if (sumsBeside) DrainTile(slot, m0, dv - kC0, s, kC0, t.pvCols, rows, rowsPad, true);",
              ("tests/ascend_kernels/test_ascendc_emu_shapes.py", "-k", "a_part_at_a_time and pasa-300")),
+    # pasa's row sums of P' on the vector cores (vector_prob_sums)
+    Mutation("kernel: the vector cores' row sums of P' skip the rows after the first widened part", KERNEL_STEPS,
+             "RowReduce<ReduceType::SUM>(Stat(T1)[GroupRow() + r0], x, tree, w, n);\n        }\n    }\n}",
+             "if (r0 == 0) RowReduce<ReduceType::SUM>(Stat(T1)[GroupRow() + r0], x, tree, w, n);\n        }\n    }\n}",
+             ("tests/ascend_kernels/test_ascendc_emu.py", "-k", "prob_sums_on_the_vector_cores_at_large and emu")),
+    Mutation("kernel: l takes b l' without a l", KERNEL_STEPS,
+             "Add(nxt[P_L * G], t2, t2[G], g);",
+             "Adds(nxt[P_L * G], t2[G], half(0.0f), g);",
+             ("tests/ascend_kernels/test_ascendc_emu.py", "-k", "prob_sums_on_the_vector_cores_match and bnsd")),
     # tiles of more rows than L0 holds: the cube's pieces, the vector cores' chunks
     Mutation("kernel: every piece of a tile drains to the slot's first rows", KERNEL_CUBE,
              "const uint64_t at = static_cast<uint64_t>(m0) * pitch + c0;",
