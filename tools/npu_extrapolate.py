@@ -66,7 +66,9 @@ QUANTITIES = ("core_cycles", "timeline_cycles", "gm_bytes", "exchange_bytes", "v
 class Config:
     """What a calibration depends on: allocation, head dim, query heads per kv head, causal
     mask, whether the query is one token (decode), the tiling: ``q_block`` query rows by
-    ``kv_block`` keys, and the kv blocks a task of its calibration runs (``blocks``)."""
+    ``kv_block`` keys, and the kv blocks a task of its calibration runs (``blocks``);
+    ``vector_prob_sums`` (pasa): its row sums of P' on the vector cores, not on the cube (the
+    host's tiling choice of that name)."""
 
     algorithm: str
     d: int
@@ -77,22 +79,34 @@ class Config:
     kv_block: int = KV_BLOCK
     rows: int = 0  # a prefill task of fewer rows (a query's last tile, a tail piece); 0: full tiles
     blocks: int = CALIBRATION_BLOCKS
+    vector_prob_sums: bool = False
 
     def with_rows(self, rows: int) -> "Config":
         """The config of this tiling's one-head prefill tasks of ``rows`` rows."""
         return Config(self.algorithm, self.d, 1, self.causal, False, self.q_block, self.kv_block, rows,
-                      self.blocks)
+                      self.blocks, self.vector_prob_sums)
 
     @property
     def tile(self) -> str:
         """The tiling as the reports name it (:func:`tile_name`)."""
-        return tile_name(self.q_block, self.kv_block)
+        return tile_name(self.q_block, self.kv_block, vector_prob_sums=self.vector_prob_sums)
+
+    @property
+    def forced(self) -> dict:
+        """The host tiling choices its runs force beyond the tile (``ascendc_emu.forcing_tiling``)."""
+        return dict(vector_prob_sums=1) if self.vector_prob_sums else {}
 
 
-def tile_name(q_block: int, kv_block: int, tail_pieces: int = 0) -> str:
-    """A tiling as the reports name it: q_block x kv_block, and `whole` where the host's
-    ``tail_pieces`` choice is 1 (no task of a part-filled last round cut into pieces)."""
-    return f"{q_block}x{kv_block}" + (" whole" if tail_pieces == 1 else "")
+#: the reports' mark of a pasa tiling with its row sums of P' on the vector cores
+VECTOR_SUMS_MARK = "vsums"
+
+
+def tile_name(q_block: int, kv_block: int, tail_pieces: int = 0, vector_prob_sums: bool = False) -> str:
+    """A tiling as the reports name it: q_block x kv_block, `whole` where the host's
+    ``tail_pieces`` choice is 1 (no task of a part-filled last round cut into pieces), and
+    VECTOR_SUMS_MARK where pasa sums P' on the vector cores."""
+    return (f"{q_block}x{kv_block}" + (" whole" if tail_pieces == 1 else "")
+            + (f" {VECTOR_SUMS_MARK}" if vector_prob_sums else ""))
 
 
 @dataclass
@@ -248,11 +262,11 @@ def calibrate(c: Config, params: dict, progress=None) -> Fit:
         if progress:
             progress(i)
         stats.append(emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one, c.q_block, c.kv_block,
-                             **CALIBRATION_TILING))
+                             **CALIBRATION_TILING, **c.forced))
     fused = None
     if stats[0]["preprocess"] is not None:
         b, h, hkv, sq, skv, causal = runs[0]
-        fused = emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one, c.q_block, c.kv_block)
+        fused = emulate(c.algorithm, b, h, hkv, sq, skv, c.d, causal, one, c.q_block, c.kv_block, **c.forced)
     return fit_runs(c, runs, stats, one, fused)
 
 
@@ -362,7 +376,8 @@ class Shape:
         return (2 * self.b * self.h * self.sq * self.d * 2 + 2 * self.b * self.hkv * self.skv * self.d * 2
                 + 4 * self.b * self.h * self.sq)
 
-    def config(self, algorithm: str, q_block: int = Q_TILE, kv_block: int = KV_BLOCK) -> Config:
+    def config(self, algorithm: str, q_block: int = Q_TILE, kv_block: int = KV_BLOCK,
+               vector_prob_sums: bool = False) -> Config:
         """The config ``algorithm`` is calibrated at on this shape. A query of more than half a
         tile is dealt in tiles of one head, which cost what those of a group of one do (group 1);
         decode and shorter queries stack a kv group's heads into a tile (the host's rule). Its
@@ -370,7 +385,7 @@ class Shape:
         stacked = self.decode or 2 * self.sq <= q_block
         blocks = min(CALIBRATION_BLOCKS, -(-self.skv // kv_block))
         return Config(algorithm, self.d, self.h // self.hkv if stacked else 1, self.causal and not self.decode,
-                      self.decode, q_block, kv_block, blocks=blocks)
+                      self.decode, q_block, kv_block, blocks=blocks, vector_prob_sums=vector_prob_sums)
 
 
 #: the host's choices for a prefill's part-filled last round the model takes the faster of:
@@ -455,8 +470,10 @@ def tilings(shape: Shape) -> tuple:
 
 def candidates(shape: Shape, algorithm: str, only: tuple = None) -> tuple:
     """The configs :func:`fastest` chooses among: ``algorithm`` on ``shape`` at each of
-    tilings(shape), or at the (q_block, kv_block) tilings ``only``."""
-    return tuple(shape.config(algorithm, qb, kvb) for qb, kvb in (only or tilings(shape)))
+    tilings(shape), or at the (q_block, kv_block) tilings ``only``; pasa at each both with its
+    row sums of P' on the cube and on the vector cores (the host's choice for the chip)."""
+    sums = (False, True) if algorithm == "pasa" else (False,)
+    return tuple(shape.config(algorithm, qb, kvb, s) for qb, kvb in (only or tilings(shape)) for s in sums)
 
 
 def calibrations(shape: Shape, algorithm: str, params: dict, only: tuple = None) -> tuple:

@@ -30,7 +30,8 @@ from pasa_npu.tools.compare.progress import ProgressBar
 from pasa_npu.tools import npu_calibrate
 from pasa_npu.tools.npu_extrapolate import (Shape, WrongRunError, cached_calibration,
                                             calibration_or_refusal, calibrations, extrapolate, fastest,
-                                            part_configs, tile_name, tiling_choices, tilings)
+                                            part_configs, tile_name, tiling_choices, tilings,
+                                            VECTOR_SUMS_MARK)
 
 ALGORITHMS = ("fa-fp32", "pasa", "pasa-exact")
 TOKENS, HIDDEN = 16384, 2048  # the sweep keeps B * S and H * d fixed, as pasa-bench does
@@ -151,6 +152,7 @@ def run(shape_list, algorithms, band: bool, progress, jobs: int = 1) -> dict:
             row[algorithm] = dict(
                 tflops=nominal["tflops"], time_us=nominal["time_us"], binding=nominal["binding"],
                 q_block=config.q_block, kv_block=config.kv_block, tail_pieces=nominal["tail_pieces"],
+                vector_prob_sums=config.vector_prob_sums,
                 group=config.group,
                 cube_share=nominal["tflops"] / npu_params.cube_peak_tflops(corners["nominal"]),
                 kv_gbs=nominal["kv_gbs"],
@@ -180,7 +182,7 @@ def _per_block(fit, shape: Shape, params: dict) -> dict:
 
 def _tile(cell: dict) -> str:
     """The tiling of a reported cell (:func:`tile_name` of its q_block, kv_block and tail choice)."""
-    return tile_name(cell["q_block"], cell["kv_block"], cell.get("tail_pieces", 0))
+    return tile_name(cell["q_block"], cell["kv_block"], cell.get("tail_pieces", 0), cell.get("vector_prob_sums", False))
 
 
 def markdown(result) -> str:
@@ -196,7 +198,8 @@ def markdown(result) -> str:
              "where the allocation is faster among those its kernels take (decode: one tile of a kv group's "
              "query heads whatever `q_block` is); where the tasks leave AI Cores idle in their last round, the "
              "host cuts that round's tasks into pieces of query rows, or, where that is slower (`whole`), "
-             "deals them whole.", "",
+             f"deals them whole; `{VECTOR_SUMS_MARK}`: pasa's row sums of P' on the vector cores, where "
+             "that is faster than on the cube.", "",
              "| shape | " + " | ".join(f"{a} TFLOP/s [band] (binding, % peak, rmse, tile)" for a in algos)
              + (" | pasa / fa-fp32 | pasa-exact / fa-fp32 |" if "fa-fp32" in algos else " |"),
              "|---|" + "---|" * len(algos) + ("---|---|" if "fa-fp32" in algos else "")]
@@ -248,15 +251,48 @@ WORST_CORNER_PASSES = 3
 SEARCH_PASA_KV_BLOCK = 256
 
 
-#: parameter points (those not named at their nominal value) where an earlier search found a
-#: lower ratio than the search from the one-at-a-time ends reaches: every shape's search also
-#: evaluates each and starts from the lowest of them and its own start (the Qwen2-like shape's)
+#: parameter points (those not named at their nominal value) where earlier searches ended, each
+#: the worst corner found for the shape named beside it: every shape's search also evaluates each
+#: and starts from the lowest of them and its own start, so the corner it reports is at most each
 KNOWN_CORNERS = (
+    # paper 1x16x1280x128
+    dict(mmad_head_cycles=64, mte1_head_cycles=48, mte2_bytes_per_cycle=128, mte2_head_cycles=64,
+         gm_read_latency_cycles=347, mte3_bytes_per_cycle=43, mte3_head_cycles=64, gm_write_latency_cycles=203,
+         fix_head_cycles=64, scalar_issue_cycles=4, scalar_ub_access_cycles=20, vs_sync_cycles=50,
+         scalar_gm_access_cycles=40, cross_core_latency_cycles=1000, l2_aggregate_bytes_per_cycle=4324,
+         launch_overhead_cycles=5000),
+    # Qwen2-7B-like, causal
     dict(mmad_head_cycles=64, mte1_head_cycles=48, mte2_head_cycles=8, gm_read_latency_cycles=150,
          mte3_bytes_per_cycle=43, mte3_head_cycles=64, gm_write_latency_cycles=203, fix_head_cycles=64,
          vec_head_cycles=4, scalar_issue_cycles=4, vs_sync_cycles=50, scalar_gm_access_cycles=40,
          cross_core_latency_cycles=1000, l2_aggregate_bytes_per_cycle=4324, launch_overhead_cycles=20000),
+    # d=128 S=4096 causal
+    dict(mmad_head_cycles=64, mte1_head_cycles=48, mte2_bytes_per_cycle=128, mte2_head_cycles=8,
+         gm_read_latency_cycles=150, mte3_bytes_per_cycle=43, mte3_head_cycles=64, gm_write_latency_cycles=203,
+         fix_head_cycles=64, vec_head_cycles=4, scalar_issue_cycles=4, vs_sync_cycles=50,
+         scalar_gm_access_cycles=40, cross_core_latency_cycles=1000, l2_aggregate_bytes_per_cycle=4324,
+         launch_overhead_cycles=20000),
+    # d=128 S=16384, two searches' ends
+    dict(mmad_head_cycles=64, mte1_head_cycles=48, mte2_head_cycles=64, gm_read_latency_cycles=150,
+         mte3_bytes_per_cycle=43, mte3_head_cycles=64, gm_write_latency_cycles=203, fix_head_cycles=64,
+         vec_head_cycles=4, scalar_issue_cycles=4, vs_sync_cycles=50, scalar_gm_access_cycles=40,
+         cross_core_latency_cycles=1000, l2_aggregate_bytes_per_cycle=4324, launch_overhead_cycles=20000),
+    dict(mmad_head_cycles=64, mte1_head_cycles=48, mte2_bytes_per_cycle=128, mte2_head_cycles=64,
+         mte3_bytes_per_cycle=43, mte3_head_cycles=64, gm_write_latency_cycles=203, fix_head_cycles=64,
+         scalar_issue_cycles=4, vs_sync_cycles=50, scalar_gm_access_cycles=40, cross_core_latency_cycles=1000,
+         l2_aggregate_bytes_per_cycle=4324, launch_overhead_cycles=20000),
 )
+
+
+def check_seeds(seeds) -> None:
+    """Raise ValueError unless each seed names only parameters that have a range, each at its low,
+    nominal or high value (the corners sensitivity() searches)."""
+    settable = {p.name: (p.low, p.value, p.high) for p in npu_params.ALL if p.assumption}
+    for seed in seeds:
+        for name, value in seed.items():
+            if name not in settable or value not in settable[name]:
+                raise ValueError(f"seeds: expected each parameter with a range at its low, nominal or "
+                                 f"high value ({', '.join(settable)}), got {name}={value}")
 
 
 def search_tilings(shape: Shape, nominal_tiling: tuple) -> tuple:
@@ -275,7 +311,7 @@ def _ratio_cell(shape: Shape, params: dict, fit, algorithms, only: dict = None) 
     for a in algorithms:
         config, cell[a] = fastest(shape, a, params, fit, (only or {}).get(a))
         cell[a].update(golden_rmse=fit(config, params).golden_rmse, q_block=config.q_block,
-                       kv_block=config.kv_block)
+                       kv_block=config.kv_block, vector_prob_sums=config.vector_prob_sums)
     cell["ratio"] = cell["pasa"]["tflops"] / cell["fa-fp32"]["tflops"]
     return cell
 
@@ -300,12 +336,7 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
     (default: every one with a range). ``jobs``: processes that make the calibrations a
     parameter point needs, before it is evaluated (the same figures as one process)."""
     ranged = [p for p in npu_params.ALL if p.assumption and (names is None or p.name in names)]
-    settable = {p.name: (p.low, p.value, p.high) for p in npu_params.ALL if p.assumption}
-    for seed in seeds:
-        for name, value in seed.items():
-            if name not in settable or value not in settable[name]:
-                raise ValueError(f"seeds: expected each parameter with a range at its low, nominal or "
-                                 f"high value ({', '.join(settable)}), got {name}={value}")
+    check_seeds(seeds)
     fits = {}
     pool = _calibration_pool(jobs)
 

@@ -118,11 +118,11 @@ def calibrate_both(c: Config, params: dict, blocks: int = 0, progress=None):
         for i, run in enumerate(runs):
             if progress:
                 progress(i)
-            st, sim = both(run, CALIBRATION_TILING)
+            st, sim = both(run, dict(CALIBRATION_TILING, **c.forced))
             emu_stats.append(st)
             sim_stats.append(sim)
         if emu_stats[0]["preprocess"] is not None:  # as calibrate(): the first run as the kernels run it
-            fused = both(runs[0], {})
+            fused = both(runs[0], c.forced)
     finally:
         ascendc_emu._ascendc_emu = saved
         if saved_env is None:
@@ -167,7 +167,7 @@ def compare(shapes, algorithms, params: dict, blocks: int = 0, progress=None) ->
                                      lambda c, p: cached_calibration(emu_fits, c, c, p))
             emu_fit, sim_fit, checks = both(config)
             row = dict(shape=shape.name, algorithm=algorithm,
-                       tile=tile_name(config.q_block, config.kv_block, chosen["tail_pieces"]),
+                       tile=tile_name(config.q_block, config.kv_block, chosen["tail_pieces"], config.vector_prob_sums),
                        golden_rmse=max(emu_fit.golden_rmse, sim_fit.golden_rmse), **checks)
             for i, (name, fit) in enumerate((("emu", emu_fit), ("sim", sim_fit))):
                 result = extrapolate(shape, fit, params, lambda c, p, i=i: both(c)[i], chosen["tail_pieces"])

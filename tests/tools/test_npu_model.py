@@ -29,6 +29,34 @@ def test_extrapolation_matches_a_direct_emulation(algorithm, causal, d, q_block,
     assert abs(got["error"]) < 0.03, got
 
 
+def test_pasa_takes_its_row_sums_of_p_where_they_are_faster():
+    """pasa is modelled at each tiling with its row sums of P' on the cube and on the vector
+    cores (``vsums`` in the reports) and takes the faster: at 128 x 256 tiles, d = 128, the
+    vector cores where their instructions start up fast and the cube's Mmads slowly, the cube
+    the other way round. The other allocations have no such choice."""
+    shape = npu_extrapolate.Shape("24 heads", 1, 24, 24, 256, 1024, 128)
+    tiling = ((128, 256),)
+    assert [c.vector_prob_sums for c in npu_extrapolate.candidates(shape, "pasa", tiling)] == [False, True]
+    assert [c.vector_prob_sums for c in npu_extrapolate.candidates(shape, "fa-fp32", tiling)] == [False]
+    by_name = {p.name: p for p in npu_params.ALL}
+    fits = {}
+
+    def fit(config, params, only=None):
+        if only is not None and config.vector_prob_sums != only:
+            raise NotImplementedError("the other place of the row sums")
+        return npu_extrapolate.cached_calibration(fits, (config, tuple(sorted(params.items()))), config, params)
+
+    for vector, cube in (("low", "high"), ("high", "low")):
+        params = npu_params.values(vec_head_cycles=getattr(by_name["vec_head_cycles"], vector),
+                                   mmad_head_cycles=getattr(by_name["mmad_head_cycles"], cube))
+        config, result = npu_extrapolate.fastest(shape, "pasa", params, fit, tiling)
+        alone = {v: npu_extrapolate.fastest(shape, "pasa", params, lambda c, p, v=v: fit(c, p, v), tiling)[1]["tflops"]
+                 for v in (False, True)}
+        assert config.vector_prob_sums == (vector == "low"), (vector, alone)
+        assert result["tflops"] == max(alone.values()) > min(alone.values()), (vector, alone)
+        assert config.tile == ("128x256 vsums" if vector == "low" else "128x256")
+
+
 @pytest.mark.parametrize("algorithm", ["pasa", "pasa-exact", "fa-fp32"])
 def test_extrapolation_of_a_gqa_prefill_matches_a_direct_emulation(algorithm):
     """(1, 4, 1024, 128) with one kv head on 4 AI Cores: a query longer than a tile is dealt in
@@ -286,6 +314,17 @@ def test_sensitivity_starts_from_a_known_corner_below_its_own_start(monkeypatch)
     assert "1 corner found by earlier searches" in npu_model.sensitivity_markdown(seeded)
     with pytest.raises(ValueError, match="vec_head_cycles=7"):
         npu_model.sensitivity([shape], lambda *a: None, names=names, seeds=(dict(vec_head_cycles=7),))
+
+
+def test_known_corners_are_corners_of_the_parameters_ranges():
+    """Every corner the sensitivity search is seeded with names parameters that have a range, each
+    at one of its three values, and not at the nominal point: a range changed in npu_params
+    without its corners is caught here, not an hour into a --sensitivity run."""
+    npu_model.check_seeds(npu_model.KNOWN_CORNERS)
+    nominal = npu_params.values()
+    assert all(any(v != nominal[k] for k, v in c.items()) for c in npu_model.KNOWN_CORNERS)
+    with pytest.raises(ValueError, match="clock_mhz=1"):
+        npu_model.check_seeds((dict(clock_mhz=1),))
 
 
 def test_sensitivity_searches_shapes_side_by_side_as_one_by_one():

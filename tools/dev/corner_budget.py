@@ -1,7 +1,7 @@
 """The busiest AI Core's modelled cycles of one shape, term by term (a development tool; not
 installed with the package).
 
-    python tools/dev/corner_budget.py npu_sensitivity.json "paper 1x16x1280x128" --tile 128 256
+    python tools/dev/corner_budget.py npu_sensitivity.json "paper 1x16x1280x128" --tile 128 256 [--vsums]
 
 Takes a shape's worst corner from a ``pasa-npu-model --sensitivity`` JSON, calibrates fa-fp32
 and pasa at the tile given under those parameters (runs checked against the fp64 golden, as
@@ -21,10 +21,12 @@ from pasa_npu.tools import npu_extrapolate as X
 from pasa_npu.tools.npu_model import shapes
 
 
-def budget(shape: X.Shape, algorithm: str, q_block: int, kv_block: int, params: dict) -> dict:
+def budget(shape: X.Shape, algorithm: str, q_block: int, kv_block: int, params: dict,
+           vector_prob_sums: bool = False) -> dict:
     """The busiest AI Core's terms of ``algorithm`` on ``shape`` at that tile under ``params``
-    (every task a full tile: a shape whose tasks are cut into pieces is refused)."""
-    config = shape.config(algorithm, q_block, kv_block)
+    (every task a full tile: a shape whose tasks are cut into pieces is refused); pasa with its
+    row sums of P' on the vector cores where ``vector_prob_sums``."""
+    config = shape.config(algorithm, q_block, kv_block, vector_prob_sums and algorithm == "pasa")
     fit = X.calibrate(config, params)
     result = min((X.extrapolate(shape, fit, params, tail_pieces=t) for t in X.TAIL_CHOICES),
                  key=lambda r: r["cycles"])
@@ -56,14 +58,16 @@ def main(argv=None) -> int:
     parser.add_argument("sensitivity_json", help="npu_sensitivity.json of pasa-npu-model --sensitivity")
     parser.add_argument("shape", help="a shape's name as that JSON gives it")
     parser.add_argument("--tile", nargs=2, type=int, default=(128, 256), metavar=("Q_BLOCK", "KV_BLOCK"))
+    parser.add_argument("--vsums", action="store_true", help="pasa's row sums of P' on the vector cores")
     args = parser.parse_args(argv)
     worst = json.load(open(args.sensitivity_json))["worst"][args.shape]
     nominal = npu_params.values()
     params = npu_params.values(**{k: v for k, v in worst["corner"].items() if v != nominal[k]})
     shape = next(s for s in shapes(["readme"]) if s.name == args.shape)
     for algorithm in ("fa-fp32", "pasa"):
-        b = budget(shape, algorithm, *args.tile, params)
-        print(f"{algorithm} {args.tile[0]}x{args.tile[1]}: call {b['call']:.0f} cycles ({b['binding']})")
+        b = budget(shape, algorithm, *args.tile, params, args.vsums)
+        vsums = " vsums" if args.vsums and algorithm == "pasa" else ""
+        print(f"{algorithm} {args.tile[0]}x{args.tile[1]}{vsums}: call {b['call']:.0f} cycles ({b['binding']})")
         print(f"  launch {b['launch']:.0f}; constant {b['constant']:.0f} (scalar {b['scalar_constant']:.0f}); "
               f"{b['tasks']} tasks x {b['per_task']:.0f}; {b['blocks']} blocks x {b['per_block']:.0f} "
               f"(cube {b['cube_per_block']:.0f} a block)")
