@@ -140,8 +140,11 @@ class WrongRunError(RuntimeError):
 
 
 #: a timed run counts when its relative RMSE against the fp64 golden is within this factor of
-#: the torch backend's for the same allocation (the kernels round as that backend does)
-GOLDEN_FACTOR = 1.1
+#: the torch backend's for the same allocation, the golden matrix's (tests/test_golden.py): the
+#: kernels round where that backend rounds, in another order of fp32 sums, so the two errors
+#: differ by the fp16 roundings that order flips (their ratio moves by some percent from one
+#: CPU and torch build to another), while a wrong schedule's output misses by orders of magnitude
+GOLDEN_FACTOR = 1.5
 
 
 def _problem(b, h, hkv, sq, skv, d, causal):

@@ -237,6 +237,7 @@ private:
                                   LocalTensor<P>& p);
     __aicore__ inline void StepPasa(uint32_t i, uint32_t j, const LocalTensor<half>& s, const LocalTensor<float>& c,
                                     const LocalTensor<uint8_t>& maskTile, LocalTensor<half>& p);
+    __aicore__ inline void ChunkRowSums(uint32_t slot, const LocalTensor<half>& tile);
     __aicore__ inline void StepExact(uint32_t i, uint32_t j, const LocalTensor<half>& s, const LocalTensor<float>& c,
                                      const LocalTensor<uint8_t>& maskTile, LocalTensor<half>& p);
     __aicore__ inline void Statistics(uint32_t i, uint32_t j);

@@ -233,18 +233,13 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepPasa(uint32_t i, uint32_t
                                                             LocalTensor<half>& p)
 {
     const uint32_t n = t_->kvBlock, cells = R_ * n;
-    LocalTensor<float> x = work_.Get<float>(), tree = tree_.Get<float>();
     LocalTensor<half> tree16 = tree_.Get<half>(), mloc = PasaSet(i % 2, P_MLOC);
     if (t_->rowConstants) {
         Adds(Stat(ROWSUM)[GroupRow()], c, 0.0f, static_cast<int32_t>(R_));
     } else {
         // the mean runs over the block's keys, masked or not: all n columns, or the v keys of a
         // part-filled last block (its S' is zero past v, so the sum over n columns is theirs)
-        const uint32_t w = t_->vecSumRows;
-        for (uint32_t r0 = 0; r0 < R_; r0 += w) {
-            Cast(x, s[r0 * n], RoundMode::CAST_NONE, static_cast<int32_t>(w * n));
-            RowReduce<ReduceType::SUM>(Stat(ROWSUM)[GroupRow() + r0], x, tree, w, n);
-        }
+        ChunkRowSums(ROWSUM, s);
     }
     bool noKeys = false;
     const bool masked = MaskBlock(j, maskTile, noKeys);
@@ -256,12 +251,19 @@ __aicore__ inline void AttentionVector<OutT, InT>::StepPasa(uint32_t i, uint32_t
     p = probOut_.template AllocTensor<half>();
     Exp(p, s, static_cast<int32_t>(cells));                                   // fp16(exp(.))
     if (masked) Select(p, Bits(0), p, half(0.0f), SELMODE::VSEL_TENSOR_SCALAR_MODE, cells);
-    if (VectorProbSums()) {
-        const uint32_t w = t_->vecSumRows;
-        for (uint32_t r0 = 0; r0 < R_; r0 += w) {
-            Cast(x, p[r0 * n], RoundMode::CAST_NONE, static_cast<int32_t>(w * n));
-            RowReduce<ReduceType::SUM>(Stat(T1)[GroupRow() + r0], x, tree, w, n);
-        }
+    if (VectorProbSums()) ChunkRowSums(T1, p);
+}
+
+// The fp32 row sums of the chunk's R_ rows of an fp16 tile (kvBlock columns) into statistics slot
+// `slot` at the chunk's rows, the tile widened vecSumRows rows at a time.
+template <typename OutT, typename InT>
+__aicore__ inline void AttentionVector<OutT, InT>::ChunkRowSums(uint32_t slot, const LocalTensor<half>& tile)
+{
+    const uint32_t n = t_->kvBlock, w = t_->vecSumRows;
+    LocalTensor<float> x = work_.Get<float>(), tree = tree_.Get<float>();
+    for (uint32_t r0 = 0; r0 < R_; r0 += w) {
+        Cast(x, tile[r0 * n], RoundMode::CAST_NONE, static_cast<int32_t>(w * n));
+        RowReduce<ReduceType::SUM>(Stat(slot)[GroupRow() + r0], x, tree, w, n);
     }
 }
 

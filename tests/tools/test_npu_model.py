@@ -196,6 +196,33 @@ def test_every_timed_run_is_checked_against_the_golden(monkeypatch):
                            "--out", "/nonexistent/never-written"]) == 1
 
 
+@pytest.mark.parametrize("factor,counts", [(1.3, True), (1.8, False)])
+def test_the_golden_check_takes_rounding_order_and_refuses_more(monkeypatch, factor, counts):
+    """A run counts while its error against the fp64 golden is within GOLDEN_FACTOR (1.5) x the
+    torch backend's, as the golden matrix's bounds: here the emulated output is the golden plus
+    ``factor`` x the torch backend's error."""
+    assert npu_extrapolate.GOLDEN_FACTOR == 1.5
+    real_run = npu_extrapolate.pasa_npu.fused_attention
+
+    def scaled_error(q, k, v, backend, **kw):
+        out, lse = real_run(q, k, v, backend=backend, **kw)
+        if backend != "ascendc-emu":
+            return out, lse
+        ref, _ = real_run(q, k, v, backend="torch", **{a: b for a, b in kw.items() if a != "q_block"})
+        gold, _ = npu_extrapolate.pasa_npu.reference_attention(
+            q, k, v, **{a: b for a, b in kw.items() if a not in ("q_block", "kv_block", "algorithm")})
+        return (gold + factor * (ref.double() - gold)).to(out.dtype), lse
+
+    monkeypatch.setattr(npu_extrapolate.pasa_npu, "fused_attention", scaled_error)
+    args = ("pasa", 1, 2, 2, 256, 512, 64, False, npu_params.values())
+    if counts:
+        stats = npu_extrapolate.emulate(*args)
+        assert 1.2 < stats["golden_rmse"] / stats["torch_rmse"] < 1.4
+    else:
+        with pytest.raises(npu_extrapolate.WrongRunError, match="timing is not reported"):
+            npu_extrapolate.emulate(*args)
+
+
 def test_timing_doc_carries_the_parameter_table():
     """ascend_kernels/TIMING_MODEL.md shows the table pasa-npu-model --params prints."""
     doc = (ROOT / "ascend_kernels" / "TIMING_MODEL.md").read_text()
