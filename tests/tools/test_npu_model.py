@@ -401,3 +401,5 @@ def test_corner_budget_adds_up_to_the_modelled_call():
              + b["prep_constant"] + b["prep_blocks"] * b["prep_per_block"] + b["barrier"])
     assert total == pytest.approx(b["call"], rel=1e-9) and b["timeline"] == pytest.approx(total, rel=1e-12)
     assert b["cube_per_block"] < b["per_block"]
+    assert b["coef"]["timeline_cycles"][:3] == (b["constant"], b["per_task"], b["per_block"])
+    assert b["coef"]["busy_M"][2] == b["cube_per_block"]

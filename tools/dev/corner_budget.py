@@ -1,7 +1,7 @@
 """The busiest AI Core's modelled cycles of one shape, term by term (a development tool; not
 installed with the package).
 
-    python tools/dev/corner_budget.py npu_sensitivity.json "paper 1x16x1280x128" --tile 128 256 [--vsums]
+    python tools/dev/corner_budget.py npu_sensitivity.json "paper 1x16x1280x128" --tile 128 256 [--vsums] [--pipes]
 
 Takes a shape's worst corner from a ``pasa-npu-model --sensitivity`` JSON, calibrates fa-fp32
 and pasa at the tile given under those parameters (runs checked against the fp64 golden, as
@@ -9,7 +9,9 @@ every calibration is) and prints what the extrapolation adds up on the busiest A
 launch, the fit's constant (and the scalar unit's share of it), the key preprocessing (its
 constant, its key blocks, the barrier's hops), the tasks' starts and ends, and the blocks, with
 the cube's busy cycles a block; then the call's cycles as ``extrapolate`` gives them. This is
-the budget ``ascend_kernels/TIMING_MODEL.md`` quotes at the paper's worst corner.
+the budget ``ascend_kernels/TIMING_MODEL.md`` quotes at the paper's worst corner. ``--pipes``
+adds each fitted quantity's terms (constant, a task, a block: each pipe's busy cycles, the
+read and write ports', the bytes and the instructions), where a task's or a block's cycles go.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ def budget(shape: X.Shape, algorithm: str, q_block: int, kv_block: int, params: 
     out = dict(launch=params["launch_overhead_cycles"], constant=c0, scalar_constant=fit.coef["busy_S"][0],
                tasks=len(busiest), per_task=per_task, blocks=sum(t[1] for t in busiest), per_block=per_block,
                cube_per_block=fit.per_block("busy_M"), call=result["cycles"], binding=result["binding"])
+    out["coef"] = {q: tuple(float(x) for x in c) for q, c in fit.coef.items()}
     out["prep"] = 0
     if fit.prep:
         key_blocks = shape.b * shape.hkv * -(-shape.skv // kv_block)
@@ -59,6 +62,8 @@ def main(argv=None) -> int:
     parser.add_argument("shape", help="a shape's name as that JSON gives it")
     parser.add_argument("--tile", nargs=2, type=int, default=(128, 256), metavar=("Q_BLOCK", "KV_BLOCK"))
     parser.add_argument("--vsums", action="store_true", help="pasa's row sums of P' on the vector cores")
+    parser.add_argument("--pipes", action="store_true",
+                        help="each fitted quantity's constant, per-task and per-block terms")
     args = parser.parse_args(argv)
     worst = json.load(open(args.sensitivity_json))["worst"][args.shape]
     nominal = npu_params.values()
@@ -75,6 +80,10 @@ def main(argv=None) -> int:
             print(f"  key preprocessing {b['prep']:.0f}: constant {b['prep_constant']:.0f}, {b['prep_blocks']} key "
                   f"blocks x {b['prep_per_block']:.0f}, barrier {b['barrier']:.0f}")
         print(f"  the busiest AI Core's timeline, launch included: {b['timeline']:.0f}")
+        if args.pipes:
+            print(f"  {'quantity':22s} {'constant':>10s} {'a task':>9s} {'a block':>9s}")
+            for quantity, (c0, per_task, per_block, *_) in sorted(b["coef"].items()):
+                print(f"  {quantity:22s} {round(c0):10d} {round(per_task):9d} {round(per_block):9d}")
     return 0
 
 
