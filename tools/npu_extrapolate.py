@@ -36,7 +36,7 @@ makes true past its first blocks; ``validate`` compares it with a direct emulati
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -83,8 +83,7 @@ class Config:
 
     def with_rows(self, rows: int) -> "Config":
         """The config of this tiling's one-head prefill tasks of ``rows`` rows."""
-        return Config(self.algorithm, self.d, 1, self.causal, False, self.q_block, self.kv_block, rows,
-                      self.blocks, self.vector_prob_sums)
+        return replace(self, group=1, decode=False, rows=rows)
 
     @property
     def tile(self) -> str:

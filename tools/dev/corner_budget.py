@@ -39,7 +39,7 @@ def budget(shape: X.Shape, algorithm: str, q_block: int, kv_block: int, params: 
                          "this tool charges full tiles only")
     busiest = max(per_core, key=lambda core: (sum(t[1] for t in core), len(core)))
     c0, per_task, per_block, _ = fit.coef["timeline_cycles"]
-    out = dict(launch=params["launch_overhead_cycles"], constant=c0, scalar_constant=fit.coef["busy_S"][0],
+    out = dict(tile=config.tile, launch=params["launch_overhead_cycles"], constant=c0, scalar_constant=fit.coef["busy_S"][0],
                tasks=len(busiest), per_task=per_task, blocks=sum(t[1] for t in busiest), per_block=per_block,
                cube_per_block=fit.per_block("busy_M"), call=result["cycles"], binding=result["binding"])
     out["coef"] = {q: tuple(float(x) for x in c) for q, c in fit.coef.items()}
@@ -71,8 +71,7 @@ def main(argv=None) -> int:
     shape = next(s for s in shapes(["readme"]) if s.name == args.shape)
     for algorithm in ("fa-fp32", "pasa"):
         b = budget(shape, algorithm, *args.tile, params, args.vsums)
-        vsums = " vsums" if args.vsums and algorithm == "pasa" else ""
-        print(f"{algorithm} {args.tile[0]}x{args.tile[1]}{vsums}: call {b['call']:.0f} cycles ({b['binding']})")
+        print(f"{algorithm} {b['tile']}: call {b['call']:.0f} cycles ({b['binding']})")
         print(f"  launch {b['launch']:.0f}; constant {b['constant']:.0f} (scalar {b['scalar_constant']:.0f}); "
               f"{b['tasks']} tasks x {b['per_task']:.0f}; {b['blocks']} blocks x {b['per_block']:.0f} "
               f"(cube {b['cube_per_block']:.0f} a block)")
