@@ -75,10 +75,9 @@ void ShareTaskFlags(const PasaProblem& problem, const BatchLengths& lengths, Pas
     }
     // an attention launch widened for the key preprocessing deals its tasks over its cores: so does the pass
     if (t.prepInAttention && t.kvSplits == 1) repair.blockDim = t.blockDim;
-    const uint64_t flagBytes = static_cast<uint64_t>(t.numTasks) * 2 * PASA_TASK_FLAG_BYTES;
     const uint64_t offset = AlignUp(std::max(t.taskFlagsOffset, repair.taskFlagsOffset), 512);
     t.taskFlagsOffset = repair.taskFlagsOffset = offset;
-    t.workspaceBytes = repair.workspaceBytes = offset + flagBytes;
+    t.workspaceBytes = repair.workspaceBytes = offset + FlagAreaBytes(t);
 }
 
 }  // namespace

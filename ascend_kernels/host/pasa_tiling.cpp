@@ -82,6 +82,11 @@ void FillShiftMatrix(const PasaTilingData& t, uint16_t* dst)
     }
 }
 
+uint64_t FlagAreaBytes(const PasaTilingData& t)
+{
+    return (static_cast<uint64_t>(t.numTasks) + t.blockDim) * 2 * PASA_TASK_FLAG_BYTES;
+}
+
 uint64_t ScoreMapBytes(const PasaTilingData& t) { return (static_cast<uint64_t>(t.kvBlock) + 1) * 2 * sizeof(float); }
 
 void FillScoreMap(const PasaTilingData& t, float* dst)
@@ -610,7 +615,7 @@ void PlanWorkspace(const PasaProblem& p, PasaTilingData& t)
     t.partialSlotBytes = t.kvSplits > 1 ? Align64(rows * dv * 4 + 2ull * t.vecRowsPad * 4, 512) : 0;
     off += static_cast<uint64_t>(t.numTasks) * t.kvSplits * t.partialSlotBytes;
     t.taskFlagsOffset = t.overflowCheck ? Align64(off, 512) : 0;
-    if (t.overflowCheck) off = t.taskFlagsOffset + static_cast<uint64_t>(t.numTasks) * 2 * PASA_TASK_FLAG_BYTES;
+    if (t.overflowCheck) off = t.taskFlagsOffset + FlagAreaBytes(t);
     t.workspaceBytes = off;
 }
 

@@ -108,6 +108,10 @@ void FillShiftMatrix(const PasaTilingData& t, uint16_t* dst);
 uint64_t ScoreMapBytes(const PasaTilingData& t);
 void FillScoreMap(const PasaTilingData& t, float* dst);
 
+// overflowCheck: the bytes at taskFlagsOffset, PASA_TASK_FLAG_BYTES a slot: one per (task, vector core half),
+// then one per (AI Core of the launch, vector core half) (pasa::CoreFlagSlot).
+uint64_t FlagAreaBytes(const PasaTilingData& t);
+
 // fp16 bits of a double, rounded once to nearest even (no intermediate fp32 rounding).
 uint16_t DoubleToHalfBits(double value);
 // fp16 bits of a float, rounded to nearest even.

@@ -86,8 +86,9 @@ __aicore__ inline void MergePass(GM_ADDR sink, GM_ADDR out, GM_ADDR lse, GM_ADDR
 // at SyncAll before the attention reads K'.
 //
 // A checked call without split kv repairs in the same launch (tiling.repairTilingOffset): once
-// both vector cores of an AI Core have stored their task flags, that core's cube and vector
-// cores run the repair pass (fa-fp32, the raw K) over its own flagged tasks, if it has any; the
+// both vector cores of an AI Core have stored their task flags and core bytes, that core's cube
+// and vector cores run the repair pass (fa-fp32, the raw K) over its own flagged tasks, if its
+// core bytes say it has any (pasa::CoreFlagged); the
 // pass's exchange slots lie past the first pass's workspace, so that a core still in its first
 // pass keeps its own.
 //
@@ -141,7 +142,7 @@ extern "C" __global__ __aicore__ void pasa_attention(GM_ADDR query, GM_ADDR key,
         if (repairTiling != nullptr) {
             CrossCoreWaitFlag(PASA_FLAG_FLAGS_READY);
             CrossCoreSetFlag<2, PIPE_FIX>(PASA_FLAG_FLAGS_SEEN);
-            if (pasa::HasFlaggedTask(tiling, t, workspace, core)) {
+            if (pasa::CoreFlagged(t, workspace, core)) {
                 PasaTilingData r;
                 pasa::LoadTiling(repairTiling, r);
                 CubePass(query, key, value, blockTable, nullptr, workspace, repairTiling, r);
@@ -154,7 +155,7 @@ extern "C" __global__ __aicore__ void pasa_attention(GM_ADDR query, GM_ADDR key,
             PipeBarrier<PIPE_ALL>();  // this core's task and row flags stored
             CrossCoreSetFlag<2, PIPE_MTE3>(PASA_FLAG_FLAGS_READY);
             CrossCoreWaitFlag(PASA_FLAG_FLAGS_SEEN);
-            if (pasa::HasFlaggedTask(tiling, t, workspace, core)) {
+            if (pasa::CoreFlagged(t, workspace, core)) {
                 PasaTilingData r;
                 pasa::LoadTiling(repairTiling, r);
                 VectorPass(mask, sink, out, lse, rowFlags, workspace, repairTiling, r);

@@ -77,7 +77,8 @@ enum StatSlot : uint32_t {
     RING = 16,                      // rescale factors of the last PASA_PV_DELAY + 1 blocks of the
                                     // stream (by stream position: a task's last folds run after the
                                     // next task's first softmaxes)
-    REL = 20,                       // fp16 rel(r): the row's position within its head's run, every row
+    REL = 20,                       // fp16 rel(r): the row's position within its head's run, every row;
+                                    // the unit's second half holds the core flag (CoreFlag)
     KEPT_SLOTS = 21,
     // a statistics group's: ROWSUM gathers a block's row sums over the group's chunks (each at its
     // rows in the group) until the group's statistics update reads them; T1 is scratch
@@ -158,7 +159,9 @@ public:
         flags_.aligned = Stat(FIN1).template ReinterpretCast<uint8_t>();
         flags_.task = Stat(TASK_BYTES).template ReinterpretCast<uint8_t>();
 
+        if (flags_.on && !flags_.repair) Duplicate(CoreFlag(), half(0.0f), 16);
         Stream(win);
+        if (flags_.on && !flags_.repair) StoreCoreFlag();
     }
 
 private:
@@ -252,6 +255,7 @@ private:
     __aicore__ inline void FlagRows(const LocalTensor<float>& x, const LocalTensor<float>& lseCheck);
     __aicore__ inline void ExactPeak(bool noKeys);
     __aicore__ inline void ResolvedRows();
+    __aicore__ inline void StoreCoreFlag();
 
     // ---------------------------------------------------------------- layout of the scratch
     __aicore__ inline LocalTensor<float> Stat(uint32_t slot)
@@ -280,6 +284,8 @@ private:
     __aicore__ inline uint32_t GroupRow() const { return c0_ % G_; }
     __aicore__ inline LocalTensor<float> M(uint32_t parity) { return Kept(M32 + 2 * tp_ + parity); }
     __aicore__ inline LocalTensor<float> L(uint32_t parity) { return Kept(L32 + 2 * tp_ + parity); }
+    // fp16 x 16, entry 0: the maximum of the AIV's task flags so far (flags on, outside the repair launch)
+    __aicore__ inline LocalTensor<half> CoreFlag() { return Stat16(REL)[all_]; }
     __aicore__ inline LocalTensor<half> Zeros16() { return Stat16(ONEZERO)[G_]; }  // G_ >= 16 zeros
     // masks_: the column index row (c = 0 .. n-1), rel broadcast one block a row, two bit tiles, row bits
     __aicore__ inline LocalTensor<half> ColumnRow() { return masks_.Get<half>(); }

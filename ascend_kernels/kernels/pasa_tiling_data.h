@@ -245,7 +245,9 @@ struct PasaTilingData {
                                // column sums' slots (one slot)
     uint64_t shiftMatrixOffset;  // pasa: M^T, kvBlock x kvBlock fp16; with shiftScores the score map instead: for
                                  // v = 0 .. kvBlock keys, fp32 [a_v, off_v] (pasa::FillScoreMap)
-    uint64_t taskFlagsOffset;  // overflowCheck: a 32-byte slot per (task, vector core half): its byte is 1 if a row is flagged
+    uint64_t taskFlagsOffset;  // overflowCheck: a 32-byte slot per (task, vector core half): its byte is 1 if a row is
+                               // flagged; then, without split kv, one per (AI Core of the launch, vector core half): 1 if
+                               // any of its tasks' bytes is (pasa::CoreFlagSlot)
     uint64_t workspaceBytes;   // total
 };
 

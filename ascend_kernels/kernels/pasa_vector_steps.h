@@ -474,7 +474,20 @@ __aicore__ inline void AttentionVector<OutT, InT>::Finish()
     if (flags_.on && !flags_.repair) {
         Cast(flags_.task, Stat16(TASK_FLAG), RoundMode::CAST_NONE, 32);
         StoreTaskFlag(*t_, *task_, rowBase_, flags_);
+        Max(CoreFlag(), CoreFlag(), Stat16(TASK_FLAG), 16);
     }
+}
+
+// After the AIV's last task: its core byte (CoreFlagSlot), 1 if any of its tasks' bytes is, for
+// the repair pass's CoreFlagged.
+template <typename OutT, typename InT>
+__aicore__ inline void AttentionVector<OutT, InT>::StoreCoreFlag()
+{
+    OrderPipes<HardEvent::MTE3_V>();  // the last task's byte has left flags_.task
+    Cast(flags_.task, CoreFlag(), RoundMode::CAST_NONE, 16);
+    OrderPipes<HardEvent::V_MTE3>();
+    DataCopyPad(flags_.tasks[CoreFlagSlot(*t_, static_cast<uint32_t>(GetBlockIdx()) / 2, sub_)], flags_.task,
+                DataCopyExtParams(1, 1, 0, 0, 0));
 }
 
 // End of a task for the chunk's rows: O / l and LSE = m (+ gamma F) + log l in fp32, the sink

@@ -367,6 +367,13 @@ MUTATIONS = [
     Mutation("kernel: the repair in the attention launch does not wait for the merge's flags", KERNEL_ATTENTION,
              "        SyncAll<false>();  // every task's flag bytes written by the merge\n", "",
              ("tests/ascend_kernels/test_ascendc_emu_overflow.py", "-k", "inside_the_attention_launch")),
+    # the attention launch's repair pass, started by the AI Core's core bytes
+    Mutation("kernel: a task's flag does not join its vector core's core flag", KERNEL_STEPS,
+             "        Max(CoreFlag(), CoreFlag(), Stat16(TASK_FLAG), 16);\n", "",
+             ("tests/ascend_kernels/test_ascendc_emu_overflow.py", "-k", "flag_and_repair_the_nonfinite_rows")),
+    Mutation("kernel: the vector cores never store their core bytes", KERNEL_VECTOR,
+             "        if (flags_.on && !flags_.repair) StoreCoreFlag();\n", "",
+             ("tests/ascend_kernels/test_ascendc_emu_overflow.py", "-k", "check_costs")),
     # head dims wider than L0B holds: the cube's pieces of columns
     Mutation("kernel: each piece of the score's contraction restarts its accumulation", KERNEL_CUBE,
              "PASA_UNIT_FLAG_MORE, false, k0 == 0));",
