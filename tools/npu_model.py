@@ -14,16 +14,21 @@ Writes ``npu_model.md`` and ``npu_model.json`` into ``--out``; ``--params`` prin
 parameter table as Markdown; ``--calibrate`` compares the model with the public figures
 measured on Atlas A2 hardware (``tools/npu_calibrate.py``); ``--sensitivity`` moves each
 parameter with a range alone to both ends and reports the pasa / fa-fp32 ratio's worst
-independent corner; ``--sim`` reports the instruction-level model of the simulator
+independent corner (``--cache FILE`` keeps its calibrations in FILE, so that a search cut short
+resumes where it stopped); ``--sim`` reports the instruction-level model of the simulator
 (``tools/npu_sim.py``) beside this one on the calibration problems of a few shapes.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing
+import os
 import pathlib
+import pickle
 import sys
+from typing import Optional
 
 from pasa_npu import npu_params
 from pasa_npu.tools.compare.progress import ProgressBar
@@ -87,6 +92,40 @@ def _calibration_of(job):
     """A pool worker's calibration of one (config, params) job."""
     config, params = job
     return calibration_or_refusal(config, params)
+
+
+def calibration_fingerprint() -> str:
+    """What a calibration depends on besides its config and parameters: the bytes of the
+    emulation's extension module (the kernels as built) and of the model's sources."""
+    from pasa_npu import _ascendc_emu
+    from pasa_npu.tools import npu_extrapolate
+    digest = hashlib.sha256()
+    for module in (_ascendc_emu, npu_params, npu_extrapolate):
+        digest.update(pathlib.Path(module.__file__).read_bytes())
+    return digest.hexdigest()
+
+
+def load_calibrations(path: Optional[str]) -> dict:
+    """The calibrations kept in ``path`` (none where it is None or absent). ValueError naming the
+    file where another build of the kernels or the model made them."""
+    if path is None or not os.path.exists(path):
+        return {}
+    with open(path, "rb") as f:
+        kept = pickle.load(f)
+    if kept.get("fingerprint") != calibration_fingerprint():
+        raise ValueError(f"--cache {path}: its calibrations were made by another build of the kernels or of the "
+                         "model (calibration_fingerprint differs); remove the file to start afresh")
+    return kept["fits"]
+
+
+def save_calibrations(path: Optional[str], fits: dict) -> None:
+    """Keep ``fits`` in ``path`` (replaced whole, never left half written); nothing where None."""
+    if path is None:
+        return
+    partial = f"{path}.partial"
+    with open(partial, "wb") as f:
+        pickle.dump(dict(fingerprint=calibration_fingerprint(), fits=fits), f)
+    os.replace(partial, path)
 
 
 def _calibrating(config) -> str:
@@ -317,7 +356,7 @@ def _ratio_cell(shape: Shape, params: dict, fit, algorithms, only: dict = None) 
 
 
 def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None, jobs: int = 1,
-                seeds=KNOWN_CORNERS) -> dict:
+                seeds=KNOWN_CORNERS, cache: Optional[str] = None) -> dict:
     """The pasa / fa-fp32 ratio per shape at the nominal parameters, with each parameter that
     has a range alone at its low and at its high end, and at each shape's worst independent
     corner. At the nominal parameters each allocation is at the tiling of tilings() where it is
@@ -334,10 +373,13 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
     alone. At each shape's worst corner both are then tuned among every tiling (``worst``'s
     ``tuned``), from the search's calibrations and more. ``names``: the parameters to vary
     (default: every one with a range). ``jobs``: processes that make the calibrations a
-    parameter point needs, before it is evaluated (the same figures as one process)."""
+    parameter point needs, before it is evaluated (the same figures as one process). ``cache``: a
+    file that keeps the calibrations as they are made and gives them back to a later search of
+    the same build (load_calibrations; the same figures as without)."""
     ranged = [p for p in npu_params.ALL if p.assumption and (names is None or p.name in names)]
     check_seeds(seeds)
-    fits = {}
+    fits = load_calibrations(cache)
+    saved = len(fits)
     pool = _calibration_pool(jobs)
 
     def key(config, params):
@@ -363,11 +405,15 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
         fits.update(zip(todo, pool.map(_calibration_of, list(todo.values()))))
 
     def evaluate(params, only=None):
+        nonlocal saved
         prefetch([(params, only)])
         out = {}
         for shape in shape_list if only is None else [only]:
             out[shape.name] = _ratio_cell(shape, params, fit, algorithms,
                                           {a: held.get((shape.name, a)) for a in algorithms})
+        if len(fits) > saved:
+            save_calibrations(cache, fits)
+            saved = len(fits)
         return out
 
     try:
@@ -505,6 +551,9 @@ def main(argv=None) -> int:
                         help="processes that make the calibrations (up to the cores here; not --calibrate, --sim)")
     parser.add_argument("--sim", action="store_true",
                         help="the instruction-level model (the simulator, ascend_kernels/sim) beside this one")
+    parser.add_argument("--cache", metavar="FILE",
+                        help="with --sensitivity: keep its calibrations in FILE as they are made, and take "
+                             "those FILE holds from an earlier search of the same build")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     if args.params:
@@ -512,6 +561,8 @@ def main(argv=None) -> int:
         return 0
     if args.jobs < 1:
         parser.error(f"--jobs: expected a whole number of processes >= 1, got {args.jobs}")
+    if args.cache is not None and not args.sensitivity:
+        parser.error(f"--cache {args.cache}: only the --sensitivity search keeps its calibrations")
     progress = ProgressBar(not args.quiet)
     out = pathlib.Path(args.out)
     try:
@@ -526,13 +577,13 @@ def main(argv=None) -> int:
                 return 2
             text, names = npu_sim.markdown(data), ["npu_sim.md", "npu_sim.json"]
         elif args.sensitivity:
-            data = sensitivity(shapes(args.sets or ["readme"]), progress, jobs=args.jobs)
+            data = sensitivity(shapes(args.sets or ["readme"]), progress, jobs=args.jobs, cache=args.cache)
             text, names = sensitivity_markdown(data), ["npu_sensitivity.md", "npu_sensitivity.json"]
         else:
             data = run(shapes(args.sets or ["paper", "sweep", "decode"]), args.algorithms, not args.no_band, progress,
                        jobs=args.jobs)
             text, names = markdown(data), ["npu_model.md", "npu_model.json"]
-    except WrongRunError as exc:
+    except (WrongRunError, ValueError) as exc:
         print(f"pasa-npu-model: {exc}", file=sys.stderr)
         return 1
     out.mkdir(parents=True, exist_ok=True)

@@ -343,6 +343,40 @@ def test_sensitivity_starts_from_a_known_corner_below_its_own_start(monkeypatch)
         npu_model.sensitivity([shape], lambda *a: None, names=names, seeds=(dict(vec_head_cycles=7),))
 
 
+def test_sensitivity_cache_resumes_a_cut_search_with_the_same_figures(monkeypatch, tmp_path):
+    """A search cut short keeps the calibrations it made in its cache file; a later search of the
+    same build takes them, makes only those it lacks and reports what an uncut search reports. A
+    file of another build is refused, naming the file."""
+    shape = npu_extrapolate.Shape("tiny", 1, 24, 24, 512, 2048, 64)
+    names = ("vec_head_cycles", "l2_aggregate_bytes_per_cycle")
+    monkeypatch.setattr(npu_model, "WORST_CORNER_PASSES", 1)
+    made = []
+    calibrate = npu_extrapolate.calibration_or_refusal
+    monkeypatch.setattr(npu_extrapolate, "calibration_or_refusal", lambda *a: made.append(a) or calibrate(*a))
+    whole = npu_model.sensitivity([shape], lambda *a: None, names=names, seeds=())
+    all_made = len(made)
+    cache = str(tmp_path / "fits.pkl")
+
+    class Cut(Exception):
+        pass
+
+    def cut_after_two_steps(done, total, what):
+        if done >= 2:  # the nominal point and vec_head_cycles' low end evaluated
+            raise Cut
+
+    made.clear()
+    with pytest.raises(Cut):
+        npu_model.sensitivity([shape], cut_after_two_steps, names=names, seeds=(), cache=cache)
+    kept = len(npu_model.load_calibrations(cache))
+    assert 0 < kept == len(made) < all_made
+    made.clear()
+    resumed = npu_model.sensitivity([shape], lambda *a: None, names=names, seeds=(), cache=cache)
+    assert resumed == whole and len(made) == all_made - kept
+    monkeypatch.setattr(npu_model, "calibration_fingerprint", lambda: "another build")
+    with pytest.raises(ValueError, match="fits.pkl"):
+        npu_model.load_calibrations(cache)
+
+
 def test_known_corners_are_corners_of_the_parameters_ranges():
     """Every corner the sensitivity search is seeded with names parameters that have a range, each
     at one of its three values, and not at the nominal point: a range changed in npu_params
