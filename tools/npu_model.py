@@ -95,13 +95,22 @@ def _calibration_of(job):
 
 
 def calibration_fingerprint() -> str:
-    """What a calibration depends on besides its config and parameters: the bytes of the
-    emulation's extension module (the kernels as built) and of the model's sources."""
+    """What a calibration depends on besides its config and parameters: in a checkout the
+    sources of the kernels, their host code and the emulation (``ascend_kernels/``), of the
+    package and of the extrapolation, so that machines that build the same sources share
+    calibrations; elsewhere the bytes of the emulation's extension module as built."""
     from pasa_npu import _ascendc_emu
     from pasa_npu.tools import npu_extrapolate
+    package = pathlib.Path(npu_params.__file__).parent
+    kernels = package.parent / "ascend_kernels"
+    files = [pathlib.Path(npu_extrapolate.__file__)] + sorted(package.glob("*.py"))
+    if kernels.is_dir():
+        files += sorted(f for part in ("kernels", "host", "emu") for f in (kernels / part).iterdir() if f.is_file())
+    else:
+        files.append(pathlib.Path(_ascendc_emu.__file__))
     digest = hashlib.sha256()
-    for module in (_ascendc_emu, npu_params, npu_extrapolate):
-        digest.update(pathlib.Path(module.__file__).read_bytes())
+    for f in files:
+        digest.update(f.name.encode() + b"\0" + f.read_bytes())
     return digest.hexdigest()
 
 
