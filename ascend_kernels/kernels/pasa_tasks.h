@@ -302,8 +302,8 @@ __aicore__ inline bool CoreFlagged(const PasaTilingData& t, GM_ADDR workspace, u
 
 // Whether AI Core `core` has a task whose flag bytes are set (work for the repair pass), of the
 // tasks `t` deals it (the repair pass's tiling deals the same ones): with split kv, where the
-// merge wrote the bytes. They (and the row flags) were written through MTE3: the scalar data cache drops what it holds first, so
-// that the scalar reads here and in the pass see them.
+// merge wrote the bytes. They (and the row flags) were written through MTE3: the scalar data
+// cache drops what it holds first, so that the scalar reads here and in the pass see them.
 __aicore__ inline bool HasFlaggedTask(GM_ADDR tiling, const PasaTilingData& t, GM_ADDR workspace, uint32_t core)
 {
     GlobalTensor<uint8_t> flags;
