@@ -114,26 +114,28 @@ def calibration_fingerprint() -> str:
     return digest.hexdigest()
 
 
-def load_calibrations(path: Optional[str]) -> dict:
-    """The calibrations kept in ``path`` (none where it is None or absent). ValueError naming the
-    file where another build of the kernels or the model made them."""
-    if path is None or not os.path.exists(path):
+class StaleCacheError(ValueError):
+    """A cache file whose calibrations another build of the kernels or the model made."""
+
+
+def load_calibrations(path: str, fingerprint: str) -> dict:
+    """The calibrations kept in ``path`` (none where it is absent). StaleCacheError naming the
+    file where they were made under another ``fingerprint`` (calibration_fingerprint)."""
+    if not os.path.exists(path):
         return {}
     with open(path, "rb") as f:
         kept = pickle.load(f)
-    if kept.get("fingerprint") != calibration_fingerprint():
-        raise ValueError(f"--cache {path}: its calibrations were made by another build of the kernels or of the "
-                         "model (calibration_fingerprint differs); remove the file to start afresh")
+    if kept.get("fingerprint") != fingerprint:
+        raise StaleCacheError(f"--cache {path}: its calibrations were made by another build of the kernels or of "
+                              "the model (calibration_fingerprint differs); remove the file to start afresh")
     return kept["fits"]
 
 
-def save_calibrations(path: Optional[str], fits: dict) -> None:
-    """Keep ``fits`` in ``path`` (replaced whole, never left half written); nothing where None."""
-    if path is None:
-        return
+def save_calibrations(path: str, fits: dict, fingerprint: str) -> None:
+    """Keep ``fits`` in ``path`` under ``fingerprint`` (replaced whole, never left half written)."""
     partial = f"{path}.partial"
     with open(partial, "wb") as f:
-        pickle.dump(dict(fingerprint=calibration_fingerprint(), fits=fits), f)
+        pickle.dump(dict(fingerprint=fingerprint, fits=fits), f)
     os.replace(partial, path)
 
 
@@ -387,7 +389,8 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
     the same build (load_calibrations; the same figures as without)."""
     ranged = [p for p in npu_params.ALL if p.assumption and (names is None or p.name in names)]
     check_seeds(seeds)
-    fits = load_calibrations(cache)
+    fingerprint = calibration_fingerprint() if cache is not None else None  # hashed once, not at every save
+    fits = load_calibrations(cache, fingerprint) if cache is not None else {}
     saved = len(fits)
     pool = _calibration_pool(jobs)
 
@@ -420,8 +423,8 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
         for shape in shape_list if only is None else [only]:
             out[shape.name] = _ratio_cell(shape, params, fit, algorithms,
                                           {a: held.get((shape.name, a)) for a in algorithms})
-        if len(fits) > saved:
-            save_calibrations(cache, fits)
+        if cache is not None and len(fits) > saved:
+            save_calibrations(cache, fits, fingerprint)
             saved = len(fits)
         return out
 
@@ -592,7 +595,7 @@ def main(argv=None) -> int:
             data = run(shapes(args.sets or ["paper", "sweep", "decode"]), args.algorithms, not args.no_band, progress,
                        jobs=args.jobs)
             text, names = markdown(data), ["npu_model.md", "npu_model.json"]
-    except (WrongRunError, ValueError) as exc:
+    except (WrongRunError, StaleCacheError) as exc:
         print(f"pasa-npu-model: {exc}", file=sys.stderr)
         return 1
     out.mkdir(parents=True, exist_ok=True)

@@ -367,14 +367,13 @@ def test_sensitivity_cache_resumes_a_cut_search_with_the_same_figures(monkeypatc
     made.clear()
     with pytest.raises(Cut):
         npu_model.sensitivity([shape], cut_after_two_steps, names=names, seeds=(), cache=cache)
-    kept = len(npu_model.load_calibrations(cache))
+    kept = len(npu_model.load_calibrations(cache, npu_model.calibration_fingerprint()))
     assert 0 < kept == len(made) < all_made
     made.clear()
     resumed = npu_model.sensitivity([shape], lambda *a: None, names=names, seeds=(), cache=cache)
     assert resumed == whole and len(made) == all_made - kept
-    monkeypatch.setattr(npu_model, "calibration_fingerprint", lambda: "another build")
-    with pytest.raises(ValueError, match="fits.pkl"):
-        npu_model.load_calibrations(cache)
+    with pytest.raises(npu_model.StaleCacheError, match="fits.pkl"):
+        npu_model.load_calibrations(cache, "another build")
 
 
 def test_known_corners_are_corners_of_the_parameters_ranges():
