@@ -289,26 +289,31 @@ __aicore__ inline uint64_t CoreFlagSlot(const PasaTilingData& t, uint32_t core, 
     return ((static_cast<uint64_t>(t.numTasks) + core) * 2 + sub) * PASA_TASK_FLAG_BYTES;
 }
 
+// The flag area (taskFlagsOffset) for the scalar unit's reads once the bytes are stored: they (and
+// the row flags) were written through MTE3, so the scalar data cache drops what it holds first.
+__aicore__ inline GlobalTensor<uint8_t> StoredFlags(const PasaTilingData& t, GM_ADDR workspace)
+{
+    GlobalTensor<uint8_t> flags;
+    flags.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(workspace + t.taskFlagsOffset));
+    DataCacheCleanAndInvalid<uint8_t, CacheLine::ENTIRE_DATA_CACHE, DcciDst::CACHELINE_OUT>(flags);
+    return flags;
+}
+
 // Whether AI Core `core` has a task whose flag bytes are set (work for the repair pass), from its
 // two core bytes (CoreFlagSlot; the attention launch without split kv, whose vector cores write
 // them once their last task is stored): two GM scalar reads, where HasFlaggedTask walks the tasks.
 __aicore__ inline bool CoreFlagged(const PasaTilingData& t, GM_ADDR workspace, uint32_t core)
 {
-    GlobalTensor<uint8_t> flags;
-    flags.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(workspace + t.taskFlagsOffset));
-    DataCacheCleanAndInvalid<uint8_t, CacheLine::ENTIRE_DATA_CACHE, DcciDst::CACHELINE_OUT>(flags);
+    GlobalTensor<uint8_t> flags = StoredFlags(t, workspace);
     return flags.GetValue(CoreFlagSlot(t, core, 0)) != 0 || flags.GetValue(CoreFlagSlot(t, core, 1)) != 0;
 }
 
 // Whether AI Core `core` has a task whose flag bytes are set (work for the repair pass), of the
 // tasks `t` deals it (the repair pass's tiling deals the same ones): with split kv, where the
-// merge wrote the bytes. They (and the row flags) were written through MTE3: the scalar data
-// cache drops what it holds first, so that the scalar reads here and in the pass see them.
+// merge wrote the bytes; the pass's iterator then reads them (StoredFlags).
 __aicore__ inline bool HasFlaggedTask(GM_ADDR tiling, const PasaTilingData& t, GM_ADDR workspace, uint32_t core)
 {
-    GlobalTensor<uint8_t> flags;
-    flags.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(workspace + t.taskFlagsOffset));
-    DataCacheCleanAndInvalid<uint8_t, CacheLine::ENTIRE_DATA_CACHE, DcciDst::CACHELINE_OUT>(flags);
+    StoredFlags(t, workspace);
     BatchTable batches;
     batches.Init(tiling, t);
     AttentionTaskIter it(t, batches, core, t.blockDim, t.kvSplits);
