@@ -436,3 +436,7 @@ def test_corner_budget_adds_up_to_the_modelled_call():
     assert b["cube_per_block"] < b["per_block"]
     assert b["coef"]["timeline_cycles"][:3] == (b["constant"], b["per_task"], b["per_block"])
     assert b["coef"]["busy_M"][2] == b["cube_per_block"]
+    # the shift's cube work a key block: at least M^T K_j's and the column sums' multiplies (a
+    # 16-row fractal of 16 x 16 x 16 a cycle), within the block's timeline
+    assert (256 * 256 * 128 + 16 * 256 * 128) / 4096 <= b["prep_cube_per_block"] <= b["prep_per_block"]
+    assert b["cube_idle_per_task"] == b["per_task"] - b["coef"]["busy_M"][1] > 0

@@ -7,8 +7,9 @@ Takes a shape's worst corner from a ``pasa-npu-model --sensitivity`` JSON, calib
 and pasa at the tile given under those parameters (runs checked against the fp64 golden, as
 every calibration is) and prints what the extrapolation adds up on the busiest AI Core: the
 launch, the fit's constant (and the scalar unit's share of it), the key preprocessing (its
-constant, its key blocks, the barrier's hops), the tasks' starts and ends, and the blocks, with
-the cube's busy cycles a block; then the call's cycles as ``extrapolate`` gives them. This is
+constant, its key blocks with the cube's busy cycles of each, the barrier's hops), the tasks'
+starts and ends with the cube's idle cycles there, and the blocks, with the cube's busy cycles
+a block; then the call's cycles as ``extrapolate`` gives them. This is
 the budget ``ascend_kernels/TIMING_MODEL.md`` quotes at the paper's worst corner. ``--pipes``
 adds each fitted quantity's terms (constant, a task, a block: each pipe's busy cycles, the
 read and write ports', the bytes and the instructions), where a task's or a block's cycles go.
@@ -43,12 +44,14 @@ def budget(shape: X.Shape, algorithm: str, q_block: int, kv_block: int, params: 
                tasks=len(busiest), per_task=per_task, blocks=sum(t[1] for t in busiest), per_block=per_block,
                cube_per_block=fit.per_block("busy_M"), call=result["cycles"], binding=result["binding"])
     out["coef"] = {q: tuple(float(x) for x in c) for q, c in fit.coef.items()}
+    out["cube_idle_per_task"] = per_task - fit.coef["busy_M"][1]
     out["prep"] = 0
     if fit.prep:
         key_blocks = shape.b * shape.hkv * -(-shape.skv // kv_block)
         out.update(prep_constant=fit.prep["timeline_cycles"][0],
                    prep_blocks=-(-key_blocks // min(int(params["core_num"]), key_blocks)),
                    prep_per_block=fit.prep["timeline_cycles"][1],
+                   prep_cube_per_block=fit.prep["busy_M"][1],
                    barrier=3 * params["cross_core_latency_cycles"])
         out["prep"] = out["prep_constant"] + out["prep_blocks"] * out["prep_per_block"] + out["barrier"]
     # the call's cycles where the busiest AI Core's timeline binds
@@ -77,7 +80,10 @@ def main(argv=None) -> int:
               f"(cube {b['cube_per_block']:.0f} a block)")
         if b["prep"]:
             print(f"  key preprocessing {b['prep']:.0f}: constant {b['prep_constant']:.0f}, {b['prep_blocks']} key "
-                  f"blocks x {b['prep_per_block']:.0f}, barrier {b['barrier']:.0f}")
+                  f"blocks x {b['prep_per_block']:.0f} (cube {b['prep_cube_per_block']:.0f} a key block), "
+                  f"barrier {b['barrier']:.0f}")
+        print(f"  the cube idle at a task's start and end: {b['cube_idle_per_task']:.0f} cycles, "
+              f"{b['tasks'] * b['cube_idle_per_task']:.0f} over the busiest AI Core's {b['tasks']} tasks")
         print(f"  the busiest AI Core's timeline, launch included: {b['timeline']:.0f}")
         if args.pipes:
             print(f"  {'quantity':22s} {'constant':>10s} {'a task':>9s} {'a block':>9s}")
