@@ -440,3 +440,27 @@ def test_corner_budget_adds_up_to_the_modelled_call():
     # 16-row fractal of 16 x 16 x 16 a cycle), within the block's timeline
     assert (256 * 256 * 128 + 16 * 256 * 128) / 4096 <= b["prep_cube_per_block"] <= b["prep_per_block"]
     assert b["cube_idle_per_task"] == b["per_task"] - b["coef"]["busy_M"][1] > 0
+
+
+def test_corner_budget_without_the_preprocessing_is_the_model_without_it():
+    """The budget's first what-if (no key preprocessing on the path) is what the model gives
+    with the preprocessing's fit taken out, and each later what-if changes the terms it names:
+    a task at fa-fp32's cost lowers pasa's call by the tasks' difference where its timeline binds."""
+    import dataclasses
+    from pasa_npu.tools.dev import corner_budget
+    shape = npu_extrapolate.Shape("paper", 1, 16, 16, 1280, 1280, 128)
+    params = npu_params.values(mmad_head_cycles=64, mte1_head_cycles=48, mte2_head_cycles=64, fix_head_cycles=64,
+                               scalar_issue_cycles=4, scalar_gm_access_cycles=40, cross_core_latency_cycles=1000,
+                               l2_aggregate_bytes_per_cycle=4324)
+    pasa = corner_budget.budget(shape, "pasa", 128, 256, params)
+    fa = corner_budget.budget(shape, "fa-fp32", 128, 256, params)
+    what_ifs = dict(corner_budget.what_ifs(pasa, fa))
+    fit = npu_extrapolate.calibrate(shape.config("pasa", 128, 256, False), params)
+    without = min((npu_extrapolate.extrapolate(shape, dataclasses.replace(fit, prep={}), params, tail_pieces=t)
+                   for t in npu_extrapolate.TAIL_CHOICES), key=lambda r: r["cycles"])
+    assert pasa["binding"] == without["binding"] == "path"
+    assert what_ifs["no key preprocessing on the path"] == pytest.approx(without["cycles"], rel=1e-9)
+    assert pasa["call"] - what_ifs["a task at fa-fp32's cost"] == pytest.approx(
+        pasa["tasks"] * (pasa["per_task"] - fa["per_task"]), rel=1e-9)
+    shifted = what_ifs["key blocks shifted at task boundaries"]
+    assert what_ifs["no key preprocessing on the path"] < shifted < pasa["call"]

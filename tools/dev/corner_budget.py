@@ -56,7 +56,29 @@ def budget(shape: X.Shape, algorithm: str, q_block: int, kv_block: int, params: 
         out["prep"] = out["prep_constant"] + out["prep_blocks"] * out["prep_per_block"] + out["barrier"]
     # the call's cycles where the busiest AI Core's timeline binds
     out["timeline"] = out["launch"] + c0 + out["tasks"] * per_task + out["blocks"] * per_block + out["prep"]
+    out["bounds"] = max(result["busy"]["L2"], result["busy"]["HBM"])  # the chip's shared bounds
     return out
+
+
+def what_ifs(pasa: dict, fa: dict) -> list:
+    """pasa's call with some of its terms changed, as (what, cycles): arithmetic on the budget's
+    terms, not modelled runs. The key preprocessing off the path; a task at fa-fp32's cost; and
+    the key blocks shifted at task boundaries (each task waiting for its own keys, no barrier):
+    the preprocessing's constant and one key block before the first task, then each later key
+    block on the path for the cycles its cube work exceeds the cube's idle cycles of a task."""
+    def call(prep=None, per_task=None, constant=None) -> float:
+        timeline = (pasa["timeline"] - pasa["prep"] + (pasa["prep"] if prep is None else prep)
+                    + pasa["tasks"] * ((per_task if per_task is not None else pasa["per_task"]) - pasa["per_task"])
+                    + (constant if constant is not None else pasa["constant"]) - pasa["constant"])
+        return pasa["launch"] + max(timeline - pasa["launch"], pasa["bounds"])
+    at_boundaries = (pasa["prep_constant"] + pasa["prep_per_block"] + (pasa["prep_blocks"] - 1)
+                     * max(0.0, pasa["prep_cube_per_block"] - pasa["cube_idle_per_task"]))
+    return [("no key preprocessing on the path", call(prep=0)),
+            ("a task at fa-fp32's cost", call(per_task=fa["per_task"])),
+            ("both", call(prep=0, per_task=fa["per_task"])),
+            ("key blocks shifted at task boundaries", call(prep=at_boundaries)),
+            ("  and a task at fa-fp32's cost", call(prep=at_boundaries, per_task=fa["per_task"])),
+            ("  and fa-fp32's constant as well", call(prep=at_boundaries, per_task=fa["per_task"], constant=fa["constant"]))]
 
 
 def main(argv=None) -> int:
@@ -72,8 +94,9 @@ def main(argv=None) -> int:
     nominal = npu_params.values()
     params = npu_params.values(**{k: v for k, v in worst["corner"].items() if v != nominal[k]})
     shape = next(s for s in shapes(["readme"]) if s.name == args.shape)
+    budgets = {}
     for algorithm in ("fa-fp32", "pasa"):
-        b = budget(shape, algorithm, *args.tile, params, args.vsums)
+        b = budgets[algorithm] = budget(shape, algorithm, *args.tile, params, args.vsums)
         print(f"{algorithm} {b['tile']}: call {b['call']:.0f} cycles ({b['binding']})")
         print(f"  launch {b['launch']:.0f}; constant {b['constant']:.0f} (scalar {b['scalar_constant']:.0f}); "
               f"{b['tasks']} tasks x {b['per_task']:.0f}; {b['blocks']} blocks x {b['per_block']:.0f} "
@@ -89,6 +112,11 @@ def main(argv=None) -> int:
             print(f"  {'quantity':22s} {'constant':>10s} {'a task':>9s} {'a block':>9s}")
             for quantity, (c0, per_task, per_block, *_) in sorted(b["coef"].items()):
                 print(f"  {quantity:22s} {round(c0):10d} {round(per_task):9d} {round(per_block):9d}")
+    fa, pasa = budgets["fa-fp32"], budgets["pasa"]
+    if pasa["prep"]:
+        print("pasa with some terms changed (arithmetic on the terms above, not modelled runs): cycles, fa-fp32 / pasa")
+        for what, cycles in what_ifs(pasa, fa):
+            print(f"  {what:40s} {cycles:9.0f}  {fa['call'] / cycles:.2f}x")
     return 0
 
 
