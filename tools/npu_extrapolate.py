@@ -56,9 +56,9 @@ PORTS = ("RD", "WR")
 #: the AI Core quantities whose largest is its cycles (:func:`_core_cycles`)
 CORE_BOUNDS = ("timeline_cycles", "busy_RD", "busy_WR")
 #: the key preprocessing's fitted quantities: its AI Core's timelines and port bounds, each
-#: added to the attention's own in the same launch, its GM bytes, and its cube's and vector
-#: cores' busy cycles (read by the corner budget, not added anywhere)
-PREP_QUANTITIES = CORE_BOUNDS + ("gm_bytes", "busy_M", "busy_V")
+#: added to the attention's own in the same launch, its GM bytes, and its cube's busy cycles
+#: (read by the corner budget, not added anywhere)
+PREP_QUANTITIES = CORE_BOUNDS + ("gm_bytes", "busy_M")
 QUANTITIES = ("core_cycles", "timeline_cycles", "gm_bytes", "exchange_bytes", "vector_instructions",
               "scalar_ub_accesses") + tuple(f"busy_{p}" for p in ascendc_emu.PIPES + PORTS)
 

@@ -66,11 +66,9 @@ def what_ifs(pasa: dict, fa: dict) -> list:
     the key blocks shifted at task boundaries (each task waiting for its own keys, no barrier):
     the preprocessing's constant and one key block before the first task, then each later key
     block on the path for the cycles its cube work exceeds the cube's idle cycles of a task."""
-    def call(prep=None, per_task=None, constant=None) -> float:
-        timeline = (pasa["timeline"] - pasa["prep"] + (pasa["prep"] if prep is None else prep)
-                    + pasa["tasks"] * ((per_task if per_task is not None else pasa["per_task"]) - pasa["per_task"])
-                    + (constant if constant is not None else pasa["constant"]) - pasa["constant"])
-        return pasa["launch"] + max(timeline - pasa["launch"], pasa["bounds"])
+    def call(prep=pasa["prep"], per_task=pasa["per_task"], constant=pasa["constant"]) -> float:
+        core = constant + pasa["tasks"] * per_task + pasa["blocks"] * pasa["per_block"] + prep
+        return pasa["launch"] + max(core, pasa["bounds"])
     at_boundaries = (pasa["prep_constant"] + pasa["prep_per_block"] + (pasa["prep_blocks"] - 1)
                      * max(0.0, pasa["prep_cube_per_block"] - pasa["cube_idle_per_task"]))
     return [("no key preprocessing on the path", call(prep=0)),
