@@ -4,9 +4,11 @@ report says it is a model, the calibration against measured figures runs, and th
 search finds the worst corner."""
 from __future__ import annotations
 
+import functools
 import itertools
-import re
+import json
 import pathlib
+import re
 
 import pytest
 
@@ -156,9 +158,17 @@ def test_a_tiling_the_kernels_refuse_is_not_a_candidate():
     assert config.kv_block == 128 and result["tflops"] > 0
 
 
-def test_report_is_labelled_a_model(tmp_path):
+@functools.lru_cache(maxsize=None)
+def _tiny_report(jobs: int) -> str:
+    """npu_model.run's result (as JSON, so that no test changes another's) for a small causal
+    shape, fa-fp32 and pasa with their band, its calibrations made by ``jobs`` processes."""
     shape = npu_extrapolate.Shape("tiny", 1, 2, 2, 512, 512, 64, causal=True)
-    result = npu_model.run([shape], ("fa-fp32", "pasa"), band=True, progress=lambda *a: None)
+    return json.dumps(npu_model.run([shape], ("fa-fp32", "pasa"), band=True, progress=lambda *a: None, jobs=jobs))
+
+
+@pytest.mark.xdist_group("npu_model_tiny_report")
+def test_report_is_labelled_a_model():
+    result = json.loads(_tiny_report(1))
     text = npu_model.markdown(result)
     assert text.startswith("**Modelled**") and "not measured on an NPU" in text
     cell = result["rows"][0]["pasa"]
@@ -166,12 +176,11 @@ def test_report_is_labelled_a_model(tmp_path):
     assert cell["binding"] in ("S", "V", "M", "MTE1", "MTE2", "MTE3", "FIX", "RD", "WR", "L2", "HBM", "path")
 
 
+@pytest.mark.xdist_group("npu_model_tiny_report")
 def test_report_from_several_processes_is_the_same():
     """The calibrations made by two processes give the figures one process gives, band
     included."""
-    shape = npu_extrapolate.Shape("tiny", 1, 2, 2, 512, 512, 64, causal=True)
-    one, two = (npu_model.run([shape], ("fa-fp32", "pasa"), band=True, progress=lambda *a: None, jobs=jobs)
-                for jobs in (1, 2))
+    one, two = (json.loads(_tiny_report(jobs)) for jobs in (1, 2))
     assert npu_model.markdown(one) == npu_model.markdown(two)
 
 
@@ -250,11 +259,13 @@ def test_cli_refuses_a_process_count_below_one(mode, capsys):
     assert "--jobs: expected a whole number of processes >= 1, got 0" in capsys.readouterr().err
 
 
-def test_calibration_compares_with_the_measured_figures(tmp_path):
+def test_calibration_compares_with_the_measured_figures(tmp_path, monkeypatch):
     """--calibrate writes both comparisons: PTO FA's stage fit per 256-key tile (QK + PV =
     2487 + 1617 = 4104 on the cube, softmax + update = 2489 + 834 = 3323 on the vector cores)
-    and the 910B2 timings from 1k to 32k (torch_npu 150.8 and PTO 168.5 TFLOP/s at 32k), next
-    to the model's figures, labelled as such."""
+    and the 910B2 timings (torch_npu 150.8 and PTO 168.5 TFLOP/s at 32k), next to the model's
+    figures, labelled as such."""
+    sizes = (1024, 32768)  # the first and last of the measured figures; the others only repeat the rows
+    monkeypatch.setattr(npu_calibrate, "MEASURED_910B2", {s: npu_calibrate.MEASURED_910B2[s] for s in sizes})
     assert npu_model.main(["--calibrate", "--quiet", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "npu_calibrate.md").read_text()
     assert "| 4104 |" in text and "| 3323 |" in text and "(5104 on the board)" in text
@@ -267,12 +278,48 @@ def test_calibration_compares_with_the_measured_figures(tmp_path):
     assert npu_calibrate.implied_l2_bytes_per_cycle(168.5) == pytest.approx(640 * 1024 * 24 / 4301, rel=1e-3)
 
 
+#: the grids' calibrations, kept for the tests of this module in one process: a calibration
+#: depends on the parameters but those that enter only the launch total
+#: (test_launch_only_parameters_leave_the_calibration_alone)
+_GRID_FITS = {}
+
+
+def _grid_fit(config, params):
+    kept = tuple(sorted((k, v) for k, v in params.items() if k not in npu_model._LAUNCH_ONLY))
+    return npu_extrapolate.cached_calibration(_GRID_FITS, (config, kept), config, params)
+
+
 def _ratio(shape, params, pasa_tilings=None):
     """pasa / fa-fp32 modelled TFLOP/s of ``shape`` under ``params``: fa-fp32 at its fastest
     tiling, pasa at its fastest among the (q_block, kv_block) ``pasa_tilings`` or among all."""
-    fa = npu_extrapolate.fastest(shape, "fa-fp32", params, npu_extrapolate.calibrate)[1]
-    pasa = npu_extrapolate.fastest(shape, "pasa", params, npu_extrapolate.calibrate, pasa_tilings)[1]
+    fa = npu_extrapolate.fastest(shape, "fa-fp32", params, _grid_fit)[1]
+    pasa = npu_extrapolate.fastest(shape, "pasa", params, _grid_fit, pasa_tilings)[1]
     return pasa["tflops"] / fa["tflops"]
+
+
+def test_launch_only_parameters_leave_the_calibration_alone():
+    """The search calibrates once for every value of the parameters that enter only the launch
+    total (the aggregate L2 and HBM rates, the launch overhead): at the other end of each one's
+    range an emulated run's launch figure moves, and a calibration's fit is the nominal one."""
+    shape = npu_extrapolate.Shape("tiny", 1, 2, 2, 512, 512, 64)
+    config = shape.config("pasa", 128, 256)
+    nominal = npu_extrapolate.calibrate(config, npu_params.values())
+
+    def launch(params):
+        att = npu_extrapolate.emulate("pasa", 1, 2, 2, 512, 512, 64, False, dict(params, core_num=2), 128, 256)
+        return att["attention"]
+
+    moves = dict(l2_aggregate_bytes_per_cycle="l2_bound_cycles", hbm_aggregate_bytes_per_cycle="hbm_bound_cycles",
+                 launch_overhead_cycles="cycles")
+    assert set(moves) == set(npu_model._LAUNCH_ONLY)
+    base = launch(npu_params.values())
+    by_name = {p.name: p for p in npu_params.ALL}
+    for name, figure in moves.items():
+        p = by_name[name]
+        params = npu_params.values(**{name: p.high if p.value != p.high else p.low})
+        assert launch(params)[figure] != base[figure], name
+        got = npu_extrapolate.calibrate(config, params)
+        assert (got.coef, got.prep, got.golden_rmse) == (nominal.coef, nominal.prep, nominal.golden_rmse), name
 
 
 def _nominal_tiling(shape, algorithm):
@@ -280,6 +327,7 @@ def _nominal_tiling(shape, algorithm):
     return config.q_block, config.kv_block
 
 
+@pytest.mark.xdist_group("npu_model_grid")  # one process: they share the grid's calibrations
 def test_sensitivity_finds_the_worst_corner():
     """With two parameters varied, the search's worst corner is the lowest ratio of the 3 x 3
     grid of their low, nominal and high values, each corner evaluated on its own; the one-at-a-
@@ -316,16 +364,19 @@ def test_sensitivity_finds_the_worst_corner():
     assert f"| {both_tuned:.2f} ({worst['tuned']['pasa']['tflops']:.1f}, " in text
 
 
-def test_sensitivity_starts_from_a_known_corner_below_its_own_start(monkeypatch):
+@pytest.mark.xdist_group("npu_model_grid")  # one process: they share the grid's calibrations
+def test_sensitivity_starts_from_a_known_corner_below_its_own_start(monkeypatch, tmp_path):
     """A seed (a corner found by an earlier search) lower than the search's own start is where
     the search starts: with no passes, its worst corner is the seed's, at the ratio the seed's
     parameters give evaluated on their own; without the seed it is the one-at-a-time start. A
-    seed's parameter off its range's ends is refused, naming it."""
+    seed's parameter off its range's ends is refused, naming it. The seeded search takes the
+    calibrations of the first from its cache file."""
     shape = npu_extrapolate.Shape("tiny", 1, 24, 24, 512, 2048, 64)
     names = ("vec_head_cycles", "l2_aggregate_bytes_per_cycle")
     by_name = {p.name: p for p in npu_params.ALL}
     monkeypatch.setattr(npu_model, "WORST_CORNER_PASSES", 0)
-    own = npu_model.sensitivity([shape], lambda *a: None, names=names, jobs=2, seeds=())
+    cache = str(tmp_path / "fits.pkl")
+    own = npu_model.sensitivity([shape], lambda *a: None, names=names, jobs=2, seeds=(), cache=cache)
     searched = npu_model.search_tilings(shape, _nominal_tiling(shape, "pasa"))
     grid = {}
     for a, b in itertools.product(*[(by_name[n].low, by_name[n].value, by_name[n].high) for n in names]):
@@ -334,7 +385,7 @@ def test_sensitivity_starts_from_a_known_corner_below_its_own_start(monkeypatch)
     lower = [c for c in grid if grid[c] < grid[own_corner] - 1e-9]
     assert lower, "the test needs a grid point below the one-at-a-time start"
     seed = dict(zip(names, min(lower, key=grid.get)))
-    seeded = npu_model.sensitivity([shape], lambda *a: None, names=names, jobs=2,
+    seeded = npu_model.sensitivity([shape], lambda *a: None, names=names, jobs=2, cache=cache,
                                    seeds=(dict(seed, mte1_head_cycles=by_name["mte1_head_cycles"].high),))
     assert seeded["worst"]["tiny"]["corner"] == seed  # parameters not varied are left nominal
     assert seeded["worst"]["tiny"]["result"]["ratio"] == pytest.approx(grid[tuple(seed.values())], rel=1e-9)
@@ -347,7 +398,7 @@ def test_sensitivity_cache_resumes_a_cut_search_with_the_same_figures(monkeypatc
     """A search cut short keeps the calibrations it made in its cache file; a later search of the
     same build takes them, makes only those it lacks and reports what an uncut search reports. A
     file of another build is refused, naming the file."""
-    shape = npu_extrapolate.Shape("tiny", 1, 24, 24, 512, 2048, 64)
+    shape = npu_extrapolate.Shape("tiny", 1, 2, 2, 512, 512, 64)
     names = ("vec_head_cycles", "l2_aggregate_bytes_per_cycle")
     monkeypatch.setattr(npu_model, "WORST_CORNER_PASSES", 1)
     made = []
@@ -387,15 +438,18 @@ def test_known_corners_are_corners_of_the_parameters_ranges():
         npu_model.check_seeds((dict(clock_mhz=1),))
 
 
-def test_sensitivity_searches_shapes_side_by_side_as_one_by_one():
+def test_sensitivity_searches_shapes_side_by_side_as_one_by_one(tmp_path):
     """The shapes' worst-corner searches run side by side (one pool batch per step for every
-    shape still moving): each shape ends at the corner, and ratio, that its search alone finds."""
+    shape still moving): each shape ends at the corner, and ratio, that its search alone finds.
+    The searches alone take the calibrations the first made from its cache file (the same
+    figures: test_sensitivity_cache_resumes_a_cut_search_with_the_same_figures)."""
     shapes = [npu_extrapolate.Shape("tiny", 1, 2, 2, 512, 512, 64),
               npu_extrapolate.Shape("tiny d=128", 1, 2, 2, 512, 512, 128)]
     names = ("vec_head_cycles", "l2_aggregate_bytes_per_cycle")  # the L2 rate needs no calibration
-    both = npu_model.sensitivity(shapes, lambda *a: None, names=names, jobs=2)
+    cache = str(tmp_path / "fits.pkl")
+    both = npu_model.sensitivity(shapes, lambda *a: None, names=names, jobs=2, cache=cache)
     for shape in shapes:
-        alone = npu_model.sensitivity([shape], lambda *a: None, names=names, jobs=2)
+        alone = npu_model.sensitivity([shape], lambda *a: None, names=names, jobs=2, cache=cache)
         assert both["worst"][shape.name]["corner"] == alone["worst"][shape.name]["corner"]
         assert both["worst"][shape.name]["result"]["ratio"] == alone["worst"][shape.name]["result"]["ratio"]
 
