@@ -327,6 +327,34 @@ def _nominal_tiling(shape, algorithm):
     return config.q_block, config.kv_block
 
 
+def test_sensitivity_moves_one_parameter_at_a_time_to_a_corner_no_parameter_alone_shows(monkeypatch):
+    """The search on a made-up ratio of two parameters (no calibration): it starts where each
+    parameter alone lowered the ratio (vec_head_cycles low, mmad_head_cycles nominal), then
+    moves one parameter at a time to its low, nominal or high value while the ratio falls, so in
+    one pass it ends at mmad_head_cycles' high end, which raised the ratio alone (from the
+    nominal point one pass would end at vec_head_cycles' low end only)."""
+    vec, mmad = (next(p for p in npu_params.ALL if p.name == n) for n in ("vec_head_cycles", "mmad_head_cycles"))
+    made_up = {(vec.value, mmad.value): 1.10, (vec.low, mmad.value): 1.00, (vec.high, mmad.value): 1.05,
+               (vec.value, mmad.low): 1.12, (vec.value, mmad.high): 1.15, (vec.low, mmad.high): 0.90}
+    evaluated = []
+
+    def cell(shape, params, fit, algorithms, only=None):
+        point = (params[vec.name], params[mmad.name])
+        evaluated.append(point)
+        one = dict(q_block=128, kv_block=128, vector_prob_sums=False, golden_rmse=0.0)
+        return {"pasa": dict(one, tflops=made_up.get(point, 1.20)), "fa-fp32": dict(one, tflops=1.0),
+                "ratio": made_up.get(point, 1.20)}
+
+    monkeypatch.setattr(npu_model, "_ratio_cell", cell)
+    monkeypatch.setattr(npu_model, "WORST_CORNER_PASSES", 1)
+    shape = npu_extrapolate.Shape("tiny", 1, 2, 2, 512, 512, 64)
+    got = npu_model.sensitivity([shape], lambda *a: None, names=(vec.name, mmad.name), seeds=())
+    assert got["worst"]["tiny"]["corner"] == {mmad.name: mmad.high, vec.name: vec.low}
+    assert got["worst"]["tiny"]["result"]["ratio"] == 0.90
+    assert (vec.low, mmad.low) in evaluated  # the pass tried mmad_head_cycles' other end too
+    assert got["alone"][mmad.name]["high"]["tiny"]["ratio"] == 1.15
+
+
 @pytest.mark.xdist_group("npu_model_grid")  # one process: they share the grid's calibrations
 def test_sensitivity_finds_the_worst_corner():
     """With two parameters varied, the search's worst corner is the lowest ratio of the 3 x 3
