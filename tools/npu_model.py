@@ -294,6 +294,12 @@ def markdown(result) -> str:
 _LAUNCH_ONLY = ("l2_aggregate_bytes_per_cycle", "hbm_aggregate_bytes_per_cycle", "launch_overhead_cycles")
 
 
+def calibration_key(config, params: dict) -> tuple:
+    """What a calibration of ``config`` under ``params`` depends on: the config and the timing
+    parameters but those that enter only the launch total (the key the calibrations are kept by)."""
+    return config, tuple(sorted((k, v) for k, v in npu_params.timing_only(params).items() if k not in _LAUNCH_ONLY))
+
+
 #: passes of the coordinate search for a shape's worst corner
 WORST_CORNER_PASSES = 3
 #: away from the nominal parameters the search tunes pasa among the tilings of at most this many
@@ -394,12 +400,8 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
     saved = len(fits)
     pool = _calibration_pool(jobs)
 
-    def key(config, params):
-        return config, tuple(sorted((k, v) for k, v in npu_params.timing_only(params).items()
-                                    if k not in _LAUNCH_ONLY))
-
     def fit(config, params):
-        return cached_calibration(fits, key(config, params), config, params)
+        return cached_calibration(fits, calibration_key(config, params), config, params)
 
     held = {}  # (shape name, allocation): the tilings it is evaluated at; absent: every one
 
@@ -412,8 +414,9 @@ def sensitivity(shape_list, progress, algorithms=("fa-fp32", "pasa"), names=None
             for shape in shape_list if only is None else [only]:
                 for a in algorithms:
                     for c in calibrations(shape, a, params, held.get((shape.name, a))):
-                        if key(c, params) not in fits:
-                            todo[key(c, params)] = (c, params)
+                        key = calibration_key(c, params)
+                        if key not in fits:
+                            todo[key] = (c, params)
         fits.update(zip(todo, pool.map(_calibration_of, list(todo.values()))))
 
     def evaluate(params, only=None):

@@ -278,15 +278,14 @@ def test_calibration_compares_with_the_measured_figures(tmp_path, monkeypatch):
     assert npu_calibrate.implied_l2_bytes_per_cycle(168.5) == pytest.approx(640 * 1024 * 24 / 4301, rel=1e-3)
 
 
-#: the grids' calibrations, kept for the tests of this module in one process: a calibration
-#: depends on the parameters but those that enter only the launch total
+#: the grids' calibrations, kept for the tests of this module in one process by the search's
+#: own key, which leaves out the parameters that enter only the launch total
 #: (test_launch_only_parameters_leave_the_calibration_alone)
 _GRID_FITS = {}
 
 
 def _grid_fit(config, params):
-    kept = tuple(sorted((k, v) for k, v in params.items() if k not in npu_model._LAUNCH_ONLY))
-    return npu_extrapolate.cached_calibration(_GRID_FITS, (config, kept), config, params)
+    return npu_extrapolate.cached_calibration(_GRID_FITS, npu_model.calibration_key(config, params), config, params)
 
 
 def _ratio(shape, params, pasa_tilings=None):
