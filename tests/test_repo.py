@@ -106,6 +106,16 @@ def test_every_mutation_finds_its_snippet_once():
     assert not stale, stale
 
 
+def test_readme_counts_the_mutations_the_check_plants():
+    """The README's count of planted bugs is the mutation list's length."""
+    import re
+
+    from pasa_npu.tools.dev import mutation_list
+
+    said = re.findall(r"mutation_check\.py` plants (\d+) bugs", (ROOT / "README.md").read_text())
+    assert said == [str(len(mutation_list.MUTATIONS))], said
+
+
 def test_test_files_named_elsewhere_exist():
     """The tests are laid out like the source (tests/api/, tests/fallback/triton/, ...): every
     test file the CI scripts, the development tools and the docs name is where they say, and

@@ -1,12 +1,14 @@
 """Mutation check of the test suite (a development tool; not installed with the package).
 
-    python tools/dev/mutation_check.py [--only NAME ...] [--jobs N] [--list] [--no-baseline]
+    python tools/dev/mutation_check.py [--only NAME ...] [--jobs N] [--list] [--no-baseline] [--quiet]
 
 Each mutation is a small deliberate bug: a file, a snippet of it that must occur there
 exactly once (so that code which moved is noticed, not silently skipped) and its
 replacement. For each, the tool copies the working tree to a temporary directory, applies
 the mutation, rebuilds the AscendC emulation extension there when the mutation is in its
-C++ sources, and runs the tests chosen to catch it. It prints a table (mutation, caught or
+C++ sources, and runs the tests chosen to catch it. A progress bar on stderr counts the
+selections of the baseline, then the mutations as they finish, with how many went uncaught
+so far (``--quiet``: none). At the end it prints a table (mutation, caught or
 not, by which test, seconds) and how many each test file caught first, and exits 0 only if
 every mutation was caught: 1 if one was not, 2 if a snippet does not match exactly once or
 the unmutated tree fails the tests.
@@ -36,6 +38,8 @@ if str(Path(__file__).resolve().parent) not in sys.path:  # run as a script or w
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mutation_list import MUTATIONS, Mutation  # noqa: E402
+
+from pasa_npu.tools.compare.progress import ProgressBar  # noqa: E402
 
 
 @dataclass
@@ -147,13 +151,27 @@ def _run_one(mutation: Mutation, base: Path, workdir: Path) -> Outcome:
     return Outcome(mutation, False, why, time.monotonic() - start)
 
 
-def _baseline(selections: set, base: Path, workdir: Path, jobs: int) -> list[str]:
+def _in_pool(work, items: list, jobs: int, progress, label) -> list:
+    """``work`` of each item, ``jobs`` at once, in the items' order; ``progress(done, total,
+    label(item, result))`` as each finishes."""
+    results = [None] * len(items)
+    progress(0, len(items), "starting")
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        futures = {pool.submit(work, item): i for i, item in enumerate(items)}
+        for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
+            i = futures[future]
+            results[i] = future.result()
+            progress(done, len(items), label(items[i], results[i]))
+    return results
+
+
+def _baseline(selections: list, base: Path, workdir: Path, jobs: int, progress) -> list[str]:
     """The unmutated tree passes every selection (else "caught" would mean nothing)."""
     tree = workdir / "baseline"
     _mutant_tree(base, tree)
-    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        runs = dict(zip(selections, pool.map(lambda s: _pytest(tree, s), selections)))
-    return [f"{' '.join(s)}: {by}" for s, (rc, by, _) in runs.items() if rc != 0]
+    runs = _in_pool(lambda s: _pytest(tree, s), selections, jobs, progress,
+                    lambda s, run: f"baseline {Path(s[0]).stem}")
+    return [f"{' '.join(s)}: {by}" for s, (rc, by, _) in zip(selections, runs) if rc != 0]
 
 
 def _mismatches(mutations) -> list[str]:
@@ -193,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip running the selected tests on the unmutated tree first")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     mutations = [m for m in MUTATIONS if not args.only or m.name in args.only]
     if args.only and len(mutations) != len(set(args.only)):
@@ -214,12 +233,20 @@ def main(argv: list[str] | None = None) -> int:
         _base_tree(base)
         _check_imports(base)
         if not args.no_baseline:
-            failing = _baseline({m.tests for m in mutations}, base, workdir, args.jobs)
+            selections = list(dict.fromkeys(m.tests for m in mutations))
+            failing = _baseline(selections, base, workdir, args.jobs, ProgressBar(not args.quiet))
             if failing:
                 print("the unmutated tree fails:\n" + "\n".join(failing), file=sys.stderr)
                 return 2
-        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-            outcomes = list(pool.map(lambda m: _run_one(m, base, workdir), mutations))
+        missed_so_far = []
+
+        def label(mutation: Mutation, outcome: Outcome) -> str:
+            if not outcome.caught:
+                missed_so_far.append(mutation.name)
+            return f"{len(missed_so_far)} not caught; {mutation.name}"
+
+        outcomes = _in_pool(lambda m: _run_one(m, base, workdir), mutations, args.jobs,
+                            ProgressBar(not args.quiet), label)
     print(_table(outcomes))
     print("\ncaught first by:\n" + _by_family(outcomes))
     missed = [o.mutation.name for o in outcomes if not o.caught]
