@@ -6,7 +6,9 @@ Each mutation is a small deliberate bug: a file, a snippet of it that must occur
 exactly once (so that code which moved is noticed, not silently skipped) and its
 replacement. For each, the tool copies the working tree to a temporary directory, applies
 the mutation, rebuilds the AscendC emulation extension there when the mutation is in its
-C++ sources, and runs the tests chosen to catch it. A progress bar on stderr counts the
+C++ sources, and runs the tests chosen to catch it: a test that fails catches it, and so
+does one whose process a signal kills (the unmutated tree passes the same tests, and
+pytest-xdist, as CI runs the suite, fails a test whose worker crashed). A progress bar on stderr counts the
 selections of the baseline, then the mutations as they finish, with how many went uncaught
 so far (``--quiet``: none). At the end it prints a table (mutation, caught or
 not, by which test, seconds) and how many each test file caught first, and exits 0 only if
@@ -124,11 +126,16 @@ def _test_env() -> dict:
 
 
 def _pytest(tree: Path, tests: tuple[str, ...]) -> tuple[int, str, float]:
+    """pytest's status on ``tests`` in ``tree``, the first test that failed (or, for a process
+    killed by a signal, the test faulthandler shows it in) else the output's end, and seconds."""
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rf", "-p",
                            "no:cacheprovider", *tests], cwd=tree, capture_output=True,
                           text=True, env=_test_env())
     failed = re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", done.stdout, flags=re.M)
+    if done.returncode < 0:
+        frames = re.findall(r'File "[^"]*?/(tests/[^"]*\.py)", line \d+ in (test_\w+)', done.stderr)
+        failed = [f"{path}::{name}" for path, name in frames[-1:]]  # the outermost test frame
     return done.returncode, (failed[0] if failed else done.stdout[-300:]), time.monotonic() - start
 
 
@@ -147,6 +154,8 @@ def _run_one(mutation: Mutation, base: Path, workdir: Path) -> Outcome:
         shutil.rmtree(tree.parent, ignore_errors=True)
     if rc == 1:
         return Outcome(mutation, True, by, time.monotonic() - start)
+    if rc < 0:  # a test process killed by a signal: pytest-xdist, as CI runs it, fails that test
+        return Outcome(mutation, True, f"crashed (signal {-rc}): {by}", time.monotonic() - start)
     why = "no test failed" if rc == 0 else f"pytest status {rc}: {by}"
     return Outcome(mutation, False, why, time.monotonic() - start)
 
