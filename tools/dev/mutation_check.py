@@ -5,15 +5,15 @@
 Each mutation is a small deliberate bug: a file, a snippet of it that must occur there
 exactly once (so that code which moved is noticed, not silently skipped) and its
 replacement. For each, the tool copies the working tree to a temporary directory, applies
-the mutation, rebuilds the AscendC emulation extension there when the mutation is in its
-C++ sources, and runs the tests chosen to catch it: a test that fails catches it, and so
-does one whose process a signal kills (the unmutated tree passes the same tests, and
-pytest-xdist, as CI runs the suite, fails a test whose worker crashed). A progress bar on stderr counts the
-selections of the baseline, then the mutations as they finish, with how many went uncaught
-so far (``--quiet``: none). At the end it prints a table (mutation, caught or
-not, by which test, seconds) and how many each test file caught first, and exits 0 only if
-every mutation was caught: 1 if one was not, 2 if a snippet does not match exactly once or
-the unmutated tree fails the tests.
+the mutation, rebuilds the AscendC emulation extension there when the mutation is in its C++
+sources, and runs the tests chosen to catch it: a test that fails catches it, and so does
+one whose process a signal kills (the unmutated tree passes the same tests, and
+pytest-xdist, as CI runs the suite, fails a test whose worker crashed). A progress bar on
+stderr counts the selections of the baseline, then the mutations as they finish, with how
+many went uncaught so far (``--quiet``: none). At the end it prints a table (mutation,
+caught or not, by which test, seconds) and how many each test file caught first, and exits 0
+only if every mutation was caught: 1 if one was not, 2 if a snippet does not match exactly
+once or the unmutated tree fails the tests.
 
 The tests run in the copy against the copy's code: ``fallback/`` and ``tools/`` are linked
 into the copy's ``pasa_npu/`` as the install maps them, the built extension is copied (or
