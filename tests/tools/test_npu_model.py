@@ -16,6 +16,9 @@ emu = pytest.importorskip("pasa_npu._ascendc_emu", reason="the ascendc-emu exten
 from pasa_npu import npu_params  # noqa: E402
 from pasa_npu.tools import npu_calibrate, npu_extrapolate, npu_model  # noqa: E402
 
+#: the model's parameters by name
+PARAMS = {p.name: p for p in npu_params.ALL}
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -40,7 +43,6 @@ def test_pasa_takes_its_row_sums_of_p_where_they_are_faster():
     tiling = ((128, 256),)
     assert [c.vector_prob_sums for c in npu_extrapolate.candidates(shape, "pasa", tiling)] == [False, True]
     assert [c.vector_prob_sums for c in npu_extrapolate.candidates(shape, "fa-fp32", tiling)] == [False]
-    by_name = {p.name: p for p in npu_params.ALL}
     fits = {}
 
     def fit(config, params, only=None):
@@ -49,8 +51,8 @@ def test_pasa_takes_its_row_sums_of_p_where_they_are_faster():
         return npu_extrapolate.cached_calibration(fits, (config, tuple(sorted(params.items()))), config, params)
 
     for vector, cube in (("low", "high"), ("high", "low")):
-        params = npu_params.values(vec_head_cycles=getattr(by_name["vec_head_cycles"], vector),
-                                   mmad_head_cycles=getattr(by_name["mmad_head_cycles"], cube))
+        params = npu_params.values(vec_head_cycles=getattr(PARAMS["vec_head_cycles"], vector),
+                                   mmad_head_cycles=getattr(PARAMS["mmad_head_cycles"], cube))
         config, result = npu_extrapolate.fastest(shape, "pasa", params, fit, tiling)
         alone = {v: npu_extrapolate.fastest(shape, "pasa", params, lambda c, p, v=v: fit(c, p, v), tiling)[1]["tflops"]
                  for v in (False, True)}
@@ -312,9 +314,8 @@ def test_launch_only_parameters_leave_the_calibration_alone():
                  launch_overhead_cycles="cycles")
     assert set(moves) == set(npu_model._LAUNCH_ONLY)
     base = launch(npu_params.values())
-    by_name = {p.name: p for p in npu_params.ALL}
     for name, figure in moves.items():
-        p = by_name[name]
+        p = PARAMS[name]
         params = npu_params.values(**{name: p.high if p.value != p.high else p.low})
         assert launch(params)[figure] != base[figure], name
         got = npu_extrapolate.calibrate(config, params)
@@ -332,7 +333,7 @@ def test_sensitivity_moves_one_parameter_at_a_time_to_a_corner_no_parameter_alon
     moves one parameter at a time to its low, nominal or high value while the ratio falls, so in
     one pass it ends at mmad_head_cycles' high end, which raised the ratio alone (from the
     nominal point one pass would end at vec_head_cycles' low end only)."""
-    vec, mmad = (next(p for p in npu_params.ALL if p.name == n) for n in ("vec_head_cycles", "mmad_head_cycles"))
+    vec, mmad = PARAMS["vec_head_cycles"], PARAMS["mmad_head_cycles"]
     made_up = {(vec.value, mmad.value): 1.10, (vec.low, mmad.value): 1.00, (vec.high, mmad.value): 1.05,
                (vec.value, mmad.low): 1.12, (vec.value, mmad.high): 1.15, (vec.low, mmad.high): 0.90}
     evaluated = []
@@ -365,13 +366,12 @@ def test_sensitivity_finds_the_worst_corner():
     shape = npu_extrapolate.Shape("tiny", 1, 24, 24, 512, 2048, 64)
     names = ("vec_head_cycles", "l2_aggregate_bytes_per_cycle")
     got = npu_model.sensitivity([shape], lambda *a: None, names=names, jobs=2)
-    by_name = {p.name: p for p in npu_params.ALL}
     nominal_tiling = _nominal_tiling(shape, "pasa")
     assert nominal_tiling[1] > 256
     searched = (nominal_tiling, (128, 128), (128, 256), (256, 128), (256, 256))
     assert set(npu_model.search_tilings(shape, nominal_tiling)) == set(searched)
     grid = {}
-    for a, b in itertools.product(*[(by_name[n].low, by_name[n].value, by_name[n].high) for n in names]):
+    for a, b in itertools.product(*[(PARAMS[n].low, PARAMS[n].value, PARAMS[n].high) for n in names]):
         grid[(a, b)] = _ratio(shape, npu_params.values(**dict(zip(names, (a, b)))), searched)
     worst = got["worst"]["tiny"]
     assert (worst["result"]["pasa"]["q_block"], worst["result"]["pasa"]["kv_block"]) in searched
@@ -380,10 +380,10 @@ def test_sensitivity_finds_the_worst_corner():
     assert worst["result"]["ratio"] <= both_tuned + 1e-12
     assert worst["result"]["ratio"] == pytest.approx(min(grid.values()), rel=1e-9)
     assert grid[tuple(worst["corner"][n] for n in names)] == pytest.approx(min(grid.values()), rel=1e-9)
-    nominal = (by_name[names[0]].value, by_name[names[1]].value)
+    nominal = (PARAMS[names[0]].value, PARAMS[names[1]].value)
     assert got["nominal"]["tiny"]["ratio"] == pytest.approx(grid[nominal], rel=1e-9)
     vec_high = got["alone"][names[0]]["high"]["tiny"]["ratio"]
-    assert vec_high == pytest.approx(grid[(by_name[names[0]].high, nominal[1])], rel=1e-9)
+    assert vec_high == pytest.approx(grid[(PARAMS[names[0]].high, nominal[1])], rel=1e-9)
     text = npu_model.sensitivity_markdown(got)
     assert text.startswith("**Modelled**") and "Worst independent corner" in text
     assert f"| tiny | {got['nominal']['tiny']['ratio']:.2f} | {min(grid.values()):.2f} |" in text
@@ -400,20 +400,19 @@ def test_sensitivity_starts_from_a_known_corner_below_its_own_start(monkeypatch,
     calibrations of the first from its cache file."""
     shape = npu_extrapolate.Shape("tiny", 1, 24, 24, 512, 2048, 64)
     names = ("vec_head_cycles", "l2_aggregate_bytes_per_cycle")
-    by_name = {p.name: p for p in npu_params.ALL}
     monkeypatch.setattr(npu_model, "WORST_CORNER_PASSES", 0)
     cache = str(tmp_path / "fits.pkl")
     own = npu_model.sensitivity([shape], lambda *a: None, names=names, jobs=2, seeds=(), cache=cache)
     searched = npu_model.search_tilings(shape, _nominal_tiling(shape, "pasa"))
     grid = {}
-    for a, b in itertools.product(*[(by_name[n].low, by_name[n].value, by_name[n].high) for n in names]):
+    for a, b in itertools.product(*[(PARAMS[n].low, PARAMS[n].value, PARAMS[n].high) for n in names]):
         grid[(a, b)] = _ratio(shape, npu_params.values(**dict(zip(names, (a, b)))), searched)
     own_corner = tuple(own["worst"]["tiny"]["corner"][n] for n in names)
     lower = [c for c in grid if grid[c] < grid[own_corner] - 1e-9]
     assert lower, "the test needs a grid point below the one-at-a-time start"
     seed = dict(zip(names, min(lower, key=grid.get)))
     seeded = npu_model.sensitivity([shape], lambda *a: None, names=names, jobs=2, cache=cache,
-                                   seeds=(dict(seed, mte1_head_cycles=by_name["mte1_head_cycles"].high),))
+                                   seeds=(dict(seed, mte1_head_cycles=PARAMS["mte1_head_cycles"].high),))
     assert seeded["worst"]["tiny"]["corner"] == seed  # parameters not varied are left nominal
     assert seeded["worst"]["tiny"]["result"]["ratio"] == pytest.approx(grid[tuple(seed.values())], rel=1e-9)
     assert "1 corner found by earlier searches" in npu_model.sensitivity_markdown(seeded)
