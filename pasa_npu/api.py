@@ -34,24 +34,25 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
     * ``algorithm``: a precision allocation (docs/design.md, "Precision allocations":
       ``pasa``, ``pasa-mixed``, ``pasa-exact``, ``fa-fp32``, ``fa-fp16s``, ``fa-fp16``).
-      None picks by ``inner_precise`` bit 0: ``pasa-exact`` (0, high precision)
-      or ``pasa`` (1, high performance); an explicit algorithm takes precedence
-      over bit 0.
+      None picks by ``inner_precise`` bit 0: ``fa-fp32`` (0, high precision)
+      or ``pasa`` (1, high performance); bf16 inputs take bit 0 = 0's (FIA's rule).
+      An explicit algorithm takes precedence over bit 0.
     * ``beta``: PASA's shift fraction (``pasa``, ``pasa-mixed``); None solves the
-      optimal accuracy condition for the stored shifting matrix.
+      optimal accuracy condition for the stored shifting matrix (ValueError at a
+      ``scale`` where its fp16 entries underflow or overflow).
     * ``backend``: ``auto``, ``torch``; ``triton``, ``ascendc-emu``, ``ascendc-sim``,
       ``npu`` where built.
     * ``rounding_guard``: the dynamic maximum for rows with a repeated maximum
       (docs/design.md, "The rounding guard").
-    * ``q_block``, ``kv_block``: the tiling (default 128 x 128).
+    * ``q_block``, ``kv_block``: the tiling (default 128 x 128, each at most 8192).
 
     Rows with nothing to attend (docs/fia-conformance.md): where the band or the
     lengths leave a row empty, or ``inner_precise`` bit 1 is set, the row is invalid:
     0, LSE +inf. A row only the mask's contents empty, without bit 1, returns the
     mean of V over the batch's valid keys, as a kernel with a finite mask fill does,
     LSE float32's lowest. Rows past ``actual_seq_lengths`` are 0 in both outputs;
-    decode ignores ``actual_seq_lengths``. bf16 inputs ignore bit 0 and run PASA in
-    fp16 (the paper's rule) after a range check.
+    decode ignores ``actual_seq_lengths``. A PASA allocation computes bf16 inputs in
+    fp16 (the paper's rule), after a range check that raises instead of returning inf.
 
     Under torch.compile the call is one opaque operator,
     ``torch.ops.pasa_npu.fused_attention``, that runs this eager call: the compiler
@@ -146,18 +147,22 @@ class AttentionPlan:
     """A validated call of :func:`pasa_npu.fused_attention` without its tensors' data: the
     plan half of a plan/run split (:func:`plan`). :meth:`run` computes the call on new
     query, key and value tensors; each is checked against the planned one by shape, strides,
-    dtype and device only. Every other argument is the plan's: the block table and the sinks
-    are read at every run, the lengths and the mask as they were planned (plan again when
-    they change, e.g. once per decode step), except lengths given as device tensors that
-    stay there (``triton``), which every run reads as they are then."""
+    dtype and device only. Every other argument is the plan's: the block table, the sinks
+    and the mask's contents are read at every run, the lengths as they were planned (plan
+    again when they change, e.g. once per decode step), except lengths given as device
+    tensors that stay there (``triton``), which every run reads as they are then. A mask of
+    sparse mode 0 or 1 that is not bool is converted at every run, as
+    :func:`fused_attention` converts it: such runs are validated in full."""
 
-    __slots__ = ("_call", "_plan", "_layouts", "_others")
+    __slots__ = ("_call", "_plan", "_layouts", "_others", "_converts_mask")
 
     def __init__(self, call: arguments.Call):
         self._call = call
         self._others = tuple(getattr(call, name) for name in arguments.CALL_FIELDS[3:])
         self._plan = plans.plan_for(call, golden=False)
         self._layouts = tuple(_tensor_layout(t) for t in (call.query, call.key, call.value))
+        self._converts_mask = (isinstance(call.atten_mask, torch.Tensor)
+                               and not arguments.plan_holds_mask(call, call.atten_mask))
 
     def run(self, query: torch.Tensor, key: torch.Tensor,
             value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,7 +172,8 @@ class AttentionPlan:
         call = arguments.Call(query, key, value, *self._others)
         if torch.compiler.is_compiling():
             return compiled.traced_call(call)
-        if (_tensor_layout(query), _tensor_layout(key), _tensor_layout(value)) != self._layouts:
+        if self._converts_mask or (_tensor_layout(query), _tensor_layout(key),
+                                   _tensor_layout(value)) != self._layouts:
             return plans.attention(call, golden=False)
         return plans.run(self._plan, call)
 

@@ -13,6 +13,7 @@ import dataclasses
 import inspect
 import itertools
 import operator
+import sys
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -242,7 +243,7 @@ def call_key(call: Call):
         if isinstance(value, torch.Tensor):
             if role == "input":
                 append(_fingerprint(value))
-            elif role == "mask" and _mask_keyed_by_identity(call, value):
+            elif role == "mask" and plan_holds_mask(call, value):
                 # this very tensor, unchanged since (the plan keeps it alive, so its id is
                 # not reused while cached): modes 2-4 only validate it; a bool mask of modes
                 # 0/1 the plan holds as a view, reading its contents at each call (another
@@ -250,7 +251,7 @@ def call_key(call: Call):
                 append((index, *tensor_identity(value)))
             elif role == "checked":  # read (checked) on every call
                 append((index, value.shape, value.dtype, value.device))
-            elif role == "lengths":
+            elif role == "lengths" and value.dim() == 1:  # other ranks: validation refuses them
                 append((index, value.dtype, value.shape, value.device))
                 # a device's stay there (plan_for reads those it does not keep first)
                 lengths.append(tuple(value.tolist()) if host_memory(value.device)
@@ -291,7 +292,7 @@ def _scalar_signature(call: Call, values: tuple) -> Optional[tuple]:
             and isinstance(v, torch.Tensor) and _SCALAR_TYPES.issuperset(kinds)):
         return None
     if mask is not None and not (type(mask) is torch.Tensor
-                                 and _mask_keyed_by_identity(call, mask)):
+                                 and plan_holds_mask(call, mask)):
         return None
     return (after_mask, kinds, _fingerprint(q), _fingerprint(k), _fingerprint(v),
             None if mask is None else tensor_identity(mask))
@@ -330,10 +331,11 @@ def has_signature(call: Call, signature: tuple) -> bool:
             and _fingerprint(v) == v_print)
 
 
-def _mask_keyed_by_identity(call: Call, mask: torch.Tensor) -> bool:
-    """Whether :func:`call_key` keys ``mask`` by :func:`tensor_identity`: masks of sparse
-    modes 2-4, which the plan only validates, and bool masks of modes 0/1, which it holds
-    as a view; any other mask's calls are not cached."""
+def plan_holds_mask(call: Call, mask: torch.Tensor) -> bool:
+    """Whether a plan holds ``mask`` itself, so that :func:`call_key` keys it by
+    :func:`tensor_identity`: masks of sparse modes 2-4, which the plan only validates, and
+    bool masks of modes 0/1, which it holds as a view, reading their contents at each call.
+    It holds any other mask converted, so their calls are not cached."""
     return call.sparse_mode in (2, 3, 4) or mask.dtype == torch.bool
 
 
@@ -406,3 +408,13 @@ def is_default(value, default) -> bool:
     if default is None:
         return value is None
     return not isinstance(value, torch.Tensor) and value == default
+
+
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` that attributes a warning issued by the function calling this one
+    to the first frame outside the package: the user's call (a ``fused_attention`` call,
+    a plan's run, or their read of the overflow report)."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("pasa_npu"):
+        frame, level = frame.f_back, level + 1
+    return level

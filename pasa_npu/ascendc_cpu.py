@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from typing import Iterator, Optional
 
 import torch
@@ -121,6 +122,16 @@ def paged_params(call) -> dict:
                 num_blocks=call.key.shape[0])
 
 
+#: the host tiling's names of what the user sets, and the keywords that set them
+_TILING_KEYWORDS = {"kvBlock": "kv_block", "qTile": "q_block", "blockSize": "block_size"}
+
+
+def _keyword_names(message: str) -> str:
+    """The host tiling's ``message`` with the keywords' names for the fields they set."""
+    return re.sub(r"\b(" + "|".join(_TILING_KEYWORDS) + r")\b",
+                  lambda m: _TILING_KEYWORDS[m.group(1)], message)
+
+
 def run(problem: AttentionProblem, engine, backend: str) -> tuple[object, dict]:
     """Compute ``problem`` with the kernels on ``engine``; writes out (and lse, and the row
     flags of a checked call). Returns what the engine's ``run_attention`` returned and the
@@ -154,7 +165,7 @@ def run(problem: AttentionProblem, engine, backend: str) -> tuple[object, dict]:
     try:
         tiling = engine.tiling({k: v for k, v in params.items() if k != "timing"}, lengths)
     except ValueError as exc:  # a configuration the kernels cannot tile
-        raise NotImplementedError(f"{backend}: {exc}") from None
+        raise NotImplementedError(f"{backend}: {_keyword_names(str(exc))}") from None
     mask = None
     if call.mask is not None:  # the bytes from the mask's first element on
         flat = call.mask.as_strided((call.mask.untyped_storage().nbytes() - call.mask.storage_offset(),),

@@ -72,7 +72,10 @@ def optimal_beta(beta0: float, n: int, dtype: torch.dtype = torch.float16, scale
         raise ValueError(f"scale must be a finite positive number, got {scale!r}")
     beta = float(beta0)
     for _ in range(max_iter):
-        gamma = practical_invariance(beta, n, dtype, scale)
+        try:
+            gamma = practical_invariance(beta, n, dtype, scale)
+        except ZeroDivisionError:  # a stored entry rounded to 0: the matrix shifts nothing
+            gamma = math.nan
         new = gamma / (1.0 + gamma)
         if not 0.0 < new < 1.0:
             raise ValueError(f"the optimal accuracy condition has no solution in (0, 1) from "

@@ -83,8 +83,8 @@ def resolve_options(call: Call, golden: bool) -> Options:
                   num_heads=num_heads, num_kv_heads=num_kv_heads, scale=scale,
                   inner_precise=inner_precise, want_lse=call.softmax_lse_flag,
                   sparse_mode=sparse_mode,
-                  pre_tokens=int_arg(call.pre_tokens, "pre_tokens", minimum=-(2 ** 63)),
-                  next_tokens=int_arg(call.next_tokens, "next_tokens", minimum=-(2 ** 63)),
+                  pre_tokens=int_arg(call.pre_tokens, "pre_tokens", -INT64_MAX - 1, INT64_MAX),
+                  next_tokens=int_arg(call.next_tokens, "next_tokens", -INT64_MAX - 1, INT64_MAX),
                   block_size=int_arg(call.block_size, "block_size", minimum=0))
     if golden:
         return Options(**common, out_dtype=torch.float64, allocation=ALLOCATIONS["fa-fp32"],
@@ -176,14 +176,25 @@ def check_sink(sink, num_heads: int, input_layout: str, head_dim_v: int, device)
                          f"{SINK_MAX_HEAD_DIM_V} (torch_npu's limit), got {head_dim_v}")
 
 
-def int_arg(value, name: str, minimum: int) -> int:
-    if type(value) is int and value >= minimum:  # the common case, without ABC checks
-        return value
+def int_arg(value, name: str, minimum: int, maximum: int | None = None) -> int:
+    if type(value) is int and value >= minimum and (maximum is None or value <= maximum):
+        return value  # the common case, without ABC checks
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {describe(value)}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}{MAXIMA_WHY.get(name, '')}, got {value}")
     return int(value)
+
+
+INT64_MAX = 2 ** 63 - 1
+#: the largest q_block and kv_block: a larger tile only costs memory (the torch backend
+#: forms q_block x kv_block scores and PASA's kv_block x kv_block shifting matrix)
+MAX_TILE = 8192
+MAXIMA_WHY = {"pre_tokens": " (torch_npu's int64)", "next_tokens": " (torch_npu's int64)",
+              "q_block": " (a larger tile only costs memory)",
+              "kv_block": " (a larger tile only costs memory)"}
 
 
 def check_tensors(query, key, value) -> None:
@@ -228,16 +239,21 @@ def resolve_allocation(algorithm, inner_precise: int, dtype=None) -> Allocation:
 
 
 def resolve_tiling(q_block, kv_block) -> Tiling:
-    q_block = DEFAULT_TILING.q_block if q_block is None else int_arg(q_block, "q_block", 1)
-    kv_block = DEFAULT_TILING.kv_block if kv_block is None else int_arg(kv_block, "kv_block", 2)
+    q_block = DEFAULT_TILING.q_block if q_block is None else int_arg(q_block, "q_block", 1, MAX_TILE)
+    kv_block = (DEFAULT_TILING.kv_block if kv_block is None
+                else int_arg(kv_block, "kv_block", 2, MAX_TILE))
     return Tiling(q_block=q_block, kv_block=kv_block)
 
 
-def resolve_beta(beta, allocation: Allocation, tiling: Tiling, scale: float) -> float:
+def resolve_beta(beta, allocation: Allocation, tiling: Tiling, scale: float,
+                 picked_by: str = "") -> float:
+    """PASA's shift fraction: ``beta`` checked, or the optimal one for the tiling and scale;
+    0 where the allocation does not shift. ``picked_by`` says, in its errors, how
+    ``algorithm=None`` chose the allocation."""
     if not allocation.shifts_keys:
         if beta is not None:
             raise ValueError(f"beta applies to pasa and pasa-mixed; algorithm "
-                             f"{allocation.name!r} takes beta=None, got {beta!r}")
+                             f"{allocation.name!r}{picked_by and picked_by + ','} takes beta=None, got {beta!r}")
         return 0.0
     if allocation.exact_shift:
         if beta is not None:
@@ -245,7 +261,15 @@ def resolve_beta(beta, allocation: Allocation, tiling: Tiling, scale: float) -> 
                              f"{beta!r}")
         return 1.0
     if beta is None:
-        return default_beta(tiling.kv_block, scale)
+        try:
+            return default_beta(tiling.kv_block, scale)
+        except ValueError:
+            raise ValueError(
+                f"no beta solves PASA's optimal accuracy condition for scale={scale} and "
+                f"kv_block={tiling.kv_block}: the shifting matrix's fp16 entries "
+                f"scale*(1 - beta/kv_block) and scale*beta/kv_block underflow or overflow "
+                f"there; pass beta in [0, 1), or algorithm='pasa-exact' or 'fa-fp32' "
+                f"(algorithm {allocation.name!r}{picked_by})") from None
     if isinstance(beta, bool) or not isinstance(beta, numbers.Real):
         raise TypeError(f"beta must be a float, got {describe(beta)}")
     if not 0.0 <= beta < 1.0:

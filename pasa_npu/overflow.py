@@ -14,13 +14,13 @@ happened in the last call.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import warnings
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 import torch
 
+from .arguments import caller_stacklevel
 from .numerics import RESOLUTION_LIMIT
 # the check's contract with the backends lives in problem.py; re-exported here
 from .problem import (ROW_FLAGGED, ROW_NONFINITE, ROW_OK, ROW_REPAIRED,  # noqa: F401
@@ -226,14 +226,4 @@ def _warn_once(report: OverflowReport) -> None:
                      f"inf (fa-fp32 gives the same rows).")
     warnings.warn(f"pasa_npu: {' '.join(parts)} ({tiles} tiles in all; shown once, "
                   f"pasa_npu.overflow_report() describes each call)", OverflowRepairWarning,
-                  stacklevel=_caller_stacklevel())
-
-
-def _caller_stacklevel() -> int:
-    """The ``stacklevel`` that attributes a warning issued by the function calling this one
-    to the first frame outside the package: the user's ``fused_attention`` call (counted
-    at once for CPU flags) or their read of the report (GPU flags, read lazily)."""
-    frame, level = sys._getframe(2), 2
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("pasa_npu"):
-        frame, level = frame.f_back, level + 1
-    return level
+                  stacklevel=caller_stacklevel())

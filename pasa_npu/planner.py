@@ -87,7 +87,11 @@ def make_plan(call: Call, golden: bool, base: Optional[Plan], on_host: bool,
             extra = dict(beta=0.0, runner=backends.run_golden, lse_dtype=torch.float64,
                          low=torch.float64)
         else:
-            beta = resolve_beta(call.beta, options.allocation, options.tiling, options.scale)
+            picked_by = ("" if call.algorithm is not None else
+                         f", which algorithm=None picks for inner_precise={options.inner_precise}"
+                         f" and {query.dtype} inputs")
+            beta = resolve_beta(call.beta, options.allocation, options.tiling, options.scale,
+                                picked_by)
             backend = backends.resolve(call.backend, query.device)
             if call.learnable_sink is not None and not backend.sinks:
                 raise NotImplementedError(f"learnable_sink is not implemented by backend "

@@ -12,7 +12,8 @@ from typing import Optional
 import torch
 
 from . import backends, overflow
-from .arguments import LENGTH_ARGUMENTS, Call, call_key, has_signature, signature_of
+from .arguments import (LENGTH_ARGUMENTS, Call, call_key, caller_stacklevel, has_signature,
+                        signature_of)
 from .lengths import read_device_lengths
 from .numerics import to_fp16_checked
 from .options import PACKED
@@ -97,6 +98,11 @@ def plan_for(call: Call, golden: bool) -> Plan:
                       if isinstance(getattr(call, name), torch.Tensor)
                       and not host_memory(getattr(call, name).device))
     if on_device:
+        for name in on_device:
+            device = getattr(call, name).device
+            if isinstance(query, torch.Tensor) and device != query.device:
+                raise ValueError(f"{name} is on {device} but query is on {query.device}: give "
+                                 f"lengths on the query's device or on the host")
         backend = (backends.resolve(call.backend, query.device).name
                    if not golden and isinstance(query, torch.Tensor) else None)
         if backend == "npu":
@@ -119,7 +125,7 @@ def plan_for(call: Call, golden: bool) -> Plan:
         plan = make_plan(call, golden, next(iter(plans.values())) if plans else None,
                          on_host, table_on_host, on_device)
     for w in caught:  # re-issued as the caller's; a call that warns is never cached
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        warnings.warn(w.message, w.category, stacklevel=caller_stacklevel())
     if keys is not None and not caught:
         if plans is None:
             if len(PLANS) >= _PLAN_CACHE_SIZE:

@@ -44,6 +44,11 @@ CHECK_DECL = re.compile(r"\bbool\s+(Check\w*Impl\w*)\s*\(([^;{]*?)\)\s*;", re.S)
 EMU_FLAGS = ["-std=c++17", "-O3", "-ffp-contract=off", "-fvisibility=hidden"]
 
 
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
 def _devkit_path() -> str:
     return os.environ.get("PASA_ASC_DEVKIT") or os.path.join(ROOT, "..", "shared", "ascendc-check", "asc-devkit")
 
@@ -91,7 +96,7 @@ def _generated_header(kit: str) -> str:
     for name in sorted(os.listdir(utils)):
         if not name.startswith("kernel_check") or not name.endswith(".h"):
             continue
-        text = open(os.path.join(utils, name), encoding="utf-8", errors="replace").read()
+        text = _read(os.path.join(utils, name))
         for m in CHECK_DECL.finditer(text):
             params = re.sub(r"\s*=[^,]*", "", " ".join(m.group(2).split()))
             key = (m.group(1), re.sub(r"\w+(\[\])?$", "", ",".join(p.strip() for p in params.split(","))))
@@ -124,7 +129,7 @@ def build(source: str, output: str, includes=(), defines=()) -> str:
     os.makedirs(gen_dir, exist_ok=True)
     header = _generated_header(kit)
     path = os.path.join(gen_dir, "sim_checks_gen.h")
-    if not os.path.isfile(path) or open(path).read() != header:
+    if not os.path.isfile(path) or _read(path) != header:
         with open(path, "w") as f:
             f.write(header)
     cmd = [compiler(), *flags(kit, gen_dir, includes, defines), source, "-pthread"]
@@ -143,7 +148,7 @@ def compile_cached(cmd, inputs, output: str) -> str:
     stamp = output + ".sim-build"
     with open(output + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if os.path.isfile(output) and os.path.isfile(stamp) and open(stamp).read() == key:
+        if os.path.isfile(output) and os.path.isfile(stamp) and _read(stamp) == key:
             return output
         partial = f"{output}.{os.getpid()}.partial"
         proc = subprocess.run([*cmd, "-o", partial], capture_output=True, text=True)

@@ -115,7 +115,7 @@ void Validate(const PasaProblem& p)
     if (p.headDim == 0 || p.headDim % 16 != 0) Reject("headDim must be a positive multiple of 16 (cube fractals are 16 wide), got " + std::to_string(p.headDim));
     if (p.headDimV == 0 || p.headDimV % 16 != 0) Reject("headDimV must be a positive multiple of 16, got " + std::to_string(p.headDimV));
     if (!PowerOfTwo(p.kvBlock) || p.kvBlock < 16 || p.kvBlock > 1024) {
-        Reject("kvBlock must be a power of two in [16, 1024] (the block mean is scaled by 1/kvBlock exactly), got " + std::to_string(p.kvBlock));
+        Reject("kvBlock must be a power of two in [16, 1024] (every allocation shares the tiling, and pasa scales its block means by 1/kvBlock, exact only for a power of two), got " + std::to_string(p.kvBlock));
     }
     if (p.qTile == 0 || p.qTile > 4095) Reject("qTile must lie in [1, 4095], got " + std::to_string(p.qTile));
     if (p.qLayout > PASA_LAYOUT_BSND || p.kvLayout > PASA_LAYOUT_BSND || p.outLayout > PASA_LAYOUT_BSND) Reject("layouts must be BNSD (0) or BSND (1)");

@@ -130,6 +130,24 @@ BAD = [
     (dict(rounding_guard=1), TypeError, "rounding_guard must be a bool"),
     (dict(softmax_lse_flag=1), TypeError, "softmax_lse_flag must be a bool"),
     (dict(kv_block=1), ValueError, "kv_block must be >= 2"),
+    (dict(kv_block=2 ** 20), ValueError, "kv_block must be <= 8192"),
+    (dict(q_block=2 ** 70), ValueError, "q_block must be <= 8192"),
+    (dict(atten_mask=torch.zeros(8, 8, dtype=torch.bool), pre_tokens=2 ** 63), ValueError,
+     r"pre_tokens must be <= 9223372036854775807 \(torch_npu's int64\), got 9223372036854775808"),
+    (dict(sparse_mode=4, atten_mask="opt", next_tokens=2 ** 64), ValueError,
+     "next_tokens must be <= 9223372036854775807"),
+    (dict(actual_seq_lengths_kv=torch.tensor(8)), TypeError,
+     r"actual_seq_lengths_kv must be a list of ints or a 1-D integer tensor, got a tensor of shape \(\)"),
+    (dict(actual_seq_lengths=torch.tensor([8], device="meta")), ValueError,
+     "actual_seq_lengths is on meta but query is on cpu"),
+    (dict(inner_precise=1, scale=1e-8), ValueError,
+     r"no beta solves PASA's optimal accuracy condition for scale=1e-08 and kv_block=128: .*pass "
+     r"beta in \[0, 1\), or algorithm='pasa-exact' or 'fa-fp32' \(algorithm 'pasa', which "
+     r"algorithm=None picks for inner_precise=1 and torch.float16 inputs\)"),
+    (dict(algorithm="pasa-mixed", scale=7e4), ValueError, "no beta solves .* scale=70000.0"),
+    (dict(dtype=torch.bfloat16, inner_precise=1, beta=0.5), ValueError,
+     "algorithm 'fa-fp32', which algorithm=None picks for inner_precise=1 and torch.bfloat16 "
+     "inputs, takes beta=None"),
 ]
 
 
@@ -294,6 +312,17 @@ def test_cached_plan_warns_on_every_call():
     for _ in range(2):
         with pytest.warns(UserWarning, match="pre_tokens/next_tokens have no effect"):
             _call(q, k, v, pre_tokens=3)
+
+
+def test_warnings_name_the_callers_line():
+    """A warning about an argument points at the user's call, for fused_attention and for
+    plan, so that Python's default filter shows it once per such line."""
+    q, k, v = _small()
+    for entry in (pasa_npu.fused_attention, pasa_npu.plan):
+        with pytest.warns(UserWarning, match="pre_tokens/next_tokens have no effect") as caught:
+            line = inspect.currentframe().f_lineno + 1
+            entry(q, k, v, num_heads=2, input_layout="BNSD", pre_tokens=3)
+        assert [(w.filename, w.lineno) for w in caught] == [(__file__, line)]
 
 
 def test_cached_plan_keeps_the_per_call_range_check():

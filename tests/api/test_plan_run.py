@@ -48,6 +48,22 @@ def test_tensors_of_another_layout_are_validated_again():
         planned.run(q.numpy(), k, v)
 
 
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int8, torch.uint8])
+def test_a_run_reads_the_masks_contents_as_they_are_then(dtype):
+    """A mask edited in place between runs: every run computes the eager call with the mask
+    as it is then, whatever its dtype (a bool mask the plan holds, another it converts)."""
+    q, k, v = (torch.randn(1, 2, 16, 32, generator=torch.Generator().manual_seed(n)).half()
+               for n in range(3))
+    mask = torch.zeros(16, 16, dtype=dtype)
+    keywords = dict(num_heads=2, input_layout="BNSD", atten_mask=mask, backend="torch")
+    planned = pasa_npu.plan(q, k, v, **keywords)
+    before = planned.run(q, k, v)[0]
+    mask[:, :8] = 1
+    after = planned.run(q, k, v)[0]
+    assert not torch.equal(before, after)
+    assert torch.equal(after, pasa_npu.fused_attention(q, k, v, **keywords)[0])
+
+
 def test_bad_arguments_fail_when_planned():
     q, k, v = (torch.randn(1, 4, 16, 32).half() for _ in range(3))
     with pytest.raises(ValueError, match="input_layout"):

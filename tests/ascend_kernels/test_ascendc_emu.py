@@ -377,7 +377,7 @@ def _small(d=32, s=40, dtype=torch.float16):
     (dict(algorithm="pasa", atten_mask=torch.zeros(40, 40, dtype=torch.bool), kv_block=16),
      "explicit atten_mask needs kv_block >= 32"),
     (dict(algorithm="pasa-exact", rounding_guard=True), "rounding_guard"),
-    (dict(algorithm="pasa", kv_block=48), "kvBlock must be a power of two"),
+    (dict(algorithm="pasa", kv_block=48), "kv_block must be a power of two"),
     (dict(algorithm="pasa-exact", q_block=2048), "L1 needs"),
 ])
 def test_unsupported_features_are_refused(kwargs, feature):

@@ -407,7 +407,7 @@ def test_kv_blocks_larger_than_l1_holds_whole(backend, algorithm, s1, kv_block, 
 
 @pytest.mark.parametrize("algorithm,s1,kv_block,named", [
     ("pasa-exact", 300, 1024, "attention UB"), ("fa-fp32", 300, 1024, "attention UB"),
-    ("pasa", 1, 1024, "attention UB"), ("fa-fp32", 300, 2048, "kvBlock must be a power of two in")])
+    ("pasa", 1, 1024, "attention UB"), ("fa-fp32", 300, 2048, "kv_block must be a power of two in")])
 def test_kv_blocks_the_buffers_do_not_hold(algorithm, s1, kv_block, named):
     """A kv block whose buffers an AI Core does not hold (the vector cores' score rows of 1024 keys:
     fa-fp32's and pasa-exact's in fp32, those of decode's shifted scores, with their statistics),
