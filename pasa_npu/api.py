@@ -172,8 +172,8 @@ class AttentionPlan:
         call = arguments.Call(query, key, value, *self._others)
         if torch.compiler.is_compiling():
             return compiled.traced_call(call)
-        if self._converts_mask or (_tensor_layout(query), _tensor_layout(key),
-                                   _tensor_layout(value)) != self._layouts:
+        layouts = (_tensor_layout(query), _tensor_layout(key), _tensor_layout(value))
+        if self._converts_mask or layouts != self._layouts:
             return plans.attention(call, golden=False)
         return plans.run(self._plan, call)
 
