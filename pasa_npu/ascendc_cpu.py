@@ -123,7 +123,7 @@ def paged_params(call) -> dict:
 
 
 #: the host tiling's names of what the user sets, and the keywords that set them
-_TILING_KEYWORDS = {"kvBlock": "kv_block", "qTile": "q_block", "blockSize": "block_size"}
+_TILING_KEYWORDS = {"kvBlock": "kv_block", "qBlock": "q_block", "blockSize": "block_size"}
 
 
 def _keyword_names(message: str) -> str:
@@ -158,7 +158,7 @@ def run(problem: AttentionProblem, engine, backend: str) -> tuple[object, dict]:
         resolution_limit=RESOLUTION_LIMIT,  # checked pasa / pasa-exact rows: the resolution check too
         **mask_params(call.mask),
         **paged_params(call),
-        scale=float(problem.scale), beta=float(problem.beta), q_tile=problem.tiling.q_block,
+        scale=float(problem.scale), beta=float(problem.beta), q_block=problem.tiling.q_block,
         kv_block=problem.tiling.kv_block, core_num=int(_model["core_num"]), timeout_s=WAIT_TIMEOUT_S,
         timing=npu_params.timing_only(_model), **_forced)
     lengths = {name: t.numpy() for name, t in call.lengths.items()}

@@ -195,7 +195,7 @@ def _kernel_params(algorithm, b, h, hkv, sq, skv, d, causal, params, q_block, kv
     return dict(tiling_key=ascendc_emu.TILING_KEYS[algorithm], batch=b, num_heads=h,
                 num_kv_heads=hkv, seq_q=sq, seq_kv=skv, head_dim=d, head_dim_v=d, q_layout=0,
                 kv_layout=0, out_layout=0, out_dtype=0, in_dtype=0, mask_mode=int(causal),
-                scale=d ** -0.5, beta=-1.0, q_tile=q_block, kv_block=kv_block,
+                scale=d ** -0.5, beta=-1.0, q_block=q_block, kv_block=kv_block,
                 core_num=int(params["core_num"]), timing=npu_params.timing_only(params))
 
 

@@ -2,7 +2,7 @@
 //
 //   torch.ops.pasa_npu.npu_attention(query, key, value, out, lse, atten_mask, block_table, key_slots,
 //                                    learnable_sink, row_flags, q_lens, kv_lens, next_tokens, pre_tokens,
-//                                    q_starts, kv_starts, tiling_key, mask_mode, scale, beta, q_tile, kv_block,
+//                                    q_starts, kv_starts, tiling_key, mask_mode, scale, beta, q_block, kv_block,
 //                                    resolution_limit) -> ()
 //
 // Paged KV (block_table given): key and value are (num_blocks, N_kv, block_size, D) views of the
@@ -226,7 +226,7 @@ void NpuAttention(const at::Tensor& query, const at::Tensor& key, const at::Tens
                   const std::optional<at::Tensor>& sink, const std::optional<at::Tensor>& rowFlags, c10::IntArrayRef qLens,
                   c10::IntArrayRef kvLens, c10::IntArrayRef nextTokens, c10::IntArrayRef preTokens,
                   c10::IntArrayRef qStarts, c10::IntArrayRef kvStarts, int64_t tilingKey, int64_t maskMode, double scale,
-                  double beta, int64_t qTile, int64_t kvBlock, double resolutionLimit)
+                  double beta, int64_t qBlock, int64_t kvBlock, double resolutionLimit)
 {
     CheckTensors(query, key, value, out, lse, blockTable.has_value());
     c10_npu::NPUGuard guard(query.device());
@@ -250,7 +250,7 @@ void NpuAttention(const at::Tensor& query, const at::Tensor& key, const at::Tens
     p.maskMode = Uint32(maskMode, "mask_mode");
     p.scale = scale;
     p.beta = beta;
-    p.qTile = Uint32(qTile, "q_tile");
+    p.qBlock = Uint32(qBlock, "q_block");
     p.kvBlock = Uint32(kvBlock, "kv_block");
     p.coreNum = AiCoreCount(query.device().index());
     if (mask.has_value()) SetMask(p, *mask, query, key);
@@ -321,7 +321,7 @@ TORCH_LIBRARY_FRAGMENT(pasa_npu, m)
 {
     m.def("npu_attention(Tensor query, Tensor key, Tensor value, Tensor(a!) out, Tensor(b!)? lse, Tensor? atten_mask, "
           "Tensor? block_table, Tensor? key_slots, Tensor? learnable_sink, Tensor(c!)? row_flags, int[] q_lens, int[] kv_lens, int[] next_tokens, int[] pre_tokens, int[] q_starts, int[] kv_starts, "
-          "int tiling_key, int mask_mode, float scale, float beta, int q_tile, int kv_block, float resolution_limit) -> ()");
+          "int tiling_key, int mask_mode, float scale, float beta, int q_block, int kv_block, float resolution_limit) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(pasa_npu, PrivateUse1, m)

@@ -51,7 +51,7 @@ PasaProblem ProblemFromParams(const Params& p)
     d.vectorProbSums = p.template get<uint64_t>("vector_prob_sums", 0) != 0;
     d.scale = p.template need<double>("scale");
     d.beta = p.template need<double>("beta");
-    d.qTile = p.template need<uint32_t>("q_tile");
+    d.qBlock = p.template need<uint32_t>("q_block");
     d.kvBlock = p.template need<uint32_t>("kv_block");
     d.coreNum = p.template need<uint32_t>("core_num");
     return d;

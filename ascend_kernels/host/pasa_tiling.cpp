@@ -117,7 +117,7 @@ void Validate(const PasaProblem& p)
     if (!PowerOfTwo(p.kvBlock) || p.kvBlock < 16 || p.kvBlock > 1024) {
         Reject("kvBlock must be a power of two in [16, 1024] (every allocation shares the tiling, and pasa scales its block means by 1/kvBlock, exact only for a power of two), got " + std::to_string(p.kvBlock));
     }
-    if (p.qTile == 0 || p.qTile > 4095) Reject("qTile must lie in [1, 4095], got " + std::to_string(p.qTile));
+    if (p.qBlock == 0 || p.qBlock > 4095) Reject("qBlock must lie in [1, 4095], got " + std::to_string(p.qBlock));
     if (p.qLayout > PASA_LAYOUT_BSND || p.kvLayout > PASA_LAYOUT_BSND || p.outLayout > PASA_LAYOUT_BSND) Reject("layouts must be BNSD (0) or BSND (1)");
     if (p.outDtype > PASA_OUT_BF16) Reject("outDtype must be 0 (fp16) or 1 (bf16)");
     if (p.inDtype > PASA_IN_BF16) Reject("inDtype must be 0 (fp16) or 1 (bf16)");
@@ -258,7 +258,7 @@ void PlanBlocking(const PasaProblem& p, const BatchLengths* lengths, PasaTilingD
 {
     const uint32_t n = p.kvBlock;
     t.kvBlock = n;
-    t.qBlock = p.qTile;
+    t.qBlock = p.qBlock;
     t.subBlocks = p.paged && p.blockSize % n == 0 ? p.blockSize / n : 0;
     const uint32_t fullKv = p.paged ? p.tableStride * p.blockSize : p.seqKv;
     uint32_t rows = 1, tiles = 1, maxKvBlocks = 1, partFilled = 0;
@@ -267,8 +267,8 @@ void PlanBlocking(const PasaProblem& p, const BatchLengths* lengths, PasaTilingD
     for (uint32_t b = 0; b < p.batch; ++b) {
         const uint32_t qLen = LengthOf(lengths ? lengths->qLens : nullptr, b, p.seqQ);
         const uint32_t kvLen = LengthOf(lengths ? lengths->kvLens : nullptr, b, fullKv);
-        const uint32_t pitch = std::min(p.qTile, std::max<uint32_t>(1, qLen));
-        const uint32_t heads = std::min(t.groupSize, std::max<uint32_t>(1, p.qTile / pitch));
+        const uint32_t pitch = std::min(p.qBlock, std::max<uint32_t>(1, qLen));
+        const uint32_t heads = std::min(t.groupSize, std::max<uint32_t>(1, p.qBlock / pitch));
         const uint32_t chunks = (t.groupSize + heads - 1) / heads, qTiles = (qLen + pitch - 1) / pitch;
         rows = std::max(rows, heads == 1 ? pitch : heads * pitch);
         tiles = std::max(tiles, qTiles);
@@ -576,7 +576,7 @@ void CheckBudgets(const PasaProblem& p, const PasaBudget& b)
     for (const Check& c : checks) {
         if (c.need > c.cap) {
             Reject(std::string(c.what) + " needs " + Kib(c.need) + ", the Atlas A2 AI Core has " + Kib(c.cap) +
-                   " (qTile=" + std::to_string(p.qTile) + ", kvBlock=" + std::to_string(p.kvBlock) + ", headDim=" +
+                   " (qBlock=" + std::to_string(p.qBlock) + ", kvBlock=" + std::to_string(p.kvBlock) + ", headDim=" +
                    std::to_string(p.headDim) + ", headDimV=" + std::to_string(p.headDimV) + "); use a smaller q_block or kv_block");
         }
     }

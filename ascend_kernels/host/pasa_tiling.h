@@ -50,7 +50,7 @@ struct PasaProblem {
                                      // this magnitude (PasaTilingData::resolutionLimit); 0: overflow check only
     double scale = 1.0;
     double beta = -1.0;      // pasa only; negative: the optimal beta from kDefaultBeta0
-    uint32_t qTile = 128;    // q_block: rows a tile may hold
+    uint32_t qBlock = 128;   // q_block: rows a tile may hold
     uint32_t kvBlock = 128;
     uint32_t kvSplits = 0;   // kv ranges per decode task; 0: chosen for the core count
     uint32_t tailPieces = 0; // pieces per task of a prefill's last, part-filled round; 0: chosen for the core count

@@ -378,6 +378,7 @@ def _small(d=32, s=40, dtype=torch.float16):
      "explicit atten_mask needs kv_block >= 32"),
     (dict(algorithm="pasa-exact", rounding_guard=True), "rounding_guard"),
     (dict(algorithm="pasa", kv_block=48), "kv_block must be a power of two"),
+    (dict(algorithm="fa-fp32", q_block=5000), r"q_block must lie in \[1, 4095\]"),
     (dict(algorithm="pasa-exact", q_block=2048), "L1 needs"),
 ])
 def test_unsupported_features_are_refused(kwargs, feature):

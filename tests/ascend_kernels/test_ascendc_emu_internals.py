@@ -28,7 +28,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def _params(**over):
     p = dict(tiling_key=2, batch=1, num_heads=1, num_kv_heads=1, seq_q=256, seq_kv=256, head_dim=128,
              head_dim_v=128, q_layout=0, kv_layout=0, out_layout=0, out_dtype=0, mask_mode=0,
-             scale=128 ** -0.5, beta=0.0, q_tile=128, kv_block=128, core_num=24)
+             scale=128 ** -0.5, beta=0.0, q_block=128, kv_block=128, core_num=24)
     p.update(over)
     return p
 
@@ -43,22 +43,22 @@ def test_tiling_fits_the_atlas_a2_budgets():
     # two Q buffers of a 256-row tile fill L1 to 512 KiB with 256-key blocks at d = 128, more than TPipe
     # hands out, so the cube holds one; 128-row tiles keep two
     for key in (0, 1, 2):
-        for q_tile, buffers in ((256, 1), (128, 2)):
-            t = emu.tiling(_params(tiling_key=key, q_tile=q_tile, kv_block=256, seq_kv=16384,
+        for q_block, buffers in ((256, 1), (128, 2)):
+            t = emu.tiling(_params(tiling_key=key, q_block=q_block, kv_block=256, seq_kv=16384,
                                    beta=0.9 if key == 1 else 0.0))
-            assert t["query_buffers"] == buffers and t["bytes_per_core"]["l1"] <= caps["l1"], (key, q_tile, t)
+            assert t["query_buffers"] == buffers and t["bytes_per_core"]["l1"] <= caps["l1"], (key, q_block, t)
     for key in (0, 1, 2):  # 256-row tiles: 128-row cube pieces, each vector core's 128 rows in chunks
-        t = emu.tiling(_params(tiling_key=key, q_tile=256, beta=0.9 if key == 1 else 0.0))
+        t = emu.tiling(_params(tiling_key=key, q_block=256, beta=0.9 if key == 1 else 0.0))
         assert (t["cube_rows"], t["vec_rows"]) == (128, 128) and t["vec_chunk_rows"] in (32, 64), (key, t)
         assert t["bytes_per_core"]["l0a"] <= caps["l0a"] and t["bytes_per_core"]["ub"] <= caps["ub"] - (8 << 10)
     # pasa at 128 x 256 tiles, d = 128: each vector core's 64 rows in one chunk, one buffer of each tile
     # (its block means are the cube's row constants: no S' is widened to fp32); the others keep
     # two-buffered chunks of 32
-    t = emu.tiling(_params(tiling_key=1, q_tile=128, kv_block=256, beta=0.9))
+    t = emu.tiling(_params(tiling_key=1, q_block=128, kv_block=256, beta=0.9))
     assert (t["vec_chunk_rows"], t["vec_sum_rows"], t["ub_score_buffers"], t["row_constants"]) == (64, 64, 1, 1), t
     assert t["bytes_per_core"]["ub"] <= caps["ub"] - (8 << 10), t
     for key in (0, 2):
-        t = emu.tiling(_params(tiling_key=key, q_tile=128, kv_block=256))
+        t = emu.tiling(_params(tiling_key=key, q_block=128, kv_block=256))
         assert (t["vec_chunk_rows"], t["vec_sum_rows"], t["ub_score_buffers"]) == (32, 32, 2), (key, t)
     # a key or value block larger than an L0B buffer (32 KiB) is held a piece of 128 keys or more at a time
     # with every column (cube_keys), else cut into pieces of columns (cube_cols); the key preprocessing
@@ -183,8 +183,8 @@ def test_prob_sums_on_the_vector_cores_are_pasa_s_choice():
     and the vector cores widen P' to fp32 in rows that fit their UB (16 rows of 1024 keys do
     not, beside the tiles, at d = 128: that tiling is refused); the host refuses the choice for
     the other allocations, naming it."""
-    for kv_block, q_tile in ((256, 128), (512, 256), (512, 128)):
-        shape = dict(tiling_key=1, beta=0.9, q_tile=q_tile, kv_block=kv_block, seq_kv=4096)
+    for kv_block, q_block in ((256, 128), (512, 256), (512, 128)):
+        shape = dict(tiling_key=1, beta=0.9, q_block=q_block, kv_block=kv_block, seq_kv=4096)
         on_cube, on_vector = emu.tiling(_params(**shape)), emu.tiling(_params(**shape, vector_prob_sums=1))
         assert on_cube["pv_cols"] == 128 + 16 and on_vector["pv_cols"] == 128, (kv_block, on_vector)
         assert on_vector["cube_keys"] >= on_cube["cube_keys"], (kv_block, on_cube, on_vector)

@@ -105,7 +105,7 @@ def test_the_limit_reaches_the_kernels_through_the_tiling():
     of the shifted allocations only."""
     params = dict(tiling_key=TILING_KEYS["pasa"], batch=1, num_heads=1, num_kv_heads=1, seq_q=16,
                   seq_kv=256, head_dim=D, head_dim_v=D, q_layout=0, kv_layout=0, out_layout=0,
-                  out_dtype=0, mask_mode=0, scale=1.0, beta=-1.0, q_tile=128, kv_block=128,
+                  out_dtype=0, mask_mode=0, scale=1.0, beta=-1.0, q_block=128, kv_block=128,
                   core_num=24, resolution_limit=RESOLUTION_LIMIT)
     for key, checked, want in [("pasa", 1, RESOLUTION_LIMIT), ("pasa-exact", 1, RESOLUTION_LIMIT),
                                ("pasa", 0, 0.0), ("fa-fp32", 1, 0.0)]:

@@ -37,7 +37,7 @@ def _memory(t):
 
 
 def _npu_attention_on_cpu(query, key, value, out, lse, mask, block_table, key_slots, learnable_sink, row_flags, q_lens,
-                          kv_lens, next_tokens, pre_tokens, q_starts, kv_starts, tiling_key, mask_mode, scale, beta, q_tile,
+                          kv_lens, next_tokens, pre_tokens, q_starts, kv_starts, tiling_key, mask_mode, scale, beta, q_block,
                           kv_block, resolution_limit):
     """What the binding's kernel does with its arguments, with the emulated runtime."""
     b, n, s, d = query.shape
@@ -46,7 +46,7 @@ def _npu_attention_on_cpu(query, key, value, out, lse, mask, block_table, key_sl
                   seq_kv=key.shape[2], head_dim=d, head_dim_v=value.shape[3], q_layout=_layout(query),
                   kv_layout=_layout(key), out_layout=_layout(out),
                   out_dtype=int(out.dtype != torch.float16), in_dtype=int(query.dtype != torch.float16),
-                  mask_mode=mask_mode, packed=int(len(q_starts) > 0), scale=scale, beta=beta, q_tile=q_tile,
+                  mask_mode=mask_mode, packed=int(len(q_starts) > 0), scale=scale, beta=beta, q_block=q_block,
                   kv_block=kv_block, core_num=24, overflow_check=int(row_flags is not None),
                   has_sink=int(learnable_sink is not None), resolution_limit=resolution_limit,
                   timing=npu_params.timing_only(npu_params.values()))

@@ -152,7 +152,7 @@ def _emulated_calls(params: dict, lens: dict) -> list[str]:
 def _problem(**over):
     p = dict(tiling_key=1, batch=2, num_heads=4, num_kv_heads=2, seq_q=40, seq_kv=70, head_dim=32,
              head_dim_v=32, q_layout=0, kv_layout=0, out_layout=0, out_dtype=0, in_dtype=0,
-             mask_mode=1, scale=0.17, beta=-1.0, q_tile=32, kv_block=32, core_num=20)
+             mask_mode=1, scale=0.17, beta=-1.0, q_block=32, kv_block=32, core_num=20)
     p.update(over)
     return p
 
@@ -163,7 +163,7 @@ CALLS = {
                                                             next_tokens=[30, 16])),
     # pasa-exact: the MIX preprocessing; BSND in, BNSD out; the cores exceed the tasks
     "pasa-exact-bsnd": (_problem(tiling_key=2, beta=1.0, q_layout=1, kv_layout=1, mask_mode=0,
-                                 q_tile=64, kv_block=64, core_num=24),
+                                 q_block=64, kv_block=64, core_num=24),
                         dict(q_lens=[40, 40], kv_lens=[70, 70], next_tokens=[0, 0])),
     # fa-fp32 with bf16 in and out: no preprocessing
     "fa-fp32-bf16": (_problem(tiling_key=0, beta=0.0, in_dtype=1, out_dtype=1, out_layout=1,
@@ -210,8 +210,8 @@ def test_acl_runtime_makes_the_emulated_runtimes_calls(name, recorder):
     # a task: one query tile of a batch, of one head or of the heads of a kv group stacked
     group, tasks = params["num_heads"] // params["num_kv_heads"], 0
     for q in lens["q_lens"]:
-        pitch = min(params["q_tile"], q)
-        heads = min(group, params["q_tile"] // pitch)
+        pitch = min(params["q_block"], q)
+        heads = min(group, params["q_block"] // pitch)
         tasks += params["num_kv_heads"] * -(-group // heads) * -(-q // pitch)
     # the key preprocessing (not in decode, where the attention kernel shifts the scores): a task
     # per key block (paged: per table entry's block) and kv head, at the start of the attention

@@ -190,7 +190,7 @@ int main()
     p.headDim = in["head_dim"], p.headDimV = in["head_dim_v"], p.qLayout = in["q_layout"];
     p.kvLayout = in["kv_layout"], p.outLayout = in["out_layout"], p.outDtype = in["out_dtype"];
     p.inDtype = in["in_dtype"], p.maskMode = in["mask_mode"], p.scale = in["scale"], p.beta = in["beta"];
-    p.qTile = in["q_tile"], p.kvBlock = in["kv_block"];
+    p.qBlock = in["q_block"], p.kvBlock = in["kv_block"];
     p.packed = in["packed"] != 0, p.kvSplits = in["kv_splits"];
     p.paged = in["paged"] != 0, p.blockSize = in["block_size"], p.tableStride = in["table_stride"];
     p.numBlocks = in["num_blocks"];
