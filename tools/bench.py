@@ -36,7 +36,8 @@ from pasa_npu.fallback import kernel_common
 from pasa_npu.fallback.triton import tuning as triton_tuning
 from pasa_npu.tools import bench_paged
 from pasa_npu.tools.bench_check import chance_outside, check_comparison, check_markdown
-from pasa_npu.tools.bench_report import markdown, plot, row_text
+from pasa_npu.tools.bench_report import markdown, plot, plot_problem, row_text
+from pasa_npu.tools.command_line import out_folder, positive_int
 
 PREFILL_ALGORITHMS = ("pasa-exact", "pasa", "pasa-mixed", "fa-fp32", "fa-fp16s", "fa-fp16")
 DECODE_ALGORITHMS = ("pasa-exact", "pasa", "fa-fp32")
@@ -299,6 +300,53 @@ def _add_graph_tflops(entry: dict, call, flops: float) -> None:
         entry["graph_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
 
 
+def make_parser() -> argparse.ArgumentParser:
+    """The options of the GPU benchmark (``--distributed`` and ``--host`` have their own)."""
+    parser = argparse.ArgumentParser(prog="pasa-bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=out_folder, default="bench-out",
+                        help="folder for bench.json/.md/.png, made where missing "
+                             "(default bench-out)")
+    parser.add_argument("--host", action="store_true",
+                        help="the host time of a call, on CPU tensors with a no-op kernel "
+                             "(see --host --help)")
+    parser.add_argument("--distributed", action="store_true",
+                        help="sequence parallelism over the host's GPUs (see --distributed "
+                             "--help for its options)")
+    parser.add_argument("--plot", metavar="JSON",
+                        help="only redraw bench.png of a saved bench.json into --out")
+    parser.add_argument("--quick", action="store_true",
+                        help="no decode; prefill at S = 1k 4k unless --seqs is given")
+    parser.add_argument("--dims", type=positive_int("dims"), nargs="+", default=[64, 128],
+                        help=f"prefill head dims, each with {HIDDEN} // d heads "
+                             f"(default 64 128)")
+    parser.add_argument("--seqs", type=positive_int("seqs"), nargs="+", default=None,
+                        help="prefill sequence lengths (default 1k 4k 16k)")
+    parser.add_argument("--no-decode", action="store_true", help="skip the decode cases")
+    parser.add_argument("--no-prefill", action="store_true", help="skip the prefill cases")
+    parser.add_argument("--paged", choices=bench_paged.CACHE_SHAPES + ("none",), default="4d",
+                        help="also time pasa-exact/pasa/fa-fp32 reading K/V through a block "
+                             "table from a paged cache of this shape (decode, prefill at "
+                             "d=128); none: skip (default 4d)")
+    parser.add_argument("--tuning", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="Triton backend switches (fallback/triton/tuning.py Tuning), "
+                             "e.g. shift=fused row_constant=in-kernel (default: none, the "
+                             "backend's own)")
+    parser.add_argument("--algorithms", nargs="+", default=list(PREFILL_ALGORITHMS),
+                        choices=pasa_npu.ALGORITHM_NAMES, metavar="NAME",
+                        help="our precision allocations to time; decode times those of "
+                             f"{' '.join(DECODE_ALGORITHMS)} among them (default "
+                             f"{' '.join(PREFILL_ALGORITHMS)}; choices: "
+                             f"{' '.join(pasa_npu.ALGORITHM_NAMES)})")
+    parser.add_argument("--overflow-check", choices=("on", "off", "compare"), default="on",
+                        help="our calls' repair_overflow (off: what the PASA kernels cost "
+                             "without the overflow check; compare: both, --runs times, "
+                             "into check.json/.md) (default on)")
+    parser.add_argument("--runs", type=int, default=None,
+                        help="with --overflow-check compare: runs per setting, odd "
+                             "(default 9)")
+    return parser
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--distributed" in argv:  # sequence parallel over the host's GPUs: its own options
@@ -307,37 +355,7 @@ def main(argv=None) -> int:
     if "--host" in argv:  # the host time of a call, on CPU tensors: its own options
         from pasa_npu.tools import bench_host
         return bench_host.run(argv)
-    parser = argparse.ArgumentParser(prog="pasa-bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="bench-out", help="folder for bench.json/.md/.png")
-    parser.add_argument("--host", action="store_true",
-                        help="the host time of a call, on CPU tensors with a no-op kernel "
-                             "(see --host --help)")
-    parser.add_argument("--distributed", action="store_true",
-                        help="sequence parallelism over the host's GPUs (see --distributed "
-                             "--help for its options)")
-    parser.add_argument("--plot", metavar="JSON", help="only redraw the plot of a saved run")
-    parser.add_argument("--quick", action="store_true", help="S in {1k, 4k}, no decode")
-    parser.add_argument("--dims", type=int, nargs="+", default=[64, 128], help="head dims")
-    parser.add_argument("--seqs", type=int, nargs="+", default=None,
-                        help="prefill sequence lengths (default 1k 4k 16k)")
-    parser.add_argument("--no-decode", action="store_true")
-    parser.add_argument("--no-prefill", action="store_true")
-    parser.add_argument("--paged", choices=bench_paged.CACHE_SHAPES + ("none",), default="4d",
-                        help="also time pasa-exact/pasa/fa-fp32 reading K/V through a block "
-                             "table from a paged cache of this shape (decode, prefill at "
-                             "d=128); none: skip")
-    parser.add_argument("--tuning", nargs="+", default=[], metavar="KEY=VALUE",
-                        help="Triton backend switches (fallback/triton/tuning.py Tuning), "
-                             "e.g. shift=fused row_constant=in-kernel")
-    parser.add_argument("--algorithms", nargs="+", default=list(PREFILL_ALGORITHMS),
-                        choices=pasa_npu.ALGORITHM_NAMES)
-    parser.add_argument("--overflow-check", choices=("on", "off", "compare"), default="on",
-                        help="our calls' repair_overflow (off: what the PASA kernels cost "
-                             "without the overflow check; compare: both, --runs times, "
-                             "into check.json/.md)")
-    parser.add_argument("--runs", type=int, default=None,
-                        help="with --overflow-check compare: runs per setting, odd "
-                             "(default 9)")
+    parser = make_parser()
     args = parser.parse_args(argv)
     if args.runs is not None and args.overflow_check != "compare":
         parser.error(f"--runs applies to --overflow-check compare, not "
@@ -348,12 +366,22 @@ def main(argv=None) -> int:
             chance_outside(args.runs)  # the run counts the comparison can judge
         except ValueError as err:
             parser.error(f"--{err}")
-    out = pathlib.Path(args.out)
+    if args.no_prefill and (args.no_decode or args.quick):
+        parser.error(f"--no-prefill with {'--no-decode' if args.no_decode else '--quick'} "
+                     f"leaves no case to time")
+    if max(args.dims) > HIDDEN:
+        parser.error(f"--dims must be at most {HIDDEN} (heads x head dim), got {max(args.dims)}")
+    out = args.out
     if args.plot:
         try:
             result = json.loads(pathlib.Path(args.plot).read_text())
         except (OSError, ValueError) as err:
             print(f"pasa-bench: error: cannot read {args.plot}: {err}", file=sys.stderr)
+            return 2
+        problem = plot_problem(result)
+        if problem:
+            print(f"pasa-bench: error: {args.plot} is not a pasa-bench bench.json ({problem})",
+                  file=sys.stderr)
             return 2
         out.mkdir(parents=True, exist_ok=True)
         return 0 if plot(result, out / "bench.png") else 1

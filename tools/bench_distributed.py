@@ -35,6 +35,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from pasa_npu.tools.command_line import out_folder, positive_int
+
 ENGINES = {"ring": ("pasa", "fa-fp32"), "yunchang-ring": ("pasa", "sdpa-flash"),
            "yunchang-ulysses": ("pasa", "sdpa-flash")}
 
@@ -201,31 +203,65 @@ def _check(call, local, q, k, v, lq, lk, lv, causal, scale, world, rank) -> dict
                 rmse_single=rel(single, gold))
 
 
-def run(argv=None) -> int:
+def make_parser() -> argparse.ArgumentParser:
+    """The options of ``pasa-bench --distributed``."""
     parser = argparse.ArgumentParser(prog="pasa-bench --distributed",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--distributed", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", default="bench-out", help="folder for distributed.json/.md")
-    parser.add_argument("--gpus", type=int, default=None, help="ranks (default: every GPU)")
-    parser.add_argument("--seqs", type=int, nargs="+", default=[32768, 65536, 131072, 262144],
-                        help="tokens per GPU group (default 32k 64k 128k 256k)")
-    parser.add_argument("--heads", type=int, default=32, help="query heads (default 32)")
-    parser.add_argument("--kv-heads", type=int, default=4, help="kv heads (default 4: GQA 8:1)")
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--runs", type=int, default=3, help="timed calls per cell (default 3)")
+    parser.add_argument("--out", type=out_folder, default="bench-out",
+                        help="folder for distributed.json/.md, made where missing "
+                             "(default bench-out)")
+    parser.add_argument("--gpus", type=positive_int("gpus"), default=None,
+                        help="ranks, 2 or more (default: every GPU; with --backend gloo, 2)")
+    parser.add_argument("--seqs", type=positive_int("seqs"), nargs="+",
+                        default=[32768, 65536, 131072, 262144],
+                        help="tokens per GPU group, each a multiple of the ranks "
+                             "(default 32k 64k 128k 256k)")
+    parser.add_argument("--heads", type=positive_int("heads"), default=32,
+                        help="query heads, a multiple of --kv-heads (default 32)")
+    parser.add_argument("--kv-heads", type=positive_int("kv-heads"), default=4,
+                        help="kv heads, a multiple of the ranks, among which yunchang-ulysses "
+                             "splits them (default 4: GQA 8:1)")
+    parser.add_argument("--head-dim", type=positive_int("head-dim"), default=128,
+                        help="head dim (default 128)")
+    parser.add_argument("--runs", type=positive_int("runs"), default=3,
+                        help="timed calls per cell (default 3)")
     parser.add_argument("--check-len", type=int, default=32768,
-                        help="longest sequence checked against one process and fp64 (32768)")
+                        help="longest sequence checked against one process and fp64; 0: none "
+                             "(default 32768)")
     parser.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
-                        help="gloo: CPU ranks, for a dry run at small sizes")
-    parser.add_argument("--quiet", action="store_true")
+                        help="nccl: a rank per GPU; gloo: CPU ranks, for a dry run at small "
+                             "sizes (default nccl)")
+    parser.add_argument("--quiet", action="store_true", help="no line per cell as it is timed")
+    return parser
+
+
+def run(argv=None) -> int:
+    parser = make_parser()
     args = parser.parse_args(argv)
-    gpus = args.gpus or (torch.cuda.device_count() if args.backend == "nccl" else 2)
-    if args.backend == "nccl" and torch.cuda.device_count() < max(gpus, 1):
-        parser.error(f"--gpus {gpus} needs that many CUDA devices; "
-                     f"{torch.cuda.device_count()} visible")
+    visible = torch.cuda.device_count()
+    if args.backend == "nccl" and visible == 0:
+        parser.error("no CUDA device is visible here for --backend nccl (the default); "
+                     "--backend gloo runs the ranks on the CPU, a dry run at small sizes "
+                     "(e.g. --seqs 256 --heads 4 --kv-heads 2 --head-dim 32)")
+    gpus = args.gpus or (visible if args.backend == "nccl" else 2)
+    if args.backend == "nccl" and visible < gpus:
+        parser.error(f"--gpus {gpus} needs that many CUDA devices; {visible} visible")
+    if args.gpus == 1:
+        parser.error("--gpus must be 2 or more, got 1")
     if gpus < 2:
-        parser.error(f"--distributed needs 2 or more ranks, got {gpus}")
-    out = pathlib.Path(args.out)
+        parser.error("--distributed needs 2 or more GPUs; 1 CUDA device visible")
+    if args.heads % args.kv_heads:
+        parser.error(f"--heads must be a multiple of --kv-heads ({args.kv_heads}), "
+                     f"got {args.heads}")
+    if args.kv_heads % gpus:
+        parser.error(f"--kv-heads must be a multiple of the ranks ({gpus}), among which "
+                     f"yunchang-ulysses splits them, got {args.kv_heads}")
+    uneven = [seq for seq in args.seqs if seq % gpus]
+    if uneven:
+        parser.error(f"--seqs must be multiples of the ranks ({gpus}), got "
+                     f"{' '.join(map(str, uneven))}")
+    out = args.out
     worker_args = vars(args)
     rows = []
     for world in (1, gpus):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import pathlib
 import statistics
 import time
 from typing import Callable
@@ -24,6 +23,7 @@ import torch
 
 import pasa_npu
 from pasa_npu.fallback.torch import blockwise as torch_blockwise
+from pasa_npu.tools.command_line import out_folder, positive_int
 
 B, NQ, NKV, S, D = 2, 8, 2, 128, 64
 
@@ -119,15 +119,21 @@ def _median_us(fn, calls: int) -> float:
     return statistics.median(times) * 1e6
 
 
-def run(argv=None) -> int:
+def make_parser() -> argparse.ArgumentParser:
+    """The options of ``pasa-bench --host``."""
     parser = argparse.ArgumentParser(prog="pasa-bench --host",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--host", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", default="bench-out", help="folder for host.json/.md")
-    parser.add_argument("--calls", type=int, default=2000, help="timed calls per form (2000)")
+    parser.add_argument("--out", type=out_folder, default="bench-out",
+                        help="folder for host.json/.md, made where missing (default bench-out)")
+    parser.add_argument("--calls", type=positive_int("calls"), default=2000,
+                        help="timed calls per form (default 2000)")
+    return parser
+
+
+def run(argv=None) -> int:
+    parser = make_parser()
     args = parser.parse_args(argv)
-    if args.calls < 1:
-        parser.error(f"--calls must be at least 1, got {args.calls}")
     rows = []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # host work is one thread's; no intra-op pool to wake
@@ -137,7 +143,7 @@ def run(argv=None) -> int:
                              plan_run_us=_median_us(planned(call), args.calls),
                              sdpa_us=_median_us(peer, args.calls)))
     torch.set_num_threads(threads)
-    out = pathlib.Path(args.out)
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
     (out / "host.json").write_text(json.dumps(rows, indent=1))
     table = markdown(rows)

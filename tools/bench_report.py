@@ -1,12 +1,49 @@
 """``pasa-bench``'s report of a run: the Markdown tables (prefill, decode, host time, and
 :mod:`bench_paged`'s paged table), the progress line of a case and the plot. Reads a result
-dict (``bench.json``) only: no GPU needed."""
+dict (``bench.json``) only: no GPU needed. Also the check of ``--plot FILE`` before any
+work."""
 from __future__ import annotations
 
 import math
 import sys
 
 from pasa_npu.tools import bench_paged
+
+
+#: the keys :func:`plot` reads: of the result, and of a row of each kind
+PLOT_KEYS = ("device", "algorithms", "decode_algorithms", "copy_gbs", "rows")
+ROW_KEYS = {"prefill": ("d", "s", "causal"), "decode": ("d", "s", "ratio", "b")}
+
+
+def plot_problem(result) -> str | None:
+    """None where :func:`plot` can draw ``result`` (a loaded ``bench.json``), else what it
+    lacks, naming the pasa-bench output it is where it is another one."""
+    if isinstance(result, list) and result and all(
+            isinstance(r, dict) and "form" in r for r in result):
+        return "it is pasa-bench --host's host.json, which has no plot; its table is host.md"
+    if not isinstance(result, dict):
+        return f"it holds a JSON {'array' if isinstance(result, list) else 'value'}, " \
+               f"not an object"
+    rows = result.get("rows")
+    if "gpus" in result and isinstance(rows, list) and all(
+            isinstance(r, dict) and "engine" in r for r in rows):
+        return ("it is pasa-bench --distributed's distributed.json, which has no plot; its "
+                "table is distributed.md")
+    if "comparison" in result:
+        return ("it is --overflow-check compare's check.json, which has no plot; its tables "
+                "are check.md")
+    missing = [key for key in PLOT_KEYS if key not in result]
+    if missing:
+        return "no " + ", ".join(repr(key) for key in missing)
+    if not isinstance(rows, list) or not rows:
+        return "no prefill or decode rows"
+    for i, row in enumerate(rows):
+        keys = ROW_KEYS.get(row.get("kind")) if isinstance(row, dict) else None
+        if keys is None:
+            return f"row {i} is not a prefill or decode row"
+        if any(key not in row for key in keys):
+            return f"row {i} ({row['kind']}) lacks one of {', '.join(keys)}"
+    return None
 
 
 def _ratio(row, a, b, key="tflops"):

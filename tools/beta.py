@@ -1,8 +1,9 @@
-"""``python -m pasa_npu.tools.beta``: the optimal accuracy condition as a table (paper Table 3).
+"""pasa-beta: the optimal accuracy condition as a table (paper Table 3).
 
 For each starting beta: the ideal invariance beta/(1-beta), the practical
 invariance of the shifting matrix as stored, their relative error, then the
-optimal beta and its invariances (equal by construction).
+optimal beta and its invariances (equal by construction). A setting where the
+condition has no solution in (0, 1) ends with one line on stderr and exit status 2.
 """
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="pasa-beta", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="pasa-beta", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=128,
                         help="size of the shifting matrix = kv block size s2 (default 128)")
     parser.add_argument("--dtype", default="fp16", choices=sorted(DTYPES),
@@ -56,7 +58,8 @@ def main(argv=None) -> int:
                         help="softmax scale folded into the matrix (default 1: the paper's table; "
                              "the kernels fold the call's scale)")
     parser.add_argument("--beta0", type=float, nargs="*", default=None,
-                        help="starting betas (default: the paper's)")
+                        help="starting betas, each in (0, 1) (default: the paper's "
+                             f"{' '.join(f'{b:g}' for b in PAPER_BETA0)})")
     args = parser.parse_args(argv)
     try:
         rows = table(args.n, DTYPES[args.dtype], args.scale, args.beta0 or PAPER_BETA0)

@@ -21,18 +21,21 @@ resumes where it stopped); ``--sim`` reports the instruction-level model of the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import multiprocessing
 import os
 import pathlib
 import pickle
+import signal
 import sys
 from typing import Optional
 
 from pasa_npu import npu_params
+from pasa_npu.tools.command_line import OutputFolderError, checked_folder, created_folder
 from pasa_npu.tools.compare.progress import ProgressBar
-from pasa_npu.tools import npu_calibrate
+from pasa_npu.tools import npu_calibrate, npu_sim
 from pasa_npu.tools.npu_extrapolate import (Shape, WrongRunError, cached_calibration,
                                             calibration_or_refusal, calibrations, extrapolate, fastest,
                                             part_configs, tile_name, tiling_choices, tilings,
@@ -76,7 +79,9 @@ def params_markdown() -> str:
 
 def _one_torch_thread():
     """A pool worker's torch runs on one thread: ``jobs`` workers of one thread each fill
-    ``jobs`` cores, where workers of a thread per core would oversubscribe them many times."""
+    ``jobs`` cores, where workers of a thread per core would oversubscribe them many times.
+    Ctrl-C stops the main process, which ends the workers: they ignore it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
     torch.set_num_threads(1)
 
@@ -114,28 +119,58 @@ def calibration_fingerprint() -> str:
     return digest.hexdigest()
 
 
-class StaleCacheError(ValueError):
+#: a cache file's first line; the second is the fingerprint of the build that made it
+CACHE_MAGIC = b"pasa-npu-model calibrations\n"
+
+
+class CacheError(ValueError):
+    """A --cache file this build cannot take."""
+
+
+class StaleCacheError(CacheError):
     """A cache file whose calibrations another build of the kernels or the model made."""
 
 
+def check_cache(path: str, fingerprint: str) -> None:
+    """CacheError naming ``path`` unless it is absent or a cache this build wrote: read from its
+    header, so that a file that is not one is never unpickled."""
+    if not os.path.exists(path):
+        return
+    try:
+        with open(path, "rb") as f:
+            magic, made_by = f.readline(), f.readline().strip()
+    except OSError as err:
+        raise CacheError(f"--cache {path}: expected a readable cache file, got {err.strerror}") from err
+    if magic != CACHE_MAGIC:
+        raise CacheError(f"--cache {path}: expected a calibration cache pasa-npu-model wrote, got a file that "
+                         "is not one; name a new file")
+    if made_by != fingerprint.encode():
+        raise StaleCacheError(f"--cache {path}: its calibrations were made by another build of the kernels or of "
+                              "the model (calibration_fingerprint differs); remove the file to start afresh")
+
+
 def load_calibrations(path: str, fingerprint: str) -> dict:
-    """The calibrations kept in ``path`` (none where it is absent). StaleCacheError naming the
-    file where they were made under another ``fingerprint`` (calibration_fingerprint)."""
+    """The calibrations kept in ``path`` (none where it is absent). CacheError naming the file
+    where it is not a cache, StaleCacheError where it was made under another ``fingerprint``
+    (calibration_fingerprint)."""
+    check_cache(path, fingerprint)
     if not os.path.exists(path):
         return {}
     with open(path, "rb") as f:
-        kept = pickle.load(f)
-    if kept.get("fingerprint") != fingerprint:
-        raise StaleCacheError(f"--cache {path}: its calibrations were made by another build of the kernels or of "
-                              "the model (calibration_fingerprint differs); remove the file to start afresh")
-    return kept["fits"]
+        f.readline(), f.readline()
+        try:
+            return pickle.load(f)
+        except Exception as err:  # unpickling a damaged file raises any of many types
+            raise CacheError(f"--cache {path}: expected a whole cache file, got a damaged one ({err!r}); "
+                             "remove the file to start afresh") from err
 
 
 def save_calibrations(path: str, fits: dict, fingerprint: str) -> None:
     """Keep ``fits`` in ``path`` under ``fingerprint`` (replaced whole, never left half written)."""
     partial = f"{path}.partial"
     with open(partial, "wb") as f:
-        pickle.dump(dict(fingerprint=fingerprint, fits=fits), f)
+        f.write(CACHE_MAGIC + fingerprint.encode() + b"\n")
+        pickle.dump(fits, f)
     os.replace(partial, path)
 
 
@@ -547,64 +582,130 @@ def sensitivity_markdown(result) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="pasa-npu-model", description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--out", default="npu-model-out",
-                        help="folder for npu_model.md/.json (npu_calibrate.md, npu_sensitivity.md/.json)")
-    parser.add_argument("--sets", nargs="+", choices=["paper", "sweep", "decode", "readme"],
-                        help="shape sets to model (default: paper sweep decode; with --sensitivity: readme)")
-    parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS,
-                        help="allocations to model")
-    parser.add_argument("--no-band", action="store_true", help="nominal parameters only")
-    parser.add_argument("--params", action="store_true", help="print the parameter table and exit")
-    parser.add_argument("--calibrate", action="store_true",
-                        help="compare the model with the public figures measured on Atlas A2 hardware")
-    parser.add_argument("--sensitivity", action="store_true",
-                        help="each parameter with a range alone at both ends; the ratio's worst corner")
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="processes that make the calibrations (up to the cores here; not --calibrate, --sim)")
-    parser.add_argument("--sim", action="store_true",
-                        help="the instruction-level model (the simulator, ascend_kernels/sim) beside this one")
+SETS = ("paper", "sweep", "decode", "readme")
+#: the shape sets modelled where --sets is not given: by the model run, by --sensitivity
+DEFAULT_SETS, SENSITIVITY_SETS = ("paper", "sweep", "decode"), ("readme",)
+DEFAULT_OUT = "npu-model-out"
+#: the options each mode takes besides its own flag and --quiet; it refuses the others, which it would ignore
+MODE_OPTIONS = {
+    "the model run": ("--out", "--sets", "--algorithms", "--no-band", "--jobs"),
+    "--sensitivity": ("--out", "--sets", "--jobs", "--cache"),
+    "--calibrate": ("--out",),
+    "--sim": ("--out", "--algorithms"),
+    "--params": (),
+}
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _jobs(text: str) -> int:
+    """--jobs: a whole number >= 1; more than the cores here run as that many."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of processes >= 1, got {text}")
+    return min(value, _cores())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pasa-npu-model", description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group()
+    parser.add_argument("--out", help="folder for npu_model.md/.json (npu_calibrate.md, npu_sensitivity.md/.json, "
+                                      f"npu_sim.md/.json) (default: {DEFAULT_OUT})")
+    parser.add_argument("--sets", nargs="+", choices=SETS,
+                        help=f"shape sets to model (default: {' '.join(DEFAULT_SETS)}; "
+                             f"with --sensitivity: {' '.join(SENSITIVITY_SETS)})")
+    parser.add_argument("--algorithms", nargs="+", choices=ALGORITHMS,
+                        help=f"allocations to model (default: {' '.join(ALGORITHMS)})")
+    parser.add_argument("--no-band", action="store_true", help="nominal parameters only (default: the band too)")
+    mode.add_argument("--params", action="store_true", help="print the parameter table and exit")
+    mode.add_argument("--calibrate", action="store_true",
+                      help="compare the model with the public figures measured on Atlas A2 hardware")
+    mode.add_argument("--sensitivity", action="store_true",
+                      help="each parameter with a range alone at both ends; the ratio's worst corner")
+    mode.add_argument("--sim", action="store_true",
+                      help="the instruction-level model (the simulator, ascend_kernels/sim) beside this one, "
+                           "at its own shapes and nominal parameters")
+    parser.add_argument("--jobs", type=_jobs,
+                        help=f"processes that make the calibrations of the model run or --sensitivity, at most "
+                             f"the cores here ({_cores()}): more run as that many (default: 1)")
     parser.add_argument("--cache", metavar="FILE",
                         help="with --sensitivity: keep its calibrations in FILE as they are made, and take "
-                             "those FILE holds from an earlier search of the same build")
+                             "those FILE holds from an earlier search of the same build (default: none)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def _check_cache_path(path: str) -> None:
+    """CacheError unless ``path`` can be written as the cache and, where it exists, is one of this build."""
+    if os.path.isdir(path):
+        raise CacheError(f"--cache {path}: expected a file, got a folder")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise CacheError(f"--cache {path}: expected a file in an existing folder, got a path whose folder "
+                         f"{folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CacheError(f"--cache {path}: expected a file in a writable folder, got {folder}, not writable")
+    check_cache(path, calibration_fingerprint())
+
+
+def _report(args, progress) -> tuple:
+    """The report of the mode ``args`` name: its Markdown, its data (None: none) and the file names."""
+    if args.calibrate:
+        return npu_calibrate.markdown(npu_params.values(), progress), None, ["npu_calibrate.md"]
+    if args.sim:
+        data = npu_sim.compare(npu_sim.SHAPES, args.algorithms or ALGORITHMS, npu_params.values(), progress=progress)
+        return npu_sim.markdown(data), data, ["npu_sim.md", "npu_sim.json"]
+    if args.sensitivity:
+        data = sensitivity(shapes(args.sets or SENSITIVITY_SETS), progress, jobs=args.jobs or 1, cache=args.cache)
+        return sensitivity_markdown(data), data, ["npu_sensitivity.md", "npu_sensitivity.json"]
+    data = run(shapes(args.sets or DEFAULT_SETS), args.algorithms or ALGORITHMS, not args.no_band, progress,
+               jobs=args.jobs or 1)
+    return markdown(data), data, ["npu_model.md", "npu_model.json"]
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    mode = next((f"--{m}" for m in ("params", "calibrate", "sensitivity", "sim") if getattr(args, m)), "the model run")
+    ignored = [o for o in MODE_OPTIONS["the model run"] + ("--cache",)
+               if o not in MODE_OPTIONS[mode] and getattr(args, o[2:].replace("-", "_")) not in (None, False)]
+    if ignored:
+        parser.error(f"{', '.join(ignored)}: not used by {mode}, which takes "
+                     f"{', '.join(MODE_OPTIONS[mode] + ('--quiet',))}")
     if args.params:
         print(params_markdown(), end="")
         return 0
-    if args.jobs < 1:
-        parser.error(f"--jobs: expected a whole number of processes >= 1, got {args.jobs}")
-    if args.cache is not None and not args.sensitivity:
-        parser.error(f"--cache {args.cache}: only the --sensitivity search keeps its calibrations")
+    try:  # the paths are checked before any work
+        out = pathlib.Path(checked_folder(args.out or DEFAULT_OUT))
+        if args.cache is not None:
+            _check_cache_path(args.cache)
+    except (OutputFolderError, CacheError) as exc:
+        parser.error(str(exc))
     progress = ProgressBar(not args.quiet)
-    out = pathlib.Path(args.out)
     try:
-        if args.calibrate:
-            text, data, names = npu_calibrate.markdown(npu_params.values(), progress), None, ["npu_calibrate.md"]
-        elif args.sim:
-            from pasa_npu.tools import npu_sim
+        with contextlib.ExitStack() as stack:
             try:
-                data = npu_sim.compare(npu_sim.SHAPES, args.algorithms, npu_params.values(), progress=progress)
-            except npu_sim.SimUnavailable as exc:
-                print(f"pasa-npu-model: {exc}", file=sys.stderr)
-                return 2
-            text, names = npu_sim.markdown(data), ["npu_sim.md", "npu_sim.json"]
-        elif args.sensitivity:
-            data = sensitivity(shapes(args.sets or ["readme"]), progress, jobs=args.jobs, cache=args.cache)
-            text, names = sensitivity_markdown(data), ["npu_sensitivity.md", "npu_sensitivity.json"]
-        else:
-            data = run(shapes(args.sets or ["paper", "sweep", "decode"]), args.algorithms, not args.no_band, progress,
-                       jobs=args.jobs)
-            text, names = markdown(data), ["npu_model.md", "npu_model.json"]
-    except (WrongRunError, StaleCacheError) as exc:
+                stack.enter_context(created_folder(str(out)))  # created now, removed again if the run fails
+            except OutputFolderError as exc:
+                parser.error(str(exc))
+            text, data, names = _report(args, progress)
+            (out / names[0]).write_text(text)
+            if data is not None:
+                (out / names[1]).write_text(json.dumps(data, indent=1, default=str))
+    except (WrongRunError, CacheError) as exc:
         print(f"pasa-npu-model: {exc}", file=sys.stderr)
         return 1
-    out.mkdir(parents=True, exist_ok=True)
-    (out / names[0]).write_text(text)
-    if data is not None:
-        (out / names[1]).write_text(json.dumps(data, indent=1, default=str))
+    except npu_sim.SimUnavailable as exc:
+        print(f"pasa-npu-model: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(("" if args.quiet else "\n") + "pasa-npu-model: interrupted", file=sys.stderr)  # past the bar's line
+        return 130
     print(text, end="")
     print(f"\nwrote {', '.join(names)} to {out}")
     return 0

@@ -31,6 +31,7 @@ def test_every_form_runs_with_a_no_op_kernel(tmp_path, monkeypatch):
 
 
 def test_calls_must_be_positive(tmp_path, capsys):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_info:
         bench.main(["--host", "--calls", "0", "--out", str(tmp_path)])
-    assert "--calls must be at least 1, got 0" in capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert "--calls must be >= 1, got 0" in capsys.readouterr().err

@@ -122,8 +122,10 @@ def build(allocations: list[str], backend_names: Optional[list[str]], third_part
 
     ``backend_names`` None means every backend available on ``device``. Unknown
     allocation, backend or third-party names, and a backend that was asked for
-    by name but is not available here, raise :class:`CompareError`.
+    by name but is not available here, raise :class:`CompareError`. A name given twice
+    counts once.
     """
+    allocations, third_party = list(dict.fromkeys(allocations)), list(dict.fromkeys(third_party))
     for name in allocations:
         if name not in pasa_npu.ALGORITHM_NAMES:
             raise CompareError(f"unknown allocation {name!r}; expected one of "
@@ -132,6 +134,7 @@ def build(allocations: list[str], backend_names: Optional[list[str]], third_part
     known = [b for b in registry.BACKEND_NAMES if b != "auto"]
     if backend_names is None:  # emulators (Triton's CPU interpreter) only when asked for
         backend_names = registry.available_backends(device)
+    backend_names = list(dict.fromkeys(backend_names))
     for name in backend_names:
         if name not in known:
             raise CompareError(f"unknown backend {name!r}; expected one of {', '.join(known)}")

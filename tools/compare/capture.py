@@ -163,9 +163,12 @@ def load_model(path: str, dtype: Optional[str] = None, layers: Sequence[int] = (
                quiet: bool = False):
     """(model, tokenizer or None) from a local directory; no network access. ``layers``
     are checked against the config before any weight is read."""
-    transformers, _, _ = _transformers()
+    if os.path.isfile(path):
+        raise CompareError(f"{path} is a file, not a model directory; for Q/K/V in a file run "
+                           f"'pasa-compare file {path}'")
     if not os.path.isdir(path):
         raise CompareError(f"model directory not found: {path}")
+    transformers, _, _ = _transformers()
     if not os.path.exists(os.path.join(path, "config.json")):
         raise CompareError(f"{path} has no config.json; expected a save_pretrained() directory")
     try:

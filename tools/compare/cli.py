@@ -1,6 +1,7 @@
 """``pasa-compare``: operator-level precision comparison against an fp64 golden.
 
-Commands (``sweep`` when none is given):
+Commands (``sweep`` when none is given, so a bare ``pasa-compare`` runs the default sweep,
+a minute or more on a CPU):
 
 * ``sweep``: the paper's uniform/hybrid sweeps, the resonance case and the score spread
   beyond fp16;
@@ -10,12 +11,13 @@ Commands (``sweep`` when none is given):
 
 Every run prints its tables and writes results.csv, per_head.csv, results.json,
 summary.md and PNG plots (bias: bias.*) into ``--out``, which it creates only when it
-writes them. A bad input or option ends with one line on stderr and exit status 2.
+writes them. A bad input or option ends with one line on stderr and exit status 2. A
+candidate that fails on an item shows ``error`` in the tables, and each distinct reason is
+printed once on stderr; when no candidate computed anything the exit status is 1.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import math
 import os
@@ -28,6 +30,10 @@ import torch
 
 import pasa_npu
 from pasa_npu.backends import available_backends
+from pasa_npu.numerics import DEFAULT_BETA0
+from pasa_npu.tools.command_line import (OutputFolderError, checked_folder, created_folder,
+                                         positive_float, positive_int)
+from pasa_npu.tools.inputs import PAPER_SHAPE
 
 from . import candidates as cand_mod
 from .errors import CompareError
@@ -35,36 +41,15 @@ from .evaluate import check_finite_inputs, choose_baseline, compare
 from .inputs import DEFAULT_SWEEPS, DTYPES, FILE_LAYOUTS, SWEEP_GROUPS, case_item, file_item, sweep_cases
 from .progress import ProgressBar
 
+DEFAULT_PROMPT = "The quick brown fox jumps over the lazy dog. " * 8
 COMMANDS = ("sweep", "file", "capture", "bias")
+#: sweep's (B, N, S, D) options and their defaults
+SHAPE_OPTIONS = {"batch": 1, "heads": 4, "seq": 1280, "dim": 128}
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, no usage block
         raise CompareError(f"{self.prog}: {message}")
-
-
-def _positive(name):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"--{name} must be an integer, got {text!r}")
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"--{name} must be >= 1, got {value}")
-        return value
-    return parse
-
-
-def _positive_float(name):
-    def parse(text):
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"--{name} must be a number, got {text!r}")
-        if not (math.isfinite(value) and value > 0):
-            raise argparse.ArgumentTypeError(f"--{name} must be finite and > 0, got {text}")
-        return value
-    return parse
 
 
 def _device(text):
@@ -118,13 +103,14 @@ def _candidate_options(p):
     g.add_argument("--backends", nargs="+", default=None, metavar="NAME",
                    help="pasa_npu backends (default: every one available on --device)")
     g.add_argument("--third-party", nargs="*", default=list(cand_mod.THIRD_PARTY), metavar="NAME",
-                   help="third-party candidates, run where installed (default: "
-                   f"{' '.join(cand_mod.THIRD_PARTY)})")
+                   help="third-party candidates, run where installed; the option alone: none "
+                   f"(default: {' '.join(cand_mod.THIRD_PARTY)})")
     g.add_argument("--baseline", default="auto",
                    help="third party of the dual-benchmark verdict: auto (npu-ip0 when it runs, "
-                   "else sdpa), a name, or none")
+                   "else sdpa), a name, or none (default auto)")
     g.add_argument("--device", type=_device, default="cpu",
-                   help="device the candidates run on (golden: CPU)")
+                   help="device the candidates run on, e.g. cpu, cuda, npu (default cpu; the "
+                   "fp64 golden always runs on CPU)")
     g.add_argument("--beta0", type=float, default=None,
                    help="start of the optimal-beta iteration for pasa/pasa-mixed (default: the "
                    "package's, 1 - 2**-6)")
@@ -141,7 +127,7 @@ def _output_options(p):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="pasa-compare", description=__doc__.split("\n\n")[0],
+    parser = _Parser(prog="pasa-compare", description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter,
                      epilog="Run 'pasa-compare COMMAND --help' for a command's options.")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
@@ -149,13 +135,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", help="the paper's sweeps (Figures 9-10, Table 4) and resonance",
                        description="The paper's benchmark sweeps at (B, N, S, D); default "
                        "(1, 4, 1280, 128), --paper-shape for (1, 16, 1280, 128).")
-    p.add_argument("--heads", type=_positive("heads"), default=4, help="N (default 4; paper 16)")
-    p.add_argument("--seq", type=_positive("seq"), default=1280, help="S (default 1280)")
-    p.add_argument("--dim", type=_positive("dim"), default=128, help="D (default 128)")
-    p.add_argument("--batch", type=_positive("batch"), default=1, help="B (default 1)")
-    p.add_argument("--paper-shape", action="store_true", help="(1, 16, 1280, 128), the paper's")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", type=_dtype, default=torch.float16, help="fp16 (paper) or bf16")
+    # shape options default to None so that --paper-shape can tell that one was given
+    p.add_argument("--heads", type=positive_int("heads"), help="N (default 4; paper 16)")
+    p.add_argument("--seq", type=positive_int("seq"), help="S (default 1280)")
+    p.add_argument("--dim", type=positive_int("dim"), help="D (default 128)")
+    p.add_argument("--batch", type=positive_int("batch"), help="B (default 1)")
+    p.add_argument("--paper-shape", action="store_true",
+                   help="the paper's (1, 16, 1280, 128); not with --batch/--heads/--seq/--dim")
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (default 0)")
+    p.add_argument("--dtype", type=_dtype, default=torch.float16,
+                   help="input dtype: fp16 (the paper's) or bf16 (default fp16)")
     p.add_argument("--sweeps", nargs="+", default=list(DEFAULT_SWEEPS), metavar="NAME",
                    help=f"which sweeps: {' '.join(SWEEP_GROUPS)} (default: all but table4, "
                    "whose cases they contain)")
@@ -167,12 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
                        "bool atten_mask, True = masked) or three files (.pt, .npy, ...).")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--layout", default="BNSD", help=f"layout of the tensors: "
-                   f"{', '.join(FILE_LAYOUTS)} (TND/NTD: one sequence)")
-    p.add_argument("--num-heads", type=_positive("num-heads"), default=None,
+                   f"{', '.join(FILE_LAYOUTS)} (TND/NTD: one sequence; default BNSD)")
+    p.add_argument("--num-heads", type=positive_int("num-heads"), default=None,
                    help="query heads (needed for BSH)")
-    p.add_argument("--num-kv-heads", type=_positive("num-kv-heads"), default=None,
+    p.add_argument("--num-kv-heads", type=positive_int("num-kv-heads"), default=None,
                    help="key/value heads (BSH with GQA)")
-    p.add_argument("--scale", type=_positive_float("scale"), default=None,
+    p.add_argument("--scale", type=positive_float("scale"), default=None,
                    help="softmax scale, > 0 (default 1/sqrt(D))")
     p.add_argument("--dtype", type=_dtype, default=None,
                    help="round inputs to fp16 or bf16 (default: keep fp16/bf16, fp32 -> fp16)")
@@ -183,11 +172,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "compares attention on the Q/K/V that reached the chosen layers.")
     p.add_argument("model", help="a save_pretrained() directory (no download)")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--prompt", default="The quick brown fox jumps over the lazy dog. " * 8)
-    src.add_argument("--token-ids", type=int, nargs="+", default=None,
-                     help="token ids instead of a prompt (models without a tokenizer)")
+    src.add_argument("--prompt", default=DEFAULT_PROMPT,
+                     help="text the model runs on, cut to --max-tokens tokens (default: "
+                     "'The quick brown fox jumps over the lazy dog.' 8 times)")
+    src.add_argument("--token-ids", type=int, nargs="+", default=None, metavar="ID",
+                     help="token ids instead of a prompt (models without a tokenizer); at most "
+                     "--max-tokens of them")
     p.add_argument("--layers", type=int, nargs="+", default=[0], help="layer indices (default 0)")
-    p.add_argument("--max-tokens", type=_positive("max-tokens"), default=2048)
+    p.add_argument("--max-tokens", type=positive_int("max-tokens"), default=2048,
+                   help="most tokens the model runs on (default 2048)")
     p.add_argument("--model-dtype", choices=("fp32", "fp16", "bf16"), default=None,
                    help="dtype to load the model in (default: as saved)")
     p.add_argument("--dtype", type=_dtype, default=None,
@@ -199,70 +192,53 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Rows with repeated maxima and same-signed V: signed mean "
                        "error over many trials, guard off and on, 95% CI.")
     p.add_argument("--allocations", nargs="+", default=["fa-fp16", "pasa", "pasa-exact"],
-                   metavar="NAME")
+                   metavar="NAME", help="precision allocations (default fa-fp16 pasa pasa-exact)")
     p.add_argument("--dtypes", nargs="+", type=_dtype, default=[torch.bfloat16, torch.float16],
                    metavar="DTYPE", help="input dtypes (default bf16 fp16)")
     p.add_argument("--trials", type=int, default=50, help="independent inputs (default 50)")
     p.add_argument("--ties", type=int, default=2, help="equal maxima per score row (default 2)")
     p.add_argument("--gap", type=float, default=12.0,
                    help="scaled score gap between the tied maxima and the rest (default 12)")
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--queries", type=int, default=128)
-    p.add_argument("--keys", type=int, default=128)
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--heads", type=int, default=8, help="heads per trial (default 8)")
+    p.add_argument("--queries", type=int, default=128,
+                   help="query rows per head, S1 (default 128)")
+    p.add_argument("--keys", type=int, default=128, help="keys per head, S2 (default 128)")
+    p.add_argument("--dim", type=int, default=64, help="head dim, D (default 64)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of trial 0; trial t uses seed + t (default 0)")
     _output_options(p)
     return parser
 
 
 def _folder(args) -> str:
     """The output folder, checked but not created: a command creates it only once it has
-    results to write (:func:`_output_folder`)."""
-    folder = args.out or os.path.join("pasa-compare-out", args.command)
-    if os.path.exists(folder) and not os.path.isdir(folder):
-        raise CompareError(f"--out {folder}: expected a folder, got an existing file")
-    parent = os.path.dirname(os.path.abspath(folder))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise CompareError(f"--out {folder}: cannot create it: {parent} is a file")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise CompareError(f"--out {folder}: cannot create it: {parent} is not writable")
-    return folder
+    results to write (:func:`~pasa_npu.tools.command_line.created_folder`)."""
+    return checked_folder(args.out or os.path.join("pasa-compare-out", args.command))
 
 
-@contextlib.contextmanager
-def _output_folder(folder: str):
-    """Create ``folder`` for the writes in the block; if the block fails, the folders
-    created here are removed again where they are still empty."""
-    created = []
-    path = os.path.abspath(folder)
-    while not os.path.exists(path):
-        created.append(path)
-        path = os.path.dirname(path)
+def _beta(args) -> Optional[float]:
+    """The beta solved from --beta0 (None without it: the package solves its default per
+    call). A scale where the optimal accuracy condition has no solution is refused here
+    when pasa or pasa-mixed is asked for, rather than failing every one of their cells."""
+    shifted = [a for a in dict.fromkeys(args.allocations) if a in pasa_npu.ALLOCATIONS
+               and pasa_npu.ALLOCATIONS[a].pseudo_average_shift]
+    if args.beta0 is not None and not 0.0 < args.beta0 < 1.0:
+        raise CompareError(f"--beta0 must lie in (0, 1), got {args.beta0}")
+    if not shifted:  # beta applies to pasa and pasa-mixed only
+        return None
+    beta0 = DEFAULT_BETA0 if args.beta0 is None else args.beta0
     try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as err:
-        raise CompareError(f"--out {folder}: cannot create it: {err.strerror}") from err
-    try:
-        yield folder
-    except BaseException:
-        for path in created:  # innermost first
-            try:
-                os.rmdir(path)
-            except OSError:  # not empty: keep what was written
-                break
-        raise
+        beta = pasa_npu.optimal_beta(beta0, pasa_npu.DEFAULT_TILING.kv_block,
+                                     scale=args.scale_for_beta)
+    except ValueError as err:
+        raise CompareError(f"{args.scale_origin}: PASA's shift fraction beta has no solution "
+                           f"at this scale ({err}); leave {' and '.join(shifted)} out of "
+                           f"--allocations") from err
+    return None if args.beta0 is None else beta
 
 
 def _candidates(args):
-    beta = None
-    if args.beta0 is not None:
-        try:
-            beta = pasa_npu.optimal_beta(args.beta0, pasa_npu.DEFAULT_TILING.kv_block,
-                                         scale=args.scale_for_beta)
-        except ValueError as err:
-            raise CompareError(f"--beta0: {err}") from err
+    beta = _beta(args)
     cands, skipped = cand_mod.build(args.allocations, args.backends, args.third_party,
                                     args.device, beta, args.rounding_guard)
     baseline = choose_baseline(args.baseline, cands, skipped)
@@ -292,7 +268,7 @@ def _run_comparison(args, items, title, extra, sweep=False, shape=None) -> int:
     print(report.console(comp, title, sweep=sweep))
     settings = _settings(args, extra, cands, beta)
     plots = []
-    with _output_folder(folder):
+    with created_folder(folder):
         if not args.no_plots:
             from . import plots as plot_mod
             plots = (plot_mod.sweep_figures(comp, folder, shape) if sweep
@@ -301,15 +277,69 @@ def _run_comparison(args, items, title, extra, sweep=False, shape=None) -> int:
         paths.append(report.write_markdown(comp, folder, title, settings, plots, sweep=sweep))
     print(f"\nwrote {', '.join(os.path.basename(p) for p in paths + plots)} to {folder} "
           f"({time.perf_counter() - start:.0f} s)")
+    sys.stdout.flush()  # the tables before the failures on a shared terminal
+    for line in _failures(comp.records, len(items)):
+        print(f"pasa-compare: {line}", file=sys.stderr)
+    if not any(r.status == "ok" for r in comp.records):
+        print(f"pasa-compare: error: no candidate computed a result (reasons above and in "
+              f"{os.path.join(folder, 'summary.md')})", file=sys.stderr)
+        return 1
     return 0
 
 
+def _failures(records, n_items: int, most: int = 10) -> list[str]:
+    """One line per distinct reason a candidate failed: which candidates, on how many
+    items, and the reason's first line; at most ``most`` lines and a count of the rest."""
+    failed: dict[str, dict[str, int]] = {}  # reason -> candidate -> items
+    for r in records:
+        if r.status != "ok":
+            lines = r.reason.strip().splitlines() or ["(no reason given)"]
+            per = failed.setdefault(lines[0], {})
+            per[r.candidate] = per.get(r.candidate, 0) + 1
+    out = []
+    for reason, per in failed.items():
+        where = ", ".join(f"{c} ({n} of {n_items} items)" if n < n_items else c
+                          for c, n in per.items())
+        out.append(f"{where} failed: {reason}")
+    if len(out) > most:
+        out = out[:most] + [f"... and {len(out) - most} more reasons (see summary.md)"]
+    return out
+
+
+def _memory_bytes() -> Optional[int]:
+    """This machine's physical memory, None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_memory(shape, cases: int, dtype: torch.dtype) -> None:
+    """Refuse a sweep whose generated inputs alone exceed the machine's memory: every case's
+    Q/K/V in ``dtype``, and one case's Q/K/V in fp64 while it is generated."""
+    numel = math.prod(shape)
+    need = 3 * numel * (cases * dtype.itemsize + 8)
+    have = _memory_bytes()
+    if have is not None and need > have:
+        raise CompareError(f"--batch/--heads/--seq/--dim: the inputs at (B, N, S, D) = {shape} "
+                           f"need about {need / 2**30:.3g} GiB ({cases} cases), more than this "
+                           f"machine's {have / 2**30:.3g} GiB of memory")
+
+
 def _sweep(args) -> int:
-    if args.paper_shape:
-        args.batch, args.heads, args.seq, args.dim = 1, 16, 1280, 128
+    given = [f"--{name}" for name in SHAPE_OPTIONS if getattr(args, name) is not None]
+    if args.paper_shape and given:
+        raise CompareError(f"pasa-compare sweep: argument --paper-shape: not allowed with "
+                           f"{', '.join(given)} (it sets (B, N, S, D) = {PAPER_SHAPE})")
+    defaults = dict(zip(SHAPE_OPTIONS, PAPER_SHAPE)) if args.paper_shape else SHAPE_OPTIONS
+    for name, default in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     cases = sweep_cases(args.sweeps)
     shape = (args.batch, args.heads, args.seq, args.dim)
+    _check_memory(shape, len(cases), args.dtype)
     args.scale_for_beta = args.dim ** -0.5
+    args.scale_origin = f"scale 1/sqrt(D) = {args.scale_for_beta:.4g} (--dim {args.dim})"
     args.prepared = _candidates(args)
     items = [case_item(c, shape, args.seed, args.dtype) for c in cases]
     dt = str(args.dtype).replace("torch.", "")
@@ -323,6 +353,8 @@ def _file(args) -> int:
     item = file_item(args.paths, args.layout, args.num_heads, args.num_kv_heads, args.scale,
                      args.dtype)
     args.scale_for_beta = item.scale
+    args.scale_origin = (f"--scale {args.scale:g}" if args.scale is not None
+                         else f"scale 1/sqrt(D) = {item.scale:.4g}")
     args.prepared = _candidates(args)
     dt = str(item.dtype).replace("torch.", "")
     mask = item.mask_description()
@@ -338,6 +370,10 @@ def _capture(args) -> int:
     # candidates first: a bad candidate option should not wait for a model load
     args.scale_for_beta = 1.0
     cand_mod.build(args.allocations, args.backends, args.third_party, args.device)
+    if args.token_ids and len(args.token_ids) > args.max_tokens:
+        raise CompareError(f"--token-ids: {len(args.token_ids)} ids given, more than "
+                           f"--max-tokens {args.max_tokens}; pass fewer ids or a larger "
+                           f"--max-tokens")
     model, tokenizer = load_model(args.model, args.model_dtype, args.layers, args.quiet)
     ids = tokenize(tokenizer, args.prompt, args.token_ids, args.model, args.max_tokens)
     vocab = model.get_input_embeddings().num_embeddings
@@ -347,6 +383,7 @@ def _capture(args) -> int:
     captures = record_attention(model, ids, args.layers)
     items = items_from_captures(captures, args.dtype)
     args.scale_for_beta = items[0].scale
+    args.scale_origin = f"the model's scale {items[0].scale:.4g}"
     args.prepared = _candidates(args)
     dt = str(items[0].dtype).replace("torch.", "")
     title = (f"{args.model}: layers {args.layers}, {ids.shape[1]} tokens, captured "
@@ -362,26 +399,46 @@ def _bias(args) -> int:
     setup.check()
     folder = _folder(args)
     start = time.perf_counter()
-    rows = bias.run_bias(args.allocations, args.dtypes, setup, ProgressBar(not args.quiet))
+    allocations, dtypes = list(dict.fromkeys(args.allocations)), list(dict.fromkeys(args.dtypes))
+    rows = bias.run_bias(allocations, dtypes, setup, ProgressBar(not args.quiet))
     print(bias.console(rows, setup))
-    with _output_folder(folder):
+    with created_folder(folder):
         paths = bias.write(rows, setup, folder, plot=not args.no_plots)
     print(f"\nwrote {', '.join(os.path.basename(p) for p in paths)} to {folder} "
           f"({time.perf_counter() - start:.0f} s)")
     return 0
 
 
+def _out_of_memory(err: BaseException) -> Optional[str]:
+    """The allocator's complaint in one line where ``err`` is an allocation failure."""
+    text = str(err).strip()
+    if (isinstance(err, (MemoryError, torch.cuda.OutOfMemoryError))
+            or "can't allocate memory" in text):
+        return (text.split("DefaultCPUAllocator: ")[-1].splitlines() or [type(err).__name__])[0]
+    return None
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help")):
-        argv = ["sweep"] + argv
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv = ["sweep"] + argv  # a bare pasa-compare, or sweep's options alone
     try:
+        if argv[0] not in COMMANDS + ("-h", "--help"):
+            raise CompareError(f"unknown command {argv[0]!r}; expected one of "
+                               f"{', '.join(COMMANDS)} (or sweep's options alone)")
         args = build_parser().parse_args(argv)
         args.argv = argv
         command = {"sweep": _sweep, "file": _file, "capture": _capture, "bias": _bias}
         return command[args.command](args)
-    except CompareError as err:
+    except (CompareError, OutputFolderError) as err:
         print(f"pasa-compare: error: {err}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as err:
+        reason = _out_of_memory(err)
+        if reason is None:
+            raise
+        print(f"pasa-compare: error: out of memory: {reason}; try smaller inputs",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("pasa-compare: interrupted", file=sys.stderr)
