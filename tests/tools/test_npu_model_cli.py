@@ -52,7 +52,7 @@ def test_an_output_folder_that_cannot_be_one_is_refused_before_any_work(no_work,
     ("old.pkl", "expected a calibration cache pasa-npu-model wrote, got a file that is not one")])
 def test_a_cache_that_cannot_be_one_is_refused_before_any_work(no_work, monkeypatch, tmp_path, capsys,
                                                                where, message):
-    """A file that is not a cache (text; a bare pickle, as an older build wrote) is refused from
+    """A file that is not a cache (text; a bare pickle without the header) is refused from
     its first line, never unpickled."""
     (tmp_path / "x.txt").write_text("not a cache\n")
     (tmp_path / "old.pkl").write_bytes(pickle.dumps(dict(fingerprint=npu_model.calibration_fingerprint(), fits={})))
