@@ -41,8 +41,7 @@ def mask_and_band(mask, sparse_mode: int, pre: int, nxt: int, batch, s_q, s_kv, 
         if s_q == 1:
             if sparse_mode != 3:
                 warnings.warn(f"sparse_mode={sparse_mode} has no effect when the query length is "
-                              f"1 (torch_npu ignores it in decode); every valid key is attended",
-                              stacklevel=4)
+                              f"1 (torch_npu ignores it in decode); every valid key is attended")
             return None, None
         if sparse_mode == 4:
             _check_tokens(pre, nxt)
@@ -54,7 +53,7 @@ def mask_and_band(mask, sparse_mode: int, pre: int, nxt: int, batch, s_q, s_kv, 
             raise ValueError("sparse_mode=1 (allMask) needs the full atten_mask, got None")
         if tokens_given:
             warnings.warn("pre_tokens/next_tokens have no effect with sparse_mode=0 and no "
-                          "atten_mask (torch_npu ignores them too)", stacklevel=4)
+                          "atten_mask (torch_npu ignores them too)")
         return None, None
     if packed:
         raise ValueError(f"packed layouts (TND) take sparse_mode 0 without atten_mask or 2-4 "
@@ -63,11 +62,11 @@ def mask_and_band(mask, sparse_mode: int, pre: int, nxt: int, batch, s_q, s_kv, 
     dense = _dense_mask(mask, batch, s_q, s_kv)
     if sparse_mode == 1 or not tokens_given:
         if sparse_mode == 1 and tokens_given:
-            warnings.warn("pre_tokens/next_tokens have no effect with sparse_mode=1", stacklevel=4)
+            warnings.warn("pre_tokens/next_tokens have no effect with sparse_mode=1")
         return dense, None
     if s_q == 1:
         warnings.warn("pre_tokens/next_tokens have no effect when the query length is 1 "
-                      "(torch_npu ignores them in decode)", stacklevel=4)
+                      "(torch_npu ignores them in decode)")
         return dense, None
     _check_tokens(pre, nxt)
     _check_token_lengths(0, pre, nxt, q_lens, kv_lens)

@@ -83,8 +83,10 @@ def resolve_options(call: Call, golden: bool) -> Options:
                   num_heads=num_heads, num_kv_heads=num_kv_heads, scale=scale,
                   inner_precise=inner_precise, want_lse=call.softmax_lse_flag,
                   sparse_mode=sparse_mode,
-                  pre_tokens=int_arg(call.pre_tokens, "pre_tokens", -INT64_MAX - 1, INT64_MAX),
-                  next_tokens=int_arg(call.next_tokens, "next_tokens", -INT64_MAX - 1, INT64_MAX),
+                  pre_tokens=int_arg(call.pre_tokens, "pre_tokens", -INT64_MAX - 1, INT64_MAX,
+                                     "torch_npu's int64"),
+                  next_tokens=int_arg(call.next_tokens, "next_tokens", -INT64_MAX - 1, INT64_MAX,
+                                      "torch_npu's int64"),
                   block_size=int_arg(call.block_size, "block_size", minimum=0))
     if golden:
         return Options(**common, out_dtype=torch.float64, allocation=ALLOCATIONS["fa-fp32"],
@@ -176,7 +178,9 @@ def check_sink(sink, num_heads: int, input_layout: str, head_dim_v: int, device)
                          f"{SINK_MAX_HEAD_DIM_V} (torch_npu's limit), got {head_dim_v}")
 
 
-def int_arg(value, name: str, minimum: int, maximum: int | None = None) -> int:
+def int_arg(value, name: str, minimum: int, maximum: int | None = None, why: str = "") -> int:
+    """``value``, an int in [minimum, maximum]; the errors name ``name`` and give ``why``
+    the maximum holds."""
     if type(value) is int and value >= minimum and (maximum is None or value <= maximum):
         return value  # the common case, without ABC checks
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -184,7 +188,7 @@ def int_arg(value, name: str, minimum: int, maximum: int | None = None) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
-        raise ValueError(f"{name} must be <= {maximum}{MAXIMA_WHY.get(name, '')}, got {value}")
+        raise ValueError(f"{name} must be <= {maximum}{why and f' ({why})'}, got {value}")
     return int(value)
 
 
@@ -192,9 +196,6 @@ INT64_MAX = 2 ** 63 - 1
 #: the largest q_block and kv_block: a larger tile only costs memory (the torch backend
 #: forms q_block x kv_block scores and PASA's kv_block x kv_block shifting matrix)
 MAX_TILE = 8192
-MAXIMA_WHY = {"pre_tokens": " (torch_npu's int64)", "next_tokens": " (torch_npu's int64)",
-              "q_block": " (a larger tile only costs memory)",
-              "kv_block": " (a larger tile only costs memory)"}
 
 
 def check_tensors(query, key, value) -> None:
@@ -239,9 +240,11 @@ def resolve_allocation(algorithm, inner_precise: int, dtype=None) -> Allocation:
 
 
 def resolve_tiling(q_block, kv_block) -> Tiling:
-    q_block = DEFAULT_TILING.q_block if q_block is None else int_arg(q_block, "q_block", 1, MAX_TILE)
+    why = "a larger tile only costs memory"
+    q_block = (DEFAULT_TILING.q_block if q_block is None
+               else int_arg(q_block, "q_block", 1, MAX_TILE, why))
     kv_block = (DEFAULT_TILING.kv_block if kv_block is None
-                else int_arg(kv_block, "kv_block", 2, MAX_TILE))
+                else int_arg(kv_block, "kv_block", 2, MAX_TILE, why))
     return Tiling(q_block=q_block, kv_block=kv_block)
 
 
