@@ -219,9 +219,10 @@ def make_parser() -> argparse.ArgumentParser:
                              "(default 32k 64k 128k 256k)")
     parser.add_argument("--heads", type=positive_int("heads"), default=32,
                         help="query heads, a multiple of --kv-heads (default 32)")
-    parser.add_argument("--kv-heads", type=positive_int("kv-heads"), default=4,
+    parser.add_argument("--kv-heads", type=positive_int("kv-heads"), default=None,
                         help="kv heads, a multiple of the ranks, among which yunchang-ulysses "
-                             "splits them (default 4: GQA 8:1)")
+                             "splits them (default 4, GQA 8:1 at 32 heads; with more ranks, "
+                             "the ranks)")
     parser.add_argument("--head-dim", type=positive_int("head-dim"), default=128,
                         help="head dim (default 128)")
     parser.add_argument("--runs", type=positive_int("runs"), default=3,
@@ -251,6 +252,8 @@ def run(argv=None) -> int:
         parser.error("--gpus must be 2 or more, got 1")
     if gpus < 2:
         parser.error("--distributed needs 2 or more GPUs; 1 CUDA device visible")
+    if args.kv_heads is None:
+        args.kv_heads = max(4, gpus)
     if args.heads % args.kv_heads:
         parser.error(f"--heads must be a multiple of --kv-heads ({args.kv_heads}), "
                      f"got {args.heads}")

@@ -219,6 +219,22 @@ def test_r18_decode_ignores_actual_seq_lengths(backend):
     assert (gold[0] != 0).any()
 
 
+@pytest.mark.parametrize("bad", ["12", 3, [1.5], torch.tensor([1.0]), torch.ones(1, 2).long()])
+def test_r18_decode_checks_the_type_of_the_lengths_it_ignores(bad):
+    """Ignored in decode, actual_seq_lengths is still checked as torch_npu's schema checks
+    it: a value that is no list of ints is refused, by name, with host kv lengths and with
+    kv lengths left on the device (planned at the capacity, never read)."""
+    q, k, v = _bnsd(b=2, s1=1)
+    with pytest.raises(TypeError, match="actual_seq_lengths must be a list of ints"):
+        pasa_npu.fused_attention(q, k, v, num_heads=2, input_layout="BNSD",
+                                 actual_seq_lengths=bad)
+    call = pasa_npu.arguments.bind("fused_attention", q, k, v, dict(
+        num_heads=2, input_layout="BNSD", actual_seq_lengths=bad,
+        actual_seq_lengths_kv=torch.tensor([3, 5])))
+    with pytest.raises(TypeError, match="actual_seq_lengths must be a list of ints"):
+        pasa_npu.lengths.capacity_lengths(call, q, k.shape[2], False, ("actual_seq_lengths_kv",))
+
+
 def test_r19_paged_kv_needs_kv_lengths_and_block_size_rules():
     q = _rand(1, 2, 2, D)
     cache = _rand(4, 128, 2 * D)

@@ -90,16 +90,31 @@ def test_distributed_numbers_are_checked_before_any_worker(extra, message, capsy
     assert _refused(GLOO + extra, capsys) == f"pasa-bench --distributed: error: {message}"
 
 
-@pytest.mark.parametrize("visible, message", [
-    (0, "no CUDA device is visible here for --backend nccl (the default); --backend gloo "
-        "runs the ranks on the CPU"),
-    (1, "--distributed needs 2 or more GPUs; 1 CUDA device visible"),
-    (8, "--kv-heads must be a multiple of the ranks (8)"),
+@pytest.mark.parametrize("visible, extra, message", [
+    (0, [], "no CUDA device is visible here for --backend nccl (the default); --backend gloo "
+            "runs the ranks on the CPU"),
+    (1, [], "--distributed needs 2 or more GPUs; 1 CUDA device visible"),
+    (8, ["--kv-heads", "4"], "--kv-heads must be a multiple of the ranks (8)"),
 ])
-def test_distributed_on_the_gpus_here_says_what_is_missing(visible, message, monkeypatch,
-                                                          capsys, no_work):
+def test_distributed_on_the_gpus_here_says_what_is_missing(visible, extra, message,
+                                                          monkeypatch, capsys, no_work):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
-    assert message in _refused(["--distributed"], capsys)
+    assert message in _refused(["--distributed"] + extra, capsys)
+
+
+@pytest.mark.parametrize("visible, kv_heads", [(2, 4), (4, 4), (8, 8)])
+def test_distributed_default_kv_heads_split_over_the_ranks(visible, kv_heads, monkeypatch,
+                                                           tmp_path):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    started = []
+
+    def spawn(worker, args, nprocs, join):
+        started.append(args[1]["kv_heads"])
+        raise RuntimeError("stop after the first start")
+    monkeypatch.setattr(bench_distributed.mp, "spawn", spawn)
+    with pytest.raises(RuntimeError, match="stop after the first start"):
+        bench_distributed.run(["--distributed", "--out", str(tmp_path)])
+    assert started == [kv_heads]
 
 
 @pytest.mark.parametrize("extra, message", [
