@@ -95,8 +95,7 @@ BACKEND_NAMES = ("auto", *BACKENDS)
 
 def resolve(name: str, device: torch.device) -> Backend:
     """Pick the backend for ``backend=name`` and tensors on ``device``."""
-    if name not in BACKEND_NAMES:
-        raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {name!r}")
+    check_name(name)
     if name == "auto":
         if device.type == "npu":
             name = "npu"
@@ -107,6 +106,11 @@ def resolve(name: str, device: torch.device) -> Backend:
     if reason is not None:
         raise RuntimeError(reason)
     return backend
+
+
+def check_name(name: str) -> None:
+    if name not in BACKEND_NAMES:
+        raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {name!r}")
 
 
 def _importable(module: str) -> bool:

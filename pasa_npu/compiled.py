@@ -17,12 +17,14 @@ they are an output of the compiled graph, which a CUDA graph's memory pool track
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import numbers
 import typing
 from typing import Optional
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_scalar
 
 from . import overflow, paging, plans
 from .arguments import KEYWORD_ARGUMENTS, TENSOR_NAMES, Call, bind, describe
@@ -112,6 +114,7 @@ fused_attention_op.register_fake(_fake)
 def traced_call(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`pasa_npu.fused_attention` under torch.compile (``call``: its arguments): one call of the opaque operator. Arguments its schema cannot carry are refused
     here with the eager call's errors."""
+    call = _specialised(call)
     options = resolve_options(call, golden=False)  # the operator's fake kernel reads them resolved
     check_mask(call.atten_mask, call.query.device)
     op_args = {name: getattr(call, name) for name in (*TENSOR_NAMES, *_TENSORS)}
@@ -128,6 +131,18 @@ def traced_call(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
         options.allocation.name, call.backend, options.packed, options.tiling.q_block,
         op_args["actual_seq_lengths"] if lengths is None else lengths))
     return out, lse
+
+
+def _specialised(call: Call) -> Call:
+    """``call`` with its symbolic scalars (``dynamic=True`` makes a float held outside the
+    compiled function one) as the numbers they hold, guarded on: the checks, β and the
+    plan depend on the values."""
+    given = {}
+    for name, (kind, _) in OP_SCALARS.items():
+        value = getattr(call, name)
+        if kind in (int, float) and isinstance(value, numbers.Real) and not isinstance(value, bool):
+            given[name] = guard_scalar(value)
+    return dataclasses.replace(call, **given)
 
 
 def _schema_value(value, name: str, kind: type, optional: bool):

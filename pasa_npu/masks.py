@@ -60,6 +60,8 @@ def mask_and_band(mask, sparse_mode: int, pre: int, nxt: int, batch, s_q, s_kv, 
                          f"with the optimized mask, as torch_npu; got sparse_mode={sparse_mode} "
                          f"with an atten_mask")
     dense = _dense_mask(mask, batch, s_q, s_kv)
+    if not s_kv:  # no key for the mask to hide: every row is empty
+        return None, None
     if sparse_mode == 1 or not tokens_given:
         if sparse_mode == 1 and tokens_given:
             warnings.warn("pre_tokens/next_tokens have no effect with sparse_mode=1")

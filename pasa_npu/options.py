@@ -94,14 +94,18 @@ def resolve_options(call: Call, golden: bool) -> Options:
                        overflow_check=False)
     allocation = resolve_allocation(call.algorithm, inner_precise, query.dtype)
     tiling = resolve_tiling(call.q_block, call.kv_block)
-    for name in ("rounding_guard", "repair_overflow"):
-        if not isinstance(getattr(call, name), bool):
-            raise TypeError(f"{name} must be a bool, got {describe(getattr(call, name))}")
-    if not isinstance(call.backend, str):
-        raise TypeError(f"backend must be a str, got {describe(call.backend)}")
+    check_flags_and_backend(call.rounding_guard, call.repair_overflow, call.backend)
     return Options(**common, out_dtype=out_dtype, allocation=allocation, tiling=tiling,
                    rounding_guard=call.rounding_guard,
                    overflow_check=overflow_checked(call.repair_overflow, allocation))
+
+
+def check_flags_and_backend(rounding_guard, repair_overflow, backend) -> None:
+    for name, value in (("rounding_guard", rounding_guard), ("repair_overflow", repair_overflow)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {describe(value)}")
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, got {describe(backend)}")
 
 
 def overflow_checked(repair_overflow: bool, allocation: Allocation) -> bool:

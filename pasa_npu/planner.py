@@ -13,8 +13,9 @@ from . import backends
 from .arguments import Call
 from .lengths import capacity_lengths, sequence_lengths
 from .masks import mask_and_band, row_facts
-from .numerics import compute_dtype
-from .options import Options, resolve_beta, resolve_options
+from .numerics import ALLOCATIONS, compute_dtype
+from .options import (Options, check_flags_and_backend, resolve_allocation, resolve_beta,
+                      resolve_options, resolve_tiling)
 from .problem import AttentionProblem
 from .views import plan_views
 
@@ -136,3 +137,19 @@ def make_plan(call: Call, golden: bool, base: Optional[Plan], on_host: bool,
     return Plan(options=options, on_host=on_host, table_on_host=table_on_host,
                 validated_mask=call.atten_mask if options.sparse_mode in (2, 3, 4) else None,
                 mask_source=call.atten_mask, **lengths, **extra)
+
+
+def check_own_options(options: dict) -> None:
+    """pasa_npu's own keywords (``options``, absent ones at their defaults) checked as far as
+    no call decides them, for options given once for many calls: the algorithm's and the
+    backend's names, the tiling, the flags' types and a given β's type and range (whether
+    β applies is the call's: ``algorithm=None`` picks by ``inner_precise`` and dtype)."""
+    algorithm = options.get("algorithm")
+    allocation = ALLOCATIONS["pasa"] if algorithm is None else resolve_allocation(algorithm, 0)
+    tiling = resolve_tiling(options.get("q_block"), options.get("kv_block"))
+    backend = options.get("backend", "auto")
+    check_flags_and_backend(options.get("rounding_guard", False),
+                            options.get("repair_overflow", True), backend)
+    backends.check_name(backend)
+    if options.get("beta") is not None:
+        resolve_beta(options["beta"], allocation, tiling, 1.0)

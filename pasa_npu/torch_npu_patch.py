@@ -38,6 +38,7 @@ import torch
 from .api import fused_attention, fused_attention_v2
 from .arguments import (OWN_KEYWORDS, UNIMPLEMENTED_KEYWORDS, V2_UNIMPLEMENTED_KEYWORDS,
                         is_default)
+from .planner import check_own_options
 
 NAME = "npu_fused_infer_attention_score"
 #: the torch.ops namespace torch_npu registers its operators in
@@ -124,7 +125,22 @@ def _warn_once(reason: str, route: str) -> None:
                       f"original (warned once)", RuntimeWarning, stacklevel=4)
 
 
-class PatchedFusedInferAttentionScore:
+class _Forwarding:
+    """Forwards the attributes it lacks (an operator's overloads, schema, ...) to
+    ``original``; its own and the special names are never forwarded (``copy`` and pickling
+    look those up before ``__init__`` has run)."""
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name in ("original", "_original", "patched"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        original = self.original
+        if original is None:
+            raise AttributeError(f"{self.route_name}: torch_npu's operator has no such form, "
+                                 f"so no attribute {name!r}")
+        return getattr(original, name)
+
+
+class PatchedFusedInferAttentionScore(_Forwarding):
     """What a patched route is: PASA for the calls it supports, the original for the rest.
     ``.out`` and ``.default`` as the original's (a torch.ops packet's overloads when
     ``original`` is one)."""
@@ -161,11 +177,8 @@ class PatchedFusedInferAttentionScore:
         routed = self.route(args, kwargs, self.route_name)
         return routed if routed is not None else self.original(*args, **kwargs)
 
-    def __getattr__(self, name):  # the operator's other attributes (overloads, schema, ...)
-        return getattr(self.original, name)
 
-
-class _PatchedOverload:
+class _PatchedOverload(_Forwarding):
     """A torch.ops packet's ``.default`` overload while patched."""
 
     def __init__(self, patched: PatchedFusedInferAttentionScore, original, route: str):
@@ -175,11 +188,8 @@ class _PatchedOverload:
         routed = self.patched.route(args, kwargs, self.route_name)
         return routed if routed is not None else self.original(*args, **kwargs)
 
-    def __getattr__(self, name):
-        return getattr(self.original, name)
 
-
-class _PatchedOut:
+class _PatchedOut(_Forwarding):
     """The ``.out`` form: writes into ``out=(attention_out, softmax_lse)`` (or the two named
     arguments) and returns them; ``workspace`` is not needed by PASA and is ignored."""
 
@@ -190,7 +200,10 @@ class _PatchedOut:
 
     @property
     def original(self):
-        return self._original if self._original is not None else self.patched.original.out
+        """torch_npu's ``.out``, None where its operator has none."""
+        if self._original is not None:
+            return self._original
+        return getattr(self.patched.original, "out", None)
 
     def __call__(self, *args, **kwargs):
         given = {k: kwargs.pop(k) for k in _OUT_KEYWORDS if k in kwargs}
@@ -201,6 +214,9 @@ class _PatchedOut:
                             f"softmax_lse=")
         routed = self.patched.route(args, kwargs, self.route_name)
         if routed is None:
+            if self.original is None:
+                raise NotImplementedError(f"{self.route_name}: this call goes to torch_npu's "
+                                          f"operator (warned), which has no .out form")
             workspace = given.get("workspace")
             if workspace is not None and _is_pasa_workspace(workspace):
                 # the patched query handed out PASA's empty workspace: the original needs its own
@@ -212,9 +228,6 @@ class _PatchedOut:
             softmax_lse.copy_(routed[1])
         return attention_out, softmax_lse
 
-    def __getattr__(self, name):
-        return getattr(self.original, name)
-
 
 #: the workspace queries' originals while patched: Version.name -> original
 _workspace_originals: dict = {}
@@ -224,7 +237,7 @@ def _original_workspace(version: Version, args: tuple, kwargs: dict):
     return _workspace_originals[version.name](*args, **kwargs)
 
 
-class PatchedWorkspaceQuery:
+class PatchedWorkspaceQuery(_Forwarding):
     """What ``torch_npu._npu_fused_infer_attention_score[_v2]_get_max_workspace`` is while
     patched: an empty workspace for a call PASA would take (PASA needs none), the original's
     for the rest."""
@@ -246,11 +259,10 @@ class PatchedWorkspaceQuery:
         _counts[self.route_name]["pasa"] += 1
         return workspace
 
-    def __getattr__(self, name):
-        return getattr(self.original, name)
-
 
 _PATCHED_TYPES = (PatchedFusedInferAttentionScore, PatchedWorkspaceQuery)
+#: patched route -> what it replaced, for the patches whose context has ended
+_retired = weakref.WeakKeyDictionary()
 
 
 class TorchNpuPatch:
@@ -268,7 +280,11 @@ class TorchNpuPatch:
 
     def __exit__(self, *exc) -> None:
         for owner, name, previous, patched in reversed(self.replaced):
+            _retired[patched] = previous
             if getattr(owner, name, None) is patched:
+                # an earlier patch may have ended first: restore what it had replaced
+                while isinstance(previous, _PATCHED_TYPES) and previous in _retired:
+                    previous = _retired[previous]
                 setattr(owner, name, previous)
 
 
@@ -298,6 +314,10 @@ def patch_torch_npu(**options) -> TorchNpuPatch:
     unknown = sorted(set(options) - set(OWN_KEYWORDS))
     if unknown:
         raise TypeError(f"patch_torch_npu takes pasa_npu's own keywords {OWN_KEYWORDS}, got {unknown}")
+    try:
+        check_own_options(options)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"patch_torch_npu: {exc}") from None
     module = _torch_npu()
     namespace = _ops_namespace()
     replaced = []

@@ -94,7 +94,11 @@ class PasaAttnProcessor:
     def __call__(self, attn, hidden_states: torch.Tensor,
                  encoder_hidden_states: Optional[torch.Tensor] = None,
                  attention_mask: Optional[torch.Tensor] = None,
-                 temb: Optional[torch.Tensor] = None) -> torch.Tensor:
+                 temb: Optional[torch.Tensor] = None,
+                 image_rotary_emb=None, ip_adapter_masks=None,
+                 ip_hidden_states=None) -> torch.Tensor:
+        _refuse_unsupported(attn, encoder_hidden_states, image_rotary_emb=image_rotary_emb,
+                            ip_adapter_masks=ip_adapter_masks, ip_hidden_states=ip_hidden_states)
         residual = hidden_states
         if attn.spatial_norm is not None:
             hidden_states = attn.spatial_norm(hidden_states, temb)
@@ -133,6 +137,31 @@ class PasaAttnProcessor:
         if attn.residual_connection:
             hidden_states = hidden_states + residual
         return hidden_states / attn.rescale_output_factor
+
+
+#: the classic Attention's parts the SDPA processor steps do not cover
+_ADDED_PROJECTIONS = ("add_q_proj", "add_k_proj", "add_v_proj")
+
+
+def _refuse_unsupported(attn, encoder_hidden_states, **extras) -> None:
+    """Refuse what :class:`PasaAttnProcessor` would leave out: an ``Attention`` with added
+    key/value projections (joint or added-KV attention), IP-Adapter's image embeddings and
+    masks, and rotary embeddings (named, so that diffusers passes them rather
+    than dropping them with a log line)."""
+    for name in _ADDED_PROJECTIONS:
+        if getattr(attn, name, None) is not None:
+            raise NotImplementedError(
+                f"PasaAttnProcessor does not implement attention with added key/value "
+                f"projections ({type(attn).__name__}.{name}); keep this module's own "
+                f"processor, or use the 'pasa' attention backend where the model supports it")
+    if isinstance(encoder_hidden_states, (tuple, list)):
+        raise NotImplementedError("PasaAttnProcessor does not implement IP-Adapter image "
+                                  "embeddings (encoder_hidden_states as a tuple)")
+    given = sorted(name for name, value in extras.items() if value is not None)
+    if given:
+        raise NotImplementedError(f"PasaAttnProcessor does not take {', '.join(given)} (the "
+                                  f"steps of diffusers' default processor only); keep this "
+                                  f"module's own processor")
 
 
 def _backend_member():

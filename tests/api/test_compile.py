@@ -125,6 +125,30 @@ def test_dynamic_shapes_compile_once():
     assert len(compiles) == 1
 
 
+def test_dynamic_compile_takes_scalars_held_outside_the_function():
+    """``dynamic=True`` makes a float (and an int) held by the module a symbolic input:
+    the call takes the value it holds, and a changed value gives the eager result (the
+    compiled code guards on it)."""
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale, self.heads, self.kv_block = 0.125, 2, 128
+
+        def forward(self, q, k, v):
+            return pasa_npu.fused_attention(q, k, v, num_heads=self.heads, input_layout="BNSD",
+                                            scale=self.scale, kv_block=self.kv_block,
+                                            backend="torch", algorithm="pasa")
+
+    module = Attention()
+    compiled_module = torch.compile(module, fullgraph=True, dynamic=True)
+    q, k, v = (torch.randn(1, 2, 40, 32, generator=torch.Generator().manual_seed(i)).half()
+               for i in range(3))
+    for scale, kv_block in ((0.125, 128), (0.5, 128), (0.5, 32)):
+        module.scale, module.kv_block = scale, kv_block
+        want = Attention.forward(module, q, k, v)
+        assert torch.equal(compiled_module(q, k, v)[0], want[0])
+
+
 def test_export_keeps_the_operator():
     """torch.export records the same operator, and the exported program runs it."""
     q, k, v, kw = _case("BSH GQA, LSE")

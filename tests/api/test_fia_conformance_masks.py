@@ -269,9 +269,13 @@ def test_r38_empty_query_returns_empty():
     assert out.shape == (2, 2, 0, D)
 
 
+@pytest.mark.parametrize("mask_shape", [None, (5, 0), (1, 5, 0), (1, 1, 5, 0)])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_r39_empty_key_value_gives_zeros(backend):
+def test_r39_empty_key_value_gives_zeros(backend, mask_shape):
+    """No key: every row is 0 with LSE +inf, also with a mask of no column."""
     q = _rand(1, 2, 5, D)
     k = v = torch.zeros(1, 2, 0, D, dtype=torch.float16)
-    out, lse = _run(backend, q, k, v, softmax_lse_flag=True)
+    mask = None if mask_shape is None else torch.ones(mask_shape, dtype=torch.bool)
+    out, lse = _run(backend, q, k, v, softmax_lse_flag=True, atten_mask=mask)
     assert (out == 0).all() and torch.isposinf(lse).all()
+    assert torch.isposinf(_gold(q, k, v, softmax_lse_flag=True, atten_mask=mask)[1]).all()

@@ -5,6 +5,7 @@ then every route (v1 and v2, .out with a workspace, the workspace queries, torch
 .default and .out, registered in the "npu" namespace with torch.library), counted."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import sys
 import types
@@ -151,6 +152,46 @@ def test_unpatch_and_context_manager_restore(torch_npu):
             assert torch_npu.npu_fused_infer_attention_score is inner.patched
         assert torch_npu.npu_fused_infer_attention_score is outer.patched
     assert torch_npu.npu_fused_infer_attention_score is original
+
+
+@pytest.mark.parametrize("options, error, message", [
+    (dict(algorithm="nope"), ValueError, "algorithm must be one of"),
+    (dict(backend="gpu"), ValueError, "backend must be one of"),
+    (dict(q_block=0), ValueError, "q_block must be >= 1, got 0"),
+    (dict(beta=1.5), ValueError, r"beta must lie in \[0, 1\)"),
+    (dict(algorithm="fa-fp32", beta=0.5), ValueError, "beta applies to pasa"),
+    (dict(repair_overflow="no"), TypeError, "repair_overflow must be a bool"),
+])
+def test_patch_checks_its_options_before_patching(torch_npu, options, error, message):
+    original = torch_npu.npu_fused_infer_attention_score
+    with pytest.raises(error, match=f"^patch_torch_npu: {message}"):
+        pasa_npu.patch_torch_npu(**options)
+    assert torch_npu.npu_fused_infer_attention_score is original
+
+
+def test_patches_ended_out_of_order_restore_the_original(torch_npu):
+    original = torch_npu.npu_fused_infer_attention_score
+    first = pasa_npu.patch_torch_npu(algorithm="pasa")
+    second = pasa_npu.patch_torch_npu(algorithm="fa-fp32")
+    first.__exit__(None, None, None)
+    assert torch_npu.npu_fused_infer_attention_score is second.patched
+    second.__exit__(None, None, None)
+    assert torch_npu.npu_fused_infer_attention_score is original
+
+
+def test_patched_routes_copy_and_name_what_they_lack(torch_npu):
+    del torch_npu.npu_fused_infer_attention_score.out  # an operator with no .out form
+    pasa_npu.patch_torch_npu()
+    patched = torch_npu.npu_fused_infer_attention_score
+    duplicate = copy.copy(patched)
+    assert duplicate.original is patched.original and duplicate.options == patched.options
+    with pytest.raises(AttributeError, match="no attribute 'schema'"):
+        patched.out.schema
+    q, k, v = _qkv()
+    out, lse = torch.zeros(2, 24, 64, dtype=torch.float16), torch.zeros(2, 4, 24, 1)
+    with pytest.warns(RuntimeWarning, match="pse_shift"), \
+            pytest.raises(NotImplementedError, match="which has no .out form"):
+        patched.out(q, k, v, **KW, pse_shift=torch.zeros(1), out=[out, lse])
 
 
 def test_patch_needs_torch_npu(monkeypatch):

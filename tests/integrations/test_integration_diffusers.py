@@ -192,6 +192,28 @@ def test_processor_on_image_attention_blocks():
     assert _err(unmasked, ref) > bound   # the mask matters
 
 
+def test_processor_refuses_what_it_would_leave_out():
+    """An Attention with added key/value projections (added-KV and joint attention), and
+    what other processors take (rotary embeddings, IP-Adapter), are refused by name: their
+    outputs would be wrong, with diffusers only logging the dropped keywords."""
+    g = torch.Generator().manual_seed(2)
+    x, context = torch.randn(1, 6, 32, generator=g), torch.randn(1, 5, 24, generator=g)
+    added_kv = Attention(query_dim=32, heads=2, dim_head=16, added_kv_proj_dim=24,
+                         processor=PasaAttnProcessor()).half().eval()
+    plain = Attention(query_dim=32, heads=2, dim_head=16,
+                      processor=PasaAttnProcessor()).half().eval()
+    rotary = (torch.ones(6, 16), torch.zeros(6, 16))
+    with torch.no_grad():
+        with pytest.raises(NotImplementedError, match=r"added key/value projections "
+                                                      r"\(Attention.add_k_proj\)"):
+            added_kv(x.half(), encoder_hidden_states=context.half())
+        with pytest.raises(NotImplementedError, match="does not take image_rotary_emb"):
+            plain(x.half(), image_rotary_emb=rotary)
+        with pytest.raises(NotImplementedError, match="IP-Adapter"):
+            plain(x.half(), encoder_hidden_states=(x.half(), [x.half()]))
+        assert plain(x.half()).shape == x.shape
+
+
 def test_backend_options():
     """configure() sets the dispatcher backend's allocation, which the next call uses."""
     q = _randn(1, 6, 2, 16, seed=7)
