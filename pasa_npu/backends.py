@@ -109,6 +109,7 @@ def resolve(name: str, device: torch.device) -> Backend:
 
 
 def check_name(name: str) -> None:
+    """Refuse a ``backend=`` that names no backend (ValueError)."""
     if name not in BACKEND_NAMES:
         raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {name!r}")
 

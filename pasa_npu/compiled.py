@@ -24,7 +24,6 @@ import typing
 from typing import Optional
 
 import torch
-from torch.fx.experimental.symbolic_shapes import guard_scalar
 
 from . import overflow, paging, plans
 from .arguments import KEYWORD_ARGUMENTS, TENSOR_NAMES, Call, bind, describe
@@ -137,6 +136,9 @@ def _specialised(call: Call) -> Call:
     """``call`` with its symbolic scalars (``dynamic=True`` makes a float held outside the
     compiled function one) as the numbers they hold, guarded on: the checks, β and the
     plan depend on the values."""
+    # loaded by torch.compile already; at the top it would add a third of a second to import
+    from torch.fx.experimental.symbolic_shapes import guard_scalar
+
     given = {}
     for name, (kind, _) in OP_SCALARS.items():
         value = getattr(call, name)

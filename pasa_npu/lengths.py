@@ -16,7 +16,7 @@ from .options import MAX_PACKED_BATCH
 from .paging import DECODE_BLOCK_ALIGN, MAX_BLOCK_SIZE, PREFILL_BLOCK_ALIGN
 
 __all__ = ["LENGTH_ARGUMENTS", "read_device_lengths", "sequence_lengths", "check_block_size",
-           "capacity_lengths", "int_list"]
+           "capacity_lengths", "check_ignored", "int_list"]
 
 
 def read_device_lengths(call, names: tuple[str, ...]):
@@ -60,8 +60,6 @@ def capacity_lengths(call, q, s_kv: int, packed: bool, names: tuple[str, ...],
         batch = q.shape[0]
         for name in names:
             _check_count(name, getattr(call, name).numel(), batch)
-        if q.shape[2] == 1 and q_given is not None and "actual_seq_lengths" not in names:
-            _check_ignored(q_given, "actual_seq_lengths")
     if block_size:
         check_block_size(block_size, not packed and q.shape[2] <= 1)
     zeros = _zero_starts(batch)
@@ -111,12 +109,8 @@ def _sequence_lengths(call, q, s_kv: int, packed: bool, table_capacity: Optional
         return q_lens, q_starts, kv_lens, kv_starts
     batch = q.shape[0]
     zeros = _zero_starts(batch)
-    q_given = call.actual_seq_lengths
-    if q.shape[2] == 1 and q_given is not None:
-        # decode (S1 = 1, not packed): FIA documents actual_seq_lengths as having no
-        # effect; its type is still checked, as torch_npu's schema does
-        _check_ignored(q_given, "actual_seq_lengths")
-        q_given = None
+    # decode (S1 = 1, not packed): FIA documents actual_seq_lengths as having no effect
+    q_given = call.actual_seq_lengths if q.shape[2] != 1 else None
     return (_per_batch(q_given, "actual_seq_lengths", batch, q.shape[2]), zeros,
             _per_batch(call.actual_seq_lengths_kv, "actual_seq_lengths_kv", batch, s_kv,
                        extent=table_capacity or "the sequence length of the tensor"),
@@ -136,9 +130,11 @@ def int_list(value, name: str) -> list[int]:
     return [int(x) for x in value]
 
 
-def _check_ignored(value, name: str) -> None:
-    """The type of a length argument whose values have no effect; a device tensor is not
-    read."""
+def check_ignored(value, name: str) -> None:
+    """The type of a length argument whose values have no effect (None: none given), as
+    torch_npu's schema checks it; a device tensor is not read."""
+    if value is None:
+        return
     if isinstance(value, torch.Tensor):
         _check_integer_tensor(value, name)
     else:

@@ -101,6 +101,7 @@ def resolve_options(call: Call, golden: bool) -> Options:
 
 
 def check_flags_and_backend(rounding_guard, repair_overflow, backend) -> None:
+    """The types of ``rounding_guard``, ``repair_overflow`` (bool) and ``backend`` (str)."""
     for name, value in (("rounding_guard", rounding_guard), ("repair_overflow", repair_overflow)):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool, got {describe(value)}")

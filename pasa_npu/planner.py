@@ -11,7 +11,7 @@ import torch
 
 from . import backends
 from .arguments import Call
-from .lengths import capacity_lengths, sequence_lengths
+from .lengths import capacity_lengths, check_ignored, sequence_lengths
 from .masks import mask_and_band, row_facts
 from .numerics import ALLOCATIONS, compute_dtype
 from .options import (Options, check_flags_and_backend, resolve_allocation, resolve_beta,
@@ -103,7 +103,8 @@ def make_plan(call: Call, golden: bool, base: Optional[Plan], on_host: bool,
     q, k, v = plan_views(call, options)
     block_size = options.block_size
     s_kv = call.block_table.shape[1] * block_size if block_size else k.shape[2]
-    if q.shape[2] == 1 and not options.packed:  # decode ignores actual_seq_lengths
+    if q.shape[2] == 1 and not options.packed:  # decode ignores actual_seq_lengths' values
+        check_ignored(call.actual_seq_lengths, "actual_seq_lengths")
         device_lengths = tuple(n for n in device_lengths if n != "actual_seq_lengths")
     if device_lengths:
         q_lens, q_starts, kv_lens, kv_starts = capacity_lengths(

@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from ..api import compressed_causal_mask, fused_attention
-from ..backends import BACKEND_NAMES
+from .. import backends
 from ..numerics import ALGORITHM_NAMES
 
 HF_EXTRA = "pip install 'pasa-npu[hf]'"
@@ -39,8 +39,10 @@ def check_options(algorithm, backend, where: str) -> None:
     """Refuse an algorithm or backend pasa_npu does not know, naming where it was set."""
     if algorithm not in ALGORITHM_NAMES:
         raise ValueError(f"{where} algorithm must be one of {ALGORITHM_NAMES}, got {algorithm!r}")
-    if backend not in BACKEND_NAMES:
-        raise ValueError(f"{where} backend must be one of {BACKEND_NAMES}, got {backend!r}")
+    try:
+        backends.check_name(backend)
+    except ValueError as exc:
+        raise ValueError(f"{where} {exc}") from None
 
 
 def masked_positions(mask: torch.Tensor, batch: int, heads: int, q_len: int,

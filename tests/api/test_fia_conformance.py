@@ -232,7 +232,8 @@ def test_r18_decode_checks_the_type_of_the_lengths_it_ignores(bad):
         num_heads=2, input_layout="BNSD", actual_seq_lengths=bad,
         actual_seq_lengths_kv=torch.tensor([3, 5])))
     with pytest.raises(TypeError, match="actual_seq_lengths must be a list of ints"):
-        pasa_npu.lengths.capacity_lengths(call, q, k.shape[2], False, ("actual_seq_lengths_kv",))
+        pasa_npu.planner.make_plan(call, False, None, True, True,
+                                   device_lengths=("actual_seq_lengths_kv",))
 
 
 def test_r19_paged_kv_needs_kv_lengths_and_block_size_rules():
