@@ -79,16 +79,24 @@ def masked_positions(mask: torch.Tensor, batch: int, heads: int, q_len: int,
 
 def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, layout: str,
            masked: Optional[torch.Tensor], causal: bool, scale: float, algorithm: str,
-           backend: str) -> torch.Tensor:
+           backend: str, sink: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Attention of query (B, N, S1, D) or (B, S1, N, D) (``layout`` BNSD or BSND) over
     key and value with N or fewer heads (GQA, not repeated), through
     :func:`pasa_npu.fused_attention`. Returns (B, S1, N, Dv) in the input dtype.
 
     ``masked``: bool, broadcastable to (B or 1, S1, S2), True = masked, or None.
     ``causal``: SDPA's ``is_causal``, aligned to the upper left (row i sees keys 0..i). A
-    row that sees no key returns 0."""
-    _check_inputs(query, key, value)
+    row that sees no key returns 0.
+
+    ``sink``: (N,) float logits, one per query head, each joining its head's softmax
+    denominator as a key with a zero value (gpt-oss's sinks), or None. Applied from the
+    call's fp32 LSE, for every layout, mask and backend: with Σ = e^LSE over the keys,
+    out · Σ / (Σ + e^sink) = out · σ(LSE − sink), computed in fp32 and rounded once more to
+    the output dtype (half an ulp of the output; a row that sees no key stays 0)."""
+    _check_inputs(query, key, value, sink)
     heads_axis, seq_axis = (1, 2) if layout == "BNSD" else (2, 1)
+    if sink is not None:
+        _check_sink(sink, query.shape[heads_axis], query.device)
     q_len, kv_len = query.shape[seq_axis], key.shape[seq_axis]
     if masked is not None:
         masked = masked.expand(masked.shape[0], q_len, kv_len)
@@ -97,26 +105,42 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, layou
     if causal and not causal_mode:
         upper = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).triu(1)
         masked = upper[None] if masked is None else masked | upper
-    out, _ = fused_attention(
+    out, lse = fused_attention(
         query, key, value, atten_mask=_compressed_causal_mask(query.device) if causal_mode
         else masked, sparse_mode=2 if causal_mode else 0,
         num_heads=query.shape[heads_axis], num_key_value_heads=key.shape[heads_axis],
         scale=float(scale), input_layout="BNSD_BSND" if layout == "BNSD" else "BSND",
-        inner_precise=2 if q_len > 1 else 0, algorithm=algorithm, backend=backend)
+        inner_precise=2 if q_len > 1 else 0, softmax_lse_flag=sink is not None,
+        algorithm=algorithm, backend=backend)
+    if sink is not None:  # lse: (B, N, S1, 1); out: (B, S1, N, Dv)
+        kept = torch.sigmoid(lse - sink.float()[:, None, None]).transpose(1, 2)
+        out = (out.float() * kept).to(out.dtype)
     if q_len == 1 and masked is not None:  # decode takes no row-invalid bit: zero them here
         out = out.masked_fill(masked.all(-1)[:, :, None, None], 0)
     return out
 
 
-def _check_inputs(query, key, value) -> None:
+def _check_inputs(query, key, value, sink=None) -> None:
     for name, t in (("query", query), ("key", key), ("value", value)):
         if t.dtype not in (torch.float16, torch.bfloat16):
             raise TypeError(f"PASA attention takes float16 or bfloat16 tensors (it computes in "
                             f"fp16); the model gave {name} in {t.dtype}: load or cast the "
                             f"model to torch.float16")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+    tensors = (query, key, value) if sink is None else (query, key, value, sink)
+    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors):
         raise NotImplementedError("PASA attention is forward only (no backward): run the model "
                                   "under torch.no_grad() or torch.inference_mode()")
+
+
+def _check_sink(sink, heads: int, device: torch.device) -> None:
+    if not isinstance(sink, torch.Tensor) or not sink.dtype.is_floating_point:
+        raise TypeError(f"attention sinks must be a floating-point tensor, got "
+                        f"{sink.dtype if isinstance(sink, torch.Tensor) else type(sink).__name__}")
+    if tuple(sink.shape) != (heads,):
+        raise NotImplementedError(f"attention sinks must be one logit per query head, shape "
+                                  f"({heads},), got {tuple(sink.shape)}")
+    if sink.device != device:
+        raise ValueError(f"attention sinks are on {sink.device} but the query is on {device}")
 
 
 def _compressed_causal_mask(device: torch.device) -> torch.Tensor:

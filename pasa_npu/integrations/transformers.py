@@ -13,7 +13,8 @@ Masks: the mask function is SDPA's (bool, True = attend; None where a plain caus
 will do), so the attention sees causal, padding (left padding of batched generation
 included) and sliding-window masks as SDPA would. Key/value heads of GQA models go to
 the operator as they are, not repeated. Prefill and cached decode (``generate``) both
-run through :func:`pasa_npu.fused_attention`.
+run through :func:`pasa_npu.fused_attention`; gpt-oss's attention sinks (``s_aux``) are
+applied from its LSE.
 
 Options, read from the model config at every call: ``config.pasa_algorithm`` (default
 ``pasa-exact``) and ``config.pasa_backend`` (default ``auto``: the device's backend).
@@ -38,8 +39,11 @@ from transformers.masking_utils import (ALL_MASK_ATTENTION_FUNCTIONS,  # noqa: E
 
 ATTENTION_NAME = "pasa"
 
-#: Attention keywords some models pass that the operator cannot honour.
-_UNSUPPORTED = ("softcap", "s_aux", "sinks", "position_bias", "head_mask")
+#: Attention keywords some models pass that PASA attention cannot honour, with the reason.
+_UNSUPPORTED = {"softcap": "the operator has no soft-capping of scores",
+                "sinks": "sinks per query token are not supported (s_aux, one per head, is)",
+                "position_bias": "the operator has no additive bias input",
+                "head_mask": "the operator has no mask per head"}
 
 
 def pasa_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -47,12 +51,13 @@ def pasa_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
                            scaling: Optional[float] = None, dropout: float = 0.0,
                            **kwargs) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract: query (B, N, S1, D), key and value
-    (B, Nkv, S2, D), the mask from :data:`mask_function`; returns ((B, S1, N, D), None).
-    A row that sees no key (a left-padding query) returns 0."""
-    for name in _UNSUPPORTED:
+    (B, Nkv, S2, D), the mask from :data:`mask_function`, ``s_aux``: gpt-oss's sinks, one
+    logit per query head (:func:`~pasa_npu.integrations._attention.attend`); returns
+    ((B, S1, N, D), None). A row that sees no key (a left-padding query) returns 0."""
+    for name, why in _UNSUPPORTED.items():
         if kwargs.get(name) is not None:
             raise NotImplementedError(f"attention keyword {name!r} is not supported by PASA "
-                                      f"attention (pasa_npu's operator has no such input)")
+                                      f"attention: {why}")
     if kwargs.get("output_attentions"):
         raise NotImplementedError("PASA attention returns no attention weights "
                                   "(output_attentions=True)")
@@ -71,7 +76,7 @@ def pasa_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
                                 else bool(is_causal))
     out = attend(query, key, value, layout="BNSD", masked=masked, causal=causal,
                  scale=head_dim ** -0.5 if scaling is None else scaling,
-                 algorithm=algorithm, backend=backend)
+                 algorithm=algorithm, backend=backend, sink=kwargs.get("s_aux"))
     return out, None
 
 

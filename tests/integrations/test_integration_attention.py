@@ -92,6 +92,82 @@ def test_causal_and_masks_with_gqa(backend, layout, s_q, s_kv):
         assert (out.transpose(1, 2)[empty[:, None].expand(-1, 4, -1)] == 0).all()
 
 
+def _sink_golden(q, k, v, visible, scale, sink):
+    """fp64 attention whose softmax has one more column per head, the sink's logit, with a
+    zero value (gpt-oss's eager attention, in fp64); (B, N, S1, Dv)."""
+    q, k, v = q.double().cpu(), k.double().cpu(), v.double().cpu()
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = (q @ k.transpose(-1, -2) * scale).masked_fill(~visible.cpu()[:, None], -torch.inf)
+    column = sink.double().cpu()[None, :, None, None].expand(*s.shape[:3], 1)
+    return torch.softmax(torch.cat([s, column], -1), -1)[..., :-1] @ v
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("s_q,s_kv", [(9, 9), (1, 21), (6, 140)])
+def test_sinks_from_the_lse(backend, s_q, s_kv, monkeypatch):
+    """Sinks (one logit per query head) with a key mask, GQA 4:2, causal attention in
+    prefill and a row that sees no key in decode, against fp64 attention with the sink as a
+    softmax column. attend
+    scales the operator's output by σ(LSE − sink); so its error is at most the operator's
+    own (σ <= 1), plus its LSE's error times |out| / 4 (σ's slope), plus one more fp16
+    rounding (2^-11 of |out|): each term measured on the operator's output in this run."""
+    from pasa_npu.integrations import _attention
+
+    device = DEVICE_OF[backend]
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, n, s, 64, generator=g).half().to(device)
+               for n, s in ((4, s_q), (2, s_kv), (2, s_kv)))
+    sink = torch.tensor([-2.0, 0.5, 3.0, 6.0], device=device)
+    key_mask = torch.zeros(2, 1, s_kv, dtype=torch.bool, device=device)
+    key_mask[1, :, :3] = True
+    causal = s_q > 1
+    key_mask[0, :, :] = not causal  # decode: batch 0's row sees no key
+    hidden = key_mask | torch.ones(s_q, s_kv, dtype=torch.bool, device=device).triu(1) * causal
+    inner = []
+
+    def spy(*args, **kw):
+        inner.append(_attention_call(*args, **kw))
+        return inner[-1]
+
+    _attention_call = _attention.fused_attention
+    monkeypatch.setattr(_attention, "fused_attention", spy)
+    with skip_unsupported(backend):
+        out = attend(q, k, v, layout="BNSD", masked=key_mask, causal=causal, scale=0.125,
+                     algorithm="pasa-exact", backend=backend, sink=sink)
+    (plain, lse), = inner
+    plain, lse = plain.transpose(1, 2).double().cpu(), lse[..., 0].double().cpu()
+    visible = ~hidden
+    gold = _sink_golden(q, k, v, visible, 0.125, sink)
+    gold_plain = naive_attention(q.cpu(), k.cpu(), v.cpu(), 0.125, visible.cpu(),
+                                 empty_rows_mean_v=False)
+    seen = visible.any(-1).cpu()[:, None].expand(-1, 4, -1)   # (B, N, S1): rows seeing a key
+    scores = (q.double().cpu() @ k.double().cpu().repeat_interleave(2, 1).transpose(-1, -2)
+              * 0.125).masked_fill(~visible.cpu()[:, None], -torch.inf)
+    lse_error = float((lse - torch.logsumexp(scores, -1))[seen].abs().max())
+    bound = (float((plain - gold_plain)[seen].abs().max())
+             + lse_error / 4 * float(gold_plain.abs().max())
+             + 2.0 ** -11 * float(gold.abs().max())) * 1.01
+    out = out.transpose(1, 2).double().cpu()
+    assert float((out - gold)[seen].abs().max()) <= bound
+    assert (out[~seen] == 0).all()
+    assert float((gold - gold_plain)[seen].abs().max()) > 10 * bound  # the sinks matter
+
+
+def test_sinks_are_checked():
+    q = torch.randn(1, 2, 3, 16).half()
+    call = dict(layout="BNSD", masked=None, causal=False, scale=0.25, algorithm="pasa-exact",
+                backend="torch")
+    with pytest.raises(NotImplementedError, match=r"one logit per query head, shape \(2,\)"):
+        attend(q, q, q, sink=torch.zeros(1, 2, 3, 1), **call)
+    with pytest.raises(TypeError, match="floating-point"):
+        attend(q, q, q, sink=torch.zeros(2, dtype=torch.int32), **call)
+    with pytest.raises(NotImplementedError, match="forward only"):
+        attend(q, q, q, sink=torch.zeros(2).requires_grad_(), **call)
+    with torch.no_grad():   # a model's sinks are parameters: fine without gradients
+        attend(q, q, q, sink=torch.zeros(2).requires_grad_(), **call)
+
+
 def test_masked_positions_conventions():
     """SDPA's bool mask (True attends) and additive masks with diffusers' and transformers'
     fills, in every broadcastable shape, become True = masked."""

@@ -9,6 +9,7 @@ fp16 rounding."""
 from __future__ import annotations
 
 import copy
+import sys
 
 import pytest
 import torch
@@ -27,11 +28,20 @@ VOCAB = 96
 def _model(family: str, seed: int = 0):
     """A 2-layer fp32 model, weights rounded to fp16 (shared by its fp16 copies): Qwen2
     with GQA 4:2 and q/k/v biases (``qwen2-window``: a sliding window of 6 keys in every
-    layer), Llama with 4 key-value heads."""
+    layer), Llama with 4 key-value heads, gpt-oss with GQA 4:2, a window of 6 keys in its
+    first layer and attention sinks (drawn large enough to take a visible share)."""
     torch.manual_seed(seed)
     common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, max_position_embeddings=256)
-    if family.startswith("qwen2"):
+    if family == "gpt-oss":
+        common.update(intermediate_size=64, num_key_value_heads=2, head_dim=16,
+                      num_local_experts=4, num_experts_per_tok=2, sliding_window=6,
+                      max_position_embeddings=4096 * 32)  # YaRN's factor of 32 without a warning
+        model = transformers.GptOssForCausalLM(transformers.GptOssConfig(**common))
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.sinks.normal_(0.0, 2.0)
+    elif family.startswith("qwen2"):
         if family == "qwen2-window":
             common.update(use_sliding_window=True, sliding_window=6, max_window_layers=0)
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(num_key_value_heads=2,
@@ -61,12 +71,29 @@ def _ids(batch, length, seed=1):
                          generator=torch.Generator().manual_seed(seed)).to(DEVICE)
 
 
+def _fp32_eager_attention(module, query, key, value, attention_mask, **kwargs):
+    """The model's own eager attention in fp32 on half inputs: an fp16 model whose attention
+    does not round, for models without SDPA (gpt-oss)."""
+    eager = sys.modules[type(module).__module__].eager_attention_forward
+    mask = None if attention_mask is None else attention_mask.float()
+    out, _ = eager(module, query.float(), key.float(), value.float(), mask, **kwargs)
+    return out.to(query.dtype), None
+
+
+FP32_EAGER = "test-fp32-eager"
+pasa_transformers.register_attention(FP32_EAGER, _fp32_eager_attention,
+                                     pasa_transformers.mask_function_of("eager"))
+
+
 def _bound(model, ids, reference, mask=None, keep=slice(None)):
-    sdpa16 = _logits(_as(model, torch.float16, "sdpa"), ids, mask)
-    return 2 * float((sdpa16 - reference)[keep].abs().max()) + 2e-3
+    """Twice the error of the fp16 model whose attention keeps fp32 scores (SDPA, or the
+    model's eager attention in fp32 where it has no SDPA), plus 2e-3."""
+    exact = "sdpa" if model._supports_sdpa else FP32_EAGER
+    fp16 = _logits(_as(model, torch.float16, exact), ids, mask)
+    return 2 * float((fp16 - reference)[keep].abs().max()) + 2e-3
 
 
-@pytest.mark.parametrize("family", ["qwen2", "llama", "qwen2-window"])
+@pytest.mark.parametrize("family", ["qwen2", "llama", "qwen2-window", "gpt-oss"])
 def test_prefill_with_padding(family):
     """A batch of two sequences, the second left-padded by 5 tokens: the valid positions'
     logits agree with fp32 eager."""
@@ -104,7 +131,7 @@ def _generate(model, ids, mask, new_tokens):
     return out.sequences, torch.stack(out.logits, 1).float()
 
 
-@pytest.mark.parametrize("family", ["qwen2", "llama"])
+@pytest.mark.parametrize("family", ["qwen2", "llama", "gpt-oss"])
 def test_cached_decode_with_left_padding(family):
     """Batched generate with a KV cache, the shorter prompt left-padded: every step's logits
     (prefill, then one-token decode steps) agree with fp32 eager run without padding on the
