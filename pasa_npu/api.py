@@ -124,10 +124,6 @@ def fused_attention_v2(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     """
     call = arguments.bind_v2("fused_attention_v2", query, key, value, keywords)
     if torch.compiler.is_compiling():
-        for name, default in (("learnable_sink", None), ("out_dtype", None)):
-            if getattr(call, name) is not default:
-                raise NotImplementedError(f"{name} under torch.compile is not implemented by "
-                                          f"pasa_npu yet")
         return compiled.traced_call(call)
     return plans.attention(call, golden=False)
 

@@ -26,15 +26,18 @@ from typing import Optional
 import torch
 
 from . import overflow, paging, plans
-from .arguments import KEYWORD_ARGUMENTS, TENSOR_NAMES, Call, bind, describe
+from .arguments import KEYWORD_ARGUMENTS, TENSOR_NAMES, V2_EXTENSIONS, Call, describe
 from .lengths import int_list
 from .masks import check_mask
-from .options import LAYOUTS, PACKED, overflow_checked, resolve_allocation, resolve_options
+from .options import (LAYOUTS, OUT_DTYPE_CODES, PACKED, overflow_checked, resolve_allocation,
+                      resolve_options, resolve_out_dtype)
 from .views import canonical_views, to_canonical
 from .outputs import allocate_lse, allocate_output, lse_placeholder
 
-_TENSORS = [a.name for a in KEYWORD_ARGUMENTS if a.kind == "tensor"]
-_LENGTHS = [a.name for a in KEYWORD_ARGUMENTS if a.kind == "lengths"]
+#: v1's keywords and v2's additions (the learnable sinks, the output dtype)
+_ARGUMENTS = (*KEYWORD_ARGUMENTS, *V2_EXTENSIONS)
+_TENSORS = [a.name for a in _ARGUMENTS if a.kind == "tensor"]
+_LENGTHS = [a.name for a in _ARGUMENTS if a.kind == "lengths"]
 
 
 def _scalar_type(annotation) -> tuple[type, bool]:
@@ -46,8 +49,7 @@ def _scalar_type(annotation) -> tuple[type, bool]:
 
 
 #: the operator's non-tensor arguments: the Python type its schema takes, None allowed
-OP_SCALARS = {a.name: _scalar_type(a.annotation) for a in KEYWORD_ARGUMENTS
-              if a.kind == "scalar"}
+OP_SCALARS = {a.name: _scalar_type(a.annotation) for a in _ARGUMENTS if a.kind == "scalar"}
 
 
 def _parameter(name: str, annotation) -> inspect.Parameter:
@@ -59,8 +61,7 @@ OP_SIGNATURE = inspect.Signature(
     + [_parameter(name, Optional[torch.Tensor]) for name in _TENSORS]
     + [_parameter(name, Optional[list[int]]) for name in _LENGTHS]
     + [_parameter(name + "_tensor", Optional[torch.Tensor]) for name in _LENGTHS]
-    + [_parameter(name, a) for name, a in ((a.name, a.annotation) for a in KEYWORD_ARGUMENTS
-                                            if a.kind == "scalar")],
+    + [_parameter(a.name, a.annotation) for a in _ARGUMENTS if a.kind == "scalar"],
     return_annotation=tuple[torch.Tensor, torch.Tensor, torch.Tensor])
 
 def _eager_arguments(op_args: tuple, op_kwargs: dict) -> dict:
@@ -71,7 +72,7 @@ def _eager_arguments(op_args: tuple, op_kwargs: dict) -> dict:
         if tensor is not None:
             given[name] = tensor
     query, key, value = (given.pop(name) for name in TENSOR_NAMES)
-    return bind("fused_attention", query, key, value, given)
+    return Call(query, key, value, **given)
 
 
 def _run(*op_args, **op_kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -94,7 +95,8 @@ def _fake(*op_args, **op_kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     else:
         q, _, v = canonical_views(query, call.key, call.value, in_layout, call.num_heads,
                                   num_kv_heads)
-    out, out_view = allocate_output(q, v, out_layout, query.dtype, zero=False)
+    out, out_view = allocate_output(q, v, out_layout,
+                                    resolve_out_dtype(call.out_dtype, query.dtype), zero=False)
     inner_precise = call.inner_precise if isinstance(call.inner_precise, int) else 0
     allocation = resolve_allocation(call.algorithm, inner_precise, query.dtype)
     flags = query.new_empty(out_view.shape[:3] if overflow_checked(call.repair_overflow,
@@ -115,6 +117,8 @@ def traced_call(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     here with the eager call's errors."""
     call = _specialised(call)
     options = resolve_options(call, golden=False)  # the operator's fake kernel reads them resolved
+    if isinstance(call.out_dtype, torch.dtype):  # the schema takes its ScalarType code
+        call = dataclasses.replace(call, out_dtype=OUT_DTYPE_CODES[call.out_dtype])
     check_mask(call.atten_mask, call.query.device)
     op_args = {name: getattr(call, name) for name in (*TENSOR_NAMES, *_TENSORS)}
     for name in _LENGTHS:

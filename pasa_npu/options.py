@@ -134,7 +134,8 @@ def check_fia_limits(num_heads: int, num_kv_heads: int) -> None:
 
 
 #: torch's ScalarType codes of the output dtypes ``out_dtype`` may name without quantising
-_OUT_DTYPE_CODES = {5: torch.float16, 15: torch.bfloat16}
+OUT_DTYPE_CODES = {torch.float16: 5, torch.bfloat16: 15}
+_OUT_DTYPES = {code: dtype for dtype, code in OUT_DTYPE_CODES.items()}
 
 
 def resolve_out_dtype(out_dtype, query_dtype: torch.dtype) -> torch.dtype:
@@ -146,7 +147,7 @@ def resolve_out_dtype(out_dtype, query_dtype: torch.dtype) -> torch.dtype:
     if isinstance(out_dtype, torch.dtype):
         dtype = out_dtype
     elif isinstance(out_dtype, numbers.Integral) and not isinstance(out_dtype, bool):
-        dtype = _OUT_DTYPE_CODES.get(int(out_dtype))
+        dtype = _OUT_DTYPES.get(int(out_dtype))
     else:
         raise TypeError(f"out_dtype must be an int (a ScalarType code) or a torch.dtype, got "
                         f"{describe(out_dtype)}")

@@ -228,11 +228,11 @@ PARTIAL_BACKENDS = ("ascendc-emu", SIM, "npu")
 
 def op_defaults() -> dict:
     """The defaults of the compiled operator's scalar arguments (``compiled.OP_SCALARS``),
-    as :func:`pasa_npu.fused_attention` declares them: a direct call of the operator takes
-    every one."""
-    return {name: p.default for name, p in
-            inspect.signature(pasa_npu.fused_attention).parameters.items()
-            if name in compiled.OP_SCALARS}
+    as :func:`pasa_npu.fused_attention` declares them (``out_dtype``: as v2 does): a direct
+    call of the operator takes every one."""
+    v1 = inspect.signature(pasa_npu.fused_attention).parameters
+    v2 = inspect.signature(pasa_npu.fused_attention_v2).parameters
+    return {name: (v1 if name in v1 else v2)[name].default for name in compiled.OP_SCALARS}
 
 
 @contextlib.contextmanager

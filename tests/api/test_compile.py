@@ -47,6 +47,12 @@ def _case(name: str, seq: int = 40):
                   atten_mask=pasa_npu.compressed_causal_mask(), softmax_lse_flag=True,
                   block_table=torch.tensor([[2, 0], [1, 3]], dtype=torch.int32),
                   block_size=128, algorithm="pasa")
+    elif name == "v2 TND, sinks, bf16 out":
+        q, k, v = rand(seq, 2, 32), rand(seq, 2, 32), rand(seq, 2, 32)
+        kw = dict(num_query_heads=2, input_layout="TND", actual_seq_qlen=[seq // 2, seq],
+                  actual_seq_kvlen=[seq // 2, seq], return_softmax_lse=True,
+                  learnable_sink=torch.tensor([-1.0, 2.0]), out_dtype=torch.bfloat16,
+                  algorithm="pasa-exact")
     else:  # lengths as a tensor, output in another layout
         q, k, v = rand(2, seq, 2, 32), rand(2, seq, 2, 32), rand(2, seq, 2, 32)
         kw = dict(num_heads=2, input_layout="BSND_NBSD",
@@ -55,12 +61,17 @@ def _case(name: str, seq: int = 40):
 
 
 CASES = ("BSH GQA, LSE", "BNSD causal, ragged kv list", "TND cumulative lengths",
-         "TND paged, 3-D cache", "BSND_NBSD, tensor lengths")
+         "TND paged, 3-D cache", "BSND_NBSD, tensor lengths", "v2 TND, sinks, bf16 out")
+
+
+def _entry(kw):
+    """The entry point a case's keywords are for: v2's where it has v2's names."""
+    return pasa_npu.fused_attention_v2 if "num_query_heads" in kw else pasa_npu.fused_attention
 
 
 def _on(backend, q, k, v, kw):
     q, k, v = on_device(backend, q, k, v)
-    for name in ("atten_mask", "block_table"):
+    for name in ("atten_mask", "block_table", "learnable_sink"):
         if isinstance(kw.get(name), torch.Tensor):
             kw = dict(kw, **{name: on_device(backend, kw[name])[0]})
     return q, k, v, dict(kw, backend=backend)
@@ -82,9 +93,10 @@ def _graph_ops(fn, *args):
 @pytest.mark.parametrize("backend", [b for b, _ in BACKEND_DEVICES])
 def test_compiled_call_is_one_operator_with_the_eager_outputs(backend, case):
     q, k, v, kw = _on(backend, *_case(case))
+    entry = _entry(kw)
     with skip_unsupported(backend):
-        want = pasa_npu.fused_attention(q, k, v, **kw)
-    fn = lambda q, k, v: pasa_npu.fused_attention(q, k, v, **kw)  # noqa: E731
+        want = entry(q, k, v, **kw)
+    fn = lambda q, k, v: entry(q, k, v, **kw)  # noqa: E731
     targets, got = _graph_ops(fn, q, k, v)
     assert targets.count(OP) == 1, targets
     assert all(t is OP or "getitem" in str(t) for t in targets), targets
@@ -168,15 +180,18 @@ def test_export_keeps_the_operator():
 def test_operator_registration(case):
     """Schema, fake (meta) implementation against the real one, and AOT dispatch."""
     q, k, v, kw = _case(case)
+    kw = {arguments.V2_RENAMES.get(name, name): value for name, value in kw.items()}
     kw = dict(kw, backend="torch")
+    if kw.get("out_dtype") is not None:  # the schema takes its ScalarType code
+        kw["out_dtype"] = {torch.float16: 5, torch.bfloat16: 15}[kw["out_dtype"]]
     lengths = {}
     for name in ("actual_seq_lengths", "actual_seq_lengths_kv"):
         value = kw.pop(name, None)
         lengths[name] = value if isinstance(value, list) else None
         lengths[name + "_tensor"] = value if isinstance(value, torch.Tensor) else None
     defaults = op_defaults()
-    mask, table = kw.pop("atten_mask", None), kw.pop("block_table", None)
-    torch.library.opcheck(OP, (q, k, v, mask, table), dict(lengths, **dict(defaults, **kw)))
+    tensors = [kw.pop(name, None) for name in ("atten_mask", "block_table", "learnable_sink")]
+    torch.library.opcheck(OP, (q, k, v, *tensors), dict(lengths, **dict(defaults, **kw)))
 
 
 @pytest.mark.parametrize("bad, error, message", [
@@ -242,7 +257,7 @@ def test_operator_keeps_none_of_its_tensors_alive():
     kw = dict(defaults, num_heads=2, input_layout="BNSD", backend="torch", algorithm="pasa")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", pasa_npu.OverflowRepairWarning)
-        outputs = OP(q, k, v, None, None, None, None, None, None, **kw)
+        outputs = OP(q, k, v, None, None, None, None, None, None, None, **kw)
     flags = outputs[2]
     assert flags.shape == (1, 2, 40) and flags.dtype == torch.uint8 and flags.any()
     refs = [weakref.ref(t) for t in outputs]
@@ -265,7 +280,7 @@ def test_operator_gives_its_backend_no_plan_state(monkeypatch):
     q, k, v, kw = _case("BSH GQA, LSE")
     kw = dict(kw, backend="torch")
     defaults = op_defaults()
-    OP(q, k, v, None, None, None, None, None, None, **dict(defaults, **kw))
+    OP(q, k, v, None, None, None, None, None, None, None, **dict(defaults, **kw))
     pasa_npu.fused_attention(q, k, v, **kw)
     assert seen[0] is None and isinstance(seen[1], dict)
 
@@ -308,16 +323,17 @@ def test_operator_schema_derives_from_the_argument_table():
     the table's, torch_npu's keywords first."""
     schema = OP._schema
     names = [a.name for a in schema.arguments]
-    implemented = [a.name for a in arguments.KEYWORD_ARGUMENTS if a.kind != "unimplemented"]
-    lengths = [a.name for a in arguments.KEYWORD_ARGUMENTS if a.kind == "lengths"]
+    table = (*arguments.KEYWORD_ARGUMENTS, *arguments.V2_EXTENSIONS)
+    implemented = [a.name for a in table if a.kind != "unimplemented"]
+    lengths = [a.name for a in table if a.kind == "lengths"]
     assert sorted(names) == sorted(["query", "key", "value", *implemented,
                                     *(n + "_tensor" for n in lengths)])
     assert not set(names) & set(arguments.UNIMPLEMENTED_KEYWORDS)
-    assert set(compiled.OP_SCALARS) == {a.name for a in arguments.KEYWORD_ARGUMENTS
-                                        if a.kind == "scalar"}
+    assert set(compiled.OP_SCALARS) == {a.name for a in table if a.kind == "scalar"}
     types = {a.name: str(a.type) for a in schema.arguments}
     assert types["algorithm"] == "Optional[str]" and types["softmax_lse_flag"] == "bool"
     assert types["scale"] == "float" and types["atten_mask"] == "Optional[Tensor]"
+    assert types["learnable_sink"] == "Optional[Tensor]" and types["out_dtype"] == "Optional[int]"
     params = list(inspect.signature(pasa_npu.fused_attention).parameters)
     assert params == ["query", "key", "value", *(a.name for a in arguments.KEYWORD_ARGUMENTS)]
 
