@@ -163,25 +163,31 @@ SINK_LAYOUTS, SINK_MAX_HEAD_DIM_V = ("TND", "NTD_TND"), 128
 
 
 def check_sink(sink, num_heads: int, input_layout: str, head_dim_v: int, device) -> None:
-    """``learnable_sink``: a float (Nq,) tensor on the query's device, one logit per query
-    head; with torch_npu's limits (TND or NTD_TND, value head dim at most 128)."""
+    """``learnable_sink``: :func:`check_sink_tensor`, with torch_npu's limits (TND or
+    NTD_TND, value head dim at most 128)."""
     if sink is None:
         return
-    if not isinstance(sink, torch.Tensor) or sink.dtype not in (
-            torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(f"learnable_sink must be a float16, bfloat16 or float32 tensor, got "
-                        f"{describe(sink)}")
-    if tuple(sink.shape) != (num_heads,):
-        raise ValueError(f"learnable_sink must have shape ({num_heads},), one logit per query "
-                         f"head, got {tuple(sink.shape)}")
-    if sink.device != device:
-        raise ValueError(f"learnable_sink is on {sink.device} but query is on {device}")
+    check_sink_tensor(sink, num_heads, device, "learnable_sink")
     if input_layout not in SINK_LAYOUTS:
         raise ValueError(f"learnable_sink takes input_layout {' or '.join(SINK_LAYOUTS)} "
                          f"(torch_npu's limit), got {input_layout!r}")
     if head_dim_v > SINK_MAX_HEAD_DIM_V:
         raise ValueError(f"learnable_sink takes a value head dim of at most "
                          f"{SINK_MAX_HEAD_DIM_V} (torch_npu's limit), got {head_dim_v}")
+
+
+def check_sink_tensor(sink, num_heads: int, device, name: str) -> None:
+    """Sinks (``name``): a float16, bfloat16 or float32 (Nq,) tensor on the query's device,
+    one logit per query head."""
+    if not isinstance(sink, torch.Tensor) or sink.dtype not in (
+            torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"{name} must be a float16, bfloat16 or float32 tensor, got "
+                        f"{describe(sink)}")
+    if tuple(sink.shape) != (num_heads,):
+        raise ValueError(f"{name} must have shape ({num_heads},), one logit per query "
+                         f"head, got {tuple(sink.shape)}")
+    if sink.device != device:
+        raise ValueError(f"{name} is on {sink.device} but query is on {device}")
 
 
 def int_arg(value, name: str, minimum: int, maximum: int | None = None, why: str = "") -> int:

@@ -17,6 +17,7 @@ import torch
 from ..api import compressed_causal_mask, fused_attention
 from .. import backends
 from ..numerics import ALGORITHM_NAMES
+from ..options import check_sink_tensor
 
 HF_EXTRA = "pip install 'pasa-npu[hf]'"
 DEFAULT_ALGORITHM = "pasa-exact"
@@ -96,7 +97,7 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, layou
     _check_inputs(query, key, value, sink)
     heads_axis, seq_axis = (1, 2) if layout == "BNSD" else (2, 1)
     if sink is not None:
-        _check_sink(sink, query.shape[heads_axis], query.device)
+        check_sink_tensor(sink, query.shape[heads_axis], query.device, "attention sinks")
     q_len, kv_len = query.shape[seq_axis], key.shape[seq_axis]
     if masked is not None:
         masked = masked.expand(masked.shape[0], q_len, kv_len)
@@ -130,17 +131,6 @@ def _check_inputs(query, key, value, sink=None) -> None:
     if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors):
         raise NotImplementedError("PASA attention is forward only (no backward): run the model "
                                   "under torch.no_grad() or torch.inference_mode()")
-
-
-def _check_sink(sink, heads: int, device: torch.device) -> None:
-    if not isinstance(sink, torch.Tensor) or not sink.dtype.is_floating_point:
-        raise TypeError(f"attention sinks must be a floating-point tensor, got "
-                        f"{sink.dtype if isinstance(sink, torch.Tensor) else type(sink).__name__}")
-    if tuple(sink.shape) != (heads,):
-        raise NotImplementedError(f"attention sinks must be one logit per query head, shape "
-                                  f"({heads},), got {tuple(sink.shape)}")
-    if sink.device != device:
-        raise ValueError(f"attention sinks are on {sink.device} but the query is on {device}")
 
 
 def _compressed_causal_mask(device: torch.device) -> torch.Tensor:
