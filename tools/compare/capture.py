@@ -116,7 +116,7 @@ def record_attention(model, input_ids: torch.Tensor, layers: Sequence[int]) -> l
             for unsupported in ("softcap", "s_aux", "sinks"):
                 if kw.get(unsupported) is not None:
                     raise CompareError(f"layer {idx} passes {unsupported} to attention, which "
-                                       f"pasa_npu's operator does not model")
+                                       f"pasa-compare's cases do not carry")
             if getattr(module, "sliding_window", None) and attention_mask is None:
                 raise CompareError(f"layer {idx} uses a sliding window without an explicit mask")
             b, _, s1, d = query.shape
