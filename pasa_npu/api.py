@@ -10,10 +10,12 @@ sparse modes.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from . import arguments, compiled, plans
-from .masks import compressed_causal_mask
+from .masks import check_optimized_mask, compressed_causal_mask
 
 __all__ = ["fused_attention", "fused_attention_v2", "plan", "plan_v2", "reference_attention",
            "reference_attention_v2", "compressed_causal_mask", "AttentionPlan"]
@@ -74,10 +76,12 @@ def plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
          **keywords) -> AttentionPlan:
     """Validate a :func:`fused_attention` call once, for many runs (the plan of a plan/run
     split). Takes :func:`fused_attention`'s arguments; of ``query``, ``key`` and ``value``
-    only the shapes, strides, dtypes and devices are read. Returns an
-    :class:`~pasa_npu.AttentionPlan` whose ``run(query, key, value)`` (or call)
-    returns ``fused_attention(query, key, value, **keywords)`` without validating the
-    arguments again: e.g. a plan per decode step, a run per layer."""
+    only the shapes, strides, dtypes and devices are read, and lengths given on the host
+    are copied. Returns an :class:`~pasa_npu.AttentionPlan` whose ``run(query, key,
+    value)`` (or call) returns ``fused_attention(query, key, value, **keywords)`` without
+    validating the arguments again: e.g. a plan per decode step, a run per layer. What a
+    backend refuses of the problem itself (a tile its kernels lack, say) it refuses at the
+    first run, as in :func:`fused_attention`."""
     return AttentionPlan(arguments.bind("plan", query, key, value, keywords))
 
 
@@ -153,15 +157,17 @@ class AttentionPlan:
     sparse mode 0 or 1 that is not bool is converted at every run, as
     :func:`fused_attention` converts it: such runs are validated in full."""
 
-    __slots__ = ("_call", "_plan", "_layouts", "_others", "_converts_mask")
+    __slots__ = ("_plan", "_layouts", "_others", "_converts_mask", "_mask_storage")
 
     def __init__(self, call: arguments.Call):
-        self._call = call
-        self._others = tuple(getattr(call, name) for name in arguments.CALL_FIELDS[3:])
         self._plan = plans.plan_for(call, golden=False)
+        call = _planned_lengths(call, self._plan)
+        self._others = tuple(getattr(call, name) for name in arguments.CALL_FIELDS[3:])
         self._layouts = tuple(_tensor_layout(t) for t in (call.query, call.key, call.value))
-        self._converts_mask = (isinstance(call.atten_mask, torch.Tensor)
-                               and not arguments.plan_holds_mask(call, call.atten_mask))
+        mask = call.atten_mask
+        self._converts_mask = (isinstance(mask, torch.Tensor)
+                               and not arguments.plan_holds_mask(call, mask))
+        self._mask_storage = mask.data_ptr() if isinstance(mask, torch.Tensor) else None
 
     def run(self, query: torch.Tensor, key: torch.Tensor,
             value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,11 +178,31 @@ class AttentionPlan:
         if torch.compiler.is_compiling():
             return compiled.traced_call(call)
         layouts = (_tensor_layout(query), _tensor_layout(key), _tensor_layout(value))
-        if self._converts_mask or layouts != self._layouts:
-            return plans.attention(call, golden=False)
+        mask = call.atten_mask
+        if (self._converts_mask or layouts != self._layouts
+                or (mask is not None and mask.data_ptr() != self._mask_storage)):
+            return plans.attention(call, golden=False)  # the mask moved: set_() re-points it
+        if self._plan.checks_mask:
+            check_optimized_mask(mask, self._plan.options.sparse_mode)
         return plans.run(self._plan, call)
 
     __call__ = run
+
+
+def _planned_lengths(call: arguments.Call, plan) -> arguments.Call:
+    """``call`` with the values of its host lengths as they are now, copied: a run that is
+    validated in full again (other strides, a converted mask) takes the planned lengths
+    too, whatever the caller writes into its list or tensor later. Lengths that the plan
+    leaves on the device stay the caller's tensor, read at every run."""
+    planned = {}
+    for name in arguments.LENGTH_ARGUMENTS:
+        value = getattr(call, name)
+        if isinstance(value, torch.Tensor):
+            if name not in plan.device_lengths:
+                planned[name] = value.clone()
+        elif isinstance(value, list):
+            planned[name] = list(value)
+    return dataclasses.replace(call, **planned) if planned else call
 
 
 def _tensor_layout(t) -> tuple:

@@ -244,11 +244,10 @@ def call_key(call: Call):
             if role == "input":
                 append(_fingerprint(value))
             elif role == "mask" and plan_holds_mask(call, value):
-                # this very tensor, unchanged since (the plan keeps it alive, so its id is
-                # not reused while cached): modes 2-4 only validate it; a bool mask of modes
-                # 0/1 the plan holds as a view, reading its contents at each call (another
-                # dtype it holds converted: those calls are not cached)
-                append((index, *tensor_identity(value)))
+                held = mask_key(call.sparse_mode, value)
+                if held is None:
+                    return None
+                append((index, *held))
             elif role == "checked":  # read (checked) on every call
                 append((index, value.shape, value.dtype, value.device))
             elif role == "lengths" and value.dim() == 1:  # other ranks: validation refuses them
@@ -291,11 +290,14 @@ def _scalar_signature(call: Call, values: tuple) -> Optional[tuple]:
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
             and isinstance(v, torch.Tensor) and _SCALAR_TYPES.issuperset(kinds)):
         return None
-    if mask is not None and not (type(mask) is torch.Tensor
-                                 and plan_holds_mask(call, mask)):
-        return None
-    return (after_mask, kinds, _fingerprint(q), _fingerprint(k), _fingerprint(v),
-            None if mask is None else tensor_identity(mask))
+    held = None
+    if mask is not None:
+        if not (type(mask) is torch.Tensor and plan_holds_mask(call, mask)):
+            return None
+        held = mask_key(call.sparse_mode, mask)
+        if held is None:
+            return None
+    return (after_mask, kinds, _fingerprint(q), _fingerprint(k), _fingerprint(v), held)
 
 
 def signature_of(keys: Optional[tuple]) -> Optional[tuple]:
@@ -312,7 +314,7 @@ def has_signature(call: Call, signature: tuple) -> bool:
     of the same type and value; the same mask, unchanged; inputs of the same
     fingerprints."""
     values = _CALL_VALUES(call)
-    after_mask, kinds, q_print, k_print, v_print, mask_identity = signature
+    after_mask, kinds, q_print, k_print, v_print, held = signature
     rest = values[4:]
     if not all(map(operator.is_, rest, after_mask)):
         # the types first: a tensor is never compared by value, and True is not 1
@@ -320,10 +322,10 @@ def has_signature(call: Call, signature: tuple) -> bool:
             return False
     q, k, v, mask = values[:4]
     if mask is None:
-        if mask_identity is not None:
+        if held is not None:
             return False
-    elif (mask_identity is None or type(mask) is not torch.Tensor
-          or tensor_identity(mask) != mask_identity):
+    elif (held is None or type(mask) is not torch.Tensor
+          or mask_key(call.sparse_mode, mask) != held):
         return False
     tensor = torch.Tensor
     return (isinstance(q, tensor) and isinstance(k, tensor) and isinstance(v, tensor)
@@ -332,11 +334,23 @@ def has_signature(call: Call, signature: tuple) -> bool:
 
 
 def plan_holds_mask(call: Call, mask: torch.Tensor) -> bool:
-    """Whether a plan holds ``mask`` itself, so that :func:`call_key` keys it by
-    :func:`tensor_identity`: masks of sparse modes 2-4, which the plan only validates, and
-    bool masks of modes 0/1, which it holds as a view, reading their contents at each call.
-    It holds any other mask converted, so their calls are not cached."""
+    """Whether a plan takes ``mask`` as it is, so that its calls are cached
+    (:func:`mask_key`): the optimized mask of sparse modes 2-4, which each call checks,
+    and bool masks of modes 0/1, which it holds as a view, reading their contents at each
+    call. It holds any other mask converted, so their calls are not cached."""
     return call.sparse_mode in (2, 3, 4) or mask.dtype == torch.bool
+
+
+def mask_key(sparse_mode, mask: torch.Tensor) -> Optional[tuple]:
+    """How a plan's key holds its call's mask (:func:`plan_holds_mask`): the optimized mask
+    of modes 2-4 by its shape, dtype and device (a plan does not hold it: each call checks
+    its contents, remembered per tensor, :func:`pasa_npu.masks.check_optimized_mask`); a
+    bool mask of modes 0/1 by :func:`tensor_identity` (the plan holds it, so its id is not
+    reused while cached); None for an inference tensor there, which has no version to
+    tell its writes: not cached."""
+    if sparse_mode in (2, 3, 4):
+        return ("optimized", mask.shape, mask.dtype, mask.device)
+    return tensor_identity(mask)
 
 
 def _fingerprint(t: torch.Tensor) -> tuple:
@@ -344,9 +358,12 @@ def _fingerprint(t: torch.Tensor) -> tuple:
     return t.shape, t.stride(), t.dtype, t.device
 
 
-def tensor_identity(t: torch.Tensor) -> tuple:
+def tensor_identity(t: torch.Tensor) -> Optional[tuple]:
     """This very tensor, unchanged since: its id (the caller keeps it alive while the key is
-    held, so the id is not reused), storage, in-place version and metadata."""
+    held, so the id is not reused), storage, in-place version and metadata; None for an
+    inference tensor, which has no version counter."""
+    if t.is_inference():
+        return None
     return (id(t), t.data_ptr(), t._version, t.shape, t.stride(), t.dtype, t.device)
 
 

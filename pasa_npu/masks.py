@@ -7,18 +7,22 @@ import warnings
 
 import torch
 
-from .arguments import INT_MAX, describe, tensor_identity
+from .arguments import INT_MAX, describe
+from .tensor_memo import TensorMemo
 from .problem import device_cached
 
 OPTIMIZED_MASK_SIZE = 2048
 
-_VALIDATED_MASKS: dict = {}  # masks already checked, by identity and version: no device sync
+_VALIDATED_MASKS = TensorMemo()  # optimized masks already checked: no device sync
 
 
 def compressed_causal_mask(device: torch.device | str | None = None) -> torch.Tensor:
-    """The 2048 x 2048 "optimized" mask torch_npu expects with ``sparse_mode`` 2, 3 and 4."""
-    ones = torch.ones(OPTIMIZED_MASK_SIZE, OPTIMIZED_MASK_SIZE, dtype=torch.bool, device=device)
-    return torch.triu(ones, diagonal=1)
+    """The 2048 x 2048 "optimized" mask torch_npu expects with ``sparse_mode`` 2, 3 and 4;
+    a normal tensor also under ``torch.inference_mode``, so that calls remember it checked."""
+    with torch.inference_mode(False):
+        ones = torch.ones(OPTIMIZED_MASK_SIZE, OPTIMIZED_MASK_SIZE, dtype=torch.bool,
+                          device=device)
+        return torch.triu(ones, diagonal=1)
 
 
 @device_cached(maxsize=None)
@@ -37,7 +41,7 @@ def mask_and_band(mask, sparse_mode: int, pre: int, nxt: int, batch, s_q, s_kv, 
     check_mask(mask, device)
 
     if sparse_mode in (2, 3, 4):
-        _check_optimized_mask(mask, sparse_mode)
+        check_optimized_mask(mask, sparse_mode)
         if s_q == 1:
             if sparse_mode != 3:
                 warnings.warn(f"sparse_mode={sparse_mode} has no effect when the query length is "
@@ -139,7 +143,9 @@ def _check_token_lengths(sparse_mode: int, pre: int, nxt: int, q_lens, kv_lens) 
                              f"length of batch {b} ({length}), as torch_npu requires")
 
 
-def _check_optimized_mask(mask, sparse_mode: int) -> None:
+def check_optimized_mask(mask, sparse_mode: int) -> None:
+    """``mask`` (sparse modes 2-4) is torch_npu's optimized mask: its shape, and its contents
+    once per version of the tensor (:class:`~pasa_npu.tensor_memo.TensorMemo`)."""
     n = OPTIMIZED_MASK_SIZE
     if mask is None:
         raise ValueError(f"sparse_mode={sparse_mode} needs torch_npu's optimized {n}x{n} "
@@ -147,15 +153,12 @@ def _check_optimized_mask(mask, sparse_mode: int) -> None:
     if mask.shape not in ((n, n), (1, n, n), (1, 1, n, n)):
         raise ValueError(f"sparse_mode={sparse_mode} needs the optimized mask of shape ({n}, {n}), "
                          f"(1, {n}, {n}) or (1, 1, {n}, {n}); got {tuple(mask.shape)}")
-    key = tensor_identity(mask)
-    if key in _VALIDATED_MASKS:
+    if _VALIDATED_MASKS.get(mask):
         return
     if not torch.equal(mask.reshape(n, n).bool(), _reference_mask(mask.device)):
         raise ValueError(f"sparse_mode={sparse_mode} needs the optimized mask to be the strict "
                          f"upper triangle (True above the diagonal), as torch_npu documents")
-    if len(_VALIDATED_MASKS) > 64:
-        _VALIDATED_MASKS.clear()
-    _VALIDATED_MASKS[key] = mask  # kept alive: its id is not reused while cached
+    _VALIDATED_MASKS.put(mask, True)
 
 
 def _dense_mask(mask: torch.Tensor, batch: int, s_q: int, s_kv: int) -> torch.Tensor:

@@ -6,6 +6,7 @@ import torch
 
 from .paged_kv import to_device
 from .problem import LSE_MASKED_ROW, AttentionProblem
+from .tensor_memo import TensorMemo
 
 
 def allocate_output(q, v, out_layout, dtype, zero: bool):
@@ -113,28 +114,21 @@ def _fix_masked_rows(problem: AttentionProblem, value: torch.Tensor, inner_preci
     _set_rows(problem, masked, None, LSE_MASKED_ROW)
 
 
-_ROWS_SEEING_KEYS: dict = {}  # by the mask's storage and version and the row facts
+_ROWS_SEEING_KEYS = TensorMemo()  # by the caller's mask, its lengths and band
 
 
 def _rows_seeing_keys(problem: AttentionProblem, source: torch.Tensor) -> torch.Tensor:
     """Bool (B, S1) on the host: the rows that see a key, the explicit mask included. Read
-    back from the mask's device once per version of the caller's mask ``source`` and of the
-    lengths and band; later calls on the same mask read nothing. The key is the mask's
-    storage rather than its identity (a caller may view it anew); the entry keeps the storage
-    alive, so its address is not reused while cached, and an in-place write changes the
-    version."""
-    m = source
+    back from the mask's device once per version of the caller's mask ``source`` (of the
+    tensor it views: a fresh view of it each call reads nothing again) and per lengths and
+    band (:class:`~pasa_npu.tensor_memo.TensorMemo`)."""
     band = None if problem.band is None else tuple(tuple(t.tolist()) for t in problem.band)
-    key = (m.data_ptr(), m._version, tuple(m.shape), m.stride(), m.dtype, m.device,
-           tuple(problem.q_lens.tolist()), tuple(problem.kv_lens.tolist()), band,
-           problem.kv_extent, problem.query.shape[2])
-    hit = _ROWS_SEEING_KEYS.get(key)
-    if hit is not None:
-        return hit[1]
-    has = _rows_with_keys(problem).cpu()
-    if len(_ROWS_SEEING_KEYS) > 64:
-        _ROWS_SEEING_KEYS.clear()
-    _ROWS_SEEING_KEYS[key] = (m, has)
+    facts = (tuple(problem.q_lens.tolist()), tuple(problem.kv_lens.tolist()), band,
+             problem.kv_extent, problem.query.shape[2])
+    has = _ROWS_SEEING_KEYS.get(source, facts)
+    if has is None:
+        has = _rows_with_keys(problem).cpu()
+        _ROWS_SEEING_KEYS.put(source, has, facts)
     return has
 
 

@@ -11,12 +11,12 @@ block_size. The table's entries are checked here, which torch_npu leaves to the 
 """
 from __future__ import annotations
 
-import weakref
 from typing import Optional
 
 import torch
 
 from .arguments import describe
+from .tensor_memo import TensorMemo
 
 #: block_size when S1 > 1: a multiple of PREFILL_BLOCK_ALIGN up to MAX_BLOCK_SIZE
 PREFILL_BLOCK_ALIGN = 128
@@ -115,7 +115,7 @@ def table_for_call(table: torch.Tensor, kv_lens: torch.Tensor, num_blocks: int,
             return table
         source = table.pin_memory() if device.type == "cuda" else table
         return source.to(device, non_blocking=True)
-    prefix = None if device_lengths else _CHECKED.prefix(table, num_blocks)
+    prefix = None if device_lengths else checked_prefix(table, num_blocks)
     if prefix is not None:
         _check_entries(table, kv_lens, num_blocks, block_size, prefix)
     if table.shape[1] > 1 and table.stride(1) != 1:
@@ -152,42 +152,19 @@ def _valid_prefix(table: torch.Tensor, num_blocks: int) -> tuple:
     return tuple(valid.to(torch.int32).cumprod(1).sum(1).tolist())
 
 
-class _CheckedTables:
-    """The :func:`_valid_prefix` of device tables, kept per table object while its
-    version, storage and shape stay those it was computed for (a weak reference: an entry
-    goes with its table)."""
+#: device tables' :func:`_valid_prefix`, by table and cache size
+_CHECKED = TensorMemo()
 
-    MAX_TABLES = 64
 
-    def __init__(self):
-        self.entries: dict = {}  # id(table) -> (weakref, key, prefix)
-
-    def prefix(self, table: torch.Tensor, num_blocks: int) -> Optional[tuple]:
-        """``table``'s prefix: cached, or read back now; None while a CUDA graph is being
-        captured and none is cached."""
-        try:
-            key = (table._version, table.data_ptr(), tuple(table.shape), table.stride(),
-                   num_blocks)
-        except RuntimeError:  # an inference tensor: no version counter
-            key = None
-        hit = self.entries.get(id(table))
-        if key is not None and hit is not None and hit[0]() is table and hit[1] == key:
-            return hit[2]
-        if table.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        prefix = _valid_prefix(table, num_blocks)
-        if key is not None:
-            if len(self.entries) >= self.MAX_TABLES:
-                self.entries.clear()
-            ident = id(table)
-            ref = weakref.ref(table, lambda dead: self._forget(ident, dead))
-            self.entries[ident] = (ref, key, prefix)
+def checked_prefix(table: torch.Tensor, num_blocks: int,
+                   memo: TensorMemo = _CHECKED) -> Optional[tuple]:
+    """A device ``table``'s :func:`_valid_prefix`: remembered for its contents, or read back
+    now; None while a CUDA graph is being captured and none is remembered."""
+    prefix = memo.get(table, (num_blocks,))
+    if prefix is not None:
         return prefix
-
-    def _forget(self, ident: int, dead: weakref.ref) -> None:
-        hit = self.entries.get(ident)
-        if hit is not None and hit[0] is dead:
-            del self.entries[ident]
-
-
-_CHECKED = _CheckedTables()
+    if table.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    prefix = _valid_prefix(table, num_blocks)
+    memo.put(table, prefix, (num_blocks,))
+    return prefix

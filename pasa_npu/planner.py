@@ -44,8 +44,8 @@ class Plan:
     on_host: bool         # the query's device is the host's memory (problem.host_memory)
     table_on_host: bool   # so is the block table's
     backend: str = "golden"
-    validated_mask: Optional[torch.Tensor] = None  # sparse modes 2-4: kept alive for the key
-    mask_source: Optional[torch.Tensor] = None  # the caller's atten_mask (outputs.fix_rows)
+    mask_source: Optional[torch.Tensor] = None  # sparse modes 0/1: the caller's atten_mask
+    checks_mask: bool = False  # sparse modes 2-4 with a mask: each call checks its contents
     backward: bool = True  # the outputs carry autograd; else inputs that require grad raise
     #: the length arguments each call gives on the query's device, left there: the plan's
     #: lengths are then the capacities, and each call's are made on the device by the
@@ -135,9 +135,10 @@ def make_plan(call: Call, golden: bool, base: Optional[Plan], on_host: bool,
         plan = copy.copy(base)  # dataclasses.replace would cost a third of this function
         plan.__dict__.update(backend_state={}, repeat_form=None, **lengths)
         return plan
+    optimized = options.sparse_mode in (2, 3, 4)
     return Plan(options=options, on_host=on_host, table_on_host=table_on_host,
-                validated_mask=call.atten_mask if options.sparse_mode in (2, 3, 4) else None,
-                mask_source=call.atten_mask, **lengths, **extra)
+                mask_source=None if optimized else call.atten_mask,
+                checks_mask=optimized and call.atten_mask is not None, **lengths, **extra)
 
 
 def check_own_options(options: dict) -> None:

@@ -15,6 +15,7 @@ from . import backends, overflow
 from .arguments import (LENGTH_ARGUMENTS, Call, call_key, caller_stacklevel, has_signature,
                         signature_of)
 from .lengths import read_device_lengths
+from .masks import check_optimized_mask
 from .numerics import to_fp16_checked
 from .options import PACKED
 from .paging import PREFILL_BLOCK_ALIGN
@@ -84,15 +85,15 @@ def plan_for(call: Call, golden: bool) -> Plan:
     if not golden:
         recent = _RECENT[0]
         if recent is not None and has_signature(call, recent[0]):
-            return recent[1]
+            return _checked(recent[1], call)
         older = _RECENT[1]
         if older is not None and has_signature(call, older[0]):
             _RECENT[:] = older, recent
-            return older[1]
+            return _checked(older[1], call)
     keys, plans, plan = _cached(call, golden)
     if plan is not None:
         _remember(keys, plan)
-        return plan
+        return _checked(plan, call)
     query = call.query
     on_device = tuple(name for name in LENGTH_ARGUMENTS
                       if isinstance(getattr(call, name), torch.Tensor)
@@ -115,7 +116,7 @@ def plan_for(call: Call, golden: bool) -> Plan:
             on_device = ()
             keys, plans, plan = _cached(call, golden)
             if plan is not None:
-                return plan
+                return _checked(plan, call)
     table = call.block_table
     on_host = not isinstance(query, torch.Tensor) or host_memory(query.device)
     table_on_host = not isinstance(table, torch.Tensor) or host_memory(table.device)
@@ -140,6 +141,14 @@ def plan_for(call: Call, golden: bool) -> Plan:
             plans.clear()
         plans[keys[1]] = plan
         _remember(keys, plan)
+    return plan
+
+
+def _checked(plan: Plan, call: Call) -> Plan:
+    """``plan``, cached, for ``call``: its optimized mask checked (sparse modes 2-4; the
+    plan's key holds the mask's shape, dtype and device, not the tensor)."""
+    if plan.checks_mask:
+        check_optimized_mask(call.atten_mask, plan.options.sparse_mode)
     return plan
 
 

@@ -169,21 +169,27 @@ def test_device_table_check_is_kept_per_version(monkeypatch):
     reads = []
     real = paging._valid_prefix
     monkeypatch.setattr(paging, "_valid_prefix", lambda t, n: reads.append(1) or real(t, n))
-    checked = paging._CheckedTables()
+    memo = paging.TensorMemo()
+
+    def prefix(table, num_blocks):
+        return paging.checked_prefix(table, num_blocks, memo)
+
     table = torch.tensor([[0, 1, 9], [2, 3, 1]], dtype=torch.int32)
-    assert checked.prefix(table, 4) == (2, 3)
-    assert checked.prefix(table, 4) == (2, 3) and len(reads) == 1
+    assert prefix(table, 4) == (2, 3)
+    assert prefix(table, 4) == (2, 3) and len(reads) == 1
     table[0].fill_(3)  # a write through a view
-    assert checked.prefix(table, 4) == (3, 3) and len(reads) == 2
+    assert prefix(table, 4) == (3, 3) and len(reads) == 2
     table[1, 0] = -1
-    assert checked.prefix(table, 4) == (3, 0) and len(reads) == 3
-    assert checked.prefix(table, 8) == (3, 0) and len(reads) == 4  # another cache size
-    assert checked.prefix(table.clone(), 8) == (3, 0) and len(reads) == 5  # another tensor
+    assert prefix(table, 4) == (3, 0) and len(reads) == 3
+    assert prefix(table, 8) == (3, 0) and len(reads) == 4  # another cache size
+    assert prefix(table.clone(), 8) == (3, 0) and len(reads) == 5  # another tensor
+    assert prefix(table[:], 8) == (3, 0) and len(reads) == 5  # a fresh view of the same
+    assert prefix(table[:1], 8) == (3,) and len(reads) == 6  # a view of other rows
     with torch.inference_mode():
         frozen = torch.tensor([[0, 1]], dtype=torch.int32)
-    checked.prefix(frozen, 4)
-    checked.prefix(frozen, 4)
-    assert len(reads) == 7
+    prefix(frozen, 4)
+    prefix(frozen, 4)
+    assert len(reads) == 8
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

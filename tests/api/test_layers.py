@@ -13,7 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 #: rank and modules of each layer, lowest first; a module of ``fallback/`` (its subfolders
 #: too) or ``pasa_npu/integrations/`` belongs to its folder's layer
 LAYERS = {
-    "core": (0, {"numerics", "npu_params", "beta", "install_record"}),
+    "core": (0, {"numerics", "npu_params", "beta", "install_record", "tensor_memo"}),
     "contract": (1, {"problem", "outputs", "paged_kv"}),
     "backends": (2, {"backends", "kernel_inputs", "ascendc_cpu", "ascendc_emu", "ascendc_sim",
                      "sim_build", "npu", "reference", "fallback"}),

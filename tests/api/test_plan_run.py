@@ -4,6 +4,10 @@ tensors of another layout are validated in full again; bad arguments fail at pla
 a run traces under torch.compile as the eager call's operator."""
 from __future__ import annotations
 
+import gc
+import weakref
+
+import numpy as np
 import pytest
 import torch
 
@@ -80,3 +84,94 @@ def test_a_run_traces_as_the_eager_calls_operator():
     q2 = torch.randn(1, 4, 16, 32).half()
     assert torch.equal(compiled(q2, k, v), pasa_npu.fused_attention(
         q2, k, v, num_heads=4, input_layout="BNSD", algorithm="pasa")[0])
+
+
+def _masked_case():
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 2, 12, 16, generator=gen).half() for _ in range(3))
+    return q, k, v, dict(num_heads=2, input_layout="BNSD", backend="torch",
+                         softmax_lse_flag=True)
+
+
+def _assert_golden(got, q, k, v, keywords):
+    keywords = {n: x for n, x in keywords.items() if n not in pasa_npu.arguments.OWN_KEYWORDS}
+    want = pasa_npu.reference_attention(q, k, v, **keywords)
+    torch.testing.assert_close(got[0].double(), want[0], atol=2e-3, rtol=0)
+    torch.testing.assert_close(got[1].double(), want[1], atol=2e-3, rtol=0)
+
+
+def test_masks_made_under_inference_mode():
+    """Inference tensors have no version counter: calls with such a mask are not cached,
+    and run with the mask's contents (a serving loop's tensors are often made so)."""
+    q, k, v, keywords = _masked_case()
+    with torch.inference_mode():
+        full = torch.zeros(12, 12, dtype=torch.bool)
+        full[3] = True
+        causal = pasa_npu.compressed_causal_mask()
+        for kw in (dict(keywords, atten_mask=full),
+                   dict(keywords, atten_mask=causal, sparse_mode=3)):
+            for _ in range(2):
+                _assert_golden(pasa_npu.fused_attention(q, k, v, **kw), q, k, v, kw)
+                _assert_golden(pasa_npu.plan(q, k, v, **kw).run(q, k, v), q, k, v, kw)
+        full[3] = False  # written where no version counts it: read again
+        _assert_golden(pasa_npu.fused_attention(q, k, v, atten_mask=full, **keywords), q, k, v,
+                       dict(keywords, atten_mask=full.clone()))
+    assert not causal.is_inference()  # the optimized mask is a normal tensor: remembered
+
+
+def test_a_new_mask_over_the_same_memory_is_read_again():
+    """Masks made anew over one buffer each call (``torch.from_numpy``): each has its own
+    version counter, so the rows it empties are read from it, not from the last one."""
+    q, k, v, keywords = _masked_case()
+    buffer = np.zeros((12, 12), dtype=bool)
+    buffer[3] = True
+    for _ in range(2):
+        for row_empty in (True, False):
+            buffer[3] = row_empty
+            mask = torch.from_numpy(buffer)
+            got = pasa_npu.fused_attention(q, k, v, atten_mask=mask, **keywords)
+            _assert_golden(got, q, k, v, dict(keywords, atten_mask=mask.clone()))
+
+
+def test_a_run_keeps_the_planned_lengths():
+    """Lengths given as a list or a host tensor are copied when planned: a run validated
+    in full again (other strides) takes them as planned, as every run does."""
+    q, k, v, keywords = _masked_case()
+    for lengths in ([12, 7], torch.tensor([12, 7])):
+        planned = pasa_npu.plan(q, k, v, actual_seq_lengths_kv=lengths, **keywords)
+        want = pasa_npu.fused_attention(q, k, v, actual_seq_lengths_kv=[12, 7], **keywords)
+        lengths[1] = 3
+        strided = q.transpose(2, 3).contiguous().transpose(2, 3)
+        for tensors in ((q, k, v), (strided, k, v)):
+            assert all(torch.equal(a, b) for a, b in zip(planned.run(*tensors), want))
+
+
+def test_a_plan_holds_neither_its_tensors_nor_an_optimized_mask():
+    """A plan per decode step must not pin that step's activations, and a cached plan of
+    sparse modes 2-4 holds no mask (a caller that makes one per call would pin 4 MiB a
+    plan); each call checks its optimized mask, remembered per tensor."""
+    q, k, v, keywords = _masked_case()
+    planning = [t.clone() for t in (q, k, v)]
+    planned = pasa_npu.plan(*planning, **keywords)
+    refs = [weakref.ref(t) for t in planning]
+    for _ in range(3):
+        fresh = pasa_npu.compressed_causal_mask()
+        pasa_npu.fused_attention(q, k, v, atten_mask=fresh, sparse_mode=3, **keywords)
+        refs.append(weakref.ref(fresh))
+    del planning, fresh
+    gc.collect()
+    assert planned.run(q, k, v) is not None and all(ref() is None for ref in refs)
+    bad = pasa_npu.compressed_causal_mask()
+    bad[0, 1] = False
+    with pytest.raises(ValueError, match="strict upper triangle"):
+        pasa_npu.fused_attention(q, k, v, atten_mask=bad, sparse_mode=3, **keywords)
+
+
+def test_a_run_follows_a_mask_moved_to_other_storage():
+    q, k, v, keywords = _masked_case()
+    mask = torch.zeros(12, 12, dtype=torch.bool)
+    planned = pasa_npu.plan(q, k, v, atten_mask=mask, **keywords)
+    moved = torch.zeros(12, 12, dtype=torch.bool)
+    moved[:, 4:] = True
+    mask.set_(moved.untyped_storage(), 0, (12, 12), (12, 1))
+    _assert_golden(planned.run(q, k, v), q, k, v, dict(keywords, atten_mask=moved))

@@ -82,7 +82,7 @@ def test_a_compiled_call_keeps_no_device_tensor_in_the_caches():
               backend="triton", sparse_mode=3)
     mask = pasa_npu.compressed_causal_mask(dev)
     op = torch.ops.pasa_npu.fused_attention.default
-    traced = op(q, k, v, mask, None, None, None, None, None, **dict(defaults, **kw))
+    traced = op(q, k, v, mask, None, None, None, None, None, None, **dict(defaults, **kw))
     assert cached() == (0, 0, 0, 0)
     masks._VALIDATED_MASKS.clear()
     pasa_npu.plans.clear()  # the eager call makes its plan too, validating the mask
