@@ -322,9 +322,10 @@ def _tile_shape(state: _State, block: int):
 
 def _row_max(s: torch.Tensor, vis: torch.Tensor, problem: AttentionProblem, rnd):
     """(row maximum over visible entries with the rounding guard when enabled, the same
-    maximum unguarded)."""
+    maximum unguarded); 0 for a row with no visible entry, whose step the state does not
+    take (_State.update): a finite maximum keeps the backward pass free of NaN there."""
     masked = s.masked_fill(~vis, NEG_INF)
-    rm = masked.amax(-1, keepdim=True)
+    rm = torch.where(vis.any(-1, keepdim=True), masked.amax(-1, keepdim=True), 0.0)
     if not problem.rounding_guard:
         return rm, rm
     repeated = ((masked == rm) & vis).sum(-1, keepdim=True) > 1
@@ -333,10 +334,15 @@ def _row_max(s: torch.Tensor, vis: torch.Tensor, problem: AttentionProblem, rnd)
     return torch.where(repeated & torch.isfinite(rm), rnd(rm + offset), rm), rm
 
 
+def _exp_visible(x: torch.Tensor, vis: torch.Tensor) -> torch.Tensor:
+    """exp(x) at the visible entries, 0 elsewhere: a hidden entry's exp never overflows,
+    so its zero gradient stays zero (not 0 * inf)."""
+    return torch.exp(x.masked_fill(~vis, NEG_INF))
+
+
 def _peak(state: _State, rm: torch.Tensor) -> torch.Tensor:
     """``state.peak`` with this block's |unguarded row maximum of the shifted scores| ``rm``
-    taken in (the resolution check's quantity, :data:`pasa_npu.numerics.RESOLUTION_LIMIT`;
-    -inf: no visible key)."""
+    taken in (the resolution check's quantity, :data:`pasa_npu.numerics.RESOLUTION_LIMIT`)."""
     return torch.maximum(state.peak, torch.where(torch.isfinite(rm), rm.abs(), 0.0))
 
 
@@ -354,14 +360,14 @@ def _step_fa(problem, state, q_tile, keys, v_blk, j, vis, has_any, low):
         s = r(s * problem.scale)
         m_new = torch.maximum(state.m, _row_max(s, vis, problem, r)[0])
         a = r(torch.exp(r(state.m - m_new)))
-        p = torch.where(vis, r(torch.exp(r(s - m_new))), 0.0)
+        p = torch.where(vis, r(_exp_visible(r(s - m_new), vis)), 0.0)
         l_new = r(r(a * state.l) + r(p.sum(-1, keepdim=True)))
     else:
         s = s * problem.scale
         rm, unguarded = _row_max(s, vis, problem, lambda x: x)
         m_new = torch.maximum(state.m, rm)
         a = torch.exp(state.m - m_new)
-        p = torch.where(vis, torch.exp(s - m_new), 0.0)
+        p = torch.where(vis, _exp_visible(s - m_new, vis), 0.0)
         if problem.rounding_guard:  # a guarded row's l sums the weights P.V uses
             p = torch.where(rm != unguarded, _round(p, low), p)
         l_new = a * state.l + p.sum(-1, keepdim=True)
@@ -395,7 +401,7 @@ def _step_pseudo_average(problem, state, q_tile, keys, v_blk, j, vis, has_any, l
             s_mean = torch.where(torch.isfinite(factor), s.sum(-1, keepdim=True) * factor, s_mean)
     s_mean = r(s_mean)
     m_loc, rm = _row_max(s, vis, problem, r)
-    p = torch.where(vis, r(torch.exp(r(s - m_loc))), 0.0)
+    p = torch.where(vis, r(_exp_visible(r(s - m_loc), vis)), 0.0)
     l_loc = r(p.sum(-1, keepdim=True))
 
     n = state.n + 1.0
@@ -434,7 +440,7 @@ def _step_exact(problem, state, q_tile, keys, v_blk, j, vis, has_any, low):
     guarded, rm = _row_max(s, vis, problem, lambda x: x)
     m_new = torch.maximum(state.m, guarded + c)
     a = torch.exp(state.m - m_new)
-    p = torch.where(vis, r16(torch.exp(s - (m_new - c))), 0.0)  # fp32 argument, fp16 P'
+    p = torch.where(vis, r16(_exp_visible(s - (m_new - c), vis)), 0.0)  # fp32 argument, fp16 P'
     l_new = a * state.l + p.sum(-1, keepdim=True)
     o_new = a * state.o + r16(_pv(p, v_blk))
     state.update(has_any, m=m_new, l=l_new, o=o_new, n=state.n + 1.0, peak=_peak(state, rm))
