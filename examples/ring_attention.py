@@ -36,6 +36,11 @@ def inputs(seq: int, heads: int, dim: int = 128, x0: float = 30.0, amplitude: fl
                   * amplitude + x0).half() for _ in range(3))
 
 
+def shard_lengths(seq: int, world: int) -> list[int]:
+    """The ranks' shard lengths: as equal as they can be, the first ``seq % world`` one longer."""
+    return [seq // world + (r < seq % world) for r in range(world)]
+
+
 def run(rank: int, world: int, args) -> dict | None:
     """This rank's part; rank 0 returns {algorithm: (relative RMSE, NaN share)}."""
     device = torch.device("cpu")
@@ -43,17 +48,20 @@ def run(rank: int, world: int, args) -> dict | None:
         device = torch.device(args.device, int(os.environ.get("LOCAL_RANK", rank)))
         torch.cuda.set_device(device)
     q, k, v = inputs(args.seq, args.heads)
-    shard = slice(rank * args.seq // world, (rank + 1) * args.seq // world)
+    lens = shard_lengths(args.seq, world)
+    shard = slice(sum(lens[:rank]), sum(lens[:rank + 1]))
     causal = dict(sparse_mode=3) if args.causal else {}
     common = dict(num_heads=args.heads, input_layout="BSND", scale=q.shape[-1] ** -0.5)
     report = {}
     for algorithm in ALGORITHMS:
         out, _ = ring_attention(*(x[:, shard].to(device) for x in (q, k, v)), algorithm=algorithm,
-                                **common, **causal)
-        parts = [torch.empty_like(out) for _ in range(world)] if rank == 0 else None
-        dist.gather(out.cpu() if args.device == "cpu" else out, parts, dst=0)
+                                seq_lens=lens, **common, **causal)
+        padded = out.new_zeros(1, lens[0], *out.shape[2:])  # gather takes equal sizes
+        padded[:, :out.shape[1]] = out
+        parts = [torch.empty_like(padded) for _ in range(world)] if rank == 0 else None
+        dist.gather(padded, parts, dst=0)
         if rank == 0:
-            report[algorithm] = torch.cat([p.cpu() for p in parts], dim=1)
+            report[algorithm] = torch.cat([p[:, :n].cpu() for p, n in zip(parts, lens)], dim=1)
     if rank != 0:
         return None
     mask = dict(sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask()) if args.causal else {}
@@ -63,7 +71,8 @@ def run(rank: int, world: int, args) -> dict | None:
 
 
 def show(report: dict, args, world: int) -> None:
-    print(f"S={args.seq} over {world} ranks ({args.seq // world} tokens each), "
+    lens = sorted(set(shard_lengths(args.seq, world)))
+    print(f"S={args.seq} over {world} ranks ({' or '.join(map(str, lens))} tokens each), "
           f"{args.heads} heads x 128, {'causal' if args.causal else 'no mask'}; "
           f"Q, K, V ~ U(29.5, 30.5)")
     for name, (err, nan) in report.items():

@@ -14,16 +14,22 @@ rank ``(r - s) mod W`` while it sends that shard to rank ``r + 1`` and receives 
 local attention). Each step is one :func:`fused_attention` call, so PASA's shift stays local
 to the KV chunk at hand; the partial outputs are merged with their LSEs in fp32.
 
+**Agreement.** Every rank of ``group`` must call with the same dtype, layout, heads, batch,
+head dims, mask and ``seq_lens``: one all_gather of a few int64s checks that before any K/V
+moves, and a disagreement raises ValueError on every rank.
+
 **Masks.** ``sparse_mode`` 2 and 3 (causal; the global query and key lengths are equal, so
 top-left and bottom-right coincide) and 4 (a band of ``pre_tokens``/``next_tokens``) are
 global. No mask is built: each step gets the band in its own coordinates through
 ``sparse_mode=4`` (or 0 where the band covers the whole step; a step the band misses is
-skipped). Rows a step's band leaves empty come back from :func:`fused_attention` as 0 with
-LSE +inf (its invalid-row convention); the merge counts them as LSE -inf, contributing
-nothing. A row no step reaches is returned as fused_attention returns it: 0, LSE +inf.
+skipped; a one-query step, which fused_attention runs as decode without a band, attends
+the band's keys only). Rows a step's band leaves empty come back from
+:func:`fused_attention` as 0 with LSE +inf (its invalid-row convention); the merge counts
+them as LSE -inf, contributing nothing. A row no step reaches is returned as
+fused_attention returns it: 0, LSE +inf.
 
-Works with any process group whose backend has point-to-point ops: gloo (CPU), NCCL (CUDA),
-HCCL (NPU).
+Works with any process group whose backend has point-to-point ops and all_gather: gloo
+(CPU), NCCL (CUDA), HCCL (NPU).
 """
 from __future__ import annotations
 
@@ -33,7 +39,8 @@ import torch
 import torch.distributed as dist
 
 from .api import fused_attention
-from .masks import compressed_causal_mask
+from .masks import check_mask, check_optimized_mask, compressed_causal_mask
+from .options import INT64_MAX, check_tensors, int_arg
 from .views import to_canonical
 
 __all__ = ["ring_attention", "merge_partial"]
@@ -43,6 +50,7 @@ _SEQ_DIM = {"BSH": 1, "BSND": 1, "BNSD": 2}
 _REFUSED = ("actual_seq_lengths", "actual_seq_lengths_kv", "block_table", "softmax_lse_flag",
             "pse_shift", "key_shared_prefix", "value_shared_prefix", "actual_shared_prefix_len")
 _MASKS: dict = {}
+_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
@@ -57,35 +65,61 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     ``query``/``key``/``value``: this rank's contiguous shard, layout ``BSH``, ``BSND`` or
     ``BNSD``. ``sparse_mode``: 0 (no mask), 2 or 3 (causal), 4 (the band ``pre_tokens`` /
     ``next_tokens``), all over the global sequence; ``atten_mask`` may be None or
-    :func:`compressed_causal_mask` (modes 2-4 need no mask here). Every other keyword
+    :func:`compressed_causal_mask` (modes 2-4 need no mask here). ``seq_lens``: every rank's
+    shard length (None: all equal). Every other keyword
     (``num_heads``, ``num_key_value_heads``, ``scale``, ``algorithm``, ``beta``,
     ``backend``, ``inner_precise``, ``kv_block`` ...) goes to each step's
     :func:`fused_attention` unchanged.
 
     Returns ``(out, lse)`` for this rank's queries: ``out`` in ``input_layout`` and the
-    input dtype, ``lse`` float32 (B, N, S_local, 1), as fused_attention's.
-    Forward only (no autograd through the ring).
+    input dtype, ``lse`` float32 (B, N, S_local, 1), as fused_attention's. Arguments the
+    ranks disagree on raise ValueError on every rank, before any K/V is sent.
+    Forward only: inputs that require grad raise NotImplementedError while grad is enabled.
     """
-    if input_layout not in _SEQ_DIM:
+    check_tensors(query, key, value)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        raise NotImplementedError("ring_attention is forward only (no backward): run it under "
+                                  "torch.no_grad() or torch.inference_mode()")
+    if not isinstance(input_layout, str) or input_layout not in _SEQ_DIM:
         raise NotImplementedError(f"ring_attention takes input_layout BSH, BSND or BNSD, "
                                   f"got {input_layout!r}")
     refused = sorted(n for n in _REFUSED if n in keywords)
     if refused:
         raise NotImplementedError(f"ring_attention does not take {refused}: the LSE is always "
                                   f"returned and every shard is dense")
-    band = _global_band(sparse_mode, pre_tokens, next_tokens, atten_mask)
-
-    world = dist.get_world_size(group)
-    rank = dist.get_rank(group)
+    band = _global_band(sparse_mode, pre_tokens, next_tokens, atten_mask, query.device)
     seq_dim = _SEQ_DIM[input_layout]
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.dim() != len(input_layout):
+            raise ValueError(f"{name} must have {len(input_layout)} dims ({input_layout}), got "
+                             f"shape {tuple(t.shape)}")
     local = query.shape[seq_dim]
     if key.shape[seq_dim] != local or value.shape[seq_dim] != local:
         raise ValueError(f"query, key and value shards must have the same length; got "
                          f"{query.shape[seq_dim]}, {key.shape[seq_dim]}, {value.shape[seq_dim]}")
-    lens = [local] * world if seq_lens is None else [int(n) for n in seq_lens]
-    if len(lens) != world or lens[rank] != local:
-        raise ValueError(f"seq_lens must list the {world} ranks' shard lengths with this "
-                         f"rank's ({local}) at position {rank}; got {list(lens)}")
+    heads = int_arg(keywords.get("num_heads", 1), "num_heads", minimum=1)
+    kv_heads = int_arg(keywords.get("num_key_value_heads", 0), "num_key_value_heads",
+                       minimum=0) or heads
+
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError("this process is not a member of group: ring_attention runs on the "
+                         "ranks of group only")
+    if seq_lens is not None:
+        seq_lens = [int_arg(n, f"seq_lens[{i}]", minimum=0) for i, n in enumerate(seq_lens)]
+        if len(seq_lens) != world:
+            raise ValueError(f"seq_lens must list the {world} ranks' shard lengths, got "
+                             f"{seq_lens}")
+    lens = _agree(group, world, query.device, seq_lens, local, {
+        "dtype": [_DTYPES.index(query.dtype)],
+        "input_layout": [list(_SEQ_DIM).index(input_layout)],
+        "num_heads": [heads], "num_key_value_heads": [kv_heads],
+        "query's shape (the sequence length aside)": _shape(query, seq_dim),
+        "key's shape (the sequence length aside)": _shape(key, seq_dim),
+        "value's shape (the sequence length aside)": _shape(value, seq_dim),
+        "sparse_mode, pre_tokens, next_tokens (the global band)":
+            [int(sparse_mode), *(band or (_INT_MAX, _INT_MAX))]})
     offsets = [sum(lens[:i]) for i in range(world)]
     send_to = dist.get_global_rank(group, (rank + 1) % world) if group is not None \
         else (rank + 1) % world
@@ -107,10 +141,13 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
                 dist.P2POp(dist.isend, v_cur, send_to, group=group),
                 dist.P2POp(dist.irecv, k_next, recv_from, group=group),
                 dist.P2POp(dist.irecv, v_next, recv_from, group=group)])
-        step_keywords = _step_band(band, offsets[rank] - offsets[src], local, lens[src],
-                                   query.device)
-        if step_keywords is not None:
-            block_out, block_lse = fused_attention(query, k_cur, v_cur, **keywords,
+        attended = _step_band(band, offsets[rank] - offsets[src], local, lens[src],
+                              query.device)
+        if attended is not None:
+            step_keywords, keys = attended
+            k_step, v_step = (x.narrow(seq_dim, keys.start, keys.stop - keys.start)
+                              for x in (k_cur, v_cur))
+            block_out, block_lse = fused_attention(query, k_step, v_step, **keywords,
                                                    **step_keywords)
             out, lse = merge_partial(out, lse, to_canonical(block_out, "attention_out", input_layout,
                                                            block_lse.shape[1]), block_lse)
@@ -126,12 +163,19 @@ def merge_partial(out: torch.Tensor | None, lse: torch.Tensor | None,
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge a partial attention result into a running one, in fp32.
 
-    ``out``/``block_out``: (B, N, S, D); ``lse``/``block_lse``: (B, N, S, 1). A row with no
-    key in that step (LSE -inf, or fused_attention's invalid row: 0 with LSE +inf)
-    contributes nothing. A +inf LSE with a non-zero output is an overflowed statistic and
+    ``out``/``block_out``: (B, N, S, D); ``lse``/``block_lse``: (B, N, S, 1) (other shapes
+    raise ValueError). A row with no key in that step (LSE -inf, or fused_attention's invalid
+    row: 0 with LSE +inf) contributes nothing. A +inf LSE with a non-zero output is an overflowed statistic and
     makes the row NaN, as a NaN anywhere does. Returns the new (out, lse), fp32; a row no
     block has reached so far has out 0 and LSE -inf.
     """
+    if block_out.dim() != 4 or block_lse.shape != block_out.shape[:-1] + (1,):
+        raise ValueError(f"merge_partial takes block_out (B, N, S, D) and block_lse (B, N, S, 1); "
+                         f"got {tuple(block_out.shape)} and {tuple(block_lse.shape)}")
+    if out is not None and (out.shape != block_out.shape or lse.shape != block_lse.shape):
+        raise ValueError(f"merge_partial: out {tuple(out.shape)} and lse {tuple(lse.shape)} must "
+                         f"have the shapes of block_out {tuple(block_out.shape)} and block_lse "
+                         f"{tuple(block_lse.shape)}")
     inf = float("inf")
     block_out = block_out.float()
     block_lse = block_lse.float()
@@ -151,47 +195,101 @@ def merge_partial(out: torch.Tensor | None, lse: torch.Tensor | None,
     return out, top + torch.log(total)
 
 
-def _global_band(sparse_mode, pre_tokens, next_tokens, atten_mask):
-    """(pre, next) of the global band, top-left coordinates; None for no band."""
-    sparse_mode = int(sparse_mode)
+def _global_band(sparse_mode, pre_tokens, next_tokens, atten_mask, device):
+    """(pre, next) of the global band, top-left coordinates; None for no band. The integers
+    are checked as fused_attention checks them."""
+    sparse_mode = int_arg(sparse_mode, "sparse_mode", minimum=0)
+    pre = int_arg(pre_tokens, "pre_tokens", -INT64_MAX - 1, INT64_MAX, "torch_npu's int64")
+    nxt = int_arg(next_tokens, "next_tokens", -INT64_MAX - 1, INT64_MAX, "torch_npu's int64")
+    check_mask(atten_mask, device)
     if sparse_mode == 0:
         if atten_mask is not None:
             raise NotImplementedError("ring_attention takes no explicit atten_mask; use "
                                       "sparse_mode 2/3 (causal) or 4 (band)")
-        if (pre_tokens, next_tokens) != (_INT_MAX, _INT_MAX):
+        if (pre, nxt) != (_INT_MAX, _INT_MAX):
             raise NotImplementedError("pre_tokens/next_tokens with sparse_mode=0 need a full "
                                       "mask; use sparse_mode=4 for a band")
         return None
     if sparse_mode not in (2, 3, 4):
         raise NotImplementedError(f"ring_attention takes sparse_mode 0, 2, 3 or 4, "
                                   f"got {sparse_mode}")
-    if atten_mask is not None and tuple(atten_mask.shape) != (2048, 2048):
-        raise NotImplementedError("ring_attention takes atten_mask None or the compressed "
-                                  "causal mask (pasa_npu.compressed_causal_mask())")
+    if atten_mask is not None:
+        check_optimized_mask(atten_mask, sparse_mode)
     if sparse_mode in (2, 3):
         return _INT_MAX, 0
-    pre, nxt = int(pre_tokens), int(next_tokens)
     if pre + nxt < 0:
         raise ValueError(f"the band is empty: pre_tokens ({pre}) + next_tokens ({nxt}) < 0")
     return pre, nxt
 
 
+def _agree(group, world, device, seq_lens, local, fields):
+    """The ranks' shard lengths, once every rank's ``fields`` (name: ints, as many on every
+    rank), ``seq_lens`` and shard length are known to agree; else ValueError on every rank.
+    One all_gather of a small int64 tensor."""
+    given = [-1] * world if seq_lens is None else seq_lens
+    mine = torch.tensor([x for values in fields.values() for x in values] + given + [local],
+                        dtype=torch.int64, device=device)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine, group=group)
+    every = [t.tolist() for t in every]
+    start = 0
+    for name, values in [*fields.items(), ("seq_lens", given)]:
+        stop = start + len(values)
+        for r, theirs in enumerate(every):
+            if theirs[start:stop] != every[0][start:stop]:
+                raise ValueError(f"ring_attention: the ranks of group disagree on {name}: rank 0 "
+                                 f"has {_shown(name, every[0][start:stop])}, rank {r} has "
+                                 f"{_shown(name, theirs[start:stop])}")
+        start = stop
+    lens = [theirs[-1] for theirs in every]
+    if seq_lens is None and len(set(lens)) > 1:
+        raise ValueError(f"seq_lens is None, which needs every rank's shard to have the same "
+                         f"length; the shard lengths are {lens}: pass seq_lens={lens}")
+    if seq_lens is not None and seq_lens != lens:
+        raise ValueError(f"seq_lens {seq_lens} does not match the ranks' shard lengths {lens}")
+    return lens
+
+
+def _shown(name, values):
+    """A field's values as a message shows them."""
+    if name == "dtype":
+        return _DTYPES[values[0]]
+    if name == "input_layout":
+        return repr(list(_SEQ_DIM)[values[0]])
+    if name == "seq_lens" and values[0] < 0:
+        return None
+    if name.endswith("aside)"):
+        return tuple(v for v in values if v >= 0)
+    return values[0] if len(values) == 1 else values
+
+
+def _shape(t, seq_dim):
+    """``t``'s shape without the sequence dim, padded with -1 to 3 dims (BSH has 2)."""
+    dims = [n for i, n in enumerate(t.shape) if i != seq_dim]
+    return dims + [-1] * (3 - len(dims))
+
+
 def _step_band(band, shift: int, s_q: int, s_kv: int, device):
-    """One step's band as fused_attention's keywords, ``shift`` = the q shard's offset minus
-    the kv shard's: None where the band misses the step (skipped), sparse_mode 0 where it
-    covers it, else sparse_mode 4 with the band in the step's own coordinates."""
+    """One step's band, ``shift`` = the q shard's offset minus the kv shard's: None where the
+    band misses the step (skipped), else (fused_attention's keywords, the slice of the kv
+    shard attended). sparse_mode 0 where the band covers the step; a one-query step
+    (fused_attention's decode, which takes no band) attends the band's keys only; else
+    sparse_mode 4 with the band in the step's own coordinates."""
+    every = slice(0, s_kv)
     if band is None:
-        return {"sparse_mode": 0}
+        return {"sparse_mode": 0}, every
     pre, nxt = band
     lo, hi = shift - pre, shift + nxt  # key index - query index, local, within the band
     if hi < -(s_q - 1) or lo > s_kv - 1:
         return None
     if lo <= -(s_q - 1) and hi >= s_kv - 1:
-        return {"sparse_mode": 0}
+        return {"sparse_mode": 0}, every
+    if s_q == 1:
+        return {"sparse_mode": 0}, slice(max(lo, 0), min(hi, s_kv - 1) + 1)
     limit = s_q + s_kv
     pre_tl, nxt_tl = min(-lo, limit), min(hi, limit)  # top-left; sparse_mode 4 counts from
     return {"sparse_mode": 4, "atten_mask": _mask(device),  # the bottom right
-            "pre_tokens": pre_tl + s_kv - s_q, "next_tokens": nxt_tl - s_kv + s_q}
+            "pre_tokens": pre_tl + s_kv - s_q, "next_tokens": nxt_tl - s_kv + s_q}, every
 
 
 def _mask(device) -> torch.Tensor:

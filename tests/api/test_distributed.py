@@ -100,6 +100,14 @@ def _cases(world: int) -> dict:
         cases["fa-fp32-band-empty-rows"] = dict(kind="ring", s=s, algorithm="fa-fp32",
                                                 causal=True, band=(-10, 50), seed=14,
                                                 layout="BNSD")
+        # a one-token shard in a band: that step is fused_attention's decode, which takes no
+        # band (the ring attends the band's keys only); the shard last, then first
+        cases["fa-fp32-band-one-token-last"] = dict(kind="ring", s=101, algorithm="fa-fp32",
+                                                    causal=True, band=(64, 0), lens=[100, 1],
+                                                    seed=17, layout="BSND")
+        cases["pasa-band-one-token-first"] = dict(kind="ring", s=101, algorithm="pasa",
+                                                  causal=True, band=(8, 40), lens=[1, 100],
+                                                  seed=18, layout="BNSD")
         # unequal shards (seq_lens)
         cases["fa-fp32-unequal"] = dict(kind="ring", s=s, algorithm="fa-fp32", causal=True,
                                         lens=[344, 256], seed=12, layout="BSND")
@@ -115,6 +123,10 @@ def _cases(world: int) -> dict:
         # yunchang's UlyssesAttention over the Ulysses group of ranks {0, 1} (and {2, 3})
         cases["yunchang-ulysses-pasa-causal"] = dict(kind="ulysses", s=600, algorithm="pasa",
                                                      causal=True, seed=16, layout="BSND")
+        # a sliding window through Ulysses alone (a ring of more than one rank refuses it)
+        cases["yunchang-ulysses-fa-fp32-window"] = dict(kind="ulysses", s=600, algorithm="fa-fp32",
+                                                        causal=True, band=(50, 0), seed=19,
+                                                        layout="BSND")
         for causal in (False, True):  # USP: Ulysses 2 x ring 2 through yunchang
             cases[f"yunchang-usp-pasa-exact-{'causal' if causal else 'full'}"] = dict(
                 kind="yunchang", s=s, algorithm="pasa-exact", causal=causal, seed=20 + causal,
@@ -140,8 +152,10 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, job: str) -> No
             time.sleep(3600)
         if job == "planted-hang":
             time.sleep(3600)
-        results = {}
-        usp = None
+        if world == 4:  # yunchang's USP: Ulysses groups {0, 1}, {2, 3}; rings {0, 2}, {1, 3}
+            import yunchang
+            yunchang.set_seq_parallel_pg(2, world // 2, rank, world)
+        results = {"refusals": _refusals(rank, world)}
         for name, case in _cases(world).items():
             q, k, v = _inputs(case)
             scale = q.shape[-1] ** -0.5
@@ -160,12 +174,8 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, job: str) -> No
                     seq_lens=case.get("lens"), group=group, **band)
                 results[name] = (_from_layout(out, case["layout"], q.shape[2]), lse)
             else:
-                import yunchang
                 from yunchang.globals import PROCESS_GROUP
                 from pasa_npu.integrations import yunchang as adapter
-                if usp is None:  # Ulysses groups {0, 1}, {2, 3}; ring groups {0, 2}, {1, 3}
-                    yunchang.set_seq_parallel_pg(2, world // 2, rank, world)
-                    usp = True
                 if case["kind"] == "ulysses":
                     module = adapter.ulysses_attention(PROCESS_GROUP.ULYSSES_PG,
                                                        algorithm=case["algorithm"])
@@ -173,8 +183,9 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, job: str) -> No
                 else:
                     module = adapter.long_context_attention(algorithm=case["algorithm"])
                     part = slice(rank * case["s"] // world, (rank + 1) * case["s"] // world)
+                window = {"window_size": case["band"]} if case.get("band") else {}
                 out = module(q[:, part], k[:, part], v[:, part], softmax_scale=scale,
-                             causal=case["causal"])
+                             causal=case["causal"], **window)
                 results[name] = (out, None)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
         dist.barrier()
@@ -183,6 +194,55 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, job: str) -> No
         with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as f:
             f.write(traceback.format_exc())
         raise SystemExit(1)
+
+
+def _refusals(rank: int, world: int) -> dict:
+    """{name: "Type: message"} of calls every rank makes with arguments that disagree across
+    the ranks (world 2), or that yunchang's USP cannot serve (world 4)."""
+    import torch.distributed as dist
+    from pasa_npu.distributed import ring_attention
+
+    def shard(length=8, heads=2, dim=64, batch=1, dtype=torch.float16):
+        return torch.randn(batch, length, heads, dim).to(dtype)
+
+    def ring(q, k=None, v=None, **kw):
+        kw = dict(dict(num_heads=2, input_layout="BSND", scale=0.125, algorithm="fa-fp32"), **kw)
+        return ring_attention(q, q if k is None else k, q if v is None else v, **kw)
+
+    if world == 2:
+        other = rank == 1
+        rank0_only = dist.new_group([0])
+        calls = {
+            "dtype": lambda: ring(shard(dtype=torch.bfloat16 if other else torch.float16)),
+            "batch": lambda: ring(shard(batch=1 + other)),
+            "value head dim": lambda: ring(shard(), v=shard(dim=32 if other else 64)),
+            "num_heads": lambda: ring(shard().flatten(2), input_layout="BSH",
+                                      num_heads=4 if other else 2),
+            "band": lambda: ring(shard(), sparse_mode=0 if other else 3),
+            "lengths without seq_lens": lambda: ring(shard(4 if other else 12)),
+            "seq_lens differ": lambda: ring(shard(4 if other else 12),
+                                            seq_lens=[10, 4] if other else [12, 4]),
+            "seq_lens against the shards": lambda: ring(shard(), seq_lens=[8, 7]),
+            "not a member": lambda: ring(shard(), group=rank0_only) if other else "skipped",
+        }
+    else:
+        from yunchang.globals import PROCESS_GROUP
+        from pasa_npu.integrations import yunchang as adapter
+        usp = adapter.long_context_attention(algorithm="fa-fp32")
+        ulysses = adapter.ulysses_attention(PROCESS_GROUP.ULYSSES_PG, algorithm="fa-fp32")
+        q = shard(heads=4)
+        calls = {
+            "window over a ring": lambda: usp(q, q, q, causal=True, window_size=(50, 0)),
+            "one KV head, Ulysses 2": lambda: usp(q, q[:, :, :1], q[:, :, :1], causal=True),
+            "three query heads, Ulysses 2": lambda: ulysses(q[:, :, :3], q, q),
+        }
+    found = {}
+    for name, call in calls.items():
+        try:
+            found[name] = f"returned {type(call()).__name__}"
+        except Exception as error:
+            found[name] = f"{type(error).__name__}: {error}"
+    return found
 
 
 def _run_world(world: int, tmp_path, job: str = "cases", timeout: float = TIMEOUT_S) -> dict:
@@ -316,6 +376,165 @@ def test_merge_partial_empty_and_overflowed_rows():
     assert nan.isnan().all()
 
 
+#: what a refusal of ranks that disagree must name, on every rank: the argument, rank 0's
+#: value and the other rank's
+_DISAGREEMENTS = {
+    "dtype": ("on dtype", "rank 0 has torch.float16", "rank 1 has torch.bfloat16"),
+    "batch": ("on query's shape", "rank 0 has (1, 2, 64)", "rank 1 has (2, 2, 64)"),
+    "value head dim": ("on value's shape", "rank 0 has (1, 2, 64)", "rank 1 has (1, 2, 32)"),
+    "num_heads": ("on num_heads", "rank 0 has 2", "rank 1 has 4"),
+    "band": ("on sparse_mode, pre_tokens, next_tokens", "rank 0 has [3, 2147483647, 0]",
+             "rank 1 has [0, 2147483647, 2147483647]"),
+    "lengths without seq_lens": ("seq_lens is None", "pass seq_lens=[12, 4]"),
+    "seq_lens differ": ("on seq_lens", "rank 0 has [12, 4]", "rank 1 has [10, 4]"),
+    "seq_lens against the shards": ("seq_lens [8, 7] does not match", "lengths [8, 8]"),
+}
+
+
+@pytest.mark.parametrize("name", list(_DISAGREEMENTS))
+def test_ring_refuses_ranks_that_disagree(ring2, name):
+    """Refused on every rank before any K/V moves (the cases the world runs next pass)."""
+    messages = [ring2[rank]["refusals"][name] for rank in range(2)]
+    assert messages[0] == messages[1] and messages[0].startswith("ValueError: "), messages
+    for part in _DISAGREEMENTS[name]:
+        assert part in messages[0], messages[0]
+
+
+def test_ring_refuses_a_rank_outside_group(ring2):
+    assert ring2[1]["refusals"]["not a member"] == (
+        "ValueError: this process is not a member of group: ring_attention runs on the ranks "
+        "of group only")
+
+
+def test_yunchang_refusals_before_communicating(ring4):
+    """Every rank of USP (Ulysses 2 x ring 2) refuses what it cannot serve; the cases the world
+    runs next pass."""
+    for rank in range(4):
+        found = ring4[rank]["refusals"]
+        assert found["window over a ring"].startswith(
+            "NotImplementedError: window_size (50, 0) over a ring of 2 ranks"), found
+        assert found["one KV head, Ulysses 2"].startswith(
+            "ValueError: key has 1 heads, which the Ulysses degree 2 does not divide"), found
+        assert found["three query heads, Ulysses 2"].startswith(
+            "ValueError: query has 3 heads, which the Ulysses degree 2 does not divide"), found
+
+
+@pytest.fixture
+def world1(tmp_path):
+    """A gloo group of this process alone."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0,
+                            world_size=1, timeout=timedelta(seconds=TIMEOUT_S))
+    yield
+    dist.destroy_process_group()
+
+
+_SMALL = dict(num_heads=2, input_layout="BSND", scale=0.125, algorithm="fa-fp32")
+
+
+def _small(dtype=torch.float16):
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(1, 16, 2, 64, generator=gen).to(dtype) for _ in range(3)]
+
+
+def _too_early(*args, **kwargs):
+    raise AssertionError("reached before the arguments were checked")
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (dict(query=[[1.0]]), TypeError, "query must be a torch.Tensor, got [[1.0]]"),
+    (dict(query=None), TypeError, "query must be a torch.Tensor, got None"),
+    (dict(key="fp32"), TypeError, "key must be float16 or bfloat16, got torch.float32"),
+    (dict(query="int"), TypeError, "query must be float16 or bfloat16, got torch.int32"),
+    (dict(atten_mask="causal", sparse_mode=3), TypeError,
+     "atten_mask must be a tensor or None, got 'causal'"),
+    (dict(value="grad"), NotImplementedError,
+     "ring_attention is forward only (no backward): run it under torch.no_grad() or "
+     "torch.inference_mode()"),
+])
+def test_ring_checks_inputs_before_communicating(world1, monkeypatch, change, error, message):
+    import pasa_npu.distributed
+    q, k, v = _small()
+    tensors = dict(query=q, key=k, value=v)
+    change = dict(change)
+    for name, how in change.items():
+        if name in tensors and how in ("fp32", "int", "grad"):
+            change[name] = {"fp32": tensors[name].float(), "int": tensors[name].int(),
+                            "grad": tensors[name].clone().requires_grad_()}[how]
+    for name in ("all_gather", "batch_isend_irecv"):
+        monkeypatch.setattr(torch.distributed, name, _too_early)
+    monkeypatch.setattr(pasa_npu.distributed, "fused_attention", _too_early)
+    with pytest.raises(error) as refused:
+        pasa_npu.distributed.ring_attention(**dict(tensors, **_SMALL, **change))
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize("change", [
+    dict(sparse_mode=3.9), dict(sparse_mode="3"), dict(sparse_mode=4, pre_tokens=2.5),
+    dict(sparse_mode=4, pre_tokens=4, next_tokens=True),
+    dict(sparse_mode=3, atten_mask=torch.zeros(2048, 2048, dtype=torch.bool)),
+    dict(sparse_mode=4, pre_tokens=4, next_tokens=0, atten_mask=torch.zeros(2048, 2048)),
+], ids=str)
+def test_ring_checks_arguments_as_fused_attention(world1, change):
+    from pasa_npu.distributed import ring_attention
+    q, k, v = _small()
+    fused_args = dict(dict(atten_mask=pasa_npu.compressed_causal_mask()), **change)
+    with pytest.raises((TypeError, ValueError)) as fused:
+        pasa_npu.fused_attention(q, k, v, **_SMALL, **fused_args)
+    with pytest.raises(type(fused.value)) as ring:
+        ring_attention(q, k, v, **_SMALL, **change)
+    assert str(ring.value) == str(fused.value)
+
+
+def test_ring_runs_inputs_that_require_grad_under_no_grad(world1):
+    from pasa_npu.distributed import ring_attention
+    q, k, v = _small()
+    with torch.no_grad():
+        out, _ = ring_attention(q.requires_grad_(), k, v, **_SMALL, sparse_mode=3,
+                                atten_mask=pasa_npu.compressed_causal_mask())
+    assert not out.requires_grad
+
+
+def test_merge_partial_checks_shapes():
+    from pasa_npu.distributed import merge_partial
+    out, lse = torch.zeros(1, 2, 8, 4), torch.zeros(1, 2, 8, 1)
+    with pytest.raises(ValueError, match=r"block_lse \(B, N, S, 1\); got \(1, 2, 8, 4\) and "
+                                         r"\(1, 2, 8\)"):
+        merge_partial(None, None, out, lse[..., 0])  # flash-attn's (B, N, S) LSE
+    with pytest.raises(ValueError, match=r"out \(1, 2, 8, 4\) and lse \(1, 2, 8, 1\) must "
+                                         r"have the shapes of block_out \(1, 2, 4, 4\)"):
+        merge_partial(out, lse, out[:, :, :4], lse[:, :, :4])
+
+
+def test_yunchang_on_one_rank(world1):
+    """The rings that forward attn_processor give one fused_attention call's result (a window
+    too, on a ring of one rank); unknown rings, gradients and the attention probabilities are
+    refused, naming them."""
+    import yunchang
+    from pasa_npu.integrations import yunchang as adapter
+    yunchang.set_seq_parallel_pg(1, 1, 0, 1)
+    with pytest.raises(ValueError, match=r"unknown ring_impl_type 'nonsense'; yunchang's are \[.*"
+                                         r"'zigzag'\], of which \['basic', 'basic_flashinfer'\]"):
+        adapter.long_context_attention("nonsense")
+    with pytest.raises(NotImplementedError, match="'zigzag' ring does not forward a custom "
+                                                  "attention .* 'basic_flashinfer'"):
+        adapter.long_context_attention("zigzag")
+    q, k, v = _small()
+    mask = pasa_npu.compressed_causal_mask()
+    for ring, window, band in (("basic_flashinfer", (-1, -1), dict(sparse_mode=3)),
+                               ("basic", (5, 0), dict(sparse_mode=4, pre_tokens=5, next_tokens=0))):
+        module = adapter.long_context_attention(ring, algorithm="fa-fp32")
+        out = module(q, k, v, softmax_scale=0.125, causal=True, window_size=window)
+        want, _ = pasa_npu.fused_attention(q, k, v, atten_mask=mask, **_SMALL, **band)
+        torch.testing.assert_close(out, want, msg=ring)
+    with pytest.raises(NotImplementedError, match=r"forward only .* torch\.no_grad\(\)"):
+        module(q.clone().requires_grad_(), k, v, causal=True)
+    with pytest.raises(NotImplementedError, match="return_attn_probs"):
+        module(q, k, v, causal=True, return_attn_probs=True)
+    with pytest.raises(NotImplementedError, match="return_softmax"):
+        adapter.pasa_flash_attn_forward(q, k, v, return_softmax=True)
+
+
 def test_failed_rank_is_reported_and_hung_rank_terminated(tmp_path):
     # 60 s: under a loaded machine (every core running tests) a spawned rank takes several
     # seconds to import torch before it can fail; the hung rank is stopped once it has
@@ -337,13 +556,14 @@ def test_hung_rank_is_terminated_at_the_timeout(tmp_path):
 
 
 def test_example_ring_attention_overflow():
-    """examples/ring_attention.py, 2 ranks: fp16 scores all NaN, PASA finite and accurate."""
+    """examples/ring_attention.py, 2 ranks, a sequence they do not divide: fp16 scores all NaN,
+    PASA finite and accurate."""
     import signal
     import subprocess
     import sys
     from pathlib import Path
     script = Path(__file__).resolve().parents[2] / "examples" / "ring_attention.py"
-    proc = subprocess.Popen([sys.executable, str(script), "--seq", "600", "--world", "2"],
+    proc = subprocess.Popen([sys.executable, str(script), "--seq", "601", "--world", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
@@ -354,6 +574,7 @@ def test_example_ring_attention_overflow():
         pytest.fail(f"examples/ring_attention.py ran past {TIMEOUT_S} s (killed)")
     assert proc.returncode == 0, output
     lines = {line.split(":")[0].strip(): line for line in output.splitlines() if ":" in line}
+    assert "S=601 over 2 ranks (300 or 301 tokens each)" in output, output
     assert "NaN 100%" in lines["fa-fp16s"], output
     for name in ("pasa", "pasa-exact"):
         assert "NaN 0%" in lines[name], output
