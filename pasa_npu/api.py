@@ -88,7 +88,11 @@ def plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 def plan_v2(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             **keywords) -> AttentionPlan:
     """:func:`plan` for a :func:`fused_attention_v2` call (v2's names and defaults)."""
-    return AttentionPlan(arguments.bind_v2("plan_v2", query, key, value, keywords))
+    call = arguments.bind_v2("plan_v2", query, key, value, keywords)
+    try:
+        return AttentionPlan(call)
+    except (TypeError, ValueError, NotImplementedError) as exc:
+        raise arguments.in_v2_names(exc)
 
 
 def reference_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -127,9 +131,12 @@ def fused_attention_v2(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     :func:`fused_attention`'s.
     """
     call = arguments.bind_v2("fused_attention_v2", query, key, value, keywords)
-    if torch.compiler.is_compiling():
-        return compiled.traced_call(call)
-    return plans.attention(call, golden=False)
+    try:
+        if torch.compiler.is_compiling():
+            return compiled.traced_call(call)
+        return plans.attention(call, golden=False)
+    except (TypeError, ValueError, NotImplementedError) as exc:
+        raise arguments.in_v2_names(exc)
 
 
 fused_attention_v2.__signature__ = arguments.V2_SIGNATURE
@@ -143,7 +150,10 @@ def reference_attention_v2(query: torch.Tensor, key: torch.Tensor, value: torch.
     if own:
         raise TypeError(f"reference_attention_v2 takes torch_npu's arguments only; got {own}")
     call = arguments.bind_v2("reference_attention_v2", query, key, value, keywords)
-    return plans.attention(call, golden=True)
+    try:
+        return plans.attention(call, golden=True)
+    except (TypeError, ValueError, NotImplementedError) as exc:
+        raise arguments.in_v2_names(exc)
 
 
 class AttentionPlan:

@@ -13,6 +13,7 @@ import dataclasses
 import inspect
 import itertools
 import operator
+import re
 import sys
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
@@ -401,6 +402,21 @@ def bind_v2(function: str, query, key, value, keywords: dict) -> Call:
         raise NotImplementedError("sparse_mode=9 (v2's tree mask, MLA only) is not implemented "
                                   "by pasa_npu yet")
     return Call(query, key, value, **given)
+
+
+#: v1's names of the keywords v2 renames, in an error message: anywhere but ``scale``,
+#: which prose uses too, named only where a message starts with it or sets it
+_V1_NAMES = re.compile(r"\b(actual_seq_lengths_kv|actual_seq_lengths|num_heads|softmax_lse_flag)"
+                       r"\b|^scale\b|\bscale(?==)")
+_V2_NAMES = {v1: v2 for v2, v1 in V2_RENAMES.items()}
+
+
+def in_v2_names(exc: Exception) -> Exception:
+    """``exc``, raised by a v2 call, with the arguments its message names in v2's names (the
+    :class:`Call` holds v1's)."""
+    if exc.args and isinstance(exc.args[0], str):
+        exc.args = (_V1_NAMES.sub(lambda m: _V2_NAMES[m.group(0)], exc.args[0]), *exc.args[1:])
+    return exc
 
 
 def _refuse_unimplemented(name: str, value, unused) -> None:

@@ -50,8 +50,9 @@ def unsupported_reason(problem: AttentionProblem, backend: str) -> Optional[str]
         return f"dtypes {in_dtype} -> {out_dtype} are not supported by the {backend} kernels"
     if in_dtype == torch.bfloat16 and (problem.allocation.shifts_keys
                                        or out_dtype != torch.bfloat16):
-        return (f"bf16 inputs are supported for fa-fp32 with a bf16 output only, not for {alloc!r} "
-                f"with a {str(out_dtype).replace('torch.', '')} output")
+        return (f"bf16 inputs are supported for fa-fp32 with a bf16 output only (out_dtype None "
+                f"or torch.bfloat16), not for {alloc!r} with a "
+                f"{str(out_dtype).replace('torch.', '')} output")
     d, d_v = problem.query.shape[3], problem.value.shape[3]
     if problem.paged and (d % 16 or d_v % 16):
         return (f"paged KV needs head dims that are multiples of 16 in the {backend} kernels (other "

@@ -146,17 +146,24 @@ GUARD_MAX_OFFSET = 8.0
 RESOLUTION_LIMIT = 512.0
 
 
-def to_fp16_checked(tensors, names) -> tuple:
-    """bf16 -> fp16 for PASA, refusing values fp16 cannot hold instead of making inf. The
-    tensors' peak magnitudes come to the host together: one wait for the device, not one
-    per tensor (each peak from one read of its tensor, without an |x| temporary; a NaN
-    propagates to the peak and is refused too)."""
-    filled = [(t, name) for t, name in zip(tensors, names) if t.numel()]
+def to_fp16_checked(tensors, names, rows_in_use=None) -> tuple:
+    """bf16 -> fp16 for PASA, refusing finite values fp16 cannot hold instead of making inf
+    (NaN and inf convert exactly: the overflow check reports their rows as fa-fp32 gives
+    them). The tensors' peak magnitudes come to the host together: one wait for the device,
+    not one per tensor (each peak from one read of its tensor, without an |x| temporary).
+    ``rows_in_use(index, tensor)``: the elements of the rows a kernel reads (None: all);
+    only a tensor past fp16's range is read again, through it."""
+    filled = [(i, t, name) for i, (t, name) in enumerate(zip(tensors, names)) if t.numel()]
     if filled:
-        ranges = torch.stack([torch.stack(torch.aminmax(t)) for t, _ in filled]).float()
-        for (_, name), (low, high) in zip(filled, ranges.tolist()):
+        ranges = torch.stack([torch.stack(torch.aminmax(t)) for _, t, _ in filled]).float()
+        for (i, t, name), (low, high) in zip(filled, ranges.tolist()):
             peak = max(-low, high)
-            if not peak <= FP16_MAX:
+            if peak <= FP16_MAX:
+                continue
+            used = t if rows_in_use is None else rows_in_use(i, t)
+            used = used[torch.isfinite(used)]
+            peak = float(used.abs().max()) if used.numel() else 0.0
+            if peak > FP16_MAX:
                 raise ValueError(
                     f"{name} holds values up to {peak:.6g} in magnitude, beyond fp16's "
                     f"{FP16_MAX:.0f}; PASA computes bf16 inputs in fp16. Use "

@@ -6,6 +6,7 @@ backend recorded (:func:`repeat`) where it can, else in full (:func:`execute`);
 from __future__ import annotations
 
 import collections
+import functools
 import warnings
 from typing import Optional
 
@@ -203,8 +204,10 @@ def repeat(plan: Plan, call: Call):
     if not plan.backend_state:
         return None  # nothing recorded yet
     query, key, value = call.query, call.key, call.value
+    sink = call.learnable_sink
     if not plan.backward and torch.is_grad_enabled() and (
-            query.requires_grad or key.requires_grad or value.requires_grad):
+            query.requires_grad or key.requires_grad or value.requires_grad
+            or (sink is not None and sink.requires_grad)):
         return None  # execute raises
     if not keeps_device_tensors():
         return None
@@ -308,6 +311,15 @@ def _repeat_overflow_check(plan: Plan, out_view: torch.Tensor):
     return OverflowCheck(flags)
 
 
+def _rows_in_use(plan: Plan, kv_starts: torch.Tensor, index: int,
+                 t: torch.Tensor) -> torch.Tensor:
+    """The rows of the canonical view ``t`` (the query for ``index`` 0, else a key or value)
+    that lie within their batch's length, flattened: those a kernel reads."""
+    lens, starts = (plan.q_lens, plan.q_starts) if index == 0 else (plan.kv_lens, kv_starts)
+    return torch.cat([t[0 if plan.options.packed else b, :, start:start + n].flatten()
+                      for b, (n, start) in enumerate(zip(lens.tolist(), starts.tolist()))])
+
+
 def execute(plan: Plan, call: Call, golden: bool, traced: bool = False):
     """The per-call part: canonical views, the block table's entries, outputs, the backend,
     torch_npu's row rules. ``traced``: the row flags are zero-filled (rows no kernel
@@ -316,8 +328,9 @@ def execute(plan: Plan, call: Call, golden: bool, traced: bool = False):
     function keeps no reference to them, as a CUDA graph's memory pool requires."""
     query, options = call.query, plan.options
     if not plan.backward and torch.is_grad_enabled():
-        for role in ("query", "key", "value"):
-            if getattr(call, role).requires_grad:
+        for role in ("query", "key", "value", "learnable_sink"):
+            tensor = getattr(call, role)
+            if tensor is not None and tensor.requires_grad:
                 raise NotImplementedError(
                     f"backend {plan.backend!r} has no backward pass, and {role} requires grad: "
                     f"use backend='torch', or call under torch.no_grad() or on detached inputs")
@@ -329,7 +342,9 @@ def execute(plan: Plan, call: Call, golden: bool, traced: bool = False):
         plan.on_host, bool(plan.device_lengths))
     v_input = v
     if convert:
-        q, k, v = to_fp16_checked((q, k, v), ("query", "key", "value"))
+        q, k, v = to_fp16_checked((q, k, v), ("query", "key", "value"),
+                                  None if plan.device_lengths else functools.partial(
+                                      _rows_in_use, plan, kv_starts))
 
     out, out_view, lse_out, lse_view = _outputs(plan, q, v)
     if q.numel() == 0 or out.numel() == 0:

@@ -23,8 +23,10 @@ def run(problem: AttentionProblem) -> None:
     n_kv, s_kv, d_v = k.shape[1], k.shape[2], v.shape[3]
     group = n_q // n_kv
     k64 = k.to(F64)
-    v64 = v.to(F64)
     cols = torch.arange(s_kv, device=q.device)
+    # values past a batch's kv length are never read: a NaN there must not reach 0 * NaN
+    in_length = cols[None, :] < problem.kv_lens.to(q.device)[:, None]
+    v64 = torch.where(in_length[:, None, :, None], v.to(F64), 0.0)
     # learnable sinks: one more logit per query head, a column with a zero value
     sink = (None if problem.sink is None
             else problem.sink.to(F64).view(1, n_kv, group, 1, 1).to(q.device))

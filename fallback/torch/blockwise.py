@@ -176,12 +176,13 @@ class _Keys:
 
 def _pad_blocks(x: torch.Tensor, lens: torch.Tensor, n_blocks: int, block: int) -> torch.Tensor:
     """(B, N, S, D) -> (B, N, nblk, block, D), zero past each batch's valid length:
-    the zero-padded rows a kernel's ragged last block holds."""
+    the zero-padded rows a kernel's ragged last block holds (whatever the input holds there,
+    NaN included: those rows are never read)."""
     batch, heads, s, d = x.shape
     padded = x.new_zeros(batch, heads, n_blocks * block, d)
     padded[:, :, :s] = x
     valid = torch.arange(n_blocks * block, device=x.device)[None, :] < lens.to(x.device)[:, None]
-    padded = padded * valid[:, None, :, None]
+    padded = torch.where(valid[:, None, :, None], padded, 0.0)
     return padded.view(batch, heads, n_blocks, block, d)
 
 

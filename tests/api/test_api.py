@@ -430,3 +430,23 @@ def test_backends_without_a_backward_pass_refuse_inputs_that_require_grad():
                 out, _ = pasa_npu.fused_attention(**inputs, backend=name, **kw)
             assert not out.requires_grad
     assert [name for name, b in BACKENDS.items() if b.backward] == ["torch"]
+
+
+def test_backends_without_a_backward_pass_refuse_sinks_that_require_grad():
+    """A learnable sink is a parameter a model trains: where the backend has no backward
+    pass it is refused by name, as the inputs are; the torch backend's sink gradient flows."""
+    from pasa_npu.backends import available_backends
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(12, 2, 16, generator=gen).half() for _ in range(3))
+    kw = dict(num_query_heads=2, input_layout="TND", actual_seq_qlen=[12],
+              actual_seq_kvlen=[12], algorithm="pasa-exact")
+    for name in available_backends("cpu", emulated=True):
+        sink = torch.zeros(2, requires_grad=True)
+        if name == "torch":
+            out, _ = pasa_npu.fused_attention_v2(q, k, v, learnable_sink=sink, backend=name, **kw)
+            out.float().sum().backward()
+            assert sink.grad is not None and torch.isfinite(sink.grad).all()
+            continue
+        with pytest.raises(NotImplementedError, match=rf"backend '{name}' has no backward "
+                           rf"pass, and learnable_sink requires grad"):
+            pasa_npu.fused_attention_v2(q, k, v, learnable_sink=sink, backend=name, **kw)

@@ -141,3 +141,22 @@ def test_other_out_dtypes_are_refused(out_dtype):
     error = TypeError if isinstance(out_dtype, str) else NotImplementedError
     with pytest.raises(error, match="out_dtype"):
         pasa_npu.fused_attention_v2(q, k, v, **kw, out_dtype=out_dtype)
+
+
+@pytest.mark.parametrize("entry", ["fused_attention_v2", "plan_v2", "reference_attention_v2"])
+@pytest.mark.parametrize("keywords, error, message", [
+    (dict(return_softmax_lse=1), TypeError, "^return_softmax_lse must be a bool, got 1"),
+    (dict(num_query_heads=0), ValueError, "^num_query_heads must be >= 1, got 0"),
+    (dict(softmax_scale="x"), TypeError, "^softmax_scale must be a float, got 'x'"),
+    (dict(actual_seq_qlen=[3, 2]), ValueError, "^actual_seq_qlen must be non-decreasing"),
+    (dict(actual_seq_kvlen=[5, 10]), ValueError, "^actual_seq_kvlen ends at 10"),
+])
+def test_v2_errors_name_v2_arguments(entry, keywords, error, message):
+    """A v2 call's refusals name its arguments as v2 does, not as the v1 call it becomes."""
+    q, k, v = (torch.randn(9, 2, 16).half() for _ in range(3))
+    call = dict(dict(num_query_heads=2, input_layout="TND", actual_seq_qlen=[4, 9],
+                     actual_seq_kvlen=[4, 9]), **keywords)
+    with pytest.raises(error, match=message):
+        getattr(pasa_npu, entry)(q, k, v, **call)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'num_heads'"):
+        getattr(pasa_npu, entry)(q, k, v, num_heads=2)

@@ -275,18 +275,55 @@ def test_bf16_through_fp16_and_range_check():
 
 @pytest.mark.parametrize("name, index, value, shown", [
     ("value", 2, -70000.0, "70144"),  # the most negative element decides (bf16 rounds it)
-    ("query", 0, float("nan"), "nan"),
-    ("key", 1, float("inf"), "inf"),
+    ("query", 0, 1e30, "1.00026e\\+30"),
 ])
 def test_bf16_range_check_names_the_tensor_and_its_peak(name, index, value, shown):
-    """PASA's bf16 -> fp16 refuses a tensor with an element fp16 cannot hold, in either
-    sign or not a number, naming that tensor, while the others pass the check."""
+    """PASA's bf16 -> fp16 refuses a tensor with a finite element fp16 cannot hold, in
+    either sign, naming that tensor, while the others pass the check; beside an inf, the
+    finite peak is the one named."""
     tensors = list(_bnsd(dtype=torch.bfloat16))
     tensors[index] = tensors[index].clone()
     tensors[index][0, 1, 2, 3] = value
+    tensors[index][0, 1, 2, 4] = float("inf")
     with pytest.raises(ValueError, match=f"^{name} holds values up to {shown} in magnitude"):
         pasa_npu.fused_attention(*tensors, num_heads=2, input_layout="BNSD",
                                  algorithm="pasa-exact")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rows_past_the_lengths_are_never_read(backend, dtype):
+    """Whatever lies past the query and kv lengths (NaN, inf, values beyond fp16 in bf16
+    PASA's range check) changes nothing: the outputs equal those with zeros there, bit for
+    bit, on every backend and in the golden; the same in a masked key is read (PASA's block
+    mean takes it in), so bf16 PASA refuses it."""
+    q, k, v = _bnsd(b=2, nq=2, nkv=1, s1=40, s2=150, dtype=dtype)
+    lengths = dict(actual_seq_lengths=[40, 23], actual_seq_lengths_kv=[150, 97])
+    common = dict(num_heads=2, num_key_value_heads=1, input_layout="BNSD", softmax_lse_flag=True,
+                  **lengths)
+    filled = [t.clone() for t in (q, k, v)]
+    filled[0][1, :, 23:] = float("nan")
+    filled[1][1, :, 97:100] = float("inf")
+    filled[1][1, :, 100:] = 1e30 if dtype == torch.bfloat16 else float("nan")
+    filled[2][1, :, 97:] = float("nan")
+    want = pasa_npu.reference_attention(q, k, v, **common)
+    got = pasa_npu.reference_attention(*filled, **common)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    for algorithm in ("fa-fp32", "pasa", "pasa-exact"):
+        kw = dict(common, algorithm=algorithm, backend=backend)
+        with skip_unsupported(backend):
+            want = pasa_npu.fused_attention(*on_device(backend, q, k, v), **kw)
+        got = pasa_npu.fused_attention(*on_device(backend, *filled), **kw)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), algorithm
+    if dtype == torch.bfloat16:
+        mask = torch.zeros(40, 150, dtype=torch.bool)
+        mask[:, 5] = True
+        big = k.clone()
+        big[0, 0, 5] = 1e30
+        with pytest.raises(ValueError, match="key holds values up to"):
+            pasa_npu.fused_attention(*on_device(backend, q, big, v), algorithm="pasa-exact",
+                                     backend=backend, atten_mask=on_device(backend, mask)[0],
+                                     **common)
 
 
 def test_default_algorithm_follows_inner_precise_bit0():
