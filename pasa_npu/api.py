@@ -11,6 +11,7 @@ sparse modes.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import torch
 
@@ -90,7 +91,7 @@ def plan_v2(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """:func:`plan` for a :func:`fused_attention_v2` call (v2's names and defaults)."""
     call = arguments.bind_v2("plan_v2", query, key, value, keywords)
     try:
-        return AttentionPlan(call)
+        return AttentionPlan(call, v2=True)
     except (TypeError, ValueError, NotImplementedError) as exc:
         raise arguments.in_v2_names(exc)
 
@@ -167,9 +168,9 @@ class AttentionPlan:
     sparse mode 0 or 1 that is not bool is converted at every run, as
     :func:`fused_attention` converts it: such runs are validated in full."""
 
-    __slots__ = ("_plan", "_layouts", "_others", "_converts_mask", "_mask_storage")
+    __slots__ = ("_plan", "_layouts", "_others", "_converts_mask", "_mask_layout", "_v2")
 
-    def __init__(self, call: arguments.Call):
+    def __init__(self, call: arguments.Call, v2: bool = False):
         self._plan = plans.plan_for(call, golden=False)
         call = _planned_lengths(call, self._plan)
         self._others = tuple(getattr(call, name) for name in arguments.CALL_FIELDS[3:])
@@ -177,7 +178,8 @@ class AttentionPlan:
         mask = call.atten_mask
         self._converts_mask = (isinstance(mask, torch.Tensor)
                                and not arguments.plan_holds_mask(call, mask))
-        self._mask_storage = mask.data_ptr() if isinstance(mask, torch.Tensor) else None
+        self._mask_layout = _mask_layout(mask)
+        self._v2 = v2
 
     def run(self, query: torch.Tensor, key: torch.Tensor,
             value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,18 +187,27 @@ class AttentionPlan:
         shapes, strides, dtypes or devices than planned run as a new call with the plan's
         other arguments, validated in full (and planned, cached) again."""
         call = arguments.Call(query, key, value, *self._others)
-        if torch.compiler.is_compiling():
-            return compiled.traced_call(call)
-        layouts = (_tensor_layout(query), _tensor_layout(key), _tensor_layout(value))
-        mask = call.atten_mask
-        if (self._converts_mask or layouts != self._layouts
-                or (mask is not None and mask.data_ptr() != self._mask_storage)):
-            return plans.attention(call, golden=False)  # the mask moved: set_() re-points it
-        if self._plan.checks_mask:
-            check_optimized_mask(mask, self._plan.options.sparse_mode)
-        return plans.run(self._plan, call)
+        try:
+            if torch.compiler.is_compiling():
+                return compiled.traced_call(call)
+            layouts = (_tensor_layout(query), _tensor_layout(key), _tensor_layout(value))
+            mask = call.atten_mask
+            if (self._converts_mask or layouts != self._layouts
+                    or (mask is not None and _mask_layout(mask) != self._mask_layout)):
+                # set_(), t_() or resize_() gave the mask other memory or another view
+                return plans.attention(call, golden=False)
+            if self._plan.checks_mask:
+                check_optimized_mask(mask, self._plan.options.sparse_mode)
+            return plans.run(self._plan, call)
+        except (TypeError, ValueError, NotImplementedError) as exc:
+            raise arguments.in_v2_names(exc) if self._v2 else exc
 
     __call__ = run
+
+
+def _mask_layout(mask) -> Optional[tuple]:
+    """Where a mask's elements lie: its storage address, shape and strides."""
+    return (mask.data_ptr(), mask.shape, mask.stride()) if isinstance(mask, torch.Tensor) else None
 
 
 def _planned_lengths(call: arguments.Call, plan) -> arguments.Call:

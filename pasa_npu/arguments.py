@@ -222,8 +222,8 @@ _FIELD_ROLES = tuple("input" if name in TENSOR_NAMES else "lengths" if name in L
 def call_key(call: Call):
     """(arguments key, lengths key): a hashable fingerprint of everything a plan reads of
     ``call`` (:func:`pasa_npu.planner.make_plan`), or None where a call is not cacheable
-    (an int8 or uint8 mask of sparse modes 0/1, whose converted contents the plan would
-    hold). The values of the actual sequence lengths go in the second
+    (a mask of sparse modes 0/1 that is int8 or uint8, whose converted contents the plan
+    would hold, or an inference tensor, :func:`mask_key`). The values of the actual sequence lengths go in the second
     key, so that the calls of a decode loop, whose lengths grow every step, share the
     validation of everything else. A field that holds its default object is left out;
     every other one enters with its position and type, so that ``True`` never hits ``1``."""
@@ -281,10 +281,9 @@ _SCALAR_KEY = "scalars"
 
 def _scalar_signature(call: Call, values: tuple) -> Optional[tuple]:
     """The key of a call of :func:`call_key`'s common case (tensors as the inputs, scalars
-    everywhere else but for a mask that the plan validates once, keyed by identity as the
-    general case keys it), ``values`` its field values: (the values after the mask, their
-    types, the inputs' fingerprints, the mask's identity or None); None for any other
-    call."""
+    everywhere else but for a mask, keyed by :func:`mask_key` as the general case keys
+    it), ``values`` its field values: (the values after the mask, their types, the inputs'
+    fingerprints, the mask's key or None); None for any other call."""
     q, k, v, mask = values[:4]
     after_mask = values[4:]
     kinds = tuple(map(type, after_mask))
@@ -312,7 +311,7 @@ def signature_of(keys: Optional[tuple]) -> Optional[tuple]:
 def has_signature(call: Call, signature: tuple) -> bool:
     """Whether ``call``'s :func:`call_key` holds ``signature`` (:func:`signature_of`),
     checked without building the key: each argument after the mask the same object, or one
-    of the same type and value; the same mask, unchanged; inputs of the same
+    of the same type and value; a mask of the same :func:`mask_key`; inputs of the same
     fingerprints."""
     values = _CALL_VALUES(call)
     after_mask, kinds, q_print, k_print, v_print, held = signature

@@ -14,9 +14,11 @@ rank ``(r - s) mod W`` while it sends that shard to rank ``r + 1`` and receives 
 local attention). Each step is one :func:`fused_attention` call, so PASA's shift stays local
 to the KV chunk at hand; the partial outputs are merged with their LSEs in fp32.
 
-**Agreement.** Every rank of ``group`` must call with the same dtype, layout, heads, batch,
-head dims, mask and ``seq_lens``: one all_gather of a few int64s checks that before any K/V
-moves, and a disagreement raises ValueError on every rank.
+**Agreement.** Every rank of ``group`` must call with the same arguments. One all_gather of a
+few int64s checks the dtype, layout, heads, batch, head dims, band and ``seq_lens`` before
+any K/V moves: a disagreement there raises ValueError on every rank. The other keywords
+(``scale``, ``algorithm`` ...) are not compared, and a rank that its own checks refuse
+before the all_gather leaves the others waiting in it until the group's timeout.
 
 **Masks.** ``sparse_mode`` 2 and 3 (causal; the global query and key lengths are equal, so
 top-left and bottom-right coincide) and 4 (a band of ``pre_tokens``/``next_tokens``) are
@@ -72,8 +74,9 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     :func:`fused_attention` unchanged.
 
     Returns ``(out, lse)`` for this rank's queries: ``out`` in ``input_layout`` and the
-    input dtype, ``lse`` float32 (B, N, S_local, 1), as fused_attention's. Arguments the
-    ranks disagree on raise ValueError on every rank, before any K/V is sent.
+    input dtype, ``lse`` float32 (B, N, S_local, 1), as fused_attention's. Shapes, dtypes,
+    band and lengths the ranks disagree on raise ValueError on every rank, before any K/V
+    is sent (module docstring, "Agreement").
     Forward only: inputs that require grad raise NotImplementedError while grad is enabled.
     """
     check_tensors(query, key, value)

@@ -4,6 +4,7 @@ S1 x S2 mask)."""
 from __future__ import annotations
 
 import warnings
+import weakref
 
 import torch
 
@@ -14,6 +15,7 @@ from .problem import device_cached
 OPTIMIZED_MASK_SIZE = 2048
 
 _VALIDATED_MASKS = TensorMemo()  # optimized masks already checked: no device sync
+_LAST_VALIDATED: list = [None]  # (weakref, version) of the optimized mask checked last
 
 
 def compressed_causal_mask(device: torch.device | str | None = None) -> torch.Tensor:
@@ -146,6 +148,9 @@ def _check_token_lengths(sparse_mode: int, pre: int, nxt: int, q_lens, kv_lens) 
 def check_optimized_mask(mask, sparse_mode: int) -> None:
     """``mask`` (sparse modes 2-4) is torch_npu's optimized mask: its shape, and its contents
     once per version of the tensor (:class:`~pasa_npu.tensor_memo.TensorMemo`)."""
+    last = _LAST_VALIDATED[0]
+    if last is not None and mask is not None and last[0]() is mask and last[1] == mask._version:
+        return  # the mask of the previous calls, unchanged (a layer loop's common case)
     n = OPTIMIZED_MASK_SIZE
     if mask is None:
         raise ValueError(f"sparse_mode={sparse_mode} needs torch_npu's optimized {n}x{n} "
@@ -153,12 +158,14 @@ def check_optimized_mask(mask, sparse_mode: int) -> None:
     if mask.shape not in ((n, n), (1, n, n), (1, 1, n, n)):
         raise ValueError(f"sparse_mode={sparse_mode} needs the optimized mask of shape ({n}, {n}), "
                          f"(1, {n}, {n}) or (1, 1, {n}, {n}); got {tuple(mask.shape)}")
-    if _VALIDATED_MASKS.get(mask):
-        return
-    if not torch.equal(mask.reshape(n, n).bool(), _reference_mask(mask.device)):
-        raise ValueError(f"sparse_mode={sparse_mode} needs the optimized mask to be the strict "
-                         f"upper triangle (True above the diagonal), as torch_npu documents")
-    _VALIDATED_MASKS.put(mask, True)
+    if not _VALIDATED_MASKS.get(mask):
+        if not torch.equal(mask.reshape(n, n).bool(), _reference_mask(mask.device)):
+            raise ValueError(f"sparse_mode={sparse_mode} needs the optimized mask to be the "
+                             f"strict upper triangle (True above the diagonal), as torch_npu "
+                             f"documents")
+        _VALIDATED_MASKS.put(mask, True)
+    if not mask.is_inference():
+        _LAST_VALIDATED[0] = (weakref.ref(mask), mask._version)
 
 
 def _dense_mask(mask: torch.Tensor, batch: int, s_q: int, s_kv: int) -> torch.Tensor:

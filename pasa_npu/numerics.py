@@ -151,8 +151,9 @@ def to_fp16_checked(tensors, names, rows_in_use=None) -> tuple:
     (NaN and inf convert exactly: the overflow check reports their rows as fa-fp32 gives
     them). The tensors' peak magnitudes come to the host together: one wait for the device,
     not one per tensor (each peak from one read of its tensor, without an |x| temporary).
-    ``rows_in_use(index, tensor)``: the elements of the rows a kernel reads (None: all);
-    only a tensor past fp16's range is read again, through it."""
+    ``rows_in_use(index, tensor)``: the elements of the rows a kernel reads (None: all, as
+    where the lengths stay on the device); only a tensor past fp16's range, or holding NaN
+    or inf, is read again, through it: one more wait."""
     filled = [(i, t, name) for i, (t, name) in enumerate(zip(tensors, names)) if t.numel()]
     if filled:
         ranges = torch.stack([torch.stack(torch.aminmax(t)) for _, t, _ in filled]).float()
@@ -161,8 +162,7 @@ def to_fp16_checked(tensors, names, rows_in_use=None) -> tuple:
             if peak <= FP16_MAX:
                 continue
             used = t if rows_in_use is None else rows_in_use(i, t)
-            used = used[torch.isfinite(used)]
-            peak = float(used.abs().max()) if used.numel() else 0.0
+            peak = float(torch.where(torch.isfinite(used), used.abs(), 0).max())
             if peak > FP16_MAX:
                 raise ValueError(
                     f"{name} holds values up to {peak:.6g} in magnitude, beyond fp16's "

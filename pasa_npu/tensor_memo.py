@@ -4,7 +4,6 @@ loop that reuses one tensor reads it once: no wait for the device after its firs
 from __future__ import annotations
 
 import weakref
-from typing import Optional
 
 import torch
 
@@ -14,42 +13,44 @@ class TensorMemo:
 
     An entry belongs to the tensor's root (the tensor a view was taken of: views share its
     version counter, so a fresh view of the same tensor finds the entry) and holds it
-    weakly: it goes with the tensor and keeps no memory alive. It is valid while the
-    root's version and the view's storage address, shape, strides, dtype and device stay
-    those it was computed at; an in-place write through any view makes a new version.
-    Writes that bypass PyTorch's version counter (a custom kernel, ``.data``, DLPack, a
-    NumPy array sharing the buffer) are not seen. An inference tensor, which has no
-    version counter, is never remembered: its facts are read on every call."""
+    weakly: it goes with the tensor and keeps no memory alive. Its values are valid while
+    the root's version stays the one they were computed at (an in-place write through any
+    view, ``set_()`` and ``resize_()`` make a new one, which forgets them), each for the
+    view's storage address, shape, strides, dtype and device it was computed for. Writes
+    that bypass PyTorch's version counter (a custom kernel, ``.data``, DLPack, a NumPy
+    array or another tensor sharing the memory) are not seen. An inference tensor, which
+    has no version counter, is never remembered: its facts are read on every call."""
 
     def __init__(self, size: int = 64):
-        self.size = size  # tensors remembered at most; past it, all are forgotten
-        self.entries: dict = {}  # id(root) -> (weakref to root, {key: value})
+        self.size = size  # tensors, and values per tensor, remembered at most
+        self.entries: dict = {}  # id(root) -> (weakref to root, version, {key: value})
 
     def get(self, t: torch.Tensor, extra: tuple = ()):
         """The value remembered for ``t`` and ``extra``, or None."""
-        root, key = _root_and_key(t, extra)
-        if key is None:
+        if t.is_inference():
             return None
+        root = t._base if t._base is not None else t
         hit = self.entries.get(id(root))
-        if hit is None or hit[0]() is not root:
+        if hit is None or hit[0]() is not root or hit[1] != root._version:
             return None
-        return hit[1].get(key)
+        return hit[2].get(_key(t, extra))
 
     def put(self, t: torch.Tensor, value, extra: tuple = ()) -> None:
         """Remember ``value`` (not None) for ``t`` and ``extra``; an inference tensor's is not."""
-        root, key = _root_and_key(t, extra)
-        if key is None:
+        if t.is_inference():
             return
-        ident = id(root)
+        root = t._base if t._base is not None else t
+        ident, version = id(root), root._version
         hit = self.entries.get(ident)
-        if hit is None or hit[0]() is not root:
-            if len(self.entries) >= self.size:
+        if hit is None or hit[0]() is not root or hit[1] != version:
+            if hit is None and len(self.entries) >= self.size:
                 self.entries.clear()
-            hit = self.entries[ident] = (weakref.ref(root, lambda dead: self._forget(ident, dead)),
-                                         {})
-        if len(hit[1]) >= self.size:
-            hit[1].clear()
-        hit[1][key] = value
+            ref = hit[0] if hit is not None and hit[0]() is root else weakref.ref(
+                root, lambda dead: self._forget(ident, dead))
+            hit = self.entries[ident] = (ref, version, {})
+        if len(hit[2]) >= self.size:
+            hit[2].clear()
+        hit[2][_key(t, extra)] = value
 
     def clear(self) -> None:
         self.entries.clear()
@@ -60,8 +61,5 @@ class TensorMemo:
             del self.entries[ident]
 
 
-def _root_and_key(t: torch.Tensor, extra: tuple) -> tuple[torch.Tensor, Optional[tuple]]:
-    if t.is_inference():
-        return t, None
-    root = t._base if t._base is not None else t
-    return root, (t._version, t.data_ptr(), t.shape, t.stride(), t.dtype, t.device, extra)
+def _key(t: torch.Tensor, extra: tuple) -> tuple:
+    return t.data_ptr(), t.shape, t.stride(), t.dtype, t.device, extra

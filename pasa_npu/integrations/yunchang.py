@@ -102,8 +102,9 @@ def long_context_attention(ring_impl_type: str = "basic", **pasa_keywords):
     local = functools.partial(pasa_flash_attn_forward, **pasa_keywords)
     module = LongContextAttention(ring_impl_type=ring_impl_type, attn_type=None,
                                   attn_processor=local)
-    module.register_forward_pre_hook(
-        functools.partial(_check_call, module.ulysses_pg, True, module.ring_pg), with_kwargs=True)
+    module.register_forward_pre_hook(functools.partial(
+        _check_call, inspect.signature(module.forward), module.ulysses_pg, True, module.ring_pg),
+        with_kwargs=True)
     return module
 
 
@@ -114,15 +115,18 @@ def ulysses_attention(sequence_process_group=None, **pasa_keywords):
     from yunchang.kernels import AttnType
     module = UlyssesAttention(sequence_process_group, attn_type=AttnType.TORCH_MATH)
     module.attn_fn = functools.partial(pasa_flash_attn_forward, **pasa_keywords)
-    module.register_forward_pre_hook(
-        functools.partial(_check_call, sequence_process_group, False, None), with_kwargs=True)
+    module.register_forward_pre_hook(functools.partial(
+        _check_call, inspect.signature(module.forward), sequence_process_group, False, None),
+        with_kwargs=True)
     return module
 
 
-def _check_call(ulysses_pg, has_ring: bool, ring_pg, module, args, kwargs):
+def _check_call(forward: inspect.Signature, ulysses_pg, has_ring: bool, ring_pg, module, args,
+                kwargs):
     """Refuse, before any communication, a forward call PASA cannot serve (module docstring);
-    a group None is the default group, as in yunchang."""
-    call = inspect.signature(module.forward).bind(*args, **kwargs)
+    ``forward``: the module's forward's signature; a group None is the default group, as in
+    yunchang."""
+    call = forward.bind(*args, **kwargs)
     call.apply_defaults()
     given = call.arguments
     tensors = [given[name] for name in ("query", "key", "value")]

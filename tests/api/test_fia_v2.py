@@ -160,3 +160,11 @@ def test_v2_errors_name_v2_arguments(entry, keywords, error, message):
         getattr(pasa_npu, entry)(q, k, v, **call)
     with pytest.raises(TypeError, match="unexpected keyword argument 'num_heads'"):
         getattr(pasa_npu, entry)(q, k, v, num_heads=2)
+
+
+def test_a_v2_plans_run_names_v2_arguments():
+    q, k, v = (torch.randn(9, 2, 16).half() for _ in range(3))
+    planned = pasa_npu.plan_v2(q, k, v, num_query_heads=2, input_layout="TND",
+                               actual_seq_qlen=[4, 9], actual_seq_kvlen=[4, 9])
+    with pytest.raises(ValueError, match="^actual_seq_qlen ends at 9"):
+        planned.run(q[:7], k, v)

@@ -108,8 +108,10 @@ def test_masks_made_under_inference_mode():
         full = torch.zeros(12, 12, dtype=torch.bool)
         full[3] = True
         causal = pasa_npu.compressed_causal_mask()
+        frozen = torch.ones(2048, 2048, dtype=torch.bool).triu(1)  # checked on every call
         for kw in (dict(keywords, atten_mask=full),
-                   dict(keywords, atten_mask=causal, sparse_mode=3)):
+                   dict(keywords, atten_mask=causal, sparse_mode=3),
+                   dict(keywords, atten_mask=frozen, sparse_mode=2)):
             for _ in range(2):
                 _assert_golden(pasa_npu.fused_attention(q, k, v, **kw), q, k, v, kw)
                 _assert_golden(pasa_npu.plan(q, k, v, **kw).run(q, k, v), q, k, v, kw)
@@ -167,7 +169,9 @@ def test_a_plan_holds_neither_its_tensors_nor_an_optimized_mask():
         pasa_npu.fused_attention(q, k, v, atten_mask=bad, sparse_mode=3, **keywords)
 
 
-def test_a_run_follows_a_mask_moved_to_other_storage():
+def test_a_run_follows_a_mask_moved_to_other_storage_or_view():
+    """set_() gives the mask other memory, t_() another view of its own: a run reads the
+    mask as it is, and leaves nothing stale for the calls after it."""
     q, k, v, keywords = _masked_case()
     mask = torch.zeros(12, 12, dtype=torch.bool)
     planned = pasa_npu.plan(q, k, v, atten_mask=mask, **keywords)
@@ -175,3 +179,12 @@ def test_a_run_follows_a_mask_moved_to_other_storage():
     moved[:, 4:] = True
     mask.set_(moved.untyped_storage(), 0, (12, 12), (12, 1))
     _assert_golden(planned.run(q, k, v), q, k, v, dict(keywords, atten_mask=moved))
+    hidden = torch.zeros(12, 12, dtype=torch.bool)
+    hidden[:, 7:] = True
+    hidden[2] = True  # row 2 sees no key; after t_(), no row is empty
+    planned = pasa_npu.plan(q, k, v, atten_mask=hidden, **keywords)
+    planned.run(q, k, v)
+    hidden.t_()
+    for run in (planned.run, lambda q, k, v: pasa_npu.fused_attention(q, k, v, atten_mask=hidden,
+                                                                      **keywords)):
+        _assert_golden(run(q, k, v), q, k, v, dict(keywords, atten_mask=hidden.clone()))
