@@ -145,6 +145,12 @@ def _check_token_lengths(sparse_mode: int, pre: int, nxt: int, q_lens, kv_lens) 
                              f"length of batch {b} ({length}), as torch_npu requires")
 
 
+def forget_validated_masks() -> None:
+    """Forget which optimized masks were checked: the next call checks its mask again."""
+    _VALIDATED_MASKS.clear()
+    _LAST_VALIDATED[0] = None
+
+
 def check_optimized_mask(mask, sparse_mode: int) -> None:
     """``mask`` (sparse modes 2-4) is torch_npu's optimized mask: its shape, and its contents
     once per version of the tensor (:class:`~pasa_npu.tensor_memo.TensorMemo`)."""
