@@ -206,8 +206,8 @@ class AttentionPlan:
 
 
 def _mask_layout(mask) -> Optional[tuple]:
-    """Where a mask's elements lie: its storage address, shape and strides."""
-    return (mask.data_ptr(), mask.shape, mask.stride()) if isinstance(mask, torch.Tensor) else None
+    """Where a mask's elements lie: its storage address and :func:`_tensor_layout`."""
+    return (mask.data_ptr(), *_tensor_layout(mask)) if isinstance(mask, torch.Tensor) else None
 
 
 def _planned_lengths(call: arguments.Call, plan) -> arguments.Call:

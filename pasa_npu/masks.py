@@ -4,7 +4,6 @@ S1 x S2 mask)."""
 from __future__ import annotations
 
 import warnings
-import weakref
 
 import torch
 
@@ -15,7 +14,6 @@ from .problem import device_cached
 OPTIMIZED_MASK_SIZE = 2048
 
 _VALIDATED_MASKS = TensorMemo()  # optimized masks already checked: no device sync
-_LAST_VALIDATED: list = [None]  # (weakref, version) of the optimized mask checked last
 
 
 def compressed_causal_mask(device: torch.device | str | None = None) -> torch.Tensor:
@@ -145,18 +143,9 @@ def _check_token_lengths(sparse_mode: int, pre: int, nxt: int, q_lens, kv_lens) 
                              f"length of batch {b} ({length}), as torch_npu requires")
 
 
-def forget_validated_masks() -> None:
-    """Forget which optimized masks were checked: the next call checks its mask again."""
-    _VALIDATED_MASKS.clear()
-    _LAST_VALIDATED[0] = None
-
-
 def check_optimized_mask(mask, sparse_mode: int) -> None:
     """``mask`` (sparse modes 2-4) is torch_npu's optimized mask: its shape, and its contents
     once per version of the tensor (:class:`~pasa_npu.tensor_memo.TensorMemo`)."""
-    last = _LAST_VALIDATED[0]
-    if last is not None and mask is not None and last[0]() is mask and last[1] == mask._version:
-        return  # the mask of the previous calls, unchanged (a layer loop's common case)
     n = OPTIMIZED_MASK_SIZE
     if mask is None:
         raise ValueError(f"sparse_mode={sparse_mode} needs torch_npu's optimized {n}x{n} "
@@ -170,8 +159,6 @@ def check_optimized_mask(mask, sparse_mode: int) -> None:
                              f"strict upper triangle (True above the diagonal), as torch_npu "
                              f"documents")
         _VALIDATED_MASKS.put(mask, True)
-    if not mask.is_inference():
-        _LAST_VALIDATED[0] = (weakref.ref(mask), mask._version)
 
 
 def _dense_mask(mask: torch.Tensor, batch: int, s_q: int, s_kv: int) -> torch.Tensor:

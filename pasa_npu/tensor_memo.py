@@ -24,16 +24,26 @@ class TensorMemo:
     def __init__(self, size: int = 64):
         self.size = size  # tensors, and values per tensor, remembered at most
         self.entries: dict = {}  # id(root) -> (weakref to root, version, {key: value})
+        # the last value put or found: (weakref to the tensor, its version, extra, value); the
+        # same tensor at the same version has the same storage, shape and strides (set_(),
+        # resize_() and the in-place view changes make a new version)
+        self._last = None
 
     def get(self, t: torch.Tensor, extra: tuple = ()):
         """The value remembered for ``t`` and ``extra``, or None."""
+        last = self._last
+        if last is not None and last[0]() is t and last[2] == extra and last[1] == t._version:
+            return last[3]  # a loop's common case: the tensor of the previous call
         if t.is_inference():
             return None
         root = t._base if t._base is not None else t
         hit = self.entries.get(id(root))
         if hit is None or hit[0]() is not root or hit[1] != root._version:
             return None
-        return hit[2].get(_key(t, extra))
+        value = hit[2].get(_key(t, extra))
+        if value is not None:
+            self._last = (weakref.ref(t), t._version, extra, value)
+        return value
 
     def put(self, t: torch.Tensor, value, extra: tuple = ()) -> None:
         """Remember ``value`` (not None) for ``t`` and ``extra``; an inference tensor's is not."""
@@ -51,9 +61,11 @@ class TensorMemo:
         if len(hit[2]) >= self.size:
             hit[2].clear()
         hit[2][_key(t, extra)] = value
+        self._last = (weakref.ref(t), version, extra, value)
 
     def clear(self) -> None:
         self.entries.clear()
+        self._last = None
 
     def _forget(self, ident: int, dead: weakref.ref) -> None:
         hit = self.entries.get(ident)

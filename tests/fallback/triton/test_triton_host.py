@@ -72,7 +72,7 @@ def test_a_compiled_call_keeps_no_device_tensor_in_the_caches():
     shift.cached_shift_table.cache_clear()
     metadata._DEVICE_METADATA.clear()
     masks._reference_mask.cache_clear()
-    masks.forget_validated_masks()
+    masks._VALIDATED_MASKS.clear()
     pasa_npu.plans.clear()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(3)
@@ -84,7 +84,7 @@ def test_a_compiled_call_keeps_no_device_tensor_in_the_caches():
     op = torch.ops.pasa_npu.fused_attention.default
     traced = op(q, k, v, mask, None, None, None, None, None, None, **dict(defaults, **kw))
     assert cached() == (0, 0, 0, 0)
-    masks.forget_validated_masks()
+    masks._VALIDATED_MASKS.clear()
     pasa_npu.plans.clear()  # the eager call makes its plan too, validating the mask
     eager = pasa_npu.fused_attention(q, k, v, atten_mask=mask, **kw)
     assert all(n > 0 for n in cached()), cached()
