@@ -2,8 +2,9 @@
 does: on N(0, 1) fp16 inputs of shape (1, 8, 2048, 128), the share of outputs within FIA's
 tolerance (1e-3 relative + 1e-3 absolute of the fp64 golden), the largest relative LSE error
 (FIA: 1e-4) and the share of rows the check recomputed by fa-fp32, at the usual scale
-1/sqrt(d), at scale 8 and at scale 128 (op-plugin's FIA test case), with the check on (the
-default) and off. docs/design.md, "High precision", shows what this prints.
+1/sqrt(d), at scale 8 and at scale 128 (op-plugin's FIA test case), and at 1/sqrt(d) with a
+bias of 30 that the queries and keys share (the README's quickstart), each with the check on
+(the default) and off. docs/design.md, "High precision", shows what this prints.
 
     python examples/high_precision.py
 """
@@ -16,21 +17,25 @@ import torch
 import pasa_npu
 
 ALGORITHMS = ("fa-fp32", "pasa-exact", "pasa")
-CASES = ((128 ** -0.5, True, "scale 1/√d"), (8.0, True, "scale 8"), (128.0, True, "scale 128"),
-         (128.0, False, "scale 128, check off"))
+#: (scale, check on, bias of Q and K, name)
+CASES = ((128 ** -0.5, True, 0.0, "scale 1/√d"), (8.0, True, 0.0, "scale 8"),
+         (128.0, True, 0.0, "scale 128"), (128.0, False, 0.0, "scale 128, check off"),
+         (128 ** -0.5, True, 30.0, "Q, K bias 30"), (128 ** -0.5, False, 30.0, "Q, K bias 30, check off"))
 
 
 def measure(shape=(1, 8, 2048, 128)) -> dict:
     """{(case name, algorithm): (share of outputs within FIA's tolerance, largest relative LSE
     error, share of rows recomputed or None where the check is off)} on seeded N(0, 1) fp16
-    BNSD inputs of ``shape``."""
+    BNSD inputs of ``shape`` (Q and K plus the case's bias)."""
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(*shape, generator=gen).half() for _ in range(3))
+    q32, k32, v = (torch.randn(*shape, generator=gen) for _ in range(3))
+    v = v.half()
     heads, rows = shape[1], shape[0] * shape[1] * shape[2]
     results = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", pasa_npu.OverflowRepairWarning)
-        for scale, check, name in CASES:
+        for scale, check, bias, name in CASES:
+            q, k = (x.add(bias).half() for x in (q32, k32))
             args = dict(num_heads=heads, input_layout="BNSD", scale=scale, softmax_lse_flag=True)
             gold, gold_lse = pasa_npu.reference_attention(q, k, v, **args)
             for algorithm in ALGORITHMS:
@@ -47,7 +52,7 @@ def measure(shape=(1, 8, 2048, 128)) -> dict:
 def main() -> None:
     results = measure()
     print("| inputs | " + " | ".join(ALGORITHMS) + " |\n| --- | --- | --- | --- |")
-    for _, _, name in CASES:
+    for *_, name in CASES:
         cells = []
         for algorithm in ALGORITHMS:
             within, lse_rel, recomputed = results[name, algorithm]

@@ -49,8 +49,9 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
       (docs/design.md, "The rounding guard").
     * ``q_block``, ``kv_block``: the tiling (default 128 x 128, each at most 8192).
     * ``repair_overflow``: True (default): a PASA row whose fp16 scores or statistics
-      overflow, or whose shifted scores reach fp16's resolution limit, is recomputed by
-      ``fa-fp32`` (:func:`pasa_npu.overflow_report` counts them); False: no check.
+      overflow, or whose shifted scores or recovered block offsets reach fp16's resolution
+      limit, is recomputed by ``fa-fp32`` (:func:`pasa_npu.overflow_report` counts them);
+      False: no check.
 
     Rows with nothing to attend (docs/fia-conformance.md): where the band or the
     lengths leave a row empty, or ``inner_precise`` bit 1 is set, the row is invalid:

@@ -56,7 +56,8 @@ LENGTH_ARGUMENTS = ("q_lens", "kv_lens", "next_tokens", "pre_tokens", "q_starts"
 def run(problem: AttentionProblem) -> None:
     """Compute ``problem`` with the AscendC kernels on the NPU; writes out (and lse) and, when
     the problem is checked, its row flags (the kernels' repair launch recomputes the flagged
-    rows by fa-fp32; pasa and pasa-exact also flag the rows whose shifted scores reach
+    rows by fa-fp32; pasa and pasa-exact also flag the rows whose shifted scores (or pasa's
+    block offsets) reach
     :data:`~pasa_npu.numerics.RESOLUTION_LIMIT`). Queued on the current stream; returns
     without waiting for the device."""
     reason = unsupported_reason(problem)

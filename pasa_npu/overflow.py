@@ -3,7 +3,8 @@
 The PASA allocations keep their scores and statistics in fp16. Where the scores' spread
 within a block exceeds fp16 (the shift removes a block's mean, not its spread), where P'V
 exceeds it (pasa's fp16 accumulator, pasa-exact's fp16 P'V tile), or an input is NaN or
-infinite, a query row's result is not finite. Where a block's shifted scores reach
+infinite, a query row's result is not finite. Where a block's shifted scores, or the bias
+the pseudo-average shift recovers from the block's mean, reach
 :data:`~pasa_npu.numerics.RESOLUTION_LIMIT`, fp16 cannot resolve the row's softmax: its
 result is finite and wrong. Every backend checks its own results for both: it writes a
 flag per query row into :attr:`OverflowCheck.row_flags` and recomputes the flagged rows
@@ -217,10 +218,12 @@ def _warn_once(report: OverflowReport) -> None:
         parts.append(
             f"{overflowed} query rows of a {report.algorithm} call were recomputed with fp32 "
             f"scores (fa-fp32): in fp16 they were not finite (the scores' spread within a kv "
-            f"block, or P'V with large values, exceeds fp16's range) or their shifted scores "
-            f"reached {RESOLUTION_LIMIT:g}, where fp16 cannot resolve the softmax. A smaller "
-            f"`scale` (for the scores), algorithm='pasa-mixed' (for the values) or 'fa-fp32' "
-            f"for such inputs avoids the repair.")
+            f"block, or P'V with large values, exceeds fp16's range) or their shifted scores, "
+            f"or the bias the pseudo-average shift recovers from a block's mean, reached "
+            f"{RESOLUTION_LIMIT:g}, where fp16 cannot resolve the softmax. A smaller `scale` "
+            f"(for the scores), algorithm='pasa-exact' (for a bias that queries and keys "
+            f"share), 'pasa-mixed' (for the values) or 'fa-fp32' for such inputs avoids the "
+            f"repair.")
     if nonfinite:
         parts.append(f"{nonfinite} query rows stay NaN or infinite: their inputs hold NaN or "
                      f"inf (fa-fp32 gives the same rows).")

@@ -12,7 +12,8 @@
 // (uint8 (B, Nq, Sq), contiguous, optional): the kernels flag the rows whose output or LSE is not
 // finite and recompute them by fa-fp32 in a repair launch (docs/design.md, "Overflow detection
 // and repair"), queued like the rest; with row_flags, pasa and pasa-exact also flag the rows whose
-// shifted scores reach resolution_limit in magnitude (pasa_npu.numerics.RESOLUTION_LIMIT; 0: off).
+// shifted scores (or pasa's block offsets) reach resolution_limit in magnitude
+// (pasa_npu.numerics.RESOLUTION_LIMIT; 0: off).
 //
 // with one kernel, for PrivateUse1 (NPU tensors), registered with TORCH_LIBRARY_IMPL. It is the
 // compute step of backend "npu" (pasa_npu/npu.py), which the Python API layer reaches after it

@@ -46,8 +46,9 @@ struct PasaProblem {
     bool overflowCheck = false;          // write the row flags (docs/design.md, "Overflow detection and repair")
     bool repair = false;             // the repair launch of a checked call (fa-fp32, kvSplits 1, overflowCheck)
     bool hasSink = false;            // learnable sinks: one fp32 logit per query head (AttentionTensors::sink)
-    double resolutionLimit = 0.0;    // overflowCheck: also flag the rows of pasa / pasa-exact whose shifted scores reach
-                                     // this magnitude (PasaTilingData::resolutionLimit); 0: overflow check only
+    double resolutionLimit = 0.0;    // overflowCheck: also flag the rows of pasa / pasa-exact whose shifted scores (or
+                                     // pasa's block offsets) reach this magnitude (PasaTilingData::resolutionLimit);
+                                     // 0: overflow check only
     double scale = 1.0;
     double beta = -1.0;      // pasa only; negative: the optimal beta from kDefaultBeta0
     uint32_t qBlock = 128;   // q_block: rows a tile may hold

@@ -40,9 +40,11 @@
 // "Overflow detection and repair"): fp16 S' of large magnitude cannot resolve the softmax even when
 // nothing overflows, so a row is also flagged when, in some kv block it sees, |its block row maximum
 // of S'| (the shifted frame's maximum over its visible keys, before pasa-exact's c or pasa's
-// recovery gamma F is added) reaches the limit. Each row keeps its peak of |max_j S'| in UB: pasa in
-// its fp16 statistics set (P_PEAK, carried and kept for rows without keys like the others), pasa-
-// exact in PEAK32 (fp32, per task parity); one Abs and one Max on a row vector per block. Finish
+// recovery gamma F is added) reaches the limit, or (pasa) the block offset |gamma mean_j S'| that
+// pasa recovers from the fp16 block mean, as coarse as an fp16 number of its size. Each row keeps
+// its peak in UB: pasa in its fp16 statistics set (P_PEAK, carried and kept for rows without keys
+// like the others; one Abs and one Max on a row vector per block for m', a Muls, an Abs and a Max
+// for the offset), pasa-exact in PEAK32 (fp32, per task parity; an Abs and a Max). Finish
 // flags the rows whose peak reaches the limit with those that are not finite; with split kv a
 // split writes such a row's partial LSE as NaN, so that the merge's non-finite check flags it.
 //
@@ -100,7 +102,7 @@ static_assert(PASA_PV_DELAY + 1 <= REL - RING, "one ring slot per block in fligh
 static_assert(PASA_PV_DELAY + 2 <= kTaskWindow, "the vector cores' cursors stay within the task window");
 
 // Index of the pasa statistics inside a set (fp16 vectors of vecRowsPad).
-// P_PEAK: the resolution check's peak |m'| over the task's blocks so far (0 at the start).
+// P_PEAK: the resolution check's peak of |m'| and |gamma mean| over the task's blocks so far (0 at the start).
 // P_L, P_LLOC: l and l' = fp16(sum P') where the vector cores sum P' (tiling.pvCols == headDimV).
 // Where the cube sums it, it appends l' to each P'V row (pvCols = headDimV + 16) and the fold's
 // fp16(fp16(a O) + fp16(b P'V)) is pasa's l update too, so l sits after O in the accumulator.

@@ -144,8 +144,8 @@ struct PasaTilingData {
     float shiftRowSum;       // pasa: r = diag - (kvBlock - 1) off, the row sum of the stored M (exact in fp32): the
                              // mean of a block's unrounded K' over its v keys is colsum(K) r / v
     float resolutionLimit;   // overflowCheck, pasa and pasa-exact: a row is also flagged when |its block row maximum
-                             // of S'| reaches this in some kv block it sees (pasa_npu.numerics.RESOLUTION_LIMIT,
-                             // passed by the host); 0 or negative: no resolution check
+                             // of S'| (or pasa's block offset |gamma mean S'|) reaches this in some kv block it sees
+                             // (pasa_npu.numerics.RESOLUTION_LIMIT, passed by the host); 0 or negative: no resolution check
     uint16_t shiftDiagBits;  // pasa: fp16 bits of scale * (1 - beta/n), the diagonal of M
     uint16_t shiftOffBits;   // pasa: fp16 bits of scale * beta/n; M's off-diagonal is its negative
 

@@ -309,6 +309,12 @@ __aicore__ inline void AttentionVector<OutT, InT>::StatisticsPasa(uint32_t i, ui
         Muls(Stat(ROWSUM), Stat(ROWSUM), inv, g);                             // sum / n (exact) or sum * (1 / v)
     }
     Cast(cur[P_MEAN * G], Stat(ROWSUM), RoundMode::CAST_RINT, G);            // fp16 block mean
+    if (resolution_) {  // and peak = max(peak, |gamma mean|), the block offset recovered from the mean (rounded to
+                        // fp16: [511.75, 512) reaches the limit here, not where the other backends take the exact product)
+        Muls(t2, cur[P_MEAN * G], half(t.gamma), g);
+        Abs(t2, t2, g);
+        Max(nxt[P_PEAK * G], nxt[P_PEAK * G], t2, g);
+    }
     Adds(nxt[P_N * G], cur[P_N * G], half(1.0f), g);                          // n + 1
     Mul(t2, cur[P_N * G], cur[P_F * G], g);                                   // (n - 1) F
     Add(t2, t2, cur[P_MEAN * G], g);

@@ -178,8 +178,9 @@ def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, c
     leading masked block (a band's lower edge), 2 for a trailing one (the diagonal, the
     last block past kv_len), whose keys are tested one by one (:func:`key_visible`).
     PART_FILLED (pasa): the last kv block holds fewer than BLOCK_N keys, and a masked
-    block's row mean takes its own key count. CHECK: a row whose block maximum of S' lost
-    resolution (triton.softmax.lost_resolution) gets NaN statistics (pasa: from its block
+    block's row mean takes its own key count. CHECK: a row whose block maximum of S' (or,
+    pasa, its block offset gamma * mean S') lost resolution (triton.softmax.lost_resolution)
+    gets NaN statistics (pasa: from its block
     mean, whose select keeps the fp16 roundings paired; pasa-exact: l), which the tile's row
     test flags. Returns the new count and state."""
     # one body for the three allocations: they share the wait for the stage, QKᵀ, the
@@ -228,7 +229,8 @@ def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, c
         else:
             s_mean = round_low(row_sum_read(score_sums, m_i) / BLOCK_N, gl.float16)
         if CHECK:  # the statistics, l and O of a row that lost resolution become NaN
-            s_mean = gl.where(lost_resolution(m_loc), float("nan"), s_mean)
+            lost = lost_resolution(m_loc) | lost_resolution(gamma * s_mean)
+            s_mean = gl.where(lost, float("nan"), s_mean)
         m_new, f_new, cnt_new, alpha, beta_w = statistics_pasa(m_i, f_i, cnt_i, m_loc,
                                                                 s_mean, gamma)
         p_sums = warpgroup_mma_wait(1, deps=(p_sums,))

@@ -269,7 +269,7 @@ class _State:
     o: torch.Tensor
     f: torch.Tensor      # PASA pseudo-average F of the shifted block means
     n: torch.Tensor      # blocks this row has used
-    peak: torch.Tensor   # largest |row maximum of S'| over the blocks used (shifted only)
+    peak: torch.Tensor   # the resolution check's peak over the blocks used (_peak; shifted only)
 
     @classmethod
     def empty(cls, allocation, batch, n_kv, group, rows, d_v, device) -> "_State":
@@ -341,10 +341,14 @@ def _exp_visible(x: torch.Tensor, vis: torch.Tensor) -> torch.Tensor:
     return torch.exp(x.masked_fill(~vis, NEG_INF))
 
 
-def _peak(state: _State, rm: torch.Tensor) -> torch.Tensor:
+def _peak(state: _State, rm: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:
     """``state.peak`` with this block's |unguarded row maximum of the shifted scores| ``rm``
-    taken in (the resolution check's quantity, :data:`pasa_npu.numerics.RESOLUTION_LIMIT`)."""
-    return torch.maximum(state.peak, torch.where(torch.isfinite(rm), rm.abs(), 0.0))
+    taken in, and for the pseudo-average shift its |recovered offset| ``offset`` = gamma * the
+    block mean of S' (the resolution check's quantities, :data:`pasa_npu.numerics.RESOLUTION_LIMIT`)."""
+    block = torch.where(torch.isfinite(rm), rm.abs(), 0.0)
+    if offset is not None:
+        block = torch.maximum(block, offset.abs())
+    return torch.maximum(state.peak, block)
 
 
 # --------------------------------------------------------------------------- steps
@@ -418,7 +422,8 @@ def _step_pseudo_average(problem, state, q_tile, keys, v_blk, j, vis, has_any, l
         o_new = r16(r16(a * state.o) + r16(b * r16(_pv(p, v_blk))))
     else:
         o_new = a * state.o + b * _pv(_round(p, torch.float16), v_blk)
-    state.update(has_any, m=m_new, l=l_new, o=o_new, f=f_new, n=n, peak=_peak(state, rm))
+    state.update(has_any, m=m_new, l=l_new, o=o_new, f=f_new, n=n,
+                 peak=_peak(state, rm, offset=gamma * s_mean))
 
 
 def _step_exact(problem, state, q_tile, keys, v_blk, j, vis, has_any, low):

@@ -70,8 +70,9 @@ def block_update(qk, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mean_f
     statistics (fa-fp16, pasa) ``acc`` is fp16 too and the steps run as native fp16
     operations: each rounds once, as the CPU backend's fp32-then-round steps do (the
     kernels are launched without FMA contraction). CHECK (a checked shifted allocation):
-    a row whose block maximum of S' lost resolution (:func:`lost_resolution`) gets a NaN
-    running sum, which the overflow check's row test flags. BLOCK_MAX_GIVEN (the shifted
+    a row whose block maximum of S', or (pasa, pasa-mixed) whose block offset gamma * mean
+    S', lost resolution (:func:`lost_resolution`) gets a NaN running sum, which the
+    overflow check's row test flags. BLOCK_MAX_GIVEN (the shifted
     allocations): ``block_max`` is that maximum over the visible keys, as its fp16 value
     in fp32, found with the scores' shift (:func:`pasa_npu.fallback.triton.shift.shift_scores`);
     pasa then sums S' for its mean in the same reduction as P, two barrier round trips
@@ -178,7 +179,10 @@ def block_update(qk, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mean_f
         acc_new = acc * alpha[:, None] + to_fp16_paired(tl.dot(p16, v)).to(tl.float32)
         f_new = f
     if CHECK:
-        l_new = tl.where(lost_resolution(rm), float("nan"), l_new)
+        lost = lost_resolution(rm)
+        if PSEUDO_AVERAGE_SHIFT:  # the block's recovered offset
+            lost = lost | lost_resolution(gamma * s_mean)
+        l_new = tl.where(lost, float("nan"), l_new)
     cnt_new = cnt + 1.0
     if MASKED:
         m_new = tl.where(row_any, m_new, m)
@@ -219,10 +223,10 @@ def _add_pairs(a0, b0, a1, b1):
 
 @triton.jit
 def lost_resolution(rm):
-    """Per row: its block maximum of S' ``rm`` reached RESOLUTION_LIMIT in magnitude, where
-    fp16 cannot resolve the softmax (:data:`pasa_npu.numerics.RESOLUTION_LIMIT`). One
-    compare: a row that saw no key of the block (``rm`` -inf) is true here, and its caller
-    keeps that row's state."""
+    """Per row: its block maximum of S' ``rm`` (or a pseudo-average block offset) reached
+    RESOLUTION_LIMIT in magnitude, where fp16 cannot resolve the softmax
+    (:data:`pasa_npu.numerics.RESOLUTION_LIMIT`). One compare: a row that saw no key of the
+    block (``rm`` -inf) is true here, and its caller keeps that row's state."""
     return tl.abs(rm) >= RESOLUTION_LIMIT
 
 

@@ -39,3 +39,16 @@ def test_the_check_recomputes_every_row_at_scale_128(results):
         assert recomputed == 1.0 and (within, lse_rel) == fa[:2]
         within_off, lse_off, recomputed_off = results["scale 128, check off", algorithm]
         assert recomputed_off is None and within_off < fa[0] and lse_off > 1e-4
+
+
+def test_a_shared_bias_is_recomputed_for_pasa_only(results):
+    """Q and K sharing a bias of 30: pasa recovers the block offsets (about 1e4) from fp16
+    block means and the check recomputes every row, giving fa-fp32's figures; with the
+    check off more than a tenth of its outputs miss 1e-3 and its LSE misses 1e-4. pasa-exact
+    carries the offsets in fp32: nothing recomputed, nine outputs in ten within 1e-3."""
+    within, lse_rel, recomputed = results["Q, K bias 30", "pasa"]
+    assert recomputed == 1.0 and (within, lse_rel) == results["Q, K bias 30", "fa-fp32"][:2]
+    within_off, lse_off, recomputed_off = results["Q, K bias 30, check off", "pasa"]
+    assert recomputed_off is None and within_off < 0.9 and lse_off > 1e-4
+    within, _, recomputed = results["Q, K bias 30", "pasa-exact"]
+    assert recomputed == 0.0 and within > 0.9

@@ -110,7 +110,8 @@ def test_each_verdict_has_a_column_of_its_own(comparison):
 def test_summary_md_has_one_verdict_per_cell(comparison, tmp_path):
     path = report.write_markdown(comparison, str(tmp_path), "title", {}, [])
     md = open(path).read()
-    section = md[md.index("## Ascend precision standards"):md.index("## Score range")]
+    start = md.index("## Ascend precision standards")
+    section = md[start:md.index("\n## ", start)]
     rows = [line for line in section.splitlines() if line.startswith("| biased heads")]
     assert len(rows) == 2
     single, dual = ([c.strip() for c in row.strip("|").split("|")][1:] for row in rows)

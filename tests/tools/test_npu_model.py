@@ -394,7 +394,7 @@ def test_sensitivity_starts_from_a_known_corner_below_its_own_start(monkeypatch,
     seed's parameter off its range's ends is refused, naming it. The seeded search takes the
     calibrations of the first from its cache file."""
     shape = npu_extrapolate.Shape("tiny", 1, 24, 24, 512, 2048, 64)
-    names = ("vec_head_cycles", "l2_aggregate_bytes_per_cycle")
+    names = ("mte2_bytes_per_cycle", "l2_aggregate_bytes_per_cycle")
     monkeypatch.setattr(npu_model, "WORST_CORNER_PASSES", 0)
     cache = str(tmp_path / "fits.pkl")
     own = npu_model.sensitivity([shape], lambda *a: None, names=names, jobs=2, seeds=(), cache=cache)

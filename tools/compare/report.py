@@ -179,8 +179,9 @@ def table4_rows(comp: Comparison) -> tuple[list[str], list[list[str]]]:
 
 
 REPAIR_TEXT = ("query rows the overflow check recomputed by fa-fp32 because their fp16 scores "
-               "or statistics were not finite or their shifted scores reached the resolution "
-               "limit (in brackets: their share of the item's rows)")
+               "or statistics were not finite or their shifted scores or recovered block "
+               "offsets reached the resolution limit (in brackets: their share of the item's "
+               "rows)")
 
 
 def repair_rows(comp: Comparison) -> Optional[tuple[list[str], list[list[str]]]]:
