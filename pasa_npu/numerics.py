@@ -143,8 +143,9 @@ GUARD_MAX_OFFSET = 8.0
 #: largest shifted score |max_j S'_ij| reaches this magnitude, or (the pseudo-average shift)
 #: the block's recovered offset |gamma * mean_j S'_ij|. fp16's spacing there is 0.5, so
 #: rounding alone moves a score by up to 0.25 and a softmax weight by up to e^0.25 - 1 = 28%;
-#: the offset is gamma times an fp16 block mean, as coarse as an fp16 number of its size, and
-#: moves the weights of the block's keys together.
+#: the offset is gamma times a block mean of fp16 scores (in pasa rounded to fp16, so as coarse
+#: as an fp16 number of the offset's size), and its error moves the weights of the block's
+#: keys together.
 RESOLUTION_LIMIT = 512.0
 
 

@@ -18,7 +18,7 @@ from pasa_npu.fallback.gluon.parts import (MEAN_ROWS_C, ROWS, THIN_LAYOUT, Block
                                            softmax_exact, softmax_fa, statistics_pasa,
                                            query_tile, publish_tile, read_tile)
 from pasa_npu.fallback.kernel_common import to_fp16_paired, round_low, tile_kv_blocks
-from pasa_npu.fallback.triton.softmax import lost_resolution
+from pasa_npu.fallback.triton.softmax import lost_resolution, pseudo_average_lost_resolution
 
 _CONSUMER_REGS_2 = gl.constexpr(config.CONSUMER_REGS[2])
 _CONSUMER_REGS_3 = gl.constexpr(config.CONSUMER_REGS[3])
@@ -179,10 +179,10 @@ def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, c
     last block past kv_len), whose keys are tested one by one (:func:`key_visible`).
     PART_FILLED (pasa): the last kv block holds fewer than BLOCK_N keys, and a masked
     block's row mean takes its own key count. CHECK: a row whose block maximum of S' (or,
-    pasa, its block offset gamma * mean S') lost resolution (triton.softmax.lost_resolution)
-    gets NaN statistics (pasa: from its block
-    mean, whose select keeps the fp16 roundings paired; pasa-exact: l), which the tile's row
-    test flags. Returns the new count and state."""
+    pasa, its block offset gamma * mean S') lost resolution (triton.softmax's
+    lost_resolution, pseudo_average_lost_resolution) gets NaN statistics (pasa: from its
+    block mean, whose select keeps the fp16 roundings paired; pasa-exact: l), which the
+    tile's row test flags. Returns the new count and state."""
     # one body for the three allocations: they share the wait for the stage, QKᵀ, the
     # release of Q and of the stage, and the masked rows' state; split, each would take
     # the seven values of the state and the ring through another call
@@ -229,7 +229,7 @@ def _kv_step(q, ring, q_free, ops, blocks, sizes, blk, it, acc, m_i, l_i, f_i, c
         else:
             s_mean = round_low(row_sum_read(score_sums, m_i) / BLOCK_N, gl.float16)
         if CHECK:  # the statistics, l and O of a row that lost resolution become NaN
-            lost = lost_resolution(m_loc) | lost_resolution(gamma * s_mean)
+            lost = pseudo_average_lost_resolution(m_loc, gamma, s_mean)
             s_mean = gl.where(lost, float("nan"), s_mean)
         m_new, f_new, cnt_new, alpha, beta_w = statistics_pasa(m_i, f_i, cnt_i, m_loc,
                                                                 s_mean, gamma)

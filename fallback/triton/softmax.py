@@ -179,9 +179,10 @@ def block_update(qk, v, c, vis, row_any, m, l, acc, f, cnt, scale, gamma, mean_f
         acc_new = acc * alpha[:, None] + to_fp16_paired(tl.dot(p16, v)).to(tl.float32)
         f_new = f
     if CHECK:
-        lost = lost_resolution(rm)
-        if PSEUDO_AVERAGE_SHIFT:  # the block's recovered offset
-            lost = lost | lost_resolution(gamma * s_mean)
+        if PSEUDO_AVERAGE_SHIFT:
+            lost = pseudo_average_lost_resolution(rm, gamma, s_mean)
+        else:
+            lost = lost_resolution(rm)
         l_new = tl.where(lost, float("nan"), l_new)
     cnt_new = cnt + 1.0
     if MASKED:
@@ -228,6 +229,14 @@ def lost_resolution(rm):
     (:data:`pasa_npu.numerics.RESOLUTION_LIMIT`). One compare: a row that saw no key of the
     block (``rm`` -inf) is true here, and its caller keeps that row's state."""
     return tl.abs(rm) >= RESOLUTION_LIMIT
+
+
+@triton.jit
+def pseudo_average_lost_resolution(rm, gamma, s_mean):
+    """Per row, pasa and pasa-mixed: its block maximum of S' ``rm`` or the block offset it
+    recovers, ``gamma`` times the block mean ``s_mean``, lost resolution
+    (:func:`lost_resolution`)."""
+    return lost_resolution(rm) | lost_resolution(gamma * s_mean)
 
 
 @triton.jit

@@ -450,7 +450,7 @@ MUTATIONS = [
              'l_new = tl.where(lost, float("nan"), l_new)', "l_new = l_new",
              ("tests/api/test_resolution_check.py", "-k", "triton and prefill")),
     Mutation("triton: the resolution check leaves out pasa's block offsets", TRITON_SOFTMAX,
-             "lost = lost | lost_resolution(gamma * s_mean)", "lost = lost",
+             "return lost_resolution(rm) | lost_resolution(gamma * s_mean)", "return lost_resolution(rm)",
              ("tests/api/test_resolution_check.py", "-k", "triton and shared_bias")),
     Mutation("kernel: the resolution check leaves out pasa's block offsets", KERNEL_STEPS,
              "        Max(nxt[P_PEAK * G], nxt[P_PEAK * G], t2, g);\n", "\n",
