@@ -13,7 +13,10 @@ from .problem import device_cached
 
 OPTIMIZED_MASK_SIZE = 2048
 
-_VALIDATED_MASKS = TensorMemo()  # optimized masks already checked: no device sync
+# optimized masks already checked: no device sync. Inference tensors too (a serving loop
+# may make its mask under inference mode): sparse modes 2-4 compute from the band, so a
+# later write to such a mask, which no version counter sees, changes no output.
+_VALIDATED_MASKS = TensorMemo(inference_tensors=True)
 
 
 def compressed_causal_mask(device: torch.device | str | None = None) -> torch.Tensor:

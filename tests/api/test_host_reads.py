@@ -62,6 +62,10 @@ def _forms():
         input_layout="TND", actual_seq_qlen=[1, 41, 42], actual_seq_kvlen=[90, 250, 330],
         return_softmax_lse=True, sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask(),
         learnable_sink=torch.tensor([-1.0, 0.5, 2.0, 4.0])))
+    with torch.inference_mode():  # as a serving loop may make it: an inference tensor
+        inference_mask = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
+    v2, q, k, v, kw = forms["v2 tnd sinks"]
+    forms["v2 tnd sinks, inference-mode mask"] = (v2, q, k, v, dict(kw, atten_mask=inference_mask))
     return forms
 
 

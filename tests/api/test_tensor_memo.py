@@ -36,3 +36,26 @@ def test_nothing_is_kept_alive_and_inference_tensors_are_never_remembered():
         frozen = torch.zeros(3)
     memo.put(frozen, "fact")
     assert memo.get(frozen) is None and not memo.entries
+
+
+def test_inference_tensors_only_where_the_memo_takes_them():
+    """An inference tensor has no version counter (nor a base that views share): a memo that
+    takes them keeps a tensor's facts for its storage, shape and strides while it lives,
+    whatever is written to it."""
+    memo = TensorMemo(inference_tensors=True)
+    with torch.inference_mode():
+        frozen = torch.zeros(4, 4)
+        memo.put(frozen, "fact")
+        frozen.add_(1)  # no version counts it
+    assert memo.get(frozen) == "fact"
+    memo._last = None  # the entries, not the last-call shortcut
+    assert memo.get(frozen) == "fact"
+    assert memo.get(frozen[:]) is None and memo.get(frozen.clone()) is None
+    with torch.inference_mode():
+        frozen.resize_(2, 2)  # the same tensor, another shape: read again
+    assert memo.get(frozen) is None
+    memo._last = None
+    assert memo.get(frozen) is None
+    del frozen
+    gc.collect()
+    assert not memo.entries

@@ -577,14 +577,19 @@ def test_a_call_whose_key_is_its_value_repeats_its_recorded_launches(form, monke
 @needs_gpu
 @pytest.mark.parametrize("algorithm", ["pasa-exact", "pasa", "fa-fp32"])
 def test_calls_with_host_lengths_never_synchronise(algorithm):
-    """Every decode form above, causal and dense prefill, and explicit masks that may empty
-    rows (prefill and decode), under ``torch.cuda.set_sync_debug_mode("error")`` once
-    planned (a device block table is checked with one read-back when first seen)."""
+    """Every decode form above, causal prefill (its optimized mask also made under inference
+    mode), dense prefill, and explicit masks that may empty rows (prefill and decode), under
+    ``torch.cuda.set_sync_debug_mode("error")`` once planned (a device block table is
+    checked with one read-back when first seen)."""
     forms, rand = _decode_forms("cuda")
     mask = pasa_npu.compressed_causal_mask("cuda")
     forms["prefill causal"] = ((1, HEADS, 300, D), (1, KV_HEADS, 300, D), dict(
         num_heads=HEADS, num_key_value_heads=KV_HEADS, input_layout="BNSD", scale=D ** -0.5,
         sparse_mode=3, atten_mask=mask), False)
+    with torch.inference_mode():  # a serving loop's mask may be an inference tensor
+        inference_mask = torch.ones(2048, 2048, dtype=torch.bool, device="cuda").triu(1)
+    forms["prefill causal, inference-mode mask"] = forms["prefill causal"][:2] + (
+        dict(forms["prefill causal"][2], atten_mask=inference_mask), False)
     forms.update(_mask_forms("cuda"))
     forms["prefill BSND"] = ((2, 200, HEADS, D), (2, 250, KV_HEADS, D), dict(
         num_heads=HEADS, num_key_value_heads=KV_HEADS, input_layout="BSND", scale=D ** -0.5),
