@@ -14,11 +14,15 @@ rank ``(r - s) mod W`` while it sends that shard to rank ``r + 1`` and receives 
 local attention). Each step is one :func:`fused_attention` call, so PASA's shift stays local
 to the KV chunk at hand; the partial outputs are merged with their LSEs in fp32.
 
-**Agreement.** Every rank of ``group`` must call with the same arguments. One all_gather of a
-few int64s checks the dtype, layout, heads, batch, head dims, band and ``seq_lens`` before
-any K/V moves: a disagreement there raises ValueError on every rank. The other keywords
-(``scale``, ``algorithm`` ...) are not compared, and a rank that its own checks refuse
-before the all_gather leaves the others waiting in it until the group's timeout.
+**Agreement.** Every rank of ``group`` must call with the same arguments. Each rank first
+checks its own call, the keywords as :func:`fused_attention` checks them (a plan of its
+first step); then one all_gather of a few int64s shares whether each rank refused and
+compares the dtype, layout, heads, batch, head dims, band and ``seq_lens``, before any K/V
+moves. A rank that refused raises its own error and every other rank a ValueError naming
+it; a disagreement raises ValueError on every rank. The other keywords (``scale``,
+``algorithm`` ...) are not compared. A rank whose ``query`` is not a tensor has no device
+for the all_gather: it raises alone, and the others wait in the all_gather until the
+group's timeout.
 
 **Masks.** ``sparse_mode`` 2 and 3 (causal; the global query and key lengths are equal, so
 top-left and bottom-right coincide) and 4 (a band of ``pre_tokens``/``next_tokens``) are
@@ -40,7 +44,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from .api import fused_attention
+from .api import fused_attention, plan
 from .masks import check_mask, check_optimized_mask, compressed_causal_mask
 from .options import INT64_MAX, check_tensors, int_arg
 from .views import to_canonical
@@ -74,62 +78,32 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     :func:`fused_attention` unchanged.
 
     Returns ``(out, lse)`` for this rank's queries: ``out`` in ``input_layout`` and the
-    input dtype, ``lse`` float32 (B, N, S_local, 1), as fused_attention's. Shapes, dtypes,
-    band and lengths the ranks disagree on raise ValueError on every rank, before any K/V
-    is sent (module docstring, "Agreement").
+    input dtype, ``lse`` float32 (B, N, S_local, 1), as fused_attention's. Arguments a rank
+    refuses, and shapes, dtypes, band and lengths the ranks disagree on, raise on every
+    rank before any K/V is sent (module docstring, "Agreement").
     Forward only: inputs that require grad raise NotImplementedError while grad is enabled.
     """
-    check_tensors(query, key, value)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
-        raise NotImplementedError("ring_attention is forward only (no backward): run it under "
-                                  "torch.no_grad() or torch.inference_mode()")
-    if not isinstance(input_layout, str) or input_layout not in _SEQ_DIM:
-        raise NotImplementedError(f"ring_attention takes input_layout BSH, BSND or BNSD, "
-                                  f"got {input_layout!r}")
-    refused = sorted(n for n in _REFUSED if n in keywords)
-    if refused:
-        raise NotImplementedError(f"ring_attention does not take {refused}: the LSE is always "
-                                  f"returned and every shard is dense")
-    band = _global_band(sparse_mode, pre_tokens, next_tokens, atten_mask, query.device)
-    seq_dim = _SEQ_DIM[input_layout]
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if t.dim() != len(input_layout):
-            raise ValueError(f"{name} must have {len(input_layout)} dims ({input_layout}), got "
-                             f"shape {tuple(t.shape)}")
-    local = query.shape[seq_dim]
-    if key.shape[seq_dim] != local or value.shape[seq_dim] != local:
-        raise ValueError(f"query, key and value shards must have the same length; got "
-                         f"{query.shape[seq_dim]}, {key.shape[seq_dim]}, {value.shape[seq_dim]}")
-    heads = int_arg(keywords.get("num_heads", 1), "num_heads", minimum=1)
-    kv_heads = int_arg(keywords.get("num_key_value_heads", 0), "num_key_value_heads",
-                       minimum=0) or heads
-
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
     if rank < 0:
         raise ValueError("this process is not a member of group: ring_attention runs on the "
                          "ranks of group only")
-    if seq_lens is not None:
-        seq_lens = [int_arg(n, f"seq_lens[{i}]", minimum=0) for i, n in enumerate(seq_lens)]
-        if len(seq_lens) != world:
-            raise ValueError(f"seq_lens must list the {world} ranks' shard lengths, got "
-                             f"{seq_lens}")
-    lens = _agree(group, world, query.device, seq_lens, local, {
-        "dtype": [_DTYPES.index(query.dtype)],
-        "input_layout": [list(_SEQ_DIM).index(input_layout)],
-        "num_heads": [heads], "num_key_value_heads": [kv_heads],
-        "query's shape (the sequence length aside)": _shape(query, seq_dim),
-        "key's shape (the sequence length aside)": _shape(key, seq_dim),
-        "value's shape (the sequence length aside)": _shape(value, seq_dim),
-        "sparse_mode, pre_tokens, next_tokens (the global band)":
-            [int(sparse_mode), *(band or (_INT_MAX, _INT_MAX))]})
+    try:
+        band, seq_dim, local, seq_lens, fields, keywords = _checked(
+            query, key, value, world, input_layout, sparse_mode, pre_tokens, next_tokens,
+            atten_mask, seq_lens, keywords)
+        refusal = None
+    except (TypeError, ValueError, NotImplementedError) as exc:
+        if not isinstance(query, torch.Tensor):
+            raise  # no device for the all_gather: this rank alone raises
+        refusal, seq_dim, local, fields = exc, 0, 0, None
+    lens = _agree(group, world, query.device, seq_lens, local, fields, refusal)
     offsets = [sum(lens[:i]) for i in range(world)]
     send_to = dist.get_global_rank(group, (rank + 1) % world) if group is not None \
         else (rank + 1) % world
     recv_from = dist.get_global_rank(group, (rank - 1) % world) if group is not None \
         else (rank - 1) % world
 
-    keywords = dict(keywords, input_layout=input_layout, softmax_lse_flag=True)
     k_cur, v_cur = key.contiguous(), value.contiguous()
     out = lse = None
     for step in range(world):
@@ -198,6 +172,53 @@ def merge_partial(out: torch.Tensor | None, lse: torch.Tensor | None,
     return out, top + torch.log(total)
 
 
+def _checked(query, key, value, world, input_layout, sparse_mode, pre_tokens, next_tokens,
+             atten_mask, seq_lens, keywords):
+    """This rank's own checks of a ring_attention call, and a plan of its first step (which
+    validates the keywords as fused_attention does): (global band, sequence dim, shard
+    length, seq_lens as ints, the fields the ranks must agree on, each step's keywords).
+    Raises what fused_attention would."""
+    check_tensors(query, key, value)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        raise NotImplementedError("ring_attention is forward only (no backward): run it under "
+                                  "torch.no_grad() or torch.inference_mode()")
+    if not isinstance(input_layout, str) or input_layout not in _SEQ_DIM:
+        raise NotImplementedError(f"ring_attention takes input_layout BSH, BSND or BNSD, "
+                                  f"got {input_layout!r}")
+    refused = sorted(n for n in _REFUSED if n in keywords)
+    if refused:
+        raise NotImplementedError(f"ring_attention does not take {refused}: the LSE is always "
+                                  f"returned and every shard is dense")
+    band = _global_band(sparse_mode, pre_tokens, next_tokens, atten_mask, query.device)
+    seq_dim = _SEQ_DIM[input_layout]
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.dim() != len(input_layout):
+            raise ValueError(f"{name} must have {len(input_layout)} dims ({input_layout}), got "
+                             f"shape {tuple(t.shape)}")
+    local = query.shape[seq_dim]
+    if key.shape[seq_dim] != local or value.shape[seq_dim] != local:
+        raise ValueError(f"query, key and value shards must have the same length; got "
+                         f"{query.shape[seq_dim]}, {key.shape[seq_dim]}, {value.shape[seq_dim]}")
+    heads = int_arg(keywords.get("num_heads", 1), "num_heads", minimum=1)
+    kv_heads = int_arg(keywords.get("num_key_value_heads", 0), "num_key_value_heads",
+                       minimum=0) or heads
+    if seq_lens is not None:
+        seq_lens = [int_arg(n, f"seq_lens[{i}]", minimum=0) for i, n in enumerate(seq_lens)]
+        if len(seq_lens) != world:
+            raise ValueError(f"seq_lens must list the {world} ranks' shard lengths, got "
+                             f"{seq_lens}")
+    keywords = dict(keywords, input_layout=input_layout, softmax_lse_flag=True)
+    diagonal = _step_band(band, 0, local, local, query.device)
+    if diagonal is not None:
+        step_keywords, keys = diagonal
+        plan(query, *(x.narrow(seq_dim, keys.start, keys.stop - keys.start) for x in (key, value)),
+             **keywords, **step_keywords)
+    fields = [_DTYPES.index(query.dtype), list(_SEQ_DIM).index(input_layout), heads, kv_heads,
+              *_shape(query, seq_dim), *_shape(key, seq_dim), *_shape(value, seq_dim),
+              int(sparse_mode), *(band or (_INT_MAX, _INT_MAX))]
+    return band, seq_dim, local, seq_lens, fields, keywords
+
+
 def _global_band(sparse_mode, pre_tokens, next_tokens, atten_mask, device):
     """(pre, next) of the global band, top-left coordinates; None for no band. The integers
     are checked as fused_attention checks them."""
@@ -225,18 +246,37 @@ def _global_band(sparse_mode, pre_tokens, next_tokens, atten_mask, device):
     return pre, nxt
 
 
-def _agree(group, world, device, seq_lens, local, fields):
-    """The ranks' shard lengths, once every rank's ``fields`` (name: ints, as many on every
-    rank), ``seq_lens`` and shard length are known to agree; else ValueError on every rank.
-    One all_gather of a small int64 tensor."""
-    given = [-1] * world if seq_lens is None else seq_lens
-    mine = torch.tensor([x for values in fields.values() for x in values] + given + [local],
+#: the fields the ranks must agree on, and how many ints each takes
+_FIELDS = {"dtype": 1, "input_layout": 1, "num_heads": 1, "num_key_value_heads": 1,
+           "query's shape (the sequence length aside)": 3,
+           "key's shape (the sequence length aside)": 3,
+           "value's shape (the sequence length aside)": 3,
+           "sparse_mode, pre_tokens, next_tokens (the global band)": 3}
+
+
+def _agree(group, world, device, seq_lens, local, fields, refusal):
+    """The ranks' shard lengths, once no rank refused its arguments and every rank's
+    ``fields`` (the ints of ``_FIELDS``), ``seq_lens`` and shard length are known to agree;
+    else an error on every rank: ``refusal`` (this rank's own error, or None) where this
+    rank refused, else ValueError. One all_gather of a small int64 tensor."""
+    given = [-1] * world if seq_lens is None or refusal is not None else seq_lens
+    if refusal is not None:
+        fields = [0] * sum(_FIELDS.values())
+    mine = torch.tensor([int(refusal is not None)] + fields + given + [local],
                         dtype=torch.int64, device=device)
     every = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(every, mine, group=group)
     every = [t.tolist() for t in every]
-    start = 0
-    for name, values in [*fields.items(), ("seq_lens", given)]:
+    if refusal is not None:
+        raise refusal
+    refused = [r for r, theirs in enumerate(every) if theirs[0]]
+    if refused:
+        raise ValueError(f"ring_attention: rank{'s' * (len(refused) > 1)} "
+                         f"{', '.join(map(str, refused))} of group refused "
+                         f"{'its' if len(refused) == 1 else 'their'} arguments (the error is "
+                         f"raised there); no K/V was sent")
+    start = 1
+    for name, values in [*((n, [0] * w) for n, w in _FIELDS.items()), ("seq_lens", given)]:
         stop = start + len(values)
         for r, theirs in enumerate(every):
             if theirs[start:stop] != every[0][start:stop]:

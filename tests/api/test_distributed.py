@@ -224,6 +224,9 @@ def _refusals(rank: int, world: int) -> dict:
                                             seq_lens=[10, 4] if other else [12, 4]),
             "seq_lens against the shards": lambda: ring(shard(), seq_lens=[8, 7]),
             "not a member": lambda: ring(shard(), group=rank0_only) if other else "skipped",
+            "algorithm on rank 1": lambda: ring(shard(), algorithm="bogus" if other else "pasa"),
+            "dims on rank 1": lambda: ring(shard().flatten(2) if other else shard()),
+            "scale on both": lambda: ring(shard(), scale=-1.0),
         }
     else:
         from yunchang.globals import PROCESS_GROUP
@@ -400,6 +403,29 @@ def test_ring_refuses_ranks_that_disagree(ring2, name):
         assert part in messages[0], messages[0]
 
 
+#: a rank that refuses its own arguments: its own error there (the start of it), and the
+#: other rank's, which names it; "both": every rank refuses with its own error
+_OWN_REFUSALS = {
+    "algorithm on rank 1": "ValueError: algorithm must be one of (",
+    "dims on rank 1": "ValueError: query must have 4 dims (BSND), got shape (1, 8, 128)",
+    "scale on both": "ValueError: scale must be finite and positive, got -1.0",
+}
+
+
+@pytest.mark.parametrize("name", list(_OWN_REFUSALS))
+def test_ring_refusal_of_one_rank_reaches_every_rank(ring2, name):
+    """A rank whose own checks (fused_attention's for its first step included) refuse its
+    call raises its own error, and the others raise one naming it, all before any K/V is
+    sent (the cases the world runs next pass, so no send was left pending)."""
+    rank0, rank1 = (ring2[rank]["refusals"][name] for rank in range(2))
+    assert rank1.startswith(_OWN_REFUSALS[name]), rank1
+    if name.endswith("both"):
+        assert rank0 == rank1
+    else:
+        assert rank0 == ("ValueError: ring_attention: rank 1 of group refused its arguments "
+                         "(the error is raised there); no K/V was sent")
+
+
 def test_ring_refuses_a_rank_outside_group(ring2):
     assert ring2[1]["refusals"]["not a member"] == (
         "ValueError: this process is not a member of group: ring_attention runs on the ranks "
@@ -451,8 +477,14 @@ def _too_early(*args, **kwargs):
     (dict(value="grad"), NotImplementedError,
      "ring_attention is forward only (no backward): run it under torch.no_grad() or "
      "torch.inference_mode()"),
+    (dict(algorithm="bogus"), ValueError, "algorithm must be one of ('fa-fp32', 'fa-fp16s', "
+     "'fa-fp16', 'pasa', 'pasa-mixed', 'pasa-exact') or None, got 'bogus'"),
+    (dict(sparse_mode=3, scale=0.0), ValueError, "scale must be finite and positive, got 0.0"),
 ])
 def test_ring_checks_inputs_before_communicating(world1, monkeypatch, change, error, message):
+    """Refused before any K/V moves or any step runs: only the all_gather that shares the
+    refusal with the group is reached (a query that is not a tensor gives it no device:
+    not even that)."""
     import pasa_npu.distributed
     q, k, v = _small()
     tensors = dict(query=q, key=k, value=v)
@@ -461,12 +493,16 @@ def test_ring_checks_inputs_before_communicating(world1, monkeypatch, change, er
         if name in tensors and how in ("fp32", "int", "grad"):
             change[name] = {"fp32": tensors[name].float(), "int": tensors[name].int(),
                             "grad": tensors[name].clone().requires_grad_()}[how]
-    for name in ("all_gather", "batch_isend_irecv"):
-        monkeypatch.setattr(torch.distributed, name, _too_early)
+    gathered = []
+    all_gather = torch.distributed.all_gather
+    monkeypatch.setattr(torch.distributed, "all_gather",
+                        lambda *a, **kw: gathered.append(a) or all_gather(*a, **kw))
+    monkeypatch.setattr(torch.distributed, "batch_isend_irecv", _too_early)
     monkeypatch.setattr(pasa_npu.distributed, "fused_attention", _too_early)
     with pytest.raises(error) as refused:
-        pasa_npu.distributed.ring_attention(**dict(tensors, **_SMALL, **change))
+        pasa_npu.distributed.ring_attention(**dict(tensors, **dict(_SMALL, **change)))
     assert str(refused.value) == message
+    assert len(gathered) == (not isinstance(change.get("query", q), (list, type(None))))
 
 
 @pytest.mark.parametrize("change", [
