@@ -120,12 +120,14 @@ def fused_attention_v2(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
 
     * ``learnable_sink``: (Nq,) float logits, one per query head, each joining the softmax
       denominator of every row of its head as an extra column with a zero value (gpt-oss's
-      attention sinks); the LSE includes it. torch_npu takes it with TND and NTD_TND only
-      and a value head dim up to 128. Computed by the ``torch`` backend (every allocation),
+      attention sinks); the LSE includes it. A -inf logit is no sink; a +inf or NaN one
+      makes its head's rows NaN, as a softmax over it does. torch_npu takes it with TND and
+      NTD_TND only and a value head dim up to 128. Computed by the ``torch`` backend (every allocation),
       the AscendC kernels (``ascendc-emu``, ``ascendc-sim``, ``npu``: their allocations) and
       the golden; a backend without sinks refuses it (NotImplementedError).
     * ``out_dtype``: float16 or bfloat16 outputs from either input dtype (a torch dtype or
-      its ScalarType code, 5 or 15); quantised outputs are not implemented.
+      its ScalarType code, 5 or 15); quantised outputs are not implemented. A bfloat16
+      input's output beyond float16's range (65504) is ±inf in float16, as a cast gives.
 
     v2's quantisation keywords, its reserved dtype keywords and sparse_mode 9 (MLA tree
     mask) are accepted at their defaults only (NotImplementedError otherwise), as v1's

@@ -321,6 +321,37 @@ def test_pasa_shift_never_moves_the_sink(case, algorithm, backend):
     assert torch.equal(low, base) and torch.equal(low_lse, base_lse)
 
 
+@pytest.mark.parametrize("backend", ["golden", *SINK_BACKENDS])
+@pytest.mark.parametrize("algorithm", ["fa-fp32", "pasa", "pasa-exact"])
+def test_non_finite_sinks(algorithm, backend):
+    """Per head: a -inf logit is no sink (bit for bit the call without one); +inf and NaN
+    make that head's rows NaN, output and LSE, as a softmax over them does; the other heads
+    are the call's with their own sinks (as the documented ``learnable_sink`` says)."""
+    q, k, v = _packed(5, [6, 20], [9, 40], 4, 2)
+    _, kw = _v1_v2(4, 2, 32, input_layout="TND", actual_seq_qlen=[6, 20],
+                   actual_seq_kvlen=[9, 40])
+    sinks = torch.tensor([float("-inf"), float("inf"), float("nan"), 0.5])
+    if backend == "golden":
+        def call(*args, **keywords):
+            return pasa_npu.reference_attention_v2(*args, **keywords)
+    else:
+        kw.update(algorithm=algorithm, backend=backend)
+        q, k, v, sinks = on_device(backend, q, k, v, sinks)
+
+        def call(*args, **keywords):
+            with warnings.catch_warnings():  # the NaN rows are reported as such
+                warnings.simplefilter("ignore", pasa_npu.OverflowRepairWarning)
+                with skip_unsupported(backend):
+                    return pasa_npu.fused_attention_v2(*args, **keywords)
+    out, lse = call(q, k, v, learnable_sink=sinks, **kw)
+    base, base_lse = call(q, k, v, **kw)
+    finite, finite_lse = call(q, k, v, learnable_sink=torch.where(sinks.isfinite(), sinks, -9.0),
+                              **kw)
+    assert torch.equal(out[:, 0], base[:, 0]) and torch.equal(lse[:, 0], base_lse[:, 0])
+    assert out[:, 1:3].isnan().all() and lse[:, 1:3].isnan().all()
+    assert torch.equal(out[:, 3], finite[:, 3]) and torch.equal(lse[:, 3], finite_lse[:, 3])
+
+
 @pytest.mark.skipif("ascendc-emu" not in BACKENDS, reason="the ascendc-emu backend is not here")
 @pytest.mark.parametrize("algorithm", ("pasa", "pasa-exact"))
 def test_ascendc_overflow_repair_keeps_the_sink(algorithm):
