@@ -1,6 +1,7 @@
 """``pasa-compare capture`` on a tiny Llama built from a config (no download)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -122,3 +123,77 @@ def test_a_model_folder_without_tokenizer_files_asks_for_token_ids(tmp_path, cap
     assert rc == 2 and len(err) == 1, err
     assert f"{path}: no tokenizer found in the folder" in err[0] and "--token-ids" in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def _tiny_gpt_oss():
+    """gpt-oss with GQA 4:2, a window of 6 keys in its first layer and attention sinks drawn
+    large enough to take a visible share of each row."""
+    torch.manual_seed(0)
+    config = transformers.GptOssConfig(
+        vocab_size=len(WORDS) + 1, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+        num_experts_per_tok=2, sliding_window=6, max_position_embeddings=4096 * 32)
+    model = transformers.GptOssForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0.0, 2.0)
+    return model
+
+
+def _attention_with_sinks(q, k, v, scale, visible, sink):
+    """fp64 attention whose softmax has one more column per head, the sink, with a zero
+    value (gpt-oss's definition), written out independently of the tool."""
+    q, k, v = q.double(), k.double(), v.double()
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = torch.einsum("bnid,bnjd->bnij", q, k) * scale
+    s = s.masked_fill(~visible[:, None], float("-inf"))
+    column = sink.double()[None, :, None, None].expand(s.shape[0], -1, s.shape[2], 1)
+    p = torch.softmax(torch.cat([s, column], dim=-1), dim=-1)[..., :-1]
+    return p @ v
+
+
+def test_gpt_oss_sinks_are_captured_and_compared_with_them(tmp_path):
+    """The sinks (``s_aux``) are recorded with Q/K/V and reproduce the model's attention;
+    the tool's golden and every candidate (allocations, SDPA) compute with them: an fp16
+    output's error, where leaving the sinks out errs by their share of each row."""
+    from pasa_npu.tools.compare.candidates import build
+    from pasa_npu.tools.compare.evaluate import compare
+
+    model = _tiny_gpt_oss()
+    ids = torch.randint(1, len(WORDS) + 1, (1, 29), generator=torch.Generator().manual_seed(2))
+    captures = record_attention(model, ids, [0, 1])
+    for c in captures:
+        assert torch.equal(c.sink, model.model.layers[c.layer].self_attn.sinks.detach())
+        want = _attention_with_sinks(c.query, c.key, c.value, c.scale, ~c.masked, c.sink)
+        err = float((c.output.double() - want).norm() / want.norm())
+        assert err < 1e-5, err  # the model computes in fp32
+    assert not captures[0].masked[0].equal(captures[1].masked[0])  # the window and causal
+    items = items_from_captures(captures)
+    candidates, skipped = build(["fa-fp32", "pasa", "pasa-exact"], ["torch"], ["sdpa"])
+    assert not skipped
+    result = compare(items, candidates, skipped)
+    for item, c in zip(result.items, captures):
+        assert item["sinks"] is True
+    for record in result.records:
+        assert record.status == "ok", record.reason
+        # fp16 inputs and output: a few units of fp16's 2^-11 (the sink's share left out
+        # would err by tens of percent)
+        assert record.metrics["rel_rmse"] < 4e-3, (record.item, record.candidate, record.metrics)
+    no_sinks = [items_from_captures([dataclasses.replace(c, sink=None)])[0] for c in captures]
+    plain = compare(no_sinks, candidates[:1], {})
+    for item, c, record in zip(items, captures, plain.records):
+        out = candidates[0].run(item).out.double()
+        without = candidates[0].run(no_sinks[captures.index(c)]).out.double()
+        assert float((out - without).norm() / without.norm()) > 0.1
+        assert record.status == "ok"
+    path = tmp_path / "gpt-oss"
+    model.save_pretrained(path)
+    rc = main(["capture", str(path), "--token-ids", *map(str, ids[0].tolist()), "--layers", "0",
+               "--allocations", "fa-fp32", "pasa", "--backends", "torch", "--no-plots",
+               "--quiet", "--out", str(tmp_path / "out")])
+    assert rc == 0
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert doc["items"][0]["sinks"] is True
+    assert {r["candidate"] for r in doc["records"]} == {"fa-fp32", "pasa", "sdpa"}
+    assert all(r["status"] == "ok" and r["metrics"]["rel_rmse"] < 4e-3 for r in doc["records"])

@@ -100,3 +100,28 @@ def test_file_end_to_end_with_mask(tmp_path):
     doc = json.loads((out / "results.json").read_text())
     assert doc["items"][0]["masked"] is True and doc["baseline"] == "sdpa"
     assert (out / "rmse_by_head.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_file_with_sinks(tmp_path, capsys):
+    """A ``learnable_sink`` beside Q/K/V (one logit per query head) reaches the golden and
+    every candidate: SDPA, which takes it as one more key, agrees with the golden to fp16's
+    precision; a sink of another shape is refused by name."""
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(B, NQ, S, D, generator=gen).half()
+    k, v = (torch.randn(B, NKV, S, D, generator=gen).half() for _ in range(2))
+    sink = torch.tensor([3.0, -1.0, 0.5, 2.0])  # one per query head
+    torch.save({"q": q, "k": k, "v": v, "learnable_sink": sink}, tmp_path / "in.pt")
+    out = tmp_path / "out"
+    rc = main(["file", str(tmp_path / "in.pt"), "--allocations", "fa-fp32", "pasa",
+               "--backends", "torch", "--no-plots", "--quiet", "--out", str(out)])
+    assert rc == 0
+    rows = {r["candidate"]: r for r in csv.DictReader(open(out / "results.csv"))}
+    assert set(rows) == {"fa-fp32", "pasa", "sdpa"}
+    for row in rows.values():  # a few units of fp16's 2^-11 (the sinks' share: more)
+        assert float(row["rel_rmse"]) < 4e-3, row
+    assert json.loads((out / "results.json").read_text())["items"][0]["sinks"] is True
+    torch.save({"q": q, "k": k, "v": v, "learnable_sink": sink[:1]}, tmp_path / "bad.pt")
+    capsys.readouterr()
+    rc = main(["file", str(tmp_path / "bad.pt"), "--quiet", "--out", str(tmp_path / "o2")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"the sinks must be floating point of shape ({NQ},)" in err, err

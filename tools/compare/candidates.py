@@ -1,13 +1,15 @@
 """What gets compared: precision allocations x backends, and third-party baselines.
 
 An allocation candidate runs ``pasa_npu.fused_attention(algorithm=..., backend=...)``
-on the item; for a PASA allocation it also reports the query rows that the overflow check
+on the item (an item's attention sinks applied from the call's LSE, as
+``pasa_npu.integrations`` applies gpt-oss's: :meth:`Item.with_sink`); for a PASA allocation it also reports the query rows that the overflow check
 recomputed by fa-fp32 (:func:`pasa_npu.overflow_report`; the tool shows them in its
 tables, so the call's :class:`pasa_npu.OverflowRepairWarning` is not raised).
 Third-party candidates run where installed:
 
 * ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` in the item's
-  dtype on the chosen device (whatever kernel torch picks there);
+  dtype on the chosen device (whatever kernel torch picks there); sinks as one more key
+  with a zero value whose score is the sink (an additive mask, in the item's dtype);
 * ``npu-ip0`` / ``npu-ip1``: ``torch_npu.npu_fused_infer_attention_score`` with
   ``inner_precise`` 0 (high precision) / 1 (high performance), on an NPU.
 
@@ -72,18 +74,30 @@ class Candidate:
         shifted = pasa_npu.ALLOCATIONS[self.allocation].shift == "pseudo_average"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", pasa_npu.OverflowRepairWarning)
-            out, _ = pasa_npu.fused_attention(q, k, v, algorithm=self.allocation,
-                                              backend=self.backend,
-                                              beta=self.beta if shifted else None,
-                                              rounding_guard=self.rounding_guard, **kw)
+            out, lse = pasa_npu.fused_attention(q, k, v, algorithm=self.allocation,
+                                                backend=self.backend,
+                                                beta=self.beta if shifted else None,
+                                                rounding_guard=self.rounding_guard,
+                                                softmax_lse_flag=item.sink is not None, **kw)
             report = pasa_npu.overflow_report()
             repaired = report.rows if report.checked else None
+        if item.sink is not None:
+            out = item.with_sink(out.cpu(), lse.cpu()).to(item.dtype)
         return CandidateOutput(out.cpu(), repaired)
 
 
 def _sdpa(item: Item, device: str) -> torch.Tensor:
     q, k, v = (t.to(device) for t in (item.query, item.key, item.value))
     mask = None if item.mask is None else (~item.mask).unsqueeze(1).to(device)  # True = attend
+    if item.sink is not None:  # a key of zeros (score 0) with a zero value, biased by the sink
+        b, n, s1, _ = q.shape
+        k, v = (torch.cat([t, t.new_zeros(t.shape[:2] + (1, t.shape[3]))], dim=2) for t in (k, v))
+        bias = torch.zeros(b if mask is None else mask.shape[0], n, s1, k.shape[2],
+                           dtype=q.dtype, device=device)
+        if mask is not None:
+            bias[..., :-1].masked_fill_(~mask, float("-inf"))
+        bias[..., -1] = item.sink.to(device=device, dtype=q.dtype)[:, None]
+        mask = bias
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=item.scale,
                                          enable_gqa=q.shape[1] != k.shape[1])
     return out.cpu()
@@ -96,7 +110,11 @@ def _npu(item: Item, inner_precise: int) -> torch.Tensor:  # pragma: no cover - 
     kw = item.npu_kwargs()
     if "atten_mask" in kw:
         kw["atten_mask"] = kw["atten_mask"].to("npu")
-    out, _ = torch_npu.npu_fused_infer_attention_score(q, k, v, inner_precise=inner_precise, **kw)
+    out, lse = torch_npu.npu_fused_infer_attention_score(q, k, v, inner_precise=inner_precise,
+                                                         softmax_lse_flag=item.sink is not None,
+                                                         **kw)
+    if item.sink is not None:
+        return item.with_sink(out.cpu(), lse.cpu()).to(item.dtype)
     return out.cpu()
 
 

@@ -4,7 +4,8 @@ A recording attention function is registered with transformers' ``AttentionInter
 as ``pasa_npu.integrations.transformers`` registers PASA (with a mask function in
 ``AttentionMaskInterface``), and the model is switched to it for one forward pass.
 It sees exactly what the model's attention kernel sees (after RoPE, with the
-key/value heads before any GQA repetition, the softmax scale, the mask),
+key/value heads before any GQA repetition, the softmax scale, the mask, gpt-oss's
+attention sinks),
 records it for the chosen layers, and delegates to the model's own
 implementation (sdpa, eager, ...) so that the forward pass is unchanged.
 nn.Module forward hooks cannot do this: they see the attention block's hidden
@@ -30,7 +31,7 @@ RECORDER_NAME = "pasa_compare_capture"
 class Captured:
     """What reached attention in one layer: BNSD tensors in the model's dtype,
     ``masked`` bool (B|1, S1, S2) (True = masked) or None, the model's own
-    attention output (B, N, S1, D)."""
+    attention output (B, N, S1, D), ``sink`` the sinks (N,) float32 (``s_aux``) or None."""
 
     layer: int
     query: torch.Tensor
@@ -39,6 +40,7 @@ class Captured:
     scale: float
     masked: Optional[torch.Tensor]
     output: torch.Tensor
+    sink: Optional[torch.Tensor] = None
 
 
 def _transformers():
@@ -113,7 +115,7 @@ def record_attention(model, input_ids: torch.Tensor, layers: Sequence[int]) -> l
                                   dropout=dropout, **kw)
         idx = getattr(module, "layer_idx", None)
         if idx in wanted and idx not in captured:
-            for unsupported in ("softcap", "s_aux", "sinks"):
+            for unsupported in ("softcap", "sinks"):  # s_aux (one sink per head) is taken
                 if kw.get(unsupported) is not None:
                     raise CompareError(f"layer {idx} passes {unsupported} to attention, which "
                                        f"pasa-compare's cases do not carry")
@@ -123,10 +125,11 @@ def record_attention(model, input_ids: torch.Tensor, layers: Sequence[int]) -> l
             s2 = key.shape[2]
             scale = float(scaling) if scaling is not None else d ** -0.5
             out = result[0].detach().cpu()
+            sink = kw.get("s_aux")
             captured[idx] = Captured(
                 idx, query.detach().cpu(), key.detach().cpu(), value.detach().cpu(), scale,
                 _to_masked(attention_mask, module, s1, s2, b, query.shape[1], integration),
-                out.transpose(1, 2))
+                out.transpose(1, 2), None if sink is None else sink.detach().float().cpu())
         return result
 
     # registered as pasa_npu's attention is: with the mask function of the implementation
@@ -155,7 +158,8 @@ def items_from_captures(captures: list[Captured], dtype: Optional[torch.dtype] =
                        else torch.float16)
         q, k, v = (t.to(dt).contiguous() for t in (c.query, c.key, c.value))
         items.append(Item(f"{name} {c.layer}", q, k, v, c.scale, c.masked,
-                          meta={"layer": c.layer, "captured_dtype": str(c.query.dtype)}))
+                          meta={"layer": c.layer, "captured_dtype": str(c.query.dtype)},
+                          sink=c.sink))
     return items
 
 

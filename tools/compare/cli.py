@@ -153,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("file", help="Q/K/V from files",
                        description="Q/K/V from one container file (.pt dict or (q, k, v) tuple, "
                        ".npz, .safetensors; tensors named q/k/v or query/key/value, optional "
-                       "bool atten_mask, True = masked) or three files (.pt, .npy, ...).")
+                       "bool atten_mask, True = masked, optional learnable_sink, one logit "
+                       "per query head) or three files (.pt, .npy, ...).")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--layout", default="BNSD", help=f"layout of the tensors: "
                    f"{', '.join(FILE_LAYOUTS)} (TND/NTD: one sequence; default BNSD)")
@@ -357,12 +358,13 @@ def _file(args) -> int:
                          else f"scale 1/sqrt(D) = {item.scale:.4g}")
     args.prepared = _candidates(args)
     dt = str(item.dtype).replace("torch.", "")
-    mask = item.mask_description()
+    mask, sinks = item.mask_description(), item.sink_description()
     title = (f"{item.name}: query {tuple(item.query.shape)} (BNSD), key/value "
-             f"{tuple(item.key.shape)}, {dt}, scale {item.scale:.4g}, mask: {mask}")
+             f"{tuple(item.key.shape)}, {dt}, scale {item.scale:.4g}, mask: {mask}, "
+             f"sinks: {sinks}")
     return _run_comparison(args, [item], title, {"inputs": ", ".join(args.paths),
                                                  "layout": args.layout, "dtype": dt,
-                                                 "mask": mask})
+                                                 "mask": mask, "sinks": sinks})
 
 
 def _capture(args) -> int:
@@ -386,8 +388,9 @@ def _capture(args) -> int:
     args.scale_origin = f"the model's scale {items[0].scale:.4g}"
     args.prepared = _candidates(args)
     dt = str(items[0].dtype).replace("torch.", "")
+    sinks = " (with gpt-oss's attention sinks)" if items[0].sink is not None else ""
     title = (f"{args.model}: layers {args.layers}, {ids.shape[1]} tokens, captured "
-             f"{captures[0].query.dtype} -> {dt}")
+             f"{captures[0].query.dtype} -> {dt}{sinks}")
     return _run_comparison(args, items, title, {"model": args.model, "tokens": ids.shape[1],
                                                 "layers": args.layers, "dtype": dt})
 

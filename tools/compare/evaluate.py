@@ -86,13 +86,16 @@ def compare(items: list[Item], candidates: list[Candidate], skipped: dict[str, s
     records: list[Record] = []
     item_rows: list[dict] = []
     for i, item in enumerate(items):
-        gold, _ = pasa_npu.reference_attention(item.query, item.key, item.value,
-                                               **item.npu_kwargs())
+        gold, gold_lse = pasa_npu.reference_attention(item.query, item.key, item.value,
+                                                      softmax_lse_flag=item.sink is not None,
+                                                      **item.npu_kwargs())
+        if item.sink is not None:
+            gold = item.with_sink(gold, gold_lse)
         rounded = metrics.relative_errors(gold.to(item.dtype), gold)
         item_rows.append({
             "name": item.name, "shape": list(item.shape), "kv_heads": item.key.shape[1],
             "kv_len": item.key.shape[2], "dtype": str(item.dtype).replace("torch.", ""),
-            "scale": item.scale, "masked": item.mask is not None,
+            "scale": item.scale, "masked": item.mask is not None, "sinks": item.sink is not None,
             "scores": metrics.score_range(item.query, item.key, item.scale), "meta": item.meta,
             "golden_rounded": {"mere": float(rounded.mean()), "mare": float(rounded.max())},
         })

@@ -2,8 +2,9 @@
 
 Everything becomes an :class:`Item`: one attention problem in BNSD order
 (query (B, Nq, S1, D), key/value (B, Nkv, S2, D)), fp16 or bf16, on CPU, with
-its softmax scale and an optional boolean mask (True = masked, torch_npu's
-convention). Every candidate and the fp64 golden run on the same item.
+its softmax scale, an optional boolean mask (True = masked, torch_npu's
+convention) and optional attention sinks (one logit per query head). Every candidate and
+the fp64 golden run on the same item.
 Hugging Face capture lives in :mod:`.capture`.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 FILE_LAYOUTS = ("BNSD", "BSND", "BSH", "TND", "NTD")
 #: Names accepted for each tensor in a container file.
 TENSOR_NAMES = {"query": ("q", "query"), "key": ("k", "key"), "value": ("v", "value"),
-                "mask": ("atten_mask", "mask")}
+                "mask": ("atten_mask", "mask"), "sink": ("learnable_sink", "sink", "s_aux")}
 RESONANCE_CASES = (Case("resonance", 0, 3e4, "resonance"), Case("resonance", 0, 1e5, "resonance"))
 #: Scores whose spread exceeds fp16 on a quarter of the query rows: PASA's overflow check
 #: recomputes those rows by fa-fp32 (pasa_npu.overflow_report()).
@@ -49,13 +50,22 @@ class Item:
     scale: float
     mask: Optional[torch.Tensor] = None   # bool (B|1, S1, S2), True = masked
     meta: dict = field(default_factory=dict)
+    sink: Optional[torch.Tensor] = None   # float32 (Nq,): gpt-oss's attention sinks
 
     def __post_init__(self):
-        for role in ("query", "key", "value", "mask"):
+        for role in ("query", "key", "value", "mask", "sink"):
             value = getattr(self, role)
-            if not (isinstance(value, torch.Tensor) or (role == "mask" and value is None)):
+            if not (isinstance(value, torch.Tensor) or (role in ("mask", "sink")
+                                                          and value is None)):
                 raise CompareError(f"item {self.name!r}: {role} must be a torch.Tensor, got "
                                    f"{describe(value)}")
+        if self.sink is not None:
+            heads = self.query.shape[1]
+            if tuple(self.sink.shape) != (heads,) or not self.sink.dtype.is_floating_point:
+                raise CompareError(f"item {self.name!r}: the sinks must be floating point of "
+                                   f"shape ({heads},), one per query head; got "
+                                   f"{self.sink.dtype} of shape {tuple(self.sink.shape)}")
+            self.sink = self.sink.float()
 
     @property
     def dtype(self) -> torch.dtype:
@@ -73,6 +83,22 @@ class Item:
         share = float(self.mask.float().mean()) * 100
         return (f"atten_mask {tuple(self.mask.shape)} (True = masked), {share:.3g}% of the "
                 f"(query, key) pairs masked")
+
+    def sink_description(self) -> str:
+        """The sinks as the reports state them, or "none"."""
+        if self.sink is None:
+            return "none"
+        return (f"{self.sink.numel()} logits in [{float(self.sink.min()):.3g}, "
+                f"{float(self.sink.max()):.3g}]")
+
+    def with_sink(self, out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+        """``out`` (B, Nq, S1, D) of attention without the sinks, with its LSE (B, Nq, S1,
+        1), as attention with them: each sink joins its head's softmax denominator as a key
+        with a zero value, so out · Σ / (Σ + e^sink) = out · σ(LSE − sink), computed in the
+        LSE's dtype (as pasa_npu.integrations applies gpt-oss's sinks). A row with no key
+        stays 0."""
+        kept = torch.sigmoid(lse - self.sink.to(lse.dtype)[:, None, None])
+        return out.to(lse.dtype) * kept
 
     def npu_kwargs(self) -> dict:
         """Keyword arguments of ``npu_fused_infer_attention_score`` (and of
@@ -263,7 +289,8 @@ def file_item(paths: list[str], layout: str = "BNSD", num_heads: Optional[int] =
               num_kv_heads: Optional[int] = None, scale: Optional[float] = None,
               dtype: Optional[torch.dtype] = None) -> Item:
     """An item from one container file (tensors named q/k/v or query/key/value, an
-    optional bool ``atten_mask``) or from three files holding q, k and v; ``paths`` is
+    optional bool ``atten_mask``, optional sinks ``learnable_sink`` of shape (Nq,)) or from
+    three files holding q, k and v; ``paths`` is
     a list of one or three paths (a single path may be given as is).
 
     ``layout`` is the files' layout (one of :data:`FILE_LAYOUTS`; TND/NTD hold
@@ -276,7 +303,7 @@ def file_item(paths: list[str], layout: str = "BNSD", num_heads: Optional[int] =
         paths = [paths]
     if not isinstance(paths, (list, tuple)):
         raise CompareError(f"paths must be a list of file paths, got {describe(paths)}")
-    mask = None
+    mask = sink = None
     if len(paths) == 1:
         tensors = _read(paths[0])
         if isinstance(tensors, torch.Tensor):
@@ -284,6 +311,7 @@ def file_item(paths: list[str], layout: str = "BNSD", num_heads: Optional[int] =
                                f"files, or one file with tensors named q, k, v")
         q, k, v = (_pick(tensors, role, paths[0]) for role in ("query", "key", "value"))
         mask = _pick(tensors, "mask", paths[0], required=False)
+        sink = _pick(tensors, "sink", paths[0], required=False)
     elif len(paths) == 3:
         loaded = [_read(p) for p in paths]
         for p, t in zip(paths, loaded):
@@ -320,4 +348,4 @@ def file_item(paths: list[str], layout: str = "BNSD", num_heads: Optional[int] =
     name = os.path.basename(paths[0]) if len(paths) == 1 else "+".join(
         os.path.basename(p) for p in paths)
     return Item(name, q, k, v, scale, mask,
-                meta={"source": [os.fspath(p) for p in paths], "layout": layout})
+                meta={"source": [os.fspath(p) for p in paths], "layout": layout}, sink=sink)
