@@ -114,11 +114,17 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, layou
         inner_precise=2 if q_len > 1 else 0, softmax_lse_flag=sink is not None,
         algorithm=algorithm, backend=backend)
     if sink is not None:  # lse: (B, N, S1, 1); out: (B, S1, N, Dv)
-        kept = torch.sigmoid(lse - sink.float()[:, None, None]).transpose(1, 2)
-        out = (out.float() * kept).to(out.dtype)
+        out = (out.float() * kept_by_sink(lse, sink).transpose(1, 2)).to(out.dtype)
     if q_len == 1 and masked is not None:  # decode takes no row-invalid bit: zero them here
         out = out.masked_fill(masked.all(-1)[:, :, None, None], 0)
     return out
+
+
+def kept_by_sink(lse: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
+    """The share of each row's softmax mass its keys keep when the sink joins the
+    denominator as a key with a zero value: with Σ = e^LSE over the keys, Σ / (Σ + e^sink)
+    = σ(LSE − sink). ``lse`` (B, N, S1, 1), ``sink`` (N,); computed in the LSE's dtype."""
+    return torch.sigmoid(lse - sink.to(lse.dtype)[:, None, None])
 
 
 def _check_inputs(query, key, value, sink=None) -> None:

@@ -19,6 +19,7 @@ from typing import Optional
 
 import torch
 
+from pasa_npu.integrations._attention import kept_by_sink
 from pasa_npu.tools.inputs import PAPER_SHAPE, Case, paper_cases
 
 from .errors import CompareError, describe
@@ -93,12 +94,10 @@ class Item:
 
     def with_sink(self, out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
         """``out`` (B, Nq, S1, D) of attention without the sinks, with its LSE (B, Nq, S1,
-        1), as attention with them: each sink joins its head's softmax denominator as a key
-        with a zero value, so out · Σ / (Σ + e^sink) = out · σ(LSE − sink), computed in the
-        LSE's dtype (as pasa_npu.integrations applies gpt-oss's sinks). A row with no key
-        stays 0."""
-        kept = torch.sigmoid(lse - self.sink.to(lse.dtype)[:, None, None])
-        return out.to(lse.dtype) * kept
+        1), as attention with them, in the LSE's dtype: out times the mass its keys keep
+        (``kept_by_sink``, as pasa_npu.integrations applies gpt-oss's sinks). A row with no
+        key stays 0."""
+        return out.to(lse.dtype) * kept_by_sink(lse, self.sink)
 
     def npu_kwargs(self) -> dict:
         """Keyword arguments of ``npu_fused_infer_attention_score`` (and of
