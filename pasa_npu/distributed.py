@@ -96,7 +96,7 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     except (TypeError, ValueError, NotImplementedError) as exc:
         if not isinstance(query, torch.Tensor):
             raise  # no device for the all_gather: this rank alone raises
-        refusal, seq_dim, local, fields = exc, 0, 0, None
+        refusal, local, fields = exc, 0, None
     lens = _agree(group, world, query.device, seq_lens, local, fields, refusal)
     offsets = [sum(lens[:i]) for i in range(world)]
     send_to = dist.get_global_rank(group, (rank + 1) % world) if group is not None \
@@ -276,8 +276,8 @@ def _agree(group, world, device, seq_lens, local, fields, refusal):
                          f"{'its' if len(refused) == 1 else 'their'} arguments (the error is "
                          f"raised there); no K/V was sent")
     start = 1
-    for name, values in [*((n, [0] * w) for n, w in _FIELDS.items()), ("seq_lens", given)]:
-        stop = start + len(values)
+    for name, width in [*_FIELDS.items(), ("seq_lens", world)]:
+        stop = start + width
         for r, theirs in enumerate(every):
             if theirs[start:stop] != every[0][start:stop]:
                 raise ValueError(f"ring_attention: the ranks of group disagree on {name}: rank 0 "

@@ -173,20 +173,17 @@ def test_gpt_oss_sinks_are_captured_and_compared_with_them(tmp_path):
     candidates, skipped = build(["fa-fp32", "pasa", "pasa-exact"], ["torch"], ["sdpa"])
     assert not skipped
     result = compare(items, candidates, skipped)
-    for item, c in zip(result.items, captures):
-        assert item["sinks"] is True
+    assert all(item["sinks"] is True for item in result.items)
     for record in result.records:
         assert record.status == "ok", record.reason
         # fp16 inputs and output: a few units of fp16's 2^-11 (the sink's share left out
         # would err by tens of percent)
         assert record.metrics["rel_rmse"] < 4e-3, (record.item, record.candidate, record.metrics)
-    no_sinks = [items_from_captures([dataclasses.replace(c, sink=None)])[0] for c in captures]
-    plain = compare(no_sinks, candidates[:1], {})
-    for item, c, record in zip(items, captures, plain.records):
-        out = candidates[0].run(item).out.double()
-        without = candidates[0].run(no_sinks[captures.index(c)]).out.double()
-        assert float((out - without).norm() / without.norm()) > 0.1
-        assert record.status == "ok"
+    no_sinks = items_from_captures([dataclasses.replace(c, sink=None) for c in captures])
+    for with_sinks, without in zip(items, no_sinks):
+        out, plain = (candidates[0].run(item).out.double() for item in (with_sinks, without))
+        assert float((out - plain).norm() / plain.norm()) > 0.1
+    assert all(r.status == "ok" for r in compare(no_sinks, candidates[:1], {}).records)
     path = tmp_path / "gpt-oss"
     model.save_pretrained(path)
     rc = main(["capture", str(path), "--token-ids", *map(str, ids[0].tolist()), "--layers", "0",
