@@ -16,9 +16,9 @@ to the KV chunk at hand; the partial outputs are merged with their LSEs in fp32.
 
 **Agreement.** Every rank of ``group`` must call with the same arguments. Each rank first
 checks its own call, the keywords as :func:`fused_attention` checks them (a plan of its
-first step); then one all_gather of a few int64s shares whether each rank refused and
-compares the dtype, layout, heads, batch, head dims, band and ``seq_lens``, before any K/V
-moves. A rank that refused raises its own error and every other rank a ValueError naming
+first step, which then runs that step); then one all_gather of a few int64s shares whether
+each rank refused and compares the dtype, layout, heads, batch, head dims, band and
+``seq_lens``, before any K/V moves. A rank that refused raises its own error and every other rank a ValueError naming
 it; a disagreement raises ValueError on every rank. The other keywords (``scale``,
 ``algorithm`` ...) are not compared. A rank whose ``query`` is not a tensor has no device
 for the all_gather: it raises alone, and the others wait in the all_gather until the
@@ -89,7 +89,7 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         raise ValueError("this process is not a member of group: ring_attention runs on the "
                          "ranks of group only")
     try:
-        band, seq_dim, local, seq_lens, fields, keywords = _checked(
+        band, seq_dim, local, seq_lens, fields, keywords, diagonal = _checked(
             query, key, value, world, input_layout, sparse_mode, pre_tokens, next_tokens,
             atten_mask, seq_lens, keywords)
         refusal = None
@@ -124,8 +124,11 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
             step_keywords, keys = attended
             k_step, v_step = (x.narrow(seq_dim, keys.start, keys.stop - keys.start)
                               for x in (k_cur, v_cur))
-            block_out, block_lse = fused_attention(query, k_step, v_step, **keywords,
-                                                   **step_keywords)
+            if step == 0:  # planned by _checked
+                block_out, block_lse = diagonal.run(query, k_step, v_step)
+            else:
+                block_out, block_lse = fused_attention(query, k_step, v_step, **keywords,
+                                                       **step_keywords)
             out, lse = merge_partial(out, lse, to_canonical(block_out, "attention_out", input_layout,
                                                            block_lse.shape[1]), block_lse)
         for request in requests:
@@ -176,8 +179,9 @@ def _checked(query, key, value, world, input_layout, sparse_mode, pre_tokens, ne
              atten_mask, seq_lens, keywords):
     """This rank's own checks of a ring_attention call, and a plan of its first step (which
     validates the keywords as fused_attention does): (global band, sequence dim, shard
-    length, seq_lens as ints, the fields the ranks must agree on, each step's keywords).
-    Raises what fused_attention would."""
+    length, seq_lens as ints, the fields the ranks must agree on, each step's keywords, the
+    plan of the first step or None where the band misses it). Raises what fused_attention
+    would."""
     check_tensors(query, key, value)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
         raise NotImplementedError("ring_attention is forward only (no backward): run it under "
@@ -211,12 +215,12 @@ def _checked(query, key, value, world, input_layout, sparse_mode, pre_tokens, ne
     diagonal = _step_band(band, 0, local, local, query.device)
     if diagonal is not None:
         step_keywords, keys = diagonal
-        plan(query, *(x.narrow(seq_dim, keys.start, keys.stop - keys.start) for x in (key, value)),
-             **keywords, **step_keywords)
+        diagonal = plan(query, *(x.narrow(seq_dim, keys.start, keys.stop - keys.start)
+                                 for x in (key, value)), **keywords, **step_keywords)
     fields = [_DTYPES.index(query.dtype), list(_SEQ_DIM).index(input_layout), heads, kv_heads,
               *_shape(query, seq_dim), *_shape(key, seq_dim), *_shape(value, seq_dim),
               int(sparse_mode), *(band or (_INT_MAX, _INT_MAX))]
-    return band, seq_dim, local, seq_lens, fields, keywords
+    return band, seq_dim, local, seq_lens, fields, keywords, diagonal
 
 
 def _global_band(sparse_mode, pre_tokens, next_tokens, atten_mask, device):

@@ -531,6 +531,24 @@ def test_ring_runs_inputs_that_require_grad_under_no_grad(world1):
     assert not out.requires_grad
 
 
+def test_ring_validates_each_step_once(world1, monkeypatch):
+    """The plan that checks a one-rank ring's arguments runs its step: the call is bound
+    (validated) once, with the result of one fused_attention call."""
+    import pasa_npu.arguments
+    from pasa_npu.distributed import ring_attention
+    q, k, v = _small()
+    causal = dict(_SMALL, sparse_mode=3, atten_mask=pasa_npu.compressed_causal_mask())
+    expected = pasa_npu.fused_attention(q, k, v, **causal, softmax_lse_flag=True)
+    bound = []
+    bind = pasa_npu.arguments.bind
+    monkeypatch.setattr(pasa_npu.arguments, "bind",
+                        lambda *a, **kw: bound.append(a[0]) or bind(*a, **kw))
+    out, lse = ring_attention(q, k, v, **causal)
+    assert bound == ["plan"]
+    torch.testing.assert_close(out, expected[0], rtol=0, atol=0)
+    torch.testing.assert_close(lse, expected[1], rtol=0, atol=0)
+
+
 def test_merge_partial_checks_shapes():
     from pasa_npu.distributed import merge_partial
     out, lse = torch.zeros(1, 2, 8, 4), torch.zeros(1, 2, 8, 1)
