@@ -20,9 +20,10 @@ first step, which then runs that step); then one all_gather of a few int64s shar
 each rank refused and compares the dtype, layout, heads, batch, head dims, band and
 ``seq_lens``, before any K/V moves. A rank that refused raises its own error and every other rank a ValueError naming
 it; a disagreement raises ValueError on every rank. The other keywords (``scale``,
-``algorithm`` ...) are not compared. A rank whose ``query`` is not a tensor has no device
-for the all_gather: it raises alone, and the others wait in the all_gather until the
-group's timeout.
+``algorithm`` ...) are not compared. The all_gather runs on ``query``'s device (a refusing
+rank's: the first of ``query``, ``key``, ``value`` that is a tensor, else the group
+backend's device, CPU for gloo and the current CUDA device for NCCL; with none of those it
+raises alone, and the others wait in the all_gather until the group's timeout).
 
 **Masks.** ``sparse_mode`` 2 and 3 (causal; the global query and key lengths are equal, so
 top-left and bottom-right coincide) and 4 (a band of ``pre_tokens``/``next_tokens``) are
@@ -94,10 +95,9 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
             atten_mask, seq_lens, keywords)
         refusal = None
     except (TypeError, ValueError, NotImplementedError) as exc:
-        if not isinstance(query, torch.Tensor):
-            raise  # no device for the all_gather: this rank alone raises
         refusal, local, fields = exc, 0, None
-    lens = _agree(group, world, query.device, seq_lens, local, fields, refusal)
+    lens = _agree(group, world, _gather_device(group, query, key, value, refusal), seq_lens,
+                  local, fields, refusal)
     offsets = [sum(lens[:i]) for i in range(world)]
     send_to = dist.get_global_rank(group, (rank + 1) % world) if group is not None \
         else (rank + 1) % world
@@ -221,6 +221,20 @@ def _checked(query, key, value, world, input_layout, sparse_mode, pre_tokens, ne
               *_shape(query, seq_dim), *_shape(key, seq_dim), *_shape(value, seq_dim),
               int(sparse_mode), *(band or (_INT_MAX, _INT_MAX))]
     return band, seq_dim, local, seq_lens, fields, keywords, diagonal
+
+
+def _gather_device(group, query, key, value, refusal) -> torch.device:
+    """The device of the agreement's all_gather (module docstring, "Agreement"); raises
+    ``refusal`` where a refusing rank has none."""
+    for t in (query, key, value):
+        if isinstance(t, torch.Tensor):
+            return t.device
+    backend = str(dist.get_backend(group))
+    if backend == "gloo":
+        return torch.device("cpu")
+    if backend == "nccl" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    raise refusal
 
 
 def _global_band(sparse_mode, pre_tokens, next_tokens, atten_mask, device):

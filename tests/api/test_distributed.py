@@ -226,6 +226,7 @@ def _refusals(rank: int, world: int) -> dict:
             "not a member": lambda: ring(shard(), group=rank0_only) if other else "skipped",
             "algorithm on rank 1": lambda: ring(shard(), algorithm="bogus" if other else "pasa"),
             "dims on rank 1": lambda: ring(shard().flatten(2) if other else shard()),
+            "no tensor on rank 1": lambda: ring(None, [], []) if other else ring(shard()),
             "scale on both": lambda: ring(shard(), scale=-1.0),
         }
     else:
@@ -408,6 +409,7 @@ def test_ring_refuses_ranks_that_disagree(ring2, name):
 _OWN_REFUSALS = {
     "algorithm on rank 1": "ValueError: algorithm must be one of (",
     "dims on rank 1": "ValueError: query must have 4 dims (BSND), got shape (1, 8, 128)",
+    "no tensor on rank 1": "TypeError: query must be a torch.Tensor, got None",
     "scale on both": "ValueError: scale must be finite and positive, got -1.0",
 }
 
@@ -483,8 +485,7 @@ def _too_early(*args, **kwargs):
 ])
 def test_ring_checks_inputs_before_communicating(world1, monkeypatch, change, error, message):
     """Refused before any K/V moves or any step runs: only the all_gather that shares the
-    refusal with the group is reached (a query that is not a tensor gives it no device:
-    not even that)."""
+    refusal with the group is reached (on key's device where query is not a tensor)."""
     import pasa_npu.distributed
     q, k, v = _small()
     tensors = dict(query=q, key=k, value=v)
@@ -502,7 +503,25 @@ def test_ring_checks_inputs_before_communicating(world1, monkeypatch, change, er
     with pytest.raises(error) as refused:
         pasa_npu.distributed.ring_attention(**dict(tensors, **dict(_SMALL, **change)))
     assert str(refused.value) == message
-    assert len(gathered) == (not isinstance(change.get("query", q), (list, type(None))))
+    assert len(gathered) == 1
+
+
+def test_ring_refusal_without_a_device_raises_alone(world1, monkeypatch):
+    """A rank with no tensor, on a backend whose device the ring does not know, has nothing
+    to all_gather on: it raises its own error without communicating; on gloo the
+    all_gather runs on the CPU."""
+    from pasa_npu.distributed import ring_attention
+    gathered = []
+    all_gather = torch.distributed.all_gather
+    monkeypatch.setattr(torch.distributed, "all_gather",
+                        lambda *a, **kw: gathered.append(a[1].device) or all_gather(*a, **kw))
+    with pytest.raises(TypeError, match="query must be a torch.Tensor, got None"):
+        ring_attention(None, None, None, **_SMALL)
+    assert gathered == [torch.device("cpu")]
+    monkeypatch.setattr(torch.distributed, "get_backend", lambda group=None: "hccl")
+    with pytest.raises(TypeError, match="query must be a torch.Tensor, got None"):
+        ring_attention(None, None, None, **_SMALL)
+    assert gathered == [torch.device("cpu")]
 
 
 @pytest.mark.parametrize("change", [
@@ -640,7 +659,8 @@ def test_example_ring_attention_overflow():
 def test_gpu_single_rank_group_equals_one_call(backend, tmp_path):
     """On one GPU: the ring over a one-rank group (NCCL, or gloo with CUDA tensors) and
     yunchang's USP with PASA (NCCL) give single-process fused_attention's result, on the
-    Triton backend, for every case of the two-rank matrix that runs the ring."""
+    Triton backend, for every case of the two-rank matrix that runs the ring; a call with no
+    tensor is refused after sharing the refusal on the backend's device."""
     import torch.distributed as dist
     from pasa_npu.distributed import ring_attention
     dist.init_process_group(backend, init_method=f"file://{tmp_path / 'init'}", rank=0,
@@ -658,6 +678,8 @@ def test_gpu_single_rank_group_equals_one_call(backend, tmp_path):
             want, want_lse = pasa_npu.fused_attention(q, k, v, input_layout="BSND", softmax_lse_flag=True, **kw)
             for got, expected in ((out, want), (lse, want_lse)):  # bit for bit, NaN rows too
                 torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True, msg=name)
+        with pytest.raises(TypeError, match="query must be a torch.Tensor, got None"):
+            ring_attention(None, None, None)  # its refusal shared on the backend's device
         if backend == "nccl":
             import yunchang
             from pasa_npu.integrations import yunchang as adapter
