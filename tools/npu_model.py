@@ -357,13 +357,21 @@ KNOWN_CORNERS = (
          mte3_bytes_per_cycle=43, mte3_head_cycles=64, gm_write_latency_cycles=203, fix_head_cycles=64,
          vec_head_cycles=4, scalar_issue_cycles=4, vs_sync_cycles=50, scalar_gm_access_cycles=40,
          cross_core_latency_cycles=1000, l2_aggregate_bytes_per_cycle=4324, launch_overhead_cycles=20000),
-    # d=128 S=4096 causal
+    # d=128 S=4096 causal, two searches' ends
     dict(mmad_head_cycles=64, mte1_head_cycles=48, mte2_bytes_per_cycle=128, mte2_head_cycles=8,
          gm_read_latency_cycles=150, mte3_bytes_per_cycle=43, mte3_head_cycles=64, gm_write_latency_cycles=203,
          fix_head_cycles=64, vec_head_cycles=4, scalar_issue_cycles=4, vs_sync_cycles=50,
          scalar_gm_access_cycles=40, cross_core_latency_cycles=1000, l2_aggregate_bytes_per_cycle=4324,
          launch_overhead_cycles=20000),
-    # d=128 S=16384, two searches' ends
+    dict(mmad_head_cycles=64, mte1_head_cycles=48, mte2_head_cycles=8, gm_read_latency_cycles=150,
+         mte3_bytes_per_cycle=43, mte3_head_cycles=8, gm_write_latency_cycles=203, fix_head_cycles=64,
+         vec_head_cycles=4, scalar_issue_cycles=4, vs_sync_cycles=50, scalar_gm_access_cycles=40,
+         cross_core_latency_cycles=1000, l2_aggregate_bytes_per_cycle=4324, launch_overhead_cycles=20000),
+    # d=128 S=16384, three searches' ends
+    dict(mmad_head_cycles=64, mte1_head_cycles=48, mte2_head_cycles=8, gm_read_latency_cycles=150,
+         mte3_bytes_per_cycle=43, mte3_head_cycles=64, gm_write_latency_cycles=203, fix_head_cycles=64,
+         scalar_issue_cycles=4, vs_sync_cycles=50, scalar_gm_access_cycles=40,
+         cross_core_latency_cycles=1000, l2_aggregate_bytes_per_cycle=4324, launch_overhead_cycles=20000),
     dict(mmad_head_cycles=64, mte1_head_cycles=48, mte2_head_cycles=64, gm_read_latency_cycles=150,
          mte3_bytes_per_cycle=43, mte3_head_cycles=64, gm_write_latency_cycles=203, fix_head_cycles=64,
          vec_head_cycles=4, scalar_issue_cycles=4, vs_sync_cycles=50, scalar_gm_access_cycles=40,
