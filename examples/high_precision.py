@@ -3,8 +3,9 @@ does: on N(0, 1) fp16 inputs of shape (1, 8, 2048, 128), the share of outputs wi
 tolerance (1e-3 relative + 1e-3 absolute of the fp64 golden), the largest relative LSE error
 (FIA: 1e-4) and the share of rows the check recomputed by fa-fp32, at the usual scale
 1/sqrt(d), at scale 8 and at scale 128 (op-plugin's FIA test case), and at 1/sqrt(d) with a
-bias of 30 that the queries and keys share (the README's quickstart), each with the check on
-(the default) and off. docs/design.md, "High precision", shows what this prints.
+bias that the queries and keys share, of 5 (block offsets below the check's limit) and of 30
+(the README's quickstart), with the check on (the default) and, where it acts, off.
+docs/design.md, "High precision", shows what this prints.
 
     python examples/high_precision.py
 """
@@ -20,7 +21,8 @@ ALGORITHMS = ("fa-fp32", "pasa-exact", "pasa")
 #: (scale, check on, bias of Q and K, name)
 CASES = ((128 ** -0.5, True, 0.0, "scale 1/√d"), (8.0, True, 0.0, "scale 8"),
          (128.0, True, 0.0, "scale 128"), (128.0, False, 0.0, "scale 128, check off"),
-         (128 ** -0.5, True, 30.0, "Q, K bias 30"), (128 ** -0.5, False, 30.0, "Q, K bias 30, check off"))
+         (128 ** -0.5, True, 5.0, "Q, K bias 5"), (128 ** -0.5, True, 30.0, "Q, K bias 30"),
+         (128 ** -0.5, False, 30.0, "Q, K bias 30, check off"))
 
 
 def measure(shape=(1, 8, 2048, 128)) -> dict:

@@ -52,3 +52,14 @@ def test_a_shared_bias_is_recomputed_for_pasa_only(results):
     assert recomputed_off is None and within_off < 0.9 and lse_off > 1e-4
     within, _, recomputed = results["Q, K bias 30", "pasa-exact"]
     assert recomputed == 0.0 and within > 0.9
+
+
+def test_a_shared_bias_below_the_limit_keeps_pasas_fp16_error(results):
+    """Q and K sharing a bias of 5: pasa's block offsets (block means near 280) stay below
+    the check's limit of 512, so nothing is recomputed and pasa returns its fp16 error, that
+    of an offset known to fp16's spacing there (1/4): most outputs miss 1e-3 and its LSE
+    misses 1e-4. pasa-exact, with the offsets in fp32, keeps most within 1e-3."""
+    within, lse_rel, recomputed = results["Q, K bias 5", "pasa"]
+    assert recomputed == 0.0 and within < 0.5 and lse_rel > 1e-4
+    within, _, recomputed = results["Q, K bias 5", "pasa-exact"]
+    assert recomputed == 0.0 and within > 0.8
