@@ -18,12 +18,13 @@ to the KV chunk at hand; the partial outputs are merged with their LSEs in fp32.
 checks its own call, the keywords as :func:`fused_attention` checks them (a plan of its
 first step, which then runs that step); then one all_gather of a few int64s shares whether
 each rank refused and compares the dtype, layout, heads, batch, head dims, band and
-``seq_lens``, before any K/V moves. A rank that refused raises its own error and every other rank a ValueError naming
-it; a disagreement raises ValueError on every rank. The other keywords (``scale``,
-``algorithm`` ...) are not compared. The all_gather runs on ``query``'s device (a refusing
-rank's: the first of ``query``, ``key``, ``value`` that is a tensor, else the group
-backend's device, CPU for gloo and the current CUDA device for NCCL; with none of those it
-raises alone, and the others wait in the all_gather until the group's timeout).
+``seq_lens``, before any K/V moves. A rank that refused raises its own error and every
+other rank a ValueError naming it; a disagreement raises ValueError on every rank. The
+other keywords (``scale``, ``algorithm`` ...) are not compared. The all_gather runs on
+``query``'s device (a refusing rank's: the first of ``query``, ``key``, ``value`` that is a
+tensor, else the group backend's device, CPU for gloo and the current CUDA device for NCCL;
+with none of those it raises alone, and the others wait in the all_gather until the
+group's timeout).
 
 **Masks.** ``sparse_mode`` 2 and 3 (causal; the global query and key lengths are equal, so
 top-left and bottom-right coincide) and 4 (a band of ``pre_tokens``/``next_tokens``) are
