@@ -145,14 +145,18 @@ def merge_partial(out: torch.Tensor | None, lse: torch.Tensor | None,
     """Merge a partial attention result into a running one, in fp32.
 
     ``out``/``block_out``: (B, N, S, D); ``lse``/``block_lse``: (B, N, S, 1) (other shapes
-    raise ValueError). A row with no key in that step (LSE -inf, or fused_attention's invalid
-    row: 0 with LSE +inf) contributes nothing. A +inf LSE with a non-zero output is an overflowed statistic and
+    raise ValueError); ``out`` and ``lse`` both None before the first block. A row with no
+    key in that step (LSE -inf, or fused_attention's invalid row: 0 with LSE +inf)
+    contributes nothing. A +inf LSE with a non-zero output is an overflowed statistic and
     makes the row NaN, as a NaN anywhere does. Returns the new (out, lse), fp32; a row no
     block has reached so far has out 0 and LSE -inf.
     """
     if block_out.dim() != 4 or block_lse.shape != block_out.shape[:-1] + (1,):
         raise ValueError(f"merge_partial takes block_out (B, N, S, D) and block_lse (B, N, S, 1); "
                          f"got {tuple(block_out.shape)} and {tuple(block_lse.shape)}")
+    if (out is None) != (lse is None):
+        raise ValueError(f"merge_partial takes out and lse both None (no block merged yet) or "
+                         f"both tensors; got out {_described(out)} and lse {_described(lse)}")
     if out is not None and (out.shape != block_out.shape or lse.shape != block_lse.shape):
         raise ValueError(f"merge_partial: out {tuple(out.shape)} and lse {tuple(lse.shape)} must "
                          f"have the shapes of block_out {tuple(block_out.shape)} and block_lse "
@@ -174,6 +178,10 @@ def merge_partial(out: torch.Tensor | None, lse: torch.Tensor | None,
     safe = torch.where(total > 0, total, 1.0)
     out = out * (a / safe) + torch.where(b > 0, block_out, 0.0) * (b / safe)
     return out, top + torch.log(total)
+
+
+def _described(t) -> str:
+    return f"of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else repr(t)
 
 
 def _checked(query, key, value, world, input_layout, sparse_mode, pre_tokens, next_tokens,

@@ -577,6 +577,9 @@ def test_merge_partial_checks_shapes():
     with pytest.raises(ValueError, match=r"out \(1, 2, 8, 4\) and lse \(1, 2, 8, 1\) must "
                                          r"have the shapes of block_out \(1, 2, 4, 4\)"):
         merge_partial(out, lse, out[:, :, :4], lse[:, :, :4])
+    with pytest.raises(ValueError, match=r"out and lse both None \(no block merged yet\) or both "
+                                         r"tensors; got out of shape \(1, 2, 8, 4\) and lse None"):
+        merge_partial(out, None, out, lse)
 
 
 def test_yunchang_on_one_rank(world1):
