@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from .api import fused_attention, plan
+from .arguments import describe
 from .masks import check_mask, check_optimized_mask, compressed_causal_mask
 from .options import INT64_MAX, check_tensors, int_arg
 from .views import to_canonical
@@ -91,7 +92,7 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         raise ValueError("this process is not a member of group: ring_attention runs on the "
                          "ranks of group only")
     try:
-        band, seq_dim, local, seq_lens, fields, keywords, diagonal = _checked(
+        band, seq_dim, local, seq_lens, fields, keywords, first_step = _checked(
             query, key, value, world, input_layout, sparse_mode, pre_tokens, next_tokens,
             atten_mask, seq_lens, keywords)
         refusal = None
@@ -126,7 +127,7 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
             k_step, v_step = (x.narrow(seq_dim, keys.start, keys.stop - keys.start)
                               for x in (k_cur, v_cur))
             if step == 0:  # planned by _checked
-                block_out, block_lse = diagonal.run(query, k_step, v_step)
+                block_out, block_lse = first_step.run(query, k_step, v_step)
             else:
                 block_out, block_lse = fused_attention(query, k_step, v_step, **keywords,
                                                        **step_keywords)
@@ -156,7 +157,7 @@ def merge_partial(out: torch.Tensor | None, lse: torch.Tensor | None,
                          f"got {tuple(block_out.shape)} and {tuple(block_lse.shape)}")
     if (out is None) != (lse is None):
         raise ValueError(f"merge_partial takes out and lse both None (no block merged yet) or "
-                         f"both tensors; got out {_described(out)} and lse {_described(lse)}")
+                         f"both tensors; got out={describe(out)} and lse={describe(lse)}")
     if out is not None and (out.shape != block_out.shape or lse.shape != block_lse.shape):
         raise ValueError(f"merge_partial: out {tuple(out.shape)} and lse {tuple(lse.shape)} must "
                          f"have the shapes of block_out {tuple(block_out.shape)} and block_lse "
@@ -178,10 +179,6 @@ def merge_partial(out: torch.Tensor | None, lse: torch.Tensor | None,
     safe = torch.where(total > 0, total, 1.0)
     out = out * (a / safe) + torch.where(b > 0, block_out, 0.0) * (b / safe)
     return out, top + torch.log(total)
-
-
-def _described(t) -> str:
-    return f"of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else repr(t)
 
 
 def _checked(query, key, value, world, input_layout, sparse_mode, pre_tokens, next_tokens,
@@ -222,14 +219,15 @@ def _checked(query, key, value, world, input_layout, sparse_mode, pre_tokens, ne
                              f"{seq_lens}")
     keywords = dict(keywords, input_layout=input_layout, softmax_lse_flag=True)
     diagonal = _step_band(band, 0, local, local, query.device)
+    first_step = None
     if diagonal is not None:
         step_keywords, keys = diagonal
-        diagonal = plan(query, *(x.narrow(seq_dim, keys.start, keys.stop - keys.start)
-                                 for x in (key, value)), **keywords, **step_keywords)
+        first_step = plan(query, *(x.narrow(seq_dim, keys.start, keys.stop - keys.start)
+                                   for x in (key, value)), **keywords, **step_keywords)
     fields = [_DTYPES.index(query.dtype), list(_SEQ_DIM).index(input_layout), heads, kv_heads,
               *_shape(query, seq_dim), *_shape(key, seq_dim), *_shape(value, seq_dim),
               int(sparse_mode), *(band or (_INT_MAX, _INT_MAX))]
-    return band, seq_dim, local, seq_lens, fields, keywords, diagonal
+    return band, seq_dim, local, seq_lens, fields, keywords, first_step
 
 
 def _gather_device(group, query, key, value, refusal) -> torch.device:

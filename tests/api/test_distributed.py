@@ -578,7 +578,8 @@ def test_merge_partial_checks_shapes():
                                          r"have the shapes of block_out \(1, 2, 4, 4\)"):
         merge_partial(out, lse, out[:, :, :4], lse[:, :, :4])
     with pytest.raises(ValueError, match=r"out and lse both None \(no block merged yet\) or both "
-                                         r"tensors; got out of shape \(1, 2, 8, 4\) and lse None"):
+                                         r"tensors; got out=a tensor of shape \(1, 2, 8, 4\) and "
+                                         r"dtype torch.float32 and lse=None"):
         merge_partial(out, None, out, lse)
 
 
