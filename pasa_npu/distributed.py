@@ -21,10 +21,11 @@ each rank refused and compares the dtype, layout, heads, batch, head dims, band 
 ``seq_lens``, before any K/V moves. A rank that refused raises its own error and every
 other rank a ValueError naming it; a disagreement raises ValueError on every rank. The
 other keywords (``scale``, ``algorithm`` ...) are not compared. The all_gather runs on
-``query``'s device (a refusing rank's: the first of ``query``, ``key``, ``value`` that is a
-tensor, else the group backend's device, CPU for gloo and the current CUDA device for NCCL;
-with none of those it raises alone, and the others wait in the all_gather until the
-group's timeout).
+``query``'s device; a query on a device type the group's backend does not carry
+(``dist.get_backend_config``: CPU tensors on an NCCL group) is a refusal. A refusing rank
+gathers on the first of ``query``, ``key``, ``value`` on a carried device, else on the CPU
+or the current accelerator, whichever the backend carries; with neither it raises alone,
+and the others wait in the all_gather until the group's timeout.
 
 **Masks.** ``sparse_mode`` 2 and 3 (causal; the global query and key lengths are equal, so
 top-left and bottom-right coincide) and 4 (a band of ``pre_tokens``/``next_tokens``) are
@@ -91,14 +92,15 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     if rank < 0:
         raise ValueError("this process is not a member of group: ring_attention runs on the "
                          "ranks of group only")
+    carried = _carried(group)
     try:
         band, seq_dim, local, seq_lens, fields, keywords, first_step = _checked(
-            query, key, value, world, input_layout, sparse_mode, pre_tokens, next_tokens,
-            atten_mask, seq_lens, keywords)
+            query, key, value, world, carried, input_layout, sparse_mode, pre_tokens,
+            next_tokens, atten_mask, seq_lens, keywords)
         refusal = None
     except (TypeError, ValueError, NotImplementedError) as exc:
         refusal, local, fields = exc, 0, None
-    lens = _agree(group, world, _gather_device(group, query, key, value, refusal), seq_lens,
+    lens = _agree(group, world, _gather_device(carried, query, key, value, refusal), seq_lens,
                   local, fields, refusal)
     offsets = [sum(lens[:i]) for i in range(world)]
     send_to = dist.get_global_rank(group, (rank + 1) % world) if group is not None \
@@ -181,14 +183,18 @@ def merge_partial(out: torch.Tensor | None, lse: torch.Tensor | None,
     return out, top + torch.log(total)
 
 
-def _checked(query, key, value, world, input_layout, sparse_mode, pre_tokens, next_tokens,
-             atten_mask, seq_lens, keywords):
+def _checked(query, key, value, world, carried, input_layout, sparse_mode, pre_tokens,
+             next_tokens, atten_mask, seq_lens, keywords):
     """This rank's own checks of a ring_attention call, and a plan of its first step (which
     validates the keywords as fused_attention does): (global band, sequence dim, shard
     length, seq_lens as ints, the fields the ranks must agree on, each step's keywords, the
     plan of the first step or None where the band misses it). Raises what fused_attention
     would."""
     check_tensors(query, key, value)
+    if query.device.type not in carried:
+        raise ValueError(f"query is on {query.device}, but the backend of group "
+                         f"({', '.join(f'{d}:{b}' for d, b in carried.items())}) carries "
+                         f"{', '.join(carried)} tensors only")
     if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
         raise NotImplementedError("ring_attention is forward only (no backward): run it under "
                                   "torch.no_grad() or torch.inference_mode()")
@@ -230,17 +236,24 @@ def _checked(query, key, value, world, input_layout, sparse_mode, pre_tokens, ne
     return band, seq_dim, local, seq_lens, fields, keywords, first_step
 
 
-def _gather_device(group, query, key, value, refusal) -> torch.device:
+def _carried(group) -> dict[str, str]:
+    """The backend of ``group`` for each device type it carries, as
+    ``dist.get_backend_config`` lists them ("cpu:gloo,cuda:nccl")."""
+    return dict(pair.split(":") for pair in dist.get_backend_config(group).split(","))
+
+
+def _gather_device(carried, query, key, value, refusal) -> torch.device:
     """The device of the agreement's all_gather (module docstring, "Agreement"); raises
     ``refusal`` where a refusing rank has none."""
     for t in (query, key, value):
-        if isinstance(t, torch.Tensor):
+        if isinstance(t, torch.Tensor) and t.device.type in carried:
             return t.device
-    backend = str(dist.get_backend(group))
-    if backend == "gloo":
+    if "cpu" in carried:
         return torch.device("cpu")
-    if backend == "nccl" and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
+    if torch.accelerator.is_available():
+        accelerator = torch.accelerator.current_accelerator()
+        if accelerator.type in carried:
+            return torch.device(accelerator.type, torch.accelerator.current_device_index())
     raise refusal
 
 

@@ -507,21 +507,39 @@ def test_ring_checks_inputs_before_communicating(world1, monkeypatch, change, er
 
 
 def test_ring_refusal_without_a_device_raises_alone(world1, monkeypatch):
-    """A rank with no tensor, on a backend whose device the ring does not know, has nothing
-    to all_gather on: it raises its own error without communicating; on gloo the
-    all_gather runs on the CPU."""
+    """A rank with no tensor gathers on the CPU where the backend carries it (a gloo group,
+    and a subgroup whose backend is given as "cpu:gloo"); on a backend that carries neither
+    the CPU nor this machine's accelerator it has nothing to all_gather on, and raises its
+    own error without communicating."""
+    import torch.distributed as dist
     from pasa_npu.distributed import ring_attention
     gathered = []
-    all_gather = torch.distributed.all_gather
-    monkeypatch.setattr(torch.distributed, "all_gather",
+    all_gather = dist.all_gather
+    monkeypatch.setattr(dist, "all_gather",
                         lambda *a, **kw: gathered.append(a[1].device) or all_gather(*a, **kw))
+    for group in (None, dist.new_group([0], backend="cpu:gloo")):
+        with pytest.raises(TypeError, match="query must be a torch.Tensor, got None"):
+            ring_attention(None, None, None, group=group, **_SMALL)
+    assert gathered == [torch.device("cpu")] * 2
+    monkeypatch.setattr(dist, "get_backend_config", lambda group=None: "npu:hccl")
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
     with pytest.raises(TypeError, match="query must be a torch.Tensor, got None"):
         ring_attention(None, None, None, **_SMALL)
-    assert gathered == [torch.device("cpu")]
-    monkeypatch.setattr(torch.distributed, "get_backend", lambda group=None: "hccl")
-    with pytest.raises(TypeError, match="query must be a torch.Tensor, got None"):
-        ring_attention(None, None, None, **_SMALL)
-    assert gathered == [torch.device("cpu")]
+    assert gathered == [torch.device("cpu")] * 2
+
+
+def test_ring_refuses_a_query_on_a_device_the_backend_does_not_carry(world1, monkeypatch):
+    """CPU shards on a group whose backend carries CUDA tensors only (NCCL) are refused by
+    name, before any K/V moves (the refusal is shared on the GPU: the GPU test)."""
+    import torch.distributed as dist
+    from pasa_npu.distributed import ring_attention
+    monkeypatch.setattr(dist, "get_backend_config", lambda group=None: "cuda:nccl")
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    monkeypatch.setattr(dist, "batch_isend_irecv", _too_early)
+    with pytest.raises(ValueError) as refused:
+        ring_attention(*_small(), **_SMALL)
+    assert str(refused.value) == ("query is on cpu, but the backend of group (cuda:nccl) "
+                                  "carries cuda tensors only")
 
 
 @pytest.mark.parametrize("change", [
@@ -684,6 +702,10 @@ def test_gpu_single_rank_group_equals_one_call(backend, tmp_path):
                 torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True, msg=name)
         with pytest.raises(TypeError, match="query must be a torch.Tensor, got None"):
             ring_attention(None, None, None)  # its refusal shared on the backend's device
+        if backend == "nccl":
+            with pytest.raises(ValueError, match="query is on cpu, but the backend of group "
+                                                 r"\(cuda:nccl\) carries cuda tensors only"):
+                ring_attention(*_small(), **_SMALL)  # shared on the current CUDA device
         if backend == "nccl":
             import yunchang
             from pasa_npu.integrations import yunchang as adapter
