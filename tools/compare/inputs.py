@@ -19,10 +19,11 @@ from typing import Optional
 
 import torch
 
+from pasa_npu.arguments import describe
 from pasa_npu.integrations._attention import kept_by_sink
 from pasa_npu.tools.inputs import PAPER_SHAPE, Case, paper_cases
 
-from .errors import CompareError, describe
+from .errors import CompareError
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 #: The layouts a file may hold (torch_npu's input layouts).
