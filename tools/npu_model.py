@@ -21,6 +21,7 @@ resumes where it stopped); ``--sim`` reports the instruction-level model of the 
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import hashlib
 import json
@@ -103,7 +104,8 @@ def calibration_fingerprint() -> str:
     """What a calibration depends on besides its config and parameters: in a checkout the
     sources of the kernels, their host code and the emulation (``ascend_kernels/``), of the
     package and of the extrapolation, so that machines that build the same sources share
-    calibrations; elsewhere the bytes of the emulation's extension module as built."""
+    calibrations; elsewhere the bytes of the emulation's extension module as built. Python
+    sources count by their code alone (:func:`code_of`)."""
     from pasa_npu import _ascendc_emu
     from pasa_npu.tools import npu_extrapolate
     package = pathlib.Path(npu_params.__file__).parent
@@ -115,8 +117,24 @@ def calibration_fingerprint() -> str:
         files.append(pathlib.Path(_ascendc_emu.__file__))
     digest = hashlib.sha256()
     for f in files:
-        digest.update(f.name.encode() + b"\0" + f.read_bytes())
+        digest.update(f.name.encode() + b"\0" + code_of(f))
     return digest.hexdigest()
+
+
+def code_of(path: pathlib.Path) -> bytes:
+    """What of a source file a calibration can depend on: a Python file's syntax tree without
+    its docstrings, comments and layout (as this Python's ``ast.dump`` writes it), any other
+    file's bytes."""
+    if path.suffix != ".py":
+        return path.read_bytes()
+    tree = ast.parse(path.read_bytes())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                node.body = node.body[1:] or [ast.Pass()]
+    return ast.dump(tree).encode()
 
 
 #: a cache file's first line; the second is the fingerprint of the build that made it

@@ -75,6 +75,23 @@ def test_a_cache_of_another_build_or_cut_short_is_refused(no_work, tmp_path, cap
         npu_model.load_calibrations(cache, npu_model.calibration_fingerprint())
 
 
+def test_the_fingerprint_reads_python_sources_by_their_code(tmp_path):
+    """A docstring, comment or layout edit keeps a Python file's part of the calibration
+    fingerprint; any edit of its code, and any edit of another file, changes it."""
+    def code(text, name="m.py"):
+        (tmp_path / name).write_text(text)
+        return npu_model.code_of(tmp_path / name)
+
+    base = code('"""Module."""\nX = 1\n\ndef f(a):\n    """Doc."""\n    return a + X\n')
+    assert code('"""Other words."""\nX = 1  # why\n\n\ndef f(a):\n    """More."""\n\n'
+                '    return (a + X)\n') == base
+    for changed in ('X = 2\n\ndef f(a):\n    return a + X\n',
+                    'X = 1\n\ndef f(a):\n    return a - X\n',
+                    'X = 1\n\ndef f(a):\n    a = "not a docstring"\n    return a + X\n'):
+        assert code(changed) != base, changed
+    assert code("int k = 1; // note\n", "k.cpp") != code("int k = 1; // other\n", "k.cpp")
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--calibrate", "--sensitivity"], "argument --sensitivity: not allowed with argument --calibrate"),
     (["--sim", "--params"], "argument --params: not allowed with argument --sim"),
