@@ -3,8 +3,9 @@
 Each is a small bug of the kind the suite claims to catch: a rounding of an allocation
 dropped, added or moved, in the CPU backend (the reference) and in the Triton kernels; β's
 solution; a mask edge and a length edge; GQA; the LSE; the rounding guard; the decode
-split merge; the AscendC kernels' learnable sinks; the resolution check; and each emulated
-AscendC vector instruction's rounding or order. ``tests`` are the pytest arguments that
+split merge; the AscendC kernels' learnable sinks; the resolution check; each emulated
+AscendC vector instruction's rounding or order; ring_attention's agreement between ranks;
+and the calibration cache's fingerprint. ``tests`` are the pytest arguments that
 must catch it, chosen to keep each run short.
 """
 from __future__ import annotations
@@ -39,6 +40,8 @@ KERNEL_STORE = "ascend_kernels/kernels/pasa_store.h"
 KERNEL_STEPS = "ascend_kernels/kernels/pasa_vector_steps.h"
 KERNEL_MERGE = "ascend_kernels/kernels/pasa_merge.h"
 KERNEL_PREP = "ascend_kernels/kernels/pasa_prepare_keys.h"
+DISTRIBUTED = "pasa_npu/distributed.py"
+NPU_MODEL = "tools/npu_model.py"
 ORACLE = ("tests/fallback/torch/test_oracle.py",)
 # the golden matrix of the kernels on 2 or 3 emulated AI Cores (several tasks a core)
 FEW_CORES = ("tests/ascend_kernels/test_ascendc_emu.py", "-k", "test_matches_torch_backend and few and fp16")
@@ -480,4 +483,21 @@ MUTATIONS = [
              "row[j] = static_cast<T>(static_cast<float>(bfloat16_t(c[(j / 16) * "
              "static_cast<uint64_t>(p.srcStride) * 16 + i * 16 + j % 16])));",
              ("tests/ascend_kernels/test_ascendc_emu.py", "-k", "bit_identical or left-up-causal-pasa-fp16")),
+    # ---- the ring's agreement, and the calibration cache's fingerprint
+    Mutation("ring: the other ranks do not name a refusing rank", DISTRIBUTED,
+             "refused = [r for r, theirs in enumerate(every) if theirs[0]]", "refused = []",
+             ("tests/api/test_distributed.py", "-k", "refusal_of_one_rank")),
+    Mutation("ring: the ranks' seq_lens are not compared", DISTRIBUTED,
+             'for name, width in [*_FIELDS.items(), ("seq_lens", world)]:',
+             "for name, width in _FIELDS.items():",
+             ("tests/api/test_distributed.py", "-k", "disagree")),
+    Mutation("ring: shards on a device the group's backend does not carry pass", DISTRIBUTED,
+             "if query.device.type not in carried:", "if False:",
+             ("tests/api/test_distributed.py", "-k", "does_not_carry")),
+    Mutation("ring: a refusing rank without tensors does not gather on the CPU", DISTRIBUTED,
+             'if "cpu" in carried:', "if False:",
+             ("tests/api/test_distributed.py", "-k", "raises_alone")),
+    Mutation("model: the calibration fingerprint reads docstrings", NPU_MODEL,
+             "node.body = node.body[1:] or [ast.Pass()]", "pass",
+             ("tests/tools/test_npu_model_cli.py", "-k", "fingerprint")),
 ]
