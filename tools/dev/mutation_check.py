@@ -126,10 +126,11 @@ def _test_env() -> dict:
 
 
 def _pytest(tree: Path, tests: tuple[str, ...]) -> tuple[int, str, float]:
-    """pytest's status on ``tests`` in ``tree``, the first test that failed (or, for a process
-    killed by a signal, the test faulthandler shows it in) else the output's end, and seconds."""
+    """pytest's status on ``tests`` in ``tree``, the first test that failed or erred (a fixture
+    that failed, as a ring whose ranks hang), or, for a process killed by a signal, the test
+    faulthandler shows it in, else the output's end; and seconds."""
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rf", "-p",
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rfE", "-p",
                            "no:cacheprovider", *tests], cwd=tree, capture_output=True,
                           text=True, env=_test_env())
     failed = re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", done.stdout, flags=re.M)
