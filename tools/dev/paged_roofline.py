@@ -24,11 +24,10 @@ import argparse
 import torch
 import triton
 import triton.language as tl
-import triton.testing
 
-from pasa_npu import plans
 from pasa_npu.tools import bench_paged
-from pasa_npu.tools.bench import _sdpa, ours_call
+from pasa_npu.tools.bench import _sdpa
+from pasa_npu.tools.dev.decode_placement import gbs, timed
 
 CASES = ((8, 32, 4, 32768), (8, 32, 8, 32768))  # (batch, query heads, kv heads, kv length)
 HEAD_DIM = 128
@@ -56,14 +55,6 @@ def _read_blocks(k_cache, v_cache, table, out, table_stride, blocks_per_split,
         kv = tl.load(k_cache + base + tile).to(tl.float32) + tl.load(v_cache + base + tile).to(tl.float32)
         acc += tl.sum(kv, axis=0)
     tl.store(out + (group * tl.num_programs(1) + split) * D + tl.arange(0, D), acc)
-
-
-def gbs(call, k) -> float:
-    """GB/s of K+V read by ``call`` (graph replay, median); ``k``: the BNSD keys."""
-    call()
-    torch.cuda.synchronize()
-    ms = triton.testing.do_bench_cudagraph(call, rep=200, return_mode="median")
-    return 2 * k.numel() * k.element_size() / (ms * 1e-3) / 1e9
 
 
 def placed(k, v, order):
@@ -106,16 +97,6 @@ def read_rate(cache, k) -> tuple:
     return best
 
 
-def ours(algorithm, q, k, v, heads, kv_heads, cache=None) -> float:
-    plans.clear()
-    if cache is None:
-        call = ours_call(algorithm, None, heads, kv_heads, HEAD_DIM)
-        return gbs(lambda: call(q, k, v, False, True), k)
-    kc, vc, table = cache
-    call = bench_paged.paged_call(algorithm, None, table, heads, kv_heads, HEAD_DIM)
-    return gbs(lambda: call(q, kc, vc, False, True), k)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--passes", type=int, default=1, help="times to measure every case")
@@ -137,8 +118,8 @@ def main(argv=None) -> int:
                 rate, config = read_rate(cache, k)
                 cells.append(f"read {label} {rate:.0f} {config}")
             for algorithm in ("fa-fp32", "pasa-exact"):
-                cells.append(f"{algorithm} contig {ours(algorithm, q, k, v, h, hkv):.0f} "
-                             f"shuffled {ours(algorithm, q, k, v, h, hkv, shuffled):.0f}")
+                cells.append(f"{algorithm} contig {timed(algorithm, q, k, v, h, hkv):.0f} "
+                             f"shuffled {timed(algorithm, q, k, v, h, hkv, shuffled):.0f}")
             print(f"B{b} H{h}/{hkv} S{s} | " + " | ".join(cells), flush=True)
     return 0
 
