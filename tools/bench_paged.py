@@ -15,12 +15,16 @@ PAGED_ALGORITHMS = ("pasa-exact", "pasa", "fa-fp32")
 CACHE_SHAPES = ("4d", "3d")
 
 
-def paged_kv(k: torch.Tensor, v: torch.Tensor, gen: torch.Generator, cache_shape: str = "4d"):
+def paged_kv(k: torch.Tensor, v: torch.Tensor, gen: torch.Generator, cache_shape: str = "4d",
+             order: torch.Tensor = None):
     """(key cache, value cache, block table): BNSD ``k`` and ``v`` (B, N_kv, S, D), S a
-    multiple of BLOCK_SIZE, in shuffled physical blocks of a ``cache_shape`` cache."""
+    multiple of BLOCK_SIZE, in shuffled physical blocks of a ``cache_shape`` cache; with
+    ``order``, logical block i of the flattened (batch, block) sequence lies at physical
+    block ``order[i]`` instead (``gen`` unused)."""
     b, n_kv, s, d = k.shape
     per_batch = s // BLOCK_SIZE
-    order = torch.randperm(b * per_batch, generator=gen, device=k.device)
+    if order is None:
+        order = torch.randperm(b * per_batch, generator=gen, device=k.device)
     caches = []
     for t in (k, v):
         blocks = t.unflatten(2, (per_batch, BLOCK_SIZE)).permute(0, 2, 1, 3, 4) \

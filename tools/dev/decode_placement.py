@@ -37,12 +37,9 @@ def gbs(call, k) -> float:
 
 def in_order(k, v):
     """(key cache, value cache, identity table) of BNSD ``k``, ``v``: paged_kv's cache, unshuffled."""
-    b, n_kv, s, d = k.shape
-    per_batch = s // bench_paged.BLOCK_SIZE
-    caches = [t.unflatten(2, (per_batch, bench_paged.BLOCK_SIZE)).permute(0, 2, 1, 3, 4)
-              .reshape(b * per_batch, n_kv, bench_paged.BLOCK_SIZE, d).contiguous() for t in (k, v)]
-    table = torch.arange(b * per_batch, device=k.device, dtype=torch.int32).view(b, per_batch)
-    return caches[0], caches[1], table
+    b, _, s, _ = k.shape
+    return bench_paged.paged_kv(k, v, None, "4d", order=torch.arange(b * s // bench_paged.BLOCK_SIZE,
+                                                                      device=k.device))
 
 
 def timed(algorithm, q, k, v, heads, kv_heads, cache=None) -> float:

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from pasa_npu.tools import bench_paged
 from pasa_npu.tools.bench import _sdpa
-from pasa_npu.tools.dev.decode_placement import gbs, timed
+from pasa_npu.tools.dev.decode_placement import gbs, in_order, timed
 
 CASES = ((8, 32, 4, 32768), (8, 32, 8, 32768))  # (batch, query heads, kv heads, kv length)
 HEAD_DIM = 128
@@ -55,19 +55,6 @@ def _read_blocks(k_cache, v_cache, table, out, table_stride, blocks_per_split,
         kv = tl.load(k_cache + base + tile).to(tl.float32) + tl.load(v_cache + base + tile).to(tl.float32)
         acc += tl.sum(kv, axis=0)
     tl.store(out + (group * tl.num_programs(1) + split) * D + tl.arange(0, D), acc)
-
-
-def placed(k, v, order):
-    """(key cache, value cache, table) of BNSD ``k``, ``v`` with logical block i of the
-    flattened (batch, block) sequence stored at physical block ``order[i]``."""
-    b, n_kv, s, d = k.shape
-    caches = []
-    for t in (k, v):
-        blocks = t.unflatten(2, (s // BLOCK, BLOCK)).permute(0, 2, 1, 3, 4).reshape(-1, n_kv, BLOCK, d)
-        cache = torch.empty_like(blocks)
-        cache[order] = blocks
-        caches.append(cache)
-    return caches[0], caches[1], order.view(b, s // BLOCK).to(torch.int32)
 
 
 def page_order(n_blocks, block_bytes, gen, device):
@@ -110,11 +97,10 @@ def main(argv=None) -> int:
             n_blocks = b * s // BLOCK
             block_bytes = hkv * BLOCK * HEAD_DIM * k.element_size()
             shuffled = bench_paged.paged_kv(k, v, gen, "4d")
-            in_order = placed(k, v, torch.arange(n_blocks, device="cuda"))
-            pages = placed(k, v, page_order(n_blocks, block_bytes, gen, "cuda"))
+            pages = bench_paged.paged_kv(k, v, None, "4d", order=page_order(n_blocks, block_bytes, gen, "cuda"))
             sdpa = _sdpa("sdpa-cudnn")
             cells = [f"cudnn contig {gbs(lambda: sdpa(q, k, v, False, True), k):.0f}"]
-            for label, cache in (("shuffled", shuffled), ("in order", in_order), ("pages shuffled", pages)):
+            for label, cache in (("shuffled", shuffled), ("in order", in_order(k, v)), ("pages shuffled", pages)):
                 rate, config = read_rate(cache, k)
                 cells.append(f"read {label} {rate:.0f} {config}")
             for algorithm in ("fa-fp32", "pasa-exact"):
