@@ -89,16 +89,20 @@ def us(rate, k) -> float:
 def main() -> int:
     print(torch.cuda.get_device_name(), flush=True)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sdpa = _sdpa("sdpa-cudnn")
     for hkv in (4, 8):
+        # programs per (batch, kv head) and per SM as the decode launch picks them
+        block_g = launch.decode_block_g(32 // hkv, HEAD_DIM)
+        chunks = triton.cdiv(32 // hkv, block_g)
+        resident = launch.decode_resident("scores", HEAD_DIM, block_g)
         rows = {}
         for s in SEQS:
             gen = torch.Generator(device="cuda").manual_seed(0)
             q, k, v = (torch.randn(8, n, r, HEAD_DIM, device="cuda", dtype=torch.float16,
                                    generator=gen) for n, r in ((32, 1), (hkv, s), (hkv, s)))
-            splits = launch.decode_splits(s // BLOCK, 8 * hkv, sms, 1)
+            splits = launch.decode_splits(s // BLOCK, 8 * hkv * chunks, sms, resident)
             shuffled = bench_paged.paged_kv(k, v, gen, "4d")
             ordered = in_order(k, v)
-            sdpa = _sdpa("sdpa-cudnn")
             cells = {"cudnn": us(gbs(lambda: sdpa(q, k, v, False, True), k), k),
                      "read": us(gbs(read_call(ordered, splits, False), k), k),
                      "read+tail": us(gbs(read_call(ordered, splits, True), k), k),
