@@ -2,7 +2,7 @@
 
 One program per (kv split, batch, kv head) stacks the query heads of its group as rows,
 so that K/V are read once per group and a single query row still fills the GPU (the
-splits make one wave of resident programs, :func:`launch.decode_splits`). Each split
+splits make one wave of resident programs, :func:`launch.decode_programs`). Each split
 writes its partial result; the last split of a group to finish (an arrival count on the
 device, which it resets) merges the group's splits by their log-sum-exp in fp32, as
 FlashDecoding does in a second launch (:func:`merge_splits`). For PASA each split starts
@@ -398,16 +398,12 @@ def run(problem: AttentionProblem, tuning: Tuning, shared, binding: Binding) -> 
     batch, n_heads, n_kv = problem.batch, q.shape[1], k.shape[1]
     group = n_heads // n_kv
     head_dim_p, head_dim_vp = shared.constexprs["HEAD_DIM"], shared.constexprs["HEAD_DIM_V"]
-    block_g = heuristics.decode_block_g(group, head_dim_p)
-    n_chunks = cdiv(group, block_g)
-    group_rows = n_chunks * block_g
     n_blocks = max(1, cdiv(problem.max_kv_len, shared.constexprs["BLOCK_N"]))
     sms = 132 if shared.interpret else sm_count(q.device.index or 0)
     shift_site = heuristics.decode_shift_site(problem.allocation, tuning)
-    resident = heuristics.decode_resident(shift_site, head_dim_p, block_g)
-    n_splits = heuristics.decode_splits(n_blocks, batch * n_kv * n_chunks, sms, resident)
-    blocks_per_split = cdiv(n_blocks, n_splits)
-    n_splits = cdiv(n_blocks, blocks_per_split)
+    block_g, n_chunks, n_splits, blocks_per_split = heuristics.decode_programs(
+        group, head_dim_p, shift_site, n_blocks, batch * n_kv, sms)
+    group_rows = n_chunks * block_g
     sizes = (batch * n_kv * n_splits * group_rows * head_dim_vp,
              batch * n_kv * n_splits * group_rows)
     part_o = binding.empty("part_o", (sizes[0],), torch.float32, q.device)

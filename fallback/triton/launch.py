@@ -158,3 +158,17 @@ def decode_splits(n_blocks: int, groups: int, sms: int, resident: int) -> int:
     no more splits than kv blocks. More programs than a wave leave a partial last wave, and
     more splits give each program fewer kv blocks to pipeline."""
     return max(1, min(n_blocks, resident * sms // groups))
+
+
+def decode_programs(group: int, head_dim: int, shift_site: str, n_blocks: int, kv_groups: int,
+                    sms: int) -> tuple[int, int, int, int]:
+    """(block_g, n_chunks, n_splits, blocks_per_split) of the decode launch: ``group`` query
+    heads per kv head in chunks of block_g rows (:func:`decode_block_g`), each of the
+    ``kv_groups`` (batch, kv head) pairs' chunks cut into n_splits splits of blocks_per_split
+    of the ``n_blocks`` kv blocks (:func:`decode_splits`), none of them empty."""
+    block_g = decode_block_g(group, head_dim)
+    n_chunks = cdiv(group, block_g)
+    resident = decode_resident(shift_site, head_dim, block_g)
+    n_splits = decode_splits(n_blocks, kv_groups * n_chunks, sms, resident)
+    blocks_per_split = cdiv(n_blocks, n_splits)
+    return block_g, n_chunks, cdiv(n_blocks, blocks_per_split), blocks_per_split
