@@ -20,7 +20,7 @@ import triton.language as tl
 from pasa_npu.fallback.triton import launch
 from pasa_npu.tools import bench_paged
 from pasa_npu.tools.bench import _sdpa
-from pasa_npu.tools.dev.decode_placement import gbs, in_order, timed
+from pasa_npu.tools.dev.decode_placement import in_order, ours, replay_ms
 
 HEAD_DIM = 128
 BLOCK = bench_paged.BLOCK_SIZE
@@ -81,9 +81,9 @@ def read_call(cache, splits, tail):
     return call
 
 
-def us(rate, k) -> float:
-    """µs per call of a call that reads BNSD ``k`` and as much V at ``rate`` GB/s."""
-    return 2 * k.numel() * k.element_size() / (rate * 1e9) * 1e6
+def us(call) -> float:
+    """µs per ``call`` replayed from a CUDA graph (median)."""
+    return replay_ms(call) * 1e3
 
 
 def main() -> int:
@@ -91,26 +91,24 @@ def main() -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     sdpa = _sdpa("sdpa-cudnn")
     for hkv in (4, 8):
-        # programs per (batch, kv head) and per SM as the decode launch picks them
-        block_g = launch.decode_block_g(32 // hkv, HEAD_DIM)
-        chunks = triton.cdiv(32 // hkv, block_g)
-        resident = launch.decode_resident("scores", HEAD_DIM, block_g)
         rows = {}
         for s in SEQS:
             gen = torch.Generator(device="cuda").manual_seed(0)
             q, k, v = (torch.randn(8, n, r, HEAD_DIM, device="cuda", dtype=torch.float16,
                                    generator=gen) for n, r in ((32, 1), (hkv, s), (hkv, s)))
-            splits = launch.decode_splits(s // BLOCK, 8 * hkv * chunks, sms, resident)
+            # the decode launch's split count (its kv blocks are BLOCK keys at d = 128)
+            _, _, splits, _ = launch.decode_programs(32 // hkv, HEAD_DIM, "scores", s // BLOCK,
+                                                     8 * hkv, sms)
             shuffled = bench_paged.paged_kv(k, v, gen, "4d")
             ordered = in_order(k, v)
-            cells = {"cudnn": us(gbs(lambda: sdpa(q, k, v, False, True), k), k),
-                     "read": us(gbs(read_call(ordered, splits, False), k), k),
-                     "read+tail": us(gbs(read_call(ordered, splits, True), k), k),
-                     "read shuffled": us(gbs(read_call(shuffled, splits, False), k), k),
-                     "read shuffled+tail": us(gbs(read_call(shuffled, splits, True), k), k)}
+            cells = {"cudnn": us(lambda: sdpa(q, k, v, False, True)),
+                     "read": us(read_call(ordered, splits, False)),
+                     "read+tail": us(read_call(ordered, splits, True)),
+                     "read shuffled": us(read_call(shuffled, splits, False)),
+                     "read shuffled+tail": us(read_call(shuffled, splits, True))}
             for algorithm in ALGORITHMS:
-                cells[algorithm] = us(timed(algorithm, q, k, v, 32, hkv), k)
-                cells[algorithm + " paged"] = us(timed(algorithm, q, k, v, 32, hkv, shuffled), k)
+                cells[algorithm] = us(ours(algorithm, q, k, v, 32, hkv))
+                cells[algorithm + " paged"] = us(ours(algorithm, q, k, v, 32, hkv, shuffled))
             rows[s] = cells
             print(f"GQA {32 // hkv}:1 S2 {s} splits {splits} | "
                   + " | ".join(f"{name} {t:.1f}" for name, t in cells.items()), flush=True)

@@ -27,12 +27,16 @@ ALGORITHMS = ("fa-fp32", "pasa-exact", "pasa")
 SPLITS = (2, 3, 4, 5, 8)
 
 
-def gbs(call, k) -> float:
-    """GB/s of K+V read by ``call`` (graph replay, median); ``k``: the BNSD keys."""
+def replay_ms(call) -> float:
+    """ms per ``call`` replayed from a CUDA graph (median)."""
     call()
     torch.cuda.synchronize()
-    ms = triton.testing.do_bench_cudagraph(call, rep=300, return_mode="median")
-    return 2 * k.numel() * k.element_size() / (ms * 1e-3) / 1e9
+    return triton.testing.do_bench_cudagraph(call, rep=300, return_mode="median")
+
+
+def gbs(call, k) -> float:
+    """GB/s of K+V read by ``call`` (graph replay, median); ``k``: the BNSD keys."""
+    return 2 * k.numel() * k.element_size() / (replay_ms(call) * 1e-3) / 1e9
 
 
 def in_order(k, v):
@@ -42,14 +46,21 @@ def in_order(k, v):
                                                                       device=k.device))
 
 
-def timed(algorithm, q, k, v, heads, kv_heads, cache=None) -> float:
+def ours(algorithm, q, k, v, heads, kv_heads, cache=None):
+    """A call of ``algorithm`` on ``q`` and contiguous ``k``, ``v``, or on ``cache`` (key cache,
+    value cache, table) where given, through a plan made afresh."""
     plans.clear()  # a plan keeps the split count its first call chose
     if cache is None:
         call = ours_call(algorithm, None, heads, kv_heads, HEAD_DIM)
-        return gbs(lambda: call(q, k, v, False, True), k)
+        return lambda: call(q, k, v, False, True)
     kc, vc, table = cache
     call = bench_paged.paged_call(algorithm, None, table, heads, kv_heads, HEAD_DIM)
-    return gbs(lambda: call(q, kc, vc, False, True), k)
+    return lambda: call(q, kc, vc, False, True)
+
+
+def timed(algorithm, q, k, v, heads, kv_heads, cache=None) -> float:
+    """GB/s of :func:`ours`' call."""
+    return gbs(ours(algorithm, q, k, v, heads, kv_heads, cache), k)
 
 
 def main(argv=None) -> int:
